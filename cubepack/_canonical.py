@@ -1,0 +1,25 @@
+"""Canonical JSON: the one byte layout cubepack hashes and writes.
+
+Sorted keys, two-space indentation, ASCII-only escapes, a final newline. Two equal values always
+give the same bytes, so a re-pack of an unchanged cube is byte-identical and digests are stable
+across Python versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def dumps(value: Any, *, compact: bool = False) -> str:
+    """Serialise ``value`` canonically (compact: no whitespace, for digests)."""
+    if compact:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+    return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def digest(value: Any) -> str:
+    """sha256 hex of the compact canonical JSON of ``value``."""
+    return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()

@@ -1,0 +1,54 @@
+"""Environment-driven defaults, read in one place.
+
+cubepack honours the Hub's own variables (``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE``,
+``HF_HUB_CACHE``) through huggingface_hub itself, and adds a few of its own:
+
+- ``CUBEPACK_CACHE``: where the weight-hash cache lives (default ``$XDG_CACHE_HOME/cubepack``).
+- ``CUBEPACK_NO_PROGRESS=1`` (or ``HF_HUB_DISABLE_PROGRESS_BARS=1``): no progress bars.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+KV_FORMAT_NAME = "cubepack.kv"
+KV_FORMAT_VERSION = 1
+KV_METADATA_KEY = "cubepack"
+LOCK_FILENAME = "cubepack.lock"
+LOCK_VERSION = 1
+CONFIG_FILENAME = "cubepack.yaml"
+CONFIG_SCHEMA_VERSION = 1
+SIGNATURE_FILENAME = "cubepack.sig"
+CARD_FILENAME = "README.md"
+ACTIVATIONS_DIR = "activations"
+KV_SUFFIX = ".kv.safetensors"
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("CUBEPACK_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cubepack"
+
+
+def hash_cache_path() -> Path:
+    return cache_dir() / "file-hashes.sqlite3"
+
+
+def progress_enabled() -> bool:
+    if _flag("CUBEPACK_NO_PROGRESS") or _flag("HF_HUB_DISABLE_PROGRESS_BARS"):
+        return False
+    return sys.stderr.isatty()
+
+
+def hub_offline() -> bool:
+    return _flag("HF_HUB_OFFLINE")

@@ -1,0 +1,97 @@
+"""Every exception cubepack raises.
+
+One root, :class:`CubepackError`, so callers can catch "cubepack refused" with a single
+``except``. Subclasses say *why*: the producer is not the live model, the bytes are not the
+ones recorded, the input is unsafe to read, or the Hub said no. Messages are sentences a user
+can act on: what differed (expected vs found) and what to do about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class CubepackError(Exception):
+    """Root of every error cubepack raises on purpose."""
+
+    #: Exit code the CLI uses for this error class (1: verification refused, 3: other).
+    exit_code = 3
+
+
+class RefusedError(CubepackError):
+    """Verification refused: the thing exists and was read, but it is not what was promised."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One field that differs between what was recorded (expected) and what is here (found)."""
+
+    field: str
+    expected: Any
+    found: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: expected {_show(self.expected)}, found {_show(self.found)}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class IdentityMismatch(RefusedError):
+    """A KV cache (or pinned model) was produced by a model other than the one offered.
+
+    ``mismatches`` lists every differing strict field with expected (producer) and found (live)
+    values.
+    """
+
+    def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None):
+        self.what = what
+        self.mismatches = list(mismatches)
+        fields = "; ".join(str(m) for m in self.mismatches)
+        advice = advice or (
+            "Load it into the model that produced it, or rebuild the cache with this model."
+        )
+        super().__init__(f"{what} was produced by a different model ({fields}). {advice}")
+
+    @property
+    def fields(self) -> list[str]:
+        return [m.field for m in self.mismatches]
+
+
+class IntegrityError(RefusedError):
+    """Bytes on disk or on the Hub are not the ones the lock records (hash, size, file set)."""
+
+
+class SignatureError(RefusedError):
+    """A cube's signature is missing, untrusted, or does not cover its content."""
+
+
+class FormatError(CubepackError):
+    """A file cubepack reads (KV file, lock, cube config) is malformed or of an unknown version."""
+
+    exit_code = 1
+
+
+class UnsafeInputError(CubepackError):
+    """Input that would be unsafe to read: a pickle global outside the allowlist, a path that
+    escapes its folder, a symlink, an oversized header."""
+
+    exit_code = 1
+
+
+class UnsupportedError(CubepackError):
+    """The request is well-formed but cubepack cannot honour it (e.g. a quantized KV cache)."""
+
+
+class ModelNotFoundError(CubepackError):
+    """A model folder, Hub id or revision cannot be found (locally or, offline, in the HF cache)."""
+
+
+class HubError(CubepackError):
+    """The Hub (or the local endpoint) refused or failed a request: unknown repo or revision,
+    missing credentials, a server error, or a commit absent from the offline cache."""

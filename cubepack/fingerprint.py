@@ -1,0 +1,388 @@
+"""Compute a :class:`~cubepack.identity.ModelIdentity` from a loaded model, a folder or a Hub id.
+
+Folder and Hub-id fingerprints read only JSON and file bytes (no torch import), so ``cubepack
+fingerprint`` and ``cubepack verify`` stay fast. A loaded model is fingerprinted from the files it
+was loaded from (its ``name_or_path``) plus the dtype it runs in; a model with no files behind
+it gets a digest of its state dict, marked ``state-dict-sha256:``.
+
+Weight hashing is free for Hub-cached models (their LFS blobs are named by sha256) and cached by
+(real path, size, mtime_ns, inode) for everything else, so re-fingerprinting is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from . import _canonical
+from ._safetensors_header import read_header
+from .errors import CubepackError, FormatError, ModelNotFoundError
+from .hashing import HashCache, hash_files
+from .identity import ModelIdentity
+
+_SHA1_OR_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.h5",
+                    "*.msgpack")
+_ADAPTER_PREFIX = "adapter_model"
+#: Tokenizer JSON sections that libraries rewrite on load or on a ``truncation=`` call; they do
+#: not change which ids a text maps to, so they stay out of the digest (measured, see notes).
+_VOLATILE_TOKENIZER_KEYS = ("truncation", "padding", "post_processor", "decoder")
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "_commit_hash", "torch_dtype",
+                         "dtype", "_attn_implementation_autoset", "architectures")
+_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model")
+
+
+def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: Any = None,
+                dtype: str | None = None) -> ModelIdentity:
+    """Fingerprint a model.
+
+    Args:
+        model_or_path: a loaded ``PreTrainedModel``, a local model folder, or a Hub model id
+            (resolved through the HF cache; works offline when the revision is cached).
+        revision: for a Hub id, the branch, tag or commit to resolve (default ``main``).
+        tokenizer: a tokenizer object to fingerprint instead of the model folder's
+            ``tokenizer.json`` (for models whose folder holds no tokenizer).
+        dtype: for a folder or Hub id, the dtype the model will run in, when it is not the
+            stored dtype (e.g. ``"bfloat16"`` for an fp32 checkpoint loaded in bf16).
+
+    Returns:
+        The model's :class:`ModelIdentity`.
+
+    Raises:
+        ModelNotFoundError: the folder or Hub id cannot be found (offline: not in the cache).
+        FormatError: the folder has no readable ``config.json``.
+    """
+    if isinstance(model_or_path, (str, os.PathLike)):
+        folder, model_id, resolved_revision = resolve_model_folder(str(model_or_path), revision)
+        return _fingerprint_folder(folder, model_id=model_id, revision=resolved_revision,
+                                   tokenizer=tokenizer, dtype=dtype)
+    if hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict"):
+        return _fingerprint_loaded(model_or_path, tokenizer=tokenizer)
+    raise CubepackError(
+        f"Cannot fingerprint a {type(model_or_path).__name__}: pass a transformers model, a model "
+        "folder or a Hub model id."
+    )
+
+
+# --- resolving where a model's files are -------------------------------------------------------
+
+def resolve_model_folder(name: str, revision: str | None = None) -> tuple[Path, str | None, str | None]:
+    """Return (folder, hub model id or None, 40-hex commit or None) for a folder or Hub id."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        model_id, commit = hub_origin(path)
+        return path, model_id, commit
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotFoundError(f"Model folder {name} does not exist.")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    try:
+        folder = Path(snapshot_download(name, revision=revision, repo_type="model"))
+    except RevisionNotFoundError as exc:
+        raise ModelNotFoundError(f"Model {name} has no revision {revision!r}.") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"Model {name} was not found on the Hub (or needs a token).") from exc
+    except LocalEntryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"Model {name} at revision {revision or 'main'} is not in the Hugging Face cache and "
+            "the Hub cannot be reached (offline); download it once online, or pass a local folder."
+        ) from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"Cannot resolve model {name}: {exc}") from exc
+    model_id, commit = hub_origin(folder)
+    return folder, model_id or name, commit
+
+
+def hub_origin(folder: Path) -> tuple[str | None, str | None]:
+    """(repo id, commit) when ``folder`` is a snapshot in the HF cache, else (None, None).
+
+    The cache layout is ``<cache>/models--org--name/snapshots/<commit>/``; the commit is the only
+    revision evidence transformers 5 leaves behind.
+    """
+    parts = Path(os.path.abspath(folder)).parts
+    for index in range(len(parts) - 2, 0, -1):
+        if parts[index] == "snapshots" and _COMMIT.match(parts[index + 1]):
+            repo_dir = parts[index - 1]
+            kind, _, rest = repo_dir.partition("--")
+            if kind in ("models", "datasets", "spaces") and rest:
+                return rest.replace("--", "/"), parts[index + 1]
+    return None, None
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files holding a model's weights, as transformers would choose them.
+
+    safetensors files win when present (transformers prefers them); otherwise pickled
+    checkpoints. Adapter files are not base weights and are excluded.
+    """
+    def matching(patterns: tuple[str, ...]) -> list[Path]:
+        found = {p for pattern in patterns for p in folder.glob(pattern) if p.is_file()}
+        return sorted(p for p in found if not p.name.startswith(_ADAPTER_PREFIX))
+
+    return matching(("*.safetensors",)) or matching(_WEIGHT_PATTERNS)
+
+
+def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None) -> str:
+    """sha256 over sorted (relative name, file sha256): the weights digest of a folder."""
+    known = {path: digest for path in files if (digest := cached_blob_sha256(path))}
+    unknown = [path for path in files if path not in known]
+    known.update(hash_files(unknown, cache=cache or HashCache(), description="hashing weights"))
+    entries = sorted((path.relative_to(folder).as_posix(), known[path]) for path in files)
+    return "sha256:" + _canonical.digest(entries)
+
+
+def cached_blob_sha256(path: Path) -> str | None:
+    """The sha256 a Hub-cache symlink already names (LFS blobs are stored under their sha256)."""
+    if not path.is_symlink():
+        return None
+    target = os.readlink(path)
+    name = os.path.basename(target)
+    if _SHA1_OR_SHA256.match(name) and os.path.basename(os.path.dirname(target)) == "blobs":
+        return name
+    return None
+
+
+# --- the fields --------------------------------------------------------------------------------
+
+def geometry_from_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The KV-relevant shape of a model, from its config dict (text config for multimodal)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _first(text, "num_attention_heads", "n_head")
+    kv_heads = _first(text, "num_key_value_heads", "num_kv_heads") or heads
+    hidden = _first(text, "hidden_size", "n_embd", "d_model")
+    head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
+    window = text.get("sliding_window") or text.get("attention_chunk_size")
+    layer_types = text.get("layer_types")
+    if not layer_types and layers:
+        sliding = window is not None and text.get("use_sliding_window", True) is not False
+        layer_types = ["sliding_attention" if sliding else "full_attention"] * layers
+    layer_types = list(layer_types or [])
+    if not any(kind in ("sliding_attention", "chunked_attention") for kind in layer_types):
+        window = None
+    return {
+        "model_type": text.get("model_type") or config.get("model_type"),
+        "num_layers": layers,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_size": hidden,
+        "vocab_size": text.get("vocab_size") or config.get("vocab_size"),
+        "layer_types": layer_types,
+        "sliding_window": window,
+    }
+
+
+def _first(config: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    return None
+
+
+def quantization_from_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    quant = config.get("quantization_config")
+    if not quant:
+        return None
+    return json.loads(_canonical.dumps(quant, compact=True))
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    stable = {k: v for k, v in config.items() if k not in _VOLATILE_CONFIG_KEYS}
+    return "sha256:" + _canonical.digest(stable)
+
+
+def tokenizer_digest_from_json(text: str) -> str:
+    """Digest of a ``tokenizer.json`` with the sections libraries rewrite removed."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from exc
+    if isinstance(document, dict):
+        for key in _VOLATILE_TOKENIZER_KEYS:
+            document.pop(key, None)
+    return "sha256:" + _canonical.digest(document)
+
+
+def tokenizer_digest_from_folder(folder: Path) -> str | None:
+    tokenizer_json = folder / "tokenizer.json"
+    if tokenizer_json.is_file():
+        return tokenizer_digest_from_json(tokenizer_json.read_text(encoding="utf-8"))
+    files = [folder / name for name in _TOKENIZER_FILES if (folder / name).is_file()]
+    if not files:
+        return None
+    return files_digest(folder, files)
+
+
+def tokenizer_digest_from_object(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer
+    if hasattr(backend, "to_str"):
+        return tokenizer_digest_from_json(backend.to_str())
+    raise CubepackError(
+        f"Cannot fingerprint a {type(tokenizer).__name__} tokenizer: pass a fast tokenizer, or "
+        "fingerprint the model folder that holds tokenizer.json."
+    )
+
+
+def stored_dtype(folder: Path, files: list[Path], config: dict[str, Any]) -> str:
+    """The dtype the weights are stored in: the majority float dtype in safetensors headers."""
+    counts: Counter[str] = Counter()
+    for path in files:
+        if path.suffix == ".safetensors":
+            for tensor in read_header(path).tensors.values():
+                if tensor.dtype.startswith(("F", "BF")):
+                    counts[tensor.dtype_name] += max(1, tensor.end - tensor.begin)
+    if counts:
+        return counts.most_common(1)[0][0]
+    declared = config.get("dtype") or config.get("torch_dtype")
+    return str(declared).replace("torch.", "") if declared else "float32"
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for package in ("cubepack", "transformers", "torch", "safetensors", "tokenizers"):
+        try:
+            versions[package] = importlib_metadata.version(package)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def adapters_from_folder(folder: Path) -> str | None:
+    files = sorted(p for p in folder.glob(_ADAPTER_PREFIX + "*") if p.is_file())
+    config = folder / "adapter_config.json"
+    if not files:
+        return None
+    return files_digest(folder, files + ([config] if config.is_file() else []))
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise FormatError(f"{folder} is not a model folder: it has no config.json.") from exc
+    except ValueError as exc:
+        raise FormatError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise FormatError(f"{path} must hold a JSON object.")
+    return config
+
+
+# --- the two kinds of input ----------------------------------------------------------------------
+
+def _fingerprint_folder(folder: Path, *, model_id: str | None, revision: str | None,
+                        tokenizer: Any, dtype: str | None) -> ModelIdentity:
+    config = _read_config(folder)
+    files = weight_files(folder)
+    if not files:
+        raise ModelNotFoundError(f"{folder} holds no weight files (*.safetensors, *.bin, ...).")
+    run_dtype = dtype or stored_dtype(folder, files, config)
+    return ModelIdentity(
+        weights_digest=files_digest(folder, files),
+        tokenizer_digest=(tokenizer_digest_from_object(tokenizer) if tokenizer is not None
+                          else tokenizer_digest_from_folder(folder)),
+        geometry=geometry_from_config(config),
+        dtype=run_dtype,
+        kv_dtype=run_dtype,
+        quantization=quantization_from_config(config),
+        adapters=adapters_from_folder(folder),
+        model_id=model_id,
+        revision=revision,
+        config_digest=config_digest(config),
+        versions=library_versions(),
+    )
+
+
+def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
+    config = model.config.to_dict()
+    run_dtype = str(model.dtype).replace("torch.", "")
+    folder = _loaded_from(model)
+    model_id, revision = hub_origin(folder) if folder else (None, None)
+    files = weight_files(folder) if folder else []
+    if files:
+        weights = files_digest(folder, files)
+    else:
+        weights = state_dict_digest(model)
+    if tokenizer is not None:
+        tokenizer_digest = tokenizer_digest_from_object(tokenizer)
+    else:
+        tokenizer_digest = tokenizer_digest_from_folder(folder) if folder else None
+    name = getattr(model, "name_or_path", None) or None
+    return ModelIdentity(
+        weights_digest=weights,
+        tokenizer_digest=tokenizer_digest,
+        geometry=geometry_from_config(config),
+        dtype=run_dtype,
+        kv_dtype=run_dtype,
+        quantization=quantization_from_config(config),
+        adapters=_loaded_adapters(model) or (adapters_from_folder(folder) if folder else None),
+        model_id=model_id or (name if name and not os.path.isabs(name) else None),
+        revision=revision,
+        config_digest=config_digest(config),
+        versions=library_versions(),
+    )
+
+
+def _loaded_from(model: Any) -> Path | None:
+    """The folder a loaded model's weights came from, or None for a model built in memory."""
+    name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+    if not name:
+        return None
+    path = Path(name)
+    if path.is_dir():
+        return path
+    commit = getattr(model.config, "_commit_hash", None)
+    try:
+        folder, _, _ = resolve_model_folder(name, commit) if not commit else _cached_snapshot(name, commit)
+    except CubepackError:
+        return None
+    return folder
+
+
+def _cached_snapshot(name: str, commit: str) -> tuple[Path, str, str]:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, revision=commit, local_files_only=True)), name, commit
+    except Exception as exc:  # any cache miss means "no files we can vouch for"
+        raise ModelNotFoundError(f"{name}@{commit} is not in the HF cache.") from exc
+
+
+def state_dict_digest(model: Any) -> str:
+    """Digest of a model's tensors (name, dtype, shape, bytes) for models with no files."""
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return "state-dict-sha256:" + digest.hexdigest()
+
+
+def _loaded_adapters(model: Any) -> str | None:
+    if not getattr(model, "_hf_peft_config_loaded", False):
+        return None
+    import torch
+
+    configs = {name: cfg.to_dict() for name, cfg in getattr(model, "peft_config", {}).items()}
+    digest = hashlib.sha256(_canonical.dumps(configs, compact=True).encode())
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            if "lora_" in name:
+                flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+                digest.update(name.encode())
+                digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return "sha256:" + digest.hexdigest()

@@ -1,0 +1,123 @@
+"""Model identity: what a KV cache is only valid for, and how two identities are compared.
+
+Pure logic: values in, values out. Computing an identity from a model or folder is
+:mod:`cubepack.fingerprint`'s job.
+
+Strict fields decide whether a cache may be loaded; a difference in any of them means refuse.
+Informational fields (model id, revision, config digest, library versions) are recorded for
+humans and for pinning, but two copies of the same weights under different names are the same
+producer, so they never cause a refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import FormatError, IdentityMismatch, Mismatch
+
+#: Fields whose difference means "refuse", in the order messages list them.
+STRICT_FIELDS = (
+    "weights_digest",
+    "tokenizer_digest",
+    "geometry",
+    "dtype",
+    "kv_dtype",
+    "quantization",
+    "adapters",
+)
+
+#: Keys of ``geometry``, compared one by one so a message names e.g. ``geometry.num_layers``.
+GEOMETRY_KEYS = (
+    "model_type",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "hidden_size",
+    "vocab_size",
+    "layer_types",
+    "sliding_window",
+)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The fingerprint of a model as it runs.
+
+    Attributes:
+        weights_digest: ``sha256:<hex>`` over sorted (relative file name, file sha256) of the
+            weight files, or ``state-dict-sha256:<hex>`` for a model with no files on disk.
+        tokenizer_digest: ``sha256:<hex>`` of the canonical tokenizer JSON, or ``None`` when no
+            tokenizer was found.
+        geometry: the shapes a KV cache depends on (see :data:`GEOMETRY_KEYS`).
+        dtype: dtype of the weights as the model runs (``"float32"``, ``"bfloat16"``...).
+        kv_dtype: dtype of the KV tensors it produces.
+        quantization: canonical quantization config, or ``None``.
+        adapters: digest of the active adapters, or ``None``.
+        model_id, revision, config_digest, versions: informational only.
+    """
+
+    weights_digest: str
+    tokenizer_digest: str | None
+    geometry: dict[str, Any]
+    dtype: str
+    kv_dtype: str
+    quantization: dict[str, Any] | None = None
+    adapters: str | None = None
+    model_id: str | None = None
+    revision: str | None = None
+    config_digest: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def strict(self) -> dict[str, Any]:
+        """Only the strict fields, as a dict (what the lock and the KV file must agree on)."""
+        return {name: getattr(self, name) for name in STRICT_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ModelIdentity":
+        """Build an identity from its dict form; raise :class:`FormatError` when malformed."""
+        if not isinstance(data, dict):
+            raise FormatError(f"A model identity must be a JSON object, found {type(data).__name__}.")
+        known = {f.name for f in fields(cls)}
+        missing = [name for name in STRICT_FIELDS if name not in data]
+        if missing:
+            raise FormatError(f"The model identity lacks the strict field(s) {', '.join(missing)}.")
+        if not isinstance(data["weights_digest"], str) or not isinstance(data["geometry"], dict):
+            raise FormatError("The model identity has a malformed weights_digest or geometry.")
+        for name in ("dtype", "kv_dtype"):
+            if not isinstance(data[name], str):
+                raise FormatError(f"The model identity's {name} must be a string.")
+        values = {key: value for key, value in data.items() if key in known}
+        return cls(**values)
+
+    def with_changes(self, **changes: Any) -> "ModelIdentity":
+        values = self.to_dict()
+        values.update(changes)
+        return ModelIdentity(**values)
+
+
+def compare(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
+    """Every strict field where ``found`` differs from ``expected`` (geometry key by key)."""
+    mismatches: list[Mismatch] = []
+    for name in STRICT_FIELDS:
+        want, have = getattr(expected, name), getattr(found, name)
+        if name == "geometry":
+            keys = [k for k in GEOMETRY_KEYS if k in want or k in have]
+            keys += sorted((set(want) | set(have)) - set(GEOMETRY_KEYS))
+            for key in keys:
+                if want.get(key) != have.get(key):
+                    mismatches.append(Mismatch(f"geometry.{key}", want.get(key), have.get(key)))
+        elif want != have:
+            mismatches.append(Mismatch(name, want, have))
+    return mismatches
+
+
+def require_same(expected: ModelIdentity, found: ModelIdentity, what: str) -> None:
+    """Raise :class:`IdentityMismatch` naming every differing field, or return quietly."""
+    mismatches = compare(expected, found)
+    if mismatches:
+        raise IdentityMismatch(what, mismatches)

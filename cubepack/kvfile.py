@@ -1,0 +1,357 @@
+"""The cubepack KV file, version 1: one KV cache in one safetensors file.
+
+Layout (also in README.md):
+
+- tensors ``layers.<i>.keys`` and ``layers.<i>.values``, contiguous, shape
+  ``[batch, kv_heads, seq, head_dim]``, in the cache's dtype;
+- metadata key ``cubepack``: one JSON string with ``format`` (``"cubepack.kv"``), ``version``
+  (1), ``producer`` (the full :class:`ModelIdentity` of the model that built the cache),
+  ``num_layers``, ``layers`` (per layer: ``type`` and ``cumulative_length``, which a
+  sliding-window layer needs to be restored exactly), ``kv_dtype``, ``token_count``,
+  ``token_ids`` (or null) and free ``metadata`` (source text, ids, timestamps).
+
+:func:`read_kv_header` validates all of this without torch. :func:`load_kv_cache` compares the
+producer with the live model *before* any tensor is read, then rebuilds a ``DynamicCache``
+zero-copy from the mapped file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _atomic, _canonical, constants
+from ._safetensors_header import Header, read_header
+from .errors import CubepackError, FormatError, UnsupportedError
+from .identity import ModelIdentity, require_same
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+_SUPPORTED_LAYERS = {"DynamicLayer": FULL, "DynamicSlidingWindowLayer": SLIDING}
+
+
+@dataclass(frozen=True)
+class KVLayerInfo:
+    type: str
+    cumulative_length: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KVFileInfo:
+    """What a KV file says about itself, validated (see :func:`read_kv_header`)."""
+
+    path: Path
+    version: int
+    producer: ModelIdentity
+    kv_dtype: str
+    layers: list[KVLayerInfo]
+    token_count: int
+    token_ids: list[int] | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "format": constants.KV_FORMAT_NAME,
+            "version": self.version,
+            "producer": self.producer.to_dict(),
+            "kv_dtype": self.kv_dtype,
+            "num_layers": self.num_layers,
+            "layers": [{"type": layer.type, "cumulative_length": layer.cumulative_length,
+                        "shape": list(layer.shape)} for layer in self.layers],
+            "token_count": self.token_count,
+            "token_ids": self.token_ids,
+            "metadata": self.metadata,
+        }
+
+
+# --- reading the header (no torch) ---------------------------------------------------------------
+
+def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
+    """Read and validate a KV file's header and metadata, without loading any tensor.
+
+    Raises:
+        FormatError: not a cubepack KV file, an unknown format version, or a header whose
+            tensors contradict its own metadata (count, dtype, shapes, lengths).
+    """
+    path = Path(path)
+    header = read_header(path)
+    raw = header.metadata.get(constants.KV_METADATA_KEY)
+    if raw is None:
+        raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
+                          f"'{constants.KV_METADATA_KEY}' metadata).")
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path} has corrupt cubepack metadata (not valid JSON).") from exc
+    if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:
+        raise FormatError(f"{path} is not a cubepack KV file (format is "
+                          f"{meta.get('format') if isinstance(meta, dict) else None!r}).")
+    version = meta.get("version")
+    if version != constants.KV_FORMAT_VERSION:
+        raise FormatError(
+            f"{path} is KV format version {version!r}; this cubepack reads version "
+            f"{constants.KV_FORMAT_VERSION} only. Upgrade cubepack, or re-create the file."
+        )
+    producer = ModelIdentity.from_dict(meta.get("producer"))
+    layers = _validate_layers(path, header, meta, producer)
+    token_count = max((layer.cumulative_length for layer in layers), default=0)
+    token_ids = meta.get("token_ids")
+    if token_ids is not None and (
+        not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids)
+        or len(token_ids) != token_count
+    ):
+        raise FormatError(f"{path}: token_ids must be a list of {token_count} integers.")
+    item_metadata = meta.get("metadata") or {}
+    if not isinstance(item_metadata, dict):
+        raise FormatError(f"{path}: item metadata must be a JSON object.")
+    return KVFileInfo(path=path, version=version, producer=producer, kv_dtype=meta["kv_dtype"],
+                      layers=layers, token_count=token_count, token_ids=token_ids,
+                      metadata=item_metadata)
+
+
+def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
+                     producer: ModelIdentity) -> list[KVLayerInfo]:
+    num_layers, entries, kv_dtype = meta.get("num_layers"), meta.get("layers"), meta.get("kv_dtype")
+    if type(num_layers) is not int or not isinstance(entries, list) or len(entries) != num_layers:
+        raise FormatError(f"{path}: num_layers and the layer list disagree.")
+    if kv_dtype != producer.kv_dtype:
+        raise FormatError(f"{path}: kv_dtype {kv_dtype!r} differs from its producer's "
+                          f"{producer.kv_dtype!r}.")
+    expected_names = {f"layers.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")}
+    if set(header.tensors) != expected_names:
+        extra = sorted(set(header.tensors) - expected_names)[:3]
+        missing = sorted(expected_names - set(header.tensors))[:3]
+        raise FormatError(f"{path}: tensors do not match {num_layers} layers "
+                          f"(missing {missing}, unexpected {extra}).")
+    geometry = producer.geometry
+    layers: list[KVLayerInfo] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or entry.get("type") not in (FULL, SLIDING) \
+                or type(entry.get("cumulative_length")) is not int or entry["cumulative_length"] < 0:
+            raise FormatError(f"{path}: layer {index} has malformed metadata {entry!r}.")
+        keys = header.tensors[f"layers.{index}.keys"]
+        values = header.tensors[f"layers.{index}.values"]
+        for tensor in (keys, values):
+            if tensor.dtype_name != kv_dtype:
+                raise FormatError(f"{path}: {tensor.name} is {tensor.dtype_name}, but the file "
+                                  f"declares kv_dtype {kv_dtype}.")
+            if len(tensor.shape) != 4:
+                raise FormatError(f"{path}: {tensor.name} has shape {list(tensor.shape)}; "
+                                  "expected [batch, kv_heads, seq, head_dim].")
+        if keys.shape[:3] != values.shape[:3]:
+            raise FormatError(f"{path}: layer {index} keys {list(keys.shape)} and values "
+                              f"{list(values.shape)} disagree.")
+        _check_against_geometry(path, index, keys.shape, geometry)
+        seq, cumulative = keys.shape[2], entry["cumulative_length"]
+        if (entry["type"] == FULL and seq != cumulative) or seq > cumulative:
+            raise FormatError(f"{path}: layer {index} holds {seq} positions but records "
+                              f"cumulative_length {cumulative}.")
+        layers.append(KVLayerInfo(entry["type"], cumulative, keys.shape))
+    return layers
+
+
+def _check_against_geometry(path: Path, index: int, shape: tuple[int, ...],
+                            geometry: dict[str, Any]) -> None:
+    kv_heads, head_dim = geometry.get("num_kv_heads"), geometry.get("head_dim")
+    if kv_heads is not None and shape[1] != kv_heads:
+        raise FormatError(f"{path}: layer {index} has {shape[1]} KV heads but its producer has "
+                          f"{kv_heads}.")
+    if head_dim is not None and shape[3] != head_dim:
+        raise FormatError(f"{path}: layer {index} has head_dim {shape[3]} but its producer has "
+                          f"{head_dim}.")
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
+    """(type, cumulative_length, keys, values) per layer of a DynamicCache or legacy tuple.
+
+    Raises:
+        UnsupportedError: a quantized, static, linear-attention or empty layer: those cannot be
+            stored losslessly as plain key/value tensors.
+    """
+    if isinstance(cache, (tuple, list)):
+        layers = []
+        for index, pair in enumerate(cache):
+            keys, values = pair[0], pair[1]
+            layers.append((FULL, int(keys.shape[-2]), keys, values))
+        return layers
+    if type(cache).__name__ != "DynamicCache" and "Quantized" in type(cache).__name__:
+        raise UnsupportedError(f"A {type(cache).__name__} cannot be saved losslessly; "
+                               "save the DynamicCache it was built from instead.")
+    cache_layer_list = getattr(cache, "layers", None)
+    if cache_layer_list is None:
+        raise UnsupportedError(f"Cannot save a {type(cache).__name__}: expected a transformers "
+                               "DynamicCache (transformers >= 4.56) or a tuple of (keys, values).")
+    layers = []
+    for index, layer in enumerate(cache_layer_list):
+        kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
+        if kind is None:
+            raise UnsupportedError(
+                f"Layer {index} of the cache is a {type(layer).__name__}; cubepack saves only "
+                "DynamicLayer and DynamicSlidingWindowLayer (quantized, static and linear-attention "
+                "caches cannot be stored losslessly as key/value tensors)."
+            )
+        if not getattr(layer, "is_initialized", True) or layer.keys is None:
+            raise UnsupportedError(f"Layer {index} of the cache is empty; run the model on the "
+                                   "prompt before saving its cache.")
+        cumulative = getattr(layer, "cumulative_length", None) if kind == SLIDING else None
+        if cumulative is None:
+            cumulative = int(layer.keys.shape[-2])
+        layers.append((kind, int(cumulative), layer.keys, layer.values))
+    return layers
+
+
+def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
+                  token_ids: list[int] | Any = None, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``cache`` to ``path`` as a cubepack KV file, atomically.
+
+    Args:
+        cache: a ``DynamicCache`` (full and sliding-window layers) or a tuple of (keys, values).
+        producer: the :class:`ModelIdentity` of the model that built it, or that model itself.
+        token_ids: the token ids the cache covers (list or 1-D tensor), recorded for rebuilds.
+        metadata: free JSON-serialisable item metadata (source text, ids, timestamps).
+
+    Raises:
+        UnsupportedError: quantized or otherwise non-dynamic caches.
+        CubepackError: the cache contradicts the producer (layer count, dtype, heads).
+    """
+    from safetensors.torch import save_file
+
+    identity = producer if isinstance(producer, ModelIdentity) else _fingerprint(producer)
+    layers = cache_layers(cache)
+    geometry = identity.geometry
+    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
+        raise CubepackError(f"The cache has {len(layers)} layers but its producer has "
+                            f"{geometry['num_layers']}; it was not built by that model.")
+    tensors: dict[str, Any] = {}
+    entries = []
+    for index, (kind, cumulative, keys, values) in enumerate(layers):
+        for part, tensor in (("keys", keys), ("values", values)):
+            dtype = str(tensor.dtype).replace("torch.", "")
+            if dtype != identity.kv_dtype:
+                raise CubepackError(f"Layer {index} {part} are {dtype} but the producer's kv_dtype "
+                                    f"is {identity.kv_dtype}; it was not built by that model as "
+                                    "it runs.")
+            tensors[f"layers.{index}.{part}"] = tensor.detach().to("cpu").contiguous()
+        entries.append({"type": kind, "cumulative_length": cumulative})
+    ids = _token_id_list(token_ids)
+    token_count = max((entry["cumulative_length"] for entry in entries), default=0)
+    if ids is not None and len(ids) != token_count:
+        raise CubepackError(f"token_ids has {len(ids)} ids but the cache covers {token_count} tokens.")
+    try:
+        meta_json = _canonical.dumps({
+            "format": constants.KV_FORMAT_NAME,
+            "version": constants.KV_FORMAT_VERSION,
+            "producer": identity.to_dict(),
+            "num_layers": len(entries),
+            "layers": entries,
+            "kv_dtype": identity.kv_dtype,
+            "token_count": token_count,
+            "token_ids": ids,
+            "metadata": metadata or {},
+        }, compact=True)
+    except (TypeError, ValueError) as exc:
+        raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
+    path = Path(path)
+    with _atomic.atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={constants.KV_METADATA_KEY: meta_json})
+    for index, layer in enumerate(read_kv_header(path).layers):
+        _check_against_geometry(path, index, layer.shape, geometry)
+    return path
+
+
+def _token_id_list(token_ids: Any) -> list[int] | None:
+    if token_ids is None:
+        return None
+    if hasattr(token_ids, "tolist"):
+        token_ids = token_ids.tolist()
+    if token_ids and isinstance(token_ids[0], list):  # a [1, seq] batch of one
+        if len(token_ids) != 1:
+            raise CubepackError("token_ids must be one sequence, not a batch.")
+        token_ids = token_ids[0]
+    return [int(t) for t in token_ids]
+
+
+def _fingerprint(model: Any) -> ModelIdentity:
+    from .fingerprint import fingerprint
+
+    return fingerprint(model)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileInfo:
+    """Validate the header and require its producer to be ``live``; return the header.
+
+    Raises:
+        IdentityMismatch: naming every differing strict field.
+        FormatError: a malformed file.
+    """
+    info = read_kv_header(path)
+    require_same(info.producer, live, f"KV cache {Path(path).name}")
+    return info
+
+
+def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
+                  copy: bool = False, identity: ModelIdentity | None = None) -> Any:
+    """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer.
+
+    The header is validated and the producer's strict fields compared with the live model's
+    identity before any tensor is read; only then is the cache built, zero-copy from the
+    memory-mapped file unless ``copy`` (or a ``device`` other than CPU) asks otherwise.
+
+    Args:
+        model: the live ``PreTrainedModel`` the cache will be used with.
+        device: where to place the tensors (default: CPU, zero-copy).
+        copy: clone the tensors so they do not keep the file mapped.
+        identity: the live model's identity, when already computed (saves a fingerprint).
+
+    Raises:
+        IdentityMismatch: the cache was produced by a different model (every field named).
+        FormatError: the file is corrupt, truncated or of an unknown version.
+    """
+    from .fingerprint import fingerprint
+
+    live = identity or fingerprint(model)
+    info = check_kv_file(path, live)
+    return build_dynamic_cache(info, model.config, device=device, copy=copy)
+
+
+def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None, copy: bool = False) -> Any:
+    """Rebuild a ``DynamicCache`` from a validated KV file (transformers 4.56+ and 5.x)."""
+    from safetensors import safe_open
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if len(cache.layers) != info.num_layers:
+        raise UnsupportedError(f"The model's cache has {len(cache.layers)} layers but "
+                               f"{info.path.name} has {info.num_layers}.")
+    with safe_open(str(info.path), framework="pt", device="cpu") as handle:
+        for index, (layer, stored) in enumerate(zip(cache.layers, info.layers)):
+            kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
+            if kind != stored.type:
+                raise UnsupportedError(f"Layer {index} is {stored.type} in {info.path.name} but "
+                                       f"the model builds a {type(layer).__name__}.")
+            keys = handle.get_tensor(f"layers.{index}.keys")
+            values = handle.get_tensor(f"layers.{index}.values")
+            if device is not None:
+                keys, values = keys.to(device), values.to(device)
+            if copy:
+                keys, values = keys.clone(), values.clone()
+            # Initialise the layer through its own update (sets device/dtype and, for sliding
+            # layers, the window tensor), then assign the stored tensors without copying them.
+            layer.update(keys[..., :0, :], values[..., :0, :])
+            layer.keys, layer.values = keys, values
+            if kind == SLIDING:
+                layer.cumulative_length = stored.cumulative_length
+    return cache
