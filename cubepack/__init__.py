@@ -17,7 +17,7 @@ from .identity import ModelIdentity
 __version__ = "0.1.0"
 
 _LAZY = {
-    "fingerprint": "cubepack.fingerprint",
+    "fingerprint": "cubepack.fingerprints",
     "save_kv_cache": "cubepack.kvfile",
     "load_kv_cache": "cubepack.kvfile",
     "read_kv_header": "cubepack.kvfile",

@@ -46,7 +46,7 @@ def cli(debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fingerprint_command(model: str, revision: str | None, dtype: str | None, as_json: bool) -> None:
     """Print the identity of MODEL (a local folder or a Hub model id)."""
-    from .fingerprint import fingerprint
+    from .fingerprints import fingerprint
 
     identity = fingerprint(model, revision=revision, dtype=dtype)
     _emit(identity.to_dict(), as_json, _render_identity)

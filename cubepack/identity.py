@@ -1,7 +1,7 @@
 """Model identity: what a KV cache is only valid for, and how two identities are compared.
 
 Pure logic: values in, values out. Computing an identity from a model or folder is
-:mod:`cubepack.fingerprint`'s job.
+:mod:`cubepack.fingerprints`'s job.
 
 Strict fields decide whether a cache may be loaded; a difference in any of them means refuse.
 Informational fields (model id, revision, config digest, library versions) are recorded for

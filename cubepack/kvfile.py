@@ -52,6 +52,7 @@ class KVFileInfo:
     token_count: int
     token_ids: list[int] | None
     metadata: dict[str, Any] = field(default_factory=dict)
+    header: Header | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -115,7 +116,7 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
         raise FormatError(f"{path}: item metadata must be a JSON object.")
     return KVFileInfo(path=path, version=version, producer=producer, kv_dtype=meta["kv_dtype"],
                       layers=layers, token_count=token_count, token_ids=token_ids,
-                      metadata=item_metadata)
+                      metadata=item_metadata, header=header)
 
 
 def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
@@ -283,7 +284,7 @@ def _token_id_list(token_ids: Any) -> list[int] | None:
 
 
 def _fingerprint(model: Any) -> ModelIdentity:
-    from .fingerprint import fingerprint
+    from .fingerprints import fingerprint
 
     return fingerprint(model)
 
@@ -320,7 +321,7 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         IdentityMismatch: the cache was produced by a different model (every field named).
         FormatError: the file is corrupt, truncated or of an unknown version.
     """
-    from .fingerprint import fingerprint
+    from .fingerprints import fingerprint
 
     live = identity or fingerprint(model)
     info = check_kv_file(path, live)
@@ -329,29 +330,55 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
 
 def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None, copy: bool = False) -> Any:
     """Rebuild a ``DynamicCache`` from a validated KV file (transformers 4.56+ and 5.x)."""
-    from safetensors import safe_open
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
     if len(cache.layers) != info.num_layers:
         raise UnsupportedError(f"The model's cache has {len(cache.layers)} layers but "
                                f"{info.path.name} has {info.num_layers}.")
-    with safe_open(str(info.path), framework="pt", device="cpu") as handle:
-        for index, (layer, stored) in enumerate(zip(cache.layers, info.layers)):
-            kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
-            if kind != stored.type:
-                raise UnsupportedError(f"Layer {index} is {stored.type} in {info.path.name} but "
-                                       f"the model builds a {type(layer).__name__}.")
-            keys = handle.get_tensor(f"layers.{index}.keys")
-            values = handle.get_tensor(f"layers.{index}.values")
-            if device is not None:
-                keys, values = keys.to(device), values.to(device)
-            if copy:
-                keys, values = keys.clone(), values.clone()
-            # Initialise the layer through its own update (sets device/dtype and, for sliding
-            # layers, the window tensor), then assign the stored tensors without copying them.
-            layer.update(keys[..., :0, :], values[..., :0, :])
-            layer.keys, layer.values = keys, values
-            if kind == SLIDING:
-                layer.cumulative_length = stored.cumulative_length
+    tensors = _mapped_tensors(info)
+    for index, (layer, stored) in enumerate(zip(cache.layers, info.layers)):
+        kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
+        if kind != stored.type:
+            raise UnsupportedError(f"Layer {index} is {stored.type} in {info.path.name} but "
+                                   f"the model builds a {type(layer).__name__}.")
+        keys, values = tensors[f"layers.{index}.keys"], tensors[f"layers.{index}.values"]
+        if device is not None:
+            keys, values = keys.to(device), values.to(device)
+        if copy:
+            keys, values = keys.clone(), values.clone()
+        # Initialise the layer through its own update (sets device/dtype and, for sliding
+        # layers, the window tensor), then assign the stored tensors without copying them.
+        layer.update(keys[..., :0, :], values[..., :0, :])
+        layer.keys, layer.values = keys, values
+        if kind == SLIDING:
+            layer.cumulative_length = stored.cumulative_length
     return cache
+
+
+def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
+    """The file's tensors as views of one private memory map (no bytes read up front).
+
+    The map is copy-on-write (``shared=False``): writes to a tensor never reach the file. The
+    header was validated, so every view lies inside the file. A file whose tensors are not
+    aligned to their element size (not written by safetensors) is read through safe_open.
+    """
+    import torch
+
+    header = info.header or read_header(info.path)
+    dtypes = {name: getattr(torch, tensor.dtype_name) for name, tensor in header.tensors.items()}
+    aligned = all((header.data_offset + t.begin) % dtypes[n].itemsize == 0
+                  for n, t in header.tensors.items())
+    if not aligned or header.file_size == 0:
+        from safetensors import safe_open
+
+        with safe_open(str(info.path), framework="pt", device="cpu") as handle:
+            return {name: handle.get_tensor(name) for name in header.tensors}
+    storage = torch.UntypedStorage.from_file(str(info.path), shared=False, nbytes=header.file_size)
+    tensors = {}
+    for name, tensor in header.tensors.items():
+        dtype = dtypes[name]
+        view = torch.empty(0, dtype=dtype)
+        view.set_(storage, (header.data_offset + tensor.begin) // dtype.itemsize, tensor.shape)
+        tensors[name] = view
+    return tensors

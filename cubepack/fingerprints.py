@@ -11,10 +11,12 @@ Weight hashing is free for Hub-cached models (their LFS blobs are named by sha25
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+import weakref
 from collections import Counter
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -248,14 +250,20 @@ def stored_dtype(folder: Path, files: list[Path], config: dict[str, Any]) -> str
     return str(declared).replace("torch.", "") if declared else "float32"
 
 
-def library_versions() -> dict[str, str]:
-    versions = {}
+@functools.lru_cache(maxsize=1)
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    versions = []
     for package in ("cubepack", "transformers", "torch", "safetensors", "tokenizers"):
         try:
-            versions[package] = importlib_metadata.version(package)
+            versions.append((package, importlib_metadata.version(package)))
         except importlib_metadata.PackageNotFoundError:
             continue
-    return versions
+    return tuple(versions)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape a cache (informational; read once per process)."""
+    return dict(_installed_versions())
 
 
 def adapters_from_folder(folder: Path) -> str | None:
@@ -304,22 +312,30 @@ def _fingerprint_folder(folder: Path, *, model_id: str | None, revision: str | N
     )
 
 
+#: Identities of loaded models, reused while the model's dtype, source files (by stat) and
+#: adapters are unchanged: a fingerprint per ``load_kv_cache`` would otherwise dominate it.
+_LOADED_IDENTITIES: "weakref.WeakKeyDictionary[Any, tuple[Any, ModelIdentity]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
+    folder = _loaded_from(model)
+    files = weight_files(folder) if folder else []
+    memo_key = _memo_key(model, folder, files) if files and tokenizer is None else None
+    if memo_key is not None:
+        remembered = _LOADED_IDENTITIES.get(model)
+        if remembered is not None and remembered[0] == memo_key:
+            return remembered[1]
     config = model.config.to_dict()
     run_dtype = str(model.dtype).replace("torch.", "")
-    folder = _loaded_from(model)
     model_id, revision = hub_origin(folder) if folder else (None, None)
-    files = weight_files(folder) if folder else []
-    if files:
-        weights = files_digest(folder, files)
-    else:
-        weights = state_dict_digest(model)
+    weights = files_digest(folder, files) if files else state_dict_digest(model)
     if tokenizer is not None:
         tokenizer_digest = tokenizer_digest_from_object(tokenizer)
     else:
         tokenizer_digest = tokenizer_digest_from_folder(folder) if folder else None
     name = getattr(model, "name_or_path", None) or None
-    return ModelIdentity(
+    identity = ModelIdentity(
         weights_digest=weights,
         tokenizer_digest=tokenizer_digest,
         geometry=geometry_from_config(config),
@@ -332,6 +348,16 @@ def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
         config_digest=config_digest(config),
         versions=library_versions(),
     )
+    if memo_key is not None:
+        _LOADED_IDENTITIES[model] = (memo_key, identity)
+    return identity
+
+
+def _memo_key(model: Any, folder: Path, files: list[Path]) -> tuple | None:
+    if getattr(model, "_hf_peft_config_loaded", False):
+        return None  # adapters can be switched in place; always recompute
+    watched = files + [p for p in (folder / "tokenizer.json", folder / "config.json") if p.exists()]
+    return (str(model.dtype), str(folder), tuple(HashCache.key(p) for p in watched))
 
 
 def _loaded_from(model: Any) -> Path | None:

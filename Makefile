@@ -1,0 +1,43 @@
+# Two test environments, both set up by `make test` (and by CI through .ci/run):
+#   latest: newest transformers 5.x + huggingface_hub 2.x
+#   memos:  MemoryOS (pins transformers<5) + accelerate: transformers 4.57.x, huggingface_hub 0.36.x
+# torch is pinned to 2.13.0, a local CPU wheel on our machines; any other request may pull GBs.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  := torch==2.13.0
+PIP_Q  := --quiet --disable-pip-version-check
+
+.PHONY: test test-latest test-memos setup demo bench clean
+
+test: setup
+	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/memos/bin/python $(VENV)/latest/bin/python -m pytest -q -p no:cacheprovider
+	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/latest/bin/python $(VENV)/memos/bin/python -m pytest -q -p no:cacheprovider
+
+test-latest: $(VENV)/latest/.ready
+	$(VENV)/latest/bin/python -m pytest -q
+
+test-memos: $(VENV)/memos/.ready
+	$(VENV)/memos/bin/python -m pytest -q
+
+setup: $(VENV)/latest/.ready $(VENV)/memos/.ready
+
+$(VENV)/latest/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)/latest
+	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH)
+	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH) -e ".[test]" "transformers>=5,<6" "huggingface_hub>=1"
+	touch $@
+
+$(VENV)/memos/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)/memos
+	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH)
+	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,memos]"
+	touch $@
+
+demo: $(VENV)/latest/.ready
+	$(VENV)/latest/bin/python -m cubepack.demo
+
+bench: $(VENV)/latest/.ready
+	$(VENV)/latest/bin/python bench/kv_load.py
+
+clean:
+	rm -rf $(VENV) demo-out

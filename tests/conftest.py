@@ -1,0 +1,54 @@
+"""Shared fixtures: an isolated HF cache and cubepack cache, and the tiny model zoo.
+
+Environment variables read at import time by huggingface_hub are set here, before any test
+module imports it, so no test can touch the user's real caches or the network.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_SANDBOX = Path(tempfile.mkdtemp(prefix="cubepack-tests-"))
+os.environ["HF_HOME"] = str(_SANDBOX / "hf-home")
+os.environ["HF_HUB_CACHE"] = str(_SANDBOX / "hf-home" / "hub")
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["CUBEPACK_CACHE"] = str(_SANDBOX / "cubepack-cache")
+os.environ["CUBEPACK_NO_PROGRESS"] = "1"
+os.environ["MEMOS_BASE_PATH"] = str(_SANDBOX / "memos")
+os.environ.pop("HF_TOKEN", None)
+os.environ.pop("HF_ENDPOINT", None)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> dict[str, Path]:
+    """Every tiny fixture model (see :func:`cubepack.tiny.build_zoo`)."""
+    from cubepack import tiny
+
+    return tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture(scope="session")
+def models(zoo):
+    """Loaded fixture models, loaded once per session (they are only read)."""
+    import torch
+
+    from cubepack import tiny
+
+    loaded = {name: tiny.load(folder) for name, folder in zoo.items()}
+    loaded["a_as_bf16"] = tiny.load(zoo["a"], dtype=torch.bfloat16)
+    return loaded
+
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+
+
+@pytest.fixture
+def prompt_ids():
+    import torch
+
+    return torch.tensor([PROMPT])

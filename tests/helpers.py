@@ -1,0 +1,34 @@
+"""Small helpers shared by tests: build a cache, continue it, compare logits."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def build_cache(model, ids):
+    """Run ``model`` on ``ids`` and return its DynamicCache."""
+    with torch.no_grad():
+        return model(ids, use_cache=True).past_key_values
+
+
+def continue_greedy(model, cache, first_token: int, steps: int) -> list[torch.Tensor]:
+    """Feed one token at a time for ``steps`` steps; return each step's logits.
+
+    The token fed next is the argmax of the previous step, so two caches that disagree anywhere
+    diverge in their inputs too.
+    """
+    cache = copy.deepcopy(cache)
+    token = torch.tensor([[first_token]])
+    logits = []
+    with torch.no_grad():
+        for _ in range(steps):
+            step = model(token, past_key_values=cache, use_cache=True).logits
+            logits.append(step)
+            token = step[:, -1:].argmax(-1)
+    return logits
+
+
+def all_equal(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
