@@ -1,40 +1,27 @@
 """cubepack: pin, lock, verify and share LLM memory cubes (MemOS MemCubes and KV caches).
 
-The public API is re-exported here lazily, so ``import cubepack`` (and ``cubepack --help``) does
-not import torch or transformers until a function that needs them is called.
+No module imported here imports torch or transformers at import time (they are imported inside
+the functions that need them), so ``import cubepack`` and ``cubepack --help`` stay fast.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from .errors import (CubepackError, FormatError, HubError, IdentityMismatch, IntegrityError,
-                     Mismatch, ModelNotFoundError, RefusedError, SignatureError, UnsafeInputError,
-                     UnsupportedError)
-from .identity import ModelIdentity
-
 __version__ = "0.1.0"
 
-_LAZY = {
-    "fingerprint": "cubepack.fingerprints",
-    "save_kv_cache": "cubepack.kvfile",
-    "load_kv_cache": "cubepack.kvfile",
-    "read_kv_header": "cubepack.kvfile",
-    "KVFileInfo": "cubepack.kvfile",
-}
+from .diff import diff
+from .errors import (CubepackError, FormatError, HubError, IdentityMismatch, IntegrityError,
+                     Mismatch, ModelNotFoundError, RefusedError, SignatureError, UnsafeInputError,
+                     UnsupportedError, VerificationFailed)
+from .fingerprints import fingerprint
+from .identity import ModelIdentity
+from .kvfile import KVFileInfo, load_kv_cache, read_kv_header, save_kv_cache
+from .pack import PackResult, pack
+from .verify import VerifyReport, verify
 
 __all__ = [
-    "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "Mismatch",
-    "ModelIdentity", "ModelNotFoundError", "RefusedError", "SignatureError", "UnsafeInputError",
-    "UnsupportedError", "__version__", *_LAZY,
+    "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
+    "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "RefusedError",
+    "SignatureError", "UnsafeInputError", "UnsupportedError", "VerificationFailed", "VerifyReport",
+    "__version__", "diff", "fingerprint", "load_kv_cache", "pack", "read_kv_header",
+    "save_kv_cache", "verify",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cubepack' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -8,8 +8,10 @@ target.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +28,7 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
@@ -49,14 +52,19 @@ def write_text(target: str | os.PathLike[str], text: str) -> None:
 
 
 def replace_dir(staged: Path, target: Path) -> None:
-    """Move the fully prepared folder ``staged`` to ``target``, replacing any folder there.
+    """Put the fully prepared folder ``staged`` at ``target``, replacing any folder there.
 
-    The old folder is renamed aside first and removed only after the new one is in place, so an
-    interruption leaves either the old or the new folder under ``target``, never a mix.
+    On Linux the two folders are swapped in one ``renameat2(RENAME_EXCHANGE)`` call, so
+    ``target`` is at every instant either the old or the new folder. Elsewhere the old folder
+    is renamed aside first and restored if the second rename fails. The old content is
+    deleted last.
     """
-    target = Path(target)
+    staged, target = Path(staged), Path(target)
     if not target.exists():
         os.replace(staged, target)
+        return
+    if _exchange(staged, target):
+        shutil.rmtree(staged, ignore_errors=True)  # ``staged`` now holds the old content
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
     os.rmdir(aside)
@@ -67,3 +75,52 @@ def replace_dir(staged: Path, target: Path) -> None:
         os.replace(aside, target)
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange)
+    return result == 0
+
+
+def staging_dir(target: Path, purpose: str) -> Path:
+    """A new empty folder beside ``target`` (same file system, so renames are atomic)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{target.name}.{purpose}.", dir=target.parent))
+    mode = target.stat().st_mode & 0o7777 if target.is_dir() else 0o777 & ~_umask()
+    os.chmod(staged, mode)  # the swapped-in folder keeps the permissions a user expects
+    return staged
+
+
+def _read_umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+_UMASK = _read_umask()  # read once at import: os.umask is process-wide and not thread-safe
+
+
+def _umask() -> int:
+    return _UMASK
+
+
+def link_or_copy(source: Path, destination: Path) -> None:
+    """Hard-link ``source`` to ``destination`` (cheap for large files), else copy it.
+
+    Safe because cubepack never modifies a file in place: a changed file is always a new file.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)

@@ -99,10 +99,100 @@ def _render_kv(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli.command("pack")
+@click.argument("cube_dir", type=click.Path(file_okay=False))
+@click.option("--model", help="Producer model (folder or Hub id); overrides config.json's act_mem LLM.")
+@click.option("--revision", help="Branch, tag or commit of a Hub --model to pin.")
+@click.option("--legacy-pickle", is_flag=True,
+              help="Convert MemOS activation pickles to KV files (allowlist unpickler).")
+@click.option("--license", "license_", help="License for the card's metadata (e.g. apache-2.0).")
+@click.option("--pretty-name", help="Title of the model card.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
+                 license_: str | None, pretty_name: str | None, as_json: bool) -> None:
+    """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
+    from .pack import pack
+
+    result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
+                  license=license_, pretty_name=pretty_name)
+    _emit(result.to_dict(), as_json, _render_pack)
+
+
+def _render_pack(data: dict[str, Any]) -> str:
+    lines = [f"packed {data['cube_dir']}" + ("" if data["changed"] else " (unchanged)"),
+             f"  files:       {data['files']}",
+             f"  activations: {len(data['activations'])}"
+             + (f" ({len(data['converted'])} converted from the MemOS pickle)" if data["converted"] else "")]
+    for role, pin in data["models"].items():
+        where = f"{pin['repo_id']}@{pin['revision']}" if pin["revision"] else \
+            f"{pin['name']} (no Hub revision: pinned by weights digest)"
+        lines.append(f"  model {role}: {where}")
+    lines.append(f"  lock digest: {data['digest']}")
+    return "\n".join(lines)
+
+
+@cli.command("verify")
+@click.argument("cube_dir", type=click.Path(file_okay=False))
+@click.option("--model", help="Check the pins against this model (folder or Hub id).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def verify_command(cube_dir: str, model: str | None, as_json: bool) -> None:
+    """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
+    from .verify import verify
+
+    report = verify(cube_dir, model=model, raise_on_failure=False)
+    _emit(report.to_dict(), as_json, _render_report)
+    if not report.ok:
+        raise _Refused()
+
+
+class _Refused(Exception):
+    """Verification printed its report and refused: exit 1 without another message."""
+
+
+def _render_report(data: dict[str, Any]) -> str:
+    marks = {True: "ok  ", False: "FAIL", None: "skip"}
+    lines = []
+    for check in data["checks"]:
+        line = f"{marks[check['ok']]} {check['check']:<15} {check['subject']}: {check['detail']}"
+        if check["expected"] is not None or check["found"] is not None:
+            line += f"\n     expected {check['expected']}\n     found    {check['found']}"
+        lines.append(line)
+    lines.append("verified: the cube is exactly what was packed" if data["ok"]
+                 else "REFUSED: do not load this cube")
+    return "\n".join(lines)
+
+
+@cli.command("diff")
+@click.argument("a", type=click.Path(exists=True))
+@click.argument("b", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def diff_command(a: str, b: str, as_json: bool) -> None:
+    """Show what changed from cube (or lock) A to B."""
+    from .diff import diff
+
+    _emit(diff(a, b), as_json, _render_diff)
+
+
+def _render_diff(data: dict[str, Any]) -> str:
+    if data["same"]:
+        return "identical locks"
+    lines = []
+    for section in ("files", "activations"):
+        for kind in ("added", "removed", "changed"):
+            for name in data[section][kind]:
+                lines.append(f"{section[:-1] if section == 'files' else 'activation'} {kind}: {name}")
+    for role, changes in data["models"].items():
+        for key, change in changes.items():
+            lines.append(f"model {role} {key}: {change}")
+    return "\n".join(lines) or "no differences in files, models or activations"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes."""
     try:
         cli.main(args=argv, prog_name="cubepack", standalone_mode=False)
+    except _Refused:
+        return 1
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 3

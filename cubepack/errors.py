@@ -67,6 +67,24 @@ class IntegrityError(RefusedError):
     """Bytes on disk or on the Hub are not the ones the lock records (hash, size, file set)."""
 
 
+class VerificationFailed(IntegrityError):
+    """A cube failed verification. ``report`` lists every check (passed, failed, skipped);
+    ``failures`` the failed ones, each naming the file or field with expected and found."""
+
+    def __init__(self, report: Any):
+        self.report = report
+        failures = report.failures
+        shown = "; ".join(str(check) for check in failures[:8])
+        more = f"; and {len(failures) - 8} more" if len(failures) > 8 else ""
+        plural = "s" if len(failures) != 1 else ""
+        super().__init__(f"Cube {report.cube_dir} failed verification ({len(failures)} problem"
+                         f"{plural}): {shown}{more}. Do not load it; pull or pack it again.")
+
+    @property
+    def failures(self) -> list[Any]:
+        return self.report.failures
+
+
 class SignatureError(RefusedError):
     """A cube's signature is missing, untrusted, or does not cover its content."""
 

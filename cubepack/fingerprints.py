@@ -43,7 +43,7 @@ _TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", 
 
 
 def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: Any = None,
-                dtype: str | None = None) -> ModelIdentity:
+                dtype: str | None = None, local_files_only: bool = False) -> ModelIdentity:
     """Fingerprint a model.
 
     Args:
@@ -63,7 +63,8 @@ def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: A
         FormatError: the folder has no readable ``config.json``.
     """
     if isinstance(model_or_path, (str, os.PathLike)):
-        folder, model_id, resolved_revision = resolve_model_folder(str(model_or_path), revision)
+        folder, model_id, resolved_revision = resolve_model_folder(
+            str(model_or_path), revision, local_files_only=local_files_only)
         return _fingerprint_folder(folder, model_id=model_id, revision=resolved_revision,
                                    tokenizer=tokenizer, dtype=dtype)
     if hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict"):
@@ -76,8 +77,13 @@ def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: A
 
 # --- resolving where a model's files are -------------------------------------------------------
 
-def resolve_model_folder(name: str, revision: str | None = None) -> tuple[Path, str | None, str | None]:
-    """Return (folder, hub model id or None, 40-hex commit or None) for a folder or Hub id."""
+def resolve_model_folder(name: str, revision: str | None = None, *,
+                         local_files_only: bool = False) -> tuple[Path, str | None, str | None]:
+    """Return (folder, hub model id or None, 40-hex commit or None) for a folder or Hub id.
+
+    A Hub id is resolved through the HF cache (``snapshot_download``, which honours
+    ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT``); ``local_files_only`` never touches the network.
+    """
     path = Path(name).expanduser()
     if path.is_dir():
         model_id, commit = hub_origin(path)
@@ -89,7 +95,8 @@ def resolve_model_folder(name: str, revision: str | None = None) -> tuple[Path, 
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     try:
-        folder = Path(snapshot_download(name, revision=revision, repo_type="model"))
+        folder = Path(snapshot_download(name, revision=revision, repo_type="model",
+                                        local_files_only=local_files_only))
     except RevisionNotFoundError as exc:
         raise ModelNotFoundError(f"Model {name} has no revision {revision!r}.") from exc
     except RepositoryNotFoundError as exc:

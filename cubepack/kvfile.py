@@ -25,7 +25,7 @@ from typing import Any
 
 from . import _atomic, _canonical, constants
 from ._safetensors_header import Header, read_header
-from .errors import CubepackError, FormatError, UnsupportedError
+from .errors import CubepackError, FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from .identity import ModelIdentity, require_same
 
 FULL = "full_attention"
@@ -226,25 +226,32 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
         UnsupportedError: quantized or otherwise non-dynamic caches.
         CubepackError: the cache contradicts the producer (layer count, dtype, heads).
     """
+    identity = producer if isinstance(producer, ModelIdentity) else _fingerprint(producer)
+    return write_kv_layers(cache_layers(cache), path, producer=identity, token_ids=token_ids,
+                           metadata=metadata)
+
+
+def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.PathLike[str], *,
+                    producer: ModelIdentity, token_ids: Any = None,
+                    metadata: dict[str, Any] | None = None) -> Path:
+    """Write per-layer (type, cumulative_length, keys, values) as a KV file, atomically.
+
+    The layers are checked against the producer's geometry and dtype first: a cache that
+    contradicts its declared producer is refused, never labelled with it.
+    """
     from safetensors.torch import save_file
 
-    identity = producer if isinstance(producer, ModelIdentity) else _fingerprint(producer)
-    layers = cache_layers(cache)
-    geometry = identity.geometry
-    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
-        raise CubepackError(f"The cache has {len(layers)} layers but its producer has "
-                            f"{geometry['num_layers']}; it was not built by that model.")
+    contradictions = geometry_contradictions(layers, producer)
+    if contradictions:
+        raise IdentityMismatch("This cache", contradictions,
+                               "It was not built by the declared producer; name the model that "
+                               "built it.")
     tensors: dict[str, Any] = {}
     entries = []
     for index, (kind, cumulative, keys, values) in enumerate(layers):
-        for part, tensor in (("keys", keys), ("values", values)):
-            dtype = str(tensor.dtype).replace("torch.", "")
-            if dtype != identity.kv_dtype:
-                raise CubepackError(f"Layer {index} {part} are {dtype} but the producer's kv_dtype "
-                                    f"is {identity.kv_dtype}; it was not built by that model as "
-                                    "it runs.")
-            tensors[f"layers.{index}.{part}"] = tensor.detach().to("cpu").contiguous()
-        entries.append({"type": kind, "cumulative_length": cumulative})
+        tensors[f"layers.{index}.keys"] = keys.detach().to("cpu").contiguous()
+        tensors[f"layers.{index}.values"] = values.detach().to("cpu").contiguous()
+        entries.append({"type": kind, "cumulative_length": int(cumulative)})
     ids = _token_id_list(token_ids)
     token_count = max((entry["cumulative_length"] for entry in entries), default=0)
     if ids is not None and len(ids) != token_count:
@@ -253,10 +260,10 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
         meta_json = _canonical.dumps({
             "format": constants.KV_FORMAT_NAME,
             "version": constants.KV_FORMAT_VERSION,
-            "producer": identity.to_dict(),
+            "producer": producer.to_dict(),
             "num_layers": len(entries),
             "layers": entries,
-            "kv_dtype": identity.kv_dtype,
+            "kv_dtype": producer.kv_dtype,
             "token_count": token_count,
             "token_ids": ids,
             "metadata": metadata or {},
@@ -266,9 +273,33 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
     path = Path(path)
     with _atomic.atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={constants.KV_METADATA_KEY: meta_json})
-    for index, layer in enumerate(read_kv_header(path).layers):
-        _check_against_geometry(path, index, layer.shape, geometry)
+        read_kv_header(tmp)  # what we wrote must be what we read back
     return path
+
+
+def geometry_contradictions(layers: list[tuple[str, int, Any, Any]],
+                            producer: ModelIdentity) -> list[Mismatch]:
+    """Where per-layer tensors contradict a producer's geometry and KV dtype (pure)."""
+    geometry = producer.geometry
+    found: list[Mismatch] = []
+    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
+        found.append(Mismatch("geometry.num_layers", geometry["num_layers"], len(layers)))
+        return found
+    layer_types = geometry.get("layer_types") or []
+    checks = (("num_kv_heads", 1), ("head_dim", 3))
+    for index, (kind, _, keys, values) in enumerate(layers):
+        dtype = str(keys.dtype).replace("torch.", "")
+        if dtype != producer.kv_dtype or str(values.dtype).replace("torch.", "") != dtype:
+            found.append(Mismatch(f"layers[{index}].kv_dtype", producer.kv_dtype, dtype))
+        if index < len(layer_types) and layer_types[index] != kind:
+            found.append(Mismatch(f"layers[{index}].type", layer_types[index], kind))
+        if keys.dim() != 4:
+            found.append(Mismatch(f"layers[{index}].rank", 4, keys.dim()))
+            continue
+        for key, axis in checks:
+            if geometry.get(key) is not None and keys.shape[axis] != geometry[key]:
+                found.append(Mismatch(f"layers[{index}].{key}", geometry[key], int(keys.shape[axis])))
+    return found
 
 
 def _token_id_list(token_ids: Any) -> list[int] | None:

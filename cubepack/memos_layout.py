@@ -1,0 +1,85 @@
+"""What a MemOS cube folder holds, read from its ``config.json``. Pure logic, no MemOS import.
+
+MemOS's ``GeneralMemCube.dump`` writes ``config.json`` plus one file per initialised memory
+(``textual_memory.json``, ``activation_memory.pickle``, ``parametric_memory.adapter``,
+``preference_memory.json``...). The producer of activation memories is the ``act_mem``
+extractor LLM; textual memories name an extractor LLM and an embedder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ACT_ROLE = "act_mem"
+KV_BACKENDS = ("kv_cache", "vllm_kv_cache")
+DEFAULT_FILENAMES = {
+    "text_mem": "textual_memory.json",
+    "act_mem": "activation_memory.pickle",
+    "para_mem": "parametric_memory.adapter",
+    "pref_mem": "preference_memory.json",
+}
+MEMORY_KINDS = {"text_mem": "textual", "act_mem": "activation", "para_mem": "parametric",
+                "pref_mem": "preference"}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model named in config.json: its role, backend and the name MemOS would load."""
+
+    role: str
+    backend: str | None
+    name: str
+    strict: bool  # activations depend on it exactly
+
+
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    section = config.get(key)
+    return section if isinstance(section, dict) else {}
+
+
+def _llm_name(llm: Any) -> tuple[str | None, str | None]:
+    if not isinstance(llm, dict):
+        return None, None
+    inner = llm.get("config") if isinstance(llm.get("config"), dict) else {}
+    name = inner.get("model_name_or_path") or inner.get("model")
+    return llm.get("backend"), name
+
+
+def model_refs(config: dict[str, Any]) -> list[ModelRef]:
+    """Every model the cube's config names, the activation producer first."""
+    refs = []
+    act = _section(config, "act_mem")
+    if act.get("backend") in KV_BACKENDS:
+        backend, name = _llm_name(_section(act, "config").get("extractor_llm"))
+        if name:
+            refs.append(ModelRef(ACT_ROLE, backend, name, strict=True))
+    text = _section(config, "text_mem")
+    text_config = _section(text, "config")
+    for key in ("extractor_llm", "embedder"):
+        backend, name = _llm_name(text_config.get(key))
+        if name:
+            refs.append(ModelRef(f"text_mem.{key}", backend, name, strict=False))
+    return refs
+
+
+def activation_pickle_name(config: dict[str, Any]) -> str:
+    act_config = _section(_section(config, "act_mem"), "config")
+    return act_config.get("memory_filename") or DEFAULT_FILENAMES["act_mem"]
+
+
+def memory_files(config: dict[str, Any], files: list[str]) -> dict[str, list[str]]:
+    """Which of ``files`` hold which memory kind (config file, textual, parametric...)."""
+    present = set(files)
+    result: dict[str, list[str]] = {"config": ["config.json"] if "config.json" in present else []}
+    for key, kind in MEMORY_KINDS.items():
+        if key == "act_mem":
+            continue
+        name = _section(_section(config, key), "config").get("memory_filename") or DEFAULT_FILENAMES[key]
+        result[kind] = [name] if name in present else []
+    return result
+
+
+def is_hub_loadable(backend: str | None) -> bool:
+    """Backends whose model name is a Hugging Face folder or repo id we can fingerprint."""
+    return backend in (None, "huggingface", "huggingface_singleton", "vllm", "sentence_transformer")

@@ -1,0 +1,278 @@
+"""``cubepack pack``: turn a MemOS cube folder into a pinned, locked, pickle-free cube.
+
+In place and atomic: the packed cube is assembled in a staging folder beside the cube (files
+that do not change are hard-linked, not copied), then swapped in with one rename. If anything
+fails, the cube is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _atomic, card, constants, cubeconfig
+from . import lock as lockfile
+from . import memos_layout
+from .errors import CubepackError, FormatError, IdentityMismatch, UnsafeInputError
+from .hashing import hash_files
+from .identity import ModelIdentity, compare
+from .paths import list_cube_files, resolve_inside
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
+
+
+@dataclass
+class PackResult:
+    """What ``pack`` did: where, the lock's digests, the pins and the activations."""
+
+    cube_dir: Path
+    digest: str
+    content_digest: str
+    files: int
+    models: dict[str, dict[str, Any]]
+    activations: list[str]
+    converted: list[str] = field(default_factory=list)
+    changed: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cube_dir": str(self.cube_dir), "digest": self.digest,
+            "content_digest": self.content_digest, "files": self.files,
+            "models": {role: {k: pin.get(k) for k in ("repo_id", "revision", "strict", "name")}
+                       for role, pin in self.models.items()},
+            "activations": self.activations, "converted": self.converted, "changed": self.changed,
+        }
+
+
+def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
+         legacy_pickle: bool = False, license: str | None = None,
+         pretty_name: str | None = None, progress: bool | None = None) -> PackResult:
+    """Pack the cube folder ``cube_dir`` in place.
+
+    Args:
+        model: the activation producer (folder, Hub id or loaded model), overriding the
+            ``act_mem`` extractor named in ``config.json``.
+        revision: branch, tag or commit of a Hub ``model`` to pin.
+        legacy_pickle: convert MemOS's ``activation_memory.pickle`` to KV files through the
+            allowlist unpickler. Without it a cube holding a pickle is refused.
+        license, pretty_name: for the model card's metadata.
+
+    Raises:
+        UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
+            ``legacy_pickle``; a pickle naming a forbidden global.
+        IdentityMismatch: an activation contradicts the pinned model's geometry or dtype.
+        ModelNotFoundError: the producer model cannot be found.
+    """
+    cube = Path(cube_dir)
+    files = list_cube_files(cube)
+    memos_config = _read_memos_config(cube, files)
+    pins = _pin_models(memos_config, model=model, revision=revision)
+    previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
+        if constants.LOCK_FILENAME in files else None
+    _check_existing_card(cube, files)
+
+    staging = _atomic.staging_dir(cube, "pack")
+    try:
+        pickle_name = memos_layout.activation_pickle_name(memos_config)
+        for name in files:
+            if name in GENERATED or name == pickle_name:
+                continue
+            _atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
+        converted = []
+        if pickle_name in files:
+            if not legacy_pickle:
+                raise UnsafeInputError(
+                    f"{cube / pickle_name} is a MemOS pickle, which can run code when loaded. "
+                    "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
+                    "allowlist unpickler (the packed cube will hold no pickle)."
+                )
+            converted = _convert_pickle(cube / pickle_name, staging, pins)
+        result = _write_metadata(staging, memos_config, pins, license=license,
+                                 pretty_name=pretty_name, progress=progress)
+        result.converted = converted
+        result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
+            or bool(converted)
+        if result.changed or sorted(list_cube_files(staging)) != files:
+            _atomic.replace_dir(staging, cube)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+        result.cube_dir = cube
+        return result
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
+    if "config.json" not in files:
+        return {}
+    try:
+        config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    return config
+
+
+def _check_existing_card(cube: Path, files: list[str]) -> None:
+    if constants.CARD_FILENAME in files:
+        text = (cube / constants.CARD_FILENAME).read_text(encoding="utf-8", errors="replace")
+        if not card.is_cubepack_card(text):
+            raise CubepackError(
+                f"{cube / constants.CARD_FILENAME} exists and was not written by cubepack; pack "
+                "writes the model card there. Move your README elsewhere and pack again."
+            )
+
+
+def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> dict[str, dict[str, Any]]:
+    """Resolve every model the cube names to a pin (identity + repo id + revision)."""
+    from .fingerprints import fingerprint
+
+    refs = memos_layout.model_refs(config)
+    if model is not None and not any(ref.role == memos_layout.ACT_ROLE for ref in refs):
+        refs.insert(0, memos_layout.ModelRef(memos_layout.ACT_ROLE, None, str(model), strict=True))
+    pins: dict[str, dict[str, Any]] = {}
+    for ref in refs:
+        pin: dict[str, Any] = {"name": ref.name, "strict": ref.strict, "repo_id": None,
+                               "revision": None, "identity": None}
+        if ref.strict:
+            source = model if model is not None else ref.name
+            identity = fingerprint(source, revision=revision) if isinstance(source, (str, Path)) \
+                else fingerprint(source)
+        else:
+            if not memos_layout.is_hub_loadable(ref.backend):
+                pins[ref.role] = {**pin, "reason": f"backend {ref.backend!r} is not a local model"}
+                continue
+            try:  # informational: pin what is already here, never download for it
+                identity = fingerprint(ref.name, local_files_only=True)
+            except CubepackError as exc:
+                pins[ref.role] = {**pin, "reason": f"not available locally ({exc})"}
+                continue
+        pin["identity"] = identity.to_dict()
+        pin["repo_id"] = identity.model_id if identity.revision else None
+        pin["revision"] = identity.revision
+        pins[ref.role] = pin
+    return pins
+
+
+# --- activations --------------------------------------------------------------------------------
+
+def activation_filename(item_id: str) -> str:
+    """A safe file name for an item id (ids that are not plain names are hashed)."""
+    stem = item_id if _SAFE_ID.match(item_id) else "item-" + hashlib.sha256(item_id.encode()).hexdigest()[:16]
+    return f"{constants.ACTIVATIONS_DIR}/{stem}{constants.KV_SUFFIX}"
+
+
+def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]]) -> list[str]:
+    from .kvfile import FULL, SLIDING, write_kv_layers
+    from .legacy import read_memos_pickle
+
+    pin = pins.get(memos_layout.ACT_ROLE)
+    if pin is None or pin.get("identity") is None:
+        raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
+                            "producer model; pass --model with the model that built them.")
+    identity = ModelIdentity.from_dict(pin["identity"])
+    data = pickle_path.read_bytes()
+    source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
+    items = read_memos_pickle(data)
+    layer_types = identity.geometry.get("layer_types") or []
+    window = identity.geometry.get("sliding_window") or 0
+    written = set()
+    for item in items:
+        layers = []
+        for index, (kind, length, keys, values) in enumerate(item.layers):
+            # Early dumps stored every layer as a plain list entry; a sliding layer that never
+            # filled its window is exactly a full layer of the same length.
+            if kind == FULL and index < len(layer_types) and layer_types[index] == SLIDING \
+                    and keys.shape[-2] < window:
+                kind = SLIDING
+            layers.append((kind, length, keys, values))
+        name = activation_filename(item.id)
+        if name in written:
+            raise FormatError(f"Two activations map to the file {name}; their ids collide.")
+        written.add(name)
+        metadata = {**item.metadata, "id": item.id, "converted_from": source}
+        try:
+            write_kv_layers(layers, resolve_inside(staging, name), producer=identity,
+                            metadata=metadata)
+        except IdentityMismatch as exc:
+            raise IdentityMismatch(
+                f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
+                "Its shapes contradict the pinned model; pass --model with the model that "
+                "built this cube.") from None
+    return [item.id for item in items]
+
+
+def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
+                        digests: dict[str, str]) -> dict[str, dict[str, Any]]:
+    from .kvfile import read_kv_header
+
+    entries: dict[str, dict[str, Any]] = {}
+    producer_pin = pins.get(memos_layout.ACT_ROLE)
+    for name in files:
+        if not (name.startswith(constants.ACTIVATIONS_DIR + "/") and name.endswith(constants.KV_SUFFIX)):
+            continue
+        info = read_kv_header(resolve_inside(staging, name))
+        if producer_pin is None or producer_pin.get("identity") is None:
+            raise CubepackError(f"{name} is an activation but the cube names no producer model; "
+                                "pass --model.")
+        pinned = ModelIdentity.from_dict(producer_pin["identity"])
+        mismatches = compare(pinned, info.producer)
+        if mismatches:
+            raise IdentityMismatch(f"Activation file {name}", mismatches,
+                                   "It was produced by another model than the one being pinned; "
+                                   "pass --model with its producer or remove the file.")
+        item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
+        if item_id in entries:
+            raise FormatError(f"Two activation files carry the id {item_id!r}.")
+        entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
+                            "token_count": info.token_count, "kv_dtype": info.kv_dtype,
+                            "num_layers": info.num_layers, "sha256": digests[name]}
+    return entries
+
+
+# --- writing config, card and lock -----------------------------------------------------------
+
+def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
+                    license: str | None, pretty_name: str | None, progress: bool | None) -> PackResult:
+    from . import __version__
+
+    cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
+    content = [name for name in list_cube_files(staging) if name not in GENERATED]
+    memories = memos_layout.memory_files(memos_config, content)
+    memories["activation"] = [n for n in content if n.startswith(constants.ACTIVATIONS_DIR + "/")
+                              and n.endswith(constants.KV_SUFFIX)]
+    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
+    _atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
+
+    hashed = content + [constants.CONFIG_FILENAME]
+    digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
+        [resolve_inside(staging, name) for name in hashed], progress=progress,
+        description="hashing cube").items()}
+    files = {name: {"sha256": digests[name], "size": resolve_inside(staging, name).stat().st_size}
+             for name in hashed}
+    activations = _activation_entries(staging, content, pins, digests)
+    draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
+                                cubepack_version=__version__)
+    card_text = card.render(lock=draft, memories=memories,
+                            pretty_name=pretty_name or cube_id or staging.name.split(".")[1],
+                            license=license, repo_id=cube_id if cube_id and "/" in cube_id
+                            else "OWNER/CUBE", cubepack_version=__version__)
+    card_bytes = card_text.encode("utf-8")
+    _atomic.write_bytes(staging / constants.CARD_FILENAME, card_bytes)
+    files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),
+                                      "size": len(card_bytes)}
+    lock = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
+                               cubepack_version=__version__)
+    _atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
+    return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
+                      files=len(files) + 1, models=pins, activations=sorted(activations))

@@ -1,0 +1,236 @@
+"""``cubepack verify``: prove a cube is exactly what its producer packed.
+
+Every check is recorded with its outcome, so a report (or ``--json``) shows what passed as well
+as what failed. Order matters for safety: the lock is parsed and its paths checked before any
+file is opened, sizes are compared before bytes are hashed, and a model is only fingerprinted
+after the files it will be compared with are proven intact. No torch import: KV headers are
+read as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import constants, cubeconfig
+from . import lock as lockfile
+from .errors import CubepackError, VerificationFailed
+from .hashing import hash_files
+from .identity import ModelIdentity, compare
+from .paths import resolve_inside, scan_cube
+
+#: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
+TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
+
+
+@dataclass
+class Check:
+    """One check and its outcome (``ok`` is None when it was skipped, with the reason)."""
+
+    name: str
+    subject: str
+    ok: bool | None
+    detail: str = ""
+    expected: Any = None
+    found: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
+                "expected": self.expected, "found": self.found}
+
+    def __str__(self) -> str:
+        text = f"{self.name} {self.subject}: {self.detail}"
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected}, found {self.found})"
+        return text
+
+
+@dataclass
+class VerifyReport:
+    cube_dir: Path
+    checks: list[Check] = field(default_factory=list)
+    lock: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok is not False for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def add(self, name: str, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
+            found: Any = None) -> bool:
+        self.checks.append(Check(name, subject, ok, detail, expected, found))
+        return ok is not False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cube_dir": str(self.cube_dir), "ok": self.ok,
+                "digest": (self.lock or {}).get("digest"),
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
+           raise_on_failure: bool = True) -> VerifyReport:
+    """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
+
+    Args:
+        model: the producer model to check against the pins (folder, Hub id or loaded model).
+            Without it, a pinned revision present in the HF cache is checked; otherwise that
+            check is reported as skipped.
+        raise_on_failure: raise :class:`VerificationFailed` when any check fails.
+    """
+    report = VerifyReport(Path(cube_dir))
+    lock = _check_lock(report)
+    if lock is not None:
+        report.lock = lock
+        intact = _check_files(report, lock, progress)
+        _check_activations(report, lock)
+        _check_config(report, lock)
+        if intact:
+            _check_models(report, lock, model)
+    if raise_on_failure and not report.ok:
+        raise VerificationFailed(report)
+    return report
+
+
+def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
+    path = report.cube_dir / constants.LOCK_FILENAME
+    if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
+        report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
+        return None
+    if path.is_symlink() or not path.is_file():
+        report.add("lock", constants.LOCK_FILENAME, False,
+                   "missing: this folder was not packed by cubepack (run `cubepack pack`)")
+        return None
+    try:
+        lock = lockfile.parse(path.read_bytes())
+    except CubepackError as exc:
+        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        return None
+    report.add("lock", constants.LOCK_FILENAME, True, f"version {lock['lock_version']}, digest "
+               f"{lock['digest']}")
+    return lock
+
+
+def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None) -> bool:
+    """File set, then sizes, then sha256 (parallel). True when every file is intact."""
+    on_disk, problems = scan_cube(report.cube_dir)
+    for where, what in problems:
+        report.add("path", where, False, what)
+    listed = lock["files"]
+    missing = sorted(set(listed) - set(on_disk))
+    unlisted = sorted(set(on_disk) - set(listed) - TOLERATED)
+    for name in missing:
+        report.add("file set", name, False, "missing from the cube", "present", "absent")
+    for name in unlisted:
+        report.add("file set", name, False, "not listed in the lock", "absent", "present")
+    if not missing and not unlisted and not problems:
+        report.add("file set", "*", True, f"{len(listed)} files, exactly the lock's")
+    to_hash = []
+    for name in sorted(set(listed) & set(on_disk)):
+        size = resolve_inside(report.cube_dir, name).stat().st_size
+        if size != listed[name]["size"]:
+            report.add("size", name, False, "size differs", listed[name]["size"], size)
+        else:
+            to_hash.append(name)
+    digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash], progress=progress,
+                         description="verifying")
+    by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
+    bad = 0
+    for name in to_hash:
+        if by_name[name] != listed[name]["sha256"]:
+            bad += 1
+            report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
+    if to_hash and not bad:
+        report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
+    return not (missing or unlisted or problems or bad or len(to_hash) != len(set(listed) & set(on_disk)))
+
+
+def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
+    from .kvfile import read_kv_header
+
+    for item_id, entry in sorted(lock["activations"].items()):
+        path = resolve_inside(report.cube_dir, entry["file"])
+        if not path.is_file() or path.is_symlink():
+            continue  # already reported by the file checks
+        subject = f"{entry['file']} ({item_id})"
+        try:
+            info = read_kv_header(path)
+        except CubepackError as exc:
+            report.add("kv header", subject, False, str(exc))
+            continue
+        pin = lock["models"][entry["model_role"]]
+        problems = [(f"producer.{m.field}", m.expected, m.found)
+                    for m in compare(ModelIdentity.from_dict(pin["identity"]), info.producer)]
+        for key, found in (("token_count", info.token_count), ("kv_dtype", info.kv_dtype),
+                           ("num_layers", info.num_layers)):
+            if entry[key] != found:
+                problems.append((key, entry[key], found))
+        for key, expected, found in problems:
+            report.add("kv header", subject, False,
+                       f"{key} differs from the lock's pinned {entry['model_role']} model",
+                       expected, found)
+        if not problems:
+            report.add("kv header", subject, True, "producer and shapes agree with the lock")
+
+
+def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
+    path = report.cube_dir / constants.CONFIG_FILENAME
+    if constants.CONFIG_FILENAME not in lock["files"] or not path.is_file():
+        return  # reported by the file-set check when the lock lists it
+    try:
+        config = cubeconfig.parse(path.read_text(encoding="utf-8"))
+    except (CubepackError, UnicodeDecodeError) as exc:
+        report.add("cube config", constants.CONFIG_FILENAME, False, str(exc))
+        return
+    agree = True
+    for role, pin in lock["models"].items():
+        stated = config["models"].get(role) or {}
+        identity = pin.get("identity") or {}
+        for key, expected in (("repo_id", pin.get("repo_id")), ("revision", pin.get("revision")),
+                              ("weights_digest", identity.get("weights_digest")),
+                              ("dtype", identity.get("dtype"))):
+            if stated.get(key) != expected:
+                agree = report.add("cube config", f"models.{role}.{key}", False,
+                                   "cubepack.yaml disagrees with cubepack.lock", expected,
+                                   stated.get(key))
+    if agree:
+        report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
+
+
+def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
+    from .fingerprints import fingerprint, resolve_model_folder
+
+    for role, pin in sorted(lock["models"].items()):
+        if not pin.get("strict") or not pin.get("identity"):
+            continue
+        pinned = ModelIdentity.from_dict(pin["identity"])
+        subject = f"{role} ({pin.get('repo_id') or 'local folder'}"
+        subject += f"@{pin['revision']})" if pin.get("revision") else ")"
+        try:
+            if model is not None:
+                live = fingerprint(model) if not isinstance(model, (str, Path)) \
+                    else fingerprint(str(model), revision=None, dtype=pinned.dtype)
+            elif pin.get("repo_id") and pin.get("revision"):
+                folder, _, _ = resolve_model_folder(pin["repo_id"], pin["revision"],
+                                                    local_files_only=True)
+                live = fingerprint(folder, dtype=pinned.dtype)
+            else:
+                report.add("model identity", subject, None,
+                           "skipped: no model given (--model) and the pin has no Hub revision")
+                continue
+        except CubepackError as exc:
+            if model is not None:
+                report.add("model identity", subject, False, str(exc))
+            else:
+                report.add("model identity", subject, None, "skipped: the pinned revision is not "
+                           "in the HF cache (pass --model, or use verify --remote)")
+            continue
+        mismatches = compare(pinned, live)
+        for mismatch in mismatches:
+            report.add("model identity", f"{subject} {mismatch.field}", False,
+                       "the model differs from the pin", mismatch.expected, mismatch.found)
+        if not mismatches:
+            report.add("model identity", subject, True, "the model matches the pin")
