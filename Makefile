@@ -33,11 +33,12 @@ $(VENV)/memos/.ready: pyproject.toml
 	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,memos]"
 	touch $@
 
-demo: $(VENV)/latest/.ready
-	$(VENV)/latest/bin/python -m cubepack.demo
+demo: $(VENV)/memos/.ready
+	$(VENV)/memos/bin/python -m cubepack.demo
 
 bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/kv_load.py
+	$(VENV)/latest/bin/python bench/verify.py
 
 clean:
 	rm -rf $(VENV) demo-out

@@ -52,3 +52,33 @@ def prompt_ids():
     import torch
 
     return torch.tensor([PROMPT])
+
+
+@pytest.fixture(scope="session")
+def hub_cached(zoo):
+    """Model A laid out in this session's HF cache as the Hub client lays it out.
+
+    ``tiny-org/model-a`` at commit :data:`MODEL_A_COMMIT`, ``refs/main`` pointing at it, LFS-style
+    blobs named by their sha256, so ``snapshot_download(..., local_files_only=True)`` and
+    offline resolution find it exactly as they would find a downloaded model.
+    """
+    import shutil
+
+    from cubepack import hashing
+
+    repo = Path(os.environ["HF_HUB_CACHE"]) / "models--tiny-org--model-a"
+    snapshot = repo / "snapshots" / MODEL_A_COMMIT
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for source in sorted(zoo["a"].iterdir()):
+        blob = repo / "blobs" / hashing.sha256_file(source)
+        shutil.copyfile(source, blob)
+        link = snapshot / source.name
+        if not link.is_symlink():
+            os.symlink(os.path.relpath(blob, snapshot), link)
+    (repo / "refs" / "main").write_text(MODEL_A_COMMIT)
+    return {"repo_id": "tiny-org/model-a", "commit": MODEL_A_COMMIT, "snapshot": snapshot}
+
+
+MODEL_A_COMMIT = "a" * 8 + "0123456789abcdef0123456789abcdef"

@@ -1,0 +1,204 @@
+"""Packing a MemOS-format cube: pins, conversion through the allowlist, lock, card."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+
+import cubepack
+from cubepack import IdentityMismatch, UnsafeInputError, constants
+from cubepack.kvfile import read_kv_header
+
+from helpers import all_equal, build_cache, continue_greedy
+from memos_format import write_cube
+
+TEXTS = {"item-1": "The user is a Chinese man.", "item-2": "He likes green tea and long walks."}
+
+
+def snapshot(folder):
+    """Every file's bytes below ``folder``: to prove a refused operation changed nothing."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def caches(models):
+    model = models["a"]
+    return {"item-1": build_cache(model, torch.tensor([[5, 6, 7, 8, 9, 10]])),
+            "item-2": build_cache(model, torch.tensor([[11, 12, 13, 14]]))}
+
+
+@pytest.fixture
+def cube(tmp_path, zoo, caches):
+    return write_cube(tmp_path / "cube", str(zoo["a"]), caches, texts=TEXTS)
+
+
+def test_pack_converts_the_pickle_and_caches_continue_identically(cube, caches, models):
+    result = cubepack.pack(cube, legacy_pickle=True)
+    assert sorted(result.converted) == ["item-1", "item-2"]
+    names = sorted(p.relative_to(cube).as_posix() for p in cube.rglob("*") if p.is_file())
+    assert names == ["README.md", "activations/item-1.kv.safetensors",
+                     "activations/item-2.kv.safetensors", "config.json", "cubepack.lock",
+                     "cubepack.yaml"]
+    assert not any(name.endswith(".pickle") for name in names)
+    for item_id, original in caches.items():
+        path = cube / "activations" / f"{item_id}.kv.safetensors"
+        assert read_kv_header(path).metadata["source_text"] == TEXTS[item_id]
+        loaded = cubepack.load_kv_cache(path, models["a"])
+        assert all_equal(continue_greedy(models["a"], original, 40, 4),
+                         continue_greedy(models["a"], loaded, 40, 4))
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    assert lock["activations"]["item-1"]["token_count"] == 6
+    assert lock["models"]["act_mem"]["identity"]["weights_digest"] == \
+        cubepack.fingerprint(models["a"]).weights_digest
+    assert cubepack.verify(cube, model=str(models["a"].name_or_path)).ok
+
+
+def test_config_json_is_left_untouched(cube):
+    before = (cube / "config.json").read_bytes()
+    cubepack.pack(cube, legacy_pickle=True)
+    assert (cube / "config.json").read_bytes() == before
+
+
+def test_a_pickle_is_refused_without_legacy_pickle_and_nothing_changes(cube):
+    before = snapshot(cube)
+    with pytest.raises(UnsafeInputError, match="--legacy-pickle"):
+        cubepack.pack(cube)
+    assert snapshot(cube) == before
+    assert [p.name for p in cube.parent.iterdir()] == ["cube"]  # no staging folder left
+
+
+def test_early_2025_layout_converts(tmp_path, zoo, caches, models):
+    cube = write_cube(tmp_path / "early", str(zoo["a"]), caches, early=True, texts=TEXTS)
+    raw = (cube / "activation_memory.pickle").read_bytes()
+    assert b"kv_cache_id" in raw and b"key_cache" in raw and b"layers" not in raw
+    cubepack.pack(cube, legacy_pickle=True)
+    for item_id, original in caches.items():
+        loaded = cubepack.load_kv_cache(cube / "activations" / f"{item_id}.kv.safetensors",
+                                        models["a"])
+        for mine, theirs in zip(loaded.layers, original.layers):
+            assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+class _Canary:
+    """Creates a file when unpickled by a plain unpickler."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _nested_payload(canary_path) -> bytes:
+    """A MemOS-looking pickle whose tensor storage bytes hide a code-running pickle."""
+    buffer = io.BytesIO()
+    torch.save(_Canary(canary_path), buffer)
+
+    class NestedStorage:
+        def __reduce__(self):
+            return (torch.storage._load_from_bytes, (buffer.getvalue(),))
+
+    return pickle.dumps({"kv_cache_memories": {"x": NestedStorage()}})
+
+
+class _Eval:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (eval, (f"open({self.path!r}, 'w')",))
+
+
+@pytest.mark.parametrize("kind", ["direct", "nested", "torch_load", "builtins_eval"])
+def test_malicious_pickles_are_refused_and_run_nothing(cube, tmp_path, kind):
+    canary = tmp_path / f"canary-{kind}"
+    payloads = {
+        "direct": lambda: pickle.dumps({"kv_cache_memories": {"x": _Canary(canary)}}),
+        "nested": lambda: _nested_payload(canary),
+        "torch_load": lambda: pickle.dumps((torch.load, ("/dev/null",))),
+        "builtins_eval": lambda: pickle.dumps({"kv_cache_memories": {"x": _Eval(canary)}}),
+    }
+    (cube / "activation_memory.pickle").write_bytes(payloads[kind]())
+    before = snapshot(cube)
+    with pytest.raises(UnsafeInputError) as caught:
+        cubepack.pack(cube, legacy_pickle=True)
+    assert "allowlist" in str(caught.value) or "forbidden global" in str(caught.value)
+    assert not canary.exists()
+    assert snapshot(cube) == before
+
+
+def test_nested_payload_is_live(tmp_path):
+    """The nested payload really runs code under a plain load: the refusal above is meaningful."""
+    canary = tmp_path / "proof"
+    pickle.loads(_nested_payload(canary))
+    assert canary.exists()
+
+
+def test_activations_that_contradict_the_pinned_model_are_refused(cube, zoo):
+    before = snapshot(cube)
+    with pytest.raises(IdentityMismatch) as caught:
+        cubepack.pack(cube, model=str(zoo["deep"]), legacy_pickle=True)
+    assert "geometry.num_layers" in caught.value.fields
+    assert "expected 3, found 2" in str(caught.value)
+    assert snapshot(cube) == before
+
+
+def test_packing_is_deterministic(tmp_path, zoo, caches):
+    first = write_cube(tmp_path / "one", str(zoo["a"]), caches, texts=TEXTS)
+    second = tmp_path / "two"
+    shutil.copytree(first, second)
+    cubepack.pack(first, legacy_pickle=True)
+    cubepack.pack(second, legacy_pickle=True)
+    lock = (first / constants.LOCK_FILENAME).read_bytes()
+    assert lock == (second / constants.LOCK_FILENAME).read_bytes()
+    again = cubepack.pack(first)
+    assert again.changed is False
+    assert (first / constants.LOCK_FILENAME).read_bytes() == lock
+
+
+def test_card_parses_with_pinned_base_model(cube, hub_cached, monkeypatch):
+    from huggingface_hub import DatasetCard
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = cubepack.pack(cube, model=hub_cached["repo_id"], legacy_pickle=True,
+                           license="apache-2.0")
+    assert result.models["act_mem"]["revision"] == hub_cached["commit"]
+    card = DatasetCard.load(cube / "README.md")
+    assert card.data.base_model == ["tiny-org/model-a"]
+    assert {"memcube", "memos", "kv-cache"} <= set(card.data.tags)
+    assert card.data.license == "apache-2.0"
+    assert hub_cached["commit"] in card.text
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    assert lock["content_digest"] in card.text
+    # the pinned revision is in the HF cache, so verify checks the model without being told
+    report = cubepack.verify(cube)
+    assert [c.ok for c in report.checks if c.name == "model identity"] == [True]
+
+
+def test_local_folder_pin_has_no_revision_and_the_card_says_so(cube):
+    cubepack.pack(cube, legacy_pickle=True)
+    config = (cube / "cubepack.yaml").read_text()
+    assert "revision: null" in config
+    assert "pinned by weights digest alone" in (cube / "README.md").read_text()
+
+
+def test_cli_pack_and_verify(cube, zoo, capsys):
+    from cubepack.cli import main
+
+    assert main(["pack", str(cube), "--legacy-pickle", "--json"]) == 0
+    packed = json.loads(capsys.readouterr().out)
+    assert packed["changed"] is True and len(packed["activations"]) == 2
+    assert main(["verify", str(cube), "--model", str(zoo["a"]), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and {c["check"] for c in report["checks"]} >= {"lock", "sha256", "kv header",
+                                                                       "model identity"}
+    assert main(["verify", str(cube), "--model", str(zoo["b"])]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL model identity" in out and "weights_digest" in out
