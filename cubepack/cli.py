@@ -134,12 +134,16 @@ def _render_pack(data: dict[str, Any]) -> str:
 @cli.command("verify")
 @click.argument("cube_dir", type=click.Path(file_okay=False))
 @click.option("--model", help="Check the pins against this model (folder or Hub id).")
+@click.option("--remote", is_flag=True,
+              help="Also check pinned models against the Hub's file metadata (no weight download).")
+@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def verify_command(cube_dir: str, model: str | None, as_json: bool) -> None:
+def verify_command(cube_dir: str, model: str | None, remote: bool, token: str | None,
+                   as_json: bool) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     from .verify import verify
 
-    report = verify(cube_dir, model=model, raise_on_failure=False)
+    report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token)
     _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
         raise _Refused()
@@ -185,6 +189,104 @@ def _render_diff(data: dict[str, Any]) -> str:
         for key, change in changes.items():
             lines.append(f"model {role} {key}: {change}")
     return "\n".join(lines) or "no differences in files, models or activations"
+
+
+@cli.command("push")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("repo_id")
+@click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
+              show_default=True, help="MemOS expects dataset repos.")
+@click.option("--private", is_flag=True, help="Create the repo private (if it does not exist).")
+@click.option("--revision", help="Branch to push to (created from main if missing).")
+@click.option("--tag", help="Tag the pushed commit (an immutable name for it).")
+@click.option("--commit-message", help="Commit message.")
+@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
+                 tag: str | None, commit_message: str | None, token: str | None,
+                 as_json: bool) -> None:
+    """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
+    from .hub import push
+
+    result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
+                  tag=tag, commit_message=commit_message, token=token)
+    _emit(result.to_dict(), as_json, _render_push)
+
+
+def _render_push(data: dict[str, Any]) -> str:
+    if not data["changed"]:
+        line = (f"no changes: {data['repo_id']}@{data['branch']} already holds this cube "
+                f"(commit {data['commit_sha']}); no commit made")
+    else:
+        line = (f"pushed {len(data['uploaded'])} changed file(s)"
+                + (f", deleted {len(data['deleted'])}" if data["deleted"] else "")
+                + f" to {data['repo_id']}@{data['branch']}\ncommit: {data['commit_sha']}"
+                + (f"\nurl:    {data['commit_url']}" if data["commit_url"] else ""))
+    if data["tag"]:
+        line += f"\ntag:    {data['tag']}"
+    return line + f"\npull it: cubepack pull {data['repo_id']}@{data['commit_sha']}"
+
+
+@cli.command("pull")
+@click.argument("repo")
+@click.option("--revision", help="Branch, tag or commit (or write REPO@REV).")
+@click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
+              show_default=True)
+@click.option("--local-dir", type=click.Path(file_okay=False),
+              help="Where to place the cube (default: ./<name>). Replaced only after verification.")
+@click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
+              help="Verify the downloaded commit before placing it.")
+@click.option("--model", help="Check the pins against this local model (folder or Hub id).")
+@click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
+@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
+                 verify_cube: bool, model: str | None, offline: bool, token: str | None,
+                 as_json: bool) -> None:
+    """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
+    from .hub import pull
+
+    result = pull(repo, revision=revision, repo_type=repo_type, local_dir=local_dir,
+                  verify_cube=verify_cube, model=model, offline=offline, token=token)
+    _emit(result.to_dict(), as_json, _render_pull)
+
+
+def _render_pull(data: dict[str, Any]) -> str:
+    wanted = data["revision"] or "main"
+    lines = [f"resolved {data['repo_id']}@{wanted} -> {data['commit_sha']}",
+             f"placed at {data['local_dir']}"]
+    if data["report"]:
+        lines.append(_render_report(data["report"]))
+    else:
+        lines.append("not verified (--no-verify): run `cubepack verify` before loading it")
+    return "\n".join(lines)
+
+
+@cli.group("hub")
+def hub_group() -> None:
+    """A local Hub-compatible endpoint (for air-gapped teams, tests and the demo)."""
+
+
+@hub_group.command("serve")
+@click.option("--root", type=click.Path(file_okay=False), default="./cubepack-hub", show_default=True,
+              help="Folder where repos, commits and blobs are stored.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (loopback unless you mean to share it).")
+@click.option("--port", type=int, default=8999, show_default=True)
+@click.option("--token", "tokens", multiple=True,
+              help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
+def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...]) -> None:
+    """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
+    from .localhub import LocalHub
+
+    hub = LocalHub(root, host=host, port=port, tokens=list(tokens))
+    click.echo(f"serving {root} at {hub.url}  (use: HF_ENDPOINT={hub.url}; Ctrl-C stops)")
+    if not tokens:
+        click.echo("no --token given: anyone who can reach this port may create and push repos")
+    try:
+        hub.serve_forever()
+    except KeyboardInterrupt:
+        hub.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

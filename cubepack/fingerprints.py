@@ -11,6 +11,7 @@ Weight hashing is free for Hub-cached models (their LFS blobs are named by sha25
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import json
@@ -128,17 +129,30 @@ def hub_origin(folder: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The files holding a model's weights, as transformers would choose them.
+def select_weight_names(names: list[str]) -> list[str]:
+    """Which of a model folder's top-level file names hold its weights (pure).
 
     safetensors files win when present (transformers prefers them); otherwise pickled
-    checkpoints. Adapter files are not base weights and are excluded.
+    checkpoints. Adapter files are not base weights and are excluded. Used for local folders
+    and for a Hub revision's file list alike, so both give the same weights digest.
     """
-    def matching(patterns: tuple[str, ...]) -> list[Path]:
-        found = {p for pattern in patterns for p in folder.glob(pattern) if p.is_file()}
-        return sorted(p for p in found if not p.name.startswith(_ADAPTER_PREFIX))
+    def matching(patterns: tuple[str, ...]) -> list[str]:
+        return sorted(name for name in names if "/" not in name
+                      and not name.startswith(_ADAPTER_PREFIX)
+                      and any(fnmatch.fnmatch(name, pattern) for pattern in patterns))
 
     return matching(("*.safetensors",)) or matching(_WEIGHT_PATTERNS)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a local model folder (see :func:`select_weight_names`)."""
+    names = [entry.name for entry in folder.iterdir() if entry.is_file()]
+    return [folder / name for name in select_weight_names(names)]
+
+
+def digest_of_file_hashes(entries: list[tuple[str, str]]) -> str:
+    """The weights digest from (relative name, sha256) pairs: one definition for all callers."""
+    return "sha256:" + _canonical.digest(sorted(entries))
 
 
 def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None) -> str:
@@ -146,8 +160,7 @@ def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None
     known = {path: digest for path in files if (digest := cached_blob_sha256(path))}
     unknown = [path for path in files if path not in known]
     known.update(hash_files(unknown, cache=cache or HashCache(), description="hashing weights"))
-    entries = sorted((path.relative_to(folder).as_posix(), known[path]) for path in files)
-    return "sha256:" + _canonical.digest(entries)
+    return digest_of_file_hashes([(path.relative_to(folder).as_posix(), known[path]) for path in files])
 
 
 def cached_blob_sha256(path: Path) -> str | None:

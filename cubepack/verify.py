@@ -72,7 +72,8 @@ class VerifyReport:
 
 
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
-           raise_on_failure: bool = True) -> VerifyReport:
+           raise_on_failure: bool = True, remote: bool = False, endpoint: str | None = None,
+           token: str | None = None) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
 
     Args:
@@ -80,6 +81,8 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
             Without it, a pinned revision present in the HF cache is checked; otherwise that
             check is reported as skipped.
         raise_on_failure: raise :class:`VerificationFailed` when any check fails.
+        remote: also check each pinned model against the Hub's file metadata at its pinned
+            revision (LFS sha256 of the weights; no weights are downloaded).
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
@@ -90,6 +93,11 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
         _check_config(report, lock)
         if intact:
             _check_models(report, lock, model)
+        if remote:
+            from .hub import remote_model_checks
+
+            for row in remote_model_checks(lock, endpoint=endpoint, token=token):
+                report.add(*row)
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report

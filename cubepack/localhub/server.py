@@ -1,0 +1,573 @@
+"""The HTTP side of the local Hub: routes of the Hub API the huggingface_hub client uses.
+
+Routes and response shapes follow what huggingface_hub 0.36 and 2.x send and parse (see the
+README's "Local Hub endpoint" section). Errors carry ``X-Error-Code`` (RepoNotFound,
+RevisionNotFound, EntryNotFound) so the client raises its typed exceptions.
+
+``faults`` and ``stats`` exist for tests: a fault rule makes matching requests fail (500,
+dropped connection, truncated body, delay), and ``stats`` counts uploaded bytes per path.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .store import HubStore, RepoRef, StoreError, repo_ref
+
+_API = re.compile(r"^/api/(models|datasets)/([^/]+)/([^/]+)(?:/(.*))?$")
+_RESOLVE = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
+_LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+?)\.git/info/lfs/objects/batch$")
+_BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", ".pkl", ".npy",
+                    ".adapter", ".h5", ".msgpack", ".zip", ".tar", ".gz")
+LFS_THRESHOLD = 64 * 1024
+
+
+@dataclass
+class Fault:
+    """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
+
+    kind: ``"500"`` (server error), ``"drop"`` (close without answering), ``"truncate"`` (send
+    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first).
+    """
+
+    kind: str
+    path: str = ".*"
+    method: str = ".*"
+    times: int = 1
+    seconds: float = 0.0
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.hits < self.times and re.search(self.method, method) is not None
+                and re.search(self.path, path) is not None)
+
+
+@dataclass
+class Stats:
+    """What the endpoint received: bytes per uploaded path/oid, commits, requests by route."""
+
+    uploaded_bytes: Counter = field(default_factory=Counter)
+    commits: int = 0
+    requests: Counter = field(default_factory=Counter)
+
+    @property
+    def total_uploaded(self) -> int:
+        return sum(self.uploaded_bytes.values())
+
+    def reset(self) -> None:
+        self.uploaded_bytes.clear()
+        self.requests.clear()
+        self.commits = 0
+
+
+class LocalHub:
+    """A local Hub endpoint serving ``root`` on ``host:port`` (port 0 picks a free one).
+
+    Args:
+        tokens: accepted bearer tokens. When given, writes and private reads need one of them;
+            when empty, anyone who can reach the port may write (bind to loopback!).
+    """
+
+    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
+                 tokens: list[str] | None = None):
+        self.store = HubStore(root)
+        self.tokens = set(tokens or [])
+        self.faults: list[Fault] = []
+        self.stats = Stats()
+        self._secret = secrets.token_bytes(32)
+        self._faults_lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "LocalHub":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="cubepack-hub",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> "LocalHub":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
+                  seconds: float = 0.0) -> Fault:
+        fault = Fault(kind, path, method, times, seconds)
+        with self._faults_lock:
+            self.faults.append(fault)
+        return fault
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        with self._faults_lock:
+            for fault in self.faults:
+                if fault.matches(method, path):
+                    fault.hits += 1
+                    return fault
+        return None
+
+    def sign(self, oid: str, size: int) -> str:
+        return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
+
+    def authorized(self, token: str | None) -> bool:
+        return not self.tokens or token in self.tokens
+
+
+def _handler_for(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(_Handler):
+        pass
+
+    Handler.hub = hub
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: LocalHub
+    protocol_version = "HTTP/1.1"
+    server_version = "cubepack-localhub/1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # quiet by default; the CLI prints one line per request instead
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        self._body_read = False  # one handler serves every request of a keep-alive connection
+        split = urlsplit(self.path)
+        self.query = parse_qs(split.query)
+        path = split.path
+        self.hub.stats.requests[f"{method} {re.sub(r'/[0-9a-f]{40,64}', '/<oid>', path)}"] += 1
+        self.fault = self.hub.take_fault(method, path)
+        if self.fault is not None:
+            if self.fault.kind == "delay":
+                time.sleep(self.fault.seconds)
+            elif self.fault.kind == "drop":
+                self._drain()
+                self.close_connection = True
+                return
+            elif self.fault.kind == "500":
+                self._drain()
+                return self._send_json({"error": "Injected server error"}, 500)
+        try:
+            self._route(method, path)
+        except StoreError as exc:
+            self._drain()
+            self._send_error(exc.status, str(exc), exc.code)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - a server must answer, not die
+            self._send_error(500, f"Internal error: {type(exc).__name__}: {exc}")
+
+    def _token(self) -> str | None:
+        header = self.headers.get("Authorization", "")
+        return header[7:] if header.startswith("Bearer ") else None
+
+    def _body(self) -> bytes:
+        if getattr(self, "_body_read", False):
+            return b""
+        self._body_read = True
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return b"".join(self._chunks())
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _chunks(self):
+        self._body_read = True
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return
+                yield self.rfile.read(size)
+                self.rfile.readline()
+        remaining = int(self.headers.get("Content-Length") or 0)
+        while remaining > 0:
+            chunk = self.rfile.read(min(remaining, 1024 * 1024))
+            if not chunk:
+                raise StoreError(400, "Request body ended early.")
+            remaining -= len(chunk)
+            yield chunk
+
+    def _drain(self) -> None:
+        try:
+            for _ in self._chunks():
+                pass
+        except Exception:  # noqa: BLE001 - draining a broken body is best effort
+            self.close_connection = True
+
+    def _json_body(self) -> Any:
+        raw = self._body()
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise StoreError(400, f"Invalid JSON body: {exc}") from exc
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(data).encode(), "application/json", headers)
+
+    def _send_error(self, status: int, message: str, code: str | None = None) -> None:
+        headers = {"X-Error-Message": message}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send_json({"error": message}, status, headers)
+
+    # --- routing ---------------------------------------------------------------------------------
+    def _route(self, method: str, path: str) -> None:
+        if path == "/api/repos/create" and method == "POST":
+            return self._create_repo()
+        if path == "/api/repos/delete" and method == "DELETE":
+            raise StoreError(403, "Deleting repos is not supported by the local endpoint.")
+        if path == "/api/validate-yaml" and method == "POST":
+            self._body()
+            return self._send_json({"errors": [], "warnings": []})
+        if path == "/api/whoami-v2":
+            if self.hub.tokens and not self.hub.authorized(self._token()):
+                raise StoreError(401, "Invalid credentials in Authorization header")
+            return self._send_json({"type": "user", "name": "local", "auth": {}})
+        if path.startswith("/lfs/upload/") and method == "PUT":
+            return self._lfs_upload(path.rsplit("/", 1)[1])
+        if path.startswith("/lfs/verify/") and method == "POST":
+            return self._lfs_verify(path.rsplit("/", 1)[1])
+        if match := _LFS_BATCH.match(path):
+            kind = "datasets" if match.group(1) else "models"
+            return self._lfs_batch(self._repo(kind, match.group(2), match.group(3), write=True))
+        if match := _API.match(path):
+            kind, namespace, name, rest = match.groups()
+            return self._api(method, kind, unquote(namespace), unquote(name), rest or "")
+        if (match := _RESOLVE.match(path)) and method in ("GET", "HEAD"):
+            kind = "datasets" if match.group(1) else "models"
+            repo = self._repo(kind, match.group(2), match.group(3))
+            return self._resolve(repo, unquote(match.group(4)), unquote(match.group(5)))
+        raise StoreError(404, f"No route for {method} {path}.")
+
+    def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
+        repo = repo_ref(kind, unquote(namespace), unquote(name))
+        token = self._token()
+        if write and not self.hub.authorized(token):
+            raise StoreError(401, "You must be authenticated to write to this endpoint "
+                             "(pass a token).")
+        if not self.hub.store.exists(repo):
+            raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
+        # A private repo needs a token (a valid one, when the endpoint has a token list).
+        if self.hub.store.is_private(repo) and (not token or not self.hub.authorized(token)):
+            raise StoreError(401, f"Repository {repo.repo_id} not found (it may be private: "
+                             "pass a token).", "RepoNotFound")
+        return repo
+
+    def _api(self, method: str, kind: str, namespace: str, name: str, rest: str) -> None:
+        parts = [unquote(part) for part in rest.split("/")] if rest else []
+        action = parts[0] if parts else ""
+        writes = {"preupload", "commit", "tag", "branch"}
+        repo = self._repo(kind, namespace, name, write=action in writes and method != "GET")
+        store = self.hub.store
+        if action == "" and method == "GET":
+            return self._send_json(self._info(repo, "main"))
+        if action == "revision" and len(parts) >= 2:
+            return self._send_json(self._info(repo, "/".join(parts[1:])))
+        if action == "refs" and method == "GET":
+            refs = store.refs(repo)
+            return self._send_json({
+                "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
+                             for n, c in sorted(refs["branches"].items())],
+                "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
+                         for n, c in sorted(refs["tags"].items())],
+                "converts": [], "pullRequests": []})
+        if action == "preupload" and method == "POST":
+            return self._preupload(repo, "/".join(parts[1:]))
+        if action == "commit" and method == "POST":
+            return self._commit(repo, "/".join(parts[1:]))
+        if action in ("tag", "branch") and method == "POST":
+            body = self._json_body()
+            if action == "tag":
+                store.create_ref(repo, "tag", body.get("tag", ""), "/".join(parts[1:]))
+            else:
+                store.create_ref(repo, "branch", "/".join(parts[1:]),
+                                 body.get("startingPoint") or "main")
+            return self._send_json({})
+        if action in ("tag", "branch") and method == "DELETE":
+            if not self.hub.authorized(self._token()):
+                raise StoreError(401, "You must be authenticated to delete refs.")
+            store.delete_ref(repo, action, "/".join(parts[1:]))
+            return self._send_json({})
+        if action == "tree" and method == "GET" and len(parts) >= 2:
+            return self._tree(repo, parts[1], "/".join(parts[2:]))
+        if action == "paths-info" and method == "POST":
+            return self._paths_info(repo, "/".join(parts[1:]))
+        if action == "commits" and method == "GET":
+            return self._commits(repo, "/".join(parts[1:]) or "main")
+        if action == "xet-write-token" or action == "xet-read-token":
+            raise StoreError(404, "This endpoint does not support Xet storage.")
+        raise StoreError(404, f"No route for {method} /api/{kind}/{repo.repo_id}/{rest}.")
+
+    # --- handlers --------------------------------------------------------------------------------
+    def _create_repo(self) -> None:
+        if not self.hub.authorized(self._token()):
+            raise StoreError(401, "You must be authenticated to create a repo (pass a token).")
+        body = self._json_body()
+        kind = {"dataset": "datasets", "model": "models", None: "models"}.get(body.get("type"))
+        if kind is None:
+            raise StoreError(400, f"Unsupported repo type {body.get('type')!r}.")
+        namespace = body.get("organization") or "local"
+        repo = repo_ref(kind, namespace, body.get("name", ""))
+        created = self.hub.store.create(repo, bool(body.get("private")))
+        prefix = "datasets/" if kind == "datasets" else ""
+        url = f"{self._base()}/{prefix}{repo.repo_id}"
+        self._send_json({"url": url, "name": repo.repo_id}, 200 if created else 409)
+
+    def _base(self) -> str:
+        host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
+        return f"http://{host}"
+
+    def _entry(self, path: str, entry: dict[str, Any], *, blobs: bool = True) -> dict[str, Any]:
+        data = {"type": "file", "path": path, "oid": entry["git_oid"], "size": entry["size"]}
+        if entry.get("lfs"):
+            data["lfs"] = {"oid": entry["sha256"], "size": entry["size"],
+                           "pointerSize": entry.get("pointer_size", 134)}
+        return data
+
+    def _info(self, repo: RepoRef, revision: str) -> dict[str, Any]:
+        commit_id = self.hub.store.resolve(repo, revision)
+        commit = self.hub.store.commit(repo, commit_id)
+        siblings = []
+        for path, entry in sorted(commit["tree"].items()):
+            sibling: dict[str, Any] = {"rfilename": path}
+            if "blobs" in self.query or self.query.get("blobs") == ["true"]:
+                sibling.update(size=entry["size"], blobId=entry["git_oid"])
+                if entry.get("lfs"):
+                    sibling["lfs"] = {"sha256": entry["sha256"], "size": entry["size"],
+                                      "pointerSize": entry.get("pointer_size", 134)}
+            siblings.append(sibling)
+        return {"_id": repo.repo_id, "id": repo.repo_id, "sha": commit_id,
+                "private": self.hub.store.is_private(repo), "disabled": False, "gated": False,
+                "lastModified": commit["date"], "siblings": siblings, "tags": [],
+                "downloads": 0, "likes": 0, "author": repo.namespace, "cardData": {}}
+
+    def _tree(self, repo: RepoRef, revision: str, prefix: str) -> None:
+        commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
+        recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
+        base = prefix.rstrip("/") + "/" if prefix else ""
+        entries, folders = [], set()
+        for path, entry in sorted(commit["tree"].items()):
+            if not path.startswith(base):
+                continue
+            rest = path[len(base):]
+            if "/" in rest:
+                parts = rest.split("/")
+                for depth in range(1, len(parts) if recursive else 2):
+                    folders.add(base + "/".join(parts[:depth]))
+                if not recursive:
+                    continue
+            entries.append(self._entry(path, entry))
+        if prefix and not entries and not folders:
+            raise StoreError(404, f"{prefix} not found at {revision}.", "EntryNotFound")
+        listing = [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest(),
+                    "size": 0} for f in sorted(folders)] + entries
+        self._send_json(listing)
+
+    def _paths_info(self, repo: RepoRef, revision: str) -> None:
+        raw = self._body().decode()
+        content_type = self.headers.get("Content-Type", "")
+        if "json" in content_type:
+            paths = json.loads(raw or "{}").get("paths", [])
+        else:
+            paths = parse_qs(raw).get("paths", [])
+        commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
+        result = []
+        for path in paths:
+            if path in commit["tree"]:
+                result.append(self._entry(path, commit["tree"][path]))
+            elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
+                result.append({"type": "directory", "path": path,
+                               "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0})
+        self._send_json(result)
+
+    def _commits(self, repo: RepoRef, revision: str) -> None:
+        self._send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
+                          "authors": [{"user": "local"}], "date": c["date"]}
+                         for c in self.hub.store.history(repo, revision)])
+
+    def _preupload(self, repo: RepoRef, revision: str) -> None:
+        body = self._json_body()
+        try:
+            tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
+        except StoreError:
+            tree = {}
+        files = []
+        for item in body.get("files", []):
+            path, size = item.get("path"), int(item.get("size") or 0)
+            sample = base64.b64decode(item.get("sample") or "")
+            lfs = _is_lfs(path, size, sample)
+            result = {"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False}
+            if path in tree:
+                existing = tree[path]
+                result["oid"] = existing["sha256"] if lfs else existing["git_oid"]
+            files.append(result)
+        self._send_json({"files": files, "commitOid": self.hub.store.resolve(repo, revision)
+                         if tree else None})
+
+    def _lfs_batch(self, repo: RepoRef) -> None:
+        body = self._json_body()
+        objects = []
+        for obj in body.get("objects", []):
+            oid, size = obj.get("oid"), int(obj.get("size") or 0)
+            entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
+            if not self.hub.store.has_blob(oid, size):
+                signature = self.hub.sign(oid, size)
+                entry["actions"] = {
+                    "upload": {"href": f"{self._base()}/lfs/upload/{oid}?size={size}&sig={signature}"},
+                    "verify": {"href": f"{self._base()}/lfs/verify/{oid}?size={size}&sig={signature}"},
+                }
+            objects.append(entry)
+        self._send(200, json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+                   .encode(), "application/vnd.git-lfs+json")
+
+    def _signed(self, oid: str) -> int:
+        size = int(self.query.get("size", ["-1"])[0])
+        signature = self.query.get("sig", [""])[0]
+        if size < 0 or not hmac.compare_digest(signature, self.hub.sign(oid, size)):
+            raise StoreError(403, "Invalid or missing upload signature.")
+        return size
+
+    def _lfs_upload(self, oid: str) -> None:
+        size = self._signed(oid)
+        counted = self._counting(self._chunks(), f"lfs:{oid}")
+        self.hub.store.put_blob(oid, size, counted)
+        self._send_json({})
+
+    def _counting(self, chunks, key: str):
+        for chunk in chunks:
+            self.hub.stats.uploaded_bytes[key] += len(chunk)
+            yield chunk
+
+    def _lfs_verify(self, oid: str) -> None:
+        size = self._signed(oid)
+        self._body()
+        if not self.hub.store.has_blob(oid, size):
+            raise StoreError(404, f"Object {oid} was not uploaded.")
+        self._send_json({})
+
+    def _commit(self, repo: RepoRef, revision: str) -> None:
+        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
+        if not lines or lines[0].get("key") != "header":
+            raise StoreError(400, "A commit starts with a header line.")
+        header = lines[0]["value"]
+        operations = lines[1:]
+        for operation in operations:
+            value = operation.get("value") or {}
+            if operation.get("key") == "file":
+                self.hub.stats.uploaded_bytes[f"file:{value.get('path')}"] += \
+                    len(base64.b64decode(value.get("content", "")))
+            elif operation.get("key") == "lfsFile":
+                key = f"lfs:{value.get('oid')}"
+                if key in self.hub.stats.uploaded_bytes:
+                    self.hub.stats.uploaded_bytes[f"path:{value.get('path')}"] += \
+                        self.hub.stats.uploaded_bytes[key]
+        commit_id = self.hub.store.apply_commit(
+            repo, revision, title=header.get("summary", ""), message=header.get("description", ""),
+            parent=header.get("parentCommit"), operations=operations)
+        self.hub.stats.commits += 1
+        prefix = "datasets/" if repo.kind == "datasets" else ""
+        self._send_json({"commitOid": commit_id, "pullRequestUrl": None,
+                         "commitUrl": f"{self._base()}/{prefix}{repo.repo_id}/commit/{commit_id}"})
+
+    def _resolve(self, repo: RepoRef, revision: str, path: str) -> None:
+        store = self.hub.store
+        commit_id = store.resolve(repo, revision)
+        entry = store.commit(repo, commit_id)["tree"].get(path)
+        if entry is None:
+            raise StoreError(404, f"{path} not found at {revision}.", "EntryNotFound")
+        blob = store.blob_path(entry["sha256"])
+        size = blob.stat().st_size
+        etag = entry["sha256"] if entry.get("lfs") else entry["git_oid"]
+        headers = {"X-Repo-Commit": commit_id, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
+        if entry.get("lfs"):
+            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(entry["size"])})
+        start, end, status = 0, size - 1, 200
+        if (wanted := self.headers.get("Range")) and (match := re.match(r"bytes=(\d*)-(\d*)", wanted)):
+            start = int(match.group(1) or 0)
+            end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        length = max(0, end - start + 1)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        truncate = self.fault is not None and self.fault.kind == "truncate"
+        with open(blob, "rb") as handle:
+            handle.seek(start)
+            remaining = length // 2 if truncate else length
+            while remaining > 0:
+                chunk = handle.read(min(remaining, 1024 * 1024))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                remaining -= len(chunk)
+        if truncate:
+            self.wfile.flush()
+            self.close_connection = True
+
+
+def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:
+    """Classify like the Hub: binary-looking or large files go to LFS, text stays in git."""
+    if path and path.endswith(_BINARY_SUFFIXES):
+        return True
+    return size >= LFS_THRESHOLD or b"\0" in sample
+
+
