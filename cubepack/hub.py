@@ -62,11 +62,11 @@ def _hub_error(exc: Exception, repo_id: str, repo_type: str, revision: str | Non
     if isinstance(exc, RepositoryNotFoundError):
         return HubError(f"The {repo_type} repo {repo_id} was not found at {where}, or it is "
                         "private and no valid token was given (set HF_TOKEN or pass --token).")
-    if isinstance(exc, EntryNotFoundError):
-        return HubError(f"A file of {repo_id}@{revision} was not found at {where}: {exc}")
-    if isinstance(exc, LocalEntryNotFoundError):
+    if isinstance(exc, LocalEntryNotFoundError):  # a subclass of EntryNotFoundError in 2.x
         return HubError(f"{repo_id}@{revision} could not be downloaded from {where} and is not "
                         "complete in the HF cache (connection failed or offline).")
+    if isinstance(exc, EntryNotFoundError):
+        return HubError(f"A file of {repo_id}@{revision} was not found at {where}.")
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status in (401, 403):
         return HubError(f"{where} refused the request for {repo_id} ({status}): pass a token "
@@ -75,23 +75,17 @@ def _hub_error(exc: Exception, repo_id: str, repo_type: str, revision: str | Non
     return HubError(f"The request for {repo_id}@{revision or 'main'} to {where} failed: {first_line}")
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    errors: list[type[BaseException]] = [HfHubHTTPError, LocalEntryNotFoundError, OSError]
+@contextlib.contextmanager
+def _translated(repo_id: str, repo_type: str, revision: str | None,
+                endpoint: str | None) -> Iterator[None]:
+    """Turn whatever the Hub client raises (its typed errors, or the HTTP library's: requests in
+    0.36, httpx in 2.x) into one :class:`HubError` sentence; cubepack's own errors pass through."""
     try:
-        import httpx
-
-        errors.append(httpx.HTTPError)
-    except ImportError:
-        pass
-    try:
-        import requests
-
-        errors.append(requests.RequestException)
-    except ImportError:
-        pass
-    return tuple(errors)
+        yield
+    except CubepackError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every client failure becomes a HubError
+        raise _hub_error(exc, repo_id, repo_type, revision, endpoint) from exc
 
 
 @contextlib.contextmanager
@@ -173,7 +167,7 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     local = _local_files(cube, report)
     branch = revision or "main"
     api = _api(endpoint, token)
-    try:
+    with _translated(repo_id, repo_type, branch, endpoint):
         api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
         if branch != "main":
             api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
@@ -190,8 +184,6 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
             sha, url = head, None
         if tag:
             _tag(api, repo_id, repo_type, tag, sha)
-    except _network_errors() as exc:
-        raise _hub_error(exc, repo_id, repo_type, branch, endpoint) from exc
     return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
                       commit_url=url, changed=bool(additions or deletions),
                       uploaded=sorted(p for p, _ in additions), deleted=sorted(deletions), tag=tag)
@@ -333,10 +325,8 @@ def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "da
                        f"named {wanted!r} for this {repo_type} repo (it was never pulled by that "
                        "name). Pull by commit SHA, or go online.")
     api = _api(endpoint, token)
-    try:
+    with _translated(repo_id, repo_type, wanted, endpoint):
         return api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
-    except _network_errors() as exc:
-        raise _hub_error(exc, repo_id, repo_type, wanted, endpoint) from exc
 
 
 def _cache_repo_dir(repo_id: str, repo_type: str, cache_dir: str | Path | None) -> Path:
@@ -354,7 +344,7 @@ def _download(repo_id: str, sha: str, *, repo_type: str, offline: bool, token: s
         return Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha, token=token,
                                       endpoint=endpoint, cache_dir=cache_dir,
                                       local_files_only=offline))
-    except _network_errors() as exc:
+    except Exception as exc:  # noqa: BLE001 - see _translated
         if offline:
             raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is not in the "
                            f"HF cache ({_cache_repo_dir(repo_id, repo_type, cache_dir)}); pull it "
@@ -399,7 +389,7 @@ def remote_model_checks(lock: dict[str, Any], *, endpoint: str | None = None,
         repo_id, sha = pin["repo_id"], pin["revision"]
         try:
             info = api.model_info(repo_id, revision=sha, files_metadata=True)
-        except _network_errors() as exc:
+        except Exception as exc:  # noqa: BLE001 - see _translated
             error = _hub_error(exc, repo_id, "model", sha, endpoint)
             from huggingface_hub.errors import RevisionNotFoundError
 
@@ -436,7 +426,7 @@ def remote_model_checks(lock: dict[str, Any], *, endpoint: str | None = None,
                     problems.append(("tokenizer_digest", pinned.tokenizer_digest, found))
             config = json.loads(Path(hf_hub_download(repo_id, "config.json", revision=sha,
                                                      token=token, endpoint=endpoint)).read_text())
-        except _network_errors() as exc:
+        except Exception as exc:  # noqa: BLE001 - see _translated
             rows.append(("remote model", subject, False,
                          str(_hub_error(exc, repo_id, "model", sha, endpoint)), None, None))
             continue

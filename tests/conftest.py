@@ -14,7 +14,6 @@ _SANDBOX = Path(tempfile.mkdtemp(prefix="cubepack-tests-"))
 os.environ["HF_HOME"] = str(_SANDBOX / "hf-home")
 os.environ["HF_HUB_CACHE"] = str(_SANDBOX / "hf-home" / "hub")
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-os.environ["HF_HUB_DISABLE_XET"] = "1"
 os.environ["CUBEPACK_CACHE"] = str(_SANDBOX / "cubepack-cache")
 os.environ["CUBEPACK_NO_PROGRESS"] = "1"
 os.environ["MEMOS_BASE_PATH"] = str(_SANDBOX / "memos")

@@ -32,3 +32,29 @@ def continue_greedy(model, cache, first_token: int, steps: int) -> list[torch.Te
 
 def all_equal(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
     return len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def tree_bytes(folder) -> dict:
+    """Every file's bytes below ``folder``: to prove an operation changed nothing, or that two
+    folders hold the same files."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def reseal_lock(cube, change) -> None:
+    """Edit a cube's lock and recompute its digests, as an attacker with write access could."""
+    import json
+
+    from cubepack import constants
+    from cubepack import lock as lockfile
+
+    path = cube / constants.LOCK_FILENAME
+    lock = json.loads(path.read_text())
+    change(lock)
+    resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
+                                   models=lock["models"], activations=lock["activations"],
+                                   cubepack_version=lock["cubepack_version"])
+    path.write_text(lockfile.dumps(resealed))

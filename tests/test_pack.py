@@ -15,16 +15,10 @@ import cubepack
 from cubepack import IdentityMismatch, UnsafeInputError, constants
 from cubepack.kvfile import read_kv_header
 
-from helpers import all_equal, build_cache, continue_greedy
+from helpers import all_equal, build_cache, continue_greedy, tree_bytes
 from memos_format import write_cube
 
 TEXTS = {"item-1": "The user is a Chinese man.", "item-2": "He likes green tea and long walks."}
-
-
-def snapshot(folder):
-    """Every file's bytes below ``folder``: to prove a refused operation changed nothing."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -67,10 +61,10 @@ def test_config_json_is_left_untouched(cube):
 
 
 def test_a_pickle_is_refused_without_legacy_pickle_and_nothing_changes(cube):
-    before = snapshot(cube)
+    before = tree_bytes(cube)
     with pytest.raises(UnsafeInputError, match="--legacy-pickle"):
         cubepack.pack(cube)
-    assert snapshot(cube) == before
+    assert tree_bytes(cube) == before
     assert [p.name for p in cube.parent.iterdir()] == ["cube"]  # no staging folder left
 
 
@@ -126,12 +120,12 @@ def test_malicious_pickles_are_refused_and_run_nothing(cube, tmp_path, kind):
         "builtins_eval": lambda: pickle.dumps({"kv_cache_memories": {"x": _Eval(canary)}}),
     }
     (cube / "activation_memory.pickle").write_bytes(payloads[kind]())
-    before = snapshot(cube)
+    before = tree_bytes(cube)
     with pytest.raises(UnsafeInputError) as caught:
         cubepack.pack(cube, legacy_pickle=True)
     assert "allowlist" in str(caught.value) or "forbidden global" in str(caught.value)
     assert not canary.exists()
-    assert snapshot(cube) == before
+    assert tree_bytes(cube) == before
 
 
 def test_nested_payload_is_live(tmp_path):
@@ -142,12 +136,12 @@ def test_nested_payload_is_live(tmp_path):
 
 
 def test_activations_that_contradict_the_pinned_model_are_refused(cube, zoo):
-    before = snapshot(cube)
+    before = tree_bytes(cube)
     with pytest.raises(IdentityMismatch) as caught:
         cubepack.pack(cube, model=str(zoo["deep"]), legacy_pickle=True)
     assert "geometry.num_layers" in caught.value.fields
     assert "expected 3, found 2" in str(caught.value)
-    assert snapshot(cube) == before
+    assert tree_bytes(cube) == before
 
 
 def test_packing_is_deterministic(tmp_path, zoo, caches):

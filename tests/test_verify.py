@@ -11,9 +11,8 @@ import torch
 
 import cubepack
 from cubepack import VerificationFailed, constants
-from cubepack import lock as lockfile
 
-from helpers import build_cache
+from helpers import build_cache, reseal_lock
 from memos_format import write_cube
 
 
@@ -37,16 +36,6 @@ def refused(cube, **kwargs):
     with pytest.raises(VerificationFailed) as caught:
         cubepack.verify(cube, **kwargs)
     return caught.value.failures
-
-
-def rewrite_lock(cube, change):
-    """Edit the lock and re-seal its digests, as an attacker with write access could."""
-    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
-    change(lock)
-    resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
-                                   models=lock["models"], activations=lock["activations"],
-                                   cubepack_version=lock["cubepack_version"])
-    (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(resealed))
 
 
 ITEM = "activations/item-1.kv.safetensors"
@@ -110,7 +99,7 @@ def test_symlink_is_refused_and_not_followed(cube, tmp_path):
 def test_lock_entry_escaping_the_cube_is_refused_before_reading(cube, tmp_path, bad_path,
                                                                 monkeypatch):
     (tmp_path / "outside.txt").write_text("secret")
-    rewrite_lock(cube, lambda lock: lock["files"].update(
+    reseal_lock(cube, lambda lock: lock["files"].update(
         {bad_path: {"sha256": "0" * 64, "size": 6}}))
     from cubepack import hashing
 
@@ -125,7 +114,7 @@ def test_edited_lock_value_breaks_the_digest(cube):
     text = (cube / constants.LOCK_FILENAME).read_text()
     lock = json.loads(text)
     lock["activations"]["item-1"]["token_count"] = 7
-    (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(lock))
+    (cube / constants.LOCK_FILENAME).write_text(json.dumps(lock, indent=2, sort_keys=True))
     [failure] = refused(cube)
     assert failure.name == "lock" and "digest mismatch" in failure.detail
 
@@ -140,7 +129,7 @@ def test_kv_file_swapped_for_model_b_with_resealed_lock(cube, models):
     def reseal(lock):
         lock["files"][ITEM] = {"sha256": digest, "size": size}
         lock["activations"]["item-1"]["sha256"] = digest
-    rewrite_lock(cube, reseal)
+    reseal_lock(cube, reseal)
     failures = refused(cube)
     assert [(f.name, f.detail.split(" ")[0]) for f in failures] == [
         ("kv header", "producer.weights_digest")]
@@ -154,7 +143,7 @@ def test_pins_rewritten_to_model_b_are_caught_by_the_model_check(cube, zoo, mode
 
     def repin(lock):
         lock["models"]["act_mem"]["identity"] = identity_b
-    rewrite_lock(cube, repin)
+    reseal_lock(cube, repin)
     failures = refused(cube, model=str(zoo["a"]))
     assert any(f.name == "model identity" and "weights_digest" in f.subject for f in failures)
     assert any(f.name == "kv header" for f in failures)
@@ -186,7 +175,7 @@ def test_verify_does_not_import_torch(packed):
 
 def test_diff_names_changed_files_and_pins(cube, packed, zoo):
     (cube / ITEM).unlink()
-    rewrite_lock(cube, lambda lock: (lock["files"].pop(ITEM), lock["activations"].pop("item-1")))
+    reseal_lock(cube, lambda lock: (lock["files"].pop(ITEM), lock["activations"].pop("item-1")))
     result = cubepack.diff(packed, cube)
     assert result["files"]["removed"] == [ITEM]
     assert result["activations"]["removed"] == ["item-1"]

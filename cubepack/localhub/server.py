@@ -361,7 +361,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(400, f"Unsupported repo type {body.get('type')!r}.")
         namespace = body.get("organization") or "local"
         repo = repo_ref(kind, namespace, body.get("name", ""))
-        created = self.hub.store.create(repo, bool(body.get("private")))
+        private = bool(body.get("private")) or body.get("visibility") == "private"  # 0.36 | 2.x
+        created = self.hub.store.create(repo, private)
         prefix = "datasets/" if kind == "datasets" else ""
         url = f"{self._base()}/{prefix}{repo.repo_id}"
         self._send_json({"url": url, "name": repo.repo_id}, 200 if created else 409)
