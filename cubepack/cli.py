@@ -275,11 +275,14 @@ def hub_group() -> None:
 @click.option("--port", type=int, default=8999, show_default=True)
 @click.option("--token", "tokens", multiple=True,
               help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
-def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...]) -> None:
+@click.option("--max-rate-mb", type=float, help="Cap download bandwidth (MB/s), like a real link.")
+def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
+                      max_rate_mb: float | None) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
-    hub = LocalHub(root, host=host, port=port, tokens=list(tokens))
+    hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
+                   max_rate=max_rate_mb * 1e6 if max_rate_mb else None)
     click.echo(f"serving {root} at {hub.url}  (use: HF_ENDPOINT={hub.url}; Ctrl-C stops)")
     if not tokens:
         click.echo("no --token given: anyone who can reach this port may create and push repos")

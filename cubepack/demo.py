@@ -1,9 +1,13 @@
-"""``python -m cubepack.demo``: the main job end to end, offline, on tiny local models.
+"""``python -m cubepack.demo``: the main job end to end, offline, on a local Hub endpoint.
 
-Builds two tiny same-shape models (A and B), builds a MemOS cube with the real MemoryOS
-package using model A, packs it (converting MemOS's pickle through the allowlist), verifies it,
-loads the activation into A and continues generation, then shows the refusal when B is offered.
-Everything happens under ``./demo-out`` (or the folder given as the first argument).
+1. starts ``cubepack hub serve``'s endpoint on 127.0.0.1 (a local stand-in for the Hub);
+2. builds two tiny same-shape models, A and B, and publishes A there as a model repo;
+3. builds a MemOS cube with the real MemoryOS package, its KV cache extracted by A;
+4. packs it (pins A's commit, converts the pickle through the allowlist, lock + card);
+5. pushes it as one commit, pulls it back at that exact SHA with verification;
+6. loads the activation into A and continues; offers B and shows the refusal.
+
+Everything lives under ``./demo-out`` (or the folder given as the first argument).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import sys
 from pathlib import Path
 
 
-def step(text: str) -> None:
+def step(text: str, command: str | None = None) -> None:
     print(f"\n== {text}", flush=True)
+    if command:
+        print(f"   $ {command}", flush=True)
 
 
 def greedy(model, cache, ids, steps: int = 8) -> list[int]:
@@ -35,25 +41,50 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(argv[0] if argv else "demo-out").resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    os.environ.setdefault("MEMOS_BASE_PATH", str(work / "memos-home"))
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-    import torch
+    from .localhub import LocalHub
 
+    hub = LocalHub(work / "hub-root").start()
+    # The Hub client reads these at import time, so they are set before anything imports it.
+    os.environ.update({
+        "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(work / "hf-cache"),
+        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "demo-token",
+        "MEMOS_BASE_PATH": str(work / "memos-home"), "CUBEPACK_CACHE": str(work / "cubepack-cache"),
+    })
+    try:
+        return _run(work, hub)
+    finally:
+        hub.stop()
+
+
+def _run(work: Path, hub) -> int:
     import cubepack
     from cubepack import tiny
+    from cubepack.hub import _client_settings
 
-    step("1. Build two tiny same-shape models (A and B: same config, other seeds)")
+    step(f"1. A local Hub-compatible endpoint is serving at {hub.url}",
+         f"cubepack hub serve --root {work / 'hub-root'}")
+
+    step("2. Build two tiny same-shape models (A and B: same config, other seeds); publish A")
     tokenizer = tiny.build_tokenizer()
-    model_a = tiny.build_model(work / "model-a", tiny.llama_config(), seed=0, tokenizer=tokenizer)
-    model_b = tiny.build_model(work / "model-b", tiny.llama_config(), seed=1, tokenizer=tokenizer)
-    print(f"model A: {model_a}\nmodel B: {model_b}")
+    folder_a = tiny.build_model(work / "model-a", tiny.llama_config(), seed=0, tokenizer=tokenizer)
+    folder_b = tiny.build_model(work / "model-b", tiny.llama_config(), seed=1, tokenizer=tokenizer)
+    from huggingface_hub import HfApi, snapshot_download
 
-    step("2. Build a MemOS cube with the real MemoryOS package (model A extracts the KV cache)")
+    api = HfApi()
+    api.create_repo("demo/tiny-model-a", repo_type="model", exist_ok=True)
+    with _client_settings(hub.url, xet=False):
+        api.upload_folder(repo_id="demo/tiny-model-a", folder_path=str(folder_a),
+                          commit_message="tiny model A")
+    snapshot_a = Path(snapshot_download("demo/tiny-model-a"))
+    print(f"model A: demo/tiny-model-a, downloaded to {snapshot_a}")
+
+    step("3. Build a MemOS cube with the real MemoryOS package (model A extracts the KV cache)")
     from memos.configs.mem_cube import GeneralMemCubeConfig
     from memos.mem_cube.general import GeneralMemCube
 
-    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(model_a), "max_tokens": 8}}
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(snapshot_a),
+                                                 "max_tokens": 8}}
     config = GeneralMemCubeConfig.model_validate({
         "user_id": "demo", "cube_id": "demo/tiny_cube", "text_mem": {"backend": "uninitialized"},
         "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
@@ -64,34 +95,48 @@ def main(argv: list[str] | None = None) -> int:
     memos_cube.dump(str(cube_dir))
     print("MemOS wrote:", ", ".join(sorted(p.name for p in cube_dir.iterdir())))
 
-    step("3. cubepack pack --legacy-pickle: pin the producer, convert the pickle, lock, card")
-    result = cubepack.pack(cube_dir, legacy_pickle=True, license="apache-2.0")
-    print(f"activations: {result.activations}\nlock digest: {result.digest}")
+    step("4. Pack: pin the producer, convert the pickle (allowlist), lock, card",
+         f"cubepack pack {cube_dir} --legacy-pickle")
+    packed = cubepack.pack(cube_dir, legacy_pickle=True, license="apache-2.0")
+    pin = packed.models["act_mem"]
+    print(f"producer pinned: {pin['repo_id']}@{pin['revision']}")
     print("the cube now holds:", ", ".join(sorted(p.relative_to(cube_dir).as_posix()
                                                  for p in cube_dir.rglob("*") if p.is_file())))
+    print(f"lock digest: {packed.digest}")
 
-    step("4. cubepack verify --model model-a")
-    report = cubepack.verify(cube_dir, model=str(model_a))
-    for check in report.checks:
-        print(f"  ok  {check.name:<15} {check.subject}")
+    step("5. Push it as exactly one commit", f"cubepack push {cube_dir} demo/tiny_cube --tag v1")
+    from cubepack.hub import pull, push
 
-    step("5. Load the activation into model A and continue")
-    activation = cube_dir / "activations" / f"{item.id}.kv.safetensors"
-    model = tiny.load(model_a)
-    cache = cubepack.load_kv_cache(activation, model)
-    covered = cache.get_seq_length()
+    pushed = push(cube_dir, "demo/tiny_cube", tag="v1")
+    print(f"commit {pushed.commit_sha} ({len(pushed.uploaded)} files)\n{pushed.commit_url}")
+    again = push(cube_dir, "demo/tiny_cube")
+    print(f"pushed again unchanged: changed={again.changed}, still {again.commit_sha}")
+
+    pulled_dir = work / "pulled"
+    step("6. Pull it at the pushed SHA, verified before it is placed",
+         f"cubepack pull demo/tiny_cube@{pushed.commit_sha} --local-dir {pulled_dir}")
+    pulled = pull(f"demo/tiny_cube@{pushed.commit_sha}", local_dir=pulled_dir)
+    for check in pulled.report.checks:
+        mark = {True: "ok  ", False: "FAIL", None: "skip"}[check.ok]
+        print(f"  {mark} {check.name:<15} {check.subject}")
+
+    step("7. Load the activation into model A (the pinned snapshot) and continue")
+    activation = pulled_dir / "activations" / f"{item.id}.kv.safetensors"
+    model_a = tiny.load(snapshot_a)
+    cache = cubepack.load_kv_cache(activation, model_a)
     question = tokenizer("What does the user drink?", return_tensors="pt").input_ids
-    print(f"cache covers {covered} tokens; greedy continuation ids: {greedy(model, cache, question)}")
+    print(f"cache covers {cache.get_seq_length()} tokens; greedy continuation ids: "
+          f"{greedy(model_a, cache, question)}")
 
-    step("6. Offer model B (same shapes, other weights): cubepack refuses")
+    step("8. Offer model B (same shapes, other weights): cubepack refuses")
     try:
-        cubepack.load_kv_cache(activation, tiny.load(model_b))
+        cubepack.load_kv_cache(activation, tiny.load(folder_b))
     except cubepack.IdentityMismatch as refusal:
         print(f"refused: {refusal}")
     else:
         print("ERROR: model B was not refused")
         return 1
-    print("\ndone: everything is under", work)
+    print(f"\ndone: everything is under {work}")
     return 0
 
 

@@ -23,7 +23,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from . import _canonical
+from . import _canonical, constants
 from ._safetensors_header import read_header
 from .errors import CubepackError, FormatError, ModelNotFoundError
 from .hashing import HashCache, hash_files
@@ -95,6 +95,8 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
     from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
+    # HF_HUB_OFFLINE is read by huggingface_hub once, at import; we honour it when set later too.
+    local_files_only = local_files_only or constants.hub_offline()
     try:
         folder = Path(snapshot_download(name, revision=revision, repo_type="model",
                                         local_files_only=local_files_only))

@@ -73,7 +73,7 @@ class VerifyReport:
 
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
            raise_on_failure: bool = True, remote: bool = False, endpoint: str | None = None,
-           token: str | None = None) -> VerifyReport:
+           token: str | None = None, hashed: dict[str, str] | None = None) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
 
     Args:
@@ -83,12 +83,16 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
         raise_on_failure: raise :class:`VerificationFailed` when any check fails.
         remote: also check each pinned model against the Hub's file metadata at its pinned
             revision (LFS sha256 of the weights; no weights are downloaded).
+        hashed: sha256 of files this process has just hashed itself from the very bytes in
+            the cube (``pull`` hashes each file as its download completes, overlapping hashing
+            with the network); those files are not read twice. Never pass digests you did not
+            compute.
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
     if lock is not None:
         report.lock = lock
-        intact = _check_files(report, lock, progress)
+        intact = _check_files(report, lock, progress, hashed or {})
         _check_activations(report, lock)
         _check_config(report, lock)
         if intact:
@@ -122,7 +126,8 @@ def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
     return lock
 
 
-def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None) -> bool:
+def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None,
+                 hashed: dict[str, str]) -> bool:
     """File set, then sizes, then sha256 (parallel). True when every file is intact."""
     on_disk, problems = scan_cube(report.cube_dir)
     for where, what in problems:
@@ -143,9 +148,10 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             report.add("size", name, False, "size differs", listed[name]["size"], size)
         else:
             to_hash.append(name)
-    digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash], progress=progress,
-                         description="verifying")
+    digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
+                         progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
+    by_name.update({name: hashed[name] for name in to_hash if name in hashed})
     bad = 0
     for name in to_hash:
         if by_name[name] != listed[name]["sha256"]:

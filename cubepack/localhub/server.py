@@ -73,17 +73,35 @@ class Stats:
         self.commits = 0
 
 
+class _Link:
+    """A shared bandwidth cap: each sender reserves its bytes' slot on one timeline."""
+
+    def __init__(self, rate: float):
+        self.rate, self._next, self._lock = rate, time.monotonic(), threading.Lock()
+
+    def wait_for(self, size: int) -> None:
+        with self._lock:
+            start = max(self._next, time.monotonic())
+            self._next = start + size / self.rate
+        delay = self._next - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
 class LocalHub:
     """A local Hub endpoint serving ``root`` on ``host:port`` (port 0 picks a free one).
 
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
             when empty, anyone who can reach the port may write (bind to loopback!).
+        max_rate: cap on download bandwidth in bytes/s, shared by all connections, to behave
+            like a real network link (benchmarks); None means as fast as loopback goes.
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[str] | None = None):
+                 tokens: list[str] | None = None, max_rate: float | None = None):
         self.store = HubStore(root)
+        self.link = _Link(max_rate) if max_rate else None
         self.tokens = set(tokens or [])
         self.faults: list[Fault] = []
         self.stats = Stats()
@@ -551,17 +569,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         truncate = self.fault is not None and self.fault.kind == "truncate"
+        self.wfile.flush()
+        count = length // 2 if truncate else length
         with open(blob, "rb") as handle:
-            handle.seek(start)
-            remaining = length // 2 if truncate else length
-            while remaining > 0:
-                chunk = handle.read(min(remaining, 1024 * 1024))
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                remaining -= len(chunk)
+            # sendfile: the kernel copies page cache to socket, no bytes through Python
+            if self.hub.link is None:
+                self.connection.sendfile(handle, offset=start, count=count)
+            else:
+                for offset in range(start, start + count, 1024 * 1024):
+                    size = min(1024 * 1024, start + count - offset)
+                    self.hub.link.wait_for(size)
+                    self.connection.sendfile(handle, offset=offset, count=size)
         if truncate:
-            self.wfile.flush()
             self.close_connection = True
 
 

@@ -1,0 +1,93 @@
+"""Benchmark: ``cubepack pull --verify`` against a plain ``snapshot_download`` of the same commit.
+
+A ~500 MB cube is pushed to a local endpoint (``cubepack hub serve`` in its own process, on
+127.0.0.1); each contender then downloads that commit into a fresh HF cache, in the same run.
+Prints the ratio; target <= 1.15x. Not a test.
+
+Run: .venv/latest/bin/python bench/pull.py [--mb 500] [--files 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=int, default=500)
+    parser.add_argument("--files", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--link-mb", type=float, default=None,
+                        help="cap the endpoint's bandwidth (MB/s) to model a real network link")
+    args = parser.parse_args()
+
+    import cubepack
+    from cubepack.hub import pull, push
+    from huggingface_hub import snapshot_download
+
+    root = Path(tempfile.mkdtemp(prefix="cubepack-bench-pull-"))
+    try:
+        cube = root / "cube"
+        (cube / "activations").mkdir(parents=True)
+        block = os.urandom(8 * 1024 * 1024)
+        per_file = args.mb * 1024 * 1024 // args.files
+        for index in range(args.files):
+            with open(cube / "activations" / f"part-{index}.bin", "wb") as handle:
+                handle.write(index.to_bytes(8, "little"))  # distinct files: no blob is shared
+                for offset in range(8, per_file, len(block)):
+                    handle.write(block[: min(len(block), per_file - offset)])
+        cubepack.pack(cube, progress=False)
+        # The endpoint runs in its own process, as `cubepack hub serve` would: sharing this
+        # process's interpreter would make the server and the client contend for one GIL.
+        port = _free_port()
+        server = subprocess.Popen([sys.executable, "-m", "cubepack", "hub", "serve", "--root",
+                                   str(root / "hub"), "--port", str(port)]
+                                  + (["--max-rate-mb", str(args.link_mb)] if args.link_mb else []),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            server.stdout.readline()  # "serving ..." once the socket is bound
+            hub_url = f"http://127.0.0.1:{port}"
+            sha = push(cube, "bench/cube", endpoint=hub_url).commit_sha
+            plain, verified = [], []
+            for round_ in range(args.rounds):  # alternate, fresh caches every time
+                start = time.perf_counter()
+                snapshot_download("bench/cube", repo_type="dataset", revision=sha,
+                                  endpoint=hub_url, cache_dir=root / f"plain-{round_}")
+                plain.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                pull(f"bench/cube@{sha}", endpoint=hub_url, cache_dir=root / f"pull-{round_}",
+                     local_dir=root / f"out-{round_}", progress=False)
+                verified.append(time.perf_counter() - start)
+        finally:
+            server.terminate()
+            server.wait()
+        size = sum(p.stat().st_size for p in cube.rglob("*") if p.is_file())
+        link = f"{args.link_mb:.0f} MB/s link" if args.link_mb else "unthrottled loopback"
+        print(f"cube: {size / 1e6:.0f} MB in {args.files + 4} files, local endpoint on 127.0.0.1, {link}")
+        print(f"snapshot_download (no verification)    best {min(plain):6.2f} s")
+        print(f"cubepack pull --verify (resolve, verify) best {min(verified):6.2f} s")
+        print(f"ratio cubepack pull / snapshot_download: {min(verified) / min(plain):.2f}x "
+              "(target <= 1.15x)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
