@@ -39,6 +39,7 @@ demo: $(VENV)/memos/.ready
 bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/kv_load.py
 	$(VENV)/latest/bin/python bench/verify.py
+	$(VENV)/latest/bin/python bench/pull.py
 
 clean:
 	rm -rf $(VENV) demo-out
