@@ -13,6 +13,7 @@ from .errors import (CubepackError, FormatError, HubError, IdentityMismatch, Int
                      Mismatch, ModelNotFoundError, RefusedError, SignatureError, UnsafeInputError,
                      UnsupportedError, VerificationFailed)
 from .fingerprints import fingerprint
+from .hub import PullResult, PushResult, pull, push
 from .identity import ModelIdentity
 from .kvfile import KVFileInfo, load_kv_cache, read_kv_header, save_kv_cache
 from .pack import PackResult, pack
@@ -20,8 +21,9 @@ from .verify import VerifyReport, verify
 
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
-    "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "RefusedError",
+    "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult", "PushResult",
+    "RefusedError",
     "SignatureError", "UnsafeInputError", "UnsupportedError", "VerificationFailed", "VerifyReport",
-    "__version__", "diff", "fingerprint", "load_kv_cache", "pack", "read_kv_header",
-    "save_kv_cache", "verify",
+    "__version__", "diff", "fingerprint", "load_kv_cache", "pack", "pull", "push",
+    "read_kv_header", "save_kv_cache", "verify",
 ]

@@ -23,3 +23,23 @@ def dumps(value: Any, *, compact: bool = False) -> str:
 def digest(value: Any) -> str:
     """sha256 hex of the compact canonical JSON of ``value``."""
     return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()
+
+
+def json_safe(value: Any, unwrap: Any = None) -> Any:
+    """A JSON-serialisable copy of ``value``: datetimes become ISO strings, tuples and sets
+    lists, unknown objects their ``repr``. ``unwrap`` may first replace a node (e.g. a
+    stand-in object by its state)."""
+    import datetime
+
+    if unwrap is not None:
+        value = unwrap(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, unwrap) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return [json_safe(v, unwrap) for v in items]
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)

@@ -22,6 +22,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._canonical import json_safe
 from .errors import FormatError, UnsafeInputError
 
 
@@ -191,15 +192,6 @@ def _cache_layers(item_id: str, cache: _StandIn) -> list[tuple[str, int, Any, An
 
 
 def _plain(value: Any) -> Any:
-    """Turn unpickled metadata into JSON-safe values (datetimes become ISO strings)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, _StandIn):
-        return _plain(value.get("__dict__") or value.state)
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
+    """Unpickled metadata as JSON-safe values (stand-ins become their recorded state)."""
+    return json_safe(value, unwrap=lambda v: (v.get("__dict__") or v.state)
+                     if isinstance(v, _StandIn) else v)
