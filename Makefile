@@ -24,13 +24,13 @@ setup: $(VENV)/latest/.ready $(VENV)/memos/.ready
 $(VENV)/latest/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)/latest
 	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH)
-	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH) -e ".[test]" "transformers>=5,<6" "huggingface_hub>=1"
+	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,sign]" "transformers>=5,<6" "huggingface_hub>=1"
 	touch $@
 
 $(VENV)/memos/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)/memos
 	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH)
-	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,memos]"
+	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,sign,memos]"
 	touch $@
 
 demo: $(VENV)/memos/.ready

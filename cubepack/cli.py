@@ -107,14 +107,18 @@ def _render_kv(data: dict[str, Any]) -> str:
               help="Convert MemOS activation pickles to KV files (allowlist unpickler).")
 @click.option("--license", "license_", help="License for the card's metadata (e.g. apache-2.0).")
 @click.option("--pretty-name", help="Title of the model card.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): also sign the packed cube.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
-                 license_: str | None, pretty_name: str | None, as_json: bool) -> None:
+                 license_: str | None, pretty_name: str | None, sign_key: str | None,
+                 as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
-                  license=license_, pretty_name=pretty_name)
+                  license=license_, pretty_name=pretty_name, sign_key=sign_key,
+                  sign_password=_key_password())
     _emit(result.to_dict(), as_json, _render_pack)
 
 
@@ -137,13 +141,17 @@ def _render_pack(data: dict[str, Any]) -> str:
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
+              help="Public key (PEM) whose signature is accepted (repeatable); requires one.")
+@click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def verify_command(cube_dir: str, model: str | None, remote: bool, token: str | None,
-                   as_json: bool) -> None:
+                   trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     from .verify import verify
 
-    report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token)
+    report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token,
+                    trusted_keys=list(trusted_keys), require_signature=require_signature)
     _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
         raise _Refused()
@@ -164,6 +172,25 @@ def _render_report(data: dict[str, Any]) -> str:
     lines.append("verified: the cube is exactly what was packed" if data["ok"]
                  else "REFUSED: do not load this cube")
     return "\n".join(lines)
+
+
+@cli.command("sign")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--key", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM). Password: CUBEPACK_KEY_PASSWORD.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
+    """Verify CUBE_DIR, then sign it (writes cubepack.sig; OpenSSF model-signing format)."""
+    from .signing import sign
+
+    path = sign(cube_dir, key, password=_key_password())
+    _emit({"signature": str(path)}, as_json, lambda d: f"signed: {d['signature']}")
+
+
+def _key_password() -> str | None:
+    import os
+
+    return os.environ.get("CUBEPACK_KEY_PASSWORD") or None
 
 
 @cli.command("diff")
@@ -239,15 +266,19 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--model", help="Check the pins against this local model (folder or Hub id).")
 @click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
+              help="Public key (PEM) whose signature is accepted (repeatable); requires one.")
+@click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, model: str | None, offline: bool, token: str | None,
-                 as_json: bool) -> None:
+                 trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub import pull
 
     result = pull(repo, revision=revision, repo_type=repo_type, local_dir=local_dir,
-                  verify_cube=verify_cube, model=model, offline=offline, token=token)
+                  verify_cube=verify_cube, model=model, offline=offline, token=token,
+                  trusted_keys=list(trusted_keys), require_signature=require_signature)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

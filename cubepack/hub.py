@@ -271,7 +271,8 @@ class PullResult:
 def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
          local_dir: str | Path | None = None, verify_cube: bool = True, model: Any = None,
          offline: bool | None = None, token: str | None = None, endpoint: str | None = None,
-         cache_dir: str | Path | None = None, progress: bool | None = None) -> PullResult:
+         cache_dir: str | Path | None = None, progress: bool | None = None,
+         trusted_keys: list[Any] | None = None, require_signature: bool = False) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -297,9 +298,12 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
     try:
         _materialize(snapshot, staging)
         report = None
+        if not verify_cube and (trusted_keys or require_signature):
+            raise CubepackError("--no-verify cannot be combined with a signature requirement.")
         if verify_cube:
             report = verify(staging, model=model, progress=progress, raise_on_failure=False,
-                            hashed=hashed)
+                            hashed=hashed, trusted_keys=trusted_keys,
+                            require_signature=require_signature)
             if not offline and model is None:
                 _add_remote_model_checks(report, endpoint=endpoint, token=token, only_skipped=True)
             report.cube_dir = Path(f"{repo_id}@{sha}")

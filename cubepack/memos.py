@@ -62,6 +62,7 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
             one log line naming it and the fields) or ``"rebuild"`` (re-extract the item from its
             stored source text with the live model).
         local_dir: where to place the pulled cube (default: a new temporary folder).
+        trusted_keys, require_signature: as for ``cubepack verify`` (signed cubes only).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
@@ -72,7 +73,8 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     target = Path(local_dir) if local_dir else Path(tempfile.mkdtemp(prefix="cubepack-cube-")) / "cube"
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
-    pulled = pull(spec, local_dir=target, endpoint=endpoint, token=token)
+    pulled = pull(spec, local_dir=target, endpoint=endpoint, token=token,
+                  trusted_keys=trusted_keys, require_signature=require_signature)
     cube = _build(pulled.local_dir, pulled.report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
                   token=token)
@@ -82,10 +84,11 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
 
 def init_from_dir(cube_dir: str | Path, *, memory_types: list[str] | None = None,
                   default_config: Any = None, on_mismatch: str = "error",
-                  endpoint: str | None = None, token: str | None = None) -> Any:
+                  endpoint: str | None = None, token: str | None = None,
+                  trusted_keys: list[Any] | None = None, require_signature: bool = False) -> Any:
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
     _check_policy(on_mismatch)
-    report = verify(cube_dir)
+    report = verify(cube_dir, trusted_keys=trusted_keys, require_signature=require_signature)
     return _build(Path(cube_dir), report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
                   token=token)
@@ -219,17 +222,21 @@ def _rebuild(cube: Any, path: Path, item_id: str) -> Any:
 
 # --- install / uninstall ------------------------------------------------------------------------
 
-def install(require_pin: bool = True) -> None:
+def install(require_pin: bool = True, *, trusted_keys: list[Any] | None = None,
+            require_signature: bool = False) -> None:
     """Route ``GeneralMemCube.init_from_remote_repo`` / ``init_from_dir`` through cubepack.
 
     After it, ``GeneralMemCube.init_from_remote_repo("owner/name@<sha>")`` pulls and verifies
     with cubepack; with ``require_pin`` an id without a 40-hex commit is refused; and
     ``init_from_dir`` on a folder holding ``cubepack.lock`` verifies it first (folders without
-    a lock load as before). Idempotent; :func:`uninstall` restores MemOS's methods.
+    a lock load as before). ``trusted_keys`` / ``require_signature`` apply to every cube loaded
+    through the hook. Idempotent; :func:`uninstall` restores MemOS's methods.
     """
     from memos.mem_cube.general import GeneralMemCube
 
     _ORIGINALS["require_pin"] = require_pin
+    _ORIGINALS["signature"] = {"trusted_keys": list(trusted_keys or []),
+                               "require_signature": require_signature}
     if "init_from_remote_repo" in _ORIGINALS:
         return
     _ORIGINALS["init_from_remote_repo"] = GeneralMemCube.__dict__["init_from_remote_repo"]
@@ -247,6 +254,7 @@ def uninstall() -> None:
     GeneralMemCube.init_from_remote_repo = _ORIGINALS.pop("init_from_remote_repo")
     GeneralMemCube.init_from_dir = _ORIGINALS.pop("init_from_dir")
     _ORIGINALS.pop("require_pin", None)
+    _ORIGINALS.pop("signature", None)
 
 
 def installed() -> bool:
@@ -270,13 +278,15 @@ def _hooked_remote(cube_id: str, base_url: str = "https://huggingface.co/dataset
             f"commit is printed by `cubepack push` and `cubepack pull {repo_id}`), or call "
             "cubepack.memos.install(require_pin=False).")
     return init_from_remote_repo(cube_id, endpoint=_endpoint_from_base_url(base_url),
-                                 memory_types=memory_types, default_config=default_config)
+                                 memory_types=memory_types, default_config=default_config,
+                                 **_ORIGINALS.get("signature", {}))
 
 
 def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
                 default_config: Any = None) -> Any:
     if (Path(dir) / constants.LOCK_FILENAME).is_file():
-        return init_from_dir(dir, memory_types=memory_types, default_config=default_config)
+        return init_from_dir(dir, memory_types=memory_types, default_config=default_config,
+                             **_ORIGINALS.get("signature", {}))
     original = _ORIGINALS["init_from_dir"].__func__
     return original(dir, memory_types, default_config)
 

@@ -52,7 +52,8 @@ class PackResult:
 
 def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
          legacy_pickle: bool = False, license: str | None = None,
-         pretty_name: str | None = None, progress: bool | None = None) -> PackResult:
+         pretty_name: str | None = None, progress: bool | None = None,
+         sign_key: str | Path | None = None, sign_password: str | None = None) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -62,6 +63,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         legacy_pickle: convert MemOS's ``activation_memory.pickle`` to KV files through the
             allowlist unpickler. Without it a cube holding a pickle is refused.
         license, pretty_name: for the model card's metadata.
+        sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
+            (``cubepack.sig``, see :mod:`cubepack.signing`).
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
@@ -73,6 +76,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files)
     pins = _pin_models(memos_config, model=model, revision=revision)
+    if sign_key is not None:
+        from .signing import check_key
+
+        check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
         if constants.LOCK_FILENAME in files else None
     _check_existing_card(cube, files)
@@ -81,7 +88,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     try:
         pickle_name = memos_layout.activation_pickle_name(memos_config)
         for name in files:
-            if name in GENERATED or name == pickle_name:
+            if name in GENERATED or name == pickle_name or name == constants.SIGNATURE_FILENAME:
                 continue
             _atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
         converted = []
@@ -98,11 +105,16 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         result.converted = converted
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
-        if result.changed or sorted(list_cube_files(staging)) != files:
+        unsigned = [name for name in files if name != constants.SIGNATURE_FILENAME]
+        if result.changed or sorted(list_cube_files(staging)) != unsigned:
             _atomic.replace_dir(staging, cube)
         else:
             shutil.rmtree(staging, ignore_errors=True)
         result.cube_dir = cube
+        if sign_key is not None:
+            from .signing import sign
+
+            sign(cube, sign_key, password=sign_password)
         return result
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -73,7 +73,8 @@ class VerifyReport:
 
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
            raise_on_failure: bool = True, remote: bool = False, endpoint: str | None = None,
-           token: str | None = None, hashed: dict[str, str] | None = None) -> VerifyReport:
+           token: str | None = None, hashed: dict[str, str] | None = None,
+           trusted_keys: list[Any] | None = None, require_signature: bool = False) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
 
     Args:
@@ -87,6 +88,9 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
             the cube (``pull`` hashes each file as its download completes, overlapping hashing
             with the network); those files are not read twice. Never pass digests you did not
             compute.
+        trusted_keys: public keys (PEM paths) whose ``cubepack.sig`` is accepted; giving any
+            makes a valid signature by one of them required.
+        require_signature: refuse an unsigned cube even without ``trusted_keys``.
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
@@ -96,6 +100,7 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
         _check_activations(report, lock)
         _check_config(report, lock)
         if intact:
+            _check_signature(report, trusted_keys or [], require_signature)
             _check_models(report, lock, model)
         if remote:
             from .hub import remote_model_checks
@@ -212,6 +217,22 @@ def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
                                    stated.get(key))
     if agree:
         report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
+
+
+def _check_signature(report: VerifyReport, trusted_keys: list[Any], required: bool) -> None:
+    signed = (report.cube_dir / constants.SIGNATURE_FILENAME).is_file()
+    if not trusted_keys and not required:
+        report.add("signature", constants.SIGNATURE_FILENAME, None,
+                   "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
+        return
+    from .signing import verify_signature
+
+    try:
+        key = verify_signature(report.cube_dir, trusted_keys)
+    except CubepackError as exc:
+        report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc))
+        return
+    report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
 
 
 def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:

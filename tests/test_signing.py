@@ -1,0 +1,155 @@
+"""Signed cubes: who packed it, checked with trusted keys, interoperable with model_signing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
+
+import cubepack  # noqa: E402
+from cubepack import SignatureError, VerificationFailed, constants  # noqa: E402
+from cubepack.hub import pull, push  # noqa: E402
+from cubepack.localhub import LocalHub  # noqa: E402
+from cubepack.signing import sign, verify_signature  # noqa: E402
+
+from helpers import build_cache, reseal_lock, tree_bytes  # noqa: E402
+from memos_format import write_cube  # noqa: E402
+
+
+def make_key(folder: Path, name: str, kind: str = "p256") -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    key = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()),
+           "p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+           "ed25519": ed25519.Ed25519PrivateKey.generate}[kind]()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keys")
+    return {"alice": make_key(folder, "alice"), "bob": make_key(folder, "bob", "p384"),
+            "ed": make_key(folder, "ed", "ed25519")}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, zoo, models):
+    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7, 8]]))}
+    cube = write_cube(tmp_path_factory.mktemp("signed") / "cube", str(zoo["a"]), caches)
+    cubepack.pack(cube, legacy_pickle=True)
+    return cube
+
+
+@pytest.fixture
+def cube(packed, tmp_path):
+    copy = tmp_path / "cube"
+    shutil.copytree(packed, copy)
+    return copy
+
+
+def signature_check(report):
+    [check] = [c for c in report.checks if c.name == "signature"]
+    return check
+
+
+def test_signed_cube_verifies_with_a_trusted_key_and_with_stock_model_signing(cube, keys):
+    sign(cube, keys["alice"][0])
+    report = cubepack.verify(cube, trusted_keys=[keys["bob"][1], keys["alice"][1]])
+    assert signature_check(report).ok is True
+    stock = Path(sys.executable).with_name("model_signing")
+    done = subprocess.run([str(stock), "verify", "key", str(cube), "--signature",
+                           str(cube / constants.SIGNATURE_FILENAME), "--public_key",
+                           str(keys["alice"][1])], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_p384_keys_work_too(cube, keys):
+    sign(cube, keys["bob"][0])
+    assert verify_signature(cube, [keys["bob"][1]]) == str(keys["bob"][1])
+
+
+def test_unsigned_cube_is_refused_when_a_signature_is_required(cube, keys):
+    with pytest.raises(VerificationFailed) as caught:
+        cubepack.verify(cube, require_signature=True)
+    assert "unsigned" in caught.value.failures[0].detail
+    with pytest.raises(VerificationFailed):
+        cubepack.verify(cube, trusted_keys=[keys["alice"][1]])
+    assert signature_check(cubepack.verify(cube)).ok is None  # not asked: reported as skipped
+
+
+def test_a_signature_by_an_untrusted_key_is_refused(cube, keys):
+    sign(cube, keys["bob"][0])
+    with pytest.raises(SignatureError, match="signed by a key that is not trusted"):
+        verify_signature(cube, [keys["alice"][1]])
+
+
+def test_content_changed_after_signing_is_refused_even_with_a_resealed_lock(cube, keys, models):
+    sign(cube, keys["alice"][0])
+    item = cube / "activations" / "item-1.kv.safetensors"
+    other = build_cache(models["a"], torch.tensor([[9, 9, 9, 9]]))
+    cubepack.save_kv_cache(other, item, producer=models["a"], metadata={"id": "item-1"})
+    digest, size = cubepack.hashing.sha256_file(item), item.stat().st_size
+
+    def reseal(lock):
+        lock["files"]["activations/item-1.kv.safetensors"] = {"sha256": digest, "size": size}
+        lock["activations"]["item-1"]["sha256"] = digest
+    reseal_lock(cube, reseal)
+    report = cubepack.verify(cube, trusted_keys=[keys["alice"][1]], raise_on_failure=False)
+    failures = report.failures
+    assert [f.name for f in failures] == ["signature"]
+    assert "does not cover this content" in failures[0].detail
+    assert "cubepack.lock" in failures[0].detail and "item-1.kv.safetensors" in failures[0].detail
+
+
+def test_ed25519_keys_are_refused_clearly(cube, keys):
+    with pytest.raises(cubepack.CubepackError, match="ECDSA P-256 or P-384"):
+        sign(cube, keys["ed"][0])
+    assert not (cube / constants.SIGNATURE_FILENAME).exists()
+
+
+def test_a_broken_cube_is_not_signed(cube, keys):
+    (cube / "config.json").write_text("{}")
+    with pytest.raises(VerificationFailed):
+        sign(cube, keys["alice"][0])
+    assert not (cube / constants.SIGNATURE_FILENAME).exists()
+
+
+def test_pack_sign_key_then_pull_with_trusted_keys(cube, keys, tmp_path):
+    cubepack.pack(cube, sign_key=keys["alice"][0])
+    assert (cube / constants.SIGNATURE_FILENAME).is_file()
+    assert cubepack.pack(cube).changed is False and (cube / constants.SIGNATURE_FILENAME).is_file()
+    with LocalHub(tmp_path / "hub") as hub:
+        pushed = push(cube, "ns/signed", endpoint=hub.url)
+        spec = f"ns/signed@{pushed.commit_sha}"
+        result = pull(spec, endpoint=hub.url, local_dir=tmp_path / "ok", cache_dir=tmp_path / "c",
+                      trusted_keys=[keys["alice"][1]])
+        assert signature_check(result.report).ok is True
+        target = tmp_path / "refused"
+        target.mkdir()
+        with pytest.raises(VerificationFailed, match="not trusted"):
+            pull(spec, endpoint=hub.url, local_dir=target, cache_dir=tmp_path / "c",
+                 trusted_keys=[keys["bob"][1]])
+        assert tree_bytes(target) == {}
+
+
+def test_cli_sign_and_verify_with_trusted_key(cube, keys, capsys):
+    from cubepack.cli import main
+
+    assert main(["sign", str(cube), "--key", str(keys["alice"][0])]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(cube), "--trusted-key", str(keys["alice"][1])]) == 0
+    assert main(["verify", str(cube), "--trusted-key", str(keys["bob"][1])]) == 1
+    assert "FAIL signature" in capsys.readouterr().out
