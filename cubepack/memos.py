@@ -48,7 +48,9 @@ class HookReport:
 def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
                           endpoint: str | None = None, memory_types: list[str] | None = None,
                           default_config: Any = None, on_mismatch: str = "error",
-                          token: str | None = None, local_dir: str | Path | None = None) -> Any:
+                          token: str | None = None, local_dir: str | Path | None = None,
+                          trusted_keys: list[Any] | None = None,
+                          require_signature: bool = False) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
     Args:

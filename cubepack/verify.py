@@ -164,7 +164,25 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
     if to_hash and not bad:
         report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
-    return not (missing or unlisted or problems or bad or len(to_hash) != len(set(listed) & set(on_disk)))
+    pickles = _check_no_pickle(report, sorted(set(listed) & set(on_disk)))
+    return not (missing or unlisted or problems or bad or pickles
+                or len(to_hash) != len(set(listed) & set(on_disk)))
+
+
+def _check_no_pickle(report: VerifyReport, names: list[str]) -> bool:
+    """Shipped cubes hold no pickle: refuse any file that is one, whatever the lock says."""
+    from .legacy import pickle_evidence
+
+    found = False
+    for name in names:
+        reason = pickle_evidence(resolve_inside(report.cube_dir, name))
+        if reason:
+            found = True
+            report.add("no pickle", name, False, f"{reason}; cubes must not carry pickles (they "
+                       "can run code when loaded)")
+    if not found:
+        report.add("no pickle", "*", True, "no file is or holds a pickle")
+    return found
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:

@@ -58,3 +58,37 @@ def reseal_lock(cube, change) -> None:
                                    models=lock["models"], activations=lock["activations"],
                                    cubepack_version=lock["cubepack_version"])
     path.write_text(lockfile.dumps(resealed))
+
+
+def rewrite_kv_metadata(source, target, change):
+    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``."""
+    import json
+    import struct
+
+    raw = source.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    meta = json.loads(header["__metadata__"]["cubepack"])
+    change(meta)
+    header["__metadata__"]["cubepack"] = json.dumps(meta)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    target.write_bytes(struct.pack("<Q", len(encoded)) + encoded + raw[8 + length:])
+    return target
+
+
+def make_key(folder, name: str, kind: str = "p256"):
+    """Write an EC (p256/p384) or Ed25519 key pair as PEM; return (private, public) paths."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    key = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()),
+           "p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+           "ed25519": ed25519.Ed25519PrivateKey.generate}[kind]()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public

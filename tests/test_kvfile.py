@@ -12,7 +12,7 @@ import cubepack
 from cubepack import FormatError, IdentityMismatch, UnsupportedError
 from cubepack.kvfile import read_kv_header
 
-from helpers import all_equal, build_cache, continue_greedy
+from helpers import all_equal, build_cache, continue_greedy, rewrite_kv_metadata
 
 
 @pytest.fixture(scope="module")
@@ -106,22 +106,8 @@ def test_copy_detaches_tensors_from_the_file(models, a_file, tmp_path):
     assert torch.isfinite(cache.layers[0].keys).all()
 
 
-def _rewrite_metadata(source, target, change):
-    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``."""
-    raw = source.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
-    meta = json.loads(header["__metadata__"]["cubepack"])
-    change(meta)
-    header["__metadata__"]["cubepack"] = json.dumps(meta)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    target.write_bytes(struct.pack("<Q", len(encoded)) + encoded + raw[8 + length:])
-    return target
-
-
 def test_unknown_format_version_is_refused(models, a_file, tmp_path):
-    bad = _rewrite_metadata(a_file[0], tmp_path / "v2.kv.safetensors",
+    bad = rewrite_kv_metadata(a_file[0], tmp_path / "v2.kv.safetensors",
                             lambda meta: meta.update(version=2))
     with pytest.raises(FormatError, match="version 2; this cubepack reads version 1"):
         cubepack.load_kv_cache(bad, models["a"])
@@ -155,7 +141,7 @@ def test_huge_declared_header_is_refused_without_reading(tmp_path):
 
 
 def test_header_that_lies_about_dtype_is_refused(models, a_file, tmp_path):
-    bad = _rewrite_metadata(a_file[0], tmp_path / "lie.kv.safetensors",
+    bad = rewrite_kv_metadata(a_file[0], tmp_path / "lie.kv.safetensors",
                             lambda meta: (meta.update(kv_dtype="bfloat16"),
                                           meta["producer"].update(kv_dtype="bfloat16")))
     with pytest.raises(FormatError, match="declares kv_dtype bfloat16"):

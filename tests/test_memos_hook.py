@@ -204,3 +204,13 @@ def test_a_tampered_cube_is_refused_before_memos_builds_anything(hub, published,
         assert built == []
     finally:
         store_blob.write_bytes(original)
+
+
+def test_hook_with_trusted_keys_refuses_an_unsigned_cube(hub, published, tmp_path):
+    pytest.importorskip("model_signing")
+    from helpers import make_key
+
+    _, public = make_key(tmp_path, "ops")
+    with pytest.raises(VerificationFailed, match="unsigned"):
+        hook.init_from_remote_repo(f"ns/cube@{published['sha']}", endpoint=hub.url,
+                                   trusted_keys=[public])

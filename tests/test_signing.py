@@ -18,24 +18,8 @@ from cubepack.hub import pull, push  # noqa: E402
 from cubepack.localhub import LocalHub  # noqa: E402
 from cubepack.signing import sign, verify_signature  # noqa: E402
 
-from helpers import build_cache, reseal_lock, tree_bytes  # noqa: E402
+from helpers import build_cache, make_key, reseal_lock, tree_bytes  # noqa: E402
 from memos_format import write_cube  # noqa: E402
-
-
-def make_key(folder: Path, name: str, kind: str = "p256") -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
-    key = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()),
-           "p384": lambda: ec.generate_private_key(ec.SECP384R1()),
-           "ed25519": ed25519.Ed25519PrivateKey.generate}[kind]()
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,8 @@ def test_untouched_cube_verifies(cube, zoo):
     report = cubepack.verify(cube, model=str(zoo["a"]))
     assert report.ok and not report.failures
     names = {c.name for c in report.checks}
-    assert names == {"lock", "file set", "sha256", "kv header", "cube config", "signature",
-                     "model identity"}
+    assert names == {"lock", "file set", "sha256", "no pickle", "kv header", "cube config",
+                     "signature", "model identity"}
 
 
 def test_one_flipped_byte_is_named(cube):
