@@ -92,13 +92,37 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 def staging_dir(target: Path, purpose: str) -> Path:
-    """A new empty folder beside ``target`` (same file system, so renames are atomic)."""
+    """A new empty folder beside ``target`` (same file system, so renames are atomic).
+
+    Its name carries this process's id, so staging folders left by a killed process (SIGKILL
+    leaves no chance to clean up) are recognised and removed by the next run.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{target.name}.{purpose}.", dir=target.parent))
+    _remove_stale_staging(target, purpose)
+    staged = Path(tempfile.mkdtemp(prefix=f".{target.name}.{purpose}.{os.getpid()}.",
+                                   dir=target.parent))
     mode = target.stat().st_mode & 0o7777 if target.is_dir() else 0o777 & ~_umask()
     os.chmod(staged, mode)  # the swapped-in folder keeps the permissions a user expects
     return staged
+
+
+def _remove_stale_staging(target: Path, purpose: str) -> None:
+    prefix = f".{target.name}.{purpose}."
+    for candidate in target.parent.glob(prefix + "*"):
+        pid_text = candidate.name[len(prefix):].split(".", 1)[0]
+        if candidate.is_dir() and pid_text.isdigit() and not _process_alive(int(pid_text)):
+            shutil.rmtree(candidate, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _read_umask() -> int:

@@ -91,6 +91,12 @@ class ModelIdentity:
         for name in ("dtype", "kv_dtype"):
             if not isinstance(data[name], str):
                 raise FormatError(f"The model identity's {name} must be a string.")
+        for name in ("tokenizer_digest", "adapters", "model_id", "revision", "config_digest"):
+            if not isinstance(data.get(name), (str, type(None))):
+                raise FormatError(f"The model identity's {name} must be a string or null.")
+        if not isinstance(data.get("quantization"), (dict, type(None))) or \
+                not isinstance(data.get("versions", {}), dict):
+            raise FormatError("The model identity's quantization or versions is malformed.")
         values = {key: value for key, value in data.items() if key in known}
         return cls(**values)
 

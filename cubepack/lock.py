@@ -22,6 +22,7 @@ from .paths import check_no_collisions, check_relpath
 
 MAX_LOCK_BYTES = 64 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TOP_KEYS = {"lock_version", "cubepack_version", "cube_id", "files", "models", "activations",
              "content_digest", "digest"}
 
@@ -90,6 +91,11 @@ def parse(data: bytes) -> dict[str, Any]:
     if unknown or missing:
         raise FormatError(f"cubepack.lock has unexpected keys {sorted(unknown)} or lacks "
                           f"{sorted(missing)}.")
+    for key in ("cubepack_version", "content_digest", "digest"):
+        if not isinstance(lock[key], str):
+            raise FormatError(f"cubepack.lock {key} must be a string.")
+    if not isinstance(lock["cube_id"], (str, type(None))):
+        raise FormatError("cubepack.lock cube_id must be a string or null.")
     _check_files(lock["files"])
     _check_models(lock["models"])
     _check_activations(lock["activations"], lock["files"], lock["models"])
@@ -123,26 +129,42 @@ def _check_models(models: Any) -> None:
     if not isinstance(models, dict):
         raise FormatError("cubepack.lock 'models' must be an object.")
     for role, pin in models.items():
-        if not isinstance(pin, dict) or not isinstance(pin.get("identity"), dict):
+        if not isinstance(pin, dict) or not isinstance(pin.get("strict", False), bool):
+            raise FormatError(f"cubepack.lock model {role!r} is malformed.")
+        for key in ("repo_id", "revision", "name"):
+            if not isinstance(pin.get(key), (str, type(None))):
+                raise FormatError(f"cubepack.lock model {role!r} has a non-string {key}.")
+        if pin.get("revision") is not None and not _COMMIT.match(pin["revision"]):
+            raise FormatError(f"cubepack.lock model {role!r} pins revision {pin['revision']!r}, "
+                              "which is not a 40-hex commit.")
+        identity = pin.get("identity")
+        if identity is None and not pin.get("strict"):
+            continue  # an informational model that could not be pinned
+        if not isinstance(identity, dict):
             raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
-        if pin["identity"].get("weights_digest") is not None:
-            ModelIdentity.from_dict(pin["identity"])
+        ModelIdentity.from_dict(identity)
 
 
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
     if not isinstance(activations, dict):
         raise FormatError("cubepack.lock 'activations' must be an object.")
     for item_id, entry in activations.items():
-        if not isinstance(entry, dict):
+        if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+                and isinstance(entry.get("model_role"), str)
+                and isinstance(entry.get("kv_dtype"), str)
+                and isinstance(entry.get("sha256"), str)
+                and all(type(entry.get(key)) is int and entry[key] >= 0
+                        for key in ("token_count", "num_layers"))):
             raise FormatError(f"cubepack.lock activation {item_id!r} is malformed.")
-        path = entry.get("file")
+        path = entry["file"]
         check_relpath(path)
         if path not in files:
             raise FormatError(f"cubepack.lock activation {item_id!r} names {path!r}, which the "
                               "lock's file list does not hold.")
-        if files[path]["sha256"] != entry.get("sha256"):
+        if files[path]["sha256"] != entry["sha256"]:
             raise FormatError(f"cubepack.lock activation {item_id!r} and its file entry disagree "
                               "on the sha256.")
-        if entry.get("model_role") not in models:
-            raise FormatError(f"cubepack.lock activation {item_id!r} names unknown model role "
-                              f"{entry.get('model_role')!r}.")
+        role = models.get(entry["model_role"])
+        if not isinstance(role, dict) or not isinstance(role.get("identity"), dict):
+            raise FormatError(f"cubepack.lock activation {item_id!r} names model role "
+                              f"{entry['model_role']!r}, which has no pinned identity.")

@@ -107,6 +107,8 @@ class LocalHub:
         self.stats = Stats()
         self._secret = secrets.token_bytes(32)
         self._faults_lock = threading.Lock()
+        self._seen: list[str] = []
+        self._seen_changed = threading.Condition()
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -149,6 +151,20 @@ class LocalHub:
                     fault.hits += 1
                     return fault
         return None
+
+    def saw(self, method: str, path: str) -> None:
+        with self._seen_changed:
+            self._seen.append(f"{method} {path}")
+            self._seen_changed.notify_all()
+
+    def wait_for_request(self, pattern: str, timeout: float = 60.0) -> bool:
+        """Block until a request matching ``pattern`` ("METHOD /path" regex) has arrived.
+
+        For tests that must act while a request is in flight (e.g. kill a client mid-download).
+        """
+        with self._seen_changed:
+            return self._seen_changed.wait_for(
+                lambda: any(re.search(pattern, seen) for seen in self._seen), timeout)
 
     def sign(self, oid: str, size: int) -> str:
         return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
@@ -195,6 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.query = parse_qs(split.query)
         path = split.path
         self.hub.stats.requests[f"{method} {re.sub(r'/[0-9a-f]{40,64}', '/<oid>', path)}"] += 1
+        self.hub.saw(method, path)
         self.fault = self.hub.take_fault(method, path)
         if self.fault is not None:
             if self.fault.kind == "delay":

@@ -1,0 +1,135 @@
+"""Fuzzing the two parsers that read untrusted bytes: the lock and the KV header.
+
+Property: whatever the bytes, the parser either accepts them or raises a CubepackError; never
+another exception, never a hang (hypothesis's deadline fails slow examples).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cubepack
+from cubepack import CubepackError
+from cubepack import lock as lockfile
+from cubepack._safetensors_header import parse_header
+from cubepack.kvfile import read_kv_header
+
+from helpers import build_cache
+
+FUZZ = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow,
+                                                                       HealthCheck.function_scoped_fixture])
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+    | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                max_size=4),
+    max_leaves=20)
+
+
+@pytest.fixture(scope="module")
+def good_lock(tmp_path_factory, zoo, models):
+    from memos_format import write_cube
+
+    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7]]))}
+    cube = write_cube(tmp_path_factory.mktemp("fuzz") / "cube", str(zoo["a"]), caches)
+    cubepack.pack(cube, legacy_pickle=True)
+    return (cube / "cubepack.lock").read_bytes(), cube / "activations" / "item-1.kv.safetensors"
+
+
+def parses_or_refuses(action) -> None:
+    try:
+        action()
+    except CubepackError:
+        pass
+
+
+@FUZZ
+@given(data=st.binary(max_size=2048))
+def test_lock_parser_on_arbitrary_bytes(data):
+    parses_or_refuses(lambda: lockfile.parse(data))
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _paths(inner, prefix + (key,))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _paths(inner, prefix + (index,))
+
+
+@FUZZ
+@given(choice=st.integers(min_value=0), replacement=json_values, reseal=st.booleans())
+def test_lock_parser_on_mutated_valid_locks(good_lock, choice, replacement, reseal):
+    lock = json.loads(good_lock[0])
+    paths = [p for p in _paths(lock) if p]
+    path = paths[choice % len(paths)]
+    holder = lock
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = replacement
+    if reseal and isinstance(lock, dict):
+        from cubepack import _canonical
+
+        lock.pop("digest", None)
+        try:
+            lock["digest"] = _canonical.digest(lock)
+        except (TypeError, ValueError):
+            return
+    parses_or_refuses(lambda: lockfile.parse(json.dumps(lock).encode()))
+
+
+@FUZZ
+@given(raw=st.binary(max_size=1024), file_size=st.integers(min_value=0, max_value=2**40))
+def test_kv_header_parser_on_arbitrary_bytes(raw, file_size):
+    parses_or_refuses(lambda: parse_header(raw, file_size))
+
+
+@FUZZ
+@given(header=st.dictionaries(st.text(max_size=12), json_values, max_size=6),
+       file_size=st.integers(min_value=0, max_value=4096))
+def test_kv_header_parser_on_arbitrary_json(header, file_size):
+    raw = json.dumps(header).encode()
+    parses_or_refuses(lambda: parse_header(raw, file_size + 8 + len(raw)))
+
+
+@FUZZ
+@given(flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=1, max_value=255)),
+                      min_size=1, max_size=8),
+       cut=st.none() | st.integers(min_value=0))
+def test_kv_reader_on_corrupted_files(good_lock, tmp_path_factory, flips, cut):
+    original = good_lock[1].read_bytes()
+    (length,) = struct.unpack("<Q", original[:8])
+    data = bytearray(original)
+    for offset, mask in flips:
+        data[offset % (8 + length)] ^= mask  # corrupt the length prefix and the header
+    if cut is not None:
+        data = data[: cut % len(data)]
+    path = tmp_path_factory.mktemp("kv") / "fuzzed.kv.safetensors"
+    path.write_bytes(bytes(data))
+    parses_or_refuses(lambda: read_kv_header(path))
+
+
+@FUZZ
+@given(choice=st.integers(min_value=0), replacement=json_values)
+def test_kv_reader_on_mutated_metadata(good_lock, tmp_path_factory, choice, replacement):
+    from helpers import rewrite_kv_metadata
+
+    def mutate(meta):
+        paths = [p for p in _paths(meta) if p]
+        path = paths[choice % len(paths)]
+        holder = meta
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = replacement
+
+    path = tmp_path_factory.mktemp("kvmeta") / "fuzzed.kv.safetensors"
+    rewrite_kv_metadata(good_lock[1], path, mutate)
+    parses_or_refuses(lambda: read_kv_header(path))
