@@ -20,6 +20,17 @@ def dumps(value: Any, *, compact: bool = False) -> str:
     return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
 
 
+def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
+    """``json.loads`` that refuses NaN and Infinity (not JSON; they would break digests later).
+
+    Raises ValueError (or RecursionError) like ``json.loads``; callers wrap it in their error.
+    """
+    def reject(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    return json.loads(text, parse_constant=reject, **kwargs)
+
+
 def digest(value: Any) -> str:
     """sha256 hex of the compact canonical JSON of ``value``."""
     return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()

@@ -8,12 +8,12 @@ shapes that lie about byte sizes) before any tensor library touches it.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from ._canonical import loads_strict
 from .errors import FormatError
 
 #: Same cap as the safetensors library: a larger header is refused, not read.
@@ -90,7 +90,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     """Validate header bytes ``raw`` of a file of ``file_size`` bytes (pure; fuzzed in tests)."""
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = loads_strict(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"{name} has a corrupt safetensors header (not valid JSON: {exc}).") from exc
     if not isinstance(document, dict):
@@ -113,7 +113,7 @@ def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> Ten
     if not isinstance(entry, dict):
         raise FormatError(f"{name}: tensor {tensor_name!r} has a malformed header entry.")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise FormatError(f"{name}: tensor {tensor_name!r} has unknown dtype {dtype!r}.")
     if not isinstance(shape, list) or not all(
         type(d) is int and 0 <= d < 2**40 for d in shape

@@ -21,6 +21,20 @@ class _Context:
     debug = False
 
 
+def _trust_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--token, --trusted-key, --require-signature and --json, shared by verify and pull."""
+    for option in reversed([
+        click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
+        click.option("--trusted-key", "trusted_keys", multiple=True,
+                     type=click.Path(dir_okay=False),
+                     help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
+        click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON."),
+    ]):
+        command = option(command)
+    return command
+
+
 def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
@@ -140,11 +154,7 @@ def _render_pack(data: dict[str, Any]) -> str:
 @click.option("--model", help="Check the pins against this model (folder or Hub id).")
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
-@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
-@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
-              help="Public key (PEM) whose signature is accepted (repeatable); requires one.")
-@click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_trust_options
 def verify_command(cube_dir: str, model: str | None, remote: bool, token: str | None,
                    trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
@@ -265,11 +275,7 @@ def _render_push(data: dict[str, Any]) -> str:
               help="Verify the downloaded commit before placing it.")
 @click.option("--model", help="Check the pins against this local model (folder or Hub id).")
 @click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
-@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
-@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
-              help="Public key (PEM) whose signature is accepted (repeatable); requires one.")
-@click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_trust_options
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, model: str | None, offline: bool, token: str | None,
                  trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:

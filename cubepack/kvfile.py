@@ -17,7 +17,6 @@ zero-copy from the mapped file.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +89,7 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
         raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
                           f"'{constants.KV_METADATA_KEY}' metadata).")
     try:
-        meta = json.loads(raw)
+        meta = _canonical.loads_strict(raw)
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"{path} has corrupt cubepack metadata (not valid JSON).") from exc
     if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:

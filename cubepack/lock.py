@@ -11,7 +11,6 @@ full identity of every pinned model, every activation, and two digests:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -75,7 +74,7 @@ def parse(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_LOCK_BYTES:
         raise FormatError(f"cubepack.lock is {len(data)} bytes, above the {MAX_LOCK_BYTES}-byte limit.")
     try:
-        lock = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        lock = _canonical.loads_strict(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         if isinstance(exc, FormatError):
             raise

@@ -92,3 +92,12 @@ def make_key(folder, name: str, kind: str = "p256"):
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
+
+
+def copy_of(folder, tmp_path):
+    """A private copy of a (module-scoped) cube folder for one test to modify."""
+    import shutil
+
+    copy = tmp_path / "cube"
+    shutil.copytree(folder, copy)
+    return copy

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import cubepack

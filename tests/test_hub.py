@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
 
 import cubepack
-from cubepack import HubError, VerificationFailed, constants
+from cubepack import HubError, VerificationFailed
 from cubepack.hub import pull, push
 from cubepack.localhub import LocalHub
 
-from helpers import build_cache, reseal_lock, tree_bytes
+from helpers import build_cache, copy_of, reseal_lock, tree_bytes
 from memos_format import write_cube
 
 TOKEN = "writer-token"
@@ -35,9 +34,7 @@ def packed_cube(tmp_path_factory, zoo, models):
 
 @pytest.fixture
 def cube(packed_cube, tmp_path):
-    copy = tmp_path / "cube"
-    shutil.copytree(packed_cube, copy)
-    return copy
+    return copy_of(packed_cube, tmp_path)
 
 
 def do_push(hub, cube, repo="ns/cube", **kwargs):

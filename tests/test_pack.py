@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import pickle
 import shutil
 
@@ -16,6 +14,7 @@ from cubepack import IdentityMismatch, UnsafeInputError, constants
 from cubepack.kvfile import read_kv_header
 
 from helpers import all_equal, build_cache, continue_greedy, tree_bytes
+from adversarial import _Canary, nested_payload
 from memos_format import write_cube
 
 TEXTS = {"item-1": "The user is a Chinese man.", "item-2": "He likes green tea and long walks."}
@@ -80,28 +79,6 @@ def test_early_2025_layout_converts(tmp_path, zoo, caches, models):
             assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
 
 
-class _Canary:
-    """Creates a file when unpickled by a plain unpickler."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
-
-
-def _nested_payload(canary_path) -> bytes:
-    """A MemOS-looking pickle whose tensor storage bytes hide a code-running pickle."""
-    buffer = io.BytesIO()
-    torch.save(_Canary(canary_path), buffer)
-
-    class NestedStorage:
-        def __reduce__(self):
-            return (torch.storage._load_from_bytes, (buffer.getvalue(),))
-
-    return pickle.dumps({"kv_cache_memories": {"x": NestedStorage()}})
-
-
 class _Eval:
     def __init__(self, path):
         self.path = str(path)
@@ -115,7 +92,7 @@ def test_malicious_pickles_are_refused_and_run_nothing(cube, tmp_path, kind):
     canary = tmp_path / f"canary-{kind}"
     payloads = {
         "direct": lambda: pickle.dumps({"kv_cache_memories": {"x": _Canary(canary)}}),
-        "nested": lambda: _nested_payload(canary),
+        "nested": lambda: nested_payload(canary),
         "torch_load": lambda: pickle.dumps((torch.load, ("/dev/null",))),
         "builtins_eval": lambda: pickle.dumps({"kv_cache_memories": {"x": _Eval(canary)}}),
     }
@@ -131,7 +108,7 @@ def test_malicious_pickles_are_refused_and_run_nothing(cube, tmp_path, kind):
 def test_nested_payload_is_live(tmp_path):
     """The nested payload really runs code under a plain load: the refusal above is meaningful."""
     canary = tmp_path / "proof"
-    pickle.loads(_nested_payload(canary))
+    pickle.loads(nested_payload(canary))
     assert canary.exists()
 
 

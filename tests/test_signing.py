@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from cubepack.hub import pull, push  # noqa: E402
 from cubepack.localhub import LocalHub  # noqa: E402
 from cubepack.signing import sign, verify_signature  # noqa: E402
 
-from helpers import build_cache, make_key, reseal_lock, tree_bytes  # noqa: E402
+from helpers import build_cache, copy_of, make_key, reseal_lock, tree_bytes  # noqa: E402
 from memos_format import write_cube  # noqa: E402
 
 
@@ -40,9 +39,7 @@ def packed(tmp_path_factory, zoo, models):
 
 @pytest.fixture
 def cube(packed, tmp_path):
-    copy = tmp_path / "cube"
-    shutil.copytree(packed, copy)
-    return copy
+    return copy_of(packed, tmp_path)
 
 
 def signature_check(report):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 import cubepack
 from cubepack import VerificationFailed, constants
 
-from helpers import build_cache, reseal_lock
+from helpers import build_cache, copy_of, reseal_lock
 from memos_format import write_cube
 
 
@@ -27,9 +26,7 @@ def packed(tmp_path_factory, zoo, models):
 
 @pytest.fixture
 def cube(packed, tmp_path):
-    copy = tmp_path / "cube"
-    shutil.copytree(packed, copy)
-    return copy
+    return copy_of(packed, tmp_path)
 
 
 def refused(cube, **kwargs):
