@@ -61,8 +61,12 @@ def replace_dir(staged: Path, target: Path) -> None:
     """
     staged, target = Path(staged), Path(target)
     if not target.exists():
-        os.replace(staged, target)
-        return
+        try:
+            os.replace(staged, target)
+            return
+        except OSError:
+            if not target.exists():
+                raise  # anything but "someone created it meanwhile" (concurrent pulls)
     if _exchange(staged, target):
         shutil.rmtree(staged, ignore_errors=True)  # ``staged`` now holds the old content
         return

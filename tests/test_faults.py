@@ -108,7 +108,11 @@ def test_a_pull_killed_with_sigkill_then_rerun(big_cube, tmp_path, target):
         assert after == [] and len(leftovers) <= 1  # the dead run's staging folder is removed
 
 
-def test_two_pulls_into_the_same_cache_and_folder_at_once(big_cube, tmp_path, target):
+@pytest.mark.parametrize("folder_exists", [True, False])
+def test_two_pulls_into_the_same_cache_and_folder_at_once(big_cube, tmp_path, target,
+                                                          folder_exists):
+    if not folder_exists:
+        shutil.rmtree(target)
     with LocalHub(tmp_path / "hub", max_rate=20_000_000) as hub:
         sha = push(big_cube, "ns/twice", endpoint=hub.url).commit_sha
         outcomes, errors = [], []
