@@ -173,3 +173,22 @@ def test_cli_pack_and_verify(cube, zoo, capsys):
     assert main(["verify", str(cube), "--model", str(zoo["b"])]) == 1
     out = capsys.readouterr().out
     assert "FAIL model identity" in out and "weights_digest" in out
+
+
+def test_text_memory_models_are_recorded_as_informational_pins(cube, zoo):
+    config = json.loads((cube / "config.json").read_text())
+    config["text_mem"] = {"backend": "general_text", "config": {
+        "extractor_llm": {"backend": "huggingface", "config": {"model_name_or_path": str(zoo["b"])}},
+        "embedder": {"backend": "ollama", "config": {"model_name_or_path": "nomic-embed-text"}}}}
+    (cube / "config.json").write_text(json.dumps(config))
+    cubepack.pack(cube, legacy_pickle=True)
+    models = json.loads((cube / constants.LOCK_FILENAME).read_text())["models"]
+    assert set(models) == {"act_mem", "text_mem.extractor_llm", "text_mem.embedder"}
+    extractor = models["text_mem.extractor_llm"]
+    assert extractor["strict"] is False
+    assert extractor["identity"]["weights_digest"] == cubepack.fingerprint(zoo["b"]).weights_digest
+    assert models["text_mem.embedder"]["identity"] is None
+    assert "ollama" in models["text_mem.embedder"]["reason"]
+    card = (cube / "README.md").read_text()
+    assert "text_mem.embedder" in card and "not pinned" in card
+    assert cubepack.verify(cube).ok
