@@ -101,7 +101,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                 )
             converted = _convert_pickle(cube / pickle_name, staging, pins)
         result = _write_metadata(staging, memos_config, pins, license=license,
-                                 pretty_name=pretty_name, progress=progress)
+                                 pretty_name=_card_title(pretty_name, memos_config, cube),
+                                 progress=progress)
         result.converted = converted
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
@@ -119,6 +120,12 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _card_title(pretty_name: str | None, memos_config: dict[str, Any], cube: Path) -> str:
+    """The card's title: the one given, else MemOS's cube id, else the folder's name."""
+    cube_id = memos_config.get("cube_id")
+    return pretty_name or (cube_id if isinstance(cube_id, str) and cube_id else cube.resolve().name)
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -255,7 +262,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
 # --- writing config, card and lock -----------------------------------------------------------
 
 def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
-                    license: str | None, pretty_name: str | None, progress: bool | None) -> PackResult:
+                    license: str | None, pretty_name: str, progress: bool | None) -> PackResult:
     from . import __version__
 
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
@@ -276,7 +283,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
                                 cubepack_version=__version__)
     card_text = card.render(lock=draft, memories=memories,
-                            pretty_name=pretty_name or cube_id or staging.name.split(".")[1],
+                            pretty_name=pretty_name,
                             license=license, repo_id=cube_id if cube_id and "/" in cube_id
                             else "OWNER/CUBE", cubepack_version=__version__)
     card_bytes = card_text.encode("utf-8")
