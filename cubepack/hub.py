@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from . import _atomic, constants
 from .errors import CubepackError, HubError, VerificationFailed
-from .identity import ModelIdentity
+from .identity import ModelIdentity, compare_geometry
 from .localhub.store import git_blob_oid
 from .verify import VerifyReport, verify
 
@@ -467,10 +467,8 @@ def remote_model_checks(lock: dict[str, Any], *, endpoint: str | None = None,
             rows.append(("remote model", subject, False,
                          str(_hub_error(exc, repo_id, "model", sha, endpoint)), None, None))
             continue
-        geometry = geometry_from_config(config)
-        for key in sorted(set(geometry) | set(pinned.geometry)):
-            if geometry.get(key) != pinned.geometry.get(key):
-                problems.append((f"geometry.{key}", pinned.geometry.get(key), geometry.get(key)))
+        problems += [(m.field, m.expected, m.found)
+                     for m in compare_geometry(pinned.geometry, geometry_from_config(config))]
         for key, expected, found in problems:
             rows.append(("remote model", f"{subject} {key}", False,
                          "the Hub's files at the pinned revision differ from the pin", expected, found))

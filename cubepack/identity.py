@@ -112,14 +112,18 @@ def compare(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
     for name in STRICT_FIELDS:
         want, have = getattr(expected, name), getattr(found, name)
         if name == "geometry":
-            keys = [k for k in GEOMETRY_KEYS if k in want or k in have]
-            keys += sorted((set(want) | set(have)) - set(GEOMETRY_KEYS))
-            for key in keys:
-                if want.get(key) != have.get(key):
-                    mismatches.append(Mismatch(f"geometry.{key}", want.get(key), have.get(key)))
+            mismatches.extend(compare_geometry(want, have))
         elif want != have:
             mismatches.append(Mismatch(name, want, have))
     return mismatches
+
+
+def compare_geometry(expected: dict[str, Any], found: dict[str, Any]) -> list[Mismatch]:
+    """Every geometry key that differs, as ``geometry.<key>`` (known keys first, in order)."""
+    keys = [k for k in GEOMETRY_KEYS if k in expected or k in found]
+    keys += sorted((set(expected) | set(found)) - set(GEOMETRY_KEYS))
+    return [Mismatch(f"geometry.{key}", expected.get(key), found.get(key))
+            for key in keys if expected.get(key) != found.get(key)]
 
 
 def require_same(expected: ModelIdentity, found: ModelIdentity, what: str) -> None:
