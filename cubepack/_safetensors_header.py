@@ -105,7 +105,7 @@ def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     tensors: dict[str, TensorInfo] = {}
     for tensor_name, entry in document.items():
         tensors[tensor_name] = _tensor_info(tensor_name, entry, data_size, name)
-    _check_no_overlap(tensors, data_size, name)
+    _check_no_overlap(tensors, name)
     return Header(tensors=tensors, metadata=metadata, data_offset=data_offset, file_size=file_size)
 
 
@@ -139,7 +139,7 @@ def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> Ten
     return TensorInfo(tensor_name, dtype, tuple(shape), begin, end)
 
 
-def _check_no_overlap(tensors: dict[str, TensorInfo], data_size: int, name: str) -> None:
+def _check_no_overlap(tensors: dict[str, TensorInfo], name: str) -> None:
     spans = sorted((t.begin, t.end, t.name) for t in tensors.values() if t.end > t.begin)
     for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
         if begin_b < end_a:

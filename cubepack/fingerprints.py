@@ -258,7 +258,7 @@ def tokenizer_digest_from_object(tokenizer: Any) -> str:
     )
 
 
-def stored_dtype(folder: Path, files: list[Path], config: dict[str, Any]) -> str:
+def stored_dtype(files: list[Path], config: dict[str, Any]) -> str:
     """The dtype the weights are stored in: the majority float dtype in safetensors headers."""
     counts: Counter[str] = Counter()
     for path in files:
@@ -317,7 +317,7 @@ def _fingerprint_folder(folder: Path, *, model_id: str | None, revision: str | N
     files = weight_files(folder)
     if not files:
         raise ModelNotFoundError(f"{folder} holds no weight files (*.safetensors, *.bin, ...).")
-    run_dtype = dtype or stored_dtype(folder, files, config)
+    run_dtype = dtype or stored_dtype(files, config)
     return ModelIdentity(
         weights_digest=files_digest(folder, files),
         tokenizer_digest=(tokenizer_digest_from_object(tokenizer) if tokenizer is not None

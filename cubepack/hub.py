@@ -305,7 +305,7 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
                             hashed=hashed, trusted_keys=trusted_keys,
                             require_signature=require_signature)
             if not offline and model is None:
-                _add_remote_model_checks(report, endpoint=endpoint, token=token, only_skipped=True)
+                _add_remote_model_checks(report, endpoint=endpoint, token=token)
             report.cube_dir = Path(f"{repo_id}@{sha}")
             if not report.ok:
                 raise VerificationFailed(report)
@@ -478,14 +478,14 @@ def remote_model_checks(lock: dict[str, Any], *, endpoint: str | None = None,
     return rows
 
 
-def _add_remote_model_checks(report: VerifyReport, *, endpoint: str | None, token: str | None,
-                             only_skipped: bool) -> None:
+def _add_remote_model_checks(report: VerifyReport, *, endpoint: str | None,
+                             token: str | None) -> None:
+    """Check against Hub metadata the pins whose local model check was skipped (not cached)."""
     if report.lock is None:
         return
     skipped = {c.subject.split(" ")[0] for c in report.checks
                if c.name == "model identity" and c.ok is None}
-    lock = report.lock
-    if only_skipped:
-        lock = {**lock, "models": {role: pin for role, pin in lock["models"].items() if role in skipped}}
-    for row in remote_model_checks(lock, endpoint=endpoint, token=token):
+    models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
+    for row in remote_model_checks({**report.lock, "models": models}, endpoint=endpoint,
+                                   token=token):
         report.add(*row)

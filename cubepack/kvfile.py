@@ -181,11 +181,11 @@ def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
     """
     if isinstance(cache, (tuple, list)):
         layers = []
-        for index, pair in enumerate(cache):
+        for pair in cache:
             keys, values = pair[0], pair[1]
             layers.append((FULL, int(keys.shape[-2]), keys, values))
         return layers
-    if type(cache).__name__ != "DynamicCache" and "Quantized" in type(cache).__name__:
+    if "Quantized" in type(cache).__name__:
         raise UnsupportedError(f"A {type(cache).__name__} cannot be saved losslessly; "
                                "save the DynamicCache it was built from instead.")
     cache_layer_list = getattr(cache, "layers", None)

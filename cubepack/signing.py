@@ -127,11 +127,13 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
 
 
 def _describe_content_error(message: str) -> str:
-    files = re.findall(r"Hash mismatch for '([^']+)'", message)
+    # model_signing reports a list repr, so a file name may sit in escaped quotes (\').
+    files = re.findall(r"Hash mismatch for \\?'([^'\\]+)\\?'", message)
     if files:
         return f"{', '.join(sorted(set(files)))} differ{'s' if len(files) == 1 else ''}"
     extra = re.findall(r"[Ee]xtra files?[^\[]*\[([^\]]*)\]", message)
     missing = re.findall(r"[Mm]issing files?[^\[]*\[([^\]]*)\]", message)
     parts = ([f"files not signed: {extra[0]}"] if extra else []) + \
         ([f"signed files missing: {missing[0]}"] if missing else [])
-    return "; ".join(parts) or message.splitlines()[0][:200]
+    # Never echo model_signing's raw text: it prints digests as Python bytes.
+    return "; ".join(parts) or "its files differ from the signed ones"

@@ -264,6 +264,8 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
         subject += f"@{pin['revision']})" if pin.get("revision") else ")"
         try:
             if model is not None:
+                # A folder does not say what dtype it will run in; we check it as run in the
+                # pinned dtype (different weights still differ). A loaded model reports its own.
                 live = fingerprint(model) if not isinstance(model, (str, Path)) \
                     else fingerprint(str(model), revision=None, dtype=pinned.dtype)
             elif pin.get("repo_id") and pin.get("revision"):

@@ -135,3 +135,15 @@ def test_cli_sign_and_verify_with_trusted_key(cube, keys, capsys):
     assert main(["verify", str(cube), "--trusted-key", str(keys["alice"][1])]) == 0
     assert main(["verify", str(cube), "--trusted-key", str(keys["bob"][1])]) == 1
     assert "FAIL signature" in capsys.readouterr().out
+
+
+def test_content_errors_name_files_even_in_escaped_quotes_and_never_echo_digest_bytes():
+    from cubepack.signing import _describe_content_error
+
+    # model_signing's message is a list repr; a digest containing a quote makes Python escape
+    # the quotes around the file name (this made the content test flaky before).
+    message = ("Signature mismatch: ['Hash mismatch for \\'activations/item-1.kv.safetensors\\': "
+               "Expected b\"\\x10\\xbd'a\"', \"Hash mismatch for 'cubepack.lock': Expected b'x'\"]")
+    assert _describe_content_error(message) == \
+        "activations/item-1.kv.safetensors, cubepack.lock differ"
+    assert "\\x" not in _describe_content_error("Signature mismatch: b'\\x10\\xbd'")

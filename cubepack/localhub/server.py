@@ -406,7 +406,7 @@ class _Handler(BaseHTTPRequestHandler):
         host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
         return f"http://{host}"
 
-    def _entry(self, path: str, entry: dict[str, Any], *, blobs: bool = True) -> dict[str, Any]:
+    def _entry(self, path: str, entry: dict[str, Any]) -> dict[str, Any]:
         data = {"type": "file", "path": path, "oid": entry["git_oid"], "size": entry["size"]}
         if entry.get("lfs"):
             data["lfs"] = {"oid": entry["sha256"], "size": entry["size"],
