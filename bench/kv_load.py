@@ -4,11 +4,13 @@ Builds a ~200 MB bfloat16 DynamicCache for a model with 32 layers, 8 KV heads of
 stores it both ways, then times each load in this one process (best of N, warm page cache) and
 prints the ratio. Target: load_kv_cache >= 20x faster. Not a test: numbers depend on the machine.
 
-Run: .venv/latest/bin/python bench/kv_load.py
+Run: .venv/latest/bin/python bench/kv_load.py [--smoke]
+(``--smoke``: a 4-layer, 64-token cache, as CI runs it so the script cannot rot.)
 """
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import statistics
 import sys
@@ -20,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import cubepack
-from cubepack import tiny
+from cubepack.testing import tiny
 
 REPEATS = 7
 LAYERS, KV_HEADS, HEAD_DIM, TOKENS = 32, 8, 128, 1600
@@ -36,6 +38,11 @@ def best_of(action, repeats=REPEATS) -> tuple[float, float]:
 
 
 def main() -> None:
+    global LAYERS, TOKENS, REPEATS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    if parser.parse_args().smoke:
+        LAYERS, TOKENS, REPEATS = 4, 64, 2
     work = Path(tempfile.mkdtemp(prefix="cubepack-bench-"))
     config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=64,
                          num_hidden_layers=LAYERS, num_attention_heads=KV_HEADS,

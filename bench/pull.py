@@ -1,10 +1,11 @@
 """Benchmark: ``cubepack pull --verify`` against a plain ``snapshot_download`` of the same commit.
 
-A ~500 MB cube is pushed to a local endpoint (``cubepack hub serve`` in its own process, on
+A ~500 MB cube is pushed to a local endpoint (``cubepack.testing.hub`` in its own process, on
 127.0.0.1); each contender then downloads that commit into a fresh HF cache, in the same run.
-Prints the ratio; target <= 1.15x. Not a test.
+Prints the ratio; target <= 1.15x. Not a test (``--smoke`` runs a tiny size in seconds, as CI
+does, so the script cannot rot).
 
-Run: .venv/latest/bin/python bench/pull.py [--mb 500] [--files 6]
+Run: .venv/latest/bin/python bench/pull.py [--mb 500] [--files 6] [--link-mb 250] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,28 +37,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--link-mb", type=float, default=None,
                         help="cap the endpoint's bandwidth (MB/s) to model a real network link")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.files, args.rounds = 2, 2, 1
 
     import cubepack
     from cubepack.hub import pull, push
+    from cubepack.testing.blobs import write_safetensors_blob
     from huggingface_hub import snapshot_download
 
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-pull-"))
     try:
         cube = root / "cube"
-        (cube / "activations").mkdir(parents=True)
         block = os.urandom(8 * 1024 * 1024)
         per_file = args.mb * 1024 * 1024 // args.files
-        for index in range(args.files):
-            with open(cube / "activations" / f"part-{index}.bin", "wb") as handle:
-                handle.write(index.to_bytes(8, "little"))  # distinct files: no blob is shared
-                for offset in range(8, per_file, len(block)):
-                    handle.write(block[: min(len(block), per_file - offset)])
+        for index in range(args.files):  # distinct first bytes: no two files share a blob
+            write_safetensors_blob(cube / "data" / f"part-{index}.safetensors", per_file,
+                                   seed=index, block=block)
+        (cube / "config.json").write_text('{"cube_id": "bench/cube"}')
         cubepack.pack(cube, progress=False)
         # The endpoint runs in its own process, as `cubepack hub serve` would: sharing this
         # process's interpreter would make the server and the client contend for one GIL.
         port = _free_port()
-        server = subprocess.Popen([sys.executable, "-m", "cubepack", "hub", "serve", "--root",
+        server = subprocess.Popen([sys.executable, "-m", "cubepack.testing.hub", "--root",
                                    str(root / "hub"), "--port", str(port)]
                                   + (["--max-rate-mb", str(args.link_mb)] if args.link_mb else []),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

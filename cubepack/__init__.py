@@ -6,8 +6,7 @@ the functions that need them), so ``import cubepack`` and ``cubepack --help`` st
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .diff import diff
 from .errors import (CubepackError, FormatError, HubError, IdentityMismatch, IntegrityError,
                      Mismatch, ModelNotFoundError, RefusedError, SignatureError, UnsafeInputError,

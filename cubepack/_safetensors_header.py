@@ -90,7 +90,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     """Validate header bytes ``raw`` of a file of ``file_size`` bytes (pure; fuzzed in tests)."""
     try:
-        document = loads_strict(raw.decode("utf-8"))
+        document = loads_strict(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except FormatError as exc:
+        raise FormatError(f"{name} has an ambiguous safetensors header: {exc}") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"{name} has a corrupt safetensors header (not valid JSON: {exc}).") from exc
     if not isinstance(document, dict):
@@ -105,7 +107,7 @@ def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     tensors: dict[str, TensorInfo] = {}
     for tensor_name, entry in document.items():
         tensors[tensor_name] = _tensor_info(tensor_name, entry, data_size, name)
-    _check_no_overlap(tensors, name)
+    _check_layout(tensors, data_offset, data_size, name)
     return Header(tensors=tensors, metadata=metadata, data_offset=data_offset, file_size=file_size)
 
 
@@ -139,8 +141,34 @@ def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> Ten
     return TensorInfo(tensor_name, dtype, tuple(shape), begin, end)
 
 
-def _check_no_overlap(tensors: dict[str, TensorInfo], name: str) -> None:
-    spans = sorted((t.begin, t.end, t.name) for t in tensors.values() if t.end > t.begin)
-    for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
-        if begin_b < end_a:
-            raise FormatError(f"{name}: tensors {name_a!r} and {name_b!r} overlap.")
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise FormatError(f"the key {key!r} appears twice (a reader could pick either)")
+        result[key] = value
+    return result
+
+
+def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: int,
+                  name: str) -> None:
+    """The tensors tile the data section exactly, each aligned to its element size.
+
+    safetensors writers lay tensors out back to back from offset 0 to the end of the file. A
+    gap or trailing bytes could hide data no reader checks; an overlap would make two tensors
+    share bytes; a misaligned tensor cannot be mapped as its dtype.
+    """
+    position = 0
+    for tensor in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if tensor.begin < position:
+            raise FormatError(f"{name}: tensor {tensor.name!r} overlaps the tensor before it.")
+        if tensor.begin > position:
+            raise FormatError(f"{name}: {tensor.begin - position} bytes before tensor "
+                              f"{tensor.name!r} belong to no tensor (a gap in the data).")
+        if (data_offset + tensor.begin) % DTYPE_SIZES[tensor.dtype]:
+            raise FormatError(f"{name}: tensor {tensor.name!r} is not aligned to its "
+                              f"{DTYPE_SIZES[tensor.dtype]}-byte elements.")
+        position = tensor.end
+    if position != data_size:
+        raise FormatError(f"{name}: {data_size - position} bytes after the last tensor belong "
+                          "to no tensor.")

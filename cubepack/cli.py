@@ -191,8 +191,11 @@ def _render_report(data: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
     """Verify CUBE_DIR, then sign it (writes cubepack.sig; OpenSSF model-signing format)."""
-    from .signing import sign
+    from .signing import check_key, sign
+    from .verify import verify
 
+    check_key(key, private=True, password=_key_password())
+    verify(cube_dir)  # a signature must never bless a cube that does not verify
     path = sign(cube_dir, key, password=_key_password())
     _emit({"signature": str(path)}, as_json, lambda d: f"signed: {d['signature']}")
 
@@ -312,14 +315,11 @@ def hub_group() -> None:
 @click.option("--port", type=int, default=8999, show_default=True)
 @click.option("--token", "tokens", multiple=True,
               help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
-@click.option("--max-rate-mb", type=float, help="Cap download bandwidth (MB/s), like a real link.")
-def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
-                      max_rate_mb: float | None) -> None:
+def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...]) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
-    hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
-                   max_rate=max_rate_mb * 1e6 if max_rate_mb else None)
+    hub = LocalHub(root, host=host, port=port, tokens=list(tokens))
     click.echo(f"serving {root} at {hub.url}  (use: HF_ENDPOINT={hub.url}; Ctrl-C stops)")
     if not tokens:
         click.echo("no --token given: anyone who can reach this port may create and push repos")

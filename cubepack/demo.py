@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(work: Path, hub) -> int:
     import cubepack
-    from cubepack import tiny
-    from cubepack.hub import _client_settings
+    from cubepack.testing import tiny
+    from cubepack.testing.hub import upload_folder
 
     step(f"1. A local Hub-compatible endpoint is serving at {hub.url}",
          f"cubepack hub serve --root {work / 'hub-root'}")
@@ -69,13 +69,9 @@ def _run(work: Path, hub) -> int:
     tokenizer = tiny.build_tokenizer()
     folder_a = tiny.build_model(work / "model-a", tiny.llama_config(), seed=0, tokenizer=tokenizer)
     folder_b = tiny.build_model(work / "model-b", tiny.llama_config(), seed=1, tokenizer=tokenizer)
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    api = HfApi()
-    api.create_repo("demo/tiny-model-a", repo_type="model", exist_ok=True)
-    with _client_settings(hub.url, xet=False):
-        api.upload_folder(repo_id="demo/tiny-model-a", folder_path=str(folder_a),
-                          commit_message="tiny model A")
+    upload_folder(hub.url, "demo/tiny-model-a", folder_a)
     snapshot_a = Path(snapshot_download("demo/tiny-model-a"))
     print(f"model A: demo/tiny-model-a, downloaded to {snapshot_a}")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import constants
-from . import lock as lockfile
+from . import _constants as constants
+from . import _lock as lockfile
 from .identity import ModelIdentity, compare
 
 

@@ -102,6 +102,13 @@ class UnsafeInputError(CubepackError):
     exit_code = 1
 
 
+class UsageError(CubepackError):
+    """The request contradicts itself or names nothing: two revisions, conflicting options, a
+    path that does not exist, a malformed repo id. The CLI exits with 2, as for a bad flag."""
+
+    exit_code = 2
+
+
 class UnsupportedError(CubepackError):
     """The request is well-formed but cubepack cannot honour it (e.g. a quantized KV cache)."""
 

@@ -23,14 +23,16 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from . import _canonical, constants
+from . import _canonical
+from . import _constants as constants
 from ._safetensors_header import read_header
 from .errors import CubepackError, FormatError, ModelNotFoundError
-from .hashing import HashCache, hash_files
-from .identity import ModelIdentity
+from ._hashing import HashCache, hash_files, shared_cache
+from ._revision import is_commit
+from .identity import ModelIdentity, dtype_name
 
-_SHA1_OR_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: An LFS blob in the HF cache is named by its sha256 (regular files by their git sha1).
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.h5",
                     "*.msgpack")
 _ADAPTER_PREFIX = "adapter_model"
@@ -123,7 +125,7 @@ def hub_origin(folder: Path) -> tuple[str | None, str | None]:
     """
     parts = Path(os.path.abspath(folder)).parts
     for index in range(len(parts) - 2, 0, -1):
-        if parts[index] == "snapshots" and _COMMIT.match(parts[index + 1]):
+        if parts[index] == "snapshots" and is_commit(parts[index + 1]):
             repo_dir = parts[index - 1]
             kind, _, rest = repo_dir.partition("--")
             if kind in ("models", "datasets", "spaces") and rest:
@@ -161,7 +163,7 @@ def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None
     """sha256 over sorted (relative name, file sha256): the weights digest of a folder."""
     known = {path: digest for path in files if (digest := cached_blob_sha256(path))}
     unknown = [path for path in files if path not in known]
-    known.update(hash_files(unknown, cache=cache or HashCache(), description="hashing weights"))
+    known.update(hash_files(unknown, cache=cache or shared_cache(), description="hashing weights"))
     return digest_of_file_hashes([(path.relative_to(folder).as_posix(), known[path]) for path in files])
 
 
@@ -171,7 +173,7 @@ def cached_blob_sha256(path: Path) -> str | None:
         return None
     target = os.readlink(path)
     name = os.path.basename(target)
-    if _SHA1_OR_SHA256.match(name) and os.path.basename(os.path.dirname(target)) == "blobs":
+    if _SHA256_HEX.fullmatch(name) and os.path.basename(os.path.dirname(target)) == "blobs":
         return name
     return None
 
@@ -269,7 +271,7 @@ def stored_dtype(files: list[Path], config: dict[str, Any]) -> str:
     if counts:
         return counts.most_common(1)[0][0]
     declared = config.get("dtype") or config.get("torch_dtype")
-    return str(declared).replace("torch.", "") if declared else "float32"
+    return dtype_name(declared) if declared else "float32"
 
 
 @functools.lru_cache(maxsize=1)
@@ -349,7 +351,7 @@ def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
         if remembered is not None and remembered[0] == memo_key:
             return remembered[1]
     config = model.config.to_dict()
-    run_dtype = str(model.dtype).replace("torch.", "")
+    run_dtype = dtype_name(model.dtype)
     model_id, revision = hub_origin(folder) if folder else (None, None)
     weights = files_digest(folder, files) if files else state_dict_digest(model)
     if tokenizer is not None:

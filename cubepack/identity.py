@@ -88,6 +88,7 @@ class ModelIdentity:
             raise FormatError(f"The model identity lacks the strict field(s) {', '.join(missing)}.")
         if not isinstance(data["weights_digest"], str) or not isinstance(data["geometry"], dict):
             raise FormatError("The model identity has a malformed weights_digest or geometry.")
+        _check_geometry(data["geometry"])
         for name in ("dtype", "kv_dtype"):
             if not isinstance(data[name], str):
                 raise FormatError(f"The model identity's {name} must be a string.")
@@ -100,10 +101,31 @@ class ModelIdentity:
         values = {key: value for key, value in data.items() if key in known}
         return cls(**values)
 
-    def with_changes(self, **changes: Any) -> "ModelIdentity":
-        values = self.to_dict()
-        values.update(changes)
-        return ModelIdentity(**values)
+
+_INT_GEOMETRY = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+                 "vocab_size", "sliding_window")
+
+
+def _check_geometry(geometry: dict[str, Any]) -> None:
+    """Refuse a geometry whose values are not what every reader assumes (ints, a list of layer
+    type names): they come from files other people wrote."""
+    for key in _INT_GEOMETRY:
+        value = geometry.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise FormatError(f"The model identity's geometry.{key} must be a non-negative "
+                              f"integer or null, found {value!r}.")
+    layer_types = geometry.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list)
+                                        and all(isinstance(t, str) for t in layer_types)):
+        raise FormatError("The model identity's geometry.layer_types must be a list of names.")
+    model_type = geometry.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise FormatError("The model identity's geometry.model_type must be a string or null.")
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the one spelling of a dtype in identities and files."""
+    return str(dtype).removeprefix("torch.")
 
 
 def compare(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _atomic, _canonical, constants
+from . import _atomic, _canonical
+from . import _constants as constants
 from ._safetensors_header import Header, read_header
 from .errors import CubepackError, FormatError, IdentityMismatch, Mismatch, UnsupportedError
-from .identity import ModelIdentity, require_same
+from .fingerprints import fingerprint
+from .identity import ModelIdentity, dtype_name, require_same
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -132,8 +134,7 @@ def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
         missing = sorted(expected_names - set(header.tensors))[:3]
         raise FormatError(f"{path}: tensors do not match {num_layers} layers "
                           f"(missing {missing}, unexpected {extra}).")
-    geometry = producer.geometry
-    layers: list[KVLayerInfo] = []
+    layers: list[StoredLayer] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or entry.get("type") not in (FULL, SLIDING) \
                 or type(entry.get("cumulative_length")) is not int or entry["cumulative_length"] < 0:
@@ -144,33 +145,62 @@ def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
             if tensor.dtype_name != kv_dtype:
                 raise FormatError(f"{path}: {tensor.name} is {tensor.dtype_name}, but the file "
                                   f"declares kv_dtype {kv_dtype}.")
-            if len(tensor.shape) != 4:
-                raise FormatError(f"{path}: {tensor.name} has shape {list(tensor.shape)}; "
-                                  "expected [batch, kv_heads, seq, head_dim].")
-        if keys.shape[:3] != values.shape[:3]:
-            raise FormatError(f"{path}: layer {index} keys {list(keys.shape)} and values "
-                              f"{list(values.shape)} disagree.")
-        _check_against_geometry(path, index, keys.shape, geometry)
-        seq, cumulative = keys.shape[2], entry["cumulative_length"]
-        if (entry["type"] == FULL and seq != cumulative) or seq > cumulative:
-            raise FormatError(f"{path}: layer {index} holds {seq} positions but records "
-                              f"cumulative_length {cumulative}.")
-        layers.append(KVLayerInfo(entry["type"], cumulative, keys.shape))
-    return layers
+        layers.append(StoredLayer(entry["type"], entry["cumulative_length"], keys.shape,
+                                  values.shape, keys.dtype_name, values.dtype_name))
+    problems = structure_problems(layers, producer)
+    if problems:
+        raise FormatError(f"{path}: its tensors contradict its producer or themselves ("
+                          + "; ".join(str(problem) for problem in problems[:4]) + ").")
+    return [KVLayerInfo(layer.type, layer.cumulative_length, layer.keys_shape) for layer in layers]
 
 
-def _check_against_geometry(path: Path, index: int, shape: tuple[int, ...],
-                            geometry: dict[str, Any]) -> None:
-    kv_heads, head_dim = geometry.get("num_kv_heads"), geometry.get("head_dim")
-    if kv_heads is not None and shape[1] != kv_heads:
-        raise FormatError(f"{path}: layer {index} has {shape[1]} KV heads but its producer has "
-                          f"{kv_heads}.")
-    if head_dim is not None and shape[3] != head_dim:
-        raise FormatError(f"{path}: layer {index} has head_dim {shape[3]} but its producer has "
-                          f"{head_dim}.")
+@dataclass(frozen=True)
+class StoredLayer:
+    """What a cache layer is made of, from a file header or from live tensors (no data)."""
+
+    type: str
+    cumulative_length: int
+    keys_shape: tuple[int, ...]
+    values_shape: tuple[int, ...]
+    keys_dtype: str
+    values_dtype: str
 
 
-# --- writing ---------------------------------------------------------------------------------------
+def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> list[Mismatch]:
+    """Where a cache's layers contradict its producer's geometry and KV dtype (pure).
+
+    One rule for both directions: a file header is refused with it, and a cache about to be
+    written under a producer's name is refused with it.
+    """
+    geometry = producer.geometry
+    found: list[Mismatch] = []
+    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
+        return [Mismatch("geometry.num_layers", geometry["num_layers"], len(layers))]
+    layer_types = geometry.get("layer_types") or []
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        for dtype in (layer.keys_dtype, layer.values_dtype):
+            if dtype != producer.kv_dtype:
+                found.append(Mismatch(f"{where}.kv_dtype", producer.kv_dtype, dtype))
+                break
+        if index < len(layer_types) and layer_types[index] != layer.type:
+            found.append(Mismatch(f"{where}.type", layer_types[index], layer.type))
+        if len(layer.keys_shape) != 4 or len(layer.values_shape) != 4:
+            found.append(Mismatch(f"{where}.rank", 4, len(layer.keys_shape)))
+            continue
+        if layer.keys_shape[:3] != layer.values_shape[:3]:
+            found.append(Mismatch(f"{where}.values_shape", list(layer.keys_shape[:3]),
+                                  list(layer.values_shape[:3])))
+        for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
+            if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
+                found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
+        seq = layer.keys_shape[2]
+        if (layer.type == FULL and seq != layer.cumulative_length) or seq > layer.cumulative_length:
+            found.append(Mismatch(f"{where}.cumulative_length", seq, layer.cumulative_length))
+    return found
+
+
+# --- writing ---# --- writing ---------------------------------------------------------------------------------------
 
 def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
     """(type, cumulative_length, keys, values) per layer of a DynamicCache or legacy tuple.
@@ -225,7 +255,7 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
         UnsupportedError: quantized or otherwise non-dynamic caches.
         CubepackError: the cache contradicts the producer (layer count, dtype, heads).
     """
-    identity = producer if isinstance(producer, ModelIdentity) else _fingerprint(producer)
+    identity = producer if isinstance(producer, ModelIdentity) else fingerprint(producer)
     return write_kv_layers(cache_layers(cache), path, producer=identity, token_ids=token_ids,
                            metadata=metadata)
 
@@ -240,7 +270,7 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     """
     from safetensors.torch import save_file
 
-    contradictions = geometry_contradictions(layers, producer)
+    contradictions = structure_problems(live_layers(layers), producer)
     if contradictions:
         raise IdentityMismatch("This cache", contradictions,
                                "It was not built by the declared producer; name the model that "
@@ -276,29 +306,11 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     return path
 
 
-def geometry_contradictions(layers: list[tuple[str, int, Any, Any]],
-                            producer: ModelIdentity) -> list[Mismatch]:
-    """Where per-layer tensors contradict a producer's geometry and KV dtype (pure)."""
-    geometry = producer.geometry
-    found: list[Mismatch] = []
-    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
-        found.append(Mismatch("geometry.num_layers", geometry["num_layers"], len(layers)))
-        return found
-    layer_types = geometry.get("layer_types") or []
-    checks = (("num_kv_heads", 1), ("head_dim", 3))
-    for index, (kind, _, keys, values) in enumerate(layers):
-        dtype = str(keys.dtype).replace("torch.", "")
-        if dtype != producer.kv_dtype or str(values.dtype).replace("torch.", "") != dtype:
-            found.append(Mismatch(f"layers[{index}].kv_dtype", producer.kv_dtype, dtype))
-        if index < len(layer_types) and layer_types[index] != kind:
-            found.append(Mismatch(f"layers[{index}].type", layer_types[index], kind))
-        if keys.dim() != 4:
-            found.append(Mismatch(f"layers[{index}].rank", 4, keys.dim()))
-            continue
-        for key, axis in checks:
-            if geometry.get(key) is not None and keys.shape[axis] != geometry[key]:
-                found.append(Mismatch(f"layers[{index}].{key}", geometry[key], int(keys.shape[axis])))
-    return found
+def live_layers(layers: list[tuple[str, int, Any, Any]]) -> list[StoredLayer]:
+    """Describe live (type, cumulative_length, keys, values) layers without touching their data."""
+    return [StoredLayer(kind, int(cumulative), tuple(keys.shape), tuple(values.shape),
+                        dtype_name(keys.dtype), dtype_name(values.dtype))
+            for kind, cumulative, keys, values in layers]
 
 
 def _token_id_list(token_ids: Any) -> list[int] | None:
@@ -311,12 +323,6 @@ def _token_id_list(token_ids: Any) -> list[int] | None:
             raise CubepackError("token_ids must be one sequence, not a batch.")
         token_ids = token_ids[0]
     return [int(t) for t in token_ids]
-
-
-def _fingerprint(model: Any) -> ModelIdentity:
-    from .fingerprints import fingerprint
-
-    return fingerprint(model)
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -351,8 +357,6 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         IdentityMismatch: the cache was produced by a different model (every field named).
         FormatError: the file is corrupt, truncated or of an unknown version.
     """
-    from .fingerprints import fingerprint
-
     live = identity or fingerprint(model)
     info = check_kv_file(path, live)
     return build_dynamic_cache(info, model.config, device=device, copy=copy)
@@ -390,24 +394,18 @@ def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
     """The file's tensors as views of one private memory map (no bytes read up front).
 
     The map is copy-on-write (``shared=False``): writes to a tensor never reach the file. The
-    header was validated, so every view lies inside the file. A file whose tensors are not
-    aligned to their element size (not written by safetensors) is read through safe_open.
+    header was validated (every tensor inside the file, aligned, no gaps or overlaps), so each
+    view is exactly its tensor. We keep this mapper rather than safetensors' ``safe_open``,
+    which maps per tensor: bench/kv_load.py measured 0.9 ms here against 2.8 ms through
+    ``safe_open`` for a 64-tensor, 210 MB cache.
     """
     import torch
 
     header = info.header or read_header(info.path)
-    dtypes = {name: getattr(torch, tensor.dtype_name) for name, tensor in header.tensors.items()}
-    aligned = all((header.data_offset + t.begin) % dtypes[n].itemsize == 0
-                  for n, t in header.tensors.items())
-    if not aligned or header.file_size == 0:
-        from safetensors import safe_open
-
-        with safe_open(str(info.path), framework="pt", device="cpu") as handle:
-            return {name: handle.get_tensor(name) for name in header.tensors}
     storage = torch.UntypedStorage.from_file(str(info.path), shared=False, nbytes=header.file_size)
     tensors = {}
     for name, tensor in header.tensors.items():
-        dtype = dtypes[name]
+        dtype = getattr(torch, tensor.dtype_name)
         view = torch.empty(0, dtype=dtype)
         view.set_(storage, (header.data_offset + tensor.begin) // dtype.itemsize, tensor.shape)
         tensors[name] = view

@@ -13,6 +13,7 @@ MemOS is imported only inside these functions (it has import-time side effects).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -21,15 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _atomic, constants, memos_layout
+from . import _atomic
+from . import _constants as constants
+from . import _memos_layout as memos_layout
 from ._canonical import json_safe
+from ._revision import is_commit
 from .errors import CubepackError, IdentityMismatch
+from .fingerprints import fingerprint, hub_origin
 from .hub import parse_repo_spec, pull
+from .identity import dtype_name
+from .kvfile import build_dynamic_cache, check_kv_file, read_kv_header, save_kv_cache
+from .pack import activation_filename, pack
 from .verify import verify
 
 logger = logging.getLogger("cubepack.memos")
 POLICIES = ("error", "drop", "rebuild")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _ORIGINALS: dict[str, Any] = {}
 
 
@@ -125,16 +132,6 @@ def _build(cube_dir: Path, lock: dict[str, Any], *, memory_types: list[str] | No
     return cube
 
 
-def _llm_config(config_dict: dict[str, Any], role: str) -> dict[str, Any] | None:
-    """The inner LLM/embedder config dict for a pin role, inside a MemOS config dict."""
-    if role == memos_layout.ACT_ROLE:
-        llm = ((config_dict.get("act_mem") or {}).get("config") or {}).get("extractor_llm")
-    else:
-        section, _, key = role.partition(".")
-        llm = ((config_dict.get(section) or {}).get("config") or {}).get(key)
-    return llm.get("config") if isinstance(llm, dict) else None
-
-
 def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: HookReport, *,
                 endpoint: str | None, token: str | None) -> Any:
     """Point each producer at its pinned snapshot, when the effective config still names the
@@ -145,7 +142,8 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
     recorded_dict = recorded.model_dump(mode="json")
     effective_dict = effective.model_dump(mode="json")
     for role, pin in lock["models"].items():
-        original, current = _llm_config(recorded_dict, role), _llm_config(effective_dict, role)
+        original = memos_layout.llm_config(recorded_dict, role)
+        current = memos_layout.llm_config(effective_dict, role)
         if current is None or original is None:
             continue
         if current.get("model_name_or_path") != original.get("model_name_or_path"):
@@ -170,13 +168,10 @@ def _install_activations(cube: Any, cube_dir: Path, lock: dict[str, Any], report
                          on_mismatch: str) -> None:
     from memos.memories.activation.item import KVCacheItem
 
-    from .fingerprints import fingerprint
-    from .kvfile import build_dynamic_cache, check_kv_file
-
     llm = cube.act_mem.llm
     model = llm.model
     pinned = lock["models"].get(memos_layout.ACT_ROLE, {}).get("identity")
-    if pinned and str(model.dtype).replace("torch.", "") != pinned["dtype"]:
+    if pinned and dtype_name(model.dtype) != pinned["dtype"]:
         import torch
 
         # MemOS loads with torch_dtype="auto"; run the model in the dtype the cube was made in.
@@ -208,8 +203,6 @@ def _install_activations(cube: Any, cube_dir: Path, lock: dict[str, Any], report
 
 
 def _rebuild(cube: Any, path: Path, item_id: str) -> Any:
-    from .kvfile import read_kv_header
-
     metadata = read_kv_header(path).metadata
     text = metadata.get("source_text")
     if not isinstance(text, str) or not text:
@@ -273,7 +266,7 @@ def _endpoint_from_base_url(base_url: str | None) -> str | None:
 def _hooked_remote(cube_id: str, base_url: str = "https://huggingface.co/datasets",
                    memory_types: list[str] | None = None, default_config: Any = None) -> Any:
     repo_id, revision = parse_repo_spec(cube_id)
-    if _ORIGINALS.get("require_pin", True) and not (revision and _COMMIT.match(revision)):
+    if _ORIGINALS.get("require_pin", True) and not is_commit(revision):
         raise CubepackError(
             f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to a "
             f"commit, e.g. GeneralMemCube.init_from_remote_repo('{repo_id}@<40-hex commit>') (the "
@@ -304,10 +297,6 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     loaded from a Hub snapshot, ``config.json`` names the Hub id again, not the local path.
     Atomic: ``out_dir`` appears complete or not at all.
     """
-    from .fingerprints import fingerprint, hub_origin
-    from .kvfile import save_kv_cache
-    from .pack import activation_filename, pack
-
     out = Path(out_dir)
     staging = _atomic.staging_dir(out, "pack-cube")
     try:
@@ -322,7 +311,7 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
                 metadata = {**json_safe(item.metadata or {}), "id": item_id}
                 save_kv_cache(item.memory, dump_dir / activation_filename(item_id),
                               producer=producer, metadata=metadata)
-            _restore_hub_ids(dump_dir / "config.json", hub_origin)
+            _restore_hub_ids(dump_dir / "config.json")
         pack(dump_dir, model=model, license=license, pretty_name=pretty_name)
         _atomic.replace_dir(dump_dir, out)
     finally:
@@ -330,13 +319,11 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     return out
 
 
-def _restore_hub_ids(config_path: Path, hub_origin: Any) -> None:
-    import json
-
+def _restore_hub_ids(config_path: Path) -> None:
     config = json.loads(config_path.read_text())
     changed = False
-    for role in ("act_mem", "text_mem.extractor_llm", "text_mem.embedder"):
-        inner = _llm_config(config, role)
+    for role in memos_layout.ROLES:
+        inner = memos_layout.llm_config(config, role)
         name = (inner or {}).get("model_name_or_path")
         if name and Path(name).is_dir():
             repo_id, _ = hub_origin(Path(name))

@@ -15,13 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _atomic, card, constants, cubeconfig
-from . import lock as lockfile
-from . import memos_layout
+from . import _atomic
+from . import _card as card
+from . import _constants as constants
+from . import _cubeconfig as cubeconfig
+from . import _lock as lockfile
+from . import _memos_layout as memos_layout
+from ._content import file_problem, is_activation_path
+from ._hashing import hash_files
+from ._legacy import read_memos_pickle
+from ._paths import list_cube_files, resolve_inside
+from ._version import __version__
 from .errors import CubepackError, FormatError, IdentityMismatch, UnsafeInputError
-from .hashing import hash_files
+from .fingerprints import fingerprint
 from .identity import ModelIdentity, compare
-from .paths import list_cube_files, resolve_inside
+from .kvfile import FULL, SLIDING, read_kv_header, write_kv_layers
+from .signing import check_key, sign
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
@@ -77,8 +86,6 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     memos_config = _read_memos_config(cube, files)
     pins = _pin_models(memos_config, model=model, revision=revision)
     if sign_key is not None:
-        from .signing import check_key
-
         check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
         if constants.LOCK_FILENAME in files else None
@@ -113,8 +120,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             shutil.rmtree(staging, ignore_errors=True)
         result.cube_dir = cube
         if sign_key is not None:
-            from .signing import sign
-
+            # The cube was written and hashed just now; sign from those digests.
             sign(cube, sign_key, password=sign_password)
         return result
     except BaseException:
@@ -154,8 +160,6 @@ def _check_existing_card(cube: Path, files: list[str]) -> None:
 
 def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> dict[str, dict[str, Any]]:
     """Resolve every model the cube names to a pin (identity + repo id + revision)."""
-    from .fingerprints import fingerprint
-
     refs = memos_layout.model_refs(config)
     if model is not None and not any(ref.role == memos_layout.ACT_ROLE for ref in refs):
         refs.insert(0, memos_layout.ModelRef(memos_layout.ACT_ROLE, None, str(model), strict=True))
@@ -192,9 +196,6 @@ def activation_filename(item_id: str) -> str:
 
 
 def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]]) -> list[str]:
-    from .kvfile import FULL, SLIDING, write_kv_layers
-    from .legacy import read_memos_pickle
-
     pin = pins.get(memos_layout.ACT_ROLE)
     if pin is None or pin.get("identity") is None:
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
@@ -233,12 +234,10 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
 
 def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
                         digests: dict[str, str]) -> dict[str, dict[str, Any]]:
-    from .kvfile import read_kv_header
-
     entries: dict[str, dict[str, Any]] = {}
     producer_pin = pins.get(memos_layout.ACT_ROLE)
     for name in files:
-        if not (name.startswith(constants.ACTIVATIONS_DIR + "/") and name.endswith(constants.KV_SUFFIX)):
+        if not is_activation_path(name):
             continue
         info = read_kv_header(resolve_inside(staging, name))
         if producer_pin is None or producer_pin.get("identity") is None:
@@ -259,17 +258,23 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
     return entries
 
 
+def _refuse_unshippable(staging: Path, names: list[str]) -> None:
+    """Refuse any file ``verify`` would refuse: pack never writes a cube that does not verify."""
+    for name in names:
+        problem = file_problem(resolve_inside(staging, name), name)
+        if problem:
+            raise UnsafeInputError(f"{name} {problem}. Remove it (or convert it) and pack again.")
+
+
 # --- writing config, card and lock -----------------------------------------------------------
 
 def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
                     license: str | None, pretty_name: str, progress: bool | None) -> PackResult:
-    from . import __version__
-
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
     content = [name for name in list_cube_files(staging) if name not in GENERATED]
     memories = memos_layout.memory_files(memos_config, content)
-    memories["activation"] = [n for n in content if n.startswith(constants.ACTIVATIONS_DIR + "/")
-                              and n.endswith(constants.KV_SUFFIX)]
+    memories["activation"] = [name for name in content if is_activation_path(name)]
+    _refuse_unshippable(staging, content)
     config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
     _atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
 

@@ -10,13 +10,15 @@ network flow is ever attempted.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import constants
+from . import _constants as constants
 from .errors import CubepackError, SignatureError
 
 _CURVES = ("secp256r1", "secp384r1")
@@ -62,32 +64,69 @@ def check_key(path: str | os.PathLike[str], *, private: bool, password: str | No
                             "with: openssl ecparam -name prime256v1 -genkey -noout -out key.pem")
 
 
-def sign(cube_dir: str | Path, key: str | os.PathLike[str], *, password: str | None = None) -> Path:
-    """Sign a packed cube: verify it, then write ``cubepack.sig`` over the whole folder.
+def sign(cube_dir: str | Path, key: str | os.PathLike[str], *,
+         password: str | None = None) -> Path:
+    """Sign a packed cube: write ``cubepack.sig`` over the files its lock records.
+
+    Signing only signs. The caller verifies first (``cubepack sign`` and ``pack --sign-key``
+    do): the signature's manifest is built from the sha256 values in ``cubepack.lock`` plus the
+    lock's own bytes, so no file is hashed again, and a file that no longer matches its lock
+    cannot be blessed (the signature records the lock's digest, not the changed bytes).
 
     Raises:
-        VerificationFailed: the cube does not verify (a signature must not bless a broken cube).
-        CubepackError: the key is unreadable or not ECDSA P-256/P-384.
+        CubepackError: the key is unreadable or not ECDSA P-256/P-384, or the cube has no
+            readable lock.
     """
-    from .verify import verify
-
     cube = Path(cube_dir)
     check_key(key, private=True, password=password)
-    verify(cube)
     hashing, signing, _ = _model_signing()
+    manifest = _manifest_from_lock(cube, hashing)
     target = cube / constants.SIGNATURE_FILENAME
     # Written outside the cube, then renamed in: a temp file inside would be signed too.
     handle, temporary = tempfile.mkstemp(prefix=".cubepack-sig-", dir=cube.parent)
     os.close(handle)
     try:
         (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
-         .set_hashing_config(_hashing_config(hashing)).sign(cube, temporary))
+         .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
         os.chmod(temporary, 0o644)
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
     return target
+
+
+class _Precomputed:
+    """A hashing config for model_signing that returns a manifest we already hold."""
+
+    def __init__(self, manifest: Any):
+        self._manifest = manifest
+
+    def hash(self, model_path: Any, **_: Any) -> Any:
+        return self._manifest
+
+
+def _manifest_from_lock(cube: Path, hashing: Any) -> Any:
+    """The manifest model_signing would compute for ``cube``, built from the lock's digests.
+
+    The serialization description (hash type, ignored paths) comes from model_signing itself,
+    by hashing an empty file list with the same config, so stock ``model_signing verify``
+    re-creates exactly this manifest from the files.
+    """
+    from model_signing import manifest as ms_manifest
+    # The digest value type has no public constructor path; this is the only private import.
+    from model_signing._hashing.hashing import Digest
+
+    lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
+    lock = json.loads(lock_bytes)
+    digests = {path: entry["sha256"] for path, entry in lock["files"].items()}
+    digests[constants.LOCK_FILENAME] = hashlib.sha256(lock_bytes).hexdigest()
+    empty = _hashing_config(hashing).hash(cube, files_to_hash=[])
+    serialization = ms_manifest.SerializationType.from_args(empty.serialization_type)
+    items = [ms_manifest.FileManifestItem(path=PurePosixPath(path),
+                                          digest=Digest("sha256", bytes.fromhex(digest)))
+             for path, digest in sorted(digests.items())]
+    return ms_manifest.Manifest(empty.model_name, items, serialization)
 
 
 def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[str]]) -> str:

@@ -9,66 +9,28 @@ read as JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import constants, cubeconfig
-from . import lock as lockfile
+from . import _constants as constants
+from . import _cubeconfig as cubeconfig
+from . import _lock as lockfile
+from ._content import file_problem
+from ._hashing import hash_files
+from ._hub_client import HubClient
+from ._paths import resolve_inside, scan_cube
+from ._remote import pin_subject, remote_model_checks
+from ._report import Check, VerifyReport
 from .errors import CubepackError, VerificationFailed
-from .hashing import hash_files
+from .fingerprints import fingerprint, resolve_model_folder
 from .identity import ModelIdentity, compare
-from .paths import resolve_inside, scan_cube
+from .kvfile import read_kv_header
+from .signing import verify_signature
+
+__all__ = ["Check", "VerifyReport", "verify"]
 
 #: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
 TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
-
-
-@dataclass
-class Check:
-    """One check and its outcome (``ok`` is None when it was skipped, with the reason)."""
-
-    name: str
-    subject: str
-    ok: bool | None
-    detail: str = ""
-    expected: Any = None
-    found: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
-                "expected": self.expected, "found": self.found}
-
-    def __str__(self) -> str:
-        text = f"{self.name} {self.subject}: {self.detail}"
-        if self.expected is not None or self.found is not None:
-            text += f" (expected {self.expected}, found {self.found})"
-        return text
-
-
-@dataclass
-class VerifyReport:
-    cube_dir: Path
-    checks: list[Check] = field(default_factory=list)
-    lock: dict[str, Any] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok is not False for c in self.checks)
-
-    @property
-    def failures(self) -> list[Check]:
-        return [c for c in self.checks if c.ok is False]
-
-    def add(self, name: str, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
-            found: Any = None) -> bool:
-        self.checks.append(Check(name, subject, ok, detail, expected, found))
-        return ok is not False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cube_dir": str(self.cube_dir), "ok": self.ok,
-                "digest": (self.lock or {}).get("digest"),
-                "checks": [c.to_dict() for c in self.checks]}
 
 
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
@@ -103,10 +65,7 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
             _check_signature(report, trusted_keys or [], require_signature)
             _check_models(report, lock, model)
         if remote:
-            from .hub import remote_model_checks
-
-            for row in remote_model_checks(lock, endpoint=endpoint, token=token):
-                report.add(*row)
+            report.extend(remote_model_checks(lock["models"], HubClient(endpoint, token)))
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
@@ -171,23 +130,18 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
 
 def _check_no_pickle(report: VerifyReport, names: list[str]) -> bool:
     """Shipped cubes hold no pickle: refuse any file that is one, whatever the lock says."""
-    from .legacy import pickle_evidence
-
     found = False
     for name in names:
-        reason = pickle_evidence(resolve_inside(report.cube_dir, name))
+        reason = file_problem(resolve_inside(report.cube_dir, name), name)
         if reason:
             found = True
-            report.add("no pickle", name, False, f"{reason}; cubes must not carry pickles (they "
-                       "can run code when loaded)")
+            report.add("no pickle", name, False, reason)
     if not found:
         report.add("no pickle", "*", True, "no file is or holds a pickle")
     return found
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
-    from .kvfile import read_kv_header
-
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
         if not path.is_file() or path.is_symlink():
@@ -243,8 +197,6 @@ def _check_signature(report: VerifyReport, trusted_keys: list[Any], required: bo
         report.add("signature", constants.SIGNATURE_FILENAME, None,
                    "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
         return
-    from .signing import verify_signature
-
     try:
         key = verify_signature(report.cube_dir, trusted_keys)
     except CubepackError as exc:
@@ -254,14 +206,11 @@ def _check_signature(report: VerifyReport, trusted_keys: list[Any], required: bo
 
 
 def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
-    from .fingerprints import fingerprint, resolve_model_folder
-
     for role, pin in sorted(lock["models"].items()):
         if not pin.get("strict") or not pin.get("identity"):
             continue
         pinned = ModelIdentity.from_dict(pin["identity"])
-        subject = f"{role} ({pin.get('repo_id') or 'local folder'}"
-        subject += f"@{pin['revision']})" if pin.get("revision") else ")"
+        subject = pin_subject(role, pin)
         try:
             if model is not None:
                 # A folder does not say what dtype it will run in; we check it as run in the
@@ -274,18 +223,20 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                 live = fingerprint(folder, dtype=pinned.dtype)
             else:
                 report.add("model identity", subject, None,
-                           "skipped: no model given (--model) and the pin has no Hub revision")
+                           "skipped: no model given (--model) and the pin has no Hub revision",
+                           role=role)
                 continue
         except CubepackError as exc:
             if model is not None:
-                report.add("model identity", subject, False, str(exc))
+                report.add("model identity", subject, False, str(exc), role=role)
             else:
                 report.add("model identity", subject, None, "skipped: the pinned revision is not "
-                           "in the HF cache (pass --model, or use verify --remote)")
+                           "in the HF cache (pass --model, or use verify --remote)", role=role)
             continue
         mismatches = compare(pinned, live)
         for mismatch in mismatches:
             report.add("model identity", f"{subject} {mismatch.field}", False,
-                       "the model differs from the pin", mismatch.expected, mismatch.found)
+                       "the model differs from the pin", mismatch.expected, mismatch.found,
+                       role=role)
         if not mismatches:
-            report.add("model identity", subject, True, "the model matches the pin")
+            report.add("model identity", subject, True, "the model matches the pin", role=role)

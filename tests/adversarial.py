@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cubepack import constants, hashing
+from cubepack import _constants as constants
+from cubepack import _hashing as hashing
 
 from helpers import reseal_lock, rewrite_kv_metadata
 
@@ -327,7 +328,7 @@ CASES = [
     Case("producer-tokenizer", "producer", producer("tokenizer_digest", "sha256:" + "2" * 64),
          r"producer\.tokenizer_digest"),
     Case("producer-layer-count", "producer", producer("geometry.num_layers", 3),
-         r"producer\.geometry\.num_layers"),
+         r"geometry\.num_layers: expected 3, found 2"),
     Case("producer-quantization", "producer", producer("quantization", {"quant_method": "bnb"}),
          r"producer\.quantization"),
     Case("producer-adapter", "producer", producer("adapters", "sha256:" + "3" * 64),

@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> dict[str, Path]:
     """Every tiny fixture model (see :func:`cubepack.tiny.build_zoo`)."""
-    from cubepack import tiny
+    from cubepack.testing import tiny
 
     return tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
 
@@ -36,7 +36,7 @@ def models(zoo):
     """Loaded fixture models, loaded once per session (they are only read)."""
     import torch
 
-    from cubepack import tiny
+    from cubepack.testing import tiny
 
     loaded = {name: tiny.load(folder) for name, folder in zoo.items()}
     loaded["a_as_bf16"] = tiny.load(zoo["a"], dtype=torch.bfloat16)
@@ -44,6 +44,38 @@ def models(zoo):
 
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+#: The activations of the default packed cube: item id -> the prompt model A prefilled.
+ITEMS = {"item-1": [5, 6, 7, 8, 9, 10], "item-2": [11, 12, 13, 14]}
+
+
+@pytest.fixture(scope="session")
+def packed_cube_factory(tmp_path_factory, zoo, models):
+    """``make(items=ITEMS, texts=None)`` -> a MemOS-format cube whose caches model A built from
+    ``items`` (id -> token ids), packed with ``pack(legacy_pickle=True)``. Each distinct request
+    is built once per session: treat the folder as read-only (copy it to change it)."""
+    import torch
+
+    import cubepack
+    from helpers import build_cache
+    from memos_format import write_cube
+
+    built: dict[tuple, Path] = {}
+
+    def make(items: dict[str, list[int]] | None = None, *,
+             texts: dict[str, str] | None = None) -> Path:
+        items = items or ITEMS
+        key = (tuple((k, tuple(v)) for k, v in items.items()),
+               tuple(sorted((texts or {}).items())))
+        if key not in built:
+            caches = {item: build_cache(models["a"], torch.tensor([ids]))
+                      for item, ids in items.items()}
+            cube = write_cube(tmp_path_factory.mktemp("packed") / "cube", str(zoo["a"]), caches,
+                              texts=texts)
+            cubepack.pack(cube, legacy_pickle=True)
+            built[key] = cube
+        return built[key]
+
+    return make
 
 
 @pytest.fixture
@@ -63,7 +95,7 @@ def hub_cached(zoo):
     """
     import shutil
 
-    from cubepack import hashing
+    from cubepack import _hashing as hashing
 
     repo = Path(os.environ["HF_HUB_CACHE"]) / "models--tiny-org--model-a"
     snapshot = repo / "snapshots" / MODEL_A_COMMIT

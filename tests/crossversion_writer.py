@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import cubepack
-from cubepack import tiny
+from cubepack.testing import tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import build_cache, continue_greedy  # noqa: E402

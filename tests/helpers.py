@@ -48,8 +48,8 @@ def reseal_lock(cube, change) -> None:
     """Edit a cube's lock and recompute its digests, as an attacker with write access could."""
     import json
 
-    from cubepack import constants
-    from cubepack import lock as lockfile
+    from cubepack import _constants as constants
+    from cubepack import _lock as lockfile
 
     path = cube / constants.LOCK_FILENAME
     lock = json.loads(path.read_text())
@@ -101,3 +101,17 @@ def copy_of(folder, tmp_path):
     copy = tmp_path / "cube"
     shutil.copytree(folder, copy)
     return copy
+
+
+def run_torch_free(code: str):
+    """Run ``code`` in a fresh interpreter; fail unless it succeeds without importing torch or
+    transformers (``cubepack --help``, ``verify`` and folder fingerprints must stay light)."""
+    import subprocess
+    import sys
+
+    check = ("\nimport sys as _sys\n"
+             "_heavy = [m for m in ('torch', 'transformers') if m in _sys.modules]\n"
+             "assert not _heavy, f'imported {_heavy}'\n")
+    done = subprocess.run([sys.executable, "-c", code + check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

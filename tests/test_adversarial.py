@@ -12,8 +12,8 @@ import torch
 
 import cubepack
 from cubepack import CubepackError
-from cubepack.hub import _client_settings, pull
-from cubepack.localhub import LocalHub
+from cubepack.hub import pull
+from cubepack.testing.hub import InstrumentedHub, upload_folder
 
 from adversarial import CASES, Case
 from helpers import build_cache, tree_bytes
@@ -28,18 +28,15 @@ def test_the_corpus_is_large_and_covers_every_category():
 
 
 @pytest.fixture(scope="module")
-def good_cube(tmp_path_factory, zoo, models):
-    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7, 8, 9]])),
-              "item-2": build_cache(models["a"], torch.tensor([[10, 11, 12]]))}
-    cube = write_cube(tmp_path_factory.mktemp("corpus") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
+def good_cube(packed_cube_factory):
+    cube = packed_cube_factory()
     assert cubepack.verify(cube).ok
     return cube
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    with LocalHub(tmp_path_factory.mktemp("corpus-hub")) as server:
+    with InstrumentedHub(tmp_path_factory.mktemp("corpus-hub")) as server:
         yield server
 
 
@@ -53,15 +50,7 @@ def hostile(case: Case, good_cube, tmp_path):
 
 def upload_raw(hub, repo_id, folder) -> str:
     """Publish a folder as-is, bypassing cubepack (as an attacker with push access would)."""
-    from huggingface_hub import CommitOperationAdd, HfApi
-
-    api = HfApi(endpoint=hub.url)
-    api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
-    operations = [CommitOperationAdd(path.relative_to(folder).as_posix(), str(path))
-                  for path in sorted(folder.rglob("*")) if path.is_file()]
-    with _client_settings(hub.url, xet=False):
-        return api.create_commit(repo_id, operations=operations, commit_message=repo_id,
-                                 repo_type="dataset").oid
+    return upload_folder(hub.url, repo_id, folder, repo_type="dataset")
 
 
 def assert_refused(error: BaseException, case: Case) -> None:

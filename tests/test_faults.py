@@ -11,28 +11,21 @@ import sys
 import threading
 
 import pytest
-import torch
 
 import cubepack
 from cubepack import CubepackError, HubError
 from cubepack.hub import pull, push
-from cubepack.localhub import LocalHub
+from cubepack.testing.hub import InstrumentedHub
 
-from helpers import build_cache, tree_bytes
-from memos_format import write_cube
+from helpers import tree_bytes
 
 KEPT = {"kept.txt": b"the folder as it was"}
 
 
 @pytest.fixture(scope="module")
-def big_cube(tmp_path_factory, zoo, models):
+def big_cube(packed_cube_factory):
     """A cube with one ~4 MB activation, so a throttled download takes a while."""
-    long_prompt = torch.arange(2, 400)[None] % 900 + 2
-    caches = {"big": build_cache(models["a"], long_prompt),
-              "small": build_cache(models["a"], torch.tensor([[5, 6, 7]]))}
-    cube = write_cube(tmp_path_factory.mktemp("faults") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
-    return cube
+    return packed_cube_factory({"big": list(range(4, 402)), "small": [5, 6, 7]})
 
 
 @pytest.fixture
@@ -63,7 +56,7 @@ def test_slow_responses_past_the_client_timeout(big_cube, tmp_path, target, monk
 
     monkeypatch.setattr(hub_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
     monkeypatch.setattr(hub_constants, "HF_HUB_ETAG_TIMEOUT", 0.5)
-    with LocalHub(tmp_path / "hub") as hub:
+    with InstrumentedHub(tmp_path / "hub") as hub:
         sha = push(big_cube, "ns/slow", endpoint=hub.url).commit_sha
         hub.add_fault("delay", path=r"/resolve/.*big\.kv", method="GET", times=2, seconds=1.5)
         result = outcome_is_clean(lambda: pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target,
@@ -74,7 +67,7 @@ def test_slow_responses_past_the_client_timeout(big_cube, tmp_path, target, monk
 
 
 def test_failing_push_leaves_no_commit_and_a_retry_succeeds(big_cube, tmp_path):
-    with LocalHub(tmp_path / "hub") as hub:
+    with InstrumentedHub(tmp_path / "hub") as hub:
         hub.add_fault("500", path=r"/commit/", method="POST", times=1000)
         with pytest.raises(HubError) as caught:
             push(big_cube, "ns/flaky", endpoint=hub.url)
@@ -85,7 +78,7 @@ def test_failing_push_leaves_no_commit_and_a_retry_succeeds(big_cube, tmp_path):
 
 
 def test_a_pull_killed_with_sigkill_then_rerun(big_cube, tmp_path, target):
-    with LocalHub(tmp_path / "hub", max_rate=1_000_000) as hub:  # 1 MB/s: the pull takes seconds
+    with InstrumentedHub(tmp_path / "hub", max_rate=1_000_000) as hub:  # 1 MB/s: the pull takes seconds
         sha = push(big_cube, "ns/killed", endpoint=hub.url).commit_sha
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"),
                    HF_HUB_DISABLE_PROGRESS_BARS="1")
@@ -113,7 +106,7 @@ def test_two_pulls_into_the_same_cache_and_folder_at_once(big_cube, tmp_path, ta
                                                           folder_exists):
     if not folder_exists:
         shutil.rmtree(target)
-    with LocalHub(tmp_path / "hub", max_rate=20_000_000) as hub:
+    with InstrumentedHub(tmp_path / "hub", max_rate=20_000_000) as hub:
         sha = push(big_cube, "ns/twice", endpoint=hub.url).commit_sha
         outcomes, errors = [], []
 

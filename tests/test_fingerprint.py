@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import cubepack
-from cubepack import hashing, tiny
+from cubepack import _hashing as hashing
+from cubepack.testing import tiny
 from cubepack.fingerprints import fingerprint, hub_origin
 
 

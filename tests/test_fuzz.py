@@ -1,7 +1,11 @@
 """Fuzzing the two parsers that read untrusted bytes: the lock and the KV header.
 
-Property: whatever the bytes, the parser either accepts them or raises a CubepackError; never
-another exception, never a hang (hypothesis's deadline fails slow examples).
+Properties:
+- whatever the bytes, the parser either accepts them or raises a CubepackError; never another
+  exception, never a hang (hypothesis's deadline fails slow examples);
+- a mutation of a valid lock that is *not* resealed (its digests not recomputed) is refused,
+  and so is a cube whose KV file was mutated under an unchanged lock: these would pass if the
+  parsers accepted everything.
 """
 
 from __future__ import annotations
@@ -11,17 +15,15 @@ import os
 import struct
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cubepack
 from cubepack import CubepackError
-from cubepack import lock as lockfile
+from cubepack import _lock as lockfile
 from cubepack._safetensors_header import parse_header
 from cubepack.kvfile import read_kv_header
 
-from helpers import build_cache
 
 # CI runs a fixed, derandomized set (a red CI must be reproducible); set CUBEPACK_FUZZ_EXAMPLES
 # to explore further locally with fresh random inputs.
@@ -37,12 +39,8 @@ json_values = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def good_lock(tmp_path_factory, zoo, models):
-    from memos_format import write_cube
-
-    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7]]))}
-    cube = write_cube(tmp_path_factory.mktemp("fuzz") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
+def good_lock(packed_cube_factory):
+    cube = packed_cube_factory()
     return (cube / "cubepack.lock").read_bytes(), cube / "activations" / "item-1.kv.safetensors"
 
 
@@ -96,6 +94,18 @@ def test_lock_parser_on_mutated_valid_locks(good_lock, choice, replacement, rese
 
 
 @FUZZ
+@given(choice=st.integers(min_value=0), replacement=json_values)
+def test_unresealed_lock_mutations_are_refused(good_lock, choice, replacement):
+    original = json.loads(good_lock[0])
+    lock = json.loads(good_lock[0])
+    replace_somewhere(lock, choice, replacement)
+    if lock == original:
+        return  # replaced a value by itself: nothing to refuse
+    with pytest.raises(CubepackError):
+        lockfile.parse(json.dumps(lock).encode())
+
+
+@FUZZ
 @given(raw=st.binary(max_size=1024), file_size=st.integers(min_value=0, max_value=2**40))
 def test_kv_header_parser_on_arbitrary_bytes(raw, file_size):
     parses_or_refuses(lambda: parse_header(raw, file_size))
@@ -134,3 +144,22 @@ def test_kv_reader_on_mutated_metadata(good_lock, tmp_path_factory, choice, repl
     path = tmp_path_factory.mktemp("kvmeta") / "fuzzed.kv.safetensors"
     rewrite_kv_metadata(good_lock[1], path, lambda meta: replace_somewhere(meta, choice, replacement))
     parses_or_refuses(lambda: read_kv_header(path))
+
+
+@settings(FUZZ, max_examples=_EXPLORE or 60)
+@given(choice=st.integers(min_value=0), replacement=json_values)
+def test_kv_metadata_mutated_under_an_unchanged_lock_is_refused(good_lock, tmp_path_factory,
+                                                               choice, replacement):
+    import shutil
+
+    from helpers import rewrite_kv_metadata
+
+    source = good_lock[1]
+    cube = tmp_path_factory.mktemp("kvcube") / "cube"
+    shutil.copytree(source.parent.parent, cube)
+    target = cube / "activations" / source.name
+    rewrite_kv_metadata(source, target, lambda meta: replace_somewhere(meta, choice, replacement))
+    if target.read_bytes() == source.read_bytes():
+        return
+    with pytest.raises(cubepack.VerificationFailed):
+        cubepack.verify(cube)

@@ -9,7 +9,7 @@ import torch
 import cubepack
 from cubepack import HubError, VerificationFailed
 from cubepack.hub import pull, push
-from cubepack.localhub import LocalHub
+from cubepack.testing.hub import InstrumentedHub, upload_folder
 
 from helpers import build_cache, copy_of, reseal_lock, tree_bytes
 from memos_format import write_cube
@@ -20,16 +20,13 @@ ITEMS = {"item-1": [5, 6, 7, 8, 9, 10], "item-2": [11, 12, 13, 14], "item-3": [2
 
 @pytest.fixture
 def hub(tmp_path):
-    with LocalHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def packed_cube(tmp_path_factory, zoo, models):
-    caches = {item: build_cache(models["a"], torch.tensor([ids])) for item, ids in ITEMS.items()}
-    cube = write_cube(tmp_path_factory.mktemp("hub") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
-    return cube
+def packed_cube(packed_cube_factory):
+    return packed_cube_factory(ITEMS)
 
 
 @pytest.fixture
@@ -93,7 +90,7 @@ def _existing_dir(tmp_path):
 def test_same_size_corrupted_blob_is_refused_naming_the_file(hub, cube, tmp_path):
     do_push(hub, cube)
     item = "activations/item-2.kv.safetensors"
-    blob = hub.store.blob_path(cubepack.hashing.sha256_file(cube / item))
+    blob = hub.store.blob_path(cubepack._hashing.sha256_file(cube / item))
     data = bytearray(blob.read_bytes())
     data[-10] ^= 0xFF
     blob.write_bytes(bytes(data))
@@ -159,7 +156,7 @@ def test_repush_unchanged_makes_no_commit_and_a_changed_item_uploads_only_its_by
     assert changed.changed and hub.stats.commits == 1
     assert changed.uploaded == ["README.md", "activations/item-2.kv.safetensors", "cubepack.lock"]
     lfs = {key: count for key, count in hub.stats.uploaded_bytes.items() if key.startswith("lfs:")}
-    assert lfs == {f"lfs:{cubepack.hashing.sha256_file(item)}": item.stat().st_size}
+    assert lfs == {f"lfs:{cubepack._hashing.sha256_file(item)}": item.stat().st_size}
     regular = {key for key in hub.stats.uploaded_bytes if key.startswith("file:")}
     assert regular == {"file:README.md", "file:cubepack.lock"}
 
@@ -184,14 +181,9 @@ def test_push_deletes_files_the_cube_no_longer_has(hub, cube, tmp_path):
 @pytest.fixture
 def hub_pinned_cube(hub, zoo, models, tmp_path):
     """Model A pushed to the endpoint as a model repo; a cube packed against that snapshot."""
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    api = HfApi(endpoint=hub.url, token=TOKEN)
-    api.create_repo("tiny-org/model-a", repo_type="model")
-    from cubepack.hub import _client_settings
-
-    with _client_settings(hub.url, xet=False):
-        api.upload_folder(repo_id="tiny-org/model-a", folder_path=str(zoo["a"]))
+    upload_folder(hub.url, "tiny-org/model-a", zoo["a"], token=TOKEN)
     snapshot = snapshot_download("tiny-org/model-a", endpoint=hub.url, cache_dir=tmp_path / "models")
     caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7]]))}
     cube = write_cube(tmp_path / "pinned", snapshot, caches)

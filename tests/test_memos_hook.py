@@ -13,8 +13,9 @@ memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos 
 import cubepack  # noqa: E402
 import cubepack.memos as hook  # noqa: E402
 from cubepack import IdentityMismatch, VerificationFailed  # noqa: E402
-from cubepack.hub import _client_settings, push  # noqa: E402
-from cubepack.localhub import LocalHub  # noqa: E402
+from cubepack.hub import push  # noqa: E402
+from cubepack.testing.hub import upload_folder  # noqa: E402
+from cubepack.testing.hub import InstrumentedHub  # noqa: E402
 
 from helpers import all_equal, continue_greedy  # noqa: E402
 
@@ -33,17 +34,12 @@ def memos_config(model_path, *, cube_id="u1/tiny_cube"):
 
 
 def publish_model(hub, folder, repo_id="tiny-org/model-a"):
-    from huggingface_hub import HfApi
-
-    api = HfApi(endpoint=hub.url)
-    api.create_repo(repo_id, exist_ok=True)
-    with _client_settings(hub.url, xet=False):
-        return api.upload_folder(repo_id=repo_id, folder_path=str(folder)).oid
+    return upload_folder(hub.url, repo_id, folder)
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    with LocalHub(tmp_path_factory.mktemp("hub-root")) as server:
+    with InstrumentedHub(tmp_path_factory.mktemp("hub-root")) as server:
         yield server
 
 
@@ -190,7 +186,7 @@ def test_a_tampered_cube_is_refused_before_memos_builds_anything(hub, published,
     data = bytearray(item.read_bytes())
     data[-5] ^= 0x01
     item.write_bytes(bytes(data))
-    store_blob = hub.store.blob_path(cubepack.hashing.sha256_file(published["packed"] /
+    store_blob = hub.store.blob_path(cubepack._hashing.sha256_file(published["packed"] /
                                                                    item.relative_to(tampered)))
     original = store_blob.read_bytes()
     store_blob.write_bytes(bytes(data))  # same size, other bytes, on the server

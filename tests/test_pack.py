@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import cubepack
-from cubepack import IdentityMismatch, UnsafeInputError, constants
+from cubepack import IdentityMismatch, UnsafeInputError
+from cubepack import _constants as constants
 from cubepack.kvfile import read_kv_header
 
 from helpers import all_equal, build_cache, continue_greedy, tree_bytes

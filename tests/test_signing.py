@@ -13,13 +13,13 @@ import torch
 pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
 
 import cubepack  # noqa: E402
-from cubepack import SignatureError, VerificationFailed, constants  # noqa: E402
+from cubepack import SignatureError, VerificationFailed  # noqa: E402
+from cubepack import _constants as constants  # noqa: E402
 from cubepack.hub import pull, push  # noqa: E402
-from cubepack.localhub import LocalHub  # noqa: E402
+from cubepack.testing.hub import InstrumentedHub  # noqa: E402
 from cubepack.signing import sign, verify_signature  # noqa: E402
 
 from helpers import build_cache, copy_of, make_key, reseal_lock, tree_bytes  # noqa: E402
-from memos_format import write_cube  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +30,8 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory, zoo, models):
-    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7, 8]]))}
-    cube = write_cube(tmp_path_factory.mktemp("signed") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
-    return cube
+def packed(packed_cube_factory):
+    return packed_cube_factory()
 
 
 @pytest.fixture
@@ -81,9 +78,9 @@ def test_a_signature_by_an_untrusted_key_is_refused(cube, keys):
 def test_content_changed_after_signing_is_refused_even_with_a_resealed_lock(cube, keys, models):
     sign(cube, keys["alice"][0])
     item = cube / "activations" / "item-1.kv.safetensors"
-    other = build_cache(models["a"], torch.tensor([[9, 9, 9, 9]]))
+    other = build_cache(models["a"], torch.tensor([[9, 9, 9, 9, 9, 9]]))  # same length
     cubepack.save_kv_cache(other, item, producer=models["a"], metadata={"id": "item-1"})
-    digest, size = cubepack.hashing.sha256_file(item), item.stat().st_size
+    digest, size = cubepack._hashing.sha256_file(item), item.stat().st_size
 
     def reseal(lock):
         lock["files"]["activations/item-1.kv.safetensors"] = {"sha256": digest, "size": size}
@@ -102,18 +99,44 @@ def test_ed25519_keys_are_refused_clearly(cube, keys):
     assert not (cube / constants.SIGNATURE_FILENAME).exists()
 
 
-def test_a_broken_cube_is_not_signed(cube, keys):
+def test_a_broken_cube_is_not_signed(cube, keys, capsys):
+    from cubepack.cli import main
+
     (cube / "config.json").write_text("{}")
-    with pytest.raises(VerificationFailed):
-        sign(cube, keys["alice"][0])
+    assert main(["sign", str(cube), "--key", str(keys["alice"][0])]) == 1
+    assert "failed verification" in capsys.readouterr().err
     assert not (cube / constants.SIGNATURE_FILENAME).exists()
+
+
+def test_sign_signs_what_the_lock_records_not_changed_bytes(cube, keys):
+    """sign() trusts its caller to have verified; even so it can only bless locked content."""
+    (cube / "config.json").write_text("{}")  # changed after packing, lock untouched
+    sign(cube, keys["alice"][0])
+    with pytest.raises(SignatureError, match="config.json differs"):
+        verify_signature(cube, [keys["alice"][1]])
+
+
+def test_signing_reads_no_file_again(cube, keys, monkeypatch):
+    """The manifest is built from the lock's digests: neither cubepack nor model_signing
+    hashes a cube file while signing (pack --sign-key hashes each file once, in pack)."""
+    from model_signing._hashing import io as ms_io
+
+    from cubepack import _hashing
+
+    hashed = []
+    monkeypatch.setattr(_hashing, "sha256_file", lambda *a, **k: hashed.append(a))
+    monkeypatch.setattr(ms_io.SimpleFileHasher, "compute", lambda self: hashed.append(self))
+    sign(cube, keys["alice"][0])
+    monkeypatch.undo()
+    assert hashed == []
+    assert verify_signature(cube, [keys["alice"][1]]) == str(keys["alice"][1])
 
 
 def test_pack_sign_key_then_pull_with_trusted_keys(cube, keys, tmp_path):
     cubepack.pack(cube, sign_key=keys["alice"][0])
     assert (cube / constants.SIGNATURE_FILENAME).is_file()
     assert cubepack.pack(cube).changed is False and (cube / constants.SIGNATURE_FILENAME).is_file()
-    with LocalHub(tmp_path / "hub") as hub:
+    with InstrumentedHub(tmp_path / "hub") as hub:
         pushed = push(cube, "ns/signed", endpoint=hub.url)
         spec = f"ns/signed@{pushed.commit_sha}"
         result = pull(spec, endpoint=hub.url, local_dir=tmp_path / "ok", cache_dir=tmp_path / "c",

@@ -9,19 +9,15 @@ import pytest
 import torch
 
 import cubepack
-from cubepack import VerificationFailed, constants
+from cubepack import VerificationFailed
+from cubepack import _constants as constants
 
-from helpers import build_cache, copy_of, reseal_lock
-from memos_format import write_cube
+from helpers import build_cache, copy_of, reseal_lock, run_torch_free
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory, zoo, models):
-    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7, 8, 9, 10]])),
-              "item-2": build_cache(models["a"], torch.tensor([[11, 12, 13]]))}
-    cube = write_cube(tmp_path_factory.mktemp("packed") / "cube", str(zoo["a"]), caches)
-    cubepack.pack(cube, legacy_pickle=True)
-    return cube
+def packed(packed_cube_factory):
+    return packed_cube_factory()
 
 
 @pytest.fixture
@@ -99,7 +95,7 @@ def test_lock_entry_escaping_the_cube_is_refused_before_reading(cube, tmp_path, 
     (tmp_path / "outside.txt").write_text("secret")
     reseal_lock(cube, lambda lock: lock["files"].update(
         {bad_path: {"sha256": "0" * 64, "size": 6}}))
-    from cubepack import hashing
+    from cubepack import _hashing as hashing
 
     opened = []
     monkeypatch.setattr(hashing, "sha256_file", lambda *a, **k: opened.append(a[0]))
@@ -118,7 +114,7 @@ def test_edited_lock_value_breaks_the_digest(cube):
 
 
 def test_kv_file_swapped_for_model_b_with_resealed_lock(cube, models):
-    from cubepack import hashing
+    from cubepack import _hashing as hashing
 
     cache_b = build_cache(models["b"], torch.tensor([[5, 6, 7, 8, 9, 10]]))
     cubepack.save_kv_cache(cache_b, cube / ITEM, producer=models["b"], metadata={"id": "item-1"})
@@ -162,13 +158,7 @@ def test_unpacked_folder_is_refused(tmp_path):
 
 
 def test_verify_does_not_import_torch(packed):
-    import subprocess
-    import sys
-
-    code = (f"import sys, cubepack; r = cubepack.verify({str(packed)!r}); assert r.ok; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    run_torch_free(f"import cubepack\nassert cubepack.verify({str(packed)!r}).ok\n")
 
 
 def test_diff_names_changed_files_and_pins(cube, packed, zoo):

@@ -7,7 +7,7 @@ tag, list refs, read repo info with file metadata, and download. No Xet, no pull
 web UI. It binds to 127.0.0.1 unless told otherwise.
 """
 
-from .server import LocalHub
-from .store import HubStore
+from ._server import LocalHub
+from ._store import HubStore
 
 __all__ = ["HubStore", "LocalHub"]

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: Model roles, as the lock and cubepack.yaml name them: the activation producer (strict) and
+#: the textual memory's extractor and embedder (informational).
 ACT_ROLE = "act_mem"
+TEXT_ROLES = ("text_mem.extractor_llm", "text_mem.embedder")
+ROLES = (ACT_ROLE, *TEXT_ROLES)
 KV_BACKENDS = ("kv_cache", "vllm_kv_cache")
 DEFAULT_FILENAMES = {
     "text_mem": "textual_memory.json",
@@ -46,20 +50,31 @@ def _llm_name(llm: Any) -> tuple[str | None, str | None]:
     return llm.get("backend"), name
 
 
+def _role_entry(config: dict[str, Any], role: str) -> Any:
+    """The ``{"backend": ..., "config": {...}}`` entry of a role inside a MemOS config dict."""
+    if role == ACT_ROLE:
+        return _section(_section(config, "act_mem"), "config").get("extractor_llm")
+    section, _, key = role.partition(".")
+    return _section(_section(config, section), "config").get(key)
+
+
+def llm_config(config: dict[str, Any], role: str) -> dict[str, Any] | None:
+    """The inner config dict (``model_name_or_path``...) of a role's LLM or embedder; editing
+    it edits ``config``."""
+    entry = _role_entry(config, role)
+    inner = entry.get("config") if isinstance(entry, dict) else None
+    return inner if isinstance(inner, dict) else None
+
+
 def model_refs(config: dict[str, Any]) -> list[ModelRef]:
     """Every model the cube's config names, the activation producer first."""
     refs = []
-    act = _section(config, "act_mem")
-    if act.get("backend") in KV_BACKENDS:
-        backend, name = _llm_name(_section(act, "config").get("extractor_llm"))
+    for role in ROLES:
+        if role == ACT_ROLE and _section(config, "act_mem").get("backend") not in KV_BACKENDS:
+            continue
+        backend, name = _llm_name(_role_entry(config, role))
         if name:
-            refs.append(ModelRef(ACT_ROLE, backend, name, strict=True))
-    text = _section(config, "text_mem")
-    text_config = _section(text, "config")
-    for key in ("extractor_llm", "embedder"):
-        backend, name = _llm_name(text_config.get(key))
-        if name:
-            refs.append(ModelRef(f"text_mem.{key}", backend, name, strict=False))
+            refs.append(ModelRef(role, backend, name, strict=role == ACT_ROLE))
     return refs
 
 

@@ -4,8 +4,9 @@ Routes and response shapes follow what huggingface_hub 0.36 and 2.x send and par
 README's "Local Hub endpoint" section). Errors carry ``X-Error-Code`` (RepoNotFound,
 RevisionNotFound, EntryNotFound) so the client raises its typed exceptions.
 
-``faults`` and ``stats`` exist for tests: a fault rule makes matching requests fail (500,
-dropped connection, truncated body, delay), and ``stats`` counts uploaded bytes per path.
+:class:`LocalHub` has a few hook methods (``before_request``, ``send_file``, ``count_upload``,
+``count_commit``) that do nothing special here; :mod:`cubepack.testing.hub` overrides them for
+fault injection, bandwidth caps and byte counting.
 """
 
 from __future__ import annotations
@@ -17,15 +18,12 @@ import json
 import re
 import secrets
 import threading
-import time
-from collections import Counter
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .store import HubStore, RepoRef, StoreError, repo_ref
+from ._store import HubStore, RepoRef, StoreError, repo_ref
 
 _API = re.compile(r"^/api/(models|datasets)/([^/]+)/([^/]+)(?:/(.*))?$")
 _RESOLVE = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
@@ -35,80 +33,19 @@ _BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", "
 LFS_THRESHOLD = 64 * 1024
 
 
-@dataclass
-class Fault:
-    """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
-
-    kind: ``"500"`` (server error), ``"drop"`` (close without answering), ``"truncate"`` (send
-    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first).
-    """
-
-    kind: str
-    path: str = ".*"
-    method: str = ".*"
-    times: int = 1
-    seconds: float = 0.0
-    hits: int = 0
-
-    def matches(self, method: str, path: str) -> bool:
-        return (self.hits < self.times and re.search(self.method, method) is not None
-                and re.search(self.path, path) is not None)
-
-
-@dataclass
-class Stats:
-    """What the endpoint received: bytes per uploaded path/oid, commits, requests by route."""
-
-    uploaded_bytes: Counter = field(default_factory=Counter)
-    commits: int = 0
-    requests: Counter = field(default_factory=Counter)
-
-    @property
-    def total_uploaded(self) -> int:
-        return sum(self.uploaded_bytes.values())
-
-    def reset(self) -> None:
-        self.uploaded_bytes.clear()
-        self.requests.clear()
-        self.commits = 0
-
-
-class _Link:
-    """A shared bandwidth cap: each sender reserves its bytes' slot on one timeline."""
-
-    def __init__(self, rate: float):
-        self.rate, self._next, self._lock = rate, time.monotonic(), threading.Lock()
-
-    def wait_for(self, size: int) -> None:
-        with self._lock:
-            start = max(self._next, time.monotonic())
-            self._next = start + size / self.rate
-        delay = self._next - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-
-
 class LocalHub:
     """A local Hub endpoint serving ``root`` on ``host:port`` (port 0 picks a free one).
 
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
             when empty, anyone who can reach the port may write (bind to loopback!).
-        max_rate: cap on download bandwidth in bytes/s, shared by all connections, to behave
-            like a real network link (benchmarks); None means as fast as loopback goes.
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[str] | None = None, max_rate: float | None = None):
+                 tokens: list[str] | None = None):
         self.store = HubStore(root)
-        self.link = _Link(max_rate) if max_rate else None
         self.tokens = set(tokens or [])
-        self.faults: list[Fault] = []
-        self.stats = Stats()
         self._secret = secrets.token_bytes(32)
-        self._faults_lock = threading.Lock()
-        self._seen: list[str] = []
-        self._seen_changed = threading.Condition()
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -137,34 +74,21 @@ class LocalHub:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
-                  seconds: float = 0.0) -> Fault:
-        fault = Fault(kind, path, method, times, seconds)
-        with self._faults_lock:
-            self.faults.append(fault)
-        return fault
+    # --- hooks (see cubepack.testing.hub) --------------------------------------------------------
+    def before_request(self, handler: "_Handler", method: str, path: str) -> bool:
+        """Called first for every request; return False when the request was answered here."""
+        return True
 
-    def take_fault(self, method: str, path: str) -> Fault | None:
-        with self._faults_lock:
-            for fault in self.faults:
-                if fault.matches(method, path):
-                    fault.hits += 1
-                    return fault
-        return None
+    def send_file(self, handler: "_Handler", handle: Any, offset: int, count: int) -> None:
+        """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
+        to the socket (sendfile), no bytes pass through Python."""
+        handler.connection.sendfile(handle, offset=offset, count=count)
 
-    def saw(self, method: str, path: str) -> None:
-        with self._seen_changed:
-            self._seen.append(f"{method} {path}")
-            self._seen_changed.notify_all()
+    def count_upload(self, key: str, size: int) -> None:
+        """Called for every uploaded chunk (``lfs:<oid>``, ``file:<path>``, ``path:<path>``)."""
 
-    def wait_for_request(self, pattern: str, timeout: float = 60.0) -> bool:
-        """Block until a request matching ``pattern`` ("METHOD /path" regex) has arrived.
-
-        For tests that must act while a request is in flight (e.g. kill a client mid-download).
-        """
-        with self._seen_changed:
-            return self._seen_changed.wait_for(
-                lambda: any(re.search(pattern, seen) for seen in self._seen), timeout)
+    def count_commit(self) -> None:
+        """Called after every commit."""
 
     def sign(self, oid: str, size: int) -> str:
         return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
@@ -210,19 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         path = split.path
-        self.hub.stats.requests[f"{method} {re.sub(r'/[0-9a-f]{40,64}', '/<oid>', path)}"] += 1
-        self.hub.saw(method, path)
-        self.fault = self.hub.take_fault(method, path)
-        if self.fault is not None:
-            if self.fault.kind == "delay":
-                time.sleep(self.fault.seconds)
-            elif self.fault.kind == "drop":
-                self._drain()
-                self.close_connection = True
-                return
-            elif self.fault.kind == "500":
-                self._drain()
-                return self._send_json({"error": "Injected server error"}, 500)
+        if not self.hub.before_request(self, method, path):
+            return
         try:
             self._route(method, path)
         except StoreError as exc:
@@ -264,6 +177,10 @@ class _Handler(BaseHTTPRequestHandler):
             remaining -= len(chunk)
             yield chunk
 
+    def drain(self) -> None:
+        """Read and discard the rest of the request body (so the connection can be reused)."""
+        self._drain()
+
     def _drain(self) -> None:
         try:
             for _ in self._chunks():
@@ -289,14 +206,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(data).encode(), "application/json", headers)
 
     def _send_error(self, status: int, message: str, code: str | None = None) -> None:
         headers = {"X-Error-Message": message}
         if code:
             headers["X-Error-Code"] = code
-        self._send_json({"error": message}, status, headers)
+        self.send_json({"error": message}, status, headers)
 
     # --- routing ---------------------------------------------------------------------------------
     def _route(self, method: str, path: str) -> None:
@@ -306,11 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(403, "Deleting repos is not supported by the local endpoint.")
         if path == "/api/validate-yaml" and method == "POST":
             self._body()
-            return self._send_json({"errors": [], "warnings": []})
+            return self.send_json({"errors": [], "warnings": []})
         if path == "/api/whoami-v2":
             if self.hub.tokens and not self.hub.authorized(self._token()):
                 raise StoreError(401, "Invalid credentials in Authorization header")
-            return self._send_json({"type": "user", "name": "local", "auth": {}})
+            return self.send_json({"type": "user", "name": "local", "auth": {}})
         if path.startswith("/lfs/upload/") and method == "PUT":
             return self._lfs_upload(path.rsplit("/", 1)[1])
         if path.startswith("/lfs/verify/") and method == "POST":
@@ -348,12 +265,12 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo(kind, namespace, name, write=action in writes and method != "GET")
         store = self.hub.store
         if action == "" and method == "GET":
-            return self._send_json(self._info(repo, "main"))
+            return self.send_json(self._info(repo, "main"))
         if action == "revision" and len(parts) >= 2:
-            return self._send_json(self._info(repo, "/".join(parts[1:])))
+            return self.send_json(self._info(repo, "/".join(parts[1:])))
         if action == "refs" and method == "GET":
             refs = store.refs(repo)
-            return self._send_json({
+            return self.send_json({
                 "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
                              for n, c in sorted(refs["branches"].items())],
                 "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
@@ -370,12 +287,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 store.create_ref(repo, "branch", "/".join(parts[1:]),
                                  body.get("startingPoint") or "main")
-            return self._send_json({})
+            return self.send_json({})
         if action in ("tag", "branch") and method == "DELETE":
             if not self.hub.authorized(self._token()):
                 raise StoreError(401, "You must be authenticated to delete refs.")
             store.delete_ref(repo, action, "/".join(parts[1:]))
-            return self._send_json({})
+            return self.send_json({})
         if action == "tree" and method == "GET" and len(parts) >= 2:
             return self._tree(repo, parts[1], "/".join(parts[2:]))
         if action == "paths-info" and method == "POST":
@@ -400,7 +317,7 @@ class _Handler(BaseHTTPRequestHandler):
         created = self.hub.store.create(repo, private)
         prefix = "datasets/" if kind == "datasets" else ""
         url = f"{self._base()}/{prefix}{repo.repo_id}"
-        self._send_json({"url": url, "name": repo.repo_id}, 200 if created else 409)
+        self.send_json({"url": url, "name": repo.repo_id}, 200 if created else 409)
 
     def _base(self) -> str:
         host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
@@ -450,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(404, f"{prefix} not found at {revision}.", "EntryNotFound")
         listing = [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest(),
                     "size": 0} for f in sorted(folders)] + entries
-        self._send_json(listing)
+        self.send_json(listing)
 
     def _paths_info(self, repo: RepoRef, revision: str) -> None:
         raw = self._body().decode()
@@ -467,10 +384,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
                 result.append({"type": "directory", "path": path,
                                "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0})
-        self._send_json(result)
+        self.send_json(result)
 
     def _commits(self, repo: RepoRef, revision: str) -> None:
-        self._send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
+        self.send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
                           "authors": [{"user": "local"}], "date": c["date"]}
                          for c in self.hub.store.history(repo, revision)])
 
@@ -490,7 +407,7 @@ class _Handler(BaseHTTPRequestHandler):
                 existing = tree[path]
                 result["oid"] = existing["sha256"] if lfs else existing["git_oid"]
             files.append(result)
-        self._send_json({"files": files, "commitOid": self.hub.store.resolve(repo, revision)
+        self.send_json({"files": files, "commitOid": self.hub.store.resolve(repo, revision)
                          if tree else None})
 
     def _lfs_batch(self, repo: RepoRef) -> None:
@@ -520,11 +437,11 @@ class _Handler(BaseHTTPRequestHandler):
         size = self._signed(oid)
         counted = self._counting(self._chunks(), f"lfs:{oid}")
         self.hub.store.put_blob(oid, size, counted)
-        self._send_json({})
+        self.send_json({})
 
     def _counting(self, chunks, key: str):
         for chunk in chunks:
-            self.hub.stats.uploaded_bytes[key] += len(chunk)
+            self.hub.count_upload(key, len(chunk))
             yield chunk
 
     def _lfs_verify(self, oid: str) -> None:
@@ -532,7 +449,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._body()
         if not self.hub.store.has_blob(oid, size):
             raise StoreError(404, f"Object {oid} was not uploaded.")
-        self._send_json({})
+        self.send_json({})
 
     def _commit(self, repo: RepoRef, revision: str) -> None:
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
@@ -543,19 +460,14 @@ class _Handler(BaseHTTPRequestHandler):
         for operation in operations:
             value = operation.get("value") or {}
             if operation.get("key") == "file":
-                self.hub.stats.uploaded_bytes[f"file:{value.get('path')}"] += \
-                    len(base64.b64decode(value.get("content", "")))
-            elif operation.get("key") == "lfsFile":
-                key = f"lfs:{value.get('oid')}"
-                if key in self.hub.stats.uploaded_bytes:
-                    self.hub.stats.uploaded_bytes[f"path:{value.get('path')}"] += \
-                        self.hub.stats.uploaded_bytes[key]
+                self.hub.count_upload(f"file:{value.get('path')}",
+                                      len(base64.b64decode(value.get("content", ""))))
         commit_id = self.hub.store.apply_commit(
             repo, revision, title=header.get("summary", ""), message=header.get("description", ""),
             parent=header.get("parentCommit"), operations=operations)
-        self.hub.stats.commits += 1
+        self.hub.count_commit()
         prefix = "datasets/" if repo.kind == "datasets" else ""
-        self._send_json({"commitOid": commit_id, "pullRequestUrl": None,
+        self.send_json({"commitOid": commit_id, "pullRequestUrl": None,
                          "commitUrl": f"{self._base()}/{prefix}{repo.repo_id}/commit/{commit_id}"})
 
     def _resolve(self, repo: RepoRef, revision: str, path: str) -> None:
@@ -585,20 +497,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        truncate = self.fault is not None and self.fault.kind == "truncate"
         self.wfile.flush()
-        count = length // 2 if truncate else length
         with open(blob, "rb") as handle:
-            # sendfile: the kernel copies page cache to socket, no bytes through Python
-            if self.hub.link is None:
-                self.connection.sendfile(handle, offset=start, count=count)
-            else:
-                for offset in range(start, start + count, 1024 * 1024):
-                    size = min(1024 * 1024, start + count - offset)
-                    self.hub.link.wait_for(size)
-                    self.connection.sendfile(handle, offset=offset, count=size)
-        if truncate:
-            self.close_connection = True
+            self.hub.send_file(self, handle, start, length)
 
 
 def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:

@@ -26,35 +26,6 @@ from ._canonical import json_safe
 from .errors import FormatError, UnsafeInputError
 
 
-#: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
-PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
-
-
-def pickle_evidence(path: Any) -> str | None:
-    """Why the file at ``path`` is (or holds) a pickle, or None. Reads at most its zip index.
-
-    Shipped cubes hold no pickle; ``verify`` refuses any file this flags.
-    """
-    import zipfile
-    from pathlib import Path
-
-    path = Path(path)
-    if path.name.lower().endswith(PICKLE_SUFFIXES):
-        return f"has a pickle-format suffix ({path.suffix})"
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return "starts with a pickle protocol header"
-    if head == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(path) as archive:
-                if any(name.endswith((".pkl", ".pickle")) for name in archive.namelist()):
-                    return "is a zip archive holding a pickle (torch.save format)"
-        except (zipfile.BadZipFile, OSError, ValueError):
-            return None
-    return None
-
-
 class _StandIn:
     """Records the state pickle gives an object, and nothing else."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from . import constants
+from . import _constants as constants
 from .errors import FormatError
 
 

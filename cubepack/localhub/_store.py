@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.utils.sha import git_hash
+
 from .. import _atomic, _canonical
-from ..paths import check_relpath
+from .._paths import check_relpath
+from .._revision import is_commit
 
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
                  b"*.bin filter=lfs diff=lfs merge=lfs -text\n")
 
@@ -41,11 +43,6 @@ class StoreError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
         self.status, self.code = status, code
-
-
-def git_blob_oid(data: bytes) -> str:
-    """The git blob sha1 the Hub reports as the oid of a regular (non-LFS) file."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -69,7 +66,7 @@ class RepoRef:
 
 
 def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
-    if kind not in REPO_TYPES or not _NAME.match(namespace or "") or not _NAME.match(name or ""):
+    if kind not in REPO_TYPES or not _NAME.fullmatch(namespace or "") or not _NAME.fullmatch(name or ""):
         raise StoreError(404, f"Repository {namespace}/{name} not found.", "RepoNotFound")
     return RepoRef(kind, namespace, name)
 
@@ -124,7 +121,7 @@ class HubStore:
                 return refs["branches"][name]
             if name in refs["tags"]:
                 return refs["tags"][name]
-        if _COMMIT.match(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
+        if is_commit(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
             return revision
         raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
@@ -166,7 +163,7 @@ class HubStore:
 
     # --- blobs -----------------------------------------------------------------------------------
     def blob_path(self, sha256: str) -> Path:
-        if not _SHA256.match(sha256):
+        if not _SHA256.fullmatch(sha256):
             raise StoreError(400, "Invalid oid.")
         return self.root / "blobs" / sha256
 
@@ -190,7 +187,7 @@ class HubStore:
         sha256 = hashlib.sha256(data).hexdigest()
         if not self.has_blob(sha256, len(data)):
             _atomic.write_bytes(self.blob_path(sha256), data)
-        return {"sha256": sha256, "size": len(data), "git_oid": git_blob_oid(data), "lfs": lfs}
+        return {"sha256": sha256, "size": len(data), "git_oid": git_hash(data), "lfs": lfs}
 
     # --- commits ---------------------------------------------------------------------------------
     def apply_commit(self, repo: RepoRef, branch: str, *, title: str, message: str,
@@ -231,7 +228,7 @@ class HubStore:
             if not self.has_blob(oid, size):
                 raise StoreError(400, f"LFS object {oid} for {path} was never uploaded.")
             pointer = lfs_pointer(oid, size)
-            tree[path] = {"sha256": oid, "size": size, "git_oid": git_blob_oid(pointer), "lfs": True,
+            tree[path] = {"sha256": oid, "size": size, "git_oid": git_hash(pointer), "lfs": True,
                           "pointer_size": len(pointer)}
         elif key == "deletedFile":
             if tree.pop(path, None) is None:

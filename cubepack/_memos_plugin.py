@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from memos.plugins.base import MemOSPlugin
 
-from . import __version__
+from ._version import __version__
+from .memos import install
 
 
 class CubepackPlugin(MemOSPlugin):
@@ -15,6 +16,4 @@ class CubepackPlugin(MemOSPlugin):
     description = "Verified, pinned MemCube loading (cubepack.memos.install)."
 
     def on_load(self) -> None:
-        from .memos import install
-
         install(require_pin=True)

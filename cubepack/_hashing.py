@@ -11,6 +11,7 @@ reused buffer and an optional progress bar in bytes.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import sqlite3
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import constants
+from . import _constants as constants
 
 _READ_SIZE = 8 * 1024 * 1024
 
@@ -38,10 +39,6 @@ def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | 
             if on_bytes is not None:
                 on_bytes(count)
     return digest.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class HashCache:
@@ -73,6 +70,12 @@ class HashCache:
         st = os.stat(real)
         return (real, st.st_size, st.st_mtime_ns, st.st_ino)
 
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
     def get(self, key: tuple[str, int, int, int]) -> str | None:
         with self._lock:
             conn = self._connection()
@@ -93,6 +96,28 @@ class HashCache:
                 conn.commit()
             except sqlite3.Error:
                 pass
+
+
+_SHARED: dict[Path, HashCache] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def shared_cache() -> HashCache:
+    """The process's one :class:`HashCache` for the configured ``CUBEPACK_CACHE`` (opened once,
+    closed at exit), so repeated fingerprints share one SQLite connection."""
+    path = constants.hash_cache_path()
+    with _SHARED_GUARD:
+        if path not in _SHARED:
+            _SHARED[path] = HashCache(path)
+        return _SHARED[path]
+
+
+@atexit.register
+def _close_shared() -> None:
+    with _SHARED_GUARD:
+        for cache in _SHARED.values():
+            cache.close()
+        _SHARED.clear()
 
 
 def hash_files(

@@ -14,14 +14,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import _canonical, constants
+from . import _canonical
+from . import _constants as constants
 from .errors import FormatError
+from ._revision import is_commit
 from .identity import ModelIdentity
-from .paths import check_no_collisions, check_relpath
+from ._paths import check_no_collisions, check_relpath
 
 MAX_LOCK_BYTES = 64 * 1024 * 1024
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _TOP_KEYS = {"lock_version", "cubepack_version", "cube_id", "files", "models", "activations",
              "content_digest", "digest"}
 
@@ -76,8 +77,6 @@ def parse(data: bytes) -> dict[str, Any]:
     try:
         lock = _canonical.loads_strict(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        if isinstance(exc, FormatError):
-            raise
         raise FormatError(f"cubepack.lock is not valid JSON: {exc}") from exc
     if not isinstance(lock, dict):
         raise FormatError("cubepack.lock must hold a JSON object.")
@@ -118,7 +117,7 @@ def _check_files(files: Any) -> None:
         if path == constants.LOCK_FILENAME:
             raise FormatError("cubepack.lock must not list itself.")
         if not (isinstance(entry, dict) and set(entry) == {"sha256", "size"}
-                and isinstance(entry["sha256"], str) and _HEX64.match(entry["sha256"])
+                and isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
                 and type(entry["size"]) is int and 0 <= entry["size"] < 2**50):
             raise FormatError(f"cubepack.lock entry for {path!r} must be {{sha256: 64 hex, size: int}}.")
     check_no_collisions(list(files))
@@ -133,7 +132,7 @@ def _check_models(models: Any) -> None:
         for key in ("repo_id", "revision", "name"):
             if not isinstance(pin.get(key), (str, type(None))):
                 raise FormatError(f"cubepack.lock model {role!r} has a non-string {key}.")
-        if pin.get("revision") is not None and not _COMMIT.match(pin["revision"]):
+        if pin.get("revision") is not None and not is_commit(pin["revision"]):
             raise FormatError(f"cubepack.lock model {role!r} pins revision {pin['revision']!r}, "
                               "which is not a 40-hex commit.")
         identity = pin.get("identity")

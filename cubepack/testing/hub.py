@@ -1,0 +1,187 @@
+"""The local Hub endpoint with the knobs tests and benchmarks need.
+
+:class:`InstrumentedHub` is a :class:`~cubepack.localhub.LocalHub` whose hooks inject faults
+(500, dropped connection, truncated body, delay), cap download bandwidth like a real link,
+count requests, uploaded bytes and commits, and let a test wait for a request to arrive.
+``python -m cubepack.testing.hub --root DIR --port P [--max-rate-mb R]`` serves one in its own
+process (the pull benchmark does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._hub_client import HubClient
+from ..localhub import LocalHub
+
+
+@dataclass
+class Fault:
+    """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
+
+    kind: ``"500"`` (server error), ``"drop"`` (close without answering), ``"truncate"`` (send
+    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first).
+    """
+
+    kind: str
+    path: str = ".*"
+    method: str = ".*"
+    times: int = 1
+    seconds: float = 0.0
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.hits < self.times and re.search(self.method, method) is not None
+                and re.search(self.path, path) is not None)
+
+
+@dataclass
+class Stats:
+    """What the endpoint received: bytes per upload key, commits, requests by route."""
+
+    uploaded_bytes: Counter = field(default_factory=Counter)
+    commits: int = 0
+    requests: Counter = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.uploaded_bytes.clear()
+        self.requests.clear()
+        self.commits = 0
+
+
+class Link:
+    """A shared bandwidth cap: each sender reserves its bytes' slot on one timeline."""
+
+    def __init__(self, rate: float):
+        self.rate, self._next, self._lock = rate, time.monotonic(), threading.Lock()
+
+    def wait_for(self, size: int) -> None:
+        with self._lock:
+            start = max(self._next, time.monotonic())
+            self._next = start + size / self.rate
+        delay = self._next - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class InstrumentedHub(LocalHub):
+    """A :class:`LocalHub` for tests: faults, a bandwidth cap, counters, request waiting.
+
+    Args:
+        max_rate: cap on download bandwidth in bytes/s, shared by all connections; None means
+            as fast as loopback goes.
+    """
+
+    def __init__(self, root: str | Path, *, max_rate: float | None = None, **kwargs: Any):
+        super().__init__(root, **kwargs)
+        self.faults: list[Fault] = []
+        self.stats = Stats()
+        self.link = Link(max_rate) if max_rate else None
+        self._faults_lock = threading.Lock()
+        self._seen: list[str] = []
+        self._seen_changed = threading.Condition()
+
+    def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
+                  seconds: float = 0.0) -> Fault:
+        fault = Fault(kind, path, method, times, seconds)
+        with self._faults_lock:
+            self.faults.append(fault)
+        return fault
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._faults_lock:
+            for fault in self.faults:
+                if fault.matches(method, path):
+                    fault.hits += 1
+                    return fault
+        return None
+
+    def wait_for_request(self, pattern: str, timeout: float = 60.0) -> bool:
+        """Block until a request matching ``pattern`` ("METHOD /path" regex) has arrived.
+
+        For tests that must act while a request is in flight (e.g. kill a client mid-download).
+        """
+        with self._seen_changed:
+            return self._seen_changed.wait_for(
+                lambda: any(re.search(pattern, seen) for seen in self._seen), timeout)
+
+    # --- hooks -----------------------------------------------------------------------------------
+    def before_request(self, handler: Any, method: str, path: str) -> bool:
+        self.stats.requests[f"{method} {re.sub(r'/[0-9a-f]{40,64}', '/<oid>', path)}"] += 1
+        with self._seen_changed:
+            self._seen.append(f"{method} {path}")
+            self._seen_changed.notify_all()
+        fault = self._take_fault(method, path)
+        handler.truncate = fault is not None and fault.kind == "truncate"
+        if fault is None or fault.kind in ("truncate",):
+            return True
+        if fault.kind == "delay":
+            time.sleep(fault.seconds)
+            return True
+        handler.drain()
+        if fault.kind == "drop":
+            handler.close_connection = True
+        else:
+            handler.send_json({"error": "Injected server error"}, 500)
+        return False
+
+    def send_file(self, handler: Any, handle: Any, offset: int, count: int) -> None:
+        if getattr(handler, "truncate", False):
+            count //= 2
+            handler.close_connection = True
+        if self.link is None:
+            super().send_file(handler, handle, offset, count)
+            return
+        for start in range(offset, offset + count, 1024 * 1024):
+            size = min(1024 * 1024, offset + count - start)
+            self.link.wait_for(size)
+            super().send_file(handler, handle, start, size)
+
+    def count_upload(self, key: str, size: int) -> None:
+        self.stats.uploaded_bytes[key] += size
+
+    def count_commit(self) -> None:
+        self.stats.commits += 1
+
+
+def upload_folder(endpoint: str, repo_id: str, folder: str | Path, *, repo_type: str = "model",
+                  token: str | None = None) -> str:
+    """Create ``repo_id`` on ``endpoint`` and commit every file of ``folder`` to it, as someone
+    publishing a model or a raw folder would (no cubepack checks); return the commit SHA."""
+    from huggingface_hub import CommitOperationAdd
+
+
+
+    client = HubClient(endpoint, token)
+    client.api.create_repo(repo_id, repo_type=repo_type, exist_ok=True)
+    folder = Path(folder)
+    operations = [CommitOperationAdd(path.relative_to(folder).as_posix(), str(path))
+                  for path in sorted(folder.rglob("*")) if path.is_file()]
+    return client.create_commit(repo_id, operations, repo_type=repo_type, branch="main",
+                                message=f"upload {folder.name}").oid
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve an InstrumentedHub (tests, benchmarks).")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--max-rate-mb", type=float, default=None)
+    args = parser.parse_args(argv)
+    hub = InstrumentedHub(args.root, port=args.port,
+                          max_rate=args.max_rate_mb * 1e6 if args.max_rate_mb else None)
+    print(f"serving {args.root} at {hub.url}", flush=True)
+    try:
+        hub.serve_forever()
+    except KeyboardInterrupt:
+        hub.stop()
+
+
+if __name__ == "__main__":
+    main()
