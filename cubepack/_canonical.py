@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 
@@ -20,15 +21,41 @@ def dumps(value: Any, *, compact: bool = False) -> str:
     return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
 
 
+#: Deepest nesting accepted in a document cubepack reads: locks, headers and metadata are
+#: shallow; thousands of levels only serve to crash a recursive reader later.
+MAX_DEPTH = 64
+
+
 def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (not JSON; they would break digests later).
+    """``json.loads`` for untrusted documents: no NaN or Infinity (not JSON, and they would
+    break digests later), no number that overflows to infinity (``1e999``), no nesting deeper
+    than :data:`MAX_DEPTH`.
 
     Raises ValueError (or RecursionError) like ``json.loads``; callers wrap it in their error.
     """
     def reject(name: str) -> None:
         raise ValueError(f"{name} is not valid JSON")
 
-    return json.loads(text, parse_constant=reject, **kwargs)
+    def finite(number: str) -> float:
+        value = float(number)
+        if math.isinf(value):
+            raise ValueError(f"the number {number[:40]} overflows to infinity")
+        return value
+
+    value = json.loads(text, parse_constant=reject, parse_float=finite, **kwargs)
+    _check_depth(value)
+    return value
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nesting deeper than {MAX_DEPTH} levels")
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
 
 
 def digest(value: Any) -> str:

@@ -14,10 +14,14 @@ import sys
 from pathlib import Path
 
 KV_FORMAT_NAME = "cubepack.kv"
-KV_FORMAT_VERSION = 1
+#: Version 2 added the compute config and the behavioural tokenizer digest to the producer.
+#: Version 1 files are still read (``inspect``, ``upgrade``) but never loaded into a model.
+KV_FORMAT_VERSION = 2
+KV_READABLE_VERSIONS = (1, 2)
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
-LOCK_VERSION = 1
+#: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION).
+LOCK_VERSION = 2
 CONFIG_FILENAME = "cubepack.yaml"
 CONFIG_SCHEMA_VERSION = 1
 SIGNATURE_FILENAME = "cubepack.sig"

@@ -5,8 +5,10 @@ threads saturate the cores without copying data between processes), with large r
 reused buffer and an optional progress bar in bytes.
 
 ``HashCache`` remembers digests of files we do not control (model weights) keyed by
-(real path, size, mtime_ns, inode), so re-fingerprinting an unchanged 1 GB model costs a
-``stat``. Verification of cube files never uses it: a verifier must read the bytes.
+(device, inode, size, mtime_ns, ctime_ns) of the file a path resolves to, so re-fingerprinting
+an unchanged 1 GB model costs a ``stat``. ctime is in the key because a user can set mtime back
+after editing a file in place, but not ctime. Verification of cube files never uses it: a
+verifier must read the bytes.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | 
 
 
 class HashCache:
-    """Persistent sha256 cache for files keyed by (real path, size, mtime_ns, inode)."""
+    """Persistent sha256 cache for files keyed by (device, inode, size, mtime_ns, ctime_ns)."""
 
     def __init__(self, db_path: str | os.PathLike[str] | None = None):
         self.db_path = Path(db_path or constants.hash_cache_path())
@@ -55,8 +57,9 @@ class HashCache:
                 self.db_path.parent.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(self.db_path, timeout=30, check_same_thread=False)
                 conn.execute(
-                    "CREATE TABLE IF NOT EXISTS hashes (path TEXT, size INTEGER, mtime_ns INTEGER,"
-                    " inode INTEGER, sha256 TEXT, PRIMARY KEY (path, size, mtime_ns, inode))"
+                    "CREATE TABLE IF NOT EXISTS file_sha256 (device INTEGER, inode INTEGER, "
+                    "size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT, "
+                    "PRIMARY KEY (device, inode, size, mtime_ns, ctime_ns))"
                 )
                 conn.commit()
                 self._conn = conn
@@ -65,10 +68,9 @@ class HashCache:
         return self._conn
 
     @staticmethod
-    def key(path: Path) -> tuple[str, int, int, int]:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-        return (real, st.st_size, st.st_mtime_ns, st.st_ino)
+    def key(path: Path) -> tuple[int, int, int, int, int]:
+        st = os.stat(path)  # follows links: the key is the file's, whatever names it
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def close(self) -> None:
         with self._lock:
@@ -76,23 +78,25 @@ class HashCache:
                 self._conn.close()
                 self._conn = None
 
-    def get(self, key: tuple[str, int, int, int]) -> str | None:
+    def get(self, key: tuple[int, int, int, int, int]) -> str | None:
         with self._lock:
             conn = self._connection()
             if conn is None:
                 return None
             row = conn.execute(
-                "SELECT sha256 FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key
+                "SELECT sha256 FROM file_sha256 WHERE device=? AND inode=? AND size=? AND "
+                "mtime_ns=? AND ctime_ns=?", key
             ).fetchone()
         return row[0] if row else None
 
-    def put(self, key: tuple[str, int, int, int], sha256: str) -> None:
+    def put(self, key: tuple[int, int, int, int, int], sha256: str) -> None:
         with self._lock:
             conn = self._connection()
             if conn is None:
                 return
             try:
-                conn.execute("INSERT OR REPLACE INTO hashes VALUES (?,?,?,?,?)", (*key, sha256))
+                conn.execute("INSERT OR REPLACE INTO file_sha256 VALUES (?,?,?,?,?,?)",
+                             (*key, sha256))
                 conn.commit()
             except sqlite3.Error:
                 pass
@@ -160,7 +164,8 @@ def hash_files(
     def work(item: tuple[Path, tuple | None]) -> tuple[Path, str]:
         path, key = item
         digest = sha256_file(path, advance)
-        if cache is not None and key is not None:
+        # Remember it only if the file did not change while it was read.
+        if cache is not None and key is not None and HashCache.key(path) == key:
             cache.put(key, digest)
         return path, digest
 

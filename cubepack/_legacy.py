@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import io
 import pickle
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,17 +52,6 @@ def _stand_in(module: str, name: str) -> type:
     return type(name, (_StandIn,), {"qualname": f"{module}.{name}"})
 
 
-def _safe_load_from_bytes(data: bytes) -> Any:
-    import torch
-
-    if not isinstance(data, (bytes, bytearray)):
-        raise UnsafeInputError("torch.storage._load_from_bytes received non-bytes data.")
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise UnsafeInputError(f"A nested tensor pickle names a forbidden global: {exc}") from exc
-
-
 def _torch_global(name: str) -> Any:
     import torch
 
@@ -89,8 +79,51 @@ _DATETIME = {"datetime": datetime.datetime, "date": datetime.date, "timedelta": 
              "timezone": datetime.timezone}
 
 
+def _declared_size(data: bytes) -> int:
+    """What a nested ``torch.save`` payload will decode to: its zip entries' declared sizes
+    (a zip may be deflated), or its own length for the legacy non-zip format (stored raw)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(entry.file_size for entry in archive.infolist())
+    except (zipfile.BadZipFile, ValueError):
+        return len(data)
+
+
 class AllowlistUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only the globals MemOS activation pickles use."""
+    """An unpickler that resolves only the globals MemOS activation pickles use.
+
+    Nested storages (``torch.storage._load_from_bytes``) are decoded at most once each and
+    within a byte budget: a pickle that reuses one compressed payload through its memo, or
+    nests payloads that expand far beyond its own size, is refused instead of inflating.
+    """
+
+    def __init__(self, file: Any, *, budget: int):
+        super().__init__(file)
+        self._budget = budget
+        self._decoded: dict[int, tuple[bytes, Any]] = {}
+
+    def _load_from_bytes(self, data: Any) -> Any:
+        import torch
+
+        if not isinstance(data, (bytes, bytearray)):
+            raise UnsafeInputError("torch.storage._load_from_bytes received non-bytes data.")
+        known = self._decoded.get(id(data))
+        if known is not None and known[0] is data:  # the memo handed the same bytes again
+            return known[1]
+        self._spend(_declared_size(data))  # before decoding: a bomb never inflates
+        try:
+            storage = torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeInputError(f"A nested tensor pickle names a forbidden global: {exc}") \
+                from exc
+        self._decoded[id(data)] = (data, storage)
+        return storage
+
+    def _spend(self, size: int) -> None:
+        self._budget -= size
+        if self._budget < 0:
+            raise UnsafeInputError("The activation pickle decodes to far more tensor bytes than "
+                                   "it holds (a decompression bomb); refusing it.")
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _STAND_INS:
@@ -98,7 +131,7 @@ class AllowlistUnpickler(pickle.Unpickler):
         if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
             return _tensor_rebuilder(name)
         if module == "torch.storage" and name == "_load_from_bytes":
-            return _safe_load_from_bytes
+            return self._load_from_bytes
         if module == "torch" and not name.startswith("_"):
             return _torch_global(name)
         if module == "collections" and name == "OrderedDict":
@@ -122,15 +155,29 @@ class LegacyItem:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def read_memos_pickle(data: bytes) -> list[LegacyItem]:
+#: Tensor bytes a pickle may decode to, per byte of pickle: torch.save'd storages are stored
+#: uncompressed, so honest dumps decode to about their own size.
+BUDGET_PER_PICKLE_BYTE = 2
+BUDGET_SLACK = 1 << 20
+
+
+def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> list[LegacyItem]:
     """Read a MemOS ``activation_memory.pickle`` through the allowlist unpickler.
 
+    Args:
+        max_tensor_bytes: a tighter cap on decoded tensor bytes (e.g. from the pinned model's
+            geometry); the default allows twice the pickle's size.
+
     Raises:
-        UnsafeInputError: the pickle names a global outside the allowlist.
+        UnsafeInputError: the pickle names a global outside the allowlist, or decodes to more
+            tensor bytes than the cap.
         FormatError: the pickle is readable but not a MemOS activation memory.
     """
+    budget = BUDGET_PER_PICKLE_BYTE * len(data) + BUDGET_SLACK
+    if max_tensor_bytes is not None:
+        budget = min(budget, max_tensor_bytes)
     try:
-        document = AllowlistUnpickler(io.BytesIO(data)).load()
+        document = AllowlistUnpickler(io.BytesIO(data), budget=budget).load()
     except UnsafeInputError:
         raise
     except Exception as exc:  # corrupt pickles raise anything from EOFError to struct.error

@@ -81,6 +81,10 @@ def parse(data: bytes) -> dict[str, Any]:
     if not isinstance(lock, dict):
         raise FormatError("cubepack.lock must hold a JSON object.")
     version = lock.get("lock_version")
+    if version == 1:
+        raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
+                          "compute config; upgrade the cube with its producer model: cubepack "
+                          "upgrade CUBE_DIR --model MODEL.")
     if version != constants.LOCK_VERSION:
         raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads version "
                           f"{constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")

@@ -2,7 +2,7 @@
 
 For each strict pin with a Hub revision: the weights digest is recomputed from the per-file LFS
 sha256 the Hub reports (``files_metadata=True``), the tokenizer digest from ``tokenizer.json``
-and the geometry from ``config.json`` (both small). Returns typed checks; verification decides
+and the geometry and compute config from ``config.json`` (both small). Returns typed checks; verification decides
 what to do with them.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 from ._hub_client import HubClient, lfs_sha256
 from ._report import Check
 from .errors import CubepackError, HubError
-from .fingerprints import (digest_of_file_hashes, geometry_from_config, select_weight_names,
-                           tokenizer_digest_from_json)
-from .identity import ModelIdentity, compare_geometry
+from .fingerprints import (compute_config, digest_of_file_hashes, geometry_from_config,
+                           select_weight_names, tokenizer_digest_from_json)
+from .identity import ModelIdentity, compare_keyed
 
 CHECK = "remote model"
 
@@ -85,10 +85,12 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient) -> list[Check]
         return [Check(CHECK, subject, False, str(client.error(exc, repo_id, "model", sha)),
                       role=role)]
     problems += [(m.field, m.expected, m.found)
-                 for m in compare_geometry(pinned.geometry, geometry_from_config(config))]
+                 for m in compare_keyed("geometry", pinned.geometry, geometry_from_config(config))
+                 + compare_keyed("compute_config", pinned.compute_config or {},
+                                 compute_config(config))]
     if not problems:
-        return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer and geometry at "
-                      "the pinned revision match the pin", role=role)]
+        return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry and "
+                      "compute config at the pinned revision match the pin", role=role)]
     return [Check(CHECK, f"{subject} {key}", False, "the Hub's files at the pinned revision "
                   "differ from the pin", expected, found, role=role)
             for key, expected, found in problems]

@@ -184,6 +184,21 @@ def _render_report(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli.command("upgrade")
+@click.argument("path", type=click.Path())
+@click.option("--model", required=True, help="The producer model (folder or Hub id).")
+@click.option("--revision", help="Branch, tag or commit of a Hub --model.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
+    """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
+    from .upgrade import upgrade
+
+    result = upgrade(path, model, revision=revision)
+    _emit(result.to_dict(), as_json,
+          lambda d: f"upgraded {len(d['upgraded'])} file(s), {len(d['current'])} already current: "
+                    f"{d['path']}")
+
+
 @cli.command("sign")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--key", required=True, type=click.Path(dir_okay=False, exists=True),

@@ -2,11 +2,13 @@
 
 Folder and Hub-id fingerprints read only JSON and file bytes (no torch import), so ``cubepack
 fingerprint`` and ``cubepack verify`` stay fast. A loaded model is fingerprinted from the files it
-was loaded from (its ``name_or_path``) plus the dtype it runs in; a model with no files behind
-it gets a digest of its state dict, marked ``state-dict-sha256:``.
+was loaded from (its ``name_or_path``), the config it was loaded with (load-time overrides
+count) and the dtype it runs in; a model with no files behind it gets a digest of its state
+dict, marked ``state-dict-sha256:``.
 
-Weight hashing is free for Hub-cached models (their LFS blobs are named by sha256) and cached by
-(real path, size, mtime_ns, inode) for everything else, so re-fingerprinting is cheap.
+Weights are hashed, never trusted by name: a Hub-cache blob's file name is its sha256 only once
+cubepack has hashed it and found so. File digests are remembered by (device, inode, size,
+mtime_ns, ctime_ns), which a user cannot set back, so re-fingerprinting costs a ``stat``.
 """
 
 from __future__ import annotations
@@ -25,24 +27,26 @@ from typing import Any
 
 from . import _canonical
 from . import _constants as constants
-from ._safetensors_header import read_header
-from .errors import CubepackError, FormatError, ModelNotFoundError
+from ._config_fields import (compute_config, config_digest, geometry_from_config,
+                             quantization_from_config)
 from ._hashing import HashCache, hash_files, shared_cache
 from ._revision import is_commit
-from .identity import ModelIdentity, dtype_name
+from ._safetensors_header import read_header
+from ._tokenizer_fields import (SLOW_TOKENIZER_FILES, prompt_format_from_folder,
+                                prompt_format_from_object, tokenizer_digest_from_json,
+                                tokenizer_digest_from_object)
+from .errors import CubepackError, FormatError, IntegrityError, ModelNotFoundError
+from .identity import ABSENT, ModelIdentity, dtype_name
+
+__all__ = ["fingerprint", "resolve_model_folder", "hub_origin", "geometry_from_config",
+           "compute_config", "tokenizer_digest_from_json", "select_weight_names",
+           "digest_of_file_hashes"]
 
 #: An LFS blob in the HF cache is named by its sha256 (regular files by their git sha1).
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.h5",
                     "*.msgpack")
 _ADAPTER_PREFIX = "adapter_model"
-#: Tokenizer JSON sections that libraries rewrite on load or on a ``truncation=`` call; they do
-#: not change which ids a text maps to, so they stay out of the digest (measured, see notes).
-_VOLATILE_TOKENIZER_KEYS = ("truncation", "padding", "post_processor", "decoder")
-_VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "_commit_hash", "torch_dtype",
-                         "dtype", "_attn_implementation_autoset", "architectures")
-_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model",
-                    "sentencepiece.bpe.model")
 
 
 def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: Any = None,
@@ -160,15 +164,26 @@ def digest_of_file_hashes(entries: list[tuple[str, str]]) -> str:
 
 
 def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None) -> str:
-    """sha256 over sorted (relative name, file sha256): the weights digest of a folder."""
-    known = {path: digest for path in files if (digest := cached_blob_sha256(path))}
-    unknown = [path for path in files if path not in known]
-    known.update(hash_files(unknown, cache=cache or shared_cache(), description="hashing weights"))
-    return digest_of_file_hashes([(path.relative_to(folder).as_posix(), known[path]) for path in files])
+    """sha256 over sorted (relative name, file sha256): the weights digest of a folder.
+
+    Every file is hashed (once: later calls find it in the hash cache). A Hub-cache blob whose
+    content is not the sha256 its name claims is refused.
+
+    Raises:
+        IntegrityError: a corrupt HF-cache blob, naming the file and how to repair it.
+    """
+    digests = hash_files(files, cache=cache or shared_cache(), description="hashing weights")
+    for path in files:
+        claimed = blob_name_sha256(path)
+        if claimed is not None and digests[path] != claimed:
+            raise IntegrityError(_corrupt_blob_message(folder, path, claimed, digests[path]))
+    return digest_of_file_hashes([(path.relative_to(folder).as_posix(), digests[path])
+                                  for path in files])
 
 
-def cached_blob_sha256(path: Path) -> str | None:
-    """The sha256 a Hub-cache symlink already names (LFS blobs are stored under their sha256)."""
+def blob_name_sha256(path: Path) -> str | None:
+    """The sha256 a Hub-cache symlink's blob name *claims* (LFS blobs are stored under their
+    sha256), or None. A claim only: :func:`files_digest` checks it against the content."""
     if not path.is_symlink():
         return None
     target = os.readlink(path)
@@ -178,86 +193,26 @@ def cached_blob_sha256(path: Path) -> str | None:
     return None
 
 
+def _corrupt_blob_message(folder: Path, path: Path, claimed: str, found: str) -> str:
+    repo_id, commit = hub_origin(folder)
+    blob = os.path.realpath(path)
+    fix = (f"hf download {repo_id} --revision {commit} --force-download" if repo_id
+           else "download the model again")
+    return (f"The weights file {path.name} of {repo_id or folder} is corrupt in the Hugging Face "
+            f"cache: its blob is named sha256 {claimed} but its content hashes to {found} (the "
+            f"Hub client checks only sizes). Delete {blob} and {fix}.")
+
+
 # --- the fields --------------------------------------------------------------------------------
-
-def geometry_from_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The KV-relevant shape of a model, from its config dict (text config for multimodal)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(text, "num_attention_heads", "n_head")
-    kv_heads = _first(text, "num_key_value_heads", "num_kv_heads") or heads
-    hidden = _first(text, "hidden_size", "n_embd", "d_model")
-    head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
-    window = text.get("sliding_window") or text.get("attention_chunk_size")
-    layer_types = text.get("layer_types")
-    if not layer_types and layers:
-        sliding = window is not None and text.get("use_sliding_window", True) is not False
-        layer_types = ["sliding_attention" if sliding else "full_attention"] * layers
-    layer_types = list(layer_types or [])
-    if not any(kind in ("sliding_attention", "chunked_attention") for kind in layer_types):
-        window = None
-    return {
-        "model_type": text.get("model_type") or config.get("model_type"),
-        "num_layers": layers,
-        "num_attention_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "hidden_size": hidden,
-        "vocab_size": text.get("vocab_size") or config.get("vocab_size"),
-        "layer_types": layer_types,
-        "sliding_window": window,
-    }
-
-
-def _first(config: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if config.get(key) is not None:
-            return config[key]
-    return None
-
-
-def quantization_from_config(config: dict[str, Any]) -> dict[str, Any] | None:
-    quant = config.get("quantization_config")
-    if not quant:
-        return None
-    return json.loads(_canonical.dumps(quant, compact=True))
-
-
-def config_digest(config: dict[str, Any]) -> str:
-    stable = {k: v for k, v in config.items() if k not in _VOLATILE_CONFIG_KEYS}
-    return "sha256:" + _canonical.digest(stable)
-
-
-def tokenizer_digest_from_json(text: str) -> str:
-    """Digest of a ``tokenizer.json`` with the sections libraries rewrite removed."""
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from exc
-    if isinstance(document, dict):
-        for key in _VOLATILE_TOKENIZER_KEYS:
-            document.pop(key, None)
-    return "sha256:" + _canonical.digest(document)
-
 
 def tokenizer_digest_from_folder(folder: Path) -> str | None:
     tokenizer_json = folder / "tokenizer.json"
     if tokenizer_json.is_file():
         return tokenizer_digest_from_json(tokenizer_json.read_text(encoding="utf-8"))
-    files = [folder / name for name in _TOKENIZER_FILES if (folder / name).is_file()]
+    files = [folder / name for name in SLOW_TOKENIZER_FILES if (folder / name).is_file()]
     if not files:
         return None
     return files_digest(folder, files)
-
-
-def tokenizer_digest_from_object(tokenizer: Any) -> str:
-    backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer
-    if hasattr(backend, "to_str"):
-        return tokenizer_digest_from_json(backend.to_str())
-    raise CubepackError(
-        f"Cannot fingerprint a {type(tokenizer).__name__} tokenizer: pass a fast tokenizer, or "
-        "fingerprint the model folder that holds tokenizer.json."
-    )
 
 
 def stored_dtype(files: list[Path], config: dict[str, Any]) -> str:
@@ -325,10 +280,13 @@ def _fingerprint_folder(folder: Path, *, model_id: str | None, revision: str | N
         tokenizer_digest=(tokenizer_digest_from_object(tokenizer) if tokenizer is not None
                           else tokenizer_digest_from_folder(folder)),
         geometry=geometry_from_config(config),
+        compute_config=compute_config(config),
         dtype=run_dtype,
         kv_dtype=run_dtype,
         quantization=quantization_from_config(config),
         adapters=adapters_from_folder(folder),
+        prompt_format_digest=(prompt_format_from_object(tokenizer) if tokenizer is not None
+                              else prompt_format_from_folder(folder)),
         model_id=model_id,
         revision=revision,
         config_digest=config_digest(config),
@@ -345,24 +303,30 @@ _LOADED_IDENTITIES: "weakref.WeakKeyDictionary[Any, tuple[Any, ModelIdentity]]" 
 def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
     folder = _loaded_from(model)
     files = weight_files(folder) if folder else []
-    memo_key = _memo_key(model, folder, files) if files and tokenizer is None else None
+    config = model.config.to_dict()
+    live_compute = compute_config(config)
+    memo_key = _memo_key(model, folder, files, live_compute) if files and tokenizer is None \
+        else None
     if memo_key is not None:
         remembered = _LOADED_IDENTITIES.get(model)
         if remembered is not None and remembered[0] == memo_key:
             return remembered[1]
-    config = model.config.to_dict()
     run_dtype = dtype_name(model.dtype)
     model_id, revision = hub_origin(folder) if folder else (None, None)
     weights = files_digest(folder, files) if files else state_dict_digest(model)
     if tokenizer is not None:
         tokenizer_digest = tokenizer_digest_from_object(tokenizer)
+        prompt_format = prompt_format_from_object(tokenizer)
     else:
         tokenizer_digest = tokenizer_digest_from_folder(folder) if folder else None
+        prompt_format = prompt_format_from_folder(folder) if folder else None
     name = getattr(model, "name_or_path", None) or None
     identity = ModelIdentity(
         weights_digest=weights,
         tokenizer_digest=tokenizer_digest,
         geometry=geometry_from_config(config),
+        compute_config=_loaded_compute_config(model, folder, live_compute),
+        prompt_format_digest=prompt_format,
         dtype=run_dtype,
         kv_dtype=run_dtype,
         quantization=quantization_from_config(config),
@@ -377,11 +341,42 @@ def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
     return identity
 
 
-def _memo_key(model: Any, folder: Path, files: list[Path]) -> tuple | None:
+def _loaded_compute_config(model: Any, folder: Path | None,
+                           live: dict[str, Any]) -> dict[str, Any]:
+    """The compute config of a loaded model: its folder's, plus whatever the loaded config
+    changed (``from_pretrained(..., rope_scaling=...)`` or an edit in memory).
+
+    A loaded config holds every attribute with its class default, while ``config.json`` may
+    omit defaults; comparing the loaded config with the config its own class builds from that
+    file isolates the load-time changes, so an unchanged load fingerprints exactly like the
+    folder does.
+    """
+    if folder is None or not (folder / "config.json").is_file():
+        return live
+    on_disk = _read_config(folder)
+    try:
+        implied = compute_config(type(model.config).from_dict(on_disk).to_dict())
+    except Exception:  # noqa: BLE001 - a config its own class cannot rebuild: use the live one
+        return live
+    result = compute_config(on_disk)
+    for key in set(live) | set(implied):
+        if live.get(key, ABSENT) != implied.get(key, ABSENT):
+            if key in live:
+                result[key] = live[key]
+            else:
+                result.pop(key, None)
+    return result
+
+
+def _memo_key(model: Any, folder: Path, files: list[Path],
+              live_compute: dict[str, Any]) -> tuple | None:
     if getattr(model, "_hf_peft_config_loaded", False):
         return None  # adapters can be switched in place; always recompute
-    watched = files + [p for p in (folder / "tokenizer.json", folder / "config.json") if p.exists()]
-    return (str(model.dtype), str(folder), tuple(HashCache.key(p) for p in watched))
+    watched = files + [p for p in (folder / "tokenizer.json", folder / "config.json",
+                                   folder / "tokenizer_config.json",
+                                   folder / "chat_template.jinja") if p.exists()]
+    return (str(model.dtype), str(folder), _canonical.digest(live_compute),
+            tuple(HashCache.key(p) for p in watched))
 
 
 def _loaded_from(model: Any) -> Path | None:

@@ -21,14 +21,16 @@ from typing import Any
 
 from . import _atomic
 from . import _constants as constants
+from . import _lock as lockfile
 from ._hashing import sha256_file
 from ._hub_client import (REPO_TYPES, HubClient, cache_repo_dir, lfs_sha256, offline_requested,
                           parse_repo_spec)
+from ._paths import check_relpath, resolve_inside
 from ._remote import remote_model_checks
 from ._report import VerifyReport
-from ._revision import is_commit
-from .errors import HubError, UsageError, VerificationFailed
-from .verify import verify
+from ._revision import check_ref_name, is_commit, looks_like_commit
+from .errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
+from .verify import TOLERATED, verify
 
 __all__ = ["PullResult", "PushResult", "parse_repo_spec", "pull", "push", "resolve_revision"]
 
@@ -196,12 +198,13 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
     client = HubClient(endpoint, token)
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
-    snapshot, hashed = _download(client, repo_id, sha, repo_type=repo_type, offline=offline,
-                                 cache_dir=cache_dir)
+    snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
+                                        offline=offline, cache_dir=cache_dir,
+                                        lock_first=verify_cube)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     staging = _atomic.staging_dir(target, "pull")
     try:
-        _materialize(snapshot, staging)
+        _materialize(snapshot, files, staging)
         report = None
         if verify_cube:
             report = verify(staging, model=model, progress=progress, raise_on_failure=False,
@@ -211,6 +214,7 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
                 _add_remote_model_checks(report, client)
             report.cube_dir = Path(f"{repo_id}@{sha}")
             if not report.ok:
+                _evict_corrupt_files(report, snapshot)
                 raise VerificationFailed(report)
             report.cube_dir = target
         _atomic.replace_dir(staging, target)
@@ -224,71 +228,172 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
 def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "dataset",
                      offline: bool = False, client: HubClient | None = None,
                      cache_dir: str | Path | None = None) -> str:
-    """A branch, tag or commit -> the 40-hex commit it names now (offline: from the cache)."""
+    """A branch, tag or commit -> the 40-hex commit it names now (offline: from the cache).
+
+    A 40-hex revision must resolve to itself: a branch or tag *named* like a commit cannot
+    stand in for it. Ref names are validated before they touch the file system.
+
+    Raises:
+        HubError: unknown revision, a shadowed or upper-case commit id, an invalid ref name,
+            an offline cache miss.
+    """
     wanted = revision or "main"
+    if looks_like_commit(wanted) and not is_commit(wanted):
+        raise HubError(f"Revision {wanted} looks like a commit id but is not lower-case hex; "
+                       f"commit ids are written in lower case: use {wanted.lower()}.")
     if offline:
         if is_commit(wanted):
             return wanted
-        ref = cache_repo_dir(repo_id, repo_type, cache_dir) / "refs" / wanted
-        if ref.is_file():
-            return ref.read_text().strip()
-        raise HubError(f"Offline, {repo_id}@{wanted} cannot be resolved: the HF cache has no ref "
-                       f"named {wanted!r} for this {repo_type} repo (it was never pulled by that "
-                       "name). Pull by commit SHA, or go online.")
+        return _cached_ref(repo_id, wanted, repo_type, cache_dir)
     client = client or HubClient()
     with client.translated(repo_id, repo_type, wanted):
-        return client.api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
+        sha = client.api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
+    if not is_commit(sha):
+        raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with {sha!r}, which is not "
+                       "a commit id.")
+    if is_commit(wanted) and sha != wanted:
+        raise HubError(f"{repo_id}@{wanted} resolved to commit {sha}: a branch or tag named like "
+                       f"the commit {wanted} shadows it. Refusing to pull another commit than "
+                       "the one asked for; ask the repo's owner to delete that ref.")
+    return sha
+
+
+def _cached_ref(repo_id: str, name: str, repo_type: str, cache_dir: str | Path | None) -> str:
+    """The commit the HF cache recorded for branch or tag ``name`` (offline resolution)."""
+    check_ref_name(name)
+    ref = cache_repo_dir(repo_id, repo_type, cache_dir) / "refs" / name
+    if not ref.is_file():
+        raise HubError(f"Offline, {repo_id}@{name} cannot be resolved: the HF cache has no ref "
+                       f"named {name!r} for this {repo_type} repo (it was never pulled by that "
+                       "name). Pull by commit SHA, or go online.")
+    with open(ref, "rb") as handle:
+        sha = handle.read(64).decode("ascii", errors="replace").strip()
+    if not is_commit(sha):  # never echo the file: it is not ours to print
+        raise HubError(f"The HF cache's ref file {ref} does not hold a commit id; delete it and "
+                       "pull online once.")
+    return sha
 
 
 def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offline: bool,
-              cache_dir: str | Path | None) -> tuple[Path, dict[str, str]]:
-    """Download commit ``sha`` into the HF cache; return (snapshot folder, {path: sha256}).
+              cache_dir: str | Path | None,
+              lock_first: bool) -> tuple[Path, list[str] | None, dict[str, str]]:
+    """Download commit ``sha`` into the HF cache.
 
-    Online, each file is hashed by the worker that downloaded it, right after its download
-    completes (the bytes are still in the page cache), so verification overlaps the network
-    instead of following it. Offline, the snapshot is served from the cache (zero requests)
-    and hashed later by verify.
+    Returns (``<cache>/<repo>/snapshots/<sha>``, the commit's file paths or None offline,
+    {path: sha256} of the files hashed here). Every remote path is checked before anything is
+    downloaded; with ``lock_first`` the lock is fetched and parsed first and files it does not
+    list are refused before they are downloaded. Online, each file is hashed by the worker that
+    downloaded it, right after its download completes (the bytes are still in the page cache),
+    so verification overlaps the network. Offline, the snapshot is served from the cache (zero
+    requests) and hashed later by verify.
     """
     from huggingface_hub import snapshot_download
 
+    snapshot = cache_repo_dir(repo_id, repo_type, cache_dir) / "snapshots" / sha
     if offline:
         try:
-            return Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha,
-                                          cache_dir=cache_dir, local_files_only=True)), {}
+            found = Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha,
+                                           cache_dir=cache_dir, local_files_only=True))
         except Exception as exc:  # noqa: BLE001 - any cache miss is one sentence
             raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is not in "
-                           f"the HF cache ({cache_repo_dir(repo_id, repo_type, cache_dir)}); "
-                           "pull it once online.") from exc
+                           f"the HF cache ({snapshot.parent.parent}); pull it once online.") from exc
+        _require_snapshot(found, snapshot, ".")
+        return snapshot, None, {}
 
-    def fetch(path: str) -> tuple[str, Path, str]:
+    def fetch(path: str) -> tuple[str, str]:
         local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
                                 cache_dir=cache_dir)
-        return path, local, sha256_file(local)
+        _require_snapshot(local, snapshot, path)
+        return path, sha256_file(local)
 
     with client.translated(repo_id, repo_type, sha):
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
                                          recursive=True)
-        paths = sorted(entry.path for entry in tree if hasattr(entry, "size") and
-                       not hasattr(entry, "tree_id"))
+        paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
+        for path in paths:  # a hostile listing is refused before any download
+            check_relpath(path)
+        if not paths:
+            raise HubError(f"Commit {sha} of {repo_id} holds no files.")
+        hashed: dict[str, str] = {}
+        if lock_first:
+            if constants.LOCK_FILENAME in paths:
+                path, digest = fetch(constants.LOCK_FILENAME)
+                hashed[path] = digest
+            _refuse_unlisted(repo_id, sha, snapshot, paths)
+        todo = [path for path in paths if path not in hashed]
         with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
-            results = list(pool.map(fetch, paths))
-    if not results:
-        raise HubError(f"Commit {sha} of {repo_id} holds no files.")
-    first_path, first_local, _ = results[0]
-    snapshot = first_local
-    for _ in first_path.split("/"):
-        snapshot = snapshot.parent
-    return snapshot, {path: digest for path, _, digest in results}
+            hashed.update(pool.map(fetch, todo))
+    return snapshot, paths, hashed
 
 
-def _materialize(snapshot: Path, staging: Path) -> None:
-    """Copy a cache snapshot (symlinks into blobs) to real files: hard links where possible."""
+def _require_snapshot(local: Path, snapshot: Path, path: str) -> None:
+    """A downloaded file must sit at ``snapshots/<sha>/<path>``: the client names the snapshot
+    folder after the commit the server says it served, so another folder means another commit."""
+    expected = snapshot / path if path != "." else snapshot
+    if os.path.abspath(local) != os.path.abspath(expected):
+        raise HubError(f"The endpoint served {path} from another commit than {snapshot.name} "
+                       f"(it landed in {local}); refusing it.")
+
+
+def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -> None:
+    """With the lock downloaded, refuse (before downloading them) files it does not list."""
+    report = VerifyReport(Path(f"{repo_id}@{sha}"))
+    lock_path = snapshot / constants.LOCK_FILENAME
+    if constants.LOCK_FILENAME not in paths:
+        report.add("lock", constants.LOCK_FILENAME, False,
+                   "missing: this commit was not packed by cubepack (run `cubepack pack`)")
+        raise VerificationFailed(report)
+    try:
+        lock = lockfile.parse(lock_path.read_bytes())
+    except CubepackError as exc:
+        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        raise VerificationFailed(report) from None
+    unlisted = sorted(set(paths) - set(lock["files"]) - TOLERATED)
+    for name in unlisted:
+        report.add("file set", name, False, "not listed in the lock; refused before download",
+                   "absent", "present")
+    if unlisted:
+        raise VerificationFailed(report)
+
+
+def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> None:
+    """Place a cache snapshot's files (symlinks into blobs) in ``staging`` as hard links to the
+    blobs (a copy where links are impossible). Online, exactly the commit's files; offline,
+    the snapshot folder's, each of which must resolve inside this repo's blobs."""
+    blobs = os.path.realpath(snapshot.parent.parent / "blobs")
+    names = files if files is not None else list_cube_files_following_links(snapshot)
+    for name in names:
+        real = os.path.realpath(resolve_inside(snapshot, name))
+        if os.path.commonpath([real, blobs]) != blobs:
+            raise UnsafeInputError(f"{snapshot / name} resolves outside its repo's blobs "
+                                   f"({real}); refusing it.")
+        _atomic.link_or_copy(Path(real), resolve_inside(staging, name))
+
+
+def list_cube_files_following_links(snapshot: Path) -> list[str]:
+    """The relative file paths of an HF-cache snapshot (whose files are symlinks)."""
+    names = []
     for directory, _, files in os.walk(snapshot):
         for name in files:
-            source = Path(directory) / name
-            relative = source.relative_to(snapshot)
-            real = Path(os.path.realpath(source))
-            _atomic.link_or_copy(real, staging / relative)
+            names.append(check_relpath((Path(directory) / name).relative_to(snapshot).as_posix()))
+    return sorted(names)
+
+
+def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
+    """Remove from the HF cache the blobs whose bytes failed the lock, so a retry downloads
+    them again (the client would otherwise reuse them: it checks only sizes)."""
+    for check in report.failures:
+        if check.name not in ("sha256", "size"):
+            continue
+        link = snapshot / check.subject
+        try:
+            blob = Path(os.path.realpath(link))
+            if blob.parent.name == "blobs":
+                blob.unlink(missing_ok=True)
+            link.unlink(missing_ok=True)
+        except OSError:
+            continue
+        check.detail += "; removed from the HF cache, so a retry downloads it again"
 
 
 def _add_remote_model_checks(report: VerifyReport, client: HubClient) -> None:

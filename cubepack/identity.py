@@ -21,11 +21,19 @@ STRICT_FIELDS = (
     "weights_digest",
     "tokenizer_digest",
     "geometry",
+    "compute_config",
     "dtype",
     "kv_dtype",
     "quantization",
     "adapters",
 )
+
+#: Fields whose difference is reported as a warning: they change future prompts (chat template,
+#: special tokens), not the meaning of an existing cache.
+WARNING_FIELDS = ("prompt_format_digest",)
+#: Fields compared key by key, so a message names ``geometry.num_layers`` or
+#: ``compute_config.rope_theta``.
+_KEYED_FIELDS = ("geometry", "compute_config")
 
 #: Keys of ``geometry``, compared one by one so a message names e.g. ``geometry.num_layers``.
 GEOMETRY_KEYS = (
@@ -51,10 +59,14 @@ class ModelIdentity:
         tokenizer_digest: ``sha256:<hex>`` of the canonical tokenizer JSON, or ``None`` when no
             tokenizer was found.
         geometry: the shapes a KV cache depends on (see :data:`GEOMETRY_KEYS`).
+        compute_config: every config value that can change the forward pass (RoPE, norm eps,
+            activation, biases, softcapping...), flat, with RoPE in one canonical form; None
+            only in identities read from KV format 1, which did not record it.
         dtype: dtype of the weights as the model runs (``"float32"``, ``"bfloat16"``...).
         kv_dtype: dtype of the KV tensors it produces.
         quantization: canonical quantization config, or ``None``.
         adapters: digest of the active adapters, or ``None``.
+        prompt_format_digest: chat template and special tokens (a difference is a warning).
         model_id, revision, config_digest, versions: informational only.
     """
 
@@ -65,6 +77,8 @@ class ModelIdentity:
     kv_dtype: str
     quantization: dict[str, Any] | None = None
     adapters: str | None = None
+    compute_config: dict[str, Any] | None = None
+    prompt_format_digest: str | None = None
     model_id: str | None = None
     revision: str | None = None
     config_digest: str | None = None
@@ -78,12 +92,17 @@ class ModelIdentity:
         return {name: getattr(self, name) for name in STRICT_FIELDS}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "ModelIdentity":
-        """Build an identity from its dict form; raise :class:`FormatError` when malformed."""
+    def from_dict(cls, data: Any, *, legacy: bool = False) -> "ModelIdentity":
+        """Build an identity from its dict form; raise :class:`FormatError` when malformed.
+
+        ``legacy``: the identity comes from KV format 1 / lock version 1, which had no
+        ``compute_config``; it is read as None (and such an identity matches no live model).
+        """
         if not isinstance(data, dict):
             raise FormatError(f"A model identity must be a JSON object, found {type(data).__name__}.")
         known = {f.name for f in fields(cls)}
-        missing = [name for name in STRICT_FIELDS if name not in data]
+        required = [name for name in STRICT_FIELDS if not (legacy and name == "compute_config")]
+        missing = [name for name in required if name not in data]
         if missing:
             raise FormatError(f"The model identity lacks the strict field(s) {', '.join(missing)}.")
         if not isinstance(data["weights_digest"], str) or not isinstance(data["geometry"], dict):
@@ -92,7 +111,11 @@ class ModelIdentity:
         for name in ("dtype", "kv_dtype"):
             if not isinstance(data[name], str):
                 raise FormatError(f"The model identity's {name} must be a string.")
-        for name in ("tokenizer_digest", "adapters", "model_id", "revision", "config_digest"):
+        if not isinstance(data.get("compute_config"), (dict, type(None))) or \
+                (data.get("compute_config") is None and not legacy):
+            raise FormatError("The model identity's compute_config must be an object.")
+        for name in ("tokenizer_digest", "adapters", "model_id", "revision", "config_digest",
+                     "prompt_format_digest"):
             if not isinstance(data.get(name), (str, type(None))):
                 raise FormatError(f"The model identity's {name} must be a string or null.")
         if not isinstance(data.get("quantization"), (dict, type(None))) or \
@@ -129,23 +152,42 @@ def dtype_name(dtype: Any) -> str:
 
 
 def compare(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
-    """Every strict field where ``found`` differs from ``expected`` (geometry key by key)."""
+    """Every strict field where ``found`` differs from ``expected`` (geometry and compute
+    config key by key)."""
     mismatches: list[Mismatch] = []
     for name in STRICT_FIELDS:
         want, have = getattr(expected, name), getattr(found, name)
-        if name == "geometry":
-            mismatches.extend(compare_geometry(want, have))
+        if name in _KEYED_FIELDS and isinstance(want, dict) and isinstance(have, dict):
+            mismatches.extend(compare_keyed(name, want, have))
         elif want != have:
             mismatches.append(Mismatch(name, want, have))
     return mismatches
 
 
+def compare_warnings(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
+    """Fields that differ but do not invalidate a cache (chat template, special tokens)."""
+    return [Mismatch(name, getattr(expected, name), getattr(found, name))
+            for name in WARNING_FIELDS
+            if getattr(expected, name) is not None and getattr(expected, name) != getattr(found, name)]
+
+
+#: How a key absent from one side of a keyed comparison is shown.
+ABSENT = "(absent: the library default)"
+
+
+def compare_keyed(name: str, expected: dict[str, Any], found: dict[str, Any]) -> list[Mismatch]:
+    """Every key of a keyed field that differs, as ``<name>.<key>`` (geometry's known keys
+    first, in order, then the rest sorted)."""
+    order = GEOMETRY_KEYS if name == "geometry" else ()
+    keys = [k for k in order if k in expected or k in found]
+    keys += sorted((set(expected) | set(found)) - set(keys))
+    return [Mismatch(f"{name}.{key}", expected.get(key, ABSENT), found.get(key, ABSENT))
+            for key in keys if expected.get(key, ABSENT) != found.get(key, ABSENT)]
+
+
 def compare_geometry(expected: dict[str, Any], found: dict[str, Any]) -> list[Mismatch]:
-    """Every geometry key that differs, as ``geometry.<key>`` (known keys first, in order)."""
-    keys = [k for k in GEOMETRY_KEYS if k in expected or k in found]
-    keys += sorted((set(expected) | set(found)) - set(GEOMETRY_KEYS))
-    return [Mismatch(f"geometry.{key}", expected.get(key), found.get(key))
-            for key in keys if expected.get(key) != found.get(key)]
+    """Every geometry key that differs, as ``geometry.<key>``."""
+    return compare_keyed("geometry", expected, found)
 
 
 def require_same(expected: ModelIdentity, found: ModelIdentity, what: str) -> None:

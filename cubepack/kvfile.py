@@ -17,6 +17,7 @@ zero-copy from the mapped file.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,9 @@ from . import _constants as constants
 from ._safetensors_header import Header, read_header
 from .errors import CubepackError, FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from .fingerprints import fingerprint
-from .identity import ModelIdentity, dtype_name, require_same
+from .identity import ModelIdentity, compare_warnings, dtype_name, require_same
+
+logger = logging.getLogger("cubepack")
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -93,25 +96,35 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
     try:
         meta = _canonical.loads_strict(raw)
     except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{path} has corrupt cubepack metadata (not valid JSON).") from exc
+        raise FormatError(f"{path} has corrupt cubepack metadata ({exc}).") from exc
     if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:
         raise FormatError(f"{path} is not a cubepack KV file (format is "
                           f"{meta.get('format') if isinstance(meta, dict) else None!r}).")
     version = meta.get("version")
-    if version != constants.KV_FORMAT_VERSION:
+    if version not in constants.KV_READABLE_VERSIONS:
         raise FormatError(
-            f"{path} is KV format version {version!r}; this cubepack reads version "
-            f"{constants.KV_FORMAT_VERSION} only. Upgrade cubepack, or re-create the file."
+            f"{path} is KV format version {version!r}; this cubepack reads versions "
+            f"{', '.join(map(str, constants.KV_READABLE_VERSIONS))}. Upgrade cubepack, or "
+            "re-create the file."
         )
-    producer = ModelIdentity.from_dict(meta.get("producer"))
+    producer = ModelIdentity.from_dict(meta.get("producer"),
+                                       legacy=version < constants.KV_FORMAT_VERSION)
     layers = _validate_layers(path, header, meta, producer)
-    token_count = max((layer.cumulative_length for layer in layers), default=0)
+    token_count = layers[0].cumulative_length if layers else 0
+    if meta.get("token_count") != token_count:
+        raise FormatError(f"{path}: token_count {meta.get('token_count')!r} contradicts its "
+                          f"layers, which hold {token_count} tokens.")
     token_ids = meta.get("token_ids")
     if token_ids is not None and (
         not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids)
         or len(token_ids) != token_count
     ):
         raise FormatError(f"{path}: token_ids must be a list of {token_count} integers.")
+    vocab = producer.geometry.get("vocab_size")
+    if token_ids and vocab and not all(0 <= t < vocab for t in token_ids):
+        outside = next(t for t in token_ids if not 0 <= t < vocab)
+        raise FormatError(f"{path}: token id {outside} lies outside its producer's vocabulary "
+                          f"(0..{vocab - 1}).")
     item_metadata = meta.get("metadata") or {}
     if not isinstance(item_metadata, dict):
         raise FormatError(f"{path}: item metadata must be a JSON object.")
@@ -194,9 +207,51 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
         for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
             if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
                 found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
-        seq = layer.keys_shape[2]
-        if (layer.type == FULL and seq != layer.cumulative_length) or seq > layer.cumulative_length:
-            found.append(Mismatch(f"{where}.cumulative_length", seq, layer.cumulative_length))
+        found.extend(_length_problems(where, layer, geometry))
+    if not found:
+        found.extend(_shared_shape_problems(layers))
+    return found
+
+
+def _length_problems(where: str, layer: StoredLayer, geometry: dict[str, Any]) -> list[Mismatch]:
+    """A layer's stored positions must agree with the tokens it has seen.
+
+    A full-attention layer stores every token. A sliding layer stores every token until its
+    window fills, then the last ``window - 1`` (what transformers keeps), never more than the
+    window; its ``cumulative_length`` counts every token, and RoPE positions continue from it.
+    """
+    seq, cumulative = layer.keys_shape[2], layer.cumulative_length
+    if layer.type == FULL:
+        return [] if seq == cumulative else [Mismatch(f"{where}.cumulative_length", seq,
+                                                      cumulative)]
+    window = geometry.get("sliding_window")
+    if seq > cumulative:
+        return [Mismatch(f"{where}.cumulative_length", f">= {seq} (the positions it stores)",
+                         cumulative)]
+    if window is not None and seq > window:
+        return [Mismatch(f"{where}.stored_positions", f"<= {window} (the sliding window)", seq)]
+    if seq < cumulative and (window is None or seq < window - 1):
+        return [Mismatch(f"{where}.stored_positions",
+                         f"{min(cumulative, (window or 1) - 1)} (all {cumulative} seen, up to "
+                         "the window)", seq)]
+    return []
+
+
+def _shared_shape_problems(layers: list[StoredLayer]) -> list[Mismatch]:
+    """Every layer belongs to one sequence: one batch size, one token count, and data behind
+    every position (a batch of zero, or no heads, would claim positions it does not hold)."""
+    found: list[Mismatch] = []
+    first = layers[0] if layers else None
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        if layer.keys_shape[0] < 1 or layer.keys_shape[1] < 1 or layer.keys_shape[3] < 1:
+            found.append(Mismatch(f"{where}.shape", "batch, heads and head_dim >= 1",
+                                  list(layer.keys_shape)))
+        if first is not None and layer.keys_shape[0] != first.keys_shape[0]:
+            found.append(Mismatch(f"{where}.batch", first.keys_shape[0], layer.keys_shape[0]))
+        if first is not None and layer.cumulative_length != first.cumulative_length:
+            found.append(Mismatch(f"{where}.cumulative_length", first.cumulative_length,
+                                  layer.cumulative_length))
     return found
 
 
@@ -335,8 +390,26 @@ def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileIn
         FormatError: a malformed file.
     """
     info = read_kv_header(path)
+    if info.version < constants.KV_FORMAT_VERSION:
+        raise FormatError(
+            f"KV cache {Path(path).name} is KV format version {info.version}, whose producer "
+            "identity does not pin the model's compute config or its tokenizer's behaviour, so "
+            "it cannot be checked against a model. Upgrade it with its producer: cubepack "
+            f"upgrade {path} --model MODEL")
     require_same(info.producer, live, f"KV cache {Path(path).name}")
+    warn_if_prompt_format_differs(info.producer, live, f"KV cache {Path(path).name}")
     return info
+
+
+def warn_if_prompt_format_differs(expected: ModelIdentity, found: ModelIdentity,
+                                  what: str) -> list[Mismatch]:
+    """Log (and return) the fields that differ without invalidating the cache."""
+    differences = compare_warnings(expected, found)
+    for difference in differences:
+        logger.warning("cubepack: %s: the chat template or special tokens differ from its "
+                       "producer's (%s); the cache is valid, but prompts built on it may be "
+                       "formatted differently.", what, difference.field)
+    return differences
 
 
 def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
@@ -388,6 +461,19 @@ def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None, co
         if kind == SLIDING:
             layer.cumulative_length = stored.cumulative_length
     return cache
+
+
+def mapped_layers(info: KVFileInfo, *, copy: bool = False) -> list[tuple[str, int, Any, Any]]:
+    """(type, cumulative_length, keys, values) per layer of a validated file, as mapped (or,
+    with ``copy``, cloned) tensors; no producer check (callers do their own)."""
+    tensors = _mapped_tensors(info)
+    layers = []
+    for index, stored in enumerate(info.layers):
+        keys, values = tensors[f"layers.{index}.keys"], tensors[f"layers.{index}.values"]
+        if copy:
+            keys, values = keys.clone(), values.clone()
+        layers.append((stored.type, stored.cumulative_length, keys, values))
+    return layers
 
 
 def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ._hub_client import HubClient
 from ._paths import resolve_inside, scan_cube
 from ._remote import pin_subject, remote_model_checks
 from ._report import Check, VerifyReport
-from .errors import CubepackError, VerificationFailed
+from .errors import CubepackError, IntegrityError, VerificationFailed
 from .fingerprints import fingerprint, resolve_model_folder
 from .identity import ModelIdentity, compare
 from .kvfile import read_kv_header
@@ -227,7 +227,7 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                            role=role)
                 continue
         except CubepackError as exc:
-            if model is not None:
+            if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
                 report.add("model identity", subject, False, str(exc), role=role)
             else:
                 report.add("model identity", subject, None, "skipped: the pinned revision is not "

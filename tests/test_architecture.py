@@ -88,7 +88,7 @@ def test_runtime_modules_never_import_the_test_machinery():
 
 def test_public_modules_are_unprefixed_and_internal_ones_prefixed():
     public = {"__init__", "__main__", "errors", "identity", "fingerprints", "kvfile", "pack",
-              "verify", "diff", "hub", "signing", "memos", "cli", "demo"}
+              "verify", "diff", "hub", "signing", "memos", "upgrade", "cli", "demo"}
     names = {path.stem for path in PACKAGE.glob("*.py")}
     assert names - public == {name for name in names if name.startswith("_")} - {"__init__",
                                                                                "__main__"}

@@ -99,8 +99,69 @@ def test_same_size_corrupted_blob_is_refused_naming_the_file(hub, cube, tmp_path
         do_pull(hub, "ns/cube", target, tmp_path)
     assert [(f.name, f.subject) for f in caught.value.failures] == [("sha256", item)]
     assert "ns/cube@" in str(caught.value)
+    assert "removed from the HF cache, so a retry downloads it again" in str(caught.value)
     assert tree_bytes(target) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".existing")] == []
+    blob.write_bytes(bytes(data[:-10]) + bytes([data[-10] ^ 0xFF]) + bytes(data[-9:]))
+    assert do_pull(hub, "ns/cube", target, tmp_path).report.ok  # the honest bytes, refetched
+
+
+def test_a_ref_named_like_a_commit_cannot_shadow_it(hub, cube, models, tmp_path):
+    good = do_push(hub, cube).commit_sha
+    cache = build_cache(models["a"], torch.tensor([[30, 31, 32, 33, 34, 35]]))
+    cubepack.save_kv_cache(cache, cube / "activations" / "item-1.kv.safetensors",
+                           producer=models["a"], metadata={"id": "item-1"})
+    cubepack.pack(cube)
+    other = do_push(hub, cube, revision="evil").commit_sha
+    from cubepack.localhub._store import repo_ref
+
+    hub.store.create_ref(repo_ref("datasets", "ns", "cube"), "branch", good, other)
+    with pytest.raises(HubError) as caught:
+        do_pull(hub, f"ns/cube@{good}", tmp_path / "x", tmp_path)
+    assert good in str(caught.value) and other in str(caught.value)
+    assert "shadows it" in str(caught.value) and not (tmp_path / "x").exists()
+    with pytest.raises(HubError, match="lower case"):
+        do_pull(hub, f"ns/cube@{good.upper()}", tmp_path / "x", tmp_path)
+
+
+def test_a_hostile_tree_listing_is_refused_before_any_download(hub, cube, tmp_path):
+    from cubepack.localhub._store import repo_ref
+
+    do_push(hub, cube)
+    repo = repo_ref("datasets", "ns", "cube")
+    head = hub.store.resolve(repo, "main")
+    tree = dict(hub.store.commit(repo, head)["tree"])
+    tree["a////x"] = tree["cubepack.lock"]  # the store itself refuses such paths: forge it
+    forged = hub.store._write_commit(repo, parents=[head], tree=tree, title="forged", message="")
+    hub.stats.reset()
+    with pytest.raises(cubepack.UnsafeInputError, match=r"'a////x'"):
+        do_pull(hub, f"ns/cube@{forged}", tmp_path / "x", tmp_path)
+    assert not [key for key in hub.stats.requests if "/resolve/" in key]
+    assert not (tmp_path / "hf-cache").exists() or not any((tmp_path / "hf-cache").rglob("*x"))
+
+
+def test_files_the_lock_does_not_list_are_refused_before_download(hub, cube, tmp_path):
+    from cubepack.testing.blobs import write_safetensors_blob
+
+    do_push(hub, cube)
+    extra = write_safetensors_blob(tmp_path / "extra" / "big.safetensors", 2_000_000)
+    upload_folder(hub.url, "ns/cube", extra.parent, repo_type="dataset", token=TOKEN)
+    hub.stats.reset()
+    with pytest.raises(VerificationFailed, match="big.safetensors: not listed in the lock; "
+                                                 "refused before download"):
+        do_pull(hub, "ns/cube", tmp_path / "x", tmp_path)
+    assert not [key for key in hub.stats.requests if "big.safetensors" in key and "GET" in key]
+
+
+def test_an_offline_revision_never_leaves_refs_nor_echoes_a_file(hub, cube, tmp_path):
+    secret = tmp_path / "hf-cache" / "secret-token"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("hf_SECRET_TOKEN_VALUE")
+    for revision in ("../../secret-token", "../../../x", "/etc/passwd", "main/../../x"):
+        with pytest.raises(HubError) as caught:
+            do_pull(hub, f"ns/cube@{revision}", tmp_path / "x", tmp_path, offline=True)
+        assert "hf_SECRET" not in str(caught.value)
+        assert "not a valid branch or tag name" in str(caught.value)
 
 
 @pytest.mark.parametrize("kind", ["500", "drop", "truncate"])

@@ -89,7 +89,7 @@ def test_header_records_producer_tokens_and_metadata(models, a_file):
     from conftest import PROMPT
 
     info = read_kv_header(a_file[0])
-    assert info.version == 1 and info.num_layers == 2 and info.kv_dtype == "float32"
+    assert info.version == 2 and info.num_layers == 2 and info.kv_dtype == "float32"
     assert info.token_ids == PROMPT and info.token_count == len(PROMPT)
     assert info.metadata == {"source": "The user is a Chinese man.", "id": "item-1"}
     assert info.producer.strict() == cubepack.fingerprint(models["a"]).strict()
@@ -106,9 +106,9 @@ def test_copy_detaches_tensors_from_the_file(models, a_file, tmp_path):
 
 
 def test_unknown_format_version_is_refused(models, a_file, tmp_path):
-    bad = rewrite_kv_metadata(a_file[0], tmp_path / "v2.kv.safetensors",
-                            lambda meta: meta.update(version=2))
-    with pytest.raises(FormatError, match="version 2; this cubepack reads version 1"):
+    bad = rewrite_kv_metadata(a_file[0], tmp_path / "v3.kv.safetensors",
+                            lambda meta: meta.update(version=3))
+    with pytest.raises(FormatError, match="version 3; this cubepack reads versions 1, 2"):
         cubepack.load_kv_cache(bad, models["a"])
 
 
@@ -193,3 +193,36 @@ def test_save_replaces_atomically_and_leaves_no_temp_files(models, a_file, tmp_p
         cubepack.save_kv_cache(cache, target, producer=models["a"], metadata={"x": object()})
     assert [p.name for p in tmp_path.iterdir()] == ["item.kv.safetensors"]
     assert read_kv_header(target).token_count == 3
+
+
+def as_format_1(source, target, tokenizer_json):
+    """A file as cubepack 0.1 wrote it: version 1, no compute config, structural tokenizer
+    digest."""
+    from cubepack._tokenizer_fields import legacy_tokenizer_digest_v1
+
+    def downgrade(meta):
+        meta["version"] = 1
+        for key in ("compute_config", "prompt_format_digest"):
+            meta["producer"].pop(key, None)
+        meta["producer"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
+            tokenizer_json.read_text())
+    return rewrite_kv_metadata(source, target, downgrade)
+
+
+def test_a_format_1_file_is_read_refused_for_loading_and_upgraded_by_its_producer(
+        models, zoo, a_file, tmp_path, capsys):
+    from cubepack.cli import main
+    from cubepack.upgrade import upgrade
+
+    old = as_format_1(a_file[0], tmp_path / "old.kv.safetensors", zoo["a"] / "tokenizer.json")
+    assert read_kv_header(old).version == 1  # still readable (inspect)
+    with pytest.raises(FormatError, match=r"KV format version 1.*cubepack upgrade .* --model"):
+        cubepack.load_kv_cache(old, models["a"])
+    with pytest.raises(IdentityMismatch, match="weights_digest"):
+        upgrade(old, zoo["b"])
+    assert main(["upgrade", str(old), "--model", str(zoo["a"])]) == 0
+    assert "upgraded 1 file(s)" in capsys.readouterr().out
+    loaded = cubepack.load_kv_cache(old, models["a"])
+    assert all_equal(continue_greedy(models["a"], a_file[1], 20, 4),
+                     continue_greedy(models["a"], loaded, 20, 4))
+    assert read_kv_header(old).metadata == read_kv_header(a_file[0]).metadata

@@ -193,3 +193,72 @@ def test_text_memory_models_are_recorded_as_informational_pins(cube, zoo):
     card = (cube / "README.md").read_text()
     assert "text_mem.embedder" in card and "not pinned" in card
     assert cubepack.verify(cube).ok
+
+
+class _Reuse:
+    """Pickles as ``torch.storage._load_from_bytes(payload)``; many instances share one payload,
+    which pickle writes once and then references through its memo."""
+
+    def __init__(self, payload):
+        self.payload = payload
+
+    def __reduce__(self):
+        return (torch.storage._load_from_bytes, (self.payload,))
+
+
+def test_a_memo_reused_payload_is_decoded_once(monkeypatch):
+    import io
+
+    from cubepack import FormatError
+    from cubepack._legacy import read_memos_pickle
+
+    buffer = io.BytesIO()
+    torch.save(torch.zeros(256 * 1024).untyped_storage(), buffer)  # 1 MiB
+    payload = buffer.getvalue()
+    data = pickle.dumps({"kv_cache_memories": [_Reuse(payload) for _ in range(500)]})
+    assert len(data) < 2 * len(payload)  # 500 references, one copy: the bomb's shape
+    decoded = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: decoded.append(1) or real_load(*a, **k))
+    with pytest.raises(FormatError, match="not a MemOS KVCacheMemory dump"):
+        read_memos_pickle(data)
+    assert len(decoded) == 1
+
+
+def test_a_deflated_payload_that_would_inflate_is_refused_before_decoding(monkeypatch):
+    import io
+    import zipfile
+
+    from cubepack._legacy import read_memos_pickle
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data/0", bytes(200 * 1024 * 1024))  # 200 MiB of zeros
+    bomb = buffer.getvalue()
+    assert len(bomb) < 1024 * 1024
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("decoded the bomb"))
+    with pytest.raises(UnsafeInputError, match="decompression bomb"):
+        read_memos_pickle(pickle.dumps({"kv_cache_memories": {"x": _Reuse(bomb)}}))
+
+
+def test_a_version_1_cube_is_refused_with_the_command_that_upgrades_it(packed_cube_factory, zoo,
+                                                                        tmp_path):
+    import json as json_module
+
+    from helpers import copy_of
+    from test_kvfile import as_format_1
+    from cubepack.upgrade import upgrade
+
+    cube = copy_of(packed_cube_factory(), tmp_path)
+    for kv in (cube / "activations").glob("*.kv.safetensors"):
+        as_format_1(kv, kv, zoo["a"] / "tokenizer.json")
+    lock_path = cube / constants.LOCK_FILENAME
+    lock = json_module.loads(lock_path.read_text())
+    lock["lock_version"] = 1
+    lock_path.write_text(json_module.dumps(lock))
+    with pytest.raises(cubepack.VerificationFailed, match=r"cubepack upgrade CUBE_DIR --model"):
+        cubepack.verify(cube)
+    result = upgrade(cube, zoo["a"])
+    assert sorted(result.upgraded) == ["activations/item-1.kv.safetensors",
+                                       "activations/item-2.kv.safetensors"]
+    assert cubepack.verify(cube, model=str(zoo["a"])).ok

@@ -14,8 +14,8 @@ from cubepack.diff import diff_locks
 
 SHA = "ab" * 32
 IDENTITY = {"weights_digest": "sha256:" + "1" * 64, "tokenizer_digest": None,
-            "geometry": {"num_layers": 2}, "dtype": "float32", "kv_dtype": "float32",
-            "quantization": None, "adapters": None}
+            "geometry": {"num_layers": 2}, "compute_config": {"rope_theta": 10000.0},
+            "dtype": "float32", "kv_dtype": "float32", "quantization": None, "adapters": None}
 
 
 def make_lock(**changes):
@@ -51,7 +51,8 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l.update(lock_version=2), "version 2"),
+    (lambda l: l.update(lock_version=3), "version 3"),
+    (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
     (lambda l: l.update(extra=1), "unexpected keys"),
     (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
     (lambda l: l["models"]["act_mem"].update(revision="main"), "not a 40-hex commit"),
