@@ -80,7 +80,15 @@ def model_refs(config: dict[str, Any]) -> list[ModelRef]:
 
 def activation_pickle_name(config: dict[str, Any]) -> str:
     act_config = _section(_section(config, "act_mem"), "config")
-    return act_config.get("memory_filename") or DEFAULT_FILENAMES["act_mem"]
+    name = act_config.get("memory_filename")
+    return name if isinstance(name, str) and name else DEFAULT_FILENAMES["act_mem"]
+
+
+def pickled_memory_files(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(backend, file name) of every memory MemOS loads with ``pickle.load``: the activation
+    memory of the kv_cache and vllm_kv_cache backends (MemOS 2.0.x)."""
+    backend = _section(config, "act_mem").get("backend")
+    return [(backend, activation_pickle_name(config))] if backend in KV_BACKENDS else []
 
 
 def memory_files(config: dict[str, Any], files: list[str]) -> dict[str, list[str]]:

@@ -21,7 +21,7 @@ from . import _constants as constants
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
-from ._content import file_problem, is_activation_path
+from ._content import file_problem, is_activation_path, pickled_memory_problems
 from ._hashing import hash_files
 from ._legacy import read_memos_pickle
 from ._paths import list_cube_files, resolve_inside
@@ -258,12 +258,16 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
     return entries
 
 
-def _refuse_unshippable(staging: Path, names: list[str]) -> None:
+def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str, Any]) -> None:
     """Refuse any file ``verify`` would refuse: pack never writes a cube that does not verify."""
-    for name in names:
-        problem = file_problem(resolve_inside(staging, name), name)
-        if problem:
-            raise UnsafeInputError(f"{name} {problem}. Remove it (or convert it) and pack again.")
+    problems = [(name, problem) for name in names
+                if (problem := file_problem(resolve_inside(staging, name), name))]
+    problems += pickled_memory_problems(memos_config, names)
+    if problems:
+        name, problem = problems[0]
+        more = f" ({len(problems) - 1} more file(s) too)" if len(problems) > 1 else ""
+        raise UnsafeInputError(f"{name} {problem}{more}. Remove it (or convert it) and pack "
+                               "again.")
 
 
 # --- writing config, card and lock -----------------------------------------------------------
@@ -274,7 +278,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     content = [name for name in list_cube_files(staging) if name not in GENERATED]
     memories = memos_layout.memory_files(memos_config, content)
     memories["activation"] = [name for name in content if is_activation_path(name)]
-    _refuse_unshippable(staging, content)
+    _refuse_unshippable(staging, content, memos_config)
     config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
     _atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
 

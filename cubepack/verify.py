@@ -9,13 +9,14 @@ read as JSON.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from . import _constants as constants
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
-from ._content import file_problem
+from ._content import file_problem, pickled_memory_problems
 from ._hashing import hash_files
 from ._hub_client import HubClient
 from ._paths import resolve_inside, scan_cube
@@ -123,22 +124,32 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
     if to_hash and not bad:
         report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
-    pickles = _check_no_pickle(report, sorted(set(listed) & set(on_disk)))
+    pickles = _check_content(report, sorted(set(on_disk) & (set(listed) | TOLERATED)))
     return not (missing or unlisted or problems or bad or pickles
                 or len(to_hash) != len(set(listed) & set(on_disk)))
 
 
-def _check_no_pickle(report: VerifyReport, names: list[str]) -> bool:
-    """Shipped cubes hold no pickle: refuse any file that is one, whatever the lock says."""
-    found = False
-    for name in names:
-        reason = file_problem(resolve_inside(report.cube_dir, name), name)
-        if reason:
-            found = True
-            report.add("no pickle", name, False, reason)
-    if not found:
-        report.add("no pickle", "*", True, "no file is or holds a pickle")
-    return found
+def _check_content(report: VerifyReport, names: list[str]) -> bool:
+    """Every file is read by a strict parser for its kind, tolerated files included, and none
+    is or holds a pickle, whatever the lock says. True when a file was refused."""
+    problems = [(name, reason) for name in names
+                if (reason := file_problem(resolve_inside(report.cube_dir, name), name))]
+    config = _memos_config(report.cube_dir, names, problems)
+    problems += pickled_memory_problems(config, names)
+    for name, reason in problems:
+        report.add("content", name, False, reason)
+    if not problems:
+        report.add("content", "*", True, f"{len(names)} files read by a strict parser for their "
+                   "kind; none is or holds a pickle")
+    return bool(problems)
+
+
+def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """MemOS's config.json when present and valid (already checked as JSON), else {}."""
+    if "config.json" not in names or any(name == "config.json" for name, _ in problems):
+        return {}
+    config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    return config if isinstance(config, dict) else {}
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:

@@ -244,6 +244,30 @@ def _memos_module_global(canary: Path) -> bytes:
         if b"cposix\nsystem" in payload else payload
 
 
+def _protocol_0_named_as_memory(cube: Path, canary: Path) -> None:
+    """A protocol-0 pickle (plain ASCII, no header) listed as JSON, and config.json pointing
+    MemOS's activation memory at it: plain MemOS would unpickle the verified file."""
+    add_locked(cube, "activation_memory.json", pickle.dumps(_Canary(canary), protocol=0))
+    config = json.loads((cube / "config.json").read_text())
+    config["act_mem"]["config"]["memory_filename"] = "activation_memory.json"
+    (cube / "config.json").write_text(json.dumps(config))
+    relock_file(cube, "config.json")
+
+
+def _memory_filename_points_at_json(cube: Path, canary: Path) -> None:
+    """A valid JSON file named as the pickle-read activation memory."""
+    add_locked(cube, "textual_memory.json", b"[]")
+    config = json.loads((cube / "config.json").read_text())
+    config["act_mem"]["config"]["memory_filename"] = "textual_memory.json"
+    (cube / "config.json").write_text(json.dumps(config))
+    relock_file(cube, "config.json")
+
+
+def _headerless_pickle(protocol: int) -> bytes:
+    data = pickle.dumps({"kv_cache_memories": {}}, protocol=protocol)
+    return data[2:] if data[:1] == b"\x80" else data  # strip PROTO: still loads
+
+
 def _self_listed(cube: Path, canary: Path) -> None:
     reseal_lock(cube, lambda lock: lock["files"].update(
         {constants.LOCK_FILENAME: {"sha256": "0" * 64, "size": 1}}))
@@ -284,11 +308,11 @@ CASES = [
     # --- pickles -----------------------------------------------------------------------------
     Case("pickle-direct", "pickle", lambda c, k: add_locked(
         c, "activation_memory.pickle", pickle.dumps({"kv_cache_memories": {"x": _Canary(k)}})),
-        r"no pickle activation_memory\.pickle"),
+        r"content activation_memory\.pickle"),
     Case("pickle-nested-load-from-bytes", "pickle", lambda c, k: add_locked(
-        c, "activation_memory.pickle", nested_payload(k)), r"no pickle"),
+        c, "activation_memory.pickle", nested_payload(k)), r"content .*pickle"),
     Case("pickle-disguised-as-json", "pickle", lambda c, k: add_locked(
-        c, "textual_memory.json", pickle.dumps(_Canary(k))), r"no pickle textual_memory\.json"),
+        c, "textual_memory.json", pickle.dumps(_Canary(k))), r"content textual_memory\.json"),
     Case("pickle-disguised-as-kv", "pickle", lambda c, k: add_locked(
         c, "activations/item-9.kv.safetensors", pickle.dumps(_Canary(k))), r"pickle"),
     Case("torch-save-zip-adapter", "pickle", lambda c, k: add_locked(
@@ -296,9 +320,26 @@ CASES = [
     Case("pickle-allowlist-bypass-torch-load", "pickle", lambda c, k: add_locked(
         c, "activation_memory.pickle", pickle.dumps(
             {"kv_cache_memories": {"x": _Call("torch.serialization", "load", str(k))}})),
-        r"no pickle"),
+        r"content .*pickle"),
     Case("pickle-allowlist-bypass-memos-module", "pickle", lambda c, k: add_locked(
-        c, "activation_memory.pickle", _memos_module_global(k)), r"no pickle"),
+        c, "activation_memory.pickle", _memos_module_global(k)), r"content .*pickle"),
+    # --- typed content ----------------------------------------------------------------------
+    Case("pickle-protocol-0-as-json-and-memory-file", "content", _protocol_0_named_as_memory,
+         r"content activation_memory\.json"),
+    Case("pickle-protocol-1-as-text", "content", lambda c, k: add_locked(
+        c, "notes.txt", pickle.dumps(_Canary(k), protocol=1)), r"content notes\.txt.*pickle"),
+    Case("pickle-without-proto-opcode", "content", lambda c, k: add_locked(
+        c, "notes.md", _headerless_pickle(2)), r"content notes\.md.*pickle opcode stream"),
+    Case("pickle-as-gitattributes", "content", lambda c, k: (c / ".gitattributes").write_bytes(
+        pickle.dumps(_Canary(k), protocol=0)), r"content \.gitattributes.*pickle"),
+    Case("unknown-file-kind", "content", lambda c, k: add_locked(c, "run.sh", b"echo hi\n"),
+         r"content run\.sh: is of no kind a cube may hold"),
+    Case("json-memory-named-as-pickle-memory", "content", _memory_filename_points_at_json,
+         r"content textual_memory\.json: is named by config\.json as the kv_cache activation"),
+    Case("invalid-json", "content", lambda c, k: add_locked(c, "extra.json", b"{not json"),
+         r"content extra\.json: is not valid json"),
+    Case("non-utf8-text", "content", lambda c, k: add_locked(c, "notes.txt", b"\xff\xfe\x00"),
+         r"content notes\.txt: is not valid text"),
     # --- KV header abuse ---------------------------------------------------------------------
     Case("kv-huge-header", "kv", kv_raw(lambda raw: struct.pack("<Q", 2**40) + raw[8:]),
          r"limit"),

@@ -23,8 +23,8 @@ from memos_format import write_cube
 def test_the_corpus_is_large_and_covers_every_category():
     assert len(CASES) >= 40
     assert len({case.name for case in CASES}) == len(CASES)
-    assert {case.category for case in CASES} == {"tamper", "path", "pickle", "kv", "producer",
-                                                  "lock"}
+    assert {case.category for case in CASES} == {"tamper", "path", "pickle", "content", "kv",
+                                                  "producer", "lock"}
 
 
 @pytest.fixture(scope="module")
