@@ -32,7 +32,8 @@ KV_SUFFIX = ".kv.safetensors"
 _TRUE = {"1", "true", "yes", "on"}
 
 
-def _flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """True when the environment variable ``name`` is set to 1/true/yes/on."""
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
@@ -49,10 +50,10 @@ def hash_cache_path() -> Path:
 
 
 def progress_enabled() -> bool:
-    if _flag("CUBEPACK_NO_PROGRESS") or _flag("HF_HUB_DISABLE_PROGRESS_BARS"):
+    if env_flag("CUBEPACK_NO_PROGRESS") or env_flag("HF_HUB_DISABLE_PROGRESS_BARS"):
         return False
     return sys.stderr.isatty()
 
 
 def hub_offline() -> bool:
-    return _flag("HF_HUB_OFFLINE")
+    return env_flag("HF_HUB_OFFLINE")

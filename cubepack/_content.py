@@ -41,6 +41,8 @@ def file_kind(name: str) -> str | None:
     """The kind of a cube file by its name: json, yaml, kv, safetensors, text; None if none."""
     base = PurePosixPath(name).name
     lower = base.lower()
+    if name.startswith(".cache/huggingface/"):
+        return "text"  # hf download's bookkeeping: .gitignore, *.metadata, empty *.lock files
     if base in JSON_NAMES or lower.endswith(".json"):
         return "json"
     if lower.endswith((".yaml", ".yml")):

@@ -72,6 +72,7 @@ _STAND_INS = {
     ("transformers.cache_utils", "DynamicLayer"),
     ("transformers.cache_utils", "DynamicSlidingWindowLayer"),
     ("memos.memories.activation.item", "KVCacheItem"),
+    ("memos.memories.activation.item", "VLLMKVCacheItem"),
     ("memos.memories.activation.item", "KVCacheRecords"),
     ("memos.memories.activation.item", "ActivationMemoryItem"),
 }
@@ -148,11 +149,28 @@ class AllowlistUnpickler(pickle.Unpickler):
 
 @dataclass
 class LegacyItem:
-    """One activation read from a MemOS pickle, as plain values."""
+    """One activation read from a MemOS pickle, as plain values: KV layers, or (for a vLLM
+    item, which holds no tensors) the prompt a vLLM server turns into its cache."""
 
     id: str
     layers: list[tuple[str, int, Any, Any]]  # (type, cumulative_length, keys, values)
     metadata: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None
+
+    @property
+    def producer_record(self) -> dict[str, Any] | None:
+        """MemOS PR #2305's per-item ``metadata.producer``, when the dump carries one."""
+        record = self.metadata.get("producer")
+        return record if isinstance(record, dict) else None
+
+
+@dataclass
+class LegacyDump:
+    """A MemOS activation pickle, read: its items and, from MemOS PR #2302, the top-level
+    ``model_identity`` record when present."""
+
+    items: list[LegacyItem]
+    model_identity: dict[str, Any] | None = None
 
 
 #: Tensor bytes a pickle may decode to, per byte of pickle: torch.save'd storages are stored
@@ -161,7 +179,7 @@ BUDGET_PER_PICKLE_BYTE = 2
 BUDGET_SLACK = 1 << 20
 
 
-def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> list[LegacyItem]:
+def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> LegacyDump:
     """Read a MemOS ``activation_memory.pickle`` through the allowlist unpickler.
 
     Args:
@@ -186,7 +204,11 @@ def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> li
     if not isinstance(document, dict) or not isinstance(document.get("kv_cache_memories"), dict):
         raise FormatError("The activation pickle is not a MemOS KVCacheMemory dump (no "
                           "'kv_cache_memories' mapping).")
-    return [_item(key, value) for key, value in document["kv_cache_memories"].items()]
+    identity = document.get("model_identity")
+    if isinstance(identity, str):
+        identity = {"model_name_or_path": identity}
+    items = [_item(key, value) for key, value in document["kv_cache_memories"].items()]
+    return LegacyDump(items, _plain(identity) if isinstance(identity, dict) else None)
 
 
 def _item(key: Any, item: Any) -> LegacyItem:
@@ -194,9 +216,12 @@ def _item(key: Any, item: Any) -> LegacyItem:
         raise FormatError(f"Activation {key!r} is a {type(item).__name__}, not a KVCacheItem.")
     item_id = item.get("id") or item.get("kv_cache_id") or key
     cache = item.get("memory") if item.get("memory") is not None else item.get("kv_cache")
+    metadata = _plain(item.get("metadata") or {})
+    if isinstance(cache, str):  # a VLLMKVCacheItem: a prompt string, no tensors
+        return LegacyItem(id=str(item_id), layers=[], prompt=cache,
+                          metadata=metadata if isinstance(metadata, dict) else {})
     if not isinstance(cache, _StandIn):
         raise FormatError(f"Activation {item_id!r} holds no DynamicCache.")
-    metadata = _plain(item.get("metadata") or {})
     records = item.get("records")
     if isinstance(records, _StandIn):
         metadata.setdefault("records", _plain({k: v for k, v in (records.get("__dict__") or

@@ -17,6 +17,7 @@ from typing import Any
 from . import _canonical
 from . import _constants as constants
 from .errors import FormatError
+from ._provenance import check_provenance
 from ._revision import is_commit
 from .identity import ModelIdentity
 from ._paths import check_no_collisions, check_relpath
@@ -166,6 +167,9 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
         if files[path]["sha256"] != entry["sha256"]:
             raise FormatError(f"cubepack.lock activation {item_id!r} and its file entry disagree "
                               "on the sha256.")
+        if not check_provenance(entry.get("provenance")):
+            raise FormatError(f"cubepack.lock activation {item_id!r} lacks a provenance "
+                              "(recorded, asserted or recomputed).")
         role = models.get(entry["model_role"])
         if not isinstance(role, dict) or not isinstance(role.get("identity"), dict):
             raise FormatError(f"cubepack.lock activation {item_id!r} names model role "

@@ -78,6 +78,16 @@ def model_refs(config: dict[str, Any]) -> list[ModelRef]:
     return refs
 
 
+def act_backend(config: dict[str, Any]) -> str | None:
+    return _section(config, "act_mem").get("backend")
+
+
+def act_model_name(config: dict[str, Any]) -> str | None:
+    """The model name config.json gives the activation producer (its extractor LLM)."""
+    _, name = _llm_name(_role_entry(config, ACT_ROLE))
+    return name if isinstance(name, str) and name else None
+
+
 def activation_pickle_name(config: dict[str, Any]) -> str:
     act_config = _section(_section(config, "act_mem"), "config")
     name = act_config.get("memory_filename")

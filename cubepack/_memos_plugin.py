@@ -16,4 +16,4 @@ class CubepackPlugin(MemOSPlugin):
     description = "Verified, pinned MemCube loading (cubepack.memos.install)."
 
     def on_load(self) -> None:
-        install(require_pin=True)
+        install()  # the environment, or the defaults; never loosens settings already made

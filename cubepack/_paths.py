@@ -59,12 +59,36 @@ def resolve_inside(root: Path, name: str) -> Path:
     return root / Path(*name.split("/"))
 
 
+def hf_snapshot_blobs(root: Path) -> Path | None:
+    """The blobs folder when ``root`` is an HF-cache snapshot (``<repo>/snapshots/<commit>``),
+    whose files are symlinks into that repo's own ``blobs/``; else None."""
+    root = Path(os.path.abspath(root))
+    blobs = root.parent.parent / "blobs"
+    name = root.name
+    if (root.parent.name == "snapshots" and len(name) == 40 and all(c in "0123456789abcdef"
+                                                                     for c in name)
+            and blobs.is_dir() and not blobs.is_symlink()):
+        return blobs
+    return None
+
+
+def _link_into(path: Path, blobs: Path | None) -> bool:
+    """Is ``path`` a symlink to a regular file directly inside ``blobs``?"""
+    if blobs is None:
+        return False
+    real = Path(os.path.realpath(path))
+    return real.parent == Path(os.path.realpath(blobs)) and real.is_file()
+
+
 def scan_cube(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
     """Walk ``root`` without following links; return (regular files, problems).
 
     Each problem is (relative path, description): a symlink, a special file or an unsafe
-    name. Symlinked folders are reported, never entered.
+    name. Symlinked folders are reported, never entered. In an HF-cache snapshot folder, a
+    symlink to a file in that repo's own ``blobs/`` is a file like any other (that is how the
+    cache stores them); any other link is still a problem.
     """
+    blobs = hf_snapshot_blobs(root)
     root = Path(root)
     if root.is_symlink():
         return [], [(str(root), "the cube folder itself is a symlink")]
@@ -78,8 +102,12 @@ def scan_cube(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
             full = base / name
             rel = full.relative_to(root).as_posix()
             mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode) and _link_into(full, blobs):
+                mode = stat.S_IFREG  # a cached file: checked below as a regular one
             if stat.S_ISLNK(mode):
-                problems.append((rel, "is a symlink; cubes may hold regular files only"))
+                where = ("points outside this HF-cache repo's blobs" if blobs is not None
+                         else "is a symlink; cubes may hold regular files only")
+                problems.append((rel, where))
             elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 problems.append((rel, "is not a regular file"))
             elif stat.S_ISREG(mode):

@@ -28,16 +28,22 @@ def pin_subject(role: str, pin: dict[str, Any]) -> str:
     return f"{role} (local folder, pinned by weights digest)"
 
 
-def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient) -> list[Check]:
-    """One or more checks per strict pin in ``models`` (role -> pin, as in the lock)."""
+def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient, *,
+                        strict: bool = True) -> list[Check]:
+    """One or more checks per strict pin in ``models`` (role -> pin, as in the lock).
+
+    ``strict``: a pinned model the endpoint does not host (or cannot be reached for) fails the
+    check; otherwise it is reported as ``unverified`` (skipped, with the reason). A pinned
+    revision that no longer exists, or files that differ from the pin, always fail.
+    """
     checks: list[Check] = []
     for role, pin in sorted(models.items()):
         if pin.get("strict") and pin.get("identity"):
-            checks.extend(_check_pin(role, pin, client))
+            checks.extend(_check_pin(role, pin, client, strict))
     return checks
 
 
-def _check_pin(role: str, pin: dict[str, Any], client: HubClient) -> list[Check]:
+def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) -> list[Check]:
     subject = pin_subject(role, pin)
     if not pin.get("repo_id") or not pin.get("revision"):
         return [Check(CHECK, subject, None, "skipped: pinned by weights digest only (no Hub "
@@ -54,6 +60,10 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient) -> list[Check]
             error = HubError(f"The pinned revision {sha} of {repo_id} no longer exists on the Hub "
                              "(was its history rewritten or squashed?); the cube cannot be "
                              "checked against its producer.")
+        elif not strict:
+            return [Check(CHECK, subject, None, f"unverified: {error} Pass the model with "
+                          "--model to check it locally (or --strict-models to refuse).",
+                          role=role)]
         return [Check(CHECK, subject, False, str(error), sha, None, role=role)]
     siblings = {s.rfilename: s for s in info.siblings or []}
     entries, missing = [], []

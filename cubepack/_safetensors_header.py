@@ -71,6 +71,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             if len(prefix) < 8:
                 raise FormatError(f"{name} is not a safetensors file: it is only {file_size} bytes.")
             (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
+                raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
             if length > MAX_HEADER_BYTES:
                 raise FormatError(
                     f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "

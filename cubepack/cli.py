@@ -7,14 +7,16 @@ line; ``--debug`` adds the traceback. Heavy libraries are imported inside each c
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 import traceback
 from typing import Any, Callable
 
 import click
 
-from .errors import CubepackError
+from .errors import CubepackError, UsageError
 
 
 class _Context:
@@ -26,13 +28,33 @@ def _trust_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
         click.option("--trusted-key", "trusted_keys", multiple=True,
-                     type=click.Path(dir_okay=False),
+                     type=click.Path(dir_okay=False, exists=True),
                      help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
         click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON."),
     ]):
         command = option(command)
     return command
+
+
+def _emit_error(exc: CubepackError) -> None:
+    report = getattr(exc, "report", None)
+    click.echo(json.dumps({"ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
+                                                  "exit_code": exc.exit_code},
+                           "report": report.to_dict() if report is not None else None},
+                          indent=2, sort_keys=True, default=str))
+
+
+def _configure_progress() -> None:
+    """One switch for every progress bar: ours, huggingface_hub's and transformers'. Bars are
+    off when ``CUBEPACK_NO_PROGRESS`` (or ``HF_HUB_DISABLE_PROGRESS_BARS``) is set, and when
+    stderr is not a terminal, so no ``\r`` bar ends up in a log."""
+    from . import _constants as constants
+
+    if not constants.progress_enabled():
+        # Read by huggingface_hub when it is imported (the commands import it lazily, after
+        # this), and transformers follows huggingface_hub's setting.
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
@@ -84,7 +106,7 @@ def _render_identity(data: dict[str, Any]) -> str:
 
 
 @cli.command("inspect")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def inspect_command(file: str, as_json: bool) -> None:
     """Show a KV file's format version, producer, shapes and token count."""
@@ -114,7 +136,7 @@ def _render_kv(data: dict[str, Any]) -> str:
 
 
 @cli.command("pack")
-@click.argument("cube_dir", type=click.Path(file_okay=False))
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--model", help="Producer model (folder or Hub id); overrides config.json's act_mem LLM.")
 @click.option("--revision", help="Branch, tag or commit of a Hub --model to pin.")
 @click.option("--legacy-pickle", is_flag=True,
@@ -123,16 +145,19 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--pretty-name", help="Title of the model card.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): also sign the packed cube.")
+@click.option("--assert-producer", is_flag=True,
+              help="Label converted caches as --model's although config.json names another "
+                   "producer (recorded in the lock and card as asserted).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
-                 as_json: bool) -> None:
+                 assert_producer: bool, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
-                  sign_password=_key_password())
+                  sign_password=_key_password(), assert_producer=assert_producer)
     _emit(result.to_dict(), as_json, _render_pack)
 
 
@@ -142,15 +167,19 @@ def _render_pack(data: dict[str, Any]) -> str:
              f"  activations: {len(data['activations'])}"
              + (f" ({len(data['converted'])} converted from the MemOS pickle)" if data["converted"] else "")]
     for role, pin in data["models"].items():
-        where = f"{pin['repo_id']}@{pin['revision']}" if pin["revision"] else \
-            f"{pin['name']} (no Hub revision: pinned by weights digest)"
+        if pin["revision"]:
+            where = f"{pin['repo_id']}@{pin['revision']}"
+        elif pin.get("pinned"):
+            where = f"{pin['name']} (a local folder: pinned by weights digest, no Hub revision)"
+        else:
+            where = f"{pin['name']}: not pinned ({pin.get('reason') or 'unavailable'})"
         lines.append(f"  model {role}: {where}")
     lines.append(f"  lock digest: {data['digest']}")
     return "\n".join(lines)
 
 
 @cli.command("verify")
-@click.argument("cube_dir", type=click.Path(file_okay=False))
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--model", help="Check the pins against this model (folder or Hub id).")
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
@@ -185,7 +214,7 @@ def _render_report(data: dict[str, Any]) -> str:
 
 
 @cli.command("upgrade")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(exists=True))
 @click.option("--model", required=True, help="The producer model (folder or Hub id).")
 @click.option("--revision", help="Branch, tag or commit of a Hub --model.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -236,14 +265,19 @@ def _render_diff(data: dict[str, Any]) -> str:
     if data["same"]:
         return "identical locks"
     lines = []
-    for section in ("files", "activations"):
-        for kind in ("added", "removed", "changed"):
-            for name in data[section][kind]:
-                lines.append(f"{section[:-1] if section == 'files' else 'activation'} {kind}: {name}")
+    for kind in ("added", "removed", "changed"):
+        lines += [f"file {kind}: {name}" for name in data["files"][kind]]
+        lines += [f"activation {kind}: {name}" for name in data["activations"][kind]]
+    for item, fields in data["activations"]["fields"].items():
+        lines += [f"activation {item} {key}: {change['old']} -> {change['new']}"
+                  for key, change in fields.items()]
     for role, changes in data["models"].items():
-        for key, change in changes.items():
-            lines.append(f"model {role} {key}: {change}")
-    return "\n".join(lines) or "no differences in files, models or activations"
+        lines += [f"model {role} {key}: {change}" for key, change in changes.items()]
+    lines += [f"lock {key}: {change['old']} -> {change['new']}"
+              for key, change in data["lock"].items()]
+    if data["content_digest"]["old"] == data["content_digest"]["new"]:
+        lines.append("content digest unchanged (only the card or lock fields differ)")
+    return "\n".join(lines)
 
 
 @cli.command("push")
@@ -256,15 +290,18 @@ def _render_diff(data: dict[str, Any]) -> str:
 @click.option("--tag", help="Tag the pushed commit (an immutable name for it).")
 @click.option("--commit-message", help="Commit message.")
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@click.option("--allow-local-paths", is_flag=True,
+              help="Push even though config.json names a model by a local path.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
                  tag: str | None, commit_message: str | None, token: str | None,
-                 as_json: bool) -> None:
+                 allow_local_paths: bool, as_json: bool) -> None:
     """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
     from .hub import push
 
     result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
-                  tag=tag, commit_message=commit_message, token=token)
+                  tag=tag, commit_message=commit_message, token=token,
+                  allow_local_paths=allow_local_paths)
     _emit(result.to_dict(), as_json, _render_push)
 
 
@@ -293,16 +330,23 @@ def _render_push(data: dict[str, Any]) -> str:
               help="Verify the downloaded commit before placing it.")
 @click.option("--model", help="Check the pins against this local model (folder or Hub id).")
 @click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
+@click.option("--strict-models", is_flag=True,
+              help="Refuse the cube when a pinned model cannot be checked (not hosted here).")
+@click.option("--force", is_flag=True,
+              help="Replace --local-dir even if it holds other files (never your cwd, home or "
+                   "the HF cache).")
 @_trust_options
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
-                 verify_cube: bool, model: str | None, offline: bool, token: str | None,
-                 trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
+                 verify_cube: bool, model: str | None, offline: bool, strict_models: bool,
+                 force: bool, token: str | None, trusted_keys: tuple[str, ...],
+                 require_signature: bool, as_json: bool) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub import pull
 
     result = pull(repo, revision=revision, repo_type=repo_type, local_dir=local_dir,
                   verify_cube=verify_cube, model=model, offline=offline, token=token,
-                  trusted_keys=list(trusted_keys), require_signature=require_signature)
+                  trusted_keys=list(trusted_keys), require_signature=require_signature,
+                  strict_models=strict_models, force=force)
     _emit(result.to_dict(), as_json, _render_pull)
 
 
@@ -330,12 +374,25 @@ def hub_group() -> None:
 @click.option("--port", type=int, default=8999, show_default=True)
 @click.option("--token", "tokens", multiple=True,
               help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
-def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...]) -> None:
+@click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
+def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
+                      quiet: bool) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
-    hub = LocalHub(root, host=host, port=port, tokens=list(tokens))
+    def log(line: str) -> None:
+        print(line, flush=True)  # a log file sees each request as it happens
+
+    try:
+        hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
+                       log=None if quiet else log)
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another "
+                             "port with --port (or another --host).") from exc
+        raise
     click.echo(f"serving {root} at {hub.url}  (use: HF_ENDPOINT={hub.url}; Ctrl-C stops)")
+    sys.stdout.flush()
     if not tokens:
         click.echo("no --token given: anyone who can reach this port may create and push repos")
     try:
@@ -345,9 +402,16 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: run the CLI and map errors to exit codes."""
+    """Console entry point: run the CLI and map errors to exit codes.
+
+    With ``--json``, a refusal or error is also printed as JSON on stdout (``ok: false``, the
+    error's type, message and exit code, and the verification report when there is one), so a
+    script reading stdout always gets JSON.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    _configure_progress()
     try:
-        cli.main(args=argv, prog_name="cubepack", standalone_mode=False)
+        cli.main(args=args, prog_name="cubepack", standalone_mode=False)
     except _Refused:
         return 1
     except click.exceptions.Abort:
@@ -360,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         if _Context.debug:
             traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
+        if "--json" in args:
+            _emit_error(exc)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if _Context.debug:

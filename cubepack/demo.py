@@ -1,39 +1,36 @@
-"""``python -m cubepack.demo``: the main job end to end, offline, on a local Hub endpoint.
+"""``python -m cubepack.demo`` (``make demo``): why shared memory must be pinned, offline.
 
-1. starts ``cubepack hub serve``'s endpoint on 127.0.0.1 (a local stand-in for the Hub);
-2. builds two tiny same-shape models, A and B, and publishes A there as a model repo;
-3. builds a MemOS cube with the real MemoryOS package, its KV cache extracted by A;
-4. packs it (pins A's commit, converts the pickle through the allowlist, lock + card);
-5. pushes it as one commit, pulls it back at that exact SHA with verification;
-6. loads the activation into A and continues; offers B and shows the refusal.
+1. starts a local Hub-compatible endpoint (``cubepack hub serve``) in its own process;
+2. builds two tiny same-shape models, A and B, publishes A, and has the real MemoryOS package
+   build a cube whose KV cache model A extracted;
+3. shows the bug: plain MemOS loads A's cache into B without a word, and B's answer changes;
+4. packs, pushes and pulls the cube with the ``cubepack`` commands, printed exactly as run;
+5. shows cubepack refusing A's cache for B, naming the field;
+6. loads the pinned cube with the MemOS hook: A's cache into A, answers as A's own.
 
-Everything lives under ``./demo-out`` (or the folder given as the first argument).
+Everything lives under ``./demo-out`` (or the folder given as the first argument); the end of
+the output says how to re-run the commands by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import shlex
 import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
+QUESTION = "What does the user drink?"
+FACT = "The user is a Chinese man who likes green tea."
 
-def step(text: str, command: str | None = None) -> None:
+
+def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
-    if command:
-        print(f"   $ {command}", flush=True)
-
-
-def greedy(model, cache, ids, steps: int = 8) -> list[int]:
-    """Greedy decoding from a prefilled cache (the tiny models' text is noise; ids show it)."""
-    import torch
-
-    produced = []
-    with torch.no_grad():
-        for _ in range(steps):
-            ids = model(ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            produced.append(int(ids))
-    return produced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,90 +38,79 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(argv[0] if argv else "demo-out").resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-
-    from .localhub import LocalHub
-
-    hub = LocalHub(work / "hub-root").start()
-    # The Hub client reads these at import time, so they are set before anything imports it.
-    os.environ.update({
-        "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(work / "hf-cache"),
-        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "demo-token",
-        "MEMOS_BASE_PATH": str(work / "memos-home"), "CUBEPACK_CACHE": str(work / "cubepack-cache"),
-    })
+    port = _free_port()
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_CACHE": str(work / "hf-cache"),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "CUBEPACK_CACHE": str(work / "cubepack-cache"),
+           "MEMOS_BASE_PATH": str(work / "memos-home")}
+    os.environ.update(env)  # read at import by huggingface_hub: set before anything imports it
+    step("1. A local Hub-compatible endpoint, in its own process")
+    serve = ["cubepack", "hub", "serve", "--root", str(work / "hub-root"), "--port", str(port),
+             "--quiet"]
+    print(f"$ {shlex.join(serve)} &")
+    server = subprocess.Popen([sys.executable, "-m", *serve], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     try:
-        return _run(work, hub)
+        print(server.stdout.readline().strip())
+        return _run(work, env)
     finally:
-        hub.stop()
+        server.terminate()
+        server.wait()
+        print("\nTo re-run the commands above by hand (the endpoint's data is kept):")
+        print(f"  $ {shlex.join(serve)} &")
+        print("  $ export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
 
 
-def _run(work: Path, hub) -> int:
+def _run(work: Path, env: dict[str, str]) -> int:
+    _quiet_libraries()
+    import torch
+
     import cubepack
+    import cubepack.memos
     from cubepack.testing import tiny
     from cubepack.testing.hub import upload_folder
 
-    step(f"1. A local Hub-compatible endpoint is serving at {hub.url}",
-         f"cubepack hub serve --root {work / 'hub-root'}")
-
-    step("2. Build two tiny same-shape models (A and B: same config, other seeds); publish A")
+    step("2. Two tiny same-shape models (A and B: same config, other seeds); publish A; "
+         "MemOS builds a cube with A")
     tokenizer = tiny.build_tokenizer()
     folder_a = tiny.build_model(work / "model-a", tiny.llama_config(), seed=0, tokenizer=tokenizer)
     folder_b = tiny.build_model(work / "model-b", tiny.llama_config(), seed=1, tokenizer=tokenizer)
+    upload_folder(env["HF_ENDPOINT"], "demo/tiny-model-a", folder_a)
     from huggingface_hub import snapshot_download
 
-    upload_folder(hub.url, "demo/tiny-model-a", folder_a)
     snapshot_a = Path(snapshot_download("demo/tiny-model-a"))
-    print(f"model A: demo/tiny-model-a, downloaded to {snapshot_a}")
-
-    step("3. Build a MemOS cube with the real MemoryOS package (model A extracts the KV cache)")
-    from memos.configs.mem_cube import GeneralMemCubeConfig
-    from memos.mem_cube.general import GeneralMemCube
-
-    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(snapshot_a),
-                                                 "max_tokens": 8}}
-    config = GeneralMemCubeConfig.model_validate({
-        "user_id": "demo", "cube_id": "demo/tiny_cube", "text_mem": {"backend": "uninitialized"},
-        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
-    memos_cube = GeneralMemCube(config)
-    item = memos_cube.act_mem.extract("The user is a Chinese man who likes green tea.")
-    memos_cube.act_mem.add([item])
     cube_dir = work / "cube"
-    memos_cube.dump(str(cube_dir))
-    print("MemOS wrote:", ", ".join(sorted(p.name for p in cube_dir.iterdir())))
+    with _silenced():
+        from memos.configs.mem_cube import GeneralMemCubeConfig
+        from memos.mem_cube.general import GeneralMemCube
 
-    step("4. Pack: pin the producer, convert the pickle (allowlist), lock, card",
-         f"cubepack pack {cube_dir} --legacy-pickle")
-    packed = cubepack.pack(cube_dir, legacy_pickle=True, license="apache-2.0")
-    pin = packed.models["act_mem"]
-    print(f"producer pinned: {pin['repo_id']}@{pin['revision']}")
-    print("the cube now holds:", ", ".join(sorted(p.relative_to(cube_dir).as_posix()
-                                                 for p in cube_dir.rglob("*") if p.is_file())))
-    print(f"lock digest: {packed.digest}")
+        source = GeneralMemCube(_memos_config(GeneralMemCubeConfig, snapshot_a))
+        item = source.act_mem.extract(FACT)
+        source.act_mem.add([item])
+        source.dump(str(cube_dir))
+    print(f"MemOS wrote {', '.join(sorted(p.name for p in cube_dir.iterdir()))}: model A's KV "
+          f"cache of {FACT!r} ({item.memory.get_seq_length()} tokens), pickled")
 
-    step("5. Push it as exactly one commit", f"cubepack push {cube_dir} demo/tiny_cube --tag v1")
-    from cubepack.hub import pull, push
+    step("3. Without cubepack: plain MemOS loads A's cache into model B, silently")
+    with _silenced():
+        plain = GeneralMemCube.init_from_dir(
+            str(cube_dir), default_config=_memos_config(GeneralMemCubeConfig, folder_b))
+    [loaded] = plain.act_mem.get_all()
+    model_b = plain.act_mem.llm.model
+    wrong = _continue(model_b, tokenizer, loaded.memory)
+    right = _continue(model_b, tokenizer, plain.act_mem.extract(FACT).memory)
+    print(f"no error, no warning; B continues {QUESTION!r} from A's cache, against its own:")
+    _compare(wrong, right)
 
-    pushed = push(cube_dir, "demo/tiny_cube", tag="v1")
-    print(f"commit {pushed.commit_sha} ({len(pushed.uploaded)} files)\n{pushed.commit_url}")
-    again = push(cube_dir, "demo/tiny_cube")
-    print(f"pushed again unchanged: changed={again.changed}, still {again.commit_sha}")
-
+    step("4. With cubepack: pin, convert (no pickle), lock, push one commit, pull that commit")
+    _command(["cubepack", "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
+    pushed = _command(["cubepack", "push", str(cube_dir), "demo/tiny_cube", "--tag", "v1"])
+    sha = next(line.split()[-1] for line in pushed.splitlines() if line.startswith("commit:"))
     pulled_dir = work / "pulled"
-    step("6. Pull it at the pushed SHA, verified before it is placed",
-         f"cubepack pull demo/tiny_cube@{pushed.commit_sha} --local-dir {pulled_dir}")
-    pulled = pull(f"demo/tiny_cube@{pushed.commit_sha}", local_dir=pulled_dir)
-    for check in pulled.report.checks:
-        mark = {True: "ok  ", False: "FAIL", None: "skip"}[check.ok]
-        print(f"  {mark} {check.name:<15} {check.subject}")
+    _command(["cubepack", "pull", f"demo/tiny_cube@{sha}", "--local-dir", str(pulled_dir)])
 
-    step("7. Load the activation into model A (the pinned snapshot) and continue")
-    activation = pulled_dir / "activations" / f"{item.id}.kv.safetensors"
-    model_a = tiny.load(snapshot_a)
-    cache = cubepack.load_kv_cache(activation, model_a)
-    question = tokenizer("What does the user drink?", return_tensors="pt").input_ids
-    print(f"cache covers {cache.get_seq_length()} tokens; greedy continuation ids: "
-          f"{greedy(model_a, cache, question)}")
-
-    step("8. Offer model B (same shapes, other weights): cubepack refuses")
+    step("5. Offer model B: cubepack refuses, naming what differs")
+    activation = next((pulled_dir / "activations").glob("*.kv.safetensors"))
     try:
         cubepack.load_kv_cache(activation, tiny.load(folder_b))
     except cubepack.IdentityMismatch as refusal:
@@ -132,8 +118,83 @@ def _run(work: Path, hub) -> int:
     else:
         print("ERROR: model B was not refused")
         return 1
+
+    step("6. The MemOS hook loads the pinned commit: A's cache into A")
+    print(f">>> cubepack.memos.init_from_remote_repo('demo/tiny_cube@{sha}')")
+    with _silenced():
+        pinned = cubepack.memos.init_from_remote_repo(f"demo/tiny_cube@{sha}")
+    [verified] = pinned.act_mem.get_all()
+    model_a = pinned.act_mem.llm.model
+    print(f"loaded {pinned.cubepack.loaded} from commit {pinned.cubepack.commit_sha}, model "
+          f"{cubepack.fingerprint(model_a).model_id}@{cubepack.fingerprint(model_a).revision}")
+    _compare(_continue(model_a, tokenizer, verified.memory),
+             _continue(model_a, tokenizer, pinned.act_mem.extract(FACT).memory))
+    del torch
     print(f"\ndone: everything is under {work}")
     return 0
+
+
+def _memos_config(config_class, model_path: Path):
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(model_path),
+                                                 "max_tokens": 8}}
+    return config_class.model_validate({
+        "user_id": "demo", "cube_id": "demo/tiny_cube", "text_mem": {"backend": "uninitialized"},
+        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
+
+
+def _continue(model, tokenizer, cache, steps: int = 8):
+    """Greedy continuation of the question from a prefilled cache: (token ids, logits)."""
+    import copy
+
+    import torch
+
+    cache = copy.deepcopy(cache)
+    ids = tokenizer(QUESTION, return_tensors="pt").input_ids
+    produced, logits = [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(ids, past_key_values=cache, use_cache=True).logits[:, -1]
+            logits.append(out)
+            ids = out.argmax(-1, keepdim=True)
+            produced.append(int(ids))
+    return produced, torch.cat(logits)
+
+
+def _compare(reused, own) -> None:
+    agree = sum(a == b for a, b in zip(reused[0], own[0]))
+    delta = (reused[1] - own[1]).abs().max().item()
+    print(f"  top-1 tokens agree on {agree} of {len(own[0])} steps; max |delta logit| {delta:.3f}")
+    print(f"  from the loaded cache: {reused[0]}\n  from its own prefill:  {own[0]}")
+
+
+def _command(argv: list[str]) -> str:
+    """Run a cubepack command exactly as printed; show its output."""
+    print(f"$ {shlex.join(argv)}", flush=True)
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    output = (done.stdout + done.stderr).strip()
+    print("\n".join(f"  {line}" for line in output.splitlines()))
+    if done.returncode:
+        raise SystemExit(f"the command above failed (exit {done.returncode})")
+    return output
+
+
+def _quiet_libraries() -> None:
+    """MemOS and transformers log at import and on every load; keep the demo readable."""
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@contextlib.contextmanager
+def _silenced():
+    """MemOS also prints to stdout and stderr; hide that while it works."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -114,7 +114,10 @@ class UnsupportedError(CubepackError):
 
 
 class ModelNotFoundError(CubepackError):
-    """A model folder, Hub id or revision cannot be found (locally or, offline, in the HF cache)."""
+    """A model folder, Hub id or revision cannot be found (locally or, offline, in the HF cache).
+    Like any missing input it is a usage error (CLI exit 2)."""
+
+    exit_code = 2
 
 
 class HubError(CubepackError):

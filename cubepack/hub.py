@@ -12,6 +12,7 @@ Works with huggingface_hub 0.36 and 2.x, against the Hub or any compatible endpo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -21,16 +22,18 @@ from typing import Any
 
 from . import _atomic
 from . import _constants as constants
+from . import _memos_layout as memos_layout
 from . import _lock as lockfile
 from ._hashing import sha256_file
 from ._hub_client import (REPO_TYPES, HubClient, cache_repo_dir, lfs_sha256, offline_requested,
                           parse_repo_spec)
-from ._paths import check_relpath, resolve_inside
+from . import _canonical
+from ._paths import check_relpath, resolve_inside, scan_cube
 from ._remote import remote_model_checks
 from ._report import VerifyReport
 from ._revision import check_ref_name, is_commit, looks_like_commit
 from .errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
-from .verify import TOLERATED, verify
+from .verify import ORIGIN_FILE, is_tolerated, verify
 
 __all__ = ["PullResult", "PushResult", "parse_repo_spec", "pull", "push", "resolve_revision"]
 
@@ -57,49 +60,96 @@ class PushResult:
         return dict(self.__dict__)
 
 
+#: How often a push re-plans and retries when another push landed first (a stale parent).
+PUSH_ATTEMPTS = 3
+
+
 def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
          revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
          token: str | None = None, endpoint: str | None = None,
-         progress: bool | None = None) -> PushResult:
+         progress: bool | None = None, allow_local_paths: bool = False) -> PushResult:
     """Push a packed cube as exactly one commit (or none when nothing changed).
 
     The cube is verified first: an unpacked or failing cube is refused before any network
-    call. Only files whose content differs from the branch head are uploaded; files the cube
-    no longer has are deleted in the same commit.
+    call, and so is one whose ``config.json`` names a model by a local path (unless
+    ``allow_local_paths``). Only files whose content differs from the branch head are
+    uploaded; files the cube no longer has are deleted in the same commit. A ``tag`` that
+    exists is refused before anything is committed. When another push lands on the branch
+    first, the plan is made again against the new head and retried (a few times).
 
     Raises:
         VerificationFailed: the cube does not verify.
-        HubError: the endpoint refused or failed (one sentence: unknown repo, no token...).
+        UsageError: a local model path in config.json; a bad repo type.
+        HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
+            that exists, a branch that keeps moving).
     """
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
     cube = Path(cube_dir)
     report = verify(cube, progress=progress)
+    if not allow_local_paths:
+        _refuse_local_model_paths(cube)
     local = _local_files(cube, report)
     branch = revision or "main"
     client = HubClient(endpoint, token)
     api = client.api
+    message = commit_message or f"cubepack push (lock {report.lock['digest'][:12]})"
     with client.translated(repo_id, repo_type, branch):
         api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
         if branch != "main":
             api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
-        info = api.repo_info(repo_id, repo_type=repo_type, revision=branch, files_metadata=True)
-        head = info.sha
-        remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
-        additions, deletions = _plan(cube, local, remote)
-        if additions or deletions:
-            commit = client.create_commit(
-                repo_id, _operations(additions, deletions), repo_type=repo_type, branch=branch,
-                message=commit_message or f"cubepack push (lock {report.lock['digest'][:12]})",
-                parent_commit=head)
+        for attempt in range(PUSH_ATTEMPTS):
+            info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
+                                 files_metadata=True)
+            head = info.sha
+            remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
+            additions, deletions = _plan(cube, local, remote)
+            if tag:
+                _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
+                           else head)
+            if not (additions or deletions):
+                sha, url = head, None
+                break
+            try:
+                commit = client.create_commit(repo_id, _operations(additions, deletions),
+                                              repo_type=repo_type, branch=branch,
+                                              message=message, parent_commit=head)
+            except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
+                if _status(exc) == 412 and attempt + 1 < PUSH_ATTEMPTS:
+                    continue
+                if _status(exc) == 412:
+                    raise HubError(f"{repo_id}@{branch} kept moving while pushing (another push "
+                                   f"landed first {PUSH_ATTEMPTS} times); push again.") from exc
+                raise
             sha, url = commit.oid, commit.commit_url
-        else:
-            sha, url = head, None
-        if tag:
-            _tag(client, repo_id, repo_type, tag, sha)
+            break
+        if tag and _tag_target(client, repo_id, repo_type, tag) is None:
+            client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
     return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
                       commit_url=url, changed=bool(additions or deletions),
                       uploaded=sorted(p for p, _ in additions), deleted=sorted(deletions), tag=tag)
+
+
+def _status(exc: Exception) -> int | None:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def _refuse_local_model_paths(cube: Path) -> None:
+    """A model named by a local path means nothing on another machine and reveals the
+    pusher's file system; pack names Hub-cache snapshots by their Hub id instead."""
+    config_path = cube / "config.json"
+    if not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for role in memos_layout.ROLES:
+        inner = memos_layout.llm_config(config if isinstance(config, dict) else {}, role) or {}
+        name = inner.get("model_name_or_path")
+        if isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))):
+            raise UsageError(
+                f"config.json names the {role} model by the local path {name}, which means "
+                "nothing on another machine and reveals your file system. Pack with a Hub "
+                "model (cubepack pack --model OWNER/MODEL) so config.json names its Hub id, or "
+                "pass --allow-local-paths to push it anyway (e.g. a shared mount).")
 
 
 def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:
@@ -145,15 +195,19 @@ def _operations(additions: list[tuple[str, Path]], deletions: list[str]) -> list
             + [CommitOperationDelete(path_in_repo=path) for path in deletions])
 
 
-def _tag(client: HubClient, repo_id: str, repo_type: str, tag: str, sha: str) -> None:
+def _tag_target(client: HubClient, repo_id: str, repo_type: str, tag: str) -> str | None:
     refs = client.api.list_repo_refs(repo_id, repo_type=repo_type)
-    existing = {ref.name: ref.target_commit for ref in refs.tags}
-    if tag in existing:
-        if existing[tag] != sha:
-            raise HubError(f"Tag {tag!r} of {repo_id} already points at {existing[tag]}, not "
-                           f"{sha}; tags are immutable pins, choose a new tag.")
-        return
-    client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
+    return {ref.name: ref.target_commit for ref in refs.tags}.get(tag)
+
+
+def _check_tag(client: HubClient, repo_id: str, repo_type: str, tag: str,
+               unchanged_head: str | None) -> None:
+    """Before anything is committed: an existing tag is refused unless it already names the
+    commit this push would report (nothing changed and it points at the head)."""
+    existing = _tag_target(client, repo_id, repo_type, tag)
+    if existing is not None and existing != unchanged_head:
+        raise HubError(f"Tag {tag!r} of {repo_id} already points at {existing}; tags are "
+                       "immutable pins, choose a new tag. Nothing was pushed.")
 
 
 # --- pull ---------------------------------------------------------------------------------------
@@ -178,14 +232,21 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
          local_dir: str | Path | None = None, verify_cube: bool = True, model: Any = None,
          offline: bool | None = None, token: str | None = None, endpoint: str | None = None,
          cache_dir: str | Path | None = None, progress: bool | None = None,
-         trusted_keys: list[Any] | None = None, require_signature: bool = False) -> PullResult:
+         trusted_keys: list[Any] | None = None, require_signature: bool = False,
+         strict_models: bool = False, force: bool = False) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
     40-hex commit first; that commit is downloaded (offline: served from the HF cache) and
     verified against its lock, with the pinned model checked too (the given ``model``, the
-    pinned revision in the HF cache, or the Hub's file metadata). ``local_dir`` changes only
-    when everything passed: a failed or interrupted pull leaves it as it was.
+    pinned revision in the HF cache, or the Hub's file metadata; a pinned model the endpoint
+    does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
+    only when everything passed: a failed or interrupted pull leaves it as it was.
+
+    ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
+    repo to which nothing was added; anything else is refused before any download, naming the
+    files that would be lost, unless ``force``. Even with ``force``, a folder holding the
+    current directory, the home folder or the HF cache is never replaced.
 
     Raises:
         HubError: unknown repo or revision, no token, download failure, offline cache miss.
@@ -195,13 +256,14 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
     if not verify_cube and (trusted_keys or require_signature):
         raise UsageError("--no-verify cannot be combined with a signature requirement.")
     offline = offline_requested(offline)
+    target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    check_target(target, repo_id, repo_type, force=force)
     client = HubClient(endpoint, token)
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
     snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
                                         offline=offline, cache_dir=cache_dir,
                                         lock_first=verify_cube)
-    target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     staging = _atomic.staging_dir(target, "pull")
     try:
         _materialize(snapshot, files, staging)
@@ -211,18 +273,74 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
                             hashed=hashed, trusted_keys=trusted_keys,
                             require_signature=require_signature)
             if not offline and model is None:
-                _add_remote_model_checks(report, client)
+                _add_remote_model_checks(report, client, strict_models)
             report.cube_dir = Path(f"{repo_id}@{sha}")
             if not report.ok:
                 _evict_corrupt_files(report, snapshot)
                 raise VerificationFailed(report)
             report.cube_dir = target
+        _write_origin(staging, repo_id, repo_type, sha)
         _atomic.replace_dir(staging, target)
+        if wanted and not is_commit(wanted) and not offline:
+            _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return PullResult(repo_id=repo_id, repo_type=repo_type, revision=wanted, commit_sha=sha,
                       local_dir=target, report=report)
+
+
+def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool) -> None:
+    """Refuse a ``--local-dir`` whose files a pull would lose (see :func:`pull`)."""
+    from huggingface_hub import constants as hub_constants
+
+    resolved = target.resolve()
+    if resolved.exists() and not resolved.is_dir():
+        raise UsageError(f"--local-dir {target} exists and is not a folder.")
+    protected = [(Path.cwd().resolve(), "the current directory"),
+                 (Path.home().resolve(), "your home folder"),
+                 (Path(hub_constants.HF_HUB_CACHE).resolve(), "the Hugging Face cache")]
+    for path, what in protected:
+        if path == resolved or resolved in path.parents:
+            raise UsageError(f"Refusing to replace {target}: it holds {what}. Pull into a new "
+                             "folder (--local-dir).")
+    if not resolved.exists() or force or not any(resolved.iterdir()):
+        return
+    kept = _files_a_pull_would_lose(resolved, repo_id, repo_type)
+    if kept:
+        shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+        raise UsageError(f"--local-dir {target} already holds files that are not an earlier pull "
+                         f"of {repo_id} ({shown}); pulling would replace them. Pull into an "
+                         "empty or new folder, or pass --force to replace it.")
+
+
+def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str) -> list[str]:
+    """Files in ``folder`` that are not part of an earlier, unchanged pull of this repo."""
+    on_disk, problems = scan_cube(folder)
+    everything = sorted(set(on_disk) | {where for where, _ in problems if where})
+    try:
+        origin = json.loads((folder / ORIGIN_FILE).read_text(encoding="utf-8"))
+        lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
+    except (OSError, ValueError, CubepackError):
+        return everything
+    if not isinstance(origin, dict) or (origin.get("repo_id"), origin.get("repo_type")) != \
+            (repo_id, repo_type) or problems:
+        return everything
+    return [name for name in on_disk if name not in lock["files"] and not is_tolerated(name)]
+
+
+def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str) -> None:
+    """Record where a pulled folder came from, so a later pull of it may replace it."""
+    _atomic.write_text(staging / ORIGIN_FILE, _canonical.dumps(
+        {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha}))
+
+
+def _record_ref(repo_id: str, repo_type: str, name: str, sha: str,
+                cache_dir: str | Path | None) -> None:
+    """Remember ``name -> sha`` in the HF cache as huggingface_hub does (``refs/<name>``), so
+    an offline pull by that name works afterwards."""
+    check_ref_name(name)
+    _atomic.write_text(cache_repo_dir(repo_id, repo_type, cache_dir) / "refs" / name, sha)
 
 
 def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "dataset",
@@ -348,7 +466,7 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
     except CubepackError as exc:
         report.add("lock", constants.LOCK_FILENAME, False, str(exc))
         raise VerificationFailed(report) from None
-    unlisted = sorted(set(paths) - set(lock["files"]) - TOLERATED)
+    unlisted = sorted(name for name in set(paths) - set(lock["files"]) if not is_tolerated(name))
     for name in unlisted:
         report.add("file set", name, False, "not listed in the lock; refused before download",
                    "absent", "present")
@@ -396,10 +514,10 @@ def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
         check.detail += "; removed from the HF cache, so a retry downloads it again"
 
 
-def _add_remote_model_checks(report: VerifyReport, client: HubClient) -> None:
+def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bool) -> None:
     """Check against Hub metadata the pins whose local model check was skipped (not cached)."""
     if report.lock is None:
         return
     skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
     models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
-    report.extend(remote_model_checks(models, client))
+    report.extend(remote_model_checks(models, client, strict=strict))

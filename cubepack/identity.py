@@ -87,6 +87,13 @@ class ModelIdentity:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def pinned(self) -> dict[str, Any]:
+        """The dict a lock pins: without the fields that describe the packing machine rather
+        than the model (library versions, a config digest that includes library-written
+        keys), so re-packing an unchanged cube elsewhere gives the same digests."""
+        return {key: value for key, value in self.to_dict().items()
+                if key not in ("versions", "config_digest")}
+
     def strict(self) -> dict[str, Any]:
         """Only the strict fields, as a dict (what the lock and the KV file must agree on)."""
         return {name: getattr(self, name) for name in STRICT_FIELDS}

@@ -189,13 +189,12 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
     found: list[Mismatch] = []
     if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
         return [Mismatch("geometry.num_layers", geometry["num_layers"], len(layers))]
+    dtypes = sorted({dtype for layer in layers for dtype in (layer.keys_dtype, layer.values_dtype)})
+    if dtypes and dtypes != [producer.kv_dtype]:  # one line, not one per layer
+        found.append(Mismatch("kv_dtype", producer.kv_dtype, ", ".join(dtypes)))
     layer_types = geometry.get("layer_types") or []
     for index, layer in enumerate(layers):
         where = f"layers[{index}]"
-        for dtype in (layer.keys_dtype, layer.values_dtype):
-            if dtype != producer.kv_dtype:
-                found.append(Mismatch(f"{where}.kv_dtype", producer.kv_dtype, dtype))
-                break
         if index < len(layer_types) and layer_types[index] != layer.type:
             found.append(Mismatch(f"{where}.type", layer_types[index], layer.type))
         if len(layer.keys_shape) != 4 or len(layer.values_shape) != 4:
@@ -435,21 +434,33 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
     return build_dynamic_cache(info, model.config, device=device, copy=copy)
 
 
-def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None, copy: bool = False) -> Any:
+def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None,
+                        copy: bool = False) -> Any:
     """Rebuild a ``DynamicCache`` from a validated KV file (transformers 4.56+ and 5.x)."""
+    return cache_from_layers(mapped_layers(info), config, device=device, copy=copy,
+                             source=info.path.name)
+
+
+def cache_from_layers(layers: list[tuple[str, int, Any, Any]], config: Any, *, device: Any = None,
+                      copy: bool = False, source: str = "the cache") -> Any:
+    """A ``DynamicCache`` for a model of ``config`` holding (type, cumulative_length, keys,
+    values) layers, zero-copy unless ``copy`` or ``device`` asks otherwise.
+
+    Raises:
+        UnsupportedError: the model's cache has another layer count or layer types.
+    """
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    if len(cache.layers) != info.num_layers:
-        raise UnsupportedError(f"The model's cache has {len(cache.layers)} layers but "
-                               f"{info.path.name} has {info.num_layers}.")
-    tensors = _mapped_tensors(info)
-    for index, (layer, stored) in enumerate(zip(cache.layers, info.layers)):
+    if len(cache.layers) != len(layers):
+        raise UnsupportedError(f"The model's cache has {len(cache.layers)} layers but {source} "
+                               f"has {len(layers)}.")
+    for index, (layer, (stored_type, cumulative, keys, values)) in enumerate(zip(cache.layers,
+                                                                              layers)):
         kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
-        if kind != stored.type:
-            raise UnsupportedError(f"Layer {index} is {stored.type} in {info.path.name} but "
-                                   f"the model builds a {type(layer).__name__}.")
-        keys, values = tensors[f"layers.{index}.keys"], tensors[f"layers.{index}.values"]
+        if kind != stored_type:
+            raise UnsupportedError(f"Layer {index} is {stored_type} in {source} but the model "
+                                   f"builds a {type(layer).__name__}.")
         if device is not None:
             keys, values = keys.to(device), values.to(device)
         if copy:
@@ -459,7 +470,7 @@ def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None, co
         layer.update(keys[..., :0, :], values[..., :0, :])
         layer.keys, layer.values = keys, values
         if kind == SLIDING:
-            layer.cumulative_length = stored.cumulative_length
+            layer.cumulative_length = cumulative
     return cache
 
 

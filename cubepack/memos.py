@@ -1,11 +1,15 @@
 """The MemOS hook: cubepack's guarantees where MemOS users already load cubes.
 
-- :func:`init_from_remote_repo` pulls a cube at an exact commit and verifies it (never
-  ``git clone``), points MemOS at the pinned snapshot of each producer model, lets MemOS load the
-  non-activation memories, and installs the activations itself from KV files, each checked
-  against the model MemOS actually loaded. MemOS's own ``pickle.load`` is never reached.
-- :func:`install` / :func:`uninstall` put the same path under ``GeneralMemCube`` itself (class
-  attributes, so ``MOSCore.register_mem_cube`` is covered too).
+- :func:`init_from_remote_repo` pulls a cube at an exact commit and verifies it (never an
+  unpinned ``git clone``), points MemOS at the pinned snapshot of each producer model, lets
+  MemOS load the non-activation memories, and installs the activations itself from KV files,
+  each checked against the model MemOS actually loaded.
+- :func:`install` / :func:`uninstall` put the same path under MemOS itself: the class
+  attributes ``GeneralMemCube.init_from_remote_repo`` / ``init_from_dir`` (so
+  ``MOSCore.register_mem_cube`` is covered), and the leaves: the ``load`` of MemOS's activation
+  memories (``KVCacheMemory``, ``VLLMKVCacheMemory``), the only MemOS code that unpickles. So
+  every entry point (``GeneralMemCube.load``, ``NaiveMemCube.load``, ``MOSCore.load``, the
+  scheduler) verifies a packed folder and reads an unpacked one through the allowlist reader.
 - :func:`pack_cube` writes a live ``GeneralMemCube`` straight to a packed cube, no pickle between.
 
 MemOS is imported only inside these functions (it has import-time side effects).
@@ -13,12 +17,12 @@ MemOS is imported only inside these functions (it has import-time side effects).
 
 from __future__ import annotations
 
-import json
 import logging
-import re
+import os
 import shutil
+import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,36 +30,29 @@ from . import _atomic
 from . import _constants as constants
 from . import _memos_layout as memos_layout
 from ._canonical import json_safe
+from ._memos_activations import (POLICIES, HookReport, check_policy, load_packed,
+                                 load_unpacked)
 from ._revision import is_commit
-from .errors import CubepackError, IdentityMismatch
-from .fingerprints import fingerprint, hub_origin
+from .errors import (CubepackError, HubError, SignatureError, UnsafeInputError,
+                     UnsupportedError, UsageError)
+from .fingerprints import fingerprint
 from .hub import parse_repo_spec, pull
-from .identity import dtype_name
-from .kvfile import build_dynamic_cache, check_kv_file, read_kv_header, save_kv_cache
-from .pack import activation_filename, pack
+from .kvfile import save_kv_cache
+from .pack import VLLM_REFUSAL, activation_filename, pack
 from .verify import verify
 
+__all__ = ["HookReport", "HookSettings", "POLICIES", "init_from_dir", "init_from_remote_repo",
+           "install", "installed", "pack_cube", "settings", "uninstall"]
+
 logger = logging.getLogger("cubepack.memos")
-POLICIES = ("error", "drop", "rebuild")
-_ORIGINALS: dict[str, Any] = {}
-
-
-@dataclass
-class HookReport:
-    """What the hook did for one cube; attached to the cube as ``cube.cubepack``."""
-
-    cube_dir: Path
-    commit_sha: str | None = None
-    loaded: list[str] = field(default_factory=list)
-    dropped: dict[str, list[str]] = field(default_factory=dict)
-    rebuilt: dict[str, list[str]] = field(default_factory=dict)
-    models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
+DEFAULT_BASE_URL = "https://huggingface.co/datasets"
 
 
 def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
-                          endpoint: str | None = None, memory_types: list[str] | None = None,
-                          default_config: Any = None, on_mismatch: str = "error",
-                          token: str | None = None, local_dir: str | Path | None = None,
+                          endpoint: str | None = None, repo_type: str = "dataset",
+                          memory_types: list[str] | None = None, default_config: Any = None,
+                          on_mismatch: str = "error", token: str | None = None,
+                          local_dir: str | Path | None = None,
                           trusted_keys: list[Any] | None = None,
                           require_signature: bool = False) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
@@ -64,12 +61,13 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
         cube_id: ``owner/name`` or ``owner/name@revision``.
         revision: branch, tag or commit (or give it in ``cube_id``).
         endpoint: Hub endpoint (default: ``HF_ENDPOINT`` / huggingface.co).
+        repo_type: ``"dataset"`` (MemOS's default) or ``"model"``.
         memory_types: as MemOS's (``text_mem``, ``act_mem``, ``para_mem``, ``pref_mem``).
         default_config: a ``GeneralMemCubeConfig`` merged as MemOS merges it; if it swaps in
             another model, each activation is handled by ``on_mismatch``.
         on_mismatch: ``"error"`` (raise :class:`IdentityMismatch`), ``"drop"`` (skip the item,
             one log line naming it and the fields) or ``"rebuild"`` (re-extract the item from its
-            stored source text with the live model).
+            stored source with the live model).
         local_dir: where to place the pulled cube (default: a new temporary folder).
         trusted_keys, require_signature: as for ``cubepack verify`` (signed cubes only).
 
@@ -78,11 +76,11 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
             (raised before MemOS builds anything).
         IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
     """
-    _check_policy(on_mismatch)
+    check_policy(on_mismatch)
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     target = Path(local_dir) if local_dir else Path(tempfile.mkdtemp(prefix="cubepack-cube-")) / "cube"
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
-    pulled = pull(spec, local_dir=target, endpoint=endpoint, token=token,
+    pulled = pull(spec, local_dir=target, endpoint=endpoint, token=token, repo_type=repo_type,
                   trusted_keys=trusted_keys, require_signature=require_signature)
     cube = _build(pulled.local_dir, pulled.report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
@@ -96,16 +94,11 @@ def init_from_dir(cube_dir: str | Path, *, memory_types: list[str] | None = None
                   endpoint: str | None = None, token: str | None = None,
                   trusted_keys: list[Any] | None = None, require_signature: bool = False) -> Any:
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
-    _check_policy(on_mismatch)
+    check_policy(on_mismatch)
     report = verify(cube_dir, trusted_keys=trusted_keys, require_signature=require_signature)
     return _build(Path(cube_dir), report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
                   token=token)
-
-
-def _check_policy(on_mismatch: str) -> None:
-    if on_mismatch not in POLICIES:
-        raise CubepackError(f"on_mismatch must be one of {', '.join(POLICIES)}, not {on_mismatch!r}.")
 
 
 # --- building the cube -------------------------------------------------------------------------
@@ -119,15 +112,15 @@ def _build(cube_dir: Path, lock: dict[str, Any], *, memory_types: list[str] | No
     recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
     effective = merge_config_with_default(recorded, default_config) if default_config is not None \
         else recorded
-    report = HookReport(cube_dir=cube_dir)
+    report = HookReport(cube_dir=cube_dir, verified=True)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
     cube = GeneralMemCube(effective)
     types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
     others = [kind for kind in types if kind != "act_mem"]
     if others:
-        cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours, never its pickle
+        cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
     if "act_mem" in types and cube.act_mem is not None:
-        _install_activations(cube, cube_dir, lock, report, on_mismatch)
+        load_packed(cube.act_mem, cube_dir, lock, report, on_mismatch)
     cube.cubepack = report
     return cube
 
@@ -164,126 +157,219 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
     return type(effective).model_validate(effective_dict)
 
 
-def _install_activations(cube: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
-                         on_mismatch: str) -> None:
-    from memos.memories.activation.item import KVCacheItem
-
-    llm = cube.act_mem.llm
-    model = llm.model
-    pinned = lock["models"].get(memos_layout.ACT_ROLE, {}).get("identity")
-    if pinned and dtype_name(model.dtype) != pinned["dtype"]:
-        import torch
-
-        # MemOS loads with torch_dtype="auto"; run the model in the dtype the cube was made in.
-        model.to(getattr(torch, pinned["dtype"]))
-    live = fingerprint(model)
-    for item_id, entry in sorted(lock["activations"].items()):
-        path = cube_dir / entry["file"]
-        try:
-            info = check_kv_file(path, live)
-        except IdentityMismatch as mismatch:
-            if on_mismatch == "error":
-                raise IdentityMismatch(
-                    f"Activation {item_id!r} of cube {cube.config.cube_id}", mismatch.mismatches,
-                    "MemOS loaded another model than the one that produced it; load the cube "
-                    "without a model-changing default_config, or pass on_mismatch='drop' or "
-                    "'rebuild'.") from None
-            fields = mismatch.fields
-            if on_mismatch == "drop":
-                logger.warning("cubepack: dropped activation %s: produced by another model (%s)",
-                               item_id, ", ".join(fields))
-                report.dropped[item_id] = fields
-                continue
-            cube.act_mem.add([_rebuild(cube, path, item_id)])
-            report.rebuilt[item_id] = fields
-            continue
-        cache = build_dynamic_cache(info, model.config, device=model.device)
-        cube.act_mem.add([KVCacheItem(id=item_id, memory=cache, metadata=dict(info.metadata))])
-        report.loaded.append(item_id)
-
-
-def _rebuild(cube: Any, path: Path, item_id: str) -> Any:
-    metadata = read_kv_header(path).metadata
-    text = metadata.get("source_text")
-    if not isinstance(text, str) or not text:
-        raise CubepackError(f"Activation {item_id!r} cannot be rebuilt: its KV file records no "
-                            "source_text.")
-    item = cube.act_mem.extract(text)
-    item.id = item_id
-    item.metadata = {**metadata, **(item.metadata or {}), "rebuilt_by_cubepack": True}
-    logger.warning("cubepack: rebuilt activation %s with the loaded model", item_id)
-    return item
-
-
 # --- install / uninstall ------------------------------------------------------------------------
 
-def install(require_pin: bool = True, *, trusted_keys: list[Any] | None = None,
-            require_signature: bool = False) -> None:
-    """Route ``GeneralMemCube.init_from_remote_repo`` / ``init_from_dir`` through cubepack.
+@dataclass(frozen=True)
+class HookSettings:
+    """What the installed hook enforces. A later :func:`install` only tightens it."""
 
-    After it, ``GeneralMemCube.init_from_remote_repo("owner/name@<sha>")`` pulls and verifies
-    with cubepack; with ``require_pin`` an id without a 40-hex commit is refused; and
-    ``init_from_dir`` on a folder holding ``cubepack.lock`` verifies it first (folders without
-    a lock load as before). ``trusted_keys`` / ``require_signature`` apply to every cube loaded
-    through the hook. Idempotent; :func:`uninstall` restores MemOS's methods.
+    require_pin: bool = True
+    trusted_keys: tuple[str, ...] = ()
+    require_signature: bool = False
+    on_mismatch: str = "error"
+
+    @property
+    def signature_required(self) -> bool:
+        return self.require_signature or bool(self.trusted_keys)
+
+    def trust(self) -> dict[str, Any]:
+        return {"trusted_keys": list(self.trusted_keys),
+                "require_signature": self.require_signature}
+
+
+_STATE: dict[str, Any] = {"settings": None, "originals": {}}
+#: Policies from strictest to most lenient (a later install may only move left).
+_STRICTNESS = {"error": 0, "drop": 1, "rebuild": 2}
+
+
+def _from_environment() -> HookSettings:
+    """Settings servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
+    ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``) and
+    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1``."""
+    keys = tuple(k for k in os.environ.get("CUBEPACK_MEMOS_TRUSTED_KEYS", "").split(os.pathsep) if k)
+    return HookSettings(
+        on_mismatch=check_policy(os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error"),
+        trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"))
+
+
+def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None = None,
+            require_signature: bool | None = None, on_mismatch: str | None = None) -> HookSettings:
+    """Route MemOS's cube loading through cubepack (see the module docstring); return the
+    settings now in force.
+
+    The first call sets the settings: the arguments given, else the environment (for servers
+    that install through the ``memos.plugins`` entry point), else the defaults
+    (``require_pin=True``, no keys, ``on_mismatch="error"``). A later call, such as MemOS's
+    plugin discovery running again, only makes them stricter: it can require a pin or a
+    signature, add keys when none were set, or move the policy towards ``"error"``, never the
+    reverse. Call :func:`uninstall` first to loosen them.
     """
-    from memos.mem_cube.general import GeneralMemCube
+    if on_mismatch is not None:
+        check_policy(on_mismatch)
+    given = {"require_pin": require_pin, "require_signature": require_signature,
+             "on_mismatch": on_mismatch,
+             "trusted_keys": tuple(str(k) for k in trusted_keys) if trusted_keys else None}
+    current: HookSettings | None = _STATE["settings"]
+    if current is None:
+        base = _from_environment()
+        updated = replace(base, **{k: v for k, v in given.items() if v is not None})
+    else:
+        updated = replace(
+            current,
+            require_pin=current.require_pin or bool(require_pin),
+            require_signature=current.require_signature or bool(require_signature),
+            trusted_keys=current.trusted_keys or given["trusted_keys"] or (),
+            on_mismatch=min(current.on_mismatch, on_mismatch or current.on_mismatch,
+                            key=_STRICTNESS.__getitem__))
+    _STATE["settings"] = updated
+    _patch()
+    return updated
 
-    _ORIGINALS["require_pin"] = require_pin
-    _ORIGINALS["signature"] = {"trusted_keys": list(trusted_keys or []),
-                               "require_signature": require_signature}
-    if "init_from_remote_repo" in _ORIGINALS:
-        return
-    _ORIGINALS["init_from_remote_repo"] = GeneralMemCube.__dict__["init_from_remote_repo"]
-    _ORIGINALS["init_from_dir"] = GeneralMemCube.__dict__["init_from_dir"]
-    GeneralMemCube.init_from_remote_repo = staticmethod(_hooked_remote)
-    GeneralMemCube.init_from_dir = staticmethod(_hooked_dir)
 
-
-def uninstall() -> None:
-    """Restore MemOS's own ``init_from_remote_repo`` and ``init_from_dir``."""
-    from memos.mem_cube.general import GeneralMemCube
-
-    if "init_from_remote_repo" not in _ORIGINALS:
-        return
-    GeneralMemCube.init_from_remote_repo = _ORIGINALS.pop("init_from_remote_repo")
-    GeneralMemCube.init_from_dir = _ORIGINALS.pop("init_from_dir")
-    _ORIGINALS.pop("require_pin", None)
-    _ORIGINALS.pop("signature", None)
+def settings() -> HookSettings | None:
+    """The settings the installed hook enforces, or None when it is not installed."""
+    return _STATE["settings"]
 
 
 def installed() -> bool:
-    return "init_from_remote_repo" in _ORIGINALS
+    return _STATE["settings"] is not None
 
 
-def _endpoint_from_base_url(base_url: str | None) -> str | None:
-    """MemOS passes ``<endpoint>/datasets``; the default means "the configured Hub"."""
-    if not base_url or base_url.rstrip("/") == "https://huggingface.co/datasets":
-        return None
-    return re.sub(r"/datasets/?$", "", base_url.rstrip("/"))
+def uninstall() -> None:
+    """Restore MemOS's own methods and forget the settings."""
+    for (owner, name), original in _STATE["originals"].items():
+        setattr(owner, name, original)
+    _STATE["originals"].clear()
+    _STATE["settings"] = None
 
 
-def _hooked_remote(cube_id: str, base_url: str = "https://huggingface.co/datasets",
+def _patch() -> None:
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.memories.activation.kv import KVCacheMemory
+    from memos.memories.activation.vllmkv import VLLMKVCacheMemory
+
+    targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
+               (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
+               (KVCacheMemory, "load"): _guarded_act_load,
+               (VLLMKVCacheMemory, "load"): _guarded_act_load}
+    for (owner, name), replacement in targets.items():
+        if (owner, name) not in _STATE["originals"]:
+            _STATE["originals"][(owner, name)] = owner.__dict__[name]
+            setattr(owner, name, replacement)
+
+
+def _hook_settings() -> HookSettings:
+    return _STATE["settings"] or HookSettings()
+
+
+# --- the hooked entry points --------------------------------------------------------------------
+
+def _remote_kind(base_url: str | None) -> tuple[str, str | None, str]:
+    """("hub", endpoint, repo type) for a Hugging Face-style base URL (ending in ``/datasets`` or
+    ``/models``, as MemOS builds them), else ("git", base URL, "") for any other remote (git
+    hosts, ``file://``, ModelScope), which MemOS clones."""
+    base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+    for suffix, repo_type in (("/datasets", "dataset"), ("/models", "model")):
+        if base.endswith(suffix):
+            endpoint = base[: -len(suffix)]
+            return "hub", (None if endpoint == "https://huggingface.co" else endpoint), repo_type
+    return "git", base, ""
+
+
+def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
                    memory_types: list[str] | None = None, default_config: Any = None) -> Any:
-    repo_id, revision = parse_repo_spec(cube_id)
-    if _ORIGINALS.get("require_pin", True) and not is_commit(revision):
-        raise CubepackError(
-            f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to a "
-            f"commit, e.g. GeneralMemCube.init_from_remote_repo('{repo_id}@<40-hex commit>') (the "
-            f"commit is printed by `cubepack push` and `cubepack pull {repo_id}`), or call "
-            "cubepack.memos.install(require_pin=False).")
-    return init_from_remote_repo(cube_id, endpoint=_endpoint_from_base_url(base_url),
-                                 memory_types=memory_types, default_config=default_config,
-                                 **_ORIGINALS.get("signature", {}))
+    current = _hook_settings()
+    kind, where, repo_type = _remote_kind(base_url)
+    repo, _, revision = cube_id.partition("@")
+    if current.require_pin and not is_commit(revision):
+        what = ("a Hub commit (printed by `cubepack push` and `cubepack pull`)" if kind == "hub"
+                else "a git commit (`git rev-parse HEAD` in that repository)")
+        raise UsageError(
+            f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to {what}: "
+            f"GeneralMemCube.init_from_remote_repo('{repo}@<40-hex commit>', ...), or call "
+            "cubepack.memos.install(require_pin=False) on a fresh install.")
+    if kind == "hub":
+        return init_from_remote_repo(cube_id, endpoint=where, repo_type=repo_type,
+                                     memory_types=memory_types, default_config=default_config,
+                                     on_mismatch=current.on_mismatch, **current.trust())
+    folder = git_checkout(f"{where}/{repo}", revision or None)
+    return _hooked_dir(str(folder), memory_types, default_config)
+
+
+def git_checkout(url: str, revision: str | None) -> Path:
+    """Clone ``url`` into a new temporary folder and check out ``revision`` (a commit; the
+    default branch when None), as MemOS's own remotes work, but at the commit asked for."""
+    folder = Path(tempfile.mkdtemp(prefix="cubepack-git-")) / "cube"
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True)
+        if done.returncode:
+            raise HubError(f"git {args[0]} of {url} failed: "
+                           f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+        return done.stdout.strip()
+
+    git("clone", "--quiet", "--no-checkout", url, str(folder))
+    git("-C", str(folder), "-c", "advice.detachedHead=false", "checkout", "--quiet",
+        revision or "HEAD")
+    head = git("-C", str(folder), "rev-parse", "HEAD")
+    if revision and head != revision:
+        raise HubError(f"git checked out {head} for {url}@{revision}; refusing another commit.")
+    shutil.rmtree(folder / ".git")  # the cube is the working tree; git's own files are not in it
+    return folder
 
 
 def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
                 default_config: Any = None) -> Any:
-    if (Path(dir) / constants.LOCK_FILENAME).is_file():
+    current = _hook_settings()
+    state = _lock_state(Path(dir))
+    if state == "file":
         return init_from_dir(dir, memory_types=memory_types, default_config=default_config,
-                             **_ORIGINALS.get("signature", {}))
-    original = _ORIGINALS["init_from_dir"].__func__
-    return original(dir, memory_types, default_config)
+                             on_mismatch=current.on_mismatch, **current.trust())
+    _refuse_unpacked(Path(dir), state, current)
+    original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
+    return original(dir, memory_types, default_config)  # the act memory's load is guarded too
+
+
+def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+    """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
+    is verified and its KV files loaded, each checked against the live model; a folder without
+    one is read through the allowlist reader. MemOS's ``pickle.load`` is never called."""
+    current = _hook_settings()
+    folder = Path(dir)
+    state = _lock_state(folder)
+    report = HookReport(cube_dir=folder)
+    if state == "file":
+        verified = verify(folder, **current.trust())
+        report.verified = True
+        if hasattr(self.llm, "model"):  # vLLM memories hold prompts: a packed cube has none
+            load_packed(self, folder, verified.lock, report, current.on_mismatch)
+    else:
+        _refuse_unpacked(folder, state, current)
+        load_unpacked(self, folder, report, current.on_mismatch)
+    self.cubepack = report
+
+
+def _lock_state(folder: Path) -> str:
+    lock = folder / constants.LOCK_FILENAME
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        return "other"
+    return "file" if lock.is_file() else "absent"
+
+
+def _refuse_unpacked(folder: Path, state: str, current: HookSettings) -> None:
+    if state == "other":
+        raise UnsafeInputError(f"{folder / constants.LOCK_FILENAME} is not a regular file; "
+                               "refusing the cube (a packed cube's lock is a plain file).")
+    if current.signature_required:
+        raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
+                             "signature, and the hook requires one; pack and sign it "
+                             "(cubepack pack --sign-key) or load it with another install.")
+
+
+def _general_cube() -> Any:
+    from memos.mem_cube.general import GeneralMemCube
+
+    return GeneralMemCube
 
 
 # --- packing a live cube ------------------------------------------------------------------------
@@ -298,6 +384,9 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     Atomic: ``out_dir`` appears complete or not at all.
     """
     out = Path(out_dir)
+    if cube.act_mem is not None and not hasattr(cube.act_mem.llm, "model"):
+        raise UnsupportedError(f"This cube's activation memory ({type(cube.act_mem).__name__}) "
+                               f"has no local model. {VLLM_REFUSAL}")
     staging = _atomic.staging_dir(out, "pack-cube")
     try:
         dump_dir = staging / "cube"
@@ -311,24 +400,8 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
                 metadata = {**json_safe(item.metadata or {}), "id": item_id}
                 save_kv_cache(item.memory, dump_dir / activation_filename(item_id),
                               producer=producer, metadata=metadata)
-            _restore_hub_ids(dump_dir / "config.json")
         pack(dump_dir, model=model, license=license, pretty_name=pretty_name)
         _atomic.replace_dir(dump_dir, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
-
-
-def _restore_hub_ids(config_path: Path) -> None:
-    config = json.loads(config_path.read_text())
-    changed = False
-    for role in memos_layout.ROLES:
-        inner = memos_layout.llm_config(config, role)
-        name = (inner or {}).get("model_name_or_path")
-        if name and Path(name).is_dir():
-            repo_id, _ = hub_origin(Path(name))
-            if repo_id:
-                inner["model_name_or_path"] = repo_id
-                changed = True
-    if changed:
-        _atomic.write_text(config_path, json.dumps(config, indent=2, ensure_ascii=False))

@@ -25,9 +25,11 @@ from ._content import file_problem, is_activation_path, pickled_memory_problems
 from ._hashing import hash_files
 from ._legacy import read_memos_pickle
 from ._paths import list_cube_files, resolve_inside
+from ._provenance import ASSERTED, KV_HEADER, RECORDED, check_provenance, record_conflicts
 from ._version import __version__
-from .errors import CubepackError, FormatError, IdentityMismatch, UnsafeInputError
-from .fingerprints import fingerprint
+from .errors import (CubepackError, FormatError, IdentityMismatch, Mismatch, UnsafeInputError,
+                     UnsupportedError, UsageError)
+from .fingerprints import fingerprint, hub_origin
 from .identity import ModelIdentity, compare
 from .kvfile import FULL, SLIDING, read_kv_header, write_kv_layers
 from .signing import check_key, sign
@@ -53,7 +55,9 @@ class PackResult:
         return {
             "cube_dir": str(self.cube_dir), "digest": self.digest,
             "content_digest": self.content_digest, "files": self.files,
-            "models": {role: {k: pin.get(k) for k in ("repo_id", "revision", "strict", "name")}
+            "models": {role: {**{k: pin.get(k) for k in ("repo_id", "revision", "strict", "name",
+                                                          "reason")},
+                              "pinned": pin.get("identity") is not None}
                        for role, pin in self.models.items()},
             "activations": self.activations, "converted": self.converted, "changed": self.changed,
         }
@@ -62,7 +66,8 @@ class PackResult:
 def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
          legacy_pickle: bool = False, license: str | None = None,
          pretty_name: str | None = None, progress: bool | None = None,
-         sign_key: str | Path | None = None, sign_password: str | None = None) -> PackResult:
+         sign_key: str | Path | None = None, sign_password: str | None = None,
+         assert_producer: bool = False) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -74,6 +79,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         license, pretty_name: for the model card's metadata.
         sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
             (``cubepack.sig``, see :mod:`cubepack.signing`).
+        assert_producer: label converted caches as ``model``'s even though ``config.json``
+            names another producer and the pickle records none (recorded in the lock and the
+            card as ``asserted``).
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
@@ -89,13 +97,18 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
         if constants.LOCK_FILENAME in files else None
-    _check_existing_card(cube, files)
+    previous_card = _previous_card(cube, files)
 
     staging = _atomic.staging_dir(cube, "pack")
     try:
         pickle_name = memos_layout.activation_pickle_name(memos_config)
+        renamed = hub_names_for_snapshots(memos_config)
         for name in files:
             if name in GENERATED or name == pickle_name or name == constants.SIGNATURE_FILENAME:
+                continue
+            if name == "config.json" and renamed is not None:
+                _atomic.write_text(staging / name, json.dumps(renamed, indent=2,
+                                                              ensure_ascii=False) + "\n")
                 continue
             _atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
         converted = []
@@ -106,10 +119,12 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                     "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
                     "allowlist unpickler (the packed cube will hold no pickle)."
                 )
-            converted = _convert_pickle(cube / pickle_name, staging, pins)
-        result = _write_metadata(staging, memos_config, pins, license=license,
-                                 pretty_name=_card_title(pretty_name, memos_config, cube),
-                                 progress=progress)
+            converted = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
+                                        model=model, assert_producer=assert_producer)
+        result = _write_metadata(
+            staging, memos_config, pins, license=license or previous_card.license,
+            pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
+            progress=progress, previous_card=previous_card)
         result.converted = converted
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
@@ -137,25 +152,50 @@ def _card_title(pretty_name: str | None, memos_config: dict[str, Any], cube: Pat
 # --- inputs -------------------------------------------------------------------------------------
 
 def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
+    """MemOS's config.json: required, with a cube_id (MemOS cannot load a cube without)."""
     if "config.json" not in files:
-        return {}
+        raise UsageError(f"{cube} has no config.json, so it is not a MemOS cube (MemOS cannot "
+                         "load it). Dump the cube with MemOS (GeneralMemCube.dump) first, or "
+                         "write a config.json with at least a cube_id.")
     try:
         config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
     except ValueError as exc:
         raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
+        raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
+                         "cube. Add \"cube_id\": \"owner/name\" and pack again.")
     return config
 
 
-def _check_existing_card(cube: Path, files: list[str]) -> None:
-    if constants.CARD_FILENAME in files:
-        text = (cube / constants.CARD_FILENAME).read_text(encoding="utf-8", errors="replace")
-        if not card.is_cubepack_card(text):
-            raise CubepackError(
-                f"{cube / constants.CARD_FILENAME} exists and was not written by cubepack; pack "
-                "writes the model card there. Move your README elsewhere and pack again."
-            )
+def hub_names_for_snapshots(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``config`` with every model named by an HF-cache snapshot path renamed to its Hub id
+    (a path means nothing on another machine and reveals the packer's file system), or None
+    when nothing needs renaming. The pin still records the exact commit."""
+    renamed = json.loads(json.dumps(config))
+    changed = False
+    for role in memos_layout.ROLES:
+        inner = memos_layout.llm_config(renamed, role)
+        name = (inner or {}).get("model_name_or_path")
+        if isinstance(name, str) and Path(name).is_dir():
+            repo_id, _ = hub_origin(Path(name))
+            if repo_id:
+                inner["model_name_or_path"] = repo_id
+                changed = True
+    return renamed if changed else None
+
+
+def _previous_card(cube: Path, files: list[str]) -> card.PreviousCard:
+    """The README the cube holds now: cubepack's last card, or someone else's to keep."""
+    if constants.CARD_FILENAME not in files:
+        return card.PreviousCard()
+    data = (cube / constants.CARD_FILENAME).read_bytes()
+    try:
+        return card.read_previous(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{cube / constants.CARD_FILENAME} is not UTF-8 text; pack keeps a "
+                          "README's text in the card, so fix or remove it.") from exc
 
 
 def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> dict[str, dict[str, Any]]:
@@ -180,7 +220,10 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
             except CubepackError as exc:
                 pins[ref.role] = {**pin, "reason": f"not available locally ({exc})"}
                 continue
-        pin["identity"] = identity.to_dict()
+        pin["identity"] = identity.pinned()
+        if ref.strict and model is not None:  # the model given, not the one config.json names
+            pin["name"] = str(model) if isinstance(model, (str, Path)) else \
+                (identity.model_id or getattr(model, "name_or_path", None))
         pin["repo_id"] = identity.model_id if identity.revision else None
         pin["revision"] = identity.revision
         pins[ref.role] = pin
@@ -195,41 +238,110 @@ def activation_filename(item_id: str) -> str:
     return f"{constants.ACTIVATIONS_DIR}/{stem}{constants.KV_SUFFIX}"
 
 
-def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]]) -> list[str]:
+def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]],
+                    memos_config: dict[str, Any], *, model: Any,
+                    assert_producer: bool) -> list[str]:
     pin = pins.get(memos_layout.ACT_ROLE)
     if pin is None or pin.get("identity") is None:
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
                             "producer model; pass --model with the model that built them.")
+    if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
+        raise UnsupportedError(VLLM_REFUSAL)
     identity = ModelIdentity.from_dict(pin["identity"])
     data = pickle_path.read_bytes()
     source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
-    items = read_memos_pickle(data)
-    layer_types = identity.geometry.get("layer_types") or []
-    window = identity.geometry.get("sliding_window") or 0
+    dump = read_memos_pickle(data)
     written = set()
-    for item in items:
-        layers = []
-        for index, (kind, length, keys, values) in enumerate(item.layers):
-            # Early dumps stored every layer as a plain list entry; a sliding layer that never
-            # filled its window is exactly a full layer of the same length.
-            if kind == FULL and index < len(layer_types) and layer_types[index] == SLIDING \
-                    and keys.shape[-2] < window:
-                kind = SLIDING
-            layers.append((kind, length, keys, values))
+    for item in dump.items:
+        if item.prompt is not None:
+            raise UnsupportedError(f"Activation {item.id!r} is a vLLM prompt, not a KV cache. "
+                                   + VLLM_REFUSAL)
+        provenance = _producer_provenance(item, dump, identity, pin, memos_config, model=model,
+                                          assert_producer=assert_producer)
         name = activation_filename(item.id)
         if name in written:
             raise FormatError(f"Two activations map to the file {name}; their ids collide.")
         written.add(name)
-        metadata = {**item.metadata, "id": item.id, "converted_from": source}
+        metadata = {**item.metadata, "id": item.id, "converted_from": source,
+                    "provenance": provenance}
         try:
-            write_kv_layers(layers, resolve_inside(staging, name), producer=identity,
-                            metadata=metadata)
+            write_kv_layers(_typed_layers(item.layers, identity), resolve_inside(staging, name),
+                            producer=identity, metadata=metadata)
         except IdentityMismatch as exc:
             raise IdentityMismatch(
                 f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
-                "Its shapes contradict the pinned model; pass --model with the model that "
+                "Its tensors contradict the pinned model; pass --model with the model that "
                 "built this cube.") from None
-    return [item.id for item in items]
+    return [item.id for item in dump.items]
+
+
+VLLM_REFUSAL = ("vllm_kv_cache activations are prompt strings that a vLLM server turns into KV "
+                "caches on its side: there are no tensors to store, pin or verify. Set the cube's "
+                "act_mem backend to 'uninitialized' (or rebuild it with the kv_cache backend), "
+                "then pack again.")
+
+
+def _typed_layers(layers: list[tuple[str, int, Any, Any]],
+                  identity: ModelIdentity) -> list[tuple[str, int, Any, Any]]:
+    """Early dumps stored every layer as a plain list entry; a sliding layer that never filled
+    its window is exactly a full layer of the same length, so it is typed as the model's."""
+    layer_types = identity.geometry.get("layer_types") or []
+    window = identity.geometry.get("sliding_window") or 0
+    typed = []
+    for index, (kind, length, keys, values) in enumerate(layers):
+        if kind == FULL and index < len(layer_types) and layer_types[index] == SLIDING \
+                and keys.shape[-2] < window:
+            kind = SLIDING
+        typed.append((kind, length, keys, values))
+    return typed
+
+
+def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: dict[str, Any],
+                         memos_config: dict[str, Any], *, model: Any,
+                         assert_producer: bool) -> dict[str, Any]:
+    """Check the producer claims a pickle carries; say where the label comes from.
+
+    Raises:
+        IdentityMismatch: a MemOS producer record contradicts the pinned model, or ``--model``
+            contradicts the model config.json names (without ``assert_producer``).
+    """
+    records = [(record, source) for record, source in (
+        (item.producer_record, "MemOS #2305 metadata.producer"),
+        (dump.model_identity, "MemOS #2302 model_identity")) if record]
+    for record, source in records:
+        conflicts = record_conflicts(record, identity, pin.get("name"))
+        if conflicts:
+            raise IdentityMismatch(
+                f"Activation {item.id!r}: its producer record ({source})", conflicts,
+                "The pickle says another model produced it; pass --model with that model.")
+    if records:
+        return {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the pinned model"}
+    named = memos_layout.act_model_name(memos_config)
+    if model is None or named is None:
+        return {"kind": ASSERTED, "detail": "config.json names the producer; the pickle "
+                                            "records none"}
+    if _same_producer(named, identity):
+        return {"kind": ASSERTED, "detail": f"--model {model} agrees with config.json's "
+                                            f"{named}; the pickle records no producer"}
+    if not assert_producer:
+        raise IdentityMismatch(
+            f"Activation {item.id!r}", [Mismatch("producer", named, str(model))],
+            f"config.json names {named} as the producer and the pickle records none; pack with "
+            f"--model {named}, or pass --assert-producer to label these caches as {model}'s "
+            "anyway (recorded in the lock and the card as asserted).")
+    return {"kind": ASSERTED, "detail": f"--assert-producer: labelled as {model}'s although "
+                                        f"config.json names {named}"}
+
+
+def _same_producer(named: str, identity: ModelIdentity) -> bool:
+    """Is the model config.json names (when available locally) the pinned model?"""
+    if named in (identity.model_id,):
+        return True
+    try:
+        return fingerprint(named, local_files_only=True, dtype=identity.dtype).strict() == \
+            identity.strict()
+    except CubepackError:
+        return False
 
 
 def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
@@ -252,9 +364,12 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
         if item_id in entries:
             raise FormatError(f"Two activation files carry the id {item_id!r}.")
+        provenance = info.metadata.get("provenance")
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
-                            "num_layers": info.num_layers, "sha256": digests[name]}
+                            "num_layers": info.num_layers, "sha256": digests[name],
+                            "provenance": provenance if check_provenance(provenance)
+                            else KV_HEADER}
     return entries
 
 
@@ -273,7 +388,8 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
 # --- writing config, card and lock -----------------------------------------------------------
 
 def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
-                    license: str | None, pretty_name: str, progress: bool | None) -> PackResult:
+                    license: str | None, pretty_name: str, progress: bool | None,
+                    previous_card: card.PreviousCard) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
     content = [name for name in list_cube_files(staging) if name not in GENERATED]
     memories = memos_layout.memory_files(memos_config, content)
@@ -294,7 +410,8 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     card_text = card.render(lock=draft, memories=memories,
                             pretty_name=pretty_name,
                             license=license, repo_id=cube_id if cube_id and "/" in cube_id
-                            else "OWNER/CUBE", cubepack_version=__version__)
+                            else "OWNER/CUBE", cubepack_version=__version__,
+                            previous=previous_card)
     card_bytes = card_text.encode("utf-8")
     _atomic.write_bytes(staging / constants.CARD_FILENAME, card_bytes)
     files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),

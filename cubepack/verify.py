@@ -19,7 +19,7 @@ from . import _lock as lockfile
 from ._content import file_problem, pickled_memory_problems
 from ._hashing import hash_files
 from ._hub_client import HubClient
-from ._paths import resolve_inside, scan_cube
+from ._paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from ._remote import pin_subject, remote_model_checks
 from ._report import Check, VerifyReport
 from .errors import CubepackError, IntegrityError, VerificationFailed
@@ -32,6 +32,16 @@ __all__ = ["Check", "VerifyReport", "verify"]
 
 #: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
 TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
+#: Where ``cubepack pull`` records a pulled folder's origin.
+ORIGIN_FILE = ".cache/cubepack/origin.json"
+#: Folders of tool bookkeeping a cube may hold beyond its lock (validated by kind all the same):
+#: ``hf download --local-dir`` writes ``.cache/huggingface/``; pull writes ``.cache/cubepack/``.
+TOLERATED_FOLDERS = (".cache/huggingface/", ".cache/cubepack/")
+
+
+def is_tolerated(name: str) -> bool:
+    """May ``name`` sit in a cube without being listed in its lock?"""
+    return name in TOLERATED or name.startswith(TOLERATED_FOLDERS)
 
 
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
@@ -57,19 +67,37 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
+    reason = "not run: the lock could not be read"
     if lock is not None:
         report.lock = lock
         intact = _check_files(report, lock, progress, hashed or {})
         _check_activations(report, lock)
         _check_config(report, lock)
+        reason = "not run: the cube's files failed the checks above"
         if intact:
             _check_signature(report, trusted_keys or [], require_signature)
             _check_models(report, lock, model)
-        if remote:
-            report.extend(remote_model_checks(lock["models"], HubClient(endpoint, token)))
+            if remote:
+                report.extend(remote_model_checks(lock["models"], HubClient(endpoint, token)))
+    _list_every_check(report, reason, remote)
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
+
+
+#: Every check verify runs, in order; a report lists each (those not run are marked so).
+CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
+          "cube config", "signature", "model identity", "remote model")
+
+
+def _list_every_check(report: VerifyReport, reason: str, remote: bool) -> None:
+    """Add each check that did not run as ``not run`` (with why), then order the report."""
+    ran = {check.name for check in report.checks}
+    for name in CHECKS[1:] if remote else CHECKS[1:-1]:
+        if name not in ran:
+            report.add(name, "*", None, reason)
+    report.checks.sort(key=lambda check: CHECKS.index(check.name)
+                       if check.name in CHECKS else len(CHECKS))
 
 
 def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
@@ -77,7 +105,9 @@ def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
     if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
         report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
         return None
-    if path.is_symlink() or not path.is_file():
+    blobs = hf_snapshot_blobs(report.cube_dir)
+    cached = path.is_symlink() and blobs is not None and path.resolve().parent == blobs.resolve()
+    if (path.is_symlink() and not cached) or not path.is_file():
         report.add("lock", constants.LOCK_FILENAME, False,
                    "missing: this folder was not packed by cubepack (run `cubepack pack`)")
         return None
@@ -97,9 +127,11 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     on_disk, problems = scan_cube(report.cube_dir)
     for where, what in problems:
         report.add("path", where, False, what)
+    if not problems:
+        report.add("path", "*", True, "no symlinks, special files or unsafe names")
     listed = lock["files"]
     missing = sorted(set(listed) - set(on_disk))
-    unlisted = sorted(set(on_disk) - set(listed) - TOLERATED)
+    unlisted = sorted(name for name in set(on_disk) - set(listed) if not is_tolerated(name))
     for name in missing:
         report.add("file set", name, False, "missing from the cube", "present", "absent")
     for name in unlisted:
@@ -113,6 +145,8 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             report.add("size", name, False, "size differs", listed[name]["size"], size)
         else:
             to_hash.append(name)
+    if len(to_hash) == len(set(listed) & set(on_disk)):
+        report.add("size", "*", True, f"{len(to_hash)} files of the sizes the lock records")
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
                          progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
@@ -124,7 +158,8 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
     if to_hash and not bad:
         report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
-    pickles = _check_content(report, sorted(set(on_disk) & (set(listed) | TOLERATED)))
+    pickles = _check_content(report, sorted(name for name in on_disk
+                                            if name in listed or is_tolerated(name)))
     return not (missing or unlisted or problems or bad or pickles
                 or len(to_hash) != len(set(listed) & set(on_disk)))
 
@@ -153,6 +188,8 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
+    if not lock["activations"]:
+        report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
         if not path.is_file() or path.is_symlink():
@@ -180,8 +217,13 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
 
 def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
     path = report.cube_dir / constants.CONFIG_FILENAME
-    if constants.CONFIG_FILENAME not in lock["files"] or not path.is_file():
-        return  # reported by the file-set check when the lock lists it
+    if constants.CONFIG_FILENAME not in lock["files"]:
+        report.add("cube config", "*", None, "skipped: the lock lists no cubepack.yaml")
+        return
+    if not path.is_file():
+        report.add("cube config", constants.CONFIG_FILENAME, None,
+                   "not run: the file is missing (reported by the file-set check)")
+        return
     try:
         config = cubeconfig.parse(path.read_text(encoding="utf-8"))
     except (CubepackError, UnicodeDecodeError) as exc:

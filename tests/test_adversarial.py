@@ -79,7 +79,7 @@ def test_pull_refuses(case, good_cube, hub, tmp_path):
     (target / "kept.txt").write_text("the folder as it was")
     with pytest.raises(Exception) as caught:
         pull(f"corpus/{case.name}@{sha}", endpoint=hub.url, local_dir=target,
-             cache_dir=tmp_path / "hf-cache")
+             cache_dir=tmp_path / "hf-cache", force=True)
     assert_refused(caught.value, case)
     assert not canary.exists()
     assert tree_bytes(target) == {"kept.txt": b"the folder as it was"}

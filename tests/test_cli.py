@@ -54,7 +54,7 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, capsys):
     code, out, err = run(capsys, "inspect", str(bad))
     assert code == 1 and err.count("\n") == 1 and err.startswith("error: ")
     code, _, err = run(capsys, "fingerprint", str(tmp_path / "nope"))
-    assert code == 3 and "does not exist" in err and "Traceback" not in err
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
     code, _, _ = run(capsys, "inspect")
     assert code == 2
     code, _, _ = run(capsys, "no-such-command")
@@ -63,4 +63,4 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, capsys):
 
 def test_debug_shows_the_traceback(tmp_path, capsys):
     code, _, err = run(capsys, "--debug", "fingerprint", str(tmp_path / "nope"))
-    assert code == 3 and "Traceback" in err
+    assert code == 2 and "Traceback" in err

@@ -47,6 +47,7 @@ def outcome_is_clean(run, target, cube) -> str:
         return "error"
     pulled = tree_bytes(target)
     pulled.pop(".gitattributes", None)
+    pulled.pop(".cache/cubepack/origin.json", None)
     assert pulled == tree_bytes(cube)
     return "success"
 
@@ -57,33 +58,34 @@ def test_slow_responses_past_the_client_timeout(big_cube, tmp_path, target, monk
     monkeypatch.setattr(hub_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
     monkeypatch.setattr(hub_constants, "HF_HUB_ETAG_TIMEOUT", 0.5)
     with InstrumentedHub(tmp_path / "hub") as hub:
-        sha = push(big_cube, "ns/slow", endpoint=hub.url).commit_sha
+        sha = push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True).commit_sha
         hub.add_fault("delay", path=r"/resolve/.*big\.kv", method="GET", times=2, seconds=1.5)
-        result = outcome_is_clean(lambda: pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target,
-                                               cache_dir=tmp_path / "c"), target, big_cube)
-        assert result in ("success", "error")
-        assert outcome_is_clean(lambda: pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target,
-                                             cache_dir=tmp_path / "c"), target, big_cube) == "success"
+        def run():
+            return pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
+                        cache_dir=tmp_path / "c")
+
+        assert outcome_is_clean(run, target, big_cube) in ("success", "error")
+        assert outcome_is_clean(run, target, big_cube) == "success"
 
 
 def test_failing_push_leaves_no_commit_and_a_retry_succeeds(big_cube, tmp_path):
     with InstrumentedHub(tmp_path / "hub") as hub:
         hub.add_fault("500", path=r"/commit/", method="POST", times=1000)
         with pytest.raises(HubError) as caught:
-            push(big_cube, "ns/flaky", endpoint=hub.url)
+            push(big_cube, "ns/flaky", endpoint=hub.url, allow_local_paths=True)
         assert "\n" not in str(caught.value)
         assert hub.stats.commits == 0
         hub.faults.clear()
-        assert push(big_cube, "ns/flaky", endpoint=hub.url).changed
+        assert push(big_cube, "ns/flaky", endpoint=hub.url, allow_local_paths=True).changed
 
 
 def test_a_pull_killed_with_sigkill_then_rerun(big_cube, tmp_path, target):
     with InstrumentedHub(tmp_path / "hub", max_rate=1_000_000) as hub:  # 1 MB/s: the pull takes seconds
-        sha = push(big_cube, "ns/killed", endpoint=hub.url).commit_sha
+        sha = push(big_cube, "ns/killed", endpoint=hub.url, allow_local_paths=True).commit_sha
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"),
                    HF_HUB_DISABLE_PROGRESS_BARS="1")
         client = subprocess.Popen([sys.executable, "-m", "cubepack", "pull", f"ns/killed@{sha}",
-                                   "--local-dir", str(target)], env=env,
+                                   "--local-dir", str(target), "--force"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             assert hub.wait_for_request(r"^GET .*/resolve/.*big\.kv\.safetensors", timeout=120)
@@ -95,6 +97,7 @@ def test_a_pull_killed_with_sigkill_then_rerun(big_cube, tmp_path, target):
         leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".target.pull.")]
         hub.link = None  # full speed for the re-run
         result = pull(f"ns/killed@{sha}", endpoint=hub.url, local_dir=target,
+                      force=True,
                       cache_dir=tmp_path / "cache")
         assert result.report.ok
         after = [p.name for p in tmp_path.iterdir() if p.name.startswith(".target.pull.")]
@@ -107,12 +110,13 @@ def test_two_pulls_into_the_same_cache_and_folder_at_once(big_cube, tmp_path, ta
     if not folder_exists:
         shutil.rmtree(target)
     with InstrumentedHub(tmp_path / "hub", max_rate=20_000_000) as hub:
-        sha = push(big_cube, "ns/twice", endpoint=hub.url).commit_sha
+        sha = push(big_cube, "ns/twice", endpoint=hub.url, allow_local_paths=True).commit_sha
         outcomes, errors = [], []
 
         def run():
             try:
                 outcomes.append(pull(f"ns/twice@{sha}", endpoint=hub.url, local_dir=target,
+                                     force=True,
                                      cache_dir=tmp_path / "shared-cache"))
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)

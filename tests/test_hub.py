@@ -35,6 +35,7 @@ def cube(packed_cube, tmp_path):
 
 
 def do_push(hub, cube, repo="ns/cube", **kwargs):
+    kwargs.setdefault("allow_local_paths", True)  # test cubes name their model by a tmp path
     return push(cube, repo, endpoint=hub.url, token=TOKEN, **kwargs)
 
 
@@ -57,7 +58,7 @@ def test_push_then_pull_by_sha_tag_and_branch(hub, cube, tmp_path, how):
     result = do_pull(hub, spec, tmp_path / "out", tmp_path)
     assert result.commit_sha == pushed.commit_sha
     pulled = tree_bytes(tmp_path / "out")
-    assert pulled.pop(".gitattributes")
+    assert pulled.pop(".gitattributes") and pulled.pop(".cache/cubepack/origin.json")
     assert pulled == locked_files(cube)
     assert result.report.ok
 
@@ -74,7 +75,7 @@ def test_pulling_the_pinned_sha_after_the_branch_moved_returns_the_old_content(h
     assert second.commit_sha != first.commit_sha
     result = do_pull(hub, f"ns/cube@{first.commit_sha}", tmp_path / "old", tmp_path)
     pulled = tree_bytes(tmp_path / "old")
-    pulled.pop(".gitattributes")
+    pulled.pop(".gitattributes"), pulled.pop(".cache/cubepack/origin.json")
     assert result.commit_sha == first.commit_sha and pulled == old
     latest = do_pull(hub, "ns/cube", tmp_path / "new", tmp_path)
     assert latest.commit_sha == second.commit_sha
@@ -96,14 +97,14 @@ def test_same_size_corrupted_blob_is_refused_naming_the_file(hub, cube, tmp_path
     blob.write_bytes(bytes(data))
     target, before = _existing_dir(tmp_path)
     with pytest.raises(VerificationFailed) as caught:
-        do_pull(hub, "ns/cube", target, tmp_path)
+        do_pull(hub, "ns/cube", target, tmp_path, force=True)
     assert [(f.name, f.subject) for f in caught.value.failures] == [("sha256", item)]
     assert "ns/cube@" in str(caught.value)
     assert "removed from the HF cache, so a retry downloads it again" in str(caught.value)
     assert tree_bytes(target) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".existing")] == []
     blob.write_bytes(bytes(data[:-10]) + bytes([data[-10] ^ 0xFF]) + bytes(data[-9:]))
-    assert do_pull(hub, "ns/cube", target, tmp_path).report.ok  # the honest bytes, refetched
+    assert do_pull(hub, "ns/cube", target, tmp_path, force=True).report.ok  # honest bytes
 
 
 def test_a_ref_named_like_a_commit_cannot_shadow_it(hub, cube, models, tmp_path):
@@ -170,11 +171,11 @@ def test_server_failing_mid_download_leaves_the_folder_untouched(hub, cube, tmp_
     fault = hub.add_fault(kind, path=r"/resolve/.*item-3", method="GET", times=1000)
     target, before = _existing_dir(tmp_path)
     with pytest.raises((HubError, VerificationFailed)) as caught:
-        do_pull(hub, "ns/cube", target, tmp_path)
+        do_pull(hub, "ns/cube", target, tmp_path, force=True)
     assert "\n" not in str(caught.value).strip() or isinstance(caught.value, VerificationFailed)
     assert tree_bytes(target) == before
     fault.times = 0  # the server recovers: a later pull succeeds and replaces the folder
-    result = do_pull(hub, "ns/cube", target, tmp_path)
+    result = do_pull(hub, "ns/cube", target, tmp_path, force=True)
     assert result.report.ok and "keep.txt" not in tree_bytes(target)
 
 
@@ -198,7 +199,7 @@ def test_unknown_repo_revision_and_private_repo_are_one_clear_sentence(hub, cube
 
 def test_push_without_a_token_is_refused_clearly(hub, cube):
     with pytest.raises(HubError) as caught:
-        push(cube, "ns/cube", endpoint=hub.url, token=False)
+        push(cube, "ns/cube", endpoint=hub.url, token=False, allow_local_paths=True)
     assert "token" in str(caught.value)
 
 
@@ -312,14 +313,15 @@ def test_cli_push_and_pull_report_the_sha(hub, cube, tmp_path):
                               capture_output=True, text=True, timeout=300)
         return done.returncode, done.stdout, done.stderr
 
-    code, out, err = cubepack_cli("push", str(cube), "ns/cli", "--tag", "v1", "--json")
+    code, out, err = cubepack_cli("push", str(cube), "ns/cli", "--tag", "v1", "--json",
+                                  "--allow-local-paths")
     assert code == 0, err
     pushed = json.loads(out)
     code, out, err = cubepack_cli("pull", "ns/cli@v1", "--local-dir", str(tmp_path / "out"), "--json")
     assert code == 0, err
     pulled = json.loads(out)
     assert pulled["commit_sha"] == pushed["commit_sha"] and pulled["verified"]
-    code, out, _ = cubepack_cli("push", str(cube), "ns/cli")
+    code, out, _ = cubepack_cli("push", str(cube), "ns/cli", "--allow-local-paths")
     assert code == 0 and "no changes" in out
     code, _, err = cubepack_cli("pull", "ns/cli@nope", "--local-dir", str(tmp_path / "x"))
     assert code == 3 and err.startswith("error: ") and err.count("\n") == 1

@@ -180,7 +180,7 @@ def test_saving_with_the_wrong_producer_is_refused(models, tmp_path):
     cache = build_cache(models["a"], torch.tensor([[5, 6, 7]]))
     with pytest.raises(IdentityMismatch, match="geometry.num_layers: expected 3, found 2"):
         cubepack.save_kv_cache(cache, tmp_path / "x.kv.safetensors", producer=models["deep"])
-    with pytest.raises(IdentityMismatch, match=r"layers\[0\].kv_dtype: expected bfloat16, found float32"):
+    with pytest.raises(IdentityMismatch, match=r"\(kv_dtype: expected bfloat16, found float32\)"):
         cubepack.save_kv_cache(cache, tmp_path / "x.kv.safetensors", producer=models["a_as_bf16"])
     assert list(tmp_path.iterdir()) == []
 

@@ -162,6 +162,7 @@ def test_install_covers_mos_register_mem_cube(hub, published, installed, tmp_pat
 
 
 def test_plugin_entry_point_installs_the_hook():
+    pytest.importorskip("memos.plugins", reason="MemoryOS < 2.0.14 has no plugin system")
     from importlib.metadata import entry_points
 
     [entry] = [ep for ep in entry_points(group="memos.plugins") if ep.name == "cubepack"]
@@ -210,3 +211,177 @@ def test_hook_with_trusted_keys_refuses_an_unsigned_cube(hub, published, tmp_pat
     with pytest.raises(VerificationFailed, match="unsigned"):
         hook.init_from_remote_repo(f"ns/cube@{published['sha']}", endpoint=hub.url,
                                    trusted_keys=[public])
+
+
+# --- the leaves: every MemOS load path --------------------------------------------------------
+
+@pytest.fixture
+def no_pickle_load(monkeypatch):
+    """Fail the test if anything calls pickle.load (MemOS's activation loader does)."""
+    import pickle
+
+    monkeypatch.setattr(pickle, "load", lambda *a, **k: pytest.fail("pickle.load was called"))
+
+
+def _act_memory(model_path):
+    from memos.memories.activation.kv import KVCacheMemory
+
+    return KVCacheMemory(memos_config(model_path).act_mem.config)
+
+
+def test_memory_load_on_a_packed_cube_verifies_and_loads_its_kv_files(published, installed,
+                                                                      no_pickle_load, zoo):
+    from memos.mem_cube.general import GeneralMemCube
+
+    cube = GeneralMemCube(memos_config(zoo["a"]))
+    cube.load(str(published["packed"]))  # GeneralMemCube.load -> KVCacheMemory.load (hooked)
+    assert sorted(item.id for item in cube.act_mem.get_all()) == \
+        sorted(item.id for item in published["items"])
+    assert cube.act_mem.cubepack.verified is True
+
+
+def test_memory_load_on_an_unpacked_folder_uses_the_allowlist_reader(installed, no_pickle_load,
+                                                                     zoo, tmp_path, caplog):
+    from memos.mem_cube.general import GeneralMemCube
+
+    source = GeneralMemCube(memos_config(zoo["a"]))
+    source.act_mem.add([source.act_mem.extract(TEXTS[0])])
+    hook.uninstall()  # MemOS's own dump: a pickle
+    source.dump(str(tmp_path / "unpacked"))
+    hook.install()
+    with caplog.at_level(logging.WARNING, logger="cubepack.memos"):
+        loaded = GeneralMemCube.init_from_dir(str(tmp_path / "unpacked"))
+    [item] = loaded.act_mem.get_all()
+    [original] = source.act_mem.get_all()
+    model = loaded.act_mem.llm.model
+    assert all_equal(continue_greedy(model, original.memory, 40, 3),
+                     continue_greedy(model, item.memory, 40, 3))
+    assert loaded.act_mem.cubepack.verified is False
+    assert any("unverified" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unpacked_folder_is_refused_when_signatures_are_required(zoo, tmp_path):
+    pytest.importorskip("model_signing")
+    from memos.mem_cube.general import GeneralMemCube
+
+    from helpers import make_key
+
+    GeneralMemCube(memos_config(zoo["a"])).dump(str(tmp_path / "unpacked"))
+    _, public = make_key(tmp_path, "ops")
+    hook.install(require_signature=True, trusted_keys=[public])
+    try:
+        with pytest.raises(cubepack.SignatureError, match="holds no cubepack.lock"):
+            GeneralMemCube.init_from_dir(str(tmp_path / "unpacked"))
+        with pytest.raises(cubepack.SignatureError):
+            _act_memory(zoo["a"]).load(str(tmp_path / "unpacked"))
+    finally:
+        hook.uninstall()
+
+
+def test_a_lock_that_is_not_a_regular_file_is_refused(installed, published, zoo, tmp_path):
+    import shutil as shell
+
+    cube = tmp_path / "cube"
+    shell.copytree(published["packed"], cube)
+    (cube / "cubepack.lock").unlink()
+    (cube / "cubepack.lock").mkdir()
+    with pytest.raises(cubepack.UnsafeInputError, match="not a regular file"):
+        _act_memory(zoo["a"]).load(str(cube))
+
+
+def test_plugin_discovery_never_loosens_explicit_settings(tmp_path, monkeypatch):
+    from cubepack._memos_plugin import CubepackPlugin
+
+    key = tmp_path / "pub.pem"
+    key.write_text("x")
+    hook.install(require_pin=False, trusted_keys=[key], require_signature=True,
+                 on_mismatch="drop")
+    try:
+        CubepackPlugin().on_load()  # what MemOS's plugin discovery does, possibly many times
+        hook.install(on_mismatch="rebuild", require_signature=False)  # looser: ignored
+        current = hook.settings()
+        assert (current.require_pin, current.trusted_keys, current.require_signature,
+                current.on_mismatch) == (False, (str(key),), True, "drop")
+        assert hook.install(on_mismatch="error").on_mismatch == "error"  # stricter: taken
+    finally:
+        hook.uninstall()
+    monkeypatch.setenv("CUBEPACK_MEMOS_ON_MISMATCH", "rebuild")
+    try:
+        assert CubepackPlugin().on_load() is None and hook.settings().on_mismatch == "rebuild"
+    finally:
+        hook.uninstall()
+
+
+def test_rebuild_works_for_activations_extracted_from_chat_messages(hub, zoo, tmp_path):
+    """MemOS's own example extracts from chat messages: source_text is a list of messages."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    messages = [{"role": "user", "content": "I like green tea."},
+                {"role": "assistant", "content": "Noted: green tea."}]
+    source = GeneralMemCube(memos_config(zoo["a"]))
+    item = source.act_mem.extract(messages)
+    source.act_mem.add([item])
+    packed = hook.pack_cube(source, tmp_path / "packed")
+    loaded = hook.init_from_dir(packed, default_config=memos_config(zoo["b"]),
+                                on_mismatch="rebuild")
+    assert list(loaded.cubepack.rebuilt) == [item.id]
+    model_b = loaded.act_mem.llm.model
+    fresh = loaded.act_mem.extract(messages).memory
+    assert all_equal(continue_greedy(model_b, loaded.act_mem.get(item.id).memory, 40, 3),
+                     continue_greedy(model_b, fresh, 40, 3))
+
+
+def test_git_remotes_keep_working_at_the_commit_given(published, installed, tmp_path,
+                                                      no_pickle_load):
+    import subprocess
+
+    from memos.mem_cube.general import GeneralMemCube
+
+    remote = tmp_path / "remotes" / "owner" / "cube"
+    shutil.copytree(published["packed"], remote)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": __import__("os").environ["PATH"]}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "cube"]):
+        subprocess.run(["git", "-C", str(remote), *args], check=True, env=env)
+    sha = subprocess.run(["git", "-C", str(remote), "rev-parse", "HEAD"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    base_url = f"file://{tmp_path / 'remotes'}"
+    cube = GeneralMemCube.init_from_remote_repo(f"owner/cube@{sha}", base_url=base_url)
+    assert len(cube.act_mem.get_all()) == 2 and cube.cubepack.verified
+    with pytest.raises(cubepack.CubepackError, match="Pin it to a git commit"):
+        GeneralMemCube.init_from_remote_repo("owner/cube", base_url=base_url)
+    assert hook._remote_kind("https://huggingface.co") == ("git", "https://huggingface.co", "")
+    assert hook._remote_kind("https://hf.example/models") == ("hub", "https://hf.example",
+                                                               "model")
+
+
+def test_a_cast_to_the_pinned_dtype_never_changes_a_shared_model(zoo, models, tmp_path):
+    """MemOS shares one LLM per config; the hook casts a private copy, never the shared one."""
+    import torch
+    from memos.mem_cube.general import GeneralMemCube
+
+    from helpers import build_cache
+
+    cube_dir = tmp_path / "bf16-cube"
+    cubepack.save_kv_cache(build_cache(models["a_as_bf16"], torch.tensor([[5, 6, 7]])),
+                           cube_dir / "activations" / "x.kv.safetensors",
+                           producer=models["a_as_bf16"], metadata={"id": "x"})
+    (cube_dir / "config.json").write_text(memos_config(zoo["a"]).model_dump_json())
+    cubepack.pack(cube_dir, model=models["a_as_bf16"])
+    bystander = GeneralMemCube(memos_config(zoo["a"]))  # same config: the same LLM instance
+    loaded = hook.init_from_dir(cube_dir)
+    assert loaded.act_mem.llm.model.dtype == torch.bfloat16 and len(loaded.act_mem.get_all()) == 1
+    assert bystander.act_mem.llm.model.dtype == torch.float32
+
+
+def test_vllm_cubes_are_refused_precisely_never_with_an_attribute_error(zoo, tmp_path):
+    import json as json_module
+
+    from memos_format import write_cube
+
+    cube = write_cube(tmp_path / "vllm", str(zoo["a"]), {})
+    config = json_module.loads((cube / "config.json").read_text())
+    config["act_mem"]["backend"] = "vllm_kv_cache"
+    (cube / "config.json").write_text(json_module.dumps(config))
+    with pytest.raises(cubepack.UnsupportedError, match="prompt strings that a vLLM server"):
+        cubepack.pack(cube, legacy_pickle=True)

@@ -116,7 +116,7 @@ def test_nested_payload_is_live(tmp_path):
 def test_activations_that_contradict_the_pinned_model_are_refused(cube, zoo):
     before = tree_bytes(cube)
     with pytest.raises(IdentityMismatch) as caught:
-        cubepack.pack(cube, model=str(zoo["deep"]), legacy_pickle=True)
+        cubepack.pack(cube, model=str(zoo["deep"]), legacy_pickle=True, assert_producer=True)
     assert "geometry.num_layers" in caught.value.fields
     assert "expected 3, found 2" in str(caught.value)
     assert tree_bytes(cube) == before
@@ -262,3 +262,58 @@ def test_a_version_1_cube_is_refused_with_the_command_that_upgrades_it(packed_cu
     assert sorted(result.upgraded) == ["activations/item-1.kv.safetensors",
                                        "activations/item-2.kv.safetensors"]
     assert cubepack.verify(cube, model=str(zoo["a"])).ok
+
+
+def test_model_contradicting_config_json_is_refused_unless_asserted(cube, zoo, capsys):
+    from cubepack.cli import main
+
+    before = tree_bytes(cube)
+    with pytest.raises(IdentityMismatch, match=r"--assert-producer") as caught:
+        cubepack.pack(cube, model=str(zoo["b"]), legacy_pickle=True)
+    assert caught.value.fields == ["producer"] and tree_bytes(cube) == before
+    assert main(["pack", str(cube), "--legacy-pickle", "--model", str(zoo["b"]),
+                 "--assert-producer"]) == 0
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    provenance = lock["activations"]["item-1"]["provenance"]
+    assert provenance["kind"] == "asserted" and "--assert-producer" in provenance["detail"]
+    assert "asserted" in (cube / "README.md").read_text()
+
+
+def test_the_same_model_under_another_name_is_not_a_contradiction(cube, hub_cached, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cubepack.pack(cube, model=hub_cached["repo_id"], legacy_pickle=True)  # config names zoo a
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    assert lock["activations"]["item-1"]["provenance"]["kind"] == "asserted"
+
+
+@pytest.mark.parametrize("where", ["2305", "2302"])
+def test_memos_producer_records_are_read_and_enforced(tmp_path, zoo, caches, where):
+    import pickle as pickle_module
+
+    from memos_format import _as_memos_globals
+
+    def with_record(name, layers=2):
+        cube = write_cube(tmp_path / f"{where}-{layers}-{abs(hash(name))}", str(zoo["a"]), caches)
+        path = cube / "activation_memory.pickle"
+        with _as_memos_globals(False):
+            document = pickle_module.loads(path.read_bytes())
+            record = {"model_name_or_path": name, "num_hidden_layers": layers,
+                      "torch_dtype": "float32"}
+            if where == "2305":
+                for item in document["kv_cache_memories"].values():
+                    item.metadata["producer"] = record
+            else:
+                document["model_identity"] = {"model_name_or_path": name}
+            path.write_bytes(pickle_module.dumps(document))
+        return cube
+
+    good = with_record(str(zoo["a"]))
+    cubepack.pack(good, legacy_pickle=True)
+    lock = json.loads((good / constants.LOCK_FILENAME).read_text())
+    assert lock["activations"]["item-1"]["provenance"]["kind"] == "recorded"
+    assert f"#{where}" in lock["activations"]["item-1"]["provenance"]["detail"]
+    bad = with_record("someone/other-model", layers=3)
+    with pytest.raises(IdentityMismatch, match="record.model_name_or_path") as caught:
+        cubepack.pack(bad, legacy_pickle=True)
+    if where == "2305":
+        assert "record.num_hidden_layers" in caught.value.fields

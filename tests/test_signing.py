@@ -137,7 +137,7 @@ def test_pack_sign_key_then_pull_with_trusted_keys(cube, keys, tmp_path):
     assert (cube / constants.SIGNATURE_FILENAME).is_file()
     assert cubepack.pack(cube).changed is False and (cube / constants.SIGNATURE_FILENAME).is_file()
     with InstrumentedHub(tmp_path / "hub") as hub:
-        pushed = push(cube, "ns/signed", endpoint=hub.url)
+        pushed = push(cube, "ns/signed", endpoint=hub.url, allow_local_paths=True)
         spec = f"ns/signed@{pushed.commit_sha}"
         result = pull(spec, endpoint=hub.url, local_dir=tmp_path / "ok", cache_dir=tmp_path / "c",
                       trusted_keys=[keys["alice"][1]])

@@ -25,7 +25,8 @@ def make_lock(**changes):
                           "name": "org/m", "identity": IDENTITY}}
     activations = {"a": {"file": "activations/a.kv.safetensors", "model_role": "act_mem",
                          "token_count": 3, "kv_dtype": "float32", "num_layers": 2,
-                         "sha256": "cd" * 32}}
+                         "sha256": "cd" * 32,
+                         "provenance": {"kind": "recorded", "detail": "the KV header"}}}
     values = {"cube_id": "u/c", "files": files, "models": models, "activations": activations,
               "cubepack_version": "0.1.0"}
     values.update(changes)

@@ -38,7 +38,8 @@ def test_untouched_cube_verifies(cube, zoo):
     report = cubepack.verify(cube, model=str(zoo["a"]))
     assert report.ok and not report.failures
     names = {c.name for c in report.checks}
-    assert names == {"lock", "file set", "sha256", "content", "kv header", "cube config",
+    assert names == {"lock", "path", "file set", "size", "sha256", "content", "kv header",
+                     "cube config",
                      "signature", "model identity"}
 
 

@@ -20,7 +20,7 @@ import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ._store import HubStore, RepoRef, StoreError, repo_ref
@@ -39,12 +39,14 @@ class LocalHub:
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
             when empty, anyone who can reach the port may write (bind to loopback!).
+        log: called with one line per request (client, method, path, status); None: silent.
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[str] | None = None):
+                 tokens: list[str] | None = None, log: Callable[[str], None] | None = None):
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
+        self.log = log
         self._secret = secrets.token_bytes(32)
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -111,7 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "cubepack-localhub/1"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass  # quiet by default; the CLI prints one line per request instead
+        pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
+
+    def log_request(self, code: Any = "-", size: Any = "-") -> None:
+        if self.hub.log is not None:
+            self.hub.log(f'{self.client_address[0]} "{self.command} {self.path}" {code}')
 
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -182,6 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._drain()
 
     def _drain(self) -> None:
+        if self._body_read:
+            # The body was read (or began to be): never wait for bytes that were consumed. The
+            # answer goes out now; the connection closes, in case the body was read only in part.
+            self.close_connection = True
+            return
         try:
             for _ in self._chunks():
                 pass
