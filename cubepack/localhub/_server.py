@@ -12,6 +12,7 @@ fault injection, bandwidth caps and byte counting.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import hmac
 import json
@@ -26,8 +27,20 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ._store import HubStore, RepoRef, StoreError, repo_ref
 
 _API = re.compile(r"^/api/(models|datasets)/([^/]+)/([^/]+)(?:/(.*))?$")
+#: A repo id without a namespace (``/api/models/gpt2``): answered as RepoNotFound, typed.
+_API_NO_NAMESPACE = re.compile(r"^/api/(models|datasets)/([^/]+)/?$")
+#: Largest request body read into memory (commits carry regular files, base64); LFS uploads
+#: stream to disk and are not limited by it.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Largest unread body drained to keep a connection; beyond it the connection is closed.
+MAX_DRAIN_BYTES = 1024 * 1024
+#: Requests served at once; more wait for a free thread instead of spawning one each.
+MAX_CONNECTIONS = 64
+#: Seconds an idle or stalled connection is kept.
+CONNECTION_TIMEOUT = 60
 _RESOLVE = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
 _LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+?)\.git/info/lfs/objects/batch$")
+_KINDS = {"dataset": "datasets", "model": "models", None: "models"}
 _BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", ".pkl", ".npy",
                     ".adapter", ".h5", ".msgpack", ".zip", ".tar", ".gz")
 LFS_THRESHOLD = 64 * 1024
@@ -48,7 +61,7 @@ class LocalHub:
         self.tokens = set(tokens or [])
         self.log = log
         self._secret = secrets.token_bytes(32)
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._httpd = _BoundedServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -99,6 +112,30 @@ class LocalHub:
         return not self.tokens or token in self.tokens
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most :data:`MAX_CONNECTIONS` at once."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _handler_for(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         pass
@@ -111,6 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
     hub: LocalHub
     protocol_version = "HTTP/1.1"
     server_version = "cubepack-localhub/1"
+    timeout = CONNECTION_TIMEOUT  # socket timeout: a stalled client cannot hold a thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
@@ -136,7 +174,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
-        self._body_read = False  # one handler serves every request of a keep-alive connection
+        # One handler serves every request of a keep-alive connection: reset per request.
+        self._body_read = False
+        self._form_expand = False
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         path = split.path
@@ -159,11 +199,27 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self) -> bytes:
         if getattr(self, "_body_read", False):
             return b""
+        if self._declared_length() > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise StoreError(413, f"Request body larger than {MAX_BODY_BYTES} bytes.")
         self._body_read = True
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            return b"".join(self._chunks())
-        length = int(self.headers.get("Content-Length") or 0)
+            body, total = [], 0
+            for chunk in self._chunks():
+                total += len(chunk)
+                if total > MAX_BODY_BYTES:
+                    self.close_connection = True
+                    raise StoreError(413, f"Request body larger than {MAX_BODY_BYTES} bytes.")
+                body.append(chunk)
+            return b"".join(body)
+        length = self._declared_length()
         return self.rfile.read(length) if length else b""
+
+    def _declared_length(self) -> int:
+        try:
+            return max(0, int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            raise StoreError(400, "Invalid Content-Length.") from None
 
     def _chunks(self):
         self._body_read = True
@@ -188,9 +244,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._drain()
 
     def _drain(self) -> None:
-        if self._body_read:
-            # The body was read (or began to be): never wait for bytes that were consumed. The
-            # answer goes out now; the connection closes, in case the body was read only in part.
+        if self._body_read or self._declared_length() > MAX_DRAIN_BYTES \
+                or self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            # Never wait for bytes already consumed, nor read a large body only to discard it:
+            # the answer goes out now and the connection closes.
             self.close_connection = True
             return
         try:
@@ -220,8 +277,9 @@ class _Handler(BaseHTTPRequestHandler):
     def send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(data).encode(), "application/json", headers)
 
-    def _send_error(self, status: int, message: str, code: str | None = None) -> None:
-        headers = {"X-Error-Message": message}
+    def _send_error(self, status: int, message: str, code: str | None = None,
+                    headers: dict[str, str] | None = None) -> None:
+        headers = {"X-Error-Message": message, **(headers or {})}
         if code:
             headers["X-Error-Code"] = code
         self.send_json({"error": message}, status, headers)
@@ -231,14 +289,24 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/repos/create" and method == "POST":
             return self._create_repo()
         if path == "/api/repos/delete" and method == "DELETE":
-            raise StoreError(403, "Deleting repos is not supported by the local endpoint.")
+            body = self._json_body()
+            repo = self._repo(_KINDS.get(body.get("type"), "models"),
+                              body.get("organization") or "local", body.get("name", ""), write=True)
+            self.hub.store.delete(repo)
+            return self.send_json({})
+        if path == "/api/repos/move" and method == "POST":
+            return self._move_repo()
         if path == "/api/validate-yaml" and method == "POST":
             self._body()
             return self.send_json({"errors": [], "warnings": []})
         if path == "/api/whoami-v2":
             if self.hub.tokens and not self.hub.authorized(self._token()):
                 raise StoreError(401, "Invalid credentials in Authorization header")
-            return self.send_json({"type": "user", "name": "local", "auth": {}})
+            return self.send_json({"type": "user", "name": "local", "fullname": "Local user",
+                                   "orgs": [], "emailVerified": True,
+                                   "auth": {"type": "access_token",
+                                            "accessToken": {"displayName": "local",
+                                                            "role": "write"}}})
         if path.startswith("/lfs/upload/") and method == "PUT":
             return self._lfs_upload(path.rsplit("/", 1)[1])
         if path.startswith("/lfs/verify/") and method == "POST":
@@ -249,6 +317,9 @@ class _Handler(BaseHTTPRequestHandler):
         if match := _API.match(path):
             kind, namespace, name, rest = match.groups()
             return self._api(method, kind, unquote(namespace), unquote(name), rest or "")
+        if match := _API_NO_NAMESPACE.match(path):
+            raise StoreError(404, f"Repository {unquote(match.group(2))} not found (repo ids here "
+                             "are namespace/name).", "RepoNotFound")
         if (match := _RESOLVE.match(path)) and method in ("GET", "HEAD"):
             kind = "datasets" if match.group(1) else "models"
             repo = self._repo(kind, match.group(2), match.group(3))
@@ -256,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise StoreError(404, f"No route for {method} {path}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
-        repo = repo_ref(kind, unquote(namespace), unquote(name))
+        repo = self.hub.store.find(repo_ref(kind, unquote(namespace), unquote(name)))
         token = self._token()
         if write and not self.hub.authorized(token):
             raise StoreError(401, "You must be authenticated to write to this endpoint "
@@ -272,7 +343,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _api(self, method: str, kind: str, namespace: str, name: str, rest: str) -> None:
         parts = [unquote(part) for part in rest.split("/")] if rest else []
         action = parts[0] if parts else ""
-        writes = {"preupload", "commit", "tag", "branch"}
+        writes = {"preupload", "commit", "tag", "branch", "settings"}
         repo = self._repo(kind, namespace, name, write=action in writes and method != "GET")
         store = self.hub.store
         if action == "" and method == "GET":
@@ -310,20 +381,40 @@ class _Handler(BaseHTTPRequestHandler):
             return self._paths_info(repo, "/".join(parts[1:]))
         if action == "commits" and method == "GET":
             return self._commits(repo, "/".join(parts[1:]) or "main")
+        if action == "settings" and method == "PUT":
+            if not self.hub.authorized(self._token()):
+                raise StoreError(401, "You must be authenticated to change settings.")
+            body = self._json_body()
+            private = body.get("private")
+            if private is None and body.get("visibility") in ("private", "public"):
+                private = body["visibility"] == "private"
+            if private is not None:
+                store.set_private(repo, bool(private))
+            return self.send_json({"private": store.is_private(repo)})
         if action == "xet-write-token" or action == "xet-read-token":
             raise StoreError(404, "This endpoint does not support Xet storage.")
         raise StoreError(404, f"No route for {method} /api/{kind}/{repo.repo_id}/{rest}.")
 
     # --- handlers --------------------------------------------------------------------------------
+    def _move_repo(self) -> None:
+        body = self._json_body()
+        kind = _KINDS.get(body.get("type"), "models")
+        source, target = str(body.get("fromRepo", "")), str(body.get("toRepo", ""))
+        if source.count("/") != 1 or target.count("/") != 1:
+            raise StoreError(400, "fromRepo and toRepo must be namespace/name.")
+        repo = self._repo(kind, *source.split("/"), write=True)
+        self.hub.store.move(repo, repo_ref(kind, *target.split("/")))
+        return self.send_json({})
+
     def _create_repo(self) -> None:
         if not self.hub.authorized(self._token()):
             raise StoreError(401, "You must be authenticated to create a repo (pass a token).")
         body = self._json_body()
-        kind = {"dataset": "datasets", "model": "models", None: "models"}.get(body.get("type"))
+        kind = _KINDS.get(body.get("type"))
         if kind is None:
             raise StoreError(400, f"Unsupported repo type {body.get('type')!r}.")
         namespace = body.get("organization") or "local"
-        repo = repo_ref(kind, namespace, body.get("name", ""))
+        repo = self.hub.store.find(repo_ref(kind, namespace, body.get("name", "")))
         private = bool(body.get("private")) or body.get("visibility") == "private"  # 0.36 | 2.x
         created = self.hub.store.create(repo, private)
         prefix = "datasets/" if kind == "datasets" else ""
@@ -334,12 +425,19 @@ class _Handler(BaseHTTPRequestHandler):
         host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
         return f"http://{host}"
 
-    def _entry(self, path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    def _entry(self, path: str, entry: dict[str, Any],
+               last: dict[str, Any] | None = None) -> dict[str, Any]:
         data = {"type": "file", "path": path, "oid": entry["git_oid"], "size": entry["size"]}
         if entry.get("lfs"):
             data["lfs"] = {"oid": entry["sha256"], "size": entry["size"],
                            "pointerSize": entry.get("pointer_size", 134)}
+        if last is not None:  # expand=true: the last commit that changed the file
+            data["lastCommit"] = {"id": last["id"], "title": last["title"], "date": last["date"]}
         return data
+
+    def _last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
+        expand = self.query.get("expand", ["false"])[0].lower() == "true" or self._form_expand
+        return self.hub.store.last_commits(repo, revision) if expand else {}
 
     def _info(self, repo: RepoRef, revision: str) -> dict[str, Any]:
         commit_id = self.hub.store.resolve(repo, revision)
@@ -360,6 +458,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _tree(self, repo: RepoRef, revision: str, prefix: str) -> None:
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
+        last = self._last_commits(repo, revision)
         recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
         base = prefix.rstrip("/") + "/" if prefix else ""
         entries, folders = [], set()
@@ -373,7 +472,7 @@ class _Handler(BaseHTTPRequestHandler):
                     folders.add(base + "/".join(parts[:depth]))
                 if not recursive:
                     continue
-            entries.append(self._entry(path, entry))
+            entries.append(self._entry(path, entry, last.get(path)))
         if prefix and not entries and not folders:
             raise StoreError(404, f"{prefix} not found at {revision}.", "EntryNotFound")
         listing = [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest(),
@@ -384,14 +483,18 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._body().decode()
         content_type = self.headers.get("Content-Type", "")
         if "json" in content_type:
-            paths = json.loads(raw or "{}").get("paths", [])
+            form = json.loads(raw or "{}")
+            paths, expand = form.get("paths", []), form.get("expand")
         else:
-            paths = parse_qs(raw).get("paths", [])
+            form = parse_qs(raw)
+            paths, expand = form.get("paths", []), (form.get("expand") or [""])[0]
+        self._form_expand = str(expand).lower() == "true"
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
+        last = self._last_commits(repo, revision)
         result = []
         for path in paths:
             if path in commit["tree"]:
-                result.append(self._entry(path, commit["tree"][path]))
+                result.append(self._entry(path, commit["tree"][path], last.get(path)))
             elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
                 result.append({"type": "directory", "path": path,
                                "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0})
@@ -408,12 +511,14 @@ class _Handler(BaseHTTPRequestHandler):
             tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
         except StoreError:
             tree = {}
+        ignored = _gitignore_patterns(self.hub.store, tree)
         files = []
         for item in body.get("files", []):
             path, size = item.get("path"), int(item.get("size") or 0)
             sample = base64.b64decode(item.get("sample") or "")
             lfs = _is_lfs(path, size, sample)
-            result = {"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False}
+            result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
+                      "shouldIgnore": _ignored(path or "", ignored)}
             if path in tree:
                 existing = tree[path]
                 result["oid"] = existing["sha256"] if lfs else existing["git_oid"]
@@ -463,6 +568,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_json({})
 
     def _commit(self, repo: RepoRef, revision: str) -> None:
+        if self.query.get("create_pr", ["0"])[0] not in ("0", "false", ""):
+            raise StoreError(400, "Pull requests are not supported by the local endpoint (the "
+                             "commit was not made): commit to a branch instead (--revision).")
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
         if not lines or lines[0].get("key") != "header":
             raise StoreError(400, "A commit starts with a header line.")
@@ -494,9 +602,12 @@ class _Handler(BaseHTTPRequestHandler):
         if entry.get("lfs"):
             headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(entry["size"])})
         start, end, status = 0, size - 1, 200
-        if (wanted := self.headers.get("Range")) and (match := re.match(r"bytes=(\d*)-(\d*)", wanted)):
-            start = int(match.group(1) or 0)
-            end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+        if wanted := self.headers.get("Range"):
+            span = _byte_range(wanted, size)
+            if span is None:
+                return self._send_error(416, f"Range {wanted} is not satisfiable for {size} bytes.",
+                                        headers={"Content-Range": f"bytes */{size}"})
+            start, end = span
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         length = max(0, end - start + 1)
@@ -519,4 +630,41 @@ def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:
         return True
     return size >= LFS_THRESHOLD or b"\0" in sample
 
+
+def _byte_range(header: str, size: int) -> tuple[int, int] | None:
+    """(first, last) byte of a single ``Range: bytes=...`` header, or None when unsatisfiable.
+
+    ``a-b``, ``a-`` (to the end) and ``-n`` (the last n bytes), as RFC 9110 defines them.
+    """
+    match = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", header)
+    if not match or not (match.group(1) or match.group(2)):
+        return None
+    if not match.group(1):  # a suffix: the last n bytes
+        count = int(match.group(2))
+        return (max(0, size - count), size - 1) if count and size else None
+    start = int(match.group(1))
+    end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+    if start >= size or start > end:
+        return None
+    return start, end
+
+
+def _gitignore_patterns(store: HubStore, tree: dict[str, Any]) -> list[str]:
+    """The patterns of the repo's ``.gitignore`` at this revision (the Hub honours it)."""
+    entry = tree.get(".gitignore")
+    if entry is None:
+        return []
+    text = store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    for pattern in patterns:
+        bare = pattern.rstrip("/").lstrip("/")
+        if fnmatch.fnmatch(path, bare) or fnmatch.fnmatch(name, bare) or \
+                path.startswith(bare + "/"):
+            return True
+    return False
 

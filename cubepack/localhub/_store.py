@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from .._revision import is_commit
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
                  b"*.bin filter=lfs diff=lfs merge=lfs -text\n")
 
@@ -65,6 +67,10 @@ class RepoRef:
         return REPO_TYPES[self.kind]
 
 
+def _listing(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
+
+
 def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
     if kind not in REPO_TYPES or not _NAME.fullmatch(namespace or "") or not _NAME.fullmatch(name or ""):
         raise StoreError(404, f"Repository {namespace}/{name} not found.", "RepoNotFound")
@@ -79,6 +85,51 @@ class HubStore:
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
         self._locks: dict[RepoRef, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # Uploads interrupted by a killed server left their temp files: nothing refers to them.
+        for leftover in (self.root / "blobs").glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
+
+    def find(self, repo: RepoRef) -> RepoRef:
+        """``repo`` as stored, matched case-insensitively as on the Hub (``NS/Cube`` is
+        ``ns/cube``); ``repo`` itself when no such repo exists."""
+        base = self.root / "repos" / repo.kind
+        for namespace in _listing(base):
+            if namespace.lower() == repo.namespace.lower():
+                for name in _listing(base / namespace):
+                    if name.lower() == repo.name.lower():
+                        return RepoRef(repo.kind, namespace, name)
+        return repo
+
+    def delete(self, repo: RepoRef) -> None:
+        """Delete ``repo`` (its commits and refs; blobs stay, shared and content-addressed)."""
+        with self._lock(repo):
+            self._require(repo)
+            shutil.rmtree(self._dir(repo))
+
+    def move(self, repo: RepoRef, target: RepoRef) -> None:
+        """Rename ``repo`` to ``target``; 409 when ``target`` exists."""
+        with self._lock(repo):
+            self._require(repo)
+            if self.exists(self.find(target)):
+                raise StoreError(409, f"Repository {target.repo_id} already exists.")
+            self._dir(target).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self._dir(repo), self._dir(target))
+
+    def set_private(self, repo: RepoRef, private: bool) -> None:
+        with self._lock(repo):
+            self._require(repo)
+            _atomic.write_text(self._dir(repo) / "repo.json", _canonical.dumps({"private": private}))
+
+    def last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
+        """path -> the last commit (of ``revision``'s history) that changed that path."""
+        history = self.history(repo, revision)
+        found: dict[str, dict[str, Any]] = {}
+        for record, parent in zip(history, history[1:] + [None]):
+            before = parent["tree"] if parent else {}
+            for path, entry in record["tree"].items():
+                if path not in found and before.get(path) != entry:
+                    found[path] = record
+        return found
 
     # --- repos and refs --------------------------------------------------------------------------
     def _dir(self, repo: RepoRef) -> Path:
@@ -123,6 +174,10 @@ class HubStore:
                 return refs["tags"][name]
         if is_commit(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
             return revision
+        if _SHORT_SHA.fullmatch(revision):  # a unique prefix names a commit, as on the Hub
+            matches = [p.stem for p in (self._dir(repo) / "commits").glob(f"{revision}*.json")]
+            if len(matches) == 1:
+                return matches[0]
         raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
     def commit(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
@@ -150,6 +205,8 @@ class HubStore:
             _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
 
     def delete_ref(self, repo: RepoRef, kind: str, name: str) -> None:
+        if kind == "branch" and name == "main":
+            raise StoreError(403, "The default branch main cannot be deleted.")
         with self._lock(repo):
             refs = self.refs(repo)
             group = "tags" if kind == "tag" else "branches"
@@ -227,6 +284,7 @@ class HubStore:
             oid, size = value.get("oid"), value.get("size")
             if not self.has_blob(oid, size):
                 raise StoreError(400, f"LFS object {oid} for {path} was never uploaded.")
+            size = self.blob_path(oid).stat().st_size  # a copy names the oid only
             pointer = lfs_pointer(oid, size)
             tree[path] = {"sha256": oid, "size": size, "git_oid": git_hash(pointer), "lfs": True,
                           "pointer_size": len(pointer)}
