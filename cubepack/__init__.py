@@ -9,8 +9,9 @@ from __future__ import annotations
 from ._version import __version__
 from .diff import diff
 from .errors import (CubepackError, FormatError, HubError, IdentityMismatch, IntegrityError,
-                     Mismatch, ModelNotFoundError, RefusedError, SignatureError, UnsafeInputError,
-                     UnsupportedError, VerificationFailed)
+                     Mismatch, ModelNotFoundError, RecomputationFailed, RefusedError,
+                     SignatureError, UnsafeInputError, UnsupportedError, UsageError,
+                     VerificationFailed)
 from .fingerprints import fingerprint
 from .hub import PullResult, PushResult, pull, push
 from .identity import ModelIdentity
@@ -21,7 +22,7 @@ from .verify import VerifyReport, verify
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
     "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult", "PushResult",
-    "RefusedError",
+    "RecomputationFailed", "RefusedError", "UsageError",
     "SignatureError", "UnsafeInputError", "UnsupportedError", "VerificationFailed", "VerifyReport",
     "__version__", "diff", "fingerprint", "load_kv_cache", "pack", "pull", "push",
     "read_kv_header", "save_kv_cache", "verify",

@@ -19,8 +19,11 @@ from typing import Any
 
 from . import _memos_layout as memos_layout
 from ._legacy import read_memos_pickle
+from ._provenance import RECOMPUTED, STRENGTH
 from ._paths import resolve_inside
-from .errors import CubepackError, IdentityMismatch, UsageError
+from ._recompute import describe
+from ._recompute import recompute as recompute_cache
+from .errors import CubepackError, IdentityMismatch, RecomputationFailed, UsageError
 from .fingerprints import fingerprint
 from .identity import dtype_name
 from .kvfile import (build_dynamic_cache, cache_from_layers, check_kv_file, live_layers,
@@ -43,6 +46,23 @@ class HookReport:
     dropped: dict[str, list[str]] = field(default_factory=dict)
     rebuilt: dict[str, list[str]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
+    recomputed: list[str] = field(default_factory=list)  # reproduced by the loaded model
+
+
+def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
+    """Refuse activations whose producer label is backed by less than ``required`` (one the
+    loaded model just reproduced counts as recomputed)."""
+    if not required:
+        return
+    if required not in STRENGTH:
+        raise UsageError(f"require_provenance must be one of {', '.join(STRENGTH)}.")
+    for item_id, entry in sorted(lock["activations"].items()):
+        kind = RECOMPUTED if item_id in report.recomputed else entry["provenance"]["kind"]
+        if STRENGTH[kind] < STRENGTH[required]:
+            raise RecomputationFailed(
+                f"Activation {item_id!r} is {kind}, but {required} is required; pass "
+                "recompute=True to prove it with the loaded model, or re-pack the cube with "
+                "cubepack pack --recompute.")
 
 
 def check_policy(on_mismatch: str) -> str:
@@ -70,8 +90,9 @@ def llm_in_dtype(act_mem: Any, dtype: str | None) -> Any:
 
 
 def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
-                on_mismatch: str) -> None:
-    """Install a verified cube's activations, each checked against the live model."""
+                on_mismatch: str, recompute: bool | int | None = None) -> None:
+    """Install a verified cube's activations, each checked against the live model (and, with
+    ``recompute``, reproduced by it: see :mod:`cubepack._recompute`)."""
     pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
     if not lock["activations"]:
         return
@@ -85,6 +106,13 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             apply_policy(act_mem, item_id, mismatch, read_kv_header(path).metadata, report,
                          on_mismatch)
             continue
+        if recompute and info.token_ids:
+            result = recompute_cache(llm.model, info, item_id,
+                                     tokens=None if recompute is True else int(recompute))
+            if not result.ok:
+                raise RecomputationFailed(f"Activation {item_id!r} is not what the loaded model "
+                                          f"computes: it {describe(result)}. Do not load it.")
+            report.recomputed.append(item_id)
         cache = build_dynamic_cache(info, llm.model.config, device=llm.model.device)
         _add(act_mem, item_id, cache, dict(info.metadata))
         report.loaded.append(item_id)

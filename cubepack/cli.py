@@ -37,6 +37,24 @@ def _trust_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _proof_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--recompute, --recompute-tokens and --require-provenance, shared by verify and pull."""
+    for option in reversed([
+        click.option("--recompute", is_flag=True,
+                     help="Prove each KV cache: the model's prefill must reproduce it."),
+        click.option("--recompute-tokens", type=click.IntRange(min=1),
+                     help="Recompute only the first N tokens of each cache (implies --recompute)."),
+        click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
+                     help="Refuse activations whose producer label is backed by less."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _recompute_arg(recompute: bool, tokens: int | None) -> bool | int | None:
+    return tokens if tokens else (True if recompute else None)
+
+
 def _emit_error(exc: CubepackError) -> None:
     report = getattr(exc, "report", None)
     click.echo(json.dumps({"ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
@@ -148,16 +166,19 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--assert-producer", is_flag=True,
               help="Label converted caches as --model's although config.json names another "
                    "producer (recorded in the lock and card as asserted).")
+@click.option("--recompute", is_flag=True,
+              help="Prove every activation with the producer model (recorded as recomputed).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
-                 assert_producer: bool, as_json: bool) -> None:
+                 assert_producer: bool, recompute: bool, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
-                  sign_password=_key_password(), assert_producer=assert_producer)
+                  sign_password=_key_password(), assert_producer=assert_producer,
+                  recompute=recompute)
     _emit(result.to_dict(), as_json, _render_pack)
 
 
@@ -183,14 +204,19 @@ def _render_pack(data: dict[str, Any]) -> str:
 @click.option("--model", help="Check the pins against this model (folder or Hub id).")
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
+@_proof_options
 @_trust_options
-def verify_command(cube_dir: str, model: str | None, remote: bool, token: str | None,
-                   trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
+def verify_command(cube_dir: str, model: str | None, remote: bool, recompute: bool,
+                   recompute_tokens: int | None, require_provenance: str | None,
+                   token: str | None, trusted_keys: tuple[str, ...], require_signature: bool,
+                   as_json: bool) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     from .verify import verify
 
     report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token,
-                    trusted_keys=list(trusted_keys), require_signature=require_signature)
+                    trusted_keys=list(trusted_keys), require_signature=require_signature,
+                    recompute=_recompute_arg(recompute, recompute_tokens),
+                    require_provenance=require_provenance)
     _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
         raise _Refused()
@@ -205,7 +231,8 @@ def _render_report(data: dict[str, Any]) -> str:
     lines = []
     for check in data["checks"]:
         line = f"{marks[check['ok']]} {check['check']:<15} {check['subject']}: {check['detail']}"
-        if check["expected"] is not None or check["found"] is not None:
+        if check["ok"] is not True and (check["expected"] is not None
+                                        or check["found"] is not None):
             line += f"\n     expected {check['expected']}\n     found    {check['found']}"
         lines.append(line)
     lines.append("verified: the cube is exactly what was packed" if data["ok"]
@@ -335,18 +362,22 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds other files (never your cwd, home or "
                    "the HF cache).")
+@_proof_options
 @_trust_options
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, model: str | None, offline: bool, strict_models: bool,
-                 force: bool, token: str | None, trusted_keys: tuple[str, ...],
-                 require_signature: bool, as_json: bool) -> None:
+                 force: bool, recompute: bool, recompute_tokens: int | None,
+                 require_provenance: str | None, token: str | None,
+                 trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub import pull
 
     result = pull(repo, revision=revision, repo_type=repo_type, local_dir=local_dir,
                   verify_cube=verify_cube, model=model, offline=offline, token=token,
                   trusted_keys=list(trusted_keys), require_signature=require_signature,
-                  strict_models=strict_models, force=force)
+                  strict_models=strict_models, force=force,
+                  recompute=_recompute_arg(recompute, recompute_tokens),
+                  require_provenance=require_provenance)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

@@ -85,6 +85,11 @@ class VerificationFailed(IntegrityError):
         return self.report.failures
 
 
+class RecomputationFailed(IntegrityError):
+    """The producer model does not reproduce a KV cache: its values were altered, it came from
+    another model, or it was built at other positions. Names the first layer and position."""
+
+
 class SignatureError(RefusedError):
     """A cube's signature is missing, untrusted, or does not cover its content."""
 

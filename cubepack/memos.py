@@ -32,12 +32,14 @@ from . import _memos_layout as memos_layout
 from ._canonical import json_safe
 from ._memos_activations import (POLICIES, HookReport, check_policy, load_packed,
                                  load_unpacked)
+from ._memos_activations import require_provenance as require_provenance_of
 from ._revision import is_commit
 from .errors import (CubepackError, HubError, SignatureError, UnsafeInputError,
                      UnsupportedError, UsageError)
 from .fingerprints import fingerprint
 from .hub import parse_repo_spec, pull
 from .kvfile import save_kv_cache
+from ._recompute import memos_prompt_ids
 from .pack import VLLM_REFUSAL, activation_filename, pack
 from .verify import verify
 
@@ -54,7 +56,9 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
                           on_mismatch: str = "error", token: str | None = None,
                           local_dir: str | Path | None = None,
                           trusted_keys: list[Any] | None = None,
-                          require_signature: bool = False) -> Any:
+                          require_signature: bool = False, strict_models: bool = False,
+                          recompute: bool | int | None = None,
+                          require_provenance: str | None = None) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
     Args:
@@ -70,21 +74,27 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
             stored source with the live model).
         local_dir: where to place the pulled cube (default: a new temporary folder).
         trusted_keys, require_signature: as for ``cubepack verify`` (signed cubes only).
+        strict_models: refuse the cube when a pinned model cannot be checked remotely.
+        recompute: prove each cache with the model MemOS loaded (all tokens, or the first N).
+        require_provenance: ``"recorded"`` or ``"recomputed"``: refuse weaker activations.
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
             (raised before MemOS builds anything).
         IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
+        RecomputationFailed: the loaded model does not reproduce a cache, or its provenance is
+            weaker than required.
     """
     check_policy(on_mismatch)
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     target = Path(local_dir) if local_dir else Path(tempfile.mkdtemp(prefix="cubepack-cube-")) / "cube"
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
     pulled = pull(spec, local_dir=target, endpoint=endpoint, token=token, repo_type=repo_type,
-                  trusted_keys=trusted_keys, require_signature=require_signature)
+                  trusted_keys=trusted_keys, require_signature=require_signature,
+                  strict_models=strict_models)
     cube = _build(pulled.local_dir, pulled.report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
-                  token=token)
+                  token=token, recompute=recompute, require_provenance=require_provenance)
     cube.cubepack.commit_sha = pulled.commit_sha
     return cube
 
@@ -92,19 +102,22 @@ def init_from_remote_repo(cube_id: str, *, revision: str | None = None,
 def init_from_dir(cube_dir: str | Path, *, memory_types: list[str] | None = None,
                   default_config: Any = None, on_mismatch: str = "error",
                   endpoint: str | None = None, token: str | None = None,
-                  trusted_keys: list[Any] | None = None, require_signature: bool = False) -> Any:
+                  trusted_keys: list[Any] | None = None, require_signature: bool = False,
+                  recompute: bool | int | None = None,
+                  require_provenance: str | None = None) -> Any:
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
     check_policy(on_mismatch)
     report = verify(cube_dir, trusted_keys=trusted_keys, require_signature=require_signature)
     return _build(Path(cube_dir), report.lock, memory_types=memory_types,
                   default_config=default_config, on_mismatch=on_mismatch, endpoint=endpoint,
-                  token=token)
+                  token=token, recompute=recompute, require_provenance=require_provenance)
 
 
 # --- building the cube -------------------------------------------------------------------------
 
 def _build(cube_dir: Path, lock: dict[str, Any], *, memory_types: list[str] | None,
-           default_config: Any, on_mismatch: str, endpoint: str | None, token: str | None) -> Any:
+           default_config: Any, on_mismatch: str, endpoint: str | None, token: str | None,
+           recompute: bool | int | None = None, require_provenance: str | None = None) -> Any:
     from memos.configs.mem_cube import GeneralMemCubeConfig
     from memos.mem_cube.general import GeneralMemCube
     from memos.mem_cube.utils import merge_config_with_default
@@ -120,7 +133,8 @@ def _build(cube_dir: Path, lock: dict[str, Any], *, memory_types: list[str] | No
     if others:
         cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
     if "act_mem" in types and cube.act_mem is not None:
-        load_packed(cube.act_mem, cube_dir, lock, report, on_mismatch)
+        load_packed(cube.act_mem, cube_dir, lock, report, on_mismatch, recompute)
+    require_provenance_of(lock, report, require_provenance)
     cube.cubepack = report
     return cube
 
@@ -375,13 +389,16 @@ def _general_cube() -> Any:
 # --- packing a live cube ------------------------------------------------------------------------
 
 def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
-              pretty_name: str | None = None) -> Any:
+              pretty_name: str | None = None, recompute: bool = False) -> Any:
     """Write a live ``GeneralMemCube`` to ``out_dir`` as a packed cube, with no pickle between.
 
     MemOS dumps the other memories; each activation is written as a KV file with the identity of
-    the model MemOS loaded (``act_mem.llm.model``); pins come from that model. When the model was
-    loaded from a Hub snapshot, ``config.json`` names the Hub id again, not the local path.
-    Atomic: ``out_dir`` appears complete or not at all.
+    the model MemOS loaded (``act_mem.llm.model``) and the token ids MemOS prefilled (rebuilt
+    from its source through MemOS's chat-template path, kept when they match the cache's
+    length); pins come from that model. When the model was loaded from a Hub snapshot,
+    ``config.json`` names the Hub id again, not the local path. With ``recompute``, the model
+    proves every cache (provenance ``recomputed``). Atomic: ``out_dir`` appears complete or not
+    at all.
     """
     out = Path(out_dir)
     if cube.act_mem is not None and not hasattr(cube.act_mem.llm, "model"):
@@ -396,12 +413,27 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
         model = cube.act_mem.llm.model if cube.act_mem is not None else None
         if model is not None:
             producer = fingerprint(model)
+            tokenizer = getattr(cube.act_mem.llm, "tokenizer", None)
             for item_id, item in cube.act_mem.kv_cache_memories.items():
                 metadata = {**json_safe(item.metadata or {}), "id": item_id}
                 save_kv_cache(item.memory, dump_dir / activation_filename(item_id),
-                              producer=producer, metadata=metadata)
-        pack(dump_dir, model=model, license=license, pretty_name=pretty_name)
+                              producer=producer, metadata=metadata,
+                              token_ids=_prompt_ids(tokenizer, metadata, item.memory))
+        pack(dump_dir, model=model, license=license, pretty_name=pretty_name,
+             recompute=recompute)
         _atomic.replace_dir(dump_dir, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _prompt_ids(tokenizer: Any, metadata: dict[str, Any], cache: Any) -> list[int] | None:
+    """The ids MemOS prefilled for this item, when they can be rebuilt and match the cache."""
+    if tokenizer is None or metadata.get("source_text") is None:
+        return None
+    try:
+        ids = memos_prompt_ids(tokenizer, metadata["source_text"])
+    except Exception:  # noqa: BLE001 - no template, odd source: record no ids rather than guess
+        return None
+    return ids if len(ids) == cache.get_seq_length() else None
+

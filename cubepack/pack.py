@@ -25,13 +25,16 @@ from ._content import file_problem, is_activation_path, pickled_memory_problems
 from ._hashing import hash_files
 from ._legacy import read_memos_pickle
 from ._paths import list_cube_files, resolve_inside
-from ._provenance import ASSERTED, KV_HEADER, RECORDED, check_provenance, record_conflicts
+from ._provenance import (ASSERTED, KV_HEADER, RECOMPUTED, RECORDED, check_provenance,
+                          record_conflicts)
+from ._recompute import describe, load_for_recompute, memos_prompt_ids
+from ._recompute import recompute as recompute_cache
 from ._version import __version__
-from .errors import (CubepackError, FormatError, IdentityMismatch, Mismatch, UnsafeInputError,
-                     UnsupportedError, UsageError)
+from .errors import (CubepackError, FormatError, IdentityMismatch, Mismatch, RecomputationFailed,
+                     UnsafeInputError, UnsupportedError, UsageError)
 from .fingerprints import fingerprint, hub_origin
 from .identity import ModelIdentity, compare
-from .kvfile import FULL, SLIDING, read_kv_header, write_kv_layers
+from .kvfile import FULL, SLIDING, mapped_layers, read_kv_header, write_kv_layers
 from .signing import check_key, sign
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -67,7 +70,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
          legacy_pickle: bool = False, license: str | None = None,
          pretty_name: str | None = None, progress: bool | None = None,
          sign_key: str | Path | None = None, sign_password: str | None = None,
-         assert_producer: bool = False) -> PackResult:
+         assert_producer: bool = False, recompute: bool = False) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -82,6 +85,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         assert_producer: label converted caches as ``model``'s even though ``config.json``
             names another producer and the pickle records none (recorded in the lock and the
             card as ``asserted``).
+        recompute: prove every activation with the producer model: recover token ids a MemOS
+            pickle did not record (as MemOS built the cache, through the chat template), run the
+            model's prefill and require it to reproduce each cache; store the ids and mark the
+            provenance ``recomputed`` (model, tokens, max error, time).
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
@@ -121,6 +128,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                 )
             converted = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
                                         model=model, assert_producer=assert_producer)
+        if recompute:
+            _prove_activations(staging, pins, model)
         result = _write_metadata(
             staging, memos_config, pins, license=license or previous_card.license,
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
@@ -371,6 +380,45 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
                             "provenance": provenance if check_provenance(provenance)
                             else KV_HEADER}
     return entries
+
+
+def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]], model: Any) -> None:
+    """Recompute every activation in ``staging`` with the pinned producer; rewrite each with
+    its token ids and a ``recomputed`` provenance, or refuse."""
+    import datetime
+
+    pin = pins.get(memos_layout.ACT_ROLE) or {}
+    live = load_for_recompute(model, pin)
+    tokenizer = None
+    for path in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
+        info = read_kv_header(path)
+        item_id = str(info.metadata.get("id") or path.name[: -len(constants.KV_SUFFIX)])
+        ids = info.token_ids
+        if not ids:
+            tokenizer = tokenizer or _tokenizer_for(live)
+            ids = memos_prompt_ids(tokenizer, info.metadata.get("source_text"))
+            if len(ids) != info.token_count:
+                raise RecomputationFailed(
+                    f"Activation {item_id!r} holds {info.token_count} tokens but MemOS's prompt "
+                    f"for its source_text has {len(ids)} with this model's tokenizer: it was not "
+                    "built by this model's chat template, so it cannot be proven.")
+        result = recompute_cache(live, info, item_id, token_ids=ids)
+        if not result.ok:
+            raise RecomputationFailed(f"Activation {item_id!r} is not this model's: it "
+                                      f"{describe(result)}. Pass --model with its producer.")
+        provenance = {"kind": RECOMPUTED, "detail": describe(result),
+                      "model": pin["identity"]["weights_digest"], "tokens": result.positions,
+                      "max_error": result.max_rel_error,
+                      "at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                          timespec="seconds")}
+        write_kv_layers(mapped_layers(info, copy=True), path, producer=info.producer,
+                        token_ids=ids, metadata={**info.metadata, "provenance": provenance})
+
+
+def _tokenizer_for(model: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model.name_or_path))
 
 
 def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str, Any]) -> None:

@@ -26,6 +26,10 @@ from .errors import CubepackError, IntegrityError, VerificationFailed
 from .fingerprints import fingerprint, resolve_model_folder
 from .identity import ModelIdentity, compare
 from .kvfile import read_kv_header
+from ._memos_layout import ACT_ROLE
+from ._provenance import RECOMPUTED, STRENGTH
+from ._recompute import describe, load_for_recompute
+from ._recompute import recompute as recompute_cache
 from .signing import verify_signature
 
 __all__ = ["Check", "VerifyReport", "verify"]
@@ -47,7 +51,9 @@ def is_tolerated(name: str) -> bool:
 def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = None,
            raise_on_failure: bool = True, remote: bool = False, endpoint: str | None = None,
            token: str | None = None, hashed: dict[str, str] | None = None,
-           trusted_keys: list[Any] | None = None, require_signature: bool = False) -> VerifyReport:
+           trusted_keys: list[Any] | None = None, require_signature: bool = False,
+           recompute: bool | int | None = None,
+           require_provenance: str | None = None) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
 
     Args:
@@ -64,6 +70,13 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
         trusted_keys: public keys (PEM paths) whose ``cubepack.sig`` is accepted; giving any
             makes a valid signature by one of them required.
         require_signature: refuse an unsigned cube even without ``trusted_keys``.
+        recompute: run the producer model's prefill on each activation's ``token_ids`` (all of
+            them when True, the first N when an int) and require it to reproduce every layer's
+            keys and values (see :mod:`cubepack._recompute` for the tolerances). Needs the
+            model (``model``, or the pinned revision in the HF cache); imports torch.
+        require_provenance: ``"recorded"`` or ``"recomputed"``: refuse an activation whose
+            producer label is backed by less (an activation recomputed by this very call counts
+            as recomputed).
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
@@ -79,7 +92,10 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
             _check_models(report, lock, model)
             if remote:
                 report.extend(remote_model_checks(lock["models"], HubClient(endpoint, token)))
-    _list_every_check(report, reason, remote)
+            recomputed = _check_recompute(report, lock, model, recompute) if recompute else set()
+            if require_provenance:
+                _check_provenance(report, lock, require_provenance, recomputed)
+    _list_every_check(report, reason, remote, bool(recompute), bool(require_provenance))
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
@@ -87,14 +103,18 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
 
 #: Every check verify runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "cube config", "signature", "model identity", "remote model")
+          "cube config", "signature", "model identity", "remote model", "recompute",
+          "provenance")
+#: Checks that run only when asked for.
+_OPTIONAL = ("remote model", "recompute", "provenance")
 
 
-def _list_every_check(report: VerifyReport, reason: str, remote: bool) -> None:
+def _list_every_check(report: VerifyReport, reason: str, *asked: bool) -> None:
     """Add each check that did not run as ``not run`` (with why), then order the report."""
     ran = {check.name for check in report.checks}
-    for name in CHECKS[1:] if remote else CHECKS[1:-1]:
-        if name not in ran:
+    wanted = {name for name, given in zip(_OPTIONAL, asked) if given}
+    for name in CHECKS[1:]:
+        if name not in ran and (name not in _OPTIONAL or name in wanted):
             report.add(name, "*", None, reason)
     report.checks.sort(key=lambda check: CHECKS.index(check.name)
                        if check.name in CHECKS else len(CHECKS))
@@ -293,3 +313,51 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                        role=role)
         if not mismatches:
             report.add("model identity", subject, True, "the model matches the pin", role=role)
+
+
+def _check_recompute(report: VerifyReport, lock: dict[str, Any], model: Any,
+                     recompute: bool | int) -> set[str]:
+    """Recompute every activation with its producer; return the ids it reproduced."""
+    tokens = None if recompute is True else int(recompute)
+    pin = lock["models"].get(ACT_ROLE) or {}
+    if not lock["activations"]:
+        return set()
+    if any(c.name == "model identity" and c.ok is False for c in report.checks):
+        report.add("recompute", "*", None, "not run: the model differs from the pin")
+        return set()
+    try:
+        live = load_for_recompute(model, pin)
+    except CubepackError as exc:
+        report.add("recompute", "*", False, f"cannot load the producer model: {exc}")
+        return set()
+    reproduced = set()
+    for item_id, entry in sorted(lock["activations"].items()):
+        subject = f"{entry['file']} ({item_id})"
+        info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
+        if not info.token_ids:
+            report.add("recompute", subject, None, "skipped: the cache records no token_ids to "
+                       "recompute from (re-pack it with pack --recompute)")
+            continue
+        result = recompute_cache(live, info, item_id, tokens=tokens)
+        report.add("recompute", subject, result.ok, describe(result), found=result.to_dict())
+        if result.ok:
+            reproduced.add(item_id)
+    return reproduced
+
+
+def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str,
+                      recomputed: set[str]) -> None:
+    if required not in STRENGTH:
+        report.add("provenance", "*", False, f"unknown provenance {required!r}; use one of "
+                   f"{', '.join(STRENGTH)}")
+        return
+    for item_id, entry in sorted(lock["activations"].items()):
+        kind = RECOMPUTED if item_id in recomputed else entry["provenance"]["kind"]
+        ok = STRENGTH[kind] >= STRENGTH[required]
+        report.add("provenance", f"{entry['file']} ({item_id})", ok,
+                   f"provenance is {kind}" + ("" if ok else
+                   f"; {required} is required (verify --recompute with the producer model, or "
+                   "re-pack with pack --recompute)"), required if not ok else None,
+                   kind if not ok else None)
+    if not lock["activations"]:
+        report.add("provenance", "*", True, "the cube holds no activations")

@@ -385,3 +385,12 @@ def test_vllm_cubes_are_refused_precisely_never_with_an_attribute_error(zoo, tmp
     (cube / "config.json").write_text(json_module.dumps(config))
     with pytest.raises(cubepack.UnsupportedError, match="prompt strings that a vLLM server"):
         cubepack.pack(cube, legacy_pickle=True)
+
+
+def test_the_hook_proves_caches_with_the_model_memos_loaded(hub, published):
+    spec = f"ns/cube@{published['sha']}"
+    with pytest.raises(cubepack.RecomputationFailed, match="recomputed is required"):
+        hook.init_from_remote_repo(spec, endpoint=hub.url, require_provenance="recomputed")
+    proven = hook.init_from_remote_repo(spec, endpoint=hub.url, recompute=True,
+                                        require_provenance="recomputed")
+    assert sorted(proven.cubepack.recomputed) == sorted(item.id for item in published["items"])

@@ -1,0 +1,79 @@
+"""Benchmark: the cost of ``verify --recompute`` against a plain prefill of the same tokens.
+
+A Llama-shaped model (8 layers, hidden 512) and a cache of 1024 tokens it produced; in the
+same run, best of N: a plain ``model(ids)`` prefill, then cubepack's recomputation of the
+cache (prefill through the base model, then every layer's keys and values compared with the
+stored ones). Target: <= 1.2x (the comparison must not dominate). Not a test (``--smoke``:
+tiny sizes, as CI runs it).
+
+Run: .venv/latest/bin/python bench/recompute.py [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+import cubepack
+from cubepack._recompute import recompute
+from cubepack.testing import tiny
+
+REPEATS = 5
+
+
+def best(action, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    args = parser.parse_args()
+    layers, hidden, tokens, repeats = (2, 64, 32, 2) if args.smoke else (8, 512, 1024, REPEATS)
+    root = Path(tempfile.mkdtemp(prefix="cubepack-bench-recompute-"))
+    try:
+        config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
+                             intermediate_size=hidden * 2, num_hidden_layers=layers,
+                             num_attention_heads=8, num_key_value_heads=4,
+                             max_position_embeddings=4096)
+        folder = tiny.build_model(root / "model", config, seed=0, tokenizer=tiny.build_tokenizer())
+        model = tiny.load(folder)
+        ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))
+        with torch.no_grad():
+            cache = model(ids, use_cache=True).past_key_values
+        path = cubepack.save_kv_cache(cache, root / "item.kv.safetensors", producer=model,
+                                      token_ids=ids)
+        info = cubepack.read_kv_header(path)
+
+        def plain():
+            with torch.no_grad():
+                model(ids, use_cache=True)
+
+        plain()  # warm up kernels and caches once
+        prefill = best(plain, repeats)
+        checked = best(lambda: recompute(model, info, "item"), repeats)
+        result = recompute(model, info, "item")
+        assert result.ok, result.to_dict()
+        print(f"model: {layers} layers, hidden {hidden}; cache: {tokens} tokens, float32 "
+              f"(torch {torch.__version__})")
+        print(f"plain prefill                 best {prefill * 1e3:8.2f} ms")
+        print(f"recompute (prefill + compare) best {checked * 1e3:8.2f} ms  "
+              f"(max relative error {result.max_rel_error:.2e})")
+        print(f"ratio recompute / plain prefill: {checked / prefill:.2f}x (target <= 1.2x)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
