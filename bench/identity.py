@@ -12,12 +12,12 @@ Run: .venv/latest/bin/python bench/identity.py [--gib 1.0] [--smoke]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
+
+from _common import hashlib_file, timed
 
 
 def main() -> None:
@@ -67,20 +67,6 @@ def main() -> None:
         print(f"ratio first fingerprint / hashlib pass: {first / baseline:.2f}x (target <= 1.1x)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def hashlib_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        while chunk := handle.read(8 * 1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def timed(action) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -23,17 +22,9 @@ from transformers import LlamaConfig
 import cubepack
 from cubepack._recompute import recompute
 from cubepack.testing import tiny
+from _common import best_of
 
 REPEATS = 5
-
-
-def best(action, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -61,8 +52,8 @@ def main() -> None:
                 model(ids, use_cache=True)
 
         plain()  # warm up kernels and caches once
-        prefill = best(plain, repeats)
-        checked = best(lambda: recompute(model, info, "item"), repeats)
+        prefill = best_of(plain, repeats)
+        checked = best_of(lambda: recompute(model, info, "item"), repeats)
         result = recompute(model, info, "item")
         assert result.ok, result.to_dict()
         print(f"model: {layers} layers, hidden {hidden}; cache: {tokens} tokens, float32 "

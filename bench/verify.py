@@ -10,31 +10,16 @@ Run: .venv/latest/bin/python bench/verify.py [--gib 1.0] [--files 8] [--smoke]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cubepack
+from _common import hashlib_file, timed
 from cubepack.testing.blobs import write_safetensors_blob
-
-
-def hashlib_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        while chunk := handle.read(8 * 1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def timed(action) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
 
 
 def main() -> None:

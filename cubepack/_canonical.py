@@ -58,6 +58,20 @@ def _check_depth(value: Any) -> None:
             stack.extend((child, depth + 1) for child in children)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice: readers disagree on which value wins."""
+
+
+def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` that refuses a repeated key (``json`` keeps the last silently)."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(f"repeats the key {key!r}")
+        result[key] = value
+    return result
+
+
 def digest(value: Any) -> str:
     """sha256 hex of the compact canonical JSON of ``value``."""
     return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()

@@ -54,15 +54,6 @@ def dumps(lock: dict[str, Any]) -> str:
     return _canonical.dumps(lock)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise FormatError(f"cubepack.lock repeats the key {key!r}; a lock must be unambiguous.")
-        result[key] = value
-    return result
-
-
 def parse(data: bytes) -> dict[str, Any]:
     """Parse and fully validate lock bytes; return the lock document.
 
@@ -76,7 +67,10 @@ def parse(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_LOCK_BYTES:
         raise FormatError(f"cubepack.lock is {len(data)} bytes, above the {MAX_LOCK_BYTES}-byte limit.")
     try:
-        lock = _canonical.loads_strict(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        lock = _canonical.loads_strict(data.decode("utf-8"),
+                                       object_pairs_hook=_canonical.unique_pairs)
+    except _canonical.DuplicateKey as exc:
+        raise FormatError(f"cubepack.lock {exc}; a lock must be unambiguous.") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"cubepack.lock is not valid JSON: {exc}") from exc
     if not isinstance(lock, dict):

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ._canonical import loads_strict
+from ._canonical import DuplicateKey, loads_strict, unique_pairs
 from .errors import FormatError
 
 #: Same cap as the safetensors library: a larger header is refused, not read.
@@ -92,9 +92,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     """Validate header bytes ``raw`` of a file of ``file_size`` bytes (pure; fuzzed in tests)."""
     try:
-        document = loads_strict(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except FormatError as exc:
-        raise FormatError(f"{name} has an ambiguous safetensors header: {exc}") from exc
+        document = loads_strict(raw.decode("utf-8"), object_pairs_hook=unique_pairs)
+    except DuplicateKey as exc:
+        raise FormatError(f"{name} has an ambiguous safetensors header: it {exc}.") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"{name} has a corrupt safetensors header (not valid JSON: {exc}).") from exc
     if not isinstance(document, dict):
@@ -141,15 +141,6 @@ def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> Ten
             f"({count * DTYPE_SIZES[dtype]} bytes) but spans {end - begin} bytes."
         )
     return TensorInfo(tensor_name, dtype, tuple(shape), begin, end)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise FormatError(f"the key {key!r} appears twice (a reader could pick either)")
-        result[key] = value
-    return result
 
 
 def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: int,

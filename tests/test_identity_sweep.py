@@ -24,7 +24,7 @@ from cubepack.kvfile import build_dynamic_cache, read_kv_header
 from cubepack.testing import tiny
 
 from conftest import PROMPT
-from helpers import build_cache
+from helpers import build_cache, continue_greedy
 
 TOLERANCE = 1e-4  # fp32 on CPU: the same computation differs by < 1e-5 between runs
 STRING_SWAPS = {"hidden_act": "gelu_pytorch_tanh", "rope_type": "linear",
@@ -54,14 +54,7 @@ def perturbations(key, value):
 
 
 def continuation(model, cache, steps=3):
-    token = torch.tensor([[PROMPT[-1]]])
-    logits = []
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(token, past_key_values=cache, use_cache=True).logits
-            logits.append(out)
-            token = out[:, -1:].argmax(-1)
-    return torch.cat(logits)
+    return torch.cat(continue_greedy(model, cache, PROMPT[-1], steps))
 
 
 @pytest.mark.parametrize("kind", ["a", "hybrid"])
