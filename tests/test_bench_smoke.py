@@ -16,7 +16,8 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
+                                           if not p.name.startswith("_")))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
     env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hf"), CUBEPACK_CACHE=str(tmp_path / "cp"))
     done = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], env=env,
