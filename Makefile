@@ -40,6 +40,8 @@ bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/kv_load.py
 	$(VENV)/latest/bin/python bench/verify.py
 	$(VENV)/latest/bin/python bench/pull.py
+	$(VENV)/latest/bin/python bench/identity.py
+	$(VENV)/latest/bin/python bench/recompute.py
 
 clean:
 	rm -rf $(VENV) demo-out
