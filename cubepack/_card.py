@@ -105,7 +105,7 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
         models.append({
             "role": role, "strict": pin.get("strict"), "repo_id": pin.get("repo_id"),
             "revision": pin.get("revision"), "identity": identity, "name": pin.get("name"),
-            "reason": pin.get("reason"),
+            "reason": pin.get("reason"), "vectors": pin.get("vectors"),
             "quantization": (identity or {}).get("quantization") or "none",
         })
     memory_rows = [{"kind": kind, "files": paths,

@@ -17,6 +17,7 @@ from typing import Any
 from . import _canonical
 from . import _constants as constants
 from .errors import FormatError
+from ._embeddings import check_record
 from ._provenance import check_provenance
 from ._revision import is_commit
 from .identity import ModelIdentity
@@ -134,6 +135,8 @@ def _check_models(models: Any) -> None:
         if pin.get("revision") is not None and not is_commit(pin["revision"]):
             raise FormatError(f"cubepack.lock model {role!r} pins revision {pin['revision']!r}, "
                               "which is not a 40-hex commit.")
+        if "vectors" in pin and not check_record(pin["vectors"]):
+            raise FormatError(f"cubepack.lock model {role!r} has a malformed vectors record.")
         identity = pin.get("identity")
         if identity is None and not pin.get("strict"):
             continue  # an informational model that could not be pinned

@@ -46,6 +46,9 @@ def _proof_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Recompute only the first N tokens of each cache (implies --recompute)."),
         click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
                      help="Refuse activations whose producer label is backed by less."),
+        click.option("--embedder",
+                     help="Check the text memory's vectors: a local model folder, "
+                          "openai:<base url>#<model> or ollama:<base url>#<model>."),
     ]):
         command = option(command)
     return command
@@ -208,15 +211,15 @@ def _render_pack(data: dict[str, Any]) -> str:
 @_trust_options
 def verify_command(cube_dir: str, model: str | None, remote: bool, recompute: bool,
                    recompute_tokens: int | None, require_provenance: str | None,
-                   token: str | None, trusted_keys: tuple[str, ...], require_signature: bool,
-                   as_json: bool) -> None:
+                   embedder: str | None, token: str | None, trusted_keys: tuple[str, ...],
+                   require_signature: bool, as_json: bool) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     from .verify import verify
 
     report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token,
                     trusted_keys=list(trusted_keys), require_signature=require_signature,
                     recompute=_recompute_arg(recompute, recompute_tokens),
-                    require_provenance=require_provenance)
+                    require_provenance=require_provenance, embedder=embedder)
     _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
         raise _Refused()
@@ -367,7 +370,7 @@ def _render_push(data: dict[str, Any]) -> str:
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, model: str | None, offline: bool, strict_models: bool,
                  force: bool, recompute: bool, recompute_tokens: int | None,
-                 require_provenance: str | None, token: str | None,
+                 require_provenance: str | None, embedder: str | None, token: str | None,
                  trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub import pull
@@ -377,7 +380,7 @@ def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str
                   trusted_keys=list(trusted_keys), require_signature=require_signature,
                   strict_models=strict_models, force=force,
                   recompute=_recompute_arg(recompute, recompute_tokens),
-                  require_provenance=require_provenance)
+                  require_provenance=require_provenance, embedder=embedder)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

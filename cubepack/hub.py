@@ -234,7 +234,7 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
          cache_dir: str | Path | None = None, progress: bool | None = None,
          trusted_keys: list[Any] | None = None, require_signature: bool = False,
          strict_models: bool = False, force: bool = False, recompute: bool | int | None = None,
-         require_provenance: str | None = None) -> PullResult:
+         require_provenance: str | None = None, embedder: str | None = None) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -243,7 +243,7 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
     pinned revision in the HF cache, or the Hub's file metadata; a pinned model the endpoint
     does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
     only when everything passed: a failed or interrupted pull leaves it as it was.
-    ``recompute`` and ``require_provenance`` are as for :func:`cubepack.verify`.
+    ``recompute``, ``require_provenance`` and ``embedder`` are as for :func:`cubepack.verify`.
 
     ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
     repo to which nothing was added; anything else is refused before any download, naming the
@@ -274,7 +274,7 @@ def pull(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
             report = verify(staging, model=model, progress=progress, raise_on_failure=False,
                             hashed=hashed, trusted_keys=trusted_keys,
                             require_signature=require_signature, recompute=recompute,
-                            require_provenance=require_provenance)
+                            require_provenance=require_provenance, embedder=embedder)
             if not offline and model is None:
                 _add_remote_model_checks(report, client, strict_models)
             report.cube_dir = Path(f"{repo_id}@{sha}")

@@ -22,6 +22,7 @@ from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
 from ._content import file_problem, is_activation_path, pickled_memory_problems
+from ._embeddings import vector_record
 from ._hashing import hash_files
 from ._legacy import read_memos_pickle
 from ._paths import list_cube_files, resolve_inside
@@ -100,6 +101,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files)
     pins = _pin_models(memos_config, model=model, revision=revision)
+    _record_vectors(cube, files, memos_config, pins)
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
@@ -237,6 +239,20 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
         pin["revision"] = identity.revision
         pins[ref.role] = pin
     return pins
+
+
+def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
+                    pins: dict[str, dict[str, Any]]) -> None:
+    """Pin a text memory's vectors to their embedder: dimension, count and a sample of the
+    cube's own memories, which ``verify --embedder`` re-embeds (see ``_embeddings``)."""
+    for name in memos_layout.memory_files(memos_config, files).get("textual", []):
+        record = vector_record(cube, name)
+        if record is None:
+            continue
+        role = "text_mem.embedder"
+        pins.setdefault(role, {"name": None, "strict": False, "repo_id": None, "revision": None,
+                               "identity": None, "reason": "config.json names no embedder"})
+        pins[role]["vectors"] = record
 
 
 # --- activations --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from . import _constants as constants
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from ._content import file_problem, pickled_memory_problems
+from ._embeddings import embedder_checks
 from ._hashing import hash_files
 from ._hub_client import HubClient
 from ._paths import hf_snapshot_blobs, resolve_inside, scan_cube
@@ -53,7 +54,7 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
            token: str | None = None, hashed: dict[str, str] | None = None,
            trusted_keys: list[Any] | None = None, require_signature: bool = False,
            recompute: bool | int | None = None,
-           require_provenance: str | None = None) -> VerifyReport:
+           require_provenance: str | None = None, embedder: str | None = None) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``.
 
     Args:
@@ -77,6 +78,9 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
         require_provenance: ``"recorded"`` or ``"recomputed"``: refuse an activation whose
             producer label is backed by less (an activation recomputed by this very call counts
             as recomputed).
+        embedder: an embedder spec (a local model folder, ``openai:<url>#<model>``,
+            ``ollama:<url>#<model>``): it must reproduce the recorded sample of the text
+            memory's vectors (cosine >= 0.999), in one batched call.
     """
     report = VerifyReport(Path(cube_dir))
     lock = _check_lock(report)
@@ -95,7 +99,10 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
             recomputed = _check_recompute(report, lock, model, recompute) if recompute else set()
             if require_provenance:
                 _check_provenance(report, lock, require_provenance, recomputed)
-    _list_every_check(report, reason, remote, bool(recompute), bool(require_provenance))
+            if embedder:
+                _check_embedder(report, lock, embedder)
+    _list_every_check(report, reason, remote, bool(recompute), bool(require_provenance),
+                      bool(embedder))
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
@@ -104,9 +111,9 @@ def verify(cube_dir: str | Path, *, model: Any = None, progress: bool | None = N
 #: Every check verify runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
           "cube config", "signature", "model identity", "remote model", "recompute",
-          "provenance")
+          "provenance", "embedder")
 #: Checks that run only when asked for.
-_OPTIONAL = ("remote model", "recompute", "provenance")
+_OPTIONAL = ("remote model", "recompute", "provenance", "embedder")
 
 
 def _list_every_check(report: VerifyReport, reason: str, *asked: bool) -> None:
@@ -361,3 +368,16 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str,
                    kind if not ok else None)
     if not lock["activations"]:
         report.add("provenance", "*", True, "the cube holds no activations")
+
+
+def _check_embedder(report: VerifyReport, lock: dict[str, Any], spec: str) -> None:
+    records = [(role, pin["vectors"]) for role, pin in sorted(lock["models"].items())
+               if pin.get("vectors")]
+    if not records:
+        report.add("embedder", "*", None, "skipped: the cube's text memory holds no vectors")
+        return
+    for role, record in records:
+        try:
+            report.extend(embedder_checks(report.cube_dir, record, spec, role))
+        except CubepackError as exc:
+            report.add("embedder", record["file"], False, str(exc), role=role)

@@ -113,3 +113,29 @@ def hub_cached(zoo):
 
 
 MODEL_A_COMMIT = "a" * 8 + "0123456789abcdef0123456789abcdef"
+
+
+#: MemOS's own example cubes (see ../shared/fixtures/memos-examples/NOTICE.md).
+EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "memos-examples"
+
+
+@pytest.fixture(scope="session")
+def qwen3_snapshot(tmp_path_factory):
+    """A tiny Qwen3 of mem_cube_2's KV geometry, in the HF cache as Qwen/Qwen3-1.7B."""
+    import torch
+    from huggingface_hub import snapshot_download
+    from transformers import Qwen3Config
+
+    from cubepack.testing import tiny
+    from cubepack.testing.hub import InstrumentedHub, upload_folder
+
+    root = tmp_path_factory.mktemp("qwen3")
+    config = Qwen3Config(vocab_size=tiny.VOCAB_SIZE, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=128, max_position_embeddings=512, tie_word_embeddings=False,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    folder = tiny.build_model(root / "model", config, seed=5, tokenizer=tiny.build_tokenizer(),
+                              dtype=torch.bfloat16)
+    with InstrumentedHub(root / "hub") as hub:
+        upload_folder(hub.url, "Qwen/Qwen3-1.7B", folder)
+        return Path(snapshot_download("Qwen/Qwen3-1.7B", endpoint=hub.url))

@@ -11,37 +11,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 import cubepack
 from cubepack import _constants as constants
-from cubepack.testing import tiny
-from cubepack.testing.hub import InstrumentedHub, upload_folder
+from conftest import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "memos-examples"
 pytestmark = pytest.mark.skipif(not (EXAMPLES / "mem_cube_2").is_dir(),
                                 reason="../shared/fixtures/memos-examples is not present")
-
-
-@pytest.fixture(scope="module")
-def qwen3_snapshot(tmp_path_factory):
-    """A tiny Qwen3 of mem_cube_2's KV geometry, in the HF cache as Qwen/Qwen3-1.7B."""
-    import torch
-    from huggingface_hub import snapshot_download
-    from transformers import Qwen3Config
-
-    root = tmp_path_factory.mktemp("qwen3")
-    config = Qwen3Config(vocab_size=tiny.VOCAB_SIZE, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                         head_dim=128, max_position_embeddings=512, tie_word_embeddings=False,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=1)
-    folder = tiny.build_model(root / "model", config, seed=5, tokenizer=tiny.build_tokenizer(),
-                              dtype=torch.bfloat16)
-    with InstrumentedHub(root / "hub") as hub:
-        upload_folder(hub.url, "Qwen/Qwen3-1.7B", folder)
-        return Path(snapshot_download("Qwen/Qwen3-1.7B", endpoint=hub.url))
 
 
 @pytest.fixture
