@@ -3,8 +3,10 @@
 A Llama-shaped model (8 layers, hidden 512) and a cache of 1024 tokens it produced; in the
 same run, best of N: a plain ``model(ids)`` prefill, then cubepack's recomputation of the
 cache (prefill through the base model, then every layer's keys and values compared with the
-stored ones). Target: <= 1.2x (the comparison must not dominate). Not a test (``--smoke``:
-tiny sizes, as CI runs it).
+stored ones). Target: <= 1.2x (the comparison must not dominate). Then the embedder check of
+a text memory (``verify --embedder``) against one plain batched embedding call of the same
+sample, counting calls (target: <= 2 batched calls). Not a test (``--smoke``: tiny sizes, as
+CI runs it).
 
 Run: .venv/latest/bin/python bench/recompute.py [--smoke]
 """
@@ -62,8 +64,35 @@ def main() -> None:
         print(f"recompute (prefill + compare) best {checked * 1e3:8.2f} ms  "
               f"(max relative error {result.max_rel_error:.2e})")
         print(f"ratio recompute / plain prefill: {checked / prefill:.2f}x (target <= 1.2x)")
+        _embedder_cost(root, repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _embedder_cost(root: Path, repeats: int) -> None:
+    import json
+
+    from cubepack._embeddings import embed, embedder_checks, probe_vectors, vector_record
+    from cubepack.testing.embeddings import EmbeddingServer, build_encoder
+
+    encoder = build_encoder(root / "encoder", seed=0, hidden=384)
+    texts = [f"The user's memory number {i}: likes tea, walks, and books." for i in range(200)]
+    with EmbeddingServer(encoder) as server:
+        vectors = embed(server.spec, texts)
+        cube = root / "text-cube"
+        cube.mkdir()
+        (cube / "textual_memory.json").write_text(json.dumps(
+            [{"id": f"m{i:03d}", "vector": v, "payload": {"memory": t}}
+             for i, (t, v) in enumerate(zip(texts, vectors))]))
+        record = vector_record(cube, "textual_memory.json")
+        record["probes"] = probe_vectors(server.spec)
+        sample = [t for i, t in enumerate(texts) if f"m{i:03d}" in record["sample"]]
+        plain = best_of(lambda: embed(server.spec, sample), repeats)
+        server.calls = 0
+        checked = best_of(lambda: embedder_checks(cube, record, server.spec, "e"), repeats)
+        calls = server.calls // repeats
+    print(f"embedder check: {calls} batched calls (target <= 2); {checked * 1e3:.1f} ms vs "
+          f"{plain * 1e3:.1f} ms for one plain call of the sample: {checked / plain:.2f}x")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ from .errors import CubepackError, UsageError
 COSINE_THRESHOLD = 0.999
 SAMPLE_SIZE = 8
 CHECK = "embedder"
+#: A fixed probe set: with the embedder at pack time (``pack --embedder``), their vectors are
+#: recorded too, a behavioural fingerprint of the embedder independent of the cube's contents.
+PROBES = ("The user likes green tea.", "Paris is the capital of France.",
+          "def add(a, b): return a + b", "Numbers: 3.14159, 2024, -7.")
 
 
 def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
@@ -63,11 +67,19 @@ def vector_record(cube: Path, name: str) -> dict[str, Any] | None:
     return {"file": name, "dimension": dimensions[0], "count": len(memories), "sample": sample}
 
 
+def probe_vectors(spec: str) -> list[list[float]]:
+    """The embedder's vectors for :data:`PROBES`, rounded for a stable lock (one call)."""
+    return [[round(float(x), 6) for x in vector] for vector in embed(spec, list(PROBES))]
+
+
 def check_record(record: Any) -> bool:
+    probes = record.get("probes") if isinstance(record, dict) else None
     return (isinstance(record, dict) and isinstance(record.get("file"), str)
             and type(record.get("dimension")) is int and type(record.get("count")) is int
             and isinstance(record.get("sample"), list)
-            and all(isinstance(i, str) for i in record["sample"]))
+            and all(isinstance(i, str) for i in record["sample"])
+            and (probes is None or (isinstance(probes, list) and len(probes) == len(PROBES)
+                                    and all(isinstance(v, list) for v in probes))))
 
 
 def embedder_checks(cube: Path, record: dict[str, Any], spec: str, role: str) -> list[Check]:
@@ -79,10 +91,13 @@ def embedder_checks(cube: Path, record: dict[str, Any], spec: str, role: str) ->
         return [Check(CHECK, record["file"], False, "none of the recorded sample memories is in "
                       "the file", role=role)]
     fresh = embed(spec, [stored[memory_id][0] for memory_id in sample])
+    pairs = [(f"{record['file']} ({memory_id})", stored[memory_id][1], vector)
+             for memory_id, vector in zip(sample, fresh)]
+    if record.get("probes"):  # the second (and last) batched call
+        pairs += [(f"probe {index}", expected, vector) for index, (expected, vector) in
+                  enumerate(zip(record["probes"], embed(spec, list(PROBES))))]
     checks = []
-    for memory_id, vector in zip(sample, fresh):
-        expected = stored[memory_id][1]
-        subject = f"{record['file']} ({memory_id})"
+    for subject, expected, vector in pairs:
         if len(vector) != len(expected):
             checks.append(Check(CHECK, subject, False, f"{spec} gives {len(vector)}-dimensional "
                                 "vectors; the cube's were made by a "

@@ -47,6 +47,7 @@ class HookReport:
     rebuilt: dict[str, list[str]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
     recomputed: list[str] = field(default_factory=list)  # reproduced by the loaded model
+    embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
 
 
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:

@@ -171,17 +171,20 @@ def _render_kv(data: dict[str, Any]) -> str:
                    "producer (recorded in the lock and card as asserted).")
 @click.option("--recompute", is_flag=True,
               help="Prove every activation with the producer model (recorded as recomputed).")
+@click.option("--embedder", help="The embedder that made the text memory's vectors (checked; "
+                                 "its probe vectors are recorded).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
-                 assert_producer: bool, recompute: bool, as_json: bool) -> None:
+                 assert_producer: bool, recompute: bool, embedder: str | None,
+                 as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
-                  recompute=recompute)
+                  recompute=recompute, embedder=embedder)
     _emit(result.to_dict(), as_json, _render_pack)
 
 

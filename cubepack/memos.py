@@ -33,6 +33,7 @@ from ._canonical import json_safe
 from ._memos_activations import (POLICIES, HookReport, check_policy, load_packed,
                                  load_unpacked)
 from ._memos_activations import require_provenance as require_provenance_of
+from ._memos_embedder import check_text_vectors
 from ._revision import is_commit
 from .errors import (CubepackError, HubError, SignatureError, UnsafeInputError,
                      UnsupportedError, UsageError)
@@ -132,6 +133,8 @@ def _build(cube_dir: Path, lock: dict[str, Any], *, memory_types: list[str] | No
     others = [kind for kind in types if kind != "act_mem"]
     if others:
         cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
+    if "text_mem" in types and cube.text_mem is not None:
+        check_text_vectors(cube.text_mem, cube_dir, lock, report, on_mismatch)
     if "act_mem" in types and cube.act_mem is not None:
         load_packed(cube.act_mem, cube_dir, lock, report, on_mismatch, recompute)
     require_provenance_of(lock, report, require_provenance)

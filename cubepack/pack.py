@@ -22,7 +22,7 @@ from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
 from ._content import file_problem, is_activation_path, pickled_memory_problems
-from ._embeddings import vector_record
+from ._embeddings import embedder_checks, probe_vectors, vector_record
 from ._hashing import hash_files
 from ._legacy import read_memos_pickle
 from ._paths import list_cube_files, resolve_inside
@@ -71,7 +71,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
          legacy_pickle: bool = False, license: str | None = None,
          pretty_name: str | None = None, progress: bool | None = None,
          sign_key: str | Path | None = None, sign_password: str | None = None,
-         assert_producer: bool = False, recompute: bool = False) -> PackResult:
+         assert_producer: bool = False, recompute: bool = False,
+         embedder: str | None = None) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -90,6 +91,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             pickle did not record (as MemOS built the cache, through the chat template), run the
             model's prefill and require it to reproduce each cache; store the ids and mark the
             provenance ``recomputed`` (model, tokens, max error, time).
+        embedder: the embedder that made the text memory's vectors (a spec, as for
+            ``verify --embedder``): it must reproduce the cube's sample, and its vectors for a
+            fixed probe set are recorded as its behavioural fingerprint.
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
@@ -101,7 +105,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files)
     pins = _pin_models(memos_config, model=model, revision=revision)
-    _record_vectors(cube, files, memos_config, pins)
+    _record_vectors(cube, files, memos_config, pins, embedder)
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
@@ -242,7 +246,7 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
 
 
 def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
-                    pins: dict[str, dict[str, Any]]) -> None:
+                    pins: dict[str, dict[str, Any]], embedder: str | None) -> None:
     """Pin a text memory's vectors to their embedder: dimension, count and a sample of the
     cube's own memories, which ``verify --embedder`` re-embeds (see ``_embeddings``)."""
     for name in memos_layout.memory_files(memos_config, files).get("textual", []):
@@ -252,6 +256,14 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
         role = "text_mem.embedder"
         pins.setdefault(role, {"name": None, "strict": False, "repo_id": None, "revision": None,
                                "identity": None, "reason": "config.json names no embedder"})
+        if embedder:
+            failures = [c for c in embedder_checks(cube, record, embedder, role) if not c.ok]
+            if failures:
+                raise IdentityMismatch(f"The text memory {name}", [
+                    Mismatch(f"embedder {c.subject}", "its stored vector", c.detail)
+                    for c in failures], "--embedder did not make these vectors; give the "
+                    "embedder that did.")
+            record["probes"] = probe_vectors(embedder)
         pins[role]["vectors"] = record
 
 
