@@ -7,7 +7,7 @@ VENV   ?= .venv
 TORCH  := torch==2.13.0
 PIP_Q  := --quiet --disable-pip-version-check
 
-.PHONY: test test-latest test-memos setup demo bench clean
+.PHONY: test test-latest test-memos setup demo bench hub-compat clean
 
 test: setup
 	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/memos/bin/python $(VENV)/latest/bin/python -m pytest -q -p no:cacheprovider
@@ -42,6 +42,12 @@ bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/pull.py
 	$(VENV)/latest/bin/python bench/identity.py
 	$(VENV)/latest/bin/python bench/recompute.py
+
+# huggingface_hub's own tests against `cubepack hub serve` (downloads the installed version's
+# sdist; needs pytest-mock, which its tests use). Not part of `make test`: it takes minutes.
+hub-compat: $(VENV)/latest/.ready
+	$(VENV)/latest/bin/pip install $(PIP_Q) pytest-mock
+	$(VENV)/latest/bin/python tools/hub_compat.py
 
 clean:
 	rm -rf $(VENV) demo-out

@@ -412,8 +412,10 @@ def hub_group() -> None:
 @click.option("--token", "tokens", multiple=True,
               help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
+@click.option("--user", default="local", show_default=True,
+              help="The account whoami reports; the namespace of repos created without one.")
 def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
-                      quiet: bool) -> None:
+                      quiet: bool, user: str) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
@@ -422,7 +424,7 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
 
     try:
         hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
-                       log=None if quiet else log)
+                       log=None if quiet else log, user=user)
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another "

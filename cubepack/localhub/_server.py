@@ -53,13 +53,16 @@ class LocalHub:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
             when empty, anyone who can reach the port may write (bind to loopback!).
         log: called with one line per request (client, method, path, status); None: silent.
+        user: the account ``whoami`` reports and the namespace of repos created without one.
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[str] | None = None, log: Callable[[str], None] | None = None):
+                 tokens: list[str] | None = None, log: Callable[[str], None] | None = None,
+                 user: str = "local"):
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
+        self.user = user
         self._secret = secrets.token_bytes(32)
         self._httpd = _BoundedServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -291,7 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/repos/delete" and method == "DELETE":
             body = self._json_body()
             repo = self._repo(_KINDS.get(body.get("type"), "models"),
-                              body.get("organization") or "local", body.get("name", ""), write=True)
+                              body.get("organization") or self.hub.user, body.get("name", ""),
+                              write=True)
             self.hub.store.delete(repo)
             return self.send_json({})
         if path == "/api/repos/move" and method == "POST":
@@ -302,10 +306,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/whoami-v2":
             if self.hub.tokens and not self.hub.authorized(self._token()):
                 raise StoreError(401, "Invalid credentials in Authorization header")
-            return self.send_json({"type": "user", "name": "local", "fullname": "Local user",
+            return self.send_json({"type": "user", "name": self.hub.user, "fullname": self.hub.user,
                                    "orgs": [], "emailVerified": True,
                                    "auth": {"type": "access_token",
-                                            "accessToken": {"displayName": "local",
+                                            "accessToken": {"displayName": self.hub.user,
                                                             "role": "write"}}})
         if path.startswith("/lfs/upload/") and method == "PUT":
             return self._lfs_upload(path.rsplit("/", 1)[1])
@@ -413,7 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         kind = _KINDS.get(body.get("type"))
         if kind is None:
             raise StoreError(400, f"Unsupported repo type {body.get('type')!r}.")
-        namespace = body.get("organization") or "local"
+        namespace = body.get("organization") or self.hub.user
         repo = self.hub.store.find(repo_ref(kind, namespace, body.get("name", "")))
         private = bool(body.get("private")) or body.get("visibility") == "private"  # 0.36 | 2.x
         created = self.hub.store.create(repo, private)
@@ -502,7 +506,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _commits(self, repo: RepoRef, revision: str) -> None:
         self.send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
-                          "authors": [{"user": "local"}], "date": c["date"]}
+                          "authors": [{"user": self.hub.user}], "date": c["date"]}
                          for c in self.hub.store.history(repo, revision)])
 
     def _preupload(self, repo: RepoRef, revision: str) -> None:

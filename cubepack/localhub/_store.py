@@ -14,6 +14,7 @@ per-repo lock, so concurrent requests never see half a commit.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import json
@@ -32,7 +33,7 @@ from .._paths import check_relpath
 from .._revision import is_commit
 
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
@@ -111,7 +112,8 @@ class HubStore:
         with self._lock(repo):
             self._require(repo)
             if self.exists(self.find(target)):
-                raise StoreError(409, f"Repository {target.repo_id} already exists.")
+                raise StoreError(409, f"A {target.repo_type} repository called "
+                                      f"{target.repo_id} already exists.")
             self._dir(target).parent.mkdir(parents=True, exist_ok=True)
             os.replace(self._dir(repo), self._dir(target))
 
@@ -200,18 +202,19 @@ class HubStore:
             target = self.resolve(repo, revision)
             group = "tags" if kind == "tag" else "branches"
             if name in refs[group]:
-                raise StoreError(409, f"{kind.capitalize()} {name} already exists.")
+                where = "tags" if kind == "tag" else "heads"
+                raise StoreError(409, f"Reference refs/{where}/{name} already exists.")
             refs[group][name] = target
             _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
 
     def delete_ref(self, repo: RepoRef, kind: str, name: str) -> None:
         if kind == "branch" and name == "main":
-            raise StoreError(403, "The default branch main cannot be deleted.")
+            raise StoreError(403, "Cannot delete refs/heads/main: it is the default branch.")
         with self._lock(repo):
             refs = self.refs(repo)
             group = "tags" if kind == "tag" else "branches"
             if refs[group].pop(name, None) is None:
-                raise StoreError(404, f"{kind.capitalize()} {name} not found.", "RevisionNotFound")
+                raise StoreError(404, f"Invalid rev id: {name}", "RevisionNotFound")
             _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
 
     def _require(self, repo: RepoRef) -> None:
@@ -259,7 +262,9 @@ class HubStore:
                 raise StoreError(404, f"Branch {branch} not found.", "RevisionNotFound")
             head = refs["branches"][branch]
             if parent and parent != head:
-                raise StoreError(412, f"Parent commit {parent} is not the head of {branch} ({head}).")
+                raise StoreError(412, "The branch was updated since you opened this page. Please "
+                                 f"refresh and try again. (parent {parent} is not the head of "
+                                 f"{branch}, {head})")
             tree = dict(self.commit(repo, head)["tree"])
             for operation in operations:
                 self._apply(tree, operation)
@@ -271,13 +276,13 @@ class HubStore:
     def _apply(self, tree: dict[str, Any], operation: dict[str, Any]) -> None:
         key, value = operation.get("key"), operation.get("value") or {}
         path = value.get("path")
+        if key == "deletedFolder" and isinstance(path, str):
+            path = path.rstrip("/")  # the client names folders with a trailing slash
         try:
             check_relpath(path)
         except Exception as exc:
             raise StoreError(400, f"Invalid path {path!r}: {exc}") from exc
         if key == "file":
-            import base64
-
             data = base64.b64decode(value.get("content", ""))
             tree[path] = self._store_blob(data, lfs=False)
         elif key == "lfsFile":
@@ -289,8 +294,11 @@ class HubStore:
             tree[path] = {"sha256": oid, "size": size, "git_oid": git_hash(pointer), "lfs": True,
                           "pointer_size": len(pointer)}
         elif key == "deletedFile":
-            if tree.pop(path, None) is None:
+            inside = [name for name in tree if name.startswith(path + "/")]
+            if tree.pop(path, None) is None and not inside:
                 raise StoreError(404, f"File {path} does not exist.", "EntryNotFound")
+            for name in inside:  # a folder named without its slash: the Hub deletes it too
+                del tree[name]
         elif key == "deletedFolder":
             prefix = path.rstrip("/") + "/"
             for name in [name for name in tree if name.startswith(prefix)]:
