@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,11 +22,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main() -> None:
@@ -59,7 +53,9 @@ def main() -> None:
         cubepack.pack(cube, progress=False)
         # The endpoint runs in its own process, as `cubepack hub serve` would: sharing this
         # process's interpreter would make the server and the client contend for one GIL.
-        port = _free_port()
+        from cubepack.testing import free_port
+
+        port = free_port()
         server = subprocess.Popen([sys.executable, "-m", "cubepack.testing.hub", "--root",
                                    str(root / "hub"), "--port", str(port)]
                                   + (["--max-rate-mb", str(args.link_mb)] if args.link_mb else []),

@@ -20,7 +20,6 @@ import logging
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(argv[0] if argv else "demo-out").resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    port = _free_port()
+    from .testing import free_port
+
+    port = free_port()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_CACHE": str(work / "hf-cache"),
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "CUBEPACK_CACHE": str(work / "cubepack-cache"),
@@ -190,11 +191,6 @@ def _silenced():
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import tarfile
@@ -80,9 +79,11 @@ def main() -> int:
     args = parser.parse_args()
     import huggingface_hub
 
+    from cubepack.testing import free_port
+
     version = huggingface_hub.__version__
     tests = _sources(version)
-    port = _free_port()
+    port = free_port()
     constants = (tests / "testing_constants.py").read_text()
     token = re.search(r'^TOKEN = "([^"]+)"', constants, re.M).group(1)
     other = re.search(r'^OTHER_TOKEN = "([^"]+)"', constants, re.M).group(1)
@@ -186,11 +187,6 @@ def _compare(report: Path, update: bool) -> int:
         print(f"  now passes, remove it from the list: {test_id}")
     return 1 if (unexpected or fixed) and not update else 0
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":
