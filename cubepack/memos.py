@@ -166,9 +166,16 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
                                            endpoint=endpoint, token=token)
             except Exception as exc:  # noqa: BLE001 - any failure: the pin cannot be honoured
                 if not pin.get("strict"):
+                    # Only the activation producer must match bit for bit; a helper model
+                    # (extractor, embedder) falls back to its name, and the user is told.
+                    logger.warning("cubepack: the pinned %s model %s@%s cannot be downloaded "
+                                   "(%s); MemOS will load %s by name", role, pin["repo_id"],
+                                   pin["revision"], exc, original.get("model_name_or_path"))
                     continue
                 raise CubepackError(f"The pinned {role} model {pin['repo_id']}@{pin['revision']} "
-                                    f"cannot be downloaded: {exc}") from exc
+                                    f"cannot be downloaded: {exc}. Use an endpoint that hosts "
+                                    f"that commit (and a token that can read it), or put the "
+                                    f"commit in the HF cache first.") from exc
             current["model_name_or_path"] = folder
             report.models[role] = folder
     return type(effective).model_validate(effective_dict)

@@ -99,6 +99,20 @@ def test_the_hook_loads_the_pinned_commit_after_main_moved(hub, published, zoo):
     assert len(loaded.cubepack.loaded) == 2
 
 
+def test_a_pinned_producer_the_endpoint_cannot_serve_is_refused_by_name(published, tmp_path,
+                                                                        monkeypatch):
+    from huggingface_hub import constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with InstrumentedHub(tmp_path / "cube-only") as elsewhere:  # the cube, not its model
+        sha = push(published["packed"], "ns/cube", endpoint=elsewhere.url).commit_sha
+        with pytest.raises(cubepack.CubepackError) as caught:
+            hook.init_from_remote_repo(f"ns/cube@{sha}", endpoint=elsewhere.url)
+    message = str(caught.value)
+    assert f"tiny-org/model-a@{published['model_commit']}" in message
+    assert "cannot be downloaded" in message and "act_mem" in message and "HF cache" in message
+
+
 def test_default_config_with_another_model_is_handled_by_the_policy(hub, published, zoo, caplog):
     spec = f"ns/cube@{published['sha']}"
     other = memos_config(zoo["b"])
