@@ -36,10 +36,11 @@ def main() -> None:
     if args.smoke:
         args.mb, args.files, args.rounds = 2, 2, 1
 
+    from huggingface_hub import snapshot_download
+
     import cubepack
     from cubepack.hub import pull, push
     from cubepack.testing.blobs import write_safetensors_blob
-    from huggingface_hub import snapshot_download
 
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-pull-"))
     try:

@@ -19,12 +19,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import best_of
 from transformers import LlamaConfig
 
 import cubepack
-from cubepack._recompute import recompute
+from cubepack.kv._recompute import recompute
 from cubepack.testing import tiny
-from _common import best_of
 
 REPEATS = 5
 
@@ -72,7 +72,8 @@ def main() -> None:
 def _embedder_cost(root: Path, repeats: int) -> None:
     import json
 
-    from cubepack._embeddings import embed, embedder_checks, probe_vectors, vector_record
+    from cubepack.cube._embedder import embed, embedder_checks, probe_vectors
+    from cubepack.cube._vectors import vector_record
     from cubepack.testing.embeddings import EmbeddingServer, build_encoder
 
     encoder = build_encoder(root / "encoder", seed=0, hidden=384)

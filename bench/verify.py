@@ -17,8 +17,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cubepack
 from _common import hashlib_file, timed
+
+import cubepack
 from cubepack.testing.blobs import write_safetensors_blob
 
 

@@ -23,39 +23,40 @@ class _Context:
     debug = False
 
 
-def _trust_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--token, --trusted-key, --require-signature and --json, shared by verify and pull."""
+#: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
+_POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
+                   "require_provenance", "embedder", "strict_models")
+
+
+def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The trust-policy options shared by verify and pull (and --token, --json)."""
     for option in reversed([
-        click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
+        click.option("--model", help="Check the pins against this model (folder or Hub id)."),
+        click.option("--recompute", is_flag=True,
+                     help="Prove each KV cache: the model's prefill must reproduce it."),
+        click.option("--recompute-tokens", type=click.IntRange(min=1),
+                     help="Recompute only N positions of each cache (implies --recompute)."),
+        click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
+                     help="Refuse activations whose producer label is backed by less."),
+        click.option("--embedder",
+                     help="Check the text memory's vectors: a local model folder, "
+                          "openai:<base url>#<model> or ollama:<base url>#<model>."),
         click.option("--trusted-key", "trusted_keys", multiple=True,
                      type=click.Path(dir_okay=False, exists=True),
                      help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
         click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
+        click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON."),
     ]):
         command = option(command)
     return command
 
 
-def _proof_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--recompute, --recompute-tokens and --require-provenance, shared by verify and pull."""
-    for option in reversed([
-        click.option("--recompute", is_flag=True,
-                     help="Prove each KV cache: the model's prefill must reproduce it."),
-        click.option("--recompute-tokens", type=click.IntRange(min=1),
-                     help="Recompute only the first N tokens of each cache (implies --recompute)."),
-        click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
-                     help="Refuse activations whose producer label is backed by less."),
-        click.option("--embedder",
-                     help="Check the text memory's vectors: a local model folder, "
-                          "openai:<base url>#<model> or ollama:<base url>#<model>."),
-    ]):
-        command = option(command)
-    return command
+def _policy(options: dict[str, Any]) -> Any:
+    """Take the policy options out of a command's ``options`` and build the policy."""
+    from .cube._policy import TrustPolicy
 
-
-def _recompute_arg(recompute: bool, tokens: int | None) -> bool | int | None:
-    return tokens if tokens else (True if recompute else None)
+    return TrustPolicy(**{name: options.pop(name) for name in _POLICY_OPTIONS if name in options})
 
 
 def _emit_error(exc: CubepackError) -> None:
@@ -70,7 +71,7 @@ def _configure_progress() -> None:
     """One switch for every progress bar: ours, huggingface_hub's and transformers'. Bars are
     off when ``CUBEPACK_NO_PROGRESS`` (or ``HF_HUB_DISABLE_PROGRESS_BARS``) is set, and when
     stderr is not a terminal, so no ``\r`` bar ends up in a log."""
-    from . import _constants as constants
+    from ._util import constants
 
     if not constants.progress_enabled():
         # Read by huggingface_hub when it is imported (the commands import it lazily, after
@@ -103,7 +104,7 @@ def cli(debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def fingerprint_command(model: str, revision: str | None, dtype: str | None, as_json: bool) -> None:
     """Print the identity of MODEL (a local folder or a Hub model id)."""
-    from .fingerprints import fingerprint
+    from .identity._fingerprint import fingerprint
 
     identity = fingerprint(model, revision=revision, dtype=dtype)
     _emit(identity.to_dict(), as_json, _render_identity)
@@ -131,7 +132,7 @@ def _render_identity(data: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def inspect_command(file: str, as_json: bool) -> None:
     """Show a KV file's format version, producer, shapes and token count."""
-    from .kvfile import read_kv_header
+    from .kv._format import read_kv_header
 
     info = read_kv_header(file).to_dict()
     _emit(info, as_json, _render_kv)
@@ -179,7 +180,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                  assert_producer: bool, recompute: bool, embedder: str | None,
                  as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
-    from .pack import pack
+    from .cube._pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
@@ -207,22 +208,21 @@ def _render_pack(data: dict[str, Any]) -> str:
 
 @cli.command("verify")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--model", help="Check the pins against this model (folder or Hub id).")
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
-@_proof_options
-@_trust_options
-def verify_command(cube_dir: str, model: str | None, remote: bool, recompute: bool,
-                   recompute_tokens: int | None, require_provenance: str | None,
-                   embedder: str | None, token: str | None, trusted_keys: tuple[str, ...],
-                   require_signature: bool, as_json: bool) -> None:
+@_policy_options
+def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool,
+                   **options: Any) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
-    from .verify import verify
+    policy = _policy(options)
+    if remote:
+        from .hub._remote import verify_remote
 
-    report = verify(cube_dir, model=model, raise_on_failure=False, remote=remote, token=token,
-                    trusted_keys=list(trusted_keys), require_signature=require_signature,
-                    recompute=_recompute_arg(recompute, recompute_tokens),
-                    require_provenance=require_provenance, embedder=embedder)
+        report = verify_remote(cube_dir, policy, token=token, raise_on_failure=False)
+    else:
+        from .cube._verify import verify
+
+        report = verify(cube_dir, policy, raise_on_failure=False)
     _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
         raise _Refused()
@@ -253,7 +253,7 @@ def _render_report(data: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
-    from .upgrade import upgrade
+    from .cube._upgrade import upgrade
 
     result = upgrade(path, model, revision=revision)
     _emit(result.to_dict(), as_json,
@@ -268,11 +268,8 @@ def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
     """Verify CUBE_DIR, then sign it (writes cubepack.sig; OpenSSF model-signing format)."""
-    from .signing import check_key, sign
-    from .verify import verify
+    from .cube._sign import sign
 
-    check_key(key, private=True, password=_key_password())
-    verify(cube_dir)  # a signature must never bless a cube that does not verify
     path = sign(cube_dir, key, password=_key_password())
     _emit({"signature": str(path)}, as_json, lambda d: f"signed: {d['signature']}")
 
@@ -289,7 +286,7 @@ def _key_password() -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def diff_command(a: str, b: str, as_json: bool) -> None:
     """Show what changed from cube (or lock) A to B."""
-    from .diff import diff
+    from .cube._diff import diff
 
     _emit(diff(a, b), as_json, _render_diff)
 
@@ -330,7 +327,7 @@ def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, rev
                  tag: str | None, commit_message: str | None, token: str | None,
                  allow_local_paths: bool, as_json: bool) -> None:
     """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
-    from .hub import push
+    from .hub._push import push
 
     result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
                   tag=tag, commit_message=commit_message, token=token,
@@ -361,29 +358,22 @@ def _render_push(data: dict[str, Any]) -> str:
               help="Where to place the cube (default: ./<name>). Replaced only after verification.")
 @click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
               help="Verify the downloaded commit before placing it.")
-@click.option("--model", help="Check the pins against this local model (folder or Hub id).")
 @click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
 @click.option("--strict-models", is_flag=True,
               help="Refuse the cube when a pinned model cannot be checked (not hosted here).")
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds other files (never your cwd, home or "
                    "the HF cache).")
-@_proof_options
-@_trust_options
+@_policy_options
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
-                 verify_cube: bool, model: str | None, offline: bool, strict_models: bool,
-                 force: bool, recompute: bool, recompute_tokens: int | None,
-                 require_provenance: str | None, embedder: str | None, token: str | None,
-                 trusted_keys: tuple[str, ...], require_signature: bool, as_json: bool) -> None:
+                 verify_cube: bool, offline: bool, force: bool, token: str | None,
+                 as_json: bool, **options: Any) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
-    from .hub import pull
+    from .hub._pull import pull
 
-    result = pull(repo, revision=revision, repo_type=repo_type, local_dir=local_dir,
-                  verify_cube=verify_cube, model=model, offline=offline, token=token,
-                  trusted_keys=list(trusted_keys), require_signature=require_signature,
-                  strict_models=strict_models, force=force,
-                  recompute=_recompute_arg(recompute, recompute_tokens),
-                  require_provenance=require_provenance, embedder=embedder)
+    result = pull(repo, _policy(options), revision=revision, repo_type=repo_type,
+                  local_dir=local_dir, verify_cube=verify_cube, offline=offline, token=token,
+                  force=force)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

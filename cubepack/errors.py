@@ -1,9 +1,24 @@
-"""Every exception cubepack raises.
+"""Every exception cubepack raises, in one tree whose branches decide the CLI's exit code.
 
-One root, :class:`CubepackError`, so callers can catch "cubepack refused" with a single
-``except``. Subclasses say *why*: the producer is not the live model, the bytes are not the
-ones recorded, the input is unsafe to read, or the Hub said no. Messages are sentences a user
-can act on: what differed (expected vs found) and what to do about it.
+::
+
+    CubepackError                      3  anything else
+    ├── RefusedError                   1  the input exists and was read, but is not what was promised
+    │   ├── IdentityMismatch              a memory belongs to another model (fields named)
+    │   ├── IntegrityError                bytes differ from what the lock records
+    │   │   ├── VerificationFailed        a cube failed verification (``.report``)
+    │   │   └── RecomputationFailed       the producer does not reproduce a cache
+    │   ├── SignatureError                unsigned, untrusted, or not covering the content
+    │   ├── FormatError (ValueError)      malformed, or of an unknown version
+    │   └── UnsafeInputError              unsafe to read: a pickle global, a path that escapes
+    ├── UsageError (ValueError)        2  the request is wrong: bad arguments, a malformed id
+    │   └── ModelNotFoundError (FileNotFoundError)   a model folder or Hub id that is not there
+    ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
+    └── HubError                       3  the Hub (or endpoint) refused or failed
+
+Callers catch a branch (``except cubepack.RefusedError``) or a stdlib base (``except
+ValueError``). Messages are sentences a user can act on: what differed (expected vs found) and
+what to do about it.
 """
 
 from __future__ import annotations
@@ -15,7 +30,7 @@ from typing import Any
 class CubepackError(Exception):
     """Root of every error cubepack raises on purpose."""
 
-    #: Exit code the CLI uses for this error class (1: verification refused, 3: other).
+    #: Exit code the CLI uses for this error class (1: refused, 2: usage, 3: other).
     exit_code = 3
 
 
@@ -94,20 +109,16 @@ class SignatureError(RefusedError):
     """A cube's signature is missing, untrusted, or does not cover its content."""
 
 
-class FormatError(CubepackError):
+class FormatError(RefusedError, ValueError):
     """A file cubepack reads (KV file, lock, cube config) is malformed or of an unknown version."""
 
-    exit_code = 1
 
-
-class UnsafeInputError(CubepackError):
+class UnsafeInputError(RefusedError):
     """Input that would be unsafe to read: a pickle global outside the allowlist, a path that
     escapes its folder, a symlink, an oversized header."""
 
-    exit_code = 1
 
-
-class UsageError(CubepackError):
+class UsageError(CubepackError, ValueError):
     """The request contradicts itself or names nothing: two revisions, conflicting options, a
     path that does not exist, a malformed repo id. The CLI exits with 2, as for a bad flag."""
 
@@ -118,11 +129,9 @@ class UnsupportedError(CubepackError):
     """The request is well-formed but cubepack cannot honour it (e.g. a quantized KV cache)."""
 
 
-class ModelNotFoundError(CubepackError):
+class ModelNotFoundError(UsageError, FileNotFoundError):
     """A model folder, Hub id or revision cannot be found (locally or, offline, in the HF cache).
     Like any missing input it is a usage error (CLI exit 2)."""
-
-    exit_code = 2
 
 
 class HubError(CubepackError):

@@ -20,7 +20,15 @@ os.environ["MEMOS_BASE_PATH"] = str(_SANDBOX / "memos")
 os.environ.pop("HF_TOKEN", None)
 os.environ.pop("HF_ENDPOINT", None)
 
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Shared helpers (support/) are imported by name from any test folder (tests run in pytest's
+# importlib mode, so test folders never shadow packages such as ``memos``).
+sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+from data import EXAMPLES, ITEMS, MODEL_A_COMMIT, PROMPT  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
@@ -43,9 +51,6 @@ def models(zoo):
     return loaded
 
 
-PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
-#: The activations of the default packed cube: item id -> the prompt model A prefilled.
-ITEMS = {"item-1": [5, 6, 7, 8, 9, 10], "item-2": [11, 12, 13, 14]}
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +61,7 @@ def packed_cube_factory(tmp_path_factory, zoo, models):
     import torch
 
     import cubepack
+
     from helpers import build_cache
     from memos_format import write_cube
 
@@ -95,7 +101,7 @@ def hub_cached(zoo):
     """
     import shutil
 
-    from cubepack import _hashing as hashing
+    from cubepack._util import hashing
 
     repo = Path(os.environ["HF_HUB_CACHE"]) / "models--tiny-org--model-a"
     snapshot = repo / "snapshots" / MODEL_A_COMMIT
@@ -112,11 +118,8 @@ def hub_cached(zoo):
     return {"repo_id": "tiny-org/model-a", "commit": MODEL_A_COMMIT, "snapshot": snapshot}
 
 
-MODEL_A_COMMIT = "a" * 8 + "0123456789abcdef0123456789abcdef"
 
 
-#: MemOS's own example cubes (see ../shared/fixtures/memos-examples/NOTICE.md).
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "memos-examples"
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,66 @@
-"""The package's shape: a one-way import graph, a declared public surface, test machinery kept
-out of the runtime modules. Read from the source (AST), so these hold without importing."""
+"""The package's shape: subpackages layered one way, a declared public surface per part, pure
+parts that stay pure, an error tree that decides exit codes, test machinery kept out of the
+runtime. Read from the source (AST) where possible, so these hold without importing."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+import pytest
+
 import cubepack
+from cubepack import errors
 
 PACKAGE = Path(cubepack.__file__).parent
+README = PACKAGE.parent / "README.md"
+
+#: The parts from the floor up: a module may import only parts of a lower layer, or its own part.
+#: Parts on one layer do not import each other.
+LAYERS = [
+    {"cubepack.errors", "cubepack._version"},
+    {"cubepack._util"},
+    {"cubepack.identity", "cubepack.localhub"},
+    {"cubepack.kv"},
+    {"cubepack.cube"},
+    {"cubepack.hub"},
+    {"cubepack.memos"},
+    {"cubepack", "cubepack.testing"},
+    {"cubepack.cli", "cubepack.demo"},
+    {"cubepack.__main__"},
+]
 #: Modules that import commands lazily on purpose: the CLI (``--help`` stays torch-free) and the
 #: demo (the Hub client reads its environment at import, so the demo sets it first).
 LAZY_BY_DESIGN = {"cubepack.cli", "cubepack.demo"}
+#: Each face's public names, exactly: the surface changes only on purpose.
+PUBLIC = {
+    "cubepack": [
+        "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
+        "KVFileInfo", "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult",
+        "PullResult", "PushResult", "RecomputationFailed", "RefusedError", "SignatureError",
+        "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed",
+        "VerifyReport", "__version__", "diff", "fingerprint", "load_kv_cache", "pack", "pull",
+        "push", "read_kv_header", "save_kv_cache", "sign", "upgrade", "verify"],
+    "cubepack.identity": ["STRICT_FIELDS", "ModelIdentity", "compare", "dtype_name",
+                          "fingerprint", "require_same"],
+    "cubepack.kv": ["KVFileInfo", "check_kv_file", "load_kv_cache", "read_kv_header",
+                    "save_kv_cache"],
+    "cubepack.cube": ["POLICIES", "Check", "PackResult", "TrustPolicy", "UpgradeResult",
+                      "VerifyReport", "diff", "pack", "sign", "upgrade", "verify"],
+    "cubepack.hub": ["HubClient", "PullResult", "PushResult", "parse_repo_spec", "pull", "push",
+                     "resolve_revision", "verify_remote"],
+    "cubepack.localhub": ["HubStore", "LocalHub"],
+    "cubepack.memos": ["POLICIES", "HookReport", "HookSettings", "init_from_dir",
+                       "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
+                       "uninstall"],
+}
+#: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
+#: transformers or MemOS code.
+PURE = ["cubepack.cube._lock", "cubepack.kv._format", "cubepack.identity._identity",
+        "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff"]
+HEAVY = ("torch", "transformers", "huggingface_hub", "httpx", "requests", "urllib.request",
+         "http.client", "memos", "safetensors.torch", "tokenizers")
 
 
 def module_name(path: Path) -> str:
@@ -19,6 +68,11 @@ def module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    base = PACKAGE.parent / Path(*name.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
 
 
 def resolve(module: str, node: ast.ImportFrom, is_package: bool) -> list[str]:
@@ -31,29 +85,61 @@ def resolve(module: str, node: ast.ImportFrom, is_package: bool) -> list[str]:
     targets = []
     for alias in node.names:  # ``from . import _lock`` imports the module, not the package
         candidate = f"{base}.{alias.name}"
-        is_module = (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists()
-        targets.append(candidate if is_module else base)
-    return [t for t in targets if t.startswith("cubepack")]
+        targets.append(candidate if is_module(candidate) else base)
+    return targets
 
 
-def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """(top-level imports, function-level imports) between cubepack modules."""
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]]:
+    """(top-level imports, function-level imports) between cubepack modules, and each module's
+    top-level imports of anything else."""
     top: dict[str, set[str]] = {}
     nested: dict[str, set[str]] = {}
+    external: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         module = module_name(path)
         tree = ast.parse(path.read_text())
-        top[module], nested[module] = set(), set()
+        top[module], nested[module], external[module] = set(), set(), set()
         for node in ast.walk(tree):
+            at_top = node in tree.body
             if isinstance(node, ast.ImportFrom):
                 targets = resolve(module, node, path.name == "__init__.py")
-                where = top if node in tree.body else nested
-                where[module].update(t for t in targets if t != module)
-    return top, nested
+                ours = {t for t in targets if t.startswith("cubepack") and t != module}
+                (top if at_top else nested)[module].update(ours)
+                if at_top and node.level == 0 and not (node.module or "").startswith("cubepack"):
+                    external[module].add(node.module or "")
+            elif isinstance(node, ast.Import) and at_top:
+                external[module].update(alias.name for alias in node.names)
+    return top, nested, external
+
+
+def part_of(module: str) -> str:
+    """The part (a layer entry) a module belongs to."""
+    parts = module.split(".")
+    for size in (2, 1):
+        candidate = ".".join(parts[:size])
+        if any(candidate in layer for layer in LAYERS):
+            return candidate
+    raise AssertionError(f"{module} belongs to no layer; add its part to LAYERS")
+
+
+def layer_of(part: str) -> int:
+    return next(index for index, layer in enumerate(LAYERS) if part in layer)
+
+
+def test_every_import_goes_down_the_layers():
+    top, nested, _ = import_graph()
+    climbing = []
+    for module in top:
+        here = part_of(module)
+        for target in top[module] | (nested[module] if module not in LAZY_BY_DESIGN else set()):
+            there = part_of(target)
+            if there != here and layer_of(there) >= layer_of(here):
+                climbing.append(f"{module} -> {target}")
+    assert climbing == []
 
 
 def test_the_import_graph_has_no_cycle():
-    top, _ = import_graph()
+    top, _, _ = import_graph()
     state: dict[str, str] = {}
 
     def visit(module: str, trail: list[str]) -> None:
@@ -71,26 +157,123 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_no_function_level_import_of_cubepack_modules_outside_the_cli_and_demo():
-    _, nested = import_graph()
+    _, nested, _ = import_graph()
     offenders = {module: sorted(targets) for module, targets in nested.items()
                  if targets and module not in LAZY_BY_DESIGN}
     assert offenders == {}
 
 
 def test_runtime_modules_never_import_the_test_machinery():
-    top, nested = import_graph()
+    top, nested, _ = import_graph()
     for module in top:
         if module.startswith("cubepack.testing") or module in LAZY_BY_DESIGN:
             continue
-        used = top[module] | nested[module]
-        assert not any(t.startswith("cubepack.testing") for t in used), module
+        assert not any(t.startswith("cubepack.testing") for t in top[module] | nested[module]), \
+            module
 
 
-def test_public_modules_are_unprefixed_and_internal_ones_prefixed():
-    public = {"__init__", "__main__", "errors", "identity", "fingerprints", "kvfile", "pack",
-              "verify", "diff", "hub", "signing", "memos", "upgrade", "cli", "demo"}
-    names = {path.stem for path in PACKAGE.glob("*.py")}
-    assert names - public == {name for name in names if name.startswith("_")} - {"__init__",
-                                                                               "__main__"}
-    assert set(cubepack.__all__) >= {"fingerprint", "load_kv_cache", "save_kv_cache", "pack",
-                                     "verify", "pull", "push", "diff", "__version__"}
+@pytest.mark.parametrize("module", PURE)
+def test_pure_parts_import_no_http_torch_or_memos(module):
+    """Followed through every cubepack module they import at top level (faces excluded: they
+    only re-export), the pure modules never reach a heavy or networked library."""
+    top, _, external = import_graph()
+    seen, todo, reached = set(), [module], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        reached |= external.get(current, set())
+        todo += [t for t in top.get(current, ()) if not (PACKAGE.parent / Path(
+            *t.split(".")) / "__init__.py").exists()]
+    heavy = sorted(name for name in reached if name.startswith(HEAVY))
+    assert heavy == [], f"{module} reaches {heavy} through {sorted(seen)}"
+
+
+def test_subpackages_and_private_modules():
+    """The folder is the architecture: each part is a subpackage (the floor and the faces aside)
+    and every module inside a part is private; the only public modules are the faces, errors,
+    cli, demo and the test machinery."""
+    top_level = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    assert top_level == ["__init__", "__main__", "_version", "cli", "demo", "errors"]
+    for part in ("identity", "kv", "cube", "hub", "localhub", "memos"):
+        names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
+        assert names and all(name.startswith("_") for name in names), (part, names)
+
+
+@pytest.mark.parametrize("face", sorted(PUBLIC))
+def test_each_face_declares_exactly_its_public_names(face):
+    module = __import__(face, fromlist=["_"])
+    assert sorted(module.__all__) == sorted(PUBLIC[face])
+    for name in module.__all__:
+        assert hasattr(module, name), f"{face}.{name}"
+
+
+@pytest.mark.parametrize("face", sorted(set(PUBLIC) - {"cubepack"}))
+def test_a_face_exports_only_names_its_own_part_defines(face):
+    """Nothing public re-exports a helper through the wrong module: each name a part exports is
+    defined in that part (or is a shared constant of the layer below it, as POLICIES is for the
+    hook, and named so in PUBLIC)."""
+    module = __import__(face, fromlist=["_"])
+    borrowed = {"cubepack.memos": {"POLICIES"}}
+    for name in module.__all__:
+        defined_in = getattr(getattr(module, name), "__module__", face) or face
+        if name in borrowed.get(face, ()):
+            continue
+        assert defined_in.startswith(face), f"{face}.{name} comes from {defined_in}"
+
+
+def test_the_top_level_face_takes_each_name_from_its_part():
+    parts = {name: face for face, names in PUBLIC.items() if face != "cubepack" for name in names}
+    for name in cubepack.__all__:
+        if name == "__version__" or hasattr(errors, name):
+            continue
+        assert getattr(cubepack, name) is getattr(__import__(parts[name], fromlist=["_"]), name)
+
+
+def _error_classes() -> list[type]:
+    return [obj for obj in vars(errors).values()
+            if isinstance(obj, type) and issubclass(obj, errors.CubepackError)]
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda cls: cls.__name__)
+def test_the_error_tree_decides_the_exit_code(cls):
+    expected = 1 if issubclass(cls, errors.RefusedError) else \
+        2 if issubclass(cls, errors.UsageError) else 3
+    assert cls.exit_code == expected
+    assert cls.__doc__, f"{cls.__name__} says when it is raised"
+
+
+def test_the_readme_error_table_lists_every_class_with_its_base_and_exit_code():
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)`(?: \(\+ `(\w+)`\))? \| (\d) \|", README.read_text(),
+                      re.M)
+    table = {name: (base, stdlib, int(code)) for name, base, stdlib, code in rows}
+    expected = {}
+    for cls in _error_classes():
+        if cls is errors.CubepackError:
+            expected[cls.__name__] = ("Exception", "", cls.exit_code)
+            continue
+        ours = [b for b in cls.__bases__ if issubclass(b, errors.CubepackError)]
+        stdlib = [b for b in cls.__bases__ if not issubclass(b, errors.CubepackError)]
+        expected[cls.__name__] = (ours[0].__name__, stdlib[0].__name__ if stdlib else "",
+                                  cls.exit_code)
+    assert table == expected
+
+
+def test_the_readme_teaches_one_import_path_per_name():
+    """In the README's Python examples each public name is reached one way only (e.g. ``push``
+    as ``cubepack.push``, never also as ``cubepack.hub.push``)."""
+    code = "\n".join(re.findall(r"```python\n(.*?)```", README.read_text(), re.S))
+    paths: dict[str, set[str]] = {}
+    for face, names in re.findall(r"from (cubepack(?:\.\w+)?) import (\([^)]*\)|[^\n#]+)", code):
+        for item in re.split(r"[,\s()]+", names.strip()):
+            if item:
+                paths.setdefault(item, set()).add(face)
+    for face, name in re.findall(r"\b(cubepack(?:\.(?:identity|kv|cube|hub|memos))?)\.(\w+)\(",
+                                 code):
+        paths.setdefault(name, set()).add(face)
+    taught_twice = {name: sorted(faces) for name, faces in paths.items() if len(faces) > 1}
+    assert taught_twice == {}
+    for name, faces in paths.items():
+        face = next(iter(faces))
+        assert name in PUBLIC.get(face, []) or face not in PUBLIC, f"{face}.{name} is not public"

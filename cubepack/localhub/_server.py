@@ -19,6 +19,7 @@ import json
 import re
 import secrets
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -26,9 +27,53 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ._store import HubStore, RepoRef, StoreError, repo_ref
 
-_API = re.compile(r"^/api/(models|datasets)/([^/]+)/([^/]+)(?:/(.*))?$")
-#: A repo id without a namespace (``/api/models/gpt2``): answered as RepoNotFound, typed.
-_API_NO_NAMESPACE = re.compile(r"^/api/(models|datasets)/([^/]+)/?$")
+_REPO = r"/api/(?P<kind>models|datasets)/(?P<namespace>[^/]+)/(?P<name>[^/]+)"
+_FILES = r"/(?:(?P<datasets>datasets)/)?(?P<namespace>[^/]+)/(?P<name>[^/]+?)"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the Hub API: its methods, its path, the handler method that answers it, and
+    whether it names a repo that must be readable (``read``) or writable (``write``)."""
+
+    methods: tuple[str, ...]
+    pattern: re.Pattern[str]
+    handler: str
+    repo: str | None = None
+
+
+def _route(methods: str, path: str, handler: str, repo: str | None = None) -> Route:
+    return Route(tuple(methods.split("|")), re.compile(f"^{path}$"), handler, repo)
+
+
+#: The Hub surface this endpoint serves, in matching order. Revisions and paths arrive
+#: URL-quoted; handlers get them unquoted.
+ROUTES = (
+    _route("POST", r"/api/repos/create", "_create_repo"),
+    _route("DELETE", r"/api/repos/delete", "_delete_repo"),
+    _route("POST", r"/api/repos/move", "_move_repo"),
+    _route("POST", r"/api/validate-yaml", "_validate_yaml"),
+    _route("GET", r"/api/whoami-v2", "_whoami"),
+    _route("PUT", r"/lfs/upload/(?P<oid>[^/]+)", "_lfs_upload"),
+    _route("POST", r"/lfs/verify/(?P<oid>[^/]+)", "_lfs_verify"),
+    _route("POST", _FILES + r"\.git/info/lfs/objects/batch", "_lfs_batch", "write"),
+    _route("GET", _REPO + r"/?", "_repo_info", "read"),
+    _route("GET", _REPO + r"/revision/(?P<revision>.+)", "_repo_info", "read"),
+    _route("GET", _REPO + r"/refs", "_refs", "read"),
+    _route("POST", _REPO + r"/preupload/(?P<revision>.+)", "_preupload", "write"),
+    _route("POST", _REPO + r"/commit/(?P<revision>.+)", "_commit", "write"),
+    _route("POST", _REPO + r"/tag/(?P<revision>.+)", "_create_tag", "write"),
+    _route("POST", _REPO + r"/branch/(?P<branch>.+)", "_create_branch", "write"),
+    _route("DELETE", _REPO + r"/(?P<ref_kind>tag|branch)/(?P<ref>.+)", "_delete_ref", "write"),
+    _route("GET", _REPO + r"/tree/(?P<revision>[^/]+)(?:/(?P<path>.*))?", "_tree", "read"),
+    _route("POST", _REPO + r"/paths-info/(?P<revision>.+)", "_paths_info", "read"),
+    _route("GET", _REPO + r"/commits(?:/(?P<revision>.+))?", "_commits", "read"),
+    _route("PUT", _REPO + r"/settings", "_settings", "write"),
+    _route("GET|POST", _REPO + r"/xet-(?:write|read)-token(?:/.*)?", "_no_xet", "read"),
+    _route("GET|POST|PUT|DELETE", r"/api/(?:models|datasets)/(?P<namespace>[^/]+)/?",
+           "_no_namespace"),
+    _route("GET|HEAD", _FILES + r"/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "_resolve", "read"),
+)
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
 #: stream to disk and are not limited by it.
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -38,8 +83,6 @@ MAX_DRAIN_BYTES = 1024 * 1024
 MAX_CONNECTIONS = 64
 #: Seconds an idle or stalled connection is kept.
 CONNECTION_TIMEOUT = 60
-_RESOLVE = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
-_LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+)/([^/]+?)\.git/info/lfs/objects/batch$")
 _KINDS = {"dataset": "datasets", "model": "models", None: "models"}
 _BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", ".pkl", ".npy",
                     ".adapter", ".h5", ".msgpack", ".zip", ".tar", ".gz")
@@ -291,49 +334,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- routing ---------------------------------------------------------------------------------
     def _route(self, method: str, path: str) -> None:
-        if path == "/api/repos/create" and method == "POST":
-            return self._create_repo()
-        if path == "/api/repos/delete" and method == "DELETE":
-            body = self._json_body()
-            repo = self._repo(_KINDS.get(body.get("type"), "models"),
-                              body.get("organization") or self.hub.user, body.get("name", ""),
-                              write=True)
-            self.hub.store.delete(repo)
-            return self.send_json({})
-        if path == "/api/repos/move" and method == "POST":
-            return self._move_repo()
-        if path == "/api/validate-yaml" and method == "POST":
-            self._body()
-            return self.send_json({"errors": [], "warnings": []})
-        if path == "/api/whoami-v2":
-            if self.hub.tokens and not self.hub.authorized(self._token()):
-                raise StoreError(401, "Invalid credentials in Authorization header")
-            return self.send_json({"type": "user", "name": self.hub.user, "fullname": self.hub.user,
-                                   "orgs": [], "emailVerified": True,
-                                   "auth": {"type": "access_token",
-                                            "accessToken": {"displayName": self.hub.user,
-                                                            "role": "write"}}})
-        if path.startswith("/lfs/upload/") and method == "PUT":
-            return self._lfs_upload(path.rsplit("/", 1)[1])
-        if path.startswith("/lfs/verify/") and method == "POST":
-            return self._lfs_verify(path.rsplit("/", 1)[1])
-        if match := _LFS_BATCH.match(path):
-            kind = "datasets" if match.group(1) else "models"
-            return self._lfs_batch(self._repo(kind, match.group(2), match.group(3), write=True))
-        if match := _API.match(path):
-            kind, namespace, name, rest = match.groups()
-            return self._api(method, kind, unquote(namespace), unquote(name), rest or "")
-        if match := _API_NO_NAMESPACE.match(path):
-            raise StoreError(404, f"Repository {unquote(match.group(2))} not found (repo ids here "
-                             "are namespace/name).", "RepoNotFound")
-        if (match := _RESOLVE.match(path)) and method in ("GET", "HEAD"):
-            kind = "datasets" if match.group(1) else "models"
-            repo = self._repo(kind, match.group(2), match.group(3))
-            return self._resolve(repo, unquote(match.group(4)), unquote(match.group(5)))
+        for route in ROUTES:
+            match = route.pattern.match(path)
+            if match is None or method not in route.methods:
+                continue
+            params = {key: unquote(value) for key, value in match.groupdict().items()
+                      if value is not None}
+            if route.repo is not None:
+                kind = params.pop("kind", None) or ("datasets" if params.pop("datasets", None)
+                                                    else "models")
+                params["repo"] = self._repo(kind, params.pop("namespace"), params.pop("name"),
+                                            write=route.repo == "write")
+            return getattr(self, route.handler)(**params)
         raise StoreError(404, f"No route for {method} {path}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
-        repo = self.hub.store.find(repo_ref(kind, unquote(namespace), unquote(name)))
+        repo = self.hub.store.find(repo_ref(kind, namespace, name))
         token = self._token()
         if write and not self.hub.authorized(token):
             raise StoreError(401, "You must be authenticated to write to this endpoint "
@@ -346,60 +362,68 @@ class _Handler(BaseHTTPRequestHandler):
                              "pass a token).", "RepoNotFound")
         return repo
 
-    def _api(self, method: str, kind: str, namespace: str, name: str, rest: str) -> None:
-        parts = [unquote(part) for part in rest.split("/")] if rest else []
-        action = parts[0] if parts else ""
-        writes = {"preupload", "commit", "tag", "branch", "settings"}
-        repo = self._repo(kind, namespace, name, write=action in writes and method != "GET")
-        store = self.hub.store
-        if action == "" and method == "GET":
-            return self.send_json(self._info(repo, "main"))
-        if action == "revision" and len(parts) >= 2:
-            return self.send_json(self._info(repo, "/".join(parts[1:])))
-        if action == "refs" and method == "GET":
-            refs = store.refs(repo)
-            return self.send_json({
-                "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
-                             for n, c in sorted(refs["branches"].items())],
-                "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
-                         for n, c in sorted(refs["tags"].items())],
-                "converts": [], "pullRequests": []})
-        if action == "preupload" and method == "POST":
-            return self._preupload(repo, "/".join(parts[1:]))
-        if action == "commit" and method == "POST":
-            return self._commit(repo, "/".join(parts[1:]))
-        if action in ("tag", "branch") and method == "POST":
-            body = self._json_body()
-            if action == "tag":
-                store.create_ref(repo, "tag", body.get("tag", ""), "/".join(parts[1:]))
-            else:
-                store.create_ref(repo, "branch", "/".join(parts[1:]),
-                                 body.get("startingPoint") or "main")
-            return self.send_json({})
-        if action in ("tag", "branch") and method == "DELETE":
-            if not self.hub.authorized(self._token()):
-                raise StoreError(401, "You must be authenticated to delete refs.")
-            store.delete_ref(repo, action, "/".join(parts[1:]))
-            return self.send_json({})
-        if action == "tree" and method == "GET" and len(parts) >= 2:
-            return self._tree(repo, parts[1], "/".join(parts[2:]))
-        if action == "paths-info" and method == "POST":
-            return self._paths_info(repo, "/".join(parts[1:]))
-        if action == "commits" and method == "GET":
-            return self._commits(repo, "/".join(parts[1:]) or "main")
-        if action == "settings" and method == "PUT":
-            if not self.hub.authorized(self._token()):
-                raise StoreError(401, "You must be authenticated to change settings.")
-            body = self._json_body()
-            private = body.get("private")
-            if private is None and body.get("visibility") in ("private", "public"):
-                private = body["visibility"] == "private"
-            if private is not None:
-                store.set_private(repo, bool(private))
-            return self.send_json({"private": store.is_private(repo)})
-        if action == "xet-write-token" or action == "xet-read-token":
-            raise StoreError(404, "This endpoint does not support Xet storage.")
-        raise StoreError(404, f"No route for {method} /api/{kind}/{repo.repo_id}/{rest}.")
+    # --- account and repos -----------------------------------------------------------------------
+    def _validate_yaml(self) -> None:
+        self._body()
+        self.send_json({"errors": [], "warnings": []})
+
+    def _whoami(self) -> None:
+        if self.hub.tokens and not self.hub.authorized(self._token()):
+            raise StoreError(401, "Invalid credentials in Authorization header")
+        self.send_json({"type": "user", "name": self.hub.user, "fullname": self.hub.user,
+                        "orgs": [], "emailVerified": True,
+                        "auth": {"type": "access_token",
+                                 "accessToken": {"displayName": self.hub.user, "role": "write"}}})
+
+    def _delete_repo(self) -> None:
+        body = self._json_body()
+        repo = self._repo(_KINDS.get(body.get("type"), "models"),
+                          body.get("organization") or self.hub.user, body.get("name", ""),
+                          write=True)
+        self.hub.store.delete(repo)
+        self.send_json({})
+
+    def _no_namespace(self, namespace: str) -> None:
+        raise StoreError(404, f"Repository {namespace} not found (repo ids here are "
+                         "namespace/name).", "RepoNotFound")
+
+    def _no_xet(self, repo: RepoRef) -> None:
+        raise StoreError(404, "This endpoint does not support Xet storage.")
+
+    # --- repo info, refs, settings ---------------------------------------------------------------
+    def _repo_info(self, repo: RepoRef, revision: str = "main") -> None:
+        self.send_json(self._info(repo, revision))
+
+    def _refs(self, repo: RepoRef) -> None:
+        refs = self.hub.store.refs(repo)
+        self.send_json({
+            "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
+                         for n, c in sorted(refs["branches"].items())],
+            "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
+                     for n, c in sorted(refs["tags"].items())],
+            "converts": [], "pullRequests": []})
+
+    def _create_tag(self, repo: RepoRef, revision: str) -> None:
+        self.hub.store.create_ref(repo, "tag", self._json_body().get("tag", ""), revision)
+        self.send_json({})
+
+    def _create_branch(self, repo: RepoRef, branch: str) -> None:
+        self.hub.store.create_ref(repo, "branch", branch,
+                                  self._json_body().get("startingPoint") or "main")
+        self.send_json({})
+
+    def _delete_ref(self, repo: RepoRef, ref_kind: str, ref: str) -> None:
+        self.hub.store.delete_ref(repo, ref_kind, ref)
+        self.send_json({})
+
+    def _settings(self, repo: RepoRef) -> None:
+        body = self._json_body()
+        private = body.get("private")
+        if private is None and body.get("visibility") in ("private", "public"):
+            private = body["visibility"] == "private"
+        if private is not None:
+            self.hub.store.set_private(repo, bool(private))
+        self.send_json({"private": self.hub.store.is_private(repo)})
 
     # --- handlers --------------------------------------------------------------------------------
     def _move_repo(self) -> None:
@@ -462,7 +486,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "lastModified": commit["date"], "siblings": siblings, "tags": [],
                 "downloads": 0, "likes": 0, "author": repo.namespace, "cardData": {}}
 
-    def _tree(self, repo: RepoRef, revision: str, prefix: str) -> None:
+    def _tree(self, repo: RepoRef, revision: str, path: str = "") -> None:
+        prefix = path
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
         last = self._last_commits(repo, revision)
         recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
@@ -506,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
                                "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0})
         self.send_json(result)
 
-    def _commits(self, repo: RepoRef, revision: str) -> None:
+    def _commits(self, repo: RepoRef, revision: str = "main") -> None:
         self.send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
                           "authors": [{"user": self.hub.user}], "date": c["date"]}
                          for c in self.hub.store.history(repo, revision)])

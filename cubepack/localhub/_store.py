@@ -28,9 +28,9 @@ from typing import Any
 
 from huggingface_hub.utils.sha import git_hash
 
-from .. import _atomic, _canonical
-from .._paths import check_relpath
-from .._revision import is_commit
+from .._util import atomic, canonical
+from .._util.paths import check_relpath
+from .._util.revision import is_commit
 
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
@@ -120,7 +120,7 @@ class HubStore:
     def set_private(self, repo: RepoRef, private: bool) -> None:
         with self._lock(repo):
             self._require(repo)
-            _atomic.write_text(self._dir(repo) / "repo.json", _canonical.dumps({"private": private}))
+            atomic.write_text(self._dir(repo) / "repo.json", canonical.dumps({"private": private}))
 
     def last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
         """path -> the last commit (of ``revision``'s history) that changed that path."""
@@ -157,9 +157,9 @@ class HubStore:
             entry = self._store_blob(GITATTRIBUTES, lfs=False)
             commit = self._write_commit(repo, parents=[], tree={".gitattributes": entry},
                                         title="initial commit", message="")
-            _atomic.write_text(folder / "refs.json", _canonical.dumps(
+            atomic.write_text(folder / "refs.json", canonical.dumps(
                 {"branches": {"main": commit}, "tags": {}}))
-            _atomic.write_text(folder / "repo.json", _canonical.dumps({"private": private}))
+            atomic.write_text(folder / "repo.json", canonical.dumps({"private": private}))
             return True
 
     def refs(self, repo: RepoRef) -> dict[str, dict[str, str]]:
@@ -205,7 +205,7 @@ class HubStore:
                 where = "tags" if kind == "tag" else "heads"
                 raise StoreError(409, f"Reference refs/{where}/{name} already exists.")
             refs[group][name] = target
-            _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
+            atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
 
     def delete_ref(self, repo: RepoRef, kind: str, name: str) -> None:
         if kind == "branch" and name == "main":
@@ -215,7 +215,7 @@ class HubStore:
             group = "tags" if kind == "tag" else "branches"
             if refs[group].pop(name, None) is None:
                 raise StoreError(404, f"Invalid rev id: {name}", "RevisionNotFound")
-            _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
+            atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
 
     def _require(self, repo: RepoRef) -> None:
         if not self.exists(repo):
@@ -234,7 +234,7 @@ class HubStore:
     def put_blob(self, sha256: str, size: int, chunks) -> None:
         """Store an uploaded blob after checking its sha256 and size."""
         digest, received = hashlib.sha256(), 0
-        with _atomic.atomic_path(self.blob_path(sha256)) as tmp, open(tmp, "wb") as handle:
+        with atomic.atomic_path(self.blob_path(sha256)) as tmp, open(tmp, "wb") as handle:
             for chunk in chunks:
                 digest.update(chunk)
                 received += len(chunk)
@@ -246,7 +246,7 @@ class HubStore:
     def _store_blob(self, data: bytes, *, lfs: bool) -> dict[str, Any]:
         sha256 = hashlib.sha256(data).hexdigest()
         if not self.has_blob(sha256, len(data)):
-            _atomic.write_bytes(self.blob_path(sha256), data)
+            atomic.write_bytes(self.blob_path(sha256), data)
         return {"sha256": sha256, "size": len(data), "git_oid": git_hash(data), "lfs": lfs}
 
     # --- commits ---------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class HubStore:
                 self._apply(tree, operation)
             commit = self._write_commit(repo, parents=[head], tree=tree, title=title, message=message)
             refs["branches"][branch] = commit
-            _atomic.write_text(self._dir(repo) / "refs.json", _canonical.dumps(refs))
+            atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
             return commit
 
     def _apply(self, tree: dict[str, Any], operation: dict[str, Any]) -> None:
@@ -312,7 +312,7 @@ class HubStore:
         date = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"  # Hub format
         record = {"parents": parents, "tree": tree, "title": title, "message": message,
                   "date": date, "nonce": os.urandom(8).hex()}
-        commit_id = hashlib.sha1(_canonical.dumps(record, compact=True).encode()).hexdigest()
+        commit_id = hashlib.sha1(canonical.dumps(record, compact=True).encode()).hexdigest()
         record["id"] = commit_id
-        _atomic.write_text(self._dir(repo) / "commits" / f"{commit_id}.json", _canonical.dumps(record))
+        atomic.write_text(self._dir(repo) / "commits" / f"{commit_id}.json", canonical.dumps(record))
         return commit_id

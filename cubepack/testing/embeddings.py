@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .._embeddings import embed_locally
+from ..cube._embedder import embed_locally
 from .tiny import VOCAB_SIZE, build_tokenizer
 
 

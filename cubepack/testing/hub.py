@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._hub_client import HubClient
+from ..hub._client import HubClient
 from ..localhub import LocalHub
 
 

@@ -1,0 +1,137 @@
+"""Path safety: the one place that decides whether a path inside a cube may be used.
+
+A cube comes from someone else. Its lock and its file tree may name ``../../.ssh/id_rsa``, an
+absolute path, a symlink to ``/etc``, or two names that collide on a case-insensitive or
+unicode-normalising file system. Everything cubepack reads or writes inside a cube goes
+through :func:`check_relpath` and :func:`list_cube_files` first.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import unicodedata
+from pathlib import Path, PurePosixPath
+
+from ..errors import UnsafeInputError
+
+MAX_PATH_LENGTH = 1024
+
+
+def check_relpath(name: object) -> str:
+    """Return ``name`` if it is a safe relative POSIX path inside a cube; else raise.
+
+    Safe means: a non-empty string, relative, ``/``-separated, no ``.``/``..``/empty segments,
+    no backslash, NUL or control character, NFC-normalised, at most 1024 characters.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnsafeInputError(f"Path {name!r} is not a non-empty string.")
+    if len(name) > MAX_PATH_LENGTH:
+        raise UnsafeInputError(f"Path {name[:60]!r}... is longer than {MAX_PATH_LENGTH} characters.")
+    if name.startswith("/") or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeInputError(f"Path {name!r} is absolute; cube paths must be relative.")
+    if "\\" in name or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise UnsafeInputError(f"Path {name!r} contains a backslash or control character.")
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise UnsafeInputError(f"Path {name!r} has an empty, '.' or '..' segment; it could "
+                               "escape the cube.")
+    if unicodedata.normalize("NFC", name) != name:
+        raise UnsafeInputError(f"Path {name!r} is not NFC-normalised; it could alias another "
+                               "file on some file systems.")
+    return name
+
+
+def check_no_collisions(names: list[str]) -> None:
+    """Refuse two paths that name the same file on a case-folding or normalising file system."""
+    seen: dict[str, str] = {}
+    for name in names:
+        key = unicodedata.normalize("NFKC", name).casefold()
+        if key in seen and seen[key] != name:
+            raise UnsafeInputError(f"Paths {seen[key]!r} and {name!r} collide on case-insensitive "
+                                   "file systems.")
+        seen[key] = name
+
+
+def resolve_inside(root: Path, name: str) -> Path:
+    """``root / name`` after checking ``name``; the result never leaves ``root``."""
+    check_relpath(name)
+    return root / Path(*name.split("/"))
+
+
+def hf_snapshot_blobs(root: Path) -> Path | None:
+    """The blobs folder when ``root`` is an HF-cache snapshot (``<repo>/snapshots/<commit>``),
+    whose files are symlinks into that repo's own ``blobs/``; else None."""
+    root = Path(os.path.abspath(root))
+    blobs = root.parent.parent / "blobs"
+    name = root.name
+    if (root.parent.name == "snapshots" and len(name) == 40 and all(c in "0123456789abcdef"
+                                                                     for c in name)
+            and blobs.is_dir() and not blobs.is_symlink()):
+        return blobs
+    return None
+
+
+def _link_into(path: Path, blobs: Path | None) -> bool:
+    """Is ``path`` a symlink to a regular file directly inside ``blobs``?"""
+    if blobs is None:
+        return False
+    real = Path(os.path.realpath(path))
+    return real.parent == Path(os.path.realpath(blobs)) and real.is_file()
+
+
+def scan_cube(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Walk ``root`` without following links; return (regular files, problems).
+
+    Each problem is (relative path, description): a symlink, a special file or an unsafe
+    name. Symlinked folders are reported, never entered. In an HF-cache snapshot folder, a
+    symlink to a file in that repo's own ``blobs/`` is a file like any other (that is how the
+    cache stores them); any other link is still a problem.
+    """
+    blobs = hf_snapshot_blobs(root)
+    root = Path(root)
+    if root.is_symlink():
+        return [], [(str(root), "the cube folder itself is a symlink")]
+    if not root.is_dir():
+        return [], [(str(root), "not a folder")]
+    found: list[str] = []
+    problems: list[tuple[str, str]] = []
+    for directory, subdirs, files in os.walk(root, followlinks=False):
+        base = Path(directory)
+        for name in sorted(subdirs) + sorted(files):
+            full = base / name
+            rel = full.relative_to(root).as_posix()
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode) and _link_into(full, blobs):
+                mode = stat.S_IFREG  # a cached file: checked below as a regular one
+            if stat.S_ISLNK(mode):
+                where = ("points outside this HF-cache repo's blobs" if blobs is not None
+                         else "is a symlink; cubes may hold regular files only")
+                problems.append((rel, where))
+            elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                problems.append((rel, "is not a regular file"))
+            elif stat.S_ISREG(mode):
+                try:
+                    found.append(check_relpath(rel))
+                except UnsafeInputError as exc:
+                    problems.append((rel, str(exc)))
+    found.sort()
+    try:
+        check_no_collisions(found)
+    except UnsafeInputError as exc:
+        problems.append(("", str(exc)))
+    return found, problems
+
+
+def list_cube_files(root: Path) -> list[str]:
+    """Every regular file below ``root`` as sorted relative POSIX paths.
+
+    Raises:
+        UnsafeInputError: a symlink or a special file (device, FIFO, socket) anywhere inside,
+            or a file name that is not a safe cube path.
+    """
+    found, problems = scan_cube(root)
+    if problems:
+        where, what = problems[0]
+        raise UnsafeInputError(f"{where} {what}." if where else what)
+    return found

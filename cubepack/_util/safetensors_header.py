@@ -1,0 +1,167 @@
+"""Read and validate a safetensors header without torch.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header, then raw tensor
+bytes. Reading only the header costs microseconds, lets ``verify`` and ``inspect`` work without
+importing torch, and lets us refuse a hostile file (huge header, offsets beyond the file,
+shapes that lie about byte sizes) before any tensor library touches it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FormatError
+from .canonical import DuplicateKey, loads_strict, unique_pairs
+
+#: Same cap as the safetensors library: a larger header is refused, not read.
+MAX_HEADER_BYTES = 100_000_000
+
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+
+#: safetensors dtype tag -> torch dtype name (as ``str(torch.float32)`` minus ``torch.``).
+DTYPE_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "I16": "int16", "U16": "uint16", "F16": "float16",
+    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
+    "U64": "uint64", "F64": "float64",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # safetensors tag, e.g. "BF16"
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPE_NAMES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Header:
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_offset: int
+    file_size: int
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Parse and validate the header of the safetensors file at ``path``.
+
+    Raises:
+        FormatError: the file is not a well-formed safetensors file (truncated, bad JSON,
+            oversized header, unknown dtype, offsets outside the data, sizes that disagree).
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            file_size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise FormatError(f"{name} is not a safetensors file: it is only {file_size} bytes.")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
+                raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
+            if length > MAX_HEADER_BYTES:
+                raise FormatError(
+                    f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "
+                    "limit; refusing to read it."
+                )
+            if length > file_size - 8:
+                raise FormatError(
+                    f"{name} is truncated: its header needs {length} bytes but only "
+                    f"{file_size - 8} follow."
+                )
+            raw = handle.read(length)
+    except OSError as exc:
+        raise FormatError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
+    return parse_header(raw, file_size, name)
+
+
+def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
+    """Validate header bytes ``raw`` of a file of ``file_size`` bytes (pure; fuzzed in tests)."""
+    try:
+        document = loads_strict(raw.decode("utf-8"), object_pairs_hook=unique_pairs)
+    except DuplicateKey as exc:
+        raise FormatError(f"{name} has an ambiguous safetensors header: it {exc}.") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"{name} has a corrupt safetensors header (not valid JSON: {exc}).") from exc
+    if not isinstance(document, dict):
+        raise FormatError(f"{name} has a corrupt safetensors header (not a JSON object).")
+    data_offset = 8 + len(raw)
+    data_size = file_size - data_offset
+    metadata = document.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise FormatError(f"{name} has malformed safetensors metadata (must map strings to strings).")
+    tensors: dict[str, TensorInfo] = {}
+    for tensor_name, entry in document.items():
+        tensors[tensor_name] = _tensor_info(tensor_name, entry, data_size, name)
+    _check_layout(tensors, data_offset, data_size, name)
+    return Header(tensors=tensors, metadata=metadata, data_offset=data_offset, file_size=file_size)
+
+
+def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise FormatError(f"{name}: tensor {tensor_name!r} has a malformed header entry.")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise FormatError(f"{name}: tensor {tensor_name!r} has unknown dtype {dtype!r}.")
+    if not isinstance(shape, list) or not all(
+        type(d) is int and 0 <= d < 2**40 for d in shape
+    ) or len(shape) > 16:
+        raise FormatError(f"{name}: tensor {tensor_name!r} has a malformed shape {shape!r}.")
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)):
+        raise FormatError(f"{name}: tensor {tensor_name!r} has malformed data_offsets {offsets!r}.")
+    begin, end = offsets
+    if begin > end or end > data_size:
+        raise FormatError(
+            f"{name}: tensor {tensor_name!r} lies outside the file (bytes {begin}-{end}, "
+            f"data section is {data_size} bytes)."
+        )
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * DTYPE_SIZES[dtype] != end - begin:
+        raise FormatError(
+            f"{name}: tensor {tensor_name!r} has shape {shape} of {dtype} "
+            f"({count * DTYPE_SIZES[dtype]} bytes) but spans {end - begin} bytes."
+        )
+    return TensorInfo(tensor_name, dtype, tuple(shape), begin, end)
+
+
+def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: int,
+                  name: str) -> None:
+    """The tensors tile the data section exactly, each aligned to its element size.
+
+    safetensors writers lay tensors out back to back from offset 0 to the end of the file. A
+    gap or trailing bytes could hide data no reader checks; an overlap would make two tensors
+    share bytes; a misaligned tensor cannot be mapped as its dtype.
+    """
+    position = 0
+    for tensor in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if tensor.begin < position:
+            raise FormatError(f"{name}: tensor {tensor.name!r} overlaps the tensor before it.")
+        if tensor.begin > position:
+            raise FormatError(f"{name}: {tensor.begin - position} bytes before tensor "
+                              f"{tensor.name!r} belong to no tensor (a gap in the data).")
+        if (data_offset + tensor.begin) % DTYPE_SIZES[tensor.dtype]:
+            raise FormatError(f"{name}: tensor {tensor.name!r} is not aligned to its "
+                              f"{DTYPE_SIZES[tensor.dtype]}-byte elements.")
+        position = tensor.end
+    if position != data_size:
+        raise FormatError(f"{name}: {data_size - position} bytes after the last tensor belong "
+                          "to no tensor.")

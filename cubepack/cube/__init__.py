@@ -1,0 +1,22 @@
+"""The packed cube: a MemOS cube folder (or a plain bundle of KV files) with its pins, lock,
+card and signature, and the verbs on it. Local only: nothing here talks to a Hub.
+
+- :func:`pack` (``_pack``), :func:`verify` (``_verify``), :func:`diff`, :func:`upgrade`,
+  :func:`sign`;
+- the formats: ``_lock`` (``cubepack.lock``), ``_cubeconfig`` (``cubepack.yaml``), ``_card``
+  (the model card), ``_content`` (what a cube may hold), ``_provenance``, ``_vectors`` and
+  ``_embedder`` (text memories and their embedder), ``_report`` (checks);
+- MemOS's side of a folder: ``_memos_layout`` (its config.json, pure) and ``_memos_pickle``
+  (the allowlist reader for its pickles).
+"""
+
+from ._diff import diff
+from ._pack import PackResult, pack
+from ._policy import POLICIES, TrustPolicy
+from ._report import Check, VerifyReport
+from ._sign import sign
+from ._upgrade import UpgradeResult, upgrade
+from ._verify import verify
+
+__all__ = ["POLICIES", "Check", "PackResult", "TrustPolicy", "UpgradeResult", "VerifyReport",
+           "diff", "pack", "sign", "upgrade", "verify"]

@@ -1,0 +1,127 @@
+"""The cube's model card (``README.md``), rendered from ``templates/`` with huggingface_hub.
+
+``DatasetCard.from_template`` validates the YAML front matter the Hub reads: tags (``memcube``,
+``memos``, ``kv-cache``), ``base_model`` (the pinned models' repo ids), ``pretty_name`` and the
+license when given. The card carries no timestamp, so packing an unchanged cube re-renders it
+byte-identically.
+
+A README cubepack did not write (MemOS writes a one-line one into every cube) is never lost:
+its text goes into the card under its own heading, between markers so a re-pack finds it
+again, and its front matter is merged into the card's. Settings given once (license, pretty
+name) are read back from the previous card, so a re-pack without them keeps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CubepackError
+
+TAGS = ["memcube", "memos", "kv-cache", "cubepack"]
+MARKER = "<!-- cubepack:card"
+KEPT_START = "<!-- cubepack:kept-readme (the README this cube had before cubepack; kept as is) -->"
+KEPT_END = "<!-- /cubepack:kept-readme -->"
+#: Front-matter keys cubepack writes itself (a kept README's values for them are replaced).
+OWN_KEYS = ("pretty_name", "tags", "base_model", "license")
+
+
+@dataclass
+class PreviousCard:
+    """What a cube's existing README.md contributes to the next card."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)  # front matter not cubepack's own
+    tags: list[str] = field(default_factory=list)
+    license: str | None = None
+    pretty_name: str | None = None
+    kept_text: str | None = None  # the README cubepack did not write
+
+
+def read_previous(text: str | None) -> PreviousCard:
+    """Parse the README a cube holds (cubepack's card or anyone else's)."""
+    from huggingface_hub import RepoCard
+
+    if not text:
+        return PreviousCard()
+    try:
+        card = RepoCard(text, ignore_metadata_errors=True)
+        metadata, body = card.data.to_dict(), card.text
+    except Exception:  # noqa: BLE001 - front matter that does not parse: keep it all as text
+        metadata, body = {}, text
+    previous = PreviousCard(
+        metadata={k: v for k, v in metadata.items() if k not in OWN_KEYS},
+        tags=[t for t in metadata.get("tags") or [] if isinstance(t, str) and t not in TAGS],
+        license=metadata.get("license") if isinstance(metadata.get("license"), str) else None,
+        pretty_name=metadata.get("pretty_name") if isinstance(metadata.get("pretty_name"), str)
+        else None)
+    if is_cubepack_card(text):
+        if KEPT_START in body and KEPT_END in body:
+            previous.kept_text = body.split(KEPT_START, 1)[1].split(KEPT_END, 1)[0].strip("\n")
+    else:
+        previous.kept_text = body.strip("\n") or None
+        previous.pretty_name = None  # another tool's title is not a setting the user gave us
+    return previous
+
+
+def template_path() -> Path:
+    """The card template, packaged inside the wheel or at the repository's top level."""
+    package = Path(__file__).resolve().parents[1]  # cubepack/
+    for candidate in (package / "templates" / "cube_card.md",
+                      package.parent / "templates" / "cube_card.md"):
+        if candidate.is_file():
+            return candidate
+    raise CubepackError("The cubepack card template is missing from this installation.")
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name: str,
+           license: str | None, repo_id: str, cubepack_version: str,
+           previous: PreviousCard | None = None) -> str:
+    """Render the card text for a cube described by ``lock`` (its README.md entry aside)."""
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    previous = previous or PreviousCard()
+    files = lock["files"]
+    base_models = sorted({pin["repo_id"] for pin in lock["models"].values()
+                          if pin.get("repo_id") and pin.get("identity")})
+    metadata: dict[str, Any] = {**previous.metadata, "pretty_name": pretty_name,
+                                "tags": TAGS + previous.tags}
+    if license:
+        metadata["license"] = license
+    if base_models:
+        metadata["base_model"] = base_models
+    card_data = DatasetCardData(**metadata)
+    models = []
+    for role, pin in sorted(lock["models"].items()):
+        identity = pin.get("identity")
+        models.append({
+            "role": role, "strict": pin.get("strict"), "repo_id": pin.get("repo_id"),
+            "revision": pin.get("revision"), "identity": identity, "name": pin.get("name"),
+            "reason": pin.get("reason"), "vectors": pin.get("vectors"),
+            "quantization": (identity or {}).get("quantization") or "none",
+        })
+    memory_rows = [{"kind": kind, "files": paths,
+                    "size": human_size(sum(files[p]["size"] for p in paths if p in files))}
+                   for kind, paths in memories.items() if paths]
+    activations = [{"id": item_id, **entry, "size": human_size(files[entry["file"]]["size"])}
+                   for item_id, entry in sorted(lock["activations"].items())]
+    card = DatasetCard.from_template(
+        card_data, template_path=str(template_path()), pretty_name=pretty_name,
+        memories=memory_rows, activations=activations, models=models, repo_id=repo_id,
+        content_digest=lock["content_digest"], cubepack_version=cubepack_version,
+        kept_text=previous.kept_text, kept_start=KEPT_START, kept_end=KEPT_END,
+    )
+    return str(card).rstrip("\n") + "\n"
+
+
+def is_cubepack_card(text: str) -> bool:
+    return MARKER in text

@@ -1,0 +1,152 @@
+"""What a packed cube may hold: the one rule ``pack`` and ``verify`` both apply.
+
+Every file is accepted only after a strict parser for its kind has read it: JSON (strict,
+UTF-8), YAML (safe load), safetensors (the full header validation; KV files also their
+structure), UTF-8 text. Anything else is refused, naming the file and its kind. No kind may hold
+a pickle, whatever its name: the protocol header, a pickle-format suffix, a ``torch.save`` zip,
+and a complete pickle opcode stream (protocols 0 and 1 have no header and are plain ASCII) are
+each refused. ``pack`` refuses to write a cube that ``verify`` would refuse, so every cube
+cubepack writes verifies.
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .._util import canonical, constants
+from .._util.safetensors_header import read_header
+from ..errors import CubepackError
+from ..kv._format import read_kv_header
+from . import _memos_layout as memos_layout
+
+#: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
+PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
+JSON_NAMES = (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME)
+TEXT_NAMES = (".gitattributes", ".gitignore")
+TEXT_SUFFIXES = (".md", ".txt", ".jinja", ".adapter", ".metadata")
+MAX_TEXT_BYTES = 64 * 1024 * 1024
+
+
+def is_activation_path(name: str) -> bool:
+    """True for ``activations/<id>.kv.safetensors``: a file the lock lists as an activation."""
+    return name.startswith(constants.ACTIVATIONS_DIR + "/") and name.endswith(constants.KV_SUFFIX)
+
+
+def file_kind(name: str) -> str | None:
+    """The kind of a cube file by its name: json, yaml, kv, safetensors, text; None if none."""
+    base = PurePosixPath(name).name
+    lower = base.lower()
+    if name.startswith(".cache/huggingface/"):
+        return "text"  # hf download's bookkeeping: .gitignore, *.metadata, empty *.lock files
+    if base in JSON_NAMES or lower.endswith(".json"):
+        return "json"
+    if lower.endswith((".yaml", ".yml")):
+        return "yaml"
+    if is_activation_path(name):
+        return "kv"
+    if lower.endswith(".safetensors"):
+        return "safetensors"
+    if base in TEXT_NAMES or lower.endswith(TEXT_SUFFIXES):
+        return "text"
+    return None
+
+
+def file_problem(path: Path, name: str) -> str | None:
+    """Why the file ``name`` (at ``path``) may not ship in a cube, or None when it may."""
+    pickled = pickle_evidence(path, name)
+    if pickled:
+        return pickled
+    kind = file_kind(name)
+    if kind is None:
+        return (f"is of no kind a cube may hold (suffix {PurePosixPath(name).suffix or 'none'!r}); "
+                "cubes hold JSON, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) only")
+    try:
+        _CHECKS[kind](path)
+    except CubepackError as exc:
+        return f"is not valid {kind}: {exc}"
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"is not valid {kind}: {exc}"
+    return None
+
+
+def pickle_evidence(path: Path, name: str) -> str | None:
+    """Why the file at ``path`` is (or holds) a pickle, or None."""
+    if name.lower().endswith(PICKLE_SUFFIXES):
+        return f"has a pickle-format suffix ({Path(name).suffix}); cubes must not carry pickles"
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "starts with a pickle protocol header; cubes must not carry pickles"
+    if head == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if any(entry.endswith((".pkl", ".pickle")) for entry in archive.namelist()):
+                    return ("is a zip archive holding a pickle (torch.save format); cubes must "
+                            "not carry pickles")
+        except (zipfile.BadZipFile, OSError, ValueError):
+            pass
+        return "is a zip archive; cubes must not carry archives"
+    if path.stat().st_size <= MAX_TEXT_BYTES and is_pickle_stream(path.read_bytes()):
+        return "is a pickle opcode stream (protocol 0/1, no header); cubes must not carry pickles"
+    return None
+
+
+def is_pickle_stream(data: bytes) -> bool:
+    """True when ``data`` starts with a complete pickle (opcodes up to STOP), as ``pickle.load``
+    would read it; decoded with ``pickletools``, nothing is executed."""
+    try:
+        opcodes = 0
+        for opcode, _, _ in pickletools.genops(io.BytesIO(data)):
+            opcodes += 1
+            if opcode.name == "STOP":
+                return opcodes >= 2
+    except Exception:  # noqa: BLE001 - any decoding error: not a pickle
+        return False
+    return False
+
+
+def _check_json(path: Path) -> None:
+    canonical.loads_strict(path.read_bytes().decode("utf-8"))
+
+
+def _check_yaml(path: Path) -> None:
+    import yaml
+
+    try:
+        yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from exc
+
+
+def _check_kv(path: Path) -> None:
+    read_kv_header(path)
+
+
+def _check_safetensors(path: Path) -> None:
+    read_header(path)
+
+
+def _check_text(path: Path) -> None:
+    if path.stat().st_size > MAX_TEXT_BYTES:
+        raise ValueError(f"larger than {MAX_TEXT_BYTES} bytes")
+    text = path.read_bytes().decode("utf-8")
+    if "\x00" in text:
+        raise ValueError("it holds NUL bytes")
+
+
+_CHECKS = {"json": _check_json, "yaml": _check_yaml, "kv": _check_kv,
+           "safetensors": _check_safetensors, "text": _check_text}
+
+
+def pickled_memory_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
+    """(file, why) for each file of ``files`` that MemOS would read with ``pickle.load`` under
+    this cube config: a packed cube must hold none (a verified JSON file named as the activation
+    memory's ``memory_filename`` would still be unpickled by plain MemOS)."""
+    present = set(files)
+    return [(name, f"is named by config.json as the {backend} activation memory, which MemOS "
+                   "reads with pickle.load; a packed cube must not hold it")
+            for backend, name in memos_layout.pickled_memory_files(config) if name in present]

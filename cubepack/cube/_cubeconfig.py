@@ -1,0 +1,57 @@
+"""``cubepack.yaml``: the cube's own config, beside MemOS's untouched ``config.json``.
+
+MemOS forbids unknown keys in ``config.json``, so cubepack's pins live here: schema version,
+cube id, per model role the pinned repo id, revision, dtype, KV dtype, quantization and weights
+digest, and which files hold which memory type. The lock records the same pins with full
+identities; ``verify`` checks the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .._util import constants
+from ..errors import FormatError
+
+
+def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
+          memories: dict[str, list[str]]) -> dict[str, Any]:
+    pins = {}
+    for role, pin in sorted(models.items()):
+        identity = pin.get("identity") or {}
+        pins[role] = {
+            "repo_id": pin.get("repo_id"),
+            "revision": pin.get("revision"),
+            "strict": bool(pin.get("strict")),
+            "dtype": identity.get("dtype"),
+            "kv_dtype": identity.get("kv_dtype"),
+            "quantization": identity.get("quantization"),
+            "weights_digest": identity.get("weights_digest"),
+        }
+    return {
+        "schema_version": constants.CONFIG_SCHEMA_VERSION,
+        "cube_id": cube_id,
+        "models": pins,
+        "memories": {kind: paths for kind, paths in sorted(memories.items()) if paths},
+    }
+
+
+def dumps(config: dict[str, Any]) -> str:
+    header = "# Written by cubepack pack; the pins here are checked against cubepack.lock.\n"
+    return header + yaml.safe_dump(config, sort_keys=True, default_flow_style=False, width=100)
+
+
+def parse(text: str) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FormatError(f"cubepack.yaml is not valid YAML: {exc}") from exc
+    if not isinstance(config, dict) or config.get("schema_version") != constants.CONFIG_SCHEMA_VERSION:
+        raise FormatError(f"cubepack.yaml has schema version "
+                          f"{config.get('schema_version') if isinstance(config, dict) else None!r}; "
+                          f"this cubepack reads version {constants.CONFIG_SCHEMA_VERSION}.")
+    if not isinstance(config.get("models"), dict) or not isinstance(config.get("memories"), dict):
+        raise FormatError("cubepack.yaml must have 'models' and 'memories' mappings.")
+    return config

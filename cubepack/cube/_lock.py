@@ -1,0 +1,172 @@
+"""The fingerprint lockfile, ``cubepack.lock``: build, serialise, parse. Pure logic.
+
+The lock is canonical JSON (sorted keys, fixed layout), so packing an unchanged cube gives the
+same bytes. It records every file of the cube except itself (``path -> {sha256, size}``), the
+full identity of every pinned model, every activation, and two digests:
+
+- ``content_digest``: sha256 of the canonical JSON of files (without the card ``README.md``),
+  models and activations. The model card shows it (the card cannot show a digest of itself).
+- ``digest``: sha256 of the canonical JSON of everything else in the lock.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .._util import canonical, constants
+from .._util.paths import check_no_collisions, check_relpath
+from .._util.revision import is_commit
+from ..errors import FormatError
+from ..identity._identity import ModelIdentity
+from ._provenance import check_provenance
+from ._vectors import check_record
+
+MAX_LOCK_BYTES = 64 * 1024 * 1024
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_TOP_KEYS = {"lock_version", "cubepack_version", "cube_id", "files", "models", "activations",
+             "content_digest", "digest"}
+
+
+def content_digest(files: dict[str, Any], models: dict[str, Any], activations: dict[str, Any]) -> str:
+    shown = {path: entry for path, entry in files.items() if path != constants.CARD_FILENAME}
+    return canonical.digest({"files": shown, "models": models, "activations": activations})
+
+
+def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
+               models: dict[str, dict[str, Any]], activations: dict[str, dict[str, Any]],
+               cubepack_version: str) -> dict[str, Any]:
+    """Assemble a lock document and compute its digests."""
+    body = {
+        "lock_version": constants.LOCK_VERSION,
+        "cubepack_version": cubepack_version,
+        "cube_id": cube_id,
+        "files": files,
+        "models": models,
+        "activations": activations,
+        "content_digest": content_digest(files, models, activations),
+    }
+    body["digest"] = canonical.digest(body)
+    return body
+
+
+def dumps(lock: dict[str, Any]) -> str:
+    return canonical.dumps(lock)
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """Parse and fully validate lock bytes; return the lock document.
+
+    Checks: size, UTF-8 JSON without duplicate keys, known version, field types, safe paths,
+    no case-folding collisions, every activation file listed, and both digests.
+
+    Raises:
+        FormatError: malformed, unknown version, or a digest that does not match the content.
+        UnsafeInputError: a path that is absolute, escapes the cube, or collides with another.
+    """
+    if len(data) > MAX_LOCK_BYTES:
+        raise FormatError(f"cubepack.lock is {len(data)} bytes, above the {MAX_LOCK_BYTES}-byte limit.")
+    try:
+        lock = canonical.loads_strict(data.decode("utf-8"),
+                                       object_pairs_hook=canonical.unique_pairs)
+    except canonical.DuplicateKey as exc:
+        raise FormatError(f"cubepack.lock {exc}; a lock must be unambiguous.") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"cubepack.lock is not valid JSON: {exc}") from exc
+    if not isinstance(lock, dict):
+        raise FormatError("cubepack.lock must hold a JSON object.")
+    version = lock.get("lock_version")
+    if version == 1:
+        raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
+                          "compute config; upgrade the cube with its producer model: cubepack "
+                          "upgrade CUBE_DIR --model MODEL.")
+    if version != constants.LOCK_VERSION:
+        raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads version "
+                          f"{constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
+    unknown = set(lock) - _TOP_KEYS
+    missing = _TOP_KEYS - set(lock)
+    if unknown or missing:
+        raise FormatError(f"cubepack.lock has unexpected keys {sorted(unknown)} or lacks "
+                          f"{sorted(missing)}.")
+    for key in ("cubepack_version", "content_digest", "digest"):
+        if not isinstance(lock[key], str):
+            raise FormatError(f"cubepack.lock {key} must be a string.")
+    if not isinstance(lock["cube_id"], (str, type(None))):
+        raise FormatError("cubepack.lock cube_id must be a string or null.")
+    _check_files(lock["files"])
+    _check_models(lock["models"])
+    _check_activations(lock["activations"], lock["files"], lock["models"])
+    expected = dict(lock)
+    claimed = expected.pop("digest")
+    if claimed != canonical.digest(expected):
+        raise FormatError(f"cubepack.lock digest mismatch: the lock says {claimed!r} but its "
+                          f"content hashes to {canonical.digest(expected)!r}; the lock was edited.")
+    recomputed = content_digest(lock["files"], lock["models"], lock["activations"])
+    if lock["content_digest"] != recomputed:
+        raise FormatError(f"cubepack.lock content_digest mismatch: expected {recomputed}, found "
+                          f"{lock['content_digest']}.")
+    return lock
+
+
+def _check_files(files: Any) -> None:
+    if not isinstance(files, dict):
+        raise FormatError("cubepack.lock 'files' must be an object.")
+    for path, entry in files.items():
+        check_relpath(path)
+        if path == constants.LOCK_FILENAME:
+            raise FormatError("cubepack.lock must not list itself.")
+        if not (isinstance(entry, dict) and set(entry) == {"sha256", "size"}
+                and isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
+                and type(entry["size"]) is int and 0 <= entry["size"] < 2**50):
+            raise FormatError(f"cubepack.lock entry for {path!r} must be {{sha256: 64 hex, size: int}}.")
+    check_no_collisions(list(files))
+
+
+def _check_models(models: Any) -> None:
+    if not isinstance(models, dict):
+        raise FormatError("cubepack.lock 'models' must be an object.")
+    for role, pin in models.items():
+        if not isinstance(pin, dict) or not isinstance(pin.get("strict", False), bool):
+            raise FormatError(f"cubepack.lock model {role!r} is malformed.")
+        for key in ("repo_id", "revision", "name"):
+            if not isinstance(pin.get(key), (str, type(None))):
+                raise FormatError(f"cubepack.lock model {role!r} has a non-string {key}.")
+        if pin.get("revision") is not None and not is_commit(pin["revision"]):
+            raise FormatError(f"cubepack.lock model {role!r} pins revision {pin['revision']!r}, "
+                              "which is not a 40-hex commit.")
+        if "vectors" in pin and not check_record(pin["vectors"]):
+            raise FormatError(f"cubepack.lock model {role!r} has a malformed vectors record.")
+        identity = pin.get("identity")
+        if identity is None and not pin.get("strict"):
+            continue  # an informational model that could not be pinned
+        if not isinstance(identity, dict):
+            raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
+        ModelIdentity.from_dict(identity)
+
+
+def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
+    if not isinstance(activations, dict):
+        raise FormatError("cubepack.lock 'activations' must be an object.")
+    for item_id, entry in activations.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+                and isinstance(entry.get("model_role"), str)
+                and isinstance(entry.get("kv_dtype"), str)
+                and isinstance(entry.get("sha256"), str)
+                and all(type(entry.get(key)) is int and entry[key] >= 0
+                        for key in ("token_count", "num_layers"))):
+            raise FormatError(f"cubepack.lock activation {item_id!r} is malformed.")
+        path = entry["file"]
+        check_relpath(path)
+        if path not in files:
+            raise FormatError(f"cubepack.lock activation {item_id!r} names {path!r}, which the "
+                              "lock's file list does not hold.")
+        if files[path]["sha256"] != entry["sha256"]:
+            raise FormatError(f"cubepack.lock activation {item_id!r} and its file entry disagree "
+                              "on the sha256.")
+        if not check_provenance(entry.get("provenance")):
+            raise FormatError(f"cubepack.lock activation {item_id!r} lacks a provenance "
+                              "(recorded, asserted or recomputed).")
+        role = models.get(entry["model_role"])
+        if not isinstance(role, dict) or not isinstance(role.get("identity"), dict):
+            raise FormatError(f"cubepack.lock activation {item_id!r} names model role "
+                              f"{entry['model_role']!r}, which has no pinned identity.")

@@ -1,0 +1,139 @@
+"""What a MemOS cube folder holds, read from its ``config.json``. Pure logic, no MemOS import.
+
+MemOS's ``GeneralMemCube.dump`` writes ``config.json`` plus one file per initialised memory
+(``textual_memory.json``, ``activation_memory.pickle``, ``parametric_memory.adapter``,
+``preference_memory.json``...). The producer of activation memories is the ``act_mem``
+extractor LLM; textual memories name an extractor LLM and an embedder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CubepackError
+
+#: Model roles, as the lock and cubepack.yaml name them: the activation producer (strict) and
+#: the textual memory's extractor and embedder (informational).
+ACT_ROLE = "act_mem"
+TEXT_ROLES = ("text_mem.extractor_llm", "text_mem.embedder")
+ROLES = (ACT_ROLE, *TEXT_ROLES)
+KV_BACKENDS = ("kv_cache", "vllm_kv_cache")
+DEFAULT_FILENAMES = {
+    "text_mem": "textual_memory.json",
+    "act_mem": "activation_memory.pickle",
+    "para_mem": "parametric_memory.adapter",
+    "pref_mem": "preference_memory.json",
+}
+MEMORY_KINDS = {"text_mem": "textual", "act_mem": "activation", "para_mem": "parametric",
+                "pref_mem": "preference"}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model named in config.json: its role, backend and the name MemOS would load."""
+
+    role: str
+    backend: str | None
+    name: str
+    strict: bool  # activations depend on it exactly
+
+
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    section = config.get(key)
+    return section if isinstance(section, dict) else {}
+
+
+def _llm_name(llm: Any) -> tuple[str | None, str | None]:
+    if not isinstance(llm, dict):
+        return None, None
+    inner = llm.get("config") if isinstance(llm.get("config"), dict) else {}
+    name = inner.get("model_name_or_path") or inner.get("model")
+    return llm.get("backend"), name
+
+
+def _role_entry(config: dict[str, Any], role: str) -> Any:
+    """The ``{"backend": ..., "config": {...}}`` entry of a role inside a MemOS config dict."""
+    if role == ACT_ROLE:
+        return _section(_section(config, "act_mem"), "config").get("extractor_llm")
+    section, _, key = role.partition(".")
+    return _section(_section(config, section), "config").get(key)
+
+
+def llm_config(config: dict[str, Any], role: str) -> dict[str, Any] | None:
+    """The inner config dict (``model_name_or_path``...) of a role's LLM or embedder; editing
+    it edits ``config``."""
+    entry = _role_entry(config, role)
+    inner = entry.get("config") if isinstance(entry, dict) else None
+    return inner if isinstance(inner, dict) else None
+
+
+def model_refs(config: dict[str, Any]) -> list[ModelRef]:
+    """Every model the cube's config names, the activation producer first."""
+    refs = []
+    for role in ROLES:
+        if role == ACT_ROLE and _section(config, "act_mem").get("backend") not in KV_BACKENDS:
+            continue
+        backend, name = _llm_name(_role_entry(config, role))
+        if name:
+            refs.append(ModelRef(role, backend, name, strict=role == ACT_ROLE))
+    return refs
+
+
+def act_backend(config: dict[str, Any]) -> str | None:
+    return _section(config, "act_mem").get("backend")
+
+
+def act_model_name(config: dict[str, Any]) -> str | None:
+    """The model name config.json gives the activation producer (its extractor LLM)."""
+    _, name = _llm_name(_role_entry(config, ACT_ROLE))
+    return name if isinstance(name, str) and name else None
+
+
+def activation_pickle_name(config: dict[str, Any]) -> str:
+    act_config = _section(_section(config, "act_mem"), "config")
+    name = act_config.get("memory_filename")
+    return name if isinstance(name, str) and name else DEFAULT_FILENAMES["act_mem"]
+
+
+def pickled_memory_files(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(backend, file name) of every memory MemOS loads with ``pickle.load``: the activation
+    memory of the kv_cache and vllm_kv_cache backends (MemOS 2.0.x)."""
+    backend = _section(config, "act_mem").get("backend")
+    return [(backend, activation_pickle_name(config))] if backend in KV_BACKENDS else []
+
+
+def memory_files(config: dict[str, Any], files: list[str]) -> dict[str, list[str]]:
+    """Which of ``files`` hold which memory kind (config file, textual, parametric...)."""
+    present = set(files)
+    result: dict[str, list[str]] = {"config": ["config.json"] if "config.json" in present else []}
+    for key, kind in MEMORY_KINDS.items():
+        if key == "act_mem":
+            continue
+        name = _section(_section(config, key), "config").get("memory_filename") or DEFAULT_FILENAMES[key]
+        result[kind] = [name] if name in present else []
+    return result
+
+
+def is_hub_loadable(backend: str | None) -> bool:
+    """Backends whose model name is a Hugging Face folder or repo id we can fingerprint."""
+    return backend in (None, "huggingface", "huggingface_singleton", "vllm", "sentence_transformer")
+
+
+def memos_prompt_ids(tokenizer: Any, source: Any) -> list[int]:
+    """The token ids MemOS's ``HFLLM.build_kv_cache`` prefills for ``source`` (its chat-template
+    path): a string becomes a system message "Below is some information about the user.\\n...",
+    a list of strings is joined with spaces, a list of messages is used as is."""
+    if isinstance(source, str):
+        messages = [{"role": "system",
+                     "content": f"Below is some information about the user.\n{source}"}]
+    elif isinstance(source, list) and source and all(isinstance(s, str) for s in source):
+        messages = [{"role": "system", "content": "Below is some information about the "
+                     f"user.\n{' '.join(source)}"}]
+    elif isinstance(source, list) and source and all(isinstance(m, dict) for m in source):
+        messages = source
+    else:
+        raise CubepackError("The activation's source_text is neither text nor chat messages.")
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return [int(t) for t in tokenizer(prompt)["input_ids"]]
+

@@ -1,0 +1,269 @@
+"""Read legacy MemOS activation pickles without running code from them.
+
+MemOS's ``KVCacheMemory.dump`` pickles ``{"kv_cache_memories": {id: KVCacheItem}}``. Plain
+``pickle.load`` on such a file runs whatever callables it names. This module reads it with an
+*allowlist* unpickler: every global is resolved through :data:`_ALLOWED`, mapped either to a
+harmless stand-in that only records its state (the transformers and MemOS classes) or to a
+function that cannot run foreign code (tensor rebuilding, datetime, dtypes). Anything else is
+refused with :class:`UnsafeInputError` before it is called.
+
+The trap: ``torch.storage._load_from_bytes`` calls ``torch.load(weights_only=False)``, so a pickle
+nested in its bytes would run code. We map it to ``torch.load(..., weights_only=True)``.
+
+Both layouts are read: current (DynamicCache ``layers``; items ``id``/``memory``) and early-2025
+(``key_cache``/``value_cache``; items ``kv_cache_id``/``kv_cache``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._util.canonical import json_safe
+from ..errors import FormatError, UnsafeInputError
+
+
+class _StandIn:
+    """Records the state pickle gives an object, and nothing else."""
+
+    qualname = "object"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.state = args, {}
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        self.state = state if isinstance(state, dict) else {"__state__": state}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field, looking inside pydantic's ``__dict__`` wrapper when present."""
+        inner = self.state.get("__dict__")
+        if isinstance(inner, dict) and key in inner:
+            return inner[key]
+        return self.state.get(key, default)
+
+
+def _stand_in(module: str, name: str) -> type:
+    return type(name, (_StandIn,), {"qualname": f"{module}.{name}"})
+
+
+def _torch_global(name: str) -> Any:
+    import torch
+
+    value = getattr(torch, name)
+    if isinstance(value, torch.dtype) or value is torch.device or value is torch.Size:
+        return value
+    raise UnsafeInputError(f"torch.{name} is not an allowed global.")
+
+
+def _tensor_rebuilder(name: str) -> Any:
+    import torch._utils as torch_utils
+
+    return getattr(torch_utils, name)
+
+
+_STAND_INS = {
+    ("transformers.cache_utils", "DynamicCache"),
+    ("transformers.cache_utils", "DynamicLayer"),
+    ("transformers.cache_utils", "DynamicSlidingWindowLayer"),
+    ("memos.memories.activation.item", "KVCacheItem"),
+    ("memos.memories.activation.item", "VLLMKVCacheItem"),
+    ("memos.memories.activation.item", "KVCacheRecords"),
+    ("memos.memories.activation.item", "ActivationMemoryItem"),
+}
+_DATETIME = {"datetime": datetime.datetime, "date": datetime.date, "timedelta": datetime.timedelta,
+             "timezone": datetime.timezone}
+
+
+def _declared_size(data: bytes) -> int:
+    """What a nested ``torch.save`` payload will decode to: its zip entries' declared sizes
+    (a zip may be deflated), or its own length for the legacy non-zip format (stored raw)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(entry.file_size for entry in archive.infolist())
+    except (zipfile.BadZipFile, ValueError):
+        return len(data)
+
+
+class AllowlistUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals MemOS activation pickles use.
+
+    Nested storages (``torch.storage._load_from_bytes``) are decoded at most once each and
+    within a byte budget: a pickle that reuses one compressed payload through its memo, or
+    nests payloads that expand far beyond its own size, is refused instead of inflating.
+    """
+
+    def __init__(self, file: Any, *, budget: int):
+        super().__init__(file)
+        self._budget = budget
+        self._decoded: dict[int, tuple[bytes, Any]] = {}
+
+    def _load_from_bytes(self, data: Any) -> Any:
+        import torch
+
+        if not isinstance(data, (bytes, bytearray)):
+            raise UnsafeInputError("torch.storage._load_from_bytes received non-bytes data.")
+        known = self._decoded.get(id(data))
+        if known is not None and known[0] is data:  # the memo handed the same bytes again
+            return known[1]
+        self._spend(_declared_size(data))  # before decoding: a bomb never inflates
+        try:
+            storage = torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeInputError(f"A nested tensor pickle names a forbidden global: {exc}") \
+                from exc
+        self._decoded[id(data)] = (data, storage)
+        return storage
+
+    def _spend(self, size: int) -> None:
+        self._budget -= size
+        if self._budget < 0:
+            raise UnsafeInputError("The activation pickle decodes to far more tensor bytes than "
+                                   "it holds (a decompression bomb); refusing it.")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _STAND_INS:
+            return _stand_in(module, name)
+        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+            return _tensor_rebuilder(name)
+        if module == "torch.storage" and name == "_load_from_bytes":
+            return self._load_from_bytes
+        if module == "torch" and not name.startswith("_"):
+            return _torch_global(name)
+        if module == "collections" and name == "OrderedDict":
+            import collections
+
+            return collections.OrderedDict
+        if module == "datetime" and name in _DATETIME:
+            return _DATETIME[name]
+        raise UnsafeInputError(
+            f"The pickle names the global {module}.{name}, which is not on cubepack's allowlist "
+            "of MemOS activation classes; refusing to load it (it could run code)."
+        )
+
+
+@dataclass
+class LegacyItem:
+    """One activation read from a MemOS pickle, as plain values: KV layers, or (for a vLLM
+    item, which holds no tensors) the prompt a vLLM server turns into its cache."""
+
+    id: str
+    layers: list[tuple[str, int, Any, Any]]  # (type, cumulative_length, keys, values)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None
+
+    @property
+    def producer_record(self) -> dict[str, Any] | None:
+        """MemOS PR #2305's per-item ``metadata.producer``, when the dump carries one."""
+        record = self.metadata.get("producer")
+        return record if isinstance(record, dict) else None
+
+
+@dataclass
+class LegacyDump:
+    """A MemOS activation pickle, read: its items and, from MemOS PR #2302, the top-level
+    ``model_identity`` record when present."""
+
+    items: list[LegacyItem]
+    model_identity: dict[str, Any] | None = None
+
+
+#: Tensor bytes a pickle may decode to, per byte of pickle: torch.save'd storages are stored
+#: uncompressed, so honest dumps decode to about their own size.
+BUDGET_PER_PICKLE_BYTE = 2
+BUDGET_SLACK = 1 << 20
+
+
+def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> LegacyDump:
+    """Read a MemOS ``activation_memory.pickle`` through the allowlist unpickler.
+
+    Args:
+        max_tensor_bytes: a tighter cap on decoded tensor bytes (e.g. from the pinned model's
+            geometry); the default allows twice the pickle's size.
+
+    Raises:
+        UnsafeInputError: the pickle names a global outside the allowlist, or decodes to more
+            tensor bytes than the cap.
+        FormatError: the pickle is readable but not a MemOS activation memory.
+    """
+    budget = BUDGET_PER_PICKLE_BYTE * len(data) + BUDGET_SLACK
+    if max_tensor_bytes is not None:
+        budget = min(budget, max_tensor_bytes)
+    try:
+        document = AllowlistUnpickler(io.BytesIO(data), budget=budget).load()
+    except UnsafeInputError:
+        raise
+    except Exception as exc:  # corrupt pickles raise anything from EOFError to struct.error
+        raise FormatError(f"The activation pickle is corrupt or not a MemOS dump: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("kv_cache_memories"), dict):
+        raise FormatError("The activation pickle is not a MemOS KVCacheMemory dump (no "
+                          "'kv_cache_memories' mapping).")
+    identity = document.get("model_identity")
+    if isinstance(identity, str):
+        identity = {"model_name_or_path": identity}
+    items = [_item(key, value) for key, value in document["kv_cache_memories"].items()]
+    return LegacyDump(items, _plain(identity) if isinstance(identity, dict) else None)
+
+
+def _item(key: Any, item: Any) -> LegacyItem:
+    if not isinstance(item, _StandIn):
+        raise FormatError(f"Activation {key!r} is a {type(item).__name__}, not a KVCacheItem.")
+    item_id = item.get("id") or item.get("kv_cache_id") or key
+    cache = item.get("memory") if item.get("memory") is not None else item.get("kv_cache")
+    metadata = _plain(item.get("metadata") or {})
+    if isinstance(cache, str):  # a VLLMKVCacheItem: a prompt string, no tensors
+        return LegacyItem(id=str(item_id), layers=[], prompt=cache,
+                          metadata=metadata if isinstance(metadata, dict) else {})
+    if not isinstance(cache, _StandIn):
+        raise FormatError(f"Activation {item_id!r} holds no DynamicCache.")
+    records = item.get("records")
+    if isinstance(records, _StandIn):
+        metadata.setdefault("records", _plain({k: v for k, v in (records.get("__dict__") or
+                                                                  records.state).items()}))
+    return LegacyItem(id=str(item_id), layers=_cache_layers(str(item_id), cache),
+                      metadata=metadata if isinstance(metadata, dict) else {"metadata": metadata})
+
+
+def _cache_layers(item_id: str, cache: _StandIn) -> list[tuple[str, int, Any, Any]]:
+    import torch
+
+    layers = cache.get("layers")
+    result = []
+    if layers is not None:
+        for index, layer in enumerate(layers):
+            if not isinstance(layer, _StandIn):
+                raise FormatError(f"Activation {item_id!r} layer {index} is not a cache layer.")
+            keys, values = layer.get("keys"), layer.get("values")
+            sliding = layer.qualname.endswith("DynamicSlidingWindowLayer")
+            cumulative = layer.get("cumulative_length") if sliding else None
+            result.append(("sliding_attention" if sliding else "full_attention", keys, values,
+                           cumulative))
+    else:
+        keys_list, values_list = cache.get("key_cache"), cache.get("value_cache")
+        if not isinstance(keys_list, list) or not isinstance(values_list, list) \
+                or len(keys_list) != len(values_list):
+            raise FormatError(f"Activation {item_id!r} has neither 'layers' nor matching "
+                              "'key_cache'/'value_cache' lists.")
+        result = [("full_attention", k, v, None) for k, v in zip(keys_list, values_list)]
+    layers_out = []
+    for index, (kind, keys, values, cumulative) in enumerate(result):
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+            raise FormatError(f"Activation {item_id!r} layer {index} holds no key/value tensors.")
+        if keys.dim() != 4 or keys.shape[:3] != values.shape[:3]:
+            raise FormatError(f"Activation {item_id!r} layer {index} has malformed shapes "
+                              f"{list(keys.shape)} / {list(values.shape)}.")
+        length = int(cumulative) if isinstance(cumulative, int) else int(keys.shape[-2])
+        layers_out.append((kind, length, keys, values))
+    return layers_out
+
+
+def _plain(value: Any) -> Any:
+    """Unpickled metadata as JSON-safe values (stand-ins become their recorded state)."""
+    return json_safe(value, unwrap=lambda v: (v.get("__dict__") or v.state)
+                     if isinstance(v, _StandIn) else v)

@@ -1,0 +1,515 @@
+"""``cubepack pack``: turn a MemOS cube folder into a pinned, locked, pickle-free cube.
+
+In place and atomic: the packed cube is assembled in a staging folder beside the cube (files
+that do not change are hard-linked, not copied), then swapped in with one rename. If anything
+fails, the cube is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, constants
+from .._util.hashing import hash_files
+from .._util.paths import list_cube_files, resolve_inside
+from .._version import __version__
+from ..errors import (
+    CubepackError,
+    FormatError,
+    IdentityMismatch,
+    Mismatch,
+    RecomputationFailed,
+    UnsafeInputError,
+    UnsupportedError,
+    UsageError,
+)
+from ..identity._fingerprint import fingerprint, hub_origin
+from ..identity._identity import ModelIdentity, compare
+from ..kv._format import FULL, SLIDING, read_kv_header
+from ..kv._recompute import describe, load_for_recompute
+from ..kv._recompute import recompute as recompute_cache
+from ..kv._torch import mapped_layers, write_kv_layers
+from . import _card as card
+from . import _cubeconfig as cubeconfig
+from . import _lock as lockfile
+from . import _memos_layout as memos_layout
+from ._content import file_problem, is_activation_path, pickled_memory_problems
+from ._embedder import embedder_checks, probe_vectors
+from ._memos_layout import memos_prompt_ids
+from ._memos_pickle import read_memos_pickle
+from ._provenance import (
+    ASSERTED,
+    KV_HEADER,
+    RECOMPUTED,
+    RECORDED,
+    check_provenance,
+    record_conflicts,
+)
+from ._signing import check_key, write_signature
+from ._vectors import vector_record
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
+
+
+@dataclass
+class PackResult:
+    """What ``pack`` did: where, the lock's digests, the pins and the activations."""
+
+    cube_dir: Path
+    digest: str
+    content_digest: str
+    files: int
+    models: dict[str, dict[str, Any]]
+    activations: list[str]
+    converted: list[str] = field(default_factory=list)
+    changed: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cube_dir": str(self.cube_dir), "digest": self.digest,
+            "content_digest": self.content_digest, "files": self.files,
+            "models": {role: {**{k: pin.get(k) for k in ("repo_id", "revision", "strict", "name",
+                                                          "reason")},
+                              "pinned": pin.get("identity") is not None}
+                       for role, pin in self.models.items()},
+            "activations": self.activations, "converted": self.converted, "changed": self.changed,
+        }
+
+
+def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
+         legacy_pickle: bool = False, license: str | None = None,
+         pretty_name: str | None = None, progress: bool | None = None,
+         sign_key: str | Path | None = None, sign_password: str | None = None,
+         assert_producer: bool = False, recompute: bool = False,
+         embedder: str | None = None) -> PackResult:
+    """Pack the cube folder ``cube_dir`` in place.
+
+    Args:
+        model: the activation producer (folder, Hub id or loaded model), overriding the
+            ``act_mem`` extractor named in ``config.json``.
+        revision: branch, tag or commit of a Hub ``model`` to pin.
+        legacy_pickle: convert MemOS's ``activation_memory.pickle`` to KV files through the
+            allowlist unpickler. Without it a cube holding a pickle is refused.
+        license, pretty_name: for the model card's metadata.
+        sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
+            (``cubepack.sig``, see :mod:`cubepack.cube._signing`).
+        assert_producer: label converted caches as ``model``'s even though ``config.json``
+            names another producer and the pickle records none (recorded in the lock and the
+            card as ``asserted``).
+        recompute: prove every activation with the producer model: recover token ids a MemOS
+            pickle did not record (as MemOS built the cache, through the chat template), run the
+            model's prefill and require it to reproduce each cache; store the ids and mark the
+            provenance ``recomputed`` (model, tokens, max error, time).
+        embedder: the embedder that made the text memory's vectors (a spec, as for
+            ``verify --embedder``): it must reproduce the cube's sample, and its vectors for a
+            fixed probe set are recorded as its behavioural fingerprint.
+
+    Raises:
+        UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
+            ``legacy_pickle``; a pickle naming a forbidden global.
+        IdentityMismatch: an activation contradicts the pinned model's geometry or dtype.
+        ModelNotFoundError: the producer model cannot be found.
+    """
+    cube = Path(cube_dir)
+    files = list_cube_files(cube)
+    memos_config = _read_memos_config(cube, files)
+    pins = _pin_models(memos_config, model=model, revision=revision)
+    _record_vectors(cube, files, memos_config, pins, embedder)
+    if sign_key is not None:
+        check_key(sign_key, private=True, password=sign_password)  # fail before any work
+    previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
+        if constants.LOCK_FILENAME in files else None
+    previous_card = _previous_card(cube, files)
+
+    staging = atomic.staging_dir(cube, "pack")
+    try:
+        pickle_name = memos_layout.activation_pickle_name(memos_config)
+        renamed = hub_names_for_snapshots(memos_config)
+        for name in files:
+            if name in GENERATED or name == pickle_name or name == constants.SIGNATURE_FILENAME:
+                continue
+            if name == "config.json" and renamed is not None:
+                atomic.write_text(staging / name, json.dumps(renamed, indent=2,
+                                                              ensure_ascii=False) + "\n")
+                continue
+            atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
+        converted = []
+        if pickle_name in files:
+            if not legacy_pickle:
+                raise UnsafeInputError(
+                    f"{cube / pickle_name} is a MemOS pickle, which can run code when loaded. "
+                    "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
+                    "allowlist unpickler (the packed cube will hold no pickle)."
+                )
+            converted = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
+                                        model=model, assert_producer=assert_producer)
+        if recompute:
+            _prove_activations(staging, pins, model)
+        result = _write_metadata(
+            staging, memos_config, pins, license=license or previous_card.license,
+            pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
+            progress=progress, previous_card=previous_card)
+        result.converted = converted
+        result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
+            or bool(converted)
+        unsigned = [name for name in files if name != constants.SIGNATURE_FILENAME]
+        if result.changed or sorted(list_cube_files(staging)) != unsigned:
+            atomic.replace_dir(staging, cube)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+        result.cube_dir = cube
+        if sign_key is not None:
+            # The cube was written and hashed just now; sign from those digests.
+            write_signature(cube, sign_key, password=sign_password)
+        return result
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _card_title(pretty_name: str | None, memos_config: dict[str, Any], cube: Path) -> str:
+    """The card's title: the one given, else MemOS's cube id, else the folder's name."""
+    cube_id = memos_config.get("cube_id")
+    return pretty_name or (cube_id if isinstance(cube_id, str) and cube_id else cube.resolve().name)
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
+    """MemOS's config.json: required, with a cube_id (MemOS cannot load a cube without)."""
+    if "config.json" not in files:
+        raise UsageError(f"{cube} has no config.json, so it is not a MemOS cube (MemOS cannot "
+                         "load it). Dump the cube with MemOS (GeneralMemCube.dump) first, or "
+                         "write a config.json with at least a cube_id.")
+    try:
+        config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
+        raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
+                         "cube. Add \"cube_id\": \"owner/name\" and pack again.")
+    return config
+
+
+def hub_names_for_snapshots(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``config`` with every model named by an HF-cache snapshot path renamed to its Hub id
+    (a path means nothing on another machine and reveals the packer's file system), or None
+    when nothing needs renaming. The pin still records the exact commit."""
+    renamed = json.loads(json.dumps(config))
+    changed = False
+    for role in memos_layout.ROLES:
+        inner = memos_layout.llm_config(renamed, role)
+        name = (inner or {}).get("model_name_or_path")
+        if isinstance(name, str) and Path(name).is_dir():
+            repo_id, _ = hub_origin(Path(name))
+            if repo_id:
+                inner["model_name_or_path"] = repo_id
+                changed = True
+    return renamed if changed else None
+
+
+def _previous_card(cube: Path, files: list[str]) -> card.PreviousCard:
+    """The README the cube holds now: cubepack's last card, or someone else's to keep."""
+    if constants.CARD_FILENAME not in files:
+        return card.PreviousCard()
+    data = (cube / constants.CARD_FILENAME).read_bytes()
+    try:
+        return card.read_previous(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{cube / constants.CARD_FILENAME} is not UTF-8 text; pack keeps a "
+                          "README's text in the card, so fix or remove it.") from exc
+
+
+def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> dict[str, dict[str, Any]]:
+    """Resolve every model the cube names to a pin (identity + repo id + revision)."""
+    refs = memos_layout.model_refs(config)
+    if model is not None and not any(ref.role == memos_layout.ACT_ROLE for ref in refs):
+        refs.insert(0, memos_layout.ModelRef(memos_layout.ACT_ROLE, None, str(model), strict=True))
+    pins: dict[str, dict[str, Any]] = {}
+    for ref in refs:
+        pin: dict[str, Any] = {"name": ref.name, "strict": ref.strict, "repo_id": None,
+                               "revision": None, "identity": None}
+        if ref.strict:
+            source = model if model is not None else ref.name
+            identity = fingerprint(source, revision=revision) if isinstance(source, (str, Path)) \
+                else fingerprint(source)
+        else:
+            if not memos_layout.is_hub_loadable(ref.backend):
+                pins[ref.role] = {**pin, "reason": f"backend {ref.backend!r} is not a local model"}
+                continue
+            try:  # informational: pin what is already here, never download for it
+                identity = fingerprint(ref.name, local_files_only=True)
+            except CubepackError as exc:
+                pins[ref.role] = {**pin, "reason": f"not available locally ({exc})"}
+                continue
+        pin["identity"] = identity.pinned()
+        if ref.strict and model is not None:  # the model given, not the one config.json names
+            pin["name"] = str(model) if isinstance(model, (str, Path)) else \
+                (identity.model_id or getattr(model, "name_or_path", None))
+        pin["repo_id"] = identity.model_id if identity.revision else None
+        pin["revision"] = identity.revision
+        pins[ref.role] = pin
+    return pins
+
+
+def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
+                    pins: dict[str, dict[str, Any]], embedder: str | None) -> None:
+    """Pin a text memory's vectors to their embedder: dimension, count and a sample of the
+    cube's own memories, which ``verify --embedder`` re-embeds (see ``_vectors``, ``_embedder``)."""
+    for name in memos_layout.memory_files(memos_config, files).get("textual", []):
+        record = vector_record(cube, name)
+        if record is None:
+            continue
+        role = "text_mem.embedder"
+        pins.setdefault(role, {"name": None, "strict": False, "repo_id": None, "revision": None,
+                               "identity": None, "reason": "config.json names no embedder"})
+        if embedder:
+            failures = [c for c in embedder_checks(cube, record, embedder, role) if not c.ok]
+            if failures:
+                raise IdentityMismatch(f"The text memory {name}", [
+                    Mismatch(f"embedder {c.subject}", "its stored vector", c.detail)
+                    for c in failures], "--embedder did not make these vectors; give the "
+                    "embedder that did.")
+            record["probes"] = probe_vectors(embedder)
+        pins[role]["vectors"] = record
+
+
+# --- activations --------------------------------------------------------------------------------
+
+def activation_filename(item_id: str) -> str:
+    """A safe file name for an item id (ids that are not plain names are hashed)."""
+    stem = item_id if _SAFE_ID.match(item_id) else "item-" + hashlib.sha256(item_id.encode()).hexdigest()[:16]
+    return f"{constants.ACTIVATIONS_DIR}/{stem}{constants.KV_SUFFIX}"
+
+
+def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]],
+                    memos_config: dict[str, Any], *, model: Any,
+                    assert_producer: bool) -> list[str]:
+    pin = pins.get(memos_layout.ACT_ROLE)
+    if pin is None or pin.get("identity") is None:
+        raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
+                            "producer model; pass --model with the model that built them.")
+    if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
+        raise UnsupportedError(VLLM_REFUSAL)
+    identity = ModelIdentity.from_dict(pin["identity"])
+    data = pickle_path.read_bytes()
+    source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
+    dump = read_memos_pickle(data)
+    written = set()
+    for item in dump.items:
+        if item.prompt is not None:
+            raise UnsupportedError(f"Activation {item.id!r} is a vLLM prompt, not a KV cache. "
+                                   + VLLM_REFUSAL)
+        provenance = _producer_provenance(item, dump, identity, pin, memos_config, model=model,
+                                          assert_producer=assert_producer)
+        name = activation_filename(item.id)
+        if name in written:
+            raise FormatError(f"Two activations map to the file {name}; their ids collide.")
+        written.add(name)
+        metadata = {**item.metadata, "id": item.id, "converted_from": source,
+                    "provenance": provenance}
+        try:
+            write_kv_layers(_typed_layers(item.layers, identity), resolve_inside(staging, name),
+                            producer=identity, metadata=metadata)
+        except IdentityMismatch as exc:
+            raise IdentityMismatch(
+                f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
+                "Its tensors contradict the pinned model; pass --model with the model that "
+                "built this cube.") from None
+    return [item.id for item in dump.items]
+
+
+VLLM_REFUSAL = ("vllm_kv_cache activations are prompt strings that a vLLM server turns into KV "
+                "caches on its side: there are no tensors to store, pin or verify. Set the cube's "
+                "act_mem backend to 'uninitialized' (or rebuild it with the kv_cache backend), "
+                "then pack again.")
+
+
+def _typed_layers(layers: list[tuple[str, int, Any, Any]],
+                  identity: ModelIdentity) -> list[tuple[str, int, Any, Any]]:
+    """Early dumps stored every layer as a plain list entry; a sliding layer that never filled
+    its window is exactly a full layer of the same length, so it is typed as the model's."""
+    layer_types = identity.geometry.get("layer_types") or []
+    window = identity.geometry.get("sliding_window") or 0
+    typed = []
+    for index, (kind, length, keys, values) in enumerate(layers):
+        if kind == FULL and index < len(layer_types) and layer_types[index] == SLIDING \
+                and keys.shape[-2] < window:
+            kind = SLIDING
+        typed.append((kind, length, keys, values))
+    return typed
+
+
+def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: dict[str, Any],
+                         memos_config: dict[str, Any], *, model: Any,
+                         assert_producer: bool) -> dict[str, Any]:
+    """Check the producer claims a pickle carries; say where the label comes from.
+
+    Raises:
+        IdentityMismatch: a MemOS producer record contradicts the pinned model, or ``--model``
+            contradicts the model config.json names (without ``assert_producer``).
+    """
+    records = [(record, source) for record, source in (
+        (item.producer_record, "MemOS #2305 metadata.producer"),
+        (dump.model_identity, "MemOS #2302 model_identity")) if record]
+    for record, source in records:
+        conflicts = record_conflicts(record, identity, pin.get("name"))
+        if conflicts:
+            raise IdentityMismatch(
+                f"Activation {item.id!r}: its producer record ({source})", conflicts,
+                "The pickle says another model produced it; pass --model with that model.")
+    if records:
+        return {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the pinned model"}
+    named = memos_layout.act_model_name(memos_config)
+    if model is None or named is None:
+        return {"kind": ASSERTED, "detail": "config.json names the producer; the pickle "
+                                            "records none"}
+    if _same_producer(named, identity):
+        return {"kind": ASSERTED, "detail": f"--model {model} agrees with config.json's "
+                                            f"{named}; the pickle records no producer"}
+    if not assert_producer:
+        raise IdentityMismatch(
+            f"Activation {item.id!r}", [Mismatch("producer", named, str(model))],
+            f"config.json names {named} as the producer and the pickle records none; pack with "
+            f"--model {named}, or pass --assert-producer to label these caches as {model}'s "
+            "anyway (recorded in the lock and the card as asserted).")
+    return {"kind": ASSERTED, "detail": f"--assert-producer: labelled as {model}'s although "
+                                        f"config.json names {named}"}
+
+
+def _same_producer(named: str, identity: ModelIdentity) -> bool:
+    """Is the model config.json names (when available locally) the pinned model?"""
+    if named in (identity.model_id,):
+        return True
+    try:
+        return fingerprint(named, local_files_only=True, dtype=identity.dtype).strict() == \
+            identity.strict()
+    except CubepackError:
+        return False
+
+
+def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
+                        digests: dict[str, str]) -> dict[str, dict[str, Any]]:
+    entries: dict[str, dict[str, Any]] = {}
+    producer_pin = pins.get(memos_layout.ACT_ROLE)
+    for name in files:
+        if not is_activation_path(name):
+            continue
+        info = read_kv_header(resolve_inside(staging, name))
+        if producer_pin is None or producer_pin.get("identity") is None:
+            raise CubepackError(f"{name} is an activation but the cube names no producer model; "
+                                "pass --model.")
+        pinned = ModelIdentity.from_dict(producer_pin["identity"])
+        mismatches = compare(pinned, info.producer)
+        if mismatches:
+            raise IdentityMismatch(f"Activation file {name}", mismatches,
+                                   "It was produced by another model than the one being pinned; "
+                                   "pass --model with its producer or remove the file.")
+        item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
+        if item_id in entries:
+            raise FormatError(f"Two activation files carry the id {item_id!r}.")
+        provenance = info.metadata.get("provenance")
+        entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
+                            "token_count": info.token_count, "kv_dtype": info.kv_dtype,
+                            "num_layers": info.num_layers, "sha256": digests[name],
+                            "provenance": provenance if check_provenance(provenance)
+                            else KV_HEADER}
+    return entries
+
+
+def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]], model: Any) -> None:
+    """Recompute every activation in ``staging`` with the pinned producer; rewrite each with
+    its token ids and a ``recomputed`` provenance, or refuse."""
+    import datetime
+
+    pin = pins.get(memos_layout.ACT_ROLE) or {}
+    live = load_for_recompute(model, pin)
+    tokenizer = None
+    for path in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
+        info = read_kv_header(path)
+        item_id = str(info.metadata.get("id") or path.name[: -len(constants.KV_SUFFIX)])
+        ids = info.token_ids
+        if not ids:
+            tokenizer = tokenizer or _tokenizer_for(live)
+            ids = memos_prompt_ids(tokenizer, info.metadata.get("source_text"))
+            if len(ids) != info.token_count:
+                raise RecomputationFailed(
+                    f"Activation {item_id!r} holds {info.token_count} tokens but MemOS's prompt "
+                    f"for its source_text has {len(ids)} with this model's tokenizer: it was not "
+                    "built by this model's chat template, so it cannot be proven.")
+        result = recompute_cache(live, info, item_id, token_ids=ids)
+        if not result.ok:
+            raise RecomputationFailed(f"Activation {item_id!r} is not this model's: it "
+                                      f"{describe(result)}. Pass --model with its producer.")
+        provenance = {"kind": RECOMPUTED, "detail": describe(result),
+                      "model": pin["identity"]["weights_digest"], "tokens": result.positions,
+                      "max_error": result.max_rel_error,
+                      "at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                          timespec="seconds")}
+        write_kv_layers(mapped_layers(info, copy=True), path, producer=info.producer,
+                        token_ids=ids, metadata={**info.metadata, "provenance": provenance})
+
+
+def _tokenizer_for(model: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model.name_or_path))
+
+
+def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str, Any]) -> None:
+    """Refuse any file ``verify`` would refuse: pack never writes a cube that does not verify."""
+    problems = [(name, problem) for name in names
+                if (problem := file_problem(resolve_inside(staging, name), name))]
+    problems += pickled_memory_problems(memos_config, names)
+    if problems:
+        name, problem = problems[0]
+        more = f" ({len(problems) - 1} more file(s) too)" if len(problems) > 1 else ""
+        raise UnsafeInputError(f"{name} {problem}{more}. Remove it (or convert it) and pack "
+                               "again.")
+
+
+# --- writing config, card and lock -----------------------------------------------------------
+
+def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
+                    license: str | None, pretty_name: str, progress: bool | None,
+                    previous_card: card.PreviousCard) -> PackResult:
+    cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
+    content = [name for name in list_cube_files(staging) if name not in GENERATED]
+    memories = memos_layout.memory_files(memos_config, content)
+    memories["activation"] = [name for name in content if is_activation_path(name)]
+    _refuse_unshippable(staging, content, memos_config)
+    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
+    atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
+
+    hashed = content + [constants.CONFIG_FILENAME]
+    digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
+        [resolve_inside(staging, name) for name in hashed], progress=progress,
+        description="hashing cube").items()}
+    files = {name: {"sha256": digests[name], "size": resolve_inside(staging, name).stat().st_size}
+             for name in hashed}
+    activations = _activation_entries(staging, content, pins, digests)
+    draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
+                                cubepack_version=__version__)
+    card_text = card.render(lock=draft, memories=memories,
+                            pretty_name=pretty_name,
+                            license=license, repo_id=cube_id if cube_id and "/" in cube_id
+                            else "OWNER/CUBE", cubepack_version=__version__,
+                            previous=previous_card)
+    card_bytes = card_text.encode("utf-8")
+    atomic.write_bytes(staging / constants.CARD_FILENAME, card_bytes)
+    files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),
+                                      "size": len(card_bytes)}
+    lock = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
+                               cubepack_version=__version__)
+    atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
+    return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
+                      files=len(files) + 1, models=pins, activations=sorted(activations))

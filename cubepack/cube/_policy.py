@@ -1,0 +1,105 @@
+"""The trust policy: what a verification, a pull or a MemOS load must prove, in one object.
+
+``verify``, ``pull``, the MemOS hook and the CLI each build one :class:`TrustPolicy` and pass it
+down, instead of copying a dozen keyword arguments by hand. It is validated when it is built
+(before any work), so a bad value is a :class:`~cubepack.errors.UsageError` at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+#: What to do with a memory that does not match the live model: refuse (strictest), skip it,
+#: or rebuild it with the live model.
+POLICIES = ("error", "drop", "rebuild")
+#: Provenance levels ``require_provenance`` accepts, weakest first.
+PROVENANCE_LEVELS = ("recorded", "recomputed")
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What must hold before a cube is accepted.
+
+    Attributes:
+        model: the producer to check the pins against (a folder, Hub id or loaded model).
+            None: the pinned revision in the HF cache, when it is there.
+        trusted_keys: public keys (PEM paths) whose signature is accepted; any given makes a
+            valid signature by one of them required.
+        require_signature: refuse an unsigned cube even without ``trusted_keys``.
+        recompute: prove every KV cache by the producer's own prefill.
+        recompute_tokens: check this many positions per cache instead of all (implies
+            ``recompute``).
+        require_provenance: ``"recorded"`` or ``"recomputed"``: refuse activations whose
+            producer label is backed by less.
+        embedder: an embedder spec that must reproduce the text memory's vectors.
+        strict_models: refuse a cube whose pinned model cannot be checked at all.
+        on_mismatch: for loads into a live model (the MemOS hook): ``"error"``, ``"drop"`` or
+            ``"rebuild"``.
+    """
+
+    model: Any = None
+    trusted_keys: tuple[str, ...] = ()
+    require_signature: bool = False
+    recompute: bool = False
+    recompute_tokens: int | None = None
+    require_provenance: str | None = None
+    embedder: str | None = None
+    strict_models: bool = False
+    on_mismatch: str = "error"
+
+    def __post_init__(self) -> None:
+        keys = self.trusted_keys
+        if isinstance(keys, (str, Path)):
+            keys = (keys,)
+        object.__setattr__(self, "trusted_keys", tuple(str(k) for k in keys or ()))
+        recompute, tokens = self.recompute, self.recompute_tokens
+        if type(recompute) is int:  # recompute=N: the old spelling of recompute_tokens=N
+            recompute, tokens = True, tokens or recompute
+        if tokens is not None and (type(tokens) is not int or tokens < 1):
+            raise UsageError(f"recompute_tokens must be a positive integer, not {tokens!r}.")
+        object.__setattr__(self, "recompute", bool(recompute or tokens))
+        object.__setattr__(self, "recompute_tokens", tokens)
+        if self.require_provenance is not None and \
+                self.require_provenance not in PROVENANCE_LEVELS:
+            raise UsageError(f"require_provenance must be one of {', '.join(PROVENANCE_LEVELS)}, "
+                             f"not {self.require_provenance!r}.")
+        if self.on_mismatch not in POLICIES:
+            raise UsageError(f"on_mismatch must be one of {', '.join(POLICIES)}, not "
+                             f"{self.on_mismatch!r}.")
+
+    @classmethod
+    def build(cls, policy: "TrustPolicy | None" = None, **options: Any) -> "TrustPolicy":
+        """``policy`` (or the default) with ``options`` applied; None values are ignored.
+
+        Raises:
+            UsageError: an option that is not a policy field, or a value it refuses.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UsageError(f"Unknown trust option(s) {', '.join(unknown)}; a TrustPolicy has "
+                             f"{', '.join(sorted(known))}.")
+        given = {key: value for key, value in options.items() if value is not None}
+        return replace(policy or cls(), **given)
+
+    @property
+    def signature_required(self) -> bool:
+        return self.require_signature or bool(self.trusted_keys)
+
+    def without_live_checks(self) -> "TrustPolicy":
+        """The part of the policy a folder can be checked against before a model is loaded
+        (the MemOS hook recomputes and checks provenance with the model MemOS loads)."""
+        return replace(self, recompute=False, recompute_tokens=None, require_provenance=None,
+                       embedder=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        if data["model"] is not None and not isinstance(data["model"], (str, Path)):
+            data["model"] = type(data["model"]).__name__
+        data["model"] = str(data["model"]) if data["model"] is not None else None
+        data["trusted_keys"] = list(self.trusted_keys)
+        return data

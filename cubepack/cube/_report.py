@@ -1,0 +1,92 @@
+"""The verification report: every check cubepack ran on a cube, with its outcome.
+
+Shared by :mod:`cubepack.cube._verify` (local checks) and :mod:`cubepack.hub._remote` (checks
+against the Hub's metadata), so both produce the same typed :class:`Check` values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Every check a verification runs, in order; a report lists each (those not run are marked so).
+CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
+          "cube config", "signature", "model identity", "remote model", "recompute",
+          "provenance", "embedder")
+#: Checks that run only when asked for.
+OPTIONAL = ("remote model", "recompute", "provenance", "embedder")
+
+
+def pin_subject(role: str, pin: dict[str, Any]) -> str:
+    """How a report names a pinned model: ``act_mem (owner/model@<sha>)`` or a local folder."""
+    if pin.get("repo_id") and pin.get("revision"):
+        return f"{role} ({pin['repo_id']}@{pin['revision']})"
+    return f"{role} (local folder, pinned by weights digest)"
+
+
+@dataclass
+class Check:
+    """One check and its outcome: ``ok`` is True (passed), False (failed) or None (skipped or
+    not run, with the reason in ``detail``). ``role`` names the model role a model check is
+    about, so callers never parse ``subject``."""
+
+    name: str
+    subject: str
+    ok: bool | None
+    detail: str = ""
+    expected: Any = None
+    found: Any = None
+    role: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
+                "expected": self.expected, "found": self.found}
+
+    def __str__(self) -> str:
+        text = f"{self.name} {self.subject}: {self.detail.rstrip('.')}"
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected}, found {self.found})"
+        return text
+
+
+@dataclass
+class VerifyReport:
+    """Every check run on one cube; ``ok`` when none failed."""
+
+    cube_dir: Path
+    checks: list[Check] = field(default_factory=list)
+    lock: dict[str, Any] | None = None
+    #: True once every file is proven intact (file set, sizes, sha256, content).
+    intact: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok is not False for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def add(self, name: str, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
+            found: Any = None, role: str | None = None) -> bool:
+        self.checks.append(Check(name, subject, ok, detail, expected, found, role))
+        return ok is not False
+
+    def extend(self, checks: list[Check]) -> None:
+        self.checks.extend(checks)
+
+    def finish(self, reason: str, asked: list[str]) -> None:
+        """List each check that did not run as ``not run`` (with ``reason``): every mandatory
+        one, and the optional ones in ``asked``; then put the report in :data:`CHECKS` order."""
+        ran = {check.name for check in self.checks}
+        for name in CHECKS[1:]:
+            if name not in ran and (name not in OPTIONAL or name in asked):
+                self.add(name, "*", None, reason)
+        self.checks.sort(key=lambda check: CHECKS.index(check.name)
+                         if check.name in CHECKS else len(CHECKS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cube_dir": str(self.cube_dir), "ok": self.ok,
+                "digest": (self.lock or {}).get("digest"),
+                "checks": [c.to_dict() for c in self.checks]}

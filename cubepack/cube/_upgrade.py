@@ -1,0 +1,110 @@
+"""``cubepack upgrade``: bring KV files and cubes written by an older cubepack to the current
+formats, proving each against its producer first.
+
+KV format 1 (and lock version 1) did not record a model's compute config, and hashed only the
+tokenizer's structure. Such a file cannot be checked against a live model, so it is never
+loaded; upgrading re-fingerprints the producer model you name, requires every field format 1
+*did* record to match it (weights, geometry, dtypes, quantization, adapters, and the format-1
+tokenizer digest), and only then rewrites the header with the full current identity. The
+tensors are copied unchanged.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, constants
+from ..errors import IdentityMismatch, Mismatch, UsageError
+from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..identity._identity import ModelIdentity, compare_keyed
+from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
+from ..kv._format import KVFileInfo, read_kv_header
+from ..kv._torch import mapped_layers, write_kv_layers
+from ._pack import pack
+
+__all__ = ["UpgradeResult", "upgrade"]
+
+
+@dataclass
+class UpgradeResult:
+    path: Path
+    upgraded: list[str] = field(default_factory=list)
+    current: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current}
+
+
+def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None) -> UpgradeResult:
+    """Upgrade a KV file, or every KV file of a cube and then the cube itself (re-packed).
+
+    Args:
+        model: the producer (a folder or Hub id, as for ``pack --model``).
+
+    Raises:
+        IdentityMismatch: a file was not produced by ``model`` (naming every field).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist.")
+    if path.is_dir():
+        return _upgrade_cube(path, model, revision)
+    result = UpgradeResult(path)
+    (result.upgraded if _upgrade_file(path, model, revision) else result.current).append(path.name)
+    return result
+
+
+def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> UpgradeResult:
+    result = UpgradeResult(cube)
+    staging = atomic.staging_dir(cube, "upgrade")
+    try:
+        shutil.copytree(cube, staging, dirs_exist_ok=True,
+                        copy_function=lambda src, dst: atomic.link_or_copy(Path(src), Path(dst)))
+        for kv_file in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
+            upgraded = _upgrade_file(kv_file, model, revision)
+            (result.upgraded if upgraded else result.current).append(
+                kv_file.relative_to(staging).as_posix())
+        pack(staging, model=str(model), revision=revision)
+        atomic.replace_dir(staging, cube)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return result
+
+
+def _upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:
+    info = read_kv_header(path)
+    if info.version == constants.KV_FORMAT_VERSION:
+        return False
+    live = fingerprint(str(model), revision=revision, dtype=info.producer.dtype)
+    mismatches = _legacy_mismatches(info.producer, live, str(model), revision)
+    if mismatches:
+        raise IdentityMismatch(f"KV cache {path.name} (KV format {info.version})", mismatches,
+                               "It was not produced by this model; upgrade it with its producer.")
+    _rewrite(info, live)
+    return True
+
+
+def _legacy_mismatches(old: ModelIdentity, live: ModelIdentity, model: str,
+                       revision: str | None) -> list[Mismatch]:
+    """Every field format 1 recorded that the live model contradicts."""
+    found = [Mismatch(name, getattr(old, name), getattr(live, name))
+             for name in ("weights_digest", "dtype", "kv_dtype", "quantization", "adapters")
+             if getattr(old, name) != getattr(live, name)]
+    found += compare_keyed("geometry", old.geometry, live.geometry)
+    folder, _, _ = resolve_model_folder(model, revision)
+    tokenizer_json = folder / "tokenizer.json"
+    legacy = (legacy_tokenizer_digest_v1(tokenizer_json.read_text(encoding="utf-8"))
+              if tokenizer_json.is_file() else live.tokenizer_digest)
+    if old.tokenizer_digest != legacy:
+        found.append(Mismatch("tokenizer_digest", old.tokenizer_digest, legacy))
+    return found
+
+
+def _rewrite(info: KVFileInfo, live: ModelIdentity) -> None:
+    layers = mapped_layers(info, copy=True)  # copied: the file is replaced under the mapping
+    write_kv_layers(layers, info.path, producer=live, token_ids=info.token_ids,
+                    metadata=info.metadata)

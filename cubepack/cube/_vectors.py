@@ -1,0 +1,78 @@
+"""Textual memories' vectors and what the lock records about them (no HTTP, no torch).
+
+A vector is only meaningful for the embedder that made it: another embedder of the same
+dimension silently garbles retrieval, another dimension crashes the vector store. ``pack``
+records, for a text memory that holds vectors, its dimension, count and a sample of its
+memories; the embedder check (:mod:`cubepack.cube._embedder`) re-embeds them. Cosine >= 0.999:
+the same embedder elsewhere differs by rounding (~1e-6), another model falls far below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..errors import CubepackError
+
+COSINE_THRESHOLD = 0.999
+
+
+SAMPLE_SIZE = 8
+
+
+#: A fixed probe set: with the embedder at pack time (``pack --embedder``), their vectors are
+#: recorded too, a behavioural fingerprint of the embedder independent of the cube's contents.
+PROBES = ("The user likes green tea.", "Paris is the capital of France.",
+          "def add(a, b): return a + b", "Numbers: 3.14159, 2024, -7.")
+
+
+def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
+    """(id, text, vector) of every memory that holds a vector, in MemOS's two dump layouts: a
+    list of ``{id, vector, payload: {memory}}`` (general text) or ``{nodes: [{id, memory,
+    metadata: {embedding}}]}`` (tree text)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    found = []
+    if isinstance(data, list):
+        for entry in data:
+            if isinstance(entry, dict) and isinstance(entry.get("vector"), list):
+                payload = entry.get("payload") or {}
+                found.append((str(entry.get("id")), str(payload.get("memory", "")),
+                              entry["vector"]))
+    elif isinstance(data, dict) and isinstance(data.get("nodes"), list):
+        for node in data["nodes"]:
+            embedding = (node.get("metadata") or {}).get("embedding") if isinstance(node, dict) \
+                else None
+            if isinstance(embedding, list) and embedding:
+                found.append((str(node.get("id")), str(node.get("memory", "")), embedding))
+    return found
+
+
+def vector_record(cube: Path, name: str) -> dict[str, Any] | None:
+    """What the lock records about a text memory's vectors, or None when it holds none."""
+    memories = memory_vectors(cube / name)
+    if not memories:
+        return None
+    dimensions = sorted({len(vector) for _, _, vector in memories})
+    if len(dimensions) != 1:
+        raise CubepackError(f"{name} mixes vectors of dimensions {dimensions}: one embedder "
+                            "cannot have made them all.")
+    sample = sorted(memory_id for memory_id, _, _ in memories)[:SAMPLE_SIZE]
+    return {"file": name, "dimension": dimensions[0], "count": len(memories), "sample": sample}
+
+
+def check_record(record: Any) -> bool:
+    probes = record.get("probes") if isinstance(record, dict) else None
+    return (isinstance(record, dict) and isinstance(record.get("file"), str)
+            and type(record.get("dimension")) is int and type(record.get("count")) is int
+            and isinstance(record.get("sample"), list)
+            and all(isinstance(i, str) for i in record["sample"])
+            and (probes is None or (isinstance(probes, list) and len(probes) == len(PROBES)
+                                    and all(isinstance(v, list) for v in probes))))
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0

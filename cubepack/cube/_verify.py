@@ -1,0 +1,350 @@
+"""``cubepack verify``: prove a cube is exactly what its producer packed.
+
+Every check is recorded with its outcome, so a report (or ``--json``) shows what passed as well
+as what failed. Order matters for safety: the lock is parsed and its paths checked before any
+file is opened, sizes are compared before bytes are hashed, and a model is only fingerprinted
+after the files it will be compared with are proven intact. No torch import: KV headers are
+read as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .._util import constants
+from .._util.hashing import hash_files
+from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
+from ..errors import CubepackError, IntegrityError, VerificationFailed
+from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..identity._identity import ModelIdentity, compare
+from ..kv._format import read_kv_header
+from ..kv._recompute import describe, load_for_recompute
+from ..kv._recompute import recompute as recompute_cache
+from . import _cubeconfig as cubeconfig
+from . import _lock as lockfile
+from ._content import file_problem, pickled_memory_problems
+from ._embedder import embedder_checks
+from ._memos_layout import ACT_ROLE
+from ._policy import TrustPolicy
+from ._provenance import RECOMPUTED, STRENGTH
+from ._report import Check, VerifyReport, pin_subject
+from ._signing import verify_signature
+
+__all__ = ["Check", "VerifyReport", "verify"]
+
+#: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
+TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
+#: Where ``cubepack pull`` records a pulled folder's origin.
+ORIGIN_FILE = ".cache/cubepack/origin.json"
+#: Folders of tool bookkeeping a cube may hold beyond its lock (validated by kind all the same):
+#: ``hf download --local-dir`` writes ``.cache/huggingface/``; pull writes ``.cache/cubepack/``.
+TOLERATED_FOLDERS = (".cache/huggingface/", ".cache/cubepack/")
+
+
+def is_tolerated(name: str) -> bool:
+    """May ``name`` sit in a cube without being listed in its lock?"""
+    return name in TOLERATED or name.startswith(TOLERATED_FOLDERS)
+
+
+def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
+           progress: bool | None = None, raise_on_failure: bool = True,
+           hashed: dict[str, str] | None = None, **options: Any) -> VerifyReport:
+    """Verify the cube at ``cube_dir`` against its ``cubepack.lock``, locally.
+
+    Args:
+        policy: what must hold beyond the lock (see :class:`TrustPolicy`): the model to check
+            the pins against (without one, a pinned revision in the HF cache is checked;
+            otherwise that check is reported as skipped), trusted keys, recomputation,
+            provenance, the embedder. ``options`` are its fields, for convenience
+            (``verify(cube, model=..., recompute=True)``).
+        raise_on_failure: raise :class:`VerificationFailed` when any check fails.
+        hashed: sha256 of files this process has just hashed itself from the very bytes in
+            the cube (``pull`` hashes each file as its download completes, overlapping hashing
+            with the network); those files are not read twice. Never pass digests you did not
+            compute.
+
+    Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
+    """
+    policy = TrustPolicy.build(policy, **options)
+    report = VerifyReport(Path(cube_dir))
+    lock = _check_lock(report)
+    reason = "not run: the lock could not be read"
+    if lock is not None:
+        report.lock = lock
+        report.intact = _check_files(report, lock, progress, hashed or {})
+        _check_activations(report, lock)
+        _check_config(report, lock)
+        reason = "not run: the cube's files failed the checks above"
+        if report.intact:
+            _check_signature(report, policy)
+            _check_models(report, lock, policy.model)
+            recomputed = _check_recompute(report, lock, policy) if policy.recompute else set()
+            if policy.require_provenance:
+                _check_provenance(report, lock, policy.require_provenance, recomputed)
+            if policy.embedder:
+                _check_embedder(report, lock, policy.embedder)
+    asked = {"recompute": policy.recompute, "provenance": bool(policy.require_provenance),
+             "embedder": bool(policy.embedder)}
+    report.finish(reason, [name for name, wanted in asked.items() if wanted])
+    if raise_on_failure and not report.ok:
+        raise VerificationFailed(report)
+    return report
+
+
+def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
+    path = report.cube_dir / constants.LOCK_FILENAME
+    if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
+        report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
+        return None
+    blobs = hf_snapshot_blobs(report.cube_dir)
+    cached = path.is_symlink() and blobs is not None and path.resolve().parent == blobs.resolve()
+    if (path.is_symlink() and not cached) or not path.is_file():
+        report.add("lock", constants.LOCK_FILENAME, False,
+                   "missing: this folder was not packed by cubepack (run `cubepack pack`)")
+        return None
+    try:
+        lock = lockfile.parse(path.read_bytes())
+    except CubepackError as exc:
+        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        return None
+    report.add("lock", constants.LOCK_FILENAME, True, f"version {lock['lock_version']}, digest "
+               f"{lock['digest']}")
+    return lock
+
+
+def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None,
+                 hashed: dict[str, str]) -> bool:
+    """File set, then sizes, then sha256 (parallel). True when every file is intact."""
+    on_disk, problems = scan_cube(report.cube_dir)
+    for where, what in problems:
+        report.add("path", where, False, what)
+    if not problems:
+        report.add("path", "*", True, "no symlinks, special files or unsafe names")
+    listed = lock["files"]
+    missing = sorted(set(listed) - set(on_disk))
+    unlisted = sorted(name for name in set(on_disk) - set(listed) if not is_tolerated(name))
+    for name in missing:
+        report.add("file set", name, False, "missing from the cube", "present", "absent")
+    for name in unlisted:
+        report.add("file set", name, False, "not listed in the lock", "absent", "present")
+    if not missing and not unlisted and not problems:
+        report.add("file set", "*", True, f"{len(listed)} files, exactly the lock's")
+    to_hash = []
+    for name in sorted(set(listed) & set(on_disk)):
+        size = resolve_inside(report.cube_dir, name).stat().st_size
+        if size != listed[name]["size"]:
+            report.add("size", name, False, "size differs", listed[name]["size"], size)
+        else:
+            to_hash.append(name)
+    if len(to_hash) == len(set(listed) & set(on_disk)):
+        report.add("size", "*", True, f"{len(to_hash)} files of the sizes the lock records")
+    digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
+                         progress=progress, description="verifying")
+    by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
+    by_name.update({name: hashed[name] for name in to_hash if name in hashed})
+    bad = 0
+    for name in to_hash:
+        if by_name[name] != listed[name]["sha256"]:
+            bad += 1
+            report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
+    if to_hash and not bad:
+        report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
+    pickles = _check_content(report, sorted(name for name in on_disk
+                                            if name in listed or is_tolerated(name)))
+    return not (missing or unlisted or problems or bad or pickles
+                or len(to_hash) != len(set(listed) & set(on_disk)))
+
+
+def _check_content(report: VerifyReport, names: list[str]) -> bool:
+    """Every file is read by a strict parser for its kind, tolerated files included, and none
+    is or holds a pickle, whatever the lock says. True when a file was refused."""
+    problems = [(name, reason) for name in names
+                if (reason := file_problem(resolve_inside(report.cube_dir, name), name))]
+    config = _memos_config(report.cube_dir, names, problems)
+    problems += pickled_memory_problems(config, names)
+    for name, reason in problems:
+        report.add("content", name, False, reason)
+    if not problems:
+        report.add("content", "*", True, f"{len(names)} files read by a strict parser for their "
+                   "kind; none is or holds a pickle")
+    return bool(problems)
+
+
+def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """MemOS's config.json when present and valid (already checked as JSON), else {}."""
+    if "config.json" not in names or any(name == "config.json" for name, _ in problems):
+        return {}
+    config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    return config if isinstance(config, dict) else {}
+
+
+def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
+    if not lock["activations"]:
+        report.add("kv header", "*", None, "skipped: the cube holds no activations")
+    for item_id, entry in sorted(lock["activations"].items()):
+        path = resolve_inside(report.cube_dir, entry["file"])
+        if not path.is_file() or path.is_symlink():
+            continue  # already reported by the file checks
+        subject = f"{entry['file']} ({item_id})"
+        try:
+            info = read_kv_header(path)
+        except CubepackError as exc:
+            report.add("kv header", subject, False, str(exc))
+            continue
+        pin = lock["models"][entry["model_role"]]
+        problems = [(f"producer.{m.field}", m.expected, m.found)
+                    for m in compare(ModelIdentity.from_dict(pin["identity"]), info.producer)]
+        for key, found in (("token_count", info.token_count), ("kv_dtype", info.kv_dtype),
+                           ("num_layers", info.num_layers)):
+            if entry[key] != found:
+                problems.append((key, entry[key], found))
+        for key, expected, found in problems:
+            report.add("kv header", subject, False,
+                       f"{key} differs from the lock's pinned {entry['model_role']} model",
+                       expected, found)
+        if not problems:
+            report.add("kv header", subject, True, "producer and shapes agree with the lock")
+
+
+def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
+    path = report.cube_dir / constants.CONFIG_FILENAME
+    if constants.CONFIG_FILENAME not in lock["files"]:
+        report.add("cube config", "*", None, "skipped: the lock lists no cubepack.yaml")
+        return
+    if not path.is_file():
+        report.add("cube config", constants.CONFIG_FILENAME, None,
+                   "not run: the file is missing (reported by the file-set check)")
+        return
+    try:
+        config = cubeconfig.parse(path.read_text(encoding="utf-8"))
+    except (CubepackError, UnicodeDecodeError) as exc:
+        report.add("cube config", constants.CONFIG_FILENAME, False, str(exc))
+        return
+    agree = True
+    for role, pin in lock["models"].items():
+        stated = config["models"].get(role) or {}
+        identity = pin.get("identity") or {}
+        for key, expected in (("repo_id", pin.get("repo_id")), ("revision", pin.get("revision")),
+                              ("weights_digest", identity.get("weights_digest")),
+                              ("dtype", identity.get("dtype"))):
+            if stated.get(key) != expected:
+                agree = report.add("cube config", f"models.{role}.{key}", False,
+                                   "cubepack.yaml disagrees with cubepack.lock", expected,
+                                   stated.get(key))
+    if agree:
+        report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
+
+
+def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
+    signed = (report.cube_dir / constants.SIGNATURE_FILENAME).is_file()
+    trusted_keys = list(policy.trusted_keys)
+    if not policy.signature_required:
+        report.add("signature", constants.SIGNATURE_FILENAME, None,
+                   "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
+        return
+    try:
+        key = verify_signature(report.cube_dir, trusted_keys)
+    except CubepackError as exc:
+        report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc))
+        return
+    report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
+
+
+def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
+    for role, pin in sorted(lock["models"].items()):
+        if not pin.get("strict") or not pin.get("identity"):
+            continue
+        pinned = ModelIdentity.from_dict(pin["identity"])
+        subject = pin_subject(role, pin)
+        try:
+            if model is not None:
+                # A folder does not say what dtype it will run in; we check it as run in the
+                # pinned dtype (different weights still differ). A loaded model reports its own.
+                live = fingerprint(model) if not isinstance(model, (str, Path)) \
+                    else fingerprint(str(model), revision=None, dtype=pinned.dtype)
+            elif pin.get("repo_id") and pin.get("revision"):
+                folder, _, _ = resolve_model_folder(pin["repo_id"], pin["revision"],
+                                                    local_files_only=True)
+                live = fingerprint(folder, dtype=pinned.dtype)
+            else:
+                report.add("model identity", subject, None,
+                           "skipped: no model given (--model) and the pin has no Hub revision",
+                           role=role)
+                continue
+        except CubepackError as exc:
+            if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
+                report.add("model identity", subject, False, str(exc), role=role)
+            else:
+                report.add("model identity", subject, None, "skipped: the pinned revision is not "
+                           "in the HF cache (pass --model, or use verify --remote)", role=role)
+            continue
+        mismatches = compare(pinned, live)
+        for mismatch in mismatches:
+            report.add("model identity", f"{subject} {mismatch.field}", False,
+                       "the model differs from the pin", mismatch.expected, mismatch.found,
+                       role=role)
+        if not mismatches:
+            report.add("model identity", subject, True, "the model matches the pin", role=role)
+
+
+def _check_recompute(report: VerifyReport, lock: dict[str, Any],
+                     policy: TrustPolicy) -> set[str]:
+    """Recompute every activation with its producer; return the ids it reproduced."""
+    tokens, model = policy.recompute_tokens, policy.model
+    pin = lock["models"].get(ACT_ROLE) or {}
+    if not lock["activations"]:
+        return set()
+    if any(c.name == "model identity" and c.ok is False for c in report.checks):
+        report.add("recompute", "*", None, "not run: the model differs from the pin")
+        return set()
+    try:
+        live = load_for_recompute(model, pin)
+    except CubepackError as exc:
+        report.add("recompute", "*", False, f"cannot load the producer model: {exc}")
+        return set()
+    reproduced = set()
+    for item_id, entry in sorted(lock["activations"].items()):
+        subject = f"{entry['file']} ({item_id})"
+        info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
+        if not info.token_ids:
+            report.add("recompute", subject, None, "skipped: the cache records no token_ids to "
+                       "recompute from (re-pack it with pack --recompute)")
+            continue
+        result = recompute_cache(live, info, item_id, tokens=tokens)
+        report.add("recompute", subject, result.ok, describe(result), found=result.to_dict())
+        if result.ok:
+            reproduced.add(item_id)
+    return reproduced
+
+
+def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str,
+                      recomputed: set[str]) -> None:
+    if required not in STRENGTH:
+        report.add("provenance", "*", False, f"unknown provenance {required!r}; use one of "
+                   f"{', '.join(STRENGTH)}")
+        return
+    for item_id, entry in sorted(lock["activations"].items()):
+        kind = RECOMPUTED if item_id in recomputed else entry["provenance"]["kind"]
+        ok = STRENGTH[kind] >= STRENGTH[required]
+        report.add("provenance", f"{entry['file']} ({item_id})", ok,
+                   f"provenance is {kind}" + ("" if ok else
+                   f"; {required} is required (verify --recompute with the producer model, or "
+                   "re-pack with pack --recompute)"), required if not ok else None,
+                   kind if not ok else None)
+    if not lock["activations"]:
+        report.add("provenance", "*", True, "the cube holds no activations")
+
+
+def _check_embedder(report: VerifyReport, lock: dict[str, Any], spec: str) -> None:
+    records = [(role, pin["vectors"]) for role, pin in sorted(lock["models"].items())
+               if pin.get("vectors")]
+    if not records:
+        report.add("embedder", "*", None, "skipped: the cube's text memory holds no vectors")
+        return
+    for role, record in records:
+        try:
+            report.extend(embedder_checks(report.cube_dir, record, spec, role))
+        except CubepackError as exc:
+            report.add("embedder", record["file"], False, str(exc), role=role)

@@ -1,0 +1,185 @@
+"""Talking to the Hub: one client object carrying endpoint and token, and one translation of
+whatever the ``huggingface_hub`` client raises into a :class:`~cubepack.errors.HubError` sentence.
+
+Works with huggingface_hub 0.36 (HTTP through ``requests``) and 2.x (``httpx``), against the Hub or
+any compatible endpoint such as ``cubepack hub serve``. ``HF_ENDPOINT``, ``HF_TOKEN``,
+``HF_HUB_OFFLINE`` and ``HF_HUB_CACHE`` are honoured through huggingface_hub itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from .._util import constants
+from ..errors import CubepackError, HubError, UsageError
+
+REPO_TYPES = ("dataset", "model")
+
+
+def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | None]:
+    """``"ns/name@rev"`` -> ("ns/name", "rev"); a separate ``revision`` must agree.
+
+    Raises:
+        CubepackError: two different revisions, or not a valid ``owner/name`` repo id (as
+            huggingface_hub's own validator defines it).
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo_id, _, at_revision = spec.partition("@")
+    if at_revision and revision and at_revision != revision:
+        raise UsageError(f"Two revisions given for {repo_id}: @{at_revision} and --revision "
+                         f"{revision}; give one.")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].") from exc
+    if repo_id.count("/") != 1:
+        raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].")
+    return repo_id, at_revision or revision
+
+
+def lfs_sha256(entry: Any) -> str | None:
+    """The LFS sha256 the Hub reports for a file (a repo-info sibling or a tree entry), or None
+    for a regular (non-LFS) file. Siblings carry it as ``lfs.sha256``, tree entries as
+    ``lfs.oid``; both shapes and both client versions (dicts or objects) are handled here."""
+    lfs = getattr(entry, "lfs", None)
+    if lfs is None:
+        return None
+    if isinstance(lfs, dict):
+        return lfs.get("sha256") or lfs.get("oid")
+    return getattr(lfs, "sha256", None) or getattr(lfs, "oid", None)
+
+
+def cache_repo_dir(repo_id: str, repo_type: str, cache_dir: str | Path | None = None) -> Path:
+    """``<HF cache>/<type>s--ns--name``: where huggingface_hub keeps this repo's blobs and refs."""
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = Path(cache_dir or hub_constants.HF_HUB_CACHE)
+    return root / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+
+
+def offline_requested(offline: bool | None = None) -> bool:
+    """Offline when asked, or when ``HF_HUB_OFFLINE`` is set (even after huggingface_hub read it)."""
+    from huggingface_hub import constants as hub_constants
+
+    return bool(offline or constants.hub_offline() or hub_constants.HF_HUB_OFFLINE)
+
+
+class HubClient:
+    """An endpoint plus credentials, the way ``HfApi`` carries them, for every cubepack Hub call.
+
+    Args:
+        endpoint: the Hub URL (default: ``HF_ENDPOINT`` or huggingface.co).
+        token: a token, ``False`` for none, or None for ``HF_TOKEN`` / the stored login.
+    """
+
+    def __init__(self, endpoint: str | None = None, token: str | bool | None = None):
+        from huggingface_hub import HfApi
+        from huggingface_hub import constants as hub_constants
+
+        self.endpoint = (endpoint or hub_constants.ENDPOINT).rstrip("/")
+        self.token = token
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+
+    # --- errors ----------------------------------------------------------------------------------
+    def error(self, exc: Exception, repo_id: str, repo_type: str,
+              revision: str | None) -> HubError:
+        """One clear sentence for each way the Hub says no."""
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        where = self.endpoint
+        if isinstance(exc, RevisionNotFoundError):
+            return HubError(f"The {repo_type} repo {repo_id} has no branch, tag or commit named "
+                            f"{revision!r} at {where}.")
+        if isinstance(exc, RepositoryNotFoundError):
+            return HubError(f"The {repo_type} repo {repo_id} was not found at {where}, or it is "
+                            "private and no valid token was given (set HF_TOKEN or pass --token).")
+        if isinstance(exc, LocalEntryNotFoundError):  # a subclass of EntryNotFoundError in 2.x
+            return HubError(f"{repo_id}@{revision} could not be downloaded from {where} and is not "
+                            "complete in the HF cache (connection failed or offline).")
+        if isinstance(exc, EntryNotFoundError):
+            return HubError(f"A file of {repo_id}@{revision} was not found at {where}.")
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            return HubError(f"{where} refused the request for {repo_id} ({status}): pass a token "
+                            "with write access (HF_TOKEN or --token).")
+        text = str(exc).strip()
+        first_line = text.splitlines()[0] if text else type(exc).__name__
+        return HubError(f"The request for {repo_id}@{revision or 'main'} to {where} failed: "
+                        f"{first_line}")
+
+    @contextlib.contextmanager
+    def translated(self, repo_id: str, repo_type: str, revision: str | None) -> Iterator[None]:
+        """Turn whatever the client raises (its typed errors, or the HTTP library's) into one
+        :class:`HubError` sentence; cubepack's own errors pass through."""
+        try:
+            yield
+        except CubepackError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every client failure becomes a HubError
+            raise self.error(exc, repo_id, repo_type, revision) from exc
+
+    # --- uploads ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def commit_settings(self, *, xet: bool) -> Iterator[None]:
+        """Settings huggingface_hub reads from module constants during a commit.
+
+        - Xet: 2.x uploads through Xet whenever hf_xet is installed and fails (no LFS fallback)
+          on an endpoint without it; we turn it off for endpoints that do not offer it.
+        - 0.36 parses the returned commit URL against ``constants.ENDPOINT``, not the endpoint
+          the call used.
+        """
+        from huggingface_hub import constants as hub_constants
+
+        saved = (hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET)
+        hub_constants.ENDPOINT = self.endpoint
+        hub_constants.HF_HUB_DISABLE_XET = saved[1] or not xet
+        try:
+            yield
+        finally:
+            hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET = saved
+
+    def xet_supported(self, repo_id: str, repo_type: str, branch: str) -> bool:
+        """Does the endpoint hand out Xet write tokens for this repo? (Only asked when hf_xet is
+        installed, since otherwise the client never tries Xet.)"""
+        try:
+            import hf_xet  # noqa: F401
+        except ImportError:
+            return False
+        from urllib.parse import quote
+
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        url = (f"{self.endpoint}/api/{repo_type}s/{repo_id}/xet-write-token/"
+               f"{quote(branch, safe='')}")
+        try:
+            response = get_session().get(url, headers=build_hf_headers(token=self.token))
+        except Exception:  # noqa: BLE001 - any failure means "do not use Xet"
+            return False
+        return response.status_code == 200
+
+    def create_commit(self, repo_id: str, operations: list[Any], *, repo_type: str, branch: str,
+                      message: str, parent_commit: str | None = None) -> Any:
+        """Exactly one commit of explicit operations, with Xet only where the endpoint has it."""
+        with self.commit_settings(xet=self.xet_supported(repo_id, repo_type, branch)):
+            return self.api.create_commit(repo_id, operations=operations, commit_message=message,
+                                          repo_type=repo_type, revision=branch,
+                                          parent_commit=parent_commit)
+
+    # --- downloads -------------------------------------------------------------------------------
+    def download(self, repo_id: str, filename: str, *, repo_type: str, revision: str,
+                 cache_dir: str | Path | None = None) -> Path:
+        """One file of one revision, through the HF cache."""
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision,
+                                    token=self.token, endpoint=self.endpoint,
+                                    cache_dir=cache_dir))

@@ -1,0 +1,343 @@
+"""``cubepack pull``: one exact commit, downloaded, verified, then placed.
+
+A branch or tag is resolved to its 40-hex commit first; that commit is downloaded (each file
+hashed as its download completes), verified against its lock, and only then swapped into the
+target folder. A pull never replaces files it would lose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, canonical, constants
+from .._util.hashing import sha256_file
+from .._util.paths import check_relpath, resolve_inside, scan_cube
+from .._util.revision import check_ref_name, is_commit, looks_like_commit
+from ..cube import _lock as lockfile
+from ..cube._policy import TrustPolicy
+from ..cube._report import VerifyReport
+from ..cube._verify import ORIGIN_FILE, is_tolerated, verify
+from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
+from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
+from ._remote import remote_model_checks
+
+#: Parallel downloads in ``pull``. Fewer than snapshot_download's 8, so files finish one after
+#: another and each is hashed while the others still download (measured: bench/pull.py).
+_DOWNLOAD_WORKERS = 4
+
+
+@dataclass
+class PullResult:
+    repo_id: str
+    repo_type: str
+    revision: str | None
+    commit_sha: str
+    local_dir: Path
+    report: VerifyReport | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "repo_type": self.repo_type, "revision": self.revision,
+                "commit_sha": self.commit_sha, "local_dir": str(self.local_dir),
+                "verified": self.report is not None and self.report.ok,
+                "report": self.report.to_dict() if self.report else None}
+
+
+def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None = None,
+         repo_type: str = "dataset", local_dir: str | Path | None = None,
+         verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
+         endpoint: str | None = None, cache_dir: str | Path | None = None,
+         progress: bool | None = None, force: bool = False, **options: Any) -> PullResult:
+    """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
+
+    ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
+    40-hex commit first; that commit is downloaded (offline: served from the HF cache) and
+    verified against its lock and ``policy`` (a :class:`~cubepack.cube.TrustPolicy`, or its
+    fields as ``options``), with the pinned model checked too (the policy's ``model``, the
+    pinned revision in the HF cache, or the Hub's file metadata; a pinned model the endpoint
+    does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
+    only when everything passed: a failed or interrupted pull leaves it as it was.
+
+    ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
+    repo to which nothing was added; anything else is refused before any download, naming the
+    files that would be lost, unless ``force``. Even with ``force``, a folder holding the
+    current directory, the home folder or the HF cache is never replaced.
+
+    Raises:
+        HubError: unknown repo or revision, no token, download failure, offline cache miss.
+        VerificationFailed: the downloaded commit does not match its lock or pins.
+    """
+    policy = TrustPolicy.build(policy, **options)
+    repo_id, wanted = parse_repo_spec(repo, revision)
+    if not verify_cube and policy.signature_required:
+        raise UsageError("--no-verify cannot be combined with a signature requirement.")
+    offline = offline_requested(offline)
+    target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    check_target(target, repo_id, repo_type, force=force)
+    client = HubClient(endpoint, token)
+    sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
+                           cache_dir=cache_dir)
+    snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
+                                        offline=offline, cache_dir=cache_dir,
+                                        lock_first=verify_cube)
+    staging = atomic.staging_dir(target, "pull")
+    try:
+        _materialize(snapshot, files, staging)
+        report = None
+        if verify_cube:
+            report = verify(staging, policy, progress=progress, raise_on_failure=False,
+                            hashed=hashed)
+            if not offline and policy.model is None:
+                _add_remote_model_checks(report, client, policy.strict_models)
+            report.cube_dir = Path(f"{repo_id}@{sha}")
+            if not report.ok:
+                _evict_corrupt_files(report, snapshot)
+                raise VerificationFailed(report)
+            report.cube_dir = target
+        _write_origin(staging, repo_id, repo_type, sha)
+        atomic.replace_dir(staging, target)
+        if wanted and not is_commit(wanted) and not offline:
+            _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return PullResult(repo_id=repo_id, repo_type=repo_type, revision=wanted, commit_sha=sha,
+                      local_dir=target, report=report)
+
+
+def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool) -> None:
+    """Refuse a ``--local-dir`` whose files a pull would lose (see :func:`pull`)."""
+    from huggingface_hub import constants as hub_constants
+
+    resolved = target.resolve()
+    if resolved.exists() and not resolved.is_dir():
+        raise UsageError(f"--local-dir {target} exists and is not a folder.")
+    protected = [(Path.cwd().resolve(), "the current directory"),
+                 (Path.home().resolve(), "your home folder"),
+                 (Path(hub_constants.HF_HUB_CACHE).resolve(), "the Hugging Face cache")]
+    for path, what in protected:
+        if path == resolved or resolved in path.parents:
+            raise UsageError(f"Refusing to replace {target}: it holds {what}. Pull into a new "
+                             "folder (--local-dir).")
+    if not resolved.exists() or force or not any(resolved.iterdir()):
+        return
+    kept = _files_a_pull_would_lose(resolved, repo_id, repo_type)
+    if kept:
+        shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+        raise UsageError(f"--local-dir {target} already holds files that are not an earlier pull "
+                         f"of {repo_id} ({shown}); pulling would replace them. Pull into an "
+                         "empty or new folder, or pass --force to replace it.")
+
+
+def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str) -> list[str]:
+    """Files in ``folder`` that are not part of an earlier, unchanged pull of this repo."""
+    on_disk, problems = scan_cube(folder)
+    everything = sorted(set(on_disk) | {where for where, _ in problems if where})
+    try:
+        origin = json.loads((folder / ORIGIN_FILE).read_text(encoding="utf-8"))
+        lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
+    except (OSError, ValueError, CubepackError):
+        return everything
+    if not isinstance(origin, dict) or (origin.get("repo_id"), origin.get("repo_type")) != \
+            (repo_id, repo_type) or problems:
+        return everything
+    return [name for name in on_disk if name not in lock["files"] and not is_tolerated(name)]
+
+
+def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str) -> None:
+    """Record where a pulled folder came from, so a later pull of it may replace it."""
+    atomic.write_text(staging / ORIGIN_FILE, canonical.dumps(
+        {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha}))
+
+
+def _record_ref(repo_id: str, repo_type: str, name: str, sha: str,
+                cache_dir: str | Path | None) -> None:
+    """Remember ``name -> sha`` in the HF cache as huggingface_hub does (``refs/<name>``), so
+    an offline pull by that name works afterwards."""
+    check_ref_name(name)
+    atomic.write_text(cache_repo_dir(repo_id, repo_type, cache_dir) / "refs" / name, sha)
+
+
+def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "dataset",
+                     offline: bool = False, client: HubClient | None = None,
+                     cache_dir: str | Path | None = None) -> str:
+    """A branch, tag or commit -> the 40-hex commit it names now (offline: from the cache).
+
+    A 40-hex revision must resolve to itself: a branch or tag *named* like a commit cannot
+    stand in for it. Ref names are validated before they touch the file system.
+
+    Raises:
+        HubError: unknown revision, a shadowed commit id, an offline cache miss.
+        UsageError: an upper-case commit id, an invalid ref name.
+    """
+    wanted = revision or "main"
+    if looks_like_commit(wanted) and not is_commit(wanted):
+        raise UsageError(f"Revision {wanted} looks like a commit id but is not lower-case hex; "
+                       f"commit ids are written in lower case: use {wanted.lower()}.")
+    if offline:
+        if is_commit(wanted):
+            return wanted
+        return _cached_ref(repo_id, wanted, repo_type, cache_dir)
+    client = client or HubClient()
+    with client.translated(repo_id, repo_type, wanted):
+        sha = client.api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
+    if not is_commit(sha):
+        raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with {sha!r}, which is not "
+                       "a commit id.")
+    if is_commit(wanted) and sha != wanted:
+        raise HubError(f"{repo_id}@{wanted} resolved to commit {sha}: a branch or tag named like "
+                       f"the commit {wanted} shadows it. Refusing to pull another commit than "
+                       "the one asked for; ask the repo's owner to delete that ref.")
+    return sha
+
+
+def _cached_ref(repo_id: str, name: str, repo_type: str, cache_dir: str | Path | None) -> str:
+    """The commit the HF cache recorded for branch or tag ``name`` (offline resolution)."""
+    check_ref_name(name)
+    ref = cache_repo_dir(repo_id, repo_type, cache_dir) / "refs" / name
+    if not ref.is_file():
+        raise HubError(f"Offline, {repo_id}@{name} cannot be resolved: the HF cache has no ref "
+                       f"named {name!r} for this {repo_type} repo (it was never pulled by that "
+                       "name). Pull by commit SHA, or go online.")
+    with open(ref, "rb") as handle:
+        sha = handle.read(64).decode("ascii", errors="replace").strip()
+    if not is_commit(sha):  # never echo the file: it is not ours to print
+        raise HubError(f"The HF cache's ref file {ref} does not hold a commit id; delete it and "
+                       "pull online once.")
+    return sha
+
+
+def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offline: bool,
+              cache_dir: str | Path | None,
+              lock_first: bool) -> tuple[Path, list[str] | None, dict[str, str]]:
+    """Download commit ``sha`` into the HF cache.
+
+    Returns (``<cache>/<repo>/snapshots/<sha>``, the commit's file paths or None offline,
+    {path: sha256} of the files hashed here). Every remote path is checked before anything is
+    downloaded; with ``lock_first`` the lock is fetched and parsed first and files it does not
+    list are refused before they are downloaded. Online, each file is hashed by the worker that
+    downloaded it, right after its download completes (the bytes are still in the page cache),
+    so verification overlaps the network. Offline, the snapshot is served from the cache (zero
+    requests) and hashed later by verify.
+    """
+    from huggingface_hub import snapshot_download
+
+    snapshot = cache_repo_dir(repo_id, repo_type, cache_dir) / "snapshots" / sha
+    if offline:
+        try:
+            found = Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha,
+                                           cache_dir=cache_dir, local_files_only=True))
+        except Exception as exc:  # noqa: BLE001 - any cache miss is one sentence
+            raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is not in "
+                           f"the HF cache ({snapshot.parent.parent}); pull it once online.") from exc
+        _require_snapshot(found, snapshot, ".")
+        return snapshot, None, {}
+
+    def fetch(path: str) -> tuple[str, str]:
+        local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
+                                cache_dir=cache_dir)
+        _require_snapshot(local, snapshot, path)
+        return path, sha256_file(local)
+
+    with client.translated(repo_id, repo_type, sha):
+        tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
+                                         recursive=True)
+        paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
+        for path in paths:  # a hostile listing is refused before any download
+            check_relpath(path)
+        if not paths:
+            raise HubError(f"Commit {sha} of {repo_id} holds no files.")
+        hashed: dict[str, str] = {}
+        if lock_first:
+            if constants.LOCK_FILENAME in paths:
+                path, digest = fetch(constants.LOCK_FILENAME)
+                hashed[path] = digest
+            _refuse_unlisted(repo_id, sha, snapshot, paths)
+        todo = [path for path in paths if path not in hashed]
+        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
+            hashed.update(pool.map(fetch, todo))
+    return snapshot, paths, hashed
+
+
+def _require_snapshot(local: Path, snapshot: Path, path: str) -> None:
+    """A downloaded file must sit at ``snapshots/<sha>/<path>``: the client names the snapshot
+    folder after the commit the server says it served, so another folder means another commit."""
+    expected = snapshot / path if path != "." else snapshot
+    if os.path.abspath(local) != os.path.abspath(expected):
+        raise HubError(f"The endpoint served {path} from another commit than {snapshot.name} "
+                       f"(it landed in {local}); refusing it.")
+
+
+def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -> None:
+    """With the lock downloaded, refuse (before downloading them) files it does not list."""
+    report = VerifyReport(Path(f"{repo_id}@{sha}"))
+    lock_path = snapshot / constants.LOCK_FILENAME
+    if constants.LOCK_FILENAME not in paths:
+        report.add("lock", constants.LOCK_FILENAME, False,
+                   "missing: this commit was not packed by cubepack (run `cubepack pack`)")
+        raise VerificationFailed(report)
+    try:
+        lock = lockfile.parse(lock_path.read_bytes())
+    except CubepackError as exc:
+        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        raise VerificationFailed(report) from None
+    unlisted = sorted(name for name in set(paths) - set(lock["files"]) if not is_tolerated(name))
+    for name in unlisted:
+        report.add("file set", name, False, "not listed in the lock; refused before download",
+                   "absent", "present")
+    if unlisted:
+        raise VerificationFailed(report)
+
+
+def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> None:
+    """Place a cache snapshot's files (symlinks into blobs) in ``staging`` as hard links to the
+    blobs (a copy where links are impossible). Online, exactly the commit's files; offline,
+    the snapshot folder's, each of which must resolve inside this repo's blobs."""
+    blobs = os.path.realpath(snapshot.parent.parent / "blobs")
+    names = files if files is not None else list_cube_files_following_links(snapshot)
+    for name in names:
+        real = os.path.realpath(resolve_inside(snapshot, name))
+        if os.path.commonpath([real, blobs]) != blobs:
+            raise UnsafeInputError(f"{snapshot / name} resolves outside its repo's blobs "
+                                   f"({real}); refusing it.")
+        atomic.link_or_copy(Path(real), resolve_inside(staging, name))
+
+
+def list_cube_files_following_links(snapshot: Path) -> list[str]:
+    """The relative file paths of an HF-cache snapshot (whose files are symlinks)."""
+    names = []
+    for directory, _, files in os.walk(snapshot):
+        for name in files:
+            names.append(check_relpath((Path(directory) / name).relative_to(snapshot).as_posix()))
+    return sorted(names)
+
+
+def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
+    """Remove from the HF cache the blobs whose bytes failed the lock, so a retry downloads
+    them again (the client would otherwise reuse them: it checks only sizes)."""
+    for check in report.failures:
+        if check.name not in ("sha256", "size"):
+            continue
+        link = snapshot / check.subject
+        try:
+            blob = Path(os.path.realpath(link))
+            if blob.parent.name == "blobs":
+                blob.unlink(missing_ok=True)
+            link.unlink(missing_ok=True)
+        except OSError:
+            continue
+        check.detail += "; removed from the HF cache, so a retry downloads it again"
+
+
+def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bool) -> None:
+    """Check against Hub metadata the pins whose local model check was skipped (not cached)."""
+    if report.lock is None:
+        return
+    skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
+    models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
+    report.extend(remote_model_checks(models, client, strict=strict))

@@ -1,0 +1,188 @@
+"""``cubepack push``: a verified cube as exactly one commit (or none when nothing changed).
+
+``create_commit`` with explicit operations: changed files added, vanished files deleted. A tag
+that exists is refused before anything is committed; a stale parent (another push landed first)
+is planned again and retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import constants
+from .._util.hashing import sha256_file
+from ..cube import _memos_layout as memos_layout
+from ..cube._report import VerifyReport
+from ..cube._verify import verify
+from ..errors import HubError, UsageError
+from ._client import REPO_TYPES, HubClient, lfs_sha256
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    repo_type: str
+    branch: str
+    commit_sha: str
+    commit_url: str | None
+    changed: bool
+    uploaded: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    tag: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+#: How often a push re-plans and retries when another push landed first (a stale parent).
+PUSH_ATTEMPTS = 3
+
+
+def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
+         revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
+         token: str | None = None, endpoint: str | None = None,
+         progress: bool | None = None, allow_local_paths: bool = False) -> PushResult:
+    """Push a packed cube as exactly one commit (or none when nothing changed).
+
+    The cube is verified first: an unpacked or failing cube is refused before any network
+    call, and so is one whose ``config.json`` names a model by a local path (unless
+    ``allow_local_paths``). Only files whose content differs from the branch head are
+    uploaded; files the cube no longer has are deleted in the same commit. A ``tag`` that
+    exists is refused before anything is committed. When another push lands on the branch
+    first, the plan is made again against the new head and retried (a few times).
+
+    Raises:
+        VerificationFailed: the cube does not verify.
+        UsageError: a local model path in config.json; a bad repo type.
+        HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
+            that exists, a branch that keeps moving).
+    """
+    if repo_type not in REPO_TYPES:
+        raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
+    cube = Path(cube_dir)
+    report = verify(cube, progress=progress)
+    if not allow_local_paths:
+        _refuse_local_model_paths(cube)
+    local = _local_files(cube, report)
+    branch = revision or "main"
+    client = HubClient(endpoint, token)
+    api = client.api
+    message = commit_message or f"cubepack push (lock {report.lock['digest'][:12]})"
+    with client.translated(repo_id, repo_type, branch):
+        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
+        if branch != "main":
+            api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
+        for attempt in range(PUSH_ATTEMPTS):
+            info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
+                                 files_metadata=True)
+            head = info.sha
+            remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
+            additions, deletions = _plan(cube, local, remote)
+            if tag:
+                _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
+                           else head)
+            if not (additions or deletions):
+                sha, url = head, None
+                break
+            try:
+                commit = client.create_commit(repo_id, _operations(additions, deletions),
+                                              repo_type=repo_type, branch=branch,
+                                              message=message, parent_commit=head)
+            except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
+                if _status(exc) == 412 and attempt + 1 < PUSH_ATTEMPTS:
+                    continue
+                if _status(exc) == 412:
+                    raise HubError(f"{repo_id}@{branch} kept moving while pushing (another push "
+                                   f"landed first {PUSH_ATTEMPTS} times); push again.") from exc
+                raise
+            sha, url = commit.oid, commit.commit_url
+            break
+        if tag and _tag_target(client, repo_id, repo_type, tag) is None:
+            client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
+    return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
+                      commit_url=url, changed=bool(additions or deletions),
+                      uploaded=sorted(p for p, _ in additions), deleted=sorted(deletions), tag=tag)
+
+
+def _status(exc: Exception) -> int | None:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def _refuse_local_model_paths(cube: Path) -> None:
+    """A model named by a local path means nothing on another machine and reveals the
+    pusher's file system; pack names Hub-cache snapshots by their Hub id instead."""
+    config_path = cube / "config.json"
+    if not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for role in memos_layout.ROLES:
+        inner = memos_layout.llm_config(config if isinstance(config, dict) else {}, role) or {}
+        name = inner.get("model_name_or_path")
+        if isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))):
+            raise UsageError(
+                f"config.json names the {role} model by the local path {name}, which means "
+                "nothing on another machine and reveals your file system. Pack with a Hub "
+                "model (cubepack pack --model OWNER/MODEL) so config.json names its Hub id, or "
+                "pass --allow-local-paths to push it anyway (e.g. a shared mount).")
+
+
+def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:
+    """path -> sha256 of everything a push sends: the locked files, the lock, a signature."""
+    files = {path: entry["sha256"] for path, entry in report.lock["files"].items()}
+    for extra in (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME):
+        if (cube / extra).is_file():
+            files[extra] = sha256_file(cube / extra)
+    return files
+
+
+def _plan(cube: Path, local: dict[str, str],
+          remote: dict[str, Any]) -> tuple[list[tuple[str, Path]], list[str]]:
+    additions = []
+    for path, sha256 in sorted(local.items()):
+        sibling = remote.get(path)
+        if sibling is not None and _same_content(cube / path, sha256, sibling):
+            continue
+        additions.append((path, cube / path))
+    deletions = sorted(p for p in remote if p not in local and p != ".gitattributes")
+    return additions, deletions
+
+
+def _same_content(path: Path, sha256: str, sibling: Any) -> bool:
+    """Does the Hub already hold exactly this file? LFS files by sha256, regular files by the
+    git blob id (computed as git and the Hub compute it)."""
+    from huggingface_hub.utils.sha import git_hash
+
+    remote_sha256 = lfs_sha256(sibling)
+    if remote_sha256 is not None:
+        return remote_sha256 == sha256
+    blob_id = getattr(sibling, "blob_id", None)
+    if blob_id is None or sibling.size != path.stat().st_size:
+        return False
+    return blob_id == git_hash(path.read_bytes())
+
+
+def _operations(additions: list[tuple[str, Path]], deletions: list[str]) -> list[Any]:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    return ([CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+             for path, local in additions]
+            + [CommitOperationDelete(path_in_repo=path) for path in deletions])
+
+
+def _tag_target(client: HubClient, repo_id: str, repo_type: str, tag: str) -> str | None:
+    refs = client.api.list_repo_refs(repo_id, repo_type=repo_type)
+    return {ref.name: ref.target_commit for ref in refs.tags}.get(tag)
+
+
+def _check_tag(client: HubClient, repo_id: str, repo_type: str, tag: str,
+               unchanged_head: str | None) -> None:
+    """Before anything is committed: an existing tag is refused unless it already names the
+    commit this push would report (nothing changed and it points at the head)."""
+    existing = _tag_target(client, repo_id, repo_type, tag)
+    if existing is not None and existing != unchanged_head:
+        raise HubError(f"Tag {tag!r} of {repo_id} already points at {existing}; tags are "
+                       "immutable pins, choose a new tag. Nothing was pushed.")

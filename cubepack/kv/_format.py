@@ -1,0 +1,282 @@
+"""The cubepack KV file format, version 2, read without torch.
+
+One KV cache per safetensors file (the layout is in README.md, "KV file format"):
+
+- tensors ``layers.<i>.keys`` and ``layers.<i>.values``, contiguous, shape
+  ``[batch, kv_heads, seq, head_dim]``, in the cache's dtype;
+- metadata key ``cubepack``: one JSON string with ``format`` (``"cubepack.kv"``), ``version``
+  (2), ``producer`` (the full :class:`~cubepack.identity.ModelIdentity` of the model that built
+  the cache), ``num_layers``, ``layers`` (per layer ``type`` and ``cumulative_length``, which a
+  sliding-window layer needs to be restored exactly), ``kv_dtype``, ``token_count``,
+  ``token_ids`` (or null) and free ``metadata``.
+
+:func:`read_kv_header` validates all of it, and the structure against the producer, before any
+tensor is touched; :func:`check_kv_file` also requires the producer to be a given identity.
+Turning tensors into caches and back is :mod:`cubepack.kv._torch`'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import canonical, constants
+from .._util.safetensors_header import Header, read_header
+from ..errors import FormatError, Mismatch
+from ..identity._identity import ModelIdentity, compare_warnings, require_same
+
+logger = logging.getLogger("cubepack")
+
+
+FULL = "full_attention"
+
+
+SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class KVLayerInfo:
+    type: str
+    cumulative_length: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KVFileInfo:
+    """What a KV file says about itself, validated (see :func:`read_kv_header`)."""
+
+    path: Path
+    version: int
+    producer: ModelIdentity
+    kv_dtype: str
+    layers: list[KVLayerInfo]
+    token_count: int
+    token_ids: list[int] | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    header: Header | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "format": constants.KV_FORMAT_NAME,
+            "version": self.version,
+            "producer": self.producer.to_dict(),
+            "kv_dtype": self.kv_dtype,
+            "num_layers": self.num_layers,
+            "layers": [{"type": layer.type, "cumulative_length": layer.cumulative_length,
+                        "shape": list(layer.shape)} for layer in self.layers],
+            "token_count": self.token_count,
+            "token_ids": self.token_ids,
+            "metadata": self.metadata,
+        }
+
+
+def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
+    """Read and validate a KV file's header and metadata, without loading any tensor.
+
+    Raises:
+        FormatError: not a cubepack KV file, an unknown format version, or a header whose
+            tensors contradict its own metadata (count, dtype, shapes, lengths).
+    """
+    path = Path(path)
+    header = read_header(path)
+    raw = header.metadata.get(constants.KV_METADATA_KEY)
+    if raw is None:
+        raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
+                          f"'{constants.KV_METADATA_KEY}' metadata).")
+    try:
+        meta = canonical.loads_strict(raw)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path} has corrupt cubepack metadata ({exc}).") from exc
+    if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:
+        raise FormatError(f"{path} is not a cubepack KV file (format is "
+                          f"{meta.get('format') if isinstance(meta, dict) else None!r}).")
+    version = meta.get("version")
+    if version not in constants.KV_READABLE_VERSIONS:
+        raise FormatError(
+            f"{path} is KV format version {version!r}; this cubepack reads versions "
+            f"{', '.join(map(str, constants.KV_READABLE_VERSIONS))}. Upgrade cubepack, or "
+            "re-create the file."
+        )
+    producer = ModelIdentity.from_dict(meta.get("producer"),
+                                       legacy=version < constants.KV_FORMAT_VERSION)
+    layers = _validate_layers(path, header, meta, producer)
+    token_count = layers[0].cumulative_length if layers else 0
+    if meta.get("token_count") != token_count:
+        raise FormatError(f"{path}: token_count {meta.get('token_count')!r} contradicts its "
+                          f"layers, which hold {token_count} tokens.")
+    token_ids = meta.get("token_ids")
+    if token_ids is not None and (
+        not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids)
+        or len(token_ids) != token_count
+    ):
+        raise FormatError(f"{path}: token_ids must be a list of {token_count} integers.")
+    vocab = producer.geometry.get("vocab_size")
+    if token_ids and vocab and not all(0 <= t < vocab for t in token_ids):
+        outside = next(t for t in token_ids if not 0 <= t < vocab)
+        raise FormatError(f"{path}: token id {outside} lies outside its producer's vocabulary "
+                          f"(0..{vocab - 1}).")
+    item_metadata = meta.get("metadata") or {}
+    if not isinstance(item_metadata, dict):
+        raise FormatError(f"{path}: item metadata must be a JSON object.")
+    return KVFileInfo(path=path, version=version, producer=producer, kv_dtype=meta["kv_dtype"],
+                      layers=layers, token_count=token_count, token_ids=token_ids,
+                      metadata=item_metadata, header=header)
+
+
+def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
+                     producer: ModelIdentity) -> list[KVLayerInfo]:
+    num_layers, entries, kv_dtype = meta.get("num_layers"), meta.get("layers"), meta.get("kv_dtype")
+    if type(num_layers) is not int or not isinstance(entries, list) or len(entries) != num_layers:
+        raise FormatError(f"{path}: num_layers and the layer list disagree.")
+    if kv_dtype != producer.kv_dtype:
+        raise FormatError(f"{path}: kv_dtype {kv_dtype!r} differs from its producer's "
+                          f"{producer.kv_dtype!r}.")
+    expected_names = {f"layers.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")}
+    if set(header.tensors) != expected_names:
+        extra = sorted(set(header.tensors) - expected_names)[:3]
+        missing = sorted(expected_names - set(header.tensors))[:3]
+        raise FormatError(f"{path}: tensors do not match {num_layers} layers "
+                          f"(missing {missing}, unexpected {extra}).")
+    layers: list[StoredLayer] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or entry.get("type") not in (FULL, SLIDING) \
+                or type(entry.get("cumulative_length")) is not int or entry["cumulative_length"] < 0:
+            raise FormatError(f"{path}: layer {index} has malformed metadata {entry!r}.")
+        keys = header.tensors[f"layers.{index}.keys"]
+        values = header.tensors[f"layers.{index}.values"]
+        for tensor in (keys, values):
+            if tensor.dtype_name != kv_dtype:
+                raise FormatError(f"{path}: {tensor.name} is {tensor.dtype_name}, but the file "
+                                  f"declares kv_dtype {kv_dtype}.")
+        layers.append(StoredLayer(entry["type"], entry["cumulative_length"], keys.shape,
+                                  values.shape, keys.dtype_name, values.dtype_name))
+    problems = structure_problems(layers, producer)
+    if problems:
+        raise FormatError(f"{path}: its tensors contradict its producer or themselves ("
+                          + "; ".join(str(problem) for problem in problems[:4]) + ").")
+    return [KVLayerInfo(layer.type, layer.cumulative_length, layer.keys_shape) for layer in layers]
+
+
+@dataclass(frozen=True)
+class StoredLayer:
+    """What a cache layer is made of, from a file header or from live tensors (no data)."""
+
+    type: str
+    cumulative_length: int
+    keys_shape: tuple[int, ...]
+    values_shape: tuple[int, ...]
+    keys_dtype: str
+    values_dtype: str
+
+
+def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> list[Mismatch]:
+    """Where a cache's layers contradict its producer's geometry and KV dtype (pure).
+
+    One rule for both directions: a file header is refused with it, and a cache about to be
+    written under a producer's name is refused with it.
+    """
+    geometry = producer.geometry
+    found: list[Mismatch] = []
+    if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
+        return [Mismatch("geometry.num_layers", geometry["num_layers"], len(layers))]
+    dtypes = sorted({dtype for layer in layers for dtype in (layer.keys_dtype, layer.values_dtype)})
+    if dtypes and dtypes != [producer.kv_dtype]:  # one line, not one per layer
+        found.append(Mismatch("kv_dtype", producer.kv_dtype, ", ".join(dtypes)))
+    layer_types = geometry.get("layer_types") or []
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        if index < len(layer_types) and layer_types[index] != layer.type:
+            found.append(Mismatch(f"{where}.type", layer_types[index], layer.type))
+        if len(layer.keys_shape) != 4 or len(layer.values_shape) != 4:
+            found.append(Mismatch(f"{where}.rank", 4, len(layer.keys_shape)))
+            continue
+        if layer.keys_shape[:3] != layer.values_shape[:3]:
+            found.append(Mismatch(f"{where}.values_shape", list(layer.keys_shape[:3]),
+                                  list(layer.values_shape[:3])))
+        for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
+            if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
+                found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
+        found.extend(_length_problems(where, layer, geometry))
+    if not found:
+        found.extend(_shared_shape_problems(layers))
+    return found
+
+
+def _length_problems(where: str, layer: StoredLayer, geometry: dict[str, Any]) -> list[Mismatch]:
+    """A layer's stored positions must agree with the tokens it has seen.
+
+    A full-attention layer stores every token. A sliding layer stores every token until its
+    window fills, then the last ``window - 1`` (what transformers keeps), never more than the
+    window; its ``cumulative_length`` counts every token, and RoPE positions continue from it.
+    """
+    seq, cumulative = layer.keys_shape[2], layer.cumulative_length
+    if layer.type == FULL:
+        return [] if seq == cumulative else [Mismatch(f"{where}.cumulative_length", seq,
+                                                      cumulative)]
+    window = geometry.get("sliding_window")
+    if seq > cumulative:
+        return [Mismatch(f"{where}.cumulative_length", f">= {seq} (the positions it stores)",
+                         cumulative)]
+    if window is not None and seq > window:
+        return [Mismatch(f"{where}.stored_positions", f"<= {window} (the sliding window)", seq)]
+    if seq < cumulative and (window is None or seq < window - 1):
+        return [Mismatch(f"{where}.stored_positions",
+                         f"{min(cumulative, (window or 1) - 1)} (all {cumulative} seen, up to "
+                         "the window)", seq)]
+    return []
+
+
+def _shared_shape_problems(layers: list[StoredLayer]) -> list[Mismatch]:
+    """Every layer belongs to one sequence: one batch size, one token count, and data behind
+    every position (a batch of zero, or no heads, would claim positions it does not hold)."""
+    found: list[Mismatch] = []
+    first = layers[0] if layers else None
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        if layer.keys_shape[0] < 1 or layer.keys_shape[1] < 1 or layer.keys_shape[3] < 1:
+            found.append(Mismatch(f"{where}.shape", "batch, heads and head_dim >= 1",
+                                  list(layer.keys_shape)))
+        if first is not None and layer.keys_shape[0] != first.keys_shape[0]:
+            found.append(Mismatch(f"{where}.batch", first.keys_shape[0], layer.keys_shape[0]))
+        if first is not None and layer.cumulative_length != first.cumulative_length:
+            found.append(Mismatch(f"{where}.cumulative_length", first.cumulative_length,
+                                  layer.cumulative_length))
+    return found
+
+
+def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileInfo:
+    """Validate the header and require its producer to be ``live``; return the header.
+
+    Raises:
+        IdentityMismatch: naming every differing strict field.
+        FormatError: a malformed file.
+    """
+    info = read_kv_header(path)
+    if info.version < constants.KV_FORMAT_VERSION:
+        raise FormatError(
+            f"KV cache {Path(path).name} is KV format version {info.version}, whose producer "
+            "identity does not pin the model's compute config or its tokenizer's behaviour, so "
+            "it cannot be checked against a model. Upgrade it with its producer: cubepack "
+            f"upgrade {path} --model MODEL")
+    require_same(info.producer, live, f"KV cache {Path(path).name}")
+    warn_if_prompt_format_differs(info.producer, live, f"KV cache {Path(path).name}")
+    return info
+
+
+def warn_if_prompt_format_differs(expected: ModelIdentity, found: ModelIdentity,
+                                  what: str) -> list[Mismatch]:
+    """Log (and return) the fields that differ without invalidating the cache."""
+    differences = compare_warnings(expected, found)
+    for difference in differences:
+        logger.warning("cubepack: %s: the chat template or special tokens differ from its "
+                       "producer's (%s); the cache is valid, but prompts built on it may be "
+                       "formatted differently.", what, difference.field)
+    return differences

@@ -1,0 +1,21 @@
+"""The MemOS hook: cubepack's guarantees where MemOS users load and use cubes.
+
+- :func:`init_from_remote_repo` / :func:`init_from_dir` (``_load``): a cube pulled at an exact
+  commit and verified, loaded as a MemOS ``GeneralMemCube``, each activation checked against
+  the model MemOS loaded (``_activations``), text-memory vectors against its embedder
+  (``_embedder``);
+- :func:`install` / :func:`uninstall` (``_hook``): the same path under MemOS's own calls;
+- :func:`pack_cube` (``_pack_cube``): a live cube written straight to a packed cube;
+- ``_plugin``: the ``memos.plugins`` entry point (imported by MemOS only).
+
+MemOS is imported only inside these functions (it has import-time side effects).
+"""
+
+from ..cube._policy import POLICIES
+from ._activations import HookReport
+from ._hook import HookSettings, install, installed, settings, uninstall
+from ._load import init_from_dir, init_from_remote_repo
+from ._pack_cube import pack_cube
+
+__all__ = ["POLICIES", "HookReport", "HookSettings", "init_from_dir", "init_from_remote_repo",
+           "install", "installed", "pack_cube", "settings", "uninstall"]

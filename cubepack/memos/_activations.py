@@ -1,0 +1,193 @@
+"""Installing activations into a MemOS activation memory, without MemOS's ``pickle.load``.
+
+- A packed cube: each KV file is checked against the model the memory runs (its producer's
+  strict fields) and loaded zero-copy; a mismatch is handled by the policy (error, drop,
+  rebuild).
+- An unpacked folder: its activation pickle is read through cubepack's allowlist reader; each
+  cache's shapes are checked against the live model; one warning says the cube is unverified.
+
+MemOS is imported only inside these functions (it has import-time side effects).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util.paths import resolve_inside
+from ..cube import _memos_layout as memos_layout
+from ..cube._memos_pickle import read_memos_pickle
+from ..cube._policy import TrustPolicy
+from ..cube._provenance import RECOMPUTED, STRENGTH
+from ..errors import CubepackError, IdentityMismatch, RecomputationFailed, UsageError
+from ..identity._fingerprint import fingerprint
+from ..identity._identity import dtype_name
+from ..kv._format import check_kv_file, read_kv_header, structure_problems
+from ..kv._recompute import describe
+from ..kv._recompute import recompute as recompute_cache
+from ..kv._torch import build_dynamic_cache, cache_from_layers, live_layers
+
+logger = logging.getLogger("cubepack.memos")
+
+
+@dataclass
+class HookReport:
+    """What the hook did for one cube; attached to the cube (or memory) as ``.cubepack``."""
+
+    cube_dir: Path
+    commit_sha: str | None = None
+    verified: bool = False
+    loaded: list[str] = field(default_factory=list)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+    rebuilt: dict[str, list[str]] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
+    recomputed: list[str] = field(default_factory=list)  # reproduced by the loaded model
+    embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
+
+
+def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
+    """Refuse activations whose producer label is backed by less than ``required`` (one the
+    loaded model just reproduced counts as recomputed)."""
+    if not required:
+        return
+    if required not in STRENGTH:
+        raise UsageError(f"require_provenance must be one of {', '.join(STRENGTH)}.")
+    for item_id, entry in sorted(lock["activations"].items()):
+        kind = RECOMPUTED if item_id in report.recomputed else entry["provenance"]["kind"]
+        if STRENGTH[kind] < STRENGTH[required]:
+            raise RecomputationFailed(
+                f"Activation {item_id!r} is {kind}, but {required} is required; pass "
+                "recompute=True to prove it with the loaded model, or re-pack the cube with "
+                "cubepack pack --recompute.")
+
+
+def llm_in_dtype(act_mem: Any, dtype: str | None) -> Any:
+    """The memory's LLM, running in ``dtype``, without changing a model anyone else holds.
+
+    MemOS's ``LLMFactory`` shares one LLM instance per config between cubes and memories, so
+    the memory gets a private copy of the LLM and its model in the pinned dtype; the shared
+    one is never cast in place.
+    """
+    llm = act_mem.llm
+    if dtype is None or dtype_name(llm.model.dtype) == dtype:
+        return llm
+    import torch
+
+    private = copy.copy(llm)
+    private.model = copy.deepcopy(llm.model).to(getattr(torch, dtype))
+    act_mem.llm = private
+    return private
+
+
+def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
+                policy: TrustPolicy) -> None:
+    """Install a verified cube's activations, each checked against the live model (and, with
+    ``recompute``, reproduced by it: see :mod:`cubepack.kv._recompute`)."""
+    pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
+    if not lock["activations"]:
+        return
+    llm = llm_in_dtype(act_mem, pinned["dtype"] if pinned else None)
+    live = fingerprint(llm.model)
+    for item_id, entry in sorted(lock["activations"].items()):
+        path = resolve_inside(cube_dir, entry["file"])
+        try:
+            info = check_kv_file(path, live)
+        except IdentityMismatch as mismatch:
+            apply_policy(act_mem, item_id, mismatch, read_kv_header(path).metadata, report,
+                         policy.on_mismatch)
+            continue
+        if policy.recompute and info.token_ids:
+            result = recompute_cache(llm.model, info, item_id, tokens=policy.recompute_tokens)
+            if not result.ok:
+                raise RecomputationFailed(f"Activation {item_id!r} is not what the loaded model "
+                                          f"computes: it {describe(result)}. Do not load it.")
+            report.recomputed.append(item_id)
+        cache = build_dynamic_cache(info, llm.model.config, device=llm.model.device)
+        _add(act_mem, item_id, cache, dict(info.metadata))
+        report.loaded.append(item_id)
+
+
+def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, on_mismatch: str) -> None:
+    """Read an unpacked folder's activation pickle through the allowlist reader."""
+    path = cube_dir / act_mem.config.memory_filename
+    if not path.is_file():
+        return
+    logger.warning("cubepack: %s holds no cubepack.lock: its activations were read through "
+                   "cubepack's allowlist reader (no code runs) but are unverified; pack it: "
+                   "cubepack pack %s --legacy-pickle", cube_dir, cube_dir)
+    dump = read_memos_pickle(path.read_bytes())
+    if any(item.prompt is not None for item in dump.items):
+        _add_prompts(act_mem, dump.items, report)
+        return
+    model = act_mem.llm.model
+    live = fingerprint(model)
+    for item in dump.items:
+        problems = structure_problems(live_layers(item.layers), live)
+        if problems:
+            mismatch = IdentityMismatch(f"Activation {item.id!r} of {cube_dir}", problems)
+            apply_policy(act_mem, item.id, mismatch, item.metadata, report, on_mismatch)
+            continue
+        cache = cache_from_layers(item.layers, model.config, device=model.device,
+                                  source=path.name)
+        _add(act_mem, item.id, cache, item.metadata)
+        report.loaded.append(item.id)
+
+
+def apply_policy(act_mem: Any, item_id: str, mismatch: IdentityMismatch,
+                 metadata: dict[str, Any], report: HookReport, on_mismatch: str) -> None:
+    if on_mismatch == "error":
+        raise IdentityMismatch(
+            f"Activation {item_id!r}", mismatch.mismatches,
+            "The model MemOS loaded is not the one that produced it; load the cube with its "
+            "pinned model, or pass on_mismatch='drop' or 'rebuild' (to "
+            "cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
+            "CUBEPACK_MEMOS_ON_MISMATCH).") from None
+    if on_mismatch == "drop":
+        logger.warning("cubepack: dropped activation %s: produced by another model (%s)",
+                       item_id, ", ".join(mismatch.fields))
+        report.dropped[item_id] = mismatch.fields
+        return
+    act_mem.add([rebuild(act_mem, item_id, metadata)])
+    report.rebuilt[item_id] = mismatch.fields
+
+
+def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any]) -> Any:
+    """Re-extract an item from its stored source with the live model, as MemOS built it:
+    ``source_text`` may be a string, a list of strings or a list of chat messages."""
+    source = metadata.get("source_text")
+    if not _extractable(source):
+        raise CubepackError(f"Activation {item_id!r} cannot be rebuilt: it records no "
+                            "source_text (a string or a list of chat messages) to extract from.")
+    item = act_mem.extract(source)
+    item.id = item_id
+    item.metadata = {**metadata, **(item.metadata or {}), "rebuilt_by_cubepack": True}
+    logger.warning("cubepack: rebuilt activation %s with the loaded model", item_id)
+    return item
+
+
+def _extractable(source: Any) -> bool:
+    if isinstance(source, str):
+        return bool(source)
+    return isinstance(source, list) and bool(source) and all(
+        isinstance(entry, str) or (isinstance(entry, dict) and "content" in entry)
+        for entry in source)
+
+
+def _add(act_mem: Any, item_id: str, cache: Any, metadata: dict[str, Any]) -> None:
+    from memos.memories.activation.item import KVCacheItem
+
+    act_mem.add([KVCacheItem(id=item_id, memory=cache, metadata=metadata)])
+
+
+def _add_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None:
+    """vLLM items hold prompt strings, which are safe to hand back as they are."""
+    from memos.memories.activation.item import VLLMKVCacheItem
+
+    for item in items:
+        if item.prompt is None:
+            raise CubepackError(f"{item.id!r} mixes KV caches and vLLM prompts in one dump.")
+        act_mem.add([VLLMKVCacheItem(id=item.id, memory=item.prompt, metadata=item.metadata)])
+        report.loaded.append(item.id)

@@ -1,0 +1,247 @@
+"""``install()`` / ``uninstall()``: cubepack's path under MemOS's own calls.
+
+Patched: the class attributes ``GeneralMemCube.init_from_remote_repo`` / ``init_from_dir`` (so
+``MOSCore.register_mem_cube`` is covered), and the leaves: the ``load`` of MemOS's activation
+memories (``KVCacheMemory``, ``VLLMKVCacheMemory``), the only MemOS code that unpickles. So every
+entry point (``GeneralMemCube.load``, ``NaiveMemCube.load``, ``MOSCore.load``, the scheduler)
+verifies a packed folder and reads an unpacked one through the allowlist reader. Settings only
+get stricter once installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .._util import constants
+from .._util.revision import is_commit
+from ..cube._policy import TrustPolicy
+from ..cube._verify import verify
+from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
+from ._activations import HookReport, load_packed, load_unpacked
+from ._load import init_from_dir, init_from_remote_repo
+
+logger = logging.getLogger("cubepack.memos")
+
+
+DEFAULT_BASE_URL = "https://huggingface.co/datasets"
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """What the installed hook enforces. A later :func:`install` only tightens it."""
+
+    require_pin: bool = True
+    trusted_keys: tuple[str, ...] = ()
+    require_signature: bool = False
+    on_mismatch: str = "error"
+
+    def __post_init__(self) -> None:
+        self.policy  # noqa: B018 - validates on_mismatch now, not at the first load
+
+    @property
+    def policy(self) -> TrustPolicy:
+        """The policy every hooked load applies."""
+        return TrustPolicy(trusted_keys=self.trusted_keys,
+                           require_signature=self.require_signature, on_mismatch=self.on_mismatch)
+
+
+_STATE: dict[str, Any] = {"settings": None, "originals": {}}
+
+
+#: Policies from strictest to most lenient (a later install may only move left).
+_STRICTNESS = {"error": 0, "drop": 1, "rebuild": 2}
+
+
+def _from_environment() -> HookSettings:
+    """Settings servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
+    ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``) and
+    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1``."""
+    keys = tuple(k for k in os.environ.get("CUBEPACK_MEMOS_TRUSTED_KEYS", "").split(os.pathsep) if k)
+    return HookSettings(
+        on_mismatch=os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error",
+        trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"))
+
+
+def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None = None,
+            require_signature: bool | None = None, on_mismatch: str | None = None) -> HookSettings:
+    """Route MemOS's cube loading through cubepack (see the module docstring); return the
+    settings now in force.
+
+    The first call sets the settings: the arguments given, else the environment (for servers
+    that install through the ``memos.plugins`` entry point), else the defaults
+    (``require_pin=True``, no keys, ``on_mismatch="error"``). A later call, such as MemOS's
+    plugin discovery running again, only makes them stricter: it can require a pin or a
+    signature, add keys when none were set, or move the policy towards ``"error"``, never the
+    reverse. Call :func:`uninstall` first to loosen them.
+    """
+    if on_mismatch is not None:
+        TrustPolicy(on_mismatch=on_mismatch)  # refuse a bad value before changing anything
+    given = {"require_pin": require_pin, "require_signature": require_signature,
+             "on_mismatch": on_mismatch,
+             "trusted_keys": tuple(str(k) for k in trusted_keys) if trusted_keys else None}
+    current: HookSettings | None = _STATE["settings"]
+    if current is None:
+        base = _from_environment()
+        updated = replace(base, **{k: v for k, v in given.items() if v is not None})
+    else:
+        updated = replace(
+            current,
+            require_pin=current.require_pin or bool(require_pin),
+            require_signature=current.require_signature or bool(require_signature),
+            trusted_keys=current.trusted_keys or given["trusted_keys"] or (),
+            on_mismatch=min(current.on_mismatch, on_mismatch or current.on_mismatch,
+                            key=_STRICTNESS.__getitem__))
+    _STATE["settings"] = updated
+    _patch()
+    return updated
+
+
+def settings() -> HookSettings | None:
+    """The settings the installed hook enforces, or None when it is not installed."""
+    return _STATE["settings"]
+
+
+def installed() -> bool:
+    return _STATE["settings"] is not None
+
+
+def uninstall() -> None:
+    """Restore MemOS's own methods and forget the settings."""
+    for (owner, name), original in _STATE["originals"].items():
+        setattr(owner, name, original)
+    _STATE["originals"].clear()
+    _STATE["settings"] = None
+
+
+def _patch() -> None:
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.memories.activation.kv import KVCacheMemory
+    from memos.memories.activation.vllmkv import VLLMKVCacheMemory
+
+    targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
+               (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
+               (KVCacheMemory, "load"): _guarded_act_load,
+               (VLLMKVCacheMemory, "load"): _guarded_act_load}
+    for (owner, name), replacement in targets.items():
+        if (owner, name) not in _STATE["originals"]:
+            _STATE["originals"][(owner, name)] = owner.__dict__[name]
+            setattr(owner, name, replacement)
+
+
+def _hook_settings() -> HookSettings:
+    return _STATE["settings"] or HookSettings()
+
+
+def _remote_kind(base_url: str | None) -> tuple[str, str | None, str]:
+    """("hub", endpoint, repo type) for a Hugging Face-style base URL (ending in ``/datasets`` or
+    ``/models``, as MemOS builds them), else ("git", base URL, "") for any other remote (git
+    hosts, ``file://``, ModelScope), which MemOS clones."""
+    base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+    for suffix, repo_type in (("/datasets", "dataset"), ("/models", "model")):
+        if base.endswith(suffix):
+            endpoint = base[: -len(suffix)]
+            return "hub", (None if endpoint == "https://huggingface.co" else endpoint), repo_type
+    return "git", base, ""
+
+
+def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
+                   memory_types: list[str] | None = None, default_config: Any = None) -> Any:
+    current = _hook_settings()
+    kind, where, repo_type = _remote_kind(base_url)
+    repo, _, revision = cube_id.partition("@")
+    if current.require_pin and not is_commit(revision):
+        what = ("a Hub commit (printed by `cubepack push` and `cubepack pull`)" if kind == "hub"
+                else "a git commit (`git rev-parse HEAD` in that repository)")
+        raise UsageError(
+            f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to {what}: "
+            f"GeneralMemCube.init_from_remote_repo('{repo}@<40-hex commit>', ...), or call "
+            "cubepack.memos.install(require_pin=False) on a fresh install.")
+    if kind == "hub":
+        return init_from_remote_repo(cube_id, endpoint=where, repo_type=repo_type,
+                                     memory_types=memory_types, default_config=default_config,
+                                     policy=current.policy)
+    folder = git_checkout(f"{where}/{repo}", revision or None)
+    return _hooked_dir(str(folder), memory_types, default_config)
+
+
+def git_checkout(url: str, revision: str | None) -> Path:
+    """Clone ``url`` into a new temporary folder and check out ``revision`` (a commit; the
+    default branch when None), as MemOS's own remotes work, but at the commit asked for."""
+    folder = Path(tempfile.mkdtemp(prefix="cubepack-git-")) / "cube"
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True)
+        if done.returncode:
+            raise HubError(f"git {args[0]} of {url} failed: "
+                           f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+        return done.stdout.strip()
+
+    git("clone", "--quiet", "--no-checkout", url, str(folder))
+    git("-C", str(folder), "-c", "advice.detachedHead=false", "checkout", "--quiet",
+        revision or "HEAD")
+    head = git("-C", str(folder), "rev-parse", "HEAD")
+    if revision and head != revision:
+        raise HubError(f"git checked out {head} for {url}@{revision}; refusing another commit.")
+    shutil.rmtree(folder / ".git")  # the cube is the working tree; git's own files are not in it
+    return folder
+
+
+def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
+                default_config: Any = None) -> Any:
+    current = _hook_settings()
+    state = _lock_state(Path(dir))
+    if state == "file":
+        return init_from_dir(dir, memory_types=memory_types, default_config=default_config,
+                             policy=current.policy)
+    _refuse_unpacked(Path(dir), state, current)
+    original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
+    return original(dir, memory_types, default_config)  # the act memory's load is guarded too
+
+
+def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+    """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
+    is verified and its KV files loaded, each checked against the live model; a folder without
+    one is read through the allowlist reader. MemOS's ``pickle.load`` is never called."""
+    current = _hook_settings()
+    folder = Path(dir)
+    state = _lock_state(folder)
+    report = HookReport(cube_dir=folder)
+    if state == "file":
+        verified = verify(folder, current.policy)
+        report.verified = True
+        if hasattr(self.llm, "model"):  # vLLM memories hold prompts: a packed cube has none
+            load_packed(self, folder, verified.lock, report, current.policy)
+    else:
+        _refuse_unpacked(folder, state, current)
+        load_unpacked(self, folder, report, current.on_mismatch)
+    self.cubepack = report
+
+
+def _lock_state(folder: Path) -> str:
+    lock = folder / constants.LOCK_FILENAME
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        return "other"
+    return "file" if lock.is_file() else "absent"
+
+
+def _refuse_unpacked(folder: Path, state: str, current: HookSettings) -> None:
+    if state == "other":
+        raise UnsafeInputError(f"{folder / constants.LOCK_FILENAME} is not a regular file; "
+                               "refusing the cube (a packed cube's lock is a plain file).")
+    if current.policy.signature_required:
+        raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
+                             "signature, and the hook requires one; pack and sign it "
+                             "(cubepack pack --sign-key) or load it with another install.")
+
+
+def _general_cube() -> Any:
+    from memos.mem_cube.general import GeneralMemCube
+
+    return GeneralMemCube

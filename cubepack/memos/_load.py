@@ -1,0 +1,143 @@
+"""Loading a packed cube as a MemOS ``GeneralMemCube``: pull or verify it, point MemOS at the
+pinned snapshot of each producer model, let MemOS load the non-activation memories, and install
+the activations from KV files, each checked against the model MemOS loaded.
+
+MemOS is imported only inside these functions (it has import-time side effects).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..cube import _memos_layout as memos_layout
+from ..cube._policy import TrustPolicy
+from ..cube._verify import verify
+from ..errors import CubepackError
+from ..hub._pull import parse_repo_spec, pull
+from ._activations import HookReport, load_packed
+from ._activations import require_provenance as require_provenance_of
+from ._embedder import check_text_vectors
+
+logger = logging.getLogger("cubepack.memos")
+
+
+def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
+                          revision: str | None = None, endpoint: str | None = None,
+                          repo_type: str = "dataset", memory_types: list[str] | None = None,
+                          default_config: Any = None, token: str | None = None,
+                          local_dir: str | Path | None = None, **options: Any) -> Any:
+    """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
+
+    Args:
+        cube_id: ``owner/name`` or ``owner/name@revision``.
+        policy: a :class:`~cubepack.cube.TrustPolicy` (or its fields as ``options``):
+            ``on_mismatch`` (``"error"`` raises :class:`IdentityMismatch`, ``"drop"`` skips the
+            item with one log line naming it and the fields, ``"rebuild"`` re-extracts it from
+            its stored source with the live model), ``trusted_keys`` / ``require_signature``,
+            ``strict_models``, ``recompute`` (prove each cache with the model MemOS loaded),
+            ``require_provenance``.
+        revision: branch, tag or commit (or give it in ``cube_id``).
+        endpoint: Hub endpoint (default: ``HF_ENDPOINT`` / huggingface.co).
+        repo_type: ``"dataset"`` (MemOS's default) or ``"model"``.
+        memory_types: as MemOS's (``text_mem``, ``act_mem``, ``para_mem``, ``pref_mem``).
+        default_config: a ``GeneralMemCubeConfig`` merged as MemOS merges it; if it swaps in
+            another model, each activation is handled by ``on_mismatch``.
+        local_dir: where to place the pulled cube (default: a new temporary folder).
+
+    Raises:
+        HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
+            (raised before MemOS builds anything).
+        IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
+        RecomputationFailed: the loaded model does not reproduce a cache, or its provenance is
+            weaker than required.
+    """
+    policy = TrustPolicy.build(policy, **options)
+    repo_id, wanted = parse_repo_spec(cube_id, revision)
+    target = Path(local_dir) if local_dir else Path(tempfile.mkdtemp(prefix="cubepack-cube-")) / "cube"
+    spec = f"{repo_id}@{wanted}" if wanted else repo_id
+    # The live checks (recomputation, provenance) run against the model MemOS loads, below.
+    pulled = pull(spec, policy.without_live_checks(), local_dir=target, endpoint=endpoint,
+                  token=token, repo_type=repo_type)
+    cube = _build(pulled.local_dir, pulled.report.lock, policy, memory_types=memory_types,
+                  default_config=default_config, endpoint=endpoint, token=token)
+    cube.cubepack.commit_sha = pulled.commit_sha
+    return cube
+
+
+def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
+                  memory_types: list[str] | None = None, default_config: Any = None,
+                  endpoint: str | None = None, token: str | None = None,
+                  **options: Any) -> Any:
+    """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
+    policy = TrustPolicy.build(policy, **options)
+    report = verify(cube_dir, policy.without_live_checks())
+    return _build(Path(cube_dir), report.lock, policy, memory_types=memory_types,
+                  default_config=default_config, endpoint=endpoint, token=token)
+
+
+def _build(cube_dir: Path, lock: dict[str, Any], policy: TrustPolicy, *,
+           memory_types: list[str] | None, default_config: Any, endpoint: str | None,
+           token: str | None) -> Any:
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.mem_cube.utils import merge_config_with_default
+
+    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
+    effective = merge_config_with_default(recorded, default_config) if default_config is not None \
+        else recorded
+    report = HookReport(cube_dir=cube_dir, verified=True)
+    effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
+    cube = GeneralMemCube(effective)
+    types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
+    others = [kind for kind in types if kind != "act_mem"]
+    if others:
+        cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
+    if "text_mem" in types and cube.text_mem is not None:
+        check_text_vectors(cube.text_mem, cube_dir, lock, report, policy.on_mismatch)
+    if "act_mem" in types and cube.act_mem is not None:
+        load_packed(cube.act_mem, cube_dir, lock, report, policy)
+    require_provenance_of(lock, report, policy.require_provenance)
+    cube.cubepack = report
+    return cube
+
+
+def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: HookReport, *,
+                endpoint: str | None, token: str | None) -> Any:
+    """Point each producer at its pinned snapshot, when the effective config still names the
+    model the cube was packed with. A ``default_config`` that swapped the model keeps its own
+    model: the identity check on each activation then applies the mismatch policy."""
+    from huggingface_hub import snapshot_download
+
+    recorded_dict = recorded.model_dump(mode="json")
+    effective_dict = effective.model_dump(mode="json")
+    for role, pin in lock["models"].items():
+        original = memos_layout.llm_config(recorded_dict, role)
+        current = memos_layout.llm_config(effective_dict, role)
+        if current is None or original is None:
+            continue
+        if current.get("model_name_or_path") != original.get("model_name_or_path"):
+            logger.info("cubepack: default_config replaces the %s model %s with %s", role,
+                        original.get("model_name_or_path"), current.get("model_name_or_path"))
+            continue
+        if pin.get("repo_id") and pin.get("revision"):
+            try:
+                folder = snapshot_download(pin["repo_id"], revision=pin["revision"],
+                                           endpoint=endpoint, token=token)
+            except Exception as exc:  # noqa: BLE001 - any failure: the pin cannot be honoured
+                if not pin.get("strict"):
+                    # Only the activation producer must match bit for bit; a helper model
+                    # (extractor, embedder) falls back to its name, and the user is told.
+                    logger.warning("cubepack: the pinned %s model %s@%s cannot be downloaded "
+                                   "(%s); MemOS will load %s by name", role, pin["repo_id"],
+                                   pin["revision"], exc, original.get("model_name_or_path"))
+                    continue
+                raise CubepackError(f"The pinned {role} model {pin['repo_id']}@{pin['revision']} "
+                                    f"cannot be downloaded: {exc}. Use an endpoint that hosts "
+                                    f"that commit (and a token that can read it), or put the "
+                                    f"commit in the HF cache first.") from exc
+            current["model_name_or_path"] = folder
+            report.models[role] = folder
+    return type(effective).model_validate(effective_dict)

@@ -1,0 +1,185 @@
+"""The embedder is pinned for textual memories that hold vectors: a live embedder must
+reproduce a sample of the cube's own vectors. Real components: a tiny transformers encoder,
+an OpenAI-compatible server on loopback running it, MemOS's own ``universal_api`` backend (in
+the memos environment), and MemOS's example cube with its 768-dim vectors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+
+import pytest
+
+import cubepack
+from cubepack._util import constants
+from cubepack.testing.embeddings import EmbeddingServer, build_encoder
+
+TEXTS = ["The user loves the Eiffel Tower.", "The user drinks green tea every morning.",
+         "The user's sister lives in Lyon."]
+from data import EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoders")
+    return {"e": build_encoder(root / "e", seed=0), "other": build_encoder(root / "o", seed=1),
+            "wide": build_encoder(root / "w", seed=0, hidden=48)}
+
+
+def embed_with_memos_or_server(server, texts):
+    """Vectors as MemOS makes them: through its own universal_api backend when MemoryOS is
+    installed, else through the same OpenAI-compatible protocol."""
+    try:
+        from memos.configs.embedder import EmbedderConfigFactory
+        from memos.embedders.factory import EmbedderFactory
+    except ImportError:
+        from cubepack.cube._embedder import embed
+
+        return embed(server.spec, texts)
+    embedder = EmbedderFactory.from_config(EmbedderConfigFactory.model_validate({
+        "backend": "universal_api", "config": {"provider": "openai", "api_key": "x",
+                                               "base_url": server.url,
+                                               "model_name_or_path": server.model_name}}))
+    return embedder.embed(texts)
+
+
+@pytest.fixture
+def cube(tmp_path, encoders, zoo):
+    """A cube whose general-text memory holds vectors the encoder ``e`` made."""
+    from memos_format import memos_config
+
+    cube = tmp_path / "cube"
+    cube.mkdir()
+    with EmbeddingServer(encoders["e"]) as server:
+        vectors = embed_with_memos_or_server(server, TEXTS)
+    memories = [{"id": str(uuid.UUID(int=i + 1)), "vector": vector, "payload": {"memory": text}}
+                for i, (text, vector) in enumerate(zip(TEXTS, vectors))]
+    (cube / "textual_memory.json").write_text(json.dumps(memories))
+    config = memos_config(str(zoo["a"]))
+    config["text_mem"] = {"backend": "general_text", "config": {
+        "memory_filename": "textual_memory.json",
+        "embedder": {"backend": "universal_api", "config": {"model_name_or_path": "tiny"}}}}
+    (cube / "config.json").write_text(json.dumps(config))
+    cubepack.pack(cube)
+    return cube
+
+
+def test_pack_records_the_vectors_and_the_embedder_that_made_them_passes(cube, encoders):
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    record = lock["models"]["text_mem.embedder"]["vectors"]
+    assert (record["dimension"], record["count"], len(record["sample"])) == (32, 3, 3)
+    assert "32 dimensions" in (cube / "README.md").read_text()
+    with EmbeddingServer(encoders["e"]) as server:
+        report = cubepack.verify(cube, embedder=server.spec)
+        assert server.calls == 1  # the whole sample in one batched call
+    checks = [c for c in report.checks if c.name == "embedder"]
+    assert len(checks) == 3 and all(c.ok for c in checks)
+    assert cubepack.verify(cube, embedder=str(encoders["e"])).ok  # a local folder, too
+
+
+def test_pack_with_the_embedder_records_its_probe_fingerprint(cube, encoders):
+    with EmbeddingServer(encoders["e"]) as server:
+        cubepack.pack(cube, embedder=server.spec)
+        lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+        assert len(lock["models"]["text_mem.embedder"]["vectors"]["probes"]) == 4
+        server.calls = 0
+        report = cubepack.verify(cube, embedder=server.spec)
+        assert server.calls == 2  # the sample and the probes: two batched calls, no more
+    assert sum(1 for c in report.checks if c.name == "embedder" and c.ok) == 3 + 4
+    with EmbeddingServer(encoders["other"]) as other:
+        with pytest.raises(cubepack.IdentityMismatch, match="--embedder did not make"):
+            cubepack.pack(cube, embedder=other.spec)
+
+
+def test_another_embedder_of_the_same_dimension_is_refused(cube, encoders):
+    with EmbeddingServer(encoders["other"]) as server:
+        with pytest.raises(cubepack.VerificationFailed, match="another embedder made these"):
+            cubepack.verify(cube, embedder=server.spec)
+
+
+def test_an_embedder_of_another_dimension_is_refused_naming_both(cube, encoders):
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        cubepack.verify(cube, embedder=str(encoders["wide"]))
+    failure = caught.value.failures[0]
+    assert (failure.expected, failure.found) == (32, 48) and "48-dimensional" in failure.detail
+
+
+@pytest.mark.skipif(not (EXAMPLES / "mem_cube_2").is_dir(), reason="no MemOS example cubes")
+def test_mem_cube_2s_768_dim_vectors_refuse_a_stand_in_embedder(tmp_path, qwen3_snapshot,
+                                                                 monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # its models resolve through the HF cache only
+    cube = tmp_path / "mem_cube_2"
+    shutil.copytree(EXAMPLES / "mem_cube_2", cube)
+    (cube / "activation_memory.pickle").unlink()  # the text memory is what this test is about
+    cubepack.pack(cube)
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    record = lock["models"]["text_mem.embedder"]["vectors"]
+    assert (record["dimension"], record["count"]) == (768, 2)
+    stand_in = build_encoder(tmp_path / "stand-in", seed=3, hidden=768)
+    with pytest.raises(cubepack.VerificationFailed, match="cosine"):
+        cubepack.verify(cube, embedder=str(stand_in))
+
+
+# --- the MemOS hook: the embedder MemOS loads must reproduce the vectors --------------------
+
+@pytest.fixture
+def text_cube(tmp_path, encoders, zoo):
+    """A real MemOS general-text cube (Qdrant in local mode, MemOS's universal_api embedder on a
+    loopback server running encoder ``e``), dumped by MemOS and packed."""
+    pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
+    pytest.importorskip("qdrant_client", reason="MemOS's general text memory needs Qdrant")
+    from memos.mem_cube.general import GeneralMemCube
+
+    server = EmbeddingServer(encoders["e"]).__enter__()
+    cube = GeneralMemCube(text_config(tmp_path / "qdrant-source", server, zoo))
+    cube.text_mem.add([{"memory": text, "metadata": {}} for text in TEXTS])
+    cube.dump(str(tmp_path / "cube"))
+    cubepack.pack(tmp_path / "cube")
+    yield tmp_path / "cube", server
+    server.__exit__(None, None, None)
+
+
+def text_config(qdrant_path, server, zoo):
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(zoo["a"])}}
+    return GeneralMemCubeConfig.model_validate({
+        "user_id": "u", "cube_id": "u/text_cube", "act_mem": {"backend": "uninitialized"},
+        "text_mem": {"backend": "general_text", "config": {
+            "extractor_llm": llm,
+            "vector_db": {"backend": "qdrant", "config": {
+                "collection_name": "text_cube", "vector_dimension": 32,
+                "distance_metric": "cosine", "path": str(qdrant_path)}},
+            "embedder": {"backend": "universal_api", "config": {
+                "provider": "openai", "api_key": "x", "base_url": server.url,
+                "model_name_or_path": server.model_name}}}}})
+
+
+@pytest.mark.parametrize("policy", ["error", "drop", "rebuild"])
+def test_the_hook_checks_the_loaded_embedder_and_applies_the_policy(text_cube, encoders, zoo,
+                                                                    tmp_path, policy):
+    import cubepack.memos as hook
+
+    cube_dir, server = text_cube
+    same = hook.init_from_dir(cube_dir, memory_types=["text_mem"],
+                              default_config=text_config(tmp_path / "q1", server, zoo))
+    assert same.cubepack.embedder_verified and len(same.text_mem.get_all()) == 3
+    with EmbeddingServer(encoders["other"]) as other:
+        swapped = text_config(tmp_path / f"q-{policy}", other, zoo)
+        if policy == "error":
+            with pytest.raises(cubepack.IdentityMismatch, match=r"vectors\[.*\]\.cosine"):
+                hook.init_from_dir(cube_dir, memory_types=["text_mem"], default_config=swapped)
+            return
+        loaded = hook.init_from_dir(cube_dir, memory_types=["text_mem"], default_config=swapped,
+                                    on_mismatch=policy)
+        if policy == "drop":
+            assert loaded.text_mem.get_all() == [] and "text_mem.embedder" in loaded.cubepack.dropped
+            return
+        assert "text_mem.embedder" in loaded.cubepack.rebuilt
+        from cubepack.cube._vectors import cosine
+
+        [vector] = loaded.text_mem.embedder.embed([TEXTS[0]])
+        stored = {item.payload["memory"]: item.vector
+                  for item in loaded.text_mem.vector_db.get_all()}
+        assert cosine(stored[TEXTS[0]], vector) > 0.999  # re-embedded: now in the live space

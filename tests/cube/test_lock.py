@@ -1,0 +1,98 @@
+"""The lock (build, serialise, parse) and diff: pure values in and out, no model, no network."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cubepack import FormatError, UnsafeInputError
+from cubepack.cube import _lock as lockfile
+from cubepack.cube._diff import diff_locks
+
+SHA = "ab" * 32
+
+
+IDENTITY = {"weights_digest": "sha256:" + "1" * 64, "tokenizer_digest": None,
+            "geometry": {"num_layers": 2}, "compute_config": {"rope_theta": 10000.0},
+            "dtype": "float32", "kv_dtype": "float32", "quantization": None, "adapters": None}
+
+
+def make_lock(**changes):
+    files = {"config.json": {"sha256": SHA, "size": 10},
+             "activations/a.kv.safetensors": {"sha256": "cd" * 32, "size": 99}}
+    models = {"act_mem": {"repo_id": "org/m", "revision": "0" * 40, "strict": True,
+                          "name": "org/m", "identity": IDENTITY}}
+    activations = {"a": {"file": "activations/a.kv.safetensors", "model_role": "act_mem",
+                         "token_count": 3, "kv_dtype": "float32", "num_layers": 2,
+                         "sha256": "cd" * 32,
+                         "provenance": {"kind": "recorded", "detail": "the KV header"}}}
+    values = {"cube_id": "u/c", "files": files, "models": models, "activations": activations,
+              "cubepack_version": "0.1.0"}
+    values.update(changes)
+    return lockfile.build_lock(**values)
+
+
+def test_lock_round_trips_canonically():
+    lock = make_lock()
+    text = lockfile.dumps(lock)
+    assert lockfile.parse(text.encode()) == lock
+    assert lockfile.dumps(lockfile.parse(text.encode())) == text  # byte-identical
+    assert text.endswith("\n") and json.loads(text) == lock
+
+
+def test_content_digest_ignores_the_card_but_digest_covers_it():
+    plain = make_lock()
+    files = dict(plain["files"], **{"README.md": {"sha256": SHA, "size": 1}})
+    with_card = make_lock(files=files)
+    assert with_card["content_digest"] == plain["content_digest"]
+    assert with_card["digest"] != plain["digest"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda l: l.update(lock_version=3), "version 3"),
+    (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
+    (lambda l: l.update(extra=1), "unexpected keys"),
+    (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
+    (lambda l: l["models"]["act_mem"].update(revision="main"), "not a 40-hex commit"),
+    (lambda l: l["models"]["act_mem"].update(revision="0" * 40 + "\n"), "not a 40-hex commit"),
+    (lambda l: l["activations"]["a"].update(file="missing.kv.safetensors"), "does not hold"),
+    (lambda l: l["activations"]["a"].update(sha256="ef" * 32), "disagree on the sha256"),
+    (lambda l: l["activations"]["a"].update(model_role="nobody"), "no pinned identity"),
+])
+def test_resealed_but_invalid_locks_are_refused(change, message):
+    from cubepack._util import canonical
+
+    lock = make_lock()
+    change(lock)  # then reseal both digests, as an attacker with write access would
+    lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
+                                                     lock["activations"])
+    lock.pop("digest")
+    lock["digest"] = canonical.digest(lock)
+    with pytest.raises(FormatError, match=message):
+        lockfile.parse(json.dumps(lock).encode())
+
+
+def test_lock_paths_are_checked_before_anything_else():
+    lock = make_lock()
+    lock["files"]["../x"] = {"sha256": SHA, "size": 1}
+    with pytest.raises(UnsafeInputError, match="'..' segment"):
+        lockfile.parse(json.dumps(lock).encode())
+
+
+def test_diff_names_every_kind_of_change():
+    old = make_lock()
+    files = dict(old["files"])
+    files.pop("config.json")
+    files["notes.txt"] = {"sha256": SHA, "size": 2}
+    files["activations/a.kv.safetensors"] = {"sha256": "ef" * 32, "size": 99}
+    models = json.loads(json.dumps(old["models"]))
+    models["act_mem"]["identity"]["dtype"] = "bfloat16"
+    activations = {"a": dict(old["activations"]["a"], sha256="ef" * 32)}
+    new = make_lock(files=files, models=models, activations=activations)
+    result = diff_locks(old, new)
+    assert result["files"] == {"added": ["notes.txt"], "removed": ["config.json"],
+                               "changed": ["activations/a.kv.safetensors"]}
+    assert result["models"] == {"act_mem": {"dtype": {"old": "float32", "new": "bfloat16"}}}
+    assert result["activations"]["changed"] == ["a"] and result["same"] is False
+    assert diff_locks(old, old)["same"] is True

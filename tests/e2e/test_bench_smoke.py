@@ -1,0 +1,26 @@
+"""Every benchmark runs end to end at its ``--smoke`` size, so none can rot unnoticed.
+
+No ratio is asserted (speed is measured by ``make bench``, not by tests): a benchmark passes
+here when it runs to completion and prints its ratio line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
+                                           if not p.name.startswith("_")))
+def test_benchmark_runs_at_smoke_size(script, tmp_path):
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hf"), CUBEPACK_CACHE=str(tmp_path / "cp"))
+    done = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "ratio" in done.stdout

@@ -1,0 +1,43 @@
+"""A KV file written under one transformers major version loads bit-exactly under the other.
+
+The other environment's interpreter is given by ``CUBEPACK_OTHER_PYTHON`` (``make test`` sets
+it); each environment writes with the other and reads in-process, so both directions run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import transformers
+from safetensors.torch import load_file
+
+import cubepack
+
+from helpers import continue_greedy
+
+OTHER = os.environ.get("CUBEPACK_OTHER_PYTHON")
+
+
+@pytest.mark.skipif(not OTHER, reason="CUBEPACK_OTHER_PYTHON not set (make test sets it)")
+@pytest.mark.parametrize("name", ["a", "hybrid"])
+def test_file_from_other_environment_loads_bit_exactly(zoo, models, tmp_path, name):
+    writer = Path(__file__).parents[1] / "support" / "crossversion_writer.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(writer.parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([OTHER, str(writer), str(zoo[name]), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    other_version = done.stdout.strip().splitlines()[-1]
+    assert other_version.split(".")[0] != transformers.__version__.split(".")[0]
+
+    model = models[name]
+    assert json.loads((tmp_path / "identity.json").read_text()) == \
+        json.loads(json.dumps(cubepack.fingerprint(model).strict()))
+    cache = cubepack.load_kv_cache(tmp_path / "cache.kv.safetensors", model)
+    assert cache.get_seq_length() == 10
+    expected = load_file(str(tmp_path / "logits.safetensors"))
+    mine = continue_greedy(model, cache, 30, 6)
+    assert all(expected[f"step{i}"].equal(step) for i, step in enumerate(mine))

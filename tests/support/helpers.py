@@ -1,0 +1,131 @@
+"""Small helpers shared by tests: build a cache, continue it, compare logits."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def build_cache(model, ids):
+    """Run ``model`` on ``ids`` and return its DynamicCache."""
+    with torch.no_grad():
+        return model(ids, use_cache=True).past_key_values
+
+
+def continue_greedy(model, cache, first_token: int, steps: int) -> list[torch.Tensor]:
+    """Feed one token at a time for ``steps`` steps; return each step's logits.
+
+    The token fed next is the argmax of the previous step, so two caches that disagree anywhere
+    diverge in their inputs too.
+    """
+    cache = copy.deepcopy(cache)
+    token = torch.tensor([[first_token]])
+    logits = []
+    with torch.no_grad():
+        for _ in range(steps):
+            step = model(token, past_key_values=cache, use_cache=True).logits
+            logits.append(step)
+            token = step[:, -1:].argmax(-1)
+    return logits
+
+
+def all_equal(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def tree_bytes(folder) -> dict:
+    """Every file's bytes below ``folder``: to prove an operation changed nothing, or that two
+    folders hold the same files."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def reseal_lock(cube, change) -> None:
+    """Edit a cube's lock and recompute its digests, as an attacker with write access could."""
+    import json
+
+    from cubepack._util import constants
+    from cubepack.cube import _lock as lockfile
+
+    path = cube / constants.LOCK_FILENAME
+    lock = json.loads(path.read_text())
+    change(lock)
+    resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
+                                   models=lock["models"], activations=lock["activations"],
+                                   cubepack_version=lock["cubepack_version"])
+    path.write_text(lockfile.dumps(resealed))
+
+
+def rewrite_kv_metadata(source, target, change):
+    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``."""
+    import json
+    import struct
+
+    raw = source.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    meta = json.loads(header["__metadata__"]["cubepack"])
+    change(meta)
+    header["__metadata__"]["cubepack"] = json.dumps(meta)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    target.write_bytes(struct.pack("<Q", len(encoded)) + encoded + raw[8 + length:])
+    return target
+
+
+def make_key(folder, name: str, kind: str = "p256"):
+    """Write an EC (p256/p384) or Ed25519 key pair as PEM; return (private, public) paths."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    key = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()),
+           "p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+           "ed25519": ed25519.Ed25519PrivateKey.generate}[kind]()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def copy_of(folder, tmp_path):
+    """A private copy of a (module-scoped) cube folder for one test to modify."""
+    import shutil
+
+    copy = tmp_path / "cube"
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def run_torch_free(code: str):
+    """Run ``code`` in a fresh interpreter; fail unless it succeeds without importing torch or
+    transformers (``cubepack --help``, ``verify`` and folder fingerprints must stay light)."""
+    import subprocess
+    import sys
+
+    check = ("\nimport sys as _sys\n"
+             "_heavy = [m for m in ('torch', 'transformers') if m in _sys.modules]\n"
+             "assert not _heavy, f'imported {_heavy}'\n")
+    done = subprocess.run([sys.executable, "-c", code + check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def as_format_1(source, target, tokenizer_json):
+    """A file as cubepack 0.1 wrote it: version 1, no compute config, structural tokenizer
+    digest."""
+    from cubepack.identity._tokenizer_fields import legacy_tokenizer_digest_v1
+
+    def downgrade(meta):
+        meta["version"] = 1
+        for key in ("compute_config", "prompt_format_digest"):
+            meta["producer"].pop(key, None)
+        meta["producer"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
+            tokenizer_json.read_text())
+    return rewrite_kv_metadata(source, target, downgrade)

@@ -1,0 +1,51 @@
+"""Path safety: the one rule for every path inside a cube."""
+
+from __future__ import annotations
+
+import pytest
+
+from cubepack import UnsafeInputError
+from cubepack._util.paths import (
+    check_no_collisions,
+    check_relpath,
+    list_cube_files,
+    scan_cube,
+)
+
+SHA = "ab" * 32
+
+
+@pytest.mark.parametrize("name", ["a.json", "activations/x.kv.safetensors", "a b/c-d_e.txt"])
+def test_safe_relative_paths_pass(name):
+    assert check_relpath(name) == name
+
+
+@pytest.mark.parametrize("name, message", [
+    ("", "non-empty"), ("/etc/passwd", "absolute"), ("C:/x", "absolute"), ("a/../b", "'..'"),
+    ("a//b", "empty"), ("./a", "'.'"), ("a\\b", "backslash"), ("a\nb", "control"),
+    ("cafe\u0301", "NFC"), ("x" * 1025, "longer than"), (7, "non-empty string"),
+])
+def test_unsafe_paths_are_refused(name, message):
+    with pytest.raises(UnsafeInputError, match=message):
+        check_relpath(name)
+
+
+def test_case_and_unicode_collisions_are_refused():
+    check_no_collisions(["a.txt", "b.txt"])
+    with pytest.raises(UnsafeInputError, match="collide"):
+        check_no_collisions(["Readme.md", "README.md"])
+
+
+def test_scan_reports_links_and_special_files_without_following_them(tmp_path):
+    import os
+
+    (tmp_path / "ok.txt").write_text("x")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "inner.txt").write_text("y")
+    os.symlink("/etc", tmp_path / "link")
+    os.mkfifo(tmp_path / "fifo")
+    files, problems = scan_cube(tmp_path)
+    assert files == ["dir/inner.txt", "ok.txt"]
+    assert sorted(where for where, _ in problems) == ["fifo", "link"]
+    with pytest.raises(UnsafeInputError):
+        list_cube_files(tmp_path)
