@@ -87,10 +87,15 @@ def _embedder_cost(root: Path, repeats: int) -> None:
              for i, (t, v) in enumerate(zip(texts, vectors))]))
         record = vector_record(cube, "textual_memory.json")
         record["probes"] = probe_vectors(server.spec)
-        sample = [t for i, t in enumerate(texts) if f"m{i:03d}" in record["sample"]]
+        config = {"text_mem": {"backend": "general_text",
+                               "config": {"memory_filename": "textual_memory.json"}}}
+        lock = {"files": {"textual_memory.json": {}},
+                "models": {"text_mem.embedder": {"vectors": record}}}
+        sample = texts[:16]  # one plain call of as many texts as the check re-embeds
         plain = best_of(lambda: embed(server.spec, sample), repeats)
         server.calls = 0
-        checked = best_of(lambda: embedder_checks(cube, record, server.spec, "e"), repeats)
+        checked = best_of(lambda: embedder_checks(
+            cube, config, lock, lambda batch: embed(server.spec, batch), label="e"), repeats)
         calls = server.calls // repeats
     print(f"embedder check: {calls} batched calls (target <= 2); {checked * 1e3:.1f} ms vs "
           f"{plain * 1e3:.1f} ms for one plain call of the sample: {checked / plain:.2f}x")

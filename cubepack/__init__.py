@@ -17,8 +17,6 @@ imported inside the functions that need them), so ``import cubepack`` and ``cube
 stay fast.
 """
 
-from __future__ import annotations
-
 from ._version import __version__
 from .cube import PackResult, TrustPolicy, VerifyReport, diff, pack, sign, upgrade, verify
 from .errors import (

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from .errors import CubepackError, UsageError
+from .errors import CubepackError, UsageError, VerificationFailed
 
 
 class _Context:
@@ -25,7 +25,7 @@ class _Context:
 
 #: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
 _POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
-                   "require_provenance", "embedder", "strict_models")
+                   "seed", "require_provenance", "embedder", "strict_models")
 
 
 def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,7 +35,11 @@ def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--recompute", is_flag=True,
                      help="Prove each KV cache: the model's prefill must reproduce it."),
         click.option("--recompute-tokens", type=click.IntRange(min=1),
-                     help="Recompute only N positions of each cache (implies --recompute)."),
+                     help="Compare N positions of each cache, drawn at random (implies "
+                          "--recompute; never proves 'recomputed')."),
+        click.option("--seed", type=int,
+                     help="Seed of the verifier's random draws (positions, probes, memories "
+                          "re-embedded), to repeat a run; default: fresh, reported."),
         click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
                      help="Refuse activations whose producer label is backed by less."),
         click.option("--embedder",
@@ -202,6 +206,8 @@ def _render_pack(data: dict[str, Any]) -> str:
         else:
             where = f"{pin['name']}: not pinned ({pin.get('reason') or 'unavailable'})"
         lines.append(f"  model {role}: {where}")
+    for item, proof in sorted(data.get("recomputed", {}).items()):
+        lines.append(f"  proved {item}: {proof}")
     lines.append(f"  lock digest: {data['digest']}")
     return "\n".join(lines)
 
@@ -223,26 +229,32 @@ def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool
         from .cube._verify import verify
 
         report = verify(cube_dir, policy, raise_on_failure=False)
-    _emit(report.to_dict(), as_json, _render_report)
     if not report.ok:
-        raise _Refused()
-
-
-class _Refused(Exception):
-    """Verification printed its report and refused: exit 1 without another message."""
+        raise VerificationFailed(report)  # main() prints the report and the error
+    _emit(report.to_dict(), as_json, _render_report)
 
 
 def _render_report(data: dict[str, Any]) -> str:
     marks = {True: "ok  ", False: "FAIL", None: "skip"}
     lines = []
     for check in data["checks"]:
-        line = f"{marks[check['ok']]} {check['check']:<15} {check['subject']}: {check['detail']}"
+        basis = f"[{check['basis']}]" if check.get("basis") else ""
+        line = (f"{marks[check['ok']]} {check['check']:<15} {basis:<9} {check['subject']}: "
+                f"{check['detail']}")
         if check["ok"] is not True and (check["expected"] is not None
                                         or check["found"] is not None):
             line += f"\n     expected {check['expected']}\n     found    {check['found']}"
         lines.append(line)
-    lines.append("verified: the cube is exactly what was packed" if data["ok"]
-                 else "REFUSED: do not load this cube")
+    for item, backing in sorted((data.get("provenance") or {}).items()):
+        lines.append(f"provenance {item}: {backing['kind']} [{backing['basis']}] "
+                     f"{backing['detail']}")
+    if data["ok"]:
+        lines.append("verified: every file is the one the lock records; " + (
+            f"the lock is signed by trusted key {data['signed_by']}" if data.get("signed_by")
+            else "the lock and what it says are the cube author's claims (no trusted "
+                 "signature: --trusted-key)"))
+    else:
+        lines.append("REFUSED: do not load this cube")
     return "\n".join(lines)
 
 
@@ -398,7 +410,7 @@ def hub_group() -> None:
               help="Folder where repos, commits and blobs are stored.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind (loopback unless you mean to share it).")
-@click.option("--port", type=int, default=8999, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8999, show_default=True)
 @click.option("--token", "tokens", multiple=True,
               help="Accepted token (repeatable). With none, anyone who reaches the port may write.")
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
@@ -441,8 +453,6 @@ def main(argv: list[str] | None = None) -> int:
     _configure_progress()
     try:
         cli.main(args=args, prog_name="cubepack", standalone_mode=False)
-    except _Refused:
-        return 1
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 3
@@ -452,9 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     except CubepackError as exc:
         if _Context.debug:
             traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
+        report = getattr(exc, "report", None)
         if "--json" in args:
             _emit_error(exc)
+        elif report is not None:  # the whole report on stdout, as on success
+            click.echo(_render_report(report.to_dict()))
+        click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if _Context.debug:

@@ -21,10 +21,13 @@ ValueError``). Messages are sentences a user can act on: what differed (expected
 what to do about it.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass as _dataclass
+from typing import Any as _Any
 
-from dataclasses import dataclass
-from typing import Any
+__all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
+           "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
+           "SignatureError", "UnsafeInputError", "UnsupportedError", "UsageError",
+           "VerificationFailed"]
 
 
 class CubepackError(Exception):
@@ -40,19 +43,19 @@ class RefusedError(CubepackError):
     exit_code = 1
 
 
-@dataclass(frozen=True)
+@_dataclass(frozen=True)
 class Mismatch:
     """One field that differs between what was recorded (expected) and what is here (found)."""
 
     field: str
-    expected: Any
-    found: Any
+    expected: _Any
+    found: _Any
 
     def __str__(self) -> str:
         return f"{self.field}: expected {_show(self.expected)}, found {_show(self.found)}"
 
 
-def _show(value: Any) -> str:
+def _show(value: _Any) -> str:
     text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -86,7 +89,7 @@ class VerificationFailed(IntegrityError):
     """A cube failed verification. ``report`` lists every check (passed, failed, skipped);
     ``failures`` the failed ones, each naming the file or field with expected and found."""
 
-    def __init__(self, report: Any):
+    def __init__(self, report: _Any):
         self.report = report
         failures = report.failures
         shown = "; ".join(str(check) for check in failures[:8])
@@ -96,7 +99,7 @@ class VerificationFailed(IntegrityError):
                          f"{plural}): {shown}{more}. Do not load it; pull or pack it again.")
 
     @property
-    def failures(self) -> list[Any]:
+    def failures(self) -> list[_Any]:
         return self.report.failures
 
 

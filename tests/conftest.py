@@ -33,7 +33,7 @@ from data import EXAMPLES, ITEMS, MODEL_A_COMMIT, PROMPT  # noqa: E402, F401
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> dict[str, Path]:
-    """Every tiny fixture model (see :func:`cubepack.tiny.build_zoo`)."""
+    """Every tiny fixture model (see :func:`cubepack.testing.tiny.build_zoo`)."""
     from cubepack.testing import tiny
 
     return tiny.build_zoo(tmp_path_factory.mktemp("zoo"))

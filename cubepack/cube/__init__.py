@@ -1,5 +1,6 @@
 """The packed cube: a MemOS cube folder (or a plain bundle of KV files) with its pins, lock,
-card and signature, and the verbs on it. Local only: nothing here talks to a Hub.
+card and signature, and the verbs on it. Nothing here pushes or pulls: a Hub id is only resolved
+to a folder (through the HF cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``), :func:`verify` (``_verify``), :func:`diff`, :func:`upgrade`,
   :func:`sign`;

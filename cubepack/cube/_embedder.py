@@ -8,13 +8,17 @@ sentence-transformers pools), ``openai:<base url>#<model>`` for any OpenAI-compa
 from __future__ import annotations
 
 import json
+import random
+import secrets
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ..errors import CubepackError, UsageError
-from ._report import Check
-from ._vectors import COSINE_THRESHOLD, PROBES, cosine, memory_vectors
+from .._util.paths import resolve_inside
+from ..errors import CubepackError, IntegrityError, UsageError
+from ._memos_layout import memory_files
+from ._report import CLAIMED, Check
+from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine, memory_vectors
 
 CHECK = "embedder"
 
@@ -24,35 +28,89 @@ def probe_vectors(spec: str) -> list[list[float]]:
     return [[round(float(x), 6) for x in vector] for vector in embed(spec, list(PROBES))]
 
 
-def embedder_checks(cube: Path, record: dict[str, Any], spec: str, role: str) -> list[Check]:
-    """Re-embed the recorded sample with the embedder ``spec``; one check per memory."""
-    stored = {memory_id: (text, vector) for memory_id, text, vector in
-              memory_vectors(cube / record["file"])}
-    sample = [memory_id for memory_id in record["sample"] if memory_id in stored]
-    if not sample:
-        return [Check(CHECK, record["file"], False, "none of the recorded sample memories is in "
-                      "the file", role=role)]
-    fresh = embed(spec, [stored[memory_id][0] for memory_id in sample])
-    pairs = [(f"{record['file']} ({memory_id})", stored[memory_id][1], vector)
-             for memory_id, vector in zip(sample, fresh)]
-    if record.get("probes"):  # the second (and last) batched call
-        pairs += [(f"probe {index}", expected, vector) for index, (expected, vector) in
-                  enumerate(zip(record["probes"], embed(spec, list(PROBES))))]
+def vector_sources(cube: Path, config: dict[str, Any], lock_files: list[str],
+                   record: dict[str, Any] | None) -> list[tuple[str, list[tuple]]]:
+    """The text memories MemOS loads that hold vectors: (file, memories) for each file the
+    cube's ``config.json`` names (never a path from the lock), read through the path rule (a
+    listed, verified regular file inside the cube). They must agree with the lock's record.
+
+    Raises:
+        IntegrityError: vectors without a record, a record for another file or for no vectors,
+            or a count or dimension that differs from the record.
+    """
+    sources = []
+    for name in memory_files(config, lock_files).get("textual", []):
+        path = resolve_inside(cube, name)
+        if path.is_symlink() or not path.is_file():
+            raise IntegrityError(f"The text memory {name} is not a regular file in the cube.")
+        memories = memory_vectors(path)
+        if memories:
+            sources.append((name, memories))
+    named = [name for name, _ in sources]
+    if record is None and sources:
+        raise IntegrityError(f"{named[0]} holds {len(sources[0][1])} vectors but the lock records "
+                             "no embedder for them (a packed cube always does: was the record "
+                             "removed?); re-pack the cube with cubepack pack.")
+    if record is not None and record["file"] not in named:
+        raise IntegrityError(f"The lock records vectors for {record['file']}, but the text "
+                             f"memory config.json names ({', '.join(named) or 'none'}) holds "
+                             "other or no vectors.")
+    for name, memories in sources:
+        dimensions = sorted({len(vector) for _, _, vector in memories})
+        if record is not None and name == record["file"] and (
+                len(memories) != record["count"] or dimensions != [record["dimension"]]):
+            raise IntegrityError(f"{name} holds {len(memories)} vectors of dimension "
+                                 f"{', '.join(map(str, dimensions))}; the lock records "
+                                 f"{record['count']} of dimension {record['dimension']}.")
+    return sources
+
+
+def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
+                    embed_texts: Callable[[list[str]], list[list[float]]], *, label: str,
+                    seed: int | None = None, size: int = SAMPLE_SIZE) -> list[Check]:
+    """Re-embed memories drawn at random (by this process: ``seed``, reported) from each text
+    memory that holds vectors, in one batched call, and compare with the stored vectors; then
+    the recorded probe vectors, if any, in a second call. ``embed_texts`` is the live embedder
+    (``label`` names it in messages). One check per memory, and one per probe.
+
+    Raises:
+        IntegrityError: see :func:`vector_sources`.
+    """
+    record = (lock["models"].get(EMBEDDER_ROLE) or {}).get("vectors")
+    sources = vector_sources(cube, config, list(lock["files"]), record)
+    if not sources:
+        return [Check(CHECK, "*", False, "the cube's text memory holds no vectors, so no "
+                      "embedder can be checked against it (drop --embedder)", role=EMBEDDER_ROLE)]
+    seed = secrets.randbits(32) if seed is None else seed
+    rng = random.Random(seed)
     checks = []
-    for subject, expected, vector in pairs:
-        if len(vector) != len(expected):
-            checks.append(Check(CHECK, subject, False, f"{spec} gives {len(vector)}-dimensional "
-                                "vectors; the cube's were made by a "
-                                f"{len(expected)}-dimensional embedder", len(expected),
-                                len(vector), role=role))
-            continue
-        similarity = cosine(expected, vector)
-        ok = similarity >= COSINE_THRESHOLD
-        checks.append(Check(CHECK, subject, ok, f"cosine {similarity:.6f} with the stored vector"
-                            + ("" if ok else f" < {COSINE_THRESHOLD}: another embedder made "
-                               "these vectors; re-embed the cube's memories with this one or "
-                               "use the embedder that made them"), role=role))
+    for name, memories in sources:
+        drawn = rng.sample(memories, min(size, len(memories)))
+        fresh = embed_texts([text for _, text, _ in drawn])
+        scope = f"{len(drawn)} of {len(memories)} memories drawn at random (seed {seed})"
+        checks += [_compare(f"{name} ({memory_id})", stored, vector, label, scope)
+                   for (memory_id, _, stored), vector in zip(drawn, fresh)]
+    if record.get("probes"):
+        fresh = embed_texts(list(PROBES))
+        for index, (expected, vector) in enumerate(zip(record["probes"], fresh)):
+            check = _compare(f"probe {index}", expected, vector, label, "the lock's probe vectors")
+            check.basis = CLAIMED  # the expected vectors are the packer's word, not the memories
+            checks.append(check)
     return checks
+
+
+def _compare(subject: str, expected: list[float], vector: list[float], label: str,
+             scope: str) -> Check:
+    if len(vector) != len(expected):
+        return Check(CHECK, subject, False, f"{label} gives {len(vector)}-dimensional vectors; "
+                     f"the cube's were made by a {len(expected)}-dimensional embedder",
+                     len(expected), len(vector), role=EMBEDDER_ROLE)
+    similarity = cosine(expected, vector)
+    ok = similarity >= COSINE_THRESHOLD
+    return Check(CHECK, subject, ok, f"cosine {similarity:.6f} with the stored vector ({scope})"
+                 + ("" if ok else f" < {COSINE_THRESHOLD}: another embedder made these vectors; "
+                    "re-embed the cube's memories with this one or use the embedder that made "
+                    "them"), role=EMBEDDER_ROLE)
 
 
 def embed(spec: str, texts: list[str]) -> list[list[float]]:

@@ -170,3 +170,7 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
         if not isinstance(role, dict) or not isinstance(role.get("identity"), dict):
             raise FormatError(f"cubepack.lock activation {item_id!r} names model role "
                               f"{entry['model_role']!r}, which has no pinned identity.")
+        if role.get("strict") is not True:  # a producer is strict by definition, whatever the
+            raise FormatError(f"cubepack.lock activation {item_id!r} names model role "  # lock
+                              f"{entry['model_role']!r}, which is not pinned as strict; the "
+                              "producer of an activation always is.")

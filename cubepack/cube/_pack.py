@@ -40,7 +40,7 @@ from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
 from ._content import file_problem, is_activation_path, pickled_memory_problems
-from ._embedder import embedder_checks, probe_vectors
+from ._embedder import embed, embedder_checks, probe_vectors
 from ._memos_layout import memos_prompt_ids
 from ._memos_pickle import read_memos_pickle
 from ._provenance import (
@@ -52,7 +52,7 @@ from ._provenance import (
     record_conflicts,
 )
 from ._signing import check_key, write_signature
-from ._vectors import vector_record
+from ._vectors import EMBEDDER_ROLE, vector_record
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
@@ -69,6 +69,8 @@ class PackResult:
     models: dict[str, dict[str, Any]]
     activations: list[str]
     converted: list[str] = field(default_factory=list)
+    #: item -> what ``pack --recompute`` proved (positions, errors, the behavioural check)
+    recomputed: dict[str, str] = field(default_factory=dict)
     changed: bool = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,7 +81,8 @@ class PackResult:
                                                           "reason")},
                               "pinned": pin.get("identity") is not None}
                        for role, pin in self.models.items()},
-            "activations": self.activations, "converted": self.converted, "changed": self.changed,
+            "activations": self.activations, "converted": self.converted,
+            "recomputed": self.recomputed, "changed": self.changed,
         }
 
 
@@ -148,15 +151,19 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                     "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
                     "allowlist unpickler (the packed cube will hold no pickle)."
                 )
-            converted = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
-                                        model=model, assert_producer=assert_producer)
-        if recompute:
-            _prove_activations(staging, pins, model)
+            proven = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
+                                     model=model, assert_producer=assert_producer)
+            converted = list(proven)
+        else:
+            proven = {}
+        recomputed = _prove_activations(staging, pins, model) if recompute else {}
+        proven.update(recomputed)
         result = _write_metadata(
-            staging, memos_config, pins, license=license or previous_card.license,
+            staging, memos_config, pins, proven, license=license or previous_card.license,
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
             progress=progress, previous_card=previous_card)
         result.converted = converted
+        result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
         unsigned = [name for name in files if name != constants.SIGNATURE_FILENAME]
@@ -263,24 +270,28 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
 
 def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
                     pins: dict[str, dict[str, Any]], embedder: str | None) -> None:
-    """Pin a text memory's vectors to their embedder: dimension, count and a sample of the
-    cube's own memories, which ``verify --embedder`` re-embeds (see ``_vectors``, ``_embedder``)."""
+    """Pin a text memory's vectors to their embedder: dimension and count (a verifier draws
+    its own sample to re-embed; see ``_vectors``, ``_embedder``). With ``embedder``, it must
+    reproduce the vectors now, and its probe vectors are recorded."""
     for name in memos_layout.memory_files(memos_config, files).get("textual", []):
         record = vector_record(cube, name)
         if record is None:
             continue
-        role = "text_mem.embedder"
-        pins.setdefault(role, {"name": None, "strict": False, "repo_id": None, "revision": None,
-                               "identity": None, "reason": "config.json names no embedder"})
+        pins.setdefault(EMBEDDER_ROLE, {"name": None, "strict": False, "repo_id": None,
+                                        "revision": None, "identity": None,
+                                        "reason": "config.json names no embedder"})
         if embedder:
-            failures = [c for c in embedder_checks(cube, record, embedder, role) if not c.ok]
+            draft = {"files": {f: {} for f in files}, "models": {EMBEDDER_ROLE: {"vectors": record}}}
+            failures = [c for c in embedder_checks(cube, memos_config, draft,
+                                                   lambda texts: embed(embedder, texts),
+                                                   label=embedder) if not c.ok]
             if failures:
                 raise IdentityMismatch(f"The text memory {name}", [
                     Mismatch(f"embedder {c.subject}", "its stored vector", c.detail)
                     for c in failures], "--embedder did not make these vectors; give the "
                     "embedder that did.")
             record["probes"] = probe_vectors(embedder)
-        pins[role]["vectors"] = record
+        pins[EMBEDDER_ROLE]["vectors"] = record
 
 
 # --- activations --------------------------------------------------------------------------------
@@ -293,7 +304,9 @@ def activation_filename(item_id: str) -> str:
 
 def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, Any]],
                     memos_config: dict[str, Any], *, model: Any,
-                    assert_producer: bool) -> list[str]:
+                    assert_producer: bool) -> dict[str, dict[str, Any]]:
+    """Convert a MemOS pickle's caches to KV files; return each item's provenance (what pack
+    established for its producer label just now)."""
     pin = pins.get(memos_layout.ACT_ROLE)
     if pin is None or pin.get("identity") is None:
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
@@ -304,7 +317,7 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
     data = pickle_path.read_bytes()
     source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
     dump = read_memos_pickle(data)
-    written = set()
+    written, provenances = set(), {}
     for item in dump.items:
         if item.prompt is not None:
             raise UnsupportedError(f"Activation {item.id!r} is a vLLM prompt, not a KV cache. "
@@ -325,7 +338,8 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
                 f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
                 "Its tensors contradict the pinned model; pass --model with the model that "
                 "built this cube.") from None
-    return [item.id for item in dump.items]
+        provenances[item.id] = provenance
+    return provenances
 
 
 VLLM_REFUSAL = ("vllm_kv_cache activations are prompt strings that a vLLM server turns into KV "
@@ -398,7 +412,12 @@ def _same_producer(named: str, identity: ModelIdentity) -> bool:
 
 
 def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
-                        digests: dict[str, str]) -> dict[str, dict[str, Any]]:
+                        digests: dict[str, str],
+                        proven: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The lock's activation entries. Provenance is what this pack established (a conversion
+    it checked, a recomputation it ran), else ``recorded`` (the KV header names a producer that
+    agrees with the pin), or less when the header itself says less: a header's ``provenance``
+    metadata is a claim, so it may lower the label (``asserted``) but never raise it."""
     entries: dict[str, dict[str, Any]] = {}
     producer_pin = pins.get(memos_layout.ACT_ROLE)
     for name in files:
@@ -417,23 +436,31 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
         if item_id in entries:
             raise FormatError(f"Two activation files carry the id {item_id!r}.")
-        provenance = info.metadata.get("provenance")
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
                             "num_layers": info.num_layers, "sha256": digests[name],
-                            "provenance": provenance if check_provenance(provenance)
-                            else KV_HEADER}
+                            "provenance": proven.get(item_id) or _header_label(info)}
     return entries
 
 
-def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]], model: Any) -> None:
-    """Recompute every activation in ``staging`` with the pinned producer; rewrite each with
-    its token ids and a ``recomputed`` provenance, or refuse."""
+def _header_label(info: Any) -> dict[str, Any]:
+    claimed = info.metadata.get("provenance")
+    if check_provenance(claimed) and claimed["kind"] == ASSERTED:
+        return {"kind": ASSERTED, "detail": str(claimed.get("detail", ""))}
+    return KV_HEADER
+
+
+def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
+                       model: Any) -> dict[str, dict[str, Any]]:
+    """Recompute every activation in ``staging`` with the pinned producer (every position);
+    rewrite each with its token ids; return each one's ``recomputed`` provenance, or refuse."""
     import datetime
 
     pin = pins.get(memos_layout.ACT_ROLE) or {}
-    live = load_for_recompute(model, pin)
-    tokenizer = None
+    # The packer's own producer: --model, else the folder or Hub id config.json names (the
+    # one this pack just fingerprinted into the pin).
+    live = load_for_recompute(model if model is not None else pin.get("name"), pin)
+    tokenizer, proven = None, {}
     for path in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
         info = read_kv_header(path)
         item_id = str(info.metadata.get("id") or path.name[: -len(constants.KV_SUFFIX)])
@@ -457,6 +484,8 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]], model: An
                           timespec="seconds")}
         write_kv_layers(mapped_layers(info, copy=True), path, producer=info.producer,
                         token_ids=ids, metadata={**info.metadata, "provenance": provenance})
+        proven[item_id] = provenance
+    return proven
 
 
 def _tokenizer_for(model: Any) -> Any:
@@ -479,7 +508,8 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
 
 # --- writing config, card and lock -----------------------------------------------------------
 
-def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]], *,
+def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]],
+                    proven: dict[str, dict[str, Any]], *,
                     license: str | None, pretty_name: str, progress: bool | None,
                     previous_card: card.PreviousCard) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
@@ -496,7 +526,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
         description="hashing cube").items()}
     files = {name: {"sha256": digests[name], "size": resolve_inside(staging, name).stat().st_size}
              for name in hashed}
-    activations = _activation_entries(staging, content, pins, digests)
+    activations = _activation_entries(staging, content, pins, digests, proven)
     draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
                                 cubepack_version=__version__)
     card_text = card.render(lock=draft, memories=memories,

@@ -31,8 +31,12 @@ class TrustPolicy:
             valid signature by one of them required.
         require_signature: refuse an unsigned cube even without ``trusted_keys``.
         recompute: prove every KV cache by the producer's own prefill.
-        recompute_tokens: check this many positions per cache instead of all (implies
-            ``recompute``).
+        recompute_tokens: check this many positions per cache, drawn at random by the verifier,
+            instead of all (implies ``recompute``; a partial check never proves a cache
+            ``recomputed``).
+        seed: the seed of every random draw the verifier makes (positions and probe tokens of
+            a recomputation, the memories an embedder check re-embeds), to repeat a run; None
+            draws a fresh one (the report gives it).
         require_provenance: ``"recorded"`` or ``"recomputed"``: refuse activations whose
             producer label is backed by less.
         embedder: an embedder spec that must reproduce the text memory's vectors.
@@ -46,23 +50,34 @@ class TrustPolicy:
     require_signature: bool = False
     recompute: bool = False
     recompute_tokens: int | None = None
+    seed: int | None = None
     require_provenance: str | None = None
     embedder: str | None = None
     strict_models: bool = False
     on_mismatch: str = "error"
 
     def __post_init__(self) -> None:
-        keys = self.trusted_keys
-        if isinstance(keys, (str, Path)):
-            keys = (keys,)
-        object.__setattr__(self, "trusted_keys", tuple(str(k) for k in keys or ()))
+        object.__setattr__(self, "trusted_keys", key_paths(self.trusted_keys))
         recompute, tokens = self.recompute, self.recompute_tokens
         if type(recompute) is int:  # recompute=N: the old spelling of recompute_tokens=N
             recompute, tokens = True, tokens or recompute
+        for name, value in (("recompute", recompute), ("require_signature", self.require_signature),
+                            ("strict_models", self.strict_models)):
+            if type(value) is not bool:
+                raise UsageError(f"{name} must be True or False, not {value!r}.")
         if tokens is not None and (type(tokens) is not int or tokens < 1):
             raise UsageError(f"recompute_tokens must be a positive integer, not {tokens!r}.")
-        object.__setattr__(self, "recompute", bool(recompute or tokens))
+        if self.seed is not None and type(self.seed) is not int:
+            raise UsageError(f"seed must be an integer, not {self.seed!r}.")
+        object.__setattr__(self, "recompute", recompute or tokens is not None)
         object.__setattr__(self, "recompute_tokens", tokens)
+        if self.embedder is not None and (not isinstance(self.embedder, str) or
+                                          not self.embedder.strip()):
+            raise UsageError(f"embedder must be an embedder spec (a model folder, "
+                             f"openai:<url>#<model> or ollama:<url>#<model>), not "
+                             f"{self.embedder!r}.")
+        if self.model is not None and isinstance(self.model, str) and not self.model.strip():
+            raise UsageError("model must name a model folder or Hub id, not an empty string.")
         if self.require_provenance is not None and \
                 self.require_provenance not in PROVENANCE_LEVELS:
             raise UsageError(f"require_provenance must be one of {', '.join(PROVENANCE_LEVELS)}, "
@@ -76,8 +91,13 @@ class TrustPolicy:
         """``policy`` (or the default) with ``options`` applied; None values are ignored.
 
         Raises:
-            UsageError: an option that is not a policy field, or a value it refuses.
+            UsageError: ``policy`` is not a TrustPolicy; an option that is not a policy field,
+                or a value it refuses.
         """
+        if policy is not None and not isinstance(policy, cls):
+            raise UsageError(f"The policy must be a cubepack.TrustPolicy, not "
+                             f"{type(policy).__name__} {policy!r}; pass other options by name "
+                             "(e.g. verify(cube, model=...)).")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -103,3 +123,19 @@ class TrustPolicy:
         data["model"] = str(data["model"]) if data["model"] is not None else None
         data["trusted_keys"] = list(self.trusted_keys)
         return data
+
+
+def key_paths(keys: Any) -> tuple[str, ...]:
+    """Trusted-key paths as a tuple of strings: one path (str or Path) or several; each must be
+    an existing file, so a typo is a usage error, not an "unsigned" refusal later."""
+    if keys is None:
+        return ()
+    if isinstance(keys, (str, Path)):
+        keys = (keys,)
+    if not isinstance(keys, (list, tuple, set, frozenset)) or \
+            not all(isinstance(key, (str, Path)) for key in keys):
+        raise UsageError(f"trusted_keys must be key file paths, not {keys!r}.")
+    missing = [str(key) for key in keys if not Path(key).is_file()]
+    if missing:
+        raise UsageError(f"Trusted key file(s) not found: {', '.join(missing)}.")
+    return tuple(str(key) for key in keys)

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import constants
-from ..errors import CubepackError, SignatureError
+from ..errors import CubepackError, SignatureError, UsageError
 
 _CURVES = ("secp256r1", "secp384r1")
 
@@ -49,16 +49,16 @@ def check_key(path: str | os.PathLike[str], *, private: bool, password: str | No
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise CubepackError(f"Cannot read key {path}: {exc.strerror or exc}.") from exc
+        raise UsageError(f"Cannot read key {path}: {exc.strerror or exc}.") from exc
     try:
         key = (serialization.load_pem_private_key(data, password.encode() if password else None)
                if private else serialization.load_pem_public_key(data))
     except (ValueError, TypeError) as exc:
         kind = "private" if private else "public"
-        raise CubepackError(f"{path} is not a PEM {kind} key (or the password is wrong).") from exc
+        raise UsageError(f"{path} is not a PEM {kind} key (or the password is wrong).") from exc
     curve = getattr(getattr(key, "curve", None), "name", None)
     if not isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) or curve not in _CURVES:
-        raise CubepackError(f"{path} is a {type(key).__name__.lstrip('_')} key"
+        raise UsageError(f"{path} is a {type(key).__name__.lstrip('_')} key"
                             f"{f' on {curve}' if curve else ''}; cube signing takes ECDSA P-256 or "
                             "P-384 keys (model_signing does not support Ed25519 or RSA). Create one "
                             "with: openssl ecparam -name prime256v1 -genkey -noout -out key.pem")

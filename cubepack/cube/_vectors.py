@@ -9,17 +9,20 @@ the same embedder elsewhere differs by rounding (~1e-6), another model falls far
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import CubepackError
+from .._util.canonical import loads_strict
+from ..errors import CubepackError, FormatError
 
 COSINE_THRESHOLD = 0.999
 
 
-SAMPLE_SIZE = 8
+#: Memories a check re-embeds (all, when the file holds fewer), drawn at random by the verifier.
+SAMPLE_SIZE = 16
+#: The lock's model role whose pin carries the vectors record.
+EMBEDDER_ROLE = "text_mem.embedder"
 
 
 #: A fixed probe set: with the embedder at pack time (``pack --embedder``), their vectors are
@@ -31,21 +34,37 @@ PROBES = ("The user likes green tea.", "Paris is the capital of France.",
 def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
     """(id, text, vector) of every memory that holds a vector, in MemOS's two dump layouts: a
     list of ``{id, vector, payload: {memory}}`` (general text) or ``{nodes: [{id, memory,
-    metadata: {embedding}}]}`` (tree text)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    metadata: {embedding}}]}`` (tree text).
+
+    Raises:
+        FormatError: not strict JSON, a vector that is not a list of numbers, or two memories
+            with one id (a sample could then check one and MemOS load the other).
+    """
+    try:
+        data = loads_strict(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
     found = []
     if isinstance(data, list):
         for entry in data:
             if isinstance(entry, dict) and isinstance(entry.get("vector"), list):
-                payload = entry.get("payload") or {}
+                payload = entry.get("payload") if isinstance(entry.get("payload"), dict) else {}
                 found.append((str(entry.get("id")), str(payload.get("memory", "")),
                               entry["vector"]))
     elif isinstance(data, dict) and isinstance(data.get("nodes"), list):
         for node in data["nodes"]:
-            embedding = (node.get("metadata") or {}).get("embedding") if isinstance(node, dict) \
-                else None
+            metadata = node.get("metadata") if isinstance(node, dict) else None
+            embedding = metadata.get("embedding") if isinstance(metadata, dict) else None
             if isinstance(embedding, list) and embedding:
                 found.append((str(node.get("id")), str(node.get("memory", "")), embedding))
+    seen: set[str] = set()
+    for memory_id, _, vector in found:
+        if memory_id in seen:
+            raise FormatError(f"{path.name} holds two memories with the id {memory_id!r}.")
+        seen.add(memory_id)
+        if not vector or not all(type(x) in (int, float) for x in vector):
+            raise FormatError(f"{path.name}: the vector of memory {memory_id!r} is not a list of "
+                              "numbers.")
     return found
 
 

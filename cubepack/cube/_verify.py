@@ -25,12 +25,13 @@ from ..kv._recompute import recompute as recompute_cache
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from ._content import file_problem, pickled_memory_problems
-from ._embedder import embedder_checks
+from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
 from ._policy import TrustPolicy
-from ._provenance import RECOMPUTED, STRENGTH
+from ._provenance import RECOMPUTED, evidence, satisfies
 from ._report import Check, VerifyReport, pin_subject
 from ._signing import verify_signature
+from ._vectors import EMBEDDER_ROLE
 
 __all__ = ["Check", "VerifyReport", "verify"]
 
@@ -80,11 +81,14 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
         if report.intact:
             _check_signature(report, policy)
             _check_models(report, lock, policy.model)
-            recomputed = _check_recompute(report, lock, policy) if policy.recompute else set()
+            if policy.strict_models:
+                require_checked_models(report)
+            recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
+            _record_provenance(report, lock, recomputed)
             if policy.require_provenance:
-                _check_provenance(report, lock, policy.require_provenance, recomputed)
+                _check_provenance(report, lock, policy.require_provenance)
             if policy.embedder:
-                _check_embedder(report, lock, policy.embedder)
+                _check_embedder(report, lock, policy)
     asked = {"recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
@@ -249,6 +253,7 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
     except CubepackError as exc:
         report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc))
         return
+    report.signed_by = str(key)
     report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
 
 
@@ -289,62 +294,89 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
             report.add("model identity", subject, True, "the model matches the pin", role=role)
 
 
+def require_checked_models(report: VerifyReport) -> None:
+    """``strict_models``: a pinned producer that no check could compare with a model (local or
+    on the Hub) is a refusal, not a skip."""
+    for role, pin in sorted((report.lock or {}).get("models", {}).items()):
+        if not pin.get("strict") or not pin.get("identity"):
+            continue
+        checked = [c for c in report.checks if c.role == role and c.ok is True
+                   and c.name in ("model identity", "remote model")]
+        if not checked:
+            report.add("model identity", pin_subject(role, pin), False, "unverified: no model "
+                       "was available to check the pin against, and strict models were "
+                       "required (pass --model with the producer)", role=role)
+
+
 def _check_recompute(report: VerifyReport, lock: dict[str, Any],
-                     policy: TrustPolicy) -> set[str]:
-    """Recompute every activation with its producer; return the ids it reproduced."""
-    tokens, model = policy.recompute_tokens, policy.model
+                     policy: TrustPolicy) -> dict[str, dict[str, Any]]:
+    """Recompute every activation with its producer; return what each full or sampled
+    recomputation covered, for the activations it reproduced. An activation that cannot be
+    recomputed (no token ids) is a refusal: recomputation was asked for."""
     pin = lock["models"].get(ACT_ROLE) or {}
     if not lock["activations"]:
-        return set()
+        return {}
     if any(c.name == "model identity" and c.ok is False for c in report.checks):
-        report.add("recompute", "*", None, "not run: the model differs from the pin")
-        return set()
+        report.add("recompute", "*", False, "not run: the model differs from the pin")
+        return {}
     try:
-        live = load_for_recompute(model, pin)
+        live = load_for_recompute(policy.model, pin)
     except CubepackError as exc:
         report.add("recompute", "*", False, f"cannot load the producer model: {exc}")
-        return set()
-    reproduced = set()
+        return {}
+    reproduced = {}
     for item_id, entry in sorted(lock["activations"].items()):
         subject = f"{entry['file']} ({item_id})"
         info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
         if not info.token_ids:
-            report.add("recompute", subject, None, "skipped: the cache records no token_ids to "
-                       "recompute from (re-pack it with pack --recompute)")
+            report.add("recompute", subject, False, NO_TOKEN_IDS)
             continue
-        result = recompute_cache(live, info, item_id, tokens=tokens)
+        result = recompute_cache(live, info, item_id, sample=policy.recompute_tokens,
+                                 seed=policy.seed)
         report.add("recompute", subject, result.ok, describe(result), found=result.to_dict())
         if result.ok:
-            reproduced.add(item_id)
+            reproduced[item_id] = {"full": result.full, "positions": result.positions,
+                                   "total": result.total, "seed": result.seed}
     return reproduced
 
 
-def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str,
-                      recomputed: set[str]) -> None:
-    if required not in STRENGTH:
-        report.add("provenance", "*", False, f"unknown provenance {required!r}; use one of "
-                   f"{', '.join(STRENGTH)}")
-        return
+#: Why an activation without token ids is refused under recomputation, and the fix.
+NO_TOKEN_IDS = ("records no token_ids, so it cannot be recomputed, and recomputation was asked "
+                "for; re-pack it with `cubepack pack CUBE --recompute --model MODEL` (for MemOS "
+                "caches the prompt ids are recovered through its chat template), or verify "
+                "without --recompute to accept it unproven")
+
+
+def _record_provenance(report: VerifyReport, lock: dict[str, Any],
+                       recomputed: dict[str, dict[str, Any]]) -> None:
     for item_id, entry in sorted(lock["activations"].items()):
-        kind = RECOMPUTED if item_id in recomputed else entry["provenance"]["kind"]
-        ok = STRENGTH[kind] >= STRENGTH[required]
+        report.provenance[item_id] = evidence(entry["provenance"],
+                                              recomputed=recomputed.get(item_id),
+                                              signed_by=report.signed_by)
+
+
+def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str) -> None:
+    for item_id, entry in sorted(lock["activations"].items()):
+        backing = report.provenance[item_id]
+        ok = satisfies(backing, required)
+        label = f"{backing['kind']} ({backing['basis']}" + \
+            ("" if backing["full"] or backing["kind"] != RECOMPUTED else ", partial") + ")"
         report.add("provenance", f"{entry['file']} ({item_id})", ok,
-                   f"provenance is {kind}" + ("" if ok else
-                   f"; {required} is required (verify --recompute with the producer model, or "
-                   "re-pack with pack --recompute)"), required if not ok else None,
-                   kind if not ok else None)
+                   f"provenance is {label}: {backing['detail']}" + ("" if ok else
+                   f"; {required} is required, proved now (verify --recompute with the producer "
+                   "model, every position) or signed by a trusted key (--trusted-key)"),
+                   f"{required}, proved or signed" if not ok else None,
+                   label if not ok else None, basis=backing["basis"])
     if not lock["activations"]:
-        report.add("provenance", "*", True, "the cube holds no activations")
+        report.add("provenance", "*", True, "the cube holds no activations", basis="proved")
 
 
-def _check_embedder(report: VerifyReport, lock: dict[str, Any], spec: str) -> None:
-    records = [(role, pin["vectors"]) for role, pin in sorted(lock["models"].items())
-               if pin.get("vectors")]
-    if not records:
-        report.add("embedder", "*", None, "skipped: the cube's text memory holds no vectors")
-        return
-    for role, record in records:
-        try:
-            report.extend(embedder_checks(report.cube_dir, record, spec, role))
-        except CubepackError as exc:
-            report.add("embedder", record["file"], False, str(exc), role=role)
+def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    spec = policy.embedder
+    try:
+        report.extend(embedder_checks(report.cube_dir, _memos_config(report.cube_dir, list(lock["files"]), []),
+                                      lock,
+                                      lambda texts: embed(spec, texts), label=spec,
+                                      seed=policy.seed))
+    except CubepackError as exc:
+        report.add("embedder", "*", False, str(exc), role=EMBEDDER_ROLE)

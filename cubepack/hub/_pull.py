@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..cube import _lock as lockfile
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
-from ..cube._verify import ORIGIN_FILE, is_tolerated, verify
+from ..cube._verify import ORIGIN_FILE, is_tolerated, require_checked_models, verify
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
 from ._remote import remote_model_checks
@@ -74,8 +74,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     """
     policy = TrustPolicy.build(policy, **options)
     repo_id, wanted = parse_repo_spec(repo, revision)
-    if not verify_cube and policy.signature_required:
-        raise UsageError("--no-verify cannot be combined with a signature requirement.")
+    if not verify_cube and policy != TrustPolicy():
+        asked = sorted(k for k, v in policy.to_dict().items() if v != TrustPolicy().to_dict()[k])
+        raise UsageError(f"--no-verify cannot be combined with what must be verified "
+                         f"({', '.join(asked)}); drop one or the other.")
     offline = offline_requested(offline)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     check_target(target, repo_id, repo_type, force=force)
@@ -90,10 +92,12 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         _materialize(snapshot, files, staging)
         report = None
         if verify_cube:
-            report = verify(staging, policy, progress=progress, raise_on_failure=False,
-                            hashed=hashed)
+            report = verify(staging, replace(policy, strict_models=False), progress=progress,
+                            raise_on_failure=False, hashed=hashed)
             if not offline and policy.model is None:
                 _add_remote_model_checks(report, client, policy.strict_models)
+            if policy.strict_models and report.intact:
+                require_checked_models(report)
             report.cube_dir = Path(f"{repo_id}@{sha}")
             if not report.ok:
                 _evict_corrupt_files(report, snapshot)

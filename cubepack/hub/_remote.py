@@ -9,12 +9,13 @@ what to do with them.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..cube._policy import TrustPolicy
 from ..cube._report import Check, VerifyReport, pin_subject
-from ..cube._verify import verify
+from ..cube._verify import require_checked_models, verify
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._fingerprint import (
     compute_config,
@@ -116,10 +117,13 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     downloaded). ``cubepack verify --remote``.
     """
     policy = TrustPolicy.build(policy, **options)
-    report = verify(cube_dir, policy, progress=progress, raise_on_failure=False)
+    report = verify(cube_dir, replace(policy, strict_models=False), progress=progress,
+                    raise_on_failure=False)
     if report.lock is not None and report.intact:
         report.extend(remote_model_checks(report.lock["models"], HubClient(endpoint, token),
                                           strict=True))
+        if policy.strict_models:
+            require_checked_models(report)
     report.finish("not run: the cube's files failed the checks above", ["remote model"])
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)

@@ -29,7 +29,7 @@ from .._util import canonical, constants
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.revision import is_commit
 from .._util.safetensors_header import read_header
-from ..errors import CubepackError, FormatError, IntegrityError, ModelNotFoundError
+from ..errors import CubepackError, FormatError, HubError, IntegrityError, ModelNotFoundError
 from ._config_fields import (
     compute_config,
     config_digest,
@@ -122,12 +122,16 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
     except RepositoryNotFoundError as exc:
         raise ModelNotFoundError(f"Model {name} was not found on the Hub (or needs a token).") from exc
     except LocalEntryNotFoundError as exc:
+        if not local_files_only:  # online, but the endpoint could not be reached
+            raise HubError(f"Model {name} at revision {revision or 'main'} could not be fetched "
+                           f"({exc.__cause__ or exc}) and is not in the Hugging Face cache; check "
+                           "HF_ENDPOINT and the connection, or pass a local folder.") from exc
         raise ModelNotFoundError(
             f"Model {name} at revision {revision or 'main'} is not in the Hugging Face cache and "
             "the Hub cannot be reached (offline); download it once online, or pass a local folder."
         ) from exc
     except (HfHubHTTPError, OSError) as exc:
-        raise ModelNotFoundError(f"Cannot resolve model {name}: {exc}") from exc
+        raise HubError(f"Cannot resolve model {name}: {exc}") from exc
     model_id, commit = hub_origin(folder)
     return folder, model_id or name, commit
 

@@ -8,6 +8,8 @@ private (copy-on-write) mapping of the file.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -249,3 +251,27 @@ def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
         view.set_(storage, (header.data_offset + tensor.begin) // dtype.itemsize, tensor.shape)
         tensors[name] = view
     return tensors
+
+
+# --- running a model with a cache ----------------------------------------------------------------
+
+def forward(model: Any, input_ids: Any, cache: Any = None) -> Any:
+    """``model(input_ids, <cache>, use_cache=True)``, passing the cache the way the installed
+    transformers asks: ``cache=`` from 5.24 (``past_key_values`` is deprecated there, removed in
+    5.40), ``past_key_values=`` before."""
+    kwargs: dict[str, Any] = {"use_cache": True}
+    if cache is not None:
+        kwargs[_cache_kwarg(type(model))] = cache
+    return model(input_ids, **kwargs)
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a forward returned (``cache`` in transformers 5.24+, ``past_key_values``
+    before), without touching the deprecated name where the new one exists."""
+    return output["cache"] if "cache" in output else output.past_key_values
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

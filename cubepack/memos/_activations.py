@@ -21,8 +21,9 @@ from .._util.paths import resolve_inside
 from ..cube import _memos_layout as memos_layout
 from ..cube._memos_pickle import read_memos_pickle
 from ..cube._policy import TrustPolicy
-from ..cube._provenance import RECOMPUTED, STRENGTH
-from ..errors import CubepackError, IdentityMismatch, RecomputationFailed, UsageError
+from ..cube._provenance import evidence, satisfies
+from ..cube._verify import NO_TOKEN_IDS
+from ..errors import CubepackError, IdentityMismatch, RecomputationFailed
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import dtype_name
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
@@ -44,24 +45,28 @@ class HookReport:
     dropped: dict[str, list[str]] = field(default_factory=dict)
     rebuilt: dict[str, list[str]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
-    recomputed: list[str] = field(default_factory=list)  # reproduced by the loaded model
+    #: item -> what the loaded model's recomputation covered (full, positions, total, seed)
+    recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: item -> what backs its producer label (kind, basis: proved / signed / claimed)
+    provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    signed_by: str | None = None  # the trusted key whose signature covers the cube
     embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
 
 
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
-    """Refuse activations whose producer label is backed by less than ``required`` (one the
-    loaded model just reproduced counts as recomputed)."""
-    if not required:
-        return
-    if required not in STRENGTH:
-        raise UsageError(f"require_provenance must be one of {', '.join(STRENGTH)}.")
+    """Record what backs each activation's producer label (a recomputation by the loaded model
+    is proved; the lock's label is claimed, or signed under a trusted key) and refuse those that
+    do not meet ``required`` (the one rule of :func:`cubepack.cube._provenance.satisfies`)."""
     for item_id, entry in sorted(lock["activations"].items()):
-        kind = RECOMPUTED if item_id in report.recomputed else entry["provenance"]["kind"]
-        if STRENGTH[kind] < STRENGTH[required]:
+        backing = evidence(entry["provenance"], recomputed=report.recomputed.get(item_id),
+                           signed_by=report.signed_by)
+        report.provenance[item_id] = backing
+        if required and not satisfies(backing, required):
             raise RecomputationFailed(
-                f"Activation {item_id!r} is {kind}, but {required} is required; pass "
-                "recompute=True to prove it with the loaded model, or re-pack the cube with "
-                "cubepack pack --recompute.")
+                f"Activation {item_id!r} is {backing['kind']} ({backing['basis']}: "
+                f"{backing['detail']}), but {required} is required, proved or signed; pass "
+                "recompute=True to prove it with the loaded model (every position), or load a "
+                "cube signed by a trusted key (trusted_keys=...).")
 
 
 def llm_in_dtype(act_mem: Any, dtype: str | None) -> Any:
@@ -99,12 +104,16 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             apply_policy(act_mem, item_id, mismatch, read_kv_header(path).metadata, report,
                          policy.on_mismatch)
             continue
-        if policy.recompute and info.token_ids:
-            result = recompute_cache(llm.model, info, item_id, tokens=policy.recompute_tokens)
+        if policy.recompute:
+            if not info.token_ids:
+                raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
+            result = recompute_cache(llm.model, info, item_id, sample=policy.recompute_tokens,
+                                     seed=policy.seed)
             if not result.ok:
                 raise RecomputationFailed(f"Activation {item_id!r} is not what the loaded model "
                                           f"computes: it {describe(result)}. Do not load it.")
-            report.recomputed.append(item_id)
+            report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
+                                          "total": result.total, "seed": result.seed}
         cache = build_dynamic_cache(info, llm.model.config, device=llm.model.device)
         _add(act_mem, item_id, cache, dict(info.metadata))
         report.loaded.append(item_id)

@@ -1,59 +1,63 @@
 """Checking a MemOS text memory's vectors against the embedder MemOS loaded, at load time.
 
 The same test as ``verify --embedder`` (see :mod:`cubepack.cube._embedder`), run with the live
-embedder of the cube MemOS built: it re-embeds the recorded sample in one batched call. On a
-mismatch the policy decides: ``error`` raises, ``drop`` removes the textual memories (a vector
+embedder of the cube MemOS built: it re-embeds memories it draws at random from the file MemOS
+loaded, in one batched call. On a mismatch the policy decides: ``error`` raises, ``drop`` removes the textual memories (a vector
 store holds no memory without its vector), ``rebuild`` re-embeds every textual memory with the
 live embedder (MemOS's own ``add`` embeds them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from ..cube._vectors import COSINE_THRESHOLD, PROBES, cosine, memory_vectors
+from ..cube._embedder import embedder_checks, vector_sources
+from ..cube._policy import TrustPolicy
+from ..cube._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
 from ..errors import IdentityMismatch, Mismatch
 from ._activations import HookReport
 
 logger = logging.getLogger("cubepack.memos")
-ROLE = "text_mem.embedder"
+ROLE = EMBEDDER_ROLE
 
 
 def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
-                       on_mismatch: str) -> None:
-    record = (lock["models"].get(ROLE) or {}).get("vectors")
+                       policy: TrustPolicy) -> None:
+    """Re-embed memories drawn at random from the text memory MemOS loaded (the file its
+    config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose
+    vectors and record disagree (or whose record was removed) is refused whatever the policy."""
     embedder = getattr(text_mem, "embedder", None)
-    if not record or embedder is None:
-        return
-    stored = {memory_id: (text, vector)
-              for memory_id, text, vector in memory_vectors(cube_dir / record["file"])}
-    sample = [memory_id for memory_id in record["sample"] if memory_id in stored]
-    fresh = embedder.embed([stored[memory_id][0] for memory_id in sample]) if sample else []
-    pairs = [(memory_id, stored[memory_id][1], vector) for memory_id, vector in zip(sample, fresh)]
-    if record.get("probes"):
-        pairs += [(f"probe {index}", expected, vector) for index, (expected, vector) in
-                  enumerate(zip(record["probes"], embedder.embed(list(PROBES))))]
-    problems = []
-    for name, expected, vector in pairs:
-        if len(vector) != len(expected):
-            problems.append(Mismatch(f"vectors[{name}].dimension", len(expected), len(vector)))
-        elif cosine(expected, vector) < COSINE_THRESHOLD:
-            problems.append(Mismatch(f"vectors[{name}].cosine", f">= {COSINE_THRESHOLD}",
-                                     round(cosine(expected, vector), 6)))
+    config = json.loads((cube_dir / "config.json").read_text(encoding="utf-8"))
+    record = (lock["models"].get(ROLE) or {}).get("vectors")
+    if not vector_sources(cube_dir, config, list(lock["files"]), record):
+        return  # no vectors: nothing an embedder could be checked against
+    if embedder is None:
+        raise IdentityMismatch(f"The textual memories of {cube_dir}", [
+            Mismatch("embedder", "the embedder that made the vectors", None)],
+            "MemOS built this text memory without an embedder, so its vectors cannot be "
+            "checked; configure the embedder that made them.")
+    checks = embedder_checks(cube_dir, config, lock, embedder.embed,
+                             label=type(embedder).__name__, seed=policy.seed)
+    problems = [Mismatch(f"vectors[{c.subject}].dimension", c.expected, c.found)
+                if c.expected is not None else
+                Mismatch(f"vectors[{c.subject}].cosine", f">= {COSINE_THRESHOLD}",
+                         c.detail.split(" with the stored")[0].removeprefix("cosine "))
+                for c in checks if c.ok is False]
     if not problems:
         report.embedder_verified = True
         return
     fields = [problem.field for problem in problems]
-    if on_mismatch == "error":
+    if policy.on_mismatch == "error":
         raise IdentityMismatch(
             f"The textual memories of {cube_dir}", problems,
             "Their vectors were made by another embedder than the one MemOS loaded; load the "
             "cube with the embedder that made them, or pass on_mismatch='drop' or 'rebuild'.")
     items = text_mem.get_all()
     text_mem.delete_all()
-    if on_mismatch == "drop":
+    if policy.on_mismatch == "drop":
         logger.warning("cubepack: dropped %d textual memories: their vectors were made by "
                        "another embedder (%s)", len(items), ", ".join(fields))
         report.dropped[ROLE] = fields

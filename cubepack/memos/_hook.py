@@ -21,7 +21,7 @@ from typing import Any
 
 from .._util import constants
 from .._util.revision import is_commit
-from ..cube._policy import TrustPolicy
+from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
 from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
 from ._activations import HookReport, load_packed, load_unpacked
@@ -85,7 +85,10 @@ def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None =
         TrustPolicy(on_mismatch=on_mismatch)  # refuse a bad value before changing anything
     given = {"require_pin": require_pin, "require_signature": require_signature,
              "on_mismatch": on_mismatch,
-             "trusted_keys": tuple(str(k) for k in trusted_keys) if trusted_keys else None}
+             "trusted_keys": key_paths(trusted_keys) or None}
+    for name in ("require_pin", "require_signature"):
+        if given[name] is not None and type(given[name]) is not bool:
+            raise UsageError(f"{name} must be True or False, not {given[name]!r}.")
     current: HookSettings | None = _STATE["settings"]
     if current is None:
         base = _from_environment()

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
+from ..cube._report import VerifyReport
 from ..cube._verify import verify
 from ..errors import CubepackError
 from ..hub._pull import parse_repo_spec, pull
@@ -61,7 +62,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     # The live checks (recomputation, provenance) run against the model MemOS loads, below.
     pulled = pull(spec, policy.without_live_checks(), local_dir=target, endpoint=endpoint,
                   token=token, repo_type=repo_type)
-    cube = _build(pulled.local_dir, pulled.report.lock, policy, memory_types=memory_types,
+    cube = _build(pulled.local_dir, pulled.report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
     cube.cubepack.commit_sha = pulled.commit_sha
     return cube
@@ -74,11 +75,11 @@ def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
     policy = TrustPolicy.build(policy, **options)
     report = verify(cube_dir, policy.without_live_checks())
-    return _build(Path(cube_dir), report.lock, policy, memory_types=memory_types,
+    return _build(Path(cube_dir), report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
 
 
-def _build(cube_dir: Path, lock: dict[str, Any], policy: TrustPolicy, *,
+def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
            memory_types: list[str] | None, default_config: Any, endpoint: str | None,
            token: str | None) -> Any:
     from memos.configs.mem_cube import GeneralMemCubeConfig
@@ -88,7 +89,8 @@ def _build(cube_dir: Path, lock: dict[str, Any], policy: TrustPolicy, *,
     recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
     effective = merge_config_with_default(recorded, default_config) if default_config is not None \
         else recorded
-    report = HookReport(cube_dir=cube_dir, verified=True)
+    lock = verified.lock
+    report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
     cube = GeneralMemCube(effective)
     types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
@@ -96,7 +98,7 @@ def _build(cube_dir: Path, lock: dict[str, Any], policy: TrustPolicy, *,
     if others:
         cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
     if "text_mem" in types and cube.text_mem is not None:
-        check_text_vectors(cube.text_mem, cube_dir, lock, report, policy.on_mismatch)
+        check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
         load_packed(cube.act_mem, cube_dir, lock, report, policy)
     require_provenance_of(lock, report, policy.require_provenance)

@@ -10,13 +10,15 @@ package imports it. Users may use it to test their own integrations offline:
   :func:`~cubepack.testing.hub.upload_folder` to publish a folder to any endpoint.
 """
 
-import socket
+import socket as _socket
+
+__all__ = ["free_port"]
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, for an endpoint started in another process.
     Kept here, away from any Hub import: the demo needs it before huggingface_hub reads its
     environment."""
-    with socket.socket() as probe:
+    with _socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

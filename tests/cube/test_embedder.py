@@ -183,3 +183,114 @@ def test_the_hook_checks_the_loaded_embedder_and_applies_the_policy(text_cube, e
         stored = {item.payload["memory"]: item.vector
                   for item in loaded.text_mem.vector_db.get_all()}
         assert cosine(stored[TEXTS[0]], vector) > 0.999  # re-embedded: now in the live space
+
+
+# --- the check reads the memory itself: attacks on the record -------------------------------------
+
+def _memories(cube):
+    return json.loads((cube / "textual_memory.json").read_text())
+
+
+def _rewrite_memories(cube, memories, *, record=None):
+    """Replace the text memory (and, as an attacker with write access, re-seal the lock over it
+    with a record of the attacker's choice)."""
+    from cubepack._util import hashing
+
+    from helpers import reseal_lock
+
+    path = cube / "textual_memory.json"
+    path.write_text(json.dumps(memories))
+    digest, size = hashing.sha256_file(path), path.stat().st_size
+
+    def change(lock):
+        lock["files"]["textual_memory.json"] = {"sha256": digest, "size": size}
+        pin = lock["models"]["text_mem.embedder"]
+        if record is None:
+            pin["vectors"].update(count=len(memories))
+        elif record == "remove":
+            del pin["vectors"]
+        else:
+            pin["vectors"] = record(pin["vectors"])
+    reseal_lock(cube, change)
+
+
+def test_honest_memories_first_in_sorted_order_cannot_hide_foreign_ones(cube, encoders):
+    """The sample is the verifier's own draw, not the first ids in sorted order: 3 honest
+    memories with the smallest ids and 40 made by another embedder are refused."""
+    honest = _memories(cube)
+    texts = [f"Foreign memory number {i}." for i in range(40)]
+    with EmbeddingServer(encoders["other"]) as other:
+        foreign = [{"id": f"zz-{i:03d}", "vector": vector, "payload": {"memory": text}}
+                   for i, (text, vector) in enumerate(zip(texts, embed_with_memos_or_server(
+                       other, texts)))]
+    _rewrite_memories(cube, honest + foreign)
+    with EmbeddingServer(encoders["e"]) as server:
+        report = cubepack.verify(cube, embedder=server.spec, raise_on_failure=False)
+    assert not report.ok
+    bad = [c for c in report.checks if c.name == "embedder" and c.ok is False]
+    assert bad and all("zz-" in c.subject for c in bad)
+    assert "drawn at random (seed" in bad[0].detail
+
+
+@pytest.mark.parametrize("attack", ["remove the record", "point it at a decoy",
+                                    "point it outside", "point it at a FIFO", "duplicate ids",
+                                    "change the count"])
+def test_the_record_cannot_steer_or_skip_the_check(cube, encoders, tmp_path, attack):
+    import os
+    import subprocess
+    import sys
+
+    memories = _memories(cube)
+    if attack == "duplicate ids":
+        memories = memories + [dict(memories[0], vector=[0.0] * 31 + [1.0])]
+        _rewrite_memories(cube, memories)
+    elif attack == "remove the record":
+        _rewrite_memories(cube, memories, record="remove")
+    elif attack == "change the count":
+        _rewrite_memories(cube, memories, record=lambda r: dict(r, count=1))
+    else:
+        target = {"point it at a decoy": "README.md", "point it outside": "../../etc/passwd",
+                  "point it at a FIFO": str(tmp_path / "fifo")}[attack]
+        if attack == "point it at a FIFO":
+            os.mkfifo(target)
+        _rewrite_memories(cube, memories, record=lambda r: dict(r, file=target))
+    # In a subprocess with a generous deadline, so a check that blocks on a FIFO fails the
+    # test instead of hanging it.
+    with EmbeddingServer(encoders["e"]) as server:
+        done = subprocess.run([sys.executable, "-m", "cubepack", "verify", str(cube),
+                               "--embedder", server.spec, "--json"], capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    if attack == "point it outside":
+        assert "'..' segment" in report["error"]["message"] or not report["ok"]
+        return
+    failed = [c for c in report["report"]["checks"] if c["ok"] is False]
+    assert failed, report
+
+
+def test_probe_vectors_are_a_claim_and_a_cube_without_vectors_refuses_an_embedder(
+        cube, encoders, tmp_path):
+    with EmbeddingServer(encoders["e"]) as server:
+        cubepack.pack(cube, embedder=server.spec)
+        report = cubepack.verify(cube, embedder=server.spec)
+    probes = [c for c in report.checks if c.name == "embedder" and c.subject.startswith("probe")]
+    memories = [c for c in report.checks if c.name == "embedder" and c not in probes]
+    assert {c.basis for c in probes} == {"claimed"} and {c.basis for c in memories} == {"proved"}
+    # Spoofed probes (another embedder's) say nothing about the memories: they are refused.
+    with EmbeddingServer(encoders["other"]) as other:
+        spoofed = [[round(x, 6) for x in v] for v in embed_with_memos_or_server(
+            other, ["The user likes green tea.", "Paris is the capital of France.",
+                    "def add(a, b): return a + b", "Numbers: 3.14159, 2024, -7."])]
+    _rewrite_memories(cube, _memories(cube), record=lambda r: dict(r, probes=spoofed))
+    with EmbeddingServer(encoders["e"]) as server:
+        with pytest.raises(cubepack.VerificationFailed, match="probe"):
+            cubepack.verify(cube, embedder=server.spec)
+    plain = tmp_path / "plain"
+    shutil.copytree(cube, plain)
+    (plain / "textual_memory.json").write_text("[]")
+    cfg = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps(cfg))
+    cubepack.pack(plain)
+    with pytest.raises(cubepack.VerificationFailed, match="holds no vectors"):
+        cubepack.verify(plain, embedder=str(encoders["e"]))

@@ -210,8 +210,11 @@ def test_json_is_printed_on_refusal_too(hub, cube, cli):
     data[-1] ^= 1
     flip.write_bytes(bytes(data))
     code, out, _ = cli("verify", cube, "--json")
-    report = json.loads(out)
-    assert code == 1 and report["ok"] is False
+    refusal = json.loads(out)
+    assert code == 1 and refusal["ok"] is False
+    assert refusal["error"]["type"] == "VerificationFailed" and refusal["error"]["exit_code"] == 1
+    report = refusal["report"]
+    assert report["ok"] is False
     not_run = {c["check"]: c["detail"] for c in report["checks"] if c["ok"] is None}
     assert not_run["signature"].startswith("not run") and "model identity" in not_run
     assert {c["check"] for c in report["checks"]} >= {"lock", "path", "file set", "size",

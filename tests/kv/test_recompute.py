@@ -58,10 +58,15 @@ def test_an_honest_cache_is_reproduced_and_the_report_says_how_closely(tmp_path,
     cube = cube_with(tmp_path, zoo, models["a"])
     report = cubepack.verify(cube, model=models["a"], recompute=True)
     [check] = checks(report, "recompute")
-    assert check.ok and f"recomputed {len(PROMPT)} positions" in check.detail
-    assert check.found["max_rel_error"] <= 1e-4
-    prefix = cubepack.verify(cube, model=str(zoo["a"]), recompute=3)
-    assert "recomputed 3 positions" in checks(prefix, "recompute")[0].detail
+    assert check.ok and f"recomputed all {len(PROMPT)} positions" in check.detail
+    assert check.found["max_rel_error"] <= 1e-4 and check.found["full"]
+    assert check.basis == "proved" and report.provenance["item-1"]["basis"] == "proved"
+    sampled = cubepack.verify(cube, model=str(zoo["a"]), recompute=3, seed=7)
+    [partial] = checks(sampled, "recompute")
+    assert f"of {len(PROMPT)} positions (sampled, seed 7)" in partial.detail
+    assert not partial.found["full"] and partial.found["seed"] == 7
+    again = cubepack.verify(cube, model=str(zoo["a"]), recompute=3, seed=7)
+    assert checks(again, "recompute")[0].detail.split(":")[0] == partial.detail.split(":")[0]
 
 
 def test_poisoned_values_under_a_correct_header_are_refused_at_the_first_difference(
@@ -109,21 +114,107 @@ def test_sliding_windows_and_bf16_caches_pass_within_their_tolerance(tmp_path, z
     assert check.ok, check.detail
 
 
-def test_require_provenance_recomputed(tmp_path, zoo, models):
+def test_require_provenance_recomputed_needs_a_proof_now_or_a_trusted_signature(
+        tmp_path, zoo, models):
+    pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
+    from helpers import make_key
+
     cube = cube_with(tmp_path, zoo, models["a"])
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     assert lock["activations"]["item-1"]["provenance"]["kind"] == "recorded"
-    with pytest.raises(cubepack.VerificationFailed, match="provenance is recorded"):
+    with pytest.raises(cubepack.VerificationFailed, match=r"provenance is recorded \(claimed\)"):
         cubepack.verify(cube, require_provenance="recomputed")
     assert cubepack.verify(cube, model=models["a"], recompute=True,
                            require_provenance="recomputed").ok
+    with pytest.raises(cubepack.VerificationFailed, match="partial"):  # sampled: not a proof
+        cubepack.verify(cube, model=models["a"], recompute_tokens=3,
+                        require_provenance="recomputed")
     cubepack.pack(cube, model=models["a"], recompute=True)
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     provenance = lock["activations"]["item-1"]["provenance"]
     assert provenance["kind"] == "recomputed" and provenance["tokens"] == len(PROMPT)
     assert provenance["model"] == cubepack.fingerprint(models["a"]).weights_digest
-    assert cubepack.verify(cube, require_provenance="recomputed").ok
     assert "recomputed" in (cube / "README.md").read_text()
+    # The lock now says "recomputed", but a lock is a claim: alone it satisfies nothing.
+    with pytest.raises(cubepack.VerificationFailed, match=r"recomputed \(claimed\)"):
+        cubepack.verify(cube, require_provenance="recomputed")
+    private, public = make_key(tmp_path, "packer")
+    cubepack.sign(cube, private)
+    signed = cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
+    assert signed.provenance["item-1"]["basis"] == "signed" and signed.signed_by
+    assert [c.basis for c in signed.checks if c.name == "provenance"] == ["signed"]
+
+
+def test_a_resealed_lock_claiming_recomputed_proves_nothing(tmp_path, zoo, models):
+    cube = cube_with(tmp_path, zoo, models["a"])
+
+    def claim(lock):
+        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "trust me"}
+    reseal_lock(cube, claim)
+    report = cubepack.verify(cube, raise_on_failure=False, require_provenance="recorded")
+    assert not report.ok and report.provenance["item-1"] == {
+        "kind": "recomputed", "basis": "claimed", "full": True,
+        "detail": "trust me (the lock says so)"}
+
+
+def test_a_cache_without_token_ids_is_refused_under_recompute_not_skipped(tmp_path, zoo, models):
+    from helpers import rewrite_kv_metadata
+
+    cube = cube_with(tmp_path, zoo, models["a"])
+
+    def forget(meta):
+        meta["token_ids"] = None
+    rewrite_kv_metadata(cube / ITEM, cube / ITEM, forget)
+    relock(cube)
+    assert cubepack.verify(cube, model=str(zoo["a"])).ok
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        cubepack.verify(cube, model=models["a"], recompute=True)
+    [check] = [c for c in caught.value.failures if c.name == "recompute"]
+    assert "records no token_ids" in check.detail and "pack CUBE --recompute" in check.detail
+
+
+def test_a_sampled_check_is_unpredictable_and_the_behaviour_check_sees_the_rest(
+        tmp_path, zoo, models):
+    """Poison position 6 of 10 and sample 3 positions with a seed that misses it: the tensor
+    comparison does not see it, the next-token logits of the probes do."""
+    import random
+
+    from safetensors.torch import load_file, save_file
+
+    from cubepack.kv._recompute import _positions
+
+    cube = cube_with(tmp_path, zoo, models["a"])
+    stored = [("full_attention", len(PROMPT), torch.zeros(1, 1, len(PROMPT), 1), None)]
+    seed = next(s for s in range(100)
+                if 6 not in _positions(len(PROMPT), 3, stored, random.Random(s)))
+    path = cube / ITEM
+    tensors = load_file(str(path))
+    metadata = read_kv_header(path).header.metadata
+    tensors["layers.1.values"][:, :, 6, :] += 2.0
+    save_file(tensors, str(path), metadata=metadata)
+    relock(cube)
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        cubepack.verify(cube, model=models["a"], recompute_tokens=3, seed=seed)
+    [check] = [c for c in caught.value.failures if c.name == "recompute"]
+    assert "not their behaviour" in check.detail and "probe token" in check.detail
+
+
+def test_a_sliding_window_that_starts_past_the_sample_is_still_checked(tmp_path, zoo, models):
+    """The hybrid model's sliding layer keeps the last window-1 positions: a sampled check
+    always draws positions inside it, so poison there is found at that layer."""
+    from safetensors.torch import load_file, save_file
+
+    ids = list(range(2, 22))
+    cube = cube_with(tmp_path, zoo, models["hybrid"], ids=ids)
+    path = cube / ITEM
+    info = read_kv_header(path)
+    sliding = next(i for i, layer in enumerate(info.layers) if layer.type == "sliding_attention")
+    tensors = load_file(str(path))
+    tensors[f"layers.{sliding}.keys"] += 0.5  # every position it keeps
+    save_file(tensors, str(path), metadata=info.header.metadata)
+    relock(cube)
+    with pytest.raises(cubepack.VerificationFailed, match=rf"layer {sliding}, position \d+"):
+        cubepack.verify(cube, model=models["hybrid"], recompute_tokens=2, seed=1)
 
 
 def test_cli_verify_recompute(tmp_path, zoo, models, capsys):
@@ -134,7 +225,8 @@ def test_cli_verify_recompute(tmp_path, zoo, models, capsys):
                  "--recompute-tokens", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     [check] = [c for c in report["checks"] if c["check"] == "recompute"]
-    assert check["ok"] and "recomputed 4 positions" in check["detail"]
+    assert check["ok"] and f"of {len(PROMPT)} positions (sampled" in check["detail"]
+    assert check["basis"] == "proved" and report["provenance"]["item-1"]["basis"] == "proved"
     assert main(["verify", str(cube), "--require-provenance", "recomputed"]) == 1
 
 
@@ -166,3 +258,67 @@ def test_a_converted_memos_pickle_is_proven_by_its_producer(tmp_path, zoo):
     with pytest.raises(cubepack.RecomputationFailed, match="layer 0, position"):
         cubepack.pack(wrong, legacy_pickle=True, model=str(zoo["b"]),
                       assert_producer=True, recompute=True)
+
+
+def _gradient_attack(model_f32, cache, dtype, tolerance):
+    """Move every stored value by up to ``tolerance`` (per layer, relative) in the direction
+    that lowers the greedy next token's logit against the runner-up: within the per-element
+    bound, against what the cache does."""
+    from cubepack.kv._torch import cache_from_layers, forward
+
+    honest = cache_layers(cache)
+    leaves = [(kind, total, keys.float().clone().requires_grad_(),
+               values.float().clone().requires_grad_()) for kind, total, keys, values in honest]
+    logits = forward(model_f32, torch.tensor([[PROMPT[-1]]]),
+                     cache_from_layers(leaves, model_f32.config)).logits[0, -1]
+    first, second = logits.topk(2).indices
+    (logits[second] - logits[first]).backward()
+    return [(kind, total,
+             (keys.float() + 0.95 * tolerance * keys.float().abs().max() * k.grad.sign()).to(dtype),
+             (values.float() + 0.95 * tolerance * values.float().abs().max() * v.grad.sign())
+             .to(dtype))
+            for (kind, total, keys, values), (_, _, k, v) in zip(honest, leaves)]
+
+
+def test_a_gradient_guided_perturbation_within_the_tensor_bound_is_refused_by_behaviour(
+        tmp_path, zoo, models):
+    """The attack a per-element tolerance alone lets through: a bf16 cache moved along the
+    gradient, every layer within the tensor tolerance of the recomputed values, which flips
+    greedy decoding."""
+    from cubepack.kv._recompute import TOLERANCE
+    from cubepack.kv._torch import cache_from_layers, forward
+
+    bf16 = models["a_as_bf16"]
+    honest = build_cache(bf16, torch.tensor([PROMPT]))
+    attacked = _gradient_attack(models["a"], honest, torch.bfloat16, TOLERANCE["bfloat16"])
+    with torch.no_grad():  # it does flip the next token...
+        greedy = [int(forward(bf16, torch.tensor([[PROMPT[-1]]]), cache).logits[0, -1].argmax())
+                  for cache in (build_cache(bf16, torch.tensor([PROMPT])),
+                                cache_from_layers(attacked, bf16.config))]
+    assert greedy[0] != greedy[1]
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(attacked, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    with pytest.raises(cubepack.VerificationFailed) as caught:  # ...and is refused
+        cubepack.verify(cube, model=bf16, recompute=True)
+    [check] = [c for c in caught.value.failures if c.name == "recompute"]
+    assert check.found["max_rel_error"] <= TOLERANCE["bfloat16"]  # every tensor within bounds
+    assert "not their behaviour" in check.detail
+    assert check.found["max_logit_error"] > check.found["logit_bound"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_honest_caches_pass_the_behaviour_bound_even_across_attention_kernels(
+        tmp_path, zoo, dtype):
+    """Made with eager attention, recomputed with SDPA: what differs is kernel noise only."""
+    from transformers import AutoModelForCausalLM
+
+    def load(attention):
+        return AutoModelForCausalLM.from_pretrained(
+            str(zoo["a"]), dtype=getattr(torch, dtype), attn_implementation=attention).eval()
+
+    maker, checker = load("eager"), load("sdpa")
+    ids = list(range(2, 50))
+    cube = cube_with(tmp_path, zoo, maker, ids=ids)
+    report = cubepack.verify(cube, model=checker, recompute=True)
+    [check] = checks(report, "recompute")
+    assert check.ok and check.found["max_logit_error"] <= check.found["logit_bound"]
