@@ -71,11 +71,15 @@ def parse(data: bytes) -> dict[str, Any]:
                                        object_pairs_hook=canonical.unique_pairs)
     except canonical.DuplicateKey as exc:
         raise FormatError(f"cubepack.lock {exc}; a lock must be unambiguous.") from exc
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except canonical.LimitError as exc:
+        raise FormatError(f"cubepack.lock is refused: {exc}.") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
         raise FormatError(f"cubepack.lock is not valid JSON: {exc}") from exc
     if not isinstance(lock, dict):
         raise FormatError("cubepack.lock must hold a JSON object.")
     version = lock.get("lock_version")
+    if type(version) is not int:  # not 2.0 or true, which Python compares equal to 2 and 1
+        raise FormatError(f"cubepack.lock lock_version must be an integer, found {version!r}.")
     if version == 1:
         raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
                           "compute config; upgrade the cube with its producer model: cubepack "

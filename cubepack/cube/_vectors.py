@@ -9,12 +9,12 @@ the same embedder elsewhere differs by rounding (~1e-6), another model falls far
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import CubepackError
+from .._util import canonical
+from ..errors import CubepackError, FormatError
 
 COSINE_THRESHOLD = 0.999
 
@@ -32,18 +32,21 @@ def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
     """(id, text, vector) of every memory that holds a vector, in MemOS's two dump layouts: a
     list of ``{id, vector, payload: {memory}}`` (general text) or ``{nodes: [{id, memory,
     metadata: {embedding}}]}`` (tree text)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
+        raise FormatError(f"{path} is not valid JSON: {exc}") from exc
     found = []
     if isinstance(data, list):
         for entry in data:
             if isinstance(entry, dict) and isinstance(entry.get("vector"), list):
-                payload = entry.get("payload") or {}
-                found.append((str(entry.get("id")), str(payload.get("memory", "")),
-                              entry["vector"]))
+                payload = entry.get("payload")
+                memory = payload.get("memory", "") if isinstance(payload, dict) else ""
+                found.append((str(entry.get("id")), str(memory), entry["vector"]))
     elif isinstance(data, dict) and isinstance(data.get("nodes"), list):
         for node in data["nodes"]:
-            embedding = (node.get("metadata") or {}).get("embedding") if isinstance(node, dict) \
-                else None
+            metadata = node.get("metadata") if isinstance(node, dict) else None
+            embedding = metadata.get("embedding") if isinstance(metadata, dict) else None
             if isinstance(embedding, list) and embedding:
                 found.append((str(node.get("id")), str(node.get("memory", "")), embedding))
     return found

@@ -9,11 +9,10 @@ read as JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import canonical, constants
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from ..errors import CubepackError, IntegrityError, VerificationFailed
@@ -176,7 +175,7 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
     """MemOS's config.json when present and valid (already checked as JSON), else {}."""
     if "config.json" not in names or any(name == "config.json" for name, _ in problems):
         return {}
-    config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    config = canonical.loads_strict((cube / "config.json").read_bytes())
     return config if isinstance(config, dict) else {}
 
 

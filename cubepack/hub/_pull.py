@@ -7,7 +7,6 @@ target folder. A pull never replaces files it would lose.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -139,7 +138,7 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str) -> list
     on_disk, problems = scan_cube(folder)
     everything = sorted(set(on_disk) | {where for where, _ in problems if where})
     try:
-        origin = json.loads((folder / ORIGIN_FILE).read_text(encoding="utf-8"))
+        origin = canonical.loads_strict((folder / ORIGIN_FILE).read_bytes())  # a cube may ship one
         lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
     except (OSError, ValueError, CubepackError):
         return everything
