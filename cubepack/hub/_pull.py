@@ -16,7 +16,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.hashing import sha256_file
-from .._util.paths import check_relpath, resolve_inside, scan_cube
+from .._util.paths import check_no_collisions, check_relpath, resolve_inside, scan_cube
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..cube import _lock as lockfile
 from ..cube._policy import TrustPolicy
@@ -249,6 +249,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
         for path in paths:  # a hostile listing is refused before any download
             check_relpath(path)
+        check_no_collisions(paths)
         if not paths:
             raise HubError(f"Commit {sha} of {repo_id} holds no files.")
         hashed: dict[str, str] = {}

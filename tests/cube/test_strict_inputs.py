@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import re
 import struct
 import sys
 
@@ -14,12 +15,13 @@ import pytest
 import torch
 
 import cubepack
-from cubepack import FormatError, VerificationFailed
+from cubepack import FormatError, UnsafeInputError, VerificationFailed
 from cubepack._util import constants
 from cubepack.cli import main
 
 from adversarial import ITEM, add_locked, header_edit, relock_file
-from helpers import build_cache, copy_of, tree_bytes
+from data import COLLIDING_NAMES, UNPORTABLE_NAMES
+from helpers import build_cache, copy_of, reseal_lock, tree_bytes
 from memos_format import _as_memos_globals, write_cube
 
 DEPTH = 5000
@@ -213,3 +215,54 @@ def test_a_cube_yaml_version_that_only_equals_1_is_refused(packed_cube_factory, 
     relock_file(cube, constants.CONFIG_FILENAME)
     with pytest.raises(VerificationFailed, match="schema_version must be an integer, found True"):
         cubepack.verify(cube)
+
+
+# --- names some file system cannot hold: the one path rule ------------------------------------
+
+def _place(cube, name, data=b"text\n"):
+    path = cube.joinpath(*name.split("/"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("name, rule", UNPORTABLE_NAMES)
+def test_pack_refuses_names_some_file_system_cannot_hold(tmp_path, zoo, caches, capsys, name,
+                                                         rule):
+    cube = write_cube(tmp_path / "cube", str(zoo["a"]), caches)
+    _place(cube, name)
+    before = tree_bytes(cube)
+    with pytest.raises(UnsafeInputError, match=re.escape(repr(name)) + ".*" + re.escape(rule)):
+        cubepack.pack(cube, legacy_pickle=True)
+    assert tree_bytes(cube) == before
+    assert main(["pack", str(cube), "--legacy-pickle"]) == 1
+    assert rule in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, rule", UNPORTABLE_NAMES)
+def test_verify_refuses_a_resealed_lock_naming_such_a_file(packed_cube_factory, tmp_path, name,
+                                                           rule):
+    cube = copy_of(packed_cube_factory(), tmp_path)
+    _place(cube, name)
+    relock_file(cube, name)
+    with pytest.raises(VerificationFailed) as caught:
+        cubepack.verify(cube)
+    [lock] = [c for c in caught.value.failures if c.name == "lock"]
+    assert repr(name) in lock.detail and rule in lock.detail
+    assert main(["verify", str(cube)]) == 1
+
+
+@pytest.mark.parametrize("first, second", COLLIDING_NAMES)
+def test_colliding_names_are_refused_by_pack_and_in_a_resealed_lock(packed_cube_factory, tmp_path,
+                                                                     zoo, caches, first, second):
+    cube = copy_of(packed_cube_factory(), tmp_path)
+    reseal_lock(cube, lambda lock: lock["files"].update({
+        first: {"sha256": "ab" * 32, "size": 1}, second: {"sha256": "cd" * 32, "size": 1}}))
+    with pytest.raises(VerificationFailed, match="collide|both a file and a folder"):
+        cubepack.verify(cube)
+    if second.startswith(first + "/"):
+        return  # one file system cannot hold both, so no cube folder can
+    unpacked = write_cube(tmp_path / "unpacked", str(zoo["a"]), caches)
+    _place(unpacked, first)
+    _place(unpacked, second)
+    with pytest.raises(UnsafeInputError, match="collide"):
+        cubepack.pack(unpacked, legacy_pickle=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -139,6 +141,26 @@ def test_a_hostile_tree_listing_is_refused_before_any_download(hub, cube, tmp_pa
         do_pull(hub, f"ns/cube@{forged}", tmp_path / "x", tmp_path)
     assert not [key for key in hub.stats.requests if "/resolve/" in key]
     assert not (tmp_path / "hf-cache").exists() or not any((tmp_path / "hf-cache").rglob("*x"))
+
+
+@pytest.mark.parametrize("name, rule", [("aux.txt", "a device name Windows reserves"),
+                                        ("notes./a.txt", "ending in a dot or a space"),
+                                        ("a?.txt", "which Windows forbids"),
+                                        ("CUBEPACK.LOCK", "collide")])
+def test_a_listing_with_a_name_some_system_cannot_hold_is_refused_before_download(
+        hub, cube, tmp_path, name, rule):
+    from cubepack.localhub._store import repo_ref
+
+    do_push(hub, cube)
+    repo = repo_ref("datasets", "ns", "cube")
+    head = hub.store.resolve(repo, "main")
+    tree = dict(hub.store.commit(repo, head)["tree"])
+    tree[name] = tree["README.md"]  # the store refuses such paths itself: forge the commit
+    forged = hub.store._write_commit(repo, parents=[head], tree=tree, title="forged", message="")
+    hub.stats.reset()
+    with pytest.raises(cubepack.UnsafeInputError, match=re.escape(repr(name)) + ".*" + rule):
+        do_pull(hub, f"ns/cube@{forged}", tmp_path / "x", tmp_path)
+    assert not [key for key in hub.stats.requests if "/resolve/" in key]
 
 
 def test_files_the_lock_does_not_list_are_refused_before_download(hub, cube, tmp_path):
