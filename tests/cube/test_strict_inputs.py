@@ -251,6 +251,16 @@ def test_verify_refuses_a_resealed_lock_naming_such_a_file(packed_cube_factory, 
     assert main(["verify", str(cube)]) == 1
 
 
+def test_verify_refuses_such_a_name_on_disk_too(packed_cube_factory, tmp_path):
+    cube = copy_of(packed_cube_factory(), tmp_path)
+    _place(cube, "notes/aux.txt")
+    with pytest.raises(VerificationFailed) as caught:
+        cubepack.verify(cube)
+    paths = [c for c in caught.value.failures if c.name == "path"]
+    assert paths and "a device name Windows reserves" in paths[0].detail
+    assert paths[0].subject == "notes/aux.txt"
+
+
 @pytest.mark.parametrize("first, second", COLLIDING_NAMES)
 def test_colliding_names_are_refused_by_pack_and_in_a_resealed_lock(packed_cube_factory, tmp_path,
                                                                      zoo, caches, first, second):

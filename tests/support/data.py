@@ -16,6 +16,7 @@ UNPORTABLE_NAMES = [
     ("aux.txt", RESERVED), ("AUX", RESERVED), ("notes/Con.json", RESERVED),
     ("nul.tar.gz", RESERVED), ("com1.md", RESERVED), ("Lpt9.txt", RESERVED),
     ("prn", RESERVED), ("com\u00b2.txt", RESERVED), ("nul .txt", RESERVED),
+    ("com0.txt", RESERVED), ("CONIN$.txt", RESERVED),
     ("notes./a.txt", "ending in a dot or a space"), ("a.txt.", "ending in a dot or a space"),
     ("a.txt ", "ending in a dot or a space"), ("dir /a.txt", "ending in a dot or a space"),
     ("a<b.txt", "which Windows forbids"), ("a>b.txt", "which Windows forbids"),
