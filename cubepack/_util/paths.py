@@ -98,6 +98,22 @@ def resolve_inside(root: Path, name: str) -> Path:
     return root / Path(*name.split("/"))
 
 
+def regular_file(root: Path, name: str) -> Path:
+    """``root / name`` once ``name`` passes the path rule and, by ``lstat``, ``root`` and every
+    folder on the way are real folders and the file a regular file: the result never leads
+    through a symlink, so nothing outside ``root`` is reached."""
+    parts = check_relpath(name).split("/")
+    path = Path(root)
+    for depth in range(len(parts) + 1):
+        path = path / parts[depth - 1] if depth else path
+        mode = os.lstat(path).st_mode  # a symlink is neither a folder nor a regular file here
+        if not (stat.S_ISREG(mode) if depth == len(parts) else stat.S_ISDIR(mode)):
+            raise UnsafeInputError(f"{path} is a symlink or not a regular "
+                                   f"{'file' if depth == len(parts) else 'folder'}; refusing "
+                                   "to follow it.")
+    return path
+
+
 def hf_snapshot_blobs(root: Path) -> Path | None:
     """The blobs folder when ``root`` is an HF-cache snapshot (``<repo>/snapshots/<commit>``),
     whose files are symlinks into that repo's own ``blobs/``; else None."""

@@ -31,7 +31,7 @@ from ._provenance import RECOMPUTED, STRENGTH
 from ._report import Check, VerifyReport, pin_subject
 from ._signing import verify_signature
 
-__all__ = ["Check", "VerifyReport", "verify"]
+__all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
 #: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
 TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
@@ -67,18 +67,41 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
     """
     policy = TrustPolicy.build(policy, **options)
-    report = VerifyReport(Path(cube_dir))
-    lock = _check_lock(report)
+    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {})
+
+
+def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) -> VerifyReport:
+    """What ``cubepack upgrade`` proves before it touches a cube: everything :func:`verify`
+    checks without options, for a lock of version 2 or of version 1 (cubepack 0.1: the same
+    layout, pins without a compute config, activations without provenance), as far as version 1
+    allows: the lock's structure, paths and digests, the file set, sizes, sha256, content, each
+    KV header against the lock's pin, ``cubepack.yaml``. A version-1 pin cannot be compared with
+    a model (it has no compute config); upgrade checks each KV file against its model instead.
+
+    Raises:
+        VerificationFailed: naming every check that failed.
+    """
+    return _verify(Path(cube_dir), TrustPolicy(), progress, True, {}, accept_version_1=True)
+
+
+def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
+            hashed: dict[str, str], *, accept_version_1: bool = False) -> VerifyReport:
+    report = VerifyReport(cube_dir)
+    lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
     if lock is not None:
         report.lock = lock
-        report.intact = _check_files(report, lock, progress, hashed or {})
+        report.intact = _check_files(report, lock, progress, hashed)
         _check_activations(report, lock)
         _check_config(report, lock)
         reason = "not run: the cube's files failed the checks above"
         if report.intact:
             _check_signature(report, policy)
-            _check_models(report, lock, policy.model)
+            if lock["lock_version"] == 1:
+                report.add("model identity", "*", None, "skipped: a version-1 pin records no "
+                           "compute config (upgrade checks each KV file against its model)")
+            else:
+                _check_models(report, lock, policy.model)
             recomputed = _check_recompute(report, lock, policy) if policy.recompute else set()
             if policy.require_provenance:
                 _check_provenance(report, lock, policy.require_provenance, recomputed)
@@ -92,7 +115,7 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     return report
 
 
-def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
+def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
     path = report.cube_dir / constants.LOCK_FILENAME
     if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
         report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
@@ -104,7 +127,7 @@ def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
                    "missing: this folder was not packed by cubepack (run `cubepack pack`)")
         return None
     try:
-        lock = lockfile.parse(path.read_bytes())
+        lock = lockfile.parse(path.read_bytes(), accept_version_1=accept_version_1)
     except CubepackError as exc:
         report.add("lock", constants.LOCK_FILENAME, False, str(exc))
         return None
@@ -193,8 +216,9 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
             report.add("kv header", subject, False, str(exc))
             continue
         pin = lock["models"][entry["model_role"]]
+        pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
         problems = [(f"producer.{m.field}", m.expected, m.found)
-                    for m in compare(ModelIdentity.from_dict(pin["identity"]), info.producer)]
+                    for m in compare(pinned, info.producer)]
         for key, found in (("token_count", info.token_count), ("kv_dtype", info.kv_dtype),
                            ("num_layers", info.num_layers)):
             if entry[key] != found:

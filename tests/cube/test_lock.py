@@ -110,3 +110,30 @@ def test_diff_names_every_kind_of_change():
     assert result["models"] == {"act_mem": {"dtype": {"old": "float32", "new": "bfloat16"}}}
     assert result["activations"]["changed"] == ["a"] and result["same"] is False
     assert diff_locks(old, old)["same"] is True
+
+
+def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
+    """Version 1 (cubepack 0.1): pins without compute config, activations without provenance."""
+    from cubepack._util import canonical
+
+    def version_1(**changes):
+        lock = make_lock(**changes)
+        lock.update(lock_version=1)
+        identity = {k: v for k, v in IDENTITY.items() if k != "compute_config"}
+        lock["models"]["act_mem"]["identity"] = identity
+        lock["activations"]["a"].pop("provenance")
+        lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
+                                                         lock["activations"])
+        lock.pop("digest")
+        lock["digest"] = canonical.digest(lock)
+        return json.dumps(lock).encode()
+
+    assert lockfile.parse(version_1(), accept_version_1=True)["lock_version"] == 1
+    with pytest.raises(FormatError, match="cubepack upgrade CUBE_DIR --model MODEL"):
+        lockfile.parse(version_1())
+    bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
+    with pytest.raises(UnsafeInputError, match="'..' segment"):
+        lockfile.parse(version_1(files=bad_path), accept_version_1=True)
+    with pytest.raises(FormatError, match="version 3"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 3}).encode(),
+                       accept_version_1=True)

@@ -11,6 +11,7 @@ from cubepack._util.paths import (
     check_no_collisions,
     check_relpath,
     list_cube_files,
+    regular_file,
     scan_cube,
 )
 
@@ -63,3 +64,23 @@ def test_scan_reports_links_and_special_files_without_following_them(tmp_path):
     assert sorted(where for where, _ in problems) == ["fifo", "link"]
     with pytest.raises(UnsafeInputError):
         list_cube_files(tmp_path)
+
+
+def test_regular_file_never_leads_through_a_symlink(tmp_path):
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s")
+    root = tmp_path / "root"
+    (root / "dir").mkdir(parents=True)
+    (root / "dir" / "ok.txt").write_text("x")
+    os.symlink(outside, root / "linked")
+    os.symlink(outside / "secret.txt", root / "dir" / "file-link.txt")
+    assert regular_file(root, "dir/ok.txt") == root / "dir" / "ok.txt"
+    for name, what in (("linked/secret.txt", "folder"), ("dir/file-link.txt", "file"),
+                       ("dir", "file")):
+        with pytest.raises(UnsafeInputError, match=f"symlink or not a regular {what}"):
+            regular_file(root, name)
+    with pytest.raises(UnsafeInputError, match="'..' segment"):
+        regular_file(root, "../outside/secret.txt")
