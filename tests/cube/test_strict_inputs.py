@@ -112,6 +112,15 @@ def test_verify_refuses_each_kind_5000_deep_naming_file_and_limit(packed_cube_fa
     assert LIMIT in capsys.readouterr().out  # the report, every check with its outcome
 
 
+def test_verify_refuses_a_yaml_alias(packed_cube_factory, tmp_path):
+    """An alias can make a document recursive (``&a [*a]``) or exponentially large."""
+    cube = copy_of(packed_cube_factory(), tmp_path)
+    add_locked(cube, "notes.yaml", b"a: &a [1]\nb: *a\n")
+    with pytest.raises(VerificationFailed, match=r"content notes\.yaml: is not valid yaml: a "
+                                                 r"YAML alias \(\*a\) at line 2"):
+        cubepack.verify(cube)
+
+
 def test_verify_refuses_a_5000_deep_lock(packed_cube_factory, tmp_path):
     cube = copy_of(packed_cube_factory(), tmp_path)
     (cube / constants.LOCK_FILENAME).write_text('{"files": ' + DEEP_JSON + "}")

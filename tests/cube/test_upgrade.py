@@ -139,3 +139,10 @@ def test_a_current_cube_is_left_untouched(cube, zoo, capsys):
     assert snapshot(cube) == before and os.stat(cube).st_ino == inode
     assert main(["upgrade", str(cube), "--model", str(zoo["a"])]) == 0
     assert "upgraded 0 file(s), 2 already current" in capsys.readouterr().out
+
+
+def test_a_version_1_cube_of_another_model_is_refused_and_unchanged(v1_cube, zoo):
+    before = snapshot(v1_cube.parent)
+    with pytest.raises(cubepack.IdentityMismatch, match="weights_digest"):
+        cubepack.upgrade(v1_cube, zoo["b"])
+    assert snapshot(v1_cube.parent) == before

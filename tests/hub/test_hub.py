@@ -347,3 +347,14 @@ def test_cli_push_and_pull_report_the_sha(hub, cube, tmp_path):
     assert code == 0 and "no changes" in out
     code, _, err = cubepack_cli("pull", "ns/cli@nope", "--local-dir", str(tmp_path / "x"))
     assert code == 3 and err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec", ["owner/cube\n", "\u00f3wner/cube", "owner/../x", "owner",
+                                  "owner/cube/extra", "-owner/cube", "owner/cube.git"])
+def test_a_repo_id_is_exactly_owner_name_in_the_hubs_ascii_characters(spec):
+    """huggingface_hub 0.36's validator lets a trailing newline and non-ASCII through."""
+    from cubepack.hub import parse_repo_spec
+
+    with pytest.raises(cubepack.UsageError, match="not a repo id of the form owner/name"):
+        parse_repo_spec(spec + "@main")
+    assert parse_repo_spec("Owner_1/cube-2.v3@main") == ("Owner_1/cube-2.v3", "main")

@@ -404,12 +404,15 @@ def test_an_unpinned_git_revision_is_a_ref_name_never_an_option(published, insta
                                              base_url=f"file://{tmp_path / 'remotes'}")
 
 
-@pytest.mark.parametrize("link", ["activation_memory.pickle", "folder"])
+@pytest.mark.parametrize("entry, refusal", [
+    ("activation_memory.pickle", "activation_memory.pickle is a symlink"),
+    ("folder", "folder is a symlink"), ("aux.txt", "a device name Windows reserves")])
 def test_a_clone_holding_a_symlink_is_refused_before_memos_or_cubepack_reads_it(
-        installed, no_pickle_load, zoo, tmp_path, link):
+        installed, no_pickle_load, zoo, tmp_path, monkeypatch, entry, refusal):
     """git checks symlinks out as symlinks, to anywhere: an unpacked cube's pickle linked to
     a file outside the clone would be read as the cube's."""
     import os
+    import tempfile
 
     from memos.mem_cube.general import GeneralMemCube
 
@@ -419,15 +422,22 @@ def test_a_clone_holding_a_symlink_is_refused_before_memos_or_cubepack_reads_it(
     remote = tmp_path / "remotes" / "owner" / "cube"
     remote.mkdir(parents=True)
     shutil.copy(elsewhere / "config.json", remote / "config.json")
-    if link == "folder":
+    if entry == "folder":
         os.symlink(elsewhere, remote / "folder")
+    elif entry == "aux.txt":
+        shutil.copy(elsewhere / "activation_memory.pickle", remote / "activation_memory.pickle")
+        (remote / entry).write_text("a device on Windows\n")
     else:
-        os.symlink(elsewhere / "activation_memory.pickle", remote / link)
+        os.symlink(elsewhere / "activation_memory.pickle", remote / entry)
     sha = git_remote(remote)
+    clones = tmp_path / "clones"
+    clones.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(clones))  # where the clone goes
     with pytest.raises(cubepack.UnsafeInputError,
-                       match=f"The clone of file://.* is refused: {link} is a symlink"):
+                       match=f"The clone of file://.* is refused: .*{refusal}"):
         GeneralMemCube.init_from_remote_repo(f"owner/cube@{sha}",
                                              base_url=f"file://{tmp_path / 'remotes'}")
+    assert list(clones.iterdir()) == []  # removed before anything read it
 
 
 def test_a_cast_to_the_pinned_dtype_never_changes_a_shared_model(zoo, models, tmp_path):
