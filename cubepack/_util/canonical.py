@@ -3,6 +3,11 @@
 Sorted keys, two-space indentation, ASCII-only escapes, a final newline. Two equal values always
 give the same bytes, so a re-pack of an unchanged cube is byte-identical and digests are stable
 across Python versions.
+
+And the strict readers for documents someone else wrote (everything in a cube): JSON
+(:func:`loads_strict`), YAML (:func:`load_yaml_strict`) and copies of unpickled values
+(:func:`json_safe`) share one set of limits (nesting, number size), each enforced without
+recursing deeper than the limit, so a hostile document is a ValueError, never a RecursionError.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
 
     value = json.loads(text, parse_constant=reject, parse_float=finite, parse_int=integer,
                        **kwargs)
-    check_values(value)
+    _check_integers(value)
     return value
 
 
@@ -97,9 +102,9 @@ def check_nesting(text: str) -> None:
             depth -= 1
 
 
-def check_values(value: Any) -> None:
-    """Refuse a decoded document nested deeper than :data:`MAX_DEPTH` or holding an integer
-    outside +-:data:`MAX_INT` (bools are not integers here). Iterative: any depth is safe."""
+def _check_integers(value: Any) -> None:
+    """Refuse a decoded JSON document holding an integer outside +-:data:`MAX_INT`, naming its
+    field (bools are not integers here). Its depth was bounded before parsing."""
     stack: list[tuple[Any, tuple[Any, ...]]] = []
     if isinstance(value, (dict, list)):
         stack.append((value, ()))
@@ -107,8 +112,6 @@ def check_values(value: Any) -> None:
         _check_int(value, "/")
     while stack:
         node, path = stack.pop()
-        if len(path) >= MAX_DEPTH:
-            raise LimitError(f"nesting deeper than {MAX_DEPTH} levels (at {pointer(path)})")
         children = node.items() if isinstance(node, dict) else enumerate(node)
         for key, child in children:
             if type(child) is int:
