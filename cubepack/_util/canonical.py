@@ -3,6 +3,11 @@
 Sorted keys, two-space indentation, ASCII-only escapes, a final newline. Two equal values always
 give the same bytes, so a re-pack of an unchanged cube is byte-identical and digests are stable
 across Python versions.
+
+And the strict readers for documents someone else wrote (everything in a cube): JSON
+(:func:`loads_strict`), YAML (:func:`load_yaml_strict`) and copies of unpickled values
+(:func:`json_safe`) share one set of limits (nesting, number size), each enforced without
+recursing deeper than the limit, so a hostile document is a ValueError, never a RecursionError.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from typing import Any
 
 
@@ -24,38 +30,104 @@ def dumps(value: Any, *, compact: bool = False) -> str:
 #: Deepest nesting accepted in a document cubepack reads: locks, headers and metadata are
 #: shallow; thousands of levels only serve to crash a recursive reader later.
 MAX_DEPTH = 64
+#: Integers must lie strictly inside +-2**53, the range a double holds exactly (RFC 8259's
+#: interoperable range): every reader, JavaScript's included, then sees the same value, and
+#: no field can smuggle a 5000-digit number past a check that only compares it.
+MAX_INT = 2**53
+#: Longest number literal converted: a float's repr is at most 24 characters, and an integer
+#: inside MAX_INT has at most 16 digits; ``int()`` of a longer literal only costs time (it is
+#: quadratic in the digits, and refused by Python beyond 4300).
+MAX_NUMBER_CHARS = 32
+
+#: A JSON string (skipped whole) or a bracket: enough to measure nesting before parsing.
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 
 def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
     """``json.loads`` for untrusted documents: no NaN or Infinity (not JSON, and they would
-    break digests later), no number that overflows to infinity (``1e999``), no nesting deeper
-    than :data:`MAX_DEPTH`.
+    break digests later), no number that overflows to infinity (``1e999``), no number literal
+    longer than :data:`MAX_NUMBER_CHARS` (refused before it is converted), no integer outside
+    +-:data:`MAX_INT` (named by its JSON pointer), no nesting deeper than :data:`MAX_DEPTH`
+    (measured before parsing, so no recursive reader ever sees it).
 
-    Raises ValueError (or RecursionError) like ``json.loads``; callers wrap it in their error.
+    Raises ValueError (UnicodeDecodeError for bytes that are not UTF-8) naming the limit;
+    callers wrap it in their error, naming the file.
     """
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8")
+    check_nesting(text)
+
     def reject(name: str) -> None:
-        raise ValueError(f"{name} is not valid JSON")
+        raise ValueError(f"{name} is not valid JSON")  # NaN, Infinity
 
     def finite(number: str) -> float:
+        _short(number)
         value = float(number)
         if math.isinf(value):
             raise ValueError(f"the number {number[:40]} overflows to infinity")
         return value
 
-    value = json.loads(text, parse_constant=reject, parse_float=finite, **kwargs)
-    _check_depth(value)
+    def integer(number: str) -> int:
+        _short(number)
+        return int(number)
+
+    value = json.loads(text, parse_constant=reject, parse_float=finite, parse_int=integer,
+                       **kwargs)
+    _check_integers(value)
     return value
 
 
-def _check_depth(value: Any) -> None:
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
+class LimitError(ValueError):
+    """A document goes beyond a limit cubepack sets on untrusted input (nesting, number size,
+    YAML aliases): refused whatever else it holds, unlike a plain syntax error."""
+
+
+def _short(number: str) -> None:
+    if len(number) > MAX_NUMBER_CHARS:
+        raise LimitError(f"the number literal {number[:20]}... has {len(number)} characters; "
+                         f"at most {MAX_NUMBER_CHARS} are read")
+
+
+def check_nesting(text: str) -> None:
+    """Refuse JSON text nested deeper than :data:`MAX_DEPTH`, without parsing it (Python's
+    parser recurses, so a 5000-deep document would raise RecursionError inside it)."""
+    depth = 0
+    for match in _TOKENS.finditer(text):
+        char = text[match.start()]
+        if char in "[{":
+            depth += 1
             if depth > MAX_DEPTH:
-                raise ValueError(f"nesting deeper than {MAX_DEPTH} levels")
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
+                raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+        elif char in "]}":
+            depth -= 1
+
+
+def _check_integers(value: Any) -> None:
+    """Refuse a decoded JSON document holding an integer outside +-:data:`MAX_INT`, naming its
+    field (bools are not integers here). Its depth was bounded before parsing."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = []
+    if isinstance(value, (dict, list)):
+        stack.append((value, ()))
+    elif type(value) is int:
+        _check_int(value, "/")
+    while stack:
+        node, path = stack.pop()
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in children:
+            if type(child) is int:
+                _check_int(child, pointer(path + (key,)))
+            elif isinstance(child, (dict, list)):
+                stack.append((child, path + (key,)))
+
+
+def _check_int(value: int, where: str) -> None:
+    if not -MAX_INT < value < MAX_INT:
+        raise LimitError(f"the integer at {where} ({str(value)[:24]}) lies outside +-2**53")
+
+
+def pointer(path: tuple[Any, ...]) -> str:
+    """A JSON pointer (RFC 6901) naming a field: ``/files/config.json/size``."""
+    return "".join("/" + str(key).replace("~", "~0").replace("/", "~1") for key in path) or "/"
 
 
 class DuplicateKey(ValueError):
@@ -77,21 +149,101 @@ def digest(value: Any) -> str:
     return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()
 
 
+#: Most values :func:`json_safe` copies: a pickle can put one list at every level of a
+#: 64-deep structure twice, which copied naively is 2**64 values.
+MAX_VALUES = 1_000_000
+
+
 def json_safe(value: Any, unwrap: Any = None) -> Any:
     """A JSON-serialisable copy of ``value``: datetimes become ISO strings, tuples and sets
     lists, unknown objects their ``repr``. ``unwrap`` may first replace a node (e.g. a
-    stand-in object by its state)."""
+    stand-in object by its state).
+
+    Raises :class:`LimitError` for nesting deeper than :data:`MAX_DEPTH` (so no recursion goes
+    deeper, cycles included) or more than :data:`MAX_VALUES` values (shared sub-structures).
+    """
     import datetime
 
-    if unwrap is not None:
-        value = unwrap(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v, unwrap) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
-        return [json_safe(v, unwrap) for v in items]
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
+    budget = [MAX_VALUES]
+
+    def copy(node: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise LimitError(f"more than {MAX_VALUES} values")
+        if unwrap is not None:
+            node = unwrap(node)
+        if isinstance(node, (dict, list, tuple, set, frozenset)) and depth >= MAX_DEPTH:
+            raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            return {key_text(k, depth): copy(v, depth + 1) for k, v in node.items()}
+        if isinstance(node, (set, frozenset)):  # members copied first: repr of one may recurse
+            return sorted((copy(v, depth + 1) for v in node), key=lambda v: dumps(v, compact=True))
+        if isinstance(node, (list, tuple)):
+            return [copy(v, depth + 1) for v in node]
+        if isinstance(node, (datetime.datetime, datetime.date)):
+            return node.isoformat()
+        if node is None or isinstance(node, (str, int, float, bool)):
+            return node
+        return repr(node)
+
+    def key_text(key: Any, depth: int) -> str:
+        if key is None or isinstance(key, (str, int, float, bool)):
+            return str(key)
+        return dumps(copy(key, depth + 1), compact=True)  # str() of a tuple key may recurse
+
+    return copy(value, 0)
+
+
+def load_yaml_strict(text: str) -> Any:
+    """``yaml.safe_load`` for untrusted documents: nesting at most :data:`MAX_DEPTH` (counted
+    while composing, before PyYAML's recursive composer and constructor run out of stack), no
+    aliases (an alias can make a document recursive, or exponentially large, to whoever walks
+    it), integers as :func:`loads_strict` reads them.
+
+    Raises :class:`LimitError` for a limit, ValueError (the first line of PyYAML's message)
+    for a syntax error.
+    """
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+_LOADER: list[Any] = []
+
+
+def _strict_loader() -> Any:
+    """The loader class, built once, on first use (so importing this module needs no YAML)."""
+    if _LOADER:
+        return _LOADER[0]
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise LimitError(f"a YAML alias (*{event.anchor}) at line "
+                                 f"{event.start_mark.line + 1}; aliases are not accepted")
+            collection = self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent)
+            if collection:
+                self.depth += 1
+                if self.depth > MAX_DEPTH:
+                    raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1 if collection else 0
+
+        def construct_yaml_int(self, node: Any) -> int:
+            _short(str(node.value).replace("_", ""))
+            value = super().construct_yaml_int(node)
+            _check_int(value, f"line {node.start_mark.line + 1}")
+            return value
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    _LOADER.append(StrictLoader)
+    return StrictLoader

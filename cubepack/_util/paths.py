@@ -16,13 +16,24 @@ from pathlib import Path, PurePosixPath
 from ..errors import UnsafeInputError
 
 MAX_PATH_LENGTH = 1024
+#: Device names Windows reserves in every folder, in any case and with any extension
+#: (``aux.txt`` is the AUX device): such a file cannot be created there.
+WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
+                             | {f"{port}{n}" for port in ("COM", "LPT") for n in "0123456789¹²³"})
+#: Characters Windows forbids in file names (backslash and control characters are refused
+#: everywhere, below).
+WINDOWS_FORBIDDEN = frozenset('<>:"|?*')
 
 
 def check_relpath(name: object) -> str:
     """Return ``name`` if it is a safe relative POSIX path inside a cube; else raise.
 
     Safe means: a non-empty string, relative, ``/``-separated, no ``.``/``..``/empty segments,
-    no backslash, NUL or control character, NFC-normalised, at most 1024 characters.
+    no backslash, NUL or control character, NFC-normalised, at most 1024 characters; and a name
+    every common file system can hold, since a cube is meant to be pulled anywhere: none of
+    ``<>:"|?*``, no segment ending in a dot or a space (Windows strips them, so ``a.`` would
+    be ``a``), no segment that is a Windows device name (CON, PRN, AUX, NUL, COM0-9, LPT0-9,
+    in any case, with or without an extension).
     """
     if not isinstance(name, str) or not name:
         raise UnsafeInputError(f"Path {name!r} is not a non-empty string.")
@@ -36,27 +47,71 @@ def check_relpath(name: object) -> str:
     if any(part in ("", ".", "..") for part in parts):
         raise UnsafeInputError(f"Path {name!r} has an empty, '.' or '..' segment; it could "
                                "escape the cube.")
+    forbidden = sorted(set(name) & WINDOWS_FORBIDDEN)
+    if forbidden:
+        raise UnsafeInputError(f"Path {name!r} contains {''.join(forbidden)!r}, which Windows "
+                               'forbids in file names (<>:"|?*); cubes are pulled on every '
+                               "system.")
+    for part in parts:
+        if part.endswith((".", " ")):
+            raise UnsafeInputError(f"Path {name!r} has a segment ending in a dot or a space "
+                                   f"({part!r}), which Windows strips, naming another file.")
+        if part.split(".", 1)[0].rstrip(" ").upper() in WINDOWS_RESERVED:
+            raise UnsafeInputError(f"Path {name!r} has the segment {part!r}, a device name "
+                                   "Windows reserves (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with "
+                                   "any extension); it cannot be a file there.")
     if unicodedata.normalize("NFC", name) != name:
         raise UnsafeInputError(f"Path {name!r} is not NFC-normalised; it could alias another "
                                "file on some file systems.")
     return name
 
 
+def _folded(name: str) -> str:
+    """What a case-insensitive, Unicode-normalising file system sees (NFKC after case
+    folding the decomposed form: ``Cafe\u0301``, ``CAFÉ`` and ``ｃａｆé`` are one name)."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKD", name).casefold())
+
+
 def check_no_collisions(names: list[str]) -> None:
-    """Refuse two paths that name the same file on a case-folding or normalising file system."""
+    """Refuse two paths that name the same file or folder on a case-insensitive or normalising
+    file system (Windows, macOS), folder by folder (``Docs/a`` and ``docs/b`` land in one
+    folder there), and a path that is both a file and a folder."""
     seen: dict[str, str] = {}
+    files = set(names)
     for name in names:
-        key = unicodedata.normalize("NFKC", name).casefold()
-        if key in seen and seen[key] != name:
-            raise UnsafeInputError(f"Paths {seen[key]!r} and {name!r} collide on case-insensitive "
-                                   "file systems.")
-        seen[key] = name
+        parts = name.split("/")
+        for end in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:end])
+            other = seen.setdefault(_folded(prefix), prefix)
+            if other != prefix:
+                raise UnsafeInputError(f"Paths {other!r} and {prefix!r} collide on "
+                                       "case-insensitive or Unicode-normalising file systems "
+                                       "(Windows, macOS).")
+            if end < len(parts) and prefix in files:
+                raise UnsafeInputError(f"Path {prefix!r} is both a file and a folder "
+                                       f"(holding {name!r}).")
 
 
 def resolve_inside(root: Path, name: str) -> Path:
     """``root / name`` after checking ``name``; the result never leaves ``root``."""
     check_relpath(name)
     return root / Path(*name.split("/"))
+
+
+def regular_file(root: Path, name: str) -> Path:
+    """``root / name`` once ``name`` passes the path rule and, by ``lstat``, ``root`` and every
+    folder on the way are real folders and the file a regular file: the result never leads
+    through a symlink, so nothing outside ``root`` is reached."""
+    parts = check_relpath(name).split("/")
+    path = Path(root)
+    for depth in range(len(parts) + 1):
+        path = path / parts[depth - 1] if depth else path
+        mode = os.lstat(path).st_mode  # a symlink is neither a folder nor a regular file here
+        if not (stat.S_ISREG(mode) if depth == len(parts) else stat.S_ISDIR(mode)):
+            raise UnsafeInputError(f"{path} is a symlink or not a regular "
+                                   f"{'file' if depth == len(parts) else 'folder'}; refusing "
+                                   "to follow it.")
+    return path
 
 
 def hf_snapshot_blobs(root: Path) -> Path | None:

@@ -95,7 +95,7 @@ def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
         document = loads_strict(raw.decode("utf-8"), object_pairs_hook=unique_pairs)
     except DuplicateKey as exc:
         raise FormatError(f"{name} has an ambiguous safetensors header: it {exc}.") from exc
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         raise FormatError(f"{name} has a corrupt safetensors header (not valid JSON: {exc}).") from exc
     if not isinstance(document, dict):
         raise FormatError(f"{name} has a corrupt safetensors header (not a JSON object).")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CubepackError
+from .._util import canonical, constants
+from ..errors import CubepackError, FormatError
 
 TAGS = ["memcube", "memos", "kv-cache", "cubepack"]
 MARKER = "<!-- cubepack:card"
@@ -39,11 +40,26 @@ class PreviousCard:
 
 
 def read_previous(text: str | None) -> PreviousCard:
-    """Parse the README a cube holds (cubepack's card or anyone else's)."""
+    """Parse the README a cube holds (cubepack's card or anyone else's).
+
+    Raises:
+        FormatError: its front matter goes beyond a limit of the strict YAML reader (nesting,
+            aliases, numbers), which huggingface_hub's plain ``yaml.safe_load`` would not stop.
+    """
     from huggingface_hub import RepoCard
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK  # the block RepoCard parses
 
     if not text:
         return PreviousCard()
+    block = REGEX_YAML_BLOCK.search(text)
+    if block:
+        try:
+            canonical.load_yaml_strict(block.group(2))
+        except canonical.LimitError as exc:
+            raise FormatError(f"{constants.CARD_FILENAME}'s front matter is refused: {exc}.") \
+                from exc
+        except ValueError:
+            pass  # a syntax error: kept as text below, as RepoCard fails on it too
     try:
         card = RepoCard(text, ignore_metadata_errors=True)
         metadata, body = card.data.to_dict(), card.text

@@ -1,7 +1,7 @@
 """What a packed cube may hold: the one rule ``pack`` and ``verify`` both apply.
 
 Every file is accepted only after a strict parser for its kind has read it: JSON (strict,
-UTF-8), YAML (safe load), safetensors (the full header validation; KV files also their
+UTF-8), YAML (strict safe load), safetensors (the full header validation; KV files also their
 structure), UTF-8 text. Anything else is refused, naming the file and its kind. No kind may hold
 a pickle, whatever its name: the protocol header, a pickle-format suffix, a ``torch.save`` zip,
 and a complete pickle opcode stream (protocols 0 and 1 have no header and are plain ASCII) are
@@ -19,7 +19,7 @@ from typing import Any
 
 from .._util import canonical, constants
 from .._util.safetensors_header import read_header
-from ..errors import CubepackError
+from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError
 from ..kv._format import read_kv_header
 from . import _memos_layout as memos_layout
 
@@ -57,19 +57,26 @@ def file_kind(name: str) -> str | None:
 
 def file_problem(path: Path, name: str) -> str | None:
     """Why the file ``name`` (at ``path``) may not ship in a cube, or None when it may."""
+    error = content_error(path, name)
+    return str(error) if error is not None else None
+
+
+def content_error(path: Path, name: str) -> RefusedError | None:
+    """:func:`file_problem` as the error ``pack`` raises: :class:`UnsafeInputError` for a pickle
+    or a kind no cube may hold, :class:`FormatError` for a file its kind's parser refuses
+    (malformed, or beyond a limit such as the nesting depth)."""
     pickled = pickle_evidence(path, name)
     if pickled:
-        return pickled
+        return UnsafeInputError(pickled)
     kind = file_kind(name)
     if kind is None:
-        return (f"is of no kind a cube may hold (suffix {PurePosixPath(name).suffix or 'none'!r}); "
-                "cubes hold JSON, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) only")
+        return UnsafeInputError(
+            f"is of no kind a cube may hold (suffix {PurePosixPath(name).suffix or 'none'!r}); "
+            "cubes hold JSON, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) only")
     try:
         _CHECKS[kind](path)
-    except CubepackError as exc:
-        return f"is not valid {kind}: {exc}"
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return f"is not valid {kind}: {exc}"
+    except (CubepackError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        return FormatError(f"is not valid {kind}: {exc}")
     return None
 
 
@@ -110,16 +117,11 @@ def is_pickle_stream(data: bytes) -> bool:
 
 
 def _check_json(path: Path) -> None:
-    canonical.loads_strict(path.read_bytes().decode("utf-8"))
+    canonical.loads_strict(path.read_bytes())
 
 
 def _check_yaml(path: Path) -> None:
-    import yaml
-
-    try:
-        yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from exc
+    canonical.load_yaml_strict(path.read_bytes().decode("utf-8"))
 
 
 def _check_kv(path: Path) -> None:

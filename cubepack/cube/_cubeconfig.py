@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .._util import constants
+from .._util import canonical, constants
 from ..errors import FormatError
 
 
@@ -38,20 +38,28 @@ def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # two roles may share a value; the strict reader refuses aliases
+
+
 def dumps(config: dict[str, Any]) -> str:
     header = "# Written by cubepack pack; the pins here are checked against cubepack.lock.\n"
-    return header + yaml.safe_dump(config, sort_keys=True, default_flow_style=False, width=100)
+    return header + yaml.dump(config, Dumper=_Dumper, sort_keys=True, default_flow_style=False,
+                              width=100)
 
 
 def parse(text: str) -> dict[str, Any]:
     try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        config = canonical.load_yaml_strict(text)
+    except ValueError as exc:
         raise FormatError(f"cubepack.yaml is not valid YAML: {exc}") from exc
-    if not isinstance(config, dict) or config.get("schema_version") != constants.CONFIG_SCHEMA_VERSION:
-        raise FormatError(f"cubepack.yaml has schema version "
-                          f"{config.get('schema_version') if isinstance(config, dict) else None!r}; "
-                          f"this cubepack reads version {constants.CONFIG_SCHEMA_VERSION}.")
+    version = config.get("schema_version") if isinstance(config, dict) else None
+    if type(version) is not int:  # not 1.0 or true, which Python compares equal to 1
+        raise FormatError(f"cubepack.yaml schema_version must be an integer, found {version!r}.")
+    if version != constants.CONFIG_SCHEMA_VERSION:
+        raise FormatError(f"cubepack.yaml has schema version {version!r}; this cubepack reads "
+                          f"version {constants.CONFIG_SCHEMA_VERSION}.")
     if not isinstance(config.get("models"), dict) or not isinstance(config.get("memories"), dict):
         raise FormatError("cubepack.yaml must have 'models' and 'memories' mappings.")
     return config

@@ -54,11 +54,15 @@ def dumps(lock: dict[str, Any]) -> str:
     return canonical.dumps(lock)
 
 
-def parse(data: bytes) -> dict[str, Any]:
+def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
     """Parse and fully validate lock bytes; return the lock document.
 
     Checks: size, UTF-8 JSON without duplicate keys, known version, field types, safe paths,
     no case-folding collisions, every activation file listed, and both digests.
+
+    ``accept_version_1``: for ``cubepack upgrade`` only. A version-1 lock (cubepack 0.1) has
+    the same layout, but its pins' identities have no compute config and its activations no
+    provenance; everything else is checked as for version 2.
 
     Raises:
         FormatError: malformed, unknown version, or a digest that does not match the content.
@@ -71,16 +75,20 @@ def parse(data: bytes) -> dict[str, Any]:
                                        object_pairs_hook=canonical.unique_pairs)
     except canonical.DuplicateKey as exc:
         raise FormatError(f"cubepack.lock {exc}; a lock must be unambiguous.") from exc
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except canonical.LimitError as exc:
+        raise FormatError(f"cubepack.lock is refused: {exc}.") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
         raise FormatError(f"cubepack.lock is not valid JSON: {exc}") from exc
     if not isinstance(lock, dict):
         raise FormatError("cubepack.lock must hold a JSON object.")
     version = lock.get("lock_version")
-    if version == 1:
+    if type(version) is not int:  # not 2.0 or true, which Python compares equal to 2 and 1
+        raise FormatError(f"cubepack.lock lock_version must be an integer, found {version!r}.")
+    if version == 1 and not accept_version_1:
         raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
                           "compute config; upgrade the cube with its producer model: cubepack "
                           "upgrade CUBE_DIR --model MODEL.")
-    if version != constants.LOCK_VERSION:
+    if version not in (1, constants.LOCK_VERSION):
         raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads version "
                           f"{constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
     unknown = set(lock) - _TOP_KEYS
@@ -93,9 +101,10 @@ def parse(data: bytes) -> dict[str, Any]:
             raise FormatError(f"cubepack.lock {key} must be a string.")
     if not isinstance(lock["cube_id"], (str, type(None))):
         raise FormatError("cubepack.lock cube_id must be a string or null.")
+    legacy = version == 1
     _check_files(lock["files"])
-    _check_models(lock["models"])
-    _check_activations(lock["activations"], lock["files"], lock["models"])
+    _check_models(lock["models"], legacy)
+    _check_activations(lock["activations"], lock["files"], lock["models"], legacy)
     expected = dict(lock)
     claimed = expected.pop("digest")
     if claimed != canonical.digest(expected):
@@ -122,7 +131,7 @@ def _check_files(files: Any) -> None:
     check_no_collisions(list(files))
 
 
-def _check_models(models: Any) -> None:
+def _check_models(models: Any, legacy: bool) -> None:
     if not isinstance(models, dict):
         raise FormatError("cubepack.lock 'models' must be an object.")
     for role, pin in models.items():
@@ -141,10 +150,11 @@ def _check_models(models: Any) -> None:
             continue  # an informational model that could not be pinned
         if not isinstance(identity, dict):
             raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
-        ModelIdentity.from_dict(identity)
+        ModelIdentity.from_dict(identity, legacy=legacy)
 
 
-def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
+def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],
+                       legacy: bool) -> None:
     if not isinstance(activations, dict):
         raise FormatError("cubepack.lock 'activations' must be an object.")
     for item_id, entry in activations.items():
@@ -163,7 +173,8 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
         if files[path]["sha256"] != entry["sha256"]:
             raise FormatError(f"cubepack.lock activation {item_id!r} and its file entry disagree "
                               "on the sha256.")
-        if not check_provenance(entry.get("provenance")):
+        if not check_provenance(entry.get("provenance")) and not (
+                legacy and "provenance" not in entry):  # version 1 recorded none
             raise FormatError(f"cubepack.lock activation {item_id!r} lacks a provenance "
                               "(recorded, asserted or recomputed).")
         role = models.get(entry["model_role"])

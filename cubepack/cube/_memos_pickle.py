@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._util.canonical import json_safe
+from .._util.canonical import LimitError, json_safe
 from ..errors import FormatError, UnsafeInputError
 
 
@@ -179,18 +179,29 @@ BUDGET_PER_PICKLE_BYTE = 2
 BUDGET_SLACK = 1 << 20
 
 
-def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> LegacyDump:
+def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None,
+                      name: str = "The activation pickle") -> LegacyDump:
     """Read a MemOS ``activation_memory.pickle`` through the allowlist unpickler.
 
     Args:
         max_tensor_bytes: a tighter cap on decoded tensor bytes (e.g. from the pinned model's
             geometry); the default allows twice the pickle's size.
+        name: the file, for messages.
 
     Raises:
         UnsafeInputError: the pickle names a global outside the allowlist, or decodes to more
             tensor bytes than the cap.
-        FormatError: the pickle is readable but not a MemOS activation memory.
+        FormatError: the pickle is readable but not a MemOS activation memory, or its decoded
+            metadata goes beyond the strict limits (nesting, size; pickle's own reader is not
+            recursive, so a 5000-deep structure loads and is refused here).
     """
+    try:
+        return _read(data, max_tensor_bytes)
+    except (FormatError, LimitError) as exc:
+        raise FormatError(f"{name}: {exc}") from exc
+
+
+def _read(data: bytes, max_tensor_bytes: int | None) -> LegacyDump:
     budget = BUDGET_PER_PICKLE_BYTE * len(data) + BUDGET_SLACK
     if max_tensor_bytes is not None:
         budget = min(budget, max_tensor_bytes)
@@ -199,11 +210,9 @@ def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> Le
     except UnsafeInputError:
         raise
     except Exception as exc:  # corrupt pickles raise anything from EOFError to struct.error
-        raise FormatError(f"The activation pickle is corrupt or not a MemOS dump: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise FormatError(f"corrupt or not a MemOS dump: {type(exc).__name__}: {exc}") from exc
     if not isinstance(document, dict) or not isinstance(document.get("kv_cache_memories"), dict):
-        raise FormatError("The activation pickle is not a MemOS KVCacheMemory dump (no "
-                          "'kv_cache_memories' mapping).")
+        raise FormatError("not a MemOS KVCacheMemory dump (no 'kv_cache_memories' mapping).")
     identity = document.get("model_identity")
     if isinstance(identity, str):
         identity = {"model_name_or_path": identity}
@@ -212,9 +221,12 @@ def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None) -> Le
 
 
 def _item(key: Any, item: Any) -> LegacyItem:
+    item_id = (item.get("id") or item.get("kv_cache_id") or key) if isinstance(item, _StandIn) \
+        else key
+    if type(item_id) not in (str, int):  # printing any other value may recurse without end
+        raise FormatError(f"an activation id is a {type(item_id).__name__}, not a string.")
     if not isinstance(item, _StandIn):
-        raise FormatError(f"Activation {key!r} is a {type(item).__name__}, not a KVCacheItem.")
-    item_id = item.get("id") or item.get("kv_cache_id") or key
+        raise FormatError(f"Activation {item_id!r} is a {type(item).__name__}, not a KVCacheItem.")
     cache = item.get("memory") if item.get("memory") is not None else item.get("kv_cache")
     metadata = _plain(item.get("metadata") or {})
     if isinstance(cache, str):  # a VLLMKVCacheItem: a prompt string, no tensors
@@ -222,12 +234,12 @@ def _item(key: Any, item: Any) -> LegacyItem:
                           metadata=metadata if isinstance(metadata, dict) else {})
     if not isinstance(cache, _StandIn):
         raise FormatError(f"Activation {item_id!r} holds no DynamicCache.")
+    metadata = metadata if isinstance(metadata, dict) else {"metadata": metadata}
     records = item.get("records")
     if isinstance(records, _StandIn):
-        metadata.setdefault("records", _plain({k: v for k, v in (records.get("__dict__") or
-                                                                  records.state).items()}))
+        metadata.setdefault("records", _plain(records.get("__dict__") or records.state))
     return LegacyItem(id=str(item_id), layers=_cache_layers(str(item_id), cache),
-                      metadata=metadata if isinstance(metadata, dict) else {"metadata": metadata})
+                      metadata=metadata)
 
 
 def _cache_layers(item_id: str, cache: _StandIn) -> list[tuple[str, int, Any, Any]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic, constants
+from .._util import atomic, canonical, constants
 from .._util.hashing import hash_files
 from .._util.paths import list_cube_files, resolve_inside
 from .._version import __version__
@@ -39,7 +39,7 @@ from . import _card as card
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
-from ._content import file_problem, is_activation_path, pickled_memory_problems
+from ._content import content_error, is_activation_path, pickled_memory_problems
 from ._embedder import embed, embedder_checks, probe_vectors
 from ._memos_layout import memos_prompt_ids
 from ._memos_pickle import read_memos_pickle
@@ -196,7 +196,7 @@ def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
                          "load it). Dump the cube with MemOS (GeneralMemCube.dump) first, or "
                          "write a config.json with at least a cube_id.")
     try:
-        config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+        config = canonical.loads_strict((cube / "config.json").read_bytes())
     except ValueError as exc:
         raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
@@ -316,7 +316,7 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
     identity = ModelIdentity.from_dict(pin["identity"])
     data = pickle_path.read_bytes()
     source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
-    dump = read_memos_pickle(data)
+    dump = read_memos_pickle(data, name=str(pickle_path))
     written, provenances = set(), {}
     for item in dump.items:
         if item.prompt is not None:
@@ -496,14 +496,14 @@ def _tokenizer_for(model: Any) -> Any:
 
 def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str, Any]) -> None:
     """Refuse any file ``verify`` would refuse: pack never writes a cube that does not verify."""
-    problems = [(name, problem) for name in names
-                if (problem := file_problem(resolve_inside(staging, name), name))]
-    problems += pickled_memory_problems(memos_config, names)
+    problems = [(name, error) for name in names
+                if (error := content_error(resolve_inside(staging, name), name))]
+    problems += [(name, UnsafeInputError(problem))
+                 for name, problem in pickled_memory_problems(memos_config, names)]
     if problems:
-        name, problem = problems[0]
+        name, error = problems[0]
         more = f" ({len(problems) - 1} more file(s) too)" if len(problems) > 1 else ""
-        raise UnsafeInputError(f"{name} {problem}{more}. Remove it (or convert it) and pack "
-                               "again.")
+        raise type(error)(f"{name} {error}{more}. Remove it (or convert it) and pack again.")
 
 
 # --- writing config, card and lock -----------------------------------------------------------

@@ -7,6 +7,11 @@ loaded; upgrading re-fingerprints the producer model you name, requires every fi
 *did* record to match it (weights, geometry, dtypes, quantization, adapters, and the format-1
 tokenizer digest), and only then rewrites the header with the full current identity. The
 tensors are copied unchanged.
+
+A cube is verified first, as far as its lock version allows, and refused (untouched) if it
+fails; the upgrade is staged from the files its lock lists only, each reached without
+following a symlink (a folder copy would follow a symlinked folder and link files from
+outside into the cube, which a push then uploads). A current cube is left untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
+from .._util.paths import regular_file, resolve_inside
 from ..errors import IdentityMismatch, Mismatch, UsageError
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
@@ -24,6 +30,7 @@ from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
 from ..kv._format import KVFileInfo, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._pack import pack
+from ._verify import verify_for_upgrade
 
 __all__ = ["UpgradeResult", "upgrade"]
 
@@ -44,7 +51,12 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
     Args:
         model: the producer (a folder or Hub id, as for ``pack --model``).
 
+    A cube is verified first, as ``verify`` would (a version-1 lock as far as version 1
+    allows), and staged from its verified, listed regular files only.
+
     Raises:
+        VerificationFailed: the cube does not verify (edited after packing, unlisted files,
+            symlinks...); nothing is changed.
         IdentityMismatch: a file was not produced by ``model`` (naming every field).
     """
     path = Path(path)
@@ -58,15 +70,24 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
 
 
 def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> UpgradeResult:
+    """Verify first (a cube edited after packing is refused, untouched); stage only the
+    verified files the lock lists, each reached without following a symlink; upgrade the
+    format-1 KV files there against ``model``; re-pack; swap. A current cube is left as is."""
+    lock = verify_for_upgrade(cube).lock
     result = UpgradeResult(cube)
+    kv_files = sorted(entry["file"] for entry in lock["activations"].values())
+    if lock["lock_version"] == constants.LOCK_VERSION and all(
+            read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION
+            for name in kv_files):
+        result.current = kv_files
+        return result
     staging = atomic.staging_dir(cube, "upgrade")
     try:
-        shutil.copytree(cube, staging, dirs_exist_ok=True,
-                        copy_function=lambda src, dst: atomic.link_or_copy(Path(src), Path(dst)))
-        for kv_file in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
-            upgraded = _upgrade_file(kv_file, model, revision)
-            (result.upgraded if upgraded else result.current).append(
-                kv_file.relative_to(staging).as_posix())
+        for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
+            atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
+        for name in kv_files:
+            upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
+            (result.upgraded if upgraded else result.current).append(name)
         pack(staging, model=str(model), revision=revision)
         atomic.replace_dir(staging, cube)
     except BaseException:

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .._util.canonical import loads_strict
+from .._util import canonical
 from ..errors import CubepackError, FormatError
 
 COSINE_THRESHOLD = 0.999
@@ -41,16 +41,16 @@ def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
             with one id (a sample could then check one and MemOS load the other).
     """
     try:
-        data = loads_strict(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        data = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
         raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
     found = []
     if isinstance(data, list):
         for entry in data:
             if isinstance(entry, dict) and isinstance(entry.get("vector"), list):
-                payload = entry.get("payload") if isinstance(entry.get("payload"), dict) else {}
-                found.append((str(entry.get("id")), str(payload.get("memory", "")),
-                              entry["vector"]))
+                payload = entry.get("payload")
+                memory = payload.get("memory", "") if isinstance(payload, dict) else ""
+                found.append((str(entry.get("id")), str(memory), entry["vector"]))
     elif isinstance(data, dict) and isinstance(data.get("nodes"), list):
         for node in data["nodes"]:
             metadata = node.get("metadata") if isinstance(node, dict) else None

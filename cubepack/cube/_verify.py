@@ -9,11 +9,10 @@ read as JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import canonical, constants
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from ..errors import CubepackError, IntegrityError, VerificationFailed
@@ -28,12 +27,12 @@ from ._content import file_problem, pickled_memory_problems
 from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
 from ._policy import TrustPolicy
-from ._provenance import RECOMPUTED, evidence, satisfies
+from ._provenance import ASSERTED, RECOMPUTED, evidence, satisfies
 from ._report import Check, VerifyReport, pin_subject
 from ._signing import verify_signature
 from ._vectors import EMBEDDER_ROLE
 
-__all__ = ["Check", "VerifyReport", "verify"]
+__all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
 #: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
 TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
@@ -69,18 +68,41 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
     """
     policy = TrustPolicy.build(policy, **options)
-    report = VerifyReport(Path(cube_dir))
-    lock = _check_lock(report)
+    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {})
+
+
+def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) -> VerifyReport:
+    """What ``cubepack upgrade`` proves before it touches a cube: everything :func:`verify`
+    checks without options, for a lock of version 2 or of version 1 (cubepack 0.1: the same
+    layout, pins without a compute config, activations without provenance), as far as version 1
+    allows: the lock's structure, paths and digests, the file set, sizes, sha256, content, each
+    KV header against the lock's pin, ``cubepack.yaml``. A version-1 pin cannot be compared with
+    a model (it has no compute config); upgrade checks each KV file against its model instead.
+
+    Raises:
+        VerificationFailed: naming every check that failed.
+    """
+    return _verify(Path(cube_dir), TrustPolicy(), progress, True, {}, accept_version_1=True)
+
+
+def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
+            hashed: dict[str, str], *, accept_version_1: bool = False) -> VerifyReport:
+    report = VerifyReport(cube_dir)
+    lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
     if lock is not None:
         report.lock = lock
-        report.intact = _check_files(report, lock, progress, hashed or {})
+        report.intact = _check_files(report, lock, progress, hashed)
         _check_activations(report, lock)
         _check_config(report, lock)
         reason = "not run: the cube's files failed the checks above"
         if report.intact:
             _check_signature(report, policy)
-            _check_models(report, lock, policy.model)
+            if lock["lock_version"] == 1:
+                report.add("model identity", "*", None, "skipped: a version-1 pin records no "
+                           "compute config (upgrade checks each KV file against its model)")
+            else:
+                _check_models(report, lock, policy.model)
             if policy.strict_models:
                 require_checked_models(report)
             recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
@@ -97,7 +119,7 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     return report
 
 
-def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
+def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
     path = report.cube_dir / constants.LOCK_FILENAME
     if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
         report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
@@ -109,7 +131,7 @@ def _check_lock(report: VerifyReport) -> dict[str, Any] | None:
                    "missing: this folder was not packed by cubepack (run `cubepack pack`)")
         return None
     try:
-        lock = lockfile.parse(path.read_bytes())
+        lock = lockfile.parse(path.read_bytes(), accept_version_1=accept_version_1)
     except CubepackError as exc:
         report.add("lock", constants.LOCK_FILENAME, False, str(exc))
         return None
@@ -180,7 +202,7 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
     """MemOS's config.json when present and valid (already checked as JSON), else {}."""
     if "config.json" not in names or any(name == "config.json" for name, _ in problems):
         return {}
-    config = json.loads((cube / "config.json").read_text(encoding="utf-8"))
+    config = canonical.loads_strict((cube / "config.json").read_bytes())
     return config if isinstance(config, dict) else {}
 
 
@@ -198,8 +220,9 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
             report.add("kv header", subject, False, str(exc))
             continue
         pin = lock["models"][entry["model_role"]]
+        pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
         problems = [(f"producer.{m.field}", m.expected, m.found)
-                    for m in compare(ModelIdentity.from_dict(pin["identity"]), info.producer)]
+                    for m in compare(pinned, info.producer)]
         for key, found in (("token_count", info.token_count), ("kv_dtype", info.kv_dtype),
                            ("num_layers", info.num_layers)):
             if entry[key] != found:
@@ -350,7 +373,9 @@ NO_TOKEN_IDS = ("records no token_ids, so it cannot be recomputed, and recomputa
 def _record_provenance(report: VerifyReport, lock: dict[str, Any],
                        recomputed: dict[str, dict[str, Any]]) -> None:
     for item_id, entry in sorted(lock["activations"].items()):
-        report.provenance[item_id] = evidence(entry["provenance"],
+        claimed = entry.get("provenance") or {"kind": ASSERTED,  # lock version 1 had none
+                                               "detail": "a version-1 lock records none"}
+        report.provenance[item_id] = evidence(claimed,
                                               recomputed=recomputed.get(item_id),
                                               signed_by=report.signed_by)
 

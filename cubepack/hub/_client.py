@@ -9,6 +9,7 @@ any compatible endpoint such as ``cubepack hub serve``. ``HF_ENDPOINT``, ``HF_TO
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,6 +17,8 @@ from .._util import constants
 from ..errors import CubepackError, HubError, UsageError
 
 REPO_TYPES = ("dataset", "model")
+#: Exactly owner/name in the characters the Hub allows (ASCII letters, digits, ``_.-``).
+_OWNER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,96}/[A-Za-z0-9_.-]{1,96}")
 
 
 def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | None]:
@@ -35,7 +38,7 @@ def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | 
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].") from exc
-    if repo_id.count("/") != 1:
+    if not _OWNER_NAME.fullmatch(repo_id):  # huggingface_hub 0.36's check takes "a/b\n", "é/b"
         raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].")
     return repo_id, at_revision or revision
 

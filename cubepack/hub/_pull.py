@@ -7,7 +7,6 @@ target folder. A pull never replaces files it would lose.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.hashing import sha256_file
-from .._util.paths import check_relpath, resolve_inside, scan_cube
+from .._util.paths import check_no_collisions, check_relpath, resolve_inside, scan_cube
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..cube import _lock as lockfile
 from ..cube._policy import TrustPolicy
@@ -143,7 +142,7 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str) -> list
     on_disk, problems = scan_cube(folder)
     everything = sorted(set(on_disk) | {where for where, _ in problems if where})
     try:
-        origin = json.loads((folder / ORIGIN_FILE).read_text(encoding="utf-8"))
+        origin = canonical.loads_strict((folder / ORIGIN_FILE).read_bytes())  # a cube may ship one
         lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
     except (OSError, ValueError, CubepackError):
         return everything
@@ -254,6 +253,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
         for path in paths:  # a hostile listing is refused before any download
             check_relpath(path)
+        check_no_collisions(paths)
         if not paths:
             raise HubError(f"Commit {sha} of {repo_id} holds no files.")
         hashed: dict[str, str] = {}

@@ -37,7 +37,7 @@ SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.tx
 def _document(text: str) -> dict[str, Any]:
     try:
         document = canonical.loads_strict(text)
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise FormatError("tokenizer.json must hold a JSON object.")

@@ -93,12 +93,15 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
                           f"'{constants.KV_METADATA_KEY}' metadata).")
     try:
         meta = canonical.loads_strict(raw)
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise FormatError(f"{path} has corrupt cubepack metadata ({exc}).") from exc
     if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:
         raise FormatError(f"{path} is not a cubepack KV file (format is "
                           f"{meta.get('format') if isinstance(meta, dict) else None!r}).")
     version = meta.get("version")
+    if type(version) is not int:  # not 2.0 or true, which Python compares equal to 2 and 1
+        raise FormatError(f"{path}: the KV header's version must be an integer, found "
+                          f"{version!r}.")
     if version not in constants.KV_READABLE_VERSIONS:
         raise FormatError(
             f"{path} is KV format version {version!r}; this cubepack reads versions "
@@ -109,7 +112,7 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
                                        legacy=version < constants.KV_FORMAT_VERSION)
     layers = _validate_layers(path, header, meta, producer)
     token_count = layers[0].cumulative_length if layers else 0
-    if meta.get("token_count") != token_count:
+    if type(meta.get("token_count")) is not int or meta["token_count"] != token_count:
         raise FormatError(f"{path}: token_count {meta.get('token_count')!r} contradicts its "
                           f"layers, which hold {token_count} tokens.")
     token_ids = meta.get("token_ids")

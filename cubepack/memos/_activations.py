@@ -127,7 +127,7 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, on_mismatch:
     logger.warning("cubepack: %s holds no cubepack.lock: its activations were read through "
                    "cubepack's allowlist reader (no code runs) but are unverified; pack it: "
                    "cubepack pack %s --legacy-pickle", cube_dir, cube_dir)
-    dump = read_memos_pickle(path.read_bytes())
+    dump = read_memos_pickle(path.read_bytes(), name=str(path))
     if any(item.prompt is not None for item in dump.items):
         _add_prompts(act_mem, dump.items, report)
         return

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from .._util import constants
-from .._util.revision import is_commit
+from .._util.paths import scan_cube
+from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
 from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
+from ..hub._client import parse_repo_spec
 from ._activations import HookReport, load_packed, load_unpacked
 from ._load import init_from_dir, init_from_remote_repo
 
@@ -158,7 +160,10 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
                    memory_types: list[str] | None = None, default_config: Any = None) -> Any:
     current = _hook_settings()
     kind, where, repo_type = _remote_kind(base_url)
-    repo, _, revision = cube_id.partition("@")
+    # Exactly owner/name, before anything runs: the id is joined to the base URL, so
+    # "owner/../x" would clone outside it. MemOS servers take ids from requests.
+    repo, revision = parse_repo_spec(cube_id)
+    revision = revision or ""
     if current.require_pin and not is_commit(revision):
         what = ("a Hub commit (printed by `cubepack push` and `cubepack pull`)" if kind == "hub"
                 else "a git commit (`git rev-parse HEAD` in that repository)")
@@ -170,15 +175,36 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
         return init_from_remote_repo(cube_id, endpoint=where, repo_type=repo_type,
                                      memory_types=memory_types, default_config=default_config,
                                      policy=current.policy)
+    if revision and not is_commit(revision):
+        check_ref_name(revision)  # a branch or tag, never an option such as "--orphan"
     folder = git_checkout(f"{where}/{repo}", revision or None)
     return _hooked_dir(str(folder), memory_types, default_config)
 
 
 def git_checkout(url: str, revision: str | None) -> Path:
     """Clone ``url`` into a new temporary folder and check out ``revision`` (a commit; the
-    default branch when None), as MemOS's own remotes work, but at the commit asked for."""
-    folder = Path(tempfile.mkdtemp(prefix="cubepack-git-")) / "cube"
+    default branch when None), as MemOS's own remotes work, but at the commit asked for.
 
+    Raises:
+        UnsafeInputError: the checked-out tree holds a symlink (git writes them as links, to
+            anywhere), a special file or a name the path rule refuses; the clone is removed
+            before MemOS or cubepack reads any of it.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="cubepack-git-")) / "cube"
+    try:
+        _clone(url, revision, folder)
+        _, problems = scan_cube(folder)
+        if problems:
+            where, what = problems[0]
+            raise UnsafeInputError(f"The clone of {url} is refused: "
+                                   + (f"{where} {what}." if where else f"{what}"))
+    except BaseException:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        raise
+    return folder
+
+
+def _clone(url: str, revision: str | None, folder: Path) -> None:
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True)
         if done.returncode:
@@ -186,14 +212,13 @@ def git_checkout(url: str, revision: str | None) -> Path:
                            f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
         return done.stdout.strip()
 
-    git("clone", "--quiet", "--no-checkout", url, str(folder))
+    git("clone", "--quiet", "--no-checkout", "--", url, str(folder))
     git("-C", str(folder), "-c", "advice.detachedHead=false", "checkout", "--quiet",
         revision or "HEAD")
     head = git("-C", str(folder), "rev-parse", "HEAD")
     if revision and head != revision:
         raise HubError(f"git checked out {head} for {url}@{revision}; refusing another commit.")
     shutil.rmtree(folder / ".git")  # the cube is the working tree; git's own files are not in it
-    return folder
 
 
 def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name

@@ -59,6 +59,14 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
     (lambda l: l["activations"]["a"].update(file="missing.kv.safetensors"), "does not hold"),
     (lambda l: l["activations"]["a"].update(sha256="ef" * 32), "disagree on the sha256"),
     (lambda l: l["activations"]["a"].update(model_role="nobody"), "no pinned identity"),
+    # Python compares 2.0 == 2 and True == 1: a version must be an int, not equal to one.
+    (lambda l: l.update(lock_version=2.0), r"lock_version must be an integer, found 2\.0"),
+    (lambda l: l.update(lock_version=True), "lock_version must be an integer, found True"),
+    (lambda l: l["activations"]["a"].update(token_count=2**53),
+     r"integer at /activations/a/token_count \(9007199254740992\) lies outside \+-2\*\*53"),
+    (lambda l: l["models"]["act_mem"].update(identity={
+        **IDENTITY, "compute_config": {"rope_theta": -2**53}}),
+     r"/models/act_mem/identity/compute_config/rope_theta"),
 ])
 def test_resealed_but_invalid_locks_are_refused(change, message):
     from cubepack._util import canonical
@@ -71,6 +79,12 @@ def test_resealed_but_invalid_locks_are_refused(change, message):
     lock["digest"] = canonical.digest(lock)
     with pytest.raises(FormatError, match=message):
         lockfile.parse(json.dumps(lock).encode())
+
+
+def test_a_5000_digit_integer_in_a_lock_is_refused_before_it_is_converted():
+    text = lockfile.dumps(make_lock()).replace('"size": 10', '"size": 1' + "0" * 4999, 1)
+    with pytest.raises(FormatError, match="number literal 10+... has 5000 characters"):
+        lockfile.parse(text.encode())
 
 
 def test_lock_paths_are_checked_before_anything_else():
@@ -96,3 +110,30 @@ def test_diff_names_every_kind_of_change():
     assert result["models"] == {"act_mem": {"dtype": {"old": "float32", "new": "bfloat16"}}}
     assert result["activations"]["changed"] == ["a"] and result["same"] is False
     assert diff_locks(old, old)["same"] is True
+
+
+def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
+    """Version 1 (cubepack 0.1): pins without compute config, activations without provenance."""
+    from cubepack._util import canonical
+
+    def version_1(**changes):
+        lock = make_lock(**changes)
+        lock.update(lock_version=1)
+        identity = {k: v for k, v in IDENTITY.items() if k != "compute_config"}
+        lock["models"]["act_mem"]["identity"] = identity
+        lock["activations"]["a"].pop("provenance")
+        lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
+                                                         lock["activations"])
+        lock.pop("digest")
+        lock["digest"] = canonical.digest(lock)
+        return json.dumps(lock).encode()
+
+    assert lockfile.parse(version_1(), accept_version_1=True)["lock_version"] == 1
+    with pytest.raises(FormatError, match="cubepack upgrade CUBE_DIR --model MODEL"):
+        lockfile.parse(version_1())
+    bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
+    with pytest.raises(UnsafeInputError, match="'..' segment"):
+        lockfile.parse(version_1(files=bad_path), accept_version_1=True)
+    with pytest.raises(FormatError, match="version 3"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 3}).encode(),
+                       accept_version_1=True)

@@ -241,29 +241,6 @@ def test_a_deflated_payload_that_would_inflate_is_refused_before_decoding(monkey
         read_memos_pickle(pickle.dumps({"kv_cache_memories": {"x": _Reuse(bomb)}}))
 
 
-def test_a_version_1_cube_is_refused_with_the_command_that_upgrades_it(packed_cube_factory, zoo,
-                                                                        tmp_path):
-    import json as json_module
-
-    from cubepack.cube import upgrade
-
-    from helpers import as_format_1, copy_of
-
-    cube = copy_of(packed_cube_factory(), tmp_path)
-    for kv in (cube / "activations").glob("*.kv.safetensors"):
-        as_format_1(kv, kv, zoo["a"] / "tokenizer.json")
-    lock_path = cube / constants.LOCK_FILENAME
-    lock = json_module.loads(lock_path.read_text())
-    lock["lock_version"] = 1
-    lock_path.write_text(json_module.dumps(lock))
-    with pytest.raises(cubepack.VerificationFailed, match=r"cubepack upgrade CUBE_DIR --model"):
-        cubepack.verify(cube)
-    result = upgrade(cube, zoo["a"])
-    assert sorted(result.upgraded) == ["activations/item-1.kv.safetensors",
-                                       "activations/item-2.kv.safetensors"]
-    assert cubepack.verify(cube, model=str(zoo["a"])).ok
-
-
 def test_model_contradicting_config_json_is_refused_unless_asserted(cube, zoo, capsys):
     from cubepack.cli import main
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -139,6 +141,26 @@ def test_a_hostile_tree_listing_is_refused_before_any_download(hub, cube, tmp_pa
         do_pull(hub, f"ns/cube@{forged}", tmp_path / "x", tmp_path)
     assert not [key for key in hub.stats.requests if "/resolve/" in key]
     assert not (tmp_path / "hf-cache").exists() or not any((tmp_path / "hf-cache").rglob("*x"))
+
+
+@pytest.mark.parametrize("name, rule", [("aux.txt", "a device name Windows reserves"),
+                                        ("notes./a.txt", "ending in a dot or a space"),
+                                        ("a?.txt", "which Windows forbids"),
+                                        ("CUBEPACK.LOCK", "collide")])
+def test_a_listing_with_a_name_some_system_cannot_hold_is_refused_before_download(
+        hub, cube, tmp_path, name, rule):
+    from cubepack.localhub._store import repo_ref
+
+    do_push(hub, cube)
+    repo = repo_ref("datasets", "ns", "cube")
+    head = hub.store.resolve(repo, "main")
+    tree = dict(hub.store.commit(repo, head)["tree"])
+    tree[name] = tree["README.md"]  # the store refuses such paths itself: forge the commit
+    forged = hub.store._write_commit(repo, parents=[head], tree=tree, title="forged", message="")
+    hub.stats.reset()
+    with pytest.raises(cubepack.UnsafeInputError, match=re.escape(repr(name)) + ".*" + rule):
+        do_pull(hub, f"ns/cube@{forged}", tmp_path / "x", tmp_path)
+    assert not [key for key in hub.stats.requests if "/resolve/" in key]
 
 
 def test_files_the_lock_does_not_list_are_refused_before_download(hub, cube, tmp_path):
@@ -325,3 +347,14 @@ def test_cli_push_and_pull_report_the_sha(hub, cube, tmp_path):
     assert code == 0 and "no changes" in out
     code, _, err = cubepack_cli("pull", "ns/cli@nope", "--local-dir", str(tmp_path / "x"))
     assert code == 3 and err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec", ["owner/cube\n", "\u00f3wner/cube", "owner/../x", "owner",
+                                  "owner/cube/extra", "-owner/cube", "owner/cube.git"])
+def test_a_repo_id_is_exactly_owner_name_in_the_hubs_ascii_characters(spec):
+    """huggingface_hub 0.36's validator lets a trailing newline and non-ASCII through."""
+    from cubepack.hub import parse_repo_spec
+
+    with pytest.raises(cubepack.UsageError, match="not a repo id of the form owner/name"):
+        parse_repo_spec(spec + "@main")
+    assert parse_repo_spec("Owner_1/cube-2.v3@main") == ("Owner_1/cube-2.v3", "main")

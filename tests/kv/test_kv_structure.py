@@ -150,7 +150,7 @@ def test_unaligned_tensors_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("depth, reason", [(200, "nesting deeper than 64"),
-                                           (5000, "recursion")])
+                                           (5000, "nesting deeper than 64")])
 def test_deeply_nested_metadata_is_refused(honest, tmp_path, depth, reason):
     tensors, meta = dict(honest["a"][0]), json.loads(json.dumps(honest["a"][1]))
     path = tmp_path / "deep.kv.safetensors"
@@ -170,3 +170,31 @@ def test_a_lock_number_that_overflows_is_refused_as_malformed(packed_cube_factor
     assert main(["verify", str(cube)]) == 1
     with pytest.raises(cubepack.VerificationFailed, match="overflows to infinity"):
         cubepack.verify(cube)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(version=2.0), r"version must be an integer, found 2\.0"),
+    (lambda m: m.update(version=True), r"version must be an integer, found True"),
+    (lambda m: m.update(token_count=float(m["token_count"])), r"token_count 10\.0 contradicts"),
+    (lambda m: m.update(token_count=True), r"token_count True contradicts"),
+    (lambda m: m.update(metadata={"n": 2**53}), r"/metadata/n \(9007199254740992\) lies outside"),
+    (lambda m: m["producer"]["compute_config"].update(x=-2**60), r"/producer/compute_config/x"),
+])
+def test_header_numbers_are_integers_where_integers_are_meant_and_bounded(honest, tmp_path,
+                                                                         change, message):
+    """2.0 == 2 and True == 1 in Python: a version or count must be an int, not equal to one."""
+    tensors, meta = dict(honest["a"][0]), json.loads(json.dumps(honest["a"][1]))
+    change(meta)
+    path = write(tmp_path, tensors, meta)
+    with pytest.raises(FormatError, match=message):
+        read_kv_header(path)
+    assert main(["inspect", str(path)]) == 1
+
+
+def test_a_5000_digit_number_is_refused_before_it_is_converted(honest, tmp_path):
+    tensors, meta = dict(honest["a"][0]), json.loads(json.dumps(honest["a"][1]))
+    text = json.dumps(meta)[:-1] + ', "huge": ' + "7" * 5000 + "}"
+    path = tmp_path / "huge.kv.safetensors"
+    save_file(tensors, str(path), metadata={"cubepack": text})
+    with pytest.raises(FormatError, match="number literal 7+... has 5000 characters; at most 32"):
+        read_kv_header(path)

@@ -345,20 +345,27 @@ def test_rebuild_works_for_activations_extracted_from_chat_messages(hub, zoo, tm
                      continue_greedy(model_b, fresh, 40, 3))
 
 
-def test_git_remotes_keep_working_at_the_commit_given(published, installed, tmp_path,
-                                                      no_pickle_load):
+def git_remote(folder, source=None):
+    """A git repository at ``folder`` holding ``source``'s files (links kept as links), one
+    commit; returns its commit id."""
+    import os
     import subprocess
 
+    if source is not None:
+        shutil.copytree(source, folder, symlinks=True)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"]}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "cube"]):
+        subprocess.run(["git", "-C", str(folder), *args], check=True, env=env)
+    return subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_git_remotes_keep_working_at_the_commit_given(published, installed, tmp_path,
+                                                      no_pickle_load):
     from memos.mem_cube.general import GeneralMemCube
 
-    remote = tmp_path / "remotes" / "owner" / "cube"
-    shutil.copytree(published["packed"], remote)
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "PATH": __import__("os").environ["PATH"]}
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "cube"]):
-        subprocess.run(["git", "-C", str(remote), *args], check=True, env=env)
-    sha = subprocess.run(["git", "-C", str(remote), "rev-parse", "HEAD"], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    sha = git_remote(tmp_path / "remotes" / "owner" / "cube", published["packed"])
     base_url = f"file://{tmp_path / 'remotes'}"
     cube = GeneralMemCube.init_from_remote_repo(f"owner/cube@{sha}", base_url=base_url)
     assert len(cube.act_mem.get_all()) == 2 and cube.cubepack.verified
@@ -369,6 +376,68 @@ def test_git_remotes_keep_working_at_the_commit_given(published, installed, tmp_
     assert _remote_kind("https://huggingface.co") == ("git", "https://huggingface.co", "")
     assert _remote_kind("https://hf.example/models") == ("hub", "https://hf.example",
                                                                "model")
+
+
+@pytest.mark.parametrize("cube_id", ["owner/../../outside", "../outside", "owner/cube/extra",
+                                     "owner", "owner/cube\n", "-u/cube", "own er/cube",
+                                     "\u00f3wner/cube"])
+def test_a_remote_id_must_be_exactly_owner_name_before_anything_runs(published, installed,
+                                                                     tmp_path, cube_id):
+    """Joined to the base URL, "owner/../../outside" would clone a repository outside it."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    sha = git_remote(tmp_path / "outside", published["packed"])
+    base_url = f"file://{tmp_path / 'remotes' / 'base'}"
+    for kind in (base_url, "https://hf.example/datasets"):
+        with pytest.raises(cubepack.UsageError, match="not a repo id of the form owner/name"):
+            GeneralMemCube.init_from_remote_repo(f"{cube_id}@{sha}", base_url=kind)
+
+
+def test_an_unpinned_git_revision_is_a_ref_name_never_an_option(published, installed, tmp_path):
+    from memos.mem_cube.general import GeneralMemCube
+
+    git_remote(tmp_path / "remotes" / "owner" / "cube", published["packed"])
+    hook.uninstall()
+    hook.install(require_pin=False)
+    with pytest.raises(cubepack.UsageError, match="not a valid branch or tag name"):
+        GeneralMemCube.init_from_remote_repo("owner/cube@--orphan=x",
+                                             base_url=f"file://{tmp_path / 'remotes'}")
+
+
+@pytest.mark.parametrize("entry, refusal", [
+    ("activation_memory.pickle", "activation_memory.pickle is a symlink"),
+    ("folder", "folder is a symlink"), ("aux.txt", "a device name Windows reserves")])
+def test_a_clone_holding_a_symlink_is_refused_before_memos_or_cubepack_reads_it(
+        installed, no_pickle_load, zoo, tmp_path, monkeypatch, entry, refusal):
+    """git checks symlinks out as symlinks, to anywhere: an unpacked cube's pickle linked to
+    a file outside the clone would be read as the cube's."""
+    import os
+    import tempfile
+
+    from memos.mem_cube.general import GeneralMemCube
+
+    from memos_format import write_cube
+
+    elsewhere = write_cube(tmp_path / "elsewhere", str(zoo["a"]), {})
+    remote = tmp_path / "remotes" / "owner" / "cube"
+    remote.mkdir(parents=True)
+    shutil.copy(elsewhere / "config.json", remote / "config.json")
+    if entry == "folder":
+        os.symlink(elsewhere, remote / "folder")
+    elif entry == "aux.txt":
+        shutil.copy(elsewhere / "activation_memory.pickle", remote / "activation_memory.pickle")
+        (remote / entry).write_text("a device on Windows\n")
+    else:
+        os.symlink(elsewhere / "activation_memory.pickle", remote / entry)
+    sha = git_remote(remote)
+    clones = tmp_path / "clones"
+    clones.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(clones))  # where the clone goes
+    with pytest.raises(cubepack.UnsafeInputError,
+                       match=f"The clone of file://.* is refused: .*{refusal}"):
+        GeneralMemCube.init_from_remote_repo(f"owner/cube@{sha}",
+                                             base_url=f"file://{tmp_path / 'remotes'}")
+    assert list(clones.iterdir()) == []  # removed before anything read it
 
 
 def test_a_cast_to_the_pinned_dtype_never_changes_a_shared_model(zoo, models, tmp_path):

@@ -380,8 +380,8 @@ CASES = [
     Case("lock-wrong-version", "lock", lambda c, k: lock_json(c, lambda l: l.update(lock_version=3)),
          r"version 3"),
     Case("lock-huge-size-value", "lock", lambda c, k: reseal_lock(
-        c, lambda l: l["files"]["config.json"].update(size=2**62)), r"must be \{sha256"),
-    Case("lock-deep-nesting", "lock", _deep_lock, r"not valid JSON"),
+        c, lambda l: l["files"]["config.json"].update(size=2**62)), r"/files/config\.json/size .* outside \+-2\*\*53"),
+    Case("lock-deep-nesting", "lock", _deep_lock, r"cubepack\.lock is refused: nesting deeper than 64"),
     Case("lock-not-an-object", "lock", lambda c, k: (c / constants.LOCK_FILENAME).write_text("[]"),
          r"must hold a JSON object"),
     Case("lock-unknown-key", "lock", lambda c, k: _sealed_with(c, extra=1),

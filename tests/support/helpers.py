@@ -129,3 +129,37 @@ def as_format_1(source, target, tokenizer_json):
         meta["producer"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
             tokenizer_json.read_text())
     return rewrite_kv_metadata(source, target, downgrade)
+
+
+def as_lock_version_1(cube, tokenizer_json):
+    """A packed cube (in place) as cubepack 0.1 wrote it, every digest honest: KV files of
+    format 1 without provenance, and a version-1 lock (pins without compute config or prompt
+    format, with the format-1 tokenizer digest; activations without provenance)."""
+    import json
+
+    from cubepack._util import canonical, constants, hashing
+    from cubepack.cube import _lock as lockfile
+    from cubepack.identity._tokenizer_fields import legacy_tokenizer_digest_v1
+
+    path = cube / constants.LOCK_FILENAME
+    lock = json.loads(path.read_text())
+    for pin in lock["models"].values():
+        if pin.get("identity"):
+            for key in ("compute_config", "prompt_format_digest"):
+                pin["identity"].pop(key, None)
+            pin["identity"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
+                tokenizer_json.read_text())
+    for entry in lock["activations"].values():
+        kv = cube / entry["file"]
+        as_format_1(kv, kv, tokenizer_json)
+        rewrite_kv_metadata(kv, kv, lambda meta: meta["metadata"].pop("provenance", None))
+        entry.pop("provenance")
+        entry["sha256"] = hashing.sha256_file(kv)
+        lock["files"][entry["file"]] = {"sha256": entry["sha256"], "size": kv.stat().st_size}
+    lock.pop("digest")
+    lock["lock_version"] = 1
+    lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
+                                                     lock["activations"])
+    lock["digest"] = canonical.digest(lock)
+    path.write_text(canonical.dumps(lock))
+    return cube

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cubepack import UnsafeInputError
@@ -9,13 +11,18 @@ from cubepack._util.paths import (
     check_no_collisions,
     check_relpath,
     list_cube_files,
+    regular_file,
     scan_cube,
 )
+
+from data import COLLIDING_NAMES, UNPORTABLE_NAMES
 
 SHA = "ab" * 32
 
 
-@pytest.mark.parametrize("name", ["a.json", "activations/x.kv.safetensors", "a b/c-d_e.txt"])
+@pytest.mark.parametrize("name", ["a.json", "activations/x.kv.safetensors", "a b/c-d_e.txt",
+                                  "auxiliary.txt", "con_fig.json", "com10.txt", "nul-x.md",
+                                  ".gitattributes", "a..b.txt", "caf\u00e9.txt"])
 def test_safe_relative_paths_pass(name):
     assert check_relpath(name) == name
 
@@ -30,10 +37,18 @@ def test_unsafe_paths_are_refused(name, message):
         check_relpath(name)
 
 
-def test_case_and_unicode_collisions_are_refused():
-    check_no_collisions(["a.txt", "b.txt"])
-    with pytest.raises(UnsafeInputError, match="collide"):
-        check_no_collisions(["Readme.md", "README.md"])
+@pytest.mark.parametrize("name, rule", UNPORTABLE_NAMES)
+def test_names_some_file_system_cannot_hold_are_refused_naming_path_and_rule(name, rule):
+    with pytest.raises(UnsafeInputError, match=re.escape(repr(name)) + ".*" + re.escape(rule)):
+        check_relpath(name)
+
+
+@pytest.mark.parametrize("first, second", COLLIDING_NAMES)
+def test_case_and_unicode_collisions_are_refused(first, second):
+    check_no_collisions(["a.txt", "b.txt", "docs/a.txt", "docs/b.txt"])
+    with pytest.raises(UnsafeInputError, match="collide|both a file and a folder") as caught:
+        check_no_collisions([first, second])
+    assert repr(first.split("/")[0]) in str(caught.value)
 
 
 def test_scan_reports_links_and_special_files_without_following_them(tmp_path):
@@ -49,3 +64,23 @@ def test_scan_reports_links_and_special_files_without_following_them(tmp_path):
     assert sorted(where for where, _ in problems) == ["fifo", "link"]
     with pytest.raises(UnsafeInputError):
         list_cube_files(tmp_path)
+
+
+def test_regular_file_never_leads_through_a_symlink(tmp_path):
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s")
+    root = tmp_path / "root"
+    (root / "dir").mkdir(parents=True)
+    (root / "dir" / "ok.txt").write_text("x")
+    os.symlink(outside, root / "linked")
+    os.symlink(outside / "secret.txt", root / "dir" / "file-link.txt")
+    assert regular_file(root, "dir/ok.txt") == root / "dir" / "ok.txt"
+    for name, what in (("linked/secret.txt", "folder"), ("dir/file-link.txt", "file"),
+                       ("dir", "file")):
+        with pytest.raises(UnsafeInputError, match=f"symlink or not a regular {what}"):
+            regular_file(root, name)
+    with pytest.raises(UnsafeInputError, match="'..' segment"):
+        regular_file(root, "../outside/secret.txt")
