@@ -55,7 +55,8 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
          repo_type: str = "dataset", local_dir: str | Path | None = None,
          verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
          endpoint: str | None = None, cache_dir: str | Path | None = None,
-         progress: bool | None = None, force: bool = False, **options: Any) -> PullResult:
+         progress: bool | None = None, force: bool = False, timeout: float | None = None,
+         **options: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -73,18 +74,26 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     the current directory or the home folder, or that is, holds or sits inside the HF cache or
     ``$CUBEPACK_CACHE``, is never replaced.
 
+    ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the pull
+    asks of the endpoint, however slowly it answers; on expiry nothing is placed, the requests
+    in flight are aborted and the error names what was slow.
+
     Raises:
-        HubError: unknown repo or revision, no token, download failure, offline cache miss.
+        HubError: unknown repo or revision, no token, download failure, offline cache miss, the
+            deadline passed.
         VerificationFailed: the downloaded commit does not match its lock or pins.
+        UsageError: a folder the pull would lose files from, a bad repo id, revision or timeout.
     """
     policy = TrustPolicy.build(policy, **options)
     repo_id, wanted = parse_repo_spec(repo, revision)
     if not verify_cube and policy.signature_required:
         raise UsageError("--no-verify cannot be combined with a signature requirement.")
     offline = offline_requested(offline)
+    seconds = constants.hub_timeout(timeout)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
-    client = HubClient(endpoint, token)
+    client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
+                       outcome=f"Nothing was placed: {target} is as it was.")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
     snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
@@ -353,7 +362,7 @@ def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "da
         return _cached_ref(repo_id, wanted, repo_type, cache_dir)
     client = client or HubClient()
     with client.translated(repo_id, repo_type, wanted):
-        sha = client.api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
+        sha = client.run(client.api.repo_info, repo_id, repo_type=repo_type, revision=wanted).sha
     if not is_commit(sha):
         raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with {sha!r}, which is not "
                        "a commit id.")
@@ -412,7 +421,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         _require_snapshot(local, snapshot, path)
         return path, sha256_file(local)
 
-    with client.translated(repo_id, repo_type, sha):
+    def fetch_all() -> tuple[list[str], dict[str, str]]:
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
                                          recursive=True)
         paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
@@ -428,7 +437,11 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
             _refuse_unlisted(repo_id, sha, snapshot, paths)
         todo = [path for path in paths if path not in hashed]
         with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
-            hashed.update(pool.map(fetch, todo))
+            hashed.update(pool.map(client.bind(fetch), todo))
+        return paths, hashed
+
+    with client.translated(repo_id, repo_type, sha):
+        paths, hashed = client.run(fetch_all)
     return snapshot, paths, hashed
 
 
@@ -510,4 +523,4 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
         return
     skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
     models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
-    report.extend(remote_model_checks(models, client, strict=strict))
+    report.extend(client.run(remote_model_checks, models, client, strict=strict))
