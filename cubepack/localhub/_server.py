@@ -92,9 +92,10 @@ MAX_CONNECTIONS = 64
 #: Seconds a connection has for a request's line and headers (under 8 KiB, which a live client
 #: sends in one packet): a client trickling them cannot hold one of the MAX_CONNECTIONS threads.
 HEAD_TIMEOUT = 10.0
-#: Seconds an idle keep-alive connection waits for its next request (huggingface_hub 2.x drops
-#: its idle connections after 5 s itself; 0.36 checks a pooled socket before reusing it).
-IDLE_TIMEOUT = 5.0
+#: Seconds an idle keep-alive connection waits for its next request: longer than the 5 s after
+#: which huggingface_hub 2.x drops idle connections itself, so it never reuses one we are
+#: closing (0.36 checks a pooled socket before reusing it).
+IDLE_TIMEOUT = 8.0
 #: A body must arrive within BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far
 #: below loopback or a LAN, so holding a thread costs a client a steady 1 MiB/s each.
 BODY_TIMEOUT = 10.0

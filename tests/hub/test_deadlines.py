@@ -126,6 +126,15 @@ def test_the_guard_does_not_outlive_the_call(hub, big_cube, tmp_path):
     assert _deadline._ACTIVE == []
 
 
+def test_the_default_deadline_is_an_hour_unless_told_otherwise(monkeypatch):
+    from cubepack._util import constants
+
+    monkeypatch.delenv("CUBEPACK_HUB_TIMEOUT", raising=False)
+    assert constants.hub_timeout() == 3600
+    monkeypatch.setenv("CUBEPACK_HUB_TIMEOUT", "90")
+    assert constants.hub_timeout() == 90 and constants.hub_timeout(5) == 5
+
+
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
 def test_a_timeout_must_be_a_positive_number_of_seconds(big_cube, tmp_path, value):
     with pytest.raises(UsageError, match="--timeout must be a positive number of seconds"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 
 import pytest
@@ -162,25 +161,40 @@ def test_an_edit_made_while_the_pull_downloads_is_refused_too(do_pull, hub, tmp_
     assert (first / "notes.md").read_text() == "written during the pull"
 
 
-@pytest.mark.parametrize("cache", ["HF_HUB_CACHE", "cache_dir", "CUBEPACK_CACHE"])
-@pytest.mark.parametrize("where", ["is inside", "is", "holds"])
-def test_force_never_pulls_into_a_cache(do_pull, hub, tmp_path, monkeypatch, cache, where):
+@pytest.mark.parametrize("cache", ["HF_HUB_CACHE", "cache_dir", "HF_HOME", "CUBEPACK_CACHE"])
+@pytest.mark.parametrize("where", ["is inside", "is", "holds", "would be inside"])
+@pytest.mark.parametrize("force", [True, False])
+def test_no_pull_goes_into_replaces_or_holds_a_cache(do_pull, hub, tmp_path, monkeypatch, cache,
+                                                     where, force):
     from huggingface_hub import constants as hub_constants
 
     root = tmp_path / "the-cache"
     (root / "datasets--x--y" / "blobs").mkdir(parents=True)
     (root / "datasets--x--y" / "blobs" / "abc").write_text("someone's blob")
     kwargs = {}
-    if cache == "HF_HUB_CACHE":
-        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(root))
+    if cache in ("HF_HUB_CACHE", "HF_HOME"):
+        monkeypatch.setattr(hub_constants, cache, str(root))
     elif cache == "cache_dir":
         kwargs["cache_dir"] = root
     else:
         monkeypatch.setenv("CUBEPACK_CACHE", str(root))
-    target = {"is inside": root / "datasets--x--y", "is": root, "holds": tmp_path}[where]
-    before = tree_bytes(target)
+    target = {"is inside": root / "datasets--x--y", "is": root, "holds": tmp_path,
+              "would be inside": root / "new-folder"}[where]
+    before = tree_bytes(tmp_path)
     hub.stats.reset()
-    with pytest.raises(UsageError, match=f"it {where} "):
-        do_pull(target, force=True, **kwargs)
-    assert tree_bytes(target) == before and sum(hub.stats.requests.values()) == 0
-    shutil.rmtree(root)
+    with pytest.raises(UsageError, match=f"it {where.replace('would be', 'is')} "):
+        do_pull(target, force=force, **kwargs)
+    assert tree_bytes(tmp_path) == before and sum(hub.stats.requests.values()) == 0
+    assert not target.exists() if where == "would be inside" else target.is_dir()
+
+
+def test_force_never_replaces_a_folder_holding_the_home_folder(do_pull, hub, tmp_path,
+                                                                 monkeypatch):
+    home = tmp_path / "users" / "me"
+    home.mkdir(parents=True)
+    (home / "thesis.txt").write_text("four years of work")
+    monkeypatch.setenv("HOME", str(home))
+    for target in (home, home.parent):
+        with pytest.raises(UsageError, match="it holds your home folder"):
+            do_pull(target, force=True)
+    assert (home / "thesis.txt").read_text() == "four years of work"

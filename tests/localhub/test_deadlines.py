@@ -55,6 +55,15 @@ def status_of(sock) -> int:
     return int(data.split(b" ", 2)[1])
 
 
+def wait_closed(sock) -> None:
+    """Read until the endpoint closes ``sock`` (a reset counts: we may still be sending)."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+
+
 class Trickle:
     """Send ``data`` to each socket one byte at a time, every ``interval`` seconds, as a
     slowloris client does; a socket the endpoint closed is left alone."""
@@ -118,6 +127,26 @@ def test_an_idle_keep_alive_connection_is_closed_silently(hub, log):
     assert not [line for line in log if "dropped" in line]
 
 
+def test_a_keep_alive_request_has_the_head_deadline_from_its_first_byte(tmp_path, log):
+    hub = InstrumentedHub(tmp_path / "root", tokens=[TOKEN], log=log.append, head_timeout=1.0,
+                          idle_timeout=30.0).start()  # the idle wait ends with the first byte
+    sock = connect(hub)
+    sock.sendall(f"GET /api/whoami-v2 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                 "\r\n\r\n".encode())
+    assert status_of(sock) == 200  # the first request's answer (its body is small)
+    with Trickle([sock], b"GET /api/whoami-v2 HTTP/1.1\r\nX-Slow: " + b"a" * 10_000):
+        wait_closed(sock)  # the rest of the first answer, then the close
+    hub.stop()
+    assert any("dropped: request head not received within 1 s" in line for line in log)
+
+
+def test_a_declared_length_above_the_cap_is_refused_before_it_is_read(hub):
+    sock = connect(hub)
+    sock.sendall(f"POST /api/validate-yaml HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                 "\r\nContent-Length: 1001\r\n\r\n".encode())  # the body is never sent
+    assert status_of(sock) == 413
+
+
 @pytest.mark.parametrize("route", ["/api/validate-yaml", "/api/datasets/ns/repo/paths-info/main"])
 def test_a_chunk_larger_than_the_cap_is_refused_before_it_is_read(hub, route):
     sock = connect(hub)
@@ -159,3 +188,11 @@ def test_a_write_is_authorized_before_its_body_is_read(hub, request_line, framin
     sock = connect(hub)
     sock.sendall(f"{request_line} HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n".encode())  # no body
     assert status_of(sock) == 401
+
+
+def test_the_deadlines_and_caps_the_readme_states():
+    from cubepack.localhub import _server
+
+    assert (_server.HEAD_TIMEOUT, _server.IDLE_TIMEOUT, _server.BODY_TIMEOUT) == (10, 8, 10)
+    assert _server.MIN_BODY_RATE == 1024 * 1024 and MAX_CONNECTIONS == 64
+    assert _server.MAX_BODY_BYTES == 64 * 1024 * 1024
