@@ -56,6 +56,12 @@ def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _timeout_option(action: str) -> Callable[..., Any]:
+    return click.option("--timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"Seconds the whole {action} may take talking to the endpoint "
+                             "(default: CUBEPACK_HUB_TIMEOUT, else 3600).")
+
+
 def _policy(options: dict[str, Any]) -> Any:
     """Take the policy options out of a command's ``options`` and build the policy."""
     from .cube._policy import TrustPolicy
@@ -334,16 +340,17 @@ def _render_diff(data: dict[str, Any]) -> str:
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
 @click.option("--allow-local-paths", is_flag=True,
               help="Push even though config.json names a model by a local path.")
+@_timeout_option("push")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
                  tag: str | None, commit_message: str | None, token: str | None,
-                 allow_local_paths: bool, as_json: bool) -> None:
+                 allow_local_paths: bool, timeout: float | None, as_json: bool) -> None:
     """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
     from .hub._push import push
 
     result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
                   tag=tag, commit_message=commit_message, token=token,
-                  allow_local_paths=allow_local_paths)
+                  allow_local_paths=allow_local_paths, timeout=timeout)
     _emit(result.to_dict(), as_json, _render_push)
 
 
@@ -374,18 +381,19 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--strict-models", is_flag=True,
               help="Refuse the cube when a pinned model cannot be checked (not hosted here).")
 @click.option("--force", is_flag=True,
-              help="Replace --local-dir even if it holds other files (never your cwd, home or "
-                   "the HF cache).")
+              help="Replace --local-dir even if it holds changed or other files (never your "
+                   "cwd or home, nor a cache).")
+@_timeout_option("pull")
 @_policy_options
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
-                 verify_cube: bool, offline: bool, force: bool, token: str | None,
-                 as_json: bool, **options: Any) -> None:
+                 verify_cube: bool, offline: bool, force: bool, timeout: float | None,
+                 token: str | None, as_json: bool, **options: Any) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub._pull import pull
 
     result = pull(repo, _policy(options), revision=revision, repo_type=repo_type,
                   local_dir=local_dir, verify_cube=verify_cube, offline=offline, token=token,
-                  force=force)
+                  force=force, timeout=timeout)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

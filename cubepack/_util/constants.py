@@ -5,6 +5,7 @@ cubepack honours the Hub's own variables (``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HU
 
 - ``CUBEPACK_CACHE``: where the weight-hash cache lives (default ``$XDG_CACHE_HOME/cubepack``).
 - ``CUBEPACK_NO_PROGRESS=1`` (or ``HF_HUB_DISABLE_PROGRESS_BARS=1``): no progress bars.
+- ``CUBEPACK_HUB_TIMEOUT``: seconds a pull or push may take talking to the endpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from ..errors import UsageError
 
 KV_FORMAT_NAME = "cubepack.kv"
 #: Version 2 added the compute config and the behavioural tokenizer digest to the producer.
@@ -30,6 +33,10 @@ ACTIVATIONS_DIR = "activations"
 KV_SUFFIX = ".kv.safetensors"
 
 _TRUE = {"1", "true", "yes", "on"}
+#: Seconds a pull or push may take talking to the endpoint, unless told otherwise: an hour
+#: moves ~10 GB at 25 Mbit/s, more than any cube we have seen, yet a stalled or trickling
+#: endpoint cannot keep a job (or CI) waiting forever.
+DEFAULT_HUB_TIMEOUT = 3600.0
 
 
 def env_flag(name: str) -> bool:
@@ -57,3 +64,25 @@ def progress_enabled() -> bool:
 
 def hub_offline() -> bool:
     return env_flag("HF_HUB_OFFLINE")
+
+
+def hub_timeout(seconds: float | None = None) -> float:
+    """The deadline of a pull or push: ``seconds`` if given, else ``CUBEPACK_HUB_TIMEOUT``,
+    else :data:`DEFAULT_HUB_TIMEOUT`.
+
+    Raises:
+        UsageError: not a positive number of seconds.
+    """
+    source = "--timeout"
+    if seconds is None:
+        text = os.environ.get("CUBEPACK_HUB_TIMEOUT", "").strip()
+        if not text:
+            return DEFAULT_HUB_TIMEOUT
+        source = "CUBEPACK_HUB_TIMEOUT"
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise UsageError(f"CUBEPACK_HUB_TIMEOUT={text!r} is not a number of seconds.") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(f"{source} must be a positive number of seconds, not {seconds!r}.")
+    return float(seconds)

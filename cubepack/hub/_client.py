@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from .._util import constants
 from ..errors import CubepackError, HubError, UsageError
+from ._deadline import Deadline
+
+T = TypeVar("T")
 
 REPO_TYPES = ("dataset", "model")
 #: Exactly owner/name in the characters the Hub allows (ASCII letters, digits, ``_.-``).
@@ -72,20 +75,42 @@ def offline_requested(offline: bool | None = None) -> bool:
 
 
 class HubClient:
-    """An endpoint plus credentials, the way ``HfApi`` carries them, for every cubepack Hub call.
+    """An endpoint plus credentials, the way ``HfApi`` carries them, for every cubepack Hub call,
+    and optionally one deadline for all of them.
 
     Args:
         endpoint: the Hub URL (default: ``HF_ENDPOINT`` or huggingface.co).
         token: a token, ``False`` for none, or None for ``HF_TOKEN`` / the stored login.
+        timeout: seconds everything run through :meth:`run` may take (None: no deadline).
+        action, outcome: what the deadline bounds and what holds after it, for its message.
     """
 
-    def __init__(self, endpoint: str | None = None, token: str | bool | None = None):
+    def __init__(self, endpoint: str | None = None, token: str | bool | None = None, *,
+                 timeout: float | None = None, action: str = "request", outcome: str = ""):
         from huggingface_hub import HfApi
         from huggingface_hub import constants as hub_constants
 
         self.endpoint = (endpoint or hub_constants.ENDPOINT).rstrip("/")
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
+        self.deadline = Deadline(timeout, self.endpoint, action, outcome) \
+            if timeout is not None else None
+
+    # --- the deadline ----------------------------------------------------------------------------
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, which talks to the endpoint, within the deadline (if any).
+
+        Raises:
+            HubError: the deadline passed; the message names the endpoint and what was slow.
+        """
+        if self.deadline is None:
+            return fn(*args, **kwargs)
+        return self.deadline.run(fn, *args, **kwargs)
+
+    def bind(self, fn: Callable[..., T]) -> Callable[..., T]:
+        """``fn`` for a pool thread of something :meth:`run` runs: its requests keep the
+        deadline, and once it passed no new call starts."""
+        return fn if self.deadline is None else self.deadline.bind(fn)
 
     # --- errors ----------------------------------------------------------------------------------
     def error(self, exc: Exception, repo_id: str, repo_type: str,

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import atomic, canonical, constants
-from .._util.hashing import sha256_file
-from .._util.paths import check_no_collisions, check_relpath, resolve_inside, scan_cube
+from .._util.hashing import hash_files, sha256_file
+from .._util.paths import check_no_collisions, check_relpath, resolve_inside
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..cube import _lock as lockfile
 from ..cube._policy import TrustPolicy
@@ -51,7 +54,8 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
          repo_type: str = "dataset", local_dir: str | Path | None = None,
          verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
          endpoint: str | None = None, cache_dir: str | Path | None = None,
-         progress: bool | None = None, force: bool = False, **options: Any) -> PullResult:
+         progress: bool | None = None, force: bool = False, timeout: float | None = None,
+         **options: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -63,13 +67,21 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     only when everything passed: a failed or interrupted pull leaves it as it was.
 
     ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
-    repo to which nothing was added; anything else is refused before any download, naming the
-    files that would be lost, unless ``force``. Even with ``force``, a folder holding the
-    current directory, the home folder or the HF cache is never replaced.
+    repo in which no file was changed or added since (its origin record lists each file it
+    placed); anything else is refused before any download, and again before placing, naming
+    the files that would be lost, unless ``force``. Even with ``force``, a folder that holds
+    the current directory or the home folder, or that is, holds or sits inside the HF cache or
+    ``$CUBEPACK_CACHE``, is never replaced.
+
+    ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the pull
+    asks of the endpoint, however slowly it answers; on expiry nothing is placed, the requests
+    in flight are aborted and the error names what was slow.
 
     Raises:
-        HubError: unknown repo or revision, no token, download failure, offline cache miss.
+        HubError: unknown repo or revision, no token, download failure, offline cache miss, the
+            deadline passed.
         VerificationFailed: the downloaded commit does not match its lock or pins.
+        UsageError: a folder the pull would lose files from, a bad repo id, revision or timeout.
     """
     policy = TrustPolicy.build(policy, **options)
     repo_id, wanted = parse_repo_spec(repo, revision)
@@ -78,17 +90,22 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         raise UsageError(f"--no-verify cannot be combined with what must be verified "
                          f"({', '.join(asked)}); drop one or the other.")
     offline = offline_requested(offline)
+    seconds = constants.hub_timeout(timeout)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
-    check_target(target, repo_id, repo_type, force=force)
-    client = HubClient(endpoint, token)
+    check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
+    client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
+                       outcome=f"Nothing was placed: {target} is as it was.")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
     snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
                                         offline=offline, cache_dir=cache_dir,
                                         lock_first=verify_cube)
+    # The download took a while: what the target holds now is what must not be lost. (Checked
+    # before linking: a new link to a blob changes the ctime of the blob's other names.)
+    check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     staging = atomic.staging_dir(target, "pull")
     try:
-        _materialize(snapshot, files, staging)
+        placed = _materialize(snapshot, files, staging)
         report = None
         if verify_cube:
             report = verify(staging, replace(policy, strict_models=False), progress=progress,
@@ -102,8 +119,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                 _evict_corrupt_files(report, snapshot)
                 raise VerificationFailed(report)
             report.cube_dir = target
-        _write_origin(staging, repo_id, repo_type, sha)
+        _write_origin(staging, repo_id, repo_type, sha,
+                      _placed_digests(staging, placed, hashed, report))
         atomic.replace_dir(staging, target)
+        _refresh_origin(target)
         if wanted and not is_commit(wanted) and not offline:
             _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
     except BaseException:
@@ -113,49 +132,207 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                       local_dir=target, report=report)
 
 
-def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool) -> None:
-    """Refuse a ``--local-dir`` whose files a pull would lose (see :func:`pull`)."""
-    from huggingface_hub import constants as hub_constants
+def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
+                 cache_dir: str | Path | None = None) -> None:
+    """Refuse a ``--local-dir`` whose files a pull would lose (see :func:`pull`).
 
+    Never (not even with ``force``): a folder that is or holds the current directory or the
+    home folder, nor one that is, holds or sits inside the HF cache or ``$CUBEPACK_CACHE``.
+    Without ``force``: anything but an absent or empty folder, or an earlier pull of this repo
+    whose every file is as that pull placed it (files removed since lose nothing: allowed).
+    """
     resolved = target.resolve()
     if resolved.exists() and not resolved.is_dir():
         raise UsageError(f"--local-dir {target} exists and is not a folder.")
-    protected = [(Path.cwd().resolve(), "the current directory"),
-                 (Path.home().resolve(), "your home folder"),
-                 (Path(hub_constants.HF_HUB_CACHE).resolve(), "the Hugging Face cache")]
-    for path, what in protected:
+    for path, what in ((Path.cwd().resolve(), "the current directory"),
+                       (Path.home().resolve(), "your home folder")):
         if path == resolved or resolved in path.parents:
             raise UsageError(f"Refusing to replace {target}: it holds {what}. Pull into a new "
                              "folder (--local-dir).")
+    for path, what in _caches(cache_dir):
+        if path == resolved or resolved in path.parents or path in resolved.parents:
+            where = "holds" if resolved in path.parents else "is" if path == resolved else \
+                "is inside"
+            raise UsageError(f"Refusing to pull into {target}: it {where} {what} ({path}), "
+                             "whose files other pulls and models rely on. Pull into a new "
+                             "folder (--local-dir).")
     if not resolved.exists() or force or not any(resolved.iterdir()):
         return
-    kept = _files_a_pull_would_lose(resolved, repo_id, repo_type)
+    kept, why = _files_a_pull_would_lose(resolved, repo_id, repo_type)
     if kept:
         shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
-        raise UsageError(f"--local-dir {target} already holds files that are not an earlier pull "
-                         f"of {repo_id} ({shown}); pulling would replace them. Pull into an "
-                         "empty or new folder, or pass --force to replace it.")
+        raise UsageError(f"--local-dir {target} {why} ({shown}); pulling would replace them. "
+                         "Pull into an empty or new folder, or pass --force to replace them.")
 
 
-def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str) -> list[str]:
-    """Files in ``folder`` that are not part of an earlier, unchanged pull of this repo."""
-    on_disk, problems = scan_cube(folder)
-    everything = sorted(set(on_disk) | {where for where, _ in problems if where})
+def _caches(cache_dir: str | Path | None) -> list[tuple[Path, str]]:
+    """The caches a pull must never replace or write into: the HF cache (the one this pull uses
+    and huggingface_hub's own, with its HF_HOME holding the token) and cubepack's."""
+    from huggingface_hub import constants as hub_constants
+
+    caches = [(Path(hub_constants.HF_HUB_CACHE), "HF_HUB_CACHE, the Hugging Face cache"),
+              (Path(hub_constants.HF_HOME), "HF_HOME, the Hugging Face home"),
+              (constants.cache_dir(), "CUBEPACK_CACHE, cubepack's cache")]
+    if cache_dir is not None:
+        caches.insert(0, (Path(cache_dir), "the Hugging Face cache this pull uses"))
+    return [(path.expanduser().resolve(), what) for path, what in caches]
+
+
+def _files_a_pull_would_lose(folder: Path, repo_id: str,
+                             repo_type: str) -> tuple[list[str], str]:
+    """The files of ``folder`` a pull would lose, and why (for the message): everything, when
+    it is not an earlier pull of this repo or its record cannot prove its files unchanged;
+    else each file changed or added since that pull (its record is the one exempt file)."""
+    names, empty_folders, unreadable = _entries(folder)
+    everything = sorted((set(names) - {ORIGIN_FILE}) | set(empty_folders) | set(unreadable))
     try:
         origin = canonical.loads_strict((folder / ORIGIN_FILE).read_bytes())  # a cube may ship one
-        lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
-    except (OSError, ValueError, CubepackError):
-        return everything
+    except (OSError, ValueError):
+        origin = None
     if not isinstance(origin, dict) or (origin.get("repo_id"), origin.get("repo_type")) != \
-            (repo_id, repo_type) or problems:
-        return everything
-    return [name for name in on_disk if name not in lock["files"] and not is_tolerated(name)]
+            (repo_id, repo_type):
+        return everything, f"already holds files that are not an earlier pull of {repo_id}"
+    record = _placed_files(origin)
+    if record is None:
+        return everything, ("was pulled by an older cubepack, whose record cannot prove its "
+                            "files unchanged")
+    changed = [f"{name} (unreadable)" for name in unreadable]
+    to_hash: list[str] = []
+    for name in names:
+        if name == ORIGIN_FILE:
+            continue
+        entry = record.get(name)
+        if entry is None:
+            changed.append(f"{name} (added)")
+            continue
+        try:
+            st = os.lstat(folder / name)
+        except OSError:
+            changed.append(f"{name} (unreadable)")
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
+            changed.append(f"{name} (changed)")
+        elif list(_stat_key(st)) != entry["stat"]:
+            to_hash.append(name)  # touched, maybe edited: only its bytes can tell
+    if to_hash:
+        digests = hash_files([folder / name for name in to_hash], progress=False)
+        changed += [f"{name} (changed)" for name in to_hash
+                    if digests[folder / name] != record[name]["sha256"]]
+    expected = {str(parent) for name in (*record, ORIGIN_FILE)
+                for parent in PurePosixPath(name).parents}
+    changed += [f"{name} (added)" for name in empty_folders if name.rstrip("/") not in expected]
+    return sorted(changed), f"holds files changed or added since it was pulled from {repo_id}"
 
 
-def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str) -> None:
-    """Record where a pulled folder came from, so a later pull of it may replace it."""
+def _entries(folder: Path) -> tuple[list[str], list[str], list[str]]:
+    """(every entry that is not a folder, every empty folder, every unreadable folder) below
+    ``folder``, as relative POSIX paths; links are entries, never followed."""
+    names: list[str] = []
+    empty: list[str] = []
+    unreadable: list[str] = []
+
+    def failed(error: OSError) -> None:
+        unreadable.append(Path(error.filename).relative_to(folder).as_posix() + "/")
+
+    for directory, folders, files in os.walk(folder, onerror=failed):
+        here = Path(directory)
+        links = [name for name in folders if (here / name).is_symlink()]
+        folders[:] = [name for name in folders if name not in links]
+        entries = [*files, *links]
+        relative = here.relative_to(folder)
+        names += [(relative / name).as_posix() for name in entries]
+        if not folders and not entries and here != folder:
+            empty.append(relative.as_posix() + "/")
+    return names, empty, unreadable
+
+
+def _placed_files(origin: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The record of what a pull placed, or None when the origin holds none (older cubepack)
+    or a malformed one: either way, nothing it says can prove a file unchanged."""
+    files = origin.get("files")
+    if not isinstance(files, dict):
+        return None
+    for entry in files.values():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("stat"), (list, type(None)))):
+            return None
+    return files
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """(device, inode, size, mtime_ns, ctime_ns): a file with the same key has the same bytes
+    (a user can set mtime back after an edit, but not ctime), as in the file-hash cache."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+#: How long a record waits, at most, for the file system's clock to pass the files' ctimes.
+_CLOCK_TICK_WAIT = 0.5
+
+
+def _stat_keys(folder: Path, names: list[str]) -> dict[str, list[int] | None]:
+    """Each file's stat key, recorded only once the file system's clock (one tick: a few ms)
+    has moved past its ctime: an edit within the tick of the record would keep the same ctime
+    (git's "racy clean" problem). A key that cannot be settled is None: always hashed."""
+    keys = {name: list(_stat_key(os.lstat(resolve_inside(folder, name)))) for name in names}
+    newest = max((key[4] for key in keys.values()), default=0)
+    waited = 0.0
+    while (now := _file_system_now(folder)) <= newest and waited < _CLOCK_TICK_WAIT:
+        time.sleep(0.002)
+        waited += 0.002
+    return {name: key if key[4] < now else None for name, key in keys.items()}
+
+
+def _file_system_now(folder: Path) -> int:
+    """The time the file system stamps a change with now (coarser than the system clock)."""
+    with tempfile.TemporaryFile(dir=folder) as probe:
+        return os.fstat(probe.fileno()).st_ctime_ns
+
+
+def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str,
+                  digests: dict[str, str]) -> None:
+    """Record where a pulled folder came from and every file it placed (sha256, size, stat
+    key), so a later pull can prove each file unchanged before replacing it."""
+    keys = _stat_keys(staging, sorted(digests))
+    files = {name: {"sha256": digests[name], "size": os.lstat(staging / name).st_size,
+                    "stat": keys[name]} for name in sorted(digests)}
     atomic.write_text(staging / ORIGIN_FILE, canonical.dumps(
-        {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha}))
+        {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha, "files": files}))
+
+
+def _refresh_origin(target: Path) -> None:
+    """Placed files are hard links to HF-cache blobs, so unlinking the old folder's links to the
+    same blobs changed their ctime after the record was written. Record the new keys of files
+    whose inode, size and mtime are unchanged, so the next pull need not hash them again
+    (best effort: the cube is placed, and a stale key only costs a hash)."""
+    path = target / ORIGIN_FILE
+    try:
+        origin = canonical.loads_strict(path.read_bytes())
+        keys = _stat_keys(target, sorted(origin["files"]))
+    except (OSError, ValueError, KeyError, CubepackError):
+        return
+    changed = False
+    for name, entry in origin["files"].items():
+        key = keys[name]
+        if key is not None and key != entry["stat"] and entry["stat"] is not None \
+                and key[:4] == entry["stat"][:4]:
+            entry["stat"], changed = key, True
+    if changed:
+        atomic.write_text(path, canonical.dumps(origin))
+
+
+def _placed_digests(staging: Path, names: list[str], hashed: dict[str, str],
+                    report: VerifyReport | None) -> dict[str, str]:
+    """sha256 of every placed file: hashed as downloaded, else as verified against the lock,
+    else hashed now (offline without verification, or files the lock does not list)."""
+    locked = report.lock["files"] if report is not None and report.ok and report.lock else {}
+    digests = {name: hashed.get(name) or (locked.get(name) or {}).get("sha256")
+               for name in names if name != ORIGIN_FILE}
+    missing = [name for name, digest in digests.items() if not digest]
+    if missing:
+        found = hash_files([resolve_inside(staging, name) for name in missing], progress=False)
+        digests.update({name: found[resolve_inside(staging, name)] for name in missing})
+    return digests
 
 
 def _record_ref(repo_id: str, repo_type: str, name: str, sha: str,
@@ -188,7 +365,7 @@ def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "da
         return _cached_ref(repo_id, wanted, repo_type, cache_dir)
     client = client or HubClient()
     with client.translated(repo_id, repo_type, wanted):
-        sha = client.api.repo_info(repo_id, repo_type=repo_type, revision=wanted).sha
+        sha = client.run(client.api.repo_info, repo_id, repo_type=repo_type, revision=wanted).sha
     if not is_commit(sha):
         raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with {sha!r}, which is not "
                        "a commit id.")
@@ -247,7 +424,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         _require_snapshot(local, snapshot, path)
         return path, sha256_file(local)
 
-    with client.translated(repo_id, repo_type, sha):
+    def fetch_all() -> tuple[list[str], dict[str, str]]:
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
                                          recursive=True)
         paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
@@ -264,7 +441,11 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
             _refuse_unlisted(repo_id, sha, snapshot, paths)
         todo = [path for path in paths if path not in hashed]
         with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
-            hashed.update(pool.map(fetch, todo))
+            hashed.update(pool.map(client.bind(fetch), todo))
+        return paths, hashed
+
+    with client.translated(repo_id, repo_type, sha):
+        paths, hashed = client.run(fetch_all)
     return snapshot, paths, hashed
 
 
@@ -298,10 +479,11 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
         raise VerificationFailed(report)
 
 
-def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> None:
+def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> list[str]:
     """Place a cache snapshot's files (symlinks into blobs) in ``staging`` as hard links to the
-    blobs (a copy where links are impossible). Online, exactly the commit's files; offline,
-    the snapshot folder's, each of which must resolve inside this repo's blobs."""
+    blobs (a copy where links are impossible), and return their names. Online, exactly the
+    commit's files; offline, the snapshot folder's, each of which must resolve inside this
+    repo's blobs."""
     blobs = os.path.realpath(snapshot.parent.parent / "blobs")
     names = files if files is not None else list_cube_files_following_links(snapshot)
     for name in names:
@@ -310,6 +492,7 @@ def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> None
             raise UnsafeInputError(f"{snapshot / name} resolves outside its repo's blobs "
                                    f"({real}); refusing it.")
         atomic.link_or_copy(Path(real), resolve_inside(staging, name))
+    return names
 
 
 def list_cube_files_following_links(snapshot: Path) -> list[str]:
@@ -344,4 +527,4 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
         return
     skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
     models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
-    report.extend(remote_model_checks(models, client, strict=strict))
+    report.extend(client.run(remote_model_checks, models, client, strict=strict))

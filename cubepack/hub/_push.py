@@ -45,7 +45,8 @@ PUSH_ATTEMPTS = 3
 def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
          revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
          token: str | None = None, endpoint: str | None = None,
-         progress: bool | None = None, allow_local_paths: bool = False) -> PushResult:
+         progress: bool | None = None, allow_local_paths: bool = False,
+         timeout: float | None = None) -> PushResult:
     """Push a packed cube as exactly one commit (or none when nothing changed).
 
     The cube is verified first: an unpacked or failing cube is refused before any network
@@ -55,54 +56,71 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     exists is refused before anything is committed. When another push lands on the branch
     first, the plan is made again against the new head and retried (a few times).
 
+    ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the push
+    asks of the endpoint; on expiry the requests in flight are aborted and the error names
+    what was slow (a push may then have landed or not: pushing again makes no second commit).
+
     Raises:
         VerificationFailed: the cube does not verify.
-        UsageError: a local model path in config.json; a bad repo type.
+        UsageError: a local model path in config.json; a bad repo type or timeout.
         HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
-            that exists, a branch that keeps moving).
+            that exists, a branch that keeps moving, the deadline passed).
     """
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
+    seconds = constants.hub_timeout(timeout)
     cube = Path(cube_dir)
     report = verify(cube, progress=progress)
     if not allow_local_paths:
         _refuse_local_model_paths(cube)
     local = _local_files(cube, report)
     branch = revision or "main"
-    client = HubClient(endpoint, token)
-    api = client.api
+    client = HubClient(endpoint, token, timeout=seconds, action=f"push to {repo_id}",
+                       outcome="The commit may or may not have landed: push again (an "
+                               "unchanged cube makes no second commit).")
+    for path, sha256 in local.items():
+        client.deadline.name(sha256, path)  # LFS upload URLs carry the file's sha256
     message = commit_message or f"cubepack push (lock {report.lock['digest'][:12]})"
     with client.translated(repo_id, repo_type, branch):
-        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
-        if branch != "main":
-            api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
-        for attempt in range(PUSH_ATTEMPTS):
-            info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
-                                 files_metadata=True)
-            head = info.sha
-            remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
-            additions, deletions = _plan(cube, local, remote)
-            if tag:
-                _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
-                           else head)
-            if not (additions or deletions):
-                sha, url = head, None
-                break
-            try:
-                commit = client.create_commit(repo_id, _operations(additions, deletions),
-                                              repo_type=repo_type, branch=branch,
-                                              message=message, parent_commit=head)
-            except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
-                if _status(exc) == 412 and attempt + 1 < PUSH_ATTEMPTS:
-                    continue
-                if _status(exc) == 412:
-                    raise HubError(f"{repo_id}@{branch} kept moving while pushing (another push "
-                                   f"landed first {PUSH_ATTEMPTS} times); push again.") from exc
-                raise
-            sha, url = commit.oid, commit.commit_url
+        return client.run(_push_commit, client, cube, local, repo_id, repo_type=repo_type,
+                          private=private, branch=branch, tag=tag, message=message)
+
+
+def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: str, *,
+                 repo_type: str, private: bool, branch: str, tag: str | None,
+                 message: str) -> PushResult:
+    """Everything a push asks of the endpoint: at most one commit, then the tag."""
+    api = client.api
+    api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
+    if branch != "main":
+        api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
+    for attempt in range(PUSH_ATTEMPTS):
+        info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
+                             files_metadata=True)
+        head = info.sha
+        remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
+        additions, deletions = _plan(cube, local, remote)
+        if tag:
+            _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
+                       else head)
+        if not (additions or deletions):
+            sha, url = head, None
             break
-        if tag and _tag_target(client, repo_id, repo_type, tag) is None:
-            client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
+        try:
+            commit = client.create_commit(repo_id, _operations(additions, deletions),
+                                          repo_type=repo_type, branch=branch,
+                                          message=message, parent_commit=head)
+        except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
+            if _status(exc) == 412 and attempt + 1 < PUSH_ATTEMPTS:
+                continue
+            if _status(exc) == 412:
+                raise HubError(f"{repo_id}@{branch} kept moving while pushing (another push "
+                               f"landed first {PUSH_ATTEMPTS} times); push again.") from exc
+            raise
+        sha, url = commit.oid, commit.commit_url
+        break
+    if tag and _tag_target(client, repo_id, repo_type, tag) is None:
+        client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
     return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
                       commit_url=url, changed=bool(additions or deletions),
                       uploaded=sorted(p for p, _ in additions), deleted=sorted(deletions), tag=tag)

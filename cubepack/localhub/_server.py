@@ -15,10 +15,14 @@ import base64
 import fnmatch
 import hashlib
 import hmac
+import io
 import json
+import math
 import re
 import secrets
+import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,26 +37,30 @@ _FILES = r"/(?:(?P<datasets>datasets)/)?(?P<namespace>[^/]+)/(?P<name>[^/]+?)"
 
 @dataclass(frozen=True)
 class Route:
-    """One route of the Hub API: its methods, its path, the handler method that answers it, and
-    whether it names a repo that must be readable (``read``) or writable (``write``)."""
+    """One route of the Hub API: its methods, its path, the handler method that answers it,
+    whether it names a repo that must be readable (``read``) or writable (``write``), and
+    whether it writes without naming one in its path (``auth``). Both are checked before the
+    handler reads a byte of the body."""
 
     methods: tuple[str, ...]
     pattern: re.Pattern[str]
     handler: str
     repo: str | None = None
+    auth: bool = False
 
 
-def _route(methods: str, path: str, handler: str, repo: str | None = None) -> Route:
-    return Route(tuple(methods.split("|")), re.compile(f"^{path}$"), handler, repo)
+def _route(methods: str, path: str, handler: str, repo: str | None = None,
+           auth: bool = False) -> Route:
+    return Route(tuple(methods.split("|")), re.compile(f"^{path}$"), handler, repo, auth)
 
 
 #: The Hub surface this endpoint serves, in matching order. Revisions and paths arrive
 #: URL-quoted; handlers get them unquoted.
 ROUTES = (
-    _route("POST", r"/api/repos/create", "_create_repo"),
-    _route("DELETE", r"/api/repos/delete", "_delete_repo"),
-    _route("POST", r"/api/repos/move", "_move_repo"),
-    _route("POST", r"/api/validate-yaml", "_validate_yaml"),
+    _route("POST", r"/api/repos/create", "_create_repo", auth=True),
+    _route("DELETE", r"/api/repos/delete", "_delete_repo", auth=True),
+    _route("POST", r"/api/repos/move", "_move_repo", auth=True),
+    _route("POST", r"/api/validate-yaml", "_validate_yaml", auth=True),
     _route("GET", r"/api/whoami-v2", "_whoami"),
     _route("PUT", r"/lfs/upload/(?P<oid>[^/]+)", "_lfs_upload"),
     _route("POST", r"/lfs/verify/(?P<oid>[^/]+)", "_lfs_verify"),
@@ -75,14 +83,29 @@ ROUTES = (
     _route("GET|HEAD", _FILES + r"/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "_resolve", "read"),
 )
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
-#: stream to disk and are not limited by it.
+#: stream to disk and are limited by their signed size instead.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
 #: Requests served at once; more wait for a free thread instead of spawning one each.
 MAX_CONNECTIONS = 64
-#: Seconds an idle or stalled connection is kept.
-CONNECTION_TIMEOUT = 60
+#: Seconds a connection has for a request's line and headers (under 8 KiB, which a live client
+#: sends in one packet): a client trickling them cannot hold one of the MAX_CONNECTIONS threads.
+HEAD_TIMEOUT = 10.0
+#: Seconds an idle keep-alive connection waits for its next request: longer than the 5 s after
+#: which huggingface_hub 2.x drops idle connections itself, so it never reuses one we are
+#: closing (0.36 checks a pooled socket before reusing it).
+IDLE_TIMEOUT = 8.0
+#: A body must arrive within BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far
+#: below loopback or a LAN, so holding a thread costs a client a steady 1 MiB/s each.
+BODY_TIMEOUT = 10.0
+MIN_BODY_RATE = 1024 * 1024
+#: Seconds one write of an answer may block on a client that stopped reading.
+WRITE_TIMEOUT = 60.0
+#: Longest chunk-size or trailer line of a chunked body.
+_MAX_CHUNK_LINE = 1024
+#: Bodies are read in pieces of at most this size.
+_READ_SIZE = 1024 * 1024
 _KINDS = {"dataset": "datasets", "model": "models", None: "models"}
 _BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", ".pkl", ".npy",
                     ".adapter", ".h5", ".msgpack", ".zip", ".tar", ".gz")
@@ -95,17 +118,27 @@ class LocalHub:
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
             when empty, anyone who can reach the port may write (bind to loopback!).
-        log: called with one line per request (client, method, path, status); None: silent.
+        log: called with one line per request (client, method, path, status) and per dropped
+            connection; None: silent.
         user: the account ``whoami`` reports and the namespace of repos created without one.
+        head_timeout, idle_timeout, body_timeout, min_body_rate, write_timeout: the deadlines
+            (see :data:`HEAD_TIMEOUT` and the others); a request that misses one is dropped.
+        max_body_bytes: largest request body read into memory.
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
                  tokens: list[str] | None = None, log: Callable[[str], None] | None = None,
-                 user: str = "local"):
+                 user: str = "local", *, head_timeout: float = HEAD_TIMEOUT,
+                 idle_timeout: float = IDLE_TIMEOUT, body_timeout: float = BODY_TIMEOUT,
+                 min_body_rate: float = MIN_BODY_RATE, write_timeout: float = WRITE_TIMEOUT,
+                 max_body_bytes: int = MAX_BODY_BYTES):
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
         self.user = user
+        self.head_timeout, self.idle_timeout = head_timeout, idle_timeout
+        self.body_timeout, self.min_body_rate = body_timeout, min_body_rate
+        self.write_timeout, self.max_body_bytes = write_timeout, max_body_bytes
         self._secret = secrets.token_bytes(32)
         self._httpd = _BoundedServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -151,6 +184,9 @@ class LocalHub:
     def count_commit(self) -> None:
         """Called after every commit."""
 
+    def connection_changed(self, delta: int) -> None:
+        """Called when a connection starts (+1) or stops (-1) holding a thread."""
+
     def sign(self, oid: str, size: int) -> str:
         return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
 
@@ -162,6 +198,7 @@ class _BoundedServer(ThreadingHTTPServer):
     """A thread per connection, at most :data:`MAX_CONNECTIONS` at once."""
 
     daemon_threads = True
+    request_queue_size = 2 * MAX_CONNECTIONS  # connections waiting for a thread queue here
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -182,6 +219,55 @@ class _BoundedServer(ThreadingHTTPServer):
             self._slots.release()
 
 
+class RequestDeadline(Exception):
+    """A request, or the wait for the next one, missed its deadline: the connection is dropped."""
+
+    def __init__(self, phase: str, seconds: float):
+        super().__init__(f"{phase} not received within {seconds:g} s")
+        self.phase = phase
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's read side against one deadline at a time. Each read may block only until
+    the deadline (a socket timeout alone restarts with every byte, so a byte every few seconds
+    would hold the connection forever); writes keep their own timeout."""
+
+    def __init__(self, sock: socket.socket, write_timeout: float):
+        super().__init__()
+        self._sock, self._write_timeout = sock, write_timeout
+        self.phase, self.seconds, self.deadline = "request head", 0.0, math.inf
+        self._then: tuple[str, float] | None = None
+
+    def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None) -> None:
+        """From now, ``phase`` must arrive within ``seconds``; with ``then``, the first byte
+        starts that (phase, seconds) deadline instead (an idle connection's next request)."""
+        self.phase, self.seconds, self._then = phase, seconds, then
+        self.deadline = time.monotonic() + seconds
+
+    def allow(self, seconds: float) -> None:
+        """Extend the current deadline (a chunked body, as each chunk's size arrives)."""
+        self.seconds += seconds
+        self.deadline += seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise RequestDeadline(self.phase, self.seconds)
+        self._sock.settimeout(remaining)
+        try:
+            count = self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise RequestDeadline(self.phase, self.seconds) from None
+        finally:
+            self._sock.settimeout(self._write_timeout)
+        if count and self._then is not None:
+            self.expect(*self._then)
+        return count
+
+
 def _handler_for(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         pass
@@ -194,14 +280,49 @@ class _Handler(BaseHTTPRequestHandler):
     hub: LocalHub
     protocol_version = "HTTP/1.1"
     server_version = "cubepack-localhub/1"
-    timeout = CONNECTION_TIMEOUT  # socket timeout: a stalled client cannot hold a thread
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # reads go through the deadline instead
+        self._reader = _DeadlineReader(self.connection, self.hub.write_timeout)
+        self.rfile = io.BufferedReader(self._reader)
+        self.connection.settimeout(self.hub.write_timeout)
+        self._served = 0
+        self.hub.connection_changed(+1)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.hub.connection_changed(-1)
+
+    def handle_one_request(self) -> None:
+        """One request, within its deadlines: the first on a connection must arrive within
+        ``head_timeout``; a later one must start within ``idle_timeout``, then take at most
+        ``head_timeout``. A request that misses a deadline is dropped: connection closed,
+        one log line (a keep-alive connection that simply stays idle closes silently)."""
+        hub = self.hub
+        if self._served:
+            self._reader.expect("next request", hub.idle_timeout,
+                                then=("request head", hub.head_timeout))
+        else:
+            self._reader.expect("request head", hub.head_timeout)
+        self.requestline, self.command, self.path = "", None, None  # never the last request's
+        try:
+            super().handle_one_request()
+        except RequestDeadline as missed:
+            self.close_connection = True
+            if missed.phase != "next request" and hub.log is not None:
+                hub.log(f'{self.client_address[0]} "{self.requestline or "-"}" dropped: {missed}')
+        self._served += 1
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
 
     def log_request(self, code: Any = "-", size: Any = "-") -> None:
-        if self.hub.log is not None:
-            self.hub.log(f'{self.client_address[0]} "{self.command} {self.path}" {code}')
+        if self.hub.log is not None:  # a malformed request line has no command and path
+            what = f"{self.command} {self.path}" if self.path else self.requestline or "-"
+            self.hub.log(f'{self.client_address[0]} "{what}" {code}')
 
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -233,6 +354,8 @@ class _Handler(BaseHTTPRequestHandler):
         except StoreError as exc:
             self._drain()
             self._send_error(exc.status, str(exc), exc.code)
+        except RequestDeadline:
+            raise  # dropped by handle_one_request, unanswered
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - a server must answer, not die
@@ -243,23 +366,10 @@ class _Handler(BaseHTTPRequestHandler):
         return header[7:] if header.startswith("Bearer ") else None
 
     def _body(self) -> bytes:
+        """The request body, at most ``max_body_bytes`` of it (else 413, connection closed)."""
         if getattr(self, "_body_read", False):
             return b""
-        if self._declared_length() > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise StoreError(413, f"Request body larger than {MAX_BODY_BYTES} bytes.")
-        self._body_read = True
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            body, total = [], 0
-            for chunk in self._chunks():
-                total += len(chunk)
-                if total > MAX_BODY_BYTES:
-                    self.close_connection = True
-                    raise StoreError(413, f"Request body larger than {MAX_BODY_BYTES} bytes.")
-                body.append(chunk)
-            return b"".join(body)
-        length = self._declared_length()
-        return self.rfile.read(length) if length else b""
+        return b"".join(self._chunks(self.hub.max_body_bytes))
 
     def _declared_length(self) -> int:
         try:
@@ -267,23 +377,64 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise StoreError(400, "Invalid Content-Length.") from None
 
-    def _chunks(self):
+    def _too_large(self, limit: int) -> StoreError:
+        self.close_connection = True  # the rest of the body is never read
+        return StoreError(413, f"Request body larger than {limit} bytes.")
+
+    def _chunks(self, limit: int):
+        """The request body in pieces of at most 1 MiB, never more than ``limit`` bytes in all:
+        a declared length or chunk size beyond what is left is refused before it is read. The
+        body must arrive within ``body_timeout`` + its length / ``min_body_rate``."""
         self._body_read = True
+        hub = self.hub
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self._reader.expect("request body", hub.body_timeout)
+            left = limit
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                size = self._chunk_size()
                 if size == 0:
-                    self.rfile.readline()
+                    self._chunk_trailer()
                     return
-                yield self.rfile.read(size)
-                self.rfile.readline()
-        remaining = int(self.headers.get("Content-Length") or 0)
-        while remaining > 0:
-            chunk = self.rfile.read(min(remaining, 1024 * 1024))
-            if not chunk:
+                if size > left:
+                    raise self._too_large(limit)
+                left -= size
+                self._reader.allow(size / hub.min_body_rate)
+                yield from self._read_exactly(size)
+                if self.rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
+                    self.close_connection = True
+                    raise StoreError(400, "Malformed chunked body.")
+        length = self._declared_length()
+        if length > limit:
+            raise self._too_large(limit)
+        self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
+        yield from self._read_exactly(length)
+
+    def _read_exactly(self, count: int):
+        while count > 0:
+            piece = self.rfile.read(min(count, _READ_SIZE))
+            if not piece:
+                self.close_connection = True
                 raise StoreError(400, "Request body ended early.")
-            remaining -= len(chunk)
-            yield chunk
+            count -= len(piece)
+            yield piece
+
+    def _chunk_size(self) -> int:
+        line = self.rfile.readline(_MAX_CHUNK_LINE + 1)
+        match = re.fullmatch(rb"([0-9a-fA-F]{1,16})(;[^\r\n]*)?\r?\n", line)
+        if match is None:
+            self.close_connection = True
+            raise StoreError(400, "Malformed chunk size in a chunked body.")
+        return int(match.group(1), 16)
+
+    def _chunk_trailer(self) -> None:
+        for _ in range(64):  # trailer fields, then an empty line
+            line = self.rfile.readline(_MAX_CHUNK_LINE + 1)
+            if line in (b"\r\n", b"\n"):
+                return
+            if not line.endswith(b"\n"):
+                break
+        self.close_connection = True
+        raise StoreError(400, "Malformed chunked body trailer.")
 
     def drain(self) -> None:
         """Read and discard the rest of the request body (so the connection can be reused)."""
@@ -297,9 +448,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            for _ in self._chunks():
+            for _ in self._chunks(MAX_DRAIN_BYTES):
                 pass
-        except Exception:  # noqa: BLE001 - draining a broken body is best effort
+        except (StoreError, OSError):  # draining a broken body is best effort
             self.close_connection = True
 
     def _json_body(self) -> Any:
@@ -338,6 +489,9 @@ class _Handler(BaseHTTPRequestHandler):
             match = route.pattern.match(path)
             if match is None or method not in route.methods:
                 continue
+            if route.auth and not self.hub.authorized(self._token()):
+                raise StoreError(401, "You must be authenticated to write to this endpoint "
+                                 "(pass a token).")
             params = {key: unquote(value) for key, value in match.groupdict().items()
                       if value is not None}
             if route.repo is not None:
@@ -437,8 +591,6 @@ class _Handler(BaseHTTPRequestHandler):
         return self.send_json({})
 
     def _create_repo(self) -> None:
-        if not self.hub.authorized(self._token()):
-            raise StoreError(401, "You must be authenticated to create a repo (pass a token).")
         body = self._json_body()
         kind = _KINDS.get(body.get("type"))
         if kind is None:
@@ -582,7 +734,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _lfs_upload(self, oid: str) -> None:
         size = self._signed(oid)
-        counted = self._counting(self._chunks(), f"lfs:{oid}")
+        counted = self._counting(self._chunks(size), f"lfs:{oid}")
         self.hub.store.put_blob(oid, size, counted)
         self.send_json({})
 

@@ -1,8 +1,9 @@
 """The local Hub endpoint with the knobs tests and benchmarks need.
 
 :class:`InstrumentedHub` is a :class:`~cubepack.localhub.LocalHub` whose hooks inject faults
-(500, dropped connection, truncated body, delay), cap download bandwidth like a real link,
-count requests, uploaded bytes and commits, and let a test wait for a request to arrive.
+(500, dropped connection, truncated body, delay, a request held until released, a download
+trickled a byte at a time), cap download bandwidth like a real link, count requests, uploaded
+bytes, commits and open connections, and let a test wait for a request or connections.
 ``python -m cubepack.testing.hub --root DIR --port P [--max-rate-mb R]`` serves one in its own
 process (the pull benchmark does).
 """
@@ -10,6 +11,7 @@ process (the pull benchmark does).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import threading
 import time
@@ -27,7 +29,10 @@ class Fault:
     """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
 
     kind: ``"500"`` (server error), ``"drop"`` (close without answering), ``"truncate"`` (send
-    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first).
+    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first), ``"hold"``
+    (wait until the test calls :meth:`release`), ``"trickle"`` (send a download's headers,
+    then one byte of its body every ``seconds``, as a hostile endpoint would, until the client
+    goes away: :attr:`abandoned` is then set).
     """
 
     kind: str
@@ -36,6 +41,12 @@ class Fault:
     times: int = 1
     seconds: float = 0.0
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        """Let held requests go on."""
+        self.released.set()
 
     def matches(self, method: str, path: str) -> bool:
         return (self.hits < self.times and re.search(self.method, method) is not None
@@ -87,6 +98,9 @@ class InstrumentedHub(LocalHub):
         self._faults_lock = threading.Lock()
         self._seen: list[str] = []
         self._seen_changed = threading.Condition()
+        self._stopping = threading.Event()
+        self.open_connections = 0
+        self._connections_changed = threading.Condition()
 
     def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
                   seconds: float = 0.0) -> Fault:
@@ -102,6 +116,18 @@ class InstrumentedHub(LocalHub):
                     fault.hits += 1
                     return fault
         return None
+
+    def stop(self) -> None:
+        self._stopping.set()  # held and trickling requests end with the endpoint
+        for fault in self.faults:
+            fault.release()
+        super().stop()
+
+    def wait_for_connections(self, count: int, timeout: float = 60.0) -> bool:
+        """Block until ``count`` connections are being served at once (each holds a thread)."""
+        with self._connections_changed:
+            return self._connections_changed.wait_for(
+                lambda: self.open_connections >= count, timeout)
 
     def wait_for_request(self, pattern: str, timeout: float = 60.0) -> bool:
         """Block until a request matching ``pattern`` ("METHOD /path" regex) has arrived.
@@ -120,10 +146,15 @@ class InstrumentedHub(LocalHub):
             self._seen_changed.notify_all()
         fault = self._take_fault(method, path)
         handler.truncate = fault is not None and fault.kind == "truncate"
-        if fault is None or fault.kind in ("truncate",):
+        handler.trickle = fault if fault is not None and fault.kind == "trickle" else None
+        if fault is None or fault.kind in ("truncate", "trickle"):
             return True
         if fault.kind == "delay":
-            time.sleep(fault.seconds)
+            self._stopping.wait(fault.seconds)
+            return True
+        if fault.kind == "hold":
+            while not (fault.released.is_set() or self._stopping.is_set()):
+                fault.released.wait(0.5)
             return True
         handler.drain()
         if fault.kind == "drop":
@@ -132,7 +163,23 @@ class InstrumentedHub(LocalHub):
             handler.send_json({"error": "Injected server error"}, 500)
         return False
 
+    def connection_changed(self, delta: int) -> None:
+        with self._connections_changed:
+            self.open_connections += delta
+            self._connections_changed.notify_all()
+
     def send_file(self, handler: Any, handle: Any, offset: int, count: int) -> None:
+        trickle = getattr(handler, "trickle", None)
+        if trickle is not None:
+            handler.close_connection = True
+            try:
+                for position in range(offset, offset + count):
+                    if self._stopping.wait(trickle.seconds):
+                        return
+                    handler.connection.sendall(os.pread(handle.fileno(), 1, position))
+            except OSError:
+                trickle.abandoned.set()  # the client hung up
+            return
         if getattr(handler, "truncate", False):
             count //= 2
             handler.close_connection = True

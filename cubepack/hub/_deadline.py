@@ -1,0 +1,433 @@
+"""The overall deadline of a pull or a push.
+
+huggingface_hub's timeouts apply to each read (a byte every few seconds never trips them), and
+its API calls have none. A :class:`Deadline` bounds the whole operation instead:
+
+- **a watchdog**: each network part of the operation runs in a worker thread, and the caller
+  waits for it until the deadline at most, then raises a :class:`~cubepack.errors.HubError`
+  naming the endpoint and what was slow (the file and the bytes that had arrived, or the call);
+- **an HTTP guard** on every request huggingface_hub makes for the operation: each read may
+  block only until the deadline, a response body is checked after every chunk, and at expiry
+  the sockets in flight are shut down and any new request is refused, so no download goes on
+  in the background. With huggingface_hub 2.x these are hooks on its shared httpx client (the
+  request hook caps the timeouts, the response hook wraps the body stream); with 0.36 a backend
+  factory (``configure_http_backend``) whose sessions wrap their adapters. The guard is
+  installed while a guarded operation runs and removed when the last one ends, and it acts only
+  on requests made for such an operation.
+
+Requests belong to an operation when made in its threads (the worker, and the threads it binds
+with :meth:`Deadline.bind`), or when their URL holds a name it gave (:meth:`Deadline.name`: a
+push names its files' sha256, which the LFS upload URLs huggingface_hub sends from threads of
+its own carry, whatever their host). Any other request passes untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+from urllib.parse import unquote, urlsplit
+
+from ..errors import HubError
+
+#: Seconds the caller waits, after the deadline, for the aborted worker to end (aborted requests
+#: end at once; huggingface_hub may sleep a second before it asks again, and is refused).
+_ABORT_GRACE = 5.0
+
+
+class _Expired(Exception):
+    """Raised inside huggingface_hub once the deadline passed. Deliberately no OSError and no
+    HTTP library's error, so the client does not retry it."""
+
+
+@dataclass
+class _Transfer:
+    """One request in flight, for the error message and the abort."""
+
+    method: str
+    url: str
+    received: int = 0
+    total: int | None = None
+    answered: bool = False
+    sock: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class Deadline:
+    """``seconds`` from now for everything ``action`` asks of ``endpoint``.
+
+    Args:
+        action: what is bounded, for the message ("the pull of ns/cube").
+        outcome: what the caller can rely on after expiry, for the message.
+    """
+
+    def __init__(self, seconds: float, endpoint: str, action: str, outcome: str = ""):
+        self.seconds, self.endpoint, self.action, self.outcome = seconds, endpoint, action, outcome
+        self.expires = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._transfers: dict[int, _Transfer] = {}  # by thread: each makes one at a time
+        self._names: dict[str, str] = {}
+        self._last = ""
+        self._slow = ""
+        self._aborted = threading.Event()
+
+    # --- time --------------------------------------------------------------------------------
+    def remaining(self) -> float:
+        return max(0.0, self.expires - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return self._aborted.is_set() or time.monotonic() >= self.expires
+
+    # --- running an operation ----------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in a worker thread, waited for until the deadline at most.
+
+        Raises:
+            HubError: the deadline passed (the worker's requests are aborted first).
+        """
+        if _CURRENT.get() is self:  # already inside this operation's worker
+            return fn(*args, **kwargs)
+        if self.expired:
+            raise self.error()
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            token = _CURRENT.set(self)
+            try:
+                outcome["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+            finally:
+                _CURRENT.reset(token)
+                _leave(self)  # the guard stays until the worker really ended
+                done.set()
+
+        _enter(self)
+        try:
+            threading.Thread(target=work, name="cubepack-call", daemon=True).start()
+        except BaseException:
+            _leave(self)
+            raise
+        try:
+            finished = done.wait(self.remaining())
+        except BaseException:  # interrupted (Ctrl-C): stop the worker's requests too
+            self.expire()
+            raise
+        if not finished:
+            self.expire()
+            done.wait(_ABORT_GRACE)
+            raise self.error() from outcome.get("error")
+        if "error" in outcome:
+            if self.expired:
+                raise self.error() from outcome["error"]
+            raise outcome["error"]
+        return outcome["value"]
+
+    def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` for another thread of this operation (a pool's): its requests are guarded."""
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            if self.expired:  # cooperative: no new file starts after the deadline
+                raise _Expired()
+            token = _CURRENT.set(self)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _CURRENT.reset(token)
+        return bound
+
+    def name(self, fragment: str, label: str) -> None:
+        """A request whose URL path holds ``fragment`` (a file's sha256: LFS upload URLs carry
+        it) is this operation's, whichever thread sends it, and ``label`` in messages."""
+        self._names[fragment] = label
+
+    def names(self, path: str) -> str | None:
+        """The label of the first name ``path`` holds, or None."""
+        return next((label for fragment, label in self._names.items() if fragment in path),
+                    None)
+
+    def expire(self) -> None:
+        """Record what was slow, then abort every request in flight and refuse new ones."""
+        with self._lock:
+            if self._aborted.is_set():
+                return
+            self._slow = self._describe()
+            self._aborted.set()
+            transfers = list(self._transfers.values())
+        for transfer in transfers:
+            if transfer.sock is not None:
+                try:
+                    transfer.sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns at once
+                except OSError:
+                    pass
+
+    def error(self) -> HubError:
+        slow = self._slow or self._describe()
+        return HubError(f"The {self.action} did not finish within {self.seconds:g} s (--timeout "
+                        f"or CUBEPACK_HUB_TIMEOUT): {self.endpoint} was too slow; {slow}."
+                        + (f" {self.outcome}" if self.outcome else ""))
+
+    # --- the guard's view of requests --------------------------------------------------------
+    def begin(self, method: str, url: str) -> _Transfer:
+        if self.expired:
+            raise _Expired()
+        transfer = _Transfer(method, url)
+        with self._lock:
+            self._transfers[threading.get_ident()] = transfer
+        return transfer
+
+    def answered(self, transfer: _Transfer, total: int | None, sock: Any) -> None:
+        transfer.answered, transfer.total, transfer.sock = True, total, sock
+        if self._aborted.is_set() and sock is not None:  # answered as the deadline passed
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def end(self, transfer: _Transfer) -> None:
+        with self._lock:
+            for key, current in list(self._transfers.items()):
+                if current is transfer:
+                    del self._transfers[key]
+            self._last = self._what(transfer)
+
+    def _describe(self) -> str:
+        transfers = sorted(self._transfers.values(), key=lambda t: t.started)
+        if not transfers:
+            return "no request was in flight" + (f" (the last: {self._last})" if self._last
+                                                 else "")
+        described = [f"{self._what(t)} ({self._progress(t)})" for t in transfers[:3]]
+        more = f" and {len(transfers) - 3} more" if len(transfers) > 3 else ""
+        return "still " + "; ".join(described) + more
+
+    def _what(self, transfer: _Transfer) -> str:
+        path = urlsplit(transfer.url).path
+        _, resolve, rest = path.partition("/resolve/")
+        if resolve and "/" in rest:
+            name = unquote(rest.split("/", 1)[1])
+            return f"downloading {name}" if transfer.method == "GET" else \
+                f"asking for {name} ({transfer.method})"
+        label = self.names(path)
+        return f"uploading {label}" if label else f"waiting for {transfer.method} {path}"
+
+    @staticmethod
+    def _progress(transfer: _Transfer) -> str:
+        if not transfer.answered:
+            return "no answer yet"
+        total = f" of {transfer.total:,}" if transfer.total is not None else ""
+        return f"{transfer.received:,}{total} bytes arrived"
+
+
+# --- which operation a request belongs to ------------------------------------------------------
+_CURRENT: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("cubepack_deadline",
+                                                                           default=None)
+_ACTIVE: list[Deadline] = []  # one entry per running worker
+_ACTIVE_LOCK = threading.Lock()
+_UNINSTALL: list[Callable[[], None]] = []
+
+
+def _deadline_for(url: str) -> Deadline | None:
+    """The operation a request belongs to: its thread's, else the running one whose names its
+    URL holds (the latest to expire, should two share a file: never cut one short)."""
+    current = _CURRENT.get()
+    if current is not None:
+        return current
+    path = urlsplit(url).path
+    with _ACTIVE_LOCK:
+        candidates = [deadline for deadline in _ACTIVE if deadline.names(path)]
+    return max(candidates, key=lambda d: d.expires) if candidates else None
+
+
+def _enter(deadline: Deadline) -> None:
+    with _ACTIVE_LOCK:
+        if not _ACTIVE:
+            _UNINSTALL.append(_install())
+        _ACTIVE.append(deadline)
+
+
+def _leave(deadline: Deadline) -> None:
+    with _ACTIVE_LOCK:
+        _ACTIVE.remove(deadline)
+        if not _ACTIVE and _UNINSTALL:
+            _UNINSTALL.pop()()
+
+
+def _install() -> Callable[[], None]:
+    """Put the guard into huggingface_hub's HTTP layer; return what takes it out again."""
+    import huggingface_hub
+
+    if hasattr(huggingface_hub, "configure_http_backend"):  # 0.x: requests, a session per thread
+        return _install_requests(huggingface_hub)
+    return _install_httpx(huggingface_hub)
+
+
+def _capped(value: float | None, remaining: float) -> float:
+    return remaining if value is None else min(value, remaining)
+
+
+# --- huggingface_hub 2.x (httpx) ---------------------------------------------------------------
+def _install_httpx(huggingface_hub: Any) -> Callable[[], None]:
+    client = huggingface_hub.get_session()
+    hooks = client.event_hooks
+    hooks["request"].append(_on_httpx_request)
+    hooks["response"].append(_on_httpx_response)
+
+    def uninstall() -> None:
+        for kind, hook in (("request", _on_httpx_request), ("response", _on_httpx_response)):
+            if hook in hooks[kind]:
+                hooks[kind].remove(hook)
+    return uninstall
+
+
+def _on_httpx_request(request: Any) -> None:
+    deadline = _deadline_for(str(request.url))
+    if deadline is None:
+        return
+    transfer = deadline.begin(request.method, str(request.url))
+    remaining = deadline.remaining()
+    timeouts = dict(request.extensions.get("timeout") or {})
+    request.extensions["timeout"] = {key: _capped(timeouts.get(key), remaining)
+                                     for key in ("connect", "read", "write", "pool")}
+    request.extensions["cubepack_transfer"] = (deadline, transfer)
+
+
+def _on_httpx_response(response: Any) -> None:
+    owner = response.request.extensions.get("cubepack_transfer")
+    if owner is None:
+        return
+    deadline, transfer = owner
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    length = response.headers.get("Content-Length")
+    deadline.answered(transfer, int(length) if length and length.isdigit() else None, sock)
+    response.stream = _guarded_stream_class()(response.stream, deadline, transfer)
+
+
+_GUARDED_STREAM: list[type] = []
+
+
+def _guarded_stream_class() -> type:
+    """An httpx body stream whose chunks are counted and stopped once the deadline passed (built
+    on first use: httpx is imported only with huggingface_hub 2.x)."""
+    if not _GUARDED_STREAM:
+        try:
+            from httpx2 import SyncByteStream
+        except ImportError:  # huggingface_hub 1.x
+            from httpx import SyncByteStream
+
+        class GuardedStream(SyncByteStream):
+            def __init__(self, inner: Any, deadline: Deadline, transfer: _Transfer):
+                self._inner, self._deadline, self._transfer = inner, deadline, transfer
+
+            def __iter__(self) -> Iterator[bytes]:
+                yield from _guarded_chunks(iter(self._inner), self._deadline, self._transfer)
+
+            def close(self) -> None:
+                try:
+                    self._inner.close()
+                finally:
+                    self._deadline.end(self._transfer)
+
+        _GUARDED_STREAM.append(GuardedStream)
+    return _GUARDED_STREAM[0]
+
+
+def _guarded_chunks(chunks: Iterator[Any], deadline: Deadline, transfer: _Transfer,
+                    read: Callable[[Any], bytes] = lambda chunk: chunk) -> Iterator[bytes]:
+    """A body's chunks (each ``read(next(chunks))``), counted, and stopped (without a retry)
+    once the deadline passed."""
+    while True:
+        try:
+            chunk = read(next(chunks))
+        except StopIteration:
+            return
+        except Exception:
+            if deadline.expired:  # we shut its socket: do not let the client retry
+                raise _Expired() from None
+            raise
+        transfer.received += len(chunk)
+        if deadline.expired:
+            raise _Expired()
+        yield chunk
+
+
+# --- huggingface_hub 0.x (requests) ------------------------------------------------------------
+def _install_requests(huggingface_hub: Any) -> Callable[[], None]:
+    from huggingface_hub.utils import _http
+
+    previous = _http._GLOBAL_BACKEND_FACTORY  # the user's own factory, if any, is kept inside
+
+    def guarded_factory() -> Any:
+        session = previous()
+        for prefix, adapter in list(session.adapters.items()):
+            session.mount(prefix, _guarded_adapter(adapter))
+        return session
+
+    huggingface_hub.configure_http_backend(guarded_factory)
+    return lambda: huggingface_hub.configure_http_backend(previous)
+
+
+def _guarded_adapter(inner: Any) -> Any:
+    from requests.adapters import BaseAdapter
+
+    class GuardedAdapter(BaseAdapter):
+        def send(self, request: Any, stream: bool = False, timeout: Any = None,
+                 verify: Any = True, cert: Any = None, proxies: Any = None) -> Any:
+            deadline = _deadline_for(request.url)
+            if deadline is None:
+                return inner.send(request, stream=stream, timeout=timeout, verify=verify,
+                                  cert=cert, proxies=proxies)
+            transfer = deadline.begin(request.method, request.url)
+            remaining = deadline.remaining()
+            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+            try:
+                response = inner.send(request, stream=stream, verify=verify, cert=cert,
+                                      proxies=proxies, timeout=(_capped(connect, remaining),
+                                                                _capped(read, remaining)))
+            except Exception:
+                deadline.end(transfer)
+                if deadline.expired:
+                    raise _Expired() from None
+                raise
+            raw = response.raw
+            length = response.headers.get("Content-Length")
+            deadline.answered(transfer, int(length) if length and length.isdigit() else None,
+                              getattr(getattr(raw, "connection", None), "sock", None))
+            response.raw = _GuardedRaw(raw, deadline, transfer)
+            return response
+
+        def close(self) -> None:
+            inner.close()
+
+    return GuardedAdapter()
+
+
+class _GuardedRaw:
+    """A urllib3 response whose body is counted and stopped once the deadline passed."""
+
+    def __init__(self, raw: Any, deadline: Deadline, transfer: _Transfer):
+        self._raw, self._deadline, self._transfer = raw, deadline, transfer
+
+    def stream(self, amt: int | None = None, decode_content: bool | None = None) -> Iterator[bytes]:
+        try:
+            yield from _guarded_chunks(self._raw.stream(amt, decode_content=decode_content),
+                                       self._deadline, self._transfer)
+        finally:
+            self._deadline.end(self._transfer)
+
+    def read(self, *args: Any, **kwargs: Any) -> bytes:
+        return b"".join(_guarded_chunks(iter([None]), self._deadline, self._transfer,
+                                        lambda _: self._raw.read(*args, **kwargs)))
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            self._deadline.end(self._transfer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)

@@ -1,0 +1,176 @@
+"""An overall deadline per pull and per push, however slowly a hostile endpoint answers: the
+operation ends with one HubError naming the endpoint and what was slow, the pull places
+nothing, and no request it made goes on in the background. Run under huggingface_hub 2.x
+(httpx) and 0.36 (requests) alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cubepack import HubError, UsageError
+from cubepack.hub import _deadline, pull, push
+from cubepack.testing.hub import InstrumentedHub
+
+from helpers import tree_bytes
+
+KEPT = {"kept.txt": b"the folder as it was"}
+#: A safety net so a broken deadline fails a test instead of hanging it (never asserted on).
+HANG = 120
+
+
+@pytest.fixture(scope="module")
+def big_cube(packed_cube_factory):
+    """A cube with one ~4 MB activation: a trickled download of it never completes."""
+    return packed_cube_factory({"big": list(range(4, 402)), "small": [5, 6, 7]})
+
+
+@pytest.fixture
+def hub(tmp_path):
+    with InstrumentedHub(tmp_path / "hub") as server:
+        yield server
+
+
+@pytest.fixture
+def target(tmp_path):
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "kept.txt").write_bytes(KEPT["kept.txt"])
+    return folder
+
+
+def published(hub, cube, repo="ns/slow"):
+    return push(cube, repo, endpoint=hub.url, allow_local_paths=True).commit_sha
+
+
+def nothing_left_running():
+    """Every thread cubepack started for the operation ends (joined, not polled): the worker
+    the caller stopped waiting for, and the pull's download threads."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(("cubepack-call", "cubepack-pull")):
+            thread.join(HANG)
+            assert not thread.is_alive(), thread.name
+    assert _deadline._ACTIVE == [] and _deadline._UNINSTALL == []
+
+
+def test_a_trickled_download_ends_at_the_deadline_naming_file_and_bytes(hub, big_cube, target,
+                                                                         tmp_path):
+    sha = published(hub, big_cube)
+    trickle = hub.add_fault("trickle", path=r"/resolve/.*big\.kv", method="GET", times=100,
+                            seconds=0.05)
+    with pytest.raises(HubError) as caught:
+        pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
+             cache_dir=tmp_path / "c", timeout=2)
+    message = str(caught.value)
+    assert message.startswith("The pull of ns/slow did not finish within 2 s")
+    assert hub.url in message and "still downloading activations/big.kv.safetensors (" in message
+    assert "bytes arrived" in message and "Nothing was placed" in message
+    assert "\n" not in message
+    assert tree_bytes(target) == KEPT
+    assert trickle.abandoned.wait(HANG)  # the client hung up on the trickle
+    nothing_left_running()
+    trickle.times = 0  # an honest endpoint again: the same pull succeeds
+    assert pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
+                cache_dir=tmp_path / "c", timeout=60).report.ok
+
+
+def test_an_api_call_that_never_answers_ends_at_the_deadline_naming_it(hub, big_cube, target,
+                                                                        tmp_path):
+    published(hub, big_cube)
+    hub.add_fault("hold", path=r"/api/datasets/ns/slow/revision/", method="GET")
+    with pytest.raises(HubError) as caught:
+        pull("ns/slow@main", endpoint=hub.url, local_dir=target, force=True,
+             cache_dir=tmp_path / "c", timeout=1)
+    message = str(caught.value)
+    assert hub.url in message and "within 1 s" in message
+    assert "waiting for GET /api/datasets/ns/slow/revision/main (no answer yet)" in message
+    assert tree_bytes(target) == KEPT
+    nothing_left_running()
+
+
+def test_a_push_whose_upload_is_never_answered_ends_at_the_deadline(hub, big_cube):
+    held = hub.add_fault("hold", path=r"^/lfs/upload/", method="PUT", times=100)
+    with pytest.raises(HubError) as caught:
+        push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True, timeout=2)
+    message = str(caught.value)
+    assert message.startswith("The push to ns/slow did not finish within 2 s") and hub.url in message
+    assert "still uploading activations/" in message and "push again" in message
+    assert hub.stats.commits == 0
+    nothing_left_running()
+    held.times = 0
+    held.release()
+    assert push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True).changed
+
+
+def test_the_guard_does_not_outlive_the_call(hub, big_cube, tmp_path):
+    import huggingface_hub
+
+    if hasattr(huggingface_hub, "configure_http_backend"):  # 0.36
+        from huggingface_hub.utils import _http
+
+        before = _http._GLOBAL_BACKEND_FACTORY
+        state = lambda: _http._GLOBAL_BACKEND_FACTORY  # noqa: E731
+    else:
+        hooks = huggingface_hub.get_session().event_hooks
+        before = {kind: list(found) for kind, found in hooks.items()}
+        state = lambda: {kind: list(found) for kind, found in hooks.items()}  # noqa: E731
+    sha = published(hub, big_cube)
+    assert pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=tmp_path / "out",
+                cache_dir=tmp_path / "c", timeout=60).report.ok
+    assert state() == before
+    assert _deadline._ACTIVE == []
+
+
+def test_the_default_deadline_is_an_hour_unless_told_otherwise(monkeypatch):
+    from cubepack._util import constants
+
+    monkeypatch.delenv("CUBEPACK_HUB_TIMEOUT", raising=False)
+    assert constants.hub_timeout() == 3600
+    monkeypatch.setenv("CUBEPACK_HUB_TIMEOUT", "90")
+    assert constants.hub_timeout() == 90 and constants.hub_timeout(5) == 5
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
+def test_a_timeout_must_be_a_positive_number_of_seconds(big_cube, tmp_path, value):
+    with pytest.raises(UsageError, match="--timeout must be a positive number of seconds"):
+        pull("ns/x", local_dir=tmp_path / "x", timeout=value)
+    with pytest.raises(UsageError, match="--timeout must be a positive number of seconds"):
+        push(big_cube, "ns/x", timeout=value)
+
+
+def cubepack_cli(hub, tmp_path, *args, env=None):
+    done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)],
+                          env=dict(os.environ, HF_ENDPOINT=hub.url,
+                                   HF_HUB_CACHE=str(tmp_path / "cli-cache"), **(env or {})),
+                          capture_output=True, text=True, timeout=HANG, cwd=tmp_path)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("how", ["--timeout", "CUBEPACK_HUB_TIMEOUT"])
+def test_the_cli_reports_the_deadline_as_a_hub_error_in_json(hub, big_cube, target, tmp_path,
+                                                             how):
+    published(hub, big_cube)
+    hub.add_fault("hold", path=r"/revision/", method="GET", times=100)
+    args = ("pull", "ns/slow", "--local-dir", target, "--force", "--json")
+    if how == "--timeout":
+        code, out, _ = cubepack_cli(hub, tmp_path, *args, "--timeout", "1")
+    else:
+        code, out, _ = cubepack_cli(hub, tmp_path, *args, env={"CUBEPACK_HUB_TIMEOUT": "1"})
+    error = json.loads(out)["error"]
+    assert code == 3 and error["type"] == "HubError" and error["exit_code"] == 3
+    assert "within 1 s" in error["message"] and hub.url in error["message"]
+    assert tree_bytes(target) == KEPT
+
+
+def test_the_cli_refuses_a_bad_timeout_as_a_usage_error(hub, big_cube, tmp_path):
+    code, out, _ = cubepack_cli(hub, tmp_path, "push", big_cube, "ns/x", "--timeout", "0",
+                                "--json")
+    assert code == 2 and json.loads(out)["error"]["type"] == "UsageError"
+    code, out, _ = cubepack_cli(hub, tmp_path, "pull", "ns/x", "--json",
+                                env={"CUBEPACK_HUB_TIMEOUT": "soon"})
+    assert code == 2 and "CUBEPACK_HUB_TIMEOUT='soon' is not a number" in out
