@@ -184,18 +184,19 @@ def _render_kv(data: dict[str, Any]) -> str:
               help="Prove every activation with the producer model (recorded as recomputed).")
 @click.option("--embedder", help="The embedder that made the text memory's vectors (checked; "
                                  "its probe vectors are recorded).")
+@click.option("--cube-id", help="The cube's id, for a folder without MemOS's config.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
-                 as_json: bool) -> None:
+                 cube_id: str | None, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .cube._pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
-                  recompute=recompute, embedder=embedder)
+                  recompute=recompute, embedder=embedder, cube_id=cube_id)
     _emit(result.to_dict(), as_json, _render_pack)
 
 
@@ -210,7 +211,8 @@ def _render_pack(data: dict[str, Any]) -> str:
         elif pin.get("pinned"):
             where = f"{pin['name']} (a local folder: pinned by weights digest, no Hub revision)"
         else:
-            where = f"{pin['name']}: not pinned ({pin.get('reason') or 'unavailable'})"
+            where = (f"{pin['name'] or '(no model named)'}: not pinned "
+                     f"({pin.get('reason') or 'unavailable'})")
         lines.append(f"  model {role}: {where}")
     for item, proof in sorted(data.get("recomputed", {}).items()):
         lines.append(f"  proved {item}: {proof}")

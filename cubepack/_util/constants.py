@@ -31,6 +31,9 @@ SIGNATURE_FILENAME = "cubepack.sig"
 CARD_FILENAME = "README.md"
 ACTIVATIONS_DIR = "activations"
 KV_SUFFIX = ".kv.safetensors"
+#: A vLLM activation memory's prompts (vLLM prefills them on its server: no tensors to ship).
+PROMPTS_FILE = "activations/prompts.json"
+PROMPTS_FORMAT = "cubepack.prompts"
 
 _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a pull or push may take talking to the endpoint, unless told otherwise: an hour
@@ -50,6 +53,12 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cubepack"
+
+
+def cubes_dir() -> Path:
+    """Where the MemOS hook places the cubes it pulls (``$CUBEPACK_CACHE/cubes``): one folder
+    per repo and commit, reused by later loads, instead of a temporary folder per load."""
+    return cache_dir() / "cubes"
 
 
 def hash_cache_path() -> Path:

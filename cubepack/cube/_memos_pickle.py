@@ -211,13 +211,28 @@ def _read(data: bytes, max_tensor_bytes: int | None) -> LegacyDump:
         raise
     except Exception as exc:  # corrupt pickles raise anything from EOFError to struct.error
         raise FormatError(f"corrupt or not a MemOS dump: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("kv_cache_memories"), dict):
-        raise FormatError("not a MemOS KVCacheMemory dump (no 'kv_cache_memories' mapping).")
-    identity = document.get("model_identity")
+    # The layouts MemOS's own load accepts: {"kv_cache_memories": {id: item}} (current), the
+    # same with a list of items, and a bare list of items (older dumps).
+    memories = document.get("kv_cache_memories") if isinstance(document, dict) else document
+    if isinstance(memories, list):
+        memories = {_list_id(index, item): item for index, item in enumerate(memories)}
+    if not isinstance(memories, dict):
+        raise FormatError("not a MemOS KVCacheMemory dump (no 'kv_cache_memories' mapping or "
+                          "list of items).")
+    identity = document.get("model_identity") if isinstance(document, dict) else None
     if isinstance(identity, str):
         identity = {"model_name_or_path": identity}
-    items = [_item(key, value) for key, value in document["kv_cache_memories"].items()]
+    items = [_item(key, value) for key, value in memories.items()]
+    if len({item.id for item in items}) != len(items):
+        raise FormatError("two activations carry one id; MemOS would keep only the last.")
     return LegacyDump(items, _plain(identity) if isinstance(identity, dict) else None)
+
+
+def _list_id(index: int, item: Any) -> Any:
+    """An item's id in a list-format dump (MemOS keys them by ``item.id``)."""
+    if isinstance(item, _StandIn) and (item.get("id") or item.get("kv_cache_id")):
+        return item.get("id") or item.get("kv_cache_id")
+    raise FormatError(f"Item {index} of the list-format dump has no id.")
 
 
 def _item(key: Any, item: Any) -> LegacyItem:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
+from .._util.canonical import json_safe
 from .._util.hashing import hash_files
 from .._util.paths import list_cube_files, resolve_inside
 from .._version import __version__
@@ -91,7 +92,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
          pretty_name: str | None = None, progress: bool | None = None,
          sign_key: str | Path | None = None, sign_password: str | None = None,
          assert_producer: bool = False, recompute: bool = False,
-         embedder: str | None = None) -> PackResult:
+         embedder: str | None = None, cube_id: str | None = None) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -110,6 +111,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             pickle did not record (as MemOS built the cache, through the chat template), run the
             model's prefill and require it to reproduce each cache; store the ids and mark the
             provenance ``recomputed`` (model, tokens, max error, time).
+        cube_id: the cube's id, for a folder without MemOS's config.json (a text-memory
+            export, a bundle of KV files); with a config.json, it must agree with its cube_id.
         embedder: the embedder that made the text memory's vectors (a spec, as for
             ``verify --embedder``): it must reproduce the cube's sample, and its vectors for a
             fixed probe set are recorded as its behavioural fingerprint.
@@ -122,7 +125,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     """
     cube = Path(cube_dir)
     files = list_cube_files(cube)
-    memos_config = _read_memos_config(cube, files)
+    memos_config = _read_memos_config(cube, files, cube_id)
     pins = _pin_models(memos_config, model=model, revision=revision)
     _record_vectors(cube, files, memos_config, pins, embedder)
     if sign_key is not None:
@@ -189,12 +192,19 @@ def _card_title(pretty_name: str | None, memos_config: dict[str, Any], cube: Pat
 
 # --- inputs -------------------------------------------------------------------------------------
 
-def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
-    """MemOS's config.json: required, with a cube_id (MemOS cannot load a cube without)."""
+def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dict[str, Any]:
+    """MemOS's config.json, with its cube_id; or, for a folder without one (a text-memory export
+    such as MemOS's ``mem_cube_tree``, a bundle of KV files), just the ``cube_id`` given: then
+    no MemOS-specific rule applies beyond MemOS's default file names."""
+    if cube_id is not None and (not isinstance(cube_id, str) or not cube_id.strip()
+                                or any(ord(ch) < 32 for ch in cube_id)):
+        raise UsageError(f"--cube-id must be a non-empty name, not {cube_id!r}.")
     if "config.json" not in files:
-        raise UsageError(f"{cube} has no config.json, so it is not a MemOS cube (MemOS cannot "
-                         "load it). Dump the cube with MemOS (GeneralMemCube.dump) first, or "
-                         "write a config.json with at least a cube_id.")
+        if cube_id is None:
+            raise UsageError(f"{cube} has no config.json, so it names no cube id. Pass one: "
+                             f"cubepack pack {cube} --cube-id OWNER/NAME (or dump the cube with "
+                             "MemOS, GeneralMemCube.dump, which writes a config.json).")
+        return {"cube_id": cube_id}
     try:
         config = canonical.loads_strict((cube / "config.json").read_bytes())
     except ValueError as exc:
@@ -204,6 +214,10 @@ def _read_memos_config(cube: Path, files: list[str]) -> dict[str, Any]:
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
         raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
                          "cube. Add \"cube_id\": \"owner/name\" and pack again.")
+    if cube_id is not None and cube_id != config["cube_id"]:
+        raise UsageError(f"--cube-id {cube_id} contradicts config.json's cube_id "
+                         f"{config['cube_id']}; MemOS reads config.json's, so drop --cube-id or "
+                         "edit config.json.")
     return config
 
 
@@ -311,12 +325,14 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
     if pin is None or pin.get("identity") is None:
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
                             "producer model; pass --model with the model that built them.")
-    if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
-        raise UnsupportedError(VLLM_REFUSAL)
     identity = ModelIdentity.from_dict(pin["identity"])
     data = pickle_path.read_bytes()
     source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
     dump = read_memos_pickle(data, name=str(pickle_path))
+    if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
+        write_prompts(staging, [(item.id, item.prompt, item.metadata) for item in dump.items],
+                      source)
+        return {}
     written, provenances = set(), {}
     for item in dump.items:
         if item.prompt is not None:
@@ -340,6 +356,21 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
                 "built this cube.") from None
         provenances[item.id] = provenance
     return provenances
+
+
+def write_prompts(folder: Path, items: list[tuple[str, Any, dict[str, Any]]],
+                  source: dict[str, Any] | None = None) -> None:
+    """A vLLM activation memory's items, as the JSON file that replaces its pickle: the prompts
+    are the memory (vLLM prefills them on its server), the pinned model is their identity."""
+    prompts = []
+    for item_id, prompt, metadata in items:
+        if not isinstance(prompt, str):
+            raise UnsupportedError(f"Activation {item_id!r} holds a KV cache in a vLLM memory; "
+                                   "a vLLM cube holds prompt strings only.")
+        prompts.append({"id": str(item_id), "prompt": prompt, "metadata": json_safe(metadata)})
+    document = {"format": constants.PROMPTS_FORMAT, "version": 1, "items": prompts,
+                "converted_from": source}
+    atomic.write_text(resolve_inside(folder, constants.PROMPTS_FILE), canonical.dumps(document))
 
 
 VLLM_REFUSAL = ("vllm_kv_cache activations are prompt strings that a vLLM server turns into KV "
@@ -515,7 +546,8 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
     content = [name for name in list_cube_files(staging) if name not in GENERATED]
     memories = memos_layout.memory_files(memos_config, content)
-    memories["activation"] = [name for name in content if is_activation_path(name)]
+    memories["activation"] = [name for name in content if is_activation_path(name)
+                              or name == constants.PROMPTS_FILE]
     _refuse_unshippable(staging, content, memos_config)
     config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
     atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)

@@ -281,6 +281,9 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
 
 
 def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
+    if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
+        report.add("model identity", "*", None, "skipped: the cube pins no producer (it holds "
+                   "no activations)")
     for role, pin in sorted(lock["models"].items()):
         if not pin.get("strict") or not pin.get("identity"):
             continue

@@ -149,7 +149,10 @@ def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
         if path == resolved or resolved in path.parents:
             raise UsageError(f"Refusing to replace {target}: it holds {what}. Pull into a new "
                              "folder (--local-dir).")
+    managed = constants.cubes_dir().expanduser().resolve()
     for path, what in _caches(cache_dir):
+        if managed in resolved.parents and (path == managed or path in managed.parents):
+            continue  # cubepack's own folder of pulled cubes (the MemOS hook's)
         if path == resolved or resolved in path.parents or path in resolved.parents:
             where = "holds" if resolved in path.parents else "is" if path == resolved else \
                 "is inside"

@@ -17,19 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._util import canonical, constants
 from .._util.paths import resolve_inside
 from ..cube import _memos_layout as memos_layout
 from ..cube._memos_pickle import read_memos_pickle
 from ..cube._policy import TrustPolicy
-from ..cube._provenance import evidence, satisfies
+from ..cube._provenance import evidence, record_conflicts, satisfies
 from ..cube._verify import NO_TOKEN_IDS
-from ..errors import CubepackError, IdentityMismatch, RecomputationFailed
+from ..errors import (
+    CubepackError,
+    FormatError,
+    IdentityMismatch,
+    Mismatch,
+    RecomputationFailed,
+    UnsupportedError,
+)
 from ..identity._fingerprint import fingerprint
-from ..identity._identity import dtype_name
+from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
 from ..kv._recompute import describe
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import build_dynamic_cache, cache_from_layers, live_layers
+from ._use import register
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -94,6 +103,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
     pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
     if not lock["activations"]:
         return
+    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
     llm = llm_in_dtype(act_mem, pinned["dtype"] if pinned else None)
     live = fingerprint(llm.model)
     for item_id, entry in sorted(lock["activations"].items()):
@@ -115,34 +125,74 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
                                           "total": result.total, "seed": result.seed}
         cache = build_dynamic_cache(info, llm.model.config, device=llm.model.device)
-        _add(act_mem, item_id, cache, dict(info.metadata))
+        _add(act_mem, item_id, cache, dict(info.metadata), info.producer, info.token_ids)
         report.loaded.append(item_id)
 
 
 def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, on_mismatch: str) -> None:
-    """Read an unpacked folder's activation pickle through the allowlist reader."""
+    """Load a folder without a lock, as MemOS would but safely: its activation pickle through
+    the allowlist reader (MemOS's current, list and bare-list layouts), or the KV files a hooked
+    dump wrote. Each cache is checked against the live model: its shape, the producer record a
+    pickle carries (MemOS #2302's ``model_identity``, #2305's per-item ``metadata.producer``),
+    or a KV file's full producer identity; a mismatch goes to the policy. Unverified (nothing
+    proves the folder's bytes): one warning says so and how to pack it."""
     path = cube_dir / act_mem.config.memory_filename
+    kv_files = sorted((cube_dir / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)) \
+        if (cube_dir / constants.ACTIVATIONS_DIR).is_dir() else []
+    if not path.is_file() and not kv_files:
+        return  # as MemOS: no file, the memory keeps what it holds
+    logger.warning("cubepack: %s holds no cubepack.lock: its activations were read safely (no "
+                   "code runs) but are unverified; pack it: cubepack pack %s%s", cube_dir,
+                   cube_dir, " --legacy-pickle" if path.is_file() else "")
+    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
     if not path.is_file():
+        _load_kv_files(act_mem, kv_files, report, on_mismatch)
         return
-    logger.warning("cubepack: %s holds no cubepack.lock: its activations were read through "
-                   "cubepack's allowlist reader (no code runs) but are unverified; pack it: "
-                   "cubepack pack %s --legacy-pickle", cube_dir, cube_dir)
     dump = read_memos_pickle(path.read_bytes(), name=str(path))
     if any(item.prompt is not None for item in dump.items):
         _add_prompts(act_mem, dump.items, report)
         return
+    if not hasattr(act_mem.llm, "model"):
+        raise UnsupportedError(f"{path} holds KV caches, but {type(act_mem).__name__} holds "
+                               "prompt strings for a vLLM server; load it into a KVCacheMemory.")
     model = act_mem.llm.model
     live = fingerprint(model)
+    name = getattr(model, "name_or_path", None)
     for item in dump.items:
-        problems = structure_problems(live_layers(item.layers), live)
+        records = [(record, source) for record, source in (
+            (item.producer_record, "MemOS #2305 metadata.producer"),
+            (dump.model_identity, "MemOS #2302 model_identity")) if record]
+        problems = [conflict for record, _ in records
+                    for conflict in record_conflicts(record, live, name)]
+        problems = problems or structure_problems(live_layers(item.layers), live)
         if problems:
-            mismatch = IdentityMismatch(f"Activation {item.id!r} of {cube_dir}", problems)
+            where = f" (its producer record, {records[0][1]}, names another model)" \
+                if records and not structure_problems(live_layers(item.layers), live) else ""
+            mismatch = IdentityMismatch(f"Activation {item.id!r} of {cube_dir}{where}", problems)
             apply_policy(act_mem, item.id, mismatch, item.metadata, report, on_mismatch)
             continue
         cache = cache_from_layers(item.layers, model.config, device=model.device,
                                   source=path.name)
-        _add(act_mem, item.id, cache, item.metadata)
+        _add(act_mem, item.id, cache, item.metadata, live)
         report.loaded.append(item.id)
+
+
+def _load_kv_files(act_mem: Any, paths: list[Path], report: HookReport, on_mismatch: str) -> None:
+    """KV files in a folder without a lock (a hooked dump): each checked against the live model
+    by the full producer identity its header carries."""
+    model = act_mem.llm.model
+    live = fingerprint(model)
+    for path in paths:
+        header = read_kv_header(path)
+        item_id = str(header.metadata.get("id") or path.name[: -len(constants.KV_SUFFIX)])
+        try:
+            info = check_kv_file(path, live)
+        except IdentityMismatch as mismatch:
+            apply_policy(act_mem, item_id, mismatch, header.metadata, report, on_mismatch)
+            continue
+        cache = build_dynamic_cache(info, model.config, device=model.device)
+        _add(act_mem, item_id, cache, dict(info.metadata), info.producer, info.token_ids)
+        report.loaded.append(item_id)
 
 
 def apply_policy(act_mem: Any, item_id: str, mismatch: IdentityMismatch,
@@ -185,9 +235,12 @@ def _extractable(source: Any) -> bool:
         for entry in source)
 
 
-def _add(act_mem: Any, item_id: str, cache: Any, metadata: dict[str, Any]) -> None:
+def _add(act_mem: Any, item_id: str, cache: Any, metadata: dict[str, Any],
+         producer: ModelIdentity, token_ids: Any = None) -> None:
+    """Install one cache, registered with its producer for the use-time check."""
     from memos.memories.activation.item import KVCacheItem
 
+    register(cache, item_id, producer, metadata, token_ids)
     act_mem.add([KVCacheItem(id=item_id, memory=cache, metadata=metadata)])
 
 
@@ -200,3 +253,34 @@ def _add_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None:
             raise CubepackError(f"{item.id!r} mixes KV caches and vLLM prompts in one dump.")
         act_mem.add([VLLMKVCacheItem(id=item.id, memory=item.prompt, metadata=item.metadata)])
         report.loaded.append(item.id)
+
+
+def load_prompts(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport) -> None:
+    """Install a verified vLLM cube's prompts into a ``VLLMKVCacheMemory``, once the vLLM model
+    MemOS will send them to is the pinned one (by Hub id or name: the weights sit on the vLLM
+    server, where cubepack cannot fingerprint them)."""
+    from memos.memories.activation.item import VLLMKVCacheItem
+
+    path = resolve_inside(cube_dir, constants.PROMPTS_FILE)
+    if constants.PROMPTS_FILE not in lock["files"]:
+        return
+    pin = lock["models"].get(memos_layout.ACT_ROLE) or {}
+    served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+    pinned = {name for name in (pin.get("repo_id"), pin.get("name"),
+                                (pin.get("identity") or {}).get("model_id")) if name}
+    if served not in pinned:
+        raise IdentityMismatch(
+            f"The vLLM prompts of {cube_dir}", [Mismatch("model", sorted(pinned), served)],
+            "The vLLM server MemOS is configured for serves another model than the one these "
+            "prompts were made for; configure the pinned model.")
+    document = canonical.loads_strict(path.read_bytes())
+    if not isinstance(document, dict) or document.get("format") != constants.PROMPTS_FORMAT \
+            or not isinstance(document.get("items"), list):
+        raise FormatError(f"{path} is not a cubepack prompts file.")
+    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
+    for entry in document["items"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
+            raise FormatError(f"{path}: a prompt entry is malformed.")
+        act_mem.add([VLLMKVCacheItem(id=str(entry.get("id")), memory=entry["prompt"],
+                                     metadata=entry.get("metadata") or {})])
+        report.loaded.append(str(entry.get("id")))

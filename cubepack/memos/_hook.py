@@ -10,29 +10,36 @@ get stricter once installed.
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import logging
 import os
 import shutil
 import subprocess
-import tempfile
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import atomic, constants
 from .._util.paths import scan_cube
 from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
 from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
-from ._activations import HookReport, load_packed, load_unpacked
+from ._activations import HookReport, load_packed, load_prompts, load_unpacked
+from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo
+from ._use import guarded_generate, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
 
 
 DEFAULT_BASE_URL = "https://huggingface.co/datasets"
+#: The MemOS call the user made, for messages (MOS.register_mem_cube loads cubes for them).
+_CALLER: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "cubepack_memos_caller", default="GeneralMemCube.init_from_remote_repo")
 
 
 @dataclass(frozen=True)
@@ -126,18 +133,34 @@ def uninstall() -> None:
 
 
 def _patch() -> None:
+    from memos.llms.hf import HFLLM
     from memos.mem_cube.general import GeneralMemCube
+    from memos.mem_os.core import MOSCore
     from memos.memories.activation.kv import KVCacheMemory
     from memos.memories.activation.vllmkv import VLLMKVCacheMemory
 
     targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
                (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
+               (GeneralMemCube, "dump"): _portable_dump,
                (KVCacheMemory, "load"): _guarded_act_load,
-               (VLLMKVCacheMemory, "load"): _guarded_act_load}
+               (VLLMKVCacheMemory, "load"): _guarded_act_load,
+               (KVCacheMemory, "extract"): _recorded_extract,
+               (KVCacheMemory, "dump"): dump_activations,
+               (VLLMKVCacheMemory, "dump"): _dump_prompts,
+               (HFLLM, "generate"): guarded_generate(HFLLM.__dict__["generate"], _hook_settings),
+               (HFLLM, "generate_stream"): guarded_generate(HFLLM.__dict__["generate_stream"],
+                                                            _hook_settings),
+               (MOSCore, "register_mem_cube"): _register_mem_cube}
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
             _STATE["originals"][(owner, name)] = owner.__dict__[name]
+            if isinstance(replacement, types.FunctionType):  # inspect.unwrap finds MemOS's
+                replacement.__wrapped__ = owner.__dict__[name]
             setattr(owner, name, replacement)
+
+
+def _original(owner: Any, name: str) -> Any:
+    return _STATE["originals"][owner, name]
 
 
 def _hook_settings() -> HookSettings:
@@ -169,7 +192,7 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
                 else "a git commit (`git rev-parse HEAD` in that repository)")
         raise UsageError(
             f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to {what}: "
-            f"GeneralMemCube.init_from_remote_repo('{repo}@<40-hex commit>', ...), or call "
+            f"{_CALLER.get()}('{repo}@<40-hex commit>', ...), or call "
             "cubepack.memos.install(require_pin=False) on a fresh install.")
     if kind == "hub":
         return init_from_remote_repo(cube_id, endpoint=where, repo_type=repo_type,
@@ -182,29 +205,34 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
 
 
 def git_checkout(url: str, revision: str | None) -> Path:
-    """Clone ``url`` into a new temporary folder and check out ``revision`` (a commit; the
-    default branch when None), as MemOS's own remotes work, but at the commit asked for.
+    """Clone ``url`` and check out ``revision`` (a commit; the default branch when None), as
+    MemOS's own remotes work, but at the commit asked for, into the managed folder
+    ``$CUBEPACK_CACHE/cubes/git/<url digest>/<commit>`` (replaced by a later load of the same
+    commit; nothing is left in a temporary folder).
 
     Raises:
         UnsafeInputError: the checked-out tree holds a symlink (git writes them as links, to
             anywhere), a special file or a name the path rule refuses; the clone is removed
             before MemOS or cubepack reads any of it.
     """
-    folder = Path(tempfile.mkdtemp(prefix="cubepack-git-")) / "cube"
+    root = constants.cubes_dir() / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
+    folder = staging / "cube"
     try:
-        _clone(url, revision, folder)
+        head = _clone(url, revision, folder)
         _, problems = scan_cube(folder)
         if problems:
             where, what = problems[0]
             raise UnsafeInputError(f"The clone of {url} is refused: "
                                    + (f"{where} {what}." if where else f"{what}"))
-    except BaseException:
-        shutil.rmtree(folder.parent, ignore_errors=True)
-        raise
-    return folder
+        target = root / head
+        atomic.replace_dir(folder, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
-def _clone(url: str, revision: str | None, folder: Path) -> None:
+def _clone(url: str, revision: str | None, folder: Path) -> str:
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True)
         if done.returncode:
@@ -219,6 +247,7 @@ def _clone(url: str, revision: str | None, folder: Path) -> None:
     if revision and head != revision:
         raise HubError(f"git checked out {head} for {url}@{revision}; refusing another commit.")
     shutil.rmtree(folder / ".git")  # the cube is the working tree; git's own files are not in it
+    return head
 
 
 def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
@@ -243,13 +272,69 @@ def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
     report = HookReport(cube_dir=folder)
     if state == "file":
         verified = verify(folder, current.policy)
-        report.verified = True
-        if hasattr(self.llm, "model"):  # vLLM memories hold prompts: a packed cube has none
+        report.verified, report.signed_by = True, verified.signed_by
+        if hasattr(self.llm, "model"):
             load_packed(self, folder, verified.lock, report, current.policy)
+        else:
+            load_prompts(self, folder, verified.lock, report)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current.on_mismatch)
     self.cubepack = report
+
+
+def _dump_prompts(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+    dump_activations(self, dir)  # one function for both memories (a distinct object to patch)
+
+
+def _recorded_extract(self: Any, text: Any) -> Any:
+    """MemOS's ``KVCacheMemory.extract``, with the new cache's producer registered."""
+    return record_extraction(self, _original(_kv_memory(), "extract")(self, text), text)
+
+
+def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:  # noqa: A002
+    """``GeneralMemCube.dump`` under the hook: MemOS dumps (its activation memory writing KV
+    files, not a pickle), then config.json names each model by its Hub id rather than the local
+    snapshot path the hook loaded it from, and the folder is packed, so it loads anywhere
+    through cubepack and verifies."""
+    if os.path.exists(dir) and os.listdir(dir):  # MemOS's own rule, before any work
+        _original(_general_cube(), "dump")(self, dir, memory_types)
+    dump_cube(self, Path(dir), memory_types)
+
+
+def _register_mem_cube(self: Any, mem_cube_name_or_path: Any, mem_cube_id: str | None = None,
+                       user_id: str | None = None) -> None:
+    """``MOSCore.register_mem_cube`` under the hook. MemOS 2.0.33 reads ``text_mem.config`` of
+    every cube it registers, so a cube without a text memory (activations only) crashed with
+    ``'NoneType' object has no attribute 'config'``; the cube is given a placeholder text memory
+    (falsy, so MemOS's own ``if cube.text_mem`` checks skip it) for the call."""
+    original = _original(_mos_core(), "register_mem_cube")
+    cube = mem_cube_name_or_path
+    if isinstance(cube, (str, Path)):
+        if mem_cube_id is None:
+            mem_cube_id = str(mem_cube_name_or_path)
+        token = _CALLER.set(f"{type(self).__name__}.register_mem_cube")
+        try:
+            cube = (_general_cube().init_from_dir(str(cube)) if Path(cube).exists()
+                    else _general_cube().init_from_remote_repo(str(cube)))
+        finally:
+            _CALLER.reset(token)
+    if getattr(cube, "text_mem", None) is not None:
+        return original(self, cube, mem_cube_id, user_id)
+    cube._text_mem = _NoTextMemory()
+    try:
+        return original(self, cube, mem_cube_id, user_id)
+    finally:
+        cube._text_mem = None
+
+
+class _NoTextMemory:
+    """Stands in for an absent text memory while MemOS registers a cube (see above)."""
+
+    config = None
+
+    def __bool__(self) -> bool:
+        return False
 
 
 def _lock_state(folder: Path) -> str:
@@ -273,3 +358,15 @@ def _general_cube() -> Any:
     from memos.mem_cube.general import GeneralMemCube
 
     return GeneralMemCube
+
+
+def _kv_memory() -> Any:
+    from memos.memories.activation.kv import KVCacheMemory
+
+    return KVCacheMemory
+
+
+def _mos_core() -> Any:
+    from memos.mem_os.core import MOSCore
+
+    return MOSCore

@@ -8,16 +8,17 @@ MemOS is imported only inside these functions (it has import-time side effects).
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._util import constants
 from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
 from ..cube._verify import verify
-from ..errors import CubepackError
-from ..hub._pull import parse_repo_spec, pull
+from ..errors import CubepackError, UsageError
+from ..hub._client import HubClient, cache_repo_dir, offline_requested
+from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ._activations import HookReport, load_packed
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
@@ -46,7 +47,8 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
         memory_types: as MemOS's (``text_mem``, ``act_mem``, ``para_mem``, ``pref_mem``).
         default_config: a ``GeneralMemCubeConfig`` merged as MemOS merges it; if it swaps in
             another model, each activation is handled by ``on_mismatch``.
-        local_dir: where to place the pulled cube (default: a new temporary folder).
+        local_dir: where to place the pulled cube (default: ``$CUBEPACK_CACHE/cubes/<repo>/<commit>``,
+            reused by later loads of that commit).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
@@ -57,11 +59,17 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     """
     policy = TrustPolicy.build(policy, **options)
     repo_id, wanted = parse_repo_spec(cube_id, revision)
-    target = Path(local_dir) if local_dir else Path(tempfile.mkdtemp(prefix="cubepack-cube-")) / "cube"
+    managed = local_dir is None
+    if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
+        sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
+                               client=HubClient(endpoint, token))
+        local_dir = cache_repo_dir(repo_id, repo_type, constants.cubes_dir()) / sha
+        wanted = sha
+    target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
     # The live checks (recomputation, provenance) run against the model MemOS loads, below.
     pulled = pull(spec, policy.without_live_checks(), local_dir=target, endpoint=endpoint,
-                  token=token, repo_type=repo_type)
+                  token=token, repo_type=repo_type, force=managed)
     cube = _build(pulled.local_dir, pulled.report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
     cube.cubepack.commit_sha = pulled.commit_sha
@@ -82,21 +90,22 @@ def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
 def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
            memory_types: list[str] | None, default_config: Any, endpoint: str | None,
            token: str | None) -> Any:
-    from memos.configs.mem_cube import GeneralMemCubeConfig
+    """Build the GeneralMemCube: only the memory types asked for (the others are not even
+    constructed, as MemOS would construct every configured one), pinned models, the
+    non-activation memories loaded by MemOS, the activations by cubepack."""
     from memos.mem_cube.general import GeneralMemCube
-    from memos.mem_cube.utils import merge_config_with_default
 
-    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
-    effective = merge_config_with_default(recorded, default_config) if default_config is not None \
-        else recorded
+    types = memory_types or list(MEMORY_TYPES)
     lock = verified.lock
+    recorded, effective = _configs(cube_dir, lock, default_config)
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
-    cube = GeneralMemCube(effective)
-    types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
-    others = [kind for kind in types if kind != "act_mem"]
-    if others:
+    cube = GeneralMemCube(_only(effective, types))
+    others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
+    if others and (cube_dir / "config.json").is_file():
         cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
+    for kind in others if not (cube_dir / "config.json").is_file() else []:
+        getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
@@ -104,6 +113,41 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     require_provenance_of(lock, report, policy.require_provenance)
     cube.cubepack = report
     return cube
+
+
+MEMORY_TYPES = ("text_mem", "act_mem", "para_mem", "pref_mem")
+
+
+def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any) -> tuple[Any, Any]:
+    """(the cube's own config, the effective one), merged as MemOS merges a default_config. A
+    cube without config.json (a text-memory export) takes the default_config, with the lock's
+    cube id."""
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+    from memos.mem_cube.utils import merge_config_with_default
+
+    if not (cube_dir / "config.json").is_file():
+        if default_config is None:
+            raise UsageError(f"{cube_dir} holds no MemOS config.json (a text-memory export); "
+                             "say how MemOS should hold it: pass default_config=a "
+                             "GeneralMemCubeConfig (its cube_id is taken from the cube).")
+        data = default_config.model_dump(mode="json")
+        data["cube_id"] = lock.get("cube_id") or data.get("cube_id")
+        config = type(default_config).model_validate(data)
+        return config, config
+    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
+    effective = merge_config_with_default(recorded, default_config) if default_config is not None \
+        else recorded
+    return recorded, effective
+
+
+def _only(config: Any, types: list[str]) -> Any:
+    """``config`` with the memory types not asked for left uninitialised, so MemOS does not
+    build them (it builds every configured memory, whatever ``memory_types`` says)."""
+    data = config.model_dump(mode="json")
+    for kind in MEMORY_TYPES:
+        if kind not in types and isinstance(data.get(kind), dict):
+            data[kind] = {"backend": "uninitialized"}
+    return type(config).model_validate(data)
 
 
 def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: HookReport, *,

@@ -43,8 +43,10 @@ def build_tokenizer(corpus: tuple[str, ...] = CORPUS, vocab_size: int = 400) -> 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
+    # A causal LM takes no token_type_ids: MemOS passes the tokenizer's output to generate().
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
-                                   bos_token="<|endoftext|>", pad_token="<|pad|>")
+                                   bos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   model_input_names=["input_ids", "attention_mask"])
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -459,16 +459,22 @@ def test_a_cast_to_the_pinned_dtype_never_changes_a_shared_model(zoo, models, tm
     assert bystander.act_mem.llm.model.dtype == torch.float32
 
 
-def test_vllm_cubes_are_refused_precisely_never_with_an_attribute_error(zoo, tmp_path):
+def test_a_vllm_cube_holding_kv_tensors_is_refused_precisely(zoo, models, tmp_path):
+    """A vLLM memory holds prompt strings (packable: see test_memos_use); KV tensors under the
+    vllm_kv_cache backend are refused with that explanation, never an AttributeError."""
     import json as json_module
 
+    import torch
+
+    from helpers import build_cache
     from memos_format import write_cube
 
-    cube = write_cube(tmp_path / "vllm", str(zoo["a"]), {})
+    caches = {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7]]))}
+    cube = write_cube(tmp_path / "vllm", str(zoo["a"]), caches)
     config = json_module.loads((cube / "config.json").read_text())
     config["act_mem"]["backend"] = "vllm_kv_cache"
     (cube / "config.json").write_text(json_module.dumps(config))
-    with pytest.raises(cubepack.UnsupportedError, match="prompt strings that a vLLM server"):
+    with pytest.raises(cubepack.UnsupportedError, match="a vLLM cube holds prompt strings only"):
         cubepack.pack(cube, legacy_pickle=True)
 
 

@@ -1,0 +1,93 @@
+"""Portable dumps: what MemOS writes under the hook loads anywhere, and holds no pickle.
+
+- ``KVCacheMemory.dump`` (called by ``GeneralMemCube.dump``, ``MOS.dump`` and the scheduler's
+  activation manager) writes each cache as a KV file, ``activations/<id>.kv.safetensors``, with
+  its producer's identity (the model that made it, or the memory's model) and the token ids
+  MemOS prefilled, instead of ``activation_memory.pickle``. A cache that no longer matches its
+  prompt (grown in place by an unhooked chat: MemOS #2301) is refused, not shipped.
+- ``GeneralMemCube.dump`` then packs the folder: models named in ``config.json`` by their Hub id
+  (the hook loads pinned models from local snapshot folders; a path means nothing elsewhere),
+  pinned to the model MemOS loaded, locked, so the dump verifies and loads through cubepack.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from .._util.canonical import json_safe
+from ..cube._memos_layout import memos_prompt_ids
+from ..cube._pack import activation_filename, pack, write_prompts
+from ..errors import CubepackError, UsageError
+from ..identity._fingerprint import fingerprint
+from ..kv._torch import save_kv_cache
+from ._use import produced
+
+
+def dump_activations(act_mem: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+    """``KVCacheMemory.dump`` / ``VLLMKVCacheMemory.dump`` under the hook: one KV file per
+    cache (or, for vLLM, the prompts file), no pickle."""
+    folder = Path(dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not hasattr(act_mem.llm, "model"):  # vLLM: prompt strings the server prefills
+        write_prompts(folder, [(item_id, item.memory, item.metadata or {})
+                               for item_id, item in act_mem.kv_cache_memories.items()])
+        return
+    model = getattr(act_mem.llm, "model", None)
+    tokenizer = getattr(act_mem.llm, "tokenizer", None)
+    for item_id, item in act_mem.kv_cache_memories.items():
+        record = produced(item.memory)
+        producer = record.producer if record is not None else fingerprint(model)
+        metadata = {**json_safe(item.metadata or {}), "id": item_id}
+        ids = prompt_ids(item_id, item.memory, record, tokenizer, metadata)
+        save_kv_cache(item.memory, folder / activation_filename(item_id), producer=producer,
+                      metadata=metadata, token_ids=ids)
+
+
+def prompt_ids(item_id: str, cache: Any, record: Any, tokenizer: Any,
+               metadata: dict[str, Any]) -> list[int]:
+    """The token ids a cache covers: those recorded when it was made or installed, else MemOS's
+    prompt for its source rebuilt through the chat template; they must match its length.
+
+    Raises:
+        UsageError: no ids can be found, or they no longer match the cache (grown in place).
+    """
+    length = cache.get_seq_length()
+    ids = list(record.token_ids) if record is not None and record.token_ids else None
+    if ids is None and tokenizer is not None and metadata.get("source_text") is not None:
+        try:
+            ids = memos_prompt_ids(tokenizer, metadata["source_text"])
+        except CubepackError:
+            ids = None
+    if ids is None:
+        raise UsageError(f"Activation {item_id!r} records no token ids and no source_text to "
+                         "rebuild them from, so it cannot be stored with a proof of its prompt; "
+                         "re-extract it with act_mem.extract(text) and dump again.")
+    if len(ids) != length:
+        raise UsageError(
+            f"Activation {item_id!r} holds {length} tokens but its prompt has {len(ids)}: it "
+            "grew in place during a chat (MemOS issue #2301: generation appends to the cache "
+            "it is given), so it no longer is the memory it was made from. Re-extract it "
+            "(act_mem.extract(source_text)) or reload the cube before dumping; with "
+            "cubepack.memos.install() chats no longer grow stored caches.")
+    return ids
+
+
+def dump_cube(cube: Any, folder: Path, memory_types: list[str] | None = None, *,
+              license: str | None = None, pretty_name: str | None = None,
+              recompute: bool = False) -> None:
+    """Dump a live ``GeneralMemCube`` into the empty ``folder`` as a packed cube: MemOS's own
+    dump writes config.json and the other memories, :func:`dump_activations` the caches, and
+    pack pins the models (the one MemOS loaded for the activations), names snapshot paths by
+    their Hub ids and locks it."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
+    memos_dump = inspect.unwrap(GeneralMemCube.dump)  # MemOS's, even under the hook
+    memos_dump(cube, str(folder), [kind for kind in types if kind != "act_mem"])
+    act_mem = cube.act_mem if "act_mem" in types else None
+    if act_mem is not None:
+        dump_activations(act_mem, str(folder))  # KV files (or prompts), never a pickle
+    model = getattr(act_mem.llm, "model", None) if act_mem is not None else None
+    pack(folder, model=model, license=license, pretty_name=pretty_name, recompute=recompute)
