@@ -25,7 +25,7 @@ class _Context:
 
 #: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
 _POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
-                   "seed", "require_provenance", "embedder", "strict_models")
+                   "seed", "require_provenance", "embedder", "embedder_sample", "strict_models")
 
 
 def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,6 +45,8 @@ def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--embedder",
                      help="Check the text memory's vectors: a local model folder, "
                           "openai:<base url>#<model> or ollama:<base url>#<model>."),
+        click.option("--embedder-sample", type=click.IntRange(min=0),
+                     help="Memories --embedder re-embeds, drawn at random (default 16; 0: all)."),
         click.option("--trusted-key", "trusted_keys", multiple=True,
                      type=click.Path(dir_okay=False, exists=True),
                      help="Public key (PEM) whose signature is accepted (repeatable); requires one."),

@@ -12,7 +12,7 @@ cubepack writes verifies.
 from __future__ import annotations
 
 import io
-import pickletools
+import pickle
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -103,17 +103,45 @@ def pickle_evidence(path: Path, name: str) -> str | None:
 
 
 def is_pickle_stream(data: bytes) -> bool:
-    """True when ``data`` starts with a complete pickle (opcodes up to STOP), as ``pickle.load``
-    would read it; decoded with ``pickletools``, nothing is executed."""
+    """True when ``pickle.load`` would read ``data`` to the end of a pickle (STOP). Decided by
+    CPython's own unpickler run dry: every global it asks for is an inert stand-in that records
+    nothing and calls nothing, so no code runs, and the loader's own leniency (``I0x1``, which
+    ``pickletools`` rejects but ``pickle.load`` accepts) is the rule, not a guess at it."""
     try:
-        opcodes = 0
-        for opcode, _, _ in pickletools.genops(io.BytesIO(data)):
-            opcodes += 1
-            if opcode.name == "STOP":
-                return opcodes >= 2
-    except Exception:  # noqa: BLE001 - any decoding error: not a pickle
+        _DryUnpickler(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - pickle.load would fail too: not a pickle
         return False
-    return False
+    return True
+
+
+class _Inert:
+    """What a dry unpickle builds for any global: accepts every call, attribute and state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "_Inert":
+        return _Inert()
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+
+class _DryUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> Any:
+        return _Inert()
 
 
 def _check_json(path: Path) -> None:
@@ -146,9 +174,17 @@ _CHECKS = {"json": _check_json, "yaml": _check_yaml, "kv": _check_kv,
 
 def pickled_memory_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
     """(file, why) for each file of ``files`` that MemOS would read with ``pickle.load`` under
-    this cube config: a packed cube must hold none (a verified JSON file named as the activation
-    memory's ``memory_filename`` would still be unpickled by plain MemOS)."""
+    this cube config, by the path MemOS opens whatever the spelling (``./x`` is ``x``): a packed
+    cube must hold none (a verified text file named as the activation memory's
+    ``memory_filename`` would still be unpickled by plain MemOS). And config.json itself when it
+    names a memory file MemOS would open outside the cube."""
     present = set(files)
-    return [(name, f"is named by config.json as the {backend} activation memory, which MemOS "
-                   "reads with pickle.load; a packed cube must not hold it")
-            for backend, name in memos_layout.pickled_memory_files(config) if name in present]
+    problems = [(opened, f"is named by config.json ({name!r}) as the {backend} activation "
+                         "memory, which MemOS reads with pickle.load; a packed cube must not "
+                         "hold it")
+                for backend, name in memos_layout.pickled_memory_files(config)
+                if (opened := memos_layout.opened_path(name)) in present]
+    problems += [("config.json", f"names the {key} memory file {name!r}, which MemOS would open "
+                                 "outside the cube")
+                 for key, name in memos_layout.escaping_memory_files(config)]
+    return problems

@@ -21,6 +21,8 @@ from ._report import CLAIMED, Check
 from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine, memory_vectors
 
 CHECK = "embedder"
+#: Texts per embedding call when every memory is re-embedded.
+BATCH = 256
 
 
 def probe_vectors(spec: str) -> list[list[float]]:
@@ -67,9 +69,10 @@ def vector_sources(cube: Path, config: dict[str, Any], lock_files: list[str],
 
 def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
                     embed_texts: Callable[[list[str]], list[list[float]]], *, label: str,
-                    seed: int | None = None, size: int = SAMPLE_SIZE) -> list[Check]:
+                    seed: int | None = None, size: int | None = SAMPLE_SIZE) -> list[Check]:
     """Re-embed memories drawn at random (by this process: ``seed``, reported) from each text
-    memory that holds vectors, in one batched call, and compare with the stored vectors; then
+    memory that holds vectors (``size`` of them; 0 or None: all, in batches), in one batched
+    call, and compare with the stored vectors; then
     the recorded probe vectors, if any, in a second call. ``embed_texts`` is the live embedder
     (``label`` names it in messages). One check per memory, and one per probe.
 
@@ -85,9 +88,13 @@ def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
     rng = random.Random(seed)
     checks = []
     for name, memories in sources:
-        drawn = rng.sample(memories, min(size, len(memories)))
-        fresh = embed_texts([text for _, text, _ in drawn])
-        scope = f"{len(drawn)} of {len(memories)} memories drawn at random (seed {seed})"
+        every = not size or size >= len(memories)
+        drawn = list(memories) if every else rng.sample(memories, size)
+        fresh = [vector for start in range(0, len(drawn), BATCH)
+                 for vector in embed_texts([text for _, text, _ in drawn[start:start + BATCH]])]
+        scope = (f"all {len(drawn)} memories" if every else
+                 f"{len(drawn)} of {len(memories)} memories drawn at random (seed {seed}); a "
+                 "sample cannot find a few foreign vectors: --embedder-sample 0 checks all")
         checks += [_compare(f"{name} ({memory_id})", stored, vector, label, scope)
                    for (memory_id, _, stored), vector in zip(drawn, fresh)]
     if record.get("probes"):

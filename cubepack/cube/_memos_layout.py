@@ -8,6 +8,7 @@ extractor LLM; textual memories name an extractor LLM and an embedder.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,29 +91,60 @@ def act_model_name(config: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def opened_path(name: Any) -> str | None:
+    """The cube path MemOS opens for a config ``memory_filename`` (``os.path.join(dir, name)``):
+    ``./x`` and ``a/../x`` open ``x``; None when it opens something outside the cube (an
+    absolute path, ``..``). Every rule about a config-named file goes through this, so another
+    spelling of a name cannot slip past it."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return None
+    if name.startswith(("/", "~")):
+        return None
+    normal = posixpath.normpath(name)
+    if normal in (".", "..") or normal.startswith("../"):
+        return None
+    return normal
+
+
+def named_memory_files(config: dict[str, Any]) -> dict[str, str]:
+    """Memory key -> the ``memory_filename`` config.json gives it (or MemOS's default), as
+    written, for every memory kind."""
+    names = {}
+    for key in MEMORY_KINDS:
+        name = _section(_section(config, key), "config").get("memory_filename")
+        names[key] = name if isinstance(name, str) and name else DEFAULT_FILENAMES[key]
+    return names
+
+
 def activation_pickle_name(config: dict[str, Any]) -> str:
-    act_config = _section(_section(config, "act_mem"), "config")
-    name = act_config.get("memory_filename")
-    return name if isinstance(name, str) and name else DEFAULT_FILENAMES["act_mem"]
+    name = named_memory_files(config)["act_mem"]
+    return opened_path(name) or name
 
 
 def pickled_memory_files(config: dict[str, Any]) -> list[tuple[str, str]]:
     """(backend, file name) of every memory MemOS loads with ``pickle.load``: the activation
     memory of the kv_cache and vllm_kv_cache backends (MemOS 2.0.x)."""
     backend = _section(config, "act_mem").get("backend")
-    return [(backend, activation_pickle_name(config))] if backend in KV_BACKENDS else []
+    return [(backend, named_memory_files(config)["act_mem"])] if backend in KV_BACKENDS else []
 
 
 def memory_files(config: dict[str, Any], files: list[str]) -> dict[str, list[str]]:
-    """Which of ``files`` hold which memory kind (config file, textual, parametric...)."""
+    """Which of ``files`` hold which memory kind (config file, textual, parametric...), by the
+    path MemOS opens (see :func:`opened_path`)."""
     present = set(files)
     result: dict[str, list[str]] = {"config": ["config.json"] if "config.json" in present else []}
-    for key, kind in MEMORY_KINDS.items():
+    for key, name in named_memory_files(config).items():
         if key == "act_mem":
             continue
-        name = _section(_section(config, key), "config").get("memory_filename") or DEFAULT_FILENAMES[key]
-        result[kind] = [name] if name in present else []
+        opened = opened_path(name)
+        result[MEMORY_KINDS[key]] = [opened] if opened in present else []
     return result
+
+
+def escaping_memory_files(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(memory key, name) of each config-named memory file MemOS would open outside the cube."""
+    return [(key, name) for key, name in named_memory_files(config).items()
+            if opened_path(name) is None]
 
 
 def is_hub_loadable(backend: str | None) -> bool:

@@ -40,6 +40,8 @@ class TrustPolicy:
         require_provenance: ``"recorded"`` or ``"recomputed"``: refuse activations whose
             producer label is backed by less.
         embedder: an embedder spec that must reproduce the text memory's vectors.
+        embedder_sample: how many memories it re-embeds, drawn at random (default 16; 0: all,
+            which a few foreign vectors among many cannot escape).
         strict_models: refuse a cube whose pinned model cannot be checked at all.
         on_mismatch: for loads into a live model (the MemOS hook): ``"error"``, ``"drop"`` or
             ``"rebuild"``.
@@ -53,6 +55,7 @@ class TrustPolicy:
     seed: int | None = None
     require_provenance: str | None = None
     embedder: str | None = None
+    embedder_sample: int | None = None
     strict_models: bool = False
     on_mismatch: str = "error"
 
@@ -76,6 +79,10 @@ class TrustPolicy:
             raise UsageError(f"embedder must be an embedder spec (a model folder, "
                              f"openai:<url>#<model> or ollama:<url>#<model>), not "
                              f"{self.embedder!r}.")
+        if self.embedder_sample is not None and (type(self.embedder_sample) is not int
+                                                 or self.embedder_sample < 0):
+            raise UsageError(f"embedder_sample must be 0 (all) or a positive integer, not "
+                             f"{self.embedder_sample!r}.")
         if self.model is not None and isinstance(self.model, str) and not self.model.strip():
             raise UsageError("model must name a model folder or Hub id, not an empty string.")
         if self.require_provenance is not None and \
@@ -114,7 +121,7 @@ class TrustPolicy:
         """The part of the policy a folder can be checked against before a model is loaded
         (the MemOS hook recomputes and checks provenance with the model MemOS loads)."""
         return replace(self, recompute=False, recompute_tokens=None, require_provenance=None,
-                       embedder=None)
+                       embedder=None, embedder_sample=None)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -30,7 +30,7 @@ from ._policy import TrustPolicy
 from ._provenance import ASSERTED, RECOMPUTED, evidence, satisfies
 from ._report import Check, VerifyReport, pin_subject
 from ._signing import verify_signature
-from ._vectors import EMBEDDER_ROLE
+from ._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
@@ -405,6 +405,8 @@ def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPol
         report.extend(embedder_checks(report.cube_dir, _memos_config(report.cube_dir, list(lock["files"]), []),
                                       lock,
                                       lambda texts: embed(spec, texts), label=spec,
-                                      seed=policy.seed))
+                                      seed=policy.seed,
+                                      size=SAMPLE_SIZE if policy.embedder_sample is None
+                                      else policy.embedder_sample))
     except CubepackError as exc:
         report.add("embedder", "*", False, str(exc), role=EMBEDDER_ROLE)

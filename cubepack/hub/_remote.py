@@ -8,11 +8,11 @@ what to do with them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._util.canonical import loads_strict
 from ..cube._policy import TrustPolicy
 from ..cube._report import Check, VerifyReport, pin_subject
 from ..cube._verify import require_checked_models, verify
@@ -89,17 +89,21 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) 
             found = tokenizer_digest_from_json(text)
             if found != pinned.tokenizer_digest:
                 problems.append(("tokenizer_digest", pinned.tokenizer_digest, found))
-        config = json.loads(client.download(repo_id, "config.json", repo_type="model",
-                                            revision=sha).read_text(encoding="utf-8"))
+        raw = client.download(repo_id, "config.json", repo_type="model", revision=sha)
     except CubepackError as exc:
         return [Check(CHECK, subject, False, str(exc), role=role)]
     except Exception as exc:  # noqa: BLE001 - translated
         return [Check(CHECK, subject, False, str(client.error(exc, repo_id, "model", sha)),
                       role=role)]
-    problems += [(m.field, m.expected, m.found)
-                 for m in compare_keyed("geometry", pinned.geometry, geometry_from_config(config))
-                 + compare_keyed("compute_config", pinned.compute_config or {},
-                                 compute_config(config))]
+    try:  # the endpoint's files are read as strictly as a cube's
+        config = loads_strict(raw.read_bytes())
+        problems += [(m.field, m.expected, m.found) for m in
+                     compare_keyed("geometry", pinned.geometry, geometry_from_config(config))
+                     + compare_keyed("compute_config", pinned.compute_config or {},
+                                     compute_config(config))]
+    except (CubepackError, ValueError) as exc:
+        return [Check(CHECK, subject, False, f"the Hub's config.json at the pinned revision is "
+                      f"unusable: {exc}", role=role)]
     if not problems:
         return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry and "
                       "compute config at the pinned revision match the pin", role=role)]

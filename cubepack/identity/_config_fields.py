@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from .._util import canonical
+from ..errors import FormatError
 
 #: Keys known not to change a forward pass in inference (or compared under another field).
 NOT_COMPUTE = frozenset({
@@ -52,13 +53,36 @@ _DROPOUT = re.compile(r"(^|_)(dropout|pdrop)(_|$)|dropout_(prob|rate)$")
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 
 
+#: Largest geometry value a config may give (a config from elsewhere must not make cubepack
+#: build a billion-entry layer list or divide by a string).
+MAX_GEOMETRY = 1 << 24
+
+
 def geometry_from_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The KV-relevant shape of a model, from its config dict (text config for multimodal)."""
+    """The KV-relevant shape of a model, from its config dict (text config for multimodal).
+
+    Raises:
+        FormatError: the config is not an object, or a shape value is not a reasonable integer.
+    """
+    if not isinstance(config, dict):
+        raise FormatError(f"A model config must be a JSON object, found {type(config).__name__}.")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     heads = _first(text, "num_attention_heads", "n_head")
     kv_heads = _first(text, "num_key_value_heads", "num_kv_heads") or heads
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
+    for key, value in (("num_hidden_layers", layers), ("num_attention_heads", heads),
+                       ("num_key_value_heads", kv_heads), ("hidden_size", hidden),
+                       ("head_dim", text.get("head_dim")), ("vocab_size", text.get("vocab_size")),
+                       ("sliding_window", text.get("sliding_window"))):
+        if value is not None and (type(value) is not int or not 0 <= value <= MAX_GEOMETRY):
+            raise FormatError(f"The model config's {key} must be an integer in 0..{MAX_GEOMETRY}, "
+                              f"found {str(value)[:40]!r}.")
+    layer_types = text.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and len(layer_types) <=
+                                        MAX_GEOMETRY and all(isinstance(t, str)
+                                                             for t in layer_types)):
+        raise FormatError("The model config's layer_types must be a list of layer type names.")
     head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
     window = text.get("sliding_window") or text.get("attention_chunk_size")
     layer_types = text.get("layer_types")

@@ -217,8 +217,9 @@ def _length_problems(where: str, layer: StoredLayer, geometry: dict[str, Any]) -
     """A layer's stored positions must agree with the tokens it has seen.
 
     A full-attention layer stores every token. A sliding layer stores every token until its
-    window fills, then the last ``window - 1`` (what transformers keeps), never more than the
-    window; its ``cumulative_length`` counts every token, and RoPE positions continue from it.
+    window fills, then the last ``window - 1`` (what transformers 4.56+ and 5.x keep), never
+    more: a layer holding ``window`` positions makes the model's next step fail; its
+    ``cumulative_length`` counts every token, and RoPE positions continue from it.
     """
     seq, cumulative = layer.keys_shape[2], layer.cumulative_length
     if layer.type == FULL:
@@ -228,8 +229,9 @@ def _length_problems(where: str, layer: StoredLayer, geometry: dict[str, Any]) -
     if seq > cumulative:
         return [Mismatch(f"{where}.cumulative_length", f">= {seq} (the positions it stores)",
                          cumulative)]
-    if window is not None and seq > window:
-        return [Mismatch(f"{where}.stored_positions", f"<= {window} (the sliding window)", seq)]
+    if window is not None and seq > window - 1:
+        return [Mismatch(f"{where}.stored_positions",
+                         f"<= {window - 1} (the sliding window {window}, less the new token)", seq)]
     if seq < cumulative and (window is None or seq < window - 1):
         return [Mismatch(f"{where}.stored_positions",
                          f"{min(cumulative, (window or 1) - 1)} (all {cumulative} seen, up to "

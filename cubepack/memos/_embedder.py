@@ -16,7 +16,7 @@ from typing import Any
 
 from ..cube._embedder import embedder_checks, vector_sources
 from ..cube._policy import TrustPolicy
-from ..cube._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
+from ..cube._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
 from ..errors import IdentityMismatch, Mismatch
 from ._activations import HookReport
 
@@ -30,7 +30,8 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
     config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose
     vectors and record disagree (or whose record was removed) is refused whatever the policy."""
     embedder = getattr(text_mem, "embedder", None)
-    config = json.loads((cube_dir / "config.json").read_text(encoding="utf-8"))
+    config_path = cube_dir / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     record = (lock["models"].get(ROLE) or {}).get("vectors")
     if not vector_sources(cube_dir, config, list(lock["files"]), record):
         return  # no vectors: nothing an embedder could be checked against
@@ -40,7 +41,9 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             "MemOS built this text memory without an embedder, so its vectors cannot be "
             "checked; configure the embedder that made them.")
     checks = embedder_checks(cube_dir, config, lock, embedder.embed,
-                             label=type(embedder).__name__, seed=policy.seed)
+                             label=type(embedder).__name__, seed=policy.seed,
+                             size=SAMPLE_SIZE if policy.embedder_sample is None
+                             else policy.embedder_sample)
     problems = [Mismatch(f"vectors[{c.subject}].dimension", c.expected, c.found)
                 if c.expected is not None else
                 Mismatch(f"vectors[{c.subject}].cosine", f">= {COSINE_THRESHOLD}",

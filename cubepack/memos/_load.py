@@ -16,7 +16,7 @@ from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
 from ..cube._verify import verify
-from ..errors import CubepackError, UsageError
+from ..errors import CubepackError, IntegrityError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ._activations import HookReport, load_packed
@@ -168,6 +168,13 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
             logger.info("cubepack: default_config replaces the %s model %s with %s", role,
                         original.get("model_name_or_path"), current.get("model_name_or_path"))
             continue
+        named = original.get("model_name_or_path")
+        if pin.get("repo_id") and named not in (pin["repo_id"], pin.get("name")):
+            # The lock is a claim: it may pin the model config.json names, never choose another.
+            raise IntegrityError(
+                f"The lock pins the {role} model {pin['repo_id']}@{pin.get('revision')}, but "
+                f"config.json names {named}: the pin would make MemOS run another model than the "
+                "one the cube (and any default_config) names. Refusing the cube; re-pack it.")
         if pin.get("repo_id") and pin.get("revision"):
             try:
                 folder = snapshot_download(pin["repo_id"], revision=pin["revision"],

@@ -294,3 +294,42 @@ def test_probe_vectors_are_a_claim_and_a_cube_without_vectors_refuses_an_embedde
     cubepack.pack(plain)
     with pytest.raises(cubepack.VerificationFailed, match="holds no vectors"):
         cubepack.verify(plain, embedder=str(encoders["e"]))
+
+
+def test_another_spelling_of_the_memory_file_cannot_hide_its_vectors(cube, encoders):
+    """config.json naming './textual_memory.json' opens the same file in MemOS: its vectors
+    are that file's, so a removed record is still refused (whatever the spelling)."""
+    from cubepack._util import hashing
+    from cubepack.cube._embedder import vector_sources
+
+    from helpers import reseal_lock
+
+    config = json.loads((cube / "config.json").read_text())
+    config["text_mem"]["config"]["memory_filename"] = "./textual_memory.json"
+    (cube / "config.json").write_text(json.dumps(config))
+    digest, size = hashing.sha256_file(cube / "config.json"), (cube / "config.json").stat().st_size
+
+    def change(lock):
+        lock["files"]["config.json"] = {"sha256": digest, "size": size}
+        del lock["models"]["text_mem.embedder"]["vectors"]
+    reseal_lock(cube, change)
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    with pytest.raises(cubepack.IntegrityError, match="the lock records no embedder"):
+        vector_sources(cube, config, list(lock["files"]), None)
+    with pytest.raises(cubepack.VerificationFailed, match="records no embedder"):
+        cubepack.verify(cube, embedder=str(encoders["e"]))
+
+
+def test_every_memory_can_be_re_embedded_so_a_few_foreign_vectors_cannot_hide(cube, encoders):
+    honest = _memories(cube)
+    many = [dict(honest[i % 3], id=f"m-{i:03d}") for i in range(60)]
+    with EmbeddingServer(encoders["other"]) as other:
+        [foreign] = embed_with_memos_or_server(other, [TEXTS[0]])
+    many[37] = dict(many[37], vector=foreign)
+    _rewrite_memories(cube, many)
+    with EmbeddingServer(encoders["e"]) as server:
+        report = cubepack.verify(cube, embedder=server.spec, embedder_sample=0,
+                                 raise_on_failure=False)
+    bad = [c.subject for c in report.checks if c.name == "embedder" and c.ok is False]
+    assert bad == ["textual_memory.json (m-037)"]
+    assert "all 60 memories" in next(c.detail for c in report.checks if c.name == "embedder")

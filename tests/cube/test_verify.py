@@ -170,3 +170,42 @@ def test_diff_names_changed_files_and_pins(cube, packed, zoo):
     assert result["activations"]["removed"] == ["item-1"]
     assert result["same"] is False
     assert cubepack.diff(packed, packed / constants.LOCK_FILENAME)["same"] is True
+
+
+def _relist(cube, names):
+    from cubepack._util import hashing
+
+    def change(lock):
+        for name in names:
+            path = cube / name
+            lock["files"][name] = {"sha256": hashing.sha256_file(path),
+                                   "size": path.stat().st_size}
+    reseal_lock(cube, change)
+
+
+@pytest.mark.parametrize("spelling", ["act.txt", "./act.txt", "sub/../act.txt"])
+@pytest.mark.parametrize("payload", [b"I0x1\n0cos\nsystem\n(S'true'\ntR.",  # pickletools says no
+                                     b"cos\nsystem\n(S'true'\ntR."])
+def test_a_file_memos_would_unpickle_is_refused_under_any_spelling(cube, tmp_path, spelling,
+                                                                   payload):
+    """What MemOS opens is os.path.join(dir, memory_filename): './act.txt' is 'act.txt'. And a
+    pickle is whatever pickle.load reads (its loader accepts 'I0x1', pickletools does not)."""
+    config = json.loads((cube / "config.json").read_text())
+    config["act_mem"]["config"]["memory_filename"] = spelling
+    (cube / "config.json").write_text(json.dumps(config))
+    (cube / "act.txt").write_bytes(payload)
+    _relist(cube, ["config.json", "act.txt"])
+    report = cubepack.verify(cube, raise_on_failure=False)
+    assert not report.ok
+    content = {c.subject: c.detail for c in report.failures if c.name == "content"}
+    assert "act.txt" in content
+
+
+def test_a_memory_file_memos_would_open_outside_the_cube_is_refused(cube, tmp_path):
+    config = json.loads((cube / "config.json").read_text())
+    config["act_mem"]["config"]["memory_filename"] = "../outside.pickle"
+    (cube / "config.json").write_text(json.dumps(config))
+    _relist(cube, ["config.json"])
+    report = cubepack.verify(cube, raise_on_failure=False)
+    assert any(c.name == "content" and c.subject == "config.json" and "outside the cube"
+               in c.detail for c in report.failures)

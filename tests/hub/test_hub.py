@@ -358,3 +358,29 @@ def test_a_repo_id_is_exactly_owner_name_in_the_hubs_ascii_characters(spec):
     with pytest.raises(cubepack.UsageError, match="not a repo id of the form owner/name"):
         parse_repo_spec(spec + "@main")
     assert parse_repo_spec("Owner_1/cube-2.v3@main") == ("Owner_1/cube-2.v3", "main")
+
+
+@pytest.mark.parametrize("hostile", [[], {"hidden_size": "x", "num_attention_heads": 4},
+                                     {"num_hidden_layers": 3_000_000_000}])
+def test_a_hostile_config_on_the_endpoint_is_a_failed_check_not_a_crash(
+        hub, hub_pinned_cube, tmp_path, hostile):
+    """The endpoint's files are read as strictly as a cube's: a config.json that is a list, a
+    string where a size goes, or a layer count that would build a 3e9-entry list is a failed
+    'remote model' check, never an AttributeError, TypeError or MemoryError."""
+    import json as json_module
+
+    evil = tmp_path / "evil-config"
+    evil.mkdir()
+    (evil / "config.json").write_text(json_module.dumps(hostile))
+    upload_folder(hub.url, "tiny-org/model-a", evil, token=TOKEN)  # main moves; pin is a commit
+
+    def repoint(lock):  # the pin now names the commit holding the hostile config
+        from huggingface_hub import HfApi
+
+        head = HfApi(endpoint=hub.url, token=TOKEN).model_info("tiny-org/model-a").sha
+        lock["models"]["act_mem"]["revision"] = head
+    reseal_lock(hub_pinned_cube, repoint)
+    report = cubepack.hub.verify_remote(hub_pinned_cube, endpoint=hub.url, token=TOKEN,
+                                        raise_on_failure=False)
+    remote = [c for c in report.checks if c.name == "remote model"]
+    assert remote and all(c.ok is False for c in remote)

@@ -72,7 +72,7 @@ def case_zero_size_huge_positions(tensors, meta):
 def case_sliding_longer_than_window(tensors, meta):
     full = torch.zeros(1, 2, 10, 16)
     tensors["layers.0.keys"], tensors["layers.0.values"] = full, full.clone()
-    return r"layers\[0\]\.stored_positions: expected <= 4 \(the sliding window\)"
+    return r"layers\[0\]\.stored_positions: expected <= 3 \(the sliding window 4"
 
 
 def case_cumulative_contradicts_storage(tensors, meta):
@@ -198,3 +198,20 @@ def test_a_5000_digit_number_is_refused_before_it_is_converted(honest, tmp_path)
     save_file(tensors, str(path), metadata={"cubepack": text})
     with pytest.raises(FormatError, match="number literal 7+... has 5000 characters; at most 32"):
         read_kv_header(path)
+
+
+def test_a_sliding_layer_holding_its_whole_window_is_refused(honest, tmp_path):
+    """transformers keeps window - 1 positions; a file holding the whole window would load and
+    then fail at the model's next step, so the reader refuses it."""
+    tensors, meta = honest["hybrid"]
+    tensors, meta = dict(tensors), json.loads(json.dumps(meta))
+    sliding = next(i for i, layer in enumerate(meta["layers"])
+                   if layer["type"] == "sliding_attention")
+    window = meta["producer"]["geometry"]["sliding_window"]
+    keys = tensors[f"layers.{sliding}.keys"]
+    whole = torch.zeros(*keys.shape[:2], window, keys.shape[3], dtype=keys.dtype)
+    tensors[f"layers.{sliding}.keys"], tensors[f"layers.{sliding}.values"] = whole, whole.clone()
+    target = tmp_path / "whole-window.kv.safetensors"
+    save_file(tensors, str(target), metadata={"cubepack": json.dumps(meta)})
+    with pytest.raises(cubepack.FormatError, match=rf"layers\[{sliding}\]\.stored_positions"):
+        cubepack.read_kv_header(target)

@@ -485,3 +485,35 @@ def test_the_hook_proves_caches_with_the_model_memos_loaded(hub, published):
     proven = hook.init_from_remote_repo(spec, endpoint=hub.url, recompute=True,
                                         require_provenance="recomputed")
     assert sorted(proven.cubepack.recomputed) == sorted(item.id for item in published["items"])
+
+
+def test_the_lock_cannot_choose_another_model_than_config_json_names(hub, published, zoo,
+                                                                      tmp_path):
+    """The lock is a claim: it may pin the model config.json names to a commit, never name
+    another model for MemOS to run. Here the attacker packs B's caches pinned to B, then edits
+    config.json to name A: every file agrees with the lock, but MemOS would run B."""
+    import json as json_module
+
+    from huggingface_hub import snapshot_download
+    from memos.mem_cube.general import GeneralMemCube
+
+    from helpers import reseal_lock
+
+    other = publish_model(hub, zoo["b"], "evil/model")
+    snapshot = snapshot_download("evil/model", revision=other, endpoint=hub.url)
+    built = GeneralMemCube(memos_config(snapshot))
+    built.act_mem.add([built.act_mem.extract(TEXTS[0])])
+    cube = hook.pack_cube(built, tmp_path / "cube")
+    config_path = cube / "config.json"
+    config = json_module.loads(config_path.read_text())
+    config["act_mem"]["config"]["extractor_llm"]["config"]["model_name_or_path"] = \
+        "tiny-org/model-a"
+    config_path.write_text(json_module.dumps(config))
+
+    def relist(lock):
+        lock["files"]["config.json"] = {"sha256": hashing.sha256_file(config_path),
+                                        "size": config_path.stat().st_size}
+    reseal_lock(cube, relist)
+    sha = push(cube, "ns/swapped", endpoint=hub.url).commit_sha
+    with pytest.raises(cubepack.IntegrityError, match="config.json names tiny-org/model-a"):
+        hook.init_from_remote_repo(f"ns/swapped@{sha}", endpoint=hub.url)
