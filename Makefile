@@ -42,6 +42,7 @@ bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/pull.py
 	$(VENV)/latest/bin/python bench/identity.py
 	$(VENV)/latest/bin/python bench/recompute.py
+	$(VENV)/latest/bin/python bench/memos_use.py
 
 # huggingface_hub's own tests against `cubepack hub serve` (downloads the installed version's
 # sdist; needs pytest-mock, which its tests use). Not part of `make test`: it takes minutes.

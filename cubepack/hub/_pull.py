@@ -189,7 +189,7 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str,
     names, empty_folders, unreadable = _entries(folder)
     everything = sorted((set(names) - {ORIGIN_FILE}) | set(empty_folders) | set(unreadable))
     try:
-        origin = canonical.loads_strict((folder / ORIGIN_FILE).read_bytes())  # a cube may ship one
+        origin = _read_origin(folder / ORIGIN_FILE)
     except (OSError, ValueError):
         origin = None
     if not isinstance(origin, dict) or (origin.get("repo_id"), origin.get("repo_type")) != \
@@ -215,7 +215,7 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str,
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
             changed.append(f"{name} (changed)")
-        elif list(_stat_key(st)) != entry["stat"]:
+        elif _stat_key(st) != entry["stat"]:
             to_hash.append(name)  # touched, maybe edited: only its bytes can tell
     if to_hash:
         digests = hash_files([folder / name for name in to_hash], progress=False)
@@ -263,27 +263,29 @@ def _placed_files(origin: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     return files
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def _stat_key(st: os.stat_result) -> list[str]:
     """(device, inode, size, mtime_ns, ctime_ns): a file with the same key has the same bytes
-    (a user can set mtime back after an edit, but not ctime), as in the file-hash cache."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    (a user can set mtime back after an edit, but not ctime), as in the file-hash cache.
+    Written as strings: nanosecond times exceed the +-2**53 integers strict JSON allows."""
+    return [str(value) for value in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                     st.st_ctime_ns)]
 
 
 #: How long a record waits, at most, for the file system's clock to pass the files' ctimes.
 _CLOCK_TICK_WAIT = 0.5
 
 
-def _stat_keys(folder: Path, names: list[str]) -> dict[str, list[int] | None]:
+def _stat_keys(folder: Path, names: list[str]) -> dict[str, list[str] | None]:
     """Each file's stat key, recorded only once the file system's clock (one tick: a few ms)
     has moved past its ctime: an edit within the tick of the record would keep the same ctime
     (git's "racy clean" problem). A key that cannot be settled is None: always hashed."""
-    keys = {name: list(_stat_key(os.lstat(resolve_inside(folder, name)))) for name in names}
-    newest = max((key[4] for key in keys.values()), default=0)
+    keys = {name: _stat_key(os.lstat(resolve_inside(folder, name))) for name in names}
+    newest = max((int(key[4]) for key in keys.values()), default=0)
     waited = 0.0
     while (now := _file_system_now(folder)) <= newest and waited < _CLOCK_TICK_WAIT:
         time.sleep(0.002)
         waited += 0.002
-    return {name: key if key[4] < now else None for name, key in keys.items()}
+    return {name: key if int(key[4]) < now else None for name, key in keys.items()}
 
 
 def _file_system_now(folder: Path) -> int:
@@ -303,6 +305,10 @@ def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str,
         {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha, "files": files}))
 
 
+def _read_origin(path: Path) -> Any:
+    return canonical.loads_strict(path.read_bytes())  # a cube may ship one: read it strictly
+
+
 def _refresh_origin(target: Path) -> None:
     """Placed files are hard links to HF-cache blobs, so unlinking the old folder's links to the
     same blobs changed their ctime after the record was written. Record the new keys of files
@@ -310,7 +316,7 @@ def _refresh_origin(target: Path) -> None:
     (best effort: the cube is placed, and a stale key only costs a hash)."""
     path = target / ORIGIN_FILE
     try:
-        origin = canonical.loads_strict(path.read_bytes())
+        origin = _read_origin(path)
         keys = _stat_keys(target, sorted(origin["files"]))
     except (OSError, ValueError, KeyError, CubepackError):
         return

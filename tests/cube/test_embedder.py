@@ -333,3 +333,26 @@ def test_every_memory_can_be_re_embedded_so_a_few_foreign_vectors_cannot_hide(cu
     bad = [c.subject for c in report.checks if c.name == "embedder" and c.ok is False]
     assert bad == ["textual_memory.json (m-037)"]
     assert "all 60 memories" in next(c.detail for c in report.checks if c.name == "embedder")
+
+
+def test_a_text_memory_export_without_config_json_packs_with_a_cube_id_and_loads(
+        text_cube, zoo, tmp_path, encoders):
+    """Only the memory file and a cube id: pack records its vectors; the hook needs to be told
+    how MemOS holds it (default_config), checks the vectors against that embedder, loads."""
+    import cubepack.memos as hook
+
+    cube_dir, server = text_cube
+    export = tmp_path / "export"
+    export.mkdir()
+    shutil.copy(cube_dir / "textual_memory.json", export / "textual_memory.json")
+    cubepack.pack(export, cube_id="u/exported")
+    lock = json.loads((export / constants.LOCK_FILENAME).read_text())
+    assert lock["cube_id"] == "u/exported" and lock["models"]["text_mem.embedder"]["vectors"]
+    with pytest.raises(cubepack.UsageError, match="default_config"):
+        hook.init_from_dir(export)
+    loaded = hook.init_from_dir(export, default_config=text_config(tmp_path / "q", server, zoo))
+    assert loaded.config.cube_id == "u/exported" and loaded.cubepack.embedder_verified
+    assert sorted(m.memory for m in loaded.text_mem.get_all()) == sorted(TEXTS)
+    with EmbeddingServer(encoders["other"]) as other:
+        with pytest.raises(cubepack.IdentityMismatch, match="cosine"):
+            hook.init_from_dir(export, default_config=text_config(tmp_path / "q2", other, zoo))

@@ -334,7 +334,7 @@ CASES = [
     Case("unknown-file-kind", "content", lambda c, k: add_locked(c, "run.sh", b"echo hi\n"),
          r"content run\.sh: is of no kind a cube may hold"),
     Case("json-memory-named-as-pickle-memory", "content", _memory_filename_points_at_json,
-         r"content textual_memory\.json: is named by config\.json as the kv_cache activation"),
+         r"content textual_memory\.json: is named by config\.json .* as the kv_cache activation"),
     Case("invalid-json", "content", lambda c, k: add_locked(c, "extra.json", b"{not json"),
          r"content extra\.json: is not valid json"),
     Case("non-utf8-text", "content", lambda c, k: add_locked(c, "notes.txt", b"\xff\xfe\x00"),
