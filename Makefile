@@ -7,7 +7,7 @@ VENV   ?= .venv
 TORCH  := torch==2.13.0
 PIP_Q  := --quiet --disable-pip-version-check
 
-.PHONY: test test-latest test-memos setup demo bench hub-compat clean
+.PHONY: test test-latest test-memos setup demo bench hub-compat memos-own-tests clean
 
 test: setup
 	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/memos/bin/python $(VENV)/latest/bin/python -m pytest -q -p no:cacheprovider
@@ -49,6 +49,12 @@ bench: $(VENV)/latest/.ready
 hub-compat: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/pip install $(PIP_Q) pytest-mock
 	$(VENV)/latest/bin/python tools/hub_compat.py
+
+# MemOS's own tests (cube, activation memory, HF LLM, MOSCore, scheduler) plain and with the
+# hook installed; needs a MemOS checkout or git mirror: make memos-own-tests MEMOS=path
+memos-own-tests: $(VENV)/memos/.ready
+	$(VENV)/memos/bin/pip install $(PIP_Q) pika
+	$(VENV)/memos/bin/python tools/memos_own_tests.py $(MEMOS)
 
 clean:
 	rm -rf $(VENV) demo-out

@@ -195,9 +195,9 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
             f"{_CALLER.get()}('{repo}@<40-hex commit>', ...), or call "
             "cubepack.memos.install(require_pin=False) on a fresh install.")
     if kind == "hub":
-        return init_from_remote_repo(cube_id, endpoint=where, repo_type=repo_type,
-                                     memory_types=memory_types, default_config=default_config,
-                                     policy=current.policy)
+        return _placeholder(init_from_remote_repo(
+            cube_id, endpoint=where, repo_type=repo_type, memory_types=memory_types,
+            default_config=default_config, policy=current.policy))
     if revision and not is_commit(revision):
         check_ref_name(revision)  # a branch or tag, never an option such as "--orphan"
     folder = git_checkout(f"{where}/{repo}", revision or None)
@@ -255,11 +255,11 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
     current = _hook_settings()
     state = _lock_state(Path(dir))
     if state == "file":
-        return init_from_dir(dir, memory_types=memory_types, default_config=default_config,
-                             policy=current.policy)
+        return _placeholder(init_from_dir(dir, memory_types=memory_types,
+                                          default_config=default_config, policy=current.policy))
     _refuse_unpacked(Path(dir), state, current)
     original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
-    return original(dir, memory_types, default_config)  # the act memory's load is guarded too
+    return _placeholder(original(dir, memory_types, default_config))  # act load guarded too
 
 
 def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
@@ -297,35 +297,43 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:  # no
     files, not a pickle), then config.json names each model by its Hub id rather than the local
     snapshot path the hook loaded it from, and the folder is packed, so it loads anywhere
     through cubepack and verifies."""
-    if os.path.exists(dir) and os.listdir(dir):  # MemOS's own rule, before any work
-        _original(_general_cube(), "dump")(self, dir, memory_types)
+    act = self.act_mem if "act_mem" in (memory_types or ["act_mem"]) else None
+    if (os.path.exists(dir) and os.listdir(dir)) or (  # MemOS's own rule, before any work
+            act and getattr(type(act), "dump", None) not in (dump_activations, _dump_prompts)):
+        return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
     dump_cube(self, Path(dir), memory_types)
 
 
 def _register_mem_cube(self: Any, mem_cube_name_or_path: Any, mem_cube_id: str | None = None,
                        user_id: str | None = None) -> None:
-    """``MOSCore.register_mem_cube`` under the hook. MemOS 2.0.33 reads ``text_mem.config`` of
-    every cube it registers, so a cube without a text memory (activations only) crashed with
-    ``'NoneType' object has no attribute 'config'``; the cube is given a placeholder text memory
-    (falsy, so MemOS's own ``if cube.text_mem`` checks skip it) for the call."""
-    original = _original(_mos_core(), "register_mem_cube")
-    cube = mem_cube_name_or_path
-    if isinstance(cube, (str, Path)):
-        if mem_cube_id is None:
-            mem_cube_id = str(mem_cube_name_or_path)
-        token = _CALLER.set(f"{type(self).__name__}.register_mem_cube")
-        try:
-            cube = (_general_cube().init_from_dir(str(cube)) if Path(cube).exists()
-                    else _general_cube().init_from_remote_repo(str(cube)))
-        finally:
-            _CALLER.reset(token)
-    if getattr(cube, "text_mem", None) is not None:
-        return original(self, cube, mem_cube_id, user_id)
-    cube._text_mem = _NoTextMemory()
+    """``MOSCore.register_mem_cube`` under the hook: MemOS's own method (its user check, its
+    "already registered" skip, its exists/remote choice and the path it records), with loads
+    named after this call in messages. MemOS 2.0.33 reads ``text_mem.config`` of every cube it
+    registers, so a cube without a text memory (activations only) crashed with ``'NoneType'
+    object has no attribute 'config'``; such a cube gets a placeholder text memory (falsy, so
+    MemOS's own ``if cube.text_mem`` checks skip it) for the call."""
+    token, flag = (_CALLER.set(f"{type(self).__name__}.register_mem_cube"),
+                   _REGISTERING.set(True))
+    _placeholder(mem_cube_name_or_path)
     try:
-        return original(self, cube, mem_cube_id, user_id)
+        return _original(_mos_core(), "register_mem_cube")(self, mem_cube_name_or_path,
+                                                            mem_cube_id, user_id)
     finally:
-        cube._text_mem = None
+        _CALLER.reset(token)
+        _REGISTERING.reset(flag)
+        for cube in [mem_cube_name_or_path, *self.mem_cubes.values()]:
+            if isinstance(getattr(cube, "_text_mem", None), _NoTextMemory):
+                cube._text_mem = None
+
+
+_REGISTERING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cubepack_memos_registering", default=False)
+
+
+def _placeholder(cube: Any) -> Any:
+    if _REGISTERING.get() and hasattr(cube, "_text_mem") and cube._text_mem is None:
+        cube._text_mem = _NoTextMemory()
+    return cube
 
 
 class _NoTextMemory:
@@ -370,3 +378,4 @@ def _mos_core() -> Any:
     from memos.mem_os.core import MOSCore
 
     return MOSCore
+

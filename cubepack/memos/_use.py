@@ -134,7 +134,11 @@ def guarded_generate(original: Any, settings: Any) -> Any:
     in force when called)."""
 
     def generate(self: Any, messages: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
-        if past_key_values is not None:
+        if past_key_values is not None and _is_empty(past_key_values):
+            from transformers import DynamicCache
+
+            past_key_values = DynamicCache()  # no tokens: nothing to check (MemOS accepts it)
+        elif past_key_values is not None:
             past_key_values = for_use(self, past_key_values, settings().on_mismatch)
         if past_key_values is None:
             return original(self, messages, **kwargs)
@@ -143,3 +147,10 @@ def guarded_generate(original: Any, settings: Any) -> Any:
     generate.__wrapped__ = original
     generate.__doc__ = original.__doc__
     return generate
+
+
+def _is_empty(cache: Any) -> bool:
+    try:
+        return cache.get_seq_length() == 0
+    except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
+        return False

@@ -347,3 +347,28 @@ def test_a_refusal_names_the_call_the_user_made(installed, zoo):
             mos.register_mem_cube("owner/cube", mem_cube_id="c1")
     finally:
         hook.uninstall()
+
+
+def test_what_memos_own_tests_found_behaves_as_plain_memos(installed, packed, zoo, tmp_path):
+    """Found by running MemOS's own tests with the hook: an empty cache generates as without
+    the hook; an activation memory with its own dump keeps it; register_mem_cube records the
+    path it was given, as MemOS does."""
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.memories.activation.kv import KVCacheMemory
+    from transformers import DynamicCache
+
+    cube = GeneralMemCube(cube_config(zoo["a"]))
+    answer = cube.act_mem.llm.generate([{"role": "user", "content": "Hi"}],
+                                       past_key_values=DynamicCache())
+    assert isinstance(answer, str)
+
+    class OwnDump(KVCacheMemory):
+        def dump(self, dir):  # noqa: A002 - MemOS's name
+            (tmp_path / "own-dump-called").write_text(dir)
+
+    cube.act_mem.__class__ = OwnDump
+    cube.dump(str(tmp_path / "dump"))
+    assert (tmp_path / "own-dump-called").read_text() == str(tmp_path / "dump")
+    mos = mos_for(zoo["a"], zoo["a"], kind="MOSCore")
+    mos.register_mem_cube(str(packed), mem_cube_id="c1")
+    assert mos.user_manager.get_cube("c1").cube_path == str(packed)
