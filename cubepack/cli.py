@@ -92,8 +92,9 @@ def _configure_progress() -> None:
 
 
 def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
+    """One result on stdout: text, or one JSON object that always carries ``ok``."""
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps({"ok": True, **data}, indent=2, sort_keys=True, default=str))
     else:
         click.echo(render(data))
 
@@ -204,7 +205,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
 
 def _render_pack(data: dict[str, Any]) -> str:
     lines = [f"packed {data['cube_dir']}" + ("" if data["changed"] else " (unchanged)"),
-             f"  files:       {data['files']}",
+             f"  files:       {data['files']} (listed in the lock, the lock itself aside)",
              f"  activations: {len(data['activations'])}"
              + (f" ({len(data['converted'])} converted from the MemOS pickle)" if data["converted"] else "")]
     for role, pin in data["models"].items():
@@ -324,7 +325,9 @@ def _render_diff(data: dict[str, Any]) -> str:
         lines += [f"activation {item} {key}: {change['old']} -> {change['new']}"
                   for key, change in fields.items()]
     for role, changes in data["models"].items():
-        lines += [f"model {role} {key}: {change}" for key, change in changes.items()]
+        lines += [f"model {role} {key}: " + (f"{change['old']} -> {change['new']}"
+                                             if isinstance(change, dict) and "old" in change
+                                             else "yes") for key, change in changes.items()]
     lines += [f"lock {key}: {change['old']} -> {change['new']}"
               for key, change in data["lock"].items()]
     if data["content_digest"]["old"] == data["content_digest"]["new"]:
@@ -363,7 +366,8 @@ def _render_push(data: dict[str, Any]) -> str:
         line = (f"no changes: {data['repo_id']}@{data['branch']} already holds this cube "
                 f"(commit {data['commit_sha']}); no commit made")
     else:
-        line = (f"pushed {len(data['uploaded'])} changed file(s)"
+        line = (f"uploaded {len(data['uploaded'])} files (those that differ from the branch "
+                "head, the lock included)"
                 + (f", deleted {len(data['deleted'])}" if data["deleted"] else "")
                 + f" to {data['repo_id']}@{data['branch']}\ncommit: {data['commit_sha']}"
                 + (f"\nurl:    {data['commit_url']}" if data["commit_url"] else ""))
@@ -470,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except click.exceptions.ClickException as exc:
         exc.show()
+        if "--json" in args:  # a usage error is an outcome too: one JSON object, as ever
+            _emit_error(UsageError(exc.format_message()))
         return 2
     except CubepackError as exc:
         if _Context.debug:
@@ -486,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the "
                    "traceback)", err=True)
+        if "--json" in args:
+            unexpected = CubepackError(f"unexpected {type(exc).__name__}: {exc}")
+            _emit_error(unexpected)
         return 3
     return 0
 

@@ -37,6 +37,12 @@ def check_relpath(name: object) -> str:
     """
     if not isinstance(name, str) or not name:
         raise UnsafeInputError(f"Path {name!r} is not a non-empty string.")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.walk gives undecodable bytes as surrogates
+        raise UnsafeInputError(f"Path {name.encode('utf-8', 'backslashreplace').decode()!r} is "
+                               "not valid UTF-8; the Hub and other systems cannot hold it. "
+                               "Rename it.") from None
     if len(name) > MAX_PATH_LENGTH:
         raise UnsafeInputError(f"Path {name[:60]!r}... is longer than {MAX_PATH_LENGTH} characters.")
     if name.startswith("/") or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):

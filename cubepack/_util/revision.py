@@ -29,13 +29,36 @@ def looks_like_commit(revision: object) -> bool:
     return isinstance(revision, str) and _HEX40_ANY_CASE.fullmatch(revision) is not None
 
 
-def check_ref_name(name: str) -> str:
-    """Return ``name`` if it is a branch or tag name git would accept; else raise UsageError.
+def check_ref_name(name: str, *, what: str = "revision") -> str:
+    """Return ``name`` if it is a branch or tag name git (``git check-ref-format``) and the Hub
+    accept; else raise UsageError saying which rule it breaks.
 
-    Used before a name touches the file system (``<cache>/refs/<name>``), so ``../../x`` or an
-    absolute path never reaches ``open``.
+    Used before a name touches the file system (``<cache>/refs/<name>``) or the endpoint, so
+    ``../../x`` never reaches ``open`` and a push never commits before its tag is refused.
     """
-    if (not name or name.startswith(("/", ".", "-")) or name.endswith(("/", ".", ".lock"))
-            or _REF_FORBIDDEN.search(name) or any(part.startswith(".") for part in name.split("/"))):
-        raise UsageError(f"{name!r} is not a valid branch or tag name.")
+    reason = ref_name_problem(name)
+    if reason:
+        raise UsageError(f"{what} {name!r} is not a valid branch or tag name: {reason}.")
     return name
+
+
+def ref_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a valid git ref name (git check-ref-format's rules), or None."""
+    if not isinstance(name, str) or not name:
+        return "it is empty"
+    if name == "HEAD" or name == "@":
+        return f"{name} is reserved"
+    if name.startswith("-"):
+        return "it starts with '-' (it would read as an option)"
+    if name.startswith("/") or name.endswith("/") or "//" in name:
+        return "it has an empty path component (a leading, trailing or double '/')"
+    if match := _REF_FORBIDDEN.search(name):
+        return f"it contains {match.group(0)!r} (no space, control character, ~^:?*[\\, '..' or '@{{')"
+    for part in name.split("/"):
+        if part.startswith("."):
+            return f"the component {part!r} starts with '.'"
+        if part.endswith(".lock"):
+            return f"the component {part!r} ends with '.lock'"
+    if name.endswith("."):
+        return "it ends with '.'"
+    return None

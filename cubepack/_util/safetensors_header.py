@@ -56,6 +56,16 @@ class Header:
     file_size: int
 
 
+def _other_format(prefix: bytes) -> str | None:
+    """A well-known format a file starts with, when it is not safetensors."""
+    if prefix[:1] == b"\x80" and 2 <= prefix[1] <= 5:
+        return (f"a pickle (protocol {prefix[1]}); cubepack never unpickles a file: convert a "
+                "MemOS pickle with cubepack pack --legacy-pickle")
+    if prefix[:4] == b"PK\x03\x04":
+        return "a zip archive (torch.save writes pickles in one); cubepack never unpickles a file"
+    return None
+
+
 def read_header(path: str | os.PathLike[str]) -> Header:
     """Parse and validate the header of the safetensors file at ``path``.
 
@@ -70,6 +80,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise FormatError(f"{name} is not a safetensors file: it is only {file_size} bytes.")
+            kind = _other_format(prefix)
+            if kind:  # say what it is, not what its first 8 bytes would mean as a length
+                raise FormatError(f"{name} is not a safetensors (KV) file: it is {kind}.")
             (length,) = struct.unpack("<Q", prefix)
             if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
                 raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")

@@ -99,6 +99,12 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
+#: The card summarises: at most this many activation rows and file names per memory kind (the
+#: lock lists every one), so it stays small whatever the cube holds.
+CARD_ROWS = 50
+CARD_FILES = 5
+
+
 def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name: str,
            license: str | None, repo_id: str, cubepack_version: str,
            previous: PreviousCard | None = None) -> str:
@@ -125,14 +131,22 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
             "reason": pin.get("reason"), "vectors": pin.get("vectors"),
             "quantization": (identity or {}).get("quantization") or "none",
         })
-    memory_rows = [{"kind": kind, "files": paths,
+    memory_rows = [{"kind": kind, "files": paths[:CARD_FILES],
+                    "more": max(0, len(paths) - CARD_FILES), "count": len(paths),
                     "size": human_size(sum(files[p]["size"] for p in paths if p in files))}
                    for kind, paths in memories.items() if paths]
+    everything = sorted(lock["activations"].items())
     activations = [{"id": item_id, **entry, "size": human_size(files[entry["file"]]["size"])}
-                   for item_id, entry in sorted(lock["activations"].items())]
+                   for item_id, entry in everything[:CARD_ROWS]]
+    kinds: dict[str, int] = {}
+    for _, entry in everything:
+        kind = (entry.get("provenance") or {}).get("kind", "none")
+        kinds[kind] = kinds.get(kind, 0) + 1
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), pretty_name=pretty_name,
         memories=memory_rows, activations=activations, models=models, repo_id=repo_id,
+        more_activations=len(everything) - len(activations), activation_count=len(everything),
+        provenance_counts=", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
         content_digest=lock["content_digest"], cubepack_version=cubepack_version,
         kept_text=previous.kept_text, kept_start=KEPT_START, kept_end=KEPT_END,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import os
 import pickle
 import zipfile
 from dataclasses import dataclass, field
@@ -104,19 +105,13 @@ class AllowlistUnpickler(pickle.Unpickler):
         self._decoded: dict[int, tuple[bytes, Any]] = {}
 
     def _load_from_bytes(self, data: Any) -> Any:
-        import torch
-
         if not isinstance(data, (bytes, bytearray)):
             raise UnsafeInputError("torch.storage._load_from_bytes received non-bytes data.")
         known = self._decoded.get(id(data))
         if known is not None and known[0] is data:  # the memo handed the same bytes again
             return known[1]
         self._spend(_declared_size(data))  # before decoding: a bomb never inflates
-        try:
-            storage = torch.load(io.BytesIO(data), weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise UnsafeInputError(f"A nested tensor pickle names a forbidden global: {exc}") \
-                from exc
+        storage = _LazyStorage(data)
         self._decoded[id(data)] = (data, storage)
         return storage
 
@@ -130,7 +125,7 @@ class AllowlistUnpickler(pickle.Unpickler):
         if (module, name) in _STAND_INS:
             return _stand_in(module, name)
         if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
-            return _tensor_rebuilder(name)
+            return _lazy_rebuilder(_tensor_rebuilder(name))
         if module == "torch.storage" and name == "_load_from_bytes":
             return self._load_from_bytes
         if module == "torch" and not name.startswith("_"):
@@ -147,15 +142,78 @@ class AllowlistUnpickler(pickle.Unpickler):
         )
 
 
+class _LazyStorage:
+    """A nested ``torch.save`` payload, decoded (``weights_only=True``) only when an item's
+    tensors are asked for, then its bytes dropped: a pack converts one item at a time, so the
+    pickle's tensors are never all decoded at once beside their own bytes."""
+
+    def __init__(self, data: bytes):
+        self.data: bytes | None = data
+        self.storage: Any = None
+
+    def get(self) -> Any:
+        import torch
+
+        if self.storage is None:
+            try:
+                self.storage = torch.load(io.BytesIO(self.data), weights_only=True)
+            except pickle.UnpicklingError as exc:
+                raise UnsafeInputError(f"A nested tensor pickle names a forbidden global: "
+                                       f"{exc}") from exc
+            self.data = None
+        return self.storage
+
+
+class _LazyTensor:
+    """A tensor the pickle describes (shape known), built from its storage when needed."""
+
+    def __init__(self, rebuild: Any, storage: _LazyStorage, args: tuple):
+        import torch
+
+        self.rebuild, self.storage, self.args = rebuild, storage, args
+        if len(args) < 2 or not isinstance(args[1], (tuple, list, torch.Size)):
+            raise FormatError("a tensor in the pickle has no shape.")
+        self.shape = torch.Size(args[1])
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def materialize(self) -> Any:
+        return self.rebuild(self.storage.get(), *self.args)
+
+
+def _lazy_rebuilder(rebuild: Any) -> Any:
+    def lazy(storage: Any, *args: Any) -> Any:
+        if isinstance(storage, _LazyStorage):
+            return _LazyTensor(rebuild, storage, args)
+        return rebuild(storage, *args)
+    return lazy
+
+
+def _real(tensor: Any) -> Any:
+    return tensor.materialize() if isinstance(tensor, _LazyTensor) else tensor
+
+
 @dataclass
 class LegacyItem:
     """One activation read from a MemOS pickle, as plain values: KV layers, or (for a vLLM
     item, which holds no tensors) the prompt a vLLM server turns into its cache."""
 
     id: str
-    layers: list[tuple[str, int, Any, Any]]  # (type, cumulative_length, keys, values)
+    raw_layers: list[tuple[str, int, Any, Any]]  # (type, cumulative_length, keys, values)
     metadata: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None
+
+    @property
+    def layers(self) -> list[tuple[str, int, Any, Any]]:
+        """The layers with real tensors (decoded now, once: the bytes are then dropped)."""
+        self.raw_layers = [(kind, length, _real(keys), _real(values))
+                           for kind, length, keys, values in self.raw_layers]
+        return self.raw_layers
+
+    def release(self) -> None:
+        """Drop this item's tensors (a pack has written them)."""
+        self.raw_layers = []
 
     @property
     def producer_record(self) -> dict[str, Any] | None:
@@ -179,9 +237,11 @@ BUDGET_PER_PICKLE_BYTE = 2
 BUDGET_SLACK = 1 << 20
 
 
-def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None,
+def read_memos_pickle(data: Any, *, max_tensor_bytes: int | None = None,
                       name: str = "The activation pickle") -> LegacyDump:
-    """Read a MemOS ``activation_memory.pickle`` through the allowlist unpickler.
+    """Read a MemOS ``activation_memory.pickle`` (its bytes, or a file open for reading)
+    through the allowlist unpickler. Tensors are decoded per item, when its ``layers`` are
+    first asked for.
 
     Args:
         max_tensor_bytes: a tighter cap on decoded tensor bytes (e.g. from the pinned model's
@@ -201,12 +261,14 @@ def read_memos_pickle(data: bytes, *, max_tensor_bytes: int | None = None,
         raise FormatError(f"{name}: {exc}") from exc
 
 
-def _read(data: bytes, max_tensor_bytes: int | None) -> LegacyDump:
-    budget = BUDGET_PER_PICKLE_BYTE * len(data) + BUDGET_SLACK
+def _read(data: Any, max_tensor_bytes: int | None) -> LegacyDump:
+    source = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    size = len(data) if isinstance(data, (bytes, bytearray)) else os.fstat(data.fileno()).st_size
+    budget = BUDGET_PER_PICKLE_BYTE * size + BUDGET_SLACK
     if max_tensor_bytes is not None:
         budget = min(budget, max_tensor_bytes)
     try:
-        document = AllowlistUnpickler(io.BytesIO(data), budget=budget).load()
+        document = AllowlistUnpickler(source, budget=budget).load()
     except UnsafeInputError:
         raise
     except Exception as exc:  # corrupt pickles raise anything from EOFError to struct.error
@@ -245,7 +307,7 @@ def _item(key: Any, item: Any) -> LegacyItem:
     cache = item.get("memory") if item.get("memory") is not None else item.get("kv_cache")
     metadata = _plain(item.get("metadata") or {})
     if isinstance(cache, str):  # a VLLMKVCacheItem: a prompt string, no tensors
-        return LegacyItem(id=str(item_id), layers=[], prompt=cache,
+        return LegacyItem(id=str(item_id), raw_layers=[], prompt=cache,
                           metadata=metadata if isinstance(metadata, dict) else {})
     if not isinstance(cache, _StandIn):
         raise FormatError(f"Activation {item_id!r} holds no DynamicCache.")
@@ -253,7 +315,7 @@ def _item(key: Any, item: Any) -> LegacyItem:
     records = item.get("records")
     if isinstance(records, _StandIn):
         metadata.setdefault("records", _plain(records.get("__dict__") or records.state))
-    return LegacyItem(id=str(item_id), layers=_cache_layers(str(item_id), cache),
+    return LegacyItem(id=str(item_id), raw_layers=_cache_layers(str(item_id), cache),
                       metadata=metadata)
 
 
@@ -280,7 +342,8 @@ def _cache_layers(item_id: str, cache: _StandIn) -> list[tuple[str, int, Any, An
         result = [("full_attention", k, v, None) for k, v in zip(keys_list, values_list)]
     layers_out = []
     for index, (kind, keys, values, cumulative) in enumerate(result):
-        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+        if not (isinstance(keys, (torch.Tensor, _LazyTensor))
+                and isinstance(values, (torch.Tensor, _LazyTensor))):
             raise FormatError(f"Activation {item_id!r} layer {index} holds no key/value tensors.")
         if keys.dim() != 4 or keys.shape[:3] != values.shape[:3]:
             raise FormatError(f"Activation {item_id!r} layer {index} has malformed shapes "

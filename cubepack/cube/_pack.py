@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.canonical import json_safe
-from .._util.hashing import hash_files
+from .._util.hashing import hash_files, sha256_file
 from .._util.paths import list_cube_files, resolve_inside
 from .._version import __version__
 from ..errors import (
@@ -126,6 +127,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     cube = Path(cube_dir)
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files, cube_id)
+    if model is None:
+        model, revision = _remembered_pin(_previous_lock(cube, files), memos_config)
     pins = _pin_models(memos_config, model=model, revision=revision)
     _record_vectors(cube, files, memos_config, pins, embedder)
     if sign_key is not None:
@@ -137,7 +140,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     staging = atomic.staging_dir(cube, "pack")
     try:
         pickle_name = memos_layout.activation_pickle_name(memos_config)
-        renamed = hub_names_for_snapshots(memos_config)
+        renamed = hub_names_for_snapshots(memos_config, pins)
         for name in files:
             if name in GENERATED or name == pickle_name or name == constants.SIGNATURE_FILENAME:
                 continue
@@ -221,21 +224,62 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
     return config
 
 
-def hub_names_for_snapshots(config: dict[str, Any]) -> dict[str, Any] | None:
-    """``config`` with every model named by an HF-cache snapshot path renamed to its Hub id
-    (a path means nothing on another machine and reveals the packer's file system), or None
-    when nothing needs renaming. The pin still records the exact commit."""
+def hub_names_for_snapshots(config: dict[str, Any],
+                            pins: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """``config`` with every model named by a local path renamed to its Hub id (a path means
+    nothing on another machine and reveals the packer's file system), or None when nothing
+    needs renaming: an HF-cache snapshot path by the repo it belongs to, any other path by the
+    Hub model pinned for that role (``pack --model OWNER/MODEL``). The pin keeps the commit."""
     renamed = json.loads(json.dumps(config))
     changed = False
     for role in memos_layout.ROLES:
         inner = memos_layout.llm_config(renamed, role)
         name = (inner or {}).get("model_name_or_path")
-        if isinstance(name, str) and Path(name).is_dir():
-            repo_id, _ = hub_origin(Path(name))
-            if repo_id:
-                inner["model_name_or_path"] = repo_id
-                changed = True
+        if not is_local_path(name):
+            continue
+        repo_id = hub_origin(Path(name))[0] if Path(name).expanduser().is_dir() else None
+        repo_id = repo_id or ((pins or {}).get(role) or {}).get("repo_id")
+        if repo_id:
+            inner["model_name_or_path"] = repo_id
+            changed = True
     return renamed if changed else None
+
+
+def is_local_path(name: Any) -> bool:
+    """Does a config name a model by a path on this machine (not a Hub id)?"""
+    return isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))
+                                      or Path(name).expanduser().is_dir())
+
+
+def _remembered_pin(previous: dict[str, Any] | None,
+                    config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The Hub model and commit the cube's last pack pinned, when config.json still names it, so
+    a re-pack without ``--model`` (to sign it, say) keeps the pin instead of re-resolving the
+    name; (None, None) when there is none to keep.
+
+    Raises:
+        UsageError: config.json now names another model than the pin: say which with --model.
+    """
+    pin = ((previous or {}).get("models") or {}).get(memos_layout.ACT_ROLE) or {}
+    if not pin.get("identity") or not pin.get("repo_id") or not pin.get("revision"):
+        return None, None
+    named = memos_layout.act_model_name(config)
+    if named not in (None, pin["repo_id"], pin.get("name")):
+        raise UsageError(f"config.json names the producer {named}, but the cube was packed "
+                         f"with {pin['repo_id']}@{pin['revision']}: a changed pin must be said. "
+                         f"Pass --model {named} to pin it, or --model {pin['repo_id']} "
+                         f"--revision {pin['revision']} to keep the old one.")
+    return pin["repo_id"], pin["revision"]
+
+
+def _previous_lock(cube: Path, files: list[str]) -> dict[str, Any] | None:
+    """The cube's current lock, when it has a readable one (only to remember its pins)."""
+    if constants.LOCK_FILENAME not in files:
+        return None
+    try:
+        return lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    except CubepackError:
+        return None
 
 
 def _previous_card(cube: Path, files: list[str]) -> card.PreviousCard:
@@ -326,9 +370,9 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
                             "producer model; pass --model with the model that built them.")
     identity = ModelIdentity.from_dict(pin["identity"])
-    data = pickle_path.read_bytes()
-    source = {"file": pickle_path.name, "sha256": hashlib.sha256(data).hexdigest()}
-    dump = read_memos_pickle(data, name=str(pickle_path))
+    source = {"file": pickle_path.name, "sha256": sha256_file(pickle_path)}
+    with open(pickle_path, "rb") as handle:  # read as a stream: never all its bytes twice
+        dump = read_memos_pickle(handle, name=str(pickle_path))
     if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
         write_prompts(staging, [(item.id, item.prompt, item.metadata) for item in dump.items],
                       source)
@@ -354,6 +398,7 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
                 f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
                 "Its tensors contradict the pinned model; pass --model with the model that "
                 "built this cube.") from None
+        item.release()  # written: its tensors need not stay in memory
         provenances[item.id] = provenance
     return provenances
 
@@ -574,4 +619,4 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                                cubepack_version=__version__)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
     return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
-                      files=len(files) + 1, models=pins, activations=sorted(activations))
+                      files=len(files), models=pins, activations=sorted(activations))

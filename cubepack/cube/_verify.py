@@ -156,7 +156,7 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     for name in unlisted:
         report.add("file set", name, False, "not listed in the lock", "absent", "present")
     if not missing and not unlisted and not problems:
-        report.add("file set", "*", True, f"{len(listed)} files, exactly the lock's")
+        report.add("file set", "*", True, f"the {len(listed)} files listed in the lock, no other")
     to_hash = []
     for name in sorted(set(listed) & set(on_disk)):
         size = resolve_inside(report.cube_dir, name).stat().st_size
@@ -165,7 +165,8 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
         else:
             to_hash.append(name)
     if len(to_hash) == len(set(listed) & set(on_disk)):
-        report.add("size", "*", True, f"{len(to_hash)} files of the sizes the lock records")
+        report.add("size", "*", True, f"the {len(to_hash)} files listed in the lock have the sizes "
+                   "it records")
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
                          progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
@@ -176,7 +177,8 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             bad += 1
             report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
     if to_hash and not bad:
-        report.add("sha256", "*", True, f"{len(to_hash)} files hashed, all match")
+        report.add("sha256", "*", True, f"the {len(to_hash)} files listed in the lock hashed, all "
+                   "match")
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in listed or is_tolerated(name)))
     return not (missing or unlisted or problems or bad or pickles
@@ -193,8 +195,10 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
     for name, reason in problems:
         report.add("content", name, False, reason)
     if not problems:
-        report.add("content", "*", True, f"{len(names)} files read by a strict parser for their "
-                   "kind; none is or holds a pickle")
+        listed = sum(1 for name in names if name in (report.lock or {}).get("files", {}))
+        report.add("content", "*", True, f"the {listed} files listed in the lock and "
+                   f"{len(names) - listed} more it tolerates (the lock, a signature, tool "
+                   "bookkeeping) read by a strict parser for their kind; none is or holds a pickle")
     return bool(problems)
 
 

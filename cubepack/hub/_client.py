@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from .._util import constants
+from .._util.revision import check_ref_name, looks_like_commit
 from ..errors import CubepackError, HubError, UsageError
 from ._deadline import Deadline
 
@@ -28,12 +29,16 @@ def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | 
     """``"ns/name@rev"`` -> ("ns/name", "rev"); a separate ``revision`` must agree.
 
     Raises:
-        CubepackError: two different revisions, or not a valid ``owner/name`` repo id (as
-            huggingface_hub's own validator defines it).
+        UsageError: two different revisions, an empty one, a revision that is neither a commit
+            nor a valid ref name, or not a valid ``owner/name`` repo id (as huggingface_hub's
+            own validator defines it).
     """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    repo_id, _, at_revision = spec.partition("@")
+    repo_id, at, at_revision = spec.partition("@")
+    if at and not at_revision:
+        raise UsageError(f"{spec!r} ends with '@' but names no revision: give a branch, tag or "
+                         f"commit after it ({repo_id}@main), or drop the '@'.")
     if at_revision and revision and at_revision != revision:
         raise UsageError(f"Two revisions given for {repo_id}: @{at_revision} and --revision "
                          f"{revision}; give one.")
@@ -43,7 +48,10 @@ def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | 
         raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].") from exc
     if not _OWNER_NAME.fullmatch(repo_id):  # huggingface_hub 0.36's check takes "a/b\n", "é/b"
         raise UsageError(f"{spec!r} is not a repo id of the form owner/name[@revision].")
-    return repo_id, at_revision or revision
+    wanted = at_revision or revision
+    if wanted is not None and not looks_like_commit(wanted):
+        check_ref_name(wanted)  # before any work: a name the Hub and git would refuse
+    return repo_id, wanted
 
 
 def lfs_sha256(entry: Any) -> str | None:

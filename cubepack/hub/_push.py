@@ -15,11 +15,12 @@ from typing import Any
 
 from .._util import constants
 from .._util.hashing import sha256_file
+from .._util.revision import check_ref_name
 from ..cube import _memos_layout as memos_layout
 from ..cube._report import VerifyReport
 from ..cube._verify import verify
 from ..errors import HubError, UsageError
-from ._client import REPO_TYPES, HubClient, lfs_sha256
+from ._client import REPO_TYPES, HubClient, lfs_sha256, parse_repo_spec
 
 
 @dataclass
@@ -68,6 +69,13 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     """
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
+    # Every argument is checked before the cube is hashed or the endpoint asked anything.
+    repo_id, at_revision = parse_repo_spec(repo_id)
+    if at_revision:
+        raise UsageError(f"Push to a branch with --revision, not {repo_id}@{at_revision}.")
+    for what, name in (("--revision", revision), ("--tag", tag)):
+        if name is not None:
+            check_ref_name(name, what=what)
     seconds = constants.hub_timeout(timeout)
     cube = Path(cube_dir)
     report = verify(cube, progress=progress)
@@ -141,11 +149,13 @@ def _refuse_local_model_paths(cube: Path) -> None:
         inner = memos_layout.llm_config(config if isinstance(config, dict) else {}, role) or {}
         name = inner.get("model_name_or_path")
         if isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))):
+            fix = (f"Pack with its Hub id (cubepack pack {cube} --model OWNER/MODEL): config.json "
+                   "then names it" if role == memos_layout.ACT_ROLE else
+                   "Name its Hub id in config.json (or load it from the HF cache) and pack again")
             raise UsageError(
                 f"config.json names the {role} model by the local path {name}, which means "
-                "nothing on another machine and reveals your file system. Pack with a Hub "
-                "model (cubepack pack --model OWNER/MODEL) so config.json names its Hub id, or "
-                "pass --allow-local-paths to push it anyway (e.g. a shared mount).")
+                f"nothing on another machine and reveals your file system. {fix}; or pass "
+                "--allow-local-paths to push it anyway (e.g. a shared mount).")
 
 
 def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:

@@ -370,5 +370,6 @@ def test_what_memos_own_tests_found_behaves_as_plain_memos(installed, packed, zo
     cube.dump(str(tmp_path / "dump"))
     assert (tmp_path / "own-dump-called").read_text() == str(tmp_path / "dump")
     mos = mos_for(zoo["a"], zoo["a"], kind="MOSCore")
-    mos.register_mem_cube(str(packed), mem_cube_id="c1")
-    assert mos.user_manager.get_cube("c1").cube_path == str(packed)
+    cube_id = f"own-{tmp_path.name}"  # MemOS's user database outlives one test
+    mos.register_mem_cube(str(packed), mem_cube_id=cube_id)
+    assert mos.user_manager.get_cube(cube_id).cube_path == str(packed)

@@ -127,9 +127,15 @@ class _Call:
 
 
 def nested_payload(canary: Path) -> bytes:
+    """A MemOS dump shaped like an honest one (an item, a cache, a layer), whose key tensor is
+    rebuilt from a nested torch.save payload that runs code under a plain torch.load."""
+    import collections
     import io
 
     import torch
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    from memos_format import KVCacheItem, _as_memos_globals
 
     buffer = io.BytesIO()
     torch.save(_Canary(canary), buffer)
@@ -137,7 +143,19 @@ def nested_payload(canary: Path) -> bytes:
     class Nested:
         def __reduce__(self):
             return (torch.storage._load_from_bytes, (buffer.getvalue(),))
-    return pickle.dumps({"kv_cache_memories": {"x": Nested()}})
+
+    class Tensor:
+        def __reduce__(self):
+            return (torch._utils._rebuild_tensor_v2, (Nested(), 0, (1, 1, 2, 4), (8, 8, 4, 1),
+                                                      False, collections.OrderedDict()))
+
+    layer = DynamicLayer.__new__(DynamicLayer)
+    layer.__dict__.update(keys=Tensor(), values=Tensor(), is_initialized=True)
+    cache = DynamicCache.__new__(DynamicCache)
+    cache.__dict__.update(layers=[layer])
+    with _as_memos_globals(False):
+        return pickle.dumps({"kv_cache_memories": {"x": KVCacheItem(id="x", memory=cache,
+                                                                     metadata={})}})
 
 
 def torch_zip(canary: Path) -> bytes:
