@@ -169,3 +169,29 @@ def memos_prompt_ids(tokenizer: Any, source: Any) -> list[int]:
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     return [int(t) for t in tokenizer(prompt)["input_ids"]]
 
+
+
+#: Keys cubepack writes beside MemOS's own in an activation's KV-header metadata: the item id,
+#: what pack converted it from, its producer label, and the KVCacheItem's ``records`` (the
+#: scheduler's text memories, composed text and timestamp).
+CUBEPACK_METADATA_KEYS = ("id", "converted_from", "provenance", "records")
+#: Where MemOS's metadata goes whole when one of its own keys is named like cubepack's.
+WHOLE_METADATA_KEY = "memos_metadata"
+
+
+def header_metadata(memos_metadata: dict[str, Any], **cubepack: Any) -> dict[str, Any]:
+    """An activation's KV-header metadata: MemOS's item metadata, with cubepack's keys beside
+    it (None values left out). If MemOS's metadata already uses one of those names, it is kept
+    whole under ``memos_metadata`` instead, so a round trip gives it back unchanged."""
+    own = {key: value for key, value in cubepack.items() if value is not None}
+    if any(key in memos_metadata for key in (*CUBEPACK_METADATA_KEYS, WHOLE_METADATA_KEY)):
+        return {**own, WHOLE_METADATA_KEY: memos_metadata}
+    return {**memos_metadata, **own}
+
+
+def item_metadata(header: dict[str, Any]) -> dict[str, Any]:
+    """MemOS's item metadata from a KV header's (the inverse of :func:`header_metadata`)."""
+    whole = header.get(WHOLE_METADATA_KEY)
+    if isinstance(whole, dict):
+        return dict(whole)
+    return {key: value for key, value in header.items() if key not in CUBEPACK_METADATA_KEYS}

@@ -110,8 +110,9 @@ class AllowlistUnpickler(pickle.Unpickler):
         known = self._decoded.get(id(data))
         if known is not None and known[0] is data:  # the memo handed the same bytes again
             return known[1]
-        self._spend(_declared_size(data))  # before decoding: a bomb never inflates
-        storage = _LazyStorage(data)
+        declared = _declared_size(data)
+        self._spend(declared)  # before decoding: a bomb never inflates
+        storage = _LazyStorage(data, declared)
         self._decoded[id(data)] = (data, storage)
         return storage
 
@@ -147,8 +148,9 @@ class _LazyStorage:
     tensors are asked for, then its bytes dropped: a pack converts one item at a time, so the
     pickle's tensors are never all decoded at once beside their own bytes."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, declared: int):
         self.data: bytes | None = data
+        self.declared = declared  # the bytes the payload says its storage holds
         self.storage: Any = None
 
     def get(self) -> Any:
@@ -171,8 +173,12 @@ class _LazyTensor:
         import torch
 
         self.rebuild, self.storage, self.args = rebuild, storage, args
-        if len(args) < 2 or not isinstance(args[1], (tuple, list, torch.Size)):
+        if len(args) < 3 or not isinstance(args[1], (tuple, list, torch.Size)):
             raise FormatError("a tensor in the pickle has no shape.")
+        problem = layout_problem(args[0], args[1], args[2], storage.declared)
+        if problem:
+            raise UnsafeInputError(f"A tensor in the pickle {problem}; refusing it (a tensor "
+                                   "that reuses its bytes inflates without bound when used).")
         self.shape = torch.Size(args[1])
 
     def dim(self) -> int:
@@ -182,11 +188,36 @@ class _LazyTensor:
         return self.rebuild(self.storage.get(), *self.args)
 
 
+def layout_problem(offset: Any, size: Any, stride: Any, storage_bytes: int) -> str | None:
+    """Why a tensor's (offset, size, stride) over a storage of ``storage_bytes`` is not the
+    layout of stored data, or None. Each element must have its own bytes (no zero or
+    overlapping strides, which ``expand`` writes and which let 20 KB stand for 256 MB) and the
+    last one must lie inside the storage (counting one byte per element: the dtype is only
+    known once decoded, which the tensor itself checks again)."""
+    ints = [offset, *size, *stride] if isinstance(size, (tuple, list)) \
+        and isinstance(stride, (tuple, list)) else None
+    if ints is None or any(type(v) is not int or v < 0 for v in ints) or len(size) != len(stride):
+        return "has a malformed offset, shape or stride"
+    extent = 1
+    for length, step in sorted(((n, st) for n, st in zip(size, stride) if n > 1),
+                               key=lambda pair: pair[1]):
+        if step < extent:
+            return f"has overlapping strides {list(stride)} for shape {list(size)}"
+        extent = step * length
+    if 0 in size:
+        return None
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    if last >= storage_bytes:
+        return f"reaches element {last} of a storage of {storage_bytes} bytes"
+    return None
+
+
 def _lazy_rebuilder(rebuild: Any) -> Any:
     def lazy(storage: Any, *args: Any) -> Any:
         if isinstance(storage, _LazyStorage):
             return _LazyTensor(rebuild, storage, args)
-        return rebuild(storage, *args)
+        raise UnsafeInputError("A tensor in the pickle is rebuilt from something other than a "
+                               "torch.save'd storage; refusing it.")
     return lazy
 
 
@@ -203,6 +234,7 @@ class LegacyItem:
     raw_layers: list[tuple[str, int, Any, Any]]  # (type, cumulative_length, keys, values)
     metadata: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None
+    records: dict[str, Any] | None = None  # a KVCacheItem's records, as plain values
 
     @property
     def layers(self) -> list[tuple[str, int, Any, Any]]:
@@ -313,10 +345,10 @@ def _item(key: Any, item: Any) -> LegacyItem:
         raise FormatError(f"Activation {item_id!r} holds no DynamicCache.")
     metadata = metadata if isinstance(metadata, dict) else {"metadata": metadata}
     records = item.get("records")
-    if isinstance(records, _StandIn):
-        metadata.setdefault("records", _plain(records.get("__dict__") or records.state))
+    records = _plain(records.get("__dict__") or records.state) \
+        if isinstance(records, _StandIn) else None
     return LegacyItem(id=str(item_id), raw_layers=_cache_layers(str(item_id), cache),
-                      metadata=metadata)
+                      metadata=metadata, records=records if isinstance(records, dict) else None)
 
 
 def _cache_layers(item_id: str, cache: _StandIn) -> list[tuple[str, int, Any, Any]]:

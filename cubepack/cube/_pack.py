@@ -374,8 +374,9 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
     with open(pickle_path, "rb") as handle:  # read as a stream: never all its bytes twice
         dump = read_memos_pickle(handle, name=str(pickle_path))
     if memos_layout.act_backend(memos_config) == "vllm_kv_cache":
-        write_prompts(staging, [(item.id, item.prompt, item.metadata) for item in dump.items],
-                      source)
+        write_prompts(staging, [(item.id, item.prompt, item.metadata, item.records)
+                                for item in dump.items], source,
+                      model=(dump.model_identity or {}).get("model_name_or_path"))
         return {}
     written, provenances = set(), {}
     for item in dump.items:
@@ -388,8 +389,9 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
         if name in written:
             raise FormatError(f"Two activations map to the file {name}; their ids collide.")
         written.add(name)
-        metadata = {**item.metadata, "id": item.id, "converted_from": source,
-                    "provenance": provenance}
+        metadata = memos_layout.header_metadata(item.metadata, id=item.id,
+                                                converted_from=source, provenance=provenance,
+                                                records=item.records)
         try:
             write_kv_layers(_typed_layers(item.layers, identity), resolve_inside(staging, name),
                             producer=identity, metadata=metadata)
@@ -403,18 +405,25 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
     return provenances
 
 
-def write_prompts(folder: Path, items: list[tuple[str, Any, dict[str, Any]]],
-                  source: dict[str, Any] | None = None) -> None:
-    """A vLLM activation memory's items, as the JSON file that replaces its pickle: the prompts
-    are the memory (vLLM prefills them on its server), the pinned model is their identity."""
+def write_prompts(folder: Path, items: list[tuple[str, Any, dict[str, Any], Any]],
+                  source: dict[str, Any] | None = None, *, model: str | None = None) -> None:
+    """A vLLM activation memory's items (id, prompt, metadata, records), as the JSON file that
+    replaces its pickle: the prompts are the memory (vLLM prefills them on its server), the
+    pinned model is their identity; ``model`` names the model they were made for (a claim,
+    which a folder without a lock can only offer)."""
     prompts = []
-    for item_id, prompt, metadata in items:
+    for item_id, prompt, metadata, records in items:
         if not isinstance(prompt, str):
             raise UnsupportedError(f"Activation {item_id!r} holds a KV cache in a vLLM memory; "
                                    "a vLLM cube holds prompt strings only.")
-        prompts.append({"id": str(item_id), "prompt": prompt, "metadata": json_safe(metadata)})
+        entry = {"id": str(item_id), "prompt": prompt, "metadata": json_safe(metadata)}
+        if records is not None:
+            entry["records"] = json_safe(records)
+        prompts.append(entry)
     document = {"format": constants.PROMPTS_FORMAT, "version": 1, "items": prompts,
                 "converted_from": source}
+    if model:
+        document["model"] = model
     atomic.write_text(resolve_inside(folder, constants.PROMPTS_FILE), canonical.dumps(document))
 
 
@@ -543,7 +552,8 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
         ids = info.token_ids
         if not ids:
             tokenizer = tokenizer or _tokenizer_for(live)
-            ids = memos_prompt_ids(tokenizer, info.metadata.get("source_text"))
+            ids = memos_prompt_ids(tokenizer,
+                                   memos_layout.item_metadata(info.metadata).get("source_text"))
             if len(ids) != info.token_count:
                 raise RecomputationFailed(
                     f"Activation {item_id!r} holds {info.token_count} tokens but MemOS's prompt "

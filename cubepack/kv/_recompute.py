@@ -107,17 +107,25 @@ def recompute(model: Any, info: KVFileInfo, item_id: str, *, sample: int | None 
     Raises:
         CubepackError: the cache records no token ids to recompute from.
     """
+    ids = token_ids if token_ids is not None else info.token_ids
+    return recompute_layers(model, mapped_layers(info), info.kv_dtype, ids, item_id,
+                            sample=sample, seed=seed)
+
+
+def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[int] | None,
+                     item_id: str, *, sample: int | None = None,
+                     seed: int | None = None) -> Recomputation:
+    """:func:`recompute` for layers already in memory ((type, cumulative_length, keys,
+    values), e.g. read from a MemOS pickle): the same prefill and the same comparisons."""
     import torch
 
-    ids = token_ids if token_ids is not None else info.token_ids
     if not ids:
         raise CubepackError(f"Activation {item_id!r} records no token_ids, so it cannot be "
                             "recomputed; pack it from a source that records them.")
     seed = secrets.randbits(32) if seed is None else seed
     rng = random.Random(seed)
-    stored = mapped_layers(info)
     wanted = _positions(len(ids), sample, stored, rng)
-    tolerance = TOLERANCE.get(info.kv_dtype, 2.5e-1)
+    tolerance = TOLERANCE.get(kv_dtype, 2.5e-1)
     started = time.perf_counter()
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -135,7 +143,7 @@ def recompute(model: Any, info: KVFileInfo, item_id: str, *, sample: int | None 
     result = Recomputation(item_id, len(comparison.positions), len(ids), comparison.max_abs,
                            comparison.max_rel, tolerance, 0.0,
                            seed=None if wanted is None else seed,
-                           logit_bound=LOGIT_BOUND.get(info.kv_dtype, 2.5e-1),
+                           logit_bound=LOGIT_BOUND.get(kv_dtype, 2.5e-1),
                            first_difference=comparison.first, detail=detail)
     if result.first_difference is None:
         _compare_behaviour(model, stored, fresh, rng, result)

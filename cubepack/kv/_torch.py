@@ -71,6 +71,20 @@ def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
     return layers
 
 
+def initialise_assigned_layers(cache: Any) -> Any:
+    """Mark layers that were assigned tensors directly (never through ``update``) as holding
+    them. transformers >= 4.56 treats such a layer as empty and its first ``update`` discards
+    the assigned tensors: MemOS's ``_concat_caches`` builds its merges this way, so plain
+    MemOS answers without the merged memories."""
+    for layer in getattr(cache, "layers", None) or ():
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if getattr(layer, "is_initialized", True) or keys is None or values is None:
+            continue
+        layer.update(keys[..., :0, :], values[..., :0, :])  # initialises; appends nothing
+        layer.keys, layer.values = keys, values
+    return cache
+
+
 def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
                   token_ids: list[int] | Any = None, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``cache`` to ``path`` as a cubepack KV file, atomically.
@@ -141,6 +155,24 @@ def live_layers(layers: list[tuple[str, int, Any, Any]]) -> list[StoredLayer]:
     return [StoredLayer(kind, int(cumulative), tuple(keys.shape), tuple(values.shape),
                         dtype_name(keys.dtype), dtype_name(values.dtype))
             for kind, cumulative, keys, values in layers]
+
+
+def content_digest(layers: list[tuple[str, int, Any, Any]]) -> str:
+    """sha256 over live layers' types, lengths, shapes, dtypes and bytes: the same for a copy
+    of a cache (``deepcopy``, a pickle round trip, a model_copy), different once a tensor
+    changes."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for kind, cumulative, keys, values in layers:
+        digest.update(f"{kind}:{int(cumulative)}:{tuple(keys.shape)}:{tuple(values.shape)}:"
+                      f"{keys.dtype}:{values.dtype};".encode())
+        for tensor in (keys, values):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def _token_id_list(token_ids: Any) -> list[int] | None:
@@ -268,10 +300,10 @@ def forward(model: Any, input_ids: Any, cache: Any = None) -> Any:
 def output_cache(output: Any) -> Any:
     """The cache a forward returned (``cache`` in transformers 5.24+, ``past_key_values``
     before), without touching the deprecated name where the new one exists."""
-    return output["cache"] if "cache" in output else output.past_key_values
+    return output.get("cache", output.past_key_values)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_kwarg(model_class: type) -> str:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"

@@ -13,16 +13,27 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
-from .._util.paths import resolve_inside
+from .._util.paths import regular_file, resolve_inside
 from ..cube import _memos_layout as memos_layout
 from ..cube._memos_pickle import read_memos_pickle
 from ..cube._policy import TrustPolicy
-from ..cube._provenance import evidence, record_conflicts, satisfies
+from ..cube._provenance import (
+    ASSERTED,
+    KV_HEADER,
+    RECOMPUTED,
+    RECORDED,
+    check_provenance,
+    evidence,
+    record_conflicts,
+    satisfies,
+)
 from ..cube._verify import NO_TOKEN_IDS
 from ..errors import (
     CubepackError,
@@ -30,15 +41,15 @@ from ..errors import (
     IdentityMismatch,
     Mismatch,
     RecomputationFailed,
+    UnsafeInputError,
     UnsupportedError,
 )
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
-from ..kv._recompute import describe
-from ..kv._recompute import recompute as recompute_cache
-from ..kv._torch import build_dynamic_cache, cache_from_layers, live_layers
-from ._use import register
+from ..kv._recompute import describe, recompute_layers
+from ..kv._torch import cache_from_layers, live_layers, mapped_layers
+from ._use import SHAPE_ONLY, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -96,6 +107,82 @@ def llm_in_dtype(act_mem: Any, dtype: str | None) -> Any:
     return private
 
 
+class _Staged:
+    """The items a load will install: MemOS's memory is replaced only once every item passed
+    (a refusal leaves the memory as it was)."""
+
+    def __init__(self, act_mem: Any, cube_dir: Path, report: HookReport, policy: TrustPolicy):
+        self.act_mem, self.cube_dir, self.report, self.policy = act_mem, cube_dir, report, policy
+        self.items: list[Any] = []
+        self.ids: set[str] = set()
+
+    def claim(self, item_id: str, where: str) -> None:
+        if item_id in self.ids:
+            raise FormatError(f"Two activations of {self.cube_dir} carry the id {item_id!r} "
+                              f"({where}); MemOS would keep only one.")
+        self.ids.add(item_id)
+
+    def add(self, item_id: str, layers: list[tuple], header: dict[str, Any],
+            producer: ModelIdentity, provenance: dict[str, Any], token_ids: Any = None) -> None:
+        """Check ``layers`` for use by the live model (and recompute them when asked), then
+        stage them as a registered KVCacheItem."""
+        from memos.memories.activation.item import KVCacheItem, KVCacheRecords
+
+        model = self.act_mem.llm.model
+        problems = use_problems(layers, model)
+        if problems:
+            raise IdentityMismatch(f"Activation {item_id!r} of {self.cube_dir}", problems,
+                                   "No model can use it as MemOS does; do not load this cube.")
+        if self.policy.recompute:
+            provenance = self._prove(item_id, layers, token_ids, header)
+        cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
+        metadata = memos_layout.item_metadata(header)
+        register(cache, item_id, producer, metadata, token_ids, provenance)
+        records = header.get("records") if isinstance(header.get("records"), dict) else None
+        fields = {"records": KVCacheRecords.model_validate(records)} if records else {}
+        self.items.append(KVCacheItem(id=item_id, memory=cache, metadata=metadata, **fields))
+        self.report.loaded.append(item_id)
+
+    def _prove(self, item_id: str, layers: list[tuple], token_ids: Any,
+               header: dict[str, Any]) -> dict[str, Any]:
+        ids = list(token_ids) if token_ids else self._source_ids(header, layers)
+        if not ids:
+            raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} "
+                                      f"{NO_TOKEN_IDS}.")
+        model = self.act_mem.llm.model
+        kv_dtype = dtype_name(layers[0][2].dtype) if layers else dtype_name(model.dtype)
+        result = recompute_layers(model, layers, kv_dtype, ids, item_id,
+                                  sample=self.policy.recompute_tokens, seed=self.policy.seed)
+        if not result.ok:
+            raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} is not what "
+                                      f"the loaded model computes: it {describe(result)}. Do "
+                                      "not load it.")
+        self.report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
+                                           "total": result.total, "seed": result.seed}
+        label = RECOMPUTED if result.full else RECORDED
+        return {"kind": label, "detail": f"recomputed by the loading model: {describe(result)}"}
+
+    def _source_ids(self, header: dict[str, Any], layers: list[tuple]) -> list[int] | None:
+        """MemOS's prompt for the item's source_text, when its length is the cache's."""
+        source = memos_layout.item_metadata(header).get("source_text")
+        tokenizer = getattr(self.act_mem.llm, "tokenizer", None)
+        if source is None or tokenizer is None or not layers:
+            return None
+        try:
+            ids = memos_layout.memos_prompt_ids(tokenizer, source)
+        except CubepackError:
+            return None
+        return ids if len(ids) == int(layers[0][1]) else None
+
+    def mismatch(self, item_id: str, mismatch: IdentityMismatch, header: dict[str, Any]) -> None:
+        apply_policy(self, item_id, mismatch, memos_layout.item_metadata(header))
+
+    def install(self) -> None:
+        self.act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
+        if self.items:
+            self.act_mem.add(self.items)
+
+
 def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
                 policy: TrustPolicy) -> None:
     """Install a verified cube's activations, each checked against the live model (and, with
@@ -103,114 +190,154 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
     pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
     if not lock["activations"]:
         return
-    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
     llm = llm_in_dtype(act_mem, pinned["dtype"] if pinned else None)
     live = fingerprint(llm.model)
+    staged = _Staged(act_mem, cube_dir, report, policy)
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(cube_dir, entry["file"])
         try:
             info = check_kv_file(path, live)
         except IdentityMismatch as mismatch:
-            apply_policy(act_mem, item_id, mismatch, read_kv_header(path).metadata, report,
-                         policy.on_mismatch)
+            staged.mismatch(item_id, mismatch, read_kv_header(path).metadata)
             continue
-        if policy.recompute:
-            if not info.token_ids:
-                raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
-            result = recompute_cache(llm.model, info, item_id, sample=policy.recompute_tokens,
-                                     seed=policy.seed)
-            if not result.ok:
-                raise RecomputationFailed(f"Activation {item_id!r} is not what the loaded model "
-                                          f"computes: it {describe(result)}. Do not load it.")
-            report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
-                                          "total": result.total, "seed": result.seed}
-        cache = build_dynamic_cache(info, llm.model.config, device=llm.model.device)
-        _add(act_mem, item_id, cache, dict(info.metadata), info.producer, info.token_ids)
-        report.loaded.append(item_id)
+        if policy.recompute and not info.token_ids:
+            raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
+        staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
+                   info.token_ids)
+    staged.install()
 
 
-def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, on_mismatch: str) -> None:
+def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: TrustPolicy) -> None:
     """Load a folder without a lock, as MemOS would but safely: its activation pickle through
-    the allowlist reader (MemOS's current, list and bare-list layouts), or the KV files a hooked
-    dump wrote. Each cache is checked against the live model: its shape, the producer record a
-    pickle carries (MemOS #2302's ``model_identity``, #2305's per-item ``metadata.producer``),
-    or a KV file's full producer identity; a mismatch goes to the policy. Unverified (nothing
-    proves the folder's bytes): one warning says so and how to pack it."""
-    path = cube_dir / act_mem.config.memory_filename
-    kv_files = sorted((cube_dir / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)) \
-        if (cube_dir / constants.ACTIVATIONS_DIR).is_dir() else []
-    if not path.is_file() and not kv_files:
+    the allowlist reader (MemOS's current, list and bare-list layouts), or the files a hooked
+    dump wrote (KV files, or a vLLM memory's prompts). Each cache is checked against the live
+    model: its shape, the producer record a pickle carries (MemOS #2302's ``model_identity``,
+    #2305's per-item ``metadata.producer``), or a KV file's full producer identity; a mismatch
+    goes to the policy, and ``recompute`` proves each cache with the live model. Only regular
+    files inside the folder are read. Unverified (nothing proves the folder's bytes): one
+    warning says so and how to pack it."""
+    path = _lockless_file(cube_dir, act_mem.config.memory_filename)
+    kv_files, prompts = _hooked_dump_files(cube_dir)
+    if path is None and not kv_files and prompts is None:
         return  # as MemOS: no file, the memory keeps what it holds
+    vllm = not hasattr(act_mem.llm, "model")
+    if kv_files and vllm:
+        raise UnsupportedError(f"{cube_dir} holds KV caches, but {type(act_mem).__name__} holds "
+                               "prompt strings for a vLLM server; load it into a KVCacheMemory.")
     logger.warning("cubepack: %s holds no cubepack.lock: its activations were read safely (no "
                    "code runs) but are unverified; pack it: cubepack pack %s%s", cube_dir,
-                   cube_dir, " --legacy-pickle" if path.is_file() else "")
-    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
-    if not path.is_file():
-        _load_kv_files(act_mem, kv_files, report, on_mismatch)
+                   cube_dir, " --legacy-pickle" if path is not None else "")
+    if path is None:
+        if prompts is not None:
+            _load_prompt_file(act_mem, cube_dir, prompts, None, report)
+        else:
+            _load_kv_files(act_mem, cube_dir, kv_files, report, policy)
         return
-    dump = read_memos_pickle(path.read_bytes(), name=str(path))
+    with open(path, "rb") as handle:
+        dump = read_memos_pickle(handle, name=str(path))
     if any(item.prompt is not None for item in dump.items):
-        _add_prompts(act_mem, dump.items, report)
+        _add_prompts(act_mem, cube_dir, dump, report)
         return
-    if not hasattr(act_mem.llm, "model"):
+    if vllm:
         raise UnsupportedError(f"{path} holds KV caches, but {type(act_mem).__name__} holds "
                                "prompt strings for a vLLM server; load it into a KVCacheMemory.")
     model = act_mem.llm.model
     live = fingerprint(model)
     name = getattr(model, "name_or_path", None)
+    staged = _Staged(act_mem, cube_dir, report, policy)
     for item in dump.items:
+        staged.claim(item.id, path.name)
         records = [(record, source) for record, source in (
             (item.producer_record, "MemOS #2305 metadata.producer"),
             (dump.model_identity, "MemOS #2302 model_identity")) if record]
         problems = [conflict for record, _ in records
                     for conflict in record_conflicts(record, live, name)]
-        problems = problems or structure_problems(live_layers(item.layers), live)
-        if problems:
+        shape = structure_problems(live_layers(item.layers), live)
+        if problems or shape:
             where = f" (its producer record, {records[0][1]}, names another model)" \
-                if records and not structure_problems(live_layers(item.layers), live) else ""
-            mismatch = IdentityMismatch(f"Activation {item.id!r} of {cube_dir}{where}", problems)
-            apply_policy(act_mem, item.id, mismatch, item.metadata, report, on_mismatch)
+                if records and not shape else ""
+            mismatch = IdentityMismatch(f"Activation {item.id!r} of {cube_dir}{where}",
+                                        problems or shape)
+            staged.mismatch(item.id, mismatch, item.metadata)
             continue
-        cache = cache_from_layers(item.layers, model.config, device=model.device,
-                                  source=path.name)
-        _add(act_mem, item.id, cache, item.metadata, live)
-        report.loaded.append(item.id)
+        label = {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the loading model"} \
+            if records else SHAPE_ONLY
+        header = memos_layout.header_metadata(item.metadata, records=item.records)
+        staged.add(item.id, item.layers, header, live, label)
+        item.release()
+    staged.install()
 
 
-def _load_kv_files(act_mem: Any, paths: list[Path], report: HookReport, on_mismatch: str) -> None:
+def _lockless_file(cube_dir: Path, name: Any) -> Path | None:
+    """The activation file config.json names, when it exists: only a regular file inside the
+    folder (never through a symlink, never a FIFO that would hang the read)."""
+    if not isinstance(name, str) or memos_layout.opened_path(name) is None:
+        raise UnsafeInputError(f"{cube_dir}: config.json names the activation file {name!r}, "
+                               "which is not a path inside the cube; refusing to read it.")
+    try:
+        return regular_file(cube_dir, memos_layout.opened_path(name))
+    except FileNotFoundError:
+        return None
+
+
+def _hooked_dump_files(cube_dir: Path) -> tuple[list[Path], Path | None]:
+    """(KV files, prompts file) a hooked dump wrote into ``activations/``: a real folder of
+    regular files, or absent."""
+    folder = cube_dir / constants.ACTIVATIONS_DIR
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return [], None
+    if not stat.S_ISDIR(mode):
+        raise UnsafeInputError(f"{folder} is a symlink or not a folder; refusing to read it.")
+    kv_files, prompts = [], None
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(constants.KV_SUFFIX):
+            kv_files.append(regular_file(cube_dir, f"{constants.ACTIVATIONS_DIR}/{name}"))
+        elif f"{constants.ACTIVATIONS_DIR}/{name}" == constants.PROMPTS_FILE:
+            prompts = regular_file(cube_dir, constants.PROMPTS_FILE)
+    return kv_files, prompts
+
+
+def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: HookReport,
+                   policy: TrustPolicy) -> None:
     """KV files in a folder without a lock (a hooked dump): each checked against the live model
-    by the full producer identity its header carries."""
-    model = act_mem.llm.model
-    live = fingerprint(model)
+    by the full producer identity its header carries (a claim: only ``recompute`` proves it)."""
+    live = fingerprint(act_mem.llm.model)
+    staged = _Staged(act_mem, cube_dir, report, policy)
     for path in paths:
         header = read_kv_header(path)
         item_id = str(header.metadata.get("id") or path.name[: -len(constants.KV_SUFFIX)])
+        staged.claim(item_id, path.name)
         try:
             info = check_kv_file(path, live)
         except IdentityMismatch as mismatch:
-            apply_policy(act_mem, item_id, mismatch, header.metadata, report, on_mismatch)
+            staged.mismatch(item_id, mismatch, header.metadata)
             continue
-        cache = build_dynamic_cache(info, model.config, device=model.device)
-        _add(act_mem, item_id, cache, dict(info.metadata), info.producer, info.token_ids)
-        report.loaded.append(item_id)
+        claimed = info.metadata.get("provenance")
+        label = claimed if check_provenance(claimed) and claimed["kind"] == ASSERTED else KV_HEADER
+        staged.add(item_id, mapped_layers(info), info.metadata, info.producer, label,
+                   info.token_ids)
+    staged.install()
 
 
-def apply_policy(act_mem: Any, item_id: str, mismatch: IdentityMismatch,
-                 metadata: dict[str, Any], report: HookReport, on_mismatch: str) -> None:
+def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
+                 metadata: dict[str, Any]) -> None:
+    on_mismatch = staged.policy.on_mismatch
     if on_mismatch == "error":
         raise IdentityMismatch(
-            f"Activation {item_id!r}", mismatch.mismatches,
+            f"Activation {item_id!r} of {staged.cube_dir}", mismatch.mismatches,
             "The model MemOS loaded is not the one that produced it; load the cube with its "
             "pinned model, or pass on_mismatch='drop' or 'rebuild' (to "
             "cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
             "CUBEPACK_MEMOS_ON_MISMATCH).") from None
     if on_mismatch == "drop":
-        logger.warning("cubepack: dropped activation %s: produced by another model (%s)",
-                       item_id, ", ".join(mismatch.fields))
-        report.dropped[item_id] = mismatch.fields
+        logger.warning("cubepack: dropped activation %s of %s: produced by another model (%s)",
+                       item_id, staged.cube_dir, ", ".join(mismatch.fields))
+        staged.report.dropped[item_id] = mismatch.fields
         return
-    act_mem.add([rebuild(act_mem, item_id, metadata)])
-    report.rebuilt[item_id] = mismatch.fields
+    staged.items.append(rebuild(staged.act_mem, item_id, metadata))
+    staged.report.rebuilt[item_id] = mismatch.fields
 
 
 def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any]) -> Any:
@@ -235,52 +362,81 @@ def _extractable(source: Any) -> bool:
         for entry in source)
 
 
-def _add(act_mem: Any, item_id: str, cache: Any, metadata: dict[str, Any],
-         producer: ModelIdentity, token_ids: Any = None) -> None:
-    """Install one cache, registered with its producer for the use-time check."""
-    from memos.memories.activation.item import KVCacheItem
-
-    register(cache, item_id, producer, metadata, token_ids)
-    act_mem.add([KVCacheItem(id=item_id, memory=cache, metadata=metadata)])
+def _served_model(act_mem: Any) -> Any:
+    return getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
 
 
-def _add_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None:
-    """vLLM items hold prompt strings, which are safe to hand back as they are."""
-    from memos.memories.activation.item import VLLMKVCacheItem
-
-    for item in items:
+def _add_prompts(act_mem: Any, cube_dir: Path, dump: Any, report: HookReport) -> None:
+    """vLLM items hold prompt strings, which are safe to hand back as they are, once the
+    model a pickle's producer records name is the one MemOS's vLLM server serves."""
+    served = _served_model(act_mem)
+    for item in dump.items:
         if item.prompt is None:
             raise CubepackError(f"{item.id!r} mixes KV caches and vLLM prompts in one dump.")
-        act_mem.add([VLLMKVCacheItem(id=item.id, memory=item.prompt, metadata=item.metadata)])
-        report.loaded.append(item.id)
+        for record in (item.producer_record, dump.model_identity):
+            named = (record or {}).get("model_name_or_path")
+            if isinstance(named, str) and named and named != served:
+                raise IdentityMismatch(
+                    f"The vLLM prompt {item.id!r} of {cube_dir}",
+                    [Mismatch("record.model_name_or_path", served, named)],
+                    "Its producer record names another model than the one MemOS's vLLM server "
+                    "serves; configure that model, or re-make the prompts for this one.")
+    items = [_prompt_item(item.id, item.prompt, item.metadata, item.records)
+             for item in dump.items]
+    _install_prompts(act_mem, items, report)
+
+
+def _prompt_item(item_id: Any, prompt: str, metadata: Any, records: Any) -> Any:
+    from memos.memories.activation.item import KVCacheRecords, VLLMKVCacheItem
+
+    fields = {"records": KVCacheRecords.model_validate(records)} \
+        if isinstance(records, dict) else {}
+    return VLLMKVCacheItem(id=str(item_id), memory=prompt,
+                           metadata=metadata if isinstance(metadata, dict) else {}, **fields)
+
+
+def _install_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None:
+    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
+    if items:
+        act_mem.add(items)
+    report.loaded.extend(item.id for item in items)
 
 
 def load_prompts(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport) -> None:
     """Install a verified vLLM cube's prompts into a ``VLLMKVCacheMemory``, once the vLLM model
     MemOS will send them to is the pinned one (by Hub id or name: the weights sit on the vLLM
     server, where cubepack cannot fingerprint them)."""
-    from memos.memories.activation.item import VLLMKVCacheItem
-
-    path = resolve_inside(cube_dir, constants.PROMPTS_FILE)
     if constants.PROMPTS_FILE not in lock["files"]:
         return
     pin = lock["models"].get(memos_layout.ACT_ROLE) or {}
-    served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
     pinned = {name for name in (pin.get("repo_id"), pin.get("name"),
                                 (pin.get("identity") or {}).get("model_id")) if name}
-    if served not in pinned:
-        raise IdentityMismatch(
-            f"The vLLM prompts of {cube_dir}", [Mismatch("model", sorted(pinned), served)],
-            "The vLLM server MemOS is configured for serves another model than the one these "
-            "prompts were made for; configure the pinned model.")
+    _load_prompt_file(act_mem, cube_dir, resolve_inside(cube_dir, constants.PROMPTS_FILE),
+                      pinned, report)
+
+
+def _load_prompt_file(act_mem: Any, cube_dir: Path, path: Path, pinned: set[str] | None,
+                      report: HookReport) -> None:
+    """A prompts file's items, once the served model is the pinned one (a packed cube) or the
+    one the file names (a folder without a lock: the file's word is all there is)."""
+    served = _served_model(act_mem)
     document = canonical.loads_strict(path.read_bytes())
     if not isinstance(document, dict) or document.get("format") != constants.PROMPTS_FORMAT \
             or not isinstance(document.get("items"), list):
         raise FormatError(f"{path} is not a cubepack prompts file.")
-    act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
+    expected = pinned if pinned is not None else (
+        {document["model"]} if isinstance(document.get("model"), str) else None)
+    if expected is not None and served not in expected:
+        raise IdentityMismatch(
+            f"The vLLM prompts of {cube_dir}", [Mismatch("model", sorted(expected), served)],
+            "The vLLM server MemOS is configured for serves another model than the one these "
+            "prompts were made for; configure that model.")
+    items, seen = [], set()
     for entry in document["items"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
-            raise FormatError(f"{path}: a prompt entry is malformed.")
-        act_mem.add([VLLMKVCacheItem(id=str(entry.get("id")), memory=entry["prompt"],
-                                     metadata=entry.get("metadata") or {})])
-        report.loaded.append(str(entry.get("id")))
+        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str) \
+                or not isinstance(entry.get("id"), str) or entry["id"] in seen:
+            raise FormatError(f"{path}: a prompt entry is malformed or repeats an id.")
+        seen.add(entry["id"])
+        items.append(_prompt_item(entry["id"], entry["prompt"], entry.get("metadata") or {},
+                                  entry.get("records")))
+    _install_prompts(act_mem, items, report)

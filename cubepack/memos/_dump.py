@@ -13,45 +13,68 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
 from .._util.canonical import json_safe
-from ..cube._memos_layout import memos_prompt_ids
+from ..cube._memos_layout import header_metadata, memos_prompt_ids
 from ..cube._pack import activation_filename, pack, write_prompts
 from ..errors import CubepackError, UsageError
 from ..identity._fingerprint import fingerprint
 from ..kv._torch import save_kv_cache
-from ._use import produced
+from ._use import SHAPE_ONLY, lookup
+
+logger = logging.getLogger("cubepack.memos")
 
 
-def dump_activations(act_mem: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+def dump_activations(act_mem: Any, dir: str) -> None:
     """``KVCacheMemory.dump`` / ``VLLMKVCacheMemory.dump`` under the hook: one KV file per
     cache (or, for vLLM, the prompts file), no pickle."""
     folder = Path(dir)
     folder.mkdir(parents=True, exist_ok=True)
     if not hasattr(act_mem.llm, "model"):  # vLLM: prompt strings the server prefills
-        write_prompts(folder, [(item_id, item.memory, item.metadata or {})
-                               for item_id, item in act_mem.kv_cache_memories.items()])
+        served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+        write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
+                               for item_id, item in act_mem.kv_cache_memories.items()],
+                      model=served)
         return
     model = getattr(act_mem.llm, "model", None)
     tokenizer = getattr(act_mem.llm, "tokenizer", None)
     for item_id, item in act_mem.kv_cache_memories.items():
-        record = produced(item.memory)
+        record, state = lookup(item.memory)
+        if state == "changed":
+            raise UsageError(
+                f"Activation {item_id!r} changed after cubepack checked it (its tensors were "
+                "replaced, e.g. grown by a direct generation call: MemOS issue #2301), so it "
+                "no longer is the memory it was made from. Re-extract it "
+                "(act_mem.extract(source_text)) or reload the cube before dumping.")
         producer = record.producer if record is not None else fingerprint(model)
-        metadata = {**json_safe(item.metadata or {}), "id": item_id}
-        ids = prompt_ids(item_id, item.memory, record, tokenizer, metadata)
+        memos_metadata = json_safe(item.metadata or {})
+        ids = prompt_ids(item_id, item.memory, record, tokenizer, memos_metadata)
+        metadata = header_metadata(
+            memos_metadata, id=item_id,
+            provenance=record.provenance if record is not None else SHAPE_ONLY,
+            records=_records(item))
         save_kv_cache(item.memory, folder / activation_filename(item_id), producer=producer,
                       metadata=metadata, token_ids=ids)
 
 
+def _records(item: Any) -> dict[str, Any] | None:
+    """A KVCacheItem's ``records`` (the scheduler's text memories, composed text, timestamp)."""
+    records = getattr(item, "records", None)
+    return json_safe(records.model_dump(mode="json")) if records is not None else None
+
+
 def prompt_ids(item_id: str, cache: Any, record: Any, tokenizer: Any,
-               metadata: dict[str, Any]) -> list[int]:
+               metadata: dict[str, Any]) -> list[int] | None:
     """The token ids a cache covers: those recorded when it was made or installed, else MemOS's
-    prompt for its source rebuilt through the chat template; they must match its length.
+    prompt for its source rebuilt through the chat template; they must match its length. None
+    when nothing records them (the item is dumped as plain MemOS dumps it; a recomputation
+    later refuses it, saying why).
 
     Raises:
-        UsageError: no ids can be found, or they no longer match the cache (grown in place).
+        UsageError: the ids no longer match the cache (grown in place).
     """
     length = cache.get_seq_length()
     ids = list(record.token_ids) if record is not None and record.token_ids else None
@@ -61,9 +84,10 @@ def prompt_ids(item_id: str, cache: Any, record: Any, tokenizer: Any,
         except CubepackError:
             ids = None
     if ids is None:
-        raise UsageError(f"Activation {item_id!r} records no token ids and no source_text to "
-                         "rebuild them from, so it cannot be stored with a proof of its prompt; "
-                         "re-extract it with act_mem.extract(text) and dump again.")
+        logger.warning("cubepack: activation %s records no token ids and no source_text: it is "
+                       "dumped without them, so it cannot be recomputed (proved) later; "
+                       "re-extract it with act_mem.extract(text) to record them.", item_id)
+        return None
     if len(ids) != length:
         raise UsageError(
             f"Activation {item_id!r} holds {length} tokens but its prompt has {len(ids)}: it "

@@ -11,6 +11,7 @@ get stricter once installed.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -31,7 +32,7 @@ from ..hub._client import parse_repo_spec
 from ._activations import HookReport, load_packed, load_prompts, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo
-from ._use import guarded_generate, record_extraction
+from ._use import guarded_generate, merged, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -50,6 +51,7 @@ class HookSettings:
     trusted_keys: tuple[str, ...] = ()
     require_signature: bool = False
     on_mismatch: str = "error"
+    recompute: bool = False  # prove every cache with the loading model, lock or no lock
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates on_mismatch now, not at the first load
@@ -57,11 +59,11 @@ class HookSettings:
     @property
     def policy(self) -> TrustPolicy:
         """The policy every hooked load applies."""
-        return TrustPolicy(trusted_keys=self.trusted_keys,
-                           require_signature=self.require_signature, on_mismatch=self.on_mismatch)
+        return TrustPolicy(trusted_keys=self.trusted_keys, require_signature=self.require_signature,
+                           on_mismatch=self.on_mismatch, recompute=self.recompute)
 
 
-_STATE: dict[str, Any] = {"settings": None, "originals": {}}
+_STATE: dict[str, Any] = {"settings": None, "originals": {}, "replacements": {}}
 
 
 #: Policies from strictest to most lenient (a later install may only move left).
@@ -70,32 +72,38 @@ _STRICTNESS = {"error": 0, "drop": 1, "rebuild": 2}
 
 def _from_environment() -> HookSettings:
     """Settings servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
-    ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``) and
-    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1``."""
+    ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``),
+    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1`` and ``CUBEPACK_MEMOS_RECOMPUTE=1``."""
     keys = tuple(k for k in os.environ.get("CUBEPACK_MEMOS_TRUSTED_KEYS", "").split(os.pathsep) if k)
     return HookSettings(
         on_mismatch=os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error",
-        trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"))
+        trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"),
+        recompute=constants.env_flag("CUBEPACK_MEMOS_RECOMPUTE"))
 
 
 def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None = None,
-            require_signature: bool | None = None, on_mismatch: str | None = None) -> HookSettings:
+            require_signature: bool | None = None, on_mismatch: str | None = None,
+            recompute: bool | None = None) -> HookSettings:
     """Route MemOS's cube loading through cubepack (see the module docstring); return the
     settings now in force.
 
     The first call sets the settings: the arguments given, else the environment (for servers
     that install through the ``memos.plugins`` entry point), else the defaults
-    (``require_pin=True``, no keys, ``on_mismatch="error"``). A later call, such as MemOS's
-    plugin discovery running again, only makes them stricter: it can require a pin or a
-    signature, add keys when none were set, or move the policy towards ``"error"``, never the
-    reverse. Call :func:`uninstall` first to loosen them.
+    (``require_pin=True``, no keys, ``on_mismatch="error"``, no recomputation). A later call,
+    such as MemOS's plugin discovery running again, only makes them stricter: it can require a
+    pin, a signature or recomputation, add keys when none were set, or move the policy towards
+    ``"error"``, never the reverse. Call :func:`uninstall` first to loosen them.
+
+    ``recompute=True`` proves every cache MemOS loads with the model it loaded (a prefill of
+    its token ids, every position), packed or not: a folder without a lock can only claim its
+    producer, and this is what proves it.
     """
     if on_mismatch is not None:
         TrustPolicy(on_mismatch=on_mismatch)  # refuse a bad value before changing anything
     given = {"require_pin": require_pin, "require_signature": require_signature,
-             "on_mismatch": on_mismatch,
+             "on_mismatch": on_mismatch, "recompute": recompute,
              "trusted_keys": key_paths(trusted_keys) or None}
-    for name in ("require_pin", "require_signature"):
+    for name in ("require_pin", "require_signature", "recompute"):
         if given[name] is not None and type(given[name]) is not bool:
             raise UsageError(f"{name} must be True or False, not {given[name]!r}.")
     current: HookSettings | None = _STATE["settings"]
@@ -107,6 +115,7 @@ def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None =
             current,
             require_pin=current.require_pin or bool(require_pin),
             require_signature=current.require_signature or bool(require_signature),
+            recompute=current.recompute or bool(recompute),
             trusted_keys=current.trusted_keys or given["trusted_keys"] or (),
             on_mismatch=min(current.on_mismatch, on_mismatch or current.on_mismatch,
                             key=_STRICTNESS.__getitem__))
@@ -125,10 +134,16 @@ def installed() -> bool:
 
 
 def uninstall() -> None:
-    """Restore MemOS's own methods and forget the settings."""
+    """Restore MemOS's own methods and forget the settings. A method someone patched again
+    after :func:`install` keeps their patch (restoring MemOS's would silently drop it)."""
     for (owner, name), original in _STATE["originals"].items():
-        setattr(owner, name, original)
+        if owner.__dict__.get(name) is _STATE["replacements"].get((owner, name)):
+            setattr(owner, name, original)
+        else:
+            logger.warning("cubepack: %s.%s was replaced after cubepack.memos.install(); "
+                           "leaving that replacement in place", owner.__name__, name)
     _STATE["originals"].clear()
+    _STATE["replacements"].clear()
     _STATE["settings"] = None
 
 
@@ -142,21 +157,35 @@ def _patch() -> None:
     targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
                (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
                (GeneralMemCube, "dump"): _portable_dump,
-               (KVCacheMemory, "load"): _guarded_act_load,
-               (VLLMKVCacheMemory, "load"): _guarded_act_load,
+               (KVCacheMemory, "load"): _own(_guarded_act_load),
+               (VLLMKVCacheMemory, "load"): _own(_guarded_act_load),
                (KVCacheMemory, "extract"): _recorded_extract,
-               (KVCacheMemory, "dump"): dump_activations,
-               (VLLMKVCacheMemory, "dump"): _dump_prompts,
+               (KVCacheMemory, "from_textual_memory"): _recorded_from_textual_memory,
+               (KVCacheMemory, "_concat_caches"): _recorded_concat,
+               (KVCacheMemory, "dump"): _own(dump_activations),
+               (VLLMKVCacheMemory, "dump"): _own(dump_activations),
                (HFLLM, "generate"): guarded_generate(HFLLM.__dict__["generate"], _hook_settings),
                (HFLLM, "generate_stream"): guarded_generate(HFLLM.__dict__["generate_stream"],
-                                                            _hook_settings),
+                                                            _hook_settings, stream=True),
                (MOSCore, "register_mem_cube"): _register_mem_cube}
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
             _STATE["originals"][(owner, name)] = owner.__dict__[name]
             if isinstance(replacement, types.FunctionType):  # inspect.unwrap finds MemOS's
                 replacement.__wrapped__ = owner.__dict__[name]
+            _STATE["replacements"][(owner, name)] = replacement
             setattr(owner, name, replacement)
+
+
+def _own(function: Any) -> Any:
+    """A distinct function object per patched attribute, so each one's ``__wrapped__`` names
+    the MemOS method it replaced."""
+
+    @functools.wraps(function)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return replacement
 
 
 def _original(owner: Any, name: str) -> Any:
@@ -250,7 +279,7 @@ def _clone(url: str, revision: str | None, folder: Path) -> str:
     return head
 
 
-def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
+def _hooked_dir(dir: str, memory_types: list[str] | None = None,
                 default_config: Any = None) -> Any:
     current = _hook_settings()
     state = _lock_state(Path(dir))
@@ -262,7 +291,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
     return _placeholder(original(dir, memory_types, default_config))  # act load guarded too
 
 
-def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+def _guarded_act_load(self: Any, dir: str) -> None:
     """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
     is verified and its KV files loaded, each checked against the live model; a folder without
     one is read through the allowlist reader. MemOS's ``pickle.load`` is never called."""
@@ -279,12 +308,8 @@ def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
             load_prompts(self, folder, verified.lock, report)
     else:
         _refuse_unpacked(folder, state, current)
-        load_unpacked(self, folder, report, current.on_mismatch)
+        load_unpacked(self, folder, report, current.policy)
     self.cubepack = report
-
-
-def _dump_prompts(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
-    dump_activations(self, dir)  # one function for both memories (a distinct object to patch)
 
 
 def _recorded_extract(self: Any, text: Any) -> Any:
@@ -292,14 +317,26 @@ def _recorded_extract(self: Any, text: Any) -> Any:
     return record_extraction(self, _original(_kv_memory(), "extract")(self, text), text)
 
 
-def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:  # noqa: A002
+def _recorded_from_textual_memory(self: Any, mem: Any) -> Any:
+    """MemOS's ``KVCacheMemory.from_textual_memory``, with the new cache registered."""
+    item = _original(_kv_memory(), "from_textual_memory")(self, mem)
+    return record_extraction(self, item, getattr(mem, "memory", None))
+
+
+def _recorded_concat(self: Any, caches: list[Any]) -> Any:
+    """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): the merge carries
+    its parts' common producer, and parts of different producers are refused."""
+    return merged(caches, _original(_kv_memory(), "_concat_caches")(self, caches))
+
+
+def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     """``GeneralMemCube.dump`` under the hook: MemOS dumps (its activation memory writing KV
     files, not a pickle), then config.json names each model by its Hub id rather than the local
     snapshot path the hook loaded it from, and the folder is packed, so it loads anywhere
     through cubepack and verifies."""
     act = self.act_mem if "act_mem" in (memory_types or ["act_mem"]) else None
     if (os.path.exists(dir) and os.listdir(dir)) or (  # MemOS's own rule, before any work
-            act and getattr(type(act), "dump", None) not in (dump_activations, _dump_prompts)):
+            act and getattr(type(act), "dump", None) not in _dump_replacements()):
         return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
     dump_cube(self, Path(dir), memory_types)
 
@@ -314,7 +351,8 @@ def _register_mem_cube(self: Any, mem_cube_name_or_path: Any, mem_cube_id: str |
     MemOS's own ``if cube.text_mem`` checks skip it) for the call."""
     token, flag = (_CALLER.set(f"{type(self).__name__}.register_mem_cube"),
                    _REGISTERING.set(True))
-    _placeholder(mem_cube_name_or_path)
+    for cube in [mem_cube_name_or_path, *self.mem_cubes.values()]:
+        _placeholder(cube)  # a cube MemOS already holds is read again (re-register, new user)
     try:
         return _original(_mos_core(), "register_mem_cube")(self, mem_cube_name_or_path,
                                                             mem_cube_id, user_id)
@@ -360,6 +398,11 @@ def _refuse_unpacked(folder: Path, state: str, current: HookSettings) -> None:
         raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
                              "signature, and the hook requires one; pack and sign it "
                              "(cubepack pack --sign-key) or load it with another install.")
+
+
+def _dump_replacements() -> list[Any]:
+    return [replacement for (_, name), replacement in _STATE["replacements"].items()
+            if name == "dump"]
 
 
 def _general_cube() -> Any:

@@ -179,7 +179,7 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
             try:
                 folder = snapshot_download(pin["repo_id"], revision=pin["revision"],
                                            endpoint=endpoint, token=token)
-            except Exception as exc:  # noqa: BLE001 - any failure: the pin cannot be honoured
+            except Exception as exc:
                 if not pin.get("strict"):
                     # Only the activation producer must match bit for bit; a helper model
                     # (extractor, embedder) falls back to its name, and the user is told.

@@ -121,7 +121,7 @@ def _run(path, kind, cubes, zoo):
             memory.load(str(folder))
             value = sorted(str(item.memory)[:20] for item in memory.get_all())
     except Exception as exc:  # noqa: BLE001 - the outcome is what we tabulate
-        return "raised", f"{type(exc).__name__}: {str(exc)[:70]}", type(exc)
+        return "raised", f"{type(exc).__name__}: {exc}", type(exc)
     return "loaded", _describe(value), value
 
 
@@ -158,10 +158,10 @@ def test_hooked_equals_plain_on_valid_cubes_and_refuses_the_rest(path, kind, cub
         hooked = _run(path, kind, cubes, zoo)
     finally:
         hook.uninstall()
-    ROWS.append((path, kind, f"{plain[0]}: {plain[1]}", f"{hooked[0]}: {hooked[1]}"))
+    ROWS.append((path, kind, f"{plain[0]}: {plain[1][:70]}", f"{hooked[0]}: {hooked[1][:70]}"))
     with capsys.disabled():
-        print(f"\n{path:<24} {kind:<8} plain: {plain[0]}: {plain[1]:<50} hooked: {hooked[0]}: "
-              f"{hooked[1]}")
+        print(f"\n{path:<24} {kind:<8} plain: {plain[0]}: {plain[1][:70]:<50} hooked: "
+              f"{hooked[0]}: {hooked[1][:70]}")
     if kind == "valid":
         assert hooked[0] == plain[0] == "loaded", hooked
         assert _same(plain[2], hooked[2])
