@@ -79,13 +79,6 @@ def test_errors_found_after_the_body_is_read_reach_the_client_at_once(api, repo)
         within(30, lambda: api.create_tag("ns/repo", tag="bad name", repo_type="dataset"))
 
 
-def test_pull_requests_are_refused_and_never_land_on_main(api, repo):
-    with pytest.raises(HfHubHTTPError, match="Pull requests are not supported"):
-        within(30, lambda: api.create_commit("ns/repo", [add("pr.txt")], commit_message="pr",
-                                             repo_type="dataset", create_pr=True))
-    assert api.repo_info("ns/repo", repo_type="dataset").sha == repo
-
-
 def test_the_default_branch_cannot_be_deleted(api, repo):
     with pytest.raises(HfHubHTTPError) as caught:
         within(30, lambda: api.delete_branch("ns/repo", branch="main", repo_type="dataset"))
