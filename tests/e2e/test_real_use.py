@@ -336,6 +336,10 @@ def test_push_create_pr_then_pull_the_pr_verified_and_review_it_with_diff(hub, c
     changes = json.loads(out)
     assert changes["activations"]["changed"] == ["item-1"]
     assert "activations/item-1.kv.safetensors" in changes["files"]["changed"]
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr", "--json")
+    second = json.loads(out)  # main still differs: a second proposal
+    assert code == 0 and (second["pr_num"], second["pr_revision"]) == (2, "refs/pr/2")
+    assert second["pr_url"].endswith("/datasets/ns/cube/discussions/2")
     code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr",
                          "--tag", "v2")
     assert code == 2 and "--tag cannot be combined with --create-pr" in err

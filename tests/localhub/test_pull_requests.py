@@ -79,6 +79,8 @@ def test_create_pr_lands_on_refs_pr_and_main_does_not_move(api, hub, main):
     assert download(hub, "main", "b.txt")[0] == 404
     commits = api.list_repo_commits(REPO, repo_type="dataset", revision="refs/pr/1")
     assert [c.commit_id for c in commits][:2] == [proposed.oid, main]
+    api.create_tag(REPO, tag="proposal", revision="refs/pr/1", repo_type="dataset")
+    assert head(api, "proposal") == proposed.oid
     refs = api.list_repo_refs(REPO, repo_type="dataset", include_pull_requests=True)
     assert [(r.ref, r.target_commit) for r in refs.pull_requests] == [("refs/pr/1", proposed.oid)]
     details = api.get_discussion_details(REPO, 1, repo_type="dataset")
