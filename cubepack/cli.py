@@ -343,6 +343,9 @@ def _render_diff(data: dict[str, Any]) -> str:
 @click.option("--private", is_flag=True, help="Create the repo private (if it does not exist).")
 @click.option("--revision", help="Branch to push to (created from main if missing).")
 @click.option("--tag", help="Tag the pushed commit (an immutable name for it).")
+@click.option("--create-pr", is_flag=True,
+              help="Propose the commit as a pull request (refs/pr/N) to the branch; the branch "
+                   "does not move until it is merged.")
 @click.option("--commit-message", help="Commit message.")
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
 @click.option("--allow-local-paths", is_flag=True,
@@ -350,14 +353,15 @@ def _render_diff(data: dict[str, Any]) -> str:
 @_timeout_option("push")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
-                 tag: str | None, commit_message: str | None, token: str | None,
-                 allow_local_paths: bool, timeout: float | None, as_json: bool) -> None:
+                 tag: str | None, create_pr: bool, commit_message: str | None,
+                 token: str | None, allow_local_paths: bool, timeout: float | None,
+                 as_json: bool) -> None:
     """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
     from .hub._push import push
 
     result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
                   tag=tag, commit_message=commit_message, token=token,
-                  allow_local_paths=allow_local_paths, timeout=timeout)
+                  allow_local_paths=allow_local_paths, timeout=timeout, create_pr=create_pr)
     _emit(result.to_dict(), as_json, _render_push)
 
 
@@ -373,6 +377,15 @@ def _render_push(data: dict[str, Any]) -> str:
                 + (f"\nurl:    {data['commit_url']}" if data["commit_url"] else ""))
     if data["tag"]:
         line += f"\ntag:    {data['tag']}"
+    if data["pr_revision"]:
+        return line.replace(f" to {data['repo_id']}@{data['branch']}",
+                            f" as pull request #{data['pr_num']} to "
+                            f"{data['repo_id']}@{data['branch']} (which did not move)") + (
+            f"\npull request: #{data['pr_num']} ({data['pr_revision']})"
+            + (f" {data['pr_url']}" if data["pr_url"] else "")
+            + f"\nreview it: cubepack pull {data['repo_id']}@{data['pr_revision']} --local-dir "
+              f"pr-{data['pr_num']}, then cubepack diff <a pull of {data['branch']}> "
+              f"pr-{data['pr_num']}")
     return line + f"\npull it: cubepack pull {data['repo_id']}@{data['commit_sha']}"
 
 

@@ -67,13 +67,20 @@ def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
             raise ValueError(f"the number {number[:40]} overflows to infinity")
         return value
 
+    out_of_range = False
+
     def integer(number: str) -> int:
+        nonlocal out_of_range
         _short(number)
-        return int(number)
+        value = int(number)
+        if not -MAX_INT < value < MAX_INT:
+            out_of_range = True
+        return value
 
     value = json.loads(text, parse_constant=reject, parse_float=finite, parse_int=integer,
                        **kwargs)
-    _check_integers(value)
+    if out_of_range:  # walk the document only to name the field (the walk costs a parse)
+        _check_integers(value)
     return value
 
 

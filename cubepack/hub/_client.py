@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -21,6 +22,11 @@ from ._deadline import Deadline
 T = TypeVar("T")
 
 REPO_TYPES = ("dataset", "model")
+#: huggingface_hub's module constants a commit overrides (see HubClient.commit_settings): the
+#: values saved on first entry, and one entry per commit running (does it need Xet off?).
+_SETTINGS_LOCK = threading.Lock()
+_SETTINGS_SAVED: list[Any] = []
+_SETTINGS_USERS: list[bool] = []
 #: Exactly owner/name in the characters the Hub allows (ASCII letters, digits, ``_.-``).
 _OWNER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,96}/[A-Za-z0-9_.-]{1,96}")
 
@@ -172,16 +178,28 @@ class HubClient:
           on an endpoint without it; we turn it off for endpoints that do not offer it.
         - 0.36 parses the returned commit URL against ``constants.ENDPOINT``, not the endpoint
           the call used.
+
+        Commits of one process may overlap (pushes in threads): the constants are saved by the
+        first to enter and restored by the last to leave, and Xet stays off while any commit
+        running needs it off, so no commit sees another's restore.
         """
         from huggingface_hub import constants as hub_constants
 
-        saved = (hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET)
-        hub_constants.ENDPOINT = self.endpoint
-        hub_constants.HF_HUB_DISABLE_XET = saved[1] or not xet
+        with _SETTINGS_LOCK:
+            if not _SETTINGS_USERS:
+                _SETTINGS_SAVED[:] = [hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET]
+            _SETTINGS_USERS.append(not xet)
+            hub_constants.ENDPOINT = self.endpoint
+            hub_constants.HF_HUB_DISABLE_XET = _SETTINGS_SAVED[1] or any(_SETTINGS_USERS)
         try:
             yield
         finally:
-            hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET = saved
+            with _SETTINGS_LOCK:
+                _SETTINGS_USERS.remove(not xet)
+                if _SETTINGS_USERS:
+                    hub_constants.HF_HUB_DISABLE_XET = _SETTINGS_SAVED[1] or any(_SETTINGS_USERS)
+                else:
+                    hub_constants.ENDPOINT, hub_constants.HF_HUB_DISABLE_XET = _SETTINGS_SAVED
 
     def xet_supported(self, repo_id: str, repo_type: str, branch: str) -> bool:
         """Does the endpoint hand out Xet write tokens for this repo? (Only asked when hf_xet is
@@ -203,12 +221,14 @@ class HubClient:
         return response.status_code == 200
 
     def create_commit(self, repo_id: str, operations: list[Any], *, repo_type: str, branch: str,
-                      message: str, parent_commit: str | None = None) -> Any:
-        """Exactly one commit of explicit operations, with Xet only where the endpoint has it."""
+                      message: str, parent_commit: str | None = None,
+                      create_pr: bool = False) -> Any:
+        """Exactly one commit of explicit operations, with Xet only where the endpoint has it
+        (``create_pr``: proposed to ``branch`` as a pull request, starting at ``parent_commit``)."""
         with self.commit_settings(xet=self.xet_supported(repo_id, repo_type, branch)):
             return self.api.create_commit(repo_id, operations=operations, commit_message=message,
                                           repo_type=repo_type, revision=branch,
-                                          parent_commit=parent_commit)
+                                          parent_commit=parent_commit, create_pr=create_pr)
 
     # --- downloads -------------------------------------------------------------------------------
     def download(self, repo_id: str, filename: str, *, repo_type: str, revision: str,

@@ -24,6 +24,7 @@ its own carry, whatever their host). Any other request passes untouched.
 from __future__ import annotations
 
 import contextvars
+import re
 import socket
 import threading
 import time
@@ -33,6 +34,8 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import HubError
 
+#: A sha256 in a URL path (LFS upload URLs carry the object's).
+_SHA256_RUN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 #: Seconds the caller waits, after the deadline, for the aborted worker to end (aborted requests
 #: end at once; huggingface_hub may sleep a second before it asks again, and is refused).
 _ABORT_GRACE = 5.0
@@ -81,6 +84,13 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return self._aborted.is_set() or time.monotonic() >= self.expires
+
+    def pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` (a retry's backoff) unless that would pass the deadline: then
+        return False at once. An abort ends the wait early (False too)."""
+        if seconds >= self.remaining():
+            return False
+        return not self._aborted.wait(seconds)
 
     # --- running an operation ----------------------------------------------------------------
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -140,15 +150,16 @@ class Deadline:
                 _CURRENT.reset(token)
         return bound
 
-    def name(self, fragment: str, label: str) -> None:
-        """A request whose URL path holds ``fragment`` (a file's sha256: LFS upload URLs carry
+    def name(self, sha256: str, label: str) -> None:
+        """A request whose URL path holds ``sha256`` (a file's digest: LFS upload URLs carry
         it) is this operation's, whichever thread sends it, and ``label`` in messages."""
-        self._names[fragment] = label
+        self._names[sha256.lower()] = label
 
     def names(self, path: str) -> str | None:
-        """The label of the first name ``path`` holds, or None."""
-        return next((label for fragment, label in self._names.items() if fragment in path),
-                    None)
+        """The label of the first named digest ``path`` holds, or None: a look-up per 64-hex
+        run of the path, never a scan of the names (a push names every file it holds)."""
+        return next((self._names[digest] for digest in _SHA256_RUN.findall(path.lower())
+                     if digest in self._names), None)
 
     def expire(self) -> None:
         """Record what was slow, then abort every request in flight and refuse new ones."""

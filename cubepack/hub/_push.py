@@ -2,13 +2,15 @@
 
 ``create_commit`` with explicit operations: changed files added, vanished files deleted. A tag
 that exists is refused before anything is committed; a stale parent (another push landed first)
-is planned again and retried.
+is planned again and retried, with jittered exponential backoff, until the push's deadline.
+With ``create_pr`` the commit is proposed as a pull request (``refs/pr/N``) instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,20 +36,26 @@ class PushResult:
     uploaded: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     tag: str | None = None
+    pr_num: int | None = None
+    pr_revision: str | None = None
+    pr_url: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-#: How often a push re-plans and retries when another push landed first (a stale parent).
-PUSH_ATTEMPTS = 3
+#: Backoff after a stale parent (another push landed first): the n-th retry waits a random
+#: time up to min(RETRY_CAP, RETRY_BASE * 2**n) seconds ("full jitter": pushers that collided
+#: spread out instead of colliding again), for as long as the push's deadline allows.
+RETRY_BASE = 0.05
+RETRY_CAP = 5.0
 
 
 def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
          revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
          token: str | None = None, endpoint: str | None = None,
          progress: bool | None = None, allow_local_paths: bool = False,
-         timeout: float | None = None) -> PushResult:
+         timeout: float | None = None, create_pr: bool = False) -> PushResult:
     """Push a packed cube as exactly one commit (or none when nothing changed).
 
     The cube is verified first: an unpacked or failing cube is refused before any network
@@ -55,7 +63,12 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     ``allow_local_paths``). Only files whose content differs from the branch head are
     uploaded; files the cube no longer has are deleted in the same commit. A ``tag`` that
     exists is refused before anything is committed. When another push lands on the branch
-    first, the plan is made again against the new head and retried (a few times).
+    first, the plan is made again against the new head and retried after a jittered,
+    exponentially growing wait, for as long as the deadline allows.
+
+    With ``create_pr``, the commit is proposed to the branch as a pull request: it lands on a
+    new ``refs/pr/N`` (the result's ``pr_num``, ``pr_revision``, ``pr_url``), the branch does
+    not move, and no tag can be given (tag the commit once it is merged).
 
     ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the push
     asks of the endpoint; on expiry the requests in flight are aborted and the error names
@@ -63,7 +76,8 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
 
     Raises:
         VerificationFailed: the cube does not verify.
-        UsageError: a local model path in config.json; a bad repo type or timeout.
+        UsageError: a local model path in config.json; a bad repo type or timeout; a tag
+            with ``create_pr``.
         HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
             that exists, a branch that keeps moving, the deadline passed).
     """
@@ -76,6 +90,9 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     for what, name in (("--revision", revision), ("--tag", tag)):
         if name is not None:
             check_ref_name(name, what=what)
+    if create_pr and tag:
+        raise UsageError("--tag cannot be combined with --create-pr: a pull request's commit is "
+                         "not published yet; tag it once the request is merged.")
     seconds = constants.hub_timeout(timeout)
     cube = Path(cube_dir)
     report = verify(cube, progress=progress)
@@ -91,18 +108,20 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     message = commit_message or f"cubepack push (lock {report.lock['digest'][:12]})"
     with client.translated(repo_id, repo_type, branch):
         return client.run(_push_commit, client, cube, local, repo_id, repo_type=repo_type,
-                          private=private, branch=branch, tag=tag, message=message)
+                          private=private, branch=branch, tag=tag, message=message,
+                          create_pr=create_pr)
 
 
 def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: str, *,
                  repo_type: str, private: bool, branch: str, tag: str | None,
-                 message: str) -> PushResult:
+                 message: str, create_pr: bool) -> PushResult:
     """Everything a push asks of the endpoint: at most one commit, then the tag."""
     api = client.api
     api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
     if branch != "main":
         api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
-    for attempt in range(PUSH_ATTEMPTS):
+    collisions = 0
+    while True:
         info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
                              files_metadata=True)
         head = info.sha
@@ -112,26 +131,42 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
             _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
                        else head)
         if not (additions or deletions):
-            sha, url = head, None
+            commit = None
             break
         try:
+            # With create_pr the request starts from the head planned against: never stale.
             commit = client.create_commit(repo_id, _operations(additions, deletions),
                                           repo_type=repo_type, branch=branch,
-                                          message=message, parent_commit=head)
+                                          message=message, parent_commit=head,
+                                          create_pr=create_pr)
+            break
         except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
-            if _status(exc) == 412 and attempt + 1 < PUSH_ATTEMPTS:
-                continue
-            if _status(exc) == 412:
-                raise HubError(f"{repo_id}@{branch} kept moving while pushing (another push "
-                               f"landed first {PUSH_ATTEMPTS} times); push again.") from exc
-            raise
-        sha, url = commit.oid, commit.commit_url
-        break
+            if _status(exc) != 412:
+                raise
+            collisions += 1
+            if not _back_off(client, collisions):
+                raise HubError(f"{repo_id}@{branch} kept moving while pushing: another push "
+                               f"landed first {collisions} times before the push's deadline "
+                               f"({client.deadline.seconds:g} s, --timeout); push again.") from exc
+    sha = commit.oid if commit is not None else head
     if tag and _tag_target(client, repo_id, repo_type, tag) is None:
         client.api.create_tag(repo_id, tag=tag, revision=sha, repo_type=repo_type)
+    pr_url = getattr(commit, "pr_url", None)
     return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
-                      commit_url=url, changed=bool(additions or deletions),
-                      uploaded=sorted(p for p, _ in additions), deleted=sorted(deletions), tag=tag)
+                      commit_url=commit.commit_url if commit is not None else None,
+                      changed=commit is not None, uploaded=sorted(p for p, _ in additions),
+                      deleted=sorted(deletions), tag=tag,
+                      pr_num=getattr(commit, "pr_num", None) if pr_url else None,
+                      pr_revision=getattr(commit, "pr_revision", None) if pr_url else None,
+                      pr_url=pr_url)
+
+
+def _back_off(client: HubClient, collisions: int) -> bool:
+    """Wait before re-planning after the ``collisions``-th stale parent: a random time up to
+    ``min(RETRY_CAP, RETRY_BASE * 2**collisions)``. False, without waiting, when that would
+    run past the push's deadline."""
+    delay = random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2 ** collisions))
+    return client.deadline.pause(delay)
 
 
 def _status(exc: Exception) -> int | None:

@@ -1,10 +1,10 @@
 """A local, Hugging Face Hub-compatible endpoint: ``cubepack hub serve``.
 
 A stand-in for air-gapped teams, tests and the demo, not a Hub replacement: it stores dataset
-and model repos on disk (immutable commits, content-addressed blobs, branches and tags) and
-answers the routes the real ``huggingface_hub`` client (0.36 and 2.x) uses to create, push,
-tag, list refs, read repo info with file metadata, and download. No Xet, no pull requests, no
-web UI. It binds to 127.0.0.1 unless told otherwise.
+and model repos on disk (immutable commits, content-addressed blobs, branches, tags, pull
+requests and discussions) and answers the routes the real ``huggingface_hub`` client (0.36 and
+2.x) uses to create, push, propose and merge, tag, list refs, read repo info with file metadata,
+and download. No Xet, no web UI. It binds to 127.0.0.1 unless told otherwise.
 """
 
 from ._server import LocalHub

@@ -15,6 +15,7 @@ import base64
 import fnmatch
 import hashlib
 import hmac
+import html
 import io
 import json
 import math
@@ -76,6 +77,13 @@ ROUTES = (
     _route("GET", _REPO + r"/tree/(?P<revision>[^/]+)(?:/(?P<path>.*))?", "_tree", "read"),
     _route("POST", _REPO + r"/paths-info/(?P<revision>.+)", "_paths_info", "read"),
     _route("GET", _REPO + r"/commits(?:/(?P<revision>.+))?", "_commits", "read"),
+    _route("GET", _REPO + r"/discussions", "_discussions", "read"),
+    _route("POST", _REPO + r"/discussions", "_create_discussion", "write"),
+    _route("GET", _REPO + r"/discussions/(?P<num>[0-9]{1,9})", "_discussion", "read"),
+    _route("POST", _REPO + r"/discussions/(?P<num>[0-9]{1,9})/(?P<action>comment|title|status|merge)",
+           "_discussion_change", "write"),
+    _route("POST", _REPO + r"/discussions/(?P<num>[0-9]{1,9})/comment/(?P<event>[0-9a-f]{1,64})/edit",
+           "_edit_comment", "write"),
     _route("PUT", _REPO + r"/settings", "_settings", "write"),
     _route("GET|POST", _REPO + r"/xet-(?:write|read)-token(?:/.*)?", "_no_xet", "read"),
     _route("GET|POST|PUT|DELETE", r"/api/(?:models|datasets)/(?P<namespace>[^/]+)/?",
@@ -500,6 +508,9 @@ class _Handler(BaseHTTPRequestHandler):
                 params["repo"] = self._repo(kind, params.pop("namespace"), params.pop("name"),
                                             write=route.repo == "write")
             return getattr(self, route.handler)(**params)
+        unknown = re.match(_REPO + "/", path)
+        if unknown:  # a route of a repo that is not here (as the Hub answers): typed
+            self._repo(unknown["kind"], unquote(unknown["namespace"]), unquote(unknown["name"]))
         raise StoreError(404, f"No route for {method} {path}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
@@ -555,7 +566,9 @@ class _Handler(BaseHTTPRequestHandler):
                          for n, c in sorted(refs["branches"].items())],
             "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
                      for n, c in sorted(refs["tags"].items())],
-            "converts": [], "pullRequests": []})
+            "converts": [],
+            "pullRequests": [{"name": f"refs/pr/{n}", "ref": f"refs/pr/{n}", "targetCommit": c}
+                             for n, c in sorted(refs["pulls"].items(), key=lambda i: int(i[0]))]})
 
     def _create_tag(self, repo: RepoRef, revision: str) -> None:
         self.hub.store.create_ref(repo, "tag", self._json_body().get("tag", ""), revision)
@@ -617,6 +630,14 @@ class _Handler(BaseHTTPRequestHandler):
             data["lastCommit"] = {"id": last["id"], "title": last["title"], "date": last["date"]}
         return data
 
+    @staticmethod
+    def _folder(path: str, last: dict[str, Any] | None) -> dict[str, Any]:
+        data = {"type": "directory", "path": path, "oid": hashlib.sha1(path.encode()).hexdigest(),
+                "size": 0}
+        if last is not None:  # expand=true: the last commit that changed anything below it
+            data["lastCommit"] = {"id": last["id"], "title": last["title"], "date": last["date"]}
+        return data
+
     def _last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
         expand = self.query.get("expand", ["false"])[0].lower() == "true" or self._form_expand
         return self.hub.store.last_commits(repo, revision) if expand else {}
@@ -658,8 +679,7 @@ class _Handler(BaseHTTPRequestHandler):
             entries.append(self._entry(path, entry, last.get(path)))
         if prefix and not entries and not folders:
             raise StoreError(404, f"{prefix} not found at {revision}.", "EntryNotFound")
-        listing = [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest(),
-                    "size": 0} for f in sorted(folders)] + entries
+        listing = [self._folder(f, last.get(f)) for f in sorted(folders)] + entries
         self.send_json(listing)
 
     def _paths_info(self, repo: RepoRef, revision: str) -> None:
@@ -679,14 +699,17 @@ class _Handler(BaseHTTPRequestHandler):
             if path in commit["tree"]:
                 result.append(self._entry(path, commit["tree"][path], last.get(path)))
             elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
-                result.append({"type": "directory", "path": path,
-                               "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0})
+                result.append(self._folder(path, last.get(path.rstrip("/"))))
         self.send_json(result)
 
     def _commits(self, repo: RepoRef, revision: str = "main") -> None:
+        formatted = "formatted" in self.query.get("expand[]", [])
         self.send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
-                          "authors": [{"user": self.hub.user}], "date": c["date"]}
-                         for c in self.hub.store.history(repo, revision)])
+                         "authors": [{"user": self.hub.user}], "date": c["date"],
+                         **({"formatted": {"title": html.escape(c["title"]),
+                                           "message": html.escape(c["message"])}}
+                            if formatted else {})}
+                        for c in self.hub.store.history(repo, revision)])
 
     def _preupload(self, repo: RepoRef, revision: str) -> None:
         body = self._json_body()
@@ -751,9 +774,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_json({})
 
     def _commit(self, repo: RepoRef, revision: str) -> None:
-        if self.query.get("create_pr", ["0"])[0] not in ("0", "false", ""):
-            raise StoreError(400, "Pull requests are not supported by the local endpoint (the "
-                             "commit was not made): commit to a branch instead (--revision).")
+        create_pr = self.query.get("create_pr", ["0"])[0] not in ("0", "false", "")
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
         if not lines or lines[0].get("key") != "header":
             raise StoreError(400, "A commit starts with a header line.")
@@ -764,13 +785,95 @@ class _Handler(BaseHTTPRequestHandler):
             if operation.get("key") == "file":
                 self.hub.count_upload(f"file:{value.get('path')}",
                                       len(base64.b64decode(value.get("content", ""))))
-        commit_id = self.hub.store.apply_commit(
-            repo, revision, title=header.get("summary", ""), message=header.get("description", ""),
-            parent=header.get("parentCommit"), operations=operations)
+        fields = dict(title=header.get("summary", ""), message=header.get("description", ""),
+                      parent=header.get("parentCommit"), operations=operations,
+                      author=self.hub.user)
+        number = None
+        if create_pr:  # the commit goes to a new refs/pr/N; the branch stays where it is
+            commit_id, number = self.hub.store.open_pull_request(repo, revision, **fields)
+        else:
+            commit_id = self.hub.store.apply_commit(repo, revision, **fields)
         self.hub.count_commit()
+        url = self._repo_url(repo)
+        self.send_json({"commitOid": commit_id, "commitUrl": f"{url}/commit/{commit_id}",
+                        "pullRequestUrl": f"{url}/discussions/{number}" if number else None})
+
+    def _repo_url(self, repo: RepoRef) -> str:
         prefix = "datasets/" if repo.kind == "datasets" else ""
-        self.send_json({"commitOid": commit_id, "pullRequestUrl": None,
-                         "commitUrl": f"{self._base()}/{prefix}{repo.repo_id}/commit/{commit_id}"})
+        return f"{self._base()}/{prefix}{repo.repo_id}"
+
+    # --- discussions and pull requests -----------------------------------------------------------
+    def _summary(self, repo: RepoRef, record: dict[str, Any]) -> dict[str, Any]:
+        return {"num": record["num"], "title": record["title"], "status": record["status"],
+                "createdAt": record["createdAt"], "isPullRequest": record["isPullRequest"],
+                "author": {"name": record["author"]}, "pinned": False,
+                "numComments": sum(e["type"] == "comment" for e in record["events"]),
+                "repo": {"name": repo.repo_id, "type": repo.repo_type}}
+
+    def _discussions(self, repo: RepoRef) -> None:
+        """Newest first, 50 a page (``p``), filtered by type, status and author as on the Hub."""
+        kind = self.query.get("type", ["all"])[0]
+        status = self.query.get("status", ["all"])[0]
+        author = self.query.get("author", [None])[0]
+        items = [d for d in reversed(self.hub.store.discussions(repo))
+                 if kind in ("all", "pull_request" if d["isPullRequest"] else "discussion")
+                 and (status == "all" or (d["status"] == "open") == (status == "open"))
+                 and author in (None, d["author"])]
+        try:
+            page = max(0, int(self.query.get("p", ["0"])[0]))
+        except ValueError:
+            raise StoreError(400, "Invalid page number.") from None
+        shown = items[page * 50:(page + 1) * 50]
+        self.send_json({"discussions": [self._summary(repo, d) for d in shown],
+                        "count": len(items), "start": page * 50,
+                        "numClosedDiscussions": sum(d["status"] != "open" for d in items)})
+
+    def _discussion(self, repo: RepoRef, num: str) -> None:
+        store = self.hub.store
+        record = store.discussion(repo, int(num))
+        details = {**self._summary(repo, record), "events": record["events"]}
+        if record["isPullRequest"]:
+            details["changes"] = {"base": f"refs/heads/{record['base']}",
+                                  "mergeCommitId": record.get("mergeCommitId")}
+            details["filesWithConflicts"] = store.conflicts(repo, int(num))
+        self.send_json(details)
+
+    def _create_discussion(self, repo: RepoRef) -> None:
+        body = self._json_body()
+        title = str(body.get("title") or "").strip()
+        if not title:
+            raise StoreError(400, "A discussion needs a title.")
+        number = self.hub.store.create_discussion(
+            repo, title=title, description=str(body.get("description") or ""),
+            author=self.hub.user, pull_request=bool(body.get("pullRequest")))
+        self.send_json({"num": number, "url": f"{self._repo_url(repo)}/discussions/{number}"})
+
+    def _discussion_change(self, repo: RepoRef, num: str, action: str) -> None:
+        body = self._json_body() or {}
+        store, number, author = self.hub.store, int(num), self.hub.user
+        comment = str(body.get("comment") or "").strip() or None
+        if action == "comment":
+            if not comment:
+                raise StoreError(400, "An empty comment.")
+            return self.send_json({"newMessage": store.comment(repo, number, comment, author)})
+        if action == "title":
+            title = str(body.get("title") or "").strip()
+            if not title:
+                raise StoreError(400, "A discussion needs a title.")
+            return self.send_json({"newTitle": store.rename(repo, number, title, author)})
+        if action == "status":
+            event = store.set_status(repo, number, str(body.get("status")), author, comment)
+            return self.send_json({"newStatus": event})
+        store.merge(repo, number, author, comment)
+        self.send_json({})
+
+    def _edit_comment(self, repo: RepoRef, num: str, event: str) -> None:
+        body = self._json_body() or {}
+        content = str(body.get("content") or "")
+        if not content.strip():
+            raise StoreError(400, "An empty comment.")
+        self.send_json({"updatedComment": self.hub.store.edit_comment(repo, int(num), event,
+                                                                      content)})
 
     def _resolve(self, repo: RepoRef, revision: str, path: str) -> None:
         store = self.hub.store

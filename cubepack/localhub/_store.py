@@ -4,17 +4,25 @@ Layout under the root folder::
 
     blobs/<sha256>                                   file contents, shared by all repos
     repos/<models|datasets>/<ns>/<name>/repo.json    {"private": bool}
-    repos/.../refs.json                              {"branches": {...}, "tags": {...}}
+    repos/.../refs.json                              {"branches": {...}, "tags": {...},
+                                                      "pulls": {"<N>": commit}}
     repos/.../commits/<40-hex>.json                  parents, title, message, date, tree
+    repos/.../discussions.json                       discussions and pull requests, by number
 
 A commit's tree maps each path to {sha256, size, git_oid, lfs}. Commits are never rewritten;
 a branch move is a new ``refs.json``. Every write is a temp file renamed into place, under a
 per-repo lock, so concurrent requests never see half a commit.
+
+Reads stay O(1) in the size of a repo: parsed commits are kept in a per-process LRU keyed by
+repo and commit id (commits are immutable, so an entry never goes stale), and repo names are
+matched case-insensitively through an index built once and kept by the writes of this process.
+One process serves a root: the per-repo locks are threads' locks.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import hashlib
 import json
@@ -22,6 +30,7 @@ import os
 import re
 import shutil
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,11 @@ REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
+#: A pull request's ref, as the Hub names them.
+PR_REF = re.compile(r"refs/pr/([1-9][0-9]{0,8})")
+#: Tree entries of parsed commits kept in memory, over every repo of the store (a 10,000-file
+#: commit is 2.6 MB of JSON; parsing it for every download made a pull quadratic).
+COMMIT_CACHE_ENTRIES = 250_000
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
                  b"*.bin filter=lfs diff=lfs merge=lfs -text\n")
 
@@ -72,6 +86,45 @@ def _listing(folder: Path) -> list[str]:
     return sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
 
 
+def _folded(repo: RepoRef) -> tuple[str, str, str]:
+    """The key the Hub matches repo ids by: ``NS/Cube`` is ``ns/cube``."""
+    return repo.kind, repo.namespace.lower(), repo.name.lower()
+
+
+class _CommitCache:
+    """Parsed commits by (repo, commit id), least recently used first out, bounded by their
+    tree entries in all. Entries are shared between requests: callers never mutate them."""
+
+    def __init__(self, capacity: int):
+        self._capacity, self._size = capacity, 0
+        self._entries: OrderedDict[tuple[RepoRef, str], dict[str, Any]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def get(self, key: tuple[RepoRef, str]) -> dict[str, Any] | None:
+        with self._guard:
+            record = self._entries.get(key)
+            if record is not None:
+                self._entries.move_to_end(key)
+            return record
+
+    def put(self, key: tuple[RepoRef, str], record: dict[str, Any]) -> None:
+        weight = len(record["tree"]) + 1
+        with self._guard:
+            if key in self._entries:
+                return
+            self._entries[key] = record
+            self._size += weight
+            while self._size > self._capacity and len(self._entries) > 1:
+                _, dropped = self._entries.popitem(last=False)
+                self._size -= len(dropped["tree"]) + 1
+
+    def forget(self, repo: RepoRef) -> None:
+        """Drop a deleted or moved repo's commits."""
+        with self._guard:
+            for key in [key for key in self._entries if key[0] == repo]:
+                self._size -= len(self._entries.pop(key)["tree"]) + 1
+
+
 def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
     if kind not in REPO_TYPES or not _NAME.fullmatch(namespace or "") or not _NAME.fullmatch(name or ""):
         raise StoreError(404, f"Repository {namespace}/{name} not found.", "RepoNotFound")
@@ -84,38 +137,65 @@ class HubStore:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
-        self._locks: dict[RepoRef, threading.Lock] = {}
+        self._locks: dict[tuple[str, str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._commits = _CommitCache(COMMIT_CACHE_ENTRIES)
+        self._index: dict[tuple[str, str, str], RepoRef] | None = None
+        self._index_guard = threading.Lock()
         # Uploads interrupted by a killed server left their temp files: nothing refers to them.
         for leftover in (self.root / "blobs").glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
 
     def find(self, repo: RepoRef) -> RepoRef:
         """``repo`` as stored, matched case-insensitively as on the Hub (``NS/Cube`` is
-        ``ns/cube``); ``repo`` itself when no such repo exists."""
-        base = self.root / "repos" / repo.kind
-        for namespace in _listing(base):
-            if namespace.lower() == repo.namespace.lower():
+        ``ns/cube``); ``repo`` itself when no such repo exists. One dictionary look-up: the
+        folders are listed once, and this process's creates, moves and deletes keep the index."""
+        with self._index_guard:
+            if self._index is None:
+                self._index = self._scan()
+            return self._index.get(_folded(repo), repo)
+
+    def _scan(self) -> dict[tuple[str, str, str], RepoRef]:
+        index = {}
+        for kind in REPO_TYPES:
+            base = self.root / "repos" / kind
+            for namespace in _listing(base):
                 for name in _listing(base / namespace):
-                    if name.lower() == repo.name.lower():
-                        return RepoRef(repo.kind, namespace, name)
-        return repo
+                    repo = RepoRef(kind, namespace, name)
+                    if self.exists(repo):
+                        index.setdefault(_folded(repo), repo)
+        return index
+
+    def _indexed(self, repo: RepoRef, present: bool) -> None:
+        with self._index_guard:
+            if self._index is None:
+                return  # built from the folders on first use
+            if present:
+                self._index[_folded(repo)] = repo
+            else:
+                self._index.pop(_folded(repo), None)
 
     def delete(self, repo: RepoRef) -> None:
         """Delete ``repo`` (its commits and refs; blobs stay, shared and content-addressed)."""
         with self._lock(repo):
             self._require(repo)
             shutil.rmtree(self._dir(repo))
+            self._indexed(repo, False)
+            self._commits.forget(repo)
 
     def move(self, repo: RepoRef, target: RepoRef) -> None:
         """Rename ``repo`` to ``target``; 409 when ``target`` exists."""
-        with self._lock(repo):
+        with self._locked(repo, target):
             self._require(repo)
-            if self.exists(self.find(target)):
+            existing = self.find(target)
+            if self.exists(existing) and existing != repo:
                 raise StoreError(409, f"A {target.repo_type} repository called "
                                       f"{target.repo_id} already exists.")
             self._dir(target).parent.mkdir(parents=True, exist_ok=True)
             os.replace(self._dir(repo), self._dir(target))
+            self._indexed(repo, False)
+            self._indexed(target, True)
+            self._commits.forget(repo)
 
     def set_private(self, repo: RepoRef, private: bool) -> None:
         with self._lock(repo):
@@ -123,7 +203,8 @@ class HubStore:
             atomic.write_text(self._dir(repo) / "repo.json", canonical.dumps({"private": private}))
 
     def last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
-        """path -> the last commit (of ``revision``'s history) that changed that path."""
+        """path -> the last commit (of ``revision``'s history) that changed that path; a folder
+        (``a/b``) -> the last that changed anything below it."""
         history = self.history(repo, revision)
         found: dict[str, dict[str, Any]] = {}
         for record, parent in zip(history, history[1:] + [None]):
@@ -131,6 +212,10 @@ class HubStore:
             for path, entry in record["tree"].items():
                 if path not in found and before.get(path) != entry:
                     found[path] = record
+                    folder = path.rpartition("/")[0]
+                    while folder and folder not in found:
+                        found[folder] = record
+                        folder = folder.rpartition("/")[0]
         return found
 
     # --- repos and refs --------------------------------------------------------------------------
@@ -138,8 +223,20 @@ class HubStore:
         return self.root / "repos" / repo.kind / repo.namespace / repo.name
 
     def _lock(self, repo: RepoRef) -> threading.Lock:
+        """The repo's write lock, by its case-folded id: two creates of ``NS/Cube`` and
+        ``ns/cube`` take the same lock, so only one repo is made."""
         with self._locks_guard:
-            return self._locks.setdefault(repo, threading.Lock())
+            return self._locks.setdefault(_folded(repo), threading.Lock())
+
+    @contextlib.contextmanager
+    def _locked(self, *repos: RepoRef):
+        """Several repos' locks, always taken in one order (no two moves deadlock)."""
+        with contextlib.ExitStack() as stack:
+            for key in sorted({_folded(repo) for repo in repos}):
+                with self._locks_guard:
+                    lock = self._locks.setdefault(key, threading.Lock())
+                stack.enter_context(lock)
+            yield
 
     def exists(self, repo: RepoRef) -> bool:
         return (self._dir(repo) / "repo.json").is_file()
@@ -150,7 +247,7 @@ class HubStore:
     def create(self, repo: RepoRef, private: bool) -> bool:
         """Create ``repo`` with an initial commit holding ``.gitattributes``; False if it exists."""
         with self._lock(repo):
-            if self.exists(repo):
+            if self.exists(repo) or self.exists(self.find(repo)):
                 return False
             folder = self._dir(repo)
             (folder / "commits").mkdir(parents=True, exist_ok=True)
@@ -160,20 +257,27 @@ class HubStore:
             atomic.write_text(folder / "refs.json", canonical.dumps(
                 {"branches": {"main": commit}, "tags": {}}))
             atomic.write_text(folder / "repo.json", canonical.dumps({"private": private}))
+            self._indexed(repo, True)
             return True
 
     def refs(self, repo: RepoRef) -> dict[str, dict[str, str]]:
+        """``branches``, ``tags`` and ``pulls`` (pull request number -> its head commit)."""
         self._require(repo)
-        return json.loads((self._dir(repo) / "refs.json").read_text())
+        refs = json.loads((self._dir(repo) / "refs.json").read_text())
+        refs.setdefault("pulls", {})  # stores written before pull requests
+        return refs
 
     def resolve(self, repo: RepoRef, revision: str) -> str:
-        """A branch, tag or commit id of ``repo`` -> the 40-hex commit id."""
+        """A branch, tag, pull request (``refs/pr/N``) or commit id of ``repo`` -> the 40-hex
+        commit id."""
         refs = self.refs(repo)
         for name in (revision, revision.removeprefix("refs/heads/"), revision.removeprefix("refs/tags/")):
             if name in refs["branches"]:
                 return refs["branches"][name]
             if name in refs["tags"]:
                 return refs["tags"][name]
+        if (pull := PR_REF.fullmatch(revision)) and pull.group(1) in refs["pulls"]:
+            return refs["pulls"][pull.group(1)]
         if is_commit(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
             return revision
         if _SHORT_SHA.fullmatch(revision):  # a unique prefix names a commit, as on the Hub
@@ -183,9 +287,19 @@ class HubStore:
         raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
     def commit(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
+        """The commit's record (parents, tree, title, message, date, id), parsed once per
+        process: shared between requests, so never to be mutated."""
+        record = self._commits.get((repo, commit_id))
+        if record is None:
+            record = self._load_commit(repo, commit_id)
+            self._commits.put((repo, commit_id), record)
+        return record
+
+    def _load_commit(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
         return json.loads((self._dir(repo) / "commits" / f"{commit_id}.json").read_text())
 
     def history(self, repo: RepoRef, revision: str) -> list[dict[str, Any]]:
+        """The first-parent history of ``revision``, newest first."""
         commits, current = [], self.resolve(repo, revision)
         while current:
             record = self.commit(repo, current)
@@ -250,28 +364,242 @@ class HubStore:
         return {"sha256": sha256, "size": len(data), "git_oid": git_hash(data), "lfs": lfs}
 
     # --- commits ---------------------------------------------------------------------------------
-    def apply_commit(self, repo: RepoRef, branch: str, *, title: str, message: str,
-                     parent: str | None, operations: list[dict[str, Any]]) -> str:
-        """Create a commit on ``branch`` from NDJSON operations; return its id.
+    def apply_commit(self, repo: RepoRef, revision: str, *, title: str, message: str,
+                     parent: str | None, operations: list[dict[str, Any]],
+                     author: str = "") -> str:
+        """Create a commit on branch ``revision``, or on open pull request ``refs/pr/N``, from
+        NDJSON operations; return its id.
 
-        Raises 412 if ``parent`` is given and is not the branch head (someone pushed first).
+        Raises 412 if ``parent`` is given and is not the head (someone pushed first).
         """
         with self._lock(repo):
             refs = self.refs(repo)
-            if branch not in refs["branches"]:
-                raise StoreError(404, f"Branch {branch} not found.", "RevisionNotFound")
-            head = refs["branches"][branch]
+            group, name = self._moving_ref(repo, refs, revision)
+            head = refs[group][name]
             if parent and parent != head:
                 raise StoreError(412, "The branch was updated since you opened this page. Please "
                                  f"refresh and try again. (parent {parent} is not the head of "
-                                 f"{branch}, {head})")
+                                 f"{revision}, {head})")
             tree = dict(self.commit(repo, head)["tree"])
             for operation in operations:
                 self._apply(tree, operation)
             commit = self._write_commit(repo, parents=[head], tree=tree, title=title, message=message)
-            refs["branches"][branch] = commit
+            refs[group][name] = commit
             atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
+            if group == "pulls":
+                self._add_event(repo, int(name), "commit", author,
+                                {"subject": title, "oid": commit})
             return commit
+
+    def _moving_ref(self, repo: RepoRef, refs: dict[str, Any], revision: str) -> tuple[str, str]:
+        """Where a commit to ``revision`` goes: ("branches", name) or ("pulls", "N") for an open
+        pull request (a closed or merged one takes no commits, as on the Hub)."""
+        if pull := PR_REF.fullmatch(revision):
+            number = pull.group(1)
+            if number not in refs["pulls"]:
+                raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+            status = self.discussion(repo, int(number))["status"]
+            if status != "open":
+                raise StoreError(403, f"Pull request #{number} is {status}: it takes no commits "
+                                      "(reopen it, or open a new one).")
+            return "pulls", number
+        branch = revision.removeprefix("refs/heads/")
+        if branch not in refs["branches"]:
+            raise StoreError(404, f"Branch {revision} not found.", "RevisionNotFound")
+        return "branches", branch
+
+    def open_pull_request(self, repo: RepoRef, base: str, *, title: str, message: str,
+                          parent: str | None, operations: list[dict[str, Any]],
+                          author: str) -> tuple[str, int]:
+        """Propose ``operations`` to branch ``base``: a commit on top of ``parent`` (default:
+        the head of ``base``), the new ref ``refs/pr/N`` pointing at it, and discussion N (its
+        first comment is ``message``). ``base`` does not move until the request is merged.
+        Returns (commit id, N)."""
+        with self._lock(repo):
+            refs = self.refs(repo)
+            branch = base.removeprefix("refs/heads/")
+            if branch not in refs["branches"]:
+                raise StoreError(404, f"A pull request targets a branch; {base!r} is none.",
+                                 "RevisionNotFound")
+            start = parent or refs["branches"][branch]
+            if not (self._dir(repo) / "commits" / f"{start}.json").is_file():
+                raise StoreError(404, f"Invalid rev id: {start}", "RevisionNotFound")
+            tree = dict(self.commit(repo, start)["tree"])
+            for operation in operations:
+                self._apply(tree, operation)
+            commit = self._write_commit(repo, parents=[start], tree=tree, title=title,
+                                        message=message)
+            number = self._new_discussion(repo, refs, title=title, description=message,
+                                          author=author, base=branch, head=commit)
+            self._add_event(repo, number, "commit", author, {"subject": title, "oid": commit})
+            return commit, number
+
+    # --- discussions and pull requests -----------------------------------------------------------
+    def discussions(self, repo: RepoRef) -> list[dict[str, Any]]:
+        """Every discussion and pull request of ``repo``, by number."""
+        self._require(repo)
+        path = self._dir(repo) / "discussions.json"
+        return json.loads(path.read_text())["discussions"] if path.is_file() else []
+
+    def discussion(self, repo: RepoRef, number: int) -> dict[str, Any]:
+        found = [d for d in self.discussions(repo) if d["num"] == number]
+        if not found:
+            raise StoreError(404, f"Discussion #{number} of {repo.repo_id} not found.")
+        return found[0]
+
+    def create_discussion(self, repo: RepoRef, *, title: str, description: str, author: str,
+                          pull_request: bool) -> int:
+        """Open discussion N; a pull request gets ``refs/pr/N`` at the head of main."""
+        with self._lock(repo):
+            refs = self.refs(repo)
+            return self._new_discussion(repo, refs, title=title, description=description,
+                                        author=author, base="main" if pull_request else None,
+                                        head=refs["branches"]["main"] if pull_request else None)
+
+    def _new_discussion(self, repo: RepoRef, refs: dict[str, Any], *, title: str,
+                        description: str, author: str, base: str | None,
+                        head: str | None) -> int:
+        """Caller holds the repo's lock. Pull requests and discussions share one numbering."""
+        items = self.discussions(repo)
+        number = max((d["num"] for d in items), default=0) + 1
+        record: dict[str, Any] = {"num": number, "title": title, "author": author,
+                                  "createdAt": _now(), "status": "open",
+                                  "isPullRequest": base is not None, "events": []}
+        if base is not None:
+            record.update(base=base, mergeCommitId=None)
+            refs["pulls"][str(number)] = head
+            atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
+        record["events"].append(_event("comment", author, _comment(description)))
+        self._save_discussions(repo, [*items, record])
+        return number
+
+    def _save_discussions(self, repo: RepoRef, items: list[dict[str, Any]]) -> None:
+        atomic.write_text(self._dir(repo) / "discussions.json",
+                          canonical.dumps({"discussions": items}))
+
+    def _add_event(self, repo: RepoRef, number: int, kind: str, author: str,
+                   data: dict[str, Any], change: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Caller holds the repo's lock: append an event to discussion ``number`` (and apply
+        ``change`` to its record); return the event."""
+        items = self.discussions(repo)
+        record = next((d for d in items if d["num"] == number), None)
+        if record is None:
+            raise StoreError(404, f"Discussion #{number} of {repo.repo_id} not found.")
+        event = _event(kind, author, data)
+        record["events"].append(event)
+        record.update(change or {})
+        self._save_discussions(repo, items)
+        return event
+
+    def comment(self, repo: RepoRef, number: int, text: str, author: str) -> dict[str, Any]:
+        with self._lock(repo):
+            return self._add_event(repo, number, "comment", author, _comment(text))
+
+    def rename(self, repo: RepoRef, number: int, title: str, author: str) -> dict[str, Any]:
+        with self._lock(repo):
+            old = self.discussion(repo, number)["title"]
+            return self._add_event(repo, number, "title-change", author,
+                                   {"from": old, "to": title}, {"title": title})
+
+    def set_status(self, repo: RepoRef, number: int, status: str, author: str,
+                   comment: str | None = None) -> dict[str, Any]:
+        """Close or reopen discussion ``number`` (a merged pull request stays merged)."""
+        if status not in ("open", "closed"):
+            raise StoreError(400, f"A discussion is open or closed, not {status!r}.")
+        with self._lock(repo):
+            if self.discussion(repo, number)["status"] == "merged":
+                raise StoreError(403, f"Pull request #{number} is merged.")
+            if comment:
+                self._add_event(repo, number, "comment", author, _comment(comment))
+            return self._add_event(repo, number, "status-change", author, {"status": status},
+                                   {"status": status})
+
+    def edit_comment(self, repo: RepoRef, number: int, event_id: str, text: str) -> dict[str, Any]:
+        with self._lock(repo):
+            items = self.discussions(repo)
+            for record in items:
+                for event in record["events"] if record["num"] == number else ():
+                    if event["id"] == event_id and event["type"] == "comment":
+                        event["data"].update(edited=True, numEdits=event["data"]["numEdits"] + 1,
+                                             latest={"raw": text, "html": text,
+                                                     "updatedAt": _now()})
+                        self._save_discussions(repo, items)
+                        return event
+        raise StoreError(404, f"Comment {event_id} of discussion #{number} not found.")
+
+    def conflicts(self, repo: RepoRef, number: int) -> list[str]:
+        """Files both an open pull request and its base branch changed since they parted."""
+        record = self.discussion(repo, number)
+        if not record["isPullRequest"] or record["status"] != "open":
+            return []
+        return self._merge(repo, record, self.refs(repo))[1]
+
+    def merge(self, repo: RepoRef, number: int, author: str,
+              comment: str | None = None) -> str:
+        """Merge open pull request ``number`` into its base branch: a merge commit (parents:
+        the branch head, the request's head) whose tree is the branch with the request's
+        changes; 409 naming the files both sides changed. Returns the merge commit's id."""
+        with self._lock(repo):
+            record = self.discussion(repo, number)
+            if not record["isPullRequest"]:
+                raise StoreError(400, f"Discussion #{number} is not a pull request.")
+            if record["status"] != "open":
+                raise StoreError(403, f"Pull request #{number} is {record['status']}.")
+            refs = self.refs(repo)
+            tree, conflicting = self._merge(repo, record, refs)
+            if conflicting:
+                raise StoreError(409, f"Pull request #{number} conflicts with "
+                                      f"{record['base']} in {', '.join(conflicting[:5])}.")
+            base_head, head = refs["branches"][record["base"]], refs["pulls"][str(number)]
+            commit = self._write_commit(repo, parents=[base_head, head], tree=tree,
+                                        title=f"Merge pull request #{number}: {record['title']}",
+                                        message=comment or "")
+            refs["branches"][record["base"]] = commit
+            atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
+            if comment:
+                self._add_event(repo, number, "comment", author, _comment(comment))
+            self._add_event(repo, number, "status-change", author, {"status": "merged"},
+                            {"status": "merged", "mergeCommitId": commit})
+            return commit
+
+    def _merge(self, repo: RepoRef, record: dict[str, Any],
+               refs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """(the base branch's tree with the request's changes, the conflicting paths): a
+        three-way merge of trees from the last commit the two share."""
+        if record["base"] not in refs["branches"]:
+            raise StoreError(409, f"The base branch {record['base']} of pull request "
+                                  f"#{record['num']} no longer exists.")
+        ours = refs["branches"][record["base"]]
+        shared = self._ancestors(repo, ours)
+        fork = refs["pulls"][str(record["num"])]
+        while fork not in shared:  # first-parent walk from the request's head
+            parents = self.commit(repo, fork)["parents"]
+            if not parents:
+                break
+            fork = parents[0]
+        before = self.commit(repo, fork)["tree"] if fork in shared else {}
+        theirs = self.commit(repo, refs["pulls"][str(record["num"])])["tree"]
+        merged = dict(self.commit(repo, ours)["tree"])
+        conflicting = []
+        for path in sorted(set(before) | set(theirs)):
+            if before.get(path) == theirs.get(path):
+                continue  # the request left it alone
+            if merged.get(path) not in (before.get(path), theirs.get(path)):
+                conflicting.append(path)
+            elif path in theirs:
+                merged[path] = theirs[path]
+            else:
+                merged.pop(path, None)
+        return merged, conflicting
+
+    def _ancestors(self, repo: RepoRef, commit_id: str) -> set[str]:
+        seen, todo = set(), [commit_id]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(self.commit(repo, current)["parents"])
+        return seen
 
     def _apply(self, tree: dict[str, Any], operation: dict[str, Any]) -> None:
         key, value = operation.get("key"), operation.get("value") or {}
@@ -294,8 +622,10 @@ class HubStore:
             tree[path] = {"sha256": oid, "size": size, "git_oid": git_hash(pointer), "lfs": True,
                           "pointer_size": len(pointer)}
         elif key == "deletedFile":
+            if tree.pop(path, None) is not None:
+                return  # a file (never also a folder), found in O(1)
             inside = [name for name in tree if name.startswith(path + "/")]
-            if tree.pop(path, None) is None and not inside:
+            if not inside:
                 raise StoreError(404, f"File {path} does not exist.", "EntryNotFound")
             for name in inside:  # a folder named without its slash: the Hub deletes it too
                 del tree[name]
@@ -308,11 +638,27 @@ class HubStore:
 
     def _write_commit(self, repo: RepoRef, *, parents: list[str], tree: dict[str, Any], title: str,
                       message: str) -> str:
-        now = datetime.datetime.now(datetime.timezone.utc)
-        date = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"  # Hub format
         record = {"parents": parents, "tree": tree, "title": title, "message": message,
-                  "date": date, "nonce": os.urandom(8).hex()}
+                  "date": _now(), "nonce": os.urandom(8).hex()}
         commit_id = hashlib.sha1(canonical.dumps(record, compact=True).encode()).hexdigest()
         record["id"] = commit_id
         atomic.write_text(self._dir(repo) / "commits" / f"{commit_id}.json", canonical.dumps(record))
+        self._commits.put((repo, commit_id), record)  # the next requests ask for the new head
         return commit_id
+
+
+def _now() -> str:
+    """The time as the Hub writes it (milliseconds, UTC)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def _event(kind: str, author: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A discussion event as the Hub serves it."""
+    return {"id": os.urandom(12).hex(), "type": kind, "createdAt": _now(),
+            "author": {"name": author}, "data": data}
+
+
+def _comment(text: str) -> dict[str, Any]:
+    return {"edited": False, "hidden": False, "numEdits": 0,
+            "latest": {"raw": text, "html": text, "updatedAt": _now()}}

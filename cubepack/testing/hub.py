@@ -28,7 +28,7 @@ from ..localhub import LocalHub
 class Fault:
     """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
 
-    kind: ``"500"`` (server error), ``"drop"`` (close without answering), ``"truncate"`` (send
+    kind: an HTTP status (``"500"``, ``"412"``: answered with it), ``"drop"`` (close without answering), ``"truncate"`` (send
     half the body of a download, then close), ``"delay"`` (wait ``seconds`` first), ``"hold"``
     (wait until the test calls :meth:`release`), ``"trickle"`` (send a download's headers,
     then one byte of its body every ``seconds``, as a hostile endpoint would, until the client
@@ -160,7 +160,8 @@ class InstrumentedHub(LocalHub):
         if fault.kind == "drop":
             handler.close_connection = True
         else:
-            handler.send_json({"error": "Injected server error"}, 500)
+            status = int(fault.kind) if fault.kind.isdigit() else 500
+            handler.send_json({"error": f"Injected {status}"}, status)
         return False
 
     def connection_changed(self, delta: int) -> None:

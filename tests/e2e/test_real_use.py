@@ -249,29 +249,119 @@ def test_push_tag_is_checked_before_anything_is_committed(hub, cube, models):
         "datasets", "ns", "cube"), "main") == head
 
 
-def test_concurrent_pushes_to_one_branch_both_land_or_fail_clearly(hub, cube, models, tmp_path):
-    second = copy_of(cube, tmp_path / "second")
-    cache = build_cache(models["a"], torch.tensor([[60, 61, 62, 63, 64, 65]]))
-    cubepack.save_kv_cache(cache, second / "activations" / "item-1.kv.safetensors",
-                           producer=models["a"], metadata={"id": "item-1"})
-    cubepack.pack(second)
+def test_twelve_concurrent_pushes_of_different_cubes_to_one_branch_all_land(hub, cube, tmp_path):
+    """Each push that finds its parent stale re-plans after a jittered, growing wait until its
+    deadline: all twelve land, each as one commit holding exactly its own cube."""
+    from cubepack._util.hashing import sha256_file
+    from cubepack.localhub._store import repo_ref
+
+    cubes = []
+    for index in range(12):
+        folder = copy_of(cube, tmp_path / f"pusher-{index}")
+        (folder / "notes.txt").write_text(f"written by pusher {index}\n")
+        cubepack.pack(folder)
+        cubes.append(folder)
     push(cube, "ns/race", endpoint=hub.url, allow_local_paths=True)  # the repo exists
-    outcomes: list = []
+    start, outcomes = threading.Barrier(len(cubes)), {}
 
-    def run(folder):
+    def run(index):
+        start.wait()
         try:
-            outcomes.append(push(folder, "ns/race", endpoint=hub.url, allow_local_paths=True))
+            outcomes[index] = push(cubes[index], "ns/race", endpoint=hub.url,
+                                   allow_local_paths=True, timeout=900)
         except cubepack.CubepackError as exc:
-            outcomes.append(exc)
+            outcomes[index] = exc
 
-    threads = [threading.Thread(target=run, args=(folder,)) for folder in (second, cube)]
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(cubes))]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=900)
     assert not any(thread.is_alive() for thread in threads), "a push hung"
-    assert len(outcomes) == 2
-    assert all(not isinstance(o, Exception) or "kept moving" in str(o) for o in outcomes)
+    failed = {i: o for i, o in outcomes.items() if isinstance(o, Exception)}
+    assert not failed and len(outcomes) == 12
+    repo = repo_ref("datasets", "ns", "race")
+    history = {record["id"] for record in hub.store.history(repo, "main")}
+    assert {o.commit_sha for o in outcomes.values()} <= history
+    assert len({o.commit_sha for o in outcomes.values()}) == 12 and hub.stats.commits == 13
+    for index, outcome in outcomes.items():  # each commit is exactly that pusher's cube
+        tree = hub.store.commit(repo, outcome.commit_sha)["tree"]
+        assert tree["notes.txt"]["sha256"] == sha256_file(cubes[index] / "notes.txt")
+        assert tree["cubepack.lock"]["sha256"] == sha256_file(cubes[index] / "cubepack.lock")
+
+
+def test_a_push_that_keeps_losing_the_race_stops_at_its_deadline(hub, cube, monkeypatch):
+    """A stale parent every time: the push backs off and retries until the deadline would
+    pass, then says so (no fixed attempt count)."""
+    from cubepack.hub import _push
+
+    push(cube, "ns/race", endpoint=hub.url, allow_local_paths=True)
+    (cube / "notes.txt").write_text("a change\n")
+    cubepack.pack(cube)
+    hub.add_fault("412", path=r"/commit/", method="POST", times=10**6)
+    waits = []
+    monkeypatch.setattr(_push, "_back_off", lambda client, n: waits.append(n) or n < 6)
+    with pytest.raises(cubepack.HubError, match=r"kept moving while pushing: another push landed "
+                                                r"first 6 times before the push's deadline"):
+        push(cube, "ns/race", endpoint=hub.url, allow_local_paths=True, timeout=60)
+    assert waits == [1, 2, 3, 4, 5, 6]
+
+
+def test_push_create_pr_then_pull_the_pr_verified_and_review_it_with_diff(hub, cube, models,
+                                                                          cli, tmp_path):
+    """The review flow the README shows, through the CLI: propose, pull the proposal and
+    main into two folders (both verified), diff them; main moves only on merge."""
+    from cubepack.localhub._store import repo_ref
+
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths")
+    assert code == 0, err
+    repo = repo_ref("datasets", "ns", "cube")
+    main_before = hub.store.resolve(repo, "main")
+    cache = build_cache(models["a"], torch.tensor([[70, 71, 72, 73, 74]]))
+    cubepack.save_kv_cache(cache, cube / "activations" / "item-1.kv.safetensors",
+                           producer=models["a"], metadata={"id": "item-1"})
+    cubepack.pack(cube)
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr")
+    assert code == 0, err
+    assert "as pull request #1 to ns/cube@main (which did not move)" in out
+    assert "pull request: #1 (refs/pr/1)" in out
+    assert "review it: cubepack pull ns/cube@refs/pr/1 --local-dir pr-1" in out
+    assert hub.store.resolve(repo, "main") == main_before
+    code, out, err = cli("pull", "ns/cube@refs/pr/1", "--verify", "--local-dir", "pr-1")
+    assert code == 0, err
+    assert f"resolved ns/cube@refs/pr/1 -> {hub.store.resolve(repo, 'refs/pr/1')}" in out
+    assert cli("pull", "ns/cube", "--local-dir", "main")[0] == 0
+    code, out, err = cli("diff", "main", "pr-1", "--json")
+    assert code == 0, err
+    changes = json.loads(out)
+    assert changes["activations"]["changed"] == ["item-1"]
+    assert "activations/item-1.kv.safetensors" in changes["files"]["changed"]
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr", "--json")
+    second = json.loads(out)  # main still differs: a second proposal
+    assert code == 0 and (second["pr_num"], second["pr_revision"]) == (2, "refs/pr/2")
+    assert second["pr_url"].endswith("/datasets/ns/cube/discussions/2")
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr",
+                         "--tag", "v2")
+    assert code == 2 and "--tag cannot be combined with --create-pr" in err
+
+
+def test_push_create_pr_in_python_reports_the_request(hub, cube):
+    from cubepack.localhub._store import repo_ref
+
+    first = push(cube, "ns/cube", endpoint=hub.url, allow_local_paths=True)
+    (cube / "notes.txt").write_text("proposed\n")
+    cubepack.pack(cube)
+    proposed = push(cube, "ns/cube", endpoint=hub.url, allow_local_paths=True, create_pr=True)
+    assert (proposed.pr_num, proposed.pr_revision) == (1, "refs/pr/1") and proposed.changed
+    assert proposed.pr_url == f"{hub.url}/datasets/ns/cube/discussions/1"
+    assert "notes.txt" in proposed.uploaded and proposed.branch == "main"
+    assert hub.store.resolve(repo_ref("datasets", "ns", "cube"), "main") == first.commit_sha
+    pulled = pull("ns/cube@refs/pr/1", endpoint=hub.url, local_dir=cube.parent / "pr",
+                  cache_dir=cube.parent / "hf")
+    assert pulled.commit_sha == proposed.commit_sha and pulled.report.ok
+    assert (cube.parent / "pr" / "notes.txt").read_text() == "proposed\n"
+    landed = push(cube, "ns/cube", endpoint=hub.url, allow_local_paths=True)
+    assert landed.changed and landed.pr_num is None and landed.pr_revision is None
 
 
 # --- messages that are true ------------------------------------------------------------------

@@ -187,6 +187,22 @@ def test_an_offline_revision_never_leaves_refs_nor_echoes_a_file(hub, cube, tmp_
         assert "not a valid branch or tag name" in str(caught.value)
 
 
+def test_a_pull_request_ref_is_a_revision_online_and_then_offline(hub, cube, tmp_path):
+    """refs/pr/N passes the ref-name rule: pulled by it online, then offline from the ref the
+    online pull recorded, both at the proposal's commit."""
+    from cubepack._util.revision import check_ref_name
+
+    assert check_ref_name("refs/pr/12") == "refs/pr/12"
+    do_push(hub, cube)
+    (cube / "notes.txt").write_text("proposed\n")
+    cubepack.pack(cube)
+    proposed = do_push(hub, cube, create_pr=True)
+    online = do_pull(hub, "ns/cube@refs/pr/1", tmp_path / "pr", tmp_path)
+    offline = do_pull(hub, "ns/cube@refs/pr/1", tmp_path / "pr-offline", tmp_path, offline=True)
+    assert online.commit_sha == offline.commit_sha == proposed.commit_sha
+    assert online.report.ok and offline.report.ok
+
+
 @pytest.mark.parametrize("kind", ["500", "drop", "truncate"])
 def test_server_failing_mid_download_leaves_the_folder_untouched(hub, cube, tmp_path, kind):
     do_push(hub, cube)

@@ -79,11 +79,15 @@ def test_errors_found_after_the_body_is_read_reach_the_client_at_once(api, repo)
         within(30, lambda: api.create_tag("ns/repo", tag="bad name", repo_type="dataset"))
 
 
-def test_pull_requests_are_refused_and_never_land_on_main(api, repo):
-    with pytest.raises(HfHubHTTPError, match="Pull requests are not supported"):
-        within(30, lambda: api.create_commit("ns/repo", [add("pr.txt")], commit_message="pr",
-                                             repo_type="dataset", create_pr=True))
-    assert api.repo_info("ns/repo", repo_type="dataset").sha == repo
+def test_a_route_of_a_repo_that_is_not_there_answers_repo_not_found(api, repo):
+    from huggingface_hub.utils import RepositoryNotFoundError
+
+    assert api.revision_exists("ns/repo", "main", repo_type="dataset")
+    assert not api.revision_exists("missing-repo", "main", repo_type="dataset")
+    with pytest.raises(RepositoryNotFoundError):
+        api.list_repo_commits("missing_repo_id", repo_type="dataset")
+    with pytest.raises(RepositoryNotFoundError):
+        api.list_repo_commits("ns/missing", repo_type="dataset")
 
 
 def test_the_default_branch_cannot_be_deleted(api, repo):

@@ -57,3 +57,100 @@ def test_store_refuses_a_blob_that_does_not_match_its_oid(tmp_path):
     store.put_blob(oid, len(data), [data])
     assert store.has_blob(oid, len(data))
     assert [p.name for p in (tmp_path / "blobs").iterdir()] == [oid]  # no temp file left
+
+
+def _counting(monkeypatch, store, method):
+    calls = []
+    original = getattr(store, method)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store, method, counted)
+    return calls
+
+
+def test_a_commit_is_parsed_once_per_process_and_repo_names_are_listed_once(tmp_path,
+                                                                            monkeypatch):
+    """Downloads stay O(1) in the size of a repo: the commit a request names is parsed once
+    (commits are immutable), and the case-insensitive repo look-up lists the folders once."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import constants as hub_constants
+
+    from cubepack.testing.hub import InstrumentedHub
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
+    with InstrumentedHub(tmp_path / "root") as hub:
+        if __import__("huggingface_hub").__version__.startswith("0."):
+            monkeypatch.setattr(hub_constants, "ENDPOINT", hub.url)
+        api = HfApi(endpoint=hub.url, token="t")
+        api.create_repo("ns/cube", repo_type="dataset")
+        sha = api.create_commit("ns/cube", [CommitOperationAdd(f"f{i}.txt", b"%d" % i)
+                                            for i in range(50)],
+                                commit_message="fifty", repo_type="dataset").oid
+    # A new endpoint on the same root (a restarted server): nothing is in memory yet.
+    with InstrumentedHub(tmp_path / "root") as hub:
+        loads = _counting(monkeypatch, hub.store, "_load_commit")
+        scans = _counting(monkeypatch, hub.store, "_scan")
+        host = urlsplit(hub.url)
+        connection = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+        for index in range(20):
+            for revision in (sha, "main"):
+                connection.request("HEAD", f"/datasets/NS/Cube/resolve/{revision}/f{index}.txt")
+                response = connection.getresponse()
+                response.read()
+                assert response.status == 200 and response.getheader("X-Repo-Commit") == sha
+        connection.close()
+    assert len(loads) == 1 and len(scans) == 1
+
+
+def test_the_commit_cache_is_bounded_by_tree_entries(tmp_path, monkeypatch):
+    import base64
+
+    from cubepack.localhub import HubStore
+    from cubepack.localhub._store import repo_ref
+
+    store = HubStore(tmp_path)
+    monkeypatch.setattr(store._commits, "_capacity", 25)
+    repo = repo_ref("datasets", "ns", "cube")
+    store.create(repo, private=False)
+    for index in range(20):  # each commit adds a file: trees of 2, 3, ... 21 entries
+        store.apply_commit(repo, "main", title="t", message="", parent=None, operations=[
+            {"key": "file", "value": {"path": f"f{index}", "content": base64.b64encode(b"x").decode()}}])
+    assert store._commits._size <= 25
+    loads = _counting(monkeypatch, store, "_load_commit")
+    assert len(store.history(repo, "main")) == 21  # evicted commits are read again, correctly
+    assert loads
+
+
+def test_concurrent_creates_of_one_repo_under_two_spellings_make_one_repo(tmp_path):
+    import threading
+
+    from cubepack.localhub import HubStore
+    from cubepack.localhub._store import repo_ref
+
+    store = HubStore(tmp_path)
+    spellings = ["NS/Cube", "ns/cube", "Ns/CUBE", "ns/Cube"] * 3
+    barrier, created = threading.Barrier(len(spellings)), []
+
+    def create(spelling):
+        repo = store.find(repo_ref("datasets", *spelling.split("/")))
+        barrier.wait()
+        created.append(store.create(repo, private=False))
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in spellings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(created) == [False] * 11 + [True]
+    assert len(list((tmp_path / "repos" / "datasets").rglob("repo.json"))) == 1
+    found = store.find(repo_ref("datasets", "nS", "cUBE"))
+    assert store.exists(found) and found.repo_id.lower() == "ns/cube"
+    store.move(found, repo_ref("datasets", "other", "Name"))
+    assert not store.exists(store.find(repo_ref("datasets", "ns", "cube")))
+    assert store.find(repo_ref("datasets", "OTHER", "name")).repo_id == "other/Name"
