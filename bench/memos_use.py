@@ -20,6 +20,7 @@ from _common import best_of
 from transformers import LlamaConfig
 
 import cubepack
+from cubepack.kv._torch import forward, output_cache
 from cubepack.kv._torch import forward
 from cubepack.memos._use import for_use, register
 from cubepack.testing import tiny
@@ -39,7 +40,7 @@ def main() -> None:
                                        tokenizer=tiny.build_tokenizer()))
     ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        cache = output_cache(forward(model, ids))
     register(cache, "item", cubepack.fingerprint(model), {})
     llm = types.SimpleNamespace(model=model)
     for_use(llm, cache, "error")  # warm the fingerprint memo, as a second chat finds it

@@ -23,6 +23,7 @@ from _common import best_of
 from transformers import LlamaConfig
 
 import cubepack
+from cubepack.kv._torch import forward, output_cache
 from cubepack.kv._recompute import recompute
 from cubepack.testing import tiny
 
@@ -44,7 +45,7 @@ def main() -> None:
         model = tiny.load(folder)
         ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))
         with torch.no_grad():
-            cache = model(ids, use_cache=True).past_key_values
+            cache = output_cache(forward(model, ids))
         path = cubepack.save_kv_cache(cache, root / "item.kv.safetensors", producer=model,
                                       token_ids=ids)
         info = cubepack.read_kv_header(path)

@@ -149,12 +149,14 @@ def _continue(model, tokenizer, cache, steps: int = 8):
 
     import torch
 
+    from .kv._torch import forward
+
     cache = copy.deepcopy(cache)
     ids = tokenizer(QUESTION, return_tensors="pt").input_ids
     produced, logits = [], []
     with torch.no_grad():
         for _ in range(steps):
-            out = model(ids, past_key_values=cache, use_cache=True).logits[:, -1]
+            out = forward(model, ids, cache).logits[:, -1]
             logits.append(out)
             ids = out.argmax(-1, keepdim=True)
             produced.append(int(ids))

@@ -287,11 +287,11 @@ def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
 
 # --- running a model with a cache ----------------------------------------------------------------
 
-def forward(model: Any, input_ids: Any, cache: Any = None) -> Any:
+def forward(model: Any, input_ids: Any, cache: Any = None, **kwargs: Any) -> Any:
     """``model(input_ids, <cache>, use_cache=True)``, passing the cache the way the installed
     transformers asks: ``cache=`` from 5.24 (``past_key_values`` is deprecated there, removed in
     5.40), ``past_key_values=`` before."""
-    kwargs: dict[str, Any] = {"use_cache": True}
+    kwargs["use_cache"] = True
     if cache is not None:
         kwargs[_cache_kwarg(type(model))] = cache
     return model(input_ids, **kwargs)

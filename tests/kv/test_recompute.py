@@ -15,7 +15,7 @@ import torch
 import cubepack
 from cubepack._util import constants
 from cubepack.kv import read_kv_header
-from cubepack.kv._torch import cache_layers, write_kv_layers
+from cubepack.kv._torch import cache_layers, forward, output_cache, write_kv_layers
 
 from data import PROMPT
 from helpers import build_cache, reseal_lock
@@ -98,8 +98,8 @@ def test_another_models_cache_relabelled_is_refused(tmp_path, zoo, models):
 def test_a_cache_built_at_shifted_positions_is_refused(tmp_path, zoo, models):
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
-        shifted = models["a"](ids, position_ids=torch.arange(3, 3 + len(PROMPT))[None],
-                              use_cache=True).past_key_values
+        shifted = output_cache(forward(models["a"], ids,
+                                       position_ids=torch.arange(3, 3 + len(PROMPT))[None]))
     cube = cube_with(tmp_path, zoo, models["a"], cache=shifted)
     with pytest.raises(cubepack.VerificationFailed, match=r"layer 0, position \d+ \(keys\)"):
         cubepack.verify(cube, model=models["a"], recompute=True)

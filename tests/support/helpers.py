@@ -6,11 +6,13 @@ import copy
 
 import torch
 
+from cubepack.kv._torch import forward, output_cache
+
 
 def build_cache(model, ids):
     """Run ``model`` on ``ids`` and return its DynamicCache."""
     with torch.no_grad():
-        return model(ids, use_cache=True).past_key_values
+        return output_cache(forward(model, ids))
 
 
 def continue_greedy(model, cache, first_token: int, steps: int) -> list[torch.Tensor]:
@@ -24,7 +26,7 @@ def continue_greedy(model, cache, first_token: int, steps: int) -> list[torch.Te
     logits = []
     with torch.no_grad():
         for _ in range(steps):
-            step = model(token, past_key_values=cache, use_cache=True).logits
+            step = forward(model, token, cache).logits
             logits.append(step)
             token = step[:, -1:].argmax(-1)
     return logits
