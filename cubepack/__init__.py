@@ -37,13 +37,13 @@ from .errors import (
 )
 from .hub import PullResult, PushResult, pull, push
 from .identity import ModelIdentity, fingerprint
-from .kv import KVFileInfo, load_kv_cache, read_kv_header, save_kv_cache
+from .kv import KVFileInfo, load_kv_cache, prefill, read_kv_header, save_kv_cache
 
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
     "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult", "PushResult",
     "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy", "UnsafeInputError",
     "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport", "__version__", "diff",
-    "fingerprint", "load_kv_cache", "pack", "pull", "push", "read_kv_header", "save_kv_cache",
-    "sign", "upgrade", "verify",
+    "fingerprint", "load_kv_cache", "pack", "prefill", "pull", "push", "read_kv_header",
+    "save_kv_cache", "sign", "upgrade", "verify",
 ]

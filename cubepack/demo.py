@@ -32,6 +32,17 @@ def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+def call(text: str) -> None:
+    """Print the Python call a step makes, as a user would type it."""
+    print(f">>> {text}", flush=True)
+
+
+def cubepack_command() -> list[str]:
+    """This environment's ``cubepack`` (runnable as printed, even when it is not on ``PATH``)."""
+    script = Path(sys.executable).with_name("cubepack")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "cubepack"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     work = Path(argv[0] if argv else "demo-out").resolve()
@@ -45,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
            "CUBEPACK_CACHE": str(work / "cubepack-cache"),
            "MEMOS_BASE_PATH": str(work / "memos-home")}
     os.environ.update(env)  # read at import by huggingface_hub: set before anything imports it
+    # torch creates its compiler cache in the temp folder on import: keep it with the rest.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "torch-cache"))
     step("1. A local Hub-compatible endpoint, in its own process")
-    serve = ["cubepack", "hub", "serve", "--root", str(work / "hub-root"), "--port", str(port),
-             "--quiet"]
+    serve = [*cubepack_command(), "hub", "serve", "--root", str(work / "hub-root"),
+             "--port", str(port), "--quiet"]
     print(f"$ {shlex.join(serve)} &")
-    server = subprocess.Popen([sys.executable, "-m", *serve], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         print(server.stdout.readline().strip())
         return _run(work, env)
@@ -81,6 +93,8 @@ def _run(work: Path, env: dict[str, str]) -> int:
 
     snapshot_a = Path(snapshot_download("demo/tiny-model-a"))
     cube_dir = work / "cube"
+    call(f"cube = GeneralMemCube(config)  # act_mem: kv_cache, extractor_llm {snapshot_a}")
+    call(f"cube.act_mem.add([cube.act_mem.extract({FACT!r})]); cube.dump({str(cube_dir)!r})")
     with _silenced():
         from memos.configs.mem_cube import GeneralMemCubeConfig
         from memos.mem_cube.general import GeneralMemCube
@@ -93,6 +107,8 @@ def _run(work: Path, env: dict[str, str]) -> int:
           f"cache of {FACT!r} ({item.memory.get_seq_length()} tokens), pickled")
 
     step("3. Without cubepack: plain MemOS loads A's cache into model B, silently")
+    call(f"GeneralMemCube.init_from_dir({str(cube_dir)!r}, default_config=<config naming "
+         f"{folder_b}>)")
     with _silenced():
         plain = GeneralMemCube.init_from_dir(
             str(cube_dir), default_config=_memos_config(GeneralMemCubeConfig, folder_b))
@@ -104,14 +120,15 @@ def _run(work: Path, env: dict[str, str]) -> int:
     _compare(wrong, right)
 
     step("4. With cubepack: pin, convert (no pickle), lock, push one commit, pull that commit")
-    _command(["cubepack", "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
-    pushed = _command(["cubepack", "push", str(cube_dir), "demo/tiny_cube", "--tag", "v1"])
+    _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
+    pushed = _command([*cubepack_command(), "push", str(cube_dir), "demo/tiny_cube", "--tag", "v1"])
     sha = next(line.split()[-1] for line in pushed.splitlines() if line.startswith("commit:"))
     pulled_dir = work / "pulled"
-    _command(["cubepack", "pull", f"demo/tiny_cube@{sha}", "--local-dir", str(pulled_dir)])
+    _command([*cubepack_command(), "pull", f"demo/tiny_cube@{sha}", "--local-dir", str(pulled_dir)])
 
     step("5. Offer model B: cubepack refuses, naming what differs")
     activation = next((pulled_dir / "activations").glob("*.kv.safetensors"))
+    call(f"cubepack.load_kv_cache({str(activation)!r}, model_b)")
     try:
         cubepack.load_kv_cache(activation, tiny.load(folder_b))
     except cubepack.IdentityMismatch as refusal:
@@ -121,7 +138,7 @@ def _run(work: Path, env: dict[str, str]) -> int:
         return 1
 
     step("6. The MemOS hook loads the pinned commit: A's cache into A")
-    print(f">>> cubepack.memos.init_from_remote_repo('demo/tiny_cube@{sha}')")
+    call(f"cubepack.memos.init_from_remote_repo('demo/tiny_cube@{sha}')")
     with _silenced():
         pinned = cubepack.memos.init_from_remote_repo(f"demo/tiny_cube@{sha}")
     [verified] = pinned.act_mem.get_all()
@@ -144,7 +161,7 @@ def _memos_config(config_class, model_path: Path):
 
 
 def _continue(model, tokenizer, cache, steps: int = 8):
-    """Greedy continuation of the question from a prefilled cache: (token ids, logits)."""
+    """Greedy continuation of the question from a prefilled cache: (token ids, logits, text)."""
     import copy
 
     import torch
@@ -160,20 +177,21 @@ def _continue(model, tokenizer, cache, steps: int = 8):
             logits.append(out)
             ids = out.argmax(-1, keepdim=True)
             produced.append(int(ids))
-    return produced, torch.cat(logits)
+    return produced, torch.cat(logits), tokenizer.decode(produced, skip_special_tokens=True)
 
 
 def _compare(reused, own) -> None:
     agree = sum(a == b for a, b in zip(reused[0], own[0]))
     delta = (reused[1] - own[1]).abs().max().item()
     print(f"  top-1 tokens agree on {agree} of {len(own[0])} steps; max |delta logit| {delta:.3f}")
-    print(f"  from the loaded cache: {reused[0]}\n  from its own prefill:  {own[0]}")
+    print(f"  answer from the loaded cache: {reused[2]!r}\n"
+          f"  answer from its own prefill:  {own[2]!r}   (a tiny random model: words, no sense)")
 
 
 def _command(argv: list[str]) -> str:
     """Run a cubepack command exactly as printed; show its output."""
     print(f"$ {shlex.join(argv)}", flush=True)
-    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
     output = (done.stdout + done.stderr).strip()
     print("\n".join(f"  {line}" for line in output.splitlines()))
     if done.returncode:

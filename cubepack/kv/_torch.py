@@ -297,10 +297,19 @@ def forward(model: Any, input_ids: Any, cache: Any = None, **kwargs: Any) -> Any
     return model(input_ids, **kwargs)
 
 
+def prefill(model: Any, input_ids: Any) -> Any:
+    """The KV cache ``model`` builds for ``input_ids`` (no gradients), with whichever keyword
+    the installed transformers uses for caches."""
+    import torch
+
+    with torch.no_grad():
+        return output_cache(forward(model, input_ids))
+
+
 def output_cache(output: Any) -> Any:
     """The cache a forward returned (``cache`` in transformers 5.24+, ``past_key_values``
     before), without touching the deprecated name where the new one exists."""
-    return output.get("cache", output.past_key_values)
+    return output["cache"] if "cache" in output else output.past_key_values
 
 
 @functools.cache

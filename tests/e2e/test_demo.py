@@ -1,26 +1,57 @@
-"""``make demo`` runs, shows the bug, the refusal and the pinned load, and prints commands that
-ran as printed (memos environment: the demo drives the real MemoryOS package)."""
+"""``make demo`` runs, shows the bug, the refusal and the pinned load as text answers, prints
+commands that run as printed (after the demo, by hand, with the environment it prints), and
+leaves nothing behind outside its folder (memos environment: it drives the real MemoryOS)."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
 
-def test_the_demo_shows_why_and_the_fix(tmp_path):
+def test_the_demo_shows_why_and_the_fix_and_its_commands_run_as_printed(tmp_path):
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
     done = subprocess.run([sys.executable, "-m", "cubepack.demo", str(tmp_path / "demo-out")],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     plain, pinned = re.findall(r"top-1 tokens agree on (\d+) of (\d+) steps", out)
     assert int(plain[0]) < int(plain[1])          # plain MemOS: B's answers changed, silently
     assert pinned[0] == pinned[1]                 # the pinned cube: A's cache, A's answers
+    answers = re.findall(r"answer from (?:the loaded cache|its own prefill): +'(.*)'", out)
+    assert len(answers) == 4 and not any(re.fullmatch(r"[\d, \[\]]+", a) for a in answers)
+    assert answers[0] != answers[1] and answers[2] == answers[3]
     assert "refused: KV cache" in out and "weights_digest: expected" in out
-    commands = re.findall(r"^\$ (cubepack .*)$", out, flags=re.MULTILINE)
-    assert [c.split()[1] for c in commands] == ["hub", "pack", "push", "pull"]
-    assert "export HF_ENDPOINT=" in out and "memos" not in done.stderr.lower()
+    assert out.count("\n>>> ") >= 5               # every Python step shows its call
+    commands = re.findall(r"^\$ (.*)$", out, flags=re.MULTILINE)
+    script = str(Path(sys.executable).with_name("cubepack"))
+    assert [shlex.split(c)[:2] for c in commands[:4]] == [
+        [script, "hub"], [script, "pack"], [script, "push"], [script, "pull"]]
+    assert "memos" not in done.stderr.lower()
+    assert list(scratch.iterdir()) == []          # no temp folder left behind
+
+    # By hand, as the end of the output says: the endpoint's data was kept.
+    serve, export = re.findall(r"^  \$ (.*)$", out.split("re-run the commands")[1], re.M)
+    by_hand = dict(os.environ)
+    by_hand.update(dict(pair.split("=", 1) for pair in shlex.split(export)[1:]))
+    server = subprocess.Popen(shlex.split(serve.removesuffix(" &")), stdout=subprocess.PIPE,
+                              text=True, env=by_hand)
+    try:
+        assert "serving" in server.stdout.readline()
+        pull = shlex.split(commands[3])
+        pull[pull.index("--local-dir") + 1] = str(tmp_path / "by-hand")
+        again = subprocess.run(pull, capture_output=True, text=True, timeout=300, env=by_hand)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "verified" in again.stdout
+    finally:
+        server.terminate()
+        server.wait()
