@@ -445,13 +445,17 @@ def hub_group() -> None:
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
 @click.option("--user", default="local", show_default=True,
               help="The account whoami reports; the namespace of repos created without one.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object once listening (url, root); the request log goes to "
+                   "stderr.")
 def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
-                      quiet: bool, user: str) -> None:
+                      quiet: bool, user: str, as_json: bool) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
     def log(line: str) -> None:
-        print(line, flush=True)  # a log file sees each request as it happens
+        # A log file sees each request as it happens; with --json, stdout holds only the JSON.
+        print(line, flush=True, file=sys.stderr if as_json else sys.stdout)
 
     try:
         hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
@@ -461,10 +465,13 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
             raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another "
                              "port with --port (or another --host).") from exc
         raise
-    click.echo(f"serving {root} at {hub.url}  (use: HF_ENDPOINT={hub.url}; Ctrl-C stops)")
+    open_to_all = "no --token given: anyone who can reach this port may create and push repos"
+    _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens)}, as_json,
+          lambda data: f"serving {root} at {data['url']}  (use: HF_ENDPOINT={data['url']}; "
+                       "Ctrl-C stops)" + ("" if tokens else f"\n{open_to_all}"))
     sys.stdout.flush()
-    if not tokens:
-        click.echo("no --token given: anyone who can reach this port may create and push repos")
+    if not tokens and as_json:
+        click.echo(open_to_all, err=True)
     try:
         hub.serve_forever()
     except KeyboardInterrupt:

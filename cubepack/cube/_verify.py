@@ -395,8 +395,10 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
             ("" if backing["full"] or backing["kind"] != RECOMPUTED else ", partial") + ")"
         report.add("provenance", f"{entry['file']} ({item_id})", ok,
                    f"provenance is {label}: {backing['detail']}" + ("" if ok else
-                   f"; {required} is required, proved now (verify --recompute with the producer "
-                   "model, every position) or signed by a trusted key (--trusted-key)"),
+                   f"; {required} is required, proved now or signed: prove it with `cubepack "
+                   f"verify {report.cube_dir} --recompute --model MODEL --require-provenance "
+                   f"{required}` (MODEL: the producer; every position), or verify a cube signed "
+                   "by a trusted key (--trusted-key)"),
                    f"{required}, proved or signed" if not ok else None,
                    label if not ok else None, basis=backing["basis"])
     if not lock["activations"]:

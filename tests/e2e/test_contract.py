@@ -1,0 +1,272 @@
+"""The CLI's contract, swept over every command: with ``--json`` every outcome is exactly one
+JSON object on stdout with ``ok`` (and on failure ``error: {type, message, exit_code}``, the
+exit code); malformed ids, revisions and tag names exit 2 before any work; the fixes a refusal
+suggests work when run as suggested; a re-pack keeps the recorded pin. Real CLI processes
+against a local endpoint in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cubepack
+from cubepack.cli import cli as click_group
+from cubepack.testing.hub import InstrumentedHub, upload_folder
+
+from helpers import as_format_1, copy_of, make_key
+
+
+@pytest.fixture
+def hub(tmp_path):
+    with InstrumentedHub(tmp_path / "hub-root") as server:
+        yield server
+
+
+@pytest.fixture
+def run(hub, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "user-cache"),
+               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_XET="1")
+
+    def cubepack_cli(*args, timeout=300):
+        done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)], env=env,
+                              cwd=work, capture_output=True, text=True, timeout=timeout)
+        return done
+    cubepack_cli.work = work
+    cubepack_cli.env = env
+    return cubepack_cli
+
+
+@pytest.fixture
+def cube(packed_cube_factory, tmp_path):
+    return copy_of(packed_cube_factory(), tmp_path)
+
+
+def one_json(done) -> dict:
+    """stdout is exactly one JSON object carrying ``ok``; its error (if any) is the exit code."""
+    data = json.loads(done.stdout)  # raises on anything but one JSON document
+    assert isinstance(data, dict) and isinstance(data["ok"], bool), done.stdout
+    if data["ok"]:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert set(data["error"]) == {"type", "message", "exit_code"}
+        assert data["error"]["exit_code"] == done.returncode != 0
+        assert data["error"]["message"]
+    return data
+
+
+def all_commands(group=click_group, prefix=()):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from all_commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+# --- one output contract, every command ---------------------------------------------------------
+
+FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub error per command
+    ("fingerprint",): [(["./missing"], "ModelNotFoundError")],
+    ("inspect",): [(["{text}"], "FormatError"), (["{pickle}"], "FormatError")],
+    ("pack",): [(["/nonexistent"], "UsageError"), (["{empty}"], "UsageError")],
+    ("verify",): [(["/nonexistent"], "UsageError"), (["{tampered}"], "VerificationFailed"),
+                  (["{cube}", "--embedder", "x"], "VerificationFailed")],
+    ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
+    ("upgrade",): [(["{cube}"], "UsageError")],
+    ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
+    ("push",): [(["{cube}", "not a repo"], "UsageError"),
+                (["{cube}", "ns/x", "--tag", "x y"], "UsageError"),
+                (["{cube}", "ns/x", "--revision", "../x"], "UsageError")],
+    ("pull",): [(["ns/x@../x"], "UsageError"), (["ns/x@"], "UsageError"),
+                (["ns/x@ABCDEF0123456789ABCDEF0123456789ABCDEF01"], "UsageError"),
+                (["ns/absent", "--local-dir", "t"], "HubError")],
+    ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
+}
+
+
+@pytest.fixture
+def inputs(cube, tmp_path):
+    import pickle
+    import socket
+
+    (tmp_path / "text.txt").write_text("root:x:0:0:root:/root:/bin/bash\n" * 4)
+    (tmp_path / "data.pickle").write_bytes(pickle.dumps({"a": 1}))
+    (tmp_path / "empty").mkdir()
+    tampered = copy_of(cube, tmp_path / "tampered")
+    kv = next((tampered / "activations").glob("*.kv.safetensors"))
+    data = bytearray(kv.read_bytes())
+    data[-1] ^= 1
+    kv.write_bytes(bytes(data))
+    key, _ = make_key(tmp_path, "signer")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    yield {"text": tmp_path / "text.txt", "pickle": tmp_path / "data.pickle",
+           "empty": tmp_path / "empty", "tampered": tampered, "cube": cube, "key": key,
+           "busy": busy.getsockname()[1]}
+    busy.close()
+
+
+def test_the_sweep_covers_every_command():
+    assert sorted(all_commands()) == sorted(FAILURES)
+
+
+@pytest.mark.parametrize("command", sorted(FAILURES), ids=" ".join)
+def test_every_failure_of_every_command_is_one_json_object(command, run, inputs, hub):
+    for args, kind in FAILURES[command]:
+        before = sum(hub.stats.requests.values())
+        done = run(*command, *[arg.format(**inputs) for arg in args], "--json")
+        data = one_json(done)
+        assert data["ok"] is False and data["error"]["type"] == kind, (args, done.stdout)
+        assert "Traceback" not in done.stderr
+        if kind == "UsageError":
+            assert data["error"]["exit_code"] == 2
+            assert sum(hub.stats.requests.values()) == before, f"{args}: a usage error did work first"
+
+
+def test_inspect_says_what_a_file_is_when_it_is_not_a_kv_file(run, inputs):
+    text = one_json(run("inspect", inputs["text"], "--json"))["error"]["message"]
+    assert "starts with text" in text and "byte header" not in text
+    pickled = one_json(run("inspect", inputs["pickle"], "--json"))["error"]["message"]
+    assert "a pickle (protocol" in pickled and "cubepack pack --legacy-pickle" in pickled
+
+
+def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, hub):
+    kv = next((cube / "activations").glob("*.kv.safetensors"))
+    key, public = make_key(tmp_path, "signer")
+    assert one_json(run("fingerprint", zoo["a"], "--json"))["weights_digest"]
+    assert one_json(run("inspect", kv, "--json"))["version"] == 2
+    assert one_json(run("pack", cube, "--json"))["activations"]
+    assert one_json(run("verify", cube, "--json"))["checks"]
+    assert one_json(run("diff", cube, cube, "--json"))["same"] is True
+    old = tmp_path / "old.kv.safetensors"
+    as_format_1(kv, old, zoo["a"] / "tokenizer.json")
+    assert one_json(run("upgrade", old, "--model", zoo["a"], "--json"))["ok"] is True
+    assert one_json(run("sign", cube, "--key", key, "--json"))["ok"] is True
+    pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
+    pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
+                          tmp_path / "pulled", "--trusted-key", public, "--json"))
+    assert pulled["commit_sha"] == pushed["commit_sha"] and pulled["verified"] is True
+    server = subprocess.Popen([sys.executable, "-m", "cubepack", "hub", "serve", "--port", "0",
+                               "--root", tmp_path / "served", "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = [server.stdout.readline() for _ in range(7)]  # the object, indented
+        served = json.loads("".join(lines))
+        assert served["ok"] is True and served["url"].startswith("http://127.0.0.1:")
+    finally:
+        server.terminate()
+        server.wait()
+
+
+# --- failed means unchanged ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["ns/x@../x", "ns/x@", "ns/x@HEAD", "ns/x@a//b", "ns/x@x.lock"])
+def test_a_pull_with_a_bad_ref_places_nothing(run, spec, hub):
+    before = sum(hub.stats.requests.values())
+    done = run("pull", spec, "--local-dir", "target")
+    assert done.returncode == 2, done.stderr
+    assert not (run.work / "target").exists() and sum(hub.stats.requests.values()) == before
+
+
+# --- the fixes refusals suggest work, run as suggested ------------------------------------------
+
+def test_a_local_model_path_refused_at_push_is_fixed_by_the_pack_it_suggests(run, cube, zoo, hub):
+    upload_folder(hub.url, "ns/model-a", zoo["a"])
+    done = run("push", cube, "ns/cube")
+    assert done.returncode == 2 and "--model OWNER/MODEL" in done.stderr
+    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    config = json.loads((cube / "config.json").read_text())
+    assert config["act_mem"]["config"]["extractor_llm"]["config"][
+        "model_name_or_path"] == "ns/model-a"
+    again = run("push", cube, "ns/cube")
+    assert again.returncode == 0, again.stderr
+
+
+def test_an_unpacked_memos_cube_refused_at_verify_is_fixed_by_the_pack_it_suggests(
+        run, zoo, models, tmp_path):
+    import torch
+
+    from helpers import build_cache
+    from memos_format import write_cube
+
+    folder = write_cube(tmp_path / "plain", str(zoo["a"]),
+                        {"item": build_cache(models["a"], torch.tensor([[5, 6, 7, 8]]))})
+    done = run("verify", folder)
+    assert done.returncode != 0
+    suggestion = "cubepack pack"
+    assert suggestion in done.stdout + done.stderr
+    assert run("pack", folder, "--legacy-pickle").returncode == 0
+    assert run("verify", folder).returncode == 0
+
+
+def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, models, tmp_path):
+    """A MemOS pickle (no token ids) of a cache MemOS's own chat-template prefill made: the
+    refusals lead, run as printed, to re-packing with --recompute and verifying with it."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from cubepack.cube._memos_layout import memos_prompt_ids
+    from helpers import build_cache
+    from memos_format import write_cube
+
+    text = "The user likes green tea."
+    ids = memos_prompt_ids(AutoTokenizer.from_pretrained(zoo["a"]), text)
+    cube = write_cube(tmp_path / "memos", str(zoo["a"]),
+                      {"tea": build_cache(models["a"], torch.tensor([ids]))}, texts={"tea": text})
+    assert run("pack", cube, "--legacy-pickle").returncode == 0
+    done = run("verify", cube, "--require-provenance", "recomputed")
+    assert done.returncode == 1
+    suggested = f"cubepack verify {cube} --recompute --model MODEL --require-provenance recomputed"
+    assert suggested in done.stdout
+    again = run(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
+    if again.returncode:  # an activation without token ids: the refusal says to re-pack first
+        repack = "cubepack pack CUBE --recompute --model MODEL"
+        assert repack in again.stdout
+        done = run(*repack.replace("CUBE", str(cube)).replace("MODEL", str(zoo["a"])).split()[1:])
+        assert done.returncode == 0, done.stderr
+        again = run(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
+    assert again.returncode == 0, again.stdout[-2000:]
+
+
+def test_a_text_export_without_config_is_packed_as_suggested(run, tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "notes.md").write_text("What the team knows.\n")
+    (export / "textual_memory.json").write_text(json.dumps({"nodes": [], "edges": []}))
+    done = run("pack", export)
+    assert done.returncode == 2 and "--cube-id OWNER/NAME" in done.stderr
+    assert run("pack", export, "--cube-id", "ns/notes").returncode == 0
+    assert run("verify", export).returncode == 0
+
+
+# --- pins are remembered ------------------------------------------------------------------------
+
+def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, zoo, hub,
+                                                                     tmp_path):
+    first = upload_folder(hub.url, "ns/model-a", zoo["a"])
+    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    moved = tmp_path / "model-a-moved"
+    shutil.copytree(zoo["a"], moved)
+    (moved / "NOTES.md").write_text("a new commit on main\n")
+    second = upload_folder(hub.url, "ns/model-a", moved)
+    assert second != first
+    key, _ = make_key(tmp_path, "signer")
+    assert run("pack", cube, "--sign-key", key).returncode == 0  # signing changes no pin
+    pins = yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]
+    assert pins["act_mem"]["repo_id"] == "ns/model-a" and pins["act_mem"]["revision"] == first
+    config = json.loads((cube / "config.json").read_text())
+    config["act_mem"]["config"]["extractor_llm"]["config"]["model_name_or_path"] = "ns/model-b"
+    (cube / "config.json").write_text(json.dumps(config))
+    done = run("pack", cube)
+    assert done.returncode == 2
+    assert f"ns/model-a@{first}" in done.stderr and "--model ns/model-b" in done.stderr
+    assert cubepack.verify(cube, raise_on_failure=False).ok is False  # unchanged: still edited
