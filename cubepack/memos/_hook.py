@@ -23,6 +23,7 @@ from typing import Any
 
 from .._util import atomic, constants
 from .._util.paths import scan_cube
+from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
@@ -179,6 +180,7 @@ def _remote_kind(base_url: str | None) -> tuple[str, str | None, str]:
     return "git", base, ""
 
 
+@quietly(import_first=("memos",))
 def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
                    memory_types: list[str] | None = None, default_config: Any = None) -> Any:
     current = _hook_settings()
@@ -250,6 +252,7 @@ def _clone(url: str, revision: str | None, folder: Path) -> str:
     return head
 
 
+@quietly(import_first=("memos",))
 def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
                 default_config: Any = None) -> Any:
     current = _hook_settings()
@@ -262,6 +265,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
     return original(dir, memory_types, default_config)  # the act memory's load is guarded too
 
 
+@quietly(import_first=("memos",))
 def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
     """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
     is verified and its KV files loaded, each checked against the live model; a folder without
@@ -302,6 +306,7 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:  # no
     dump_cube(self, Path(dir), memory_types)
 
 
+@quietly(import_first=("memos",))
 def _register_mem_cube(self: Any, mem_cube_name_or_path: Any, mem_cube_id: str | None = None,
                        user_id: str | None = None) -> None:
     """``MOSCore.register_mem_cube`` under the hook. MemOS 2.0.33 reads ``text_mem.config`` of
