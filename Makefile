@@ -7,7 +7,9 @@
 # it resolves in seconds and links both environments from one download cache), handed pip's
 # configuration; the build stops before installing anything if its plan holds a CUDA package.
 # `make UV=` builds them with pip instead, as happens by itself when uv cannot be installed;
-# `make UV=uv` uses a uv of your own.
+# `make UV=uv` uses a uv of your own. `make test` runs both suites at once (TEST_JOBS=1: one
+# after the other), each logged to $(VENV)/NAME-tests.log and printed whole when it ends;
+# TEST_ARGS adds pytest arguments (e.g. TEST_ARGS=tests/kv).
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH      := torch==2.13.0
@@ -15,6 +17,8 @@ PIP_Q      := --quiet --quiet --disable-pip-version-check
 UV_VERSION := 0.13.9
 UV_BOOT    := $(VENV)/tools/bin/uv
 UV         ?= $(UV_BOOT)
+TEST_JOBS  ?= 2
+TEST_ARGS  ?=
 SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
 # Only the uv this Makefile installs is a prerequisite, through a stamp made by one attempt
 # to install it (order-only: its age does not matter; a failed attempt is not retried).
@@ -24,8 +28,8 @@ UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 .PHONY: test test-latest test-memos setup demo bench hub-compat clean
 
 test: setup
-	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/memos/bin/python $(VENV)/latest/bin/python -m pytest -q -p no:cacheprovider
-	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/latest/bin/python $(VENV)/memos/bin/python -m pytest -q -p no:cacheprovider
+	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) \
+	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python -- -q -p no:cacheprovider $(TEST_ARGS)
 
 test-latest: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pytest -q
