@@ -2,16 +2,34 @@
 #   latest: newest transformers 5.x + huggingface_hub 2.x
 #   memos:  MemoryOS (pins transformers<5) + accelerate: transformers 4.57.x, huggingface_hub 0.36.x
 # torch is pinned to 2.13.0, a local CPU wheel on our machines; any other request may pull GBs.
-PYTHON ?= python3
-VENV   ?= .venv
-TORCH  := torch==2.13.0
-PIP_Q  := --quiet --disable-pip-version-check
+#
+# Environments are built by tools/setup_env.py with uv (installed from PyPI into $(VENV)/tools;
+# it resolves in seconds and links both environments from one download cache), handed pip's
+# configuration; the build stops before installing anything if its plan holds a CUDA package.
+# `make UV=` builds them with pip instead, as happens by itself when uv cannot be installed;
+# `make UV=uv` uses a uv of your own. `make test` runs both suites at once (TEST_JOBS=1: one
+# after the other), each logged to $(VENV)/NAME-tests.log and printed whole when it ends;
+# TEST_ARGS adds pytest arguments (e.g. TEST_ARGS=tests/kv).
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH      := torch==2.13.0
+PIP_Q      := --quiet --quiet --disable-pip-version-check
+UV_VERSION := 0.13.9
+UV_BOOT    := $(VENV)/tools/bin/uv
+UV         ?= $(UV_BOOT)
+TEST_JOBS  ?= 2
+TEST_ARGS  ?=
+SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
+# Only the uv this Makefile installs is a prerequisite, through a stamp made by one attempt
+# to install it (order-only: its age does not matter; a failed attempt is not retried).
+UV_STAMP   := $(VENV)/tools/.attempted
+UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
 .PHONY: test test-latest test-memos setup demo bench hub-compat memos-own-tests clean
 
 test: setup
-	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/memos/bin/python $(VENV)/latest/bin/python -m pytest -q -p no:cacheprovider
-	CUBEPACK_OTHER_PYTHON=$(abspath $(VENV))/latest/bin/python $(VENV)/memos/bin/python -m pytest -q -p no:cacheprovider
+	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) \
+	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python -- -q -p no:cacheprovider $(TEST_ARGS)
 
 test-latest: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pytest -q
@@ -21,16 +39,19 @@ test-memos: $(VENV)/memos/.ready
 
 setup: $(VENV)/latest/.ready $(VENV)/memos/.ready
 
-$(VENV)/latest/.ready: pyproject.toml
-	$(PYTHON) -m venv $(VENV)/latest
-	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH)
-	$(VENV)/latest/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,sign]" "transformers>=5,<6" "huggingface_hub>=1"
+# If pip cannot install uv, say so and go on: setup_env.py then builds with pip.
+$(UV_STAMP):
+	@mkdir -p $(VENV)/tools && echo "setup: installing uv $(UV_VERSION) into $(VENV)/tools"
+	@{ $(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/python -m pip install $(PIP_Q) \
+	  uv==$(UV_VERSION); } || echo "uv could not be installed: building the environments with pip"
+	@touch $@
+
+$(VENV)/latest/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
+	$(SETUP_ENV) $(VENV)/latest $(TORCH) -e ".[test,sign]" "transformers>=5,<6" "huggingface_hub>=1"
 	touch $@
 
-$(VENV)/memos/.ready: pyproject.toml
-	$(PYTHON) -m venv $(VENV)/memos
-	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH)
-	$(VENV)/memos/bin/pip install $(PIP_Q) $(TORCH) -e ".[test,sign,memos]"
+$(VENV)/memos/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
+	$(SETUP_ENV) $(VENV)/memos $(TORCH) -e ".[test,sign,memos]"
 	touch $@
 
 demo: $(VENV)/memos/.ready
@@ -47,7 +68,7 @@ bench: $(VENV)/latest/.ready
 # huggingface_hub's own tests against `cubepack hub serve` (downloads the installed version's
 # sdist; needs pytest-mock, which its tests use). Not part of `make test`: it takes minutes.
 hub-compat: $(VENV)/latest/.ready
-	$(VENV)/latest/bin/pip install $(PIP_Q) pytest-mock
+	$(VENV)/latest/bin/python -m pip install $(PIP_Q) pytest-mock
 	$(VENV)/latest/bin/python tools/hub_compat.py
 
 # MemOS's own tests (cube, activation memory, HF LLM, MOSCore, scheduler) plain and with the

@@ -1,12 +1,19 @@
-"""What every benchmark needs: a plain hashlib pass (the baseline), and timers. Benchmarks are
-run as scripts, so this folder is on ``sys.path`` and ``import _common`` finds it."""
+"""What every benchmark needs: a plain hashlib pass (the baseline), timers, and a report with
+no progress bar ("Loading weights", "Fetching N files") or library warning in it, even on a
+terminal (set when this module is imported; every benchmark imports it). Benchmarks are run as
+scripts, so this folder is on ``sys.path`` and ``import _common`` finds it."""
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+from cubepack._util.quiet import quiet_libraries
+
+_QUIET = quiet_libraries(progress=False)  # kept: for the benchmark's whole process
+_QUIET.__enter__()
 
 
 def hashlib_file(path: Path) -> str:

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # noqa: F401 - a report without progress bars or library warnings
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # noqa: F401 - a report without progress bars or library warnings
+
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -79,18 +79,6 @@ def _emit_error(exc: CubepackError) -> None:
                           indent=2, sort_keys=True, default=str))
 
 
-def _configure_progress() -> None:
-    """One switch for every progress bar: ours, huggingface_hub's and transformers'. Bars are
-    off when ``CUBEPACK_NO_PROGRESS`` (or ``HF_HUB_DISABLE_PROGRESS_BARS``) is set, and when
-    stderr is not a terminal, so no ``\r`` bar ends up in a log."""
-    from ._util import constants
-
-    if not constants.progress_enabled():
-        # Read by huggingface_hub when it is imported (the commands import it lazily, after
-        # this), and transformers follows huggingface_hub's setting.
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-
-
 def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
     """One result on stdout: text, or one JSON object that always carries ``ok``."""
     if as_json:
@@ -101,13 +89,22 @@ def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]]
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--verbose", is_flag=True,
+              help="Show the warnings and log lines of the libraries cubepack calls "
+                   "(also CUBEPACK_VERBOSE=1).")
 @click.version_option(package_name="cubepack")
-def cli(debug: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """cubepack: pin, lock, verify and share LLM memory cubes and KV caches.
 
     Exit codes: 0 ok, 1 verification refused, 2 usage error, 3 other error.
     """
     _Context.debug = debug
+    from ._util.quiet import quiet_libraries
+
+    # Progress bars only on a terminal; third-party warnings only with --verbose. Set before
+    # the command imports anything heavy (the libraries read the environment at import).
+    ctx.with_resource(quiet_libraries(verbose or None))
 
 
 @cli.command("fingerprint")
@@ -486,7 +483,6 @@ def main(argv: list[str] | None = None) -> int:
     script reading stdout always gets JSON.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    _configure_progress()
     try:
         cli.main(args=args, prog_name="cubepack", standalone_mode=False)
     except click.exceptions.Abort:

@@ -16,6 +16,7 @@ os.environ["HF_HUB_CACHE"] = str(_SANDBOX / "hf-home" / "hub")
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["CUBEPACK_CACHE"] = str(_SANDBOX / "cubepack-cache")
 os.environ["CUBEPACK_NO_PROGRESS"] = "1"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read at import: no bars in captured output
 os.environ["MEMOS_BASE_PATH"] = str(_SANDBOX / "memos")
 os.environ.pop("HF_TOKEN", None)
 os.environ.pop("HF_ENDPOINT", None)

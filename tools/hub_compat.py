@@ -21,8 +21,8 @@ import re
 import subprocess
 import sys
 import tarfile
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".cache" / "hub-compat"
@@ -85,9 +85,9 @@ def main() -> int:
     tests = _sources(version)
     port = free_port()
     constants = (tests / "testing_constants.py").read_text()
-    token = re.search(r'^TOKEN = "([^"]+)"', constants, re.M).group(1)
-    other = re.search(r'^OTHER_TOKEN = "([^"]+)"', constants, re.M).group(1)
-    user = re.search(r'^USER = "([^"]+)"', constants, re.M).group(1)
+    token = re.search(r'^TOKEN = "([^"]+)"', constants, re.MULTILINE).group(1)
+    other = re.search(r'^OTHER_TOKEN = "([^"]+)"', constants, re.MULTILINE).group(1)
+    user = re.search(r'^USER = "([^"]+)"', constants, re.MULTILINE).group(1)
     server = subprocess.Popen([sys.executable, "-m", "cubepack", "hub", "serve", "--quiet",
                                "--root", str(WORK / f"hub-{port}"), "--port", str(port),
                                "--token", token, "--token", other, "--user", user],
@@ -100,7 +100,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "-o", "addopts=", "-m", "not production", f"--junitxml={report}",
                         *[str(tests / m) for m in MODULES if (tests / m).exists()]],
-                       cwd=tests.parent, env=env)
+                       check=False, cwd=tests.parent, env=env)
     finally:
         server.terminate()
         server.wait()
@@ -121,7 +121,7 @@ def _sources(version: str) -> Path:
     text = constants.read_text()
     constants.write_text(re.sub(r'^ENDPOINT_STAGING = .*$',
                                 'ENDPOINT_STAGING = __import__("os").environ["HF_ENDPOINT"]',
-                                text, flags=re.M))
+                                text, flags=re.MULTILINE))
     (tests / "__init__.py").touch()
     (tests / "conftest.py").write_text(CONFTEST)
     return tests
@@ -140,8 +140,8 @@ REASONS = (
     (r"[Gg]ated|access.?request", "gated repos and access requests: not served"),
     (r"/api/(models|datasets|spaces)\?", "search and listing: not served"),
     (r"auth-check|auth_check", "auth-check route: not served"),
-    (r"[Ss]quash|permanently|verify_repo_checksums|LFS files", "history squashing and LFS "
-     "file management: not served"),
+    (r"[Ss]quash|permanently|verify_repo_checksums|LFS files",
+     "history squashing and LFS file management: not served"),
     (r"private_by_default|visibility", "organisation defaults (private by default): not served"),
 )
 

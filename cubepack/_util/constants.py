@@ -5,6 +5,8 @@ cubepack honours the Hub's own variables (``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HU
 
 - ``CUBEPACK_CACHE``: where the weight-hash cache lives (default ``$XDG_CACHE_HOME/cubepack``).
 - ``CUBEPACK_NO_PROGRESS=1`` (or ``HF_HUB_DISABLE_PROGRESS_BARS=1``): no progress bars.
+- ``CUBEPACK_VERBOSE=1`` (the CLI's ``--verbose``): show third-party libraries' warnings and
+  log lines (hidden in cubepack's commands and MemOS hook calls otherwise, see ``_util.quiet``).
 - ``CUBEPACK_HUB_TIMEOUT``: seconds a pull or push may take talking to the endpoint.
 """
 
@@ -66,9 +68,16 @@ def hash_cache_path() -> Path:
 
 
 def progress_enabled() -> bool:
+    """Progress bars only on a terminal: never in a log, a pipe or CI."""
     if env_flag("CUBEPACK_NO_PROGRESS") or env_flag("HF_HUB_DISABLE_PROGRESS_BARS"):
         return False
-    return sys.stderr.isatty()
+    stream = sys.stderr
+    return bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+
+
+def verbose() -> bool:
+    """``CUBEPACK_VERBOSE=1``: let third-party warnings and log lines through."""
+    return env_flag("CUBEPACK_VERBOSE")
 
 
 def hub_offline() -> bool:

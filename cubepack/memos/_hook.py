@@ -24,6 +24,7 @@ from typing import Any
 
 from .._util import atomic, constants
 from .._util.paths import scan_cube
+from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
@@ -208,6 +209,7 @@ def _remote_kind(base_url: str | None) -> tuple[str, str | None, str]:
     return "git", base, ""
 
 
+@quietly(import_first=("memos",))
 def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
                    memory_types: list[str] | None = None, default_config: Any = None) -> Any:
     current = _hook_settings()
@@ -279,7 +281,8 @@ def _clone(url: str, revision: str | None, folder: Path) -> str:
     return head
 
 
-def _hooked_dir(dir: str, memory_types: list[str] | None = None,
+@quietly(import_first=("memos",))
+def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
                 default_config: Any = None) -> Any:
     current = _hook_settings()
     state = _lock_state(Path(dir))
@@ -291,7 +294,8 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,
     return _placeholder(original(dir, memory_types, default_config))  # act load guarded too
 
 
-def _guarded_act_load(self: Any, dir: str) -> None:
+@quietly(import_first=("memos",))
+def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
     """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
     is verified and its KV files loaded, each checked against the live model; a folder without
     one is read through the allowlist reader. MemOS's ``pickle.load`` is never called."""
@@ -341,6 +345,7 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     dump_cube(self, Path(dir), memory_types)
 
 
+@quietly(import_first=("memos",))
 def _register_mem_cube(self: Any, mem_cube_name_or_path: Any, mem_cube_id: str | None = None,
                        user_id: str | None = None) -> None:
     """``MOSCore.register_mem_cube`` under the hook: MemOS's own method (its user check, its

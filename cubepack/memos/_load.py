@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import constants
+from .._util.quiet import quietly
 from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
@@ -26,6 +27,7 @@ from ._embedder import check_text_vectors
 logger = logging.getLogger("cubepack.memos")
 
 
+@quietly(import_first=("memos",))
 def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
                           revision: str | None = None, endpoint: str | None = None,
                           repo_type: str = "dataset", memory_types: list[str] | None = None,
@@ -76,6 +78,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     return cube
 
 
+@quietly(import_first=("memos",))
 def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   memory_types: list[str] | None = None, default_config: Any = None,
                   endpoint: str | None = None, token: str | None = None,

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic
+from .._util.quiet import quietly
 from ._dump import dump_cube
 
 
+@quietly(import_first=("memos",))
 def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
               pretty_name: str | None = None, recompute: bool = False) -> Any:
     """Write a live ``GeneralMemCube`` to ``out_dir`` as a packed cube, with no pickle between.

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from .._util.quiet import quiet_libraries
 from ..cube._embedder import embed_locally
 from .tiny import VOCAB_SIZE, build_tokenizer
 
@@ -29,8 +30,9 @@ def build_encoder(folder: str | Path, *, seed: int, hidden: int = 32) -> Path:
                         num_attention_heads=2, intermediate_size=hidden * 2,
                         max_position_embeddings=128)
     folder = Path(folder)
-    BertModel(config).eval().save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
+    with quiet_libraries(verbose=False, progress=False):
+        BertModel(config).eval().save_pretrained(folder)
+        build_tokenizer().save_pretrained(folder)
     return folder
 
 

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .._util.quiet import quiet_libraries
+
 CORPUS = (
     "The user is a Chinese man who likes green tea and long walks.",
     "MemOS stores the memory of a language model in a cube.",
@@ -84,8 +86,9 @@ def build_model(folder: str | Path, config: Any, *, seed: int, tokenizer: Any,
     if dtype is not None:
         model = model.to(dtype)
     folder = Path(folder)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    with quiet_libraries(verbose=False, progress=False):  # no "Writing model shards" bar
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
     return folder
 
 
@@ -125,4 +128,5 @@ def load(folder: str | Path, dtype: Any = None) -> Any:
     kwargs = {"attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+    with quiet_libraries(verbose=False, progress=False):  # no "Loading weights" bar
+        return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()

@@ -1,7 +1,8 @@
 """Every benchmark runs end to end at its ``--smoke`` size, so none can rot unnoticed.
 
 No ratio is asserted (speed is measured by ``make bench``, not by tests): a benchmark passes
-here when it runs to completion and prints its ratio line.
+here when it runs to completion and prints its ratio line, and no progress bar or library
+warning (the environment as a user's shell has it: no switch that hides them).
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
                                            if not p.name.startswith("_")))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
-    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hf"), CUBEPACK_CACHE=str(tmp_path / "cp"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUBEPACK_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hf"), CUBEPACK_CACHE=str(tmp_path / "cp"))
     done = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "ratio" in done.stdout
+    output = done.stdout + done.stderr
+    assert "\r" not in output and "Loading weights" not in output, output[-3000:]
+    assert not [line for line in done.stderr.splitlines() if "warn" in line.lower()], done.stderr
