@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable

@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"$ {shlex.join(serve)} &")
     server = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        print(server.stdout.readline().strip())
+        started = server.stdout.readline().strip()
+        print(started)
+        if not started.startswith("serving"):  # the endpoint failed: say why, do not go on
+            print(server.communicate()[0].strip())
+            return 1
         return _run(work, env)
     finally:
         server.terminate()
