@@ -41,7 +41,7 @@ from . import _card as card
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
-from ._content import content_error, is_activation_path, pickled_memory_problems
+from ._content import content_error, is_activation_path, memos_config_problems
 from ._embedder import embed, embedder_checks, probe_vectors
 from ._memos_layout import memos_prompt_ids
 from ._memos_pickle import read_memos_pickle
@@ -214,6 +214,10 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
         raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    settings = memos_layout.code_running_settings(config)
+    if settings:  # before any model is pinned: pinning reads the names those settings sit by
+        raise UnsafeInputError(memos_layout.code_settings_message(
+            settings, str(cube / "config.json"), "pack again"))
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
         raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
                          "cube. Add \"cube_id\": \"owner/name\" and pack again.")
@@ -575,7 +579,7 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
     problems = [(name, error) for name in names
                 if (error := content_error(resolve_inside(staging, name), name))]
     problems += [(name, UnsafeInputError(problem))
-                 for name, problem in pickled_memory_problems(memos_config, names)]
+                 for name, problem in memos_config_problems(memos_config, names)]
     if problems:
         name, error = problems[0]
         more = f" ({len(problems) - 1} more file(s) too)" if len(problems) > 1 else ""

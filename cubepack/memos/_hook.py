@@ -30,7 +30,7 @@ from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
 from ._activations import HookReport, load_packed, load_prompts, load_unpacked
 from ._dump import dump_activations, dump_cube
-from ._load import init_from_dir, init_from_remote_repo
+from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
 from ._use import guarded_generate, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
@@ -258,6 +258,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
         return _placeholder(init_from_dir(dir, memory_types=memory_types,
                                           default_config=default_config, policy=current.policy))
     _refuse_unpacked(Path(dir), state, current)
+    refuse_code_settings(Path(dir))  # before MemOS builds any model from it
     original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
     return _placeholder(original(dir, memory_types, default_config))  # act load guarded too
 
