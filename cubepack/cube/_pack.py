@@ -32,6 +32,7 @@ from ..errors import (
     UsageError,
 )
 from ..identity._fingerprint import fingerprint, hub_origin
+from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import FULL, SLIDING, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
@@ -309,8 +310,12 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
                                "revision": None, "identity": None}
         if ref.strict:
             source = model if model is not None else ref.name
-            identity = fingerprint(source, revision=revision) if isinstance(source, (str, Path)) \
-                else fingerprint(source)
+            if _served_elsewhere(config, source):
+                identity = fingerprint_hub(str(source), revision)
+            elif isinstance(source, (str, Path)):
+                identity = fingerprint(source, revision=revision)
+            else:
+                identity = fingerprint(source)
         else:
             if not memos_layout.is_hub_loadable(ref.backend):
                 pins[ref.role] = {**pin, "reason": f"backend {ref.backend!r} is not a local model"}
@@ -328,6 +333,18 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
         pin["revision"] = identity.revision
         pins[ref.role] = pin
     return pins
+
+
+def _served_elsewhere(config: dict[str, Any], source: Any) -> bool:
+    """Is ``source`` the producer of a vLLM cube, named by Hub id, with the Hub reachable? Its
+    weights sit on the vLLM server, so it is pinned from the Hub's metadata at its commit
+    (:func:`~cubepack.identity._hub.fingerprint_hub`: the identity a download would give, no
+    weights downloaded). Offline, or named by a folder, it is fingerprinted as any model."""
+    from huggingface_hub import constants as hub_constants
+
+    return (memos_layout.act_backend(config) == "vllm_kv_cache" and isinstance(source, str)
+            and not is_local_path(source) and source.count("/") == 1
+            and not (constants.hub_offline() or hub_constants.HF_HUB_OFFLINE))
 
 
 def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
