@@ -24,6 +24,7 @@ from .._version import __version__
 from ..errors import (
     CubepackError,
     FormatError,
+    HubError,
     IdentityMismatch,
     Mismatch,
     RecomputationFailed,
@@ -311,7 +312,7 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
         if ref.strict:
             source = model if model is not None else ref.name
             if _served_elsewhere(config, source):
-                identity = fingerprint_hub(str(source), revision)
+                identity = _pin_from_hub(str(source), revision)
             elif isinstance(source, (str, Path)):
                 identity = fingerprint(source, revision=revision)
             else:
@@ -345,6 +346,18 @@ def _served_elsewhere(config: dict[str, Any], source: Any) -> bool:
     return (memos_layout.act_backend(config) == "vllm_kv_cache" and isinstance(source, str)
             and not is_local_path(source) and source.count("/") == 1
             and not (constants.hub_offline() or hub_constants.HF_HUB_OFFLINE))
+
+
+def _pin_from_hub(name: str, revision: str | None) -> ModelIdentity:
+    """The Hub-metadata pin of a vLLM producer; when the Hub cannot be reached, the HF cache's
+    copy of that revision, as huggingface_hub itself falls back (a pin from local bytes)."""
+    try:
+        return fingerprint_hub(name, revision)
+    except HubError as exc:
+        try:
+            return fingerprint(name, revision=revision, local_files_only=True)
+        except CubepackError:
+            raise exc from None
 
 
 def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],

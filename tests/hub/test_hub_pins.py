@@ -129,3 +129,24 @@ def test_an_unknown_model_is_a_clear_error_and_offline_pins_come_from_the_hf_cac
     with pytest.raises(cubepack.ModelNotFoundError, match="not in the Hugging Face cache"):
         cubepack.pack(cube, legacy_pickle=True)
     assert Path(cube / "activation_memory.pickle").is_file()  # untouched
+
+
+def test_an_unreachable_hub_falls_back_to_the_hf_cache_copy_of_the_revision(
+        hub_cached, tmp_path, monkeypatch):
+    """As huggingface_hub itself falls back: the cached snapshot of that revision, whose bytes
+    this process hashes (a pin from local files)."""
+    import time
+
+    from huggingface_hub import constants as hub_constants
+
+    from cubepack.testing import free_port
+
+    monkeypatch.setattr(hub_constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cube = write_vllm_cube(tmp_path / "cube", hub_cached["repo_id"], PROMPTS)
+    started = time.monotonic()
+    result = cubepack.pack(cube, legacy_pickle=True, revision=hub_cached["commit"])
+    assert result.models["act_mem"]["revision"] == hub_cached["commit"]
+    assert result.models["act_mem"]["identity"] == cubepack.fingerprint(
+        hub_cached["snapshot"]).pinned()
+    assert time.monotonic() - started < 60
