@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
-from .._util.paths import scan_cube
+from .._util.paths import managed_cube_folder, scan_cube
 from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
@@ -211,11 +211,16 @@ def git_checkout(url: str, revision: str | None) -> Path:
     commit; nothing is left in a temporary folder).
 
     Raises:
-        UnsafeInputError: the checked-out tree holds a symlink (git writes them as links, to
-            anywhere), a special file or a name the path rule refuses; the clone is removed
-            before MemOS or cubepack reads any of it.
+        UnsafeInputError: a symlink (or someone else's folder) on the managed folder's path
+            (see :func:`~cubepack._util.paths.managed_folder`), before anything is cloned; or
+            the checked-out tree holds a symlink (git writes them as links, to anywhere), a
+            special file or a name the path rule refuses; the clone is removed before MemOS or
+            cubepack reads any of it.
     """
-    root = constants.cubes_dir() / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    root = managed_cube_folder("git", digest)
+    if revision and is_commit(revision):  # its folder is known: checked before cloning
+        managed_cube_folder("git", digest, revision, create_last=False)
     staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
     folder = staging / "cube"
     try:
@@ -225,7 +230,7 @@ def git_checkout(url: str, revision: str | None) -> Path:
             where, what = problems[0]
             raise UnsafeInputError(f"The clone of {url} is refused: "
                                    + (f"{where} {what}." if where else f"{what}"))
-        target = root / head
+        target = managed_cube_folder("git", digest, head, create_last=False)
         atomic.replace_dir(folder, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

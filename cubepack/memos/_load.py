@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import canonical
+from .._util.paths import managed_cube_folder
 from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
@@ -48,11 +49,14 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
         default_config: a ``GeneralMemCubeConfig`` merged as MemOS merges it; if it swaps in
             another model, each activation is handled by ``on_mismatch``.
         local_dir: where to place the pulled cube (default: ``$CUBEPACK_CACHE/cubes/<repo>/<commit>``,
-            reused by later loads of that commit).
+            reused by later loads of that commit; a symlink on its way is refused, see
+            :func:`cubepack._util.paths.managed_folder`).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
             (raised before MemOS builds anything).
+        UnsafeInputError: a symlink or someone else's folder on the managed folder's path
+            (before the pull), or config.json sets something that would run code.
         IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
         RecomputationFailed: the loaded model does not reproduce a cache, or its provenance is
             weaker than required.
@@ -63,7 +67,8 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
                                client=HubClient(endpoint, token))
-        local_dir = cache_repo_dir(repo_id, repo_type, constants.cubes_dir()) / sha
+        local_dir = managed_cube_folder(cache_repo_dir(repo_id, repo_type, ".").name, sha,
+                                        create_last=False)
         wanted = sha
     target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
