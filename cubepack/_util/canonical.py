@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -109,22 +110,39 @@ def check_nesting(text: str) -> None:
             depth -= 1
 
 
+def walk_containers(value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Every object and array of a decoded JSON document, as (path of keys and indices, node),
+    parents before children, in document order, without recursion: the one walker for
+    documents someone else wrote. A callee inspects each node's own members.
+
+    Raises:
+        LimitError: a container nested deeper than :data:`MAX_DEPTH` (a document built in
+            memory, or one holding itself, rather than one :func:`loads_strict` read).
+    """
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), value)]
+    while stack:
+        path, node = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if len(path) >= MAX_DEPTH:
+            error = LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+            error.path = path  # where the walk stopped, for the caller's message
+            raise error
+        yield path, node
+        children = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        stack.extend((path + (key,), child) for key, child in reversed(children)
+                     if isinstance(child, (dict, list)))
+
+
 def _check_integers(value: Any) -> None:
     """Refuse a decoded JSON document holding an integer outside +-:data:`MAX_INT`, naming its
     field (bools are not integers here). Its depth was bounded before parsing."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = []
-    if isinstance(value, (dict, list)):
-        stack.append((value, ()))
-    elif type(value) is int:
+    if type(value) is int:
         _check_int(value, "/")
-    while stack:
-        node, path = stack.pop()
-        children = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, child in children:
+    for path, node in walk_containers(value):
+        for key, child in (node.items() if isinstance(node, dict) else enumerate(node)):
             if type(child) is int:
                 _check_int(child, pointer(path + (key,)))
-            elif isinstance(child, (dict, list)):
-                stack.append((child, path + (key,)))
 
 
 def _check_int(value: int, where: str) -> None:

@@ -14,6 +14,7 @@ import unicodedata
 from pathlib import Path, PurePosixPath
 
 from ..errors import UnsafeInputError
+from .constants import cache_dir
 
 MAX_PATH_LENGTH = 1024
 #: Device names Windows reserves in every folder, in any case and with any extension
@@ -196,3 +197,148 @@ def list_cube_files(root: Path) -> list[str]:
         where, what = problems[0]
         raise UnsafeInputError(f"{where} {what}." if where else what)
     return found
+
+
+# --- cubepack's own folders (the MemOS hook's managed cubes) ------------------------------------
+
+#: Symlinks followed while resolving one root path, as the kernel's own limit (ELOOP).
+MAX_SYMLINKS = 40
+
+
+def _uid() -> int | None:
+    getuid = getattr(os, "getuid", None)  # POSIX only: elsewhere there is no owner to check
+    return getuid() if getuid is not None else None
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def resolve_owned_root(root: Path, what: str) -> Path:
+    """``root`` (a folder the user configured, e.g. ``$CUBEPACK_CACHE``) with each symlink on
+    its path resolved once, component by component: a symlink is followed only when it is owned
+    by this user or by root (system links such as macOS's ``/var``), since anyone else who owns
+    one can point it elsewhere at any time. Components that do not exist yet are kept as
+    named (cubepack creates them). ``what`` names the setting, for messages.
+
+    Raises:
+        UnsafeInputError: a symlink owned by someone else, or a loop, naming it.
+    """
+    uid = _uid()
+    path = Path(os.path.join(os.getcwd(), os.path.expanduser(str(root))))
+    pending = list(path.parts[1:])
+    current = Path(path.parts[0])
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            current = current.parent
+            continue
+        candidate = current / part
+        try:
+            info = os.lstat(candidate)
+        except FileNotFoundError:
+            return Path(candidate, *pending)
+        if not stat.S_ISLNK(info.st_mode):
+            current = candidate
+            continue
+        if uid is not None and info.st_uid not in (uid, 0):
+            raise UnsafeInputError(
+                f"{candidate}, on the path of {what} ({root}), is a symlink owned by "
+                f"{_owner(info.st_uid)}, who can point it anywhere at any time; refusing to place "
+                f"or remove cubes through it. Set {what} to a path without it (or whose symlinks "
+                "you own).")
+        hops += 1
+        if hops > MAX_SYMLINKS:
+            raise UnsafeInputError(f"The path of {what} ({root}) goes through more than "
+                                   f"{MAX_SYMLINKS} symlinks (a loop?) at {candidate}.")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            current = Path(target.parts[0])
+            pending = list(target.parts[1:]) + pending
+        else:
+            pending = list(target.parts) + pending
+    return current
+
+
+def owned_folder(path: Path, *, create: bool, why: str) -> bool:
+    """Check (creating it first with ``create``) that ``path`` is a real folder owned by this
+    user, by ``lstat`` (a symlink is never followed); False when it is absent (only without
+    ``create``). ``why`` ends the refusal: what the folder is for.
+
+    Raises:
+        UnsafeInputError: a symlink, not a folder, or someone else's folder, naming it.
+    """
+    if create:
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeInputError(
+            f"{path} is a symlink (to {os.readlink(path)}), where cubepack keeps {why}: whoever "
+            "made it could redirect what cubepack places or removes there. Remove the link; "
+            "cubepack creates the folder itself.")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeInputError(f"{path} is not a folder, where cubepack keeps {why}. Remove it.")
+    uid = _uid()
+    if uid is not None and info.st_uid != uid:
+        raise UnsafeInputError(
+            f"{path} belongs to {_owner(info.st_uid)}, not to you, where cubepack keeps {why}: its "
+            "owner could swap its content after cubepack verified it. Remove it (cubepack "
+            "creates its own), or set CUBEPACK_CACHE to a folder of yours.")
+    return True
+
+
+def managed_folder(root: Path, parts: tuple[str, ...], *, what: str,
+                   create_last: bool = True) -> Path:
+    """``root/parts...`` for cubepack's own folders below a configured root: the root resolved
+    by :func:`resolve_owned_root` (created if missing; it must be a folder owned by you or root,
+    and if group or others may write it, sticky like ``/tmp``, so nobody else can rename what
+    cubepack makes in it), then each part a real folder owned by you, never a symlink (created
+    when missing; the last one only with ``create_last``, else checked if present). Returns the
+    path through the resolved root, for every later use.
+
+    Raises:
+        UnsafeInputError: naming the component and what to do.
+    """
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part or "\\" in part:
+            raise UnsafeInputError(f"{part!r} is not a folder name cubepack may make.")
+    base = resolve_owned_root(root, what)
+    os.makedirs(base, exist_ok=True)
+    base = resolve_owned_root(base, what)  # what now exists, as it is now
+    info = os.stat(base)
+    uid = _uid()
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeInputError(f"{what} ({base}) is not a folder.")
+    if uid is not None and (info.st_uid not in (uid, 0) or (
+            info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX)):
+        raise UnsafeInputError(
+            f"{what} ({base}) can be written by others ({_owner(info.st_uid)}, mode "
+            f"{stat.filemode(info.st_mode)}), who could rename what cubepack places there after "
+            f"it was verified. Set {what} to a folder only you can write.")
+    current = base
+    for index, part in enumerate(parts):
+        current = current / part
+        last = index == len(parts) - 1
+        if not owned_folder(current, create=create_last or not last,
+                            why=f"the cubes it pulls ({what})"):
+            break
+    return current
+
+
+def managed_cube_folder(*parts: str, create_last: bool = True) -> Path:
+    """``$CUBEPACK_CACHE/cubes/<parts...>``, where the MemOS hook places the cubes it pulls and
+    clones, checked by :func:`managed_folder`: before anything is placed there or removed."""
+    return managed_folder(cache_dir(), ("cubes", *parts), what="CUBEPACK_CACHE",
+                          create_last=create_last)

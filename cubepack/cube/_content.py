@@ -172,12 +172,13 @@ _CHECKS = {"json": _check_json, "yaml": _check_yaml, "kv": _check_kv,
            "safetensors": _check_safetensors, "text": _check_text}
 
 
-def pickled_memory_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
+def memos_config_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
     """(file, why) for each file of ``files`` that MemOS would read with ``pickle.load`` under
     this cube config, by the path MemOS opens whatever the spelling (``./x`` is ``x``): a packed
     cube must hold none (a verified text file named as the activation memory's
     ``memory_filename`` would still be unpickled by plain MemOS). And config.json itself when it
-    names a memory file MemOS would open outside the cube."""
+    names a memory file MemOS would open outside the cube, or a setting that would make MemOS
+    run code from a model's repository (:func:`~._memos_layout.code_running_settings`)."""
     present = set(files)
     problems = [(opened, f"is named by config.json ({name!r}) as the {backend} activation "
                          "memory, which MemOS reads with pickle.load; a packed cube must not "
@@ -187,4 +188,8 @@ def pickled_memory_problems(config: dict[str, Any], files: list[str]) -> list[tu
     problems += [("config.json", f"names the {key} memory file {name!r}, which MemOS would open "
                                  "outside the cube")
                  for key, name in memos_layout.escaping_memory_files(config)]
+    settings = memos_layout.code_running_settings(config)
+    if settings:
+        problems.append(("config.json", memos_layout.code_settings_message(
+            settings, "", "pack the cube again (or ask its publisher to)")))
     return problems

@@ -8,10 +8,13 @@ extractor LLM; textual memories name an extractor LLM and an embedder.
 
 from __future__ import annotations
 
+import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from .._util.canonical import LimitError, walk_containers
 from ..errors import CubepackError
 
 #: Model roles, as the lock and cubepack.yaml name them: the activation producer (strict) and
@@ -150,6 +153,103 @@ def escaping_memory_files(config: dict[str, Any]) -> list[tuple[str, str]]:
 def is_hub_loadable(backend: str | None) -> bool:
     """Backends whose model name is a Hugging Face folder or repo id we can fingerprint."""
     return backend in (None, "huggingface", "huggingface_singleton", "vllm", "sentence_transformer")
+
+
+# --- settings that run code ----------------------------------------------------------------------
+
+#: Keys that make the library building a model run Python code from the model's repository (or
+#: choose which code): transformers' and sentence-transformers' ``trust_remote_code``, the
+#: ``code_revision`` that picks the code's commit, and ``auto_map``, which names the classes in
+#: that code. MemOS 2.0.33 passes ``trust_remote_code`` to ``SentenceTransformer`` (default
+#: true) and forbids the others as unknown fields, but a cube is read by whichever MemOS its
+#: user runs, so each is refused wherever it appears. Backends are looked up in MemOS's fixed
+#: tables (never imported by name) and ``model_schema`` is reset by MemOS: neither runs code.
+CODE_KEYS = ("trust_remote_code", "code_revision", "auto_map")
+#: MemOS backends whose config defaults ``trust_remote_code`` to true when it is absent.
+REMOTE_CODE_BY_DEFAULT = ("sentence_transformer",)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class CodeSetting:
+    """A setting in a MemOS config that would run (or choose) code from a model's repository:
+    its JSON path (``text_mem.config.embedder.config.trust_remote_code``), what was found, and
+    the change that removes it."""
+
+    path: str
+    found: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.found}; {self.fix})"
+
+
+def dotted(path: tuple[Any, ...]) -> str:
+    """A path of keys and indices as MemOS's configs nest: ``act_mem.config.extractor_llm``,
+    list items as ``[0]``, a key that is not a plain name quoted (``["a.b"]``)."""
+    text = ""
+    for key in path:
+        if isinstance(key, int):
+            text += f"[{key}]"
+        elif _PLAIN_KEY.fullmatch(key):
+            text += f".{key}" if text else key
+        else:
+            text += f"[{json.dumps(key)}]"
+    return text or "(the document)"
+
+
+def code_running_settings(config: Any) -> list[CodeSetting]:
+    """Every setting in a parsed MemOS config (a cube's ``config.json``) that would make MemOS,
+    transformers or sentence-transformers run Python code from a model's repository when MemOS
+    builds the cube's models, LLMs and embedders: any :data:`CODE_KEYS` key at any depth
+    (``trust_remote_code`` unless it is ``false``; ``code_revision`` and ``auto_map`` unless
+    null), and a :data:`REMOTE_CODE_BY_DEFAULT` backend whose config leaves
+    ``trust_remote_code`` out (MemOS then passes true). Pure: no I/O, no import of MemOS; the
+    walk is bounded (a document nested deeper than the strict reader's limit is one finding,
+    never a RecursionError)."""
+    found: list[CodeSetting] = []
+    try:
+        for path, node in walk_containers(config):
+            if not isinstance(node, dict):
+                continue
+            for key in CODE_KEYS:
+                if key not in node:
+                    continue
+                value = node[key]
+                if (value is False) if key == "trust_remote_code" else value is None:
+                    continue
+                fix = "set it to false" if key == "trust_remote_code" else "remove it"
+                found.append(CodeSetting(dotted(path + (key,)), _shown(value), fix))
+            inner = node.get("config")
+            if node.get("backend") in REMOTE_CODE_BY_DEFAULT and isinstance(inner, dict) \
+                    and "trust_remote_code" not in inner:
+                found.append(CodeSetting(
+                    dotted(path + ("config", "trust_remote_code")),
+                    f"absent, and MemOS's {node['backend']} backend defaults it to true",
+                    'add "trust_remote_code": false'))
+    except LimitError as exc:
+        where = dotted(getattr(exc, "path", ()))
+        found.append(CodeSetting(where if len(where) <= 80 else where[:77] + "...",
+                                 f"{exc}, so its settings cannot be checked", "flatten it"))
+    return found
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True) if isinstance(
+        value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def code_settings_message(settings: list[CodeSetting], where: str, then: str) -> str:
+    """One sentence naming every code-running setting of ``where`` (a config.json, or "" when
+    the caller names it) and the fix; ``then`` says what to do once it is fixed."""
+    shown = "; ".join(str(setting) for setting in settings[:8])
+    more = f"; and {len(settings) - 8} more" if len(settings) > 8 else ""
+    subject = f"{where} has" if where else "has"
+    return (f"{subject} {len(settings)} setting{'s' if len(settings) != 1 else ''} that would "
+            f"make MemOS run Python code from a model's repository when it builds the cube's "
+            f"models: {shown}{more}. cubepack refuses them; make that change in config.json, "
+            f"then {then}.")
 
 
 def memos_prompt_ids(tokenizer: Any, source: Any) -> list[int]:

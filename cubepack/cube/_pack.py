@@ -24,6 +24,7 @@ from .._version import __version__
 from ..errors import (
     CubepackError,
     FormatError,
+    HubError,
     IdentityMismatch,
     Mismatch,
     RecomputationFailed,
@@ -32,6 +33,7 @@ from ..errors import (
     UsageError,
 )
 from ..identity._fingerprint import fingerprint, hub_origin
+from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import FULL, SLIDING, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
@@ -41,7 +43,7 @@ from . import _card as card
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from . import _memos_layout as memos_layout
-from ._content import content_error, is_activation_path, pickled_memory_problems
+from ._content import content_error, is_activation_path, memos_config_problems
 from ._embedder import embed, embedder_checks, probe_vectors
 from ._memos_layout import memos_prompt_ids
 from ._memos_pickle import read_memos_pickle
@@ -214,6 +216,10 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
         raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    settings = memos_layout.code_running_settings(config)
+    if settings:  # before any model is pinned: pinning reads the names those settings sit by
+        raise UnsafeInputError(memos_layout.code_settings_message(
+            settings, str(cube / "config.json"), "pack again"))
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
         raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
                          "cube. Add \"cube_id\": \"owner/name\" and pack again.")
@@ -305,8 +311,12 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
                                "revision": None, "identity": None}
         if ref.strict:
             source = model if model is not None else ref.name
-            identity = fingerprint(source, revision=revision) if isinstance(source, (str, Path)) \
-                else fingerprint(source)
+            if _served_elsewhere(config, source):
+                identity = _pin_from_hub(str(source), revision)
+            elif isinstance(source, (str, Path)):
+                identity = fingerprint(source, revision=revision)
+            else:
+                identity = fingerprint(source)
         else:
             if not memos_layout.is_hub_loadable(ref.backend):
                 pins[ref.role] = {**pin, "reason": f"backend {ref.backend!r} is not a local model"}
@@ -324,6 +334,30 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
         pin["revision"] = identity.revision
         pins[ref.role] = pin
     return pins
+
+
+def _served_elsewhere(config: dict[str, Any], source: Any) -> bool:
+    """Is ``source`` the producer of a vLLM cube, named by Hub id, with the Hub reachable? Its
+    weights sit on the vLLM server, so it is pinned from the Hub's metadata at its commit
+    (:func:`~cubepack.identity._hub.fingerprint_hub`: the identity a download would give, no
+    weights downloaded). Offline, or named by a folder, it is fingerprinted as any model."""
+    from huggingface_hub import constants as hub_constants
+
+    return (memos_layout.act_backend(config) == "vllm_kv_cache" and isinstance(source, str)
+            and not is_local_path(source) and source.count("/") == 1
+            and not (constants.hub_offline() or hub_constants.HF_HUB_OFFLINE))
+
+
+def _pin_from_hub(name: str, revision: str | None) -> ModelIdentity:
+    """The Hub-metadata pin of a vLLM producer; when the Hub cannot be reached, the HF cache's
+    copy of that revision, as huggingface_hub itself falls back (a pin from local bytes)."""
+    try:
+        return fingerprint_hub(name, revision)
+    except HubError as exc:
+        try:
+            return fingerprint(name, revision=revision, local_files_only=True)
+        except CubepackError:
+            raise exc from None
 
 
 def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
@@ -585,7 +619,7 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
     problems = [(name, error) for name in names
                 if (error := content_error(resolve_inside(staging, name), name))]
     problems += [(name, UnsafeInputError(problem))
-                 for name, problem in pickled_memory_problems(memos_config, names)]
+                 for name, problem in memos_config_problems(memos_config, names)]
     if problems:
         name, error = problems[0]
         more = f" ({len(problems) - 1} more file(s) too)" if len(problems) > 1 else ""

@@ -23,7 +23,7 @@ from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
-from ._content import file_problem, pickled_memory_problems
+from ._content import file_problem, memos_config_problems
 from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
 from ._policy import TrustPolicy
@@ -191,7 +191,7 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
     problems = [(name, reason) for name in names
                 if (reason := file_problem(resolve_inside(report.cube_dir, name), name))]
     config = _memos_config(report.cube_dir, names, problems)
-    problems += pickled_memory_problems(config, names)
+    problems += memos_config_problems(config, names)
     for name, reason in problems:
         report.add("content", name, False, reason)
     if not problems:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from .._util import constants
 from .._util.revision import check_ref_name, looks_like_commit
 from ..errors import CubepackError, HubError, UsageError
+from ..identity._hub import lfs_sha256  # noqa: F401 - the one reading of the Hub's LFS sha256
 from ._deadline import Deadline
 
 T = TypeVar("T")
@@ -58,18 +59,6 @@ def parse_repo_spec(spec: str, revision: str | None = None) -> tuple[str, str | 
     if wanted is not None and not looks_like_commit(wanted):
         check_ref_name(wanted)  # before any work: a name the Hub and git would refuse
     return repo_id, wanted
-
-
-def lfs_sha256(entry: Any) -> str | None:
-    """The LFS sha256 the Hub reports for a file (a repo-info sibling or a tree entry), or None
-    for a regular (non-LFS) file. Siblings carry it as ``lfs.sha256``, tree entries as
-    ``lfs.oid``; both shapes and both client versions (dicts or objects) are handled here."""
-    lfs = getattr(entry, "lfs", None)
-    if lfs is None:
-        return None
-    if isinstance(lfs, dict):
-        return lfs.get("sha256") or lfs.get("oid")
-    return getattr(lfs, "sha256", None) or getattr(lfs, "oid", None)
 
 
 def cache_repo_dir(repo_id: str, repo_type: str, cache_dir: str | Path | None = None) -> Path:

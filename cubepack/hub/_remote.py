@@ -1,9 +1,10 @@
 """Pinned models checked against the Hub's file metadata, downloading no weights.
 
-For each strict pin with a Hub revision: the weights digest is recomputed from the per-file LFS
-sha256 the Hub reports (``files_metadata=True``), the tokenizer digest from ``tokenizer.json``
-and the geometry and compute config from ``config.json`` (both small). Returns typed checks; verification decides
-what to do with them.
+For each strict pin with a Hub revision, the identity a download of that commit would give is
+computed from the Hub's metadata (:func:`cubepack.identity._hub.hub_identity`: weights digest
+from the per-file LFS sha256, every other field from the small files, in the pinned dtype) and
+compared with the pin field by field, as a local model is. The same function pins a vLLM
+cube's producer at pack. Returns typed checks; verification decides what to do with them.
 """
 
 from __future__ import annotations
@@ -12,20 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._util.canonical import loads_strict
 from ..cube._policy import TrustPolicy
 from ..cube._report import Check, VerifyReport, pin_subject
 from ..cube._verify import require_checked_models, verify
 from ..errors import CubepackError, HubError, VerificationFailed
-from ..identity._fingerprint import (
-    compute_config,
-    digest_of_file_hashes,
-    geometry_from_config,
-    select_weight_names,
-    tokenizer_digest_from_json,
-)
-from ..identity._identity import ModelIdentity, compare_keyed
-from ._client import HubClient, lfs_sha256
+from ..identity._hub import hub_identity
+from ..identity._identity import ModelIdentity, compare
+from ._client import HubClient
 
 CHECK = "remote model"
 
@@ -67,49 +61,19 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) 
                           "--model to check it locally (or --strict-models to refuse).",
                           role=role)]
         return [Check(CHECK, subject, False, str(error), sha, None, role=role)]
-    siblings = {s.rfilename: s for s in info.siblings or []}
-    entries, missing = [], []
-    for name in select_weight_names(list(siblings)):
-        sha256 = lfs_sha256(siblings[name])
-        if sha256 is None:
-            missing.append(name)
-        else:
-            entries.append((name, sha256))
-    if missing:
-        return [Check(CHECK, subject, False, "weight files without an LFS sha256 on the Hub "
-                      f"cannot be checked without downloading them: {missing}", role=role)]
-    problems = []
-    found_digest = digest_of_file_hashes(entries)
-    if found_digest != pinned.weights_digest:
-        problems.append(("weights_digest", pinned.weights_digest, found_digest))
-    try:
-        if "tokenizer.json" in siblings:
-            text = client.download(repo_id, "tokenizer.json", repo_type="model",
-                                   revision=sha).read_text(encoding="utf-8")
-            found = tokenizer_digest_from_json(text)
-            if found != pinned.tokenizer_digest:
-                problems.append(("tokenizer_digest", pinned.tokenizer_digest, found))
-        raw = client.download(repo_id, "config.json", repo_type="model", revision=sha)
-    except CubepackError as exc:
-        return [Check(CHECK, subject, False, str(exc), role=role)]
-    except Exception as exc:  # noqa: BLE001 - translated
-        return [Check(CHECK, subject, False, str(client.error(exc, repo_id, "model", sha)),
-                      role=role)]
-    try:  # the endpoint's files are read as strictly as a cube's
-        config = loads_strict(raw.read_bytes())
-        problems += [(m.field, m.expected, m.found) for m in
-                     compare_keyed("geometry", pinned.geometry, geometry_from_config(config))
-                     + compare_keyed("compute_config", pinned.compute_config or {},
-                                     compute_config(config))]
-    except (CubepackError, ValueError) as exc:
-        return [Check(CHECK, subject, False, f"the Hub's config.json at the pinned revision is "
-                      f"unusable: {exc}", role=role)]
+    try:  # the identity a download would give, from the Hub's metadata (no weights read)
+        found = hub_identity(client.api, repo_id, info, dtype=pinned.dtype)
+    except (CubepackError, ValueError) as exc:  # the endpoint's files are read strictly
+        return [Check(CHECK, subject, False, f"the Hub's files at the pinned revision cannot "
+                      f"be checked: {exc}", role=role)]
+    problems = compare(pinned, found)
     if not problems:
-        return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry and "
-                      "compute config at the pinned revision match the pin", role=role)]
-    return [Check(CHECK, f"{subject} {key}", False, "the Hub's files at the pinned revision "
-                  "differ from the pin", expected, found, role=role)
-            for key, expected, found in problems]
+        return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry, compute "
+                      "config, quantization and adapters at the pinned revision match the pin",
+                      role=role)]
+    return [Check(CHECK, f"{subject} {m.field}", False, "the Hub's files at the pinned revision "
+                  "differ from the pin", m.expected, m.found, role=role)
+            for m in problems]
 
 
 def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,

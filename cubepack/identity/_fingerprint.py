@@ -28,7 +28,7 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.revision import is_commit
-from .._util.safetensors_header import read_header
+from .._util.safetensors_header import Header, read_header
 from ..errors import CubepackError, FormatError, HubError, IntegrityError, ModelNotFoundError
 from ._config_fields import (
     compute_config,
@@ -230,18 +230,38 @@ def tokenizer_digest_from_folder(folder: Path) -> str | None:
     return files_digest(folder, files)
 
 
-def stored_dtype(files: list[Path], config: dict[str, Any]) -> str:
-    """The dtype the weights are stored in: the majority float dtype in safetensors headers."""
+def stored_dtype(headers: list[Header], config: dict[str, Any]) -> str:
+    """The dtype the weights are stored in: the majority float dtype (by bytes) in the weight
+    files' safetensors headers, else the config's declared dtype, else float32."""
     counts: Counter[str] = Counter()
-    for path in files:
-        if path.suffix == ".safetensors":
-            for tensor in read_header(path).tensors.values():
-                if tensor.dtype.startswith(("F", "BF")):
-                    counts[tensor.dtype_name] += max(1, tensor.end - tensor.begin)
+    for header in headers:
+        for tensor in header.tensors.values():
+            if tensor.dtype.startswith(("F", "BF")):
+                counts[tensor.dtype_name] += max(1, tensor.end - tensor.begin)
     if counts:
         return counts.most_common(1)[0][0]
     declared = config.get("dtype") or config.get("torch_dtype")
     return dtype_name(declared) if declared else "float32"
+
+
+#: What a model folder's fingerprint reads besides the weights and ``config.json``: the
+#: tokenizer (``tokenizer.json``, else the slow tokenizer's files), the prompt format, the
+#: adapter config; and every ``adapter_model*`` file.
+FINGERPRINT_FILES = ("tokenizer.json", *SLOW_TOKENIZER_FILES, "tokenizer_config.json",
+                     "special_tokens_map.json", "chat_template.jinja", "adapter_config.json")
+
+
+def fingerprint_inputs(names: list[str]) -> list[str]:
+    """Which of a model folder's top-level file names its fingerprint reads, weights aside
+    (pure): ``config.json`` first. The slow tokenizer's files only without a ``tokenizer.json``,
+    as :func:`tokenizer_digest_from_folder` reads them."""
+    present = set(names)
+    slow = () if "tokenizer.json" in present else SLOW_TOKENIZER_FILES
+    wanted = [name for name in FINGERPRINT_FILES if name in present
+              and (name not in SLOW_TOKENIZER_FILES or name in slow)]
+    adapters = sorted(name for name in present if "/" not in name
+                      and name.startswith(_ADAPTER_PREFIX))
+    return ["config.json", *wanted, *adapters]
 
 
 @functools.lru_cache(maxsize=1)
@@ -289,9 +309,23 @@ def _fingerprint_folder(folder: Path, *, model_id: str | None, revision: str | N
     files = weight_files(folder)
     if not files:
         raise ModelNotFoundError(f"{folder} holds no weight files (*.safetensors, *.bin, ...).")
-    run_dtype = dtype or stored_dtype(files, config)
+    run_dtype = dtype or stored_dtype([read_header(path) for path in files
+                                       if path.suffix == ".safetensors"], config)
+    return folder_identity(folder, config, weights_digest=files_digest(folder, files),
+                           dtype=run_dtype, model_id=model_id, revision=revision,
+                           tokenizer=tokenizer)
+
+
+def folder_identity(folder: Path, config: dict[str, Any], *, weights_digest: str, dtype: str,
+                    model_id: str | None, revision: str | None,
+                    tokenizer: Any = None) -> ModelIdentity:
+    """A model folder's identity, given its weights digest and run dtype: every other field
+    read from the folder's files (:data:`FINGERPRINT_FILES`) and ``config``. The one
+    definition for a folder holding its weights and for a Hub revision whose weights are known
+    by their LFS sha256 only (:mod:`._hub`)."""
+    run_dtype = dtype
     return ModelIdentity(
-        weights_digest=files_digest(folder, files),
+        weights_digest=weights_digest,
         tokenizer_digest=(tokenizer_digest_from_object(tokenizer) if tokenizer is not None
                           else tokenizer_digest_from_folder(folder)),
         geometry=geometry_from_config(config),

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
-from .._util.paths import scan_cube
+from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..cube._policy import TrustPolicy, key_paths
@@ -32,7 +32,7 @@ from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
 from ._activations import HookReport, load_packed, load_prompts, load_unpacked
 from ._dump import dump_activations, dump_cube
-from ._load import init_from_dir, init_from_remote_repo
+from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
 from ._use import guarded_generate, merged, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
@@ -242,11 +242,16 @@ def git_checkout(url: str, revision: str | None) -> Path:
     commit; nothing is left in a temporary folder).
 
     Raises:
-        UnsafeInputError: the checked-out tree holds a symlink (git writes them as links, to
-            anywhere), a special file or a name the path rule refuses; the clone is removed
-            before MemOS or cubepack reads any of it.
+        UnsafeInputError: a symlink (or someone else's folder) on the managed folder's path
+            (see :func:`~cubepack._util.paths.managed_folder`), before anything is cloned; or
+            the checked-out tree holds a symlink (git writes them as links, to anywhere), a
+            special file or a name the path rule refuses; the clone is removed before MemOS or
+            cubepack reads any of it.
     """
-    root = constants.cubes_dir() / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    root = managed_cube_folder("git", digest)
+    if revision and is_commit(revision):  # its folder is known: checked before cloning
+        managed_cube_folder("git", digest, revision, create_last=False)
     staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
     folder = staging / "cube"
     try:
@@ -256,7 +261,7 @@ def git_checkout(url: str, revision: str | None) -> Path:
             where, what = problems[0]
             raise UnsafeInputError(f"The clone of {url} is refused: "
                                    + (f"{where} {what}." if where else f"{what}"))
-        target = root / head
+        target = managed_cube_folder("git", digest, head, create_last=False)
         atomic.replace_dir(folder, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -290,6 +295,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
         return _placeholder(init_from_dir(dir, memory_types=memory_types,
                                           default_config=default_config, policy=current.policy))
     _refuse_unpacked(Path(dir), state, current)
+    refuse_code_settings(Path(dir))  # before MemOS builds any model from it
     original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
     return _placeholder(original(dir, memory_types, default_config))  # act load guarded too
 

@@ -11,13 +11,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import canonical
+from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
 from ..cube import _memos_layout as memos_layout
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
 from ..cube._verify import verify
-from ..errors import CubepackError, IntegrityError, UsageError
+from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ._activations import HookReport, load_packed
@@ -50,11 +51,14 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
         default_config: a ``GeneralMemCubeConfig`` merged as MemOS merges it; if it swaps in
             another model, each activation is handled by ``on_mismatch``.
         local_dir: where to place the pulled cube (default: ``$CUBEPACK_CACHE/cubes/<repo>/<commit>``,
-            reused by later loads of that commit).
+            reused by later loads of that commit; a symlink on its way is refused, see
+            :func:`cubepack._util.paths.managed_folder`).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
             (raised before MemOS builds anything).
+        UnsafeInputError: a symlink or someone else's folder on the managed folder's path
+            (before the pull), or config.json sets something that would run code.
         IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
         RecomputationFailed: the loaded model does not reproduce a cache, or its provenance is
             weaker than required.
@@ -65,7 +69,8 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
                                client=HubClient(endpoint, token))
-        local_dir = cache_repo_dir(repo_id, repo_type, constants.cubes_dir()) / sha
+        local_dir = managed_cube_folder(cache_repo_dir(repo_id, repo_type, ".").name, sha,
+                                        create_last=False)
         wanted = sha
     target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
@@ -137,10 +142,35 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any) -> tuple
         data["cube_id"] = lock.get("cube_id") or data.get("cube_id")
         config = type(default_config).model_validate(data)
         return config, config
+    refuse_code_settings(cube_dir)
     recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
     effective = merge_config_with_default(recorded, default_config) if default_config is not None \
         else recorded
     return recorded, effective
+
+
+def refuse_code_settings(cube_dir: Path) -> None:
+    """Refuse a cube folder whose ``config.json`` would make MemOS run code from a model's
+    repository (``trust_remote_code``...) when it builds the cube's models: read as strictly as
+    verify reads it, before MemOS reads it. A folder without config.json passes (MemOS then
+    takes the caller's own default_config).
+
+    Raises:
+        UnsafeInputError: naming each setting by its JSON path, and the fix.
+        FormatError: config.json is not strict JSON, so it cannot be checked.
+    """
+    path = cube_dir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        config = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
+        raise FormatError(f"{path} is not valid JSON ({exc}), so cubepack cannot check it for "
+                          "settings that run code; refusing the cube.") from exc
+    settings = memos_layout.code_running_settings(config)
+    if settings:
+        raise UnsafeInputError(memos_layout.code_settings_message(
+            settings, str(path), "load it again (a packed cube: pack it again)"))
 
 
 def _only(config: Any, types: list[str]) -> Any:

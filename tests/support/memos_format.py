@@ -58,6 +58,10 @@ class KVCacheRecords(_PydanticLike):
     pass
 
 
+class VLLMKVCacheItem(_PydanticLike):
+    pass
+
+
 class EarlyDynamicCache:
     """The transformers <= 4.53 DynamicCache layout: key_cache / value_cache lists."""
 
@@ -68,7 +72,7 @@ class EarlyDynamicCache:
 @contextlib.contextmanager
 def _as_memos_globals(early: bool):
     module = types.ModuleType(MEMOS_ITEM_MODULE)
-    for cls in (KVCacheItem, KVCacheRecords):
+    for cls in (KVCacheItem, KVCacheRecords, VLLMKVCacheItem):
         cls.__module__ = MEMOS_ITEM_MODULE
         setattr(module, cls.__name__, cls)
     saved = {name: sys.modules.get(name) for name in ("memos", "memos.memories",
@@ -113,5 +117,22 @@ def write_cube(folder: Path, model_dir: str, caches: dict[str, object], *, early
                 memories[item_id] = KVCacheItem(id=item_id, memory=cache, metadata=metadata,
                                                 records=records)
         data = pickle.dumps({"kv_cache_memories": memories})
+    (folder / "activation_memory.pickle").write_bytes(data)
+    return folder
+
+
+def write_vllm_cube(folder: Path, model_name: str, prompts: dict[str, str]) -> Path:
+    """A MemOS-format vLLM cube (``vllm_kv_cache``): its activations are prompt strings a vLLM
+    server serving ``model_name`` prefills, pickled as MemOS's ``VLLMKVCacheMemory.dump`` does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = memos_config(model_name)
+    config["act_mem"]["backend"] = "vllm_kv_cache"
+    config["act_mem"]["config"]["extractor_llm"] = {"backend": "vllm", "config": {
+        "model_name_or_path": model_name, "api_base": "http://127.0.0.1:9/v1"}}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    with _as_memos_globals(False):
+        items = {item_id: VLLMKVCacheItem(id=item_id, memory=prompt, metadata={})
+                 for item_id, prompt in prompts.items()}
+        data = pickle.dumps({"kv_cache_memories": items})
     (folder / "activation_memory.pickle").write_bytes(data)
     return folder
