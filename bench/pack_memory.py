@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import _common  # noqa: F401 - quiets the libraries for the benchmark's whole process
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -77,12 +78,11 @@ def main() -> None:
                               "--legacy-pickle"])
         budget = 1.5 * pickle_mb + 300
         print(f"pickle {pickle_mb:.0f} MB; pack peak RSS {peak:.0f} MB "
-              f"({peak / pickle_mb:.2f}x the pickle; {peak - imports:.0f} MB above the "
+              f"(ratio {peak / pickle_mb:.2f}x the pickle; {peak - imports:.0f} MB above the "
               f"{imports:.0f} MB its imports take); budget 1.5x + 300 MB = {budget:.0f} MB: "
               f"{'within' if peak <= budget else 'OVER'}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    del resource
 
 
 if __name__ == "__main__":
