@@ -26,7 +26,7 @@ WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
 WINDOWS_FORBIDDEN = frozenset('<>:"|?*')
 
 
-def check_relpath(name: object) -> str:
+def check_relpath(name: object, *, portable: bool = True) -> str:
     """Return ``name`` if it is a safe relative POSIX path inside a cube; else raise.
 
     Safe means: a non-empty string, relative, ``/``-separated, no ``.``/``..``/empty segments,
@@ -34,7 +34,9 @@ def check_relpath(name: object) -> str:
     every common file system can hold, since a cube is meant to be pulled anywhere: none of
     ``<>:"|?*``, no segment ending in a dot or a space (Windows strips them, so ``a.`` would
     be ``a``), no segment that is a Windows device name (CON, PRN, AUX, NUL, COM0-9, LPT0-9,
-    in any case, with or without an extension).
+    in any case, with or without an extension). ``portable=False`` keeps only the safety part
+    (the local endpoint stores what the Hub stores: cubepack refuses such names in cubes, not
+    in every repo).
     """
     if not isinstance(name, str) or not name:
         raise UnsafeInputError(f"Path {name!r} is not a non-empty string.")
@@ -54,6 +56,8 @@ def check_relpath(name: object) -> str:
     if any(part in ("", ".", "..") for part in parts):
         raise UnsafeInputError(f"Path {name!r} has an empty, '.' or '..' segment; it could "
                                "escape the cube.")
+    if not portable:
+        return name
     forbidden = sorted(set(name) & WINDOWS_FORBIDDEN)
     if forbidden:
         raise UnsafeInputError(f"Path {name!r} contains {''.join(forbidden)!r}, which Windows "

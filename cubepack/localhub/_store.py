@@ -607,7 +607,7 @@ class HubStore:
         if key == "deletedFolder" and isinstance(path, str):
             path = path.rstrip("/")  # the client names folders with a trailing slash
         try:
-            check_relpath(path)
+            check_relpath(path, portable=False)  # what the Hub accepts; pull refuses the rest
         except Exception as exc:
             raise StoreError(400, f"Invalid path {path!r}: {exc}") from exc
         if key == "file":

@@ -163,6 +163,19 @@ def test_a_listing_with_a_name_some_system_cannot_hold_is_refused_before_downloa
     assert not [key for key in hub.stats.requests if "/resolve/" in key]
 
 
+def test_the_endpoint_stores_names_the_hub_takes_and_pull_refuses_them_in_a_cube(
+        hub, cube, tmp_path):
+    """The endpoint is a Hub stand-in: it takes 'a?.txt' as the Hub does (huggingface_hub's
+    own tests upload such names); the portability rule is cubepack's, for cubes, at pull."""
+    do_push(hub, cube)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "a?.txt").write_text("awful but allowed\n")
+    upload_folder(hub.url, "ns/cube", extra, repo_type="dataset", token=TOKEN)
+    with pytest.raises(cubepack.UnsafeInputError, match="which Windows forbids"):
+        do_pull(hub, "ns/cube", tmp_path / "x", tmp_path)
+
+
 def test_files_the_lock_does_not_list_are_refused_before_download(hub, cube, tmp_path):
     from cubepack.testing.blobs import write_safetensors_blob
 
