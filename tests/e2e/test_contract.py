@@ -11,22 +11,15 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 import cubepack
 from cubepack.cli import cli as click_group
-from cubepack.testing.hub import InstrumentedHub, upload_folder
+from cubepack.testing.hub import upload_folder
 
 from helpers import as_format_1, copy_of, make_key
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "hub-root") as server:
-        yield server
 
 
 @pytest.fixture
@@ -43,11 +36,6 @@ def run(hub, tmp_path):
     cubepack_cli.work = work
     cubepack_cli.env = env
     return cubepack_cli
-
-
-@pytest.fixture
-def cube(packed_cube_factory, tmp_path):
-    return copy_of(packed_cube_factory(), tmp_path)
 
 
 def one_json(done) -> dict:
@@ -215,6 +203,7 @@ def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, model
     from transformers import AutoTokenizer
 
     from cubepack.cube._memos_layout import memos_prompt_ids
+
     from helpers import build_cache
     from memos_format import write_cube
 

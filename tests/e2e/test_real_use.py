@@ -19,7 +19,6 @@ import torch
 import cubepack
 from cubepack._util import constants
 from cubepack.hub import pull, push
-from cubepack.testing.hub import InstrumentedHub
 
 from helpers import build_cache, copy_of, tree_bytes
 
@@ -28,17 +27,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "hub-root") as server:
-        yield server
-
-
-@pytest.fixture
-def cube(packed_cube_factory, tmp_path):
-    return copy_of(packed_cube_factory(), tmp_path)
 
 
 @pytest.fixture

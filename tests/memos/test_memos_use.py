@@ -23,13 +23,6 @@ from cubepack.testing.hub import InstrumentedHub  # noqa: E402
 TEXTS = ["The user is a Chinese man.", "He likes green tea and long walks."]
 
 
-@pytest.fixture
-def installed():
-    hook.uninstall()
-    yield hook.install(require_pin=False)
-    hook.uninstall()
-
-
 @pytest.fixture(scope="module")
 def packed(zoo, tmp_path_factory):
     """A cube whose two caches model A built from TEXTS, packed by pack_cube."""

@@ -28,13 +28,6 @@ MESSAGES = [{"role": "user", "content": "What does the user drink?"}]
 TEXTS = ["The user likes green tea.", "He walks every morning."]
 
 
-@pytest.fixture
-def installed():
-    hook.uninstall()
-    yield hook.install(require_pin=False)
-    hook.uninstall()
-
-
 def _cube(model):
     from memos.mem_cube.general import GeneralMemCube
 
