@@ -1,8 +1,16 @@
 """sha256 of files: the one hashing mechanism used by fingerprint, pack and verify.
 
-Files are hashed in parallel on all cores (``hashlib`` releases the GIL on large updates, so
-threads saturate the cores without copying data between processes), with large reads into a
-reused buffer and an optional progress bar in bytes.
+Files are hashed in parallel on all cores, largest first (``hashlib`` releases the GIL on large
+updates, so threads saturate the cores without copying data between processes), with an
+optional progress bar in bytes. A file of a few MiB or more is hashed straight from a read-only
+memory map of it (no copy into a buffer: bench/verify.py measured about a tenth less CPU than
+reads into a buffer), read ahead sequentially by the kernel; smaller files, and any bytes past
+the size the file had when it was opened, are read into a reused per-thread buffer. A mapped
+file another process truncates while it is being hashed ends this process (SIGBUS), as for any
+memory map; nothing is accepted either way.
+
+:class:`HashingWriter` hashes a byte stream as it is written to a file instead (a pull hashes
+each download as its bytes arrive), so the file need not be read back.
 
 ``HashCache`` remembers digests of files we do not control (model weights) keyed by
 (device, inode, size, mtime_ns, ctime_ns) of the file a path resolves to, so re-fingerprinting
@@ -15,32 +23,123 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import mmap
 import os
 import sqlite3
+import stat
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any
 
 from . import constants
 
-_READ_SIZE = 8 * 1024 * 1024
+#: Reads into a buffer this size (it stays in the core's cache while it is hashed).
+_READ_SIZE = 1024 * 1024
+#: Files at least this large are hashed from a memory map ...
+_MAP_FROM = 4 * 1024 * 1024
+#: ... one window of it per ``update`` (the progress bar's step).
+_MAP_WINDOW = 8 * 1024 * 1024
+_BUFFERS = threading.local()
 
 
 def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | None = None) -> str:
-    """Return the sha256 hex digest of one file, reading it in large chunks."""
+    """Return the sha256 hex digest of one file: every byte it holds when it is read."""
     digest = hashlib.sha256()
-    buffer = bytearray(_READ_SIZE)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as handle:
-        while True:
-            count = handle.readinto(buffer)
-            if not count:
-                break
+        info = os.fstat(handle.fileno())
+        mapped = 0
+        if stat.S_ISREG(info.st_mode) and info.st_size >= _MAP_FROM:
+            mapped = _hash_mapped(digest, handle, info.st_size, on_bytes)
+            handle.seek(mapped)
+        _hash_read(digest, handle, on_bytes)  # the rest: a small file, or bytes it gained
+    return digest.hexdigest()
+
+
+def _hash_mapped(digest: Any, handle: Any, size: int,
+                 on_bytes: Callable[[int], None] | None) -> int:
+    """Hash the first ``size`` bytes of ``handle`` from a read-only map; return how many were
+    hashed (0 where the file cannot be mapped: it is then read instead)."""
+    try:
+        mapping = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return 0
+    with mapping:
+        if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            mapping.madvise(mmap.MADV_SEQUENTIAL)  # read ahead of the hash on a cold cache
+        with memoryview(mapping) as view:
+            for start in range(0, size, _MAP_WINDOW):
+                window = view[start:start + _MAP_WINDOW]
+                digest.update(window)
+                window.release()
+                if on_bytes is not None:
+                    on_bytes(min(_MAP_WINDOW, size - start))
+    return size
+
+
+def _hash_read(digest: Any, handle: Any, on_bytes: Callable[[int], None] | None) -> None:
+    """Hash what ``handle`` holds from its position to its end, read into this thread's
+    buffer."""
+    buffer = getattr(_BUFFERS, "buffer", None)
+    if buffer is None:
+        buffer = _BUFFERS.buffer = bytearray(_READ_SIZE)
+    with memoryview(buffer) as view:
+        while count := handle.readinto(buffer):
             digest.update(view[:count])
             if on_bytes is not None:
                 on_bytes(count)
-    return digest.hexdigest()
+
+
+class HashingWriter:
+    """A binary file object that hashes every byte written through it, in order.
+
+    It stands in for ``inner`` (every other attribute is ``inner``'s). :meth:`hexdigest` is the
+    sha256 of the file's bytes only while the stream is whole: written from position 0, every
+    byte through :meth:`write`; a seek, a truncate or a write that does not say how much it
+    wrote breaks it, and it returns None (hash the file once it is complete instead).
+    """
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._digest = hashlib.sha256()
+        self.size = 0
+        try:
+            self._whole = inner.tell() == 0
+        except (OSError, ValueError):
+            self._whole = False
+
+    def write(self, data: Any) -> Any:
+        count = self._inner.write(data)
+        if not isinstance(count, int):
+            self._whole = False
+            return count
+        if self._whole:
+            if isinstance(data, bytes) and count == len(data):
+                self._digest.update(data)
+            else:
+                with memoryview(data) as view, view.cast("B") as octets:
+                    self._digest.update(octets[:count])
+        self.size += count
+        return count
+
+    def writelines(self, lines: Iterable[Any]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def seek(self, *args: Any) -> Any:
+        self._whole = False
+        return self._inner.seek(*args)
+
+    def truncate(self, *args: Any) -> Any:
+        self._whole = False
+        return self._inner.truncate(*args)
+
+    def hexdigest(self) -> str | None:
+        return self._digest.hexdigest() if self._whole else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class HashCache:

@@ -1,8 +1,8 @@
 """The local Hub endpoint with the knobs tests and benchmarks need.
 
 :class:`InstrumentedHub` is a :class:`~cubepack.localhub.LocalHub` whose hooks inject faults
-(500, dropped connection, truncated body, delay, a request held until released, a download
-trickled a byte at a time), cap download bandwidth like a real link, count requests, uploaded
+(500, dropped connection, truncated body, a body with one byte flipped, delay, a request held
+until released, a download trickled a byte at a time), cap download bandwidth like a real link, count requests, uploaded
 bytes, commits and open connections, and let a test wait for a request or connections.
 ``python -m cubepack.testing.hub --root DIR --port P [--max-rate-mb R]`` serves one in its own
 process (the pull benchmark does).
@@ -29,7 +29,8 @@ class Fault:
     """Make the next ``times`` requests matching ``method`` and ``path`` (regex) misbehave.
 
     kind: an HTTP status (``"500"``, ``"412"``: answered with it), ``"drop"`` (close without answering), ``"truncate"`` (send
-    half the body of a download, then close), ``"delay"`` (wait ``seconds`` first), ``"hold"``
+    half the body of a download, then close), ``"corrupt"`` (send a download's body whole, of
+its true size, but with its middle byte flipped, as a faulty cache or link would), ``"delay"`` (wait ``seconds`` first), ``"hold"``
     (wait until the test calls :meth:`release`), ``"trickle"`` (send a download's headers,
     then one byte of its body every ``seconds``, as a hostile endpoint would, until the client
     goes away: :attr:`abandoned` is then set).
@@ -146,8 +147,9 @@ class InstrumentedHub(LocalHub):
             self._seen_changed.notify_all()
         fault = self._take_fault(method, path)
         handler.truncate = fault is not None and fault.kind == "truncate"
+        handler.corrupt = fault is not None and fault.kind == "corrupt"
         handler.trickle = fault if fault is not None and fault.kind == "trickle" else None
-        if fault is None or fault.kind in ("truncate", "trickle"):
+        if fault is None or fault.kind in ("truncate", "corrupt", "trickle"):
             return True
         if fault.kind == "delay":
             self._stopping.wait(fault.seconds)
@@ -184,6 +186,11 @@ class InstrumentedHub(LocalHub):
         if getattr(handler, "truncate", False):
             count //= 2
             handler.close_connection = True
+        if getattr(handler, "corrupt", False) and count:
+            body = bytearray(os.pread(handle.fileno(), count, offset))
+            body[count // 2] ^= 0xFF
+            handler.connection.sendall(bytes(body))
+            return
         if self.link is None:
             super().send_file(handler, handle, offset, count)
             return

@@ -1,0 +1,121 @@
+"""The one hashing mechanism: files (mapped or read) and streams as they are written."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import pytest
+
+from cubepack._util import hashing
+from cubepack._util.hashing import HashingWriter, hash_files, sha256_file
+
+SIZES = [0, 1, hashing._READ_SIZE + 3, hashing._MAP_FROM - 1, hashing._MAP_FROM,
+         hashing._MAP_FROM + hashing._MAP_WINDOW + 5]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_file_hashes_as_hashlib_does_mapped_or_read_with_every_byte_reported(tmp_path, size):
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    reported: list[int] = []
+    assert sha256_file(path, reported.append) == hashlib.sha256(data).hexdigest()
+    assert sum(reported) == size
+
+
+def test_bytes_a_file_gains_after_it_was_opened_are_hashed_too(tmp_path, monkeypatch):
+    path = tmp_path / "growing"
+    path.write_bytes(b"a" * hashing._MAP_FROM)
+    real = hashing._hash_mapped
+
+    def grow_then_map(digest, handle, size, on_bytes):
+        with open(path, "ab") as more:
+            more.write(b"tail")
+        return real(digest, handle, size, on_bytes)
+
+    monkeypatch.setattr(hashing, "_hash_mapped", grow_then_map)
+    assert sha256_file(path) == hashlib.sha256(b"a" * hashing._MAP_FROM + b"tail").hexdigest()
+
+
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
+    data = os.urandom(hashing._MAP_FROM + 7)
+    (tmp_path / "f").write_bytes(data)
+
+    def refuse(*args, **kwargs):
+        raise OSError("no mapping here")
+
+    monkeypatch.setattr(hashing.mmap, "mmap", refuse)
+    assert sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+
+
+def test_hash_files_hashes_every_file_largest_first_with_a_pool(tmp_path):
+    files = {}
+    for index, size in enumerate([10, hashing._MAP_FROM * 2, 0, 12345]):
+        path = tmp_path / f"f{index}"
+        data = os.urandom(size)
+        path.write_bytes(data)
+        files[path] = hashlib.sha256(data).hexdigest()
+    assert hash_files(list(files), progress=False, workers=2) == files
+
+
+def test_a_writer_hashes_every_byte_written_in_order():
+    sink = io.BytesIO()
+    writer = HashingWriter(sink)
+    writer.write(b"abc")
+    writer.write(bytearray(b"def"))
+    writer.write(memoryview(b"ghij")[1:])
+    writer.writelines([b"k", b"lm"])
+    assert sink.getvalue() == b"abcdefhijklm"
+    assert writer.size == 12 and writer.tell() == 12  # other attributes are the file's
+    assert writer.hexdigest() == hashlib.sha256(b"abcdefhijklm").hexdigest()
+
+
+def test_a_writer_hashes_only_what_the_file_took():
+    class Short(io.RawIOBase):
+        def __init__(self):
+            self.taken = b""
+
+        def writable(self):
+            return True
+
+        def tell(self):
+            return len(self.taken)
+
+        def write(self, data):
+            self.taken += bytes(data[:2])
+            return 2
+
+    sink = Short()
+    writer = HashingWriter(sink)
+    writer.write(b"abcdef")
+    assert writer.hexdigest() == hashlib.sha256(b"ab").hexdigest() and writer.size == 2
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda w: w.seek(0), lambda w: w.truncate(1), lambda w: w.write(NoCount())])
+def test_a_rewound_or_unaccounted_stream_vouches_for_nothing(break_it):
+    writer = HashingWriter(Sink())
+    writer.write(b"abc")
+    break_it(writer)
+    assert writer.hexdigest() is None
+
+
+def test_a_stream_that_does_not_start_at_the_beginning_vouches_for_nothing():
+    sink = io.BytesIO(b"earlier bytes")
+    sink.seek(0, io.SEEK_END)
+    writer = HashingWriter(sink)
+    writer.write(b"more")
+    assert writer.hexdigest() is None
+
+
+class NoCount(bytes):
+    """Data a file object writes without saying how much (a non-blocking raw file's None)."""
+
+
+class Sink(io.BytesIO):
+    def write(self, data):
+        if isinstance(data, NoCount):
+            return None
+        return super().write(data)
