@@ -24,6 +24,10 @@ class _Context:
     debug = False
 
 
+#: Exit status of a command stopped by Ctrl-C: the shell's 128 + SIGINT.
+INTERRUPTED_EXIT = 130
+
+
 #: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
 _POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
                    "seed", "require_provenance", "embedder", "embedder_sample", "strict_models")
@@ -486,9 +490,14 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cli.main(args=args, prog_name="cubepack", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 3
+    except click.exceptions.Abort:  # Ctrl-C (or end of input): an outcome like any other
+        click.echo("error: interrupted", err=True)
+        if "--json" in args:
+            click.echo(json.dumps({"ok": False, "error": {
+                "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
+                "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
+                indent=2, sort_keys=True))
+        return INTERRUPTED_EXIT
     except click.exceptions.ClickException as exc:
         exc.show()
         if "--json" in args:  # a usage error is an outcome too: one JSON object, as ever

@@ -1,0 +1,48 @@
+"""Ctrl-C is an outcome too: with --json, an interrupted command prints exactly one JSON object
+(``ok: false``, ``error.type`` ``Interrupted``) and exits 130, the shell's code for SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+
+def test_ctrl_c_during_a_pull_prints_one_json_object(tmp_path):
+    silent = socket.socket()  # an endpoint that accepts and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted = threading.Event()
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(silent.accept())
+            except OSError:
+                return
+            accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{silent.getsockname()[1]}",
+               HF_HUB_CACHE=str(tmp_path / "cache"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cubepack", "pull", "me/cube", "--local-dir",
+         str(tmp_path / "cube"), "--json"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert accepted.wait(120), "the pull never reached the endpoint"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        silent.close()
+    data = json.loads(out)
+    assert data["ok"] is False and data["error"]["type"] == "Interrupted", out
+    assert data["error"]["exit_code"] == process.returncode == 130, err
+    assert not (tmp_path / "cube").exists()
