@@ -270,3 +270,25 @@ def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, 
     assert done.returncode == 2
     assert f"ns/model-a@{first}" in done.stderr and "--model ns/model-b" in done.stderr
     assert cubepack.verify(cube, raise_on_failure=False).ok is False  # unchanged: still edited
+
+
+def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo, hub, tmp_path):
+    """``pack --revision R`` without --model re-pins the recorded model at R (it kept the old
+    pin, silently); a producer named by a plain folder has no revision to pick: exit 2."""
+    before = (cube / "cubepack.lock").read_bytes()
+    done = run("pack", cube, "--revision", "main", "--json")
+    assert one_json(done)["error"]["type"] == "UsageError" and "--revision" in done.stdout
+    assert (cube / "cubepack.lock").read_bytes() == before
+    first = upload_folder(hub.url, "ns/model-a", zoo["a"])
+    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    moved = tmp_path / "model-a-moved"
+    shutil.copytree(zoo["a"], moved)
+    (moved / "NOTES.md").write_text("a new commit on main\n")
+    second = upload_folder(hub.url, "ns/model-a", moved)
+
+    def pinned():
+        return yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]["act_mem"]["revision"]
+
+    assert run("pack", cube, "--revision", "main").returncode == 0 and pinned() == second
+    assert run("pack", cube).returncode == 0 and pinned() == second  # remembered again
+    assert run("pack", cube, "--revision", first).returncode == 0 and pinned() == first
