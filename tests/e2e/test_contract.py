@@ -142,6 +142,22 @@ def test_inspect_says_what_a_file_is_when_it_is_not_a_kv_file(run, inputs):
     assert "a pickle (protocol" in pickled and "cubepack pack --legacy-pickle" in pickled
 
 
+@pytest.mark.parametrize("data, says", [
+    (b"\x1f\x8b\x08\x00" + bytes(40), "a gzip stream"),
+    (b"\x93NUMPY\x01\x00" + bytes(40), "a NumPy .npy array"),
+    ("hello world".encode("utf-16"), "UTF-16 text"),
+    (bytes(range(200, 256)), "its first 8 bytes would claim"),  # random: no format
+])
+def test_inspect_names_other_binary_formats_too(tmp_path, data, says):
+    """Not only pickles, zips, JSON and text: no file's first bytes are called a header length
+    'above the limit' when they cannot be one (the file is smaller than they claim)."""
+    path = tmp_path / "x.kv.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(cubepack.FormatError, match="is not a safetensors") as caught:
+        cubepack.read_kv_header(path)
+    assert says in str(caught.value) and "byte header" not in str(caught.value)
+
+
 def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, hub):
     kv = next((cube / "activations").glob("*.kv.safetensors"))
     key, public = make_key(tmp_path, "signer")
