@@ -1,5 +1,6 @@
-"""Ctrl-C is an outcome too: with --json, an interrupted command prints exactly one JSON object
-(``ok: false``, ``error.type`` ``Interrupted``) and exits 130, the shell's code for SIGINT."""
+"""Outcomes owed as JSON too: an interrupted command (Ctrl-C) prints exactly one JSON object
+(``ok: false``, ``error.type`` ``Interrupted``) and exits 130, the shell's code for SIGINT; so
+does a usage error in the ``--json`` flag itself."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def test_ctrl_c_during_a_pull_prints_one_json_object(tmp_path):
     assert data["ok"] is False and data["error"]["type"] == "Interrupted", out
     assert data["error"]["exit_code"] == process.returncode == 130, err
     assert not (tmp_path / "cube").exists()
+
+
+def test_a_usage_error_in_the_json_flag_itself_is_one_json_object(tmp_path):
+    """``--json=1`` is a usage error (a flag takes no value); the caller still asked for JSON."""
+    done = subprocess.run([sys.executable, "-m", "cubepack", "verify", str(tmp_path), "--json=1"],
+                          capture_output=True, text=True, timeout=120)
+    data = json.loads(done.stdout)
+    assert data["ok"] is False and data["error"]["type"] == "UsageError"
+    assert data["error"]["exit_code"] == done.returncode == 2
