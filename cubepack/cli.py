@@ -24,6 +24,10 @@ class _Context:
     debug = False
 
 
+#: Exit status of a command stopped by Ctrl-C: the shell's 128 + SIGINT.
+INTERRUPTED_EXIT = 130
+
+
 #: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
 _POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
                    "seed", "require_provenance", "embedder", "embedder_sample", "strict_models")
@@ -476,6 +480,12 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         hub.stop()
 
 
+def _wants_json(args: list[str]) -> bool:
+    """Did the command line ask for JSON (``--json``, or ``--json=...``, which click refuses
+    as a usage error, still an outcome owed as JSON)?"""
+    return any(arg == "--json" or arg.startswith("--json=") for arg in args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes.
 
@@ -486,19 +496,24 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cli.main(args=args, prog_name="cubepack", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 3
+    except click.exceptions.Abort:  # Ctrl-C (or end of input): an outcome like any other
+        click.echo("error: interrupted", err=True)
+        if _wants_json(args):
+            click.echo(json.dumps({"ok": False, "error": {
+                "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
+                "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
+                indent=2, sort_keys=True))
+        return INTERRUPTED_EXIT
     except click.exceptions.ClickException as exc:
         exc.show()
-        if "--json" in args:  # a usage error is an outcome too: one JSON object, as ever
+        if _wants_json(args):  # a usage error is an outcome too: one JSON object, as ever
             _emit_error(UsageError(exc.format_message()))
         return 2
     except CubepackError as exc:
         if _Context.debug:
             traceback.print_exc()
         report = getattr(exc, "report", None)
-        if "--json" in args:
+        if _wants_json(args):
             _emit_error(exc)
         elif report is not None:  # the whole report on stdout, as on success
             click.echo(_render_report(report.to_dict()))
@@ -509,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the "
                    "traceback)", err=True)
-        if "--json" in args:
+        if _wants_json(args):
             unexpected = CubepackError(f"unexpected {type(exc).__name__}: {exc}")
             _emit_error(unexpected)
         return 3

@@ -29,14 +29,15 @@ def looks_like_commit(revision: object) -> bool:
     return isinstance(revision, str) and _HEX40_ANY_CASE.fullmatch(revision) is not None
 
 
-def check_ref_name(name: str, *, what: str = "revision") -> str:
+def check_ref_name(name: str, *, what: str = "revision", new: bool = False) -> str:
     """Return ``name`` if it is a branch or tag name git (``git check-ref-format``) and the Hub
     accept; else raise UsageError saying which rule it breaks.
 
     Used before a name touches the file system (``<cache>/refs/<name>``) or the endpoint, so
     ``../../x`` never reaches ``open`` and a push never commits before its tag is refused.
+    ``new``: the name of a ref to create (a tag), which cannot start with ``refs/``.
     """
-    reason = ref_name_problem(name)
+    reason = (new_ref_problem if new else ref_name_problem)(name)
     if reason:
         raise UsageError(f"{what} {name!r} is not a valid branch or tag name: {reason}.")
     return name
@@ -46,6 +47,11 @@ def ref_name_problem(name: object) -> str | None:
     """Why ``name`` is not a valid git ref name (git check-ref-format's rules), or None."""
     if not isinstance(name, str) or not name:
         return "it is empty"
+    if any("\ud800" <= ch <= "\udfff" for ch in name):
+        return "it is not valid UTF-8 (it holds a byte your terminal's encoding could not decode)"
+    if looks_like_commit(name):
+        return ("it is 40 hex digits, which reads as a commit id: a pull by that name resolves "
+                "the commit, never this ref")
     if name == "HEAD" or name == "@":
         return f"{name} is reserved"
     if name.startswith("-"):
@@ -62,3 +68,11 @@ def ref_name_problem(name: object) -> str | None:
     if name.endswith("."):
         return "it ends with '.'"
     return None
+
+
+def new_ref_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a new branch or tag, or None: git's rules, and no ``refs/``
+    prefix (the Hub names ``refs/heads/``, ``refs/tags/`` and ``refs/pr/`` itself)."""
+    if isinstance(name, str) and name.startswith("refs/"):
+        return "it starts with 'refs/' (give the bare name: refs/heads/ or refs/tags/ is implied)"
+    return ref_name_problem(name)

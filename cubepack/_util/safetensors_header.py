@@ -63,7 +63,21 @@ def _other_format(prefix: bytes) -> str | None:
                 "MemOS pickle with cubepack pack --legacy-pickle")
     if prefix[:4] == b"PK\x03\x04":
         return "a zip archive (torch.save writes pickles in one); cubepack never unpickles a file"
+    for magic, kind in _MAGIC:
+        if prefix.startswith(magic):
+            return kind
     return None
+
+
+#: Other formats a file named as a KV cache may hold, by their first bytes.
+_MAGIC = (
+    (b"\x1f\x8b", "a gzip stream"), (b"BZh", "a bzip2 stream"), (b"\xfd7zXZ\x00", "an xz stream"),
+    (b"\x28\xb5\x2f\xfd", "a zstd stream"), (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
+    (b"\x93NUMPY", "a NumPy .npy array"), (b"GGUF", "a GGUF model file"),
+    (b"\x89HDF", "an HDF5 file"), (b"\xef\xbb\xbf", "UTF-8 text (with a byte-order mark)"),
+    (b"\xff\xfe", "UTF-16 text (little-endian byte-order mark)"),
+    (b"\xfe\xff", "UTF-16 text (big-endian byte-order mark)"),
+)
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -89,6 +103,10 @@ def read_header(path: str | os.PathLike[str]) -> Header:
                                   f"({prefix.decode('ascii')!r}...).")
             if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
                 raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
+            if length > MAX_HEADER_BYTES and length > file_size - 8:
+                raise FormatError(  # no safetensors file, truncated or not, starts like this
+                    f"{name} is not a safetensors (KV) file: read as a header length, its first "
+                    f"8 bytes would claim {length} bytes (the file holds {file_size}).")
             if length > MAX_HEADER_BYTES:
                 raise FormatError(
                     f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "

@@ -129,8 +129,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     cube = Path(cube_dir)
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files, cube_id)
-    if model is None:
-        model, revision = _remembered_pin(_previous_lock(cube, files), memos_config)
+    if model is None:  # keep the recorded pin; --revision alone moves it to that revision
+        remembered, pinned_revision = _remembered_pin(_previous_lock(cube, files), memos_config)
+        model, revision = remembered, revision or pinned_revision
     pins = _pin_models(memos_config, model=model, revision=revision)
     _record_vectors(cube, files, memos_config, pins, embedder)
     if sign_key is not None:

@@ -83,6 +83,9 @@ class TrustPolicy:
                                                  or self.embedder_sample < 0):
             raise UsageError(f"embedder_sample must be 0 (all) or a positive integer, not "
                              f"{self.embedder_sample!r}.")
+        if self.embedder_sample is not None and self.embedder is None:  # never silently ignored
+            raise UsageError("embedder_sample (--embedder-sample) says how many memories "
+                             "--embedder re-embeds; give --embedder too, or drop it.")
         if self.model is not None and isinstance(self.model, str) and not self.model.strip():
             raise UsageError("model must name a model folder or Hub id, not an empty string.")
         if self.require_provenance is not None and \

@@ -87,9 +87,10 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     repo_id, at_revision = parse_repo_spec(repo_id)
     if at_revision:
         raise UsageError(f"Push to a branch with --revision, not {repo_id}@{at_revision}.")
-    for what, name in (("--revision", revision), ("--tag", tag)):
-        if name is not None:
-            check_ref_name(name, what=what)
+    if revision is not None:  # a branch, or an open pull request's refs/pr/N
+        check_ref_name(revision, what="--revision")
+    if tag is not None:  # a new tag: a bare name
+        check_ref_name(tag, what="--tag", new=True)
     if create_pr and tag:
         raise UsageError("--tag cannot be combined with --create-pr: a pull request's commit is "
                          "not published yet; tag it once the request is merged.")

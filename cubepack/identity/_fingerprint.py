@@ -29,7 +29,14 @@ from .._util import canonical, constants
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.revision import is_commit
 from .._util.safetensors_header import Header, read_header
-from ..errors import CubepackError, FormatError, HubError, IntegrityError, ModelNotFoundError
+from ..errors import (
+    CubepackError,
+    FormatError,
+    HubError,
+    IntegrityError,
+    ModelNotFoundError,
+    UsageError,
+)
 from ._config_fields import (
     compute_config,
     config_digest,
@@ -79,6 +86,13 @@ def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: A
     if isinstance(model_or_path, (str, os.PathLike)):
         folder, model_id, resolved_revision = resolve_model_folder(
             str(model_or_path), revision, local_files_only=local_files_only)
+        if revision is not None and revision != resolved_revision and (
+                resolved_revision is None or is_commit(revision)):
+            raise UsageError(  # never a revision silently ignored: a folder is what it holds
+                f"--revision {revision} picks a revision of a Hub model id, but {model_or_path} "
+                "is a local folder" + (f" holding commit {resolved_revision}" if resolved_revision
+                                       else " (not from the HF cache: it has no revision)")
+                + ". Name the model by its Hub id to pin that revision, or drop --revision.")
         return _fingerprint_folder(folder, model_id=model_id, revision=resolved_revision,
                                    tokenizer=tokenizer, dtype=dtype)
     if hasattr(model_or_path, "config") and hasattr(model_or_path, "state_dict"):

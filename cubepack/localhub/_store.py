@@ -39,7 +39,7 @@ from huggingface_hub.utils.sha import git_hash
 
 from .._util import atomic, canonical
 from .._util.paths import check_relpath
-from .._util.revision import is_commit
+from .._util.revision import is_commit, new_ref_problem
 
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
@@ -309,8 +309,8 @@ class HubStore:
 
     def create_ref(self, repo: RepoRef, kind: str, name: str, revision: str) -> None:
         """Create tag or branch ``name`` at ``revision``; 409 when it exists."""
-        if not name or name.startswith("refs/") or any(c in name for c in " ~^:?*[\\"):
-            raise StoreError(400, f"Invalid {kind} name {name!r}.")
+        if problem := new_ref_problem(name):  # git's rules, as the client checks them
+            raise StoreError(400, f"Invalid {kind} name {name!r}: {problem}.")
         with self._lock(repo):
             refs = self.refs(repo)
             target = self.resolve(repo, revision)

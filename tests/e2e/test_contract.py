@@ -66,16 +66,19 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
     ("inspect",): [(["{text}"], "FormatError"), (["{pickle}"], "FormatError")],
     ("pack",): [(["/nonexistent"], "UsageError"), (["{empty}"], "UsageError")],
     ("verify",): [(["/nonexistent"], "UsageError"), (["{tampered}"], "VerificationFailed"),
-                  (["{cube}", "--embedder", "x"], "VerificationFailed")],
+                  (["{cube}", "--embedder", "x"], "VerificationFailed"),
+                  (["{cube}", "--embedder-sample", "3"], "UsageError")],
     ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),
                 (["{cube}", "ns/x", "--tag", "x y"], "UsageError"),
-                (["{cube}", "ns/x", "--revision", "../x"], "UsageError")],
+                (["{cube}", "ns/x", "--revision", "../x"], "UsageError"),
+                (["{cube}", "ns/x", "--tag", "refs/pr/1"], "UsageError")],
     ("pull",): [(["ns/x@../x"], "UsageError"), (["ns/x@"], "UsageError"),
                 (["ns/x@ABCDEF0123456789ABCDEF0123456789ABCDEF01"], "UsageError"),
-                (["ns/absent", "--local-dir", "t"], "HubError")],
+                (["ns/absent", "--local-dir", "t"], "HubError"),
+                (["ns/x", "--embedder-sample", "3"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
 }
 
@@ -125,6 +128,22 @@ def test_inspect_says_what_a_file_is_when_it_is_not_a_kv_file(run, inputs):
     assert "starts with text" in text and "byte header" not in text
     pickled = one_json(run("inspect", inputs["pickle"], "--json"))["error"]["message"]
     assert "a pickle (protocol" in pickled and "cubepack pack --legacy-pickle" in pickled
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"\x1f\x8b\x08\x00" + bytes(40), "a gzip stream"),
+    (b"\x93NUMPY\x01\x00" + bytes(40), "a NumPy .npy array"),
+    ("hello world".encode("utf-16"), "UTF-16 text"),
+    (bytes(range(200, 256)), "its first 8 bytes would claim"),  # random: no format
+])
+def test_inspect_names_other_binary_formats_too(tmp_path, data, says):
+    """Not only pickles, zips, JSON and text: no file's first bytes are called a header length
+    'above the limit' when they cannot be one (the file is smaller than they claim)."""
+    path = tmp_path / "x.kv.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(cubepack.FormatError, match="is not a safetensors") as caught:
+        cubepack.read_kv_header(path)
+    assert says in str(caught.value) and "byte header" not in str(caught.value)
 
 
 def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, hub):
@@ -261,3 +280,25 @@ def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, 
     assert done.returncode == 2
     assert f"ns/model-a@{first}" in done.stderr and "--model ns/model-b" in done.stderr
     assert cubepack.verify(cube, raise_on_failure=False).ok is False  # unchanged: still edited
+
+
+def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo, hub, tmp_path):
+    """``pack --revision R`` without --model re-pins the recorded model at R (it kept the old
+    pin, silently); a producer named by a plain folder has no revision to pick: exit 2."""
+    before = (cube / "cubepack.lock").read_bytes()
+    done = run("pack", cube, "--revision", "main", "--json")
+    assert one_json(done)["error"]["type"] == "UsageError" and "--revision" in done.stdout
+    assert (cube / "cubepack.lock").read_bytes() == before
+    first = upload_folder(hub.url, "ns/model-a", zoo["a"])
+    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    moved = tmp_path / "model-a-moved"
+    shutil.copytree(zoo["a"], moved)
+    (moved / "NOTES.md").write_text("a new commit on main\n")
+    second = upload_folder(hub.url, "ns/model-a", moved)
+
+    def pinned():
+        return yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]["act_mem"]["revision"]
+
+    assert run("pack", cube, "--revision", "main").returncode == 0 and pinned() == second
+    assert run("pack", cube).returncode == 0 and pinned() == second  # remembered again
+    assert run("pack", cube, "--revision", first).returncode == 0 and pinned() == first

@@ -118,7 +118,13 @@ def test_a_ref_named_like_a_commit_cannot_shadow_it(hub, cube, models, tmp_path)
     other = do_push(hub, cube, revision="evil").commit_sha
     from cubepack.localhub._store import repo_ref
 
-    hub.store.create_ref(repo_ref("datasets", "ns", "cube"), "branch", good, other)
+    from cubepack._util import canonical
+
+    # The endpoint itself refuses a branch named like a commit: forge it, as a hostile one would.
+    repo = repo_ref("datasets", "ns", "cube")
+    refs = hub.store.refs(repo)
+    refs["branches"][good] = other
+    (hub.store._dir(repo) / "refs.json").write_text(canonical.dumps(refs))
     with pytest.raises(HubError) as caught:
         do_pull(hub, f"ns/cube@{good}", tmp_path / "x", tmp_path)
     assert good in str(caught.value) and other in str(caught.value)
