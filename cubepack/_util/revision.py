@@ -67,6 +67,8 @@ def ref_name_problem(name: object) -> str | None:
             return f"the component {part!r} ends with '.lock'"
     if name.endswith("."):
         return "it ends with '.'"
+    if name.startswith("refs/pr/") and not re.fullmatch(r"refs/pr/[1-9][0-9]*", name):
+        return "a pull request ref is refs/pr/N, N a number from 1 (no leading zero)"
     return None
 
 

@@ -61,6 +61,10 @@ def _other_format(prefix: bytes) -> str | None:
     if prefix[:1] == b"\x80" and 2 <= prefix[1] <= 5:
         return (f"a pickle (protocol {prefix[1]}); cubepack never unpickles a file: convert a "
                 "MemOS pickle with cubepack pack --legacy-pickle")
+    if prefix[:4] in (b"(dp0", b"(lp0", b"(tp0") or prefix[:3] in (b"}q\x00", b"]q\x00") \
+            or prefix[:2] == b"(c" or (prefix[:1] == b"c" and b"\n" in prefix):
+        return ("a pickle (protocol 0 or 1); cubepack never unpickles a file: convert a MemOS "
+                "pickle with cubepack pack --legacy-pickle")
     if prefix[:4] == b"PK\x03\x04":
         return "a zip archive (torch.save writes pickles in one); cubepack never unpickles a file"
     for magic, kind in _MAGIC:

@@ -77,6 +77,7 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["{cube}", "ns/x", "--tag", "refs/pr/1"], "UsageError")],
     ("pull",): [(["ns/x@../x"], "UsageError"), (["ns/x@"], "UsageError"),
                 (["ns/x@ABCDEF0123456789ABCDEF0123456789ABCDEF01"], "UsageError"),
+                (["ns/x@refs/pr/0"], "UsageError"), (["ns/x@refs/pr/01"], "UsageError"),
                 (["ns/absent", "--local-dir", "t"], "HubError"),
                 (["ns/x", "--embedder-sample", "3"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
@@ -128,6 +129,13 @@ def test_inspect_says_what_a_file_is_when_it_is_not_a_kv_file(run, inputs):
     assert "starts with text" in text and "byte header" not in text
     pickled = one_json(run("inspect", inputs["pickle"], "--json"))["error"]["message"]
     assert "a pickle (protocol" in pickled and "cubepack pack --legacy-pickle" in pickled
+    import pickle
+
+    for protocol in (0, 1):  # MemOS never writes these, but old tools do
+        old = inputs["pickle"].with_name(f"old-{protocol}.pickle")
+        old.write_bytes(pickle.dumps({"a": [1]}, protocol=protocol))
+        message = one_json(run("inspect", old, "--json"))["error"]["message"]
+        assert "a pickle (protocol 0 or 1)" in message
 
 
 @pytest.mark.parametrize("data, says", [
