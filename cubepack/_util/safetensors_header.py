@@ -102,11 +102,11 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             if kind:  # say what it is, not what its first 8 bytes would mean as a length
                 raise FormatError(f"{name} is not a safetensors (KV) file: it is {kind}.")
             (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
+                raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
             if length > file_size - 8 and all(32 <= b < 127 or b in b"\t\n\r" for b in prefix):
                 raise FormatError(f"{name} is not a safetensors (KV) file: it starts with text "
                                   f"({prefix.decode('ascii')!r}...).")
-            if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
-                raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
             if length > MAX_HEADER_BYTES and length > file_size - 8:
                 raise FormatError(  # no safetensors file, truncated or not, starts like this
                     f"{name} is not a safetensors (KV) file: read as a header length, its first "
