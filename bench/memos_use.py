@@ -21,7 +21,6 @@ from transformers import LlamaConfig
 
 import cubepack
 from cubepack.kv._torch import forward, output_cache
-from cubepack.kv._torch import forward
 from cubepack.memos._use import for_use, register
 from cubepack.testing import tiny
 

@@ -46,6 +46,7 @@ def build(folder: Path, megabytes: int) -> Path:
     from transformers import DynamicCache
 
     from cubepack.testing import tiny
+
     from memos_format import write_cube
 
     model_dir = tiny.build_model(folder / "model", tiny.llama_config(), seed=0,

@@ -23,8 +23,8 @@ from _common import best_of
 from transformers import LlamaConfig
 
 import cubepack
-from cubepack.kv._torch import forward, output_cache
 from cubepack.kv._recompute import recompute
+from cubepack.kv._torch import forward, output_cache
 from cubepack.testing import tiny
 
 REPEATS = 5

@@ -195,7 +195,7 @@ def _compare(reused, own) -> None:
 def _command(argv: list[str]) -> str:
     """Run a cubepack command exactly as printed; show its output."""
     print(f"$ {shlex.join(argv)}", flush=True)
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
     output = (done.stdout + done.stderr).strip()
     print("\n".join(f"  {line}" for line in output.splitlines()))
     if done.returncode:

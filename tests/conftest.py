@@ -21,15 +21,15 @@ os.environ["MEMOS_BASE_PATH"] = str(_SANDBOX / "memos")
 os.environ.pop("HF_TOKEN", None)
 os.environ.pop("HF_ENDPOINT", None)
 
-import sys  # noqa: E402
+import sys
 
-import pytest  # noqa: E402
+import pytest
 
 # Shared helpers (support/) are imported by name from any test folder (tests run in pytest's
 # importlib mode, so test folders never shadow packages such as ``memos``).
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
-from data import EXAMPLES, ITEMS, MODEL_A_COMMIT, PROMPT  # noqa: E402, F401
+from data import EXAMPLES, ITEMS, MODEL_A_COMMIT, PROMPT  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -286,7 +286,7 @@ def test_the_error_tree_decides_the_exit_code(cls):
 
 def test_the_readme_error_table_lists_every_class_with_its_base_and_exit_code():
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)`(?: \(\+ `(\w+)`\))? \| (\d) \|", README.read_text(),
-                      re.M)
+                      re.MULTILINE)
     table = {name: (base, stdlib, int(code)) for name, base, stdlib, code in rows}
     expected = {}
     for cls in _error_classes():
@@ -303,7 +303,7 @@ def test_the_readme_error_table_lists_every_class_with_its_base_and_exit_code():
 def test_the_readme_teaches_one_import_path_per_name():
     """In the README's Python examples each public name is reached one way only (e.g. ``push``
     as ``cubepack.push``, never also as ``cubepack.hub.push``)."""
-    code = "\n".join(re.findall(r"```python\n(.*?)```", README.read_text(), re.S))
+    code = "\n".join(re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL))
     paths: dict[str, set[str]] = {}
     for face, names in re.findall(r"from (cubepack(?:\.\w+)?) import (\([^)]*\)|[^\n#]+)", code):
         for item in re.split(r"[,\s()]+", names.strip()):

@@ -21,8 +21,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tools" / "memos_own_tests_expected.txt"
@@ -79,7 +79,7 @@ def _extract(checkout: Path, rev: str, work: Path) -> str:
     work.mkdir(parents=True)
     git = ["git", f"--git-dir={checkout / '.git' if (checkout / '.git').exists() else checkout}"]
     commit = subprocess.run([*git, "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, check=False)
     if commit.returncode:  # a plain folder (not a git directory): copy what is there
         for path in PATHS:
             source = checkout / path
@@ -107,7 +107,7 @@ def _run(work: Path, tmp: Path, mode: str) -> dict[str, tuple[str, str]]:
                MEMOS_OWN_TESTS_STATE=str(state), **{HOOK_ENV: "1" if mode == "hooked" else "0"})
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                     "memos_own_tests", f"--junitxml={report}", "tests"], cwd=work, env=env,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, check=False)
     if not report.exists() or not state.exists() or state.read_text() != mode:
         sys.exit(f"The {mode} run did not run as {mode} (hook state: "
                  f"{state.read_text() if state.exists() else 'unknown'}).")

@@ -231,7 +231,7 @@ def load_yaml_strict(text: str) -> Any:
     import yaml
 
     try:
-        return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_strict_loader())
     except yaml.YAMLError as exc:
         raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 

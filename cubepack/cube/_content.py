@@ -120,7 +120,7 @@ class _Inert:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "_Inert":
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
         return _Inert()
 
     def __setstate__(self, state: Any) -> None:

@@ -11,8 +11,9 @@ import json
 import random
 import secrets
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .._util.paths import resolve_inside
 from ..errors import CubepackError, IntegrityError, UsageError

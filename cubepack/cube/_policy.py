@@ -97,7 +97,7 @@ class TrustPolicy:
                              f"{self.on_mismatch!r}.")
 
     @classmethod
-    def build(cls, policy: "TrustPolicy | None" = None, **options: Any) -> "TrustPolicy":
+    def build(cls, policy: TrustPolicy | None = None, **options: Any) -> TrustPolicy:
         """``policy`` (or the default) with ``options`` applied; None values are ignored.
 
         Raises:
@@ -120,7 +120,7 @@ class TrustPolicy:
     def signature_required(self) -> bool:
         return self.require_signature or bool(self.trusted_keys)
 
-    def without_live_checks(self) -> "TrustPolicy":
+    def without_live_checks(self) -> TrustPolicy:
         """The part of the policy a folder can be checked against before a model is loaded
         (the MemOS hook recomputes and checks provenance with the model MemOS loads)."""
         return replace(self, recompute=False, recompute_tokens=None, require_provenance=None,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from .._util import constants
 from .._util.revision import check_ref_name, looks_like_commit
@@ -155,7 +156,7 @@ class HubClient:
             yield
         except CubepackError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every client failure becomes a HubError
+        except Exception as exc:
             raise self.error(exc, repo_id, repo_type, revision) from exc
 
     # --- uploads ---------------------------------------------------------------------------------

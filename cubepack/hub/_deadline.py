@@ -28,8 +28,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import HubError

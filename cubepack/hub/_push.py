@@ -141,7 +141,7 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
                                           message=message, parent_commit=head,
                                           create_pr=create_pr)
             break
-        except Exception as exc:  # noqa: BLE001 - a stale parent is retried, others raised
+        except Exception as exc:
             if _status(exc) != 412:
                 raise
             collisions += 1

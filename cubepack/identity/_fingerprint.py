@@ -52,9 +52,16 @@ from ._tokenizer_fields import (
     tokenizer_digest_from_object,
 )
 
-__all__ = ["fingerprint", "resolve_model_folder", "hub_origin", "geometry_from_config",
-           "compute_config", "tokenizer_digest_from_json", "select_weight_names",
-           "digest_of_file_hashes"]
+__all__ = [
+    "compute_config",
+    "digest_of_file_hashes",
+    "fingerprint",
+    "geometry_from_config",
+    "hub_origin",
+    "resolve_model_folder",
+    "select_weight_names",
+    "tokenizer_digest_from_json",
+]
 
 #: An LFS blob in the HF cache is named by its sha256 (regular files by their git sha1).
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -359,7 +366,7 @@ def folder_identity(folder: Path, config: dict[str, Any], *, weights_digest: str
 
 #: Identities of loaded models, reused while the model's dtype, source files (by stat) and
 #: adapters are unchanged: a fingerprint per ``load_kv_cache`` would otherwise dominate it.
-_LOADED_IDENTITIES: "weakref.WeakKeyDictionary[Any, tuple[Any, ModelIdentity]]" = \
+_LOADED_IDENTITIES: weakref.WeakKeyDictionary[Any, tuple[Any, ModelIdentity]] = \
     weakref.WeakKeyDictionary()
 
 

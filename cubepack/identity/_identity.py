@@ -99,7 +99,7 @@ class ModelIdentity:
         return {name: getattr(self, name) for name in STRICT_FIELDS}
 
     @classmethod
-    def from_dict(cls, data: Any, *, legacy: bool = False) -> "ModelIdentity":
+    def from_dict(cls, data: Any, *, legacy: bool = False) -> ModelIdentity:
         """Build an identity from its dict form; raise :class:`FormatError` when malformed.
 
         ``legacy``: the identity comes from KV format 1 / lock version 1, which had no

@@ -52,7 +52,7 @@ def tokenizer_digest_from_json(text: str) -> str:
     structure = {k: v for k, v in document.items() if k not in _VOLATILE_KEYS}
     try:
         tokenizer = Tokenizer.from_str(text)
-    except Exception as exc:  # noqa: BLE001 - the Rust library raises its own exception type
+    except Exception as exc:
         raise FormatError(f"tokenizer.json cannot be loaded by the tokenizers library: {exc}") \
             from exc
     tokenizer.no_truncation()

@@ -24,10 +24,11 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ._store import HubStore, RepoRef, StoreError, repo_ref
@@ -157,7 +158,7 @@ class LocalHub:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "LocalHub":
+    def start(self) -> LocalHub:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="cubepack-hub",
                                         daemon=True)
         self._thread.start()
@@ -170,18 +171,18 @@ class LocalHub:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def __enter__(self) -> "LocalHub":
+    def __enter__(self) -> LocalHub:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # --- hooks (see cubepack.testing.hub) --------------------------------------------------------
-    def before_request(self, handler: "_Handler", method: str, path: str) -> bool:
+    def before_request(self, handler: _Handler, method: str, path: str) -> bool:
         """Called first for every request; return False when the request was answered here."""
         return True
 
-    def send_file(self, handler: "_Handler", handle: Any, offset: int, count: int) -> None:
+    def send_file(self, handler: _Handler, handle: Any, offset: int, count: int) -> None:
         """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
         to the socket (sendfile), no bytes pass through Python."""
         handler.connection.sendfile(handle, offset=offset, count=count)
@@ -324,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
                 hub.log(f'{self.client_address[0]} "{self.requestline or "-"}" dropped: {missed}')
         self._served += 1
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
 
     def log_request(self, code: Any = "-", size: Any = "-") -> None:

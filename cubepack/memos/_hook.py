@@ -270,7 +270,7 @@ def git_checkout(url: str, revision: str | None) -> Path:
 
 def _clone(url: str, revision: str | None, folder: Path) -> str:
     def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], capture_output=True, text=True)
+        done = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
         if done.returncode:
             raise HubError(f"git {args[0]} of {url} failed: "
                            f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
@@ -287,7 +287,7 @@ def _clone(url: str, revision: str | None, folder: Path) -> str:
 
 
 @quietly(import_first=("memos",))
-def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 - MemOS's name
+def _hooked_dir(dir: str, memory_types: list[str] | None = None,
                 default_config: Any = None) -> Any:
     current = _hook_settings()
     state = _lock_state(Path(dir))
@@ -301,7 +301,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,  # noqa: A002 -
 
 
 @quietly(import_first=("memos",))
-def _guarded_act_load(self: Any, dir: str) -> None:  # noqa: A002 - MemOS's name
+def _guarded_act_load(self: Any, dir: str) -> None:
     """``KVCacheMemory.load`` / ``VLLMKVCacheMemory.load`` under the hook: a folder with a lock
     is verified and its KV files loaded, each checked against the live model; a folder without
     one is read through the allowlist reader. MemOS's ``pickle.load`` is never called."""

@@ -48,7 +48,7 @@ class EmbeddingServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
                 server.calls += 1
@@ -77,10 +77,10 @@ class EmbeddingServer:
         """The ``--embedder`` spec for this server."""
         return f"openai:{self.url}#{self.model_name}"
 
-    def __enter__(self) -> "EmbeddingServer":
+    def __enter__(self) -> EmbeddingServer:
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()

@@ -31,7 +31,7 @@ def run(hub, tmp_path):
 
     def cubepack_cli(*args, timeout=300):
         done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)], env=env,
-                              cwd=work, capture_output=True, text=True, timeout=timeout)
+                              cwd=work, capture_output=True, text=True, timeout=timeout, check=False)
         return done
     cubepack_cli.work = work
     cubepack_cli.env = env

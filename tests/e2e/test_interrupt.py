@@ -52,7 +52,7 @@ def test_ctrl_c_during_a_pull_prints_one_json_object(tmp_path):
 def test_a_usage_error_in_the_json_flag_itself_is_one_json_object(tmp_path):
     """``--json=1`` is a usage error (a flag takes no value); the caller still asked for JSON."""
     done = subprocess.run([sys.executable, "-m", "cubepack", "verify", str(tmp_path), "--json=1"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     data = json.loads(done.stdout)
     assert data["ok"] is False and data["error"]["type"] == "UsageError"
     assert data["error"]["exit_code"] == done.returncode == 2

@@ -14,14 +14,14 @@ EXAMPLE = ROOT / "examples" / "quickstart.py"
 
 
 def test_the_readme_shows_the_example_file():
-    first = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    first = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
     assert first == EXAMPLE.read_text()
 
 
 def test_the_quickstart_runs_as_written(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env)
+                          text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "loaded 5 positions" in done.stdout
     assert re.search(r"refused: .*weights_digest: expected sha256:\w+, found sha256:\w+",

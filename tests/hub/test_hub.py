@@ -116,9 +116,8 @@ def test_a_ref_named_like_a_commit_cannot_shadow_it(hub, cube, models, tmp_path)
                            producer=models["a"], metadata={"id": "item-1"})
     cubepack.pack(cube)
     other = do_push(hub, cube, revision="evil").commit_sha
-    from cubepack.localhub._store import repo_ref
-
     from cubepack._util import canonical
+    from cubepack.localhub._store import repo_ref
 
     # The endpoint itself refuses a branch named like a commit: forge it, as a hostile one would.
     repo = repo_ref("datasets", "ns", "cube")
@@ -367,7 +366,7 @@ def test_cli_push_and_pull_report_the_sha(hub, cube, tmp_path):
 
     def cubepack_cli(*args):
         done = subprocess.run([sys.executable, "-m", "cubepack", *args], env=env,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, check=False)
         return done.returncode, done.stdout, done.stderr
 
     code, out, err = cubepack_cli("push", str(cube), "ns/cli", "--tag", "v1", "--json",

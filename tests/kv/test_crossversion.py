@@ -28,7 +28,7 @@ def test_file_from_other_environment_loads_bit_exactly(zoo, models, tmp_path, na
     writer = Path(__file__).parents[1] / "support" / "crossversion_writer.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(writer.parent), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([OTHER, str(writer), str(zoo[name]), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     other_version = done.stdout.strip().splitlines()[-1]
     assert other_version.split(".")[0] != transformers.__version__.split(".")[0]

@@ -84,7 +84,7 @@ class Trickle:
             if not alive or self.stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> "Trickle":
+    def __enter__(self) -> Trickle:
         self.thread.start()
         return self
 

@@ -20,14 +20,14 @@ import torch
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-from memos_live import cube_config, mos_for, vllm_memory  # noqa: E402
+from memos_live import cube_config, mos_for, vllm_memory
 
-import cubepack  # noqa: E402
-import cubepack.memos as hook  # noqa: E402
+import cubepack
+import cubepack.memos as hook
 
-from adversarial import _Canary  # noqa: E402
-from helpers import build_cache  # noqa: E402
-from memos_format import write_cube  # noqa: E402
+from adversarial import _Canary
+from helpers import build_cache
+from memos_format import write_cube
 
 QUESTION = "What does the user drink?"
 PATHS = ["init_from_dir", "init_from_remote_repo", "MOS chat", "MOSCore chat",

@@ -10,14 +10,14 @@ import pytest
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-import cubepack  # noqa: E402
-import cubepack.memos as hook  # noqa: E402
-from cubepack import IdentityMismatch, VerificationFailed  # noqa: E402
-from cubepack._util import hashing  # noqa: E402
-from cubepack.hub import push  # noqa: E402
-from cubepack.testing.hub import InstrumentedHub, upload_folder  # noqa: E402
+import cubepack
+import cubepack.memos as hook
+from cubepack import IdentityMismatch, VerificationFailed
+from cubepack._util import hashing
+from cubepack.hub import push
+from cubepack.testing.hub import InstrumentedHub, upload_folder
 
-from helpers import all_equal, continue_greedy  # noqa: E402
+from helpers import all_equal, continue_greedy
 
 TEXTS = ["The user is a Chinese man.", "He likes green tea and long walks."]
 QUESTION = [{"role": "user", "content": "What does the user drink?"}]

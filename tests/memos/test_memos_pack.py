@@ -6,9 +6,9 @@ import pytest
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-import cubepack  # noqa: E402
+import cubepack
 
-from helpers import all_equal, continue_greedy  # noqa: E402
+from helpers import all_equal, continue_greedy
 
 
 def build_memos_cube(model_dir, out_dir, texts):

@@ -12,13 +12,13 @@ import pytest
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-from memos_live import cube_config, llm, mos_for, vllm_memory  # noqa: E402
+from memos_live import cube_config, llm, mos_for, vllm_memory
 
-import cubepack  # noqa: E402
-import cubepack.memos as hook  # noqa: E402
-from cubepack import IdentityMismatch  # noqa: E402
-from cubepack.hub import push  # noqa: E402
-from cubepack.testing.hub import InstrumentedHub  # noqa: E402
+import cubepack
+import cubepack.memos as hook
+from cubepack import IdentityMismatch
+from cubepack.hub import push
+from cubepack.testing.hub import InstrumentedHub
 
 TEXTS = ["The user is a Chinese man.", "He likes green tea and long walks."]
 
@@ -356,7 +356,7 @@ def test_what_memos_own_tests_found_behaves_as_plain_memos(installed, packed, zo
     assert isinstance(answer, str)
 
     class OwnDump(KVCacheMemory):
-        def dump(self, dir):  # noqa: A002 - MemOS's name
+        def dump(self, dir):
             (tmp_path / "own-dump-called").write_text(dir)
 
     cube.act_mem.__class__ = OwnDump

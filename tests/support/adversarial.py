@@ -11,9 +11,9 @@ import json
 import os
 import pickle
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from cubepack._util import constants, hashing
 

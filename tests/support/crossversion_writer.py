@@ -15,7 +15,7 @@ import cubepack
 from cubepack.testing import tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import build_cache, continue_greedy  # noqa: E402
+from helpers import build_cache, continue_greedy
 
 model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 model = tiny.load(model_dir)

@@ -15,7 +15,7 @@ import sys
 import types
 from pathlib import Path
 
-import transformers.cache_utils as cache_utils
+from transformers import cache_utils
 
 MEMOS_ITEM_MODULE = "memos.memories.activation.item"
 
