@@ -110,7 +110,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             if length > MAX_HEADER_BYTES and length > file_size - 8:
                 raise FormatError(  # no safetensors file, truncated or not, starts like this
                     f"{name} is not a safetensors (KV) file: read as a header length, its first "
-                    f"8 bytes would claim {length} bytes (the file holds {file_size}).")
+                    f"8 bytes would claim {length} bytes, above the {MAX_HEADER_BYTES}-byte limit "
+                    f"and more than the file holds ({file_size}).")
             if length > MAX_HEADER_BYTES:
                 raise FormatError(
                     f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "
