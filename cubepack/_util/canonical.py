@@ -13,9 +13,11 @@ recursing deeper than the limit, so a hostile document is a ValueError, never a 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,8 +42,19 @@ MAX_INT = 2**53
 #: quadratic in the digits, and refused by Python beyond 4300).
 MAX_NUMBER_CHARS = 32
 
-#: A JSON string (skipped whole) or a bracket: enough to measure nesting before parsing.
-_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+#: A JSON string, removed whole before nesting and numbers are measured (brackets and digits
+#: inside one are text). Possessive where Python has it (3.11+): the same matches (what follows
+#: a run can never extend it), found without keeping backtracking state.
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"' if sys.version_info >= (3, 11)
+                     else r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_ONLY_BRACKETS = str.maketrans({chr(code): None for code in range(128) if chr(code) not in "[]{}"})
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+#: Outside strings, digits as "0" and other ASCII as " ": a run of 16 zeros is a run of 16
+#: digits, and only such a literal can reach 2**53 (16 digits) or the length limit; a document
+#: without one takes the C parser's own integers.
+_DIGITS_AS_ZEROS = str.maketrans({chr(code): "0" if chr(code) in "0123456789" else " "
+                                  for code in range(128)})
 
 
 def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
@@ -56,18 +69,15 @@ def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
-    check_nesting(text)
-
-    def reject(name: str) -> None:
-        raise ValueError(f"{name} is not valid JSON")  # NaN, Infinity
-
-    def finite(number: str) -> float:
-        _short(number)
-        value = float(number)
-        if math.isinf(value):
-            raise ValueError(f"the number {number[:40]} overflows to infinity")
-        return value
-
+    structure = _STRING.sub("", text)
+    _check_depth(structure)
+    if "0" * 16 not in structure.translate(_DIGITS_AS_ZEROS):
+        # Every integer literal has at most 15 digits: inside +-MAX_INT and shorter than
+        # MAX_NUMBER_CHARS, so json's own (C) conversion accepts exactly what the hook would.
+        decoder = _decoder(kwargs)
+        if decoder is not None and not text.startswith("\ufeff"):  # json.loads refuses a BOM
+            return decoder.decode(text)
+        return json.loads(text, parse_constant=_reject, parse_float=_finite, **kwargs)
     out_of_range = False
 
     def integer(number: str) -> int:
@@ -78,11 +88,40 @@ def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
             out_of_range = True
         return value
 
-    value = json.loads(text, parse_constant=reject, parse_float=finite, parse_int=integer,
+    value = json.loads(text, parse_constant=_reject, parse_float=_finite, parse_int=integer,
                        **kwargs)
     if out_of_range:  # walk the document only to name the field (the walk costs a parse)
         _check_integers(value)
     return value
+
+
+def _reject(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")  # NaN, Infinity
+
+
+def _finite(number: str) -> float:
+    _short(number)
+    value = float(number)
+    if math.isinf(value):
+        raise ValueError(f"the number {number[:40]} overflows to infinity")
+    return value
+
+
+#: Decoders with the strict hooks, by object_pairs_hook (building one costs as much as a
+#: small document's parse).
+_DECODERS: dict[Any, json.JSONDecoder] = {}
+
+
+def _decoder(kwargs: dict[str, Any]) -> json.JSONDecoder | None:
+    if set(kwargs) - {"object_pairs_hook"}:
+        return None
+    hook = kwargs.get("object_pairs_hook")
+    decoder = _DECODERS.get(hook)
+    if decoder is None and len(_DECODERS) < 8:
+        decoder = _DECODERS[hook] = json.JSONDecoder(parse_constant=_reject,
+                                                     parse_float=_finite,
+                                                     object_pairs_hook=hook)
+    return decoder
 
 
 class LimitError(ValueError):
@@ -99,15 +138,18 @@ def _short(number: str) -> None:
 def check_nesting(text: str) -> None:
     """Refuse JSON text nested deeper than :data:`MAX_DEPTH`, without parsing it (Python's
     parser recurses, so a 5000-deep document would raise RecursionError inside it)."""
-    depth = 0
-    for match in _TOKENS.finditer(text):
-        char = text[match.start()]
-        if char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
-        elif char in "]}":
-            depth -= 1
+    _check_depth(_STRING.sub("", text))
+
+
+def _check_depth(structure: str) -> None:
+    """The nesting check on JSON text whose strings were removed: the deepest running count
+    of opening less closing brackets (measured in C, bracket by bracket)."""
+    brackets = structure.translate(_ONLY_BRACKETS)
+    if not brackets.isascii():  # text outside strings that is not ASCII (not JSON either)
+        brackets = _NOT_BRACKET.sub("", structure)
+    if len(brackets) > MAX_DEPTH and \
+            max(itertools.accumulate(map(_STEP.__getitem__, brackets))) > MAX_DEPTH:
+        raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
 
 
 def walk_containers(value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
@@ -161,11 +203,13 @@ class DuplicateKey(ValueError):
 
 def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` that refuses a repeated key (``json`` keeps the last silently)."""
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DuplicateKey(f"repeats the key {key!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):  # name the first key seen twice
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(f"repeats the key {key!r}")
+            seen.add(key)
     return result
 
 
@@ -231,6 +275,7 @@ def load_yaml_strict(text: str) -> Any:
     import yaml
 
     try:
+        return yaml.load(text, Loader=_strict_loader())  # a SafeLoader subclass
         return yaml.load(text, Loader=_strict_loader())
     except yaml.YAMLError as exc:
         raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
-from .._util.safetensors_header import read_header
+from .._util.safetensors_header import DTYPE_TAGS, read_header, write_safetensors
 from ..errors import CubepackError, IdentityMismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
@@ -112,7 +112,7 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     The layers are checked against the producer's geometry and dtype first: a cache that
     contradicts its declared producer is refused, never labelled with it.
     """
-    from safetensors.torch import save_file
+    import torch
 
     contradictions = structure_problems(live_layers(layers), producer)
     if contradictions:
@@ -144,8 +144,14 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     except (TypeError, ValueError) as exc:
         raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
     path = Path(path)
-    with atomic.atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={constants.KV_METADATA_KEY: meta_json})
+    tags = {dtype_name(tensor.dtype) for tensor in tensors.values()} - set(DTYPE_TAGS)
+    if tags:
+        raise UnsupportedError(f"A {', '.join(sorted(tags))} cache cannot be stored in "
+                               "safetensors.")
+    stored = [(name, DTYPE_TAGS[dtype_name(tensor.dtype)], tuple(tensor.shape),
+               tensor.view(torch.uint8).reshape(-1).numpy()) for name, tensor in tensors.items()]
+    with atomic.atomic_path(path) as tmp:  # safetensors' own bytes, in 2 MiB-aligned writes
+        write_safetensors(tmp, stored, {constants.KV_METADATA_KEY: meta_json})
         read_kv_header(tmp)  # what we wrote must be what we read back
     return path
 
@@ -241,13 +247,36 @@ def cache_from_layers(layers: list[tuple[str, int, Any, Any]], config: Any, *, d
             keys, values = keys.to(device), values.to(device)
         if copy:
             keys, values = keys.clone(), values.clone()
-        # Initialise the layer through its own update (sets device/dtype and, for sliding
+        # Initialise the layer as its own first update does (device, dtype and, for sliding
         # layers, the window tensor), then assign the stored tensors without copying them.
-        layer.update(keys[..., :0, :], values[..., :0, :])
+        _initialise(layer, keys, values)
         layer.keys, layer.values = keys, values
         if kind == SLIDING:
             layer.cumulative_length = cumulative
     return cache
+
+
+def _initialise(layer: Any, keys: Any, values: Any) -> None:
+    """What a layer's first ``update`` does before it appends: its ``lazy_initialization``
+    (``(keys)`` in transformers 4.x, ``(keys, values)`` in 5.x), or, for a layer without one,
+    an ``update`` that appends nothing."""
+    takes = _lazy_initialization_arity(type(layer))
+    if takes == 2:
+        layer.lazy_initialization(keys, values)
+    elif takes == 1:
+        layer.lazy_initialization(keys)
+    else:
+        layer.update(keys[..., :0, :], values[..., :0, :])
+
+
+@functools.cache
+def _lazy_initialization_arity(layer_class: type) -> int:
+    method = getattr(layer_class, "lazy_initialization", None)
+    if method is None:
+        return 0
+    parameters = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(parameters) - 1 if len(parameters) - 1 in (1, 2) else 0
 
 
 def mapped_layers(info: KVFileInfo, *, copy: bool = False) -> list[tuple[str, int, Any, Any]]:
@@ -267,22 +296,24 @@ def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
     """The file's tensors as views of one private memory map (no bytes read up front).
 
     The map is copy-on-write (``shared=False``): writes to a tensor never reach the file. The
-    header was validated (every tensor inside the file, aligned, no gaps or overlaps), so each
-    view is exactly its tensor. We keep this mapper rather than safetensors' ``safe_open``,
-    which maps per tensor: bench/kv_load.py measured 0.9 ms here against 2.8 ms through
-    ``safe_open`` for a 64-tensor, 210 MB cache.
+    header was validated (every tensor inside the file, of the KV dtype, aligned, no gaps or
+    overlaps), so each view is exactly its tensor. We keep this mapper rather than safetensors'
+    ``safe_open``, which maps per tensor: bench/kv_load.py measured 0.9 ms here against 2.8 ms
+    through ``safe_open`` for a 64-tensor, 210 MB cache.
     """
     import torch
 
     header = info.header or read_header(info.path)
     storage = torch.UntypedStorage.from_file(str(info.path), shared=False, nbytes=header.file_size)
-    tensors = {}
-    for name, tensor in header.tensors.items():
-        dtype = getattr(torch, tensor.dtype_name)
-        view = torch.empty(0, dtype=dtype)
-        view.set_(storage, (header.data_offset + tensor.begin) // dtype.itemsize, tensor.shape)
-        tensors[name] = view
-    return tensors
+    # One view of the whole data section in the file's KV dtype (every tensor has it), split
+    # at the tensors' boundaries in one call: they tile it, in order of their offsets.
+    dtype = getattr(torch, info.kv_dtype)
+    data = torch.empty(0, dtype=dtype)
+    data.set_(storage, header.data_offset // dtype.itemsize,
+              ((header.file_size - header.data_offset) // dtype.itemsize,))
+    in_order = sorted(header.tensors.values(), key=lambda tensor: tensor.begin)
+    parts = data.split([(tensor.end - tensor.begin) // dtype.itemsize for tensor in in_order])
+    return {tensor.name: part.view(tensor.shape) for tensor, part in zip(in_order, parts)}
 
 
 # --- running a model with a cache ----------------------------------------------------------------

@@ -212,3 +212,75 @@ def test_a_format_1_file_is_read_refused_for_loading_and_upgraded_by_its_produce
     assert all_equal(continue_greedy(models["a"], a_file[1], 20, 4),
                      continue_greedy(models["a"], loaded, 20, 4))
     assert read_kv_header(old).metadata == read_kv_header(a_file[0]).metadata
+
+
+def test_a_loaded_cache_is_views_of_one_private_map_of_the_file(models, a_file):
+    path, original = a_file
+    before = path.read_bytes()
+    loaded = cubepack.load_kv_cache(path, models["a"])
+    tensors = [t for layer in loaded.layers for t in (layer.keys, layer.values)]
+    storages = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(storages) == 1  # zero-copy: every tensor a view of the one mapping
+    assert tensors[0].untyped_storage().nbytes() == len(before)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(loaded.layers, original.layers))
+    loaded.layers[0].keys.add_(1)  # copy on write: the file never changes
+    assert path.read_bytes() == before
+
+
+def test_layers_are_initialised_as_their_own_first_update_does():
+    from cubepack.kv._torch import _initialise
+
+    calls = []
+
+    class Four:  # transformers 4.x: lazy_initialization(key_states)
+        def lazy_initialization(self, key_states):
+            calls.append(("4", key_states))
+
+    class Five:  # transformers 5.x: lazy_initialization(key_states, value_states)
+        def lazy_initialization(self, key_states, value_states):
+            calls.append(("5", key_states, value_states))
+
+    class Older:  # no lazy_initialization: an update that appends nothing
+        def update(self, keys, values):
+            calls.append(("update", tuple(keys.shape), tuple(values.shape)))
+
+    keys, values = torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4)
+    for layer in (Four(), Five(), Older()):
+        _initialise(layer, keys, values)
+    assert calls[0] == ("4", keys) and calls[1] == ("5", keys, values)
+    assert calls[2] == ("update", (1, 2, 0, 4), (1, 2, 0, 4))
+
+
+def test_a_saved_file_holds_exactly_the_bytes_safetensors_writes(models, a_file):
+    from safetensors.torch import save
+
+    path, original = a_file
+    tensors = {f"layers.{i}.{part}": getattr(layer, part)
+               for i, layer in enumerate(original.layers) for part in ("keys", "values")}
+    metadata = read_kv_header(path).header.metadata
+    assert path.read_bytes() == save(tensors, metadata=metadata)
+
+
+@pytest.mark.parametrize("sizes", [[3] * 7, [2 * 1024 * 1024 + 5, 7, 3 * 1024 * 1024], [0, 5]])
+def test_writes_end_on_2_mib_boundaries_and_lose_no_byte(tmp_path, monkeypatch, sizes):
+    import os
+
+    from safetensors.torch import save
+
+    from cubepack._util import safetensors_header
+
+    ends, real = [], os.writev
+
+    def recorded(descriptor, pieces):
+        written = real(descriptor, pieces[:1] if len(pieces) > 2 else pieces)  # short writes too
+        ends.append(os.lseek(descriptor, 0, os.SEEK_CUR))
+        return written
+
+    monkeypatch.setattr(safetensors_header.os, "writev", recorded)
+    tensors = {f"t{i}": torch.arange(size, dtype=torch.uint8) for i, size in enumerate(sizes)}
+    stored = [(name, "U8", tuple(t.shape), t.numpy()) for name, t in tensors.items()]
+    safetensors_header.write_safetensors(tmp_path / "f", stored, {"k": "v"})
+    assert (tmp_path / "f").read_bytes() == save(tensors, metadata={"k": "v"})
+    boundaries = [end for end in ends if end % (2 * 1024 * 1024) == 0]  # no write spans one
+    assert len(boundaries) == (tmp_path / "f").stat().st_size // (2 * 1024 * 1024)

@@ -104,3 +104,100 @@ def test_json_safe_never_reprs_a_deep_member_or_key():
     when = datetime.datetime(2026, 1, 2)
     assert json_safe({"t": when, (1, 2): {3, 1}, "o": object}) == {
         "t": "2026-01-02T00:00:00", "[1,2]": [1, 3], "o": repr(object)}
+
+
+# --- the fast path: json's own integers where no literal can break a limit --------------------
+
+def reference_loads_strict(text, **kwargs):
+    """loads_strict as it was before its fast path: every integer through the hook, nesting
+    counted token by token (the property below holds the fast reader to it)."""
+    import json
+    import math
+    import re
+
+    from cubepack._util.canonical import MAX_DEPTH, _check_integers, _short
+
+    depth = 0
+    for match in re.finditer(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', text, re.DOTALL):
+        char = text[match.start()]
+        if char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise LimitError(f"nesting deeper than {MAX_DEPTH} levels")
+        elif char in "]}":
+            depth -= 1
+
+    def reject(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    def finite(number):
+        _short(number)
+        value = float(number)
+        if math.isinf(value):
+            raise ValueError(f"the number {number[:40]} overflows to infinity")
+        return value
+
+    out_of_range = False
+
+    def integer(number):
+        nonlocal out_of_range
+        _short(number)
+        value = int(number)
+        if not -MAX_INT < value < MAX_INT:
+            out_of_range = True
+        return value
+
+    value = json.loads(text, parse_constant=reject, parse_float=finite, parse_int=integer,
+                       **kwargs)
+    if out_of_range:
+        _check_integers(value)
+    return value
+
+
+def outcome(reader, text, **kwargs):
+    try:
+        return ("value", reader(text, **kwargs))
+    except ValueError as exc:  # JSONDecodeError and LimitError included
+        return (type(exc).__name__, str(exc))
+
+
+PIECES = ['"', '\\"', "\\\\", "[", "]", "{", "}", ",", ":", " ", "0", "7", "-", ".", "e",
+          "1" * 15, "9" * 16, "12345678901234567", "1e999", "NaN", "true", '"a"', '"[{"',
+          '"12345678901234567"', "\ufeff", "é"]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_fast_reader_accepts_and_refuses_exactly_as_the_hooked_one(seed):
+    import json
+    import random
+
+    from cubepack._util.canonical import unique_pairs
+
+    chooser = random.Random(seed)
+    if seed % 3 == 0:  # a valid document with numbers near every bound
+        numbers = [0, -1, 10**15 - 1, -(10**15 - 1), 10**15, MAX_INT - 1, -(MAX_INT - 1), 1.5,
+                   1e300]
+        if chooser.random() < 0.3:
+            numbers.append(chooser.choice([MAX_INT, -MAX_INT, 2**70]))
+        doc = {"k": [chooser.choice(numbers) for _ in range(4)],
+               "s": "[{" * chooser.randint(0, 70), "n": [[chooser.choice(numbers)]] * 2}
+        for _ in range(chooser.randint(0, 70)):
+            doc = [doc]
+        text = json.dumps(doc)
+    else:  # arbitrary text from JSON's pieces
+        text = "".join(chooser.choice(PIECES) for _ in range(chooser.randint(1, 40)))
+        if seed % 3 == 1:
+            text = "[" * chooser.randint(60, 70) + text + "]" * chooser.randint(60, 70)
+    assert outcome(loads_strict, text) == outcome(reference_loads_strict, text)
+    assert outcome(loads_strict, text, object_pairs_hook=unique_pairs) == \
+        outcome(reference_loads_strict, text, object_pairs_hook=unique_pairs)
+
+
+def test_a_repeated_key_is_named_by_its_first_repetition():
+    from cubepack._util.canonical import DuplicateKey, unique_pairs
+
+    with pytest.raises(DuplicateKey, match="repeats the key 'b'"):
+        loads_strict('{"a": 1, "b": 2, "a": 3, "b": 4, "b": 5}'.replace('"a": 3, ', ""),
+                     object_pairs_hook=unique_pairs)
+    assert loads_strict('{"a": {"a": 1}, "b": [{"a": 2}]}', object_pairs_hook=unique_pairs) == \
+        {"a": {"a": 1}, "b": [{"a": 2}]}
