@@ -218,7 +218,8 @@ def _render_pack(data: dict[str, Any]) -> str:
         else:
             where = (f"{pin['name'] or '(no model named)'}: not pinned "
                      f"({pin.get('reason') or 'unavailable'})")
-        lines.append(f"  model {role}: {where}")
+        was = data.get("moved_from", {}).get(role)
+        lines.append(f"  model {role}: {where}" + (f" (moved: was {was})" if was else ""))
     for item, proof in sorted(data.get("recomputed", {}).items()):
         lines.append(f"  proved {item}: {proof}")
     lines.append(f"  lock digest: {data['digest']}")

@@ -76,6 +76,8 @@ class PackResult:
     #: item -> what ``pack --recompute`` proved (positions, errors, the behavioural check)
     recomputed: dict[str, str] = field(default_factory=dict)
     changed: bool = True
+    #: role -> the pin the cube's last pack recorded, for each pin this pack moved
+    moved_from: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class PackResult:
                        for role, pin in self.models.items()},
             "activations": self.activations, "converted": self.converted,
             "recomputed": self.recomputed, "changed": self.changed,
+            "moved_from": self.moved_from,
         }
 
 
@@ -129,8 +132,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     cube = Path(cube_dir)
     files = list_cube_files(cube)
     memos_config = _read_memos_config(cube, files, cube_id)
+    earlier = _previous_lock(cube, files)
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
-        remembered, pinned_revision = _remembered_pin(_previous_lock(cube, files), memos_config)
+        remembered, pinned_revision = _remembered_pin(earlier, memos_config)
         model, revision = remembered, revision or pinned_revision
     pins = _pin_models(memos_config, model=model, revision=revision)
     _record_vectors(cube, files, memos_config, pins, embedder)
@@ -172,6 +176,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
             progress=progress, previous_card=previous_card)
         result.converted = converted
+        result.moved_from = _moved_pins(earlier, pins)
         result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
@@ -277,6 +282,18 @@ def _remembered_pin(previous: dict[str, Any] | None,
                          f"Pass --model {named} to pin it, or --model {pin['repo_id']} "
                          f"--revision {pin['revision']} to keep the old one.")
     return pin["repo_id"], pin["revision"]
+
+
+def _moved_pins(earlier: dict[str, Any] | None,
+               pins: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """role -> ``repo@revision`` the last pack pinned, for each role whose pin moved."""
+    moved = {}
+    for role, old in ((earlier or {}).get("models") or {}).items():
+        new = pins.get(role) or {}
+        if old.get("revision") and (old.get("repo_id"), old.get("revision")) != (
+                new.get("repo_id"), new.get("revision")):
+            moved[role] = f"{old.get('repo_id')}@{old['revision']}"
+    return moved
 
 
 def _previous_lock(cube: Path, files: list[str]) -> dict[str, Any] | None:

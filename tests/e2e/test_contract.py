@@ -278,7 +278,8 @@ def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, 
     second = upload_folder(hub.url, "ns/model-a", moved)
     assert second != first
     key, _ = make_key(tmp_path, "signer")
-    assert run("pack", cube, "--sign-key", key).returncode == 0  # signing changes no pin
+    signed = run("pack", cube, "--sign-key", key)  # signing changes no pin
+    assert signed.returncode == 0 and "moved" not in signed.stdout
     pins = yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]
     assert pins["act_mem"]["repo_id"] == "ns/model-a" and pins["act_mem"]["revision"] == first
     config = json.loads((cube / "config.json").read_text())
@@ -288,6 +289,10 @@ def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, 
     assert done.returncode == 2
     assert f"ns/model-a@{first}" in done.stderr and "--model ns/model-b" in done.stderr
     assert cubepack.verify(cube, raise_on_failure=False).ok is False  # unchanged: still edited
+    config["act_mem"]["config"]["extractor_llm"]["config"]["model_name_or_path"] = "ns/model-a"
+    (cube / "config.json").write_text(json.dumps(config))
+    moved = run("pack", cube, "--model", "ns/model-a")  # asked for: main, now the new commit
+    assert moved.returncode == 0 and f"@{second} (moved: was ns/model-a@{first})" in moved.stdout
 
 
 def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo, hub, tmp_path):
