@@ -268,14 +268,19 @@ def test_a_text_export_without_config_is_packed_as_suggested(run, tmp_path):
 
 # --- pins are remembered ------------------------------------------------------------------------
 
+def a_new_commit_of_model_a(hub, zoo, tmp_path):
+    """Model A's files plus a note, pushed to ns/model-a's main: its new commit id."""
+    moved = tmp_path / "model-a-moved"
+    shutil.copytree(zoo["a"], moved)
+    (moved / "NOTES.md").write_text("a new commit on main\n")
+    return upload_folder(hub.url, "ns/model-a", moved)
+
+
 def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, zoo, hub,
                                                                      tmp_path):
     first = upload_folder(hub.url, "ns/model-a", zoo["a"])
     assert run("pack", cube, "--model", "ns/model-a").returncode == 0
-    moved = tmp_path / "model-a-moved"
-    shutil.copytree(zoo["a"], moved)
-    (moved / "NOTES.md").write_text("a new commit on main\n")
-    second = upload_folder(hub.url, "ns/model-a", moved)
+    second = a_new_commit_of_model_a(hub, zoo, tmp_path)
     assert second != first
     key, _ = make_key(tmp_path, "signer")
     signed = run("pack", cube, "--sign-key", key)  # signing changes no pin
@@ -304,10 +309,7 @@ def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo,
     assert (cube / "cubepack.lock").read_bytes() == before
     first = upload_folder(hub.url, "ns/model-a", zoo["a"])
     assert run("pack", cube, "--model", "ns/model-a").returncode == 0
-    moved = tmp_path / "model-a-moved"
-    shutil.copytree(zoo["a"], moved)
-    (moved / "NOTES.md").write_text("a new commit on main\n")
-    second = upload_folder(hub.url, "ns/model-a", moved)
+    second = a_new_commit_of_model_a(hub, zoo, tmp_path)
 
     def pinned():
         return yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]["act_mem"]["revision"]

@@ -9,29 +9,10 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
-from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import HfHubHTTPError
-
-from cubepack.testing.hub import InstrumentedHub
 
 TOKEN = "writer"
 REPO = "ns/repo"
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "root", tokens=[TOKEN]) as server:
-        yield server
-
-
-@pytest.fixture
-def api(hub, monkeypatch):
-    monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
-    import huggingface_hub
-
-    if huggingface_hub.__version__.startswith("0."):  # 0.36 parses returned URLs with it
-        monkeypatch.setattr(hub_constants, "ENDPOINT", hub.url)
-    return HfApi(endpoint=hub.url, token=TOKEN)
 
 
 def add(path, data=b"x"):

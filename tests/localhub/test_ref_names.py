@@ -9,11 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from huggingface_hub import CommitOperationAdd, HfApi
-from huggingface_hub import constants as hub_constants
+from huggingface_hub import CommitOperationAdd
 from huggingface_hub.utils import HfHubHTTPError
-
-from cubepack.testing.hub import InstrumentedHub
 
 REPO = "ns/repo"
 BAD = ["a..b", "x.lock", "-x", "a/.b", "a\tb", "a@{b", "HEAD", "x.", "a//b", "/a", "b/",
@@ -21,19 +18,8 @@ BAD = ["a..b", "x.lock", "-x", "a/.b", "a\tb", "a@{b", "HEAD", "x.", "a//b", "/a
 
 
 @pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "root") as server:
-        yield server
-
-
-@pytest.fixture
-def api(hub, monkeypatch):
-    monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
-    import huggingface_hub
-
-    if huggingface_hub.__version__.startswith("0."):  # 0.36 parses returned URLs with it
-        monkeypatch.setattr(hub_constants, "ENDPOINT", hub.url)
-    api = HfApi(endpoint=hub.url, token="t")
+def api(api):
+    """The shared client, on a repo with one commit."""
     api.create_repo(REPO, repo_type="dataset")
     api.create_commit(REPO, [CommitOperationAdd(path_in_repo="a.txt", path_or_fileobj=b"a")],
                       commit_message="first", repo_type="dataset")

@@ -165,3 +165,17 @@ def as_lock_version_1(cube, tokenizer_json):
     lock["digest"] = canonical.digest(lock)
     path.write_text(canonical.dumps(lock))
     return cube
+
+
+def load_tool(name: str):
+    """A script of ``tools/`` (not a package) imported as a module, for its tests."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_tools_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

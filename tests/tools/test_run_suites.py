@@ -4,24 +4,14 @@ interpreters that print a closing line) its logs, summary and exit status."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import load_tool
 
-def _tool(name: str):
-    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_tools_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run_suites = _tool("run_suites")
+run_suites = load_tool("run_suites")
 
 #: The plain closing line CI reads: 'N passed, N failed' alone (', N skipped' may follow, one
 #: word with a colon may stand before it).

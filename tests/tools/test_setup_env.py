@@ -4,24 +4,14 @@ CUDA download) and its choice between uv and pip. Nothing here builds an environ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import load_tool
 
-def _tool(name: str):
-    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_tools_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-setup_env = _tool("setup_env")
+setup_env = load_tool("setup_env")
 
 #: ``pip config list`` as it reads on our machines (PIP_* variables appear as ``:env:``).
 LISTING = """\
