@@ -26,7 +26,7 @@ KV_READABLE_VERSIONS = (1, 2)
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
 #: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION).
-LOCK_VERSION = 2
+LOCK_VERSION = 3
 CONFIG_FILENAME = "cubepack.yaml"
 CONFIG_SCHEMA_VERSION = 1
 SIGNATURE_FILENAME = "cubepack.sig"

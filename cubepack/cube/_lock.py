@@ -7,6 +7,11 @@ full identity of every pinned model, every activation, and two digests:
 - ``content_digest``: sha256 of the canonical JSON of files (without the card ``README.md``),
   models and activations. The model card shows it (the card cannot show a digest of itself).
 - ``digest``: sha256 of the canonical JSON of everything else in the lock.
+
+Version 3 adds two optional sections, each covered by ``content_digest`` when present:
+``adapters`` (parametric memory: each adapter's file, digest and pinned base model) and
+``lineage`` (the cube this one was derived from, and what changed). Version 2 locks (without
+them) are read as before.
 """
 
 from __future__ import annotations
@@ -26,17 +31,26 @@ MAX_LOCK_BYTES = 64 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TOP_KEYS = {"lock_version", "cubepack_version", "cube_id", "files", "models", "activations",
              "content_digest", "digest"}
+#: Sections a version-3 lock may hold (absent: none of that kind).
+_OPTIONAL_KEYS = ("adapters", "lineage")
 
 
-def content_digest(files: dict[str, Any], models: dict[str, Any], activations: dict[str, Any]) -> str:
+def content_digest(files: dict[str, Any], models: dict[str, Any], activations: dict[str, Any],
+                   sections: dict[str, Any] | None = None) -> str:
+    """``sections``: the optional version-3 sections the lock holds (``adapters``, ``lineage``)."""
     shown = {path: entry for path, entry in files.items() if path != constants.CARD_FILENAME}
-    return canonical.digest({"files": shown, "models": models, "activations": activations})
+    return canonical.digest({"files": shown, "models": models, "activations": activations,
+                             **(sections or {})})
 
 
 def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
                models: dict[str, dict[str, Any]], activations: dict[str, dict[str, Any]],
-               cubepack_version: str) -> dict[str, Any]:
-    """Assemble a lock document and compute its digests."""
+               cubepack_version: str, adapters: dict[str, Any] | None = None,
+               lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble a lock document and compute its digests. An empty ``adapters`` or a None
+    ``lineage`` is left out (a cube without that section)."""
+    sections = {key: value for key, value in (("adapters", adapters), ("lineage", lineage))
+                if value}
     body = {
         "lock_version": constants.LOCK_VERSION,
         "cubepack_version": cubepack_version,
@@ -44,10 +58,16 @@ def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
         "files": files,
         "models": models,
         "activations": activations,
-        "content_digest": content_digest(files, models, activations),
+        **sections,
+        "content_digest": content_digest(files, models, activations, sections),
     }
     body["digest"] = canonical.digest(body)
     return body
+
+
+def sections(lock: dict[str, Any]) -> dict[str, Any]:
+    """The optional version-3 sections ``lock`` holds."""
+    return {key: lock[key] for key in _OPTIONAL_KEYS if key in lock}
 
 
 def dumps(lock: dict[str, Any]) -> str:
@@ -88,10 +108,11 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
         raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
                           "compute config; upgrade the cube with its producer model: cubepack "
                           "upgrade CUBE_DIR --model MODEL.")
-    if version not in (1, constants.LOCK_VERSION):
-        raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads version "
-                          f"{constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
-    unknown = set(lock) - _TOP_KEYS
+    if version not in (1, 2, constants.LOCK_VERSION):
+        raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads versions 2 "
+                          f"to {constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
+    allowed = _TOP_KEYS | (set(_OPTIONAL_KEYS) if version >= 3 else set())
+    unknown = set(lock) - allowed
     missing = _TOP_KEYS - set(lock)
     if unknown or missing:
         raise FormatError(f"cubepack.lock has unexpected keys {sorted(unknown)} or lacks "
@@ -105,12 +126,17 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
     _check_files(lock["files"])
     _check_models(lock["models"], legacy)
     _check_activations(lock["activations"], lock["files"], lock["models"], legacy)
+    if "adapters" in lock:
+        _check_adapters(lock["adapters"], lock["files"], lock["models"])
+    if "lineage" in lock:
+        _check_lineage(lock["lineage"])
     expected = dict(lock)
     claimed = expected.pop("digest")
     if claimed != canonical.digest(expected):
         raise FormatError(f"cubepack.lock digest mismatch: the lock says {claimed!r} but its "
                           f"content hashes to {canonical.digest(expected)!r}; the lock was edited.")
-    recomputed = content_digest(lock["files"], lock["models"], lock["activations"])
+    recomputed = content_digest(lock["files"], lock["models"], lock["activations"],
+                                sections(lock))
     if lock["content_digest"] != recomputed:
         raise FormatError(f"cubepack.lock content_digest mismatch: expected {recomputed}, found "
                           f"{lock['content_digest']}.")
@@ -185,3 +211,15 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
             raise FormatError(f"cubepack.lock activation {item_id!r} names model role "  # lock
                               f"{entry['model_role']!r}, which is not pinned as strict; the "
                               "producer of an activation always is.")
+
+
+def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
+    """Parametric memory: ``name -> entry`` (see ``cube/_adapters.py``)."""
+    if not isinstance(adapters, dict) or not adapters:
+        raise FormatError("cubepack.lock 'adapters' must be a non-empty object.")
+
+
+def _check_lineage(lineage: Any) -> None:
+    """Where the cube came from (see ``cube/_lineage.py``)."""
+    if not isinstance(lineage, dict) or not lineage:
+        raise FormatError("cubepack.lock 'lineage' must be a non-empty object.")

@@ -50,7 +50,7 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l.update(lock_version=3), "version 3"),
+    (lambda l: l.update(lock_version=4), "version 4"),
     (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
     (lambda l: l.update(extra=1), "unexpected keys"),
     (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
@@ -134,6 +134,33 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
     bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
     with pytest.raises(UnsafeInputError, match="'..' segment"):
         lockfile.parse(version_1(files=bad_path), accept_version_1=True)
-    with pytest.raises(FormatError, match="version 3"):
-        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 3}).encode(),
+    with pytest.raises(FormatError, match="version 4"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 4}).encode(),
                        accept_version_1=True)
+
+
+def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
+    """Version 3 adds optional ``adapters`` and ``lineage``; a version-2 lock (cubepack 0.3)
+    reads as before, and may not hold them."""
+    from cubepack._util import canonical
+
+    def as_version(version, **extra):
+        lock = make_lock()
+        lock.update(lock_version=version, **extra)
+        lock["content_digest"] = lockfile.content_digest(
+            lock["files"], lock["models"], lock["activations"], lockfile.sections(lock))
+        lock.pop("digest")
+        lock["digest"] = canonical.digest(lock)
+        return json.dumps(lock).encode()
+
+    assert lockfile.parse(as_version(2))["lock_version"] == 2
+    assert make_lock()["lock_version"] == 3
+    with pytest.raises(FormatError, match=r"unexpected keys \['lineage'\]"):
+        lockfile.parse(as_version(2, lineage={"parent": None}))
+    # an edited section is caught by the content digest even when the outer digest is redone
+    lock = json.loads(as_version(3, lineage={"parent": None}))
+    lock["lineage"] = {"parent": "x"}
+    lock.pop("digest")
+    lock["digest"] = canonical.digest(lock)
+    with pytest.raises(FormatError, match="content_digest mismatch"):
+        lockfile.parse(json.dumps(lock).encode())

@@ -68,7 +68,7 @@ def test_an_honest_version_1_cube_verifies_as_far_as_version_1_allows_then_upgra
     assert ran["model identity"].ok is None and "version-1 pin" in ran["model identity"].detail
     assert main(["upgrade", str(v1_cube), "--model", str(zoo["a"])]) == 0
     assert "upgraded 2 file(s), 0 already current" in capsys.readouterr().out
-    assert json.loads((v1_cube / constants.LOCK_FILENAME).read_text())["lock_version"] == 2
+    assert json.loads((v1_cube / constants.LOCK_FILENAME).read_text())["lock_version"] == constants.LOCK_VERSION
     assert cubepack.verify(v1_cube, model=str(zoo["a"])).ok
 
 
