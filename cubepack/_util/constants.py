@@ -25,11 +25,18 @@ KV_FORMAT_VERSION = 2
 KV_READABLE_VERSIONS = (1, 2)
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
-#: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION).
+#: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION); version 3 adds the
+#: optional ``adapters`` (parametric memory) and ``lineage`` (derived from which cube) sections.
 LOCK_VERSION = 3
 CONFIG_FILENAME = "cubepack.yaml"
 CONFIG_SCHEMA_VERSION = 1
 SIGNATURE_FILENAME = "cubepack.sig"
+#: The cube's signed in-toto attestation (a DSSE envelope whose subject is the lock's digest):
+#: beside the signature, not in the lock (it names the lock), covered by ``cubepack.sig``.
+ATTESTATION_FILENAME = "cubepack.intoto.json"
+#: A derived cube's ancestors' attestations, parent first (``{"envelopes": [...]}``), copied
+#: by ``migrate`` from the parent; listed in the lock like any file.
+ANCESTORS_FILENAME = "lineage/ancestors.intoto.json"
 CARD_FILENAME = "README.md"
 ACTIVATIONS_DIR = "activations"
 KV_SUFFIX = ".kv.safetensors"
