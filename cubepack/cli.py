@@ -22,6 +22,17 @@ from .errors import CubepackError, UsageError, VerificationFailed
 
 class _Context:
     debug = False
+    #: --json as click parsed it (None until parsed): ``--commit-message --json`` is a message.
+    as_json: bool | None = None
+
+
+def _note_json(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    _Context.as_json = _Context.as_json or value
+    return value
+
+
+def _json_option(help: str = "Print JSON.") -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help=help, callback=_note_json)
 
 
 #: Exit status of a command stopped by Ctrl-C: the shell's 128 + SIGINT.
@@ -57,7 +68,7 @@ def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
         click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
         click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON."),
+        _json_option(),
     ]):
         command = option(command)
     return command
@@ -116,7 +127,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 @click.argument("model")
 @click.option("--revision", help="Branch, tag or commit, for a Hub model id.")
 @click.option("--dtype", help="The dtype the model runs in, when not its stored dtype.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def fingerprint_command(model: str, revision: str | None, dtype: str | None, as_json: bool) -> None:
     """Print the identity of MODEL (a local folder or a Hub model id)."""
     from .identity._fingerprint import fingerprint
@@ -144,7 +155,7 @@ def _render_identity(data: dict[str, Any]) -> str:
 
 @cli.command("inspect")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def inspect_command(file: str, as_json: bool) -> None:
     """Show a KV file's format version, producer, shapes and token count."""
     from .kv._format import read_kv_header
@@ -190,7 +201,7 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--embedder", help="The embedder that made the text memory's vectors (checked; "
                                  "its probe vectors are recorded).")
 @click.option("--cube-id", help="The cube's id, for a folder without MemOS's config.json.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
@@ -276,7 +287,7 @@ def _render_report(data: dict[str, Any]) -> str:
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--model", required=True, help="The producer model (folder or Hub id).")
 @click.option("--revision", help="Branch, tag or commit of a Hub --model.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
     from .cube._upgrade import upgrade
@@ -291,7 +302,7 @@ def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) 
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--key", required=True, type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM). Password: CUBEPACK_KEY_PASSWORD.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
     """Verify CUBE_DIR, then sign it (writes cubepack.sig; OpenSSF model-signing format)."""
     from .cube._sign import sign
@@ -309,7 +320,7 @@ def _key_password() -> str | None:
 @cli.command("diff")
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", type=click.Path(exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def diff_command(a: str, b: str, as_json: bool) -> None:
     """Show what changed from cube (or lock) A to B."""
     from .cube._diff import diff
@@ -354,7 +365,7 @@ def _render_diff(data: dict[str, Any]) -> str:
 @click.option("--allow-local-paths", is_flag=True,
               help="Push even though config.json names a model by a local path.")
 @_timeout_option("push")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_json_option()
 def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
                  tag: str | None, create_pr: bool, commit_message: str | None,
                  token: str | None, allow_local_paths: bool, timeout: float | None,
@@ -448,9 +459,8 @@ def hub_group() -> None:
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
 @click.option("--user", default="local", show_default=True,
               help="The account whoami reports; the namespace of repos created without one.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object once listening (url, root); the request log goes to "
-                   "stderr.")
+@_json_option(help="Print one JSON object once listening (url, root); the request log goes "
+                   "to stderr.")
 def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
                       quiet: bool, user: str, as_json: bool) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
@@ -482,8 +492,10 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
 
 
 def _wants_json(args: list[str]) -> bool:
-    """Did the command line ask for JSON (``--json``, or ``--json=...``, which click refuses
-    as a usage error, still an outcome owed as JSON)?"""
+    """Did the command line ask for JSON? As click parsed it once it has; before that (a usage
+    error) ``--json`` or ``--json=...`` anywhere on the line, the only evidence there is."""
+    if _Context.as_json is not None:
+        return _Context.as_json
     return any(arg == "--json" or arg.startswith("--json=") for arg in args)
 
 
@@ -495,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     script reading stdout always gets JSON.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    _Context.as_json = None
     try:
         cli.main(args=args, prog_name="cubepack", standalone_mode=False)
     except click.exceptions.Abort:  # Ctrl-C (or end of input): an outcome like any other

@@ -95,8 +95,16 @@ class VerificationFailed(IntegrityError):
         shown = "; ".join(str(check) for check in failures[:8])
         more = f"; and {len(failures) - 8} more" if len(failures) > 8 else ""
         plural = "s" if len(failures) != 1 else ""
+        # Damaged bytes are fixed by fetching or packing them again; a policy's refusal (model,
+        # signature, recompute, embedder) names its own fix, which another pull would not be.
+        damaged = {check.name for check in failures} & self.DAMAGE
+        advice = "pull or pack it again" if damaged else "see each problem for what to do"
         super().__init__(f"Cube {report.cube_dir} failed verification ({len(failures)} problem"
-                         f"{plural}): {shown}{more}. Do not load it; pull or pack it again.")
+                         f"{plural}): {shown}{more}. Do not load it; {advice}.")
+
+    #: The checks whose failure means the cube's bytes are not the packed ones.
+    DAMAGE = frozenset({"cube", "lock", "path", "file set", "size", "sha256", "content",
+                        "kv header", "cube config"})
 
     @property
     def failures(self) -> list[_Any]:

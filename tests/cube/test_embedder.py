@@ -292,8 +292,12 @@ def test_probe_vectors_are_a_claim_and_a_cube_without_vectors_refuses_an_embedde
     cfg = json.loads((plain / "config.json").read_text())
     (plain / "config.json").write_text(json.dumps(cfg))
     cubepack.pack(plain)
-    with pytest.raises(cubepack.VerificationFailed, match="holds no vectors"):
+    with pytest.raises(cubepack.VerificationFailed, match="holds no vectors") as refused:
         cubepack.verify(plain, embedder=str(encoders["e"]))
+    # the fix is the check's own (drop --embedder), not another pull of intact bytes
+    assert "drop --embedder" in str(refused.value)
+    assert "pull or pack it again" not in str(refused.value)
+    assert cubepack.verify(plain).ok
 
 
 def test_another_spelling_of_the_memory_file_cannot_hide_its_vectors(cube, encoders):

@@ -317,3 +317,15 @@ def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo,
     assert run("pack", cube, "--revision", "main").returncode == 0 and pinned() == second
     assert run("pack", cube).returncode == 0 and pinned() == second  # remembered again
     assert run("pack", cube, "--revision", first).returncode == 0 and pinned() == first
+
+
+def test_json_mode_is_what_click_parsed_not_a_word_on_the_line(run, tmp_path):
+    """``--json`` as the value of another option is that option's value: a refusal is then
+    text, not JSON; the flag itself still gives JSON."""
+    unpacked = tmp_path / "not-a-cube"
+    unpacked.mkdir()
+    done = run("push", unpacked, "user/repo", "--commit-message", "--json")
+    assert done.returncode == 1 and "error:" in done.stderr
+    assert not done.stdout.lstrip().startswith("{"), done.stdout
+    assert one_json(run("push", unpacked, "user/repo", "--commit-message", "m", "--json"))[
+        "error"]["exit_code"] == 1
