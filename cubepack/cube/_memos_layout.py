@@ -84,6 +84,18 @@ def model_refs(config: dict[str, Any]) -> list[ModelRef]:
     return refs
 
 
+#: MemOS backends that load a model's weights in this process (its ``model_name_or_path`` is a
+#: folder or Hub id MemOS reads); every other backend sends the name to a server (vLLM, Ollama,
+#: an OpenAI-compatible API), which holds the weights.
+LOCAL_BACKENDS = frozenset({"huggingface", "huggingface_singleton", "sentence_transformer"})
+
+
+def role_backend(config: dict[str, Any], role: str) -> str | None:
+    """The MemOS backend of a role's LLM or embedder (``huggingface``, ``vllm``...)."""
+    backend, _ = _llm_name(_role_entry(config, role))
+    return backend if isinstance(backend, str) else None
+
+
 def act_backend(config: dict[str, Any]) -> str | None:
     return _section(config, "act_mem").get("backend")
 

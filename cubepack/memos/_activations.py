@@ -183,6 +183,16 @@ class _Staged:
             self.act_mem.add(self.items)
 
 
+def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
+                     policy: TrustPolicy) -> None:
+    """Install a verified cube's activation memory into ``act_mem``: KV caches into a memory
+    whose LLM runs here, a vLLM cube's prompts into one whose LLM is a server."""
+    if hasattr(act_mem.llm, "model"):
+        load_packed(act_mem, cube_dir, lock, report, policy)
+    else:
+        load_prompts(act_mem, cube_dir, lock, report)
+
+
 def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
                 policy: TrustPolicy) -> None:
     """Install a verified cube's activations, each checked against the live model (and, with

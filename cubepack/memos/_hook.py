@@ -30,7 +30,7 @@ from ..cube._policy import TrustPolicy, key_paths
 from ..cube._verify import verify
 from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
-from ._activations import HookReport, load_packed, load_prompts, load_unpacked
+from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
 from ._use import guarded_generate, merged, record_extraction
@@ -312,10 +312,7 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     if state == "file":
         verified = verify(folder, current.policy)
         report.verified, report.signed_by = True, verified.signed_by
-        if hasattr(self.llm, "model"):
-            load_packed(self, folder, verified.lock, report, current.policy)
-        else:
-            load_prompts(self, folder, verified.lock, report)
+        load_activations(self, folder, verified.lock, report, current.policy)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current.policy)

@@ -21,7 +21,7 @@ from ..cube._verify import verify
 from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
-from ._activations import HookReport, load_packed
+from ._activations import HookReport, load_activations
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
 
@@ -117,7 +117,7 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
-        load_packed(cube.act_mem, cube_dir, lock, report, policy)
+        load_activations(cube.act_mem, cube_dir, lock, report, policy)
     require_provenance_of(lock, report, policy.require_provenance)
     cube.cubepack = report
     return cube
@@ -208,6 +208,15 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
                 f"The lock pins the {role} model {pin['repo_id']}@{pin.get('revision')}, but "
                 f"config.json names {named}: the pin would make MemOS run another model than the "
                 "one the cube (and any default_config) names. Refusing the cube; re-pack it.")
+        backend = memos_layout.role_backend(recorded_dict, role)
+        if pin.get("repo_id") and pin.get("revision") and backend not in memos_layout.LOCAL_BACKENDS:
+            # A server (vLLM...) holds these weights and MemOS sends it the name: a local
+            # snapshot would be downloaded for nothing and the server sent a path it lacks.
+            logger.info("cubepack: the %s model %s@%s is served by its %s backend; MemOS sends "
+                        "the name, nothing is downloaded", role, pin["repo_id"], pin["revision"],
+                        backend)
+            report.models[role] = f"{pin['repo_id']}@{pin['revision']} (served by {backend})"
+            continue
         if pin.get("repo_id") and pin.get("revision"):
             try:
                 folder = snapshot_download(pin["repo_id"], revision=pin["revision"],

@@ -150,3 +150,24 @@ def test_an_unreachable_hub_falls_back_to_the_hf_cache_copy_of_the_revision(
     assert result.models["act_mem"]["identity"] == cubepack.fingerprint(
         hub_cached["snapshot"]).pinned()
     assert time.monotonic() - started < 60
+
+
+def test_the_hook_loads_a_vllm_cube_downloading_no_weights_and_sends_vllm_the_hub_id(
+        hub, zoo, tmp_path):
+    """A vLLM server holds the weights and MemOS sends it the model's name: loading the cube
+    downloads none of them, and the config keeps the Hub id (a local path would mean nothing
+    to the server)."""
+    pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
+    import cubepack.memos as hook
+    from cubepack.hub import push
+
+    upload_folder(hub.url, REPO, zoo["a"])
+    cube = write_vllm_cube(tmp_path / "cube", REPO, PROMPTS)
+    cubepack.pack(cube, legacy_pickle=True)
+    sha = push(cube, "ns/served-cube", endpoint=hub.url).commit_sha
+    hub.sent.clear()
+    loaded = hook.init_from_remote_repo(f"ns/served-cube@{sha}", endpoint=hub.url)
+    assert hub.sent["model.safetensors"] == 0 and cached_weights(tmp_path) == []
+    assert loaded.act_mem.config.extractor_llm.config.model_name_or_path == REPO
+    assert sorted(item.memory for item in loaded.act_mem.get_all()) == sorted(PROMPTS.values())
+    assert "served by vllm" in loaded.cubepack.models["act_mem"]
