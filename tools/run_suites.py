@@ -78,10 +78,15 @@ def closing_line(totals: dict[str, int]) -> str:
             f"{totals['skipped']} skipped")
 
 
-def environment_for(name: str, pythons: dict[str, str], base: dict[str, str]) -> dict[str, str]:
+def environment_for(name: str, pythons: dict[str, str], base: dict[str, str],
+                    jobs: int = 1) -> dict[str, str]:
     """A run's environment: ``base`` plus, when there are exactly two suites, the other's
-    interpreter as ``CUBEPACK_OTHER_PYTHON``."""
+    interpreter as ``CUBEPACK_OTHER_PYTHON``; with several suites at once, each one's share of
+    the cores as ``OMP_NUM_THREADS`` (unless set): torch otherwise starts a thread per core in
+    every suite, and the suites' threads fight over the same cores."""
     env = dict(base)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(jobs, len(pythons))))
     others = [python for other, python in pythons.items() if other != name]
     if len(pythons) == 2:
         env["CUBEPACK_OTHER_PYTHON"] = others[0]
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     with open(log, "wb") as out:
                         process = subprocess.Popen(
                             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=environment_for(name, pythons, dict(os.environ)))
+                            env=environment_for(name, pythons, dict(os.environ), plan.jobs))
                 except OSError as error:
                     print(f"\n== {name}: FAILED to start {pythons[name]}: {error}", flush=True)
                     failed.append(name)

@@ -123,3 +123,14 @@ def test_a_run_without_a_summary_or_an_interpreter_fails(tmp_path, capsys):
     assert "crash: FAILED (exit 139)" in out and "no pytest summary" in out
     assert "gone: FAILED to start" in out and "gone: did not start" in out
     assert out.splitlines()[-1] == "0 passed, 0 failed, 0 skipped"
+
+
+def test_suites_run_at_once_share_the_cores_unless_told_otherwise(monkeypatch):
+    monkeypatch.setattr(run_suites.os, "cpu_count", lambda: 4)
+    pythons = {"latest": "/l/python", "memos": "/m/python"}
+    assert run_suites.environment_for("latest", pythons, {}, 2)["OMP_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in run_suites.environment_for("latest", pythons, {}, 1)
+    assert run_suites.environment_for("latest", pythons, {"OMP_NUM_THREADS": "3"}, 2)[
+        "OMP_NUM_THREADS"] == "3"
+    monkeypatch.setattr(run_suites.os, "cpu_count", lambda: 1)
+    assert run_suites.environment_for("latest", pythons, {}, 2)["OMP_NUM_THREADS"] == "1"
