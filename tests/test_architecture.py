@@ -14,6 +14,10 @@ import pytest
 import cubepack
 from cubepack import errors
 
+from envs import once_with_memos
+
+pytestmark = once_with_memos
+
 PACKAGE = Path(cubepack.__file__).parent
 README = PACKAGE.parent / "README.md"
 

@@ -8,6 +8,10 @@ import json
 from cubepack._util import constants
 from cubepack.cube import _card as card
 
+from envs import once
+
+pytestmark = once
+
 
 def test_the_card_of_ten_thousand_activations_stays_small(packed_cube_factory):
     lock = json.loads((packed_cube_factory() / constants.LOCK_FILENAME).read_text())

@@ -24,6 +24,10 @@ from cubepack._util.safetensors_header import parse_header
 from cubepack.cube import _lock as lockfile
 from cubepack.kv import read_kv_header
 
+from envs import once
+
+pytestmark = once
+
 # CI runs a fixed, derandomized set (a red CI must be reproducible); set CUBEPACK_FUZZ_EXAMPLES
 # to explore further locally with fresh random inputs.
 _EXPLORE = int(os.environ.get("CUBEPACK_FUZZ_EXAMPLES", "0"))

@@ -10,6 +10,10 @@ from cubepack import FormatError, UnsafeInputError
 from cubepack.cube import _lock as lockfile
 from cubepack.cube._diff import diff_locks
 
+from envs import once
+
+pytestmark = once
+
 SHA = "ab" * 32
 
 

@@ -7,6 +7,10 @@ import pytest
 import cubepack
 from cubepack import TrustPolicy, UsageError
 
+from envs import once
+
+pytestmark = once
+
 
 @pytest.mark.parametrize("options, message", [
     ({"on_mismatch": "ignore"}, "on_mismatch must be one of"),

@@ -21,8 +21,11 @@ from cubepack.cli import main
 
 from adversarial import ITEM, add_locked, header_edit, relock_file
 from data import COLLIDING_NAMES, UNPORTABLE_NAMES
+from envs import once
 from helpers import build_cache, copy_of, reseal_lock, tree_bytes
 from memos_format import _as_memos_globals, write_cube
+
+pytestmark = once
 
 DEPTH = 5000
 DEEP_JSON = "[" * DEPTH + "]" * DEPTH

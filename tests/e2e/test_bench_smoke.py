@@ -7,7 +7,6 @@ warning (the environment as a user's shell has it: no switch that hides them).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from envs import once
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-# Once is enough to keep a benchmark from rotting: the latest environment runs them (the MemOS
-# environment's suite is the longer one, and CI runs both at once).
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("memos") is not None,
-                                reason="benchmarks smoke-run in the latest environment only")
+# Once is enough to keep a benchmark from rotting: the latest environment runs them.
+pytestmark = once
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")

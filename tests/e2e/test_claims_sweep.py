@@ -27,7 +27,10 @@ from cubepack.kv._torch import cache_layers, write_kv_layers
 from cubepack.testing.embeddings import build_encoder
 
 from data import PROMPT
+from envs import once
 from helpers import build_cache
+
+pytestmark = once
 
 ITEM = "activations/item-1.kv.safetensors"
 TEXTS = ["The user lives in Lyon.", "The user plays the cello.", "The user hates rain."]

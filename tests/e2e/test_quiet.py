@@ -142,10 +142,11 @@ def test_the_memos_hook_is_quiet_when_stderr_is_not_a_terminal(endpoint, zoo, tm
     pytest.importorskip("memos")
     from huggingface_hub import snapshot_download
     from memos.mem_cube.general import GeneralMemCube
-    from memos_live import cube_config
 
     import cubepack.memos
     from cubepack.hub import push
+
+    from memos_live import cube_config
 
     commit = upload_folder(endpoint, "tiny-org/model-a", zoo["a"], token=TOKEN)
     snapshot = snapshot_download("tiny-org/model-a", revision=commit, endpoint=endpoint,

@@ -221,8 +221,25 @@ def test_a_pull_request_ref_is_a_revision_online_and_then_offline(hub, cube, tmp
     assert online.report.ok and offline.report.ok
 
 
+@pytest.fixture
+def retries_without_waits(monkeypatch):
+    """huggingface_hub retries a failed download as before (as many times), without its
+    backoff waits (1 + 2 + 4 + 8 + 8 s in 0.36): the outcome under test is the same."""
+    import types
+
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import _http
+
+    for module in (_http, file_download):
+        clock = {name: getattr(module.time, name) for name in dir(module.time)
+                 if not name.startswith("_")}
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(
+            **{**clock, "sleep": lambda seconds: None}))
+
+
 @pytest.mark.parametrize("kind", ["500", "drop", "truncate"])
-def test_server_failing_mid_download_leaves_the_folder_untouched(hub, cube, tmp_path, kind):
+def test_server_failing_mid_download_leaves_the_folder_untouched(hub, cube, tmp_path, kind,
+                                                                  retries_without_waits):
     do_push(hub, cube)
     fault = hub.add_fault(kind, path=r"/resolve/.*item-3", method="GET", times=1000)
     target, before = _existing_dir(tmp_path)

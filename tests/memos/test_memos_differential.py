@@ -20,14 +20,13 @@ import torch
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-from memos_live import cube_config, mos_for, vllm_memory
-
 import cubepack
 import cubepack.memos as hook
 
 from adversarial import _Canary
 from helpers import build_cache
 from memos_format import write_cube
+from memos_live import cube_config, mos_for, vllm_memory
 
 QUESTION = "What does the user drink?"
 PATHS = ["init_from_dir", "init_from_remote_repo", "MOS chat", "MOSCore chat",

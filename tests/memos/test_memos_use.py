@@ -12,13 +12,13 @@ import pytest
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-from memos_live import cube_config, llm, mos_for, vllm_memory
-
 import cubepack
 import cubepack.memos as hook
 from cubepack import IdentityMismatch
 from cubepack.hub import push
 from cubepack.testing.hub import InstrumentedHub
+
+from memos_live import cube_config, llm, mos_for, vllm_memory
 
 TEXTS = ["The user is a Chinese man.", "He likes green tea and long walks."]
 

@@ -16,13 +16,12 @@ import pytest
 
 memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 
-from memos_live import cube_config, vllm_memory
-
 import cubepack
 import cubepack.memos as hook
 from cubepack import FormatError, IdentityMismatch, UnsafeInputError
 
 from helpers import rewrite_kv_metadata
+from memos_live import cube_config, vllm_memory
 
 MESSAGES = [{"role": "user", "content": "What does the user drink?"}]
 TEXTS = ["The user likes green tea.", "He walks every morning."]

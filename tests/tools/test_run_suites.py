@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from envs import once
 from helpers import load_tool
+
+pytestmark = once
 
 run_suites = load_tool("run_suites")
 

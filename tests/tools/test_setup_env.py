@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+from envs import once
 from helpers import load_tool
+
+pytestmark = once
 
 setup_env = load_tool("setup_env")
 

@@ -18,6 +18,10 @@ from cubepack._util.canonical import (
     loads_strict,
 )
 
+from envs import once
+
+pytestmark = once
+
 DEEP = 5000
 
 

@@ -11,6 +11,10 @@ import pytest
 from cubepack._util import hashing
 from cubepack._util.hashing import HashingWriter, hash_files, sha256_file
 
+from envs import once
+
+pytestmark = once
+
 SIZES = [0, 1, hashing._READ_SIZE + 3, hashing._MAP_FROM - 1, hashing._MAP_FROM,
          hashing._MAP_FROM + hashing._MAP_WINDOW + 5]
 

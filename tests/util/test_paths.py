@@ -16,6 +16,9 @@ from cubepack._util.paths import (
 )
 
 from data import COLLIDING_NAMES, UNPORTABLE_NAMES
+from envs import once
+
+pytestmark = once
 
 SHA = "ab" * 32
 
