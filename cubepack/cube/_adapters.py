@@ -31,6 +31,8 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
+from ..identity._identity import ModelIdentity, compare
 
 #: The lock's model role of an adapter's base: ``adapter.<name>``.
 ROLE_PREFIX = "adapter."
@@ -314,8 +316,6 @@ def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         UnsupportedError: its weights are not safetensors (reading a pickle's shapes would
             mean unpickling it).
     """
-    from ..identity._fingerprint import weight_files
-
     files = weight_files(folder)
     if not files or any(path.suffix != ".safetensors" for path in files):
         raise UnsupportedError(f"{folder}'s weights are not safetensors, so cubepack cannot read "
@@ -413,8 +413,6 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
         IdentityMismatch: a module absent from the base, or shapes that disagree, each named
             with expected and found.
     """
-    from ..identity._fingerprint import fingerprint, resolve_model_folder
-
     base, revision, source = resolve_base(info, given, remembered)
     try:
         if isinstance(base, (str, Path)):
@@ -456,8 +454,6 @@ def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live:
     Raises:
         IdentityMismatch: the base is not the pinned one.
     """
-    from ..identity._identity import ModelIdentity, compare
-
     pinned = ModelIdentity.from_dict(pin["identity"])
     problems = compare(pinned, live)
     for module, recorded in sorted(entry["modules"].items()):

@@ -14,8 +14,9 @@ from typing import Any
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
           "adapter", "cube config", "signature", "model identity", "adapter base",
           "remote model", "recompute", "provenance", "embedder")
-#: Checks that run only when asked for (``adapter base``: when a base model is at hand).
-OPTIONAL = ("adapter base", "remote model", "recompute", "provenance", "embedder")
+#: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
+#: LoRA adapters; ``adapter base``: and a base model at hand).
+OPTIONAL = ("adapter", "adapter base", "remote model", "recompute", "provenance", "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:

@@ -27,21 +27,9 @@ from cubepack import (
 from cubepack.cube import _lock as lockfile
 from cubepack.testing import tiny
 
-from helpers import reseal_lock
+from helpers import make_adapter, reseal_lock
 
 IDS = torch.tensor([[3, 17, 42, 5, 99, 7, 250]])
-
-
-def make_adapter(base_folder: Path, out: Path, *, seed: int = 7, **config) -> Path:
-    """A LoRA adapter for the model in ``base_folder``, saved by PEFT; random B matrices
-    (``init_lora_weights=False``) so it changes the logits."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
-              "init_lora_weights": False, **config}
-    get_peft_model(tiny.load(base_folder), LoraConfig(**config)).save_pretrained(str(out))
-    return out
 
 
 def adapter_cube(tmp_path: Path, adapter: Path, name: str = "lora") -> Path:
