@@ -332,6 +332,7 @@ def _render_diff(data: dict[str, Any]) -> str:
     for kind in ("added", "removed", "changed"):
         lines += [f"file {kind}: {name}" for name in data["files"][kind]]
         lines += [f"activation {kind}: {name}" for name in data["activations"][kind]]
+        lines += [f"adapter {kind}: {name}" for name in data.get("adapters", {}).get(kind, [])]
     for item, fields in data["activations"]["fields"].items():
         lines += [f"activation {item} {key}: {change['old']} -> {change['new']}"
                   for key, change in fields.items()]

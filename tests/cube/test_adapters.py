@@ -326,3 +326,12 @@ def test_the_cli_packs_with_adapter_base_and_says_how_the_base_was_found(tmp_pat
                            "ns/x"],
                           capture_output=True, text=True, check=False, timeout=600).stdout
     assert "adapter lora: sha256:" in text and "base pinned as model adapter.lora" in text
+
+
+def test_diff_names_an_adapter_repacked_for_another_base(cube, zoo):
+    before = cube.parent / "before.lock"
+    before.write_bytes((cube / "cubepack.lock").read_bytes())
+    cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["b"]))  # B: A's shapes
+    changes = cubepack.diff(before, cube)
+    assert changes["adapters"] == {"added": [], "removed": [], "changed": ["lora"]}
+    assert "weights_digest" in changes["models"]["adapter.lora"]
