@@ -328,9 +328,11 @@ def test_the_cli_packs_with_adapter_base_and_says_how_the_base_was_found(tmp_pat
     assert "adapter lora: sha256:" in text and "base pinned as model adapter.lora" in text
 
 
-def test_diff_names_an_adapter_repacked_for_another_base(cube, zoo):
-    before = cube.parent / "before.lock"
+def test_diff_names_a_retrained_adapter_and_a_moved_base(cube, zoo, tmp_path):
+    before = tmp_path / "before.lock"
     before.write_bytes((cube / "cubepack.lock").read_bytes())
+    shutil.rmtree(cube / "parametric" / "lora")
+    make_adapter(zoo["a"], cube / "parametric" / "lora", seed=8)
     cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["b"]))  # B: A's shapes
     changes = cubepack.diff(before, cube)
     assert changes["adapters"] == {"added": [], "removed": [], "changed": ["lora"]}
