@@ -48,6 +48,8 @@ PROMPTS_FORMAT = "cubepack.prompts"
 PARAMETRIC_DIR = "parametric"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: An adapter's name (its folder's): a plain name, as the lock's ``adapters`` keys.
+ADAPTER_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 
 _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a pull or push may take talking to the endpoint, unless told otherwise: an hour

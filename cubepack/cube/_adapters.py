@@ -36,7 +36,7 @@ from ..identity._identity import ModelIdentity, compare
 
 #: The lock's model role of an adapter's base: ``adapter.<name>``.
 ROLE_PREFIX = "adapter."
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_NAME = re.compile(constants.ADAPTER_NAME_PATTERN)
 #: PEFT prefixes every saved key with the wrapper's path to the base model.
 _PEFT_PREFIX = "base_model.model."
 #: LoRA tensor suffixes cubepack checks: (suffix, part).
@@ -113,7 +113,7 @@ def adapter_folders(files: list[str]) -> dict[str, str]:
                               f"{constants.PARAMETRIC_DIR}/NAME/, so nothing pins it to a base "
                               f"model; move its folder to {constants.PARAMETRIC_DIR}/NAME/.")
     for name, present in names.items():
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise FormatError(f"{constants.PARAMETRIC_DIR}/{name}/: an adapter's name must be "
                               "a plain name (letters, digits, '.', '_', '-').")
         lacking = [f for f in (constants.ADAPTER_CONFIG, constants.ADAPTER_WEIGHTS)

@@ -216,7 +216,7 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
 #: The keys of an ``adapters`` entry (see ``cube/_adapters.py``), exactly.
 ADAPTER_KEYS = {"path", "config_file", "weights_file", "digest", "peft_type", "rank",
                 "lora_alpha", "target_modules", "dtype", "model_role", "modules", "base"}
-_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_ADAPTER_NAME = re.compile(constants.ADAPTER_NAME_PATTERN)
 _MODULE_KINDS = ("linear", "embedding")
 
 

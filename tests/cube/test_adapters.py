@@ -337,3 +337,82 @@ def test_diff_names_a_retrained_adapter_and_a_moved_base(cube, zoo, tmp_path):
     changes = cubepack.diff(before, cube)
     assert changes["adapters"] == {"added": [], "removed": [], "changed": ["lora"]}
     assert "weights_digest" in changes["models"]["adapter.lora"]
+
+
+def test_a_hub_base_is_pinned_at_its_commit_remembered_and_checked_from_the_hf_cache(
+        tmp_path, adapter_a, hub_cached, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cube = adapter_cube(tmp_path, adapter_a)
+    spec = f"{hub_cached['repo_id']}@{hub_cached['commit']}"
+    cubepack.pack(cube, cube_id="ns/adapter", adapter_base=spec)
+    pin = read_lock(cube)["models"]["adapter.lora"]
+    assert (pin["repo_id"], pin["revision"]) == (hub_cached["repo_id"], hub_cached["commit"])
+    again = cubepack.pack(cube, cube_id="ns/adapter")  # the claim (a tmp path) is not needed
+    assert again.adapters["lora"]["base_source"] == "the last pack's pin"
+    report = cubepack.verify(cube)  # no --model: the pinned revision in the HF cache
+    assert [c.ok for c in report.checks if c.role == "adapter.lora"] == [True, True]
+
+
+def test_adapter_base_per_adapter_and_an_unknown_name(tmp_path, zoo, adapter_a):
+    cube = adapter_cube(tmp_path, adapter_a)
+    with pytest.raises(UsageError, match="names \\['other'\\]"):
+        cubepack.pack(cube, cube_id="ns/adapter", adapter_base={"other": str(zoo["a"])})
+    cubepack.pack(cube, cube_id="ns/adapter", adapter_base={"lora": str(zoo["a"])})
+    assert read_lock(cube)["adapters"]["lora"]["base"]["source"] == "--adapter-base"
+
+
+@pytest.mark.parametrize("config, kinds", [
+    ({"target_modules": ["embed_tokens", "q_proj"]}, {"embedding", "linear"}),
+    ({"use_dora": True}, {"linear"}),
+    ({"lora_bias": True, "r": 2, "lora_alpha": 4}, {"linear"}),
+], ids=["embedding", "dora", "lora-bias"])
+def test_other_lora_tensors_are_checked_and_give_peft_logits(tmp_path, zoo, narrow, config,
+                                                           kinds):
+    from peft import PeftModel
+
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(11)
+    peft_model = get_peft_model(tiny.load(zoo["a"]), LoraConfig(
+        **{"r": 4, "target_modules": ["q_proj", "v_proj"], "init_lora_weights": False,
+           **config}))
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(str(adapter), save_embedding_layers=False)
+    cube = adapter_cube(tmp_path, adapter)
+    cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["a"]))
+    entry = read_lock(cube)["adapters"]["lora"]
+    assert {m["kind"] for m in entry["modules"].values()} == kinds
+    applied = cubepack.load_adapter(tiny.load(zoo["a"]), cube, "lora")
+    reference = PeftModel.from_pretrained(tiny.load(zoo["a"]), str(adapter))
+    assert torch.equal(logits(applied), logits(reference))
+    with pytest.raises(IdentityMismatch):
+        cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(narrow))
+
+
+@pytest.mark.parametrize("layout, match", [
+    ({"parametric/x.safetensors": "adapter_model.safetensors"}, "sits directly in parametric/"),
+    ({"parametric/lora/adapter_config.json": "adapter_config.json"}, "lacks adapter_model"),
+    ({"parametric/lora/adapter_config.json": "adapter_config.json",
+      "parametric/lora/adapter_model.safetensors": "adapter_model.safetensors",
+      "parametric/lora/adapter_model_2.safetensors": "adapter_model.safetensors"},
+     "an adapter's weights are one"),
+    ({"parametric/bad name/adapter_config.json": "adapter_config.json",
+      "parametric/bad name/adapter_model.safetensors": "adapter_model.safetensors"},
+     "a plain name"),
+], ids=["loose-file", "no-weights", "second-weights", "name"])
+def test_the_parametric_layout_is_refused_when_it_is_not_peft_s(tmp_path, zoo, adapter_a, layout,
+                                                               match):
+    cube = tmp_path / "cube"
+    for target, source in layout.items():
+        (cube / target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(adapter_a / source, cube / target)
+    with pytest.raises((FormatError, cubepack.UnsafeInputError), match=match):
+        cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["a"]))
+
+
+def test_a_rank_that_contradicts_the_config_is_refused(tmp_path, zoo, adapter_a):
+    cube = adapter_cube(tmp_path, adapter_a)
+    config_path = cube / "parametric/lora/adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "r": 8}))
+    with pytest.raises(FormatError, match="have rank 4, but adapter_config.json says r=8"):
+        cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["a"]))
