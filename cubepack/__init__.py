@@ -7,7 +7,7 @@ face, layered one way (each imports only those above it in this list)::
     _util       canonical JSON, atomic writes, paths, hashing, revisions, settings (private)
     identity    ModelIdentity, compare, fingerprint          localhub  cubepack hub serve
     kv          the KV file: format (torch-free), torch side, recomputation
-    cube        pack, verify, diff, upgrade, sign, the lock, the card, the trust policy
+    cube        pack, verify, diff, upgrade, sign, load_adapter, the lock, the card, the policy
     hub         push, pull, verify_remote (one client carrying endpoint and token)
     memos       the MemOS hook: init_from_remote_repo, install, pack_cube
     cli, demo   the command line and ``make demo``
@@ -18,7 +18,17 @@ stay fast.
 """
 
 from ._version import __version__
-from .cube import PackResult, TrustPolicy, VerifyReport, diff, pack, sign, upgrade, verify
+from .cube import (
+                   PackResult,
+                   TrustPolicy,
+                   VerifyReport,
+                   diff,
+                   load_adapter,
+                   pack,
+                   sign,
+                   upgrade,
+                   verify,
+)
 from .errors import (
                      CubepackError,
                      FormatError,
@@ -44,6 +54,6 @@ __all__ = [
     "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult", "PushResult",
     "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy", "UnsafeInputError",
     "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport", "__version__", "diff",
-    "fingerprint", "load_kv_cache", "pack", "prefill", "pull", "push", "read_kv_header",
+    "fingerprint", "load_adapter", "load_kv_cache", "pack", "prefill", "pull", "push", "read_kv_header",
     "save_kv_cache", "sign", "upgrade", "verify",
 ]

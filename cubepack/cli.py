@@ -201,18 +201,22 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--embedder", help="The embedder that made the text memory's vectors (checked; "
                                  "its probe vectors are recorded).")
 @click.option("--cube-id", help="The cube's id, for a folder without MemOS's config.json.")
+@click.option("--adapter-base", help="Base model of the cube's LoRA adapters (folder or Hub id"
+                                     "[@revision]); default: the recorded pin, else the name "
+                                     "adapter_config.json claims.")
 @_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
-                 cube_id: str | None, as_json: bool) -> None:
+                 cube_id: str | None, adapter_base: str | None, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .cube._pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
-                  recompute=recompute, embedder=embedder, cube_id=cube_id)
+                  recompute=recompute, embedder=embedder, cube_id=cube_id,
+                  adapter_base=adapter_base)
     _emit(result.to_dict(), as_json, _render_pack)
 
 
@@ -233,6 +237,10 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  model {role}: {where}" + (f" (moved: was {was})" if was else ""))
     for item, proof in sorted(data.get("recomputed", {}).items()):
         lines.append(f"  proved {item}: {proof}")
+    for name, adapter in sorted(data.get("adapters", {}).items()):
+        claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
+        lines.append(f"  adapter {name}: {adapter['digest']}, base pinned as model "
+                     f"{adapter['model_role']} (found by {adapter['base_source']}{claim})")
     lines.append(f"  lock digest: {data['digest']}")
     return "\n".join(lines)
 
@@ -335,6 +343,7 @@ def _render_diff(data: dict[str, Any]) -> str:
     for kind in ("added", "removed", "changed"):
         lines += [f"file {kind}: {name}" for name in data["files"][kind]]
         lines += [f"activation {kind}: {name}" for name in data["activations"][kind]]
+        lines += [f"adapter {kind}: {name}" for name in data.get("adapters", {}).get(kind, [])]
     for item, fields in data["activations"]["fields"].items():
         lines += [f"activation {item} {key}: {change['old']} -> {change['new']}"
                   for key, change in fields.items()]

@@ -218,6 +218,12 @@ def digest(value: Any) -> str:
     return hashlib.sha256(dumps(value, compact=True).encode("ascii")).hexdigest()
 
 
+def digest_of_file_hashes(entries: list[tuple[str, str]]) -> str:
+    """``sha256:<hex>`` over sorted (relative name, file sha256) pairs: the one definition of a
+    set of files' digest (a model's weights, an adapter's files), for every caller."""
+    return "sha256:" + digest(sorted(entries))
+
+
 #: Most values :func:`json_safe` copies: a pickle can put one list at every level of a
 #: 64-deep structure twice, which copied naively is 2**64 values.
 MAX_VALUES = 1_000_000

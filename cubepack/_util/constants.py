@@ -43,6 +43,13 @@ KV_SUFFIX = ".kv.safetensors"
 #: A vLLM activation memory's prompts (vLLM prefills them on its server: no tensors to ship).
 PROMPTS_FILE = "activations/prompts.json"
 PROMPTS_FORMAT = "cubepack.prompts"
+#: Parametric memory: each LoRA adapter in PEFT's layout, ``parametric/<name>/`` holding
+#: ``adapter_config.json`` and ``adapter_model.safetensors`` (and whatever else PEFT wrote).
+PARAMETRIC_DIR = "parametric"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: An adapter's name (its folder's): a plain name, as the lock's ``adapters`` keys.
+ADAPTER_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 
 _TRUE = {"1", "true", "yes", "on"}
 #: Seconds a pull or push may take talking to the endpoint, unless told otherwise: an hour

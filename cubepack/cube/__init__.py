@@ -3,15 +3,18 @@ card and signature, and the verbs on it. Nothing here pushes or pulls: a Hub id 
 to a folder (through the HF cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``), :func:`verify` (``_verify``), :func:`diff`, :func:`upgrade`,
-  :func:`sign`;
+  :func:`sign`, :func:`load_adapter` (``_load_adapter``: a cube's LoRA adapter applied to its
+  pinned base only);
 - the formats: ``_lock`` (``cubepack.lock``), ``_cubeconfig`` (``cubepack.yaml``), ``_card``
   (the model card), ``_content`` (what a cube may hold), ``_provenance``, ``_vectors`` and
-  ``_embedder`` (text memories and their embedder), ``_report`` (checks);
+  ``_embedder`` (text memories and their embedder), ``_adapters`` (LoRA adapters and their
+  base), ``_report`` (checks);
 - MemOS's side of a folder: ``_memos_layout`` (its config.json, pure) and ``_memos_pickle``
   (the allowlist reader for its pickles).
 """
 
 from ._diff import diff
+from ._load_adapter import load_adapter
 from ._pack import PackResult, pack
 from ._policy import POLICIES, TrustPolicy
 from ._report import Check, VerifyReport
@@ -20,4 +23,4 @@ from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
 __all__ = ["POLICIES", "Check", "PackResult", "TrustPolicy", "UpgradeResult", "VerifyReport",
-           "diff", "pack", "sign", "upgrade", "verify"]
+           "diff", "load_adapter", "pack", "sign", "upgrade", "verify"]

@@ -138,6 +138,14 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
     everything = sorted(lock["activations"].items())
     activations = [{"id": item_id, **entry, "size": human_size(files[entry["file"]]["size"])}
                    for item_id, entry in everything[:CARD_ROWS]]
+    adapters = []
+    for name, entry in sorted((lock.get("adapters") or {}).items()):
+        pin = lock["models"].get(entry["model_role"]) or {}
+        targets = entry["target_modules"]
+        adapters.append({"name": name, **entry, "pin": pin,
+                         "targets": targets if isinstance(targets, str) else ", ".join(targets),
+                         "base_dtype": (pin.get("identity") or {}).get("dtype"),
+                         "weights_digest": (pin.get("identity") or {}).get("weights_digest")})
     kinds: dict[str, int] = {}
     for _, entry in everything:
         kind = (entry.get("provenance") or {}).get("kind", "none")
@@ -145,6 +153,7 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), pretty_name=pretty_name,
         memories=memory_rows, activations=activations, models=models, repo_id=repo_id,
+        adapters=adapters,
         more_activations=len(everything) - len(activations), activation_count=len(everything),
         provenance_counts=", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
         content_digest=lock["content_digest"], cubepack_version=cubepack_version,

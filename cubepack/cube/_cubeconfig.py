@@ -2,7 +2,8 @@
 
 MemOS forbids unknown keys in ``config.json``, so cubepack's pins live here: schema version,
 cube id, per model role the pinned repo id, revision, dtype, KV dtype, quantization and weights
-digest, and which files hold which memory type. The lock records the same pins with full
+digest, which files hold which memory type, and each LoRA adapter (folder, digest, type, rank,
+target modules, the role pinning its base). The lock records the same pins with full
 identities; ``verify`` checks the two agree.
 """
 
@@ -17,7 +18,8 @@ from ..errors import FormatError
 
 
 def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
-          memories: dict[str, list[str]]) -> dict[str, Any]:
+          memories: dict[str, list[str]],
+          adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     pins = {}
     for role, pin in sorted(models.items()):
         identity = pin.get("identity") or {}
@@ -30,12 +32,17 @@ def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
             "quantization": identity.get("quantization"),
             "weights_digest": identity.get("weights_digest"),
         }
-    return {
+    config = {
         "schema_version": constants.CONFIG_SCHEMA_VERSION,
         "cube_id": cube_id,
         "models": pins,
         "memories": {kind: paths for kind, paths in sorted(memories.items()) if paths},
     }
+    if adapters:  # parametric memory: each adapter's folder, digest, LoRA facts and base role
+        config["adapters"] = {name: {key: entry[key] for key in (
+            "path", "digest", "peft_type", "rank", "target_modules", "model_role")}
+            for name, entry in sorted(adapters.items())}
+    return config
 
 
 class _Dumper(yaml.SafeDumper):

@@ -64,6 +64,7 @@ def diff_locks(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         changes = _model_changes(before, after)
         if changes:
             models[role] = changes
+    old_adapters, new_adapters = old.get("adapters") or {}, new.get("adapters") or {}
     old_acts, new_acts = old["activations"], new["activations"]
     activations_changed = {
         item: {key: {"old": old_acts[item].get(key), "new": new_acts[item].get(key)}
@@ -83,6 +84,12 @@ def diff_locks(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             "removed": sorted(set(old_acts) - set(new_acts)),
             "changed": sorted(activations_changed),
             "fields": activations_changed,
+        },
+        "adapters": {
+            "added": sorted(set(new_adapters) - set(old_adapters)),
+            "removed": sorted(set(old_adapters) - set(new_adapters)),
+            "changed": sorted(name for name in set(old_adapters) & set(new_adapters)
+                              if old_adapters[name] != new_adapters[name]),
         },
         "lock": {key: {"old": old.get(key), "new": new.get(key)} for key in _LOCK_FIELDS
                  if old.get(key) != new.get(key)},

@@ -213,10 +213,74 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
                               "producer of an activation always is.")
 
 
+#: The keys of an ``adapters`` entry (see ``cube/_adapters.py``), exactly.
+ADAPTER_KEYS = {"path", "config_file", "weights_file", "digest", "peft_type", "rank",
+                "lora_alpha", "target_modules", "dtype", "model_role", "modules", "base"}
+_ADAPTER_NAME = re.compile(constants.ADAPTER_NAME_PATTERN)
+_MODULE_KINDS = ("linear", "embedding")
+
+
 def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
-    """Parametric memory: ``name -> entry`` (see ``cube/_adapters.py``)."""
+    """Parametric memory: ``name -> entry`` (see ``cube/_adapters.py``). Each entry names its
+    two files (listed, under ``parametric/<name>/``), their digest (recomputed here from the
+    files' sha256), the LoRA facts and the strict model role pinning its base."""
     if not isinstance(adapters, dict) or not adapters:
         raise FormatError("cubepack.lock 'adapters' must be a non-empty object.")
+    for name, entry in adapters.items():
+        what = f"cubepack.lock adapter {name!r}"
+        if not _ADAPTER_NAME.fullmatch(name):
+            raise FormatError(f"{what}: an adapter's name must be a plain name.")
+        if not isinstance(entry, dict) or set(entry) != ADAPTER_KEYS:
+            raise FormatError(f"{what} must have exactly the keys {sorted(ADAPTER_KEYS)}.")
+        path = f"{constants.PARAMETRIC_DIR}/{name}"
+        expected = {"path": path, "config_file": f"{path}/{constants.ADAPTER_CONFIG}",
+                    "weights_file": f"{path}/{constants.ADAPTER_WEIGHTS}",
+                    "model_role": f"adapter.{name}", "peft_type": "LORA"}
+        for key, value in expected.items():
+            if entry[key] != value:
+                raise FormatError(f"{what} {key} must be {value!r}, found {entry[key]!r}.")
+        for key in ("config_file", "weights_file"):
+            if entry[key] not in files:
+                raise FormatError(f"{what} names {entry[key]!r}, which the lock's file list "
+                                  "does not hold.")
+        recomputed = canonical.digest_of_file_hashes(
+            [(constants.ADAPTER_CONFIG, files[entry["config_file"]]["sha256"]),
+             (constants.ADAPTER_WEIGHTS, files[entry["weights_file"]]["sha256"])])
+        if entry["digest"] != recomputed:
+            raise FormatError(f"{what} digest {entry['digest']!r} is not its files' digest "
+                              f"{recomputed!r}.")
+        if type(entry["rank"]) is not int or entry["rank"] <= 0:
+            raise FormatError(f"{what} rank must be a positive integer.")
+        if type(entry["lora_alpha"]) not in (int, float):
+            raise FormatError(f"{what} lora_alpha must be a number.")
+        targets = entry["target_modules"]
+        if not ((isinstance(targets, str) and targets) or (
+                isinstance(targets, list) and targets
+                and all(isinstance(t, str) for t in targets))):
+            raise FormatError(f"{what} target_modules must be a regex or a list of names.")
+        if not isinstance(entry["dtype"], str):
+            raise FormatError(f"{what} dtype must be a string.")
+        modules = entry["modules"]
+        if not isinstance(modules, dict) or not modules:
+            raise FormatError(f"{what} modules must be a non-empty object.")
+        for module, fit in modules.items():
+            if not (isinstance(fit, dict) and set(fit) == {"kind", "rank", "shape"}
+                    and fit["kind"] in _MODULE_KINDS and type(fit["rank"]) is int
+                    and fit["rank"] > 0 and isinstance(fit["shape"], list)
+                    and len(fit["shape"]) == 2
+                    and all(type(d) is int and d >= 0 for d in fit["shape"])):
+                raise FormatError(f"{what} module {module!r} must be {{kind: linear|embedding, "
+                                  "rank: int, shape: [out, in]}.")
+        base = entry["base"]
+        if not (isinstance(base, dict) and set(base) == {"source", "claimed"}
+                and isinstance(base["source"], str)
+                and isinstance(base["claimed"], (str, type(None)))):
+            raise FormatError(f"{what} base must be {{source: str, claimed: str or null}}.")
+        pin = models.get(entry["model_role"])
+        if not isinstance(pin, dict) or pin.get("strict") is not True \
+                or not isinstance(pin.get("identity"), dict):
+            raise FormatError(f"{what} names model role {entry['model_role']!r}, which is not a "
+                              "strict pin with an identity; an adapter's base always is.")
 
 
 def _check_lineage(lineage: Any) -> None:

@@ -39,6 +39,7 @@ from ..kv._format import FULL, SLIDING, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import mapped_layers, write_kv_layers
+from . import _adapters as adapters_mod
 from . import _card as card
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
@@ -78,6 +79,8 @@ class PackResult:
     changed: bool = True
     #: role -> the pin the cube's last pack recorded, for each pin this pack moved
     moved_from: dict[str, str] = field(default_factory=dict)
+    #: adapter name -> its digest, its base's role and how pack found the base
+    adapters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,7 +92,7 @@ class PackResult:
                        for role, pin in self.models.items()},
             "activations": self.activations, "converted": self.converted,
             "recomputed": self.recomputed, "changed": self.changed,
-            "moved_from": self.moved_from,
+            "moved_from": self.moved_from, "adapters": self.adapters,
         }
 
 
@@ -98,7 +101,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
          pretty_name: str | None = None, progress: bool | None = None,
          sign_key: str | Path | None = None, sign_password: str | None = None,
          assert_producer: bool = False, recompute: bool = False,
-         embedder: str | None = None, cube_id: str | None = None) -> PackResult:
+         embedder: str | None = None, cube_id: str | None = None,
+         adapter_base: Any = None) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -122,15 +126,26 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         embedder: the embedder that made the text memory's vectors (a spec, as for
             ``verify --embedder``): it must reproduce the cube's sample, and its vectors for a
             fixed probe set are recorded as its behavioural fingerprint.
+        adapter_base: the base model of the cube's LoRA adapters (``parametric/<name>/``): a
+            folder, a Hub id (``owner/name[@revision]``) or a loaded model, or a dict of
+            adapter name -> base. Without it each adapter's base is the one the last pack
+            pinned, else the name its adapter_config.json claims (used to find the base only:
+            the pin is the base's own fingerprint).
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
             ``legacy_pickle``; a pickle naming a forbidden global.
-        IdentityMismatch: an activation contradicts the pinned model's geometry or dtype.
-        ModelNotFoundError: the producer model cannot be found.
+        IdentityMismatch: an activation contradicts the pinned model's geometry or dtype; an
+            adapter's tensors do not fit its base (a module absent, or other shapes).
+        ModelNotFoundError: the producer model (or an adapter's base) cannot be found.
     """
     cube = Path(cube_dir)
     files = list_cube_files(cube)
+    adapter_names = adapters_mod.adapter_folders(files)
+    if adapter_base is not None and not adapter_names:
+        raise UsageError(f"--adapter-base names a base for LoRA adapters, but {cube} holds none "
+                         f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
+                         f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     memos_config = _read_memos_config(cube, files, cube_id)
     earlier = _previous_lock(cube, files)
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
@@ -138,6 +153,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         model, revision = remembered, revision or pinned_revision
     pins = _pin_models(memos_config, model=model, revision=revision)
     _record_vectors(cube, files, memos_config, pins, embedder)
+    fitted = _pin_adapters(cube, adapter_names, pins, earlier, adapter_base)
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)  # fail before any work
     previous_lock = (cube / constants.LOCK_FILENAME).read_bytes() \
@@ -172,7 +188,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         recomputed = _prove_activations(staging, pins, model) if recompute else {}
         proven.update(recomputed)
         result = _write_metadata(
-            staging, memos_config, pins, proven, license=license or previous_card.license,
+            staging, memos_config, pins, proven, fitted,
+            license=license or previous_card.license,
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
             progress=progress, previous_card=previous_card)
         result.converted = converted
@@ -402,6 +419,28 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
                     "embedder that did.")
             record["probes"] = probe_vectors(embedder)
         pins[EMBEDDER_ROLE]["vectors"] = record
+
+
+def _pin_adapters(cube: Path, names: dict[str, str], pins: dict[str, dict[str, Any]],
+                  earlier: dict[str, Any] | None, adapter_base: Any) -> dict[str, tuple[Any, ...]]:
+    """Pin each adapter's base (a strict role ``adapter.<name>`` in ``pins``) and check the
+    adapter's tensors against the base's weight shapes; name -> (info, base shapes, how the
+    base was found)."""
+    fitted = {}
+    if isinstance(adapter_base, dict):
+        unknown = sorted(set(adapter_base) - set(names))
+        if unknown:
+            raise UsageError(f"adapter_base names {unknown}, which the cube does not hold "
+                             f"(its adapters: {sorted(names) or 'none'}).")
+    for name in names:
+        info = adapters_mod.read_adapter(cube, name)
+        given = adapter_base.get(name) if isinstance(adapter_base, dict) else adapter_base
+        role = adapters_mod.role(name)
+        remembered = ((earlier or {}).get("models") or {}).get(role)
+        pin, shapes, how = adapters_mod.pin_base(info, given, remembered)
+        pins[role] = pin
+        fitted[name] = (info, shapes, how)
+    return fitted
 
 
 # --- activations --------------------------------------------------------------------------------
@@ -647,7 +686,7 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
 # --- writing config, card and lock -----------------------------------------------------------
 
 def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]],
-                    proven: dict[str, dict[str, Any]], *,
+                    proven: dict[str, dict[str, Any]], fitted: dict[str, tuple[Any, ...]], *,
                     license: str | None, pretty_name: str, progress: bool | None,
                     previous_card: card.PreviousCard) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
@@ -655,19 +694,24 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     memories = memos_layout.memory_files(memos_config, content)
     memories["activation"] = [name for name in content if is_activation_path(name)
                               or name == constants.PROMPTS_FILE]
+    memories["parametric"] = memories.get("parametric", []) + adapters_mod.memory_files(content)
     _refuse_unshippable(staging, content, memos_config)
-    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins, memories=memories))
+    digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
+        [resolve_inside(staging, name) for name in content], progress=progress,
+        description="hashing cube").items()}
+    adapters = {name: adapters_mod.lock_entry(info, digests, shapes, how)
+                for name, (info, shapes, how) in sorted(fitted.items())}
+    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins,
+                                                    memories=memories, adapters=adapters))
     atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
 
     hashed = content + [constants.CONFIG_FILENAME]
-    digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
-        [resolve_inside(staging, name) for name in hashed], progress=progress,
-        description="hashing cube").items()}
+    digests[constants.CONFIG_FILENAME] = sha256_file(staging / constants.CONFIG_FILENAME)
     files = {name: {"sha256": digests[name], "size": resolve_inside(staging, name).stat().st_size}
              for name in hashed}
     activations = _activation_entries(staging, content, pins, digests, proven)
     draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
-                                cubepack_version=__version__)
+                                cubepack_version=__version__, adapters=adapters)
     card_text = card.render(lock=draft, memories=memories,
                             pretty_name=pretty_name,
                             license=license, repo_id=cube_id if cube_id and "/" in cube_id
@@ -678,7 +722,11 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),
                                       "size": len(card_bytes)}
     lock = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
-                               cubepack_version=__version__)
+                               cubepack_version=__version__, adapters=adapters)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
     return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
-                      files=len(files), models=pins, activations=sorted(activations))
+                      files=len(files), models=pins, activations=sorted(activations),
+                      adapters={name: {"digest": entry["digest"], "model_role": entry["model_role"],
+                                       "base_source": entry["base"]["source"],
+                                       "claimed_base": entry["base"]["claimed"]}
+                                for name, entry in adapters.items()})

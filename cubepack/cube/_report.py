@@ -12,10 +12,11 @@ from typing import Any
 
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "cube config", "signature", "model identity", "remote model", "recompute",
-          "provenance", "embedder")
-#: Checks that run only when asked for.
-OPTIONAL = ("remote model", "recompute", "provenance", "embedder")
+          "adapter", "cube config", "signature", "model identity", "adapter base",
+          "remote model", "recompute", "provenance", "embedder")
+#: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
+#: LoRA adapters; ``adapter base``: and a base model at hand).
+OPTIONAL = ("adapter", "adapter base", "remote model", "recompute", "provenance", "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -32,7 +33,8 @@ def pin_subject(role: str, pin: dict[str, Any]) -> str:
 PROVED, SIGNED, CLAIMED = "proved", "signed", "claimed"
 #: The basis of each check when it passes or fails (a skipped check has none).
 BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED, "size": PROVED,
-         "sha256": PROVED, "content": PROVED, "kv header": CLAIMED, "cube config": CLAIMED,
+         "sha256": PROVED, "content": PROVED, "kv header": CLAIMED, "adapter": CLAIMED,
+         "adapter base": PROVED, "cube config": CLAIMED,
          "signature": SIGNED, "model identity": PROVED, "remote model": CLAIMED,
          "recompute": PROVED, "provenance": CLAIMED, "embedder": PROVED}
 

@@ -21,6 +21,7 @@ from ..identity._identity import ModelIdentity, compare
 from ..kv._format import read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
+from . import _adapters as adapters_mod
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
 from ._content import file_problem, memos_config_problems
@@ -94,6 +95,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
         report.lock = lock
         report.intact = _check_files(report, lock, progress, hashed)
         _check_activations(report, lock)
+        _check_adapters(report, lock)
         _check_config(report, lock)
         reason = "not run: the cube's files failed the checks above"
         if report.intact:
@@ -239,6 +241,68 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
             report.add("kv header", subject, True, "producer and shapes agree with the lock")
 
 
+def _check_adapters(report: VerifyReport, lock: dict[str, Any]) -> None:
+    """Each adapter's files say what the lock says (type, rank, targets, dtype, the base shape
+    each LoRA module implies), and no adapter folder ships without an entry. Headers and JSON
+    only: no base model is needed (the ``adapter base`` check compares a base)."""
+    entries = lock.get("adapters") or {}
+    try:
+        folders = adapters_mod.adapter_folders(list(lock["files"]))
+    except CubepackError as exc:
+        report.add("adapter", "*", False, str(exc))
+        return
+    for name in sorted(set(folders) - set(entries)):
+        report.add("adapter", folders[name], False, "an adapter folder the lock does not pin to "
+                   "a base (pack the cube again)", "an adapters entry", "none")
+    for name, entry in sorted(entries.items()):
+        subject = f"{entry['path']}/ ({name})"
+        paths = [resolve_inside(report.cube_dir, entry[key])
+                 for key in ("config_file", "weights_file")]
+        if not all(path.is_file() and not path.is_symlink() for path in paths):
+            continue  # already reported by the file checks
+        try:
+            info = adapters_mod.read_adapter(report.cube_dir, name)
+        except CubepackError as exc:
+            report.add("adapter", subject, False, str(exc))
+            continue
+        problems = adapters_mod.entry_mismatches(entry, info)
+        for problem in problems:
+            report.add("adapter", f"{subject} {problem.field}", False,
+                       "the adapter's files differ from the lock", problem.expected,
+                       problem.found)
+        if not problems:
+            report.add("adapter", subject, True, "config and LoRA tensor shapes agree with the "
+                       "lock: " + adapters_mod.describe_entry(
+                           entry, lock["models"].get(entry["model_role"])))
+
+
+def _check_adapter_base(report: VerifyReport, lock: dict[str, Any], role: str,
+                        base: Any) -> None:
+    """The base at hand (a folder, or a loaded model) has the weight shapes each LoRA module
+    of the adapter pinned to ``role`` was packed against, read from its own files now."""
+    for name, entry in sorted((lock.get("adapters") or {}).items()):
+        if entry["model_role"] != role:
+            continue
+        try:
+            shapes = adapters_mod.folder_shapes(Path(base)) if isinstance(base, (str, Path)) \
+                else adapters_mod.model_shapes(base)
+        except CubepackError as exc:
+            report.add("adapter base", f"{entry['path']}/ ({name})", False, str(exc), role=role)
+            continue
+        bad = [(module, fit["shape"], list(shapes[module + ".weight"])
+                if module + ".weight" in shapes else "absent")
+               for module, fit in sorted(entry["modules"].items())
+               if list(shapes.get(module + ".weight", ())) != fit["shape"]]
+        for module, expected, found in bad:
+            report.add("adapter base", f"{entry['path']}/ ({name}) module {module}", False,
+                       "the base's weight has another shape than the adapter was packed "
+                       "against", expected, found, role=role)
+        if not bad:
+            report.add("adapter base", f"{entry['path']}/ ({name})", True,
+                       f"the base's weights have the shapes of all {len(entry['modules'])} "
+                       "adapted modules", role=role)
+
+
 def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
     path = report.cube_dir / constants.CONFIG_FILENAME
     if constants.CONFIG_FILENAME not in lock["files"]:
@@ -264,6 +328,14 @@ def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
                 agree = report.add("cube config", f"models.{role}.{key}", False,
                                    "cubepack.yaml disagrees with cubepack.lock", expected,
                                    stated.get(key))
+    stated_adapters = config.get("adapters") or {}
+    for name, entry in sorted((lock.get("adapters") or {}).items()):
+        stated = stated_adapters.get(name) if isinstance(stated_adapters, dict) else None
+        for key in ("path", "digest", "model_role"):
+            if not isinstance(stated, dict) or stated.get(key) != entry[key]:
+                agree = report.add("cube config", f"adapters.{name}.{key}", False,
+                                   "cubepack.yaml disagrees with cubepack.lock", entry[key],
+                                   (stated or {}).get(key) if isinstance(stated, dict) else None)
     if agree:
         report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
 
@@ -299,10 +371,13 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                 # pinned dtype (different weights still differ). A loaded model reports its own.
                 live = fingerprint(model) if not isinstance(model, (str, Path)) \
                     else fingerprint(str(model), revision=None, dtype=pinned.dtype)
+                base = model if not isinstance(model, (str, Path)) \
+                    else resolve_model_folder(str(model))[0]
             elif pin.get("repo_id") and pin.get("revision"):
                 folder, _, _ = resolve_model_folder(pin["repo_id"], pin["revision"],
                                                     local_files_only=True)
                 live = fingerprint(folder, dtype=pinned.dtype)
+                base = folder
             else:
                 report.add("model identity", subject, None,
                            "skipped: no model given (--model) and the pin has no Hub revision",
@@ -318,10 +393,14 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
         mismatches = compare(pinned, live)
         for mismatch in mismatches:
             report.add("model identity", f"{subject} {mismatch.field}", False,
-                       "the model differs from the pin", mismatch.expected, mismatch.found,
-                       role=role)
+                       "the model differs from the pin" + (
+                           " (the base this adapter was packed for)"
+                           if adapters_mod.is_adapter_role(role) else ""),
+                       mismatch.expected, mismatch.found, role=role)
         if not mismatches:
             report.add("model identity", subject, True, "the model matches the pin", role=role)
+        if adapters_mod.is_adapter_role(role):
+            _check_adapter_base(report, lock, role, base)
 
 
 def require_checked_models(report: VerifyReport) -> None:

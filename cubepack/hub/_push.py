@@ -176,7 +176,19 @@ def _status(exc: Exception) -> int | None:
 
 def _refuse_local_model_paths(cube: Path) -> None:
     """A model named by a local path means nothing on another machine and reveals the
-    pusher's file system; pack names Hub-cache snapshots by their Hub id instead."""
+    pusher's file system; pack names Hub-cache snapshots by their Hub id instead. An adapter's
+    ``base_model_name_or_path`` too (pack never rewrites an adapter's files: its digest is the
+    digest of the folder PEFT saved)."""
+    for adapter in sorted((cube / constants.PARAMETRIC_DIR).glob(f"*/{constants.ADAPTER_CONFIG}")):
+        claimed = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        if isinstance(claimed, str) and (os.path.isabs(claimed) or claimed.startswith(
+                ("~", "./", "../"))):
+            raise UsageError(
+                f"{adapter.relative_to(cube).as_posix()} names its base model by the local path "
+                f"{claimed}, which means nothing on another machine and reveals your file "
+                "system (the lock pins the base by its fingerprint either way). Set "
+                "base_model_name_or_path to the base's Hub id and pack again, or pass "
+                "--allow-local-paths to push it anyway.")
     config_path = cube / "config.json"
     if not config_path.is_file():
         return

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
+from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.revision import is_commit
 from .._util.safetensors_header import Header, read_header
@@ -192,11 +193,6 @@ def weight_files(folder: Path) -> list[Path]:
     """The weight files of a local model folder (see :func:`select_weight_names`)."""
     names = [entry.name for entry in folder.iterdir() if entry.is_file()]
     return [folder / name for name in select_weight_names(names)]
-
-
-def digest_of_file_hashes(entries: list[tuple[str, str]]) -> str:
-    """The weights digest from (relative name, sha256) pairs: one definition for all callers."""
-    return "sha256:" + canonical.digest(sorted(entries))
 
 
 def files_digest(folder: Path, files: list[Path], cache: HashCache | None = None) -> str:

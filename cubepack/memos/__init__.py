@@ -3,7 +3,8 @@
 - :func:`init_from_remote_repo` / :func:`init_from_dir` (``_load``): a cube pulled at an exact
   commit and verified, loaded as a MemOS ``GeneralMemCube``, each activation checked against
   the model MemOS loaded (``_activations``), text-memory vectors against its embedder
-  (``_embedder``);
+  (``_embedder``), its LoRA adapters against the base its parametric memory names
+  (``_parametric``);
 - :func:`install` / :func:`uninstall` (``_hook``): the same path under MemOS's own calls;
 - :func:`pack_cube` (``_pack_cube``): a live cube written straight to a packed cube;
 - ``_plugin``: the ``memos.plugins`` entry point (imported by MemOS only).

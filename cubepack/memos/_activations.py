@@ -71,6 +71,8 @@ class HookReport:
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     signed_by: str | None = None  # the trusted key whose signature covers the cube
     embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
+    #: adapter -> what the hook checked it against (or why it could not)
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:

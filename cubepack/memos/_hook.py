@@ -4,8 +4,10 @@ Patched: the class attributes ``GeneralMemCube.init_from_remote_repo`` / ``init_
 ``MOSCore.register_mem_cube`` is covered), and the leaves: the ``load`` of MemOS's activation
 memories (``KVCacheMemory``, ``VLLMKVCacheMemory``), the only MemOS code that unpickles. So every
 entry point (``GeneralMemCube.load``, ``NaiveMemCube.load``, ``MOSCore.load``, the scheduler)
-verifies a packed folder and reads an unpacked one through the allowlist reader. Settings only
-get stricter once installed.
+verifies a packed folder and reads an unpacked one through the allowlist reader. The parametric
+memory's ``LoRAMemory.load`` too: a packed folder's LoRA adapters are checked against the base
+that memory's config names (MemOS 2.0.33's own load reads nothing: see ``_parametric``).
+Settings only get stricter once installed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..hub._client import parse_repo_spec
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
+from ._parametric import check_adapters
 from ._use import guarded_generate, merged, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
@@ -154,12 +157,14 @@ def _patch() -> None:
     from memos.mem_os.core import MOSCore
     from memos.memories.activation.kv import KVCacheMemory
     from memos.memories.activation.vllmkv import VLLMKVCacheMemory
+    from memos.memories.parametric.lora import LoRAMemory
 
     targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
                (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
                (GeneralMemCube, "dump"): _portable_dump,
                (KVCacheMemory, "load"): _own(_guarded_act_load),
                (VLLMKVCacheMemory, "load"): _own(_guarded_act_load),
+               (LoRAMemory, "load"): _guarded_para_load,
                (KVCacheMemory, "extract"): _recorded_extract,
                (KVCacheMemory, "from_textual_memory"): _recorded_from_textual_memory,
                (KVCacheMemory, "_concat_caches"): _recorded_concat,
@@ -317,6 +322,25 @@ def _guarded_act_load(self: Any, dir: str) -> None:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current.policy)
     self.cubepack = report
+
+
+@quietly(import_first=("memos",))
+def _guarded_para_load(self: Any, dir: str) -> None:
+    """``LoRAMemory.load`` under the hook: a folder with a lock is verified and each of its
+    adapters checked against the model this memory's config names (its base), then MemOS's own
+    load runs (in 2.0.33 it reads nothing: the parametric memory is a placeholder)."""
+    from memos.memories.parametric.lora import LoRAMemory
+
+    current = _hook_settings()
+    folder = Path(dir)
+    if _lock_state(folder) == "file":
+        verified = verify(folder, current.policy)
+        report = HookReport(cube_dir=folder, verified=True, signed_by=verified.signed_by)
+        check_adapters(verified.lock, {"para_mem": {"backend": "lora", "config":
+                                                    self.config.model_dump(mode="json")}},
+                       report, current.policy)
+        self.cubepack = report
+    return _original(LoRAMemory, "load")(self, dir)
 
 
 def _recorded_extract(self: Any, text: Any) -> Any:

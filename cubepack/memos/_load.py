@@ -24,6 +24,7 @@ from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ._activations import HookReport, load_activations
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
+from ._parametric import check_adapters
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -108,6 +109,9 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     recorded, effective = _configs(cube_dir, lock, default_config)
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
+    if lock.get("adapters"):  # before MemOS builds anything
+        check_adapters(lock, effective.model_dump(mode="json") if "para_mem" in types else {},
+                       report, policy)
     cube = GeneralMemCube(_only(effective, types))
     others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
     if others and (cube_dir / "config.json").is_file():

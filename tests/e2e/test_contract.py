@@ -64,7 +64,8 @@ def all_commands(group=click_group, prefix=()):
 FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub error per command
     ("fingerprint",): [(["./missing"], "ModelNotFoundError")],
     ("inspect",): [(["{text}"], "FormatError"), (["{pickle}"], "FormatError")],
-    ("pack",): [(["/nonexistent"], "UsageError"), (["{empty}"], "UsageError")],
+    ("pack",): [(["/nonexistent"], "UsageError"), (["{empty}"], "UsageError"),
+                (["{cube}", "--adapter-base", "ns/base"], "UsageError")],
     ("verify",): [(["/nonexistent"], "UsageError"), (["{tampered}"], "VerificationFailed"),
                   (["{cube}", "--embedder", "x"], "VerificationFailed"),
                   (["{cube}", "--embedder-sample", "3"], "UsageError")],

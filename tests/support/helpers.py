@@ -58,7 +58,8 @@ def reseal_lock(cube, change) -> None:
     change(lock)
     resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
                                    models=lock["models"], activations=lock["activations"],
-                                   cubepack_version=lock["cubepack_version"])
+                                   cubepack_version=lock["cubepack_version"],
+                                   adapters=lock.get("adapters"), lineage=lock.get("lineage"))
     path.write_text(lockfile.dumps(resealed))
 
 
@@ -179,3 +180,18 @@ def load_tool(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def make_adapter(base_folder, out, *, seed: int = 7, **config):
+    """A LoRA adapter made by peft for the model in ``base_folder``, saved with
+    ``save_pretrained`` into ``out``; random B matrices (``init_lora_weights=False``), so it
+    changes the logits."""
+    from peft import LoraConfig, get_peft_model
+
+    from cubepack.testing import tiny
+
+    torch.manual_seed(seed)
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
+              "init_lora_weights": False, **config}
+    get_peft_model(tiny.load(base_folder), LoraConfig(**config)).save_pretrained(str(out))
+    return out
