@@ -12,10 +12,10 @@ from typing import Any
 
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "cube config", "signature", "model identity", "remote model", "recompute",
-          "provenance", "embedder")
+          "cube config", "signature", "attestation", "lineage", "model identity",
+          "remote model", "recompute", "provenance", "embedder")
 #: Checks that run only when asked for.
-OPTIONAL = ("remote model", "recompute", "provenance", "embedder")
+OPTIONAL = ("lineage", "remote model", "recompute", "provenance", "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -33,8 +33,9 @@ PROVED, SIGNED, CLAIMED = "proved", "signed", "claimed"
 #: The basis of each check when it passes or fails (a skipped check has none).
 BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED, "size": PROVED,
          "sha256": PROVED, "content": PROVED, "kv header": CLAIMED, "cube config": CLAIMED,
-         "signature": SIGNED, "model identity": PROVED, "remote model": CLAIMED,
-         "recompute": PROVED, "provenance": CLAIMED, "embedder": PROVED}
+         "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
+         "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
+         "provenance": CLAIMED, "embedder": PROVED}
 
 
 @dataclass
@@ -79,6 +80,11 @@ class VerifyReport:
     intact: bool = False
     #: The trusted key whose valid signature covers the cube (then its claims are ``signed``).
     signed_by: str | None = None
+    #: The trusted key whose in-toto attestation names this lock and agrees with it.
+    attested_by: str | None = None
+    #: sha256 of the lock file's bytes as this process read and parsed them (an attestation's
+    #: subject).
+    lock_sha256: str | None = None
     #: Per activation: what its producer label is (``kind``) and what backs it (``basis``).
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -118,5 +124,6 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "ok": self.ok,
                 "digest": (self.lock or {}).get("digest"), "signed_by": self.signed_by,
+                "attested_by": self.attested_by,
                 "checks": [c.to_dict() for c in self.checks],
                 "provenance": self.provenance}
