@@ -359,6 +359,37 @@ def test_a_chain_that_stops_before_a_root_is_refused(chain, keys, tmp_path):
     assert link.subject.startswith("link 2: ") and "stops before a root" in link.detail
 
 
+def test_an_envelope_after_the_root_is_refused(chain, keys, tmp_path):
+    root, child, _ = chain
+    extra = derive(child, tmp_path / "extra", ancestors=[envelope_of(child), envelope_of(root),
+                                                         envelope_of(root)])
+    cubepack.sign(extra, keys["alice"][0])
+    failed = failures(extra, trusted_keys=[keys["alice"][1]], require_lineage=True)
+    assert [(f.subject, f.detail) for f in failed] == [
+        ("envelope 3", "follows the root (envelope 2 names no parent)")]
+
+
+def test_a_malformed_ancestors_file_is_refused_with_or_without_keys(chain, keys, tmp_path):
+    _, child, _ = chain
+    broken = derive(child, tmp_path / "broken", ancestors=[{"payloadType": "x"}])
+    [check] = failures(broken)
+    assert (check.name, check.subject) == ("content", ANCESTORS)
+    assert "exactly payloadType, payload and signatures" in check.detail
+    with pytest.raises(cubepack.FormatError, match="ancestors.intoto.json"):
+        cubepack.pack(broken)  # pack refuses to lock what verify would refuse
+
+
+def test_the_keyid_is_a_hint_every_trusted_key_is_tried(cube, keys):
+    cubepack.sign(cube, keys["alice"][0])
+    envelope = envelope_of(cube)
+    envelope["signatures"][0]["keyid"] = "whatever"  # unsigned field: changes no signature
+    (cube / ATTESTATION).write_text(canonical.dumps(envelope))
+    report = cubepack.verify(cube, trusted_keys=[keys["bob"][1], keys["alice"][1]],
+                             raise_on_failure=False)
+    assert [c.ok for c in checks(report, "attestation")] == [True]
+    assert report.attested_by == str(keys["alice"][1])
+
+
 def test_require_lineage_without_any_attestation_refuses(cube, keys):
     from cubepack.cube._signing import write_signature
 
