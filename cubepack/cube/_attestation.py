@@ -101,6 +101,9 @@ def predicate_for(lock: dict[str, Any]) -> dict[str, Any]:
     """
     lineage = lock.get("lineage") or {}
     changes = lineage.get("changes") or {}
+    if not isinstance(changes, dict) or not isinstance(lineage.get("parent"), (dict, type(None))):
+        raise FormatError("cubepack.lock lineage must hold a parent object (or none) and a "
+                          "changes object; the attestation cannot state it otherwise.")
     producers = {}
     for role, pin in sorted(lock["models"].items()):
         identity = pin.get("identity")
@@ -120,6 +123,9 @@ def predicate_for(lock: dict[str, Any]) -> dict[str, Any]:
                                    "tokens": entry["token_count"]}
     parent = lineage.get("parent")
     embedder = changes.get("embedder")
+    retokenized = changes.get("retokenized") or []
+    if isinstance(retokenized, list) and all(isinstance(item, str) for item in retokenized):
+        retokenized = sorted(retokenized)  # otherwise left as found, for the check to name
     predicate = {
         "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
                  "content_digest": lock["content_digest"]},
@@ -127,7 +133,7 @@ def predicate_for(lock: dict[str, Any]) -> dict[str, Any]:
         "parent": {key: parent.get(key) for key in _PARENT_KEYS}
         if isinstance(parent, dict) else None,
         "proved": {"provenance": provenance, "recomputed": recomputed,
-                   "retokenized": sorted(changes.get("retokenized") or []),
+                   "retokenized": retokenized,
                    "reembedded": changes.get("reembedded") or 0,
                    "embedder": {"from": embedder.get("from"), "to": embedder.get("to")}
                    if isinstance(embedder, dict) else None},
@@ -451,7 +457,10 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
                       "subject is another lock (moved from another cube, or the lock changed "
                       "after signing)", f"subject sha256 {lock_sha256} (this cubepack.lock)",
                       f"subject sha256 {envelope.subject_sha256}", basis="signed")], None, None
-    differences = predicate_mismatches(envelope.predicate, lock)
+    try:
+        differences = predicate_mismatches(envelope.predicate, lock)
+    except CubepackError as exc:  # a lineage section the predicate cannot state
+        return [Check("attestation", name, False, str(exc))], None, None
     if differences:
         return [Check("attestation", f"{name} {field}", False, f"signed by trusted key {key}, "
                       "but its predicate disagrees with this lock", expected, found,

@@ -419,6 +419,14 @@ def test_what_migrate_proved_is_in_the_signed_predicate(cube, keys, tmp_path):
     assert cubepack.verify(child, trusted_keys=[keys["alice"][1]], require_lineage=True).ok
 
 
+def test_a_lineage_the_predicate_cannot_state_is_not_signed(cube, keys, tmp_path):
+    cubepack.sign(cube, keys["alice"][0])
+    odd = derive(cube, tmp_path / "odd", changes={"reembedded": "lots", "retokenized": [1, "a"]})
+    with pytest.raises(cubepack.FormatError, match="proved.retokenized"):
+        cubepack.sign(odd, keys["alice"][0])
+    assert not (odd / ATTESTATION).exists() and not (odd / constants.SIGNATURE_FILENAME).exists()
+
+
 # --- through pull, the hook's settings and the CLI ------------------------------------------------
 
 def test_pull_refuses_a_broken_chain_and_places_nothing(chain, keys, tmp_path):
