@@ -40,8 +40,9 @@ INTERRUPTED_EXIT = 130
 
 
 #: CLI options that map onto :class:`cubepack.cube.TrustPolicy` fields, in one place.
-_POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "recompute", "recompute_tokens",
-                   "seed", "require_provenance", "embedder", "embedder_sample", "strict_models")
+_POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "require_lineage", "recompute",
+                   "recompute_tokens", "seed", "require_provenance", "embedder",
+                   "embedder_sample", "strict_models")
 
 
 def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,6 +68,9 @@ def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      type=click.Path(dir_okay=False, exists=True),
                      help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
         click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
+        click.option("--require-lineage", is_flag=True,
+                     help="Refuse a cube whose signed attestations do not chain up to a "
+                          "trusted key (its own, then each ancestor's to a root)."),
         click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
         _json_option(),
     ]):
@@ -285,7 +289,9 @@ def _render_report(data: dict[str, Any]) -> str:
         lines.append("verified: every file is the one the lock records; " + (
             f"the lock is signed by trusted key {data['signed_by']}" if data.get("signed_by")
             else "the lock and what it says are the cube author's claims (no trusted "
-                 "signature: --trusted-key)"))
+                 "signature: --trusted-key)")
+            + (f"; attested by trusted key {data['attested_by']}" if data.get("attested_by")
+               else ""))
     else:
         lines.append("REFUSED: do not load this cube")
     return "\n".join(lines)
@@ -312,11 +318,14 @@ def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) 
               help="ECDSA P-256/P-384 private key (PEM). Password: CUBEPACK_KEY_PASSWORD.")
 @_json_option()
 def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
-    """Verify CUBE_DIR, then sign it (writes cubepack.sig; OpenSSF model-signing format)."""
+    """Verify CUBE_DIR, then sign it (writes cubepack.intoto.json, an in-toto attestation of
+    its lock, then cubepack.sig, OpenSSF model-signing format)."""
+    from ._util.constants import ATTESTATION_FILENAME
     from .cube._sign import sign
 
     path = sign(cube_dir, key, password=_key_password())
-    _emit({"signature": str(path)}, as_json, lambda d: f"signed: {d['signature']}")
+    _emit({"signature": str(path), "attestation": str(path.with_name(ATTESTATION_FILENAME))},
+          as_json, lambda d: f"signed: {d['signature']}\nattested: {d['attestation']}")
 
 
 def _key_password() -> str | None:

@@ -104,7 +104,7 @@ class VerificationFailed(IntegrityError):
 
     #: The checks whose failure means the cube's bytes are not the packed ones.
     DAMAGE = frozenset({"cube", "lock", "path", "file set", "size", "sha256", "content",
-                        "kv header", "cube config"})
+                        "kv header", "adapter", "cube config"})
 
     @property
     def failures(self) -> list[_Any]:

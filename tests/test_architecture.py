@@ -69,7 +69,8 @@ PUBLIC = {
 #: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
 #: transformers or MemOS code.
 PURE = ["cubepack.cube._lock", "cubepack.kv._format", "cubepack.identity._identity",
-        "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff"]
+        "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff",
+        "cubepack.cube._attestation"]
 HEAVY = ("torch", "transformers", "huggingface_hub", "httpx", "requests", "urllib.request",
          "http.client", "memos", "safetensors.torch", "tokenizers")
 

@@ -2,7 +2,7 @@
 
 Every file is accepted only after a strict parser for its kind has read it: JSON (strict,
 UTF-8), YAML (strict safe load), safetensors (the full header validation; KV files also their
-structure), UTF-8 text. Anything else is refused, naming the file and its kind. No kind may hold
+structure), UTF-8 text, DSSE attestations (exact envelope and statement layout). Anything else is refused, naming the file and its kind. No kind may hold
 a pickle, whatever its name: the protocol header, a pickle-format suffix, a ``torch.save`` zip,
 and a complete pickle opcode stream (protocols 0 and 1 have no header and are plain ASCII) are
 each refused. ``pack`` refuses to write a cube that ``verify`` would refuse, so every cube
@@ -22,10 +22,13 @@ from .._util.safetensors_header import read_header
 from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError
 from ..kv._format import read_kv_header
 from . import _memos_layout as memos_layout
+from ._attestation import check_file as check_attestation_file
 
 #: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
 PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
 JSON_NAMES = (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME)
+#: DSSE envelopes (a cube's own, its ancestors'): read by the strict envelope parser.
+ATTESTATION_NAMES = (constants.ATTESTATION_FILENAME, constants.ANCESTORS_FILENAME)
 TEXT_NAMES = (".gitattributes", ".gitignore")
 TEXT_SUFFIXES = (".md", ".txt", ".jinja", ".adapter", ".metadata")
 MAX_TEXT_BYTES = 64 * 1024 * 1024
@@ -42,6 +45,8 @@ def file_kind(name: str) -> str | None:
     lower = base.lower()
     if name.startswith(".cache/huggingface/"):
         return "text"  # hf download's bookkeeping: .gitignore, *.metadata, empty *.lock files
+    if name in ATTESTATION_NAMES:
+        return "attestation"
     if base in JSON_NAMES or lower.endswith(".json"):
         return "json"
     if lower.endswith((".yaml", ".yml")):
@@ -74,7 +79,10 @@ def content_error(path: Path, name: str) -> RefusedError | None:
             f"is of no kind a cube may hold (suffix {PurePosixPath(name).suffix or 'none'!r}); "
             "cubes hold JSON, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) only")
     try:
-        _CHECKS[kind](path)
+        if kind == "attestation":
+            check_attestation_file(path, name)
+        else:
+            _CHECKS[kind](path)
     except (CubepackError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         return FormatError(f"is not valid {kind}: {exc}")
     return None

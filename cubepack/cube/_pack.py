@@ -61,6 +61,8 @@ from ._vectors import EMBEDDER_ROLE, vector_record
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
+#: Written by signing, over the lock: kept by a re-pack that changes nothing, dropped otherwise.
+SIGNED_FILES = (constants.SIGNATURE_FILENAME, constants.ATTESTATION_FILENAME)
 
 
 @dataclass
@@ -113,7 +115,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             allowlist unpickler. Without it a cube holding a pickle is refused.
         license, pretty_name: for the model card's metadata.
         sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
-            (``cubepack.sig``, see :mod:`cubepack.cube._signing`).
+            (``cubepack.intoto.json``, then ``cubepack.sig``, see
+            :mod:`cubepack.cube._signing`).
         assert_producer: label converted caches as ``model``'s even though ``config.json``
             names another producer and the pickle records none (recorded in the lock and the
             card as ``asserted``).
@@ -165,7 +168,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         pickle_name = memos_layout.activation_pickle_name(memos_config)
         renamed = hub_names_for_snapshots(memos_config, pins)
         for name in files:
-            if name in GENERATED or name == pickle_name or name == constants.SIGNATURE_FILENAME:
+            if name in GENERATED or name == pickle_name or name in SIGNED_FILES:
                 continue
             if name == "config.json" and renamed is not None:
                 atomic.write_text(staging / name, json.dumps(renamed, indent=2,
@@ -197,7 +200,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
-        unsigned = [name for name in files if name != constants.SIGNATURE_FILENAME]
+        unsigned = [name for name in files if name not in SIGNED_FILES]
         if result.changed or sorted(list_cube_files(staging)) != unsigned:
             atomic.replace_dir(staging, cube)
         else:

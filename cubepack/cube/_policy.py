@@ -30,6 +30,10 @@ class TrustPolicy:
         trusted_keys: public keys (PEM paths) whose signature is accepted; any given makes a
             valid signature by one of them required.
         require_signature: refuse an unsigned cube even without ``trusted_keys``.
+        require_lineage: refuse a cube whose attestation chain does not verify up to a trusted
+            key: its own attestation (``cubepack.intoto.json``) and, for a derived cube, each
+            ancestor's in ``lineage/ancestors.intoto.json`` up to a root. Needs
+            ``trusted_keys``.
         recompute: prove every KV cache by the producer's own prefill.
         recompute_tokens: check this many positions per cache, drawn at random by the verifier,
             instead of all (implies ``recompute``; a partial check never proves a cache
@@ -50,6 +54,7 @@ class TrustPolicy:
     model: Any = None
     trusted_keys: tuple[str, ...] = ()
     require_signature: bool = False
+    require_lineage: bool = False
     recompute: bool = False
     recompute_tokens: int | None = None
     seed: int | None = None
@@ -65,6 +70,7 @@ class TrustPolicy:
         if type(recompute) is int:  # recompute=N: the old spelling of recompute_tokens=N
             recompute, tokens = True, tokens or recompute
         for name, value in (("recompute", recompute), ("require_signature", self.require_signature),
+                            ("require_lineage", self.require_lineage),
                             ("strict_models", self.strict_models)):
             if type(value) is not bool:
                 raise UsageError(f"{name} must be True or False, not {value!r}.")
@@ -72,6 +78,9 @@ class TrustPolicy:
             raise UsageError(f"recompute_tokens must be a positive integer, not {tokens!r}.")
         if self.seed is not None and type(self.seed) is not int:
             raise UsageError(f"seed must be an integer, not {self.seed!r}.")
+        if self.require_lineage and not self.trusted_keys:  # it could never be met
+            raise UsageError("require_lineage (--require-lineage) needs the keys a chain must "
+                             "verify up to; give them with trusted_keys (--trusted-key PUB.pem).")
         object.__setattr__(self, "recompute", recompute or tokens is not None)
         object.__setattr__(self, "recompute_tokens", tokens)
         if self.embedder is not None and (not isinstance(self.embedder, str) or

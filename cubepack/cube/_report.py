@@ -12,11 +12,12 @@ from typing import Any
 
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "adapter", "cube config", "signature", "model identity", "adapter base",
-          "remote model", "recompute", "provenance", "embedder")
+          "adapter", "cube config", "signature", "attestation", "lineage", "model identity",
+          "adapter base", "remote model", "recompute", "provenance", "embedder")
 #: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
 #: LoRA adapters; ``adapter base``: and a base model at hand).
-OPTIONAL = ("adapter", "adapter base", "remote model", "recompute", "provenance", "embedder")
+OPTIONAL = ("adapter", "adapter base", "lineage", "remote model", "recompute", "provenance",
+            "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -35,8 +36,9 @@ PROVED, SIGNED, CLAIMED = "proved", "signed", "claimed"
 BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED, "size": PROVED,
          "sha256": PROVED, "content": PROVED, "kv header": CLAIMED, "adapter": CLAIMED,
          "adapter base": PROVED, "cube config": CLAIMED,
-         "signature": SIGNED, "model identity": PROVED, "remote model": CLAIMED,
-         "recompute": PROVED, "provenance": CLAIMED, "embedder": PROVED}
+         "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
+         "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
+         "provenance": CLAIMED, "embedder": PROVED}
 
 
 @dataclass
@@ -81,6 +83,11 @@ class VerifyReport:
     intact: bool = False
     #: The trusted key whose valid signature covers the cube (then its claims are ``signed``).
     signed_by: str | None = None
+    #: The trusted key whose in-toto attestation names this lock and agrees with it.
+    attested_by: str | None = None
+    #: sha256 of the lock file's bytes as this process read and parsed them (an attestation's
+    #: subject).
+    lock_sha256: str | None = None
     #: Per activation: what its producer label is (``kind``) and what backs it (``basis``).
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -120,5 +127,6 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "ok": self.ok,
                 "digest": (self.lock or {}).get("digest"), "signed_by": self.signed_by,
+                "attested_by": self.attested_by,
                 "checks": [c.to_dict() for c in self.checks],
                 "provenance": self.provenance}

@@ -6,6 +6,10 @@ signature says *who* packed it. cubepack signs the whole cube folder, lock inclu
 Ed25519), writing ``cubepack.sig``. Stock ``model_signing verify key CUBE --signature
 CUBE/cubepack.sig --public_key PUB.pem`` accepts it. Only key-based flows are used: no Sigstore
 network flow is ever attempted.
+
+Signing first writes the cube's in-toto attestation (``cubepack.intoto.json``, see
+:mod:`._attestation`) with the same key; the signature then covers it like any other file, so
+stock ``model_signing verify`` still accepts the folder.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .._util import constants
-from ..errors import CubepackError, SignatureError, UsageError
+from .._util import atomic, constants
+from ..errors import CubepackError, SignatureError
+from ._attestation import attest
+from ._keys import check_key
 
-_CURVES = ("secp256r1", "secp384r1")
-
+__all__ = ["check_key", "verify_signature", "write_signature"]
 
 def _model_signing() -> Any:
     try:
@@ -41,32 +46,10 @@ def _hashing_config(hashing: Any) -> Any:
                                               ignore_git_paths=True)
 
 
-def check_key(path: str | os.PathLike[str], *, private: bool, password: str | None = None) -> None:
-    """Refuse keys model_signing cannot use, with a sentence instead of a stack trace."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"Cannot read key {path}: {exc.strerror or exc}.") from exc
-    try:
-        key = (serialization.load_pem_private_key(data, password.encode() if password else None)
-               if private else serialization.load_pem_public_key(data))
-    except (ValueError, TypeError) as exc:
-        kind = "private" if private else "public"
-        raise UsageError(f"{path} is not a PEM {kind} key (or the password is wrong).") from exc
-    curve = getattr(getattr(key, "curve", None), "name", None)
-    if not isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) or curve not in _CURVES:
-        raise UsageError(f"{path} is a {type(key).__name__.lstrip('_')} key"
-                            f"{f' on {curve}' if curve else ''}; cube signing takes ECDSA P-256 or "
-                            "P-384 keys (model_signing does not support Ed25519 or RSA). Create one "
-                            "with: openssl ecparam -name prime256v1 -genkey -noout -out key.pem")
-
-
 def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
                     password: str | None = None) -> Path:
-    """Write ``cubepack.sig`` over the files a packed cube's lock records.
+    """Write ``cubepack.intoto.json`` (the lock's signed attestation), then ``cubepack.sig``
+    over the files a packed cube's lock records, the attestation included.
 
     Only signs. The caller verifies first (:func:`cubepack.sign` and ``pack --sign-key`` do): the signature's manifest is built from the sha256 values in ``cubepack.lock`` plus the
     lock's own bytes, so no file is hashed again, and a file that no longer matches its lock
@@ -79,8 +62,13 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
     cube = Path(cube_dir)
     check_key(key, private=True, password=password)
     hashing, signing, _ = _model_signing()
-    manifest = _manifest_from_lock(cube, hashing)
+    lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
+    attestation = attest(lock_bytes, key, password=password)
+    manifest = _manifest_from_lock(cube, hashing, lock_bytes, {
+        constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()})
     target = cube / constants.SIGNATURE_FILENAME
+    attested = cube / constants.ATTESTATION_FILENAME
+    before = attested.read_bytes() if attested.is_file() and not attested.is_symlink() else None
     # Written outside the cube, then renamed in: a temp file inside would be signed too.
     handle, temporary = tempfile.mkstemp(prefix=".cubepack-sig-", dir=cube.parent)
     os.close(handle)
@@ -88,7 +76,15 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
         (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
          .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
         os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
+        atomic.write_bytes(attested, attestation)  # first: the signature names its digest
+        try:
+            os.replace(temporary, target)
+        except BaseException:  # keep the pair consistent: the old attestation, or none
+            if before is None:
+                attested.unlink(missing_ok=True)
+            else:
+                atomic.write_bytes(attested, before)
+            raise
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
@@ -105,8 +101,10 @@ class _Precomputed:
         return self._manifest
 
 
-def _manifest_from_lock(cube: Path, hashing: Any) -> Any:
-    """The manifest model_signing would compute for ``cube``, built from the lock's digests.
+def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
+                        extra: dict[str, str]) -> Any:
+    """The manifest model_signing would compute for ``cube``, built from the lock's digests
+    (and ``extra``: path -> sha256 of files beside the lock, such as the attestation).
 
     The serialization description (hash type, ignored paths) comes from model_signing itself,
     by hashing an empty file list with the same config, so stock ``model_signing verify``
@@ -117,10 +115,10 @@ def _manifest_from_lock(cube: Path, hashing: Any) -> Any:
     # The digest value type has no public constructor path; this is the only private import.
     from model_signing._hashing.hashing import Digest
 
-    lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     lock = json.loads(lock_bytes)
     digests = {path: entry["sha256"] for path, entry in lock["files"].items()}
     digests[constants.LOCK_FILENAME] = hashlib.sha256(lock_bytes).hexdigest()
+    digests.update(extra)
     empty = _hashing_config(hashing).hash(cube, files_to_hash=[])
     serialization = ms_manifest.SerializationType.from_args(empty.serialization_type)
     items = [ms_manifest.FileManifestItem(path=PurePosixPath(path),

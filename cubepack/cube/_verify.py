@@ -9,6 +9,7 @@ read as JSON.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..kv._recompute import recompute as recompute_cache
 from . import _adapters as adapters_mod
 from . import _cubeconfig as cubeconfig
 from . import _lock as lockfile
+from ._attestation import attestation_check, chain_checks
 from ._content import file_problem, memos_config_problems
 from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
@@ -35,8 +37,10 @@ from ._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
-#: Files a cube may hold beyond its lock: Hub bookkeeping and cubepack's own signature.
-TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME}
+#: Files a cube may hold beyond its lock: Hub bookkeeping, cubepack's own signature and the
+#: lock's attestation (it names the lock, so the lock cannot list it).
+TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME,
+             constants.ATTESTATION_FILENAME}
 #: Where ``cubepack pull`` records a pulled folder's origin.
 ORIGIN_FILE = ".cache/cubepack/origin.json"
 #: Folders of tool bookkeeping a cube may hold beyond its lock (validated by kind all the same):
@@ -100,6 +104,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
         reason = "not run: the cube's files failed the checks above"
         if report.intact:
             _check_signature(report, policy)
+            _check_attestation(report, lock, policy)
             if lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
@@ -113,7 +118,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
                 _check_provenance(report, lock, policy.require_provenance)
             if policy.embedder:
                 _check_embedder(report, lock, policy)
-    asked = {"recompute": policy.recompute, "provenance": bool(policy.require_provenance),
+    asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
     if raise_on_failure and not report.ok:
@@ -132,11 +137,13 @@ def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] 
         report.add("lock", constants.LOCK_FILENAME, False,
                    "missing: this folder was not packed by cubepack (run `cubepack pack`)")
         return None
+    data = path.read_bytes()
     try:
-        lock = lockfile.parse(path.read_bytes(), accept_version_1=accept_version_1)
+        lock = lockfile.parse(data, accept_version_1=accept_version_1)
     except CubepackError as exc:
         report.add("lock", constants.LOCK_FILENAME, False, str(exc))
         return None
+    report.lock_sha256 = hashlib.sha256(data).hexdigest()
     report.add("lock", constants.LOCK_FILENAME, True, f"version {lock['lock_version']}, digest "
                f"{lock['digest']}")
     return lock
@@ -354,6 +361,17 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
         return
     report.signed_by = str(key)
     report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
+
+
+def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    """The lock's signed attestation, when present and keys are given (required with
+    ``require_lineage``), then the chain of its ancestors' attestations when asked."""
+    checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
+                                              policy.trusted_keys, policy.require_lineage)
+    report.extend(checks)
+    report.attested_by = key
+    if policy.require_lineage:
+        report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
 
 
 def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:

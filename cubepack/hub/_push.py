@@ -207,9 +207,11 @@ def _refuse_local_model_paths(cube: Path) -> None:
 
 
 def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:
-    """path -> sha256 of everything a push sends: the locked files, the lock, a signature."""
+    """path -> sha256 of everything a push sends: the locked files, the lock, a signature and
+    the lock's attestation."""
     files = {path: entry["sha256"] for path, entry in report.lock["files"].items()}
-    for extra in (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME):
+    for extra in (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME,
+                  constants.ATTESTATION_FILENAME):
         if (cube / extra).is_file():
             files[extra] = sha256_file(cube / extra)
     return files

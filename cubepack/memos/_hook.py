@@ -56,6 +56,7 @@ class HookSettings:
     require_signature: bool = False
     on_mismatch: str = "error"
     recompute: bool = False  # prove every cache with the loading model, lock or no lock
+    require_lineage: bool = False  # the cube's attestation chain must verify to a trusted key
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates on_mismatch now, not at the first load
@@ -64,7 +65,8 @@ class HookSettings:
     def policy(self) -> TrustPolicy:
         """The policy every hooked load applies."""
         return TrustPolicy(trusted_keys=self.trusted_keys, require_signature=self.require_signature,
-                           on_mismatch=self.on_mismatch, recompute=self.recompute)
+                           on_mismatch=self.on_mismatch, recompute=self.recompute,
+                           require_lineage=self.require_lineage)
 
 
 _STATE: dict[str, Any] = {"settings": None, "originals": {}, "replacements": {}}
@@ -77,17 +79,19 @@ _STRICTNESS = {"error": 0, "drop": 1, "rebuild": 2}
 def _from_environment() -> HookSettings:
     """Settings servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
     ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``),
-    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1`` and ``CUBEPACK_MEMOS_RECOMPUTE=1``."""
+    ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1``, ``CUBEPACK_MEMOS_RECOMPUTE=1`` and
+    ``CUBEPACK_MEMOS_REQUIRE_LINEAGE=1``."""
     keys = tuple(k for k in os.environ.get("CUBEPACK_MEMOS_TRUSTED_KEYS", "").split(os.pathsep) if k)
     return HookSettings(
         on_mismatch=os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error",
         trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"),
-        recompute=constants.env_flag("CUBEPACK_MEMOS_RECOMPUTE"))
+        recompute=constants.env_flag("CUBEPACK_MEMOS_RECOMPUTE"),
+        require_lineage=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_LINEAGE"))
 
 
 def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None = None,
             require_signature: bool | None = None, on_mismatch: str | None = None,
-            recompute: bool | None = None) -> HookSettings:
+            recompute: bool | None = None, require_lineage: bool | None = None) -> HookSettings:
     """Route MemOS's cube loading through cubepack (see the module docstring); return the
     settings now in force.
 
@@ -98,6 +102,9 @@ def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None =
     pin, a signature or recomputation, add keys when none were set, or move the policy towards
     ``"error"``, never the reverse. Call :func:`uninstall` first to loosen them.
 
+    ``require_lineage=True`` (needs trusted keys) refuses a cube whose signed attestations do
+    not chain up to a trusted key (see :class:`~cubepack.cube.TrustPolicy`).
+
     ``recompute=True`` proves every cache MemOS loads with the model it loaded (a prefill of
     its token ids, every position), packed or not: a folder without a lock can only claim its
     producer, and this is what proves it.
@@ -106,8 +113,9 @@ def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None =
         TrustPolicy(on_mismatch=on_mismatch)  # refuse a bad value before changing anything
     given = {"require_pin": require_pin, "require_signature": require_signature,
              "on_mismatch": on_mismatch, "recompute": recompute,
+             "require_lineage": require_lineage,
              "trusted_keys": key_paths(trusted_keys) or None}
-    for name in ("require_pin", "require_signature", "recompute"):
+    for name in ("require_pin", "require_signature", "recompute", "require_lineage"):
         if given[name] is not None and type(given[name]) is not bool:
             raise UsageError(f"{name} must be True or False, not {given[name]!r}.")
     current: HookSettings | None = _STATE["settings"]
@@ -120,6 +128,7 @@ def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None =
             require_pin=current.require_pin or bool(require_pin),
             require_signature=current.require_signature or bool(require_signature),
             recompute=current.recompute or bool(recompute),
+            require_lineage=current.require_lineage or bool(require_lineage),
             trusted_keys=current.trusted_keys or given["trusted_keys"] or (),
             on_mismatch=min(current.on_mismatch, on_mismatch or current.on_mismatch,
                             key=_STRICTNESS.__getitem__))

@@ -88,9 +88,10 @@ def test_content_changed_after_signing_is_refused_even_with_a_resealed_lock(cube
     reseal_lock(cube, reseal)
     report = cubepack.verify(cube, trusted_keys=[keys["alice"][1]], raise_on_failure=False)
     failures = report.failures
-    assert [f.name for f in failures] == ["signature"]
+    assert [f.name for f in failures] == ["signature", "attestation"]
     assert "does not cover this content" in failures[0].detail
     assert re.search(r"(cubepack\.lock|item-1\.kv\.safetensors) differ", failures[0].detail)
+    assert "its subject is another lock" in failures[1].detail  # it attests the signed lock
 
 
 def test_ed25519_keys_are_refused_clearly(cube, keys):

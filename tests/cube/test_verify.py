@@ -40,7 +40,7 @@ def test_untouched_cube_verifies(cube, zoo):
     names = {c.name for c in report.checks}
     assert names == {"lock", "path", "file set", "size", "sha256", "content", "kv header",
                      "cube config",
-                     "signature", "model identity"}
+                     "signature", "attestation", "model identity"}
 
 
 def test_one_flipped_byte_is_named(cube):

@@ -68,7 +68,10 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["{cube}", "--adapter-base", "ns/base"], "UsageError")],
     ("verify",): [(["/nonexistent"], "UsageError"), (["{tampered}"], "VerificationFailed"),
                   (["{cube}", "--embedder", "x"], "VerificationFailed"),
-                  (["{cube}", "--embedder-sample", "3"], "UsageError")],
+                  (["{cube}", "--embedder-sample", "3"], "UsageError"),
+                  (["{cube}", "--require-lineage"], "UsageError"),
+                  (["{cube}", "--require-lineage", "--trusted-key", "{public}"],
+                   "VerificationFailed")],
     ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
@@ -80,7 +83,8 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["ns/x@ABCDEF0123456789ABCDEF0123456789ABCDEF01"], "UsageError"),
                 (["ns/x@refs/pr/0"], "UsageError"), (["ns/x@refs/pr/01"], "UsageError"),
                 (["ns/absent", "--local-dir", "t"], "HubError"),
-                (["ns/x", "--embedder-sample", "3"], "UsageError")],
+                (["ns/x", "--embedder-sample", "3"], "UsageError"),
+                (["ns/x", "--require-lineage"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
 }
 
@@ -98,12 +102,13 @@ def inputs(cube, tmp_path):
     data = bytearray(kv.read_bytes())
     data[-1] ^= 1
     kv.write_bytes(bytes(data))
-    key, _ = make_key(tmp_path, "signer")
+    key, public = make_key(tmp_path, "signer")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     yield {"text": tmp_path / "text.txt", "pickle": tmp_path / "data.pickle",
            "empty": tmp_path / "empty", "tampered": tampered, "cube": cube, "key": key,
+           "public": public,
            "busy": busy.getsockname()[1]}
     busy.close()
 
@@ -167,6 +172,9 @@ def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, h
     as_format_1(kv, old, zoo["a"] / "tokenizer.json")
     assert one_json(run("upgrade", old, "--model", zoo["a"], "--json"))["ok"] is True
     assert one_json(run("sign", cube, "--key", key, "--json"))["ok"] is True
+    attested = one_json(run("verify", cube, "--trusted-key", public, "--require-lineage",
+                            "--json"))
+    assert attested["attested_by"] == str(public)
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))

@@ -227,6 +227,22 @@ def test_hook_with_trusted_keys_refuses_an_unsigned_cube(hub, published, tmp_pat
                                    trusted_keys=[public])
 
 
+def test_hook_require_lineage_refuses_an_unattested_cube_and_loads_an_attested_one(
+        published, tmp_path):
+    pytest.importorskip("model_signing")
+    from helpers import make_key
+
+    key, public = make_key(tmp_path, "ops")
+    cube = tmp_path / "cube"
+    shutil.copytree(published["packed"], cube)
+    with pytest.raises(VerificationFailed) as caught:
+        hook.init_from_dir(cube, trusted_keys=[public], require_lineage=True)
+    assert {f.name for f in caught.value.failures} == {"signature", "attestation", "lineage"}
+    cubepack.sign(cube, key)  # a root cube: its own attestation is the whole chain
+    loaded = hook.init_from_dir(cube, trusted_keys=[public], require_lineage=True)
+    assert sorted(loaded.cubepack.loaded) == sorted(item.id for item in published["items"])
+
+
 # --- the leaves: every MemOS load path --------------------------------------------------------
 
 @pytest.fixture
