@@ -25,6 +25,7 @@ from .._util.paths import resolve_inside
 from .._util.safetensors_header import Header, read_header
 from ..errors import (
     FormatError,
+    HubError,
     IdentityMismatch,
     Mismatch,
     ModelNotFoundError,
@@ -50,7 +51,7 @@ SAFE_INITS = (True, False, "gaussian", "orthogonal")
 #: Config settings that make an adapter more than low-rank deltas on existing modules: each
 #: replaces or adds base weights, or changes the base's architecture. Refused (unsupported).
 _REPLACING = ("modules_to_save", "trainable_token_indices", "layer_replication",
-              "target_parameters", "megatron_config")
+              "target_parameters", "megatron_config", "kasa_config")
 
 
 def role(name: str) -> str:
@@ -189,16 +190,46 @@ def adapter_info(name: str, config: Any, header: Header) -> AdapterInfo:
         raise FormatError(f"{where}: fan_in_fan_out must be true or false.")
     claimed = config.get("base_model_name_or_path")
     modules, dtypes = _modules(where, header)
-    patterned = bool(config.get("rank_pattern"))
     for module, entry in sorted(modules.items()):
-        if entry["rank"] != rank and not patterned:
+        expected = _pattern_rank(where, config.get("rank_pattern") or {}, module, rank)
+        if entry["rank"] != expected:
             raise FormatError(f"{where}: the tensors of {module} have rank {entry['rank']}, but "
-                              f"{constants.ADAPTER_CONFIG} says r={rank} (and no rank_pattern).")
+                              f"{constants.ADAPTER_CONFIG} says r={expected} for it (r, or "
+                              "its rank_pattern): PEFT would build a layer of another shape.")
+    # PEFT initialises a DoRA magnitude or a lora_B bias the file lacks (from random LoRA
+    # weights, with init_lora_weights false), and ignores one its config does not ask for.
+    for flag, part, what in (("use_dora", "magnitude", "lora_magnitude_vector"),
+                             ("lora_bias", "B.bias", "lora_B.bias")):
+        wanted = config.get(flag, False)
+        if not isinstance(wanted, bool):
+            raise FormatError(f"{where}: {flag} must be true or false.")
+        for module, entry in sorted(modules.items()):
+            if entry["kind"] == "linear" or part == "magnitude":
+                if (part in entry["parts"]) != wanted:
+                    raise FormatError(
+                        f"{where}: {module} {'lacks' if wanted else 'has'} a {what} tensor but "
+                        f"{constants.ADAPTER_CONFIG} sets {flag} {str(wanted).lower()}: PEFT "
+                        f"would {'initialise it afresh' if wanted else 'ignore it'}.")
     return AdapterInfo(name=name, folder=folder_of(name), peft_type="LORA", rank=rank,
                        lora_alpha=alpha, target_modules=targets,
                        claimed_base=claimed if isinstance(claimed, str) and claimed else None,
                        dtype=sorted(dtypes)[0] if len(dtypes) == 1 else "mixed",
                        fan_in_fan_out=fan_in_fan_out, modules=modules, config=config)
+
+
+def _pattern_rank(where: str, pattern: dict[str, Any], module: str, rank: int) -> int:
+    """The rank PEFT gives ``module``: the first ``rank_pattern`` key matching the end of its
+    name (PEFT's ``get_pattern_key``), else ``r``."""
+    for key, value in pattern.items():
+        try:
+            matched = re.match(rf"(.*\.)?({key})$", module) is not None
+        except re.error as exc:
+            raise FormatError(f"{where}: rank_pattern key {key!r} is not a regex: {exc}") from exc
+        if matched:
+            if type(value) is not int or value <= 0:
+                raise FormatError(f"{where}: rank_pattern {key!r} must be a positive integer.")
+            return value
+    return rank
 
 
 def _modules(where: str, header: Header) -> tuple[dict[str, dict[str, Any]], set[str]]:
@@ -235,7 +266,7 @@ def _modules(where: str, header: Header) -> tuple[dict[str, dict[str, Any]], set
             raise FormatError(f"{where}: {module}'s {first} {list(a)} and {second} {list(b)} "
                               "do not share a rank (A is (r, in), B is (out, r)).")
         entry = {"kind": "linear" if linear else "embedding", "rank": a[0], "in": a[1],
-                 "out": b[0]}
+                 "out": b[0], "parts": sorted(shapes)}
         for extra in ("B.bias", "magnitude"):
             if extra in shapes and shapes[extra] != (b[0],):
                 raise FormatError(f"{where}: {module}'s {extra} has shape {list(shapes[extra])}, "
@@ -422,7 +453,7 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
         else:
             identity = fingerprint(base)
             shapes = model_shapes(base)
-    except (ModelNotFoundError, UsageError) as exc:
+    except (ModelNotFoundError, UsageError, HubError) as exc:  # HubError: not on the Hub
         if source.startswith("adapter_config"):
             raise ModelNotFoundError(
                 f"Adapter {info.name!r}'s {constants.ADAPTER_CONFIG} names its base "

@@ -18,7 +18,15 @@ from typing import Any
 from .._util import constants
 from .._util.paths import resolve_inside
 from .._util.quiet import quiet_libraries
-from ..errors import IntegrityError, UsageError
+from .._util.safetensors_header import read_header
+from ..errors import (
+    CubepackError,
+    IdentityMismatch,
+    IntegrityError,
+    Mismatch,
+    UnsupportedError,
+    UsageError,
+)
 from ..identity._fingerprint import fingerprint
 from . import _adapters as adapters_mod
 from ._policy import TrustPolicy
@@ -59,6 +67,7 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
         raise UsageError(f"{cube_dir} holds no adapter {name!r}; its adapters: "
                          f"{sorted(adapters) or 'none'}. Pass one of them as name.")
     entry = adapters[name]
+    _refuse_peft_layers(name, model)
     adapters_mod.check_live_base(name, entry, lock["models"][entry["model_role"]],
                                  fingerprint(model), adapters_mod.model_shapes(model))
     with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
@@ -72,6 +81,67 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
             (Path(private) / filename).write_bytes(data)
         from peft import PeftModel
 
-        with quiet_libraries():
-            return PeftModel.from_pretrained(model, private, adapter_name=adapter_name,
-                                             is_trainable=False)
+        had_config = hasattr(model, "peft_config")
+        try:
+            with quiet_libraries():
+                applied = PeftModel.from_pretrained(model, private, adapter_name=adapter_name,
+                                                    is_trainable=False)
+            _check_all_loaded(name, entry, applied, adapter_name,
+                              Path(private) / constants.ADAPTER_WEIGHTS)
+        except CubepackError:
+            _restore(model, had_config)  # PEFT injects into the caller's model in place
+            raise
+        except Exception as exc:
+            _restore(model, had_config)
+            raise UnsupportedError(f"PEFT could not apply adapter {name!r} ({entry['path']}/) "
+                                   f"to this model: {type(exc).__name__}: {exc}") from exc
+        return applied
+
+
+def _refuse_peft_layers(name: str, model: Any) -> None:
+    """A model already holding PEFT layers (a PeftModel, injected or merged-in adapters) is
+    not the pinned base: its outputs carry another adapter's deltas. Checked by class, so
+    peft is not imported."""
+    found = [(module_name or "(the model)", type(module).__qualname__)
+             for module_name, module in model.named_modules()
+             if type(module).__module__.split(".")[0] == "peft"]
+    if found:
+        raise IdentityMismatch(
+            f"Adapter {name!r} applies to its bare base model; the model given holds PEFT "
+            "layers, so it", [
+                Mismatch(f"module {module_name}", "a base-model module", f"PEFT's {kind}")
+                for module_name, kind in found[:5]],
+            "Pass the base without adapters (load it again, or PeftModel.unload() it).")
+
+
+def _check_all_loaded(name: str, entry: dict[str, Any], applied: Any, adapter_name: str,
+                      weights: Path) -> None:
+    """Every adapter tensor PEFT built came from the file, and every tensor of the file was
+    used: PEFT initialises afresh (randomly, with init_lora_weights false) whatever the file
+    lacks, e.g. modules ``all-linear`` or ``layers_to_transform`` select without tensors."""
+    from peft.utils import get_peft_model_state_dict
+
+    built = set(get_peft_model_state_dict(applied, adapter_name=adapter_name,
+                                          save_embedding_layers=False))  # refused at pack
+    saved = set(read_header(weights).tensors)
+    problems = [Mismatch(f"tensor {key}", "in the adapter's file", "initialised afresh by PEFT")
+                for key in sorted(built - saved)]
+    problems += [Mismatch(f"tensor {key}", "a tensor PEFT loads", "ignored by PEFT")
+                 for key in sorted(saved - built)]
+    if problems:
+        raise IdentityMismatch(
+            f"Adapter {name!r} ({entry['path']}/) does not hold what its config makes PEFT "
+            "build on this base: it", problems, "Save the adapter with PEFT's save_pretrained from the "
+            "model it was trained in (target_modules naming exactly the adapted modules).")
+
+
+def _restore(model: Any, had_config: bool) -> None:
+    """Undo PEFT's in-place injection: each PEFT layer back to the base layer it wraps."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module_name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer) and module_name:
+            parent_name, _, child = module_name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+    if not had_config and hasattr(model, "peft_config"):
+        del model.peft_config

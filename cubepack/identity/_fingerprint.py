@@ -488,7 +488,9 @@ def _loaded_adapters(model: Any) -> str | None:
         return None
     import torch
 
-    configs = {name: cfg.to_dict() for name, cfg in getattr(model, "peft_config", {}).items()}
+    configs = {name: {key: sorted(value) if isinstance(value, (set, frozenset)) else value
+                      for key, value in cfg.to_dict().items()}  # PEFT keeps target_modules a set
+               for name, cfg in getattr(model, "peft_config", {}).items()}
     digest = hashlib.sha256(canonical.dumps(configs, compact=True).encode())
     with torch.no_grad():
         for name, tensor in sorted(model.state_dict().items()):
