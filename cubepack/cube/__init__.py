@@ -3,7 +3,8 @@ card and signature, and the verbs on it. Nothing here pushes or pulls: a Hub id 
 to a folder (through the HF cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``), :func:`verify` (``_verify``), :func:`diff`, :func:`upgrade`,
-  :func:`sign`;
+  :func:`sign`, :func:`migrate` (``_migrate``: a new cube for a new model or embedder, re-prefilled
+  by ``_reprefill``, its ``_lineage`` recorded);
 - the formats: ``_lock`` (``cubepack.lock``), ``_cubeconfig`` (``cubepack.yaml``), ``_card``
   (the model card), ``_content`` (what a cube may hold), ``_provenance``, ``_vectors`` and
   ``_embedder`` (text memories and their embedder), ``_report`` (checks);
@@ -12,6 +13,7 @@ to a folder (through the HF cache, as transformers does) when a model is fingerp
 """
 
 from ._diff import diff
+from ._migrate import MigrateResult, migrate
 from ._pack import PackResult, pack
 from ._policy import POLICIES, TrustPolicy
 from ._report import Check, VerifyReport
@@ -19,5 +21,5 @@ from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["POLICIES", "Check", "PackResult", "TrustPolicy", "UpgradeResult", "VerifyReport",
-           "diff", "pack", "sign", "upgrade", "verify"]
+__all__ = ["POLICIES", "Check", "MigrateResult", "PackResult", "TrustPolicy", "UpgradeResult",
+           "VerifyReport", "diff", "migrate", "pack", "sign", "upgrade", "verify"]
