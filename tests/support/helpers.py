@@ -58,7 +58,8 @@ def reseal_lock(cube, change) -> None:
     change(lock)
     resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
                                    models=lock["models"], activations=lock["activations"],
-                                   cubepack_version=lock["cubepack_version"])
+                                   cubepack_version=lock["cubepack_version"],
+                                   adapters=lock.get("adapters"), lineage=lock.get("lineage"))
     path.write_text(lockfile.dumps(resealed))
 
 
