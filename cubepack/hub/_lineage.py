@@ -53,6 +53,7 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
         HubError: a parent's lock could not be downloaded.
     """
     cube = Path(cube_dir)
+    seconds = constants.hub_timeout(timeout)  # a bad --timeout is refused before any work
     try:
         path = regular_file(cube, constants.LOCK_FILENAME)
     except FileNotFoundError as exc:
@@ -63,7 +64,7 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
     if not follow:
         result.complete = "lineage" not in lock
         return result
-    client = HubClient(endpoint, token, timeout=constants.hub_timeout(timeout),
+    client = HubClient(endpoint, token, timeout=seconds,
                        action="lineage --follow", outcome="Nothing was changed.")
     child, where = lock, str(cube)
     while "lineage" in child:
