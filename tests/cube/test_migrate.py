@@ -124,6 +124,20 @@ def test_a_malformed_lineage_is_refused_by_name(cube, zoo, tmp_path, change, say
     assert not cubepack.verify(new, raise_on_failure=False).ok
 
 
+def test_the_lineage_is_covered_by_the_content_digest(cube, zoo, tmp_path):
+    new = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "new").cube_dir
+    path = new / constants.LOCK_FILENAME
+    lock = json.loads(path.read_text())
+    lock["lineage"]["changes"]["retokenized"] = []
+    body = {key: value for key, value in lock.items() if key != "digest"}
+    from cubepack._util import canonical
+
+    lock["digest"] = canonical.digest(body)  # the outer digest resealed, not the content's
+    path.write_text(lockfile.dumps(lock))
+    with pytest.raises(cubepack.FormatError, match="content_digest mismatch"):
+        lock_of(new)
+
+
 # --- refusals leave everything unchanged --------------------------------------------------------
 
 def test_migrate_needs_a_model_or_an_embedder(cube, tmp_path):
@@ -207,6 +221,23 @@ def test_adapters_are_left_out_and_listed_when_the_model_changes(cube_with_adapt
     assert not (new / "adapters").exists()
     assert lock_of(new)["lineage"]["changes"]["adapters_dropped"] == ["adapters/tea"]
     assert cubepack.verify(new).ok
+    from cubepack.cli import _render_migrate
+
+    assert "adapter adapters/tea: NOT migrated" in _render_migrate(result.to_dict())
+
+
+def test_adapters_are_found_by_the_locks_section_and_by_peft_folders():
+    from cubepack.cube._lineage import adapters_in
+
+    files = {name: {} for name in ("adapter_config.json", "adapter_model.safetensors", "x.md",
+                                   "lora/a.safetensors", "lora/meta.json", "peft/adapter_config.json",
+                                   "peft/adapter_model.safetensors")}
+    lock = {"files": files, "adapters": {"tea": {"file": "lora/a.safetensors",
+                                                 "config": {"path": "lora/meta.json"}}}}
+    assert adapters_in(lock) == {
+        "tea": ["lora/a.safetensors", "lora/meta.json"],
+        "adapter": ["adapter_config.json", "adapter_model.safetensors"],
+        "peft": ["peft/adapter_config.json", "peft/adapter_model.safetensors"]}
 
 
 def test_adapters_stay_when_only_the_embedder_changes(text_cube, encoders, zoo, tmp_path):
@@ -349,3 +380,15 @@ def test_the_parents_attestations_are_copied_parent_first(cube, zoo, tmp_path, m
     with pytest.raises(cubepack.FormatError, match="must hold a JSON object"):
         cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+
+
+def test_the_old_signature_is_not_carried_over(cube, zoo, tmp_path):
+    """It signs the old lock; the new cube is unsigned until its publisher signs it."""
+    from helpers import make_key
+
+    key, public = make_key(tmp_path, "signer")
+    cubepack.sign(cube, key)
+    new = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "new").cube_dir
+    assert not (new / constants.SIGNATURE_FILENAME).exists()
+    with pytest.raises(cubepack.VerificationFailed, match="unsigned|signature"):
+        cubepack.verify(new, trusted_keys=[public])
