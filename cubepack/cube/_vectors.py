@@ -69,15 +69,18 @@ def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
 
 
 def with_vectors(path: Path, fresh: dict[str, list[float]]) -> Any:
-    """The text memory at ``path`` (either layout of :func:`memory_vectors`) with each vector
-    ``fresh`` names replaced, everything else as it was (``migrate`` re-embeds with these).
+    """The text memory at ``path`` (either layout of :func:`memory_vectors`, which the caller
+    read it with) with each vector ``fresh`` names replaced, everything else as it was
+    (``migrate`` re-embeds with these).
 
     Raises:
-        FormatError: as :func:`memory_vectors`; or ``fresh`` names a memory the file does not
-            hold with a vector.
+        FormatError: not strict JSON, or ``fresh`` names a memory the file does not hold with a
+            vector.
     """
-    memory_vectors(path)  # the same checks: strict JSON, one id per memory, numeric vectors
-    data = canonical.loads_strict(path.read_bytes())
+    try:
+        data = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
+        raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
     replaced = set()
     if isinstance(data, list):
         for entry in data:
