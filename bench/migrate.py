@@ -37,9 +37,10 @@ REPEATS = 5
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="rounds (best of)")
     args = parser.parse_args()
     layers, hidden, items, tokens, texts, repeats = (
-        (2, 64, 2, 16, 8, 2) if args.smoke else (8, 512, 16, 256, 512, REPEATS))
+        (2, 64, 2, 16, 8, 2) if args.smoke else (8, 512, 16, 256, 512, args.repeats))
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-migrate-"))
     try:
         config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
