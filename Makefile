@@ -63,6 +63,7 @@ bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/pull.py
 	$(VENV)/latest/bin/python bench/identity.py
 	$(VENV)/latest/bin/python bench/recompute.py
+	$(VENV)/latest/bin/python bench/migrate.py
 	$(VENV)/latest/bin/python bench/memos_use.py
 
 # huggingface_hub's own tests against `cubepack hub serve` (downloads the installed version's

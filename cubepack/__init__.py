@@ -7,8 +7,9 @@ face, layered one way (each imports only those above it in this list)::
     _util       canonical JSON, atomic writes, paths, hashing, revisions, settings (private)
     identity    ModelIdentity, compare, fingerprint          localhub  cubepack hub serve
     kv          the KV file: format (torch-free), torch side, recomputation
-    cube        pack, verify, diff, upgrade, sign, load_adapter, the lock, the card, the policy
-    hub         push, pull, verify_remote (one client carrying endpoint and token)
+    cube        pack, verify, diff, upgrade, sign, migrate, load_adapter, the lock, the card,
+                the trust policy
+    hub         push, pull, verify_remote, lineage (one client carrying endpoint and token)
     memos       the MemOS hook: init_from_remote_repo, install, pack_cube
     cli, demo   the command line and ``make demo``
 
@@ -19,15 +20,17 @@ stay fast.
 
 from ._version import __version__
 from .cube import (
-                   PackResult,
-                   TrustPolicy,
-                   VerifyReport,
-                   diff,
-                   load_adapter,
-                   pack,
-                   sign,
-                   upgrade,
-                   verify,
+    MigrateResult,
+    PackResult,
+    TrustPolicy,
+    VerifyReport,
+    diff,
+    load_adapter,
+    migrate,
+    pack,
+    sign,
+    upgrade,
+    verify,
 )
 from .errors import (
                      CubepackError,
@@ -45,15 +48,16 @@ from .errors import (
                      UsageError,
                      VerificationFailed,
 )
-from .hub import PullResult, PushResult, pull, push
+from .hub import PullResult, PushResult, lineage, pull, push
 from .identity import ModelIdentity, fingerprint
 from .kv import KVFileInfo, load_kv_cache, prefill, read_kv_header, save_kv_cache
 
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
-    "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult", "PushResult",
-    "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy", "UnsafeInputError",
-    "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport", "__version__", "diff",
-    "fingerprint", "load_adapter", "load_kv_cache", "pack", "prefill", "pull", "push", "read_kv_header",
-    "save_kv_cache", "sign", "upgrade", "verify",
+    "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult",
+    "PushResult", "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy",
+    "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport",
+    "__version__", "diff", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
+    "pack", "prefill", "pull", "push", "read_kv_header", "save_kv_cache", "sign", "upgrade",
+    "verify",
 ]

@@ -367,6 +367,104 @@ def _render_diff(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli.command("migrate")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--model", help="The new producer model (folder or Hub id): every activation is "
+                              "re-prefilled by it.")
+@click.option("--revision", help="Branch, tag or commit of a Hub --model to pin.")
+@click.option("--embedder", help="The new embedder (a local model folder, "
+                                 "openai:<base url>#<model> or ollama:<base url>#<model>): every "
+                                 "text memory is re-embedded by it.")
+@click.option("--out", required=True, type=click.Path(),
+              help="Where the new cube goes: a new path or an empty folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def migrate_command(cube_dir: str, model: str | None, revision: str | None,
+                    embedder: str | None, out: str, as_json: bool) -> None:
+    """Build a new packed cube at --out for a new --model and/or --embedder from CUBE_DIR
+    (verified first, left untouched), recording its lineage."""
+    if model is None and embedder is None:  # before any import: a usage error does no work
+        raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
+                         "and/or --embedder E.")
+    from .cube._migrate import migrate
+
+    result = migrate(cube_dir, out=out, model=model, revision=revision, embedder=embedder)
+    _emit(result.to_dict(), as_json, _render_migrate)
+
+
+def _render_migrate(data: dict[str, Any]) -> str:
+    changes = data["lineage"]["changes"]
+    lines = [f"migrated {data['parent_dir']} -> {data['cube_dir']}"]
+    for role, change in changes["models"].items():
+        lines.append(f"  model {role}: {change['from']} -> {change['to']}")
+    for item, entry in sorted(data["activations"].items()):
+        how = (f"re-tokenised from its source_text ({entry['retokenized']})"
+               if entry["retokenized"] else "from its stored token ids")
+        lines.append(f"  re-prefilled {item}: {entry['tokens']} tokens, {how}")
+    if "embedder" in changes:
+        lines.append(f"  embedder: {changes['embedder']['from']} -> {changes['embedder']['to']}; "
+                     f"re-embedded {data['reembedded']} text memories")
+    for name, files in sorted(data["adapters_dropped"].items()):
+        lines.append(f"  adapter {name}: NOT migrated (an adapter is valid only for its base "
+                     f"model; left out: {', '.join(files) or 'no files'}); retrain it for the "
+                     "new model")
+    lines.append(f"  lock digest: {data['digest']} (parent "
+                 f"{data['lineage']['parent']['lock_digest']})")
+    return "\n".join(lines)
+
+
+@cli.command("lineage")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--follow", is_flag=True,
+              help="Fetch each parent's lock through the Hub (at the commit recorded) up to "
+                   "the root, checking each link's digest.")
+@click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
+              show_default=True, help="The repo type of the parents (with --follow).")
+@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@_timeout_option("--follow")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def lineage_command(cube_dir: str, follow: bool, repo_type: str, token: str | None,
+                    timeout: float | None, as_json: bool) -> None:
+    """Show the chain CUBE_DIR was derived from: its parent and what changed, and with --follow
+    every ancestor up to the root."""
+    from .hub._lineage import lineage
+
+    result = lineage(cube_dir, follow=follow, repo_type=repo_type, token=token, timeout=timeout)
+    _emit(result.to_dict(), as_json, _render_lineage)
+
+
+def _render_lineage(data: dict[str, Any]) -> str:
+    lines = []
+    for index, link in enumerate(data["chain"]):
+        where = data["cube_dir"] if index == 0 else f"{link['repo_id']}@{link['revision']}"
+        lines.append(("cube " if index == 0 else "parent ") + where
+                     + ("" if index == 0 else " (its lock's digest is the one recorded)"))
+        lines.append(f"  lock digest: {link['lock_digest']}")
+        if link["root"]:
+            lines.append("  root: records no parent")
+            continue
+        parent, changes = link["parent"], link["changes"]
+        at = f"{parent['repo_id']}@{parent['revision']}" if parent["repo_id"] else \
+            "not pulled from a Hub"
+        lines.append(f"  parent: lock {parent['lock_digest']} ({at})")
+        for role, change in changes["models"].items():
+            lines.append(f"  changed {role}: {change['from']} -> {change['to']} (weights "
+                         f"{change['from_weights']} -> {change['to_weights']})")
+        if "embedder" in changes:
+            lines.append(f"  changed embedder: {changes['embedder']['from']} -> "
+                         f"{changes['embedder']['to']} ({changes['reembedded']} re-embedded)")
+        if changes["retokenized"]:
+            lines.append(f"  re-tokenised: {', '.join(changes['retokenized'])}")
+        if changes["adapters_dropped"]:
+            lines.append(f"  adapters not migrated: {', '.join(changes['adapters_dropped'])}")
+    if data["stopped"]:
+        lines.append(f"chain incomplete: {data['stopped']}")
+    elif data["followed"]:
+        lines.append("chain complete: every parent fetched, every link's digest matches")
+    elif not data["complete"]:
+        lines.append("(--follow fetches the parents through the Hub)")
+    return "\n".join(lines)
+
+
 @cli.command("push")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.argument("repo_id")

@@ -55,6 +55,13 @@ _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 #: without one takes the C parser's own integers.
 _DIGITS_AS_ZEROS = str.maketrans({chr(code): "0" if chr(code) in "0123456789" else " "
                                   for code in range(128)})
+#: The same for every character a number literal holds: a run of N zeros bounds every literal
+#: (float or integer) to N characters.
+_NUMBER_AS_ZEROS = str.maketrans({chr(code): "0" if chr(code) in "0123456789.eE+-" else " "
+                                  for code in range(128)})
+#: An exponent of three digits or more: only such a literal (of at most MAX_NUMBER_CHARS
+#: characters, so below 10**(32 + 99) otherwise) can overflow to infinity.
+_LARGE_EXPONENT = re.compile(r"[eE][+-]?[0-9]{3}")
 
 
 def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
@@ -74,10 +81,16 @@ def loads_strict(text: str | bytes, **kwargs: Any) -> Any:
     if "0" * 16 not in structure.translate(_DIGITS_AS_ZEROS):
         # Every integer literal has at most 15 digits: inside +-MAX_INT and shorter than
         # MAX_NUMBER_CHARS, so json's own (C) conversion accepts exactly what the hook would.
-        decoder = _decoder(kwargs)
+        # Likewise floats, when no literal is longer than MAX_NUMBER_CHARS and none has a
+        # three-digit exponent: none can overflow, so float() is exactly the hook (a text
+        # memory's vectors are parsed at C speed, not a Python call per number).
+        floats = "0" * (MAX_NUMBER_CHARS + 1) not in structure.translate(_NUMBER_AS_ZEROS) \
+            and _LARGE_EXPONENT.search(structure) is None
+        decoder = _decoder(kwargs, floats)
         if decoder is not None and not text.startswith("\ufeff"):  # json.loads refuses a BOM
             return decoder.decode(text)
-        return json.loads(text, parse_constant=_reject, parse_float=_finite, **kwargs)
+        return json.loads(text, parse_constant=_reject, parse_float=float if floats else _finite,
+                          **kwargs)
     out_of_range = False
 
     def integer(number: str) -> int:
@@ -107,20 +120,20 @@ def _finite(number: str) -> float:
     return value
 
 
-#: Decoders with the strict hooks, by object_pairs_hook (building one costs as much as a
-#: small document's parse).
+#: Decoders with the strict hooks, by object_pairs_hook and whether floats need the hook
+#: (building one costs as much as a small document's parse).
 _DECODERS: dict[Any, json.JSONDecoder] = {}
 
 
-def _decoder(kwargs: dict[str, Any]) -> json.JSONDecoder | None:
+def _decoder(kwargs: dict[str, Any], floats: bool = False) -> json.JSONDecoder | None:
     if set(kwargs) - {"object_pairs_hook"}:
         return None
     hook = kwargs.get("object_pairs_hook")
-    decoder = _DECODERS.get(hook)
-    if decoder is None and len(_DECODERS) < 8:
-        decoder = _DECODERS[hook] = json.JSONDecoder(parse_constant=_reject,
-                                                     parse_float=_finite,
-                                                     object_pairs_hook=hook)
+    decoder = _DECODERS.get((hook, floats))
+    if decoder is None and len(_DECODERS) < 16:
+        decoder = _DECODERS[(hook, floats)] = json.JSONDecoder(
+            parse_constant=_reject, parse_float=float if floats else _finite,
+            object_pairs_hook=hook)
     return decoder
 
 

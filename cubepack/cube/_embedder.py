@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import threading
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,16 +143,46 @@ def embed(spec: str, texts: list[str]) -> list[list[float]]:
 def embed_locally(folder: Path, texts: list[str]) -> list[list[float]]:
     """Mean-pooled last hidden states of a transformers encoder, as sentence-transformers pools."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModel.from_pretrained(str(folder)).eval()
+    tokenizer, model = _loaded_encoder(folder)
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
     mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
     pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
     return pooled.tolist()
+
+
+#: Local encoders kept loaded (the last few), so that a migration's batches and the checks
+#: after them load a folder's encoder once.
+_ENCODERS: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+_ENCODERS_KEPT = 2
+_ENCODERS_LOCK = threading.Lock()
+
+
+def _loaded_encoder(folder: Path) -> tuple[Any, Any]:
+    """(tokenizer, model) of the encoder in ``folder``, reused while every file in it is the
+    same (by inode, size, mtime and ctime: a rewrite in place is seen even if its mtime is set
+    back)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    resolved = folder.resolve()
+    files = []
+    for path in sorted(resolved.iterdir()):
+        info = path.stat()
+        files.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    key = (str(resolved), tuple(files))
+    with _ENCODERS_LOCK:
+        if key in _ENCODERS:
+            _ENCODERS.move_to_end(key)
+            return _ENCODERS[key]
+    loaded = (AutoTokenizer.from_pretrained(str(resolved)),
+              AutoModel.from_pretrained(str(resolved)).eval())
+    with _ENCODERS_LOCK:
+        _ENCODERS[key] = loaded
+        while len(_ENCODERS) > _ENCODERS_KEPT:
+            _ENCODERS.popitem(last=False)
+    return loaded
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:

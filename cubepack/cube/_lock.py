@@ -283,7 +283,64 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
                               "strict pin with an identity; an adapter's base always is.")
 
 
+#: The lineage section's keys (see ``cube/_lineage.py``): every one required but
+#: ``changes.embedder``, which is there only when the embedder changed.
+_LINEAGE_KEYS = {"parent", "changes", "tool", "cubepack_version"}
+_PARENT_KEYS = {"lock_digest", "content_digest", "cube_id", "repo_id", "revision"}
+_CHANGE_KEYS = {"models", "retokenized", "reembedded", "adapters_dropped"}
+_MODEL_CHANGE_KEYS = {"from", "to", "from_weights", "to_weights"}
+
+
 def _check_lineage(lineage: Any) -> None:
-    """Where the cube came from (see ``cube/_lineage.py``)."""
-    if not isinstance(lineage, dict) or not lineage:
-        raise FormatError("cubepack.lock 'lineage' must be a non-empty object.")
+    """Where the cube came from (see ``cube/_lineage.py``): known keys only, every field's
+    type, 64-hex digests, a 40-hex revision (present exactly when the parent's repo is)."""
+    def refuse(what: str) -> None:
+        raise FormatError(f"cubepack.lock lineage {what}.")
+
+    def exact_keys(value: Any, where: str, required: set[str],
+                   optional: frozenset[str] = frozenset()) -> None:
+        if not isinstance(value, dict):
+            refuse(f"{where} must be an object")
+        if not required <= set(value) <= required | optional:
+            refuse(f"{where} must hold the keys {sorted(required)}"
+                   + (f" (and optionally {sorted(optional)})" if optional else "")
+                   + f", found {sorted(value)}")
+
+    def text(value: Any, where: str, *, null: bool = False) -> None:
+        if not ((null and value is None) or (isinstance(value, str) and value)):
+            refuse(f"{where} must be a non-empty string" + (" or null" if null else ""))
+
+    exact_keys(lineage, "", _LINEAGE_KEYS)
+    parent = lineage["parent"]
+    exact_keys(parent, "parent", _PARENT_KEYS)
+    for key in ("lock_digest", "content_digest"):
+        if not (isinstance(parent[key], str) and _HEX64.fullmatch(parent[key])):
+            refuse(f"parent.{key} must be 64 lowercase hex digits")
+    for key in ("cube_id", "repo_id"):
+        text(parent[key], f"parent.{key}", null=True)
+    if parent["revision"] is not None and not (isinstance(parent["revision"], str)
+                                               and is_commit(parent["revision"])):
+        refuse("parent.revision must be a 40-hex commit or null")
+    if (parent["repo_id"] is None) != (parent["revision"] is None):
+        refuse("parent.repo_id and parent.revision must be given together (or both null)")
+    changes = lineage["changes"]
+    exact_keys(changes, "changes", _CHANGE_KEYS, frozenset({"embedder"}))
+    if not isinstance(changes["models"], dict):
+        refuse("changes.models must be an object")
+    for role, change in changes["models"].items():
+        exact_keys(change, f"changes.models.{role}", _MODEL_CHANGE_KEYS)
+        for key in sorted(_MODEL_CHANGE_KEYS):
+            text(change[key], f"changes.models.{role}.{key}")
+    if "embedder" in changes:
+        exact_keys(changes["embedder"], "changes.embedder", {"from", "to"})
+        for key in ("from", "to"):
+            text(changes["embedder"][key], f"changes.embedder.{key}")
+    for key in ("retokenized", "adapters_dropped"):
+        names = changes[key]
+        if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)
+                and len(set(names)) == len(names)):
+            refuse(f"changes.{key} must be a list of distinct non-empty strings")
+    if type(changes["reembedded"]) is not int or changes["reembedded"] < 0:
+        refuse("changes.reembedded must be a non-negative integer")
+    text(lineage["tool"], "tool")
+    text(lineage["cubepack_version"], "cubepack_version")

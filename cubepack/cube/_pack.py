@@ -104,7 +104,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
          sign_key: str | Path | None = None, sign_password: str | None = None,
          assert_producer: bool = False, recompute: bool = False,
          embedder: str | None = None, cube_id: str | None = None,
-         adapter_base: Any = None) -> PackResult:
+         adapter_base: Any = None, _derived: dict[str, Any] | None = None) -> PackResult:
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
@@ -134,6 +134,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             adapter name -> base. Without it each adapter's base is the one the last pack
             pinned, else the name its adapter_config.json claims (used to find the base only:
             the pin is the base's own fingerprint).
+        _derived: for ``migrate`` only: ``{"lineage": section, "provenance": {item: label}}``,
+            the lineage of the cube it builds and the activations it re-prefilled itself.
+            Without it, a cube's recorded lineage is kept (a re-pack to sign it, say).
 
     Raises:
         UnsafeInputError: symlinks or unsafe names in the cube; a pickle without
@@ -188,13 +191,15 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             converted = list(proven)
         else:
             proven = {}
+        proven.update((_derived or {}).get("provenance") or {})
         recomputed = _prove_activations(staging, pins, model) if recompute else {}
         proven.update(recomputed)
+        lineage = (_derived or {}).get("lineage") or (earlier or {}).get("lineage")
         result = _write_metadata(
             staging, memos_config, pins, proven, fitted,
             license=license or previous_card.license,
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
-            progress=progress, previous_card=previous_card)
+            progress=progress, previous_card=previous_card, lineage=lineage)
         result.converted = converted
         result.moved_from = _moved_pins(earlier, pins)
         result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
@@ -691,7 +696,8 @@ def _refuse_unshippable(staging: Path, names: list[str], memos_config: dict[str,
 def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str, dict[str, Any]],
                     proven: dict[str, dict[str, Any]], fitted: dict[str, tuple[Any, ...]], *,
                     license: str | None, pretty_name: str, progress: bool | None,
-                    previous_card: card.PreviousCard) -> PackResult:
+                    previous_card: card.PreviousCard,
+                    lineage: dict[str, Any] | None = None) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
     content = [name for name in list_cube_files(staging) if name not in GENERATED]
     memories = memos_layout.memory_files(memos_config, content)
@@ -714,7 +720,8 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
              for name in hashed}
     activations = _activation_entries(staging, content, pins, digests, proven)
     draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
-                                cubepack_version=__version__, adapters=adapters)
+                                cubepack_version=__version__, adapters=adapters,
+                                lineage=lineage)
     card_text = card.render(lock=draft, memories=memories,
                             pretty_name=pretty_name,
                             license=license, repo_id=cube_id if cube_id and "/" in cube_id
@@ -725,7 +732,8 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),
                                       "size": len(card_bytes)}
     lock = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
-                               cubepack_version=__version__, adapters=adapters)
+                               cubepack_version=__version__, adapters=adapters,
+                               lineage=lineage)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
     return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
                       files=len(files), models=pins, activations=sorted(activations),

@@ -68,6 +68,39 @@ def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
     return found
 
 
+def with_vectors(path: Path, fresh: dict[str, list[float]]) -> Any:
+    """The text memory at ``path`` (either layout of :func:`memory_vectors`, which the caller
+    read it with) with each vector ``fresh`` names replaced, everything else as it was
+    (``migrate`` re-embeds with these).
+
+    Raises:
+        FormatError: not strict JSON, or ``fresh`` names a memory the file does not hold with a
+            vector.
+    """
+    try:
+        data = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
+        raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
+    replaced = set()
+    if isinstance(data, list):
+        for entry in data:
+            if isinstance(entry, dict) and isinstance(entry.get("vector"), list) \
+                    and str(entry.get("id")) in fresh:
+                entry["vector"] = fresh[str(entry.get("id"))]
+                replaced.add(str(entry.get("id")))
+    elif isinstance(data, dict) and isinstance(data.get("nodes"), list):
+        for node in data["nodes"]:
+            metadata = node.get("metadata") if isinstance(node, dict) else None
+            if isinstance(metadata, dict) and isinstance(metadata.get("embedding"), list) \
+                    and metadata["embedding"] and str(node.get("id")) in fresh:
+                metadata["embedding"] = fresh[str(node.get("id"))]
+                replaced.add(str(node.get("id")))
+    missing = sorted(set(fresh) - replaced)
+    if missing:
+        raise FormatError(f"{path.name} holds no vector for the memory {missing[0]!r}.")
+    return data
+
+
 def vector_record(cube: Path, name: str) -> dict[str, Any] | None:
     """What the lock records about a text memory's vectors, or None when it holds none."""
     memories = memory_vectors(cube / name)

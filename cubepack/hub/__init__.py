@@ -1,6 +1,7 @@
 """Sharing cubes through a Hub at exact revisions: :func:`push` (one commit) and :func:`pull`
 (one commit, verified before it is placed), through one :class:`HubClient` carrying endpoint
-and token, and pins checked against the Hub's file metadata (``_remote``).
+and token, pins checked against the Hub's file metadata (``_remote``), and a cube's lineage
+followed to its root (:func:`lineage`, ``_lineage``).
 
 Works with huggingface_hub 0.36 and 2.x, against the Hub or any compatible endpoint (such as
 ``cubepack hub serve``); ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and ``HF_HUB_CACHE``
@@ -8,9 +9,10 @@ are honoured through huggingface_hub itself.
 """
 
 from ._client import HubClient, parse_repo_spec
+from ._lineage import LineageResult, lineage
 from ._pull import PullResult, pull, resolve_revision
 from ._push import PushResult, push
 from ._remote import verify_remote
 
-__all__ = ["HubClient", "PullResult", "PushResult", "parse_repo_spec", "pull", "push",
-           "resolve_revision", "verify_remote"]
+__all__ = ["HubClient", "LineageResult", "PullResult", "PushResult", "lineage", "parse_repo_spec",
+           "pull", "push", "resolve_revision", "verify_remote"]

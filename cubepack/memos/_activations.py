@@ -34,6 +34,8 @@ from ..cube._provenance import (
     record_conflicts,
     satisfies,
 )
+from ..cube._reprefill import provenance as reprefill_provenance
+from ..cube._reprefill import reprefill
 from ..cube._verify import NO_TOKEN_IDS
 from ..errors import (
     CubepackError,
@@ -176,8 +178,11 @@ class _Staged:
             return None
         return ids if len(ids) == int(layers[0][1]) else None
 
-    def mismatch(self, item_id: str, mismatch: IdentityMismatch, header: dict[str, Any]) -> None:
-        apply_policy(self, item_id, mismatch, memos_layout.item_metadata(header))
+    def mismatch(self, item_id: str, mismatch: IdentityMismatch, header: dict[str, Any], *,
+                 token_ids: list[int] | None = None,
+                 producer: ModelIdentity | None = None) -> None:
+        apply_policy(self, item_id, mismatch, memos_layout.item_metadata(header),
+                     token_ids=token_ids, producer=producer)
 
     def install(self) -> None:
         self.act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
@@ -210,7 +215,9 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
         try:
             info = check_kv_file(path, live)
         except IdentityMismatch as mismatch:
-            staged.mismatch(item_id, mismatch, read_kv_header(path).metadata)
+            stored = read_kv_header(path)
+            staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
+                            producer=stored.producer)
             continue
         if policy.recompute and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
@@ -324,7 +331,8 @@ def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: Hook
         try:
             info = check_kv_file(path, live)
         except IdentityMismatch as mismatch:
-            staged.mismatch(item_id, mismatch, header.metadata)
+            staged.mismatch(item_id, mismatch, header.metadata, token_ids=header.token_ids,
+                            producer=header.producer)
             continue
         claimed = info.metadata.get("provenance")
         label = claimed if check_provenance(claimed) and claimed["kind"] == ASSERTED else KV_HEADER
@@ -334,7 +342,8 @@ def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: Hook
 
 
 def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], *, token_ids: list[int] | None = None,
+                 producer: ModelIdentity | None = None) -> None:
     on_mismatch = staged.policy.on_mismatch
     if on_mismatch == "error":
         raise IdentityMismatch(
@@ -348,30 +357,34 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                        item_id, staged.cube_dir, ", ".join(mismatch.fields))
         staged.report.dropped[item_id] = mismatch.fields
         return
-    staged.items.append(rebuild(staged.act_mem, item_id, metadata))
+    staged.items.append(rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids,
+                                producer=producer))
     staged.report.rebuilt[item_id] = mismatch.fields
 
 
-def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any]) -> Any:
-    """Re-extract an item from its stored source with the live model, as MemOS built it:
-    ``source_text`` may be a string, a list of strings or a list of chat messages."""
-    source = metadata.get("source_text")
-    if not _extractable(source):
-        raise CubepackError(f"Activation {item_id!r} cannot be rebuilt: it records no "
-                            "source_text (a string or a list of chat messages) to extract from.")
-    item = act_mem.extract(source)
-    item.id = item_id
-    item.metadata = {**metadata, **(item.metadata or {}), "rebuilt_by_cubepack": True}
-    logger.warning("cubepack: rebuilt activation %s with the loaded model", item_id)
-    return item
+def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any], *,
+            token_ids: list[int] | None = None, producer: ModelIdentity | None = None) -> Any:
+    """Rebuild an item with the live model by the re-prefill ``cubepack migrate`` uses
+    (:func:`cubepack.cube._reprefill.reprefill`): its stored token ids when the live tokenizer
+    is its producer's, else its ``source_text`` (a string, a list of strings or chat messages)
+    through the chat template, as MemOS's ``extract`` builds it.
 
+    Raises:
+        RecomputationFailed: neither usable ids nor a source_text to re-tokenise.
+    """
+    from memos.memories.activation.item import KVCacheItem
 
-def _extractable(source: Any) -> bool:
-    if isinstance(source, str):
-        return bool(source)
-    return isinstance(source, list) and bool(source) and all(
-        isinstance(entry, str) or (isinstance(entry, dict) and "content" in entry)
-        for entry in source)
+    llm = act_mem.llm
+    live = fingerprint(llm.model)
+    done = reprefill(llm.model, item_id, token_ids=token_ids, metadata=metadata,
+                     producer=producer, identity=live, tokenizer=lambda: llm.tokenizer)
+    label = reprefill_provenance(done, live, "the MemOS hook's rebuild policy")
+    kept = {**metadata, "rebuilt_by_cubepack": True}
+    register(done.cache, item_id, live, kept, done.token_ids, label)
+    logger.warning("cubepack: rebuilt activation %s with the loaded model%s", item_id,
+                   f" (re-tokenised from its source_text: {done.retokenized})"
+                   if done.retokenized else "")
+    return KVCacheItem(id=item_id, memory=done.cache, metadata=kept)
 
 
 def _served_model(act_mem: Any) -> Any:

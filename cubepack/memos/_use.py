@@ -36,6 +36,7 @@ from typing import Any
 
 from ..cube._memos_layout import memos_prompt_ids
 from ..cube._provenance import ASSERTED, RECORDED, STRENGTH
+from ..cube._reprefill import reprefill
 from ..errors import CubepackError, IdentityMismatch, Mismatch
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
@@ -250,11 +251,17 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
             logger.warning("cubepack: %s: not used (%s); answering without it", what,
                            ", ".join(m.field for m in mismatches))
             return None
-        if policy == "rebuild" and record is not None and record.metadata.get("source_text"):
+        if policy == "rebuild" and record is not None and (
+                record.token_ids or record.metadata.get("source_text") is not None):
+            try:  # the one re-prefill (cube/_reprefill.py), as on load and in migrate
+                done = reprefill(model, record.item_id, token_ids=list(record.token_ids or ()),
+                                 metadata=record.metadata, producer=record.producer,
+                                 identity=live, tokenizer=lambda: llm.tokenizer)
+            except CubepackError as exc:
+                raise IdentityMismatch(what, mismatches, f"It cannot be rebuilt: {exc}") from exc
             logger.warning("cubepack: %s: rebuilt with the consuming model", what)
-            fresh = llm.build_kv_cache(record.metadata["source_text"])
-            register(fresh, record.item_id, live, record.metadata)
-            return fresh_view(fresh, model)
+            register(done.cache, record.item_id, live, record.metadata, done.token_ids)
+            return fresh_view(done.cache, model)
         hint = ("It changed after cubepack checked it (grown by a direct generation call, or "
                 "its tensors replaced), so it is no longer the stored memory; reload the cube "
                 "or re-extract it." if state == "changed" else

@@ -162,8 +162,14 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
     with pytest.raises(FormatError, match=r"unexpected keys \['lineage'\]"):
         lockfile.parse(as_version(2, lineage={"parent": None}))
     # an edited section is caught by the content digest even when the outer digest is redone
-    lock = json.loads(as_version(3, lineage={"parent": None}))
-    lock["lineage"] = {"parent": "x"}
+    lineage = {"parent": {"lock_digest": "a" * 64, "content_digest": "b" * 64, "cube_id": None,
+                          "repo_id": None, "revision": None},
+               "changes": {"models": {}, "retokenized": [], "reembedded": 0,
+                           "adapters_dropped": []},
+               "tool": "cubepack migrate", "cubepack_version": "0.1.0"}
+    lock = json.loads(as_version(3, lineage=lineage))
+    assert lockfile.parse(json.dumps(lock).encode())["lineage"] == lineage
+    lock["lineage"]["changes"]["reembedded"] = 1
     lock.pop("digest")
     lock["digest"] = canonical.digest(lock)
     with pytest.raises(FormatError, match="content_digest mismatch"):

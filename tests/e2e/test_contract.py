@@ -73,6 +73,10 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                   (["{cube}", "--require-lineage", "--trusted-key", "{public}"],
                    "VerificationFailed")],
     ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
+    ("migrate",): [(["{cube}", "--out", "new"], "UsageError"),
+                   (["{cube}", "--model", "{model}", "--out", "{cube}/inside"], "UsageError"),
+                   (["{tampered}", "--model", "{model}", "--out", "new"], "VerificationFailed")],
+    ("lineage",): [(["{empty}"], "FormatError"), (["{cube}", "--timeout", "0"], "UsageError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),
@@ -90,7 +94,7 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
 
 
 @pytest.fixture
-def inputs(cube, tmp_path):
+def inputs(cube, zoo, tmp_path):
     import pickle
     import socket
 
@@ -109,7 +113,7 @@ def inputs(cube, tmp_path):
     yield {"text": tmp_path / "text.txt", "pickle": tmp_path / "data.pickle",
            "empty": tmp_path / "empty", "tampered": tampered, "cube": cube, "key": key,
            "public": public,
-           "busy": busy.getsockname()[1]}
+           "busy": busy.getsockname()[1], "model": zoo["b"]}
     busy.close()
 
 
@@ -175,6 +179,11 @@ def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, h
     attested = one_json(run("verify", cube, "--trusted-key", public, "--require-lineage",
                             "--json"))
     assert attested["attested_by"] == str(public)
+    migrated = one_json(run("migrate", cube, "--model", zoo["b"], "--out", tmp_path / "migrated",
+                            "--json"))
+    assert migrated["retokenized"] == ["item-1", "item-2"]
+    shown = one_json(run("lineage", tmp_path / "migrated", "--json"))
+    assert shown["chain"][0]["parent"]["lock_digest"] == migrated["lineage"]["parent"]["lock_digest"]
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import shutil
 
@@ -533,3 +534,52 @@ def test_the_lock_cannot_choose_another_model_than_config_json_names(hub, publis
     sha = push(cube, "ns/swapped", endpoint=hub.url).commit_sha
     with pytest.raises(cubepack.IntegrityError, match="config.json names tiny-org/model-a"):
         hook.init_from_remote_repo(f"ns/swapped@{sha}", endpoint=hub.url)
+
+
+def test_rebuild_is_the_re_prefill_migrate_runs(zoo, tmp_path):
+    """The hook's rebuild and ``cubepack migrate`` share one re-prefill: the cache the hook
+    rebuilds on B from a cube of A holds the tensors migrate writes for B, both from the stored
+    token ids (A and B share a tokenizer)."""
+    import torch
+    from memos.mem_cube.general import GeneralMemCube
+
+    source = GeneralMemCube(memos_config(zoo["a"]))
+    items = [source.act_mem.extract(text) for text in TEXTS]
+    source.act_mem.add(items)
+    packed = hook.pack_cube(source, tmp_path / "packed")
+    loaded = hook.init_from_dir(packed, default_config=memos_config(zoo["b"]),
+                                on_mismatch="rebuild")
+    migrated = cubepack.migrate(packed, model=str(zoo["b"]), out=tmp_path / "migrated")
+    assert migrated.retokenized == []  # the stored ids, in both
+    model_b = loaded.act_mem.llm.model
+    for item in items:
+        rebuilt = loaded.act_mem.get(item.id).memory
+        lock = json.loads((migrated.cube_dir / "cubepack.lock").read_text())
+        written = cubepack.load_kv_cache(migrated.cube_dir / lock["activations"][item.id]["file"],
+                                         model_b)
+        for mine, theirs in zip(rebuilt.layers, written.layers):
+            assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
+            assert torch.allclose(mine.values, theirs.values, atol=1e-5)
+        assert loaded.act_mem.get(item.id).metadata["rebuilt_by_cubepack"] is True
+
+
+def test_rebuild_re_tokenises_an_item_without_ids_from_its_source_text(zoo, tmp_path):
+    """A MemOS pickle records no token ids: rebuild goes through the chat template, as
+    MemOS's own extract would on the loaded model."""
+    import torch
+
+    from memos.mem_cube.general import GeneralMemCube
+
+    from memos_format import write_cube
+
+    source = GeneralMemCube(memos_config(zoo["a"]))
+    cache = source.act_mem.extract(TEXTS[0]).memory
+    folder = write_cube(tmp_path / "plain", str(zoo["a"]), {"tea": cache},
+                        texts={"tea": TEXTS[0]})
+    cubepack.pack(folder, legacy_pickle=True)
+    loaded = hook.init_from_dir(folder, default_config=memos_config(zoo["b"]),
+                                on_mismatch="rebuild")
+    rebuilt = loaded.act_mem.get("tea").memory
+    fresh = loaded.act_mem.extract(TEXTS[0]).memory
+    for mine, theirs in zip(rebuilt.layers, fresh.layers):
+        assert torch.equal(mine.keys, theirs.keys)

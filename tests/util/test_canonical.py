@@ -167,10 +167,14 @@ def outcome(reader, text, **kwargs):
 
 PIECES = ['"', '\\"', "\\\\", "[", "]", "{", "}", ",", ":", " ", "0", "7", "-", ".", "e",
           "1" * 15, "9" * 16, "12345678901234567", "1e999", "NaN", "true", '"a"', '"[{"',
-          '"12345678901234567"', "\ufeff", "é"]
+          '"12345678901234567"', "\ufeff", "é",
+          # floats near the bounds the fast reader's float check relies on
+          "1e308", "1.7976931348623157e308", "2e308", "-1e309", "1e-400", "1E+99", "0.5",
+          "0." + "1" * 30, "0." + "1" * 31, "-0." + "1" * 30, "1.5e" + "0" * 3 + "9",
+          "9" * 15 + "." + "9" * 16 + "e99", '"1e999"']
 
 
-@pytest.mark.parametrize("seed", range(300))
+@pytest.mark.parametrize("seed", range(600))
 def test_the_fast_reader_accepts_and_refuses_exactly_as_the_hooked_one(seed):
     import json
     import random
@@ -180,7 +184,7 @@ def test_the_fast_reader_accepts_and_refuses_exactly_as_the_hooked_one(seed):
     chooser = random.Random(seed)
     if seed % 3 == 0:  # a valid document with numbers near every bound
         numbers = [0, -1, 10**15 - 1, -(10**15 - 1), 10**15, MAX_INT - 1, -(MAX_INT - 1), 1.5,
-                   1e300]
+                   1e300, 0.1, -3.5e-07, 0.12345678901234568, 1.7976931348623157e308, 5e-324]
         if chooser.random() < 0.3:
             numbers.append(chooser.choice([MAX_INT, -MAX_INT, 2**70]))
         doc = {"k": [chooser.choice(numbers) for _ in range(4)],

@@ -1,0 +1,163 @@
+"""Lineage: the cube a derived cube came from, and what changed (no torch, no HTTP).
+
+``cubepack migrate`` writes the lock's ``lineage`` section (validated by
+:func:`cubepack.cube._lock._check_lineage`)::
+
+    {"parent": {"lock_digest", "content_digest", "cube_id", "repo_id", "revision"},
+     "changes": {"models": {role: {"from", "to", "from_weights", "to_weights"}},
+                 "embedder": {"from", "to"},            # only when it changed
+                 "retokenized": [item ids], "reembedded": int, "adapters_dropped": [names]},
+     "tool": "cubepack migrate", "cubepack_version": str}
+
+``repo_id`` / ``revision`` name the Hub commit the parent was pulled from (its pull's origin
+record), when the parent's lock is still the one that commit holds; otherwise both are null and
+the chain cannot be followed past it. ``cubepack lineage --follow``
+(:mod:`cubepack.hub._lineage`) fetches each parent's lock at that commit and requires its digest
+to be the one recorded here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .._util import canonical, constants
+from .._util.paths import resolve_inside
+from .._util.revision import is_commit
+from .._version import __version__
+from ..errors import FormatError
+from ._verify import ORIGIN_FILE
+
+TOOL = "cubepack migrate"
+PEFT_CONFIG = "adapter_config.json"
+
+
+def pulled_from(cube: Path, lock_bytes: bytes) -> tuple[str | None, str | None]:
+    """(repo id, commit) the cube was pulled from, by its pull's origin record, when that
+    record is well-formed and its lock is byte for byte the one pulled; else (None, None) (never
+    pulled, or re-packed since: then it is not that commit's cube)."""
+    path = cube / ORIGIN_FILE
+    if path.is_symlink() or not path.is_file():
+        return None, None
+    try:
+        origin = canonical.loads_strict(path.read_bytes())
+    except ValueError:
+        return None, None
+    if not isinstance(origin, dict):
+        return None, None
+    repo_id, sha, files = origin.get("repo_id"), origin.get("commit_sha"), origin.get("files")
+    entry = files.get(constants.LOCK_FILENAME) if isinstance(files, dict) else None
+    if not (isinstance(repo_id, str) and repo_id and isinstance(sha, str) and is_commit(sha)
+            and isinstance(entry, dict)
+            and entry.get("sha256") == hashlib.sha256(lock_bytes).hexdigest()):
+        return None, None
+    return repo_id, sha
+
+
+def parent_link(cube: Path, lock: dict[str, Any], lock_bytes: bytes) -> dict[str, Any]:
+    """The ``lineage.parent`` of a cube derived from ``cube`` (whose parsed lock is ``lock``)."""
+    repo_id, revision = pulled_from(cube, lock_bytes)
+    return {"lock_digest": lock["digest"], "content_digest": lock["content_digest"],
+            "cube_id": lock.get("cube_id") or None, "repo_id": repo_id, "revision": revision}
+
+
+def build(parent: dict[str, Any], *, models: dict[str, dict[str, str]],
+          embedder: dict[str, str] | None, retokenized: list[str], reembedded: int,
+          adapters_dropped: list[str]) -> dict[str, Any]:
+    changes: dict[str, Any] = {"models": models, "retokenized": sorted(retokenized),
+                               "reembedded": reembedded,
+                               "adapters_dropped": sorted(adapters_dropped)}
+    if embedder is not None:
+        changes["embedder"] = embedder
+    return {"parent": parent, "changes": changes, "tool": TOOL, "cubepack_version": __version__}
+
+
+def pin_label(pin: dict[str, Any] | None) -> str:
+    """``repo@revision`` of a pin, else the name it was given (a folder), else its model id."""
+    pin = pin or {}
+    if pin.get("repo_id") and pin.get("revision"):
+        return f"{pin['repo_id']}@{pin['revision']}"
+    identity = pin.get("identity") or {}
+    return str(pin.get("name") or identity.get("model_id") or "unnamed")
+
+
+def ancestors_document(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | None:
+    """What a cube derived from ``cube`` holds at ``ANCESTORS_FILENAME``: the parent's own
+    attestation envelope, then each of the parent's ancestors' envelopes, in order; None when
+    the parent carries no attestation of its own. Read as strict JSON only (their signatures
+    are checked by whoever verifies the chain).
+
+    Raises:
+        FormatError: an attestation or the ancestors file is not a JSON object of the shape
+            above.
+    """
+    own = cube / constants.ATTESTATION_FILENAME
+    if own.is_symlink() or not own.is_file():
+        return None
+    envelopes = [_json_object(own, constants.ATTESTATION_FILENAME)]
+    if constants.ANCESTORS_FILENAME in lock["files"]:
+        path = resolve_inside(cube, constants.ANCESTORS_FILENAME)
+        document = _json_object(path, constants.ANCESTORS_FILENAME)
+        listed = document.get("envelopes")
+        if set(document) != {"envelopes"} or not isinstance(listed, list) or not all(
+                isinstance(envelope, dict) for envelope in listed):
+            raise FormatError(f"{constants.ANCESTORS_FILENAME} must be {{\"envelopes\": [JSON "
+                              "objects]}}.")
+        envelopes += listed
+    return {"envelopes": envelopes}
+
+
+def _json_object(path: Path, name: str) -> dict[str, Any]:
+    try:
+        value = canonical.loads_strict(path.read_bytes())
+    except ValueError as exc:
+        raise FormatError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise FormatError(f"{name} must hold a JSON object.")
+    return value
+
+
+def adapters_in(lock: dict[str, Any]) -> dict[str, list[str]]:
+    """Adapter name -> the cube files that make it: each entry of the lock's ``adapters``
+    section (the listed files it names), and each PEFT adapter folder (``adapter_config.json``
+    and its folder's files; at the cube's root, the ``adapter_*`` files) no entry covers."""
+    files = sorted(lock["files"])
+    found: dict[str, list[str]] = {}
+    for name, entry in sorted((lock.get("adapters") or {}).items()):
+        found[str(name)] = sorted({value for value in _strings(entry) if value in lock["files"]})
+    covered = {path for paths in found.values() for path in paths}
+    for path in files:
+        if PurePosixPath(path).name != PEFT_CONFIG or path in covered:
+            continue
+        folder = str(PurePosixPath(path).parent)
+        if folder == ".":
+            name, members = "adapter", [f for f in files if "/" not in f
+                                        and f.startswith("adapter_")]
+        else:
+            name, members = folder, [f for f in files if f.startswith(folder + "/")]
+        found[name] = members
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def describe(lock: dict[str, Any]) -> dict[str, Any]:
+    """One link of a chain, as ``cubepack lineage`` shows it: this cube's digests and what its
+    lineage says (its parent and what changed), or ``root`` when it records none."""
+    lineage = lock.get("lineage")
+    entry: dict[str, Any] = {"lock_digest": lock["digest"],
+                             "content_digest": lock["content_digest"],
+                             "cube_id": lock.get("cube_id"), "root": lineage is None}
+    if lineage is not None:
+        entry.update(parent=lineage["parent"], changes=lineage["changes"], tool=lineage["tool"],
+                     cubepack_version=lineage["cubepack_version"])
+    return entry

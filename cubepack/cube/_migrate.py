@@ -1,0 +1,332 @@
+"""``cubepack migrate``: a new packed cube for a new model and/or embedder, from what the old
+cube proves.
+
+The old cube is verified first and never written to. The new one is built in a staging folder
+beside ``out`` and renamed into place only once it is packed, so ``out`` either does not change
+or holds the whole new cube:
+
+- each activation is re-prefilled by the new model (:mod:`~cubepack.cube._reprefill`: from its
+  stored token ids, or re-tokenised from its source text, which the result says), so its
+  provenance is ``recomputed`` by construction;
+- every textual memory that holds a vector is re-embedded by the new embedder, in batches, and
+  pack records the new vectors and the embedder's probe vectors;
+- ``config.json`` names the new model (and embedder);
+- adapters cannot be migrated (an adapter is valid only for its base model): with a new model
+  they are left out and listed, per adapter, in the result and in the lineage;
+- everything else is copied unchanged, then the new cube is locked by ``pack`` with a lineage
+  section naming the old cube (see :mod:`~cubepack.cube._lineage`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, canonical, constants
+from .._util.paths import resolve_inside
+from ..errors import FormatError, UsageError
+from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
+from ..kv._format import read_kv_header
+from ..kv._recompute import load_model
+from ..kv._torch import write_kv_layers
+from . import _lineage as lineage
+from . import _memos_layout as memos_layout
+from ._embedder import BATCH, embed
+from ._pack import pack
+from ._reprefill import provenance, reprefill
+from ._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
+from ._verify import verify
+
+BY = "cubepack migrate"
+
+
+@dataclass
+class MigrateResult:
+    """What ``migrate`` built: the new cube, its lock digests, and what changed."""
+
+    cube_dir: Path
+    parent_dir: Path
+    digest: str
+    content_digest: str
+    #: item -> {"tokens": n, "retokenized": why, or None when its stored ids were prefilled}
+    activations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reembedded: int = 0
+    #: adapter name -> the files left out of the new cube
+    adapters_dropped: dict[str, list[str]] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def retokenized(self) -> list[str]:
+        return sorted(item for item, entry in self.activations.items() if entry["retokenized"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cube_dir": str(self.cube_dir), "parent_dir": str(self.parent_dir),
+                "digest": self.digest, "content_digest": self.content_digest,
+                "activations": self.activations, "retokenized": self.retokenized,
+                "reembedded": self.reembedded, "adapters_dropped": self.adapters_dropped,
+                "lineage": self.lineage}
+
+
+def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
+            revision: str | None = None, embedder: str | None = None,
+            progress: bool | None = None) -> MigrateResult:
+    """Build at ``out`` a packed cube for ``model`` and/or ``embedder`` from the cube at
+    ``cube_dir`` (see the module docstring).
+
+    Args:
+        out: where the new cube goes: a path that does not exist, or an empty folder.
+        model: the new activation producer (folder, Hub id or loaded model).
+        revision: branch, tag or commit of a Hub ``model``.
+        embedder: the new embedder (a spec, as for ``verify --embedder``).
+        progress: a progress bar while re-embedding (default: only on a terminal).
+
+    Raises:
+        UsageError: neither ``model`` nor ``embedder``; ``out`` exists and is not an empty
+            folder, or lies inside the old cube.
+        VerificationFailed: the old cube does not verify.
+        RecomputationFailed: an activation the new model's tokenizer cannot reproduce (its ids
+            are another tokenizer's and it records no source text to re-tokenise).
+    """
+    if model is None and embedder is None:
+        raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
+                         "and/or --embedder E.")
+    if revision is not None and model is None:
+        raise UsageError("--revision picks a revision of --model; pass --model too.")
+    cube, target = Path(cube_dir), Path(out)
+    _check_target(cube, target)
+    report = verify(cube, progress=progress)  # raises VerificationFailed: nothing written yet
+    lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
+    lock = report.lock
+    config = _memos_config(cube, lock)
+    dropped = lineage.adapters_in(lock) if model is not None else {}
+    ancestors = lineage.ancestors_document(cube, lock)
+    target_model = _TargetModel(model, revision) if model is not None else None
+
+    staging = atomic.staging_dir(target, "migrate")
+    try:
+        rewritten = {constants.ANCESTORS_FILENAME, constants.SIGNATURE_FILENAME}
+        rewritten |= {path for paths in dropped.values() for path in paths}
+        if target_model is not None:
+            rewritten |= {entry["file"] for entry in lock["activations"].values()}
+        textual = _vector_files(cube, config, lock) if embedder else []
+        rewritten |= set(textual) | ({"config.json"} if config is not None else set())
+        for name in sorted(set(lock["files"]) - rewritten):  # linked: every write is a new file
+            atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
+        # The old lock too, so pack keeps what a re-pack keeps (a pin it need not move).
+        atomic.link_or_copy(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
+        if ancestors is not None:
+            atomic.write_text(resolve_inside(staging, constants.ANCESTORS_FILENAME),
+                              canonical.dumps(ancestors))
+        activations, proven = {}, {}
+        if target_model is not None:
+            activations, proven = _reprefill_all(cube, staging, lock, target_model)
+        reembedded = sum(_reembed(cube, staging, name, embedder, progress)
+                         for name in textual) if embedder else 0
+        if config is not None:
+            _write_config(staging, config, target_model, embedder)
+        section = lineage.build(
+            lineage.parent_link(cube, lock, lock_bytes),
+            models=_model_changes(lock, target_model),
+            embedder=_embedder_change(lock, embedder),
+            retokenized=[item for item, entry in activations.items() if entry["retokenized"]],
+            reembedded=reembedded, adapters_dropped=list(dropped))
+        packed = pack(staging, model=target_model.source if target_model else None,
+                      revision=revision, embedder=embedder, progress=progress,
+                      cube_id=lock.get("cube_id") if config is None else None,
+                      _derived={"lineage": section, "provenance": proven})
+        atomic.replace_dir(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return MigrateResult(cube_dir=target, parent_dir=cube, digest=packed.digest,
+                         content_digest=packed.content_digest, activations=activations,
+                         reembedded=reembedded, adapters_dropped=dropped, lineage=section)
+
+
+def _check_target(cube: Path, target: Path) -> None:
+    """``out`` must be absent or an empty folder, and not the old cube or inside it."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise UsageError(f"{target} exists and is not a folder; give migrate a new path (--out).")
+    if target.is_dir() and any(target.iterdir()):
+        raise UsageError(f"{target} exists and is not empty; migrate writes a new cube and never "
+                         "over files: give a new path or an empty folder (--out).")
+    old, new = cube.resolve(), target.resolve()
+    if new == old or old in new.parents:
+        raise UsageError(f"{target} is inside the cube being migrated, which migrate leaves "
+                         "untouched; give a path outside it (--out).")
+
+
+def _memos_config(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | None:
+    """The old cube's config.json (verified, strict JSON), or None for a cube without one."""
+    if "config.json" not in lock["files"]:
+        return None
+    config = canonical.loads_strict((cube / "config.json").read_bytes())
+    if not isinstance(config, dict):
+        raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+    return config
+
+
+# --- activations ------------------------------------------------------------------------------
+
+class _TargetModel:
+    """The new producer: its identity (as pack will pin it), loaded once, its tokenizer when a
+    source text must be re-tokenised."""
+
+    def __init__(self, model: Any, revision: str | None):
+        self.source = model
+        if isinstance(model, (str, Path)):
+            self.identity = fingerprint(model, revision=revision)
+            self.folder, _, _ = resolve_model_folder(str(model), revision)
+            self._live: Any = None
+        else:
+            self.identity = fingerprint(model)
+            self.folder, self._live = Path(str(model.name_or_path)), model
+        self._tokenizer: Any = None
+        self.name = (f"{self.identity.model_id}" if self.identity.revision else
+                     str(model) if isinstance(model, (str, Path)) else
+                     str(self.identity.model_id or model.name_or_path))
+
+    @property
+    def live(self) -> Any:
+        if self._live is None:
+            self._live = load_model(self.folder, self.identity.dtype)
+        return self._live
+
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.folder))
+        return self._tokenizer
+
+    @property
+    def label(self) -> str:
+        identity = self.identity
+        return f"{identity.model_id}@{identity.revision}" if identity.revision else self.name
+
+
+def _reprefill_all(cube: Path, staging: Path, lock: dict[str, Any], target: _TargetModel
+                   ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Re-prefill every activation with the new model into ``staging``; return what each one
+    was built from and its ``recomputed`` label."""
+    activations, proven = {}, {}
+    for item_id, entry in sorted(lock["activations"].items()):
+        info = read_kv_header(resolve_inside(cube, entry["file"]))
+        done = reprefill(target.live, item_id, token_ids=info.token_ids, metadata=info.metadata,
+                         producer=info.producer, identity=target.identity,
+                         tokenizer=target.tokenizer)
+        label = provenance(done, target.identity, f"{BY} ({target.label})")
+        write_kv_layers(done.layers, resolve_inside(staging, entry["file"]),
+                        producer=target.identity, token_ids=done.token_ids,
+                        metadata={**info.metadata, "provenance": label})
+        activations[item_id] = {"tokens": len(done.token_ids), "retokenized": done.retokenized}
+        proven[item_id] = label
+    return activations, proven
+
+
+def _model_changes(lock: dict[str, Any], target: _TargetModel | None) -> dict[str, Any]:
+    if target is None:
+        return {}
+    old = lock["models"].get(memos_layout.ACT_ROLE) or {}
+    return {memos_layout.ACT_ROLE: {
+        "from": lineage.pin_label(old),
+        "to": target.label,
+        "from_weights": str((old.get("identity") or {}).get("weights_digest") or "unpinned"),
+        "to_weights": target.identity.weights_digest}}
+
+
+# --- text memories ----------------------------------------------------------------------------
+
+def _vector_files(cube: Path, config: dict[str, Any] | None, lock: dict[str, Any]) -> list[str]:
+    """The text memories (named by config.json, or MemOS's default name) holding vectors."""
+    names = memos_layout.memory_files(config or {}, list(lock["files"])).get("textual", [])
+    return [name for name in names if memory_vectors(resolve_inside(cube, name))]
+
+
+def _reembed(cube: Path, staging: Path, name: str, spec: str, progress: bool | None) -> int:
+    """Re-embed every memory of the text memory ``name`` that holds a vector, in batches (a
+    progress bar on a terminal); write the file with the new vectors into ``staging``."""
+    memories = memory_vectors(resolve_inside(cube, name))
+    texts = [text for _, text, _ in memories]
+    bar = _progress_bar(len(texts), f"re-embedding {name}", progress)
+    fresh: list[list[float]] = []
+    try:
+        for start in range(0, len(texts), BATCH):
+            batch = embed(spec, texts[start:start + BATCH])
+            fresh += [[float(x) for x in vector] for vector in batch]
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+    if len(fresh) != len(texts) or not all(v and all(math.isfinite(x) for x in v)
+                                           for v in fresh):
+        raise FormatError(f"The embedder {spec} returned {len(fresh)} vectors for "
+                          f"{len(texts)} memories, or a vector that is empty or not finite.")
+    document = with_vectors(resolve_inside(cube, name),
+                            {memory_id: vector for (memory_id, _, _), vector
+                             in zip(memories, fresh)})
+    atomic.write_text(resolve_inside(staging, name),
+                      json.dumps(document, ensure_ascii=False, indent=2) + "\n")
+    return len(fresh)
+
+
+def _progress_bar(total: int, description: str, progress: bool | None) -> Any:
+    if not (constants.progress_enabled() if progress is None else progress) or not total:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="memory", desc=description, leave=False)
+
+
+def embedder_label(spec: str) -> str:
+    """How the lineage names an embedder: its spec, a Hub-cache snapshot by its Hub id."""
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        repo_id, commit = hub_origin(folder)
+        return f"{repo_id}@{commit}" if repo_id else spec
+    return spec
+
+
+def _embedder_change(lock: dict[str, Any], spec: str | None) -> dict[str, str] | None:
+    if spec is None:
+        return None
+    old = lock["models"].get(EMBEDDER_ROLE)
+    return {"from": lineage.pin_label(old) if old and old.get("name") else
+            "unnamed (config.json names no embedder)", "to": embedder_label(spec)}
+
+
+# --- config.json --------------------------------------------------------------------------------
+
+def _write_config(staging: Path, config: dict[str, Any], target: _TargetModel | None,
+                  embedder: str | None) -> None:
+    """config.json naming the new model (by Hub id when it has one) and the new embedder."""
+    config = json.loads(json.dumps(config))
+    if target is not None:
+        _rename(memos_layout.llm_config(config, memos_layout.ACT_ROLE), target.name)
+    if embedder is not None:
+        inner = memos_layout.llm_config(config, EMBEDDER_ROLE)
+        kind, _, rest = embedder.partition(":")
+        if kind in ("openai", "ollama") and "#" in rest:
+            base, _, name = rest.rpartition("#")
+            for key in ("base_url", "api_base"):
+                if inner is not None and key in inner:
+                    inner[key] = base
+        else:
+            repo_id, _ = hub_origin(Path(embedder).expanduser())
+            name = repo_id or embedder
+        _rename(inner, name)
+    atomic.write_text(staging / "config.json",
+                      json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _rename(inner: dict[str, Any] | None, name: str) -> None:
+    if inner is None:
+        return
+    key = "model" if "model" in inner and "model_name_or_path" not in inner \
+        else "model_name_or_path"
+    inner[key] = name

@@ -1,0 +1,129 @@
+"""Lineage followed through the local endpoint: two migrations with a push and a pull between
+them, each parent's lock fetched at the commit its child records; a parent link that does not
+lead to the lock it names is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cubepack
+from cubepack._util import constants
+from cubepack.hub import lineage, pull, push
+from cubepack.testing.hub import InstrumentedHub
+
+from helpers import copy_of, reseal_lock
+
+
+@pytest.fixture
+def hub(tmp_path):
+    with InstrumentedHub(tmp_path / "hub-root") as server:
+        yield server
+
+
+def share(hub, cube, repo, tmp_path):
+    """Push ``cube`` to ``repo``, pull that commit back: (the pulled folder, its commit)."""
+    sha = push(cube, repo, endpoint=hub.url, allow_local_paths=True).commit_sha
+    pulled = pull(f"{repo}@{sha}", endpoint=hub.url, local_dir=tmp_path / f"pulled-{repo[3:]}",
+                  cache_dir=tmp_path / "hf-cache")
+    return pulled.local_dir, sha
+
+
+@pytest.fixture
+def chain(hub, packed_cube_factory, zoo, tmp_path):
+    """root (A) -> pushed, pulled, migrated to B -> pushed, pulled, migrated back to A."""
+    root = copy_of(packed_cube_factory(), tmp_path)
+    pulled_root, root_sha = share(hub, root, "ns/root", tmp_path)
+    child = cubepack.migrate(pulled_root, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    pulled_child, child_sha = share(hub, child, "ns/child", tmp_path)
+    grandchild = cubepack.migrate(pulled_child, model=str(zoo["a"]),
+                                  out=tmp_path / "grandchild").cube_dir
+    return {"root": root, "root_sha": root_sha, "child": child, "child_sha": child_sha,
+            "grandchild": grandchild}
+
+
+def lock_of(cube):
+    return json.loads((cube / constants.LOCK_FILENAME).read_text())
+
+
+def test_the_parent_pulled_from_a_hub_is_recorded_at_its_commit(chain):
+    parent = lock_of(chain["grandchild"])["lineage"]["parent"]
+    child = lock_of(chain["child"])
+    assert (parent["repo_id"], parent["revision"]) == ("ns/child", chain["child_sha"])
+    assert (parent["lock_digest"], parent["content_digest"]) == (child["digest"],
+                                                                 child["content_digest"])
+
+
+def test_lineage_is_followed_to_the_root_across_two_migrations(hub, chain, zoo):
+    shown = lineage(chain["grandchild"])
+    assert len(shown.chain) == 1 and not shown.followed and not shown.complete
+    before = hub.stats.requests.copy()
+    followed = lineage(chain["grandchild"], follow=True, endpoint=hub.url)
+    assert followed.complete and followed.stopped is None
+    assert [(link.get("repo_id"), link["root"]) for link in followed.chain] == [
+        (None, False), ("ns/child", False), ("ns/root", True)]
+    assert followed.chain[1]["lock_digest"] == lock_of(chain["child"])["digest"]
+    assert followed.chain[1]["changes"]["models"]["act_mem"]["to_weights"] == \
+        cubepack.fingerprint(zoo["b"]).weights_digest
+    assert followed.chain[0]["changes"]["models"]["act_mem"]["to_weights"] == \
+        cubepack.fingerprint(zoo["a"]).weights_digest
+    assert followed.chain[2]["lock_digest"] == lock_of(chain["root"])["digest"]
+    fetched = [key for key in hub.stats.requests - before if "/resolve/" in key]
+    assert all(key.endswith("/cubepack.lock") for key in fetched)  # the locks, nothing else
+    assert {key.split("/")[3] for key in fetched} == {"root", "child"}
+
+
+def test_lineage_follow_through_the_cli_reads_hf_endpoint(hub, chain, tmp_path):
+    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cli-cache"),
+               HF_HUB_DISABLE_PROGRESS_BARS="1")
+    done = subprocess.run([sys.executable, "-m", "cubepack", "lineage", str(chain["grandchild"]),
+                           "--follow", "--json"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] and data["complete"] and len(data["chain"]) == 3
+    text = subprocess.run([sys.executable, "-m", "cubepack", "lineage", str(chain["grandchild"]),
+                           "--follow"], env=env, capture_output=True, text=True, timeout=300,
+                          check=False).stdout
+    assert f"parent ns/child@{chain['child_sha']}" in text and "chain complete" in text
+    assert "re-tokenised: item-1, item-2" in text
+
+
+@pytest.mark.parametrize("tamper", ["digest", "commit"])
+def test_a_tampered_parent_link_is_refused(hub, chain, tamper):
+    """A child whose recorded parent is not the lock the named commit holds: another digest, or
+    the link re-pointed at another cube's commit."""
+    def change(lock):
+        parent = lock["lineage"]["parent"]
+        if tamper == "digest":
+            parent["lock_digest"] = "0" * 64
+        else:
+            parent.update(repo_id="ns/root", revision=chain["root_sha"])
+
+    reseal_lock(chain["grandchild"], change)
+    assert cubepack.verify(chain["grandchild"]).ok  # resealed: the lock itself is consistent
+    with pytest.raises(cubepack.IntegrityError, match="Tampered parent link") as caught:
+        lineage(chain["grandchild"], follow=True, endpoint=hub.url)
+    assert "ns/" in str(caught.value)
+
+
+def test_a_parent_never_pulled_stops_the_chain_and_says_so(packed_cube_factory, zoo, tmp_path,
+                                                           hub):
+    root = copy_of(packed_cube_factory(), tmp_path)
+    child = cubepack.migrate(root, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    followed = lineage(child, follow=True, endpoint=hub.url)
+    assert not followed.complete and "was not pulled from a Hub" in followed.stopped
+    assert sum(hub.stats.requests.values()) == 0
+
+
+def test_a_pulled_cube_repacked_since_is_not_that_commit(hub, packed_cube_factory, zoo, tmp_path):
+    root = copy_of(packed_cube_factory(), tmp_path)
+    pulled, _ = share(hub, root, "ns/root", tmp_path)
+    cubepack.pack(pulled, pretty_name="renamed")  # the lock changes: no longer the pulled commit
+    parent = lock_of(cubepack.migrate(pulled, model=str(zoo["b"]),
+                                      out=tmp_path / "child").cube_dir)["lineage"]["parent"]
+    assert (parent["repo_id"], parent["revision"]) == (None, None)
