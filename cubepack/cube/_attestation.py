@@ -410,7 +410,8 @@ def _refusal(name: str, subject: str, detail: str, expected: Any = None,
 def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, str]:
     """(expected, found) for an envelope no trusted key signed."""
     wanted = ", ".join(f"{key} (keyid {key_id(key)[:16]})" for key in trusted_keys)
-    keyids = ", ".join(k[:16] for k in envelope.keyids)
+    # A keyid is the envelope author's text: shown raw only when it is hex, else quoted.
+    keyids = ", ".join(k[:16] if _hex64(k) else _short(k) for k in envelope.keyids)
     return (f"a signature by a trusted key: {wanted}",
             f"signatures by keyid {keyids}, none valid under a trusted key")
 

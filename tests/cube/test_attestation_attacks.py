@@ -426,6 +426,8 @@ def cli(*args):
     done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)],
                           capture_output=True, text=True, timeout=300, check=False,
                           env=dict(os.environ))
+    if "--json" not in args:
+        return done.returncode, done.stdout + done.stderr
     data = json.loads(done.stdout)
     assert data["ok"] is (done.returncode == 0), done.stdout + done.stderr
     return done.returncode, data
@@ -444,3 +446,103 @@ def test_cli_require_lineage_outcomes_are_one_json_object(family, keys):
     code, data = cli("verify", child, "--require-lineage", "--trusted-key", keys["alice"][1],
                      "--json")
     assert code == 0 and data["attested_by"] == str(keys["alice"][1])
+
+
+# --- through pull, from the local endpoint --------------------------------------------------------
+
+TOKEN = "writer-token"
+
+
+@pytest.fixture
+def hub(tmp_path):
+    from cubepack.testing.hub import InstrumentedHub
+
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
+        yield server
+
+
+def publish(hub, folder, repo):
+    """Commit ``folder`` as is (a hostile publisher: no cubepack checks)."""
+    from cubepack.testing.hub import upload_folder
+
+    return upload_folder(hub.url, repo, folder, repo_type="dataset", token=TOKEN)
+
+
+def pull_it(hub, repo, target, tmp_path, **options):
+    from cubepack.hub import pull
+
+    return pull(repo, endpoint=hub.url, token=TOKEN, local_dir=target,
+                cache_dir=tmp_path / "hf-cache", **options)
+
+
+def test_pull_require_lineage_accepts_a_genuine_chain(hub, family, tmp_path, keys):
+    _, _, grandchild = family
+    publish(hub, grandchild, "ns/gc")
+    result = pull_it(hub, "ns/gc", tmp_path / "out", tmp_path, trusted_keys=[keys["alice"][1]],
+                     require_lineage=True)
+    assert result.report.ok and result.report.attested_by == str(keys["alice"][1])
+    assert (tmp_path / "out" / ATT).read_bytes() == (grandchild / ATT).read_bytes()
+
+
+@pytest.mark.parametrize("attack", ["no attestation", "moved attestation", "untrusted parent",
+                                    "skipped generation"])
+def test_pull_require_lineage_refuses_a_forged_chain_and_places_nothing(hub, family, tmp_path,
+                                                                        keys, attack):
+    root, child, grandchild = family
+    forged = tmp_path / "forged"
+    if attack == "no attestation":
+        shutil.copytree(child, forged)
+        (forged / ATT).unlink()
+        (forged / constants.SIGNATURE_FILENAME).unlink()
+    elif attack == "moved attestation":
+        shutil.copytree(child, forged)
+        shutil.copy(grandchild / ATT, forged / ATT)
+    elif attack == "untrusted parent":
+        eve_root = copy_of(root, tmp_path / "eve")
+        write_signature(eve_root, keys["eve"][0])
+        derive(eve_root, forged, keys["alice"][0])
+    else:
+        derive(child, forged, keys["alice"][0], ancestors=[envelope_of(root)])
+    publish(hub, forged, "ns/forged")
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        pull_it(hub, "ns/forged", tmp_path / "out", tmp_path, trusted_keys=[keys["alice"][1]],
+                require_lineage=True)
+    refused = {c.name for c in caught.value.report.failures}
+    assert refused & {"attestation", "lineage"}, refused
+    assert not (tmp_path / "out").exists()
+
+
+def test_pull_require_lineage_without_a_key_or_with_no_verify_is_a_usage_error(hub, signed,
+                                                                                tmp_path, keys):
+    publish(hub, signed, "ns/c")
+    with pytest.raises(cubepack.UsageError, match="trusted"):
+        pull_it(hub, "ns/c", tmp_path / "out", tmp_path, require_lineage=True)
+    with pytest.raises(cubepack.UsageError, match="no-verify"):
+        pull_it(hub, "ns/c", tmp_path / "out", tmp_path, trusted_keys=[keys["alice"][1]],
+                require_lineage=True, verify_cube=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_hook_refuses_require_lineage_without_keys(monkeypatch):
+    from cubepack.memos import _hook
+
+    with pytest.raises(cubepack.UsageError, match="trusted"):
+        _hook.HookSettings(require_lineage=True)
+    monkeypatch.setenv("CUBEPACK_MEMOS_REQUIRE_LINEAGE", "1")
+    monkeypatch.delenv("CUBEPACK_MEMOS_TRUSTED_KEYS", raising=False)
+    with pytest.raises(cubepack.UsageError, match="trusted"):
+        _hook._from_environment()
+
+
+def test_a_hostile_keyid_is_never_echoed_raw(signed, keys):
+    """keyids are the envelope author's text: a newline or escape in one must not forge a line
+    of the report."""
+    envelope = envelope_of(signed)
+    envelope["signatures"][0]["keyid"] = "\nok   attestation\x1b[2J"
+    envelope["signatures"][0]["sig"] = base64.b64encode(b"\x30\x00").decode()
+    replace_attestation(signed, envelope, keys["alice"][0])
+    [check] = failed(run_verify(signed, keys["alice"][1]), "attestation")
+    assert "\n" not in check.found and "\x1b" not in check.found
+    code, text = cli("verify", signed, "--trusted-key", keys["alice"][1])
+    assert code == 1 and "\x1b" not in text
+    assert not any(line.startswith("ok   attestation") for line in text.splitlines())
