@@ -546,3 +546,9 @@ def test_a_hostile_keyid_is_never_echoed_raw(signed, keys):
     code, text = cli("verify", signed, "--trusted-key", keys["alice"][1])
     assert code == 1 and "\x1b" not in text
     assert not any(line.startswith("ok   attestation") for line in text.splitlines())
+
+
+def test_a_signature_by_an_untrusted_key_is_not_reported_as_signed(signed, keys):
+    report = run_verify(signed, keys["eve"][1])
+    [check] = failed(report, "signature")
+    assert check.basis == "proved" and report.signed_by is None
