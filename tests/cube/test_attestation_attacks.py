@@ -552,3 +552,24 @@ def test_a_signature_by_an_untrusted_key_is_not_reported_as_signed(signed, keys)
     report = run_verify(signed, keys["eve"][1])
     [check] = failed(report, "signature")
     assert check.basis == "proved" and report.signed_by is None
+
+
+def test_cli_pull_and_sign_refusals_are_one_json_object(signed, keys):
+    code, data = cli("pull", "ns/nowhere", "--require-lineage", "--json")
+    assert code == 2 and "trusted" in data["error"]["message"]
+    before = (signed / ATT).read_bytes()
+    code, data = cli("sign", signed, "--key", keys["ed"][0], "--json")
+    assert code == 2 and data["error"]["type"] == "UsageError"
+    assert (signed / ATT).read_bytes() == before
+
+
+def test_model_signings_own_envelope_signed_by_the_same_key_is_not_an_attestation(signed, keys):
+    """cubepack.sig holds a DSSE envelope of the same payloadType, signed by the same key over
+    the same PAE: only the statement's exact layout and predicateType tell them apart."""
+    lifted = json.loads((signed / constants.SIGNATURE_FILENAME).read_text())["dsseEnvelope"]
+    assert lifted["payloadType"] == att.PAYLOAD_TYPE
+    lifted["signatures"][0]["keyid"] = "k"
+    with pytest.raises(cubepack.FormatError):
+        att.parse_envelope(lifted, ATT)
+    replace_attestation(signed, lifted, keys["alice"][0])
+    assert failed(run_verify(signed, keys["alice"][1], require_lineage=True), "content")
