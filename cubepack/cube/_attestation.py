@@ -523,13 +523,15 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
                                    expected, found))
             return checks
         stated = envelope.predicate["cube"]
-        for field in ("lock_digest", "content_digest"):
-            if stated[field] != link[field]:
+        # The digests pin the parent; a cube id the link names must be the one it attests too.
+        for field in ("lock_digest", "content_digest", "cube_id"):
+            if stated[field] != link[field] and (field != "cube_id" or link[field] is not None):
+                shown = (str if field != "cube_id" else _short)
                 checks.append(Check("lineage", subject, False, f"envelope {index + 1} (signed by "
                                     f"{key}) attests another cube than the parent {child}'s "
                                     f"lineage names: its {field} differs",
-                                    f"{field} {link[field]}", f"{field} {stated[field]}",
-                                    basis="signed"))
+                                    f"{field} {shown(link[field])}",
+                                    f"{field} {shown(stated[field])}", basis="signed"))
                 return checks
         checks.append(Check("lineage", subject, True, f"envelope {index + 1} is signed by "
                             f"trusted key {key} and attests that lock (subject sha256 "

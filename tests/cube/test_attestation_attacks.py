@@ -573,3 +573,13 @@ def test_model_signings_own_envelope_signed_by_the_same_key_is_not_an_attestatio
         att.parse_envelope(lifted, ATT)
     replace_attestation(signed, lifted, keys["alice"][0])
     assert failed(run_verify(signed, keys["alice"][1], require_lineage=True), "content")
+
+
+def test_a_link_with_the_right_digests_but_another_cube_id_is_refused(family, tmp_path, keys):
+    """The child's lineage says it descends from bank/official; the envelope its digests name
+    attests another cube id: the link must not verify."""
+    root, _, _ = family
+    forged = derive(root, tmp_path / "forged", keys["alice"][0],
+                    parent_link={"cube_id": "bank/official"})
+    [check] = failed(run_verify(forged, keys["alice"][1], require_lineage=True), "lineage")
+    assert "cube_id" in check.detail and "bank/official" in check.expected
