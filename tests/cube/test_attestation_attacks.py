@@ -583,3 +583,24 @@ def test_a_link_with_the_right_digests_but_another_cube_id_is_refused(family, tm
                     parent_link={"cube_id": "bank/official"})
     [check] = failed(run_verify(forged, keys["alice"][1], require_lineage=True), "lineage")
     assert "cube_id" in check.detail and "bank/official" in check.expected
+
+
+def test_install_require_lineage_without_keys_changes_nothing():
+    from cubepack import memos
+
+    assert memos.settings() is None
+    with pytest.raises(cubepack.UsageError, match="trusted"):
+        memos.install(require_lineage=True)
+    assert memos.settings() is None and not memos.installed()
+
+
+def test_the_memos_loader_refuses_a_forged_chain_before_memos_reads_it(family, tmp_path, keys):
+    pytest.importorskip("memos", reason="the real MemoryOS (the memos environment)")
+    from cubepack import memos
+
+    root, _, _ = family
+    forged = derive(root, tmp_path / "forged", keys["alice"][0],
+                    parent_link={"content_digest": "0" * 64})
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        memos.init_from_dir(forged, trusted_keys=[keys["alice"][1]], require_lineage=True)
+    assert {c.name for c in caught.value.report.failures} == {"lineage"}
