@@ -604,3 +604,27 @@ def test_the_memos_loader_refuses_a_forged_chain_before_memos_reads_it(family, t
     with pytest.raises(cubepack.VerificationFailed) as caught:
         memos.init_from_dir(forged, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert {c.name for c in caught.value.report.failures} == {"lineage"}
+
+
+@pytest.mark.parametrize("how", ["sign", "pack --sign-key"])
+def test_signing_never_writes_through_a_symlink_named_like_the_attestation(signed, tmp_path,
+                                                                           keys, how):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (signed / ATT).unlink()
+    (signed / ATT).symlink_to(victim)
+    with pytest.raises(cubepack.CubepackError):
+        if how == "sign":
+            cubepack.sign(signed, keys["alice"][0])
+        else:
+            cubepack.pack(signed, sign_key=keys["alice"][0])
+    assert victim.read_text() == "precious\n" and (signed / ATT).is_symlink()
+
+
+def test_a_symlinked_ancestors_file_is_refused(family, tmp_path, keys):
+    _, child, _ = family
+    real = tmp_path / "elsewhere.json"
+    shutil.move(child / ANC, real)
+    (child / ANC).symlink_to(real)
+    report = run_verify(child, keys["alice"][1], require_lineage=True)
+    assert failed(report, "path") and not report.ok
