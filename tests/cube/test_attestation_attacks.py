@@ -628,3 +628,13 @@ def test_a_symlinked_ancestors_file_is_refused(family, tmp_path, keys):
     (child / ANC).symlink_to(real)
     report = run_verify(child, keys["alice"][1], require_lineage=True)
     assert failed(report, "path") and not report.ok
+
+
+def test_a_chain_across_curves_verifies_with_both_keys_and_not_with_one(cube, tmp_path, keys):
+    write_signature(cube, keys["bob"][0])  # the root on P-384
+    child = derive(cube, tmp_path / "child", keys["alice"][0])  # the child on P-256
+    both = cubepack.verify(child, trusted_keys=[keys["alice"][1], keys["bob"][1]],
+                           require_lineage=True, raise_on_failure=False)
+    assert both.ok, [c.to_dict() for c in both.failures]
+    [check] = failed(run_verify(child, keys["alice"][1], require_lineage=True), "lineage")
+    assert check.basis == "proved" and "not signed by a trusted key" in check.detail
