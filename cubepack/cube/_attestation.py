@@ -444,6 +444,9 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
     """
     name = constants.ATTESTATION_FILENAME
     path = cube / name
+    if path.is_dir() and not path.is_symlink():  # signing would fail on it, half-way
+        return [_refusal("attestation", name, "a folder sits where the cube's attestation "
+                         "belongs; remove it", "absent or a regular file", "a folder")], None, None
     if not path.is_file() or path.is_symlink():
         if required:
             return [_refusal("attestation", name, "missing: the cube carries no signed "

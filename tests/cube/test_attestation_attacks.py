@@ -638,3 +638,22 @@ def test_a_chain_across_curves_verifies_with_both_keys_and_not_with_one(cube, tm
     assert both.ok, [c.to_dict() for c in both.failures]
     [check] = failed(run_verify(child, keys["alice"][1], require_lineage=True), "lineage")
     assert check.basis == "proved" and "not signed by a trusted key" in check.detail
+
+
+def test_an_empty_folder_named_like_the_attestation_is_refused_before_signing(cube, keys):
+    (cube / ATT).mkdir()
+    code, data = cli("sign", cube, "--key", keys["alice"][0], "--json")
+    assert code in (1, 2) and not data["ok"], data
+    assert not (cube / constants.SIGNATURE_FILENAME).exists() and (cube / ATT).is_dir()
+    report = cubepack.verify(cube, trusted_keys=[keys["alice"][1]], require_lineage=True,
+                             raise_on_failure=False)
+    assert not report.ok
+
+
+@pytest.mark.parametrize("name", [ATT, constants.SIGNATURE_FILENAME])
+def test_pack_sign_key_refuses_a_folder_where_it_writes_and_changes_nothing(cube, keys, name):
+    (cube / constants.SIGNATURE_FILENAME).unlink(missing_ok=True)
+    (cube / name).mkdir()
+    with pytest.raises(cubepack.UnsafeInputError, match="is a folder"):
+        cubepack.pack(cube, sign_key=keys["alice"][0])
+    assert not (cube / ATT).is_file() and not (cube / constants.SIGNATURE_FILENAME).is_file()
