@@ -657,3 +657,17 @@ def test_pack_sign_key_refuses_a_folder_where_it_writes_and_changes_nothing(cube
     with pytest.raises(cubepack.UnsafeInputError, match="is a folder"):
         cubepack.pack(cube, sign_key=keys["alice"][0])
     assert not (cube / ATT).is_file() and not (cube / constants.SIGNATURE_FILENAME).is_file()
+
+
+def test_duplicate_keys_and_deep_nesting_anywhere_are_format_errors(signed):
+    good = (signed / ATT).read_text()
+    envelope = envelope_of(signed)
+    evil = base64.b64encode(b'{"a": 1}').decode()
+    doubled = good.rstrip().rstrip("}") + f', "payload": "{evil}"}}'
+    with pytest.raises(cubepack.FormatError, match="repeats the key 'payload'"):
+        att.parse_envelope_bytes(doubled.encode(), ATT)
+    with pytest.raises(cubepack.FormatError, match="repeats the key 'envelopes'"):
+        att._loads(b'{"envelopes": [], "envelopes": []}', ANC)
+    envelope["payload"] = base64.b64encode(b"[" * 50_000 + b"]" * 50_000).decode()
+    with pytest.raises(cubepack.FormatError, match="nesting"):
+        att.parse_envelope(envelope, ATT)
