@@ -671,3 +671,22 @@ def test_duplicate_keys_and_deep_nesting_anywhere_are_format_errors(signed):
     envelope["payload"] = base64.b64encode(b"[" * 50_000 + b"]" * 50_000).decode()
     with pytest.raises(cubepack.FormatError, match="nesting"):
         att.parse_envelope(envelope, ATT)
+
+
+def test_stock_model_signing_accepts_a_derived_cube_and_refuses_a_swapped_attestation(family,
+                                                                                      keys):
+    from pathlib import Path
+
+    _, child, grandchild = family
+    stock = Path(sys.executable).with_name("model_signing")
+
+    def stock_verify(cube):
+        return subprocess.run([str(stock), "verify", "key", str(cube), "--signature",
+                               str(cube / constants.SIGNATURE_FILENAME), "--public_key",
+                               str(keys["alice"][1])], capture_output=True, text=True,
+                              check=False, timeout=300)
+
+    done = stock_verify(grandchild)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shutil.copy(child / ATT, grandchild / ATT)
+    assert stock_verify(grandchild).returncode != 0
