@@ -334,11 +334,12 @@ def _check_predicate(predicate: Any, where: str) -> None:
     producers = predicate["producers"]
     _require(isinstance(producers, dict), where, "producers must be an object")
     for role, pin in producers.items():
-        _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"}, f"{where} producer {role}")
+        _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"},
+               f"{where} producer {role!r}")
         _require(_text(pin["repo_id"], True) and (pin["revision"] is None
                                                   or is_commit(pin["revision"]))
                  and _text(pin["weights_digest"]) and _text(pin["dtype"]),
-                 f"{where} producer {role}", "repo_id and a 40-hex revision or null, "
+                 f"{where} producer {role!r}", "repo_id and a 40-hex revision or null, "
                  "weights_digest and dtype strings")
     parent = predicate["parent"]
     if parent is not None:
@@ -358,11 +359,11 @@ def _check_predicate(predicate: Any, where: str) -> None:
              "must be an object")
     for item_id, entry in proved["recomputed"].items():
         _exact(entry, {"model_role", "weights_digest", "tokens"},
-               f"{where} proved.recomputed {item_id}")
+               f"{where} proved.recomputed {item_id!r}")
         _require(_text(entry["model_role"]) and _text(entry["weights_digest"])
                  and type(entry["tokens"]) is int and entry["tokens"] >= 0
                  and proved["provenance"].get(item_id) == RECOMPUTED,
-                 f"{where} proved.recomputed {item_id}",
+                 f"{where} proved.recomputed {item_id!r}",
                  "model_role and weights_digest strings, tokens a count, the item labelled "
                  "recomputed")
     _require(isinstance(proved["retokenized"], list)
@@ -543,8 +544,8 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
         if link is None:
             if index + 1 < len(envelopes):
                 checks.append(_refusal("lineage", f"envelope {index + 2}", f"follows the root "
-                                       f"(envelope {index + 1} names no parent)", "no more envelopes",
-                                       f"{len(envelopes) - index - 1} more"))
+                                       f"(envelope {index + 1} names no parent)",
+                                       "no more envelopes", f"{len(envelopes) - index - 1} more"))
             return checks
     checks.append(_refusal("lineage", f"link {len(envelopes) + 1}: {child} -> parent "
                            f"{link['lock_digest']}", f"the chain stops before a root: "

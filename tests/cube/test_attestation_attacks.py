@@ -377,7 +377,8 @@ def test_an_envelope_after_the_root_and_a_cycle_are_refused(family, tmp_path, ke
     assert "follows the root" in check.detail
     # a cycle: a (crafted, trusted) envelope A whose parent is B, and B whose parent is A
     a, b = statement_of(envelope_of(root)), statement_of(envelope_of(root))
-    a["predicate"]["cube"]["lock_digest"], b["predicate"]["cube"]["lock_digest"] = "a" * 64, "b" * 64
+    a["predicate"]["cube"]["lock_digest"] = "a" * 64
+    b["predicate"]["cube"]["lock_digest"] = "b" * 64
     link = {"content_digest": a["predicate"]["cube"]["content_digest"], "cube_id": None,
             "repo_id": None, "revision": None}
     a["predicate"]["parent"] = {**link, "lock_digest": "b" * 64}
@@ -690,3 +691,20 @@ def test_stock_model_signing_accepts_a_derived_cube_and_refuses_a_swapped_attest
     assert done.returncode == 0, done.stdout + done.stderr
     shutil.copy(child / ATT, grandchild / ATT)
     assert stock_verify(grandchild).returncode != 0
+
+
+@pytest.mark.parametrize("field", ["producers", "recomputed"])
+def test_a_hostile_name_inside_a_payload_is_quoted_in_the_refusal(signed, field):
+    """Role and item names in a payload are its author's text; the content check (which runs
+    on every verify, keys or not) must not print them raw."""
+    envelope = envelope_of(signed)
+    statement = statement_of(envelope)
+    hostile = "x\nok   attestation \x1b[2J"
+    if field == "producers":
+        statement["predicate"]["producers"][hostile] = {"bad": 1}
+    else:
+        statement["predicate"]["proved"]["recomputed"][hostile] = {"bad": 1}
+    envelope["payload"] = base64.b64encode(canonical.dumps(statement).encode()).decode()
+    (signed / ATT).write_bytes(att.envelope_bytes(envelope))
+    [check] = failed(cubepack.verify(signed, raise_on_failure=False), "content")
+    assert "\n" not in check.detail and "\x1b" not in check.detail
