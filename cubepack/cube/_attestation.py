@@ -40,7 +40,7 @@ from ..errors import CubepackError, FormatError
 from . import _lock as lockfile
 from ._keys import check_key
 from ._provenance import KINDS, RECOMPUTED
-from ._report import Check
+from ._report import PROVED, Check
 
 __all__ = ["PREDICATE_TYPE", "Envelope", "attest", "attestation_check", "chain_checks", "key_id",
            "pae", "predicate_for", "read_ancestors", "read_envelope", "signed_by",
@@ -276,9 +276,12 @@ def _base64(text: Any, where: str) -> bytes:
     if not isinstance(text, str) or len(text) % 4 or not _BASE64.fullmatch(text):
         raise FormatError(f"{where} must be standard padded base64.")
     try:
-        return base64.b64decode(text, validate=True)
+        data = base64.b64decode(text, validate=True)
     except binascii.Error as exc:
         raise FormatError(f"{where} is not valid base64: {exc}.") from exc
+    if base64.b64encode(data).decode("ascii") != text:  # one spelling per bytes: no malleable file
+        raise FormatError(f"{where} must be canonical base64 (its padding bits are not zero).")
+    return data
 
 
 def _short(value: Any) -> str:
@@ -331,11 +334,12 @@ def _check_predicate(predicate: Any, where: str) -> None:
     producers = predicate["producers"]
     _require(isinstance(producers, dict), where, "producers must be an object")
     for role, pin in producers.items():
-        _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"}, f"{where} producer {role}")
+        _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"},
+               f"{where} producer {role!r}")
         _require(_text(pin["repo_id"], True) and (pin["revision"] is None
                                                   or is_commit(pin["revision"]))
                  and _text(pin["weights_digest"]) and _text(pin["dtype"]),
-                 f"{where} producer {role}", "repo_id and a 40-hex revision or null, "
+                 f"{where} producer {role!r}", "repo_id and a 40-hex revision or null, "
                  "weights_digest and dtype strings")
     parent = predicate["parent"]
     if parent is not None:
@@ -355,11 +359,11 @@ def _check_predicate(predicate: Any, where: str) -> None:
              "must be an object")
     for item_id, entry in proved["recomputed"].items():
         _exact(entry, {"model_role", "weights_digest", "tokens"},
-               f"{where} proved.recomputed {item_id}")
+               f"{where} proved.recomputed {item_id!r}")
         _require(_text(entry["model_role"]) and _text(entry["weights_digest"])
                  and type(entry["tokens"]) is int and entry["tokens"] >= 0
                  and proved["provenance"].get(item_id) == RECOMPUTED,
-                 f"{where} proved.recomputed {item_id}",
+                 f"{where} proved.recomputed {item_id!r}",
                  "model_role and weights_digest strings, tokens a count, the item labelled "
                  "recomputed")
     _require(isinstance(proved["retokenized"], list)
@@ -397,10 +401,18 @@ def signed_by(envelope: Envelope, trusted_keys: list[str] | tuple[str, ...]) -> 
     return None
 
 
+def _refusal(name: str, subject: str, detail: str, expected: Any = None,
+             found: Any = None) -> Check:
+    """A failed check no trusted signature stands behind (an absent, malformed or untrusted
+    envelope, a missing link): its basis is what this process found, never ``signed``."""
+    return Check(name, subject, False, detail, expected, found, basis=PROVED)
+
+
 def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, str]:
     """(expected, found) for an envelope no trusted key signed."""
     wanted = ", ".join(f"{key} (keyid {key_id(key)[:16]})" for key in trusted_keys)
-    keyids = ", ".join(k[:16] for k in envelope.keyids)
+    # A keyid is the envelope author's text: shown raw only when it is hex, else quoted.
+    keyids = ", ".join(k[:16] if _hex64(k) else _short(k) for k in envelope.keyids)
     return (f"a signature by a trusted key: {wanted}",
             f"signatures by keyid {keyids}, none valid under a trusted key")
 
@@ -433,12 +445,15 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
     """
     name = constants.ATTESTATION_FILENAME
     path = cube / name
+    if path.is_dir() and not path.is_symlink():  # signing would fail on it, half-way
+        return [_refusal("attestation", name, "a folder sits where the cube's attestation "
+                         "belongs; remove it", "absent or a regular file", "a folder")], None, None
     if not path.is_file() or path.is_symlink():
         if required:
-            return [Check("attestation", name, False, "missing: the cube carries no signed "
-                          "attestation, and lineage is required (--require-lineage); ask its "
-                          "publisher to sign it (cubepack sign)", "a DSSE envelope signed by a "
-                          "trusted key", "absent")], None, None
+            return [_refusal("attestation", name, "missing: the cube carries no signed "
+                             "attestation, and lineage is required (--require-lineage); ask its "
+                             "publisher to sign it (cubepack sign)", "a DSSE envelope signed by a "
+                             "trusted key", "absent")], None, None
         return [Check("attestation", name, None, "skipped: the cube carries no attestation")], \
             None, None
     if not trusted_keys:
@@ -446,12 +461,12 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
     try:
         envelope = read_envelope(path)
     except CubepackError as exc:
-        return [Check("attestation", name, False, str(exc))], None, None
+        return [_refusal("attestation", name, str(exc))], None, None
     key = signed_by(envelope, trusted_keys)
     if key is None:
         expected, found = _untrusted(envelope, trusted_keys)
-        return [Check("attestation", name, False, "not signed by a trusted key (or its payload "
-                      "was changed after signing)", expected, found)], None, None
+        return [_refusal("attestation", name, "not signed by a trusted key (or its payload "
+                         "was changed after signing)", expected, found)], None, None
     if envelope.subject_sha256 != lock_sha256:
         return [Check("attestation", name, False, f"signed by trusted key {key}, but its "
                       "subject is another lock (moved from another cube, or the lock changed "
@@ -460,7 +475,7 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
     try:
         differences = predicate_mismatches(envelope.predicate, lock)
     except CubepackError as exc:  # a lineage section the predicate cannot state
-        return [Check("attestation", name, False, str(exc))], None, None
+        return [_refusal("attestation", name, str(exc))], None, None
     if differences:
         return [Check("attestation", f"{name} {field}", False, f"signed by trusted key {key}, "
                       "but its predicate disagrees with this lock", expected, found,
@@ -478,47 +493,49 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
     the child's parent link records; its own parent links to the next envelope, and so on, to
     a predicate without a parent. Every failure names the link and what differed."""
     if own is None:
-        return [Check("lineage", "*", False, "refused: the cube's own attestation did not verify "
-                      "with a trusted key (see the attestation check), so no chain can start "
-                      "from it", "this cube's attestation, signed by a trusted key",
-                      "none verified")]
+        return [_refusal("lineage", "*", "refused: the cube's own attestation did not verify "
+                         "with a trusted key (see the attestation check), so no chain can start "
+                         "from it", "this cube's attestation, signed by a trusted key",
+                         "none verified")]
     parent = own.predicate["parent"]
     ancestors = cube / constants.ANCESTORS_FILENAME
     listed = constants.ANCESTORS_FILENAME in lock["files"]
     if parent is None:
         if listed:
-            return [Check("lineage", constants.ANCESTORS_FILENAME, False, "the lock names no "
-                          "parent, yet the cube carries ancestors' attestations",
-                          "no ancestors (a root cube)", "an ancestors file")]
+            return [_refusal("lineage", constants.ANCESTORS_FILENAME, "the lock names no "
+                             "parent, yet the cube carries ancestors' attestations",
+                             "no ancestors (a root cube)", "an ancestors file")]
         return [Check("lineage", "this cube", True, "a root: its signed attestation names no "
                       "parent", basis="signed")]
     if not listed or not ancestors.is_file():
-        return [Check("lineage", f"link 1: this cube -> parent {parent['lock_digest']}", False,
-                      f"the lock names a parent but the cube carries no "
-                      f"{constants.ANCESTORS_FILENAME} (migrate copies it from a parent that "
-                      "carries attestations)", "the parent's envelope", "absent")]
+        return [_refusal("lineage", f"link 1: this cube -> parent {parent['lock_digest']}",
+                         f"the lock names a parent but the cube carries no "
+                         f"{constants.ANCESTORS_FILENAME} (migrate copies it from a parent that "
+                         "carries attestations)", "the parent's envelope", "absent")]
     try:
         envelopes = read_ancestors(ancestors)
     except CubepackError as exc:
-        return [Check("lineage", constants.ANCESTORS_FILENAME, False, str(exc))]
+        return [_refusal("lineage", constants.ANCESTORS_FILENAME, str(exc))]
     checks, child, link = [], "this cube", parent
     for index, envelope in enumerate(envelopes):
         subject = f"link {index + 1}: {child} -> parent {link['lock_digest']}"
         key = signed_by(envelope, trusted_keys)
         if key is None:
             expected, found = _untrusted(envelope, trusted_keys)
-            checks.append(Check("lineage", subject, False, f"envelope {index + 1} of "
-                                f"{constants.ANCESTORS_FILENAME} is not signed by a trusted key",
-                                expected, found))
+            checks.append(_refusal("lineage", subject, f"envelope {index + 1} of "
+                                   f"{constants.ANCESTORS_FILENAME} is not signed by a trusted key",
+                                   expected, found))
             return checks
         stated = envelope.predicate["cube"]
-        for field in ("lock_digest", "content_digest"):
-            if stated[field] != link[field]:
+        # The digests pin the parent; a cube id the link names must be the one it attests too.
+        for field in ("lock_digest", "content_digest", "cube_id"):
+            if stated[field] != link[field] and (field != "cube_id" or link[field] is not None):
+                shown = (str if field != "cube_id" else _short)
                 checks.append(Check("lineage", subject, False, f"envelope {index + 1} (signed by "
                                     f"{key}) attests another cube than the parent {child}'s "
                                     f"lineage names: its {field} differs",
-                                    f"{field} {link[field]}", f"{field} {stated[field]}",
-                                    basis="signed"))
+                                    f"{field} {shown(link[field])}",
+                                    f"{field} {shown(stated[field])}", basis="signed"))
                 return checks
         checks.append(Check("lineage", subject, True, f"envelope {index + 1} is signed by "
                             f"trusted key {key} and attests that lock (subject sha256 "
@@ -526,14 +543,14 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
         child, link = f"parent {stated['lock_digest'][:12]}", envelope.predicate["parent"]
         if link is None:
             if index + 1 < len(envelopes):
-                checks.append(Check("lineage", f"envelope {index + 2}", False, f"follows the root "
-                                    f"(envelope {index + 1} names no parent)", "no more envelopes",
-                                    f"{len(envelopes) - index - 1} more"))
+                checks.append(_refusal("lineage", f"envelope {index + 2}", f"follows the root "
+                                       f"(envelope {index + 1} names no parent)",
+                                       "no more envelopes", f"{len(envelopes) - index - 1} more"))
             return checks
-    checks.append(Check("lineage", f"link {len(envelopes) + 1}: {child} -> parent "
-                        f"{link['lock_digest']}", False, f"the chain stops before a root: "
-                        f"{constants.ANCESTORS_FILENAME} holds {len(envelopes)} envelope(s) and "
-                        "the last names a parent", "that parent's envelope", "absent"))
+    checks.append(_refusal("lineage", f"link {len(envelopes) + 1}: {child} -> parent "
+                           f"{link['lock_digest']}", f"the chain stops before a root: "
+                           f"{constants.ANCESTORS_FILENAME} holds {len(envelopes)} envelope(s) and "
+                           "the last names a parent", "that parent's envelope", "absent"))
     return checks
 
 

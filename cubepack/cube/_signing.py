@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import atomic, constants
-from ..errors import CubepackError, SignatureError
+from ..errors import CubepackError, SignatureError, UnsafeInputError
 from ._attestation import attest
 from ._keys import check_key
 
@@ -61,6 +61,10 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
     """
     cube = Path(cube_dir)
     check_key(key, private=True, password=password)
+    for name in (constants.ATTESTATION_FILENAME, constants.SIGNATURE_FILENAME):
+        if (cube / name).is_dir() and not (cube / name).is_symlink():  # before writing either
+            raise UnsafeInputError(f"{cube / name} is a folder; signing writes a file there. "
+                                   "Remove it and sign again.")
     hashing, signing, _ = _model_signing()
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     attestation = attest(lock_bytes, key, password=password)

@@ -31,7 +31,7 @@ from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
 from ._policy import TrustPolicy
 from ._provenance import ASSERTED, RECOMPUTED, evidence, satisfies
-from ._report import Check, VerifyReport, pin_subject
+from ._report import PROVED, Check, VerifyReport, pin_subject
 from ._signing import verify_signature
 from ._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 
@@ -356,8 +356,8 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
         return
     try:
         key = verify_signature(report.cube_dir, trusted_keys)
-    except CubepackError as exc:
-        report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc))
+    except CubepackError as exc:  # unsigned or untrusted: nothing trusted stands behind it
+        report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
         return
     report.signed_by = str(key)
     report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
