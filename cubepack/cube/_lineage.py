@@ -119,35 +119,12 @@ def _json_object(path: Path, name: str) -> dict[str, Any]:
 
 
 def adapters_in(lock: dict[str, Any]) -> dict[str, list[str]]:
-    """Adapter name -> the cube files that make it: each entry of the lock's ``adapters``
-    section (the listed files it names), and each PEFT adapter folder (``adapter_config.json``
-    and its folder's files; at the cube's root, the ``adapter_*`` files) no entry covers."""
-    files = sorted(lock["files"])
-    found: dict[str, list[str]] = {}
-    for name, entry in sorted((lock.get("adapters") or {}).items()):
-        found[str(name)] = sorted({value for value in _strings(entry) if value in lock["files"]})
-    covered = {path for paths in found.values() for path in paths}
-    for path in files:
-        if PurePosixPath(path).name != PEFT_CONFIG or path in covered:
-            continue
-        folder = str(PurePosixPath(path).parent)
-        if folder == ".":
-            name, members = "adapter", [f for f in files if "/" not in f
-                                        and f.startswith("adapter_")]
-        else:
-            name, members = folder, [f for f in files if f.startswith(folder + "/")]
-        found[name] = members
-    return found
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [text for item in value.values() for text in _strings(item)]
-    if isinstance(value, list):
-        return [text for item in value for text in _strings(item)]
-    return []
+    """Adapter name -> the cube files in its folder (``parametric/NAME/``: PEFT's two files and
+    whatever PEFT saved beside them, its README), from the lock's ``adapters`` section; pack
+    refuses PEFT files anywhere else, so every adapter has an entry."""
+    return {str(name): sorted(path for path in lock["files"]
+                              if path.startswith(entry["path"] + "/"))
+            for name, entry in sorted((lock.get("adapters") or {}).items())}
 
 
 def describe(lock: dict[str, Any]) -> dict[str, Any]:

@@ -207,8 +207,8 @@ def cube_with_adapter(cube, zoo, tmp_path):
     from cubepack.testing import tiny
 
     peft_model = get_peft_model(tiny.load(zoo["a"]), LoraConfig(r=2, target_modules=["q_proj"]))
-    peft_model.save_pretrained(cube / "adapters" / "tea")
-    cubepack.pack(cube)
+    peft_model.save_pretrained(cube / "parametric" / "tea")
+    cubepack.pack(cube, adapter_base=str(zoo["a"]))
     return cube
 
 
@@ -216,28 +216,16 @@ def test_adapters_are_left_out_and_listed_when_the_model_changes(cube_with_adapt
                                                                  tmp_path):
     result = cubepack.migrate(cube_with_adapter, model=str(zoo["b"]), out=tmp_path / "new")
     new = result.cube_dir
-    assert sorted(result.adapters_dropped) == ["adapters/tea"]
-    assert "adapters/tea/adapter_config.json" in result.adapters_dropped["adapters/tea"]
-    assert not (new / "adapters").exists()
-    assert lock_of(new)["lineage"]["changes"]["adapters_dropped"] == ["adapters/tea"]
+    assert result.adapters_dropped == {"tea": ["parametric/tea/README.md",  # saved by PEFT
+                                               "parametric/tea/adapter_config.json",
+                                               "parametric/tea/adapter_model.safetensors"]}
+    assert not (new / "parametric").exists()
+    assert "adapters" not in lock_of(new) and "adapter.tea" not in lock_of(new)["models"]
+    assert lock_of(new)["lineage"]["changes"]["adapters_dropped"] == ["tea"]
     assert cubepack.verify(new).ok
     from cubepack.cli import _render_migrate
 
-    assert "adapter adapters/tea: NOT migrated" in _render_migrate(result.to_dict())
-
-
-def test_adapters_are_found_by_the_locks_section_and_by_peft_folders():
-    from cubepack.cube._lineage import adapters_in
-
-    files = {name: {} for name in ("adapter_config.json", "adapter_model.safetensors", "x.md",
-                                   "lora/a.safetensors", "lora/meta.json", "peft/adapter_config.json",
-                                   "peft/adapter_model.safetensors")}
-    lock = {"files": files, "adapters": {"tea": {"file": "lora/a.safetensors",
-                                                 "config": {"path": "lora/meta.json"}}}}
-    assert adapters_in(lock) == {
-        "tea": ["lora/a.safetensors", "lora/meta.json"],
-        "adapter": ["adapter_config.json", "adapter_model.safetensors"],
-        "peft": ["peft/adapter_config.json", "peft/adapter_model.safetensors"]}
+    assert "adapter tea: NOT migrated" in _render_migrate(result.to_dict())
 
 
 def test_adapters_stay_when_only_the_embedder_changes(text_cube, encoders, zoo, tmp_path):
@@ -246,11 +234,13 @@ def test_adapters_stay_when_only_the_embedder_changes(text_cube, encoders, zoo, 
     from cubepack.testing import tiny
 
     peft_model = get_peft_model(tiny.load(zoo["a"]), LoraConfig(r=2, target_modules=["q_proj"]))
-    peft_model.save_pretrained(text_cube / "adapters" / "tea")
-    cubepack.pack(text_cube)
+    peft_model.save_pretrained(text_cube / "parametric" / "tea")
+    cubepack.pack(text_cube, adapter_base=str(zoo["a"]))
     result = cubepack.migrate(text_cube, embedder=str(encoders["other"]), out=tmp_path / "new")
     assert result.adapters_dropped == {}
-    assert (result.cube_dir / "adapters/tea/adapter_model.safetensors").is_file()
+    assert (result.cube_dir / "parametric/tea/adapter_model.safetensors").is_file()
+    kept, before = (lock_of(folder)["adapters"]["tea"] for folder in (result.cube_dir, text_cube))
+    assert kept["digest"] == before["digest"] and kept["modules"] == before["modules"]
 
 
 # --- the embedder ---------------------------------------------------------------------------------
@@ -358,26 +348,35 @@ def test_model_and_embedder_at_once(cube, text_cube, encoders, zoo, tmp_path):
 
 # --- attestations of the ancestors ---------------------------------------------------------------
 
-def test_the_parents_attestations_are_copied_parent_first(cube, zoo, tmp_path, monkeypatch):
-    """The envelopes are only copied (their signatures are checked by whoever verifies the
-    chain); the file is listed in the new lock like any other."""
-    from cubepack.cube import _verify
+def test_the_parents_attestations_are_copied_parent_first(cube, zoo, tmp_path):
+    """Two migrations of signed cubes: each child carries its ancestors' envelopes, parent
+    first, in a listed file; once signed, its chain verifies up to the trusted key, and an
+    ancestor's attestation that is not one (or a chain whose link names another lock) is
+    refused."""
+    from helpers import make_key
 
-    # verify tolerates a cube's own attestation beside its signature (the attestation work)
-    monkeypatch.setattr(_verify, "TOLERATED", _verify.TOLERATED | {constants.ATTESTATION_FILENAME})
-    first = {"payloadType": "application/vnd.in-toto+json", "payload": "e0", "signatures": []}
-    (cube / constants.ATTESTATION_FILENAME).write_text(json.dumps(first))
+    key, public = make_key(tmp_path, "signer")
+    cubepack.sign(cube, key)
+    parent_envelope = json.loads((cube / constants.ATTESTATION_FILENAME).read_text())
     child = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
-    ancestors = json.loads((child / constants.ANCESTORS_FILENAME).read_text())
-    assert ancestors == {"envelopes": [first]}
+    assert json.loads((child / constants.ANCESTORS_FILENAME).read_text()) == \
+        {"envelopes": [parent_envelope]}
     assert constants.ANCESTORS_FILENAME in lock_of(child)["files"]
-    second = {**first, "payload": "e1"}
-    (child / constants.ATTESTATION_FILENAME).write_text(json.dumps(second))
+    cubepack.sign(child, key)
+    child_envelope = json.loads((child / constants.ATTESTATION_FILENAME).read_text())
     grandchild = cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "grand").cube_dir
     assert json.loads((grandchild / constants.ANCESTORS_FILENAME).read_text()) == \
-        {"envelopes": [second, first]}
+        {"envelopes": [child_envelope, parent_envelope]}
+    cubepack.sign(grandchild, key)
+    report = cubepack.verify(grandchild, trusted_keys=[public], require_lineage=True)
+    assert [c.ok for c in report.checks if c.name == "lineage"] and all(
+        c.ok for c in report.checks if c.name == "lineage")
+    # an unsigned derived cube has no chain to follow
+    unsigned = cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "unsigned").cube_dir
+    with pytest.raises(cubepack.VerificationFailed, match="attestation"):
+        cubepack.verify(unsigned, trusted_keys=[public], require_lineage=True)
     (child / constants.ATTESTATION_FILENAME).write_text("[1, 2]")
-    with pytest.raises(cubepack.FormatError, match="must hold a JSON object"):
+    with pytest.raises(cubepack.VerificationFailed, match="attestation"):
         cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
 
