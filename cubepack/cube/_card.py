@@ -153,13 +153,29 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
     card = DatasetCard.from_template(
         card_data, template_path=str(template_path()), pretty_name=pretty_name,
         memories=memory_rows, activations=activations, models=models, repo_id=repo_id,
-        adapters=adapters,
+        adapters=adapters, lineage=_lineage_rows(lock.get("lineage")),
         more_activations=len(everything) - len(activations), activation_count=len(everything),
         provenance_counts=", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
         content_digest=lock["content_digest"], cubepack_version=cubepack_version,
         kept_text=previous.kept_text, kept_start=KEPT_START, kept_end=KEPT_END,
     )
     return str(card).rstrip("\n") + "\n"
+
+
+def _lineage_rows(lineage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the card says of the cube a migrated one derives from (the lock holds the rest)."""
+    if not lineage:
+        return None
+    parent, changes = lineage["parent"], lineage["changes"]
+    moved = [f"{role}: {change['from']} -> {change['to']}"
+             for role, change in sorted(changes["models"].items())]
+    if changes.get("embedder"):
+        moved.append(f"embedder: {changes['embedder']['from']} -> {changes['embedder']['to']}")
+    return {"parent": (f"{parent['repo_id']}@{parent['revision']}" if parent["repo_id"]
+                       else parent["cube_id"] or "a local cube"),
+            "lock_digest": parent["lock_digest"], "changes": moved,
+            "retokenized": len(changes["retokenized"]), "reembedded": changes["reembedded"],
+            "adapters_dropped": changes["adapters_dropped"]}
 
 
 def is_cubepack_card(text: str) -> bool:

@@ -19,7 +19,7 @@ to be the one recorded here.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants

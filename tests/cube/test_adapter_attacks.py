@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-from helpers import make_adapter
 from safetensors.torch import load_file, save_file
 
 import cubepack
@@ -19,6 +18,8 @@ from cubepack.errors import (
     UnsupportedError,
 )
 from cubepack.testing import tiny
+
+from helpers import make_adapter
 
 IDS = torch.tensor([[1, 5, 9, 33, 2, 7]])
 

@@ -368,9 +368,7 @@ def test_adapter_base_per_adapter_and_an_unknown_name(tmp_path, zoo, adapter_a):
 ], ids=["embedding", "dora", "lora-bias"])
 def test_other_lora_tensors_are_checked_and_give_peft_logits(tmp_path, zoo, narrow, config,
                                                            kinds):
-    from peft import PeftModel
-
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     torch.manual_seed(11)
     peft_model = get_peft_model(tiny.load(zoo["a"]), LoraConfig(

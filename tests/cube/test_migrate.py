@@ -82,6 +82,11 @@ def test_migrate_a_to_b_verifies_by_recomputation_against_b_and_leaves_a_untouch
     assert (change["retokenized"], change["reembedded"], change["adapters_dropped"]) == \
         (["no-ids"], 0, [])
     assert "embedder" not in change and lock["lineage"]["tool"] == "cubepack migrate"
+    card = (new / "README.md").read_text()
+    assert "## Derived from" in card and parent["digest"] in card
+    assert f"act_mem: {zoo['a']} -> {zoo['b']}" in card
+    assert "re-tokenised from their source text: 1" in card
+    assert "## Derived from" not in (cube / "README.md").read_text()
 
 
 def test_the_reprefilled_cache_is_bs_own_prefill(cube, zoo, models, tmp_path):

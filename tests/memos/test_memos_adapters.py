@@ -92,9 +92,9 @@ def test_installed_memos_loads_check_the_adapter_too(lora_cube, zoo, installed):
 
 def test_a_cube_whose_config_names_no_parametric_model_says_the_adapter_is_not_applied(
         tmp_path, zoo):
-    from memos_format import memos_config
-
     import json
+
+    from memos_format import memos_config
 
     cube = tmp_path / "cube"
     cube.mkdir()

@@ -567,7 +567,6 @@ def test_rebuild_re_tokenises_an_item_without_ids_from_its_source_text(zoo, tmp_
     """A MemOS pickle records no token ids: rebuild goes through the chat template, as
     MemOS's own extract would on the loaded model."""
     import torch
-
     from memos.mem_cube.general import GeneralMemCube
 
     from memos_format import write_cube
