@@ -27,6 +27,7 @@ from cubepack import (
 from cubepack.cube import _lock as lockfile
 from cubepack.testing import tiny
 
+from envs import once
 from helpers import make_adapter, reseal_lock
 
 IDS = torch.tensor([[3, 17, 42, 5, 99, 7, 250]])
@@ -206,6 +207,7 @@ def test_peft_files_outside_parametric_are_refused(tmp_path, zoo, adapter_a):
         cubepack.pack(tmp_path / "cube", cube_id="ns/adapter", adapter_base=str(zoo["a"]))
 
 
+@once  # which modules a process imports is the same in both environments
 def test_shape_refusals_import_neither_peft_nor_torch(tmp_path, adapter_a, narrow, zoo):
     """pack's check against the base reads safetensors headers only; load_adapter refuses
     another base before it imports peft."""
