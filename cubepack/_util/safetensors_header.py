@@ -228,15 +228,14 @@ def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: i
 def write_safetensors(path: str | os.PathLike[str],
                       tensors: Sequence[tuple[str, str, tuple[int, ...], Any]],
                       metadata: dict[str, str]) -> None:
-    """Write a safetensors file of ``(name, dtype tag, shape, bytes-like data)`` tensors, all of
-    one dtype, at ``path``: the bytes ``safetensors.torch.save`` gives (the header compact
-    JSON, ``__metadata__`` first, tensors by name, padded with spaces to 8 bytes), each write
-    ending on a 2 MiB boundary of the file."""
-    if len({tag for _, tag, _, _ in tensors}) > 1:
-        raise ValueError("write_safetensors writes tensors of one dtype")
+    """Write a safetensors file of ``(name, dtype tag, shape, bytes-like data)`` tensors at
+    ``path``: for tensors of one dtype, the bytes ``safetensors.torch.save`` gives (the header
+    compact JSON, ``__metadata__`` first, tensors by name, padded with spaces to 8 bytes); of
+    several (an MLX prompt cache's int32 offsets beside its keys), wider elements first, so
+    every tensor stays aligned to its element size. Each write ends on a 2 MiB boundary."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     views, offset = [], 0
-    for name, tag, shape, data in sorted(tensors, key=lambda tensor: tensor[0]):
+    for name, tag, shape, data in sorted(tensors, key=lambda t: (-DTYPE_SIZES[t[1]], t[0])):
         view = memoryview(data).cast("B")
         header[name] = {"dtype": tag, "shape": list(shape),
                         "data_offsets": [offset, offset + view.nbytes]}
