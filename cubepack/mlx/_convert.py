@@ -148,7 +148,8 @@ def prompt_cache_layers(info: PromptCacheInfo) -> list[tuple[str, int, Any, Any]
         parts = []
         for tensor in (layer.keys, layer.values):
             start = info.header.data_offset + tensor.begin
-            raw = torch.from_numpy(mapped[start:info.header.data_offset + tensor.end])
+            raw = mapped[start:info.header.data_offset + tensor.end]
+            raw = torch.from_numpy(raw if info.aligned else numpy.array(raw))  # copy: aligned
             parts.append(raw.view(dtype).view(tensor.shape)[..., :layer.offset, :])
         layers.append((FULL, layer.offset, parts[0], parts[1]))
     return layers

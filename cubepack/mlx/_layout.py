@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic
-from .._util.safetensors_header import Header, TensorInfo, read_header, write_safetensors
+from .._util.safetensors_header import (
+    DTYPE_SIZES,
+    Header,
+    TensorInfo,
+    read_header,
+    write_safetensors,
+)
 from ..errors import FormatError, UnsupportedError
 
 #: The user-metadata key under which cubepack's KV metadata travels in a prompt cache.
@@ -65,6 +71,13 @@ class PromptCacheInfo:
     def offset(self) -> int:
         return self.layers[0].offset
 
+    @property
+    def aligned(self) -> bool:
+        """Every tensor starts on a multiple of its element size (cubepack's files do;
+        mlx_lm's may not): only then can its bytes be viewed as its dtype in place."""
+        return all((self.header.data_offset + t.begin) % DTYPE_SIZES[t.dtype] == 0
+                   for t in self.header.tensors.values())
+
     def used_tensors(self) -> dict[str, TensorInfo]:
         """The tensors as a KV file names them, shaped to the positions in use (``offset``):
         what cubepack's KV metadata describes."""
@@ -86,7 +99,7 @@ def read_prompt_cache(path: str | os.PathLike[str]) -> PromptCacheInfo:
             state-space caches hold something else than plain keys and values).
     """
     path = Path(path)
-    header = read_header(path)
+    header = read_header(path, aligned=False)  # mlx_lm's writer does not pad its header
     user, classes, scalars = _split_metadata(path, header.metadata)
     if not classes:
         raise FormatError(f"{path} is not an MLX-LM prompt cache (its metadata names no cache "

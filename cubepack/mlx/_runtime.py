@@ -15,7 +15,13 @@ from typing import Any
 
 from .._util import constants
 from .._util.safetensors_header import DTYPE_TAGS, read_header
-from ..errors import FormatError, IdentityMismatch, RecomputationFailed, UsageError
+from ..errors import (
+    FormatError,
+    IdentityMismatch,
+    RecomputationFailed,
+    UnsupportedError,
+    UsageError,
+)
 from ..identity._fingerprint import resolve_model_folder
 from ..identity._identity import ModelIdentity
 from ..kv._format import (
@@ -36,10 +42,25 @@ _FOLDER = "_cubepack_folder"
 _MLX_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def require_mlx() -> None:
+    """Raise a precise error where MLX is missing (the conversions themselves do not need it).
+
+    Raises:
+        UnsupportedError: ``mlx`` or ``mlx_lm`` is not installed.
+    """
+    import importlib.util
+
+    missing = [name for name in ("mlx", "mlx_lm") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UnsupportedError(f"{' and '.join(missing)} is not installed here; this needs MLX "
+                               "(pip install 'mlx[cpu]' mlx-lm on Linux, mlx mlx-lm on macOS).")
+
+
 def load(path_or_hf_repo: str | os.PathLike[str], *, revision: str | None = None,
          dtype: str | None = None) -> tuple[Any, Any]:
     """``mlx_lm.load`` of a model folder (or a Hub id in the HF cache), in ``dtype`` when given,
     with the folder recorded on the model for :func:`model_identity`."""
+    require_mlx()
     import mlx.core as mx
     from mlx_lm import load as mlx_load
 
@@ -229,11 +250,12 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
             records no token ids.
         FormatError: a malformed file, or a prompt cache that records no producer.
     """
+    require_mlx()
     import mlx.core as mx
 
     model, live = _live(model, folder)
     path = Path(path)
-    header = read_header(path)
+    header = read_header(path, aligned=False)  # which layout: each reader then checks it
     if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
         info = check_kv_info(read_kv_header(path), live)
         names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]

@@ -70,6 +70,9 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                   (["{cube}", "--embedder-sample", "3"], "UsageError")],
     ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
+    ("import", "mlx"): [(["{pickle}", "--model", "./missing"], "FormatError"),
+                        (["{text}", "--model", "x", "--token-ids", "[1,"], "UsageError")],
+    ("export", "mlx"): [(["{text}", "--out", "x.safetensors"], "FormatError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),
                 (["{cube}", "ns/x", "--tag", "x y"], "UsageError"),
@@ -166,6 +169,10 @@ def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, h
     as_format_1(kv, old, zoo["a"] / "tokenizer.json")
     assert one_json(run("upgrade", old, "--model", zoo["a"], "--json"))["ok"] is True
     assert one_json(run("sign", cube, "--key", key, "--json"))["ok"] is True
+    exported = one_json(run("export", "mlx", kv, "--out", tmp_path / "p.safetensors", "--json"))
+    imported = one_json(run("import", "mlx", exported["path"], "--model", zoo["a"], "--out",
+                            tmp_path / "back.kv.safetensors", "--json"))
+    assert imported["token_count"] == cubepack.read_kv_header(kv).token_count
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))
