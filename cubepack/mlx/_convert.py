@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .._util import constants
+from .._util.hashing import HashCache
 from .._util.safetensors_header import DTYPE_TAGS
 from ..errors import IdentityMismatch, UnsupportedError, UsageError
-from ..identity._fingerprint import fingerprint
+from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity
 from ..kv._format import FULL, KVFileInfo, check_kv_info, kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -48,13 +49,27 @@ def runtime_record() -> str:
     return f"{RUNTIME} {version}" if version else RUNTIME
 
 
+#: Identities of model folders, reused while no file in the folder changed (by stat, as the
+#: hash cache keys files): a fingerprint per load would otherwise dominate loading a cache.
+_IDENTITIES: dict[tuple, ModelIdentity] = {}
+
+
 def mlx_identity(model: str | os.PathLike[str], dtype: str, *,
                  revision: str | None = None) -> ModelIdentity:
     """The identity of the model folder (or Hub id) MLX loaded, running in ``dtype``: the
     same strict fields as transformers' fingerprint of that folder (MLX loads the same
     safetensors files and config), with MLX's versions recorded."""
-    identity = fingerprint(model, revision=revision, dtype=dtype)
-    return dataclasses.replace(identity, versions=runtime_versions())
+    folder, _, resolved = resolve_model_folder(str(model), revision)
+    if revision is not None and resolved is None:
+        fingerprint(model, revision=revision)  # raises: a folder has no revision to pick
+    key = (str(folder.resolve()), dtype, tuple(
+        (entry.name, HashCache.key(entry)) for entry in sorted(folder.iterdir())
+        if entry.is_file()))
+    if key not in _IDENTITIES:
+        identity = fingerprint(folder, dtype=dtype)
+        _IDENTITIES.clear()  # one model at a time is the common case; never grows
+        _IDENTITIES[key] = dataclasses.replace(identity, versions=runtime_versions())
+    return _IDENTITIES[key]
 
 
 def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[str], *,

@@ -119,7 +119,8 @@ def read_prompt_cache(path: str | os.PathLike[str]) -> PromptCacheInfo:
         odd = sorted(set(header.tensors) ^ names)[:3]
         raise FormatError(f"{path}: its tensors do not match {len(classes)} KVCache layers "
                           f"({odd}).")
-    layers = [_layer(path, header, index) for index in range(len(classes))]
+    with open(path, "rb") as handle:  # one open for every layer's offset
+        layers = [_layer(path, header, index, handle) for index in range(len(classes))]
     tags = sorted({t for layer in layers for t in (layer.keys.dtype, layer.values.dtype)})
     if len(tags) != 1:
         raise FormatError(f"{path}: its keys and values mix dtypes ({', '.join(tags)}).")
@@ -162,7 +163,7 @@ def _split_metadata(path: Path, metadata: dict[str, str]
     return user, [classes[i] for i in range(len(classes))], scalars
 
 
-def _layer(path: Path, header: Header, index: int) -> PromptCacheLayer:
+def _layer(path: Path, header: Header, index: int, handle: Any) -> PromptCacheLayer:
     keys, values = header.tensors[f"{index}.0"], header.tensors[f"{index}.1"]
     offset_tensor = header.tensors[f"{index}.2"]
     for tensor in (keys, values):
@@ -175,10 +176,9 @@ def _layer(path: Path, header: Header, index: int) -> PromptCacheLayer:
     if offset_tensor.dtype not in _OFFSET_FORMATS or offset_tensor.shape != ():
         raise FormatError(f"{path}: {offset_tensor.name} must be an integer scalar (the "
                           f"offset), found {offset_tensor.dtype} {list(offset_tensor.shape)}.")
-    with open(path, "rb") as handle:
-        handle.seek(header.data_offset + offset_tensor.begin)
-        (offset,) = struct.unpack(_OFFSET_FORMATS[offset_tensor.dtype],
-                                  handle.read(offset_tensor.end - offset_tensor.begin))
+    handle.seek(header.data_offset + offset_tensor.begin)
+    (offset,) = struct.unpack(_OFFSET_FORMATS[offset_tensor.dtype],
+                              handle.read(offset_tensor.end - offset_tensor.begin))
     if not 0 < offset <= keys.shape[2]:
         raise FormatError(f"{path}: layer {index}'s offset {offset} lies outside its "
                           f"{keys.shape[2]} stored positions.")
