@@ -4,7 +4,8 @@ A Llama-shaped model (8 layers, hidden 512, 4 KV heads of 64) run by MLX on 2048
 prompt cache, best of N, contenders taking turns in the same run:
 
 - ``cubepack export mlx`` (KV file -> prompt cache) against mlx_lm's ``save_prompt_cache`` of
-  the same cache (target <= 1.2x);
+  the same cache (target <= 1.2x), and against that save made durable (an ``fsync``, which
+  every cubepack write does before its atomic rename);
 - ``cubepack import mlx`` (prompt cache -> KV file, identity included) against mlx_lm's
   ``load_prompt_cache`` of that file with its arrays evaluated (MLX loads lazily), and against
   mlx_lm's load + save (the same read and write an import does);
@@ -22,6 +23,7 @@ Run: .venv/mlx/bin/python bench/runtimes.py [--smoke]
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -85,8 +87,14 @@ def _conversion_cost(root: Path, folder: Path, layers: int, hidden: int, tokens:
         loaded = cubepack.mlx.load_prompt_cache(ours, model)
         mx.eval([c.keys for c in loaded] + [c.values for c in loaded])
 
+    def durable_save():  # what every cubepack write adds: fsync before the rename
+        save_prompt_cache(str(root / "d.safetensors"), cache)
+        with open(root / "d.safetensors", "rb+") as handle:
+            os.fsync(handle.fileno())
+
     contenders = {
         "mlx_lm save_prompt_cache": lambda: save_prompt_cache(str(root / "s.safetensors"), cache),
+        "mlx_lm save + fsync": durable_save,
         "cubepack export mlx": lambda: cubepack.mlx.export_prompt_cache(kv, root / "e.safetensors"),
         "mlx_lm load_prompt_cache": mlx_load,
         "mlx_lm load + save": mlx_round_trip,
@@ -104,7 +112,8 @@ def _conversion_cost(root: Path, folder: Path, layers: int, hidden: int, tokens:
           f"{size:.1f} MB (mlx {mx.__version__})")
     for name, seconds in best.items():
         print(f"{name:<32} best {seconds * 1e3:8.2f} ms")
-    print(f"ratio export / mlx_lm save: {best['cubepack export mlx'] / best['mlx_lm save_prompt_cache']:.2f}x (target <= 1.2x)")
+    print(f"ratio export / mlx_lm save: {best['cubepack export mlx'] / best['mlx_lm save_prompt_cache']:.2f}x (target <= 1.2x); "
+          f"export / mlx_lm save + fsync: {best['cubepack export mlx'] / best['mlx_lm save + fsync']:.2f}x")
     print(f"ratio import / mlx_lm load: {best['cubepack import mlx'] / best['mlx_lm load_prompt_cache']:.2f}x; "
           f"import / mlx_lm load + save: {best['cubepack import mlx'] / best['mlx_lm load + save']:.2f}x (target <= 1.2x)")
     print(f"ratio checked load / mlx_lm load: {best['cubepack.mlx.load_prompt_cache'] / best['mlx_lm load_prompt_cache']:.2f}x (target <= 1.2x)")
