@@ -1,14 +1,16 @@
-# Two test environments, both set up by `make test` (and by CI through .ci/run):
+# Three test environments, all set up by `make test` (and by CI through .ci/run):
 #   latest: newest transformers 5.x + huggingface_hub 2.x
 #   memos:  MemoryOS (pins transformers<5) + accelerate: transformers 4.57.x, huggingface_hub 0.36.x
+#   mlx:    latest's packages + MLX (mlx[cpu], mlx-lm): runs tests/mlx only (a few minutes)
 # torch is pinned to 2.13.0, a local CPU wheel on our machines; any other request may pull GBs.
 #
 # Environments are built by tools/setup_env.py with uv (installed from PyPI into $(VENV)/tools;
 # it resolves in seconds and links both environments from one download cache), handed pip's
 # configuration; the build stops before installing anything if its plan holds a CUDA package.
 # `make UV=` builds them with pip instead, as happens by itself when uv cannot be installed;
-# `make UV=uv` uses a uv of your own. `make test` runs both suites at once (TEST_JOBS=1: one
-# after the other), each logged to $(VENV)/NAME-tests.log and printed whole when it ends;
+# `make UV=uv` uses a uv of your own. `make test` runs the suites two at a time, the short mlx
+# one last (TEST_JOBS=1: one after the other), each logged to $(VENV)/NAME-tests.log and
+# printed whole when it ends;
 # TEST_ARGS adds pytest arguments (e.g. TEST_ARGS=tests/kv).
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -25,11 +27,12 @@ SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
 UV_STAMP   := $(VENV)/tools/.attempted
 UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
-.PHONY: test test-latest test-memos setup demo bench hub-compat memos-own-tests clean
+.PHONY: test test-latest test-memos test-mlx setup demo bench hub-compat memos-own-tests clean
 
 test: setup
-	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) \
-	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python -- -q -p no:cacheprovider $(TEST_ARGS)
+	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) --only mlx=tests/mlx \
+	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python \
+	  mlx=$(VENV)/mlx/bin/python -- -q -p no:cacheprovider $(TEST_ARGS)
 
 test-latest: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pytest -q
@@ -37,7 +40,10 @@ test-latest: $(VENV)/latest/.ready
 test-memos: $(VENV)/memos/.ready
 	$(VENV)/memos/bin/python -m pytest -q
 
-setup: $(VENV)/latest/.ready $(VENV)/memos/.ready
+test-mlx: $(VENV)/mlx/.ready
+	$(VENV)/mlx/bin/python -m pytest -q tests/mlx
+
+setup: $(VENV)/latest/.ready $(VENV)/memos/.ready $(VENV)/mlx/.ready
 
 # If pip cannot install uv, say so and go on: setup_env.py then builds with pip.
 $(UV_STAMP):
@@ -54,10 +60,14 @@ $(VENV)/memos/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
 	$(SETUP_ENV) $(VENV)/memos $(TORCH) -e ".[test,sign,memos]"
 	touch $@
 
+$(VENV)/mlx/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
+	$(SETUP_ENV) $(VENV)/mlx $(TORCH) -e ".[test,sign,mlx]" "transformers>=5,<6" "huggingface_hub>=1"
+	touch $@
+
 demo: $(VENV)/memos/.ready
 	$(VENV)/memos/bin/python -m cubepack.demo
 
-bench: $(VENV)/latest/.ready
+bench: $(VENV)/latest/.ready $(VENV)/mlx/.ready
 	$(VENV)/latest/bin/python bench/kv_load.py
 	$(VENV)/latest/bin/python bench/verify.py
 	$(VENV)/latest/bin/python bench/pull.py
@@ -65,6 +75,7 @@ bench: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python bench/recompute.py
 	$(VENV)/latest/bin/python bench/migrate.py
 	$(VENV)/latest/bin/python bench/memos_use.py
+	$(VENV)/mlx/bin/python bench/runtimes.py
 
 # huggingface_hub's own tests against `cubepack hub serve` (downloads the installed version's
 # sdist; needs pytest-mock, which its tests use). Not part of `make test`: it takes minutes.

@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -295,6 +296,78 @@ def _render_report(data: dict[str, Any]) -> str:
     else:
         lines.append("REFUSED: do not load this cube")
     return "\n".join(lines)
+
+
+@cli.group("import")
+def import_group() -> None:
+    """Convert another runtime's KV cache into a cubepack KV file."""
+
+
+def _token_ids(value: str | None) -> list[int] | None:
+    """``--token-ids``: a JSON list of integers, or @FILE holding one."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--token-ids {value}: {getattr(exc, 'strerror', None) or exc}") \
+                from exc
+    try:
+        ids = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--token-ids must be a JSON list of integers: {exc}") from exc
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise UsageError("--token-ids must be a JSON list of integers, e.g. [1, 17, 42].")
+    return ids
+
+
+@import_group.command("mlx")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", required=True,
+              help="The model folder (or Hub id) MLX loaded: its fingerprint is the producer.")
+@click.option("--revision", help="Branch, tag or commit of a Hub --model.")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="The KV file to write (default: FILE's stem + .kv.safetensors).")
+@click.option("--token-ids", help="The ids the cache covers: a JSON list, or @FILE (mlx_lm "
+                                  "records none; without them no other runtime accepts it).")
+@click.option("--recompute", is_flag=True,
+              help="Prove it first: MLX runs --model on the token ids and must reproduce it.")
+@_json_option()
+def import_mlx_command(file: str, model: str, revision: str | None, out: str | None,
+                       token_ids: str | None, recompute: bool, as_json: bool) -> None:
+    """Convert an MLX-LM prompt cache FILE into a KV file pinned to MODEL."""
+    from .kv._format import read_kv_header
+    from .mlx import import_prompt_cache
+
+    path = import_prompt_cache(file, model, out=out, token_ids=_token_ids(token_ids),
+                               revision=revision, recompute=recompute)
+    info = read_kv_header(path)
+    _emit({"path": str(path), "token_count": info.token_count, "kv_dtype": info.kv_dtype,
+           "runtime": info.metadata.get("runtime"), "recomputed": recompute,
+           "producer": info.producer.to_dict()}, as_json,
+          lambda d: f"imported {d['token_count']} positions ({d['kv_dtype']}, {d['runtime']}) "
+                    f"to {d['path']}" + (" (recomputed by MLX)" if d["recomputed"] else ""))
+
+
+@cli.group("export")
+def export_group() -> None:
+    """Write a cubepack KV file in another runtime's cache format."""
+
+
+@export_group.command("mlx")
+@click.argument("kvfile", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The MLX-LM prompt cache to write (mlx_lm's load_prompt_cache reads it).")
+@click.option("--model", help="Refuse unless the KV file's producer is this model.")
+@_json_option()
+def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) -> None:
+    """Write KVFILE as an MLX-LM prompt cache that carries its producer."""
+    from .mlx import export_prompt_cache
+
+    path = export_prompt_cache(kvfile, out, model=model)
+    _emit({"path": str(path)}, as_json, lambda d: f"exported to {d['path']}")
 
 
 @cli.command("upgrade")

@@ -1,14 +1,15 @@
 """Run the test suite in several environments at once (``make test``), readably.
 
-``run_suites.py [--jobs N] [--logs DIR] NAME=PYTHON ... [-- PYTEST_ARGS]``
+``run_suites.py [--jobs N] [--logs DIR] [--only NAME=PATH]... NAME=PYTHON ... [-- PYTEST_ARGS]``
 
 Each environment's pytest runs in its own process with its output written to
 ``DIR/NAME-tests.log`` (nothing interleaves); each log is printed whole, under a header, as its
 run ends, then a line per environment and one closing line add them up
 (``N passed, N failed, N skipped``; errors count as failed). The exit status is 0 only if
-every run exited 0. With two environments, each run gets the other's interpreter as
-``CUBEPACK_OTHER_PYTHON`` (the cross-version tests). ``--jobs 1`` runs them one after another.
-Standard library only.
+every run exited 0. ``--only NAME=PATH`` runs only the tests under PATH in that environment (the
+mlx one runs ``tests/mlx``). When two environments run the whole suite, each gets the other's
+interpreter as ``CUBEPACK_OTHER_PYTHON`` (the cross-version tests). Suites start in the order
+given, ``--jobs`` at a time (``--jobs 1``: one after another). Standard library only.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Plan:
     logs: Path
     suites: dict[str, str]  # name -> interpreter, in the order given
     pytest_args: list[str] = field(default_factory=list)
+    only: dict[str, list[str]] = field(default_factory=dict)  # name -> test paths it runs
 
 
 def parse_args(argv: list[str]) -> Plan:
@@ -39,6 +41,8 @@ def parse_args(argv: list[str]) -> Plan:
     parser = argparse.ArgumentParser(prog="run_suites.py", description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, help="suites run at once (default 2)")
     parser.add_argument("--logs", type=Path, default=Path("."), help="folder for NAME-tests.log")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME=PATH",
+                        help="run only the tests under PATH in environment NAME (repeatable)")
     parser.add_argument("suites", nargs="+", metavar="NAME=PYTHON")
     args = parser.parse_args(argv[:split])
     suites: dict[str, str] = {}
@@ -51,7 +55,13 @@ def parse_args(argv: list[str]) -> Plan:
         suites[name] = python
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    return Plan(args.jobs, args.logs, suites, argv[split + 1:])
+    only: dict[str, list[str]] = {}
+    for spec in args.only:
+        name, sep, path = spec.partition("=")
+        if not (sep and path) or name not in suites:
+            parser.error(f"--only must name a given environment and a path: {spec!r}")
+        only.setdefault(name, []).append(path)
+    return Plan(args.jobs, args.logs, suites, argv[split + 1:], only)
 
 
 #: pytest's closing line: counts, then "in 2.01s" (``-q`` drops the ``=`` border).
@@ -79,16 +89,19 @@ def closing_line(totals: dict[str, int]) -> str:
 
 
 def environment_for(name: str, pythons: dict[str, str], base: dict[str, str],
-                    jobs: int = 1) -> dict[str, str]:
-    """A run's environment: ``base`` plus, when there are exactly two suites, the other's
-    interpreter as ``CUBEPACK_OTHER_PYTHON``; with several suites at once, each one's share of
-    the cores as ``OMP_NUM_THREADS`` (unless set): torch otherwise starts a thread per core in
-    every suite, and the suites' threads fight over the same cores."""
+                    jobs: int = 1, partial: frozenset[str] | set[str] = frozenset()
+                    ) -> dict[str, str]:
+    """A run's environment: ``base`` plus, when exactly two suites run the whole suite (not
+    ``partial``: restricted by ``--only``), the other's interpreter as
+    ``CUBEPACK_OTHER_PYTHON``; with several suites at once, each one's share of the cores as
+    ``OMP_NUM_THREADS`` (unless set): torch otherwise starts a thread per core in every suite,
+    and the suites' threads fight over the same cores."""
     env = dict(base)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // min(jobs, len(pythons))))
-    others = [python for other, python in pythons.items() if other != name]
-    if len(pythons) == 2:
+    whole = {other: python for other, python in pythons.items() if other not in partial}
+    others = [python for other, python in whole.items() if other != name]
+    if len(whole) == 2 and name in whole:
         env["CUBEPACK_OTHER_PYTHON"] = others[0]
     return env
 
@@ -108,12 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             while waiting and len(running) < plan.jobs:
                 name = waiting.pop(0)
                 log = plan.logs / f"{name}-tests.log"
-                command = [pythons[name], "-m", "pytest", *plan.pytest_args]
+                command = [pythons[name], "-m", "pytest", *plan.pytest_args,
+                           *plan.only.get(name, [])]
                 try:
                     with open(log, "wb") as out:
                         process = subprocess.Popen(
                             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=environment_for(name, pythons, dict(os.environ), plan.jobs))
+                            env=environment_for(name, pythons, dict(os.environ), plan.jobs,
+                                                set(plan.only)))
                 except OSError as error:
                     print(f"\n== {name}: FAILED to start {pythons[name]}: {error}", flush=True)
                     failed.append(name)

@@ -98,8 +98,10 @@ _MAGIC = (
 )
 
 
-def read_header(path: str | os.PathLike[str]) -> Header:
-    """Parse and validate the header of the safetensors file at ``path``.
+def read_header(path: str | os.PathLike[str], *, aligned: bool = True) -> Header:
+    """Parse and validate the header of the safetensors file at ``path``; ``aligned=False``
+    accepts tensors not aligned to their element size (MLX's writer does not pad its header:
+    such a file is read by copying, never mapped as its dtype).
 
     Raises:
         FormatError: the file is not a well-formed safetensors file (truncated, bad JSON,
@@ -139,10 +141,11 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             raw = handle.read(length)
     except OSError as exc:
         raise FormatError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
-    return parse_header(raw, file_size, name)
+    return parse_header(raw, file_size, name, aligned=aligned)
 
 
-def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
+def parse_header(raw: bytes, file_size: int, name: str = "<header>", *,
+                 aligned: bool = True) -> Header:
     """Validate header bytes ``raw`` of a file of ``file_size`` bytes (pure; fuzzed in tests)."""
     try:
         document = loads_strict(raw.decode("utf-8"), object_pairs_hook=unique_pairs)
@@ -162,7 +165,7 @@ def parse_header(raw: bytes, file_size: int, name: str = "<header>") -> Header:
     tensors: dict[str, TensorInfo] = {}
     for tensor_name, entry in document.items():
         tensors[tensor_name] = _tensor_info(tensor_name, entry, data_size, name)
-    _check_layout(tensors, data_offset, data_size, name)
+    _check_layout(tensors, data_offset, data_size, name, aligned)
     return Header(tensors=tensors, metadata=metadata, data_offset=data_offset, file_size=file_size)
 
 
@@ -202,7 +205,7 @@ def _tensor_info(tensor_name: str, entry: Any, data_size: int, name: str) -> Ten
 
 
 def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: int,
-                  name: str) -> None:
+                  name: str, aligned: bool = True) -> None:
     """The tensors tile the data section exactly, each aligned to its element size.
 
     safetensors writers lay tensors out back to back from offset 0 to the end of the file. A
@@ -216,7 +219,7 @@ def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: i
         if tensor.begin > position:
             raise FormatError(f"{name}: {tensor.begin - position} bytes before tensor "
                               f"{tensor.name!r} belong to no tensor (a gap in the data).")
-        if (data_offset + tensor.begin) % DTYPE_SIZES[tensor.dtype]:
+        if aligned and (data_offset + tensor.begin) % DTYPE_SIZES[tensor.dtype]:
             raise FormatError(f"{name}: tensor {tensor.name!r} is not aligned to its "
                               f"{DTYPE_SIZES[tensor.dtype]}-byte elements.")
         position = tensor.end
@@ -228,15 +231,14 @@ def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: i
 def write_safetensors(path: str | os.PathLike[str],
                       tensors: Sequence[tuple[str, str, tuple[int, ...], Any]],
                       metadata: dict[str, str]) -> None:
-    """Write a safetensors file of ``(name, dtype tag, shape, bytes-like data)`` tensors, all of
-    one dtype, at ``path``: the bytes ``safetensors.torch.save`` gives (the header compact
-    JSON, ``__metadata__`` first, tensors by name, padded with spaces to 8 bytes), each write
-    ending on a 2 MiB boundary of the file."""
-    if len({tag for _, tag, _, _ in tensors}) > 1:
-        raise ValueError("write_safetensors writes tensors of one dtype")
+    """Write a safetensors file of ``(name, dtype tag, shape, bytes-like data)`` tensors at
+    ``path``: for tensors of one dtype, the bytes ``safetensors.torch.save`` gives (the header
+    compact JSON, ``__metadata__`` first, tensors by name, padded with spaces to 8 bytes); of
+    several (an MLX prompt cache's int32 offsets beside its keys), wider elements first, so
+    every tensor stays aligned to its element size. Each write ends on a 2 MiB boundary."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     views, offset = [], 0
-    for name, tag, shape, data in sorted(tensors, key=lambda tensor: tensor[0]):
+    for name, tag, shape, data in sorted(tensors, key=lambda t: (-DTYPE_SIZES[t[1]], t[0])):
         view = memoryview(data).cast("B")
         header[name] = {"dtype": tag, "shape": list(shape),
                         "data_offsets": [offset, offset + view.nbytes]}

@@ -21,6 +21,8 @@ from .._util import canonical, constants
 from ..errors import CubepackError, FormatError
 
 TAGS = ["memcube", "memos", "kv-cache", "cubepack"]
+#: A plain bundle's tags (no MemOS config.json, no text memory): not a MemCube.
+PLAIN_TAGS = ["kv-cache", "cubepack"]
 MARKER = "<!-- cubepack:card"
 KEPT_START = "<!-- cubepack:kept-readme (the README this cube had before cubepack; kept as is) -->"
 KEPT_END = "<!-- /cubepack:kept-readme -->"
@@ -107,8 +109,9 @@ CARD_FILES = 5
 
 def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name: str,
            license: str | None, repo_id: str, cubepack_version: str,
-           previous: PreviousCard | None = None) -> str:
-    """Render the card text for a cube described by ``lock`` (its README.md entry aside)."""
+           previous: PreviousCard | None = None, memos: bool = True) -> str:
+    """Render the card text for a cube described by ``lock`` (its README.md entry aside);
+    ``memos``: a MemOS cube (else a plain bundle of caches and their sources)."""
     from huggingface_hub import DatasetCard, DatasetCardData
 
     previous = previous or PreviousCard()
@@ -116,7 +119,7 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
     base_models = sorted({pin["repo_id"] for pin in lock["models"].values()
                           if pin.get("repo_id") and pin.get("identity")})
     metadata: dict[str, Any] = {**previous.metadata, "pretty_name": pretty_name,
-                                "tags": TAGS + previous.tags}
+                                "tags": (TAGS if memos else PLAIN_TAGS) + previous.tags}
     if license:
         metadata["license"] = license
     if base_models:
@@ -157,7 +160,7 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
         more_activations=len(everything) - len(activations), activation_count=len(everything),
         provenance_counts=", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
         content_digest=lock["content_digest"], cubepack_version=cubepack_version,
-        kept_text=previous.kept_text, kept_start=KEPT_START, kept_end=KEPT_END,
+        kept_text=previous.kept_text, kept_start=KEPT_START, kept_end=KEPT_END, memos=memos,
     )
     return str(card).rstrip("\n") + "\n"
 

@@ -40,7 +40,8 @@ def is_activation_path(name: str) -> bool:
 
 
 def file_kind(name: str) -> str | None:
-    """The kind of a cube file by its name: json, yaml, kv, safetensors, text; None if none."""
+    """The kind of a cube file by its name: json, jsonl, yaml, kv, safetensors, text; None
+    if none."""
     base = PurePosixPath(name).name
     lower = base.lower()
     if name.startswith(".cache/huggingface/"):
@@ -49,6 +50,8 @@ def file_kind(name: str) -> str | None:
         return "attestation"
     if base in JSON_NAMES or lower.endswith(".json"):
         return "json"
+    if lower.endswith(".jsonl"):
+        return "jsonl"
     if lower.endswith((".yaml", ".yml")):
         return "yaml"
     if is_activation_path(name):
@@ -77,7 +80,8 @@ def content_error(path: Path, name: str) -> RefusedError | None:
     if kind is None:
         return UnsafeInputError(
             f"is of no kind a cube may hold (suffix {PurePosixPath(name).suffix or 'none'!r}); "
-            "cubes hold JSON, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) only")
+            "cubes hold JSON, JSON Lines, YAML, safetensors and UTF-8 text (.md, .txt, .jinja) "
+            "only")
     try:
         if kind == "attestation":
             check_attestation_file(path, name)
@@ -156,6 +160,17 @@ def _check_json(path: Path) -> None:
     canonical.loads_strict(path.read_bytes())
 
 
+def _check_jsonl(path: Path) -> None:
+    """JSON Lines (prompts, a corpus): every non-blank line one strict JSON document."""
+    _check_text(path)
+    for number, line in enumerate(path.read_bytes().decode("utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                canonical.loads_strict(line)
+            except ValueError as exc:
+                raise ValueError(f"line {number}: {exc}") from None
+
+
 def _check_yaml(path: Path) -> None:
     canonical.load_yaml_strict(path.read_bytes().decode("utf-8"))
 
@@ -176,7 +191,7 @@ def _check_text(path: Path) -> None:
         raise ValueError("it holds NUL bytes")
 
 
-_CHECKS = {"json": _check_json, "yaml": _check_yaml, "kv": _check_kv,
+_CHECKS = {"json": _check_json, "jsonl": _check_jsonl, "yaml": _check_yaml, "kv": _check_kv,
            "safetensors": _check_safetensors, "text": _check_text}
 
 

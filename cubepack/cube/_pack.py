@@ -32,7 +32,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ..identity._fingerprint import fingerprint, hub_origin
+from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import FULL, SLIDING, read_kv_header
@@ -157,7 +157,15 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
         remembered, pinned_revision = _remembered_pin(earlier, memos_config)
         model, revision = remembered, revision or pinned_revision
-    pins = _pin_models(memos_config, model=model, revision=revision)
+    plain = "config.json" not in files
+    claims = _header_claims(cube, files) if plain else []
+    found = None
+    if plain and model is None and claims:  # a plain bundle: the producer its headers name
+        model, revision, found = _found_producer(claims)
+    pins = _pin_models(memos_config, model=model, revision=revision,
+                       dtype=_claimed_dtype(claims) if plain else None)
+    if found is not None:
+        pins[memos_layout.ACT_ROLE]["name"] = found
     _record_vectors(cube, files, memos_config, pins, embedder)
     fitted = _pin_adapters(cube, adapter_names, pins, earlier, adapter_base)
     if sign_key is not None:
@@ -343,8 +351,57 @@ def _previous_card(cube: Path, files: list[str]) -> card.PreviousCard:
                           "README's text in the card, so fix or remove it.") from exc
 
 
-def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> dict[str, dict[str, Any]]:
-    """Resolve every model the cube names to a pin (identity + repo id + revision)."""
+def _header_claims(cube: Path, files: list[str]) -> list[tuple[str, ModelIdentity]]:
+    """(file, producer) each activation's KV header names: claims, which only say where to
+    look for the producer and which dtype it ran in; the pin is always a fingerprint."""
+    return [(name, read_kv_header(resolve_inside(cube, name)).producer)
+            for name in files if is_activation_path(name)]
+
+
+def _claimed_dtype(claims: list[tuple[str, ModelIdentity]]) -> str | None:
+    """The one dtype a plain bundle's caches were computed in (a run setting, not a property
+    of the weights: an fp32 checkpoint run in bf16 makes bf16 caches).
+
+    Raises:
+        UsageError: the caches carry several dtypes (a cube pins one producer).
+    """
+    dtypes = sorted({producer.dtype for _, producer in claims})
+    if len(dtypes) > 1:
+        names = {dtype: next(name for name, p in claims if p.dtype == dtype) for dtype in dtypes}
+        raise UsageError("The KV files were computed in several dtypes ("
+                         + ", ".join(f"{dtype}: {name}" for dtype, name in names.items())
+                         + "); a cube pins one producer. Pack each dtype as its own cube.")
+    return dtypes[0] if dtypes else None
+
+
+def _found_producer(claims: list[tuple[str, ModelIdentity]]) -> tuple[str, None, str]:
+    """(folder, None, Hub id) of the producer a plain bundle's headers name, found in the HF
+    cache at the commit they name (never downloaded: a pin is of bytes this machine holds).
+
+    Raises:
+        UsageError: the headers name no Hub revision, several producers, or one not cached.
+    """
+    named = sorted({(p.model_id, p.revision) for _, p in claims}, key=str)
+    if len(named) != 1 or not all(named[0]):
+        what = ("several producers: " + ", ".join(f"{m}@{r}" for m, r in named)
+                if len(named) > 1 else "no Hub model at a commit (it was made from a local folder)")
+        raise UsageError(f"The KV files' headers name {what}, so pack cannot find the producer "
+                         "by itself. Pass --model with the model that built them (a folder or a "
+                         "Hub id): its fingerprint is the pin.")
+    model_id, commit = named[0]
+    try:
+        folder, _, _ = resolve_model_folder(model_id, commit, local_files_only=True)
+    except CubepackError as exc:
+        raise UsageError(f"The KV files' headers name {model_id}@{commit}, which is not in the "
+                         f"Hugging Face cache ({exc}). Download it (hf download {model_id} "
+                         f"--revision {commit}) or pass --model.") from None
+    return str(folder), None, model_id
+
+
+def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None,
+                dtype: str | None = None) -> dict[str, dict[str, Any]]:
+    """Resolve every model the cube names to a pin (identity + repo id + revision); ``dtype``:
+    the dtype the producer ran in, when its caches say so (a plain bundle's headers)."""
     refs = memos_layout.model_refs(config)
     if model is not None and not any(ref.role == memos_layout.ACT_ROLE for ref in refs):
         refs.insert(0, memos_layout.ModelRef(memos_layout.ACT_ROLE, None, str(model), strict=True))
@@ -357,7 +414,7 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None) -> 
             if _served_elsewhere(config, source):
                 identity = _pin_from_hub(str(source), revision)
             elif isinstance(source, (str, Path)):
-                identity = fingerprint(source, revision=revision)
+                identity = fingerprint(source, revision=revision, dtype=dtype)
             else:
                 identity = fingerprint(source)
         else:
@@ -704,6 +761,12 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     memories["activation"] = [name for name in content if is_activation_path(name)
                               or name == constants.PROMPTS_FILE]
     memories["parametric"] = memories.get("parametric", []) + adapters_mod.memory_files(content)
+    memos = "config.json" in content
+    if not memos:  # a plain bundle: its other files (source texts, prompts) are its sources
+        listed = {name for names in memories.values() for name in names}
+        memories["source"] = [name for name in content if name not in listed
+                              and name not in (".gitattributes", constants.SIGNATURE_FILENAME,
+                                               constants.ATTESTATION_FILENAME)]
     _refuse_unshippable(staging, content, memos_config)
     digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
         [resolve_inside(staging, name) for name in content], progress=progress,
@@ -726,7 +789,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                             pretty_name=pretty_name,
                             license=license, repo_id=cube_id if cube_id and "/" in cube_id
                             else "OWNER/CUBE", cubepack_version=__version__,
-                            previous=previous_card)
+                            previous=previous_card, memos=memos or bool(memories.get("textual")))
     card_bytes = card_text.encode("utf-8")
     atomic.write_bytes(staging / constants.CARD_FILENAME, card_bytes)
     files[constants.CARD_FILENAME] = {"sha256": hashlib.sha256(card_bytes).hexdigest(),

@@ -3,12 +3,16 @@
 - ``_format``: the format, read and validated without torch (:func:`read_kv_header`,
   :func:`check_kv_file`);
 - ``_torch``: a transformers cache to tensors and back, zero-copy (:func:`save_kv_cache`,
-  :func:`load_kv_cache`, :func:`prefill`);
-- ``_recompute``: proof by recomputation, the live model's prefill against the stored tensors.
+  :func:`prefill`);
+- ``_recompute``: proof by recomputation, the live model's prefill against the stored tensors,
+  in whichever runtime loads the cache;
+- ``_load``: :func:`load_kv_cache`, the producer check, then (for another runtime's cache) a
+  recomputation, then the cache.
 """
 
 from ._format import KVFileInfo, check_kv_file, read_kv_header
-from ._torch import load_kv_cache, prefill, save_kv_cache
+from ._load import load_kv_cache
+from ._torch import prefill, save_kv_cache
 
 __all__ = ["KVFileInfo", "check_kv_file", "load_kv_cache", "prefill", "read_kv_header",
            "save_kv_cache"]

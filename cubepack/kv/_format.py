@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
-from .._util.safetensors_header import Header, read_header
-from ..errors import FormatError, Mismatch
+from .._util.safetensors_header import Header, TensorInfo, read_header
+from ..errors import CubepackError, FormatError, Mismatch
 from ..identity._identity import ModelIdentity, compare_warnings, require_same
 
 logger = logging.getLogger("cubepack")
@@ -91,6 +91,13 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
     if raw is None:
         raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
                           f"'{constants.KV_METADATA_KEY}' metadata).")
+    return kv_info(path, header, raw, header.tensors)
+
+
+def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]) -> KVFileInfo:
+    """Validate a KV file's metadata ``raw`` against ``tensors`` (named ``layers.<i>.keys`` /
+    ``.values``): the one check for a KV file and for the same metadata carried by another
+    layout (an MLX prompt cache written by cubepack, its tensors renamed)."""
     try:
         meta = canonical.loads_strict(raw)
     except ValueError as exc:
@@ -110,7 +117,7 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
         )
     producer = ModelIdentity.from_dict(meta.get("producer"),
                                        legacy=version < constants.KV_FORMAT_VERSION)
-    layers = _validate_layers(path, header, meta, producer)
+    layers = _validate_layers(path, tensors, meta, producer)
     token_count = layers[0].cumulative_length if layers else 0
     if type(meta.get("token_count")) is not int or meta["token_count"] != token_count:
         raise FormatError(f"{path}: token_count {meta.get('token_count')!r} contradicts its "
@@ -134,7 +141,7 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
                       metadata=item_metadata, header=header)
 
 
-def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
+def _validate_layers(path: Path, tensors: dict[str, TensorInfo], meta: dict[str, Any],
                      producer: ModelIdentity) -> list[KVLayerInfo]:
     num_layers, entries, kv_dtype = meta.get("num_layers"), meta.get("layers"), meta.get("kv_dtype")
     if type(num_layers) is not int or not isinstance(entries, list) or len(entries) != num_layers:
@@ -143,9 +150,9 @@ def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
         raise FormatError(f"{path}: kv_dtype {kv_dtype!r} differs from its producer's "
                           f"{producer.kv_dtype!r}.")
     expected_names = {f"layers.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")}
-    if set(header.tensors) != expected_names:
-        extra = sorted(set(header.tensors) - expected_names)[:3]
-        missing = sorted(expected_names - set(header.tensors))[:3]
+    if set(tensors) != expected_names:
+        extra = sorted(set(tensors) - expected_names)[:3]
+        missing = sorted(expected_names - set(tensors))[:3]
         raise FormatError(f"{path}: tensors do not match {num_layers} layers "
                           f"(missing {missing}, unexpected {extra}).")
     layers: list[StoredLayer] = []
@@ -153,8 +160,8 @@ def _validate_layers(path: Path, header: Header, meta: dict[str, Any],
         if not isinstance(entry, dict) or entry.get("type") not in (FULL, SLIDING) \
                 or type(entry.get("cumulative_length")) is not int or entry["cumulative_length"] < 0:
             raise FormatError(f"{path}: layer {index} has malformed metadata {entry!r}.")
-        keys = header.tensors[f"layers.{index}.keys"]
-        values = header.tensors[f"layers.{index}.values"]
+        keys = tensors[f"layers.{index}.keys"]
+        values = tensors[f"layers.{index}.values"]
         for tensor in (keys, values):
             if tensor.dtype_name != kv_dtype:
                 raise FormatError(f"{path}: {tensor.name} is {tensor.dtype_name}, but the file "
@@ -257,6 +264,21 @@ def _shared_shape_problems(layers: list[StoredLayer]) -> list[Mismatch]:
     return found
 
 
+#: The runtime a KV file without a ``runtime`` record was made by: cubepack's own writer,
+#: ``save_kv_cache``, takes transformers caches.
+DEFAULT_RUNTIME = "transformers"
+
+
+def producer_runtime(metadata: dict[str, Any]) -> str:
+    """The runtime that computed a cache, by name (``"mlx-lm"`` for ``"mlx-lm 0.32.2"``), from
+    a KV header's item metadata: a claim, used only to decide that loading it elsewhere needs
+    a recomputation there, never to accept anything."""
+    recorded = metadata.get("runtime")
+    if not isinstance(recorded, str) or not recorded.split():
+        return DEFAULT_RUNTIME
+    return recorded.split()[0]
+
+
 def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileInfo:
     """Validate the header and require its producer to be ``live``; return the header.
 
@@ -264,7 +286,13 @@ def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileIn
         IdentityMismatch: naming every differing strict field.
         FormatError: a malformed file.
     """
-    info = read_kv_header(path)
+    return check_kv_info(read_kv_header(path), live)
+
+
+def check_kv_info(info: KVFileInfo, live: ModelIdentity) -> KVFileInfo:
+    """:func:`check_kv_file` for a header already read and validated (a KV file's, or the
+    same metadata carried by another runtime's cache file)."""
+    path = info.path
     if info.version < constants.KV_FORMAT_VERSION:
         raise FormatError(
             f"KV cache {Path(path).name} is KV format version {info.version}, whose producer "
@@ -274,6 +302,34 @@ def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileIn
     require_same(info.producer, live, f"KV cache {Path(path).name}")
     warn_if_prompt_format_differs(info.producer, live, f"KV cache {Path(path).name}")
     return info
+
+
+def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_ids: list[int] | None,
+                metadata: dict[str, Any] | None) -> str:
+    """The ``cubepack`` metadata string of a KV file whose layers are ``entries`` (``type``
+    and ``cumulative_length`` each): the one definition for every writer.
+
+    Raises:
+        CubepackError: ``token_ids`` do not cover the cache, or metadata is not JSON.
+    """
+    token_count = max((entry["cumulative_length"] for entry in entries), default=0)
+    if token_ids is not None and len(token_ids) != token_count:
+        raise CubepackError(f"token_ids has {len(token_ids)} ids but the cache covers "
+                            f"{token_count} tokens.")
+    try:
+        return canonical.dumps({
+            "format": constants.KV_FORMAT_NAME,
+            "version": constants.KV_FORMAT_VERSION,
+            "producer": producer.to_dict(),
+            "num_layers": len(entries),
+            "layers": entries,
+            "kv_dtype": producer.kv_dtype,
+            "token_count": token_count,
+            "token_ids": token_ids,
+            "metadata": metadata or {},
+        }, compact=True)
+    except (TypeError, ValueError) as exc:
+        raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
 
 
 def warn_if_prompt_format_differs(expected: ModelIdentity, found: ModelIdentity,

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CubepackError
+from ..errors import CubepackError, RecomputationFailed
 from ..identity._fingerprint import resolve_model_folder
-from ._format import SLIDING, KVFileInfo
+from ._format import SLIDING, KVFileInfo, producer_runtime
 from ._torch import cache_from_layers, cache_layers, forward, mapped_layers, output_cache
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "float16": 3e-2, "bfloat16": 2.5e-1}
@@ -112,13 +112,49 @@ def recompute(model: Any, info: KVFileInfo, item_id: str, *, sample: int | None 
                             sample=sample, seed=seed)
 
 
-def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[int] | None,
-                     item_id: str, *, sample: int | None = None,
-                     seed: int | None = None) -> Recomputation:
-    """:func:`recompute` for layers already in memory ((type, cumulative_length, keys,
-    values), e.g. read from a MemOS pickle): the same prefill and the same comparisons."""
-    import torch
+class TorchRuntime:
+    """How the checks run a transformers model: its prefill (through the base model) as
+    (type, cumulative_length, keys, values) layers, and the next-token logits of probe tokens
+    fed to a cache built from such layers. Another runtime (``cubepack.mlx``) supplies the
+    same three things for its models, so one set of comparisons and bounds serves every
+    runtime: what is proved is what the *loading* runtime computes."""
 
+    name = "transformers"
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.get_text_config().vocab_size)
+
+    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            output = forward(self.model.base_model, torch.tensor([ids], device=device))
+        return cache_layers(output_cache(output))
+
+    def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
+        """float32 logits, ``[batch * len(probes), vocab]``, of ``probes`` fed after ``layers``."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        tokens = torch.tensor([probes] * batch, device=device)
+        with torch.no_grad():
+            cache = cache_from_layers(layers, self.model.config, device=device)
+            return forward(self.model, tokens, cache).logits.float().flatten(0, 1)
+
+
+def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[int] | None,
+                     item_id: str, *, sample: int | None = None, seed: int | None = None,
+                     runtime: Any = None) -> Recomputation:
+    """:func:`recompute` for layers already in memory ((type, cumulative_length, keys,
+    values) as torch tensors, e.g. read from a MemOS pickle): the same prefill and the same
+    comparisons. ``runtime``: the runtime that recomputes (default :class:`TorchRuntime` of
+    ``model``); its prefill and probe logits are compared with the same bounds."""
+    runtime = runtime or TorchRuntime(model)
     if not ids:
         raise CubepackError(f"Activation {item_id!r} records no token_ids, so it cannot be "
                             "recomputed; pack it from a source that records them.")
@@ -127,11 +163,7 @@ def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[i
     wanted = _positions(len(ids), sample, stored, rng)
     tolerance = TOLERANCE.get(kv_dtype, 2.5e-1)
     started = time.perf_counter()
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        output = forward(model.base_model, torch.tensor([ids], device=device))
-    fresh_cache = output_cache(output)
-    fresh = cache_layers(fresh_cache)
+    fresh = runtime.prefill_layers(list(ids))
     comparison = _Comparison()
     for index, (fresh_layer, stored_layer) in enumerate(zip(fresh, stored)):
         _compare_layer(index, fresh_layer, stored_layer, tolerance, wanted, comparison)
@@ -146,8 +178,41 @@ def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[i
                            logit_bound=LOGIT_BOUND.get(kv_dtype, 2.5e-1),
                            first_difference=comparison.first, detail=detail)
     if result.first_difference is None:
-        _compare_behaviour(model, stored, fresh, rng, result)
+        _compare_behaviour(runtime, stored, fresh, rng, result)
     result.seconds = time.perf_counter() - started
+    return result
+
+
+def require_recomputed_here(runtime: Any, info: KVFileInfo,
+                            stored: list[tuple] | None = None) -> Recomputation | None:
+    """Accept a cache another runtime computed only once ``runtime`` (the one loading it)
+    reproduces it: every position, tensors and behaviour, within this module's bounds. A
+    cache of the loading runtime itself is left to the producer check (None returned).
+
+    ``stored``: the cache's layers as torch tensors (default: mapped from the KV file).
+
+    Raises:
+        RecomputationFailed: it records no token ids, or ``runtime`` does not reproduce it.
+    """
+    made_by = producer_runtime(info.metadata)
+    if made_by == runtime.name:
+        return None
+    what = f"KV cache {info.path.name}"
+    if not info.token_ids:
+        raise RecomputationFailed(
+            f"{what} was computed by {made_by} and is being loaded into {runtime.name}: it is "
+            f"accepted only once {runtime.name} reproduces it, but it records no token ids. "
+            "Import it again with the ids it covers (cubepack import mlx FILE --model M "
+            "--token-ids IDS).")
+    result = recompute_layers(None, stored if stored is not None else mapped_layers(info),
+                              info.kv_dtype, info.token_ids, str(info.metadata.get("id") or
+                                                                 info.path.name),
+                              runtime=runtime)
+    if not result.ok:
+        raise RecomputationFailed(
+            f"{what} was computed by {made_by}; {runtime.name}, loading it, computes something "
+            f"else: it {describe(result)}. Load it into the model that made it, in {made_by}, "
+            "or recompute it here.")
     return result
 
 
@@ -211,23 +276,18 @@ def _compare_layer(index: int, fresh: tuple, stored: tuple, tolerance: float,
             comparison.first = {"layer": index, "position": positions[offset], "part": part}
 
 
-def _compare_behaviour(model: Any, stored: list[tuple], fresh: list[tuple], rng: random.Random,
-                       result: Recomputation) -> None:
+def _compare_behaviour(runtime: Any, stored: list[tuple], fresh: list[tuple],
+                       rng: random.Random, result: Recomputation) -> None:
     """Continue the stored and the recomputed cache with the same random probe tokens (one
     sequence, so each cache is extended once); their logits at every probe step must agree
     within the dtype's bound, top-1 included."""
     import torch
 
-    vocab = int(model.config.get_text_config().vocab_size)
-    probes = [rng.randrange(vocab) for _ in range(PROBES)]
+    probes = [rng.randrange(runtime.vocab_size) for _ in range(PROBES)]
     result.probes = probes
     batch = stored[0][2].shape[0] if stored else 1
-    device = next(model.parameters()).device
-    tokens = torch.tensor([probes] * batch, device=device)
-    with torch.no_grad():
-        stored_logits, fresh_logits = (
-            forward(model, tokens, cache_from_layers(layers, model.config, device=device))
-            .logits.float().flatten(0, 1) for layers in (stored, fresh))
+    stored_logits, fresh_logits = (runtime.probe_logits(layers, probes, batch)
+                                   for layers in (stored, fresh))
     scale = max(fresh_logits.abs().max().item(), 1e-12)
     gap = (stored_logits - fresh_logits).abs().max(-1).values / scale
     result.max_logit_error = float(gap.max().item())

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic, canonical, constants
+from .._util import atomic, constants
 from .._util.safetensors_header import DTYPE_TAGS, read_header, write_safetensors
 from ..errors import CubepackError, IdentityMismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
@@ -24,7 +24,7 @@ from ._format import (
     SLIDING,
     KVFileInfo,
     StoredLayer,
-    check_kv_file,
+    kv_metadata,
     read_kv_header,
     structure_problems,
 )
@@ -125,24 +125,7 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
         tensors[f"layers.{index}.keys"] = keys.detach().to("cpu").contiguous()
         tensors[f"layers.{index}.values"] = values.detach().to("cpu").contiguous()
         entries.append({"type": kind, "cumulative_length": int(cumulative)})
-    ids = _token_id_list(token_ids)
-    token_count = max((entry["cumulative_length"] for entry in entries), default=0)
-    if ids is not None and len(ids) != token_count:
-        raise CubepackError(f"token_ids has {len(ids)} ids but the cache covers {token_count} tokens.")
-    try:
-        meta_json = canonical.dumps({
-            "format": constants.KV_FORMAT_NAME,
-            "version": constants.KV_FORMAT_VERSION,
-            "producer": producer.to_dict(),
-            "num_layers": len(entries),
-            "layers": entries,
-            "kv_dtype": producer.kv_dtype,
-            "token_count": token_count,
-            "token_ids": ids,
-            "metadata": metadata or {},
-        }, compact=True)
-    except (TypeError, ValueError) as exc:
-        raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
+    meta_json = kv_metadata(producer, entries, _token_id_list(token_ids), metadata)
     path = Path(path)
     tags = {dtype_name(tensor.dtype) for tensor in tensors.values()} - set(DTYPE_TAGS)
     if tags:
@@ -191,29 +174,6 @@ def _token_id_list(token_ids: Any) -> list[int] | None:
             raise CubepackError("token_ids must be one sequence, not a batch.")
         token_ids = token_ids[0]
     return [int(t) for t in token_ids]
-
-
-def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
-                  copy: bool = False, identity: ModelIdentity | None = None) -> Any:
-    """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer.
-
-    The header is validated and the producer's strict fields compared with the live model's
-    identity before any tensor is read; only then is the cache built, zero-copy from the
-    memory-mapped file unless ``copy`` (or a ``device`` other than CPU) asks otherwise.
-
-    Args:
-        model: the live ``PreTrainedModel`` the cache will be used with.
-        device: where to place the tensors (default: CPU, zero-copy).
-        copy: clone the tensors so they do not keep the file mapped.
-        identity: the live model's identity, when already computed (saves a fingerprint).
-
-    Raises:
-        IdentityMismatch: the cache was produced by a different model (every field named).
-        FormatError: the file is corrupt, truncated or of an unknown version.
-    """
-    live = identity or fingerprint(model)
-    info = check_kv_file(path, live)
-    return build_dynamic_cache(info, model.config, device=device, copy=copy)
 
 
 def build_dynamic_cache(info: KVFileInfo, config: Any, *, device: Any = None,

@@ -23,9 +23,18 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 pytestmark = once
 
 
+#: Benchmarks of another runtime, smoke-run by that runtime's suite (tests/mlx).
+OTHER_RUNTIMES = {"runtimes.py"}
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
-                                           if not p.name.startswith("_")))
+                                           if not p.name.startswith("_")
+                                           and p.name not in OTHER_RUNTIMES))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
+    run_smoke(script, tmp_path)
+
+
+def run_smoke(script: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("CUBEPACK_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
     env.update(HF_HUB_CACHE=str(tmp_path / "hf"), CUBEPACK_CACHE=str(tmp_path / "cp"))

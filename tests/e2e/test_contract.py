@@ -78,6 +78,9 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                    (["{tampered}", "--model", "{model}", "--out", "new"], "VerificationFailed")],
     ("lineage",): [(["{empty}"], "FormatError"), (["{cube}", "--timeout", "0"], "UsageError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
+    ("import", "mlx"): [(["{pickle}", "--model", "./missing"], "FormatError"),
+                        (["{text}", "--model", "x", "--token-ids", "[1,"], "UsageError")],
+    ("export", "mlx"): [(["{text}", "--out", "x.safetensors"], "FormatError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),
                 (["{cube}", "ns/x", "--tag", "x y"], "UsageError"),
@@ -184,6 +187,10 @@ def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, h
     assert migrated["retokenized"] == ["item-1", "item-2"]
     shown = one_json(run("lineage", tmp_path / "migrated", "--json"))
     assert shown["chain"][0]["parent"]["lock_digest"] == migrated["lineage"]["parent"]["lock_digest"]
+    exported = one_json(run("export", "mlx", kv, "--out", tmp_path / "p.safetensors", "--json"))
+    imported = one_json(run("import", "mlx", exported["path"], "--model", zoo["a"], "--out",
+                            tmp_path / "back.kv.safetensors", "--json"))
+    assert imported["token_count"] == cubepack.read_kv_header(kv).token_count
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))

@@ -137,3 +137,22 @@ def test_suites_run_at_once_share_the_cores_unless_told_otherwise(monkeypatch):
         "OMP_NUM_THREADS"] == "3"
     monkeypatch.setattr(run_suites.os, "cpu_count", lambda: 1)
     assert run_suites.environment_for("latest", pythons, {}, 2)["OMP_NUM_THREADS"] == "1"
+
+
+def test_only_restricts_one_suite_and_the_two_whole_suites_pair_up(tmp_path, capsys):
+    plan = run_suites.parse_args(["--only", "mlx=tests/mlx", "a=/a", "b=/b", "mlx=/x", "--",
+                                  "-q"])
+    assert plan.only == {"mlx": ["tests/mlx"]} and plan.pytest_args == ["-q"]
+    pythons = {"a": "/a", "b": "/b", "mlx": "/x"}
+    assert run_suites.environment_for("a", pythons, {}, partial={"mlx"})[
+        "CUBEPACK_OTHER_PYTHON"] == "/b"
+    assert "CUBEPACK_OTHER_PYTHON" not in run_suites.environment_for("mlx", pythons, {},
+                                                                     partial={"mlx"})
+    with pytest.raises(SystemExit):
+        run_suites.parse_args(["--only", "nope=tests/mlx", "a=/a"])
+    echo = _interpreter(tmp_path, "echo", 'echo "args=$*"\necho "1 passed in 0.10s"\n')
+    status = run_suites.main(["--logs", str(tmp_path / "logs"), "--only", "x=tests/mlx",
+                              f"x={echo}", f"y={echo}", "--", "-q"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "args=-m pytest -q tests/mlx\n" in out and "args=-m pytest -q\n" in out

@@ -1,0 +1,43 @@
+"""Loading a KV file into a live transformers model: the producer check first, then, for a
+cache another runtime computed, a recomputation here, then the zero-copy ``DynamicCache``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..identity._fingerprint import fingerprint
+from ..identity._identity import ModelIdentity
+from ._format import check_kv_file
+from ._recompute import TorchRuntime, require_recomputed_here
+from ._torch import build_dynamic_cache
+
+
+def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
+                  copy: bool = False, identity: ModelIdentity | None = None) -> Any:
+    """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer.
+
+    The header is validated and the producer's strict fields compared with the live model's
+    identity before any tensor is read; only then is the cache built, zero-copy from the
+    memory-mapped file unless ``copy`` (or a ``device`` other than CPU) asks otherwise.
+
+    Args:
+        model: the live ``PreTrainedModel`` the cache will be used with.
+        device: where to place the tensors (default: CPU, zero-copy).
+        copy: clone the tensors so they do not keep the file mapped.
+        identity: the live model's identity, when already computed (saves a fingerprint).
+
+    A cache another runtime computed (its header records ``runtime``, e.g. ``mlx-lm 0.32.2``)
+    is accepted only once this model's own prefill reproduces it within the recomputation
+    bounds (:func:`require_recomputed_here`): kernels differ between runtimes.
+
+    Raises:
+        IdentityMismatch: the cache was produced by a different model (every field named).
+        RecomputationFailed: another runtime's cache that this model does not reproduce, or
+            that records no token ids to recompute it from.
+        FormatError: the file is corrupt, truncated or of an unknown version.
+    """
+    live = identity or fingerprint(model)
+    info = check_kv_file(path, live)
+    require_recomputed_here(TorchRuntime(model), info)
+    return build_dynamic_cache(info, model.config, device=device, copy=copy)

@@ -1,0 +1,206 @@
+"""MLX-LM prompt caches to cubepack KV files and back, without MLX (torch maps the bytes).
+
+- :func:`import_prompt_cache`: a prompt cache (mlx_lm's own, or one cubepack wrote) becomes a
+  KV file whose producer is the fingerprint of the model folder MLX loaded, in the dtype the
+  cache was computed in, with the runtime recorded (``runtime: mlx-lm X.Y``);
+- :func:`export_prompt_cache`: a KV file becomes a prompt cache that mlx_lm's
+  ``load_prompt_cache`` reads, carrying the KV file's metadata (producer, token ids) so
+  :func:`cubepack.mlx.load_prompt_cache` can check it before MLX reads a tensor.
+
+Neither runs a model: they move bytes (the positions in use) and check shapes and identities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from .._util import constants
+from .._util.hashing import HashCache
+from .._util.safetensors_header import DTYPE_TAGS
+from ..errors import IdentityMismatch, UnsupportedError, UsageError
+from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..identity._identity import ModelIdentity
+from ..kv._format import FULL, KVFileInfo, check_kv_info, kv_info, read_kv_header
+from ..kv._torch import mapped_layers, write_kv_layers
+from ._layout import CUBEPACK_KEY, PromptCacheInfo, read_prompt_cache, write_prompt_cache
+
+#: The runtime's name, as a KV header's ``runtime`` record starts.
+RUNTIME = "mlx-lm"
+
+
+def runtime_versions() -> dict[str, str]:
+    """The installed MLX runtime's versions (informational, in a producer's ``versions``)."""
+    found = {}
+    for package in ("cubepack", "mlx", "mlx-lm"):
+        try:
+            found[package] = importlib_metadata.version(package)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def runtime_record() -> str:
+    """``mlx-lm X.Y`` (the version installed here), or ``mlx-lm`` when it is not installed."""
+    version = runtime_versions().get("mlx-lm")
+    return f"{RUNTIME} {version}" if version else RUNTIME
+
+
+#: Identities of model folders, reused while no file in the folder changed (by stat, as the
+#: hash cache keys files): a fingerprint per load would otherwise dominate loading a cache.
+_IDENTITIES: dict[tuple, ModelIdentity] = {}
+
+
+def mlx_identity(model: str | os.PathLike[str], dtype: str, *,
+                 revision: str | None = None) -> ModelIdentity:
+    """The identity of the model folder (or Hub id) MLX loaded, running in ``dtype``: the
+    same strict fields as transformers' fingerprint of that folder (MLX loads the same
+    safetensors files and config), with MLX's versions recorded."""
+    folder, _, resolved = resolve_model_folder(str(model), revision)
+    if revision is not None and resolved is None:
+        fingerprint(model, revision=revision)  # raises: a folder has no revision to pick
+    key = (str(folder.resolve()), dtype, tuple(
+        (entry.name, HashCache.key(entry)) for entry in sorted(folder.iterdir())
+        if entry.is_file()))
+    if key not in _IDENTITIES:
+        identity = fingerprint(folder, dtype=dtype)
+        _IDENTITIES.clear()  # one model at a time is the common case; never grows
+        _IDENTITIES[key] = dataclasses.replace(identity, versions=runtime_versions())
+    return _IDENTITIES[key]
+
+
+def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[str], *,
+                        out: str | os.PathLike[str] | None = None,
+                        token_ids: list[int] | None = None, revision: str | None = None,
+                        metadata: dict[str, Any] | None = None,
+                        proof: Any = None) -> Path:
+    """Convert the MLX-LM prompt cache at ``path`` into a KV file (default: beside it,
+    ``<stem>.kv.safetensors``); return its path.
+
+    Args:
+        model: the folder (or Hub id) MLX loaded the model from: its fingerprint, in the dtype
+            of the cache, is the producer (a name in the file is never trusted).
+        token_ids: the ids the cache covers (mlx_lm records none; without them the cache
+            cannot be recomputed, so no other runtime will accept it).
+        proof: a callable ``(layers, ids, kv_dtype) -> None`` that proves the cache (the MLX
+            runtime's recomputation: :func:`cubepack.mlx.import_prompt_cache` passes one when
+            asked); raises to refuse.
+
+    Raises:
+        IdentityMismatch: the cache's shapes contradict the model, or the cubepack metadata it
+            carries names another producer.
+        UnsupportedError: a layer other than ``KVCache``.
+        FormatError: a malformed prompt cache.
+    """
+    info = read_prompt_cache(path)
+    live = mlx_identity(model, info.kv_dtype, revision=revision)
+    claim = claimed_header(info)
+    ids = _ids(token_ids, info.offset)
+    if claim is not None:
+        check_kv_info(claim, live)
+        if ids is not None and claim.token_ids is not None and ids != claim.token_ids:
+            raise UsageError(f"--token-ids contradict the ids {info.path.name} records.")
+        ids = ids if ids is not None else claim.token_ids
+        item = dict(claim.metadata)
+    else:
+        item = {"runtime": runtime_record(),
+                "converted_from": {"format": "mlx-lm prompt cache", "file": info.path.name,
+                                   "metadata": dict(info.metadata)},
+                "provenance": {"kind": "asserted", "detail": (
+                    "cubepack import mlx: the model given names the producer; the prompt cache "
+                    "records only a name")}}
+    item.update(metadata or {})
+    layers = prompt_cache_layers(info)
+    if proof is not None:
+        proof(layers, ids, info.kv_dtype)
+        item.pop("provenance", None)
+    target = Path(out) if out is not None else _default_out(info.path)
+    try:
+        return write_kv_layers(layers, target, producer=live, token_ids=ids, metadata=item)
+    except IdentityMismatch as exc:
+        raise IdentityMismatch(f"The prompt cache {info.path.name}", exc.mismatches,
+                               "Its shapes are not this model's: give the model folder MLX "
+                               "loaded to make it.") from None
+
+
+def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
+    """The cubepack KV metadata a prompt cache carries (written by cubepack), validated
+    against the positions it holds, or None for mlx_lm's own files."""
+    raw = info.metadata.get(CUBEPACK_KEY)
+    if raw is None:
+        return None
+    return kv_info(info.path, info.header, raw, info.used_tensors())
+
+
+def _ids(token_ids: Any, offset: int) -> list[int] | None:
+    if token_ids is None:
+        return None
+    ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
+    if len(ids) != offset:
+        raise UsageError(f"{len(ids)} token ids were given but the prompt cache holds {offset} "
+                         "positions.")
+    return ids
+
+
+def _default_out(path: Path) -> Path:
+    stem = path.name.removesuffix(".safetensors")
+    return path.with_name(stem + constants.KV_SUFFIX)
+
+
+def prompt_cache_layers(info: PromptCacheInfo) -> list[tuple[str, int, Any, Any]]:
+    """(type, cumulative_length, keys, values) per layer: views of a private (copy-on-write)
+    map of the file, cut to the positions in use."""
+    import numpy
+    import torch
+
+    mapped = numpy.memmap(info.path, dtype=numpy.uint8, mode="c")
+    dtype = getattr(torch, info.kv_dtype)
+    layers = []
+    for layer in info.layers:
+        parts = []
+        for tensor in (layer.keys, layer.values):
+            start = info.header.data_offset + tensor.begin
+            raw = mapped[start:info.header.data_offset + tensor.end]
+            raw = torch.from_numpy(raw if info.aligned else numpy.array(raw))  # copy: aligned
+            parts.append(raw.view(dtype).view(tensor.shape)[..., :layer.offset, :])
+        layers.append((FULL, layer.offset, parts[0], parts[1]))
+    return layers
+
+
+def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                        model: str | os.PathLike[str] | None = None) -> Path:
+    """Write the KV file at ``path`` as an MLX-LM prompt cache at ``out`` (atomically), which
+    mlx_lm's ``load_prompt_cache`` reads; its metadata carries the KV file's (``cubepack``) and
+    the producer's Hub id (``model``, as mlx_lm's ``cache_prompt`` records).
+
+    Args:
+        model: when given, the KV file's producer must be this model (refused otherwise).
+
+    Raises:
+        IdentityMismatch: ``model`` is not the producer.
+        UnsupportedError: a sliding-window layer (MLX keeps those in a RotatingKVCache).
+    """
+    info = read_kv_header(path)
+    if model is not None:
+        check_kv_info(info, fingerprint(model, dtype=info.producer.dtype))
+    sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
+    if sliding:
+        raise UnsupportedError(f"{info.path.name}: layer {sliding[0]} is a sliding-window layer; "
+                               "cubepack exports full-attention caches to MLX only.")
+    if info.num_layers == 0:
+        raise UnsupportedError(f"{info.path.name} holds no layers.")
+    layers = [(tensor_bytes(keys), tensor_bytes(values), tuple(keys.shape))
+              for _, _, keys, values in mapped_layers(info)]
+    user = {CUBEPACK_KEY: info.header.metadata[constants.KV_METADATA_KEY],
+            "model": info.producer.model_id or ""}
+    return write_prompt_cache(out, layers, DTYPE_TAGS[info.kv_dtype], info.token_count, user)
+
+
+def tensor_bytes(tensor: Any) -> Any:
+    """A contiguous torch tensor's bytes, as a flat uint8 array (no copy)."""
+    import torch
+
+    return tensor.reshape(-1).view(torch.uint8).numpy()

@@ -1,0 +1,313 @@
+"""The MLX side: load a model remembering its folder, build and save prompt caches with their
+producer, load one only after it is checked, and recompute in MLX.
+
+MLX is imported inside each function (``cubepack --help``, ``verify`` and the conversions
+never need it). An MLX model does not know the folder it was loaded from, so :func:`load`
+records it on the model; the identity is then that folder's fingerprint in the dtype the
+model's parameters have now (an ``nn.Module.set_dtype`` after loading counts).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .._util import constants
+from .._util.safetensors_header import DTYPE_TAGS, read_header
+from ..errors import (
+    FormatError,
+    IdentityMismatch,
+    RecomputationFailed,
+    UnsupportedError,
+    UsageError,
+)
+from ..identity._fingerprint import resolve_model_folder
+from ..identity._identity import ModelIdentity
+from ..kv._format import (
+    FULL,
+    StoredLayer,
+    check_kv_info,
+    kv_metadata,
+    read_kv_header,
+    structure_problems,
+)
+from ..kv._recompute import describe, recompute_layers, require_recomputed_here
+from ._convert import RUNTIME, claimed_header, mlx_identity, runtime_record
+from ._convert import import_prompt_cache as _import_prompt_cache
+from ._layout import CUBEPACK_KEY, read_prompt_cache, write_prompt_cache
+
+#: Where :func:`load` records the folder on a model (a plain attribute, not a parameter).
+_FOLDER = "_cubepack_folder"
+_MLX_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def require_mlx() -> None:
+    """Raise a precise error where MLX is missing (the conversions themselves do not need it).
+
+    Raises:
+        UnsupportedError: ``mlx`` or ``mlx_lm`` is not installed.
+    """
+    import importlib.util
+
+    missing = [name for name in ("mlx", "mlx_lm") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UnsupportedError(f"{' and '.join(missing)} is not installed here; this needs MLX "
+                               "(pip install 'mlx[cpu]' mlx-lm on Linux, mlx mlx-lm on macOS).")
+
+
+def load(path_or_hf_repo: str | os.PathLike[str], *, revision: str | None = None,
+         dtype: str | None = None) -> tuple[Any, Any]:
+    """``mlx_lm.load`` of a model folder (or a Hub id in the HF cache), in ``dtype`` when given,
+    with the folder recorded on the model for :func:`model_identity`."""
+    require_mlx()
+    import mlx.core as mx
+    from mlx_lm import load as mlx_load
+
+    folder, _, _ = resolve_model_folder(str(path_or_hf_repo), revision)
+    model, tokenizer = mlx_load(str(folder))
+    if dtype is not None:
+        if dtype not in _MLX_DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(_MLX_DTYPES)}, not {dtype!r}.")
+        model.set_dtype(getattr(mx, dtype))
+    object.__setattr__(model, _FOLDER, str(folder))
+    return model, tokenizer
+
+
+def model_dtype(model: Any) -> str:
+    """The dtype an MLX model runs in: its parameters' (floating) dtype."""
+    from mlx.utils import tree_flatten
+
+    for _, value in tree_flatten(model.parameters()):
+        name = str(value.dtype).removeprefix("mlx.core.")
+        if name in _MLX_DTYPES:
+            return name
+    raise UsageError("This MLX model has no floating-point parameters to take a dtype from.")
+
+
+def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> ModelIdentity:
+    """The identity of a live MLX model: the fingerprint of the folder it was loaded from
+    (recorded by :func:`load`, or given), in the dtype it runs in now.
+
+    Raises:
+        UsageError: a model not loaded by :func:`load` and no ``folder`` given.
+    """
+    folder = folder or getattr(model, _FOLDER, None)
+    if folder is None:
+        raise UsageError("cubepack cannot tell which files this MLX model was loaded from: load "
+                         "it with cubepack.mlx.load(folder), or pass folder=.")
+    return mlx_identity(folder, model_dtype(model))
+
+
+def _live(model: Any, folder: Any) -> tuple[Any, ModelIdentity]:
+    """(the MLX model, its identity): ``model`` loaded, or a folder / Hub id to load."""
+    if isinstance(model, (str, os.PathLike)):
+        model, _ = load(model)
+    return model, model_identity(model, folder)
+
+
+# --- tensors between MLX and torch --------------------------------------------------------------
+
+def to_torch(array: Any) -> Any:
+    """An MLX array as a torch tensor (bfloat16 through its bits: numpy has no bfloat16)."""
+    import mlx.core as mx
+    import numpy
+    import torch
+
+    if array.dtype == mx.bfloat16:
+        return torch.from_numpy(numpy.array(array.view(mx.uint16))).view(torch.bfloat16)
+    return torch.from_numpy(numpy.array(array))
+
+
+def to_mlx(tensor: Any) -> Any:
+    """A torch tensor as an MLX array (bfloat16 through its bits)."""
+    import mlx.core as mx
+    import torch
+
+    tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return mx.array(tensor.view(torch.int16).numpy()).view(mx.bfloat16)
+    return mx.array(tensor.numpy())
+
+
+def kv_caches(layers: list[tuple[Any, Any, int]]) -> list[Any]:
+    """mlx_lm ``KVCache`` objects holding (keys, values, offset) per layer."""
+    from mlx_lm.models.cache import KVCache
+
+    caches = []
+    for keys, values, offset in layers:
+        cache = KVCache()
+        cache.state = (keys, values, offset)
+        caches.append(cache)
+    return caches
+
+
+class MLXRuntime:
+    """:class:`cubepack.kv._recompute.TorchRuntime`'s counterpart for an MLX model: the same
+    checks, with MLX computing the prefill and the probe logits."""
+
+    name = RUNTIME
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.args.vocab_size)
+
+    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model)
+        mx.eval(self.model(mx.array([ids]), cache=cache))
+        return [(FULL, layer.offset, to_torch(layer.keys[..., :layer.offset, :]),
+                 to_torch(layer.values[..., :layer.offset, :])) for layer in cache]
+
+    def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
+        import mlx.core as mx
+
+        cache = kv_caches([(to_mlx(keys), to_mlx(values), int(keys.shape[-2]))
+                           for _, _, keys, values in layers])
+        logits = self.model(mx.array([probes] * batch), cache=cache).astype(mx.float32)
+        return to_torch(logits).flatten(0, 1)
+
+
+# --- prompt caches with their producer ------------------------------------------------------------
+
+def prefill(model: Any, input_ids: Any) -> list[Any]:
+    """The prompt cache (``KVCache`` per layer) ``model`` builds for ``input_ids``."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ids = input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids)
+    ids = ids[0] if ids and isinstance(ids[0], list) else ids
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([ids]), cache=cache))
+    return cache
+
+
+def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any, *,
+                      token_ids: Any = None, metadata: dict[str, Any] | None = None,
+                      folder: str | os.PathLike[str] | None = None) -> Path:
+    """Write an MLX prompt cache in mlx_lm's own format (its ``load_prompt_cache`` reads it)
+    carrying its producer, ``model``'s identity, and the runtime (``mlx-lm X.Y``), atomically.
+
+    Raises:
+        IdentityMismatch: the cache's shapes contradict the model.
+        UnsupportedError: a layer other than ``KVCache`` (via the format's reader).
+    """
+    import mlx.core as mx
+    import numpy
+
+    identity = model_identity(model, folder)
+    offsets = sorted({layer.offset for layer in cache})
+    if len(offsets) != 1 or type(cache[0]).__name__ != "KVCache":
+        raise UsageError("A prompt cache to save is one sequence of KVCache layers.")
+    used = [(layer.keys[..., :layer.offset, :], layer.values[..., :layer.offset, :])
+            for layer in cache]
+    dtype = str(used[0][0].dtype).removeprefix("mlx.core.")
+    problems = structure_problems([StoredLayer(FULL, offsets[0], tuple(k.shape), tuple(v.shape),
+                                               dtype, str(v.dtype).removeprefix("mlx.core."))
+                                   for k, v in used], identity)
+    if problems:
+        raise IdentityMismatch("This prompt cache", problems,
+                               "It was not built by this model; save it with the model that "
+                               "built it.")
+    ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
+    ids = ids[0] if ids and isinstance(ids[0], list) else ids
+    item = {"runtime": runtime_record(), **(metadata or {})}
+    raw = kv_metadata(identity, [{"type": FULL, "cumulative_length": offsets[0]}] * len(cache),
+                      None if ids is None else [int(t) for t in ids], item)
+
+    def raw_bytes(array: Any) -> Any:
+        bits = array.view(mx.uint16) if array.dtype in (mx.bfloat16, mx.float16) else array
+        return numpy.ascontiguousarray(numpy.array(bits)).reshape(-1).view(numpy.uint8)
+
+    layers = [(raw_bytes(k), raw_bytes(v), tuple(k.shape)) for k, v in used]
+    return write_prompt_cache(path, layers, DTYPE_TAGS[dtype], offsets[0],
+                              {CUBEPACK_KEY: raw, "model": identity.model_id or ""})
+
+
+def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
+                      folder: str | os.PathLike[str] | None = None,
+                      return_metadata: bool = False) -> Any:
+    """Load a prompt cache (written by ``cubepack export mlx`` or :func:`save_prompt_cache`)
+    or a cubepack KV file into mlx_lm ``KVCache`` objects for ``model``, refusing any other
+    producer before MLX reads a tensor.
+
+    A cache another runtime computed (transformers: the header records no MLX runtime) is
+    accepted only once ``model``'s own MLX prefill reproduces it, tensors and probe logits,
+    within the recomputation bounds.
+
+    Args:
+        model: an MLX model loaded by :func:`load` (or with ``folder=``), or a folder to load.
+        return_metadata: also return the prompt cache's user metadata (as mlx_lm does).
+
+    Raises:
+        IdentityMismatch: another producer (every differing field named).
+        RecomputationFailed: another runtime's cache that MLX does not reproduce, or that
+            records no token ids.
+        FormatError: a malformed file, or a prompt cache that records no producer.
+    """
+    require_mlx()
+    import mlx.core as mx
+
+    model, live = _live(model, folder)
+    path = Path(path)
+    header = read_header(path, aligned=False)  # which layout: each reader then checks it
+    if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
+        info = check_kv_info(read_kv_header(path), live)
+        names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]
+        user: dict[str, str] = {}
+    else:
+        prompt_cache = read_prompt_cache(path)
+        info = claimed_header(prompt_cache)
+        if info is None:
+            raise FormatError(
+                f"{path.name} is an MLX-LM prompt cache that records no producer (mlx_lm writes "
+                "a model name only), so cubepack cannot check it. Convert it with its "
+                f"producer first: cubepack import mlx {path} --model MODEL, then load the KV "
+                "file.")
+        check_kv_info(info, live)
+        names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
+        user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
+    # Checked: only now does MLX read the tensors.
+    arrays = mx.load(str(path))
+    offset = info.token_count
+    layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset) for k, v in names]
+    stored = None
+    if info.metadata.get("runtime", "").split()[:1] != [RUNTIME]:
+        stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
+    require_recomputed_here(MLXRuntime(model), info, stored)
+    caches = kv_caches(layers)
+    return (caches, user) if return_metadata else caches
+
+
+def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[str], *,
+                        out: str | os.PathLike[str] | None = None, token_ids: Any = None,
+                        revision: str | None = None, metadata: dict[str, Any] | None = None,
+                        recompute: bool = False) -> Path:
+    """Convert an MLX-LM prompt cache into a KV file (see
+    :func:`cubepack.mlx._convert.import_prompt_cache`); with ``recompute``, MLX first runs
+    ``model`` (the folder) on the token ids and must reproduce the cache (every position,
+    tensors and probe logits), which proves ``model`` made it rather than naming it.
+
+    Raises:
+        RecomputationFailed: ``recompute`` and the model does not reproduce the cache, or no
+            token ids are known.
+    """
+    proof = None
+    if recompute:
+        def proof(layers: list[tuple], ids: list[int] | None, kv_dtype: str) -> None:
+            live, _ = load(model, revision=revision, dtype=kv_dtype)
+            if not ids:
+                raise RecomputationFailed(f"{Path(path).name} records no token ids, so it "
+                                          "cannot be recomputed; pass them (--token-ids).")
+            result = recompute_layers(None, layers, kv_dtype, ids, Path(path).name,
+                                      runtime=MLXRuntime(live))
+            if not result.ok:
+                raise RecomputationFailed(f"{Path(path).name} is not this model's: it "
+                                          f"{describe(result)}. Pass the model that made it.")
+    return _import_prompt_cache(path, model, out=out, token_ids=token_ids, revision=revision,
+                                metadata=metadata, proof=proof)
