@@ -28,7 +28,7 @@ LAYERS = [
     {"cubepack._util"},
     {"cubepack.identity", "cubepack.localhub"},
     {"cubepack.kv"},
-    {"cubepack.cube"},
+    {"cubepack.cube", "cubepack.llamacpp"},
     {"cubepack.hub"},
     {"cubepack.memos"},
     {"cubepack", "cubepack.testing"},
@@ -57,6 +57,7 @@ PUBLIC = {
     "cubepack.hub": ["HubClient", "PullResult", "PushResult", "parse_repo_spec", "pull", "push",
                      "resolve_revision", "verify_remote"],
     "cubepack.localhub": ["HubStore", "LocalHub"],
+    "cubepack.llamacpp": ["export_state", "import_state", "load", "load_state", "save_state"],
     "cubepack.memos": ["POLICIES", "HookReport", "HookSettings", "init_from_dir",
                        "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
                        "uninstall"],
@@ -69,6 +70,7 @@ PUBLIC = {
 #: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
 #: transformers or MemOS code.
 PURE = ["cubepack.cube._lock", "cubepack.kv._format", "cubepack.identity._identity",
+        "cubepack.llamacpp._layout",
         "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff",
         "cubepack.cube._attestation"]
 HEAVY = ("torch", "transformers", "huggingface_hub", "httpx", "requests", "urllib.request",
@@ -236,7 +238,7 @@ def test_subpackages_and_private_modules():
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(part.split(".")[1] for layer in LAYERS for part in layer
                              if part.count(".") == 1 and (PACKAGE / part.split(".")[1]).is_dir())
-    for part in ("identity", "kv", "cube", "hub", "localhub", "memos"):
+    for part in ("identity", "kv", "cube", "hub", "localhub", "memos", "llamacpp"):
         names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
         assert names and all(name.startswith("_") for name in names), (part, names)
 
@@ -270,7 +272,8 @@ def test_a_face_exports_only_names_its_own_part_defines(face):
 
 def test_the_top_level_face_takes_each_name_from_its_part():
     parts = {name: face for face, names in PUBLIC.items()
-             if face not in ("cubepack", "cubepack.errors") for name in names}
+             if face not in ("cubepack", "cubepack.errors", "cubepack.llamacpp")
+             for name in names}  # cubepack.llamacpp: an optional runtime, reached by name
     for name in cubepack.__all__:
         if name == "__version__" or hasattr(errors, name):
             continue

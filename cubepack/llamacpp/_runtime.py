@@ -28,6 +28,7 @@ from ..errors import (
     UsageError,
 )
 from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..identity._identity import ModelIdentity, require_same
 from ..kv._format import read_kv_header
 from ..kv._recompute import (
     LOGIT_BOUND,
@@ -203,8 +204,6 @@ def _load_pinned_session(llm: Any, path: Path, model: Any) -> dict[str, Any]:
 
 
 def _require_producer(producer: dict[str, Any], model: Any, what: str) -> None:
-    from ..identity._identity import ModelIdentity, require_same
-
     claimed = ModelIdentity.from_dict(producer)
     require_same(claimed, fingerprint(model, dtype=claimed.dtype), what)
 

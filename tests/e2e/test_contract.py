@@ -73,6 +73,8 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                   (["{cube}", "--require-lineage", "--trusted-key", "{public}"],
                    "VerificationFailed")],
     ("diff",): [(["{cube}", "/nonexistent"], "UsageError")],
+    ("import", "llamacpp"): [(["{text}", "--gguf", "{text}", "--model", "x"], "FormatError")],
+    ("export", "llamacpp"): [(["{text}", "--out", "x.state"], "FormatError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),

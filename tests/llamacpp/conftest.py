@@ -58,3 +58,14 @@ def gguf_zoo(zoo, tmp_path_factory):
                             "--outfile", str(out)], check=True, capture_output=True)
             found[f"{name}-{outtype}"] = out
     return found
+
+
+@pytest.fixture
+def run(tmp_path):
+    """``python -m cubepack ARGS`` in a subprocess (the CLI as users run it)."""
+
+    def cubepack_cli(*args, timeout=300):
+        return subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return cubepack_cli
