@@ -167,12 +167,13 @@ def state_bytes(path: str | os.PathLike[str], *, v_trans: bool) -> tuple[bytes, 
                                "are f32 or f16 here.")
     if not info.token_ids or len(info.token_ids) != info.token_count:
         raise FormatError(f"{info.path.name} records no token ids; a llama.cpp state needs them.")
-    out = []
+    out, width = [], 0
     for _, _, keys, values in mapped_layers(info):
         if keys.shape[0] != 1:
             raise UnsupportedError(f"{info.path.name} holds a batch of {keys.shape[0]}; a "
                                    "llama.cpp state holds one sequence.")
         heads, cells, dim = keys.shape[1:]
+        width = heads * dim
         k = keys[0].reshape(heads, cells, 2, dim // 2).transpose(-1, -2).reshape(heads, cells,
                                                                                   dim)
         k = k.transpose(0, 1).contiguous()  # [cells, heads, dim]: one row per cell
@@ -180,8 +181,7 @@ def state_bytes(path: str | os.PathLike[str], *, v_trans: bool) -> tuple[bytes, 
         v = (v.t() if v_trans else v).contiguous()
         out.append((info.kv_dtype, _bytes(k), _bytes(v)))
     arch = PERMUTED_ARCHS[0]
-    return session_bytes(list(info.token_ids), arch, v_trans, out,
-                         int(info.layers[0].keys_shape[1] * info.layers[0].keys_shape[3])), info
+    return session_bytes(list(info.token_ids), arch, v_trans, out, int(width)), info
 
 
 def _bytes(tensor: Any) -> bytes:

@@ -69,13 +69,15 @@ def require_llama_cpp() -> None:
 
 def load(gguf: str | os.PathLike[str], *, kv_dtype: str = "float32", n_ctx: int = 512,
          flash_attn: bool = False, **kwargs: Any) -> Any:
-    """``llama_cpp.Llama`` of ``gguf`` on CPU with a ``kv_dtype`` cache (f32 or f16), quiet."""
+    """``llama_cpp.Llama`` of ``gguf`` on CPU with a ``kv_dtype`` cache (f32 or f16), quiet,
+    keeping every position's logits (``logits_all``: the probe checks read them)."""
     require_llama_cpp()
     from llama_cpp import Llama
 
     if kv_dtype not in _KV_DTYPES:
         raise UsageError(f"kv_dtype must be one of {', '.join(_KV_DTYPES)}, not {kv_dtype!r}.")
     ggml = GGML_IDS[kv_dtype][0]
+    kwargs.setdefault("logits_all", True)
     return Llama(model_path=str(gguf), n_ctx=n_ctx, flash_attn=flash_attn, type_k=ggml,
                  type_v=ggml, verbose=False, seed=0, **kwargs)
 
