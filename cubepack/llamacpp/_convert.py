@@ -191,13 +191,14 @@ def _bytes(tensor: Any) -> bytes:
 
 
 def export_state(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                 gguf: str | os.PathLike[str] | None = None, v_trans: bool = False) -> Path:
+                 gguf: str | os.PathLike[str] | None = None, v_trans: bool = True) -> Path:
     """Write the KV file at ``path`` as a llama.cpp session file at ``out`` and its pin at
     ``out`` + ``.cubepack.json`` (both atomically; the pin last).
 
     Args:
         gguf: when given, refuse unless it is the GGUF the KV file pins.
-        v_trans: values transposed (a llama.cpp context without flash attention).
+        v_trans: values transposed, as a llama.cpp context without flash attention (the
+            llama-cpp-python default) stores them; False for one with flash attention.
 
     Raises:
         IdentityMismatch: ``gguf`` is not the pinned GGUF.
