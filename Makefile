@@ -74,8 +74,8 @@ hub-compat: $(VENV)/latest/.ready
 
 # llama.cpp state files (tests/llamacpp): llama-cpp-python built from its sdist on CPU (the
 # sdist also brings llama.cpp's own convert_hf_to_gguf.py and gguf-py, which the tests run).
-# Not part of `make test`: the from-source build alone took 21 minutes on this 2-core machine,
-# beyond CI's 20-minute budget for everything.
+# Not part of `make test`: the from-source build alone took 16.5 minutes on this 2-core machine
+# (shared), most of CI's 20-minute budget for everything.
 LLAMACPP_VERSION ?= 0.3.36
 LLAMACPP_SRC     := $(VENV)/llamacpp-src
 LLAMACPP_TREE    := $(LLAMACPP_SRC)/llama_cpp_python-$(LLAMACPP_VERSION)

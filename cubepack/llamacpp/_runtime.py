@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from .._util.canonical import loads_strict
-from .._util.safetensors_header import read_header
 from ..errors import (
     FormatError,
     IdentityMismatch,
@@ -163,11 +162,11 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
     """
     require_llama_cpp()
     path = Path(path)
-    head = path.read_bytes()[:4]
-    if head and struct.unpack("<I", head.ljust(4, b"\0"))[0] == MAGIC:
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if len(head) == 4 and struct.unpack("<I", head)[0] == MAGIC:
         return _load_pinned_session(llm, path, model)
-    read_header(path, aligned=False)  # a safetensors file, or FormatError
-    info = read_kv_header(path)
+    info = read_kv_header(path)  # a KV file, or FormatError
     if model is not None:
         _require_producer(info.producer.to_dict(), model, f"KV cache {path.name}")
     checked: dict[str, Any] = {"gguf": None, "recomputed": None}

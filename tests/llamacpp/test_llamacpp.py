@@ -3,6 +3,7 @@ source and GGUFs made by llama.cpp's own converter from the tiny Hugging Face mo
 
 from __future__ import annotations
 
+import ctypes
 import json
 
 import pytest
@@ -120,9 +121,9 @@ def test_an_exported_state_is_read_by_llama_cpp_itself_and_pinned(llms, gguf_zoo
     fresh = _next_logits(llm, 7)
     llm.reset()
     tokens = (llama_cpp.llama_token * 64)()
-    count = llama_cpp.c_size_t()
+    count = ctypes.c_size_t()
     assert llama_cpp.llama_state_load_file(llm.ctx, str(out).encode(), tokens, 64,
-                                           llama_cpp.ctypes.byref(count))
+                                           ctypes.byref(count))
     assert list(tokens[:count.value]) == IDS
     llm.input_ids[:len(IDS)] = IDS
     llm.n_tokens = len(IDS)
