@@ -157,7 +157,6 @@ def session_layers(info: SessionInfo, identity: ModelIdentity) -> list[tuple[str
 def state_bytes(path: str | os.PathLike[str], *, v_trans: bool) -> tuple[bytes, Any]:
     """A KV file as llama.cpp session bytes (with ``v_trans``: values transposed, as a
     context without flash attention stores them); also returns its header."""
-
     info = read_kv_header(path)
     if any(layer.type != FULL for layer in info.layers) or info.num_layers == 0:
         raise UnsupportedError(f"{info.path.name}: cubepack exports full-attention caches "
@@ -167,11 +166,19 @@ def state_bytes(path: str | os.PathLike[str], *, v_trans: bool) -> tuple[bytes, 
                                "are f32 or f16 here.")
     if not info.token_ids or len(info.token_ids) != info.token_count:
         raise FormatError(f"{info.path.name} records no token ids; a llama.cpp state needs them.")
+    return layers_session(mapped_layers(info), list(info.token_ids), v_trans=v_trans,
+                          what=info.path.name), info
+
+
+def layers_session(layers: list[tuple], tokens: list[int], *, v_trans: bool,
+                   what: str = "This cache") -> bytes:
+    """(type, cumulative_length, keys, values) layers in transformers' layout (one sequence,
+    f32 or f16) as llama.cpp session bytes: :func:`session_layers` reversed."""
     out, width = [], 0
-    for _, _, keys, values in mapped_layers(info):
+    for _, _, keys, values in layers:
         if keys.shape[0] != 1:
-            raise UnsupportedError(f"{info.path.name} holds a batch of {keys.shape[0]}; a "
-                                   "llama.cpp state holds one sequence.")
+            raise UnsupportedError(f"{what} holds a batch of {keys.shape[0]}; a llama.cpp state "
+                                   "holds one sequence.")
         heads, cells, dim = keys.shape[1:]
         width = heads * dim
         k = keys[0].reshape(heads, cells, 2, dim // 2).transpose(-1, -2).reshape(heads, cells,
@@ -179,9 +186,8 @@ def state_bytes(path: str | os.PathLike[str], *, v_trans: bool) -> tuple[bytes, 
         k = k.transpose(0, 1).contiguous()  # [cells, heads, dim]: one row per cell
         v = values[0].transpose(0, 1).reshape(cells, heads * dim)
         v = (v.t() if v_trans else v).contiguous()
-        out.append((info.kv_dtype, _bytes(k), _bytes(v)))
-    arch = PERMUTED_ARCHS[0]
-    return session_bytes(list(info.token_ids), arch, v_trans, out, int(width)), info
+        out.append((str(keys.dtype).removeprefix("torch."), _bytes(k), _bytes(v)))
+    return session_bytes(tokens, PERMUTED_ARCHS[0], v_trans, out, int(width))
 
 
 def _bytes(tensor: Any) -> bytes:

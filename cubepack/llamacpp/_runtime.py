@@ -42,6 +42,7 @@ from ..kv._recompute import (
 from ..kv._torch import mapped_layers
 from ._convert import (
     RUNTIME,
+    layers_session,
     pin_path,
     require_gguf,
     session_layers,
@@ -102,7 +103,7 @@ def session_of(llm: Any) -> bytes:
 
 def save_state(llm: Any, path: str | os.PathLike[str], model: str | os.PathLike[str], *,
                revision: str | None = None, metadata: dict[str, Any] | None = None,
-               recompute: bool = False) -> Path:
+               recompute: bool = False, seed: int | None = None) -> Path:
     """Save ``llm``'s state (its evaluated tokens' KV cache) as a KV file pinned to its GGUF
     and to ``model``, the Hugging Face folder the GGUF was converted from (a claim unless
     ``recompute``: then transformers must reproduce it from that folder)."""
@@ -110,18 +111,19 @@ def save_state(llm: Any, path: str | os.PathLike[str], model: str | os.PathLike[
         session = Path(folder) / "state.bin"
         session.write_bytes(session_of(llm))
         return import_state(session, llm.model_path, model, out=path, revision=revision,
-                            metadata=metadata, recompute=recompute)
+                            metadata=metadata, recompute=recompute, seed=seed)
 
 
 def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
                  model: str | os.PathLike[str], *, out: str | os.PathLike[str] | None = None,
                  revision: str | None = None, metadata: dict[str, Any] | None = None,
-                 recompute: bool = False) -> Path:
+                 recompute: bool = False, seed: int | None = None) -> Path:
     """Convert a llama.cpp session file into a KV file (see
     :func:`cubepack.llamacpp._convert.import_state`); with ``recompute``, transformers first
     runs ``model`` (the folder) on the state's tokens and must reproduce it (every position,
     tensors and probe logits, within the recomputation bounds of the cache's dtype), which
-    proves the GGUF computes what ``model`` computes rather than naming it.
+    proves the GGUF computes what ``model`` computes rather than naming it. ``seed``: the
+    probe tokens' seed (default: drawn at random by this process), to repeat a check.
 
     Raises:
         RecomputationFailed: ``recompute`` and the model does not reproduce the state.
@@ -131,7 +133,7 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
         def proof(layers: list[tuple], ids: list[int], kv_dtype: str, identity: Any) -> str:
             folder, _, _ = resolve_model_folder(str(model), revision)
             live = load_model(folder, kv_dtype)
-            result = recompute_layers(live, layers, kv_dtype, ids, Path(path).name)
+            result = recompute_layers(live, layers, kv_dtype, ids, Path(path).name, seed=seed)
             if not result.ok:
                 raise RecomputationFailed(f"{Path(path).name} is not this model's: it "
                                           f"{describe(result)}. Pass the Hugging Face folder "
@@ -142,7 +144,8 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
 
 
 def load_state(llm: Any, path: str | os.PathLike[str], *,
-               model: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+               model: str | os.PathLike[str] | None = None,
+               seed: int | None = None) -> dict[str, Any]:
     """Load a KV file (pinned by ``cubepack import llamacpp`` / :func:`save_state`, or a
     transformers cache) or a session file with its pin (``cubepack export llamacpp``) into
     ``llm``, refusing another GGUF or model before llama.cpp sees the state.
@@ -151,7 +154,8 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
     - a cache another runtime computed (transformers) is accepted only once ``llm`` reproduces
       it: llama.cpp prefills its tokens and the tensors and probe logits must agree within the
       recomputation bounds (this also proves the GGUF computes what the producer computed);
-    - ``model``: also require the producer to be this Hugging Face folder.
+    - ``model``: also require the producer to be this Hugging Face folder;
+    - ``seed``: the probe tokens' seed for that recomputation (default: drawn at random).
 
     Returns what was checked (``{"gguf": ..., "recomputed": ...}``).
 
@@ -174,7 +178,7 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
         require_gguf(info.metadata.get("gguf"), llm.model_path, f"KV cache {path.name}")
         checked["gguf"] = info.metadata["gguf"]["sha256"]
     else:
-        checked["recomputed"] = _require_reproduced(llm, info, mapped_layers(info))
+        checked["recomputed"] = _require_reproduced(llm, info, mapped_layers(info), seed)
     data, _ = state_bytes(path, v_trans=_v_trans(llm))
     _set_state(llm, data)
     return checked
@@ -228,13 +232,14 @@ def _set_state(llm: Any, session: bytes) -> None:
 
 
 class LlamaCppRuntime:
-    """:class:`cubepack.kv._recompute.TorchRuntime`'s counterpart for a ``llama_cpp.Llama``:
-    llama.cpp computes the prefill and the probe logits; the layers are in transformers'
-    layout (converted as :func:`import_state` converts them)."""
+    """:class:`cubepack.kv._recompute.TorchRuntime`'s counterpart for a ``llama_cpp.Llama``
+    (the same three things: ``vocab_size``, ``prefill_layers``, ``probe_logits``): llama.cpp
+    computes the prefill and the probe logits; layers are in transformers' layout, converted
+    as :func:`import_state` converts them."""
 
     name = RUNTIME
 
-    def __init__(self, llm: Any, identity: Any):
+    def __init__(self, llm: Any, identity: ModelIdentity):
         self.llm, self.identity = llm, identity
 
     @property
@@ -249,11 +254,15 @@ class LlamaCppRuntime:
             session.write_bytes(session_of(self.llm))
             return session_layers(read_session(session), self.identity)
 
-    def probe_logits(self, session: bytes, probes: list[int]) -> Any:
-        """float32 logits, ``[len(probes), vocab]``, of ``probes`` fed after a state."""
+    def probe_logits(self, layers: list[tuple], probes: list[int], batch: int = 1) -> Any:
+        """float32 logits, ``[len(probes), vocab]``, of ``probes`` fed after ``layers`` (one
+        sequence: a llama.cpp state holds one)."""
         import torch
 
-        _set_state(self.llm, session)
+        if batch != 1:
+            raise UnsupportedError("A llama.cpp state holds one sequence, not a batch.")
+        cells = int(layers[0][2].shape[-2])
+        _set_state(self.llm, layers_session(layers, [0] * cells, v_trans=_v_trans(self.llm)))
         rows = []
         for token in probes:
             self.llm.eval([token])
@@ -261,9 +270,11 @@ class LlamaCppRuntime:
         return torch.stack(rows)
 
 
-def _require_reproduced(llm: Any, info: Any, stored: list[tuple]) -> str:
+def _require_reproduced(llm: Any, info: Any, stored: list[tuple], seed: int | None) -> str:
     """llama.cpp's own prefill of the cache's tokens must match it (every position, within the
-    dtype's tensor tolerance) and so must the next-token logits of random probe tokens."""
+    dtype's tensor tolerance) and so must the next-token logits of random probe tokens, top-1
+    included unless the recomputed logits tie the two tokens within the bound (the rule of
+    :mod:`cubepack.kv._recompute`)."""
     what = f"KV cache {info.path.name}"
     made_by = str(info.metadata.get("runtime") or "transformers").split()[0]
     if not info.token_ids:
@@ -286,21 +297,21 @@ def _require_reproduced(llm: Any, info: Any, stored: list[tuple]) -> str:
             f"{(comparison.first or {}).get('position')} (max relative error "
             f"{comparison.max_rel:.3g} > tolerance {tolerance:g}). Load it into the model that "
             "made it, or recompute it here.")
-    rng = random.Random(secrets.randbits(32))
+    rng = random.Random(secrets.randbits(32) if seed is None else seed)
     probes = [rng.randrange(runtime.vocab_size) for _ in range(PROBES)]
-    stored_state, _ = state_bytes(info.path, v_trans=_v_trans(llm))
-    fresh_state = session_of(llm)  # the prefill just run
-    fresh_logits = runtime.probe_logits(fresh_state, probes)
-    stored_logits = runtime.probe_logits(stored_state, probes)
+    fresh_logits = runtime.probe_logits(fresh, probes)
+    stored_logits = runtime.probe_logits(stored, probes)
     scale = max(fresh_logits.abs().max().item(), 1e-12)
     gap = float((stored_logits - fresh_logits).abs().max().item() / scale)
     bound = LOGIT_BOUND[info.kv_dtype]
-    flipped = bool((stored_logits.argmax(-1) != fresh_logits.argmax(-1)).any())
-    if gap > bound or (flipped and gap > 0):
+    top_stored, top_fresh = stored_logits.argmax(-1), fresh_logits.argmax(-1)
+    tie = (fresh_logits.gather(-1, top_fresh[:, None]) -
+           fresh_logits.gather(-1, top_stored[:, None]))[:, 0] / scale <= bound
+    flipped = bool(((top_stored != top_fresh) & ~tie).any())
+    if gap > bound or flipped:
         raise RecomputationFailed(f"{what}: llama.cpp reproduces its tensors but not their "
                                   f"behaviour: probe logits differ by {gap:.3g} (bound {bound:g})"
                                   + (", top token flipped" if flipped else "") + ".")
     return (f"llama.cpp recomputed all {info.token_count} positions: max relative error "
             f"{comparison.max_rel:.3g} (tolerance {tolerance:g}); next-token logits of "
             f"{len(probes)} probes within {gap:.3g} (bound {bound:g})")
-

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import cubepack
-from cubepack.errors import FormatError, IdentityMismatch
+from cubepack.errors import FormatError, IdentityMismatch, UnsupportedError
 from cubepack.kv._torch import mapped_layers
 from cubepack.llamacpp import export_state, import_state
 from cubepack.llamacpp._convert import session_layers, state_bytes
-from cubepack.llamacpp._layout import read_session
+from cubepack.llamacpp._layout import read_session, session_bytes
 
 IDS = [3, 17, 42, 9, 250, 11, 64]
 
@@ -61,3 +61,13 @@ def test_an_imported_session_is_pinned_and_another_models_shapes_refused(kv, zoo
     assert not (tmp_path / "x.state").exists()
     assert export_state(out, tmp_path / "y.state", gguf=gguf, v_trans=True).read_bytes() == \
         session.read_bytes()
+
+
+def test_a_state_of_another_architecture_is_unsupported(zoo, tmp_path):
+    session = tmp_path / "qwen.bin"
+    session.write_bytes(session_bytes([1, 2], "qwen2", False, [("float32", bytes(64), bytes(64))],
+                                      8))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    with pytest.raises(UnsupportedError, match="'qwen2' model"):
+        import_state(session, gguf, zoo["a"])

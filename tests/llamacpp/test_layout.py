@@ -61,3 +61,12 @@ def test_a_quantised_cache_or_another_sequence_is_unsupported(tmp_path):
     with pytest.raises(UnsupportedError, match="ggml type 8"):
         read_session(path)
     assert struct.unpack_from("<I", data)[0] == MAGIC
+
+
+def test_shifted_cells_are_unsupported(tmp_path):
+    data = bytearray(_session(tmp_path).read_bytes())
+    struct.pack_into("<i", data, 12 + 3 * 4 + 4 + len("llama") + 8, 5)  # cell 0 at position 5
+    path = tmp_path / "shifted.bin"
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedError, match="not positions 0..2"):
+        read_session(path)
