@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
-from .._util.hashing import sha256_file
+from .._util.hashing import hash_files, sha256_file, shared_cache
 from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity
@@ -48,11 +48,14 @@ def runtime_record() -> str:
 
 
 def gguf_pin(gguf: str | os.PathLike[str]) -> dict[str, Any]:
-    """What pins a GGUF: its sha256 and size (its name is informational)."""
+    """What pins a GGUF: its sha256 and size (its name is informational). Hashed once per
+    file version through the file-hash cache that model weights use (keyed by device, inode,
+    size and times), so loading a state does not re-read gigabytes of weights."""
     path = Path(gguf)
     if not path.is_file():
         raise FormatError(f"GGUF file {path} does not exist.")
-    return {"sha256": sha256_file(path), "size": path.stat().st_size, "file": path.name}
+    digest = hash_files([path], cache=shared_cache(), progress=False)[path]
+    return {"sha256": digest, "size": path.stat().st_size, "file": path.name}
 
 
 def require_gguf(pinned: dict[str, Any], gguf: str | os.PathLike[str], what: str) -> None:

@@ -7,7 +7,6 @@ elsewhere."""
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import shutil
 import subprocess
@@ -16,25 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from cubepack.testing import tiny
+
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 CONVERTER = os.environ.get("CUBEPACK_LLAMACPP_CONVERT", "")
 collect_ignore_glob = [] if HAS_LLAMA_CPP else ["test_llamacpp.py"]
-
-
-def _sentencepiece_model() -> bytes:
-    """A SentencePiece model of the tiny corpus: llama.cpp's converter recognises a byte-level
-    BPE ``tokenizer.json`` only by the hash of a known vocabulary, so the tests' own BPE
-    tokenizer is not convertible; its ``tokenizer.model`` path takes any SentencePiece model."""
-    import sentencepiece
-
-    from cubepack.testing.tiny import CORPUS
-
-    buffer = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 20), model_writer=buffer, vocab_size=100,
-        model_type="bpe", hard_vocab_limit=False, minloglevel=2, unk_id=0, bos_id=1, eos_id=2,
-        pad_id=-1)
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +30,7 @@ def gguf_zoo(zoo, tmp_path_factory):
         pytest.skip("set CUBEPACK_LLAMACPP_CONVERT to llama.cpp's convert_hf_to_gguf.py "
                     "(make test-llamacpp does)")
     root = tmp_path_factory.mktemp("gguf")
-    spm = _sentencepiece_model()
+    spm = tiny.sentencepiece_model()
     found = {}
     for name in ("a", "b"):
         folder = root / f"hf-{name}"

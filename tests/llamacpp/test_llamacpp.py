@@ -180,3 +180,16 @@ def test_the_cli_imports_and_exports(llms, gguf_zoo, tmp_path, run):
                   "--gguf", gguf_zoo["b-f32"], "--json")
     assert json.loads(refused.stdout)["error"]["type"] == "IdentityMismatch"
     assert not (tmp_path / "x.state").exists()
+
+
+def test_the_benchmark_runs(tmp_path):
+    """bench/llamacpp.py --smoke (the numbers in the README come from its full run)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[2] / "bench"
+    done = subprocess.run([sys.executable, "llamacpp.py", "--smoke"], cwd=bench,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "| float32 | 12 |" in done.stdout and "load: llama.cpp" in done.stdout
