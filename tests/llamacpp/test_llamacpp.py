@@ -43,9 +43,11 @@ def _next_logits(llm, token):
     return torch.tensor(llm.scores[llm.n_tokens - 1])
 
 
-def test_a_state_is_saved_pinned_to_its_gguf_and_model(llms, gguf_zoo, tmp_path):
+def test_a_state_is_saved_pinned_to_its_gguf_and_model(llms, gguf_zoo, zoo, tmp_path):
     path = _saved(llms["a"], IDS, tmp_path / "a.kv.safetensors", gguf_zoo["hf-a"])
     info = cubepack.read_kv_header(path)
+    # the tokenizer.model added for the converter leaves model A's identity as it was
+    assert info.producer.strict() == cubepack.fingerprint(zoo["a"]).strict()
     assert info.token_ids == IDS and info.kv_dtype == "float32"
     assert info.metadata["runtime"].startswith("llama.cpp (llama-cpp-python 0.3.36")
     assert info.metadata["gguf"]["sha256"] == cubepack._util.hashing.sha256_file(
