@@ -71,3 +71,20 @@ def test_a_state_of_another_architecture_is_unsupported(zoo, tmp_path):
     gguf.write_bytes(b"x")
     with pytest.raises(UnsupportedError, match="'qwen2' model"):
         import_state(session, gguf, zoo["a"])
+
+
+def test_the_cli_round_trip_without_llama_cpp(kv, zoo, tmp_path, run):
+    import json
+
+    session = tmp_path / "s.bin"
+    session.write_bytes(state_bytes(kv, v_trans=True)[0])
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    imported = json.loads(run("import", "llamacpp", session, "--gguf", gguf, "--model", zoo["a"],
+                              "--json").stdout)
+    assert imported["ok"] and imported["token_count"] == len(IDS)
+    assert imported["gguf"]["size"] == len(b"GGUF stand-in")
+    exported = json.loads(run("export", "llamacpp", imported["path"], "--out",
+                              tmp_path / "back.state", "--json").stdout)
+    assert exported["ok"] and (tmp_path / "back.state").read_bytes() == session.read_bytes()
+    assert exported["pin"].endswith("back.state.cubepack.json")
