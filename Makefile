@@ -27,7 +27,8 @@ SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
 UV_STAMP   := $(VENV)/tools/.attempted
 UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
-.PHONY: test test-latest test-memos test-mlx setup demo bench hub-compat memos-own-tests clean
+.PHONY: test test-latest test-memos test-mlx test-llamacpp setup demo bench hub-compat \
+        memos-own-tests clean
 
 test: setup
 	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) --only mlx=tests/mlx \
@@ -82,6 +83,32 @@ bench: $(VENV)/latest/.ready $(VENV)/mlx/.ready
 hub-compat: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pip install $(PIP_Q) pytest-mock
 	$(VENV)/latest/bin/python tools/hub_compat.py
+
+# llama.cpp state files (tests/llamacpp): llama-cpp-python built from its sdist on CPU (the
+# sdist also brings llama.cpp's own convert_hf_to_gguf.py and gguf-py, which the tests run).
+# Not part of `make test`: the from-source build alone took 16.5 minutes on this 2-core machine
+# (shared), most of CI's 20-minute budget for everything.
+LLAMACPP_VERSION ?= 0.3.36
+LLAMACPP_SRC     := $(VENV)/llamacpp-src
+LLAMACPP_TREE    := $(LLAMACPP_SRC)/llama_cpp_python-$(LLAMACPP_VERSION)
+LLAMACPP_SDIST   := $(LLAMACPP_TREE).tar.gz
+
+$(LLAMACPP_SDIST):
+	$(PYTHON) -m pip download $(PIP_Q) --no-deps --no-binary :all: -d $(LLAMACPP_SRC) \
+	  llama-cpp-python==$(LLAMACPP_VERSION)
+
+$(VENV)/llamacpp/.ready: pyproject.toml $(LLAMACPP_SDIST)
+	tar -xzf $(LLAMACPP_SDIST) -C $(LLAMACPP_SRC)
+	$(PYTHON) -m venv $(VENV)/llamacpp
+	$(VENV)/llamacpp/bin/pip install $(PIP_Q) $(TORCH) "transformers==4.57.6" sentencepiece \
+	  "protobuf>=4.21,<5" -e ".[test]" $(LLAMACPP_TREE)/vendor/llama.cpp/gguf-py
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF" MAKEFLAGS=-j2 nice -n 10 \
+	  $(VENV)/llamacpp/bin/pip install $(PIP_Q) $(LLAMACPP_SDIST)
+	touch $@
+
+test-llamacpp: $(VENV)/llamacpp/.ready
+	CUBEPACK_LLAMACPP_CONVERT=$(LLAMACPP_TREE)/vendor/llama.cpp/convert_hf_to_gguf.py \
+	  $(VENV)/llamacpp/bin/python -m pytest -q tests/llamacpp
 
 # MemOS's own tests (cube, activation memory, HF LLM, MOSCore, scheduler) plain and with the
 # hook installed; needs a MemOS checkout or git mirror: make memos-own-tests MEMOS=path

@@ -680,6 +680,66 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         hub.stop()
 
 
+def _runtime_group(name: str, doc: str) -> Any:
+    """The ``import`` / ``export`` group, made once whichever runtime registers first."""
+    group = cli.commands.get(name)
+    if group is None:
+        group = click.Group(name, help=doc)
+        cli.add_command(group)
+    return group
+
+
+@_runtime_group("import", "Convert another runtime's KV cache into a cubepack KV file.").command(
+    "llamacpp")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--gguf", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The GGUF llama.cpp ran: pinned by its sha256.")
+@click.option("--model", required=True, help="The Hugging Face folder (or Hub id) the GGUF was "
+                                             "converted from: its fingerprint is the producer.")
+@click.option("--revision", help="Branch, tag or commit of a Hub --model.")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="The KV file to write (default: FILE's stem + .kv.safetensors).")
+@click.option("--recompute", is_flag=True, help="Prove it first: transformers runs --model on "
+                                                "the state's tokens and must reproduce it.")
+@_json_option()
+def import_llamacpp_command(file: str, gguf: str, model: str, revision: str | None,
+                            out: str | None, recompute: bool, as_json: bool) -> None:
+    """Convert a llama.cpp session FILE (llama_state_save_file) into a KV file pinned to GGUF
+    and MODEL."""
+    from .kv._format import read_kv_header
+    from .llamacpp import import_state
+
+    path = import_state(file, gguf, model, out=out, revision=revision, recompute=recompute)
+    info = read_kv_header(path)
+    _emit({"path": str(path), "token_count": info.token_count, "kv_dtype": info.kv_dtype,
+           "runtime": info.metadata.get("runtime"), "gguf": info.metadata.get("gguf"),
+           "provenance": info.metadata.get("provenance"), "producer": info.producer.to_dict()},
+          as_json, lambda d: f"imported {d['token_count']} positions ({d['kv_dtype']}, "
+                             f"{d['runtime']}) to {d['path']} ({d['provenance']['kind']})")
+
+
+@_runtime_group("export", "Write a cubepack KV file in another runtime's cache format.").command(
+    "llamacpp")
+@click.argument("kvfile", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The llama.cpp session file to write (its pin goes beside it, "
+                   "FILE.cubepack.json).")
+@click.option("--gguf", type=click.Path(dir_okay=False, exists=True),
+              help="Refuse unless KVFILE pins this GGUF.")
+@click.option("--flash-attn", is_flag=True, help="For a llama.cpp context with flash attention "
+                                                 "(values not transposed).")
+@_json_option()
+def export_llamacpp_command(kvfile: str, out: str, gguf: str | None, flash_attn: bool,
+                            as_json: bool) -> None:
+    """Write KVFILE as a llama.cpp session file, pinned to the GGUF it records."""
+    from .llamacpp import export_state
+    from .llamacpp._convert import pin_path
+
+    path = export_state(kvfile, out, gguf=gguf, v_trans=not flash_attn)
+    _emit({"path": str(path), "pin": str(pin_path(path))}, as_json,
+          lambda d: f"exported to {d['path']} (pin: {d['pin']})")
+
+
 def _wants_json(args: list[str]) -> bool:
     """Did the command line ask for JSON? As click parsed it once it has; before that (a usage
     error) ``--json`` or ``--json=...`` anywhere on the line, the only evidence there is."""

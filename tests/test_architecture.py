@@ -28,7 +28,7 @@ LAYERS = [
     {"cubepack._util"},
     {"cubepack.identity", "cubepack.localhub"},
     {"cubepack.kv"},
-    {"cubepack.cube", "cubepack.mlx"},
+    {"cubepack.cube", "cubepack.mlx", "cubepack.llamacpp"},
     {"cubepack.hub"},
     {"cubepack.memos"},
     {"cubepack", "cubepack.testing"},
@@ -60,6 +60,7 @@ PUBLIC = {
     "cubepack.localhub": ["HubStore", "LocalHub"],
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
                      "model_identity", "prefill", "save_prompt_cache"],
+    "cubepack.llamacpp": ["export_state", "import_state", "load", "load_state", "save_state"],
     "cubepack.memos": ["POLICIES", "HookReport", "HookSettings", "init_from_dir",
                        "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
                        "uninstall"],
@@ -73,6 +74,7 @@ PUBLIC = {
 #: transformers or MemOS code.
 PURE = ["cubepack.cube._lock", "cubepack.kv._format", "cubepack.identity._identity",
         "cubepack.mlx._layout",
+        "cubepack.llamacpp._layout",
         "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff",
         "cubepack.cube._attestation"]
 HEAVY = ("torch", "transformers", "huggingface_hub", "httpx", "requests", "urllib.request",
@@ -240,7 +242,7 @@ def test_subpackages_and_private_modules():
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(part.split(".")[1] for layer in LAYERS for part in layer
                              if part.count(".") == 1 and (PACKAGE / part.split(".")[1]).is_dir())
-    for part in ("identity", "kv", "cube", "hub", "localhub", "memos", "mlx"):
+    for part in ("identity", "kv", "cube", "hub", "localhub", "memos", "mlx", "llamacpp"):
         names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
         assert names and all(name.startswith("_") for name in names), (part, names)
 
@@ -275,7 +277,8 @@ def test_a_face_exports_only_names_its_own_part_defines(face):
 def test_the_top_level_face_takes_each_name_from_its_part():
     # cubepack.mlx is reached as a subpackage only (an optional runtime: its prefill is MLX's)
     parts = {name: face for face, names in PUBLIC.items()
-             if face not in ("cubepack", "cubepack.errors", "cubepack.mlx") for name in names}
+             if face not in ("cubepack", "cubepack.errors", "cubepack.mlx", "cubepack.llamacpp")
+             for name in names}  # the runtimes' faces: optional, reached by name
     for name in cubepack.__all__:
         if name == "__version__" or hasattr(errors, name):
             continue

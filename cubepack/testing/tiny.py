@@ -130,3 +130,20 @@ def load(folder: str | Path, dtype: Any = None) -> Any:
         kwargs["dtype"] = dtype
     with quiet_libraries(verbose=False, progress=False):  # no "Loading weights" bar
         return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+
+
+def sentencepiece_model(corpus: tuple[str, ...] = CORPUS) -> bytes:
+    """A SentencePiece BPE model (``tokenizer.model`` bytes) trained on ``corpus``: llama.cpp's
+    converter recognises a byte-level BPE ``tokenizer.json`` only by the hash of a known
+    vocabulary, so :func:`build_tokenizer`'s is not convertible; its SentencePiece path takes
+    any model. Needs ``sentencepiece`` (the llama.cpp environment has it)."""
+    import io
+
+    import sentencepiece
+
+    buffer = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus * 20), model_writer=buffer, vocab_size=100,
+        model_type="bpe", hard_vocab_limit=False, minloglevel=2, unk_id=0, bos_id=1, eos_id=2,
+        pad_id=-1)
+    return buffer.getvalue()

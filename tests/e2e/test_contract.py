@@ -77,6 +77,8 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                    (["{cube}", "--model", "{model}", "--out", "{cube}/inside"], "UsageError"),
                    (["{tampered}", "--model", "{model}", "--out", "new"], "VerificationFailed")],
     ("lineage",): [(["{empty}"], "FormatError"), (["{cube}", "--timeout", "0"], "UsageError")],
+    ("import", "llamacpp"): [(["{text}", "--gguf", "{text}", "--model", "x"], "FormatError")],
+    ("export", "llamacpp"): [(["{text}", "--out", "x.state"], "FormatError")],
     ("upgrade",): [(["{cube}"], "UsageError")],
     ("import", "mlx"): [(["{pickle}", "--model", "./missing"], "FormatError"),
                         (["{text}", "--model", "x", "--token-ids", "[1,"], "UsageError")],
