@@ -134,3 +134,17 @@ def test_reembed_refuses_malformed_vectors_with_a_format_error(tmp_path, monkeyp
     with pytest.raises(FormatError):
         _migrate._reembed(old, staging, "textual_memory.json", "openai:http://x/v1#e", False)
     assert not (staging / "textual_memory.json").exists()
+
+
+def test_ids_longer_than_the_new_models_context_are_refused_before_prefill(
+        packed_cube_factory, tmp_path, zoo, capsys):
+    """A source_text or id list is a claim of any length; the new model attends over at most
+    max_position_embeddings positions (512 for the tiny models): refuse, do not prefill."""
+    cube = copy_of(packed_cube_factory({"long": [5, 6, 7]}, texts={"long": "the cat " * 600}),
+                   tmp_path)
+    before = tree_bytes(cube)
+    code, data = _json_outcome(capsys, ["migrate", str(cube), "--model", str(zoo["b"]),
+                                        "--out", str(tmp_path / "cube-b")])
+    assert code == 1 and data["error"]["type"] == "RecomputationFailed", data
+    assert "max_position_embeddings 512" in data["error"]["message"]
+    assert tree_bytes(cube) == before and not (tmp_path / "cube-b").exists()
