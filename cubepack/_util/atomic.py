@@ -152,3 +152,31 @@ def link_or_copy(source: Path, destination: Path) -> None:
         os.link(source, destination)
     except OSError:
         shutil.copy2(source, destination)
+
+
+def copy_file(source: Path, destination: Path) -> None:
+    """A new file (a new inode) holding ``source``'s bytes, for a folder handed to someone who
+    may edit it in place (MemOS dumps with ``open(path, "w")``): a hard link would change
+    ``source`` too."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, destination)
+
+
+def missing_parents(target: Path) -> list[Path]:
+    """The folders above ``target`` that do not exist yet, deepest first: what a failed run
+    that created them (``staging_dir`` does) removes again with :func:`remove_empty`."""
+    missing = []
+    for parent in Path(target).absolute().parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty; leave any other alone."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return

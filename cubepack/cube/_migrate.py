@@ -106,6 +106,7 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
     ancestors = lineage.ancestors_document(cube, lock)
     target_model = _TargetModel(model, revision) if model is not None else None
 
+    created = atomic.missing_parents(target)
     staging = atomic.staging_dir(target, "migrate")
     try:
         rewritten = {constants.ANCESTORS_FILENAME, constants.SIGNATURE_FILENAME}
@@ -114,10 +115,12 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
             rewritten |= {entry["file"] for entry in lock["activations"].values()}
         textual = _vector_files(cube, config, lock) if embedder else []
         rewritten |= set(textual) | ({"config.json"} if config is not None else set())
-        for name in sorted(set(lock["files"]) - rewritten):  # linked: every write is a new file
-            atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
+        # Copied, not linked: the new cube is its user's to edit in place, the old one must not
+        # change with it.
+        for name in sorted(set(lock["files"]) - rewritten):
+            atomic.copy_file(resolve_inside(cube, name), resolve_inside(staging, name))
         # The old lock too, so pack keeps what a re-pack keeps (a pin it need not move).
-        atomic.link_or_copy(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
+        atomic.copy_file(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
         if ancestors is not None:
             atomic.write_text(resolve_inside(staging, constants.ANCESTORS_FILENAME),
                               canonical.dumps(ancestors))
@@ -141,6 +144,7 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
         atomic.replace_dir(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        atomic.remove_empty(created)
         raise
     return MigrateResult(cube_dir=target, parent_dir=cube, digest=packed.digest,
                          content_digest=packed.content_digest, activations=activations,
@@ -256,23 +260,42 @@ def _reembed(cube: Path, staging: Path, name: str, spec: str, progress: bool | N
     fresh: list[list[float]] = []
     try:
         for start in range(0, len(texts), BATCH):
-            batch = embed(spec, texts[start:start + BATCH])
-            fresh += [[float(x) for x in vector] for vector in batch]
+            asked = texts[start:start + BATCH]
+            batch = embed(spec, asked)
+            # Per batch: one too many here and one too few in the next would put every later
+            # vector beside the wrong memory.
+            if not isinstance(batch, list) or len(batch) != len(asked):
+                raise FormatError(f"The embedder {spec} returned "
+                                  f"{len(batch) if isinstance(batch, list) else 'no list of'} "
+                                  f"vectors for {len(asked)} memories ({name}, memories "
+                                  f"{start + 1}-{start + len(asked)}); nothing was written.")
+            fresh += [_vector(spec, vector) for vector in batch]
             if bar is not None:
                 bar.update(len(batch))
     finally:
         if bar is not None:
             bar.close()
-    if len(fresh) != len(texts) or not all(v and all(math.isfinite(x) for x in v)
-                                           for v in fresh):
-        raise FormatError(f"The embedder {spec} returned {len(fresh)} vectors for "
-                          f"{len(texts)} memories, or a vector that is empty or not finite.")
+    dimensions = sorted({len(vector) for vector in fresh})
+    if len(dimensions) > 1:
+        raise FormatError(f"The embedder {spec} returned vectors of dimensions "
+                          f"{', '.join(map(str, dimensions))} for {name}: one store holds one "
+                          "dimension; nothing was written.")
     document = with_vectors(resolve_inside(cube, name),
                             {memory_id: vector for (memory_id, _, _), vector
                              in zip(memories, fresh)})
     atomic.write_text(resolve_inside(staging, name),
                       json.dumps(document, ensure_ascii=False, indent=2) + "\n")
     return len(fresh)
+
+
+def _vector(spec: str, vector: Any) -> list[float]:
+    """One embedder answer as floats: a non-empty list of finite numbers (not booleans, not
+    strings), else a FormatError."""
+    if not (isinstance(vector, list) and vector and all(
+            type(x) in (int, float) and math.isfinite(x) for x in vector)):
+        raise FormatError(f"The embedder {spec} returned a vector that is not a non-empty list "
+                          f"of finite numbers ({str(vector)[:80]}); nothing was written.")
+    return [float(x) for x in vector]
 
 
 def _progress_bar(total: int, description: str, progress: bool | None) -> Any:

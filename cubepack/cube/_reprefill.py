@@ -99,6 +99,14 @@ def reprefill(model: Any, item_id: str, *, token_ids: list[int] | None,
 
     ids, why = token_ids_for(item_id, token_ids=token_ids, metadata=metadata, producer=producer,
                              identity=identity, tokenizer=tokenizer)
+    # The ids (or the source text) are the cube's claim, of any length: refuse what the model
+    # cannot attend over rather than prefill it (memory grows with the length).
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and len(ids) > limit:
+        raise RecomputationFailed(
+            f"Activation {item_id!r} has {len(ids)} tokens, more than the new model attends "
+            f"over (max_position_embeddings {limit}); it cannot be rebuilt by this model. "
+            "Migrate to a model with a longer context, or shorten the memory.")
     started = time.perf_counter()
     device = next(model.parameters()).device
     cache = prefill(model, torch.tensor([ids], device=device))
