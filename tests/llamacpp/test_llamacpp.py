@@ -184,8 +184,9 @@ def test_the_cli_imports_and_exports(llms, gguf_zoo, tmp_path, run):
     assert not (tmp_path / "x.state").exists()
 
 
-def test_the_benchmark_runs(tmp_path):
-    """bench/llamacpp.py --smoke (the numbers in the README come from its full run)."""
+def test_the_benchmark_runs(gguf_zoo, tmp_path):
+    """bench/llamacpp.py --smoke (the numbers in the README come from its full run); it needs
+    the converter as the other tests do (``gguf_zoo`` skips without it)."""
     import subprocess
     import sys
     from pathlib import Path
