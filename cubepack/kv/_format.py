@@ -214,6 +214,9 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
         for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
             if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
                 found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
+        if geometry.get("head_dim") is not None and layer.values_shape[3] != geometry["head_dim"]:
+            found.append(Mismatch(f"{where}.values_head_dim", geometry["head_dim"],
+                                  layer.values_shape[3]))
         found.extend(_length_problems(where, layer, geometry))
     if not found:
         found.extend(_shared_shape_problems(layers))

@@ -138,7 +138,9 @@ def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
 def _ids(token_ids: Any, offset: int) -> list[int] | None:
     if token_ids is None:
         return None
-    ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
+    ids = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+    if not all(type(t) is int for t in ids):  # int() would truncate 1.7 and count True
+        raise UsageError("Token ids must be integers, e.g. [1, 17, 42].")
     if len(ids) != offset:
         raise UsageError(f"{len(ids)} token ids were given but the prompt cache holds {offset} "
                          "positions.")

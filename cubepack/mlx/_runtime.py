@@ -29,6 +29,7 @@ from ..kv._format import (
     StoredLayer,
     check_kv_info,
     kv_metadata,
+    producer_runtime,
     read_kv_header,
     structure_problems,
 )
@@ -272,12 +273,13 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
         check_kv_info(info, live)
         names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
         user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
-    # Checked: only now does MLX read the tensors.
-    arrays = mx.load(str(path))
+    # Checked: only now does MLX read the tensors, as the safetensors file just checked (MLX
+    # would otherwise pick its parser by the file's suffix: .npz, .gguf, none).
+    arrays = mx.load(str(path), format="safetensors")
     offset = info.token_count
     layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset) for k, v in names]
     stored = None
-    if info.metadata.get("runtime", "").split()[:1] != [RUNTIME]:
+    if producer_runtime(info.metadata) != RUNTIME:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
     require_recomputed_here(MLXRuntime(model), info, stored)
     caches = kv_caches(layers)
