@@ -273,6 +273,10 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
         check_kv_info(info, live)
         names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
         user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
+    sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
+    if sliding:  # MLX keeps those in a RotatingKVCache; a KVCache would misplace them
+        raise UnsupportedError(f"{path.name}: layer {sliding[0]} is a sliding-window layer; "
+                               "cubepack loads full-attention caches into MLX only.")
     # Checked: only now does MLX read the tensors, as the safetensors file just checked (MLX
     # would otherwise pick its parser by the file's suffix: .npz, .gguf, none).
     arrays = mx.load(str(path), format="safetensors")

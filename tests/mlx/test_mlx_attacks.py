@@ -87,3 +87,14 @@ def test_token_ids_that_are_not_integers_are_refused(zoo, mlx_models, tmp_path):
         with pytest.raises(cubepack.UsageError, match="integers"):
             cubepack.mlx.import_prompt_cache(path, zoo["a"], token_ids=ids)
     assert not (tmp_path / "p.kv.safetensors").exists()
+
+
+@pytest.mark.parametrize("runtime", [None, "mlx-lm 0.32.2"])
+def test_a_sliding_window_cache_is_refused_not_misplaced(zoo, models, tmp_path, runtime):
+    # A hybrid model's cache (its sliding layer keeps its last positions only), labelled as
+    # MLX's or not: a KVCache built from it would put those positions at the start.
+    path = cubepack.save_kv_cache(build_cache(models["hybrid"], torch.tensor([IDS])),
+                                  tmp_path / "h.kv.safetensors", producer=models["hybrid"],
+                                  token_ids=IDS, metadata={"runtime": runtime} if runtime else None)
+    with pytest.raises(cubepack.UnsupportedError, match="layer 0 is a sliding-window layer"):
+        cubepack.mlx.load_prompt_cache(path, zoo["hybrid"])
