@@ -91,9 +91,15 @@ def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> 
     (recorded by :func:`load`, or given), in the dtype it runs in now.
 
     Raises:
-        UsageError: a model not loaded by :func:`load` and no ``folder`` given.
+        UsageError: a model not loaded by :func:`load` and no ``folder`` given, or a ``folder``
+            other than the one :func:`load` recorded.
     """
-    folder = folder or getattr(model, _FOLDER, None)
+    recorded = getattr(model, _FOLDER, None)
+    if folder is not None and recorded is not None and \
+            resolve_model_folder(str(folder))[0].resolve() != Path(recorded).resolve():
+        raise UsageError(f"This MLX model was loaded from {recorded}, not {folder}: its identity "
+                         "is the folder it was loaded from. Drop folder=, or load that folder.")
+    folder = folder or recorded
     if folder is None:
         raise UsageError("cubepack cannot tell which files this MLX model was loaded from: load "
                          "it with cubepack.mlx.load(folder), or pass folder=.")

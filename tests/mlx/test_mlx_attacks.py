@@ -98,3 +98,13 @@ def test_a_sliding_window_cache_is_refused_not_misplaced(zoo, models, tmp_path, 
                                   token_ids=IDS, metadata={"runtime": runtime} if runtime else None)
     with pytest.raises(cubepack.UnsupportedError, match="layer 0 is a sliding-window layer"):
         cubepack.mlx.load_prompt_cache(path, zoo["hybrid"])
+
+
+def test_folder_cannot_rename_a_model_that_knows_its_folder(zoo, mlx_models, tmp_path):
+    # B loaded by cubepack.mlx.load knows its folder: folder=A must not make it A.
+    model = mlx_models["a"]
+    path = cubepack.mlx.save_prompt_cache(tmp_path / "a.safetensors",
+                                          cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    with pytest.raises(cubepack.UsageError, match="was loaded from"):
+        cubepack.mlx.load_prompt_cache(path, mlx_models["b"], folder=zoo["a"])
+    assert len(cubepack.mlx.load_prompt_cache(path, model, folder=zoo["a"])) == 2
