@@ -89,8 +89,10 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
     header = read_header(path)
     raw = header.metadata.get(constants.KV_METADATA_KEY)
     if raw is None:
+        hint = (" It is laid out as an MLX-LM prompt cache: convert it with cubepack import mlx "
+                f"{path} --model MODEL.") if "1.0" in header.metadata else ""
         raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
-                          f"'{constants.KV_METADATA_KEY}' metadata).")
+                          f"'{constants.KV_METADATA_KEY}' metadata).{hint}")
     return kv_info(path, header, raw, header.tensors)
 
 

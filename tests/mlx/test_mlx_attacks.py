@@ -4,6 +4,7 @@ and a NaN that a tensor comparison does not see (real mlx and mlx_lm, the tiny m
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 
@@ -13,6 +14,7 @@ import torch
 
 import cubepack
 import cubepack.mlx
+from cubepack.cli import main
 from cubepack._util.safetensors_header import write_safetensors
 from cubepack.mlx._layout import flat_metadata
 
@@ -108,3 +110,18 @@ def test_folder_cannot_rename_a_model_that_knows_its_folder(zoo, mlx_models, tmp
     with pytest.raises(cubepack.UsageError, match="was loaded from"):
         cubepack.mlx.load_prompt_cache(path, mlx_models["b"], folder=zoo["a"])
     assert len(cubepack.mlx.load_prompt_cache(path, model, folder=zoo["a"])) == 2
+
+
+def test_a_prompt_cache_where_a_kv_file_belongs_names_the_import(zoo, mlx_models, tmp_path,
+                                                                 capsys):
+    # A plain bundle holding a prompt cache under a KV file's name: pack says how to convert it.
+    model = mlx_models["a"]
+    folder = tmp_path / "bundle"
+    (folder / "activations").mkdir(parents=True)
+    cubepack.mlx.save_prompt_cache(folder / "activations" / "doc.kv.safetensors",
+                                   cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    code = main(["pack", str(folder), "--cube-id", "me/docs", "--model", str(zoo["a"]), "--json"])
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert code == 1 and error["type"] == "FormatError"
+    assert "cubepack import mlx" in error["message"]
+    assert not (folder / "cubepack.lock").exists()
