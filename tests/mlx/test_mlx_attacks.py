@@ -14,8 +14,8 @@ import torch
 
 import cubepack
 import cubepack.mlx
-from cubepack.cli import main
 from cubepack._util.safetensors_header import write_safetensors
+from cubepack.cli import main
 from cubepack.mlx._layout import flat_metadata
 
 from helpers import build_cache
