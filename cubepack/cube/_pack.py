@@ -158,6 +158,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         remembered, pinned_revision = _remembered_pin(earlier, memos_config)
         model, revision = remembered, revision or pinned_revision
     plain = "config.json" not in files
+    if plain:
+        _refuse_stray_caches(cube, files)
     claims = _header_claims(cube, files) if plain else []
     found = None
     if plain and model is None and claims:  # a plain bundle: the producer its headers name
@@ -358,6 +360,24 @@ def _header_claims(cube: Path, files: list[str]) -> list[tuple[str, ModelIdentit
             for name in files if is_activation_path(name)]
 
 
+def _refuse_stray_caches(cube: Path, files: list[str]) -> None:
+    """A plain bundle's KV files live in activations/: only those are checked against the pin,
+    so one anywhere else would ship as a "source" under a producer nobody checked.
+
+    Raises:
+        UnsafeInputError: a ``.kv.safetensors`` file outside ``activations/``.
+    """
+    stray = [name for name in files
+             if name.endswith(constants.KV_SUFFIX) and not is_activation_path(name)]
+    if stray:
+        raise UnsafeInputError(
+            f"{cube / stray[0]} is a KV file outside {constants.ACTIVATIONS_DIR}/"
+            + (f" ({len(stray) - 1} more too)" if len(stray) > 1 else "")
+            + f"; pack checks only {constants.ACTIVATIONS_DIR}/<id>{constants.KV_SUFFIX} against "
+            f"the producer it pins. Move it to {constants.ACTIVATIONS_DIR}/ (or remove it) and "
+            "pack again.")
+
+
 def _claimed_dtype(claims: list[tuple[str, ModelIdentity]]) -> str | None:
     """The one dtype a plain bundle's caches were computed in (a run setting, not a property
     of the weights: an fp32 checkpoint run in bf16 makes bf16 caches).
@@ -389,6 +409,12 @@ def _found_producer(claims: list[tuple[str, ModelIdentity]]) -> tuple[str, None,
                          "by itself. Pass --model with the model that built them (a folder or a "
                          "Hub id): its fingerprint is the pin.")
     model_id, commit = named[0]
+    if Path(model_id).expanduser().exists() or model_id.startswith((".", "/", "~")) \
+            or model_id.count("/") > 1:  # a path here would resolve before the HF cache
+        raise UsageError(f"The KV files' headers name {model_id!r}, a local path, not a Hub "
+                         "model, so pack cannot find the producer by itself. Pass --model with "
+                         "the model that built them (a folder or a Hub id): its fingerprint is "
+                         "the pin.")
     try:
         folder, _, _ = resolve_model_folder(model_id, commit, local_files_only=True)
     except CubepackError as exc:

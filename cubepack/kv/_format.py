@@ -89,8 +89,10 @@ def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
     header = read_header(path)
     raw = header.metadata.get(constants.KV_METADATA_KEY)
     if raw is None:
+        hint = (" It is laid out as an MLX-LM prompt cache: convert it with cubepack import mlx "
+                f"{path} --model MODEL.") if "1.0" in header.metadata else ""
         raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
-                          f"'{constants.KV_METADATA_KEY}' metadata).")
+                          f"'{constants.KV_METADATA_KEY}' metadata).{hint}")
     return kv_info(path, header, raw, header.tensors)
 
 
@@ -214,6 +216,9 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
         for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
             if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
                 found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
+        if geometry.get("head_dim") is not None and layer.values_shape[3] != geometry["head_dim"]:
+            found.append(Mismatch(f"{where}.values_head_dim", geometry["head_dim"],
+                                  layer.values_shape[3]))
         found.extend(_length_problems(where, layer, geometry))
     if not found:
         found.extend(_shared_shape_problems(layers))

@@ -264,7 +264,7 @@ def _compare_layer(index: int, fresh: tuple, stored: tuple, tolerance: float,
             comparison.first = comparison.first or {"layer": index, "position": start,
                                                     "part": f"{part} shape"}
             continue
-        error = (new - old).abs()
+        error = (new - old).abs().nan_to_num(nan=math.inf)  # NaN compares false with a bound
         scale = max(new.abs().max().item(), 1e-12)
         worst = error.max().item() if error.numel() else 0.0
         comparison.max_abs = max(comparison.max_abs, worst)
@@ -289,7 +289,7 @@ def _compare_behaviour(runtime: Any, stored: list[tuple], fresh: list[tuple],
     stored_logits, fresh_logits = (runtime.probe_logits(layers, probes, batch)
                                    for layers in (stored, fresh))
     scale = max(fresh_logits.abs().max().item(), 1e-12)
-    gap = (stored_logits - fresh_logits).abs().max(-1).values / scale
+    gap = (stored_logits - fresh_logits).abs().nan_to_num(nan=math.inf).max(-1).values / scale
     result.max_logit_error = float(gap.max().item())
     top_stored, top_fresh = stored_logits.argmax(-1), fresh_logits.argmax(-1)
     # A flipped top-1 counts unless the recomputed logits tie the two tokens within the bound.

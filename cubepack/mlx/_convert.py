@@ -13,6 +13,7 @@ Neither runs a model: they move bytes (the positions in use) and check shapes an
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -138,7 +139,13 @@ def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
 def _ids(token_ids: Any, offset: int) -> list[int] | None:
     if token_ids is None:
         return None
-    ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
+    given = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+    try:  # int() would truncate 1.7; numpy and torch integers pass operator.index
+        if any(isinstance(t, bool) for t in given):
+            raise TypeError
+        ids = [operator.index(t) for t in given]
+    except TypeError:
+        raise UsageError("Token ids must be integers, e.g. [1, 17, 42].") from None
     if len(ids) != offset:
         raise UsageError(f"{len(ids)} token ids were given but the prompt cache holds {offset} "
                          "positions.")

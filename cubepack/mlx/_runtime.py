@@ -29,6 +29,7 @@ from ..kv._format import (
     StoredLayer,
     check_kv_info,
     kv_metadata,
+    producer_runtime,
     read_kv_header,
     structure_problems,
 )
@@ -90,9 +91,15 @@ def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> 
     (recorded by :func:`load`, or given), in the dtype it runs in now.
 
     Raises:
-        UsageError: a model not loaded by :func:`load` and no ``folder`` given.
+        UsageError: a model not loaded by :func:`load` and no ``folder`` given, or a ``folder``
+            other than the one :func:`load` recorded.
     """
-    folder = folder or getattr(model, _FOLDER, None)
+    recorded = getattr(model, _FOLDER, None)
+    if folder is not None and recorded is not None and \
+            resolve_model_folder(str(folder))[0].resolve() != Path(recorded).resolve():
+        raise UsageError(f"This MLX model was loaded from {recorded}, not {folder}: its identity "
+                         "is the folder it was loaded from. Drop folder=, or load that folder.")
+    folder = folder or recorded
     if folder is None:
         raise UsageError("cubepack cannot tell which files this MLX model was loaded from: load "
                          "it with cubepack.mlx.load(folder), or pass folder=.")
@@ -272,12 +279,17 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
         check_kv_info(info, live)
         names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
         user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
-    # Checked: only now does MLX read the tensors.
-    arrays = mx.load(str(path))
+    sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
+    if sliding:  # MLX keeps those in a RotatingKVCache; a KVCache would misplace them
+        raise UnsupportedError(f"{path.name}: layer {sliding[0]} is a sliding-window layer; "
+                               "cubepack loads full-attention caches into MLX only.")
+    # Checked: only now does MLX read the tensors, as the safetensors file just checked (MLX
+    # would otherwise pick its parser by the file's suffix: .npz, .gguf, none).
+    arrays = mx.load(str(path), format="safetensors")
     offset = info.token_count
     layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset) for k, v in names]
     stored = None
-    if info.metadata.get("runtime", "").split()[:1] != [RUNTIME]:
+    if producer_runtime(info.metadata) != RUNTIME:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
     require_recomputed_here(MLXRuntime(model), info, stored)
     caches = kv_caches(layers)

@@ -1,0 +1,127 @@
+"""Attacks on MLX-LM prompt caches: files cubepack's checks and MLX's own reader could read
+differently, a header record that is not a string, values of another shape than the model's,
+and a NaN that a tensor comparison does not see (real mlx and mlx_lm, the tiny models)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy
+import pytest
+import torch
+
+import cubepack
+import cubepack.mlx
+from cubepack._util.safetensors_header import write_safetensors
+from cubepack.cli import main
+from cubepack.mlx._layout import flat_metadata
+
+from helpers import build_cache
+
+IDS = [1, 17, 42, 7, 99, 5, 300, 12]
+
+
+def _prompt_cache(path, layers):
+    """A prompt cache in mlx_lm's layout (KVCache layers, every position in use), no producer."""
+    tensors = []
+    for index, (keys, values) in enumerate(layers):
+        tensors += [(f"{index}.0", "F32", keys.shape, keys.tobytes()),
+                    (f"{index}.1", "F32", values.shape, values.tobytes()),
+                    (f"{index}.2", "I32", (), struct.pack("<i", keys.shape[2]))]
+    write_safetensors(path, tensors, flat_metadata({"model": "tiny"}, len(layers)))
+    return path
+
+
+def _mlx_layers(mlx_model):
+    return [(numpy.array(c.keys[..., :len(IDS), :]), numpy.array(c.values[..., :len(IDS), :]))
+            for c in cubepack.mlx.prefill(mlx_model, IDS)]
+
+
+@pytest.mark.parametrize("name", ["doc.cache", "doc", "doc.npz"])
+def test_a_checked_cache_is_read_as_the_safetensors_it_was_checked_as(mlx_models, tmp_path, name):
+    # MLX picks its parser from the file's suffix: a checked file must not be re-read as npz,
+    # gguf, or fail untyped because it has no suffix.
+    model = mlx_models["a"]
+    saved = cubepack.mlx.save_prompt_cache(tmp_path / "doc.safetensors",
+                                           cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    renamed = shutil.copy(saved, tmp_path / name)
+    caches = cubepack.mlx.load_prompt_cache(renamed, model)
+    assert [c.offset for c in caches] == [len(IDS)] * 2
+
+
+@pytest.mark.parametrize("runtime", [5, ["mlx-lm"], ""])
+def test_a_runtime_record_that_is_not_a_name_asks_for_recomputation(mlx_models, tmp_path,
+                                                                    runtime):
+    # A claim of no runtime (not a string) is read as every other reader reads it
+    # (transformers'), so MLX recomputes it; never an AttributeError.
+    model = mlx_models["a"]
+    path = cubepack.mlx.save_prompt_cache(tmp_path / "r.safetensors",
+                                          cubepack.mlx.prefill(model, IDS), model,
+                                          token_ids=IDS, metadata={"runtime": runtime})
+    caches = cubepack.mlx.load_prompt_cache(path, model)  # MLX reproduces its own cache
+    assert [c.offset for c in caches] == [len(IDS)] * 2
+
+
+def test_values_of_another_head_dim_are_refused(zoo, mlx_models, tmp_path):
+    layers = [(k, numpy.concatenate([v, v], axis=-1)) for k, v in _mlx_layers(mlx_models["a"])]
+    path = _prompt_cache(tmp_path / "wide.safetensors", layers)
+    with pytest.raises(cubepack.IdentityMismatch, match="head_dim"):
+        cubepack.mlx.import_prompt_cache(path, zoo["a"])
+    assert not (tmp_path / "wide.kv.safetensors").exists()
+
+
+def test_a_nan_in_a_cache_is_a_tensor_difference(models, mlx_models, tmp_path):
+    # transformers' cache with one NaN, loaded into MLX: the recomputation must name the
+    # tensors, not report them reproduced (NaN compares false with any bound).
+    cache = build_cache(models["a"], torch.tensor([IDS]))
+    cache.layers[1].keys[0, 0, 3, 0] = float("nan")
+    path = cubepack.save_kv_cache(cache, tmp_path / "nan.kv.safetensors", producer=models["a"],
+                                  token_ids=IDS)
+    with pytest.raises(cubepack.RecomputationFailed, match=r"layer 1, position 3 \(keys\)"):
+        cubepack.mlx.load_prompt_cache(path, mlx_models["a"])
+
+
+def test_token_ids_that_are_not_integers_are_refused(zoo, mlx_models, tmp_path):
+    path = _prompt_cache(tmp_path / "p.safetensors", _mlx_layers(mlx_models["a"]))
+    for ids in ([1.7] * len(IDS), [True] * len(IDS)):
+        with pytest.raises(cubepack.UsageError, match="integers"):
+            cubepack.mlx.import_prompt_cache(path, zoo["a"], token_ids=ids)
+    assert not (tmp_path / "p.kv.safetensors").exists()
+
+
+@pytest.mark.parametrize("runtime", [None, "mlx-lm 0.32.2"])
+def test_a_sliding_window_cache_is_refused_not_misplaced(zoo, models, tmp_path, runtime):
+    # A hybrid model's cache (its sliding layer keeps its last positions only), labelled as
+    # MLX's or not: a KVCache built from it would put those positions at the start.
+    path = cubepack.save_kv_cache(build_cache(models["hybrid"], torch.tensor([IDS])),
+                                  tmp_path / "h.kv.safetensors", producer=models["hybrid"],
+                                  token_ids=IDS, metadata={"runtime": runtime} if runtime else None)
+    with pytest.raises(cubepack.UnsupportedError, match="layer 0 is a sliding-window layer"):
+        cubepack.mlx.load_prompt_cache(path, zoo["hybrid"])
+
+
+def test_folder_cannot_rename_a_model_that_knows_its_folder(zoo, mlx_models, tmp_path):
+    # B loaded by cubepack.mlx.load knows its folder: folder=A must not make it A.
+    model = mlx_models["a"]
+    path = cubepack.mlx.save_prompt_cache(tmp_path / "a.safetensors",
+                                          cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    with pytest.raises(cubepack.UsageError, match="was loaded from"):
+        cubepack.mlx.load_prompt_cache(path, mlx_models["b"], folder=zoo["a"])
+    assert len(cubepack.mlx.load_prompt_cache(path, model, folder=zoo["a"])) == 2
+
+
+def test_a_prompt_cache_where_a_kv_file_belongs_names_the_import(zoo, mlx_models, tmp_path,
+                                                                 capsys):
+    # A plain bundle holding a prompt cache under a KV file's name: pack says how to convert it.
+    model = mlx_models["a"]
+    folder = tmp_path / "bundle"
+    (folder / "activations").mkdir(parents=True)
+    cubepack.mlx.save_prompt_cache(folder / "activations" / "doc.kv.safetensors",
+                                   cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    code = main(["pack", str(folder), "--cube-id", "me/docs", "--model", str(zoo["a"]), "--json"])
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert code == 1 and error["type"] == "FormatError"
+    assert "cubepack import mlx" in error["message"]
+    assert not (folder / "cubepack.lock").exists()
