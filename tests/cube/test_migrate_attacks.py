@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 import cubepack
-from cubepack._util import constants
 from cubepack.cli import main
-from cubepack.errors import FormatError, UsageError
+from cubepack.errors import FormatError
 
 from helpers import copy_of, tree_bytes
 
