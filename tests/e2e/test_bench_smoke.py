@@ -23,8 +23,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 pytestmark = once
 
 
-#: Benchmarks of another runtime, smoke-run by that runtime's suite (tests/mlx).
-OTHER_RUNTIMES = {"runtimes.py"}
+#: Benchmarks of another runtime, smoke-run by that runtime's suite (tests/mlx, tests/llamacpp).
+OTHER_RUNTIMES = {"runtimes.py", "llamacpp.py"}
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
