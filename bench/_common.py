@@ -33,3 +33,17 @@ def timed(action: Callable[[], object]) -> float:
 
 def best_of(action: Callable[[], object], repeats: int) -> float:
     return min(timed(action) for _ in range(repeats))
+
+
+def llama_config(layers: int, hidden: int):
+    """The benchmarks' Llama shape: ``layers`` layers of width ``hidden``, 8 query heads over 4
+    KV heads, the tiny tokenizer's vocabulary (transformers imported here: the hashing
+    benchmarks never load it)."""
+    from transformers import LlamaConfig
+
+    from cubepack.testing import tiny
+
+    return LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
+                       intermediate_size=hidden * 2, num_hidden_layers=layers,
+                       num_attention_heads=8, num_key_value_heads=4,
+                       max_position_embeddings=4096)

@@ -16,8 +16,7 @@ import types
 from pathlib import Path
 
 import torch
-from _common import best_of
-from transformers import LlamaConfig
+from _common import best_of, llama_config
 
 import cubepack
 from cubepack.kv._torch import forward, output_cache
@@ -31,10 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     layers, hidden, tokens, repeats = (2, 64, 32, 3) if args.smoke else (8, 512, 1024, 20)
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-use-"))
-    config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
-                         intermediate_size=hidden * 2, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=4,
-                         max_position_embeddings=4096)
+    config = llama_config(layers, hidden)
     model = tiny.load(tiny.build_model(root / "model", config, seed=0,
                                        tokenizer=tiny.build_tokenizer()))
     ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))

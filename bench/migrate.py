@@ -22,8 +22,7 @@ import uuid
 from pathlib import Path
 
 import torch
-from _common import timed
-from transformers import LlamaConfig
+from _common import llama_config, timed
 
 import cubepack
 from cubepack.cube._embedder import embed
@@ -43,10 +42,7 @@ def main() -> None:
         (2, 64, 2, 16, 8, 2) if args.smoke else (8, 512, 16, 256, 512, args.repeats))
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-migrate-"))
     try:
-        config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
-                             intermediate_size=hidden * 2, num_hidden_layers=layers,
-                             num_attention_heads=8, num_key_value_heads=4,
-                             max_position_embeddings=4096)
+        config = llama_config(layers, hidden)
         tokenizer = tiny.build_tokenizer()
         folders = {name: tiny.build_model(root / name, config, seed=seed, tokenizer=tokenizer)
                    for name, seed in (("model-a", 0), ("model-b", 1))}

@@ -19,8 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _common import best_of
-from transformers import LlamaConfig
+from _common import best_of, llama_config
 
 import cubepack
 from cubepack.kv._recompute import recompute
@@ -37,10 +36,7 @@ def main() -> None:
     layers, hidden, tokens, repeats = (2, 64, 32, 2) if args.smoke else (8, 512, 1024, REPEATS)
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-recompute-"))
     try:
-        config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
-                             intermediate_size=hidden * 2, num_hidden_layers=layers,
-                             num_attention_heads=8, num_key_value_heads=4,
-                             max_position_embeddings=4096)
+        config = llama_config(layers, hidden)
         folder = tiny.build_model(root / "model", config, seed=0, tokenizer=tiny.build_tokenizer())
         model = tiny.load(folder)
         ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))

@@ -31,9 +31,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy
 import torch
-from _common import best_of
+from _common import best_of, llama_config
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
-from transformers import LlamaConfig
 
 import cubepack
 import cubepack.mlx
@@ -52,10 +51,7 @@ def main() -> None:
     lengths = (16,) if args.smoke else (64, 256, 512)
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-runtimes-"))
     try:
-        config = LlamaConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=hidden,
-                             intermediate_size=hidden * 2, num_hidden_layers=layers,
-                             num_attention_heads=8, num_key_value_heads=4,
-                             max_position_embeddings=4096)
+        config = llama_config(layers, hidden)
         folder = tiny.build_model(root / "model", config, seed=0, tokenizer=tiny.build_tokenizer())
         _conversion_cost(root, folder, layers, hidden, tokens, repeats)
         _cross_runtime_error(root, lengths)
