@@ -193,8 +193,20 @@ class _Staged:
 def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
                      policy: TrustPolicy) -> None:
     """Install a verified cube's activation memory into ``act_mem``: KV caches into a memory
-    whose LLM runs here, a vLLM cube's prompts into one whose LLM is a server."""
-    if hasattr(act_mem.llm, "model"):
+    whose LLM runs here, a vLLM cube's prompts into one whose LLM is a server; either into the
+    other kind is refused (it would leave the memory silently empty)."""
+    local = hasattr(act_mem.llm, "model")
+    prompts = constants.PROMPTS_FILE in lock["files"]
+    if local and prompts and not lock["activations"]:
+        raise UnsupportedError(f"{cube_dir} holds vLLM prompts ({constants.PROMPTS_FILE}), but "
+                               f"{type(act_mem).__name__}'s LLM runs here and takes KV caches; "
+                               "load it into a VLLMKVCacheMemory (act_mem backend "
+                               "vllm_kv_cache).")
+    if not local and lock["activations"]:
+        raise UnsupportedError(f"{cube_dir} holds KV caches, but {type(act_mem).__name__} "
+                               "holds prompt strings for a vLLM server; load it into a "
+                               "KVCacheMemory.")
+    if local:
         load_packed(act_mem, cube_dir, lock, report, policy)
     else:
         load_prompts(act_mem, cube_dir, lock, report)

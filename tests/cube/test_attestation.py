@@ -40,16 +40,6 @@ def keys(tmp_path_factory):
             "mallory": make_key(folder, "mallory")}
 
 
-@pytest.fixture(scope="module")
-def packed(packed_cube_factory):
-    return packed_cube_factory()
-
-
-@pytest.fixture
-def cube(packed, tmp_path):
-    return copy_of(packed, tmp_path)
-
-
 def read_lock(cube: Path) -> dict:
     return lockfile.parse((cube / LOCK).read_bytes())
 
@@ -311,12 +301,18 @@ def test_an_ancestor_signed_by_an_untrusted_key_is_refused(cube, keys, tmp_path)
     assert attestation.key_id(keys["mallory"][1])[:16] in link.found
 
 
+def signed_stranger(packed_cube_factory, tmp_path, key):
+    """Another cube (other caches), signed: a genuine envelope of the wrong lock."""
+    stranger = copy_of(packed_cube_factory({"other": [5, 6, 7, 8]}), tmp_path / "stranger")
+    cubepack.sign(stranger, key)
+    return stranger
+
+
 def test_a_parent_link_naming_another_lock_is_refused(chain, keys, tmp_path, packed_cube_factory):
     """The grandchild's ancestors hold a genuine, trusted envelope, but of another cube than
     the one its lineage names."""
     root, child, _ = chain
-    stranger = copy_of(packed_cube_factory({"other": [5, 6, 7, 8]}), tmp_path / "stranger")
-    cubepack.sign(stranger, keys["alice"][0])
+    stranger = signed_stranger(packed_cube_factory, tmp_path, keys["alice"][0])
     forged = derive(child, tmp_path / "forged", ancestors=[envelope_of(stranger),
                                                            envelope_of(root)])
     cubepack.sign(forged, keys["alice"][0])
@@ -329,8 +325,7 @@ def test_a_parent_link_naming_another_lock_is_refused(chain, keys, tmp_path, pac
 
 def test_a_broken_link_higher_up_is_named(chain, keys, tmp_path, packed_cube_factory):
     root, child, _ = chain
-    stranger = copy_of(packed_cube_factory({"other": [5, 6, 7, 8]}), tmp_path / "stranger")
-    cubepack.sign(stranger, keys["alice"][0])
+    stranger = signed_stranger(packed_cube_factory, tmp_path, keys["alice"][0])
     forged = derive(child, tmp_path / "forged", ancestors=[envelope_of(child),
                                                            envelope_of(stranger)])
     cubepack.sign(forged, keys["alice"][0])

@@ -36,18 +36,8 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def packed(packed_cube_factory):
-    return packed_cube_factory()
-
-
-@pytest.fixture(scope="module")
 def other_packed(packed_cube_factory):
     return packed_cube_factory({"item-9": [40, 41, 42]})
-
-
-@pytest.fixture
-def cube(packed, tmp_path):
-    return copy_of(packed, tmp_path)
 
 
 def checks(report, name):

@@ -19,7 +19,7 @@ from cubepack.cube._signing import verify_signature, write_signature
 from cubepack.hub import pull, push
 from cubepack.testing.hub import InstrumentedHub
 
-from helpers import build_cache, copy_of, make_key, reseal_lock, tree_bytes
+from helpers import build_cache, make_key, reseal_lock, tree_bytes
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +27,6 @@ def keys(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keys")
     return {"alice": make_key(folder, "alice"), "bob": make_key(folder, "bob", "p384"),
             "ed": make_key(folder, "ed", "ed25519")}
-
-
-@pytest.fixture(scope="module")
-def packed(packed_cube_factory):
-    return packed_cube_factory()
-
-
-@pytest.fixture
-def cube(packed, tmp_path):
-    return copy_of(packed, tmp_path)
 
 
 def signature_check(report):

@@ -12,17 +12,7 @@ import cubepack
 from cubepack import VerificationFailed
 from cubepack._util import constants
 
-from helpers import build_cache, copy_of, reseal_lock, run_torch_free
-
-
-@pytest.fixture(scope="module")
-def packed(packed_cube_factory):
-    return packed_cube_factory()
-
-
-@pytest.fixture
-def cube(packed, tmp_path):
-    return copy_of(packed, tmp_path)
+from helpers import build_cache, reseal_lock, run_torch_free
 
 
 def refused(cube, **kwargs):

@@ -11,17 +11,11 @@ import pytest
 import cubepack
 from cubepack import UsageError, VerificationFailed
 from cubepack.hub import pull, push
-from cubepack.testing.hub import InstrumentedHub
 
+from data import HUB_TOKEN
 from helpers import make_adapter
 
-TOKEN = "writer-token"
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
-        yield server
+TOKEN = HUB_TOKEN
 
 
 @pytest.fixture

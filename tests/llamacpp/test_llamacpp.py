@@ -77,12 +77,16 @@ def test_transformers_reproduces_what_llama_cpp_computed(llms, gguf_zoo, tmp_pat
           f"logits {result.max_logit_error:.3g}")
 
 
-def test_another_model_is_refused_at_import(llms, gguf_zoo, zoo, tmp_path):
-    llm = llms["b"]
+def session_after_prefill(llm, path):
+    """llama.cpp's own session bytes after it prefilled IDS, written to ``path``."""
     llm.reset()
     llm.eval(IDS)
-    session = tmp_path / "b.bin"
-    session.write_bytes(llamacpp._runtime.session_of(llm))
+    path.write_bytes(llamacpp._runtime.session_of(llm))
+    return path
+
+
+def test_another_model_is_refused_at_import(llms, gguf_zoo, zoo, tmp_path):
+    session = session_after_prefill(llms["b"], tmp_path / "b.bin")
     with pytest.raises(RecomputationFailed, match="is not this model's"):
         llamacpp.import_state(session, gguf_zoo["b-f32"], gguf_zoo["hf-a"], recompute=True)
     with pytest.raises(IdentityMismatch, match="num_layers"):
@@ -165,11 +169,7 @@ def test_a_transformers_cache_is_accepted_only_once_llama_cpp_reproduces_it(llms
 
 
 def test_the_cli_imports_and_exports(llms, gguf_zoo, tmp_path, run):
-    llm = llms["a"]
-    llm.reset()
-    llm.eval(IDS)
-    session = tmp_path / "s.bin"
-    session.write_bytes(llamacpp._runtime.session_of(llm))
+    session = session_after_prefill(llms["a"], tmp_path / "s.bin")
     done = run("import", "llamacpp", session, "--gguf", gguf_zoo["a-f32"], "--model",
                gguf_zoo["hf-a"], "--json")
     imported = json.loads(done.stdout)

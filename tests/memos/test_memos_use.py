@@ -205,7 +205,7 @@ def test_producer_records_are_enforced_on_unpacked_loads(zoo, tmp_path, record):
 # --- vLLM cubes ---------------------------------------------------------------------------------
 
 def test_vllm_cubes_pack_with_their_prompts_and_load_only_into_the_pinned_model(
-        zoo, hub_cached, tmp_path, monkeypatch):
+        zoo, hub_cached, packed, tmp_path, monkeypatch):
     from memos.memories.activation.item import VLLMKVCacheItem
 
     from memos_format import memos_config
@@ -233,6 +233,14 @@ def test_vllm_cubes_pack_with_their_prompts_and_load_only_into_the_pinned_model(
         assert sorted(i.memory for i in memory.get_all()) == ["<prompt 0>", "<prompt 1>"]
         with pytest.raises(IdentityMismatch, match="another model"):
             vllm_memory("other-org/other-model").load(str(folder))
+        # a memory of the other kind is refused, never left empty
+        from memos.mem_cube.general import GeneralMemCube
+
+        local = GeneralMemCube(cube_config(hub_cached["snapshot"])).act_mem
+        with pytest.raises(cubepack.UnsupportedError, match="holds vLLM prompts"):
+            local.load(str(folder))
+        with pytest.raises(cubepack.UnsupportedError, match="holds KV caches"):
+            vllm_memory(hub_cached["repo_id"]).load(str(packed))
     finally:
         hook.uninstall()
 
