@@ -20,6 +20,7 @@ UV_VERSION := 0.13.9
 UV_BOOT    := $(VENV)/tools/bin/uv
 UV         ?= $(UV_BOOT)
 TEST_JOBS  ?= 2
+TEST_WORKERS ?= 2
 TEST_ARGS  ?=
 SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
 # Only the uv this Makefile installs is a prerequisite, through a stamp made by one attempt
@@ -33,7 +34,8 @@ UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 test: setup
 	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) --only mlx=tests/mlx \
 	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python \
-	  mlx=$(VENV)/mlx/bin/python -- -q -p no:cacheprovider $(TEST_ARGS)
+	  mlx=$(VENV)/mlx/bin/python -- -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	  $(TEST_ARGS)
 
 test-latest: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pytest -q
