@@ -19,6 +19,7 @@ import cubepack
 from cubepack.cli import cli as click_group
 from cubepack.testing.hub import upload_folder
 
+from envs import chain_once
 from helpers import as_format_1, copy_of, make_key
 
 
@@ -169,6 +170,7 @@ def test_inspect_names_other_binary_formats_too(tmp_path, data, says):
     assert says in str(caught.value) and "byte header" not in str(caught.value)
 
 
+@chain_once
 def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, hub):
     kv = next((cube / "activations").glob("*.kv.safetensors"))
     key, public = make_key(tmp_path, "signer")
@@ -223,6 +225,7 @@ def test_a_pull_with_a_bad_ref_places_nothing(run, spec, hub):
 
 # --- the fixes refusals suggest work, run as suggested ------------------------------------------
 
+@chain_once
 def test_a_local_model_path_refused_at_push_is_fixed_by_the_pack_it_suggests(run, cube, zoo, hub):
     upload_folder(hub.url, "ns/model-a", zoo["a"])
     done = run("push", cube, "ns/cube")
@@ -235,6 +238,7 @@ def test_a_local_model_path_refused_at_push_is_fixed_by_the_pack_it_suggests(run
     assert again.returncode == 0, again.stderr
 
 
+@chain_once
 def test_an_unpacked_memos_cube_refused_at_verify_is_fixed_by_the_pack_it_suggests(
         run, zoo, models, tmp_path):
     import torch
@@ -252,6 +256,7 @@ def test_an_unpacked_memos_cube_refused_at_verify_is_fixed_by_the_pack_it_sugges
     assert run("verify", folder).returncode == 0
 
 
+@chain_once
 def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, models, tmp_path):
     """A MemOS pickle (no token ids) of a cache MemOS's own chat-template prefill made: the
     refusals lead, run as printed, to re-packing with --recompute and verifying with it."""
@@ -282,6 +287,7 @@ def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, model
     assert again.returncode == 0, again.stdout[-2000:]
 
 
+@chain_once
 def test_a_text_export_without_config_is_packed_as_suggested(run, tmp_path):
     export = tmp_path / "export"
     export.mkdir()
@@ -303,6 +309,7 @@ def a_new_commit_of_model_a(hub, zoo, tmp_path):
     return upload_folder(hub.url, "ns/model-a", moved)
 
 
+@chain_once
 def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, zoo, hub,
                                                                      tmp_path):
     first = upload_folder(hub.url, "ns/model-a", zoo["a"])
@@ -327,6 +334,7 @@ def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, 
     assert moved.returncode == 0 and f"@{second} (moved: was ns/model-a@{first})" in moved.stdout
 
 
+@chain_once
 def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo, hub, tmp_path):
     """``pack --revision R`` without --model re-pins the recorded model at R (it kept the old
     pin, silently); a producer named by a plain folder has no revision to pick: exit 2."""

@@ -18,7 +18,10 @@ import yaml
 import cubepack
 from cubepack._util import constants
 
+from envs import chain_once
 from helpers import build_cache
+
+pytestmark = chain_once
 
 DOCS = {"handbook": [1, 17, 42, 7, 99, 5], "faq": [3, 4, 5, 6, 200]}
 

@@ -13,6 +13,8 @@ from cubepack.llamacpp import export_state, import_state
 from cubepack.llamacpp._convert import session_layers, state_bytes
 from cubepack.llamacpp._layout import read_session, session_bytes
 
+from envs import chain_once
+
 IDS = [3, 17, 42, 9, 250, 11, 64]
 
 
@@ -73,6 +75,7 @@ def test_a_state_of_another_architecture_is_unsupported(zoo, tmp_path):
         import_state(session, gguf, zoo["a"])
 
 
+@chain_once
 def test_the_cli_round_trip_without_llama_cpp(kv, zoo, tmp_path, run):
     import json
 

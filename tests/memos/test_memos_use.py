@@ -372,5 +372,8 @@ def test_what_memos_own_tests_found_behaves_as_plain_memos(installed, packed, zo
     assert (tmp_path / "own-dump-called").read_text() == str(tmp_path / "dump")
     mos = mos_for(zoo["a"], zoo["a"], kind="MOSCore")
     cube_id = f"own-{tmp_path.name}"  # MemOS's user database outlives one test
-    mos.register_mem_cube(str(packed), mem_cube_id=cube_id)
-    assert mos.user_manager.get_cube(cube_id).cube_path == str(packed)
+    try:
+        mos.register_mem_cube(str(packed), mem_cube_id=cube_id)
+        assert mos.user_manager.get_cube(cube_id).cube_path == str(packed)
+    finally:  # a later MOS of user u1 would chat over this cube's entry and fail (KeyError)
+        mos.user_manager.delete_cube(cube_id)
