@@ -2,7 +2,8 @@
 JSON object on stdout with ``ok`` (and on failure ``error: {type, message, exit_code}``, the
 exit code); malformed ids, revisions and tag names exit 2 before any work; the fixes a refusal
 suggests work when run as suggested; a re-pack keeps the recorded pin. Real CLI processes
-against a local endpoint in its own process."""
+against a local endpoint, except in the chains of fixes (``chain``: the CLI's entry point in
+this process, with the environment a process would have), whose subject is the advice."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from cubepack.cli import cli as click_group
 from cubepack.testing.hub import upload_folder
 
 from envs import chain_once
-from helpers import as_format_1, copy_of, make_key
+from helpers import as_format_1, cli_in_process, copy_of, make_key
 
 
 @pytest.fixture
@@ -37,6 +38,17 @@ def run(hub, tmp_path):
     cubepack_cli.work = work
     cubepack_cli.env = env
     return cubepack_cli
+
+
+@pytest.fixture
+def chain(run):
+    """``run``'s commands (its environment and folder) through the CLI's entry point in this
+    process: for chains of commands, where loading torch and transformers in a new process per
+    step would be most of the test's time."""
+    def cubepack_in_process(*args):
+        return cli_in_process(args, env=run.env, cwd=run.work)
+    cubepack_in_process.work = run.work
+    return cubepack_in_process
 
 
 def one_json(done) -> dict:
@@ -226,21 +238,22 @@ def test_a_pull_with_a_bad_ref_places_nothing(run, spec, hub):
 # --- the fixes refusals suggest work, run as suggested ------------------------------------------
 
 @chain_once
-def test_a_local_model_path_refused_at_push_is_fixed_by_the_pack_it_suggests(run, cube, zoo, hub):
+def test_a_local_model_path_refused_at_push_is_fixed_by_the_pack_it_suggests(chain, cube, zoo,
+                                                                             hub):
     upload_folder(hub.url, "ns/model-a", zoo["a"])
-    done = run("push", cube, "ns/cube")
+    done = chain("push", cube, "ns/cube")
     assert done.returncode == 2 and "--model OWNER/MODEL" in done.stderr
-    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    assert chain("pack", cube, "--model", "ns/model-a").returncode == 0
     config = json.loads((cube / "config.json").read_text())
     assert config["act_mem"]["config"]["extractor_llm"]["config"][
         "model_name_or_path"] == "ns/model-a"
-    again = run("push", cube, "ns/cube")
+    again = chain("push", cube, "ns/cube")
     assert again.returncode == 0, again.stderr
 
 
 @chain_once
 def test_an_unpacked_memos_cube_refused_at_verify_is_fixed_by_the_pack_it_suggests(
-        run, zoo, models, tmp_path):
+        chain, zoo, models, tmp_path):
     import torch
 
     from helpers import build_cache
@@ -248,16 +261,16 @@ def test_an_unpacked_memos_cube_refused_at_verify_is_fixed_by_the_pack_it_sugges
 
     folder = write_cube(tmp_path / "plain", str(zoo["a"]),
                         {"item": build_cache(models["a"], torch.tensor([[5, 6, 7, 8]]))})
-    done = run("verify", folder)
+    done = chain("verify", folder)
     assert done.returncode != 0
     suggestion = "cubepack pack"
     assert suggestion in done.stdout + done.stderr
-    assert run("pack", folder, "--legacy-pickle").returncode == 0
-    assert run("verify", folder).returncode == 0
+    assert chain("pack", folder, "--legacy-pickle").returncode == 0
+    assert chain("verify", folder).returncode == 0
 
 
 @chain_once
-def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, models, tmp_path):
+def test_require_provenance_refusal_is_fixed_by_what_it_suggests(chain, zoo, models, tmp_path):
     """A MemOS pickle (no token ids) of a cache MemOS's own chat-template prefill made: the
     refusals lead, run as printed, to re-packing with --recompute and verifying with it."""
     import torch
@@ -272,31 +285,32 @@ def test_require_provenance_refusal_is_fixed_by_what_it_suggests(run, zoo, model
     ids = memos_prompt_ids(AutoTokenizer.from_pretrained(zoo["a"]), text)
     cube = write_cube(tmp_path / "memos", str(zoo["a"]),
                       {"tea": build_cache(models["a"], torch.tensor([ids]))}, texts={"tea": text})
-    assert run("pack", cube, "--legacy-pickle").returncode == 0
-    done = run("verify", cube, "--require-provenance", "recomputed")
+    assert chain("pack", cube, "--legacy-pickle").returncode == 0
+    done = chain("verify", cube, "--require-provenance", "recomputed")
     assert done.returncode == 1
     suggested = f"cubepack verify {cube} --recompute --model MODEL --require-provenance recomputed"
     assert suggested in done.stdout
-    again = run(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
+    again = chain(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
     if again.returncode:  # an activation without token ids: the refusal says to re-pack first
         repack = "cubepack pack CUBE --recompute --model MODEL"
         assert repack in again.stdout
-        done = run(*repack.replace("CUBE", str(cube)).replace("MODEL", str(zoo["a"])).split()[1:])
+        fix = repack.replace("CUBE", str(cube)).replace("MODEL", str(zoo["a"]))
+        done = chain(*fix.split()[1:])
         assert done.returncode == 0, done.stderr
-        again = run(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
+        again = chain(*suggested.replace("MODEL", str(zoo["a"])).split()[1:])
     assert again.returncode == 0, again.stdout[-2000:]
 
 
 @chain_once
-def test_a_text_export_without_config_is_packed_as_suggested(run, tmp_path):
+def test_a_text_export_without_config_is_packed_as_suggested(chain, tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     (export / "notes.md").write_text("What the team knows.\n")
     (export / "textual_memory.json").write_text(json.dumps({"nodes": [], "edges": []}))
-    done = run("pack", export)
+    done = chain("pack", export)
     assert done.returncode == 2 and "--cube-id OWNER/NAME" in done.stderr
-    assert run("pack", export, "--cube-id", "ns/notes").returncode == 0
-    assert run("verify", export).returncode == 0
+    assert chain("pack", export, "--cube-id", "ns/notes").returncode == 0
+    assert chain("verify", export).returncode == 0
 
 
 # --- pins are remembered ------------------------------------------------------------------------
@@ -310,48 +324,49 @@ def a_new_commit_of_model_a(hub, zoo, tmp_path):
 
 
 @chain_once
-def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(run, cube, zoo, hub,
+def test_a_repack_keeps_the_pin_and_a_changed_name_needs_model_again(chain, cube, zoo, hub,
                                                                      tmp_path):
     first = upload_folder(hub.url, "ns/model-a", zoo["a"])
-    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    assert chain("pack", cube, "--model", "ns/model-a").returncode == 0
     second = a_new_commit_of_model_a(hub, zoo, tmp_path)
     assert second != first
     key, _ = make_key(tmp_path, "signer")
-    signed = run("pack", cube, "--sign-key", key)  # signing changes no pin
+    signed = chain("pack", cube, "--sign-key", key)  # signing changes no pin
     assert signed.returncode == 0 and "moved" not in signed.stdout
     pins = yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]
     assert pins["act_mem"]["repo_id"] == "ns/model-a" and pins["act_mem"]["revision"] == first
     config = json.loads((cube / "config.json").read_text())
     config["act_mem"]["config"]["extractor_llm"]["config"]["model_name_or_path"] = "ns/model-b"
     (cube / "config.json").write_text(json.dumps(config))
-    done = run("pack", cube)
+    done = chain("pack", cube)
     assert done.returncode == 2
     assert f"ns/model-a@{first}" in done.stderr and "--model ns/model-b" in done.stderr
     assert cubepack.verify(cube, raise_on_failure=False).ok is False  # unchanged: still edited
     config["act_mem"]["config"]["extractor_llm"]["config"]["model_name_or_path"] = "ns/model-a"
     (cube / "config.json").write_text(json.dumps(config))
-    moved = run("pack", cube, "--model", "ns/model-a")  # asked for: main, now the new commit
+    moved = chain("pack", cube, "--model", "ns/model-a")  # asked for: main, now the new commit
     assert moved.returncode == 0 and f"@{second} (moved: was ns/model-a@{first})" in moved.stdout
 
 
 @chain_once
-def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(run, cube, zoo, hub, tmp_path):
+def test_a_revision_alone_moves_the_pin_and_a_folder_refuses_one(chain, cube, zoo, hub,
+                                                                 tmp_path):
     """``pack --revision R`` without --model re-pins the recorded model at R (it kept the old
     pin, silently); a producer named by a plain folder has no revision to pick: exit 2."""
     before = (cube / "cubepack.lock").read_bytes()
-    done = run("pack", cube, "--revision", "main", "--json")
+    done = chain("pack", cube, "--revision", "main", "--json")
     assert one_json(done)["error"]["type"] == "UsageError" and "--revision" in done.stdout
     assert (cube / "cubepack.lock").read_bytes() == before
     first = upload_folder(hub.url, "ns/model-a", zoo["a"])
-    assert run("pack", cube, "--model", "ns/model-a").returncode == 0
+    assert chain("pack", cube, "--model", "ns/model-a").returncode == 0
     second = a_new_commit_of_model_a(hub, zoo, tmp_path)
 
     def pinned():
         return yaml.safe_load((cube / "cubepack.yaml").read_text())["models"]["act_mem"]["revision"]
 
-    assert run("pack", cube, "--revision", "main").returncode == 0 and pinned() == second
-    assert run("pack", cube).returncode == 0 and pinned() == second  # remembered again
-    assert run("pack", cube, "--revision", first).returncode == 0 and pinned() == first
+    assert chain("pack", cube, "--revision", "main").returncode == 0 and pinned() == second
+    assert chain("pack", cube).returncode == 0 and pinned() == second  # remembered again
+    assert chain("pack", cube, "--revision", first).returncode == 0 and pinned() == first
 
 
 def test_json_mode_is_what_click_parsed_not_a_word_on_the_line(run, tmp_path):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ import cubepack
 from cubepack._util import constants
 
 from envs import chain_once
-from helpers import build_cache
+from helpers import build_cache, cli_in_process
 
 pytestmark = chain_once
 
@@ -33,10 +31,8 @@ def cli(hub, tmp_path):
     env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=os.environ["HF_HUB_CACHE"],
                HF_HUB_DISABLE_PROGRESS_BARS="1")
 
-    def run(*args):
-        done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args), "--json"],
-                              env=env, cwd=work, capture_output=True, text=True, timeout=300,
-                              check=False)
+    def run(*args):  # in this process: the flow is the subject, not a process's start-up
+        done = cli_in_process([*args, "--json"], env=env, cwd=work)
         data = json.loads(done.stdout)
         assert data["ok"] == (done.returncode == 0), done.stderr
         return done.returncode, data

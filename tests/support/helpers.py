@@ -195,3 +195,56 @@ def make_adapter(base_folder, out, *, seed: int = 7, **config):
               "init_lora_weights": False, **config}
     get_peft_model(tiny.load(base_folder), LoraConfig(**config)).save_pretrained(str(out))
     return out
+
+
+#: huggingface_hub settings it reads from the environment once, at import: what a new process
+#: given these variables would have (``cli_in_process`` sets them for the call).
+_HUB_SETTINGS = {"HF_ENDPOINT": "ENDPOINT", "HF_HUB_CACHE": "HF_HUB_CACHE",
+                 "HF_HUB_DISABLE_XET": "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE": "HF_HUB_OFFLINE"}
+
+
+def cli_in_process(args, *, env: dict[str, str], cwd):
+    """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
+    ``cwd`` as a new process would have them (the environment, and huggingface_hub's
+    import-time settings derived from it): returncode, stdout and stderr, as
+    ``subprocess.run`` gives them. For chains of commands whose subject is how the commands fit
+    together (a refusal's advice, run as printed); a process's own behaviour (its output
+    streams, exit, signals) is tested with real processes."""
+    import contextlib
+    import io
+    import os
+    import subprocess
+
+    from huggingface_hub import constants
+
+    from cubepack.cli import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved = {name: getattr(constants, name) for name in (*_HUB_SETTINGS.values(),
+                                                          "HUGGINGFACE_CO_URL_TEMPLATE")}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        for variable, name in _HUB_SETTINGS.items():
+            if variable not in env:
+                continue
+            value = env[variable]
+            if name == "ENDPOINT":
+                value = value.rstrip("/")
+            elif name != "HF_HUB_CACHE":  # a flag, read as huggingface_hub reads it
+                value = value.upper() in {"1", "ON", "YES", "TRUE"}
+            setattr(constants, name, value)
+        constants.HUGGINGFACE_CO_URL_TEMPLATE = \
+            constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}"
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(arg) for arg in args])
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for name, value in saved.items():
+            setattr(constants, name, value)
+    return subprocess.CompletedProcess(["cubepack", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
