@@ -10,7 +10,7 @@
 # `make UV=` builds them with pip instead, as happens by itself when uv cannot be installed;
 # `make UV=uv` uses a uv of your own. `make test` runs the suites two at a time, the short mlx
 # one last (TEST_JOBS=1: one after the other), each logged to $(VENV)/NAME-tests.log and
-# printed whole when it ends;
+# printed whole when it ends; each suite's pytest on TEST_WORKERS xdist workers (default 2);
 # TEST_ARGS adds pytest arguments (e.g. TEST_ARGS=tests/kv).
 PYTHON     ?= python3
 VENV       ?= .venv
