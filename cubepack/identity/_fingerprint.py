@@ -281,10 +281,10 @@ def fingerprint_inputs(names: list[str]) -> list[str]:
     return ["config.json", *wanted, *adapters]
 
 
-@functools.lru_cache(maxsize=1)
-def _installed_versions() -> tuple[tuple[str, str], ...]:
+@functools.lru_cache(maxsize=None)
+def _installed_versions(packages: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     versions = []
-    for package in ("cubepack", "transformers", "torch", "safetensors", "tokenizers"):
+    for package in packages:
         try:
             versions.append((package, importlib_metadata.version(package)))
         except importlib_metadata.PackageNotFoundError:
@@ -292,9 +292,15 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
     return tuple(versions)
 
 
+def installed_versions(*packages: str) -> dict[str, str]:
+    """The installed versions of ``packages`` (those installed), read once per process: each
+    read parses a package's metadata file (milliseconds, per conversion otherwise)."""
+    return dict(_installed_versions(packages))
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that shape a cache (informational; read once per process)."""
-    return dict(_installed_versions())
+    return installed_versions("cubepack", "transformers", "torch", "safetensors", "tokenizers")
 
 
 def adapters_from_folder(folder: Path) -> str | None:

@@ -17,14 +17,13 @@ Neither runs a model.
 from __future__ import annotations
 
 import os
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.hashing import hash_files, sha256_file, shared_cache
 from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
-from ..identity._fingerprint import fingerprint
+from ..identity._fingerprint import fingerprint, installed_versions
 from ..identity._identity import ModelIdentity
 from ..kv._format import FULL, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -41,10 +40,8 @@ PIN_FORMAT = "cubepack-llamacpp-pin"
 
 def runtime_record() -> str:
     """``llama.cpp (llama-cpp-python X.Y)``, or ``llama.cpp`` when it is not installed."""
-    try:
-        return f"{RUNTIME} (llama-cpp-python {importlib_metadata.version('llama_cpp_python')})"
-    except importlib_metadata.PackageNotFoundError:
-        return RUNTIME
+    version = installed_versions("llama_cpp_python").get("llama_cpp_python")
+    return f"{RUNTIME} (llama-cpp-python {version})" if version else RUNTIME
 
 
 def gguf_pin(gguf: str | os.PathLike[str]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,11 @@ from .._util import constants
 from .._util.hashing import HashCache
 from .._util.safetensors_header import DTYPE_TAGS
 from ..errors import IdentityMismatch, UnsupportedError, UsageError
-from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..identity._fingerprint import (
+    fingerprint,
+    installed_versions,
+    resolve_model_folder,
+)
 from ..identity._identity import ModelIdentity
 from ..kv._format import FULL, KVFileInfo, check_kv_info, kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -35,13 +38,7 @@ RUNTIME = "mlx-lm"
 
 def runtime_versions() -> dict[str, str]:
     """The installed MLX runtime's versions (informational, in a producer's ``versions``)."""
-    found = {}
-    for package in ("cubepack", "mlx", "mlx-lm"):
-        try:
-            found[package] = importlib_metadata.version(package)
-        except importlib_metadata.PackageNotFoundError:
-            continue
-    return found
+    return installed_versions("cubepack", "mlx", "mlx-lm")
 
 
 def runtime_record() -> str:
