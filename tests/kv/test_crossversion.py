@@ -22,22 +22,36 @@ from helpers import continue_greedy
 OTHER = os.environ.get("CUBEPACK_OTHER_PYTHON")
 
 
-@pytest.mark.skipif(not OTHER, reason="CUBEPACK_OTHER_PYTHON not set (make test sets it)")
-@pytest.mark.parametrize("name", ["a", "hybrid"])
-def test_file_from_other_environment_loads_bit_exactly(zoo, models, tmp_path, name):
+NAMES = ("a", "hybrid")
+
+
+@pytest.fixture(scope="module")
+def written(zoo, tmp_path_factory):
+    """Each model's files, written by the other environment (one process for all) and the
+    transformers version it ran."""
     writer = Path(__file__).parents[1] / "support" / "crossversion_writer.py"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(writer.parent), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([OTHER, str(writer), str(zoo[name]), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(writer.parent),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    folders = {name: tmp_path_factory.mktemp(f"other-{name}") for name in NAMES}
+    pairs = [str(part) for name in NAMES for part in (zoo[name], folders[name])]
+    done = subprocess.run([OTHER, str(writer), *pairs], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    other_version = done.stdout.strip().splitlines()[-1]
+    return folders, done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not OTHER, reason="CUBEPACK_OTHER_PYTHON not set (make test sets it)")
+@pytest.mark.parametrize("name", NAMES)
+def test_file_from_other_environment_loads_bit_exactly(written, models, name):
+    folders, other_version = written
+    folder = folders[name]
     assert other_version.split(".")[0] != transformers.__version__.split(".")[0]
 
     model = models[name]
-    assert json.loads((tmp_path / "identity.json").read_text()) == \
+    assert json.loads((folder / "identity.json").read_text()) == \
         json.loads(json.dumps(cubepack.fingerprint(model).strict()))
-    cache = cubepack.load_kv_cache(tmp_path / "cache.kv.safetensors", model)
+    cache = cubepack.load_kv_cache(folder / "cache.kv.safetensors", model)
     assert cache.get_seq_length() == 10
-    expected = load_file(str(tmp_path / "logits.safetensors"))
+    expected = load_file(str(folder / "logits.safetensors"))
     mine = continue_greedy(model, cache, 30, 6)
     assert all(expected[f"step{i}"].equal(step) for i, step in enumerate(mine))

@@ -1,7 +1,8 @@
 """Run by another Python environment: write a KV file and its continuation logits.
 
-Usage: python crossversion_writer.py MODEL_DIR OUT_DIR
-Writes OUT_DIR/cache.kv.safetensors, OUT_DIR/logits.safetensors and OUT_DIR/identity.json.
+Usage: python crossversion_writer.py MODEL_DIR OUT_DIR [MODEL_DIR OUT_DIR ...]
+Writes OUT_DIR/cache.kv.safetensors, OUT_DIR/logits.safetensors and OUT_DIR/identity.json for
+each pair (one process for all: starting one costs more than the writing).
 """
 
 import json
@@ -17,11 +18,12 @@ from cubepack.testing import tiny
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import build_cache, continue_greedy
 
-model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-model = tiny.load(model_dir)
-cache = build_cache(model, torch.arange(2, 12)[None])
-cubepack.save_kv_cache(cache, out / "cache.kv.safetensors", producer=model)
-logits = continue_greedy(model, cache, 30, 6)
-save_file({f"step{i}": t.contiguous() for i, t in enumerate(logits)}, str(out / "logits.safetensors"))
-(out / "identity.json").write_text(json.dumps(cubepack.fingerprint(model).strict()))
+for model_dir, out in zip(map(Path, sys.argv[1::2]), map(Path, sys.argv[2::2])):
+    model = tiny.load(model_dir)
+    cache = build_cache(model, torch.arange(2, 12)[None])
+    cubepack.save_kv_cache(cache, out / "cache.kv.safetensors", producer=model)
+    logits = continue_greedy(model, cache, 30, 6)
+    save_file({f"step{i}": t.contiguous() for i, t in enumerate(logits)},
+              str(out / "logits.safetensors"))
+    (out / "identity.json").write_text(json.dumps(cubepack.fingerprint(model).strict()))
 print(__import__("transformers").__version__)
