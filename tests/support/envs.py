@@ -3,10 +3,10 @@
 Tests of code that runs the same in both (cubepack's own parsers, formats and tools, with no Hub
 client, transformers or MemOS code path under test) run once: in the latest environment; the
 import-graph rules, which mean most where every package is installed, in the memos one.
-End-to-end chains of CLI processes (a refusal, the fix it suggests, the command again; a bundle
-packed, pushed, pulled and loaded) run once too: each command in them is tested in both
-environments in-process, and a chain's subject is how the commands fit together, which is
-cubepack's own code."""
+End-to-end chains of CLI commands (a refusal, the fix it suggests, the command again; a bundle
+packed, pushed, pulled and loaded; a KV file imported and exported) run once too (``chain_once``):
+what each command does is tested in both environments by its own tests, and a chain's subject is
+how the commands fit together, which is cubepack's own code."""
 
 from __future__ import annotations
 
