@@ -6,7 +6,7 @@ packed by ``cubepack pack`` in a child process; its peak RSS (``ru_maxrss``) is 
 the pickle's size, and with the peak of a child that only imports what pack imports (torch,
 transformers, cubepack), so the interpreter's own share is visible. Target: peak <= 1.5x the
 pickle + 300 MB (pack reads the pickle item by item: one item's tensors decoded at a time).
-Not a test (``--smoke`` runs 20 MB in seconds, as CI does).
+Not a test (``--smoke`` runs 4 MB in seconds, as CI does).
 
 Run: .venv/latest/bin/python bench/pack_memory.py [--mb 300] [--smoke]
 """
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=300)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    megabytes = 20 if args.smoke else args.mb
+    megabytes = 4 if args.smoke else args.mb
     work = Path(tempfile.mkdtemp(prefix="cubepack-bench-pack-"))
     try:
         cube = build(work, megabytes)

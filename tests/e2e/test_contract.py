@@ -183,7 +183,16 @@ def test_inspect_names_other_binary_formats_too(tmp_path, data, says):
 
 
 @chain_once
-def test_every_command_succeeds_with_one_json_object(run, cube, zoo, tmp_path, hub):
+def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path, hub, capfd):
+    """Each command's success, through the CLI's entry point in this process (its failures,
+    above, each run as a real process): its stdout is one JSON object, and nothing else
+    reached the process's file descriptors 1 and 2 (a library writing past Python)."""
+    def run(*args):
+        done = chain(*args)
+        leaked = capfd.readouterr()
+        assert leaked.out == "" and "\r" not in leaked.err, (args, leaked)
+        return done
+
     kv = next((cube / "activations").glob("*.kv.safetensors"))
     key, public = make_key(tmp_path, "signer")
     assert one_json(run("fingerprint", zoo["a"], "--json"))["weights_digest"]

@@ -14,4 +14,5 @@ _spec.loader.exec_module(bench_smoke)
 
 def test_the_runtimes_benchmark_runs_at_smoke_size(tmp_path):
     assert "runtimes.py" in bench_smoke.OTHER_RUNTIMES
-    bench_smoke.run_smoke("runtimes.py", tmp_path)
+    outcomes = bench_smoke.run_smoke(["runtimes.py"], tmp_path)
+    assert outcomes["runtimes.py"][0], outcomes["runtimes.py"][1]
