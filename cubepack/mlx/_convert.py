@@ -111,7 +111,7 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
                     "cubepack import mlx: the model given names the producer; the prompt cache "
                     "records only a name")}}
     item.update(metadata or {})
-    layers = prompt_cache_layers(info)
+    layers = prompt_cache_layers(info, compute=proof is not None)
     if proof is not None:
         proof(layers, ids, info.kv_dtype)
         item.pop("provenance", None)
@@ -154,9 +154,13 @@ def _default_out(path: Path) -> Path:
     return path.with_name(stem + constants.KV_SUFFIX)
 
 
-def prompt_cache_layers(info: PromptCacheInfo) -> list[tuple[str, int, Any, Any]]:
+def prompt_cache_layers(info: PromptCacheInfo, *, compute: bool = True
+                        ) -> list[tuple[str, int, Any, Any]]:
     """(type, cumulative_length, keys, values) per layer: views of a private (copy-on-write)
-    map of the file, cut to the positions in use."""
+    map of the file, cut to the positions in use. mlx_lm pads no header, so its tensors are
+    seldom aligned to their element size: they are copied to aligned memory when ``compute``
+    (the tensors will be computed with); else they stay views, only their shapes read and their
+    bytes written (a 33 MB cache's copy was a fifth of an import)."""
     import numpy
     import torch
 
@@ -168,7 +172,7 @@ def prompt_cache_layers(info: PromptCacheInfo) -> list[tuple[str, int, Any, Any]
         for tensor in (layer.keys, layer.values):
             start = info.header.data_offset + tensor.begin
             raw = mapped[start:info.header.data_offset + tensor.end]
-            raw = torch.from_numpy(raw if info.aligned else numpy.array(raw))  # copy: aligned
+            raw = torch.from_numpy(raw if info.aligned or not compute else numpy.array(raw))
             parts.append(raw.view(dtype).view(tensor.shape)[..., :layer.offset, :])
         layers.append((FULL, layer.offset, parts[0], parts[1]))
     return layers

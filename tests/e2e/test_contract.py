@@ -234,6 +234,18 @@ def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path,
         server.wait()
 
 
+def test_a_real_process_prints_one_json_object_on_success(run, cube, zoo, tmp_path):
+    """The in-process sweep above cannot see what a process prints outside ``main`` (at import,
+    from an exit handler, through a log handler bound to the real stdout): commands that load
+    no model, each in its own process, as a user's script runs them."""
+    assert one_json(run("fingerprint", zoo["a"], "--json"))["weights_digest"]
+    assert one_json(run("verify", cube, "--json"))["checks"]
+    pushed = one_json(run("push", cube, "ns/real", "--allow-local-paths", "--json"))
+    pulled = one_json(run("pull", f"ns/real@{pushed['commit_sha']}", "--local-dir",
+                          tmp_path / "pulled", "--json"))
+    assert pulled["commit_sha"] == pushed["commit_sha"] and pulled["verified"] is True
+
+
 # --- failed means unchanged ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", ["ns/x@../x", "ns/x@", "ns/x@HEAD", "ns/x@a//b", "ns/x@x.lock"])
