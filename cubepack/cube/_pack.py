@@ -292,6 +292,14 @@ def hub_names_for_snapshots(config: dict[str, Any],
     return renamed if changed else None
 
 
+def _public_names(pins: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``pins`` as the cube shows them: a model named by a local path that is a snapshot of a
+    Hub repo (its pin has the repo id and commit) is named by its repo id, as config.json is
+    (:func:`hub_names_for_snapshots`); the path means nothing to whoever pulls the cube."""
+    return {role: {**pin, "name": pin["repo_id"]} if pin.get("repo_id") and pin.get("revision")
+            and is_local_path(pin.get("name")) else pin for role, pin in pins.items()}
+
+
 def is_local_path(name: Any) -> bool:
     """Does a config name a model by a path on this machine (not a Hub id)?"""
     return isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))
@@ -799,6 +807,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
         description="hashing cube").items()}
     adapters = {name: adapters_mod.lock_entry(info, digests, shapes, how)
                 for name, (info, shapes, how) in sorted(fitted.items())}
+    pins = _public_names(pins)
     config_text = cubeconfig.dumps(cubeconfig.build(cube_id=cube_id, models=pins,
                                                     memories=memories, adapters=adapters))
     atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)

@@ -171,3 +171,28 @@ def test_the_hook_loads_a_vllm_cube_downloading_no_weights_and_sends_vllm_the_hu
     assert loaded.act_mem.config.extractor_llm.config.model_name_or_path == REPO
     assert sorted(item.memory for item in loaded.act_mem.get_all()) == sorted(PROMPTS.values())
     assert "served by vllm" in loaded.cubepack.models["act_mem"]
+
+
+def test_a_snapshot_path_is_named_by_its_hub_id_in_everything_pack_writes(hub, zoo, models,
+                                                                          tmp_path):
+    """A cube whose config.json names an HF-cache snapshot folder (how MemOS users load a Hub
+    model): config.json, cubepack.yaml, the lock and the card name the Hub id; the path, which
+    means nothing to whoever pulls the cube and reveals the packer's file system, is nowhere."""
+    import torch
+    from huggingface_hub import snapshot_download
+
+    from helpers import build_cache
+    from memos_format import write_cube
+
+    sha = upload_folder(hub.url, REPO, zoo["a"])
+    folder = snapshot_download(REPO, revision=sha, endpoint=hub.url)
+    cube = write_cube(tmp_path / "cube", folder,
+                      {"item-1": build_cache(models["a"], torch.tensor([[5, 6, 7]]))})
+    result = cubepack.pack(cube, legacy_pickle=True)
+    assert (result.models["act_mem"]["repo_id"], result.models["act_mem"]["revision"]) == (REPO, sha)
+    lock = json.loads((cube / "cubepack.lock").read_text())
+    assert lock["models"]["act_mem"]["name"] == REPO
+    for name in ("config.json", "cubepack.yaml", "cubepack.lock", "README.md"):
+        assert str(folder) not in (cube / name).read_text() and "snapshots" not in \
+            (cube / name).read_text(), name
+    assert cubepack.verify(cube).ok
