@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from envs import once
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
