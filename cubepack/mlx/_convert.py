@@ -20,8 +20,8 @@ from typing import Any
 
 from .._util import constants
 from .._util.hashing import HashCache
-from .._util.safetensors_header import DTYPE_TAGS
-from ..errors import IdentityMismatch, UnsupportedError, UsageError
+from .._util.safetensors_header import DTYPE_SIZES, DTYPE_TAGS
+from ..errors import FormatError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import (
     fingerprint,
     installed_versions,
@@ -156,24 +156,43 @@ def _default_out(path: Path) -> Path:
 
 def prompt_cache_layers(info: PromptCacheInfo, *, compute: bool = True
                         ) -> list[tuple[str, int, Any, Any]]:
-    """(type, cumulative_length, keys, values) per layer: views of a private (copy-on-write)
-    map of the file, cut to the positions in use. mlx_lm pads no header, so its tensors are
-    seldom aligned to their element size: they are copied to aligned memory when ``compute``
-    (the tensors will be computed with); else they stay views, only their shapes read and their
-    bytes written (a 33 MB cache's copy was a fifth of an import)."""
+    """(type, cumulative_length, keys, values) per layer, cut to the positions in use: views of
+    one private copy of the file's data section, read in one pass (a map of the file would be
+    no snapshot: mlx_lm rewrites a prompt cache in place, and a page not yet copied shows the
+    file as it is now, or faults once it is truncated), so what is proved and written is what
+    was read. A tensor not aligned to its element size (mlx_lm pads no header) is copied to
+    aligned memory when ``compute`` (the tensors will be computed with).
+
+    Raises:
+        FormatError: the file changed or shrank while it was read.
+    """
     import numpy
     import torch
 
-    mapped = numpy.memmap(info.path, dtype=numpy.uint8, mode="c")
+    begin, size = info.header.data_offset, info.header.file_size - info.header.data_offset
+    data = numpy.empty(size, dtype=numpy.uint8)
+    with open(info.path, "rb", buffering=0) as handle:
+        before = os.fstat(handle.fileno())
+        handle.seek(begin)
+        view, read = memoryview(data), 0
+        while read < size and (count := handle.readinto(view[read:])):
+            read += count
+        after = os.fstat(handle.fileno())
+    changed = [(a, b) for a, b in ((before.st_size, after.st_size),
+                                   (before.st_mtime_ns, after.st_mtime_ns)) if a != b]
+    if read != size or changed or after.st_size != info.header.file_size:
+        raise FormatError(f"{info.path} changed while it was read (expected "
+                          f"{info.header.file_size} bytes, found {after.st_size}); convert it "
+                          "again once nothing writes it.")
     dtype = getattr(torch, info.kv_dtype)
     layers = []
     for layer in info.layers:
         parts = []
         for tensor in (layer.keys, layer.values):
-            start = info.header.data_offset + tensor.begin
-            raw = mapped[start:info.header.data_offset + tensor.end]
-            raw = torch.from_numpy(raw if info.aligned or not compute else numpy.array(raw))
-            parts.append(raw.view(dtype).view(tensor.shape)[..., :layer.offset, :])
+            raw = data[tensor.begin:tensor.end]
+            if compute and tensor.begin % DTYPE_SIZES[tensor.dtype]:
+                raw = numpy.array(raw)  # aligned, for arithmetic
+            parts.append(torch.from_numpy(raw).view(dtype).view(tensor.shape)[..., :layer.offset, :])
         layers.append((FULL, layer.offset, parts[0], parts[1]))
     return layers
 

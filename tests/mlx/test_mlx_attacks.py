@@ -125,3 +125,37 @@ def test_a_prompt_cache_where_a_kv_file_belongs_names_the_import(zoo, mlx_models
     assert code == 1 and error["type"] == "FormatError"
     assert "cubepack import mlx" in error["message"]
     assert not (folder / "cubepack.lock").exists()
+
+
+@pytest.mark.parametrize("change", ["overwritten in place", "truncated"])
+@pytest.mark.parametrize("prove", [False, True])
+def test_an_import_writes_the_cache_it_read_whatever_happens_to_the_file_meanwhile(
+        mlx_models, zoo, tmp_path, monkeypatch, change, prove):
+    """mlx_lm rewrites a prompt cache in place: a source changed between the read (and the
+    proof) and the write must not reach the KV file (a map of the file would show the new bytes,
+    or fault once it is truncated)."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    import cubepack.mlx._convert as convert
+
+    source = tmp_path / "native.safetensors"
+    save_prompt_cache(str(source), cubepack.mlx.prefill(mlx_models["a"], IDS))  # unaligned
+    kwargs = {"token_ids": IDS, "recompute": True} if prove else {"token_ids": IDS}
+    reference = cubepack.mlx.import_prompt_cache(source, zoo["a"], out=tmp_path / "ref.kv.safetensors",
+                                                 **kwargs)
+    real_write = convert.write_kv_layers
+
+    def write_after_the_source_changed(*args, **kw):
+        size = source.stat().st_size
+        with open(source, "r+b") as handle:  # same inode, as mlx_lm's save
+            if change == "truncated":
+                handle.truncate(size // 2)
+            else:
+                handle.seek(size // 2)
+                handle.write(bytes(size - size // 2))
+        return real_write(*args, **kw)
+
+    monkeypatch.setattr(convert, "write_kv_layers", write_after_the_source_changed)
+    out = cubepack.mlx.import_prompt_cache(source, zoo["a"], out=tmp_path / "out.kv.safetensors",
+                                           **kwargs)
+    assert out.read_bytes() == reference.read_bytes()
