@@ -52,6 +52,13 @@ def test_the_demo_shows_why_and_the_fix_and_its_commands_run_as_printed(tmp_path
         again = subprocess.run(pull, capture_output=True, text=True, timeout=300, env=by_hand, check=False)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "verified" in again.stdout
+        # Its pack and push again, as printed: the cube and the tag are kept ("no changes";
+        # the pin named the snapshot path the first time and its Hub id after, so the lock
+        # changed and the tag refused the second push).
+        for command, says in ((commands[1], "lock digest"), (commands[2], "no changes")):
+            rerun = subprocess.run(shlex.split(command), capture_output=True, text=True,
+                                   timeout=300, env=by_hand, check=False)
+            assert rerun.returncode == 0 and says in rerun.stdout, rerun.stdout + rerun.stderr
     finally:
         server.terminate()
         server.wait()
