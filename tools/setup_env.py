@@ -4,8 +4,8 @@ With uv (``--uv``: a path or a command; the Makefile installs it from PyPI into
 ``$(VENV)/tools``), the environment is made from scratch by ``uv venv --seed`` and filled by
 one ``uv pip install``, which resolves in seconds and links every package from one download
 cache, so the second environment costs little more than its own packages; it compiles their
-bytecode as it installs (as pip does; uv by default leaves it to each first import). uv does not read
-pip's configuration, so this script hands it pip's, as pip itself would apply it
+bytecode as it installs (as pip does; uv by default leaves it to each first import). uv does
+not read pip's configuration, so this script hands it pip's, as pip itself would apply it
 (``pip config list``: index URLs, find-links, constraint files, trusted hosts, the certificate
 bundle, proxy, timeout), with pip's rule of taking the best version across all indexes.
 

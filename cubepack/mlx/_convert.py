@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 from .._util import constants
 from .._util.hashing import HashCache
-from .._util.safetensors_header import DTYPE_SIZES, DTYPE_TAGS
+from .._util.safetensors_header import DTYPE_SIZES, DTYPE_TAGS, parse_header
 from ..errors import FormatError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import (
     fingerprint,
@@ -30,7 +31,13 @@ from ..identity._fingerprint import (
 from ..identity._identity import ModelIdentity
 from ..kv._format import FULL, KVFileInfo, check_kv_info, kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
-from ._layout import CUBEPACK_KEY, PromptCacheInfo, read_prompt_cache, write_prompt_cache
+from ._layout import (
+    CUBEPACK_KEY,
+    OFFSET_FORMATS,
+    PromptCacheInfo,
+    read_prompt_cache,
+    write_prompt_cache,
+)
 
 #: The runtime's name, as a KV header's ``runtime`` record starts.
 RUNTIME = "mlx-lm"
@@ -157,44 +164,65 @@ def _default_out(path: Path) -> Path:
 def prompt_cache_layers(info: PromptCacheInfo, *, compute: bool = True
                         ) -> list[tuple[str, int, Any, Any]]:
     """(type, cumulative_length, keys, values) per layer, cut to the positions in use: views of
-    one private copy of the file's data section, read in one pass (a map of the file would be
-    no snapshot: mlx_lm rewrites a prompt cache in place, and a page not yet copied shows the
-    file as it is now, or faults once it is truncated), so what is proved and written is what
-    was read. A tensor not aligned to its element size (mlx_lm pads no header) is copied to
-    aligned memory when ``compute`` (the tensors will be computed with).
+    one private copy of the whole file, read in one pass and required to hold the header and
+    offsets ``info`` was validated from (a map of the file would be no snapshot: mlx_lm rewrites
+    a prompt cache in place, and a page not yet copied shows the file as it is now, or faults
+    once it is truncated), so what is checked, proved and written is what was read. A tensor
+    not aligned to its element size (mlx_lm pads no header) is copied to aligned memory when
+    ``compute`` (the tensors will be computed with).
 
     Raises:
-        FormatError: the file changed or shrank while it was read.
+        FormatError: the file changed since its header was read, or while it was read.
     """
     import numpy
     import torch
 
-    begin, size = info.header.data_offset, info.header.file_size - info.header.data_offset
-    data = numpy.empty(size, dtype=numpy.uint8)
+    header = info.header
+    buffer = numpy.empty(header.file_size, dtype=numpy.uint8)  # aligned: offsets are the file's
     with open(info.path, "rb", buffering=0) as handle:
         before = os.fstat(handle.fileno())
-        handle.seek(begin)
-        view, read = memoryview(data), 0
-        while read < size and (count := handle.readinto(view[read:])):
+        view, read = memoryview(buffer), 0
+        while read < header.file_size and (count := handle.readinto(view[read:])):
             read += count
         after = os.fstat(handle.fileno())
-    changed = [(a, b) for a, b in ((before.st_size, after.st_size),
-                                   (before.st_mtime_ns, after.st_mtime_ns)) if a != b]
-    if read != size or changed or after.st_size != info.header.file_size:
-        raise FormatError(f"{info.path} changed while it was read (expected "
-                          f"{info.header.file_size} bytes, found {after.st_size}); convert it "
-                          "again once nothing writes it.")
+    differed = _snapshot_differs(info, buffer, read, before, after)
+    if differed:
+        raise FormatError(f"{info.path} changed while cubepack read it ({differed}); nothing "
+                          "was written: convert it again once nothing writes it.")
     dtype = getattr(torch, info.kv_dtype)
     layers = []
     for layer in info.layers:
         parts = []
         for tensor in (layer.keys, layer.values):
-            raw = data[tensor.begin:tensor.end]
-            if compute and tensor.begin % DTYPE_SIZES[tensor.dtype]:
-                raw = numpy.array(raw)  # aligned, for arithmetic
-            parts.append(torch.from_numpy(raw).view(dtype).view(tensor.shape)[..., :layer.offset, :])
+            start = header.data_offset + tensor.begin
+            piece = buffer[start:header.data_offset + tensor.end]
+            if compute and start % DTYPE_SIZES[tensor.dtype]:
+                piece = numpy.array(piece)  # aligned, for arithmetic
+            parts.append(torch.from_numpy(piece).view(dtype).view(tensor.shape)[..., :layer.offset, :])
         layers.append((FULL, layer.offset, parts[0], parts[1]))
     return layers
+
+
+def _snapshot_differs(info: PromptCacheInfo, buffer: Any, read: int, before: os.stat_result,
+                      after: os.stat_result) -> str | None:
+    """What shows the bytes read are not the file ``info`` was validated from, or None: their
+    size, a change during the read, the header bytes, each layer's offset."""
+    header = info.header
+    if read != header.file_size or after.st_size != header.file_size:
+        return f"expected {header.file_size} bytes, read {read} of {after.st_size}"
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        return "it was modified during the read"
+    raw = buffer[:header.data_offset].tobytes()
+    if raw[:8] != struct.pack("<Q", header.data_offset - 8) or parse_header(
+            raw[8:], header.file_size, str(info.path), aligned=False) != header:
+        return "its header is not the one checked"
+    for index, layer in enumerate(info.layers):
+        scalar = header.tensors[f"{index}.2"]
+        stored = buffer[header.data_offset + scalar.begin:header.data_offset + scalar.end]
+        (offset,) = struct.unpack(OFFSET_FORMATS[scalar.dtype], stored.tobytes())
+        if offset != layer.offset:
+            return f"layer {index}'s offset: expected {layer.offset}, found {offset}"
+    return None
 
 
 def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str], *,

@@ -40,7 +40,7 @@ CUBEPACK_KEY = "cubepack"
 KV_CACHE = "KVCache"
 #: Element dtypes a cache's keys and values may have.
 FLOAT_TAGS = ("F32", "F16", "BF16")
-_OFFSET_FORMATS = {"I32": "<i", "I64": "<q"}
+OFFSET_FORMATS = {"I32": "<i", "I64": "<q"}
 
 
 @dataclass(frozen=True)
@@ -173,11 +173,11 @@ def _layer(path: Path, header: Header, index: int, handle: Any) -> PromptCacheLa
     if keys.shape[:3] != values.shape[:3]:
         raise FormatError(f"{path}: layer {index}'s keys {list(keys.shape)} and values "
                           f"{list(values.shape)} disagree.")
-    if offset_tensor.dtype not in _OFFSET_FORMATS or offset_tensor.shape != ():
+    if offset_tensor.dtype not in OFFSET_FORMATS or offset_tensor.shape != ():
         raise FormatError(f"{path}: {offset_tensor.name} must be an integer scalar (the "
                           f"offset), found {offset_tensor.dtype} {list(offset_tensor.shape)}.")
     handle.seek(header.data_offset + offset_tensor.begin)
-    (offset,) = struct.unpack(_OFFSET_FORMATS[offset_tensor.dtype],
+    (offset,) = struct.unpack(OFFSET_FORMATS[offset_tensor.dtype],
                               handle.read(offset_tensor.end - offset_tensor.begin))
     if not 0 < offset <= keys.shape[2]:
         raise FormatError(f"{path}: layer {index}'s offset {offset} lies outside its "

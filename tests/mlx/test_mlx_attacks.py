@@ -159,3 +159,37 @@ def test_an_import_writes_the_cache_it_read_whatever_happens_to_the_file_meanwhi
     out = cubepack.mlx.import_prompt_cache(source, zoo["a"], out=tmp_path / "out.kv.safetensors",
                                            **kwargs)
     assert out.read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.parametrize("change", ["truncated", "offset rewritten"])
+def test_a_prompt_cache_changed_after_its_header_was_checked_is_refused_and_nothing_written(
+        mlx_models, zoo, tmp_path, monkeypatch, change):
+    """The header and offsets a conversion checked must be the ones in the bytes it converts:
+    a file truncated, or given another offset in place, between the two reads is a FormatError
+    naming what differed, and no KV file appears."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    import cubepack.mlx._convert as convert
+
+    source = tmp_path / "native.safetensors"
+    save_prompt_cache(str(source), cubepack.mlx.prefill(mlx_models["a"], IDS))
+    real_read = convert.read_prompt_cache
+
+    def read_then_change(path):
+        info = real_read(path)
+        with open(source, "r+b") as handle:
+            if change == "truncated":
+                handle.truncate(info.header.file_size - 4)
+            else:
+                scalar = info.header.tensors["0.2"]
+                handle.seek(info.header.data_offset + scalar.begin)
+                handle.write(struct.pack("<i", len(IDS) - 1))
+        return info
+
+    monkeypatch.setattr(convert, "read_prompt_cache", read_then_change)
+    out = tmp_path / "out.kv.safetensors"
+    with pytest.raises(cubepack.FormatError, match="changed while cubepack read it") as caught:
+        cubepack.mlx.import_prompt_cache(source, zoo["a"], out=out, token_ids=IDS)
+    says = "read" if change == "truncated" else f"offset: expected {len(IDS)}, found {len(IDS) - 1}"
+    assert says in str(caught.value)
+    assert not out.exists() and list(tmp_path.glob(".out*")) == []
