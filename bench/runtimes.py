@@ -7,8 +7,9 @@ prompt cache, best of N, contenders taking turns in the same run:
   the same cache (target <= 1.2x), and against that save made durable (an ``fsync``, which
   every cubepack write does before its atomic rename);
 - ``cubepack import mlx`` (prompt cache -> KV file, identity included) against mlx_lm's
-  ``load_prompt_cache`` of that file with its arrays evaluated (MLX loads lazily), and against
-  mlx_lm's load + save (the same read and write an import does);
+  ``load_prompt_cache`` of that file with its arrays evaluated (MLX loads lazily), against
+  mlx_lm's load + save (the same read and write an import does; target <= 1.2x), and against
+  that load + save made durable (the fsync again);
 - ``cubepack.mlx.load_prompt_cache`` (the producer check, then the same load) against
   ``mlx_lm``'s (target <= 1.2x).
 
@@ -79,6 +80,11 @@ def _conversion_cost(root: Path, folder: Path, layers: int, hidden: int, tokens:
     def mlx_round_trip():
         save_prompt_cache(str(root / "again.safetensors"), load_prompt_cache(str(native)))
 
+    def durable_round_trip():  # the same, made durable as every cubepack write is
+        mlx_round_trip()
+        with open(root / "again.safetensors", "rb+") as handle:
+            os.fsync(handle.fileno())
+
     def checked_load():
         loaded = cubepack.mlx.load_prompt_cache(ours, model)
         mx.eval([c.keys for c in loaded] + [c.values for c in loaded])
@@ -94,6 +100,7 @@ def _conversion_cost(root: Path, folder: Path, layers: int, hidden: int, tokens:
         "cubepack export mlx": lambda: cubepack.mlx.export_prompt_cache(kv, root / "e.safetensors"),
         "mlx_lm load_prompt_cache": mlx_load,
         "mlx_lm load + save": mlx_round_trip,
+        "mlx_lm load + save + fsync": durable_round_trip,
         "cubepack import mlx": lambda: cubepack.mlx.import_prompt_cache(
             native, folder, out=root / "i.kv.safetensors", token_ids=ids),
         "cubepack.mlx.load_prompt_cache": checked_load,
@@ -129,7 +136,8 @@ def _report(best: dict[str, float]) -> None:
     print(f"  ratio export / mlx_lm save: {best['cubepack export mlx'] / best['mlx_lm save_prompt_cache']:.2f}x (target <= 1.2x); "
           f"export / mlx_lm save + fsync: {best['cubepack export mlx'] / best['mlx_lm save + fsync']:.2f}x")
     print(f"  ratio import / mlx_lm load: {best['cubepack import mlx'] / best['mlx_lm load_prompt_cache']:.2f}x; "
-          f"import / mlx_lm load + save: {best['cubepack import mlx'] / best['mlx_lm load + save']:.2f}x (target <= 1.2x)")
+          f"import / mlx_lm load + save: {best['cubepack import mlx'] / best['mlx_lm load + save']:.2f}x (target <= 1.2x); "
+          f"import / mlx_lm load + save + fsync: {best['cubepack import mlx'] / best['mlx_lm load + save + fsync']:.2f}x")
     print(f"  ratio checked load / mlx_lm load: {best['cubepack.mlx.load_prompt_cache'] / best['mlx_lm load_prompt_cache']:.2f}x (target <= 1.2x)")
 
 

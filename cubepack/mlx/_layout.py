@@ -90,8 +90,10 @@ class PromptCacheInfo:
         return used
 
 
-def read_prompt_cache(path: str | os.PathLike[str]) -> PromptCacheInfo:
-    """Read and validate an MLX-LM prompt cache's header, metadata and offsets.
+def read_prompt_cache(path: str | os.PathLike[str], header: Header | None = None
+                      ) -> PromptCacheInfo:
+    """Read and validate an MLX-LM prompt cache's header (``header``: the one a caller just
+    read from ``path``, unaligned), metadata and offsets.
 
     Raises:
         FormatError: not a prompt cache, or one whose metadata and tensors disagree.
@@ -99,7 +101,8 @@ def read_prompt_cache(path: str | os.PathLike[str]) -> PromptCacheInfo:
             state-space caches hold something else than plain keys and values).
     """
     path = Path(path)
-    header = read_header(path, aligned=False)  # mlx_lm's writer does not pad its header
+    if header is None:
+        header = read_header(path, aligned=False)  # mlx_lm's writer does not pad its header
     user, classes, scalars = _split_metadata(path, header.metadata)
     if not classes:
         raise FormatError(f"{path} is not an MLX-LM prompt cache (its metadata names no cache "

@@ -76,14 +76,36 @@ def load(path_or_hf_repo: str | os.PathLike[str], *, revision: str | None = None
 
 
 def model_dtype(model: Any) -> str:
-    """The dtype an MLX model runs in: its parameters' (floating) dtype."""
-    from mlx.utils import tree_flatten
+    """The dtype an MLX model runs in: its first floating parameter's, in the order of
+    ``tree_flatten(model.parameters())``, found without building that whole tree (every
+    checked load asks)."""
+    name = _first_floating(model)
+    if name is None:
+        raise UsageError("This MLX model has no floating-point parameters to take a dtype from.")
+    return name
 
-    for _, value in tree_flatten(model.parameters()):
-        name = str(value.dtype).removeprefix("mlx.core.")
-        if name in _MLX_DTYPES:
-            return name
-    raise UsageError("This MLX model has no floating-point parameters to take a dtype from.")
+
+def _first_floating(node: Any) -> str | None:
+    """Depth first, as ``Module.parameters`` walks: a module's entries not named ``_...``
+    (a plain dict's or list's all), arrays, dicts and lists only."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    if isinstance(node, mx.array):
+        name = str(node.dtype).removeprefix("mlx.core.")
+        return name if name in _MLX_DTYPES else None
+    if isinstance(node, nn.Module):
+        children = (v for k, v in node.items() if not k.startswith("_"))
+    elif isinstance(node, dict):
+        children = iter(node.values())
+    elif isinstance(node, list):
+        children = iter(node)
+    else:
+        return None
+    for child in children:
+        if (found := _first_floating(child)) is not None:
+            return found
+    return None
 
 
 def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> ModelIdentity:
@@ -268,7 +290,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
         names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]
         user: dict[str, str] = {}
     else:
-        prompt_cache = read_prompt_cache(path)
+        prompt_cache = read_prompt_cache(path, header)
         info = claimed_header(prompt_cache)
         if info is None:
             raise FormatError(

@@ -86,6 +86,26 @@ def case_token_ids_outside_vocabulary(tensors, meta):
     return r"token id 1000000 lies outside its producer's vocabulary \(0\.\.999\)"
 
 
+def case_token_id_negative(tensors, meta):
+    meta["token_ids"][0] = -1
+    return r"token id -1 lies outside its producer's vocabulary"
+
+
+def case_token_id_a_boolean(tensors, meta):  # json true, which Python counts as the int 1
+    meta["token_ids"][5] = True
+    return r"token_ids must be a list of 10 integers"
+
+
+def case_token_id_a_float(tensors, meta):
+    meta["token_ids"][9] = 4.0
+    return r"token_ids must be a list of 10 integers"
+
+
+def case_token_id_a_string(tensors, meta):
+    meta["token_ids"][2] = "7"
+    return r"token_ids must be a list of 10 integers"
+
+
 def case_token_count_lies(tensors, meta):
     meta["token_count"] = 3
     return r"token_count 3 contradicts its layers"

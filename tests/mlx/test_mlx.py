@@ -213,3 +213,32 @@ def test_bf16_values_survive_every_hop_bit_exactly(zoo, models, mlx_models, tmp_
     assert torch.equal(first.layers[1].values, second.layers[1].values)
     loaded = mlx_load_prompt_cache(str(exported))
     assert torch.equal(to_torch(loaded[1].values), first.layers[1].values)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_dtype_an_mlx_model_runs_in_is_its_first_floating_parameter(zoo, dtype):
+    """The producer's dtype is read by a walk that stops at the first floating parameter: it
+    must be the one ``tree_flatten(model.parameters())`` gives first, for a real model in
+    every dtype and for a module whose hidden, tuple-held and integer arrays come first."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from cubepack.mlx._runtime import model_dtype
+
+    def first_floating(model):
+        return next(str(v.dtype).removeprefix("mlx.core.") for _, v in
+                    tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self._private = mx.zeros(2, dtype=mx.float16)  # not a parameter
+            self.held = (mx.zeros(2, dtype=mx.bfloat16),)  # a tuple: not a parameter
+            self.table = {"_kept": [mx.zeros(1, dtype=mx.int32), mx.zeros(1, dtype=getattr(mx, dtype))]}
+            self.last = mx.zeros(1, dtype=mx.float32)
+
+    model, _ = cubepack.mlx.load(zoo["a"], dtype=dtype)
+    for candidate in (model, Odd()):
+        assert model_dtype(candidate) == first_floating(candidate) == dtype
+    with pytest.raises(cubepack.UsageError, match="no floating-point parameters"):
+        model_dtype(nn.Module())
