@@ -284,6 +284,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
 
     model, live = _live(model, folder)
     path = Path(path)
+    before = _file_state(path)
     header = read_header(path, aligned=False)  # which layout: each reader then checks it
     if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
         info = check_kv_info(read_kv_header(path), live)
@@ -310,12 +311,28 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
     arrays = mx.load(str(path), format="safetensors")
     offset = info.token_count
     layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset) for k, v in names]
+    # MLX reads a file when its arrays are evaluated, not at mx.load: read them now, then make
+    # sure the file is still the one checked (mlx_lm rewrites a prompt cache in place), so no
+    # later evaluation can bring in bytes nobody checked.
+    mx.eval([array for keys, values, _ in layers for array in (keys, values)])
+    if _file_state(path) != before or read_header(path, aligned=False) != header:
+        raise FormatError(f"{path} changed while cubepack loaded it; nothing was loaded: load "
+                          "it again once nothing writes it.")
     stored = None
     if producer_runtime(info.metadata) != RUNTIME:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
     require_recomputed_here(MLXRuntime(model), info, stored)
     caches = kv_caches(layers)
     return (caches, user) if return_metadata else caches
+
+
+def _file_state(path: Path) -> tuple[int, ...]:
+    """What any write to the file, in place or by a rename over it, changes."""
+    try:
+        state = os.stat(path)
+    except OSError as exc:
+        raise FormatError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    return (state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns, state.st_ctime_ns)
 
 
 def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[str], *,

@@ -193,3 +193,49 @@ def test_a_prompt_cache_changed_after_its_header_was_checked_is_refused_and_noth
     says = "read" if change == "truncated" else f"offset: expected {len(IDS)}, found {len(IDS) - 1}"
     assert says in str(caught.value)
     assert not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+@pytest.mark.parametrize("change", ["data rewritten in place", "mlx_lm saves over it",
+                                    "replaced by a rename"])
+@pytest.mark.parametrize("kind", ["prompt cache", "KV file"])
+def test_a_file_changed_between_its_check_and_mlx_reading_it_is_refused(
+        mlx_models, zoo, tmp_path, monkeypatch, change, kind):
+    """MLX reads a file's tensors when they are evaluated, not at ``mx.load``: a checked load
+    must not hand out arrays whose bytes come from a file written after the check (mlx_lm
+    rewrites a prompt cache in place). It evaluates them itself and refuses a changed file."""
+    import os
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import save_prompt_cache as mlx_save
+
+    model = mlx_models["a"]
+    caches = cubepack.mlx.prefill(model, IDS)
+    if kind == "prompt cache":
+        path = cubepack.mlx.save_prompt_cache(tmp_path / "doc.safetensors", caches, model,
+                                              token_ids=IDS)
+    else:
+        native = tmp_path / "native.safetensors"
+        mlx_save(str(native), caches)
+        path = cubepack.mlx.import_prompt_cache(native, zoo["a"], token_ids=IDS,
+                                                out=tmp_path / "doc.kv.safetensors")
+    os.utime(path, ns=(10**18, 10**18))  # written long ago, as a cache in use is
+    real_load = mx.load
+
+    def load_then_change(name, *args, **kwargs):
+        arrays = real_load(name, *args, **kwargs)  # lazy: nothing read yet
+        size = path.stat().st_size
+        if change == "data rewritten in place":
+            with open(path, "r+b") as handle:  # same inode, same size, same header
+                handle.seek(size // 2)  # inside the tensor data
+                handle.write(bytes(64))
+        elif change == "mlx_lm saves over it":
+            mlx_save(str(path), cubepack.mlx.prefill(model, IDS[::-1]))
+        else:
+            other = tmp_path / "other"
+            other.write_bytes(path.read_bytes())
+            os.replace(other, path)
+        return arrays
+
+    monkeypatch.setattr(mx, "load", load_then_change)
+    with pytest.raises(cubepack.FormatError, match="changed while cubepack loaded it"):
+        cubepack.mlx.load_prompt_cache(path, model)
