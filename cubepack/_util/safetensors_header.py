@@ -9,12 +9,15 @@ shapes that lie about byte sizes) before any tensor library touches it.
 order, same padding) for tensors of one dtype, in writes that end on 2 MiB boundaries of the
 file: the kernel then caches it in 2 MiB pages, so a later mapped load faults 2 MiB at a time
 (bench/kv_load.py measured the first pass over a freshly saved 210 MB cache about 2 ms faster
-than after ``save_file``'s one write per tensor).
+than after ``save_file``'s one write per tensor). A tensor's bytes may also be left in another
+open file (:class:`FileBytes`): the kernel copies them (``copy_file_range``), so a conversion
+never reads a cache into memory of its own.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import struct
@@ -230,6 +233,42 @@ def _check_layout(tensors: dict[str, TensorInfo], data_offset: int, data_size: i
                           "to no tensor.")
 
 
+@dataclass(frozen=True)
+class FileBytes:
+    """A tensor's bytes left in an open file: ``pieces`` of ``(offset, length)`` in
+    ``descriptor``, back to back; ``name`` names the file in errors."""
+
+    descriptor: int
+    pieces: tuple[tuple[int, int], ...]
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, length in self.pieces)
+
+
+def file_state(descriptor: int) -> tuple[int, int, int]:
+    """(size, mtime, ctime) of an open file: what any write to it, or a truncation, changes."""
+    state = os.fstat(descriptor)
+    return state.st_size, state.st_mtime_ns, state.st_ctime_ns
+
+
+def header_differs(descriptor: int, header: Header, name: str) -> str | None:
+    """What shows the open file no longer has ``header`` (its size, its header's bytes), or
+    None: read again, not trusted from an earlier read."""
+    size = os.fstat(descriptor).st_size
+    if size != header.file_size:
+        return f"expected {header.file_size} bytes, found {size}"
+    raw = os.pread(descriptor, header.data_offset, 0)
+    try:
+        same = len(raw) == header.data_offset and raw[:8] == struct.pack(
+            "<Q", header.data_offset - 8) and parse_header(
+                raw[8:], size, name, aligned=False) == header
+    except FormatError:
+        same = False
+    return None if same else "its header is not the one checked"
+
+
 def write_safetensors(path: str | os.PathLike[str],
                       tensors: Sequence[tuple[str, str, tuple[int, ...], Any]],
                       metadata: dict[str, str]) -> None:
@@ -237,11 +276,16 @@ def write_safetensors(path: str | os.PathLike[str],
     ``path``: for tensors of one dtype, the bytes ``safetensors.torch.save`` gives (the header
     compact JSON, ``__metadata__`` first, tensors by name, padded with spaces to 8 bytes); of
     several (an MLX prompt cache's int32 offsets beside its keys), wider elements first, so
-    every tensor stays aligned to its element size. Each write ends on a 2 MiB boundary."""
+    every tensor stays aligned to its element size. Each write ends on a 2 MiB boundary. Data
+    given as :class:`FileBytes` is copied from its file by the kernel.
+
+    Raises:
+        FormatError: a :class:`FileBytes` file ended before its last piece (it changed).
+    """
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     views, offset = [], 0
     for name, tag, shape, data in sorted(tensors, key=lambda t: (-DTYPE_SIZES[t[1]], t[0])):
-        view = memoryview(data).cast("B")
+        view = data if isinstance(data, FileBytes) else memoryview(data).cast("B")
         header[name] = {"dtype": tag, "shape": list(shape),
                         "data_offsets": [offset, offset + view.nbytes]}
         views.append(view)
@@ -259,38 +303,84 @@ def write_safetensors(path: str | os.PathLike[str],
 _MAX_PIECES = 512
 
 
-def _write_aligned(descriptor: int, views: list[memoryview]) -> None:
-    """Write ``views`` back to back from offset 0, each write ending on a multiple of
-    :data:`_WRITE_ALIGN` (the last excepted), the disk write of each started as soon as it is
-    in the page cache (:func:`_start_writeback`)."""
+def _write_aligned(descriptor: int, sources: list[memoryview | FileBytes]) -> None:
+    """Write ``sources`` back to back from offset 0, each write (or kernel copy) ending on a
+    multiple of :data:`_WRITE_ALIGN` (the last excepted), the disk write of each 2 MiB
+    started as soon as it is in the page cache (:func:`_start_writeback`)."""
     pending: list[memoryview] = []
-    room, offset = _WRITE_ALIGN, 0
-    for view in views:
-        while view.nbytes:
-            piece, view = view[:room], view[room:]
-            pending.append(piece)
-            room -= piece.nbytes
-            if room == 0 or len(pending) == _MAX_PIECES:
-                offset = _write_all(descriptor, pending, offset)
-                pending, room = [], room or _WRITE_ALIGN
-    _write_all(descriptor, pending, offset)
+    room, offset, unsynced = _WRITE_ALIGN, 0, 0
+    for source in sources:
+        if isinstance(source, FileBytes):
+            chunks: list[Any] = [(source, at, length) for at, length in source.pieces]
+        else:
+            chunks = [source]
+        for chunk in chunks:
+            while (size := chunk.nbytes if isinstance(chunk, memoryview) else chunk[2]):
+                step = min(room, size)
+                if isinstance(chunk, memoryview):
+                    pending.append(chunk[:step])
+                    chunk = chunk[step:]
+                    if len(pending) == _MAX_PIECES:
+                        offset, pending = _write_all(descriptor, pending, offset), []
+                else:
+                    offset, pending = _write_all(descriptor, pending, offset), []
+                    files, at, _ = chunk
+                    _copy_range(files, at, descriptor, offset, step)
+                    offset, chunk = offset + step, (files, at + step, size - step)
+                room -= step
+                if room == 0:
+                    offset, pending = _write_all(descriptor, pending, offset), []
+                    _start_writeback(descriptor, unsynced, offset - unsynced)
+                    room, unsynced = _WRITE_ALIGN, offset
+    offset = _write_all(descriptor, pending, offset)
+    _start_writeback(descriptor, unsynced, offset - unsynced)
 
 
 def _write_all(descriptor: int, pieces: list[memoryview], offset: int) -> int:
-    """Every byte of ``pieces``, in order, in as few system calls as the system takes, at
-    ``offset`` (the file's position); the offset after them."""
-    start = offset
+    """Every byte of ``pieces``, in order, at ``offset``, in as few system calls as the
+    system takes; the offset after them."""
     while pieces:
-        written = os.writev(descriptor, pieces) if hasattr(os, "writev") else \
-            os.write(descriptor, pieces[0])
+        if hasattr(os, "pwritev"):
+            written = os.pwritev(descriptor, pieces, offset)
+        else:  # Windows: no positional writes
+            os.lseek(descriptor, offset, os.SEEK_SET)
+            written = os.write(descriptor, pieces[0])
         offset += written
         while pieces and written >= pieces[0].nbytes:
             written -= pieces[0].nbytes
             pieces = pieces[1:]
         if pieces and written:
             pieces = [pieces[0][written:], *pieces[1:]]
-    _start_writeback(descriptor, start, offset - start)
     return offset
+
+
+#: Where the kernel refuses to copy between these two files (another file system before
+#: Linux 5.3 or across types since 5.19, a file system without it, no such call): copy here.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM,
+                   getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+#: Bytes one user-space copy moves at a time, where the kernel will not copy.
+_COPY_CHUNK = 8 * 1024 * 1024
+
+
+def _copy_range(source: FileBytes, at: int, descriptor: int, offset: int, length: int) -> None:
+    """``length`` bytes at ``at`` of ``source``'s file to ``offset`` of ``descriptor``."""
+    while length:
+        copied = 0
+        if hasattr(os, "copy_file_range"):
+            try:
+                copied = os.copy_file_range(source.descriptor, descriptor, length, at, offset)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+                copied = -1
+        if copied < 0 or not hasattr(os, "copy_file_range"):
+            data = os.pread(source.descriptor, min(length, _COPY_CHUNK), at)
+            copied = _write_all(descriptor, [memoryview(data)], offset) - offset
+        if copied == 0:
+            raise FormatError(f"{source.name} changed while cubepack read it (it ended before "
+                              f"byte {at + length}); nothing was written: convert it again once "
+                              "nothing writes it.")
+        at, offset, length = at + copied, offset + copied, length - copied
 
 
 def _sync_file_range() -> Any:

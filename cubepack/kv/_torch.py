@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
-from .._util.safetensors_header import DTYPE_TAGS, read_header, write_safetensors
+from .._util.safetensors_header import DTYPE_TAGS, FileBytes, read_header, write_safetensors
 from ..errors import CubepackError, IdentityMismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
@@ -104,16 +106,28 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
                            metadata=metadata)
 
 
+@dataclass(frozen=True)
+class FileTensor:
+    """A tensor left in another file (its dtype name, shape and bytes), which
+    :func:`write_kv_layers` copies without reading it into memory."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: FileBytes
+
+
 def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.PathLike[str], *,
                     producer: ModelIdentity, token_ids: Any = None,
-                    metadata: dict[str, Any] | None = None) -> Path:
-    """Write per-layer (type, cumulative_length, keys, values) as a KV file, atomically.
+                    metadata: dict[str, Any] | None = None,
+                    before_rename: Callable[[KVFileInfo], None] | None = None) -> Path:
+    """Write per-layer (type, cumulative_length, keys, values) as a KV file, atomically; keys
+    and values are torch tensors or :class:`FileTensor` s.
 
     The layers are checked against the producer's geometry and dtype first: a cache that
-    contradicts its declared producer is refused, never labelled with it.
+    contradicts its declared producer is refused, never labelled with it. ``before_rename``
+    gets the written file's validated header before it takes its name (a conversion checks its
+    source and proves what was written there); what it raises leaves no file.
     """
-    import torch
-
     contradictions = structure_problems(live_layers(layers), producer)
     if contradictions:
         raise IdentityMismatch("This cache", contradictions,
@@ -122,8 +136,8 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     tensors: dict[str, Any] = {}
     entries = []
     for index, (kind, cumulative, keys, values) in enumerate(layers):
-        tensors[f"layers.{index}.keys"] = keys.detach().to("cpu").contiguous()
-        tensors[f"layers.{index}.values"] = values.detach().to("cpu").contiguous()
+        tensors[f"layers.{index}.keys"] = _on_cpu(keys)
+        tensors[f"layers.{index}.values"] = _on_cpu(values)
         entries.append({"type": kind, "cumulative_length": int(cumulative)})
     meta_json = kv_metadata(producer, entries, _token_id_list(token_ids), metadata)
     path = Path(path)
@@ -132,11 +146,26 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
         raise UnsupportedError(f"A {', '.join(sorted(tags))} cache cannot be stored in "
                                "safetensors.")
     stored = [(name, DTYPE_TAGS[dtype_name(tensor.dtype)], tuple(tensor.shape),
-               tensor.view(torch.uint8).reshape(-1).numpy()) for name, tensor in tensors.items()]
+               _bytes_of(tensor)) for name, tensor in tensors.items()]
     with atomic.atomic_path(path) as tmp:  # safetensors' own bytes, in 2 MiB-aligned writes
         write_safetensors(tmp, stored, {constants.KV_METADATA_KEY: meta_json})
-        read_kv_header(tmp)  # what we wrote must be what we read back
+        written = read_kv_header(tmp)  # what we wrote must be what we read back
+        if before_rename is not None:
+            before_rename(written)
     return path
+
+
+def _on_cpu(tensor: Any) -> Any:
+    return tensor if isinstance(tensor, FileTensor) else tensor.detach().to("cpu").contiguous()
+
+
+def _bytes_of(tensor: Any) -> Any:
+    """A contiguous CPU tensor's bytes, as a flat uint8 array (no copy), or a file's."""
+    import torch
+
+    if isinstance(tensor, FileTensor):
+        return tensor.data
+    return tensor.view(torch.uint8).reshape(-1).numpy()
 
 
 def live_layers(layers: list[tuple[str, int, Any, Any]]) -> list[StoredLayer]:

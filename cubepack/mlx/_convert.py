@@ -13,6 +13,7 @@ Neither runs a model: they move bytes (the positions in use) and check shapes an
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import os
 import struct
@@ -21,7 +22,14 @@ from typing import Any
 
 from .._util import constants
 from .._util.hashing import HashCache
-from .._util.safetensors_header import DTYPE_SIZES, DTYPE_TAGS, parse_header
+from .._util.safetensors_header import (
+    DTYPE_NAMES,
+    DTYPE_SIZES,
+    DTYPE_TAGS,
+    FileBytes,
+    file_state,
+    header_differs,
+)
 from ..errors import FormatError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import (
     fingerprint,
@@ -29,8 +37,14 @@ from ..identity._fingerprint import (
     resolve_model_folder,
 )
 from ..identity._identity import ModelIdentity
-from ..kv._format import FULL, KVFileInfo, check_kv_info, kv_info, read_kv_header
-from ..kv._torch import mapped_layers, write_kv_layers
+from ..kv._format import (
+    FULL,
+    KVFileInfo,
+    check_kv_info,
+    kv_info,
+    read_kv_header,
+)
+from ..kv._torch import FileTensor, mapped_layers, write_kv_layers
 from ._layout import (
     CUBEPACK_KEY,
     OFFSET_FORMATS,
@@ -118,17 +132,30 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
                     "cubepack import mlx: the model given names the producer; the prompt cache "
                     "records only a name")}}
     item.update(metadata or {})
-    layers = prompt_cache_layers(info, compute=proof is not None)
     if proof is not None:
-        proof(layers, ids, info.kv_dtype)
-        item.pop("provenance", None)
+        item.pop("provenance", None)  # the file is placed only once the proof holds
     target = Path(out) if out is not None else _default_out(info.path)
-    try:
-        return write_kv_layers(layers, target, producer=live, token_ids=ids, metadata=item)
-    except IdentityMismatch as exc:
-        raise IdentityMismatch(f"The prompt cache {info.path.name}", exc.mismatches,
-                               "Its shapes are not this model's: give the model folder MLX "
-                               "loaded to make it.") from None
+    with open(info.path, "rb", buffering=0) as handle:
+        descriptor, state = handle.fileno(), file_state(handle.fileno())
+        _require_as_checked(info, descriptor)
+        layers = _file_layers(info, descriptor)
+
+        def check_and_prove(written: KVFileInfo) -> None:
+            # The kernel copied from the file as it was during the copy: it must still be
+            # the one checked. The proof then runs on the bytes written, which are placed.
+            if file_state(descriptor) != state:
+                raise _changed(info, "it was modified during the read")
+            _require_as_checked(info, descriptor)
+            if proof is not None:
+                proof(mapped_layers(written), ids, info.kv_dtype)
+
+        try:
+            return write_kv_layers(layers, target, producer=live, token_ids=ids, metadata=item,
+                                   before_rename=check_and_prove)
+        except IdentityMismatch as exc:  # the shapes, checked before anything is written
+            raise IdentityMismatch(f"The prompt cache {info.path.name}", exc.mismatches,
+                                   "Its shapes are not this model's: give the model folder MLX "
+                                   "loaded to make it.") from None
 
 
 def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
@@ -161,68 +188,45 @@ def _default_out(path: Path) -> Path:
     return path.with_name(stem + constants.KV_SUFFIX)
 
 
-def prompt_cache_layers(info: PromptCacheInfo, *, compute: bool = True
-                        ) -> list[tuple[str, int, Any, Any]]:
-    """(type, cumulative_length, keys, values) per layer, cut to the positions in use: views of
-    one private copy of the whole file, read in one pass and required to hold the header and
-    offsets ``info`` was validated from (a map of the file would be no snapshot: mlx_lm rewrites
-    a prompt cache in place, and a page not yet copied shows the file as it is now, or faults
-    once it is truncated), so what is checked, proved and written is what was read. A tensor
-    not aligned to its element size (mlx_lm pads no header) is copied to aligned memory when
-    ``compute`` (the tensors will be computed with).
-
-    Raises:
-        FormatError: the file changed since its header was read, or while it was read.
-    """
-    import numpy
-    import torch
-
-    header = info.header
-    buffer = numpy.empty(header.file_size, dtype=numpy.uint8)  # aligned: offsets are the file's
-    with open(info.path, "rb", buffering=0) as handle:
-        before = os.fstat(handle.fileno())
-        view, read = memoryview(buffer), 0
-        while read < header.file_size and (count := handle.readinto(view[read:])):
-            read += count
-        after = os.fstat(handle.fileno())
-    differed = _snapshot_differs(info, buffer, read, before, after)
-    if differed:
-        raise FormatError(f"{info.path} changed while cubepack read it ({differed}); nothing "
-                          "was written: convert it again once nothing writes it.")
-    dtype = getattr(torch, info.kv_dtype)
-    layers = []
+def _file_layers(info: PromptCacheInfo, descriptor: int) -> list[tuple[str, int, Any, Any]]:
+    """(type, cumulative_length, keys, values) per layer, cut to the positions in use, as
+    byte ranges of the open prompt cache (the kernel copies them; none is read here)."""
+    header, layers = info.header, []
     for layer in info.layers:
         parts = []
         for tensor in (layer.keys, layer.values):
+            *lead, stored, last = tensor.shape
+            row = stored * last * DTYPE_SIZES[tensor.dtype]
+            used = layer.offset * last * DTYPE_SIZES[tensor.dtype]
             start = header.data_offset + tensor.begin
-            piece = buffer[start:header.data_offset + tensor.end]
-            if compute and start % DTYPE_SIZES[tensor.dtype]:
-                piece = numpy.array(piece)  # aligned, for arithmetic
-            parts.append(torch.from_numpy(piece).view(dtype).view(tensor.shape)[..., :layer.offset, :])
+            rows = math.prod(lead)
+            pieces = ((start, row * rows),) if used == row else tuple(
+                (start + index * row, used) for index in range(rows))
+            parts.append(FileTensor(DTYPE_NAMES[tensor.dtype], (*lead, layer.offset, last),
+                                    FileBytes(descriptor, pieces, str(info.path))))
         layers.append((FULL, layer.offset, parts[0], parts[1]))
     return layers
 
 
-def _snapshot_differs(info: PromptCacheInfo, buffer: Any, read: int, before: os.stat_result,
-                      after: os.stat_result) -> str | None:
-    """What shows the bytes read are not the file ``info`` was validated from, or None: their
-    size, a change during the read, the header bytes, each layer's offset."""
+def _require_as_checked(info: PromptCacheInfo, descriptor: int) -> None:
+    """The open file holds the header and offsets ``info`` was validated from, read again."""
     header = info.header
-    if read != header.file_size or after.st_size != header.file_size:
-        return f"expected {header.file_size} bytes, read {read} of {after.st_size}"
-    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
-        return "it was modified during the read"
-    raw = buffer[:header.data_offset].tobytes()
-    if raw[:8] != struct.pack("<Q", header.data_offset - 8) or parse_header(
-            raw[8:], header.file_size, str(info.path), aligned=False) != header:
-        return "its header is not the one checked"
+    differed = header_differs(descriptor, header, str(info.path))
     for index, layer in enumerate(info.layers):
+        if differed:
+            break
         scalar = header.tensors[f"{index}.2"]
-        stored = buffer[header.data_offset + scalar.begin:header.data_offset + scalar.end]
-        (offset,) = struct.unpack(OFFSET_FORMATS[scalar.dtype], stored.tobytes())
+        stored = os.pread(descriptor, scalar.end - scalar.begin, header.data_offset + scalar.begin)
+        (offset,) = struct.unpack(OFFSET_FORMATS[scalar.dtype], stored)
         if offset != layer.offset:
-            return f"layer {index}'s offset: expected {layer.offset}, found {offset}"
-    return None
+            differed = f"layer {index}'s offset: expected {layer.offset}, found {offset}"
+    if differed:
+        raise _changed(info, differed)
+
+
+def _changed(info: PromptCacheInfo, what: str) -> FormatError:
+    return FormatError(f"{info.path} changed while cubepack read it ({what}); nothing was "
+                       "written: convert it again once nothing writes it.")
 
 
 def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -247,15 +251,25 @@ def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str
                                "cubepack exports full-attention caches to MLX only.")
     if info.num_layers == 0:
         raise UnsupportedError(f"{info.path.name} holds no layers.")
-    layers = [(tensor_bytes(keys), tensor_bytes(values), tuple(keys.shape))
-              for _, _, keys, values in mapped_layers(info)]
     user = {CUBEPACK_KEY: info.header.metadata[constants.KV_METADATA_KEY],
             "model": info.producer.model_id or ""}
-    return write_prompt_cache(out, layers, DTYPE_TAGS[info.kv_dtype], info.token_count, user)
+    header = info.header
+    with open(info.path, "rb", buffering=0) as handle:  # the kernel copies each tensor
+        descriptor, state = handle.fileno(), file_state(handle.fileno())
 
+        def as_checked() -> None:
+            differed = "it was modified during the read" if file_state(descriptor) != state \
+                else header_differs(descriptor, header, str(info.path))
+            if differed:
+                raise FormatError(f"{info.path} changed while cubepack read it ({differed}); "
+                                  "nothing was written: convert it again once nothing writes "
+                                  "it.")
 
-def tensor_bytes(tensor: Any) -> Any:
-    """A contiguous torch tensor's bytes, as a flat uint8 array (no copy)."""
-    import torch
-
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+        as_checked()
+        layers = []
+        for index in range(info.num_layers):
+            keys, values = (header.tensors[f"layers.{index}.{part}"] for part in ("keys", "values"))
+            layers.append((*(FileBytes(descriptor, ((header.data_offset + t.begin, t.end - t.begin),),
+                                       str(info.path)) for t in (keys, values)), keys.shape))
+        return write_prompt_cache(out, layers, DTYPE_TAGS[info.kv_dtype], info.token_count, user,
+                                  before_rename=as_checked)

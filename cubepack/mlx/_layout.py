@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,9 +200,11 @@ def flat_metadata(user: dict[str, str], num_layers: int) -> dict[str, str]:
 
 
 def write_prompt_cache(path: str | os.PathLike[str], layers: list[tuple[Any, Any, tuple]],
-                       tag: str, offset: int, user: dict[str, str]) -> Path:
+                       tag: str, offset: int, user: dict[str, str], *,
+                       before_rename: Callable[[], None] | None = None) -> Path:
     """Write an MLX-LM prompt cache of ``layers`` ((keys bytes, values bytes, shape), of dtype
-    ``tag``, every position in use), atomically; read back before it is placed."""
+    ``tag``, every position in use; bytes-like or :class:`FileBytes`), atomically; read back
+    before it is placed, after ``before_rename`` (what it raises leaves no file)."""
     tensors = []
     for index, (keys, values, shape) in enumerate(layers):
         tensors += [(f"{index}.0", tag, shape, keys), (f"{index}.1", tag, shape, values),
@@ -210,4 +213,6 @@ def write_prompt_cache(path: str | os.PathLike[str], layers: list[tuple[Any, Any
     with atomic.atomic_path(path) as tmp:
         write_safetensors(tmp, tensors, flat_metadata(user, len(layers)))
         read_prompt_cache(tmp)  # what we wrote must be what we read back
+        if before_rename is not None:
+            before_rename()
     return path

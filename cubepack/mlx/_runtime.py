@@ -89,7 +89,7 @@ def _first_floating(node: Any) -> str | None:
     """Depth first, as ``Module.parameters`` walks: a module's entries not named ``_...``
     (a plain dict's or list's all), arrays, dicts and lists only."""
     import mlx.core as mx
-    import mlx.nn as nn
+    from mlx import nn
 
     if isinstance(node, mx.array):
         name = str(node.dtype).removeprefix("mlx.core.")

@@ -262,25 +262,63 @@ def test_a_saved_file_holds_exactly_the_bytes_safetensors_writes(models, a_file)
     assert path.read_bytes() == save(tensors, metadata=metadata)
 
 
+@pytest.mark.parametrize("source", ["memory", "file", "file without a kernel copy"])
 @pytest.mark.parametrize("sizes", [[3] * 7, [2 * 1024 * 1024 + 5, 7, 3 * 1024 * 1024], [0, 5]])
-def test_writes_end_on_2_mib_boundaries_and_lose_no_byte(tmp_path, monkeypatch, sizes):
+def test_writes_end_on_2_mib_boundaries_and_lose_no_byte(tmp_path, monkeypatch, sizes, source):
+    """Tensors from memory, or left in another file in scattered pieces (copied by the kernel,
+    or by reads where the kernel refuses, as across file systems): the bytes safetensors
+    writes, every write or copy ending short of or on a 2 MiB boundary, short ones included."""
+    import errno
     import os
 
     from safetensors.torch import save
 
     from cubepack._util import safetensors_header
 
-    ends, real = [], os.writev
+    ends, real_write, real_copy = [], os.pwritev, os.copy_file_range
 
-    def recorded(descriptor, pieces):
-        written = real(descriptor, pieces[:1] if len(pieces) > 2 else pieces)  # short writes too
-        ends.append(os.lseek(descriptor, 0, os.SEEK_CUR))
+    def recorded_write(descriptor, pieces, offset):
+        written = real_write(descriptor, pieces[:1] if len(pieces) > 2 else pieces, offset)
+        ends.append(offset + written)  # short writes too
         return written
 
-    monkeypatch.setattr(safetensors_header.os, "writev", recorded)
+    def recorded_copy(source_descriptor, descriptor, count, at, offset):
+        if source == "file without a kernel copy":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        copied = real_copy(source_descriptor, descriptor, min(count, 1_000_003), at, offset)
+        ends.append(offset + copied)  # short copies too
+        return copied
+
+    monkeypatch.setattr(safetensors_header.os, "pwritev", recorded_write)
+    monkeypatch.setattr(safetensors_header.os, "copy_file_range", recorded_copy)
     tensors = {f"t{i}": torch.arange(size, dtype=torch.uint8) for i, size in enumerate(sizes)}
-    stored = [(name, "U8", tuple(t.shape), t.numpy()) for name, t in tensors.items()]
-    safetensors_header.write_safetensors(tmp_path / "f", stored, {"k": "v"})
+    with open(tmp_path / "other", "w+b") as other:
+        stored = []
+        for name, tensor in tensors.items():
+            if source == "memory":
+                stored.append((name, "U8", tuple(tensor.shape), tensor.numpy()))
+                continue
+            data, pieces = tensor.numpy().tobytes(), []
+            for part in (data[: len(data) // 3], data[len(data) // 3:]):  # apart, a gap between
+                other.seek(0, os.SEEK_END)
+                other.write(b"gap")
+                pieces.append((other.tell(), len(part)))
+                other.write(part)
+            other.flush()
+            stored.append((name, "U8", tuple(tensor.shape), safetensors_header.FileBytes(
+                other.fileno(), tuple(pieces), "other")))
+        safetensors_header.write_safetensors(tmp_path / "f", stored, {"k": "v"})
     assert (tmp_path / "f").read_bytes() == save(tensors, metadata={"k": "v"})
     boundaries = [end for end in ends if end % (2 * 1024 * 1024) == 0]  # no write spans one
     assert len(boundaries) == (tmp_path / "f").stat().st_size // (2 * 1024 * 1024)
+
+
+def test_a_file_that_ends_before_its_pieces_is_a_format_error(tmp_path):
+    from cubepack._util import safetensors_header
+
+    (tmp_path / "other").write_bytes(bytes(100))
+    with open(tmp_path / "other", "rb") as other:
+        pieces = safetensors_header.FileBytes(other.fileno(), ((0, 60), (60, 80)), "other")
+        with pytest.raises(FormatError, match=r"other changed while cubepack read it \(it ended "
+                                              r"before byte 140\)"):
+            safetensors_header.write_safetensors(tmp_path / "f", [("t", "U8", (140,), pieces)], {})

@@ -220,7 +220,7 @@ def test_the_dtype_an_mlx_model_runs_in_is_its_first_floating_parameter(zoo, dty
     """The producer's dtype is read by a walk that stops at the first floating parameter: it
     must be the one ``tree_flatten(model.parameters())`` gives first, for a real model in
     every dtype and for a module whose hidden, tuple-held and integer arrays come first."""
-    import mlx.nn as nn
+    from mlx import nn
     from mlx.utils import tree_flatten
 
     from cubepack.mlx._runtime import model_dtype

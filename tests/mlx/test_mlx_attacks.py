@@ -129,36 +129,71 @@ def test_a_prompt_cache_where_a_kv_file_belongs_names_the_import(zoo, mlx_models
 
 @pytest.mark.parametrize("change", ["overwritten in place", "truncated"])
 @pytest.mark.parametrize("prove", [False, True])
-def test_an_import_writes_the_cache_it_read_whatever_happens_to_the_file_meanwhile(
+def test_a_source_changed_while_an_import_copies_it_is_refused_and_nothing_written(
         mlx_models, zoo, tmp_path, monkeypatch, change, prove):
-    """mlx_lm rewrites a prompt cache in place: a source changed between the read (and the
-    proof) and the write must not reach the KV file (a map of the file would show the new bytes,
-    or fault once it is truncated)."""
+    """mlx_lm rewrites a prompt cache in place: an import copies the tensors from the file (the
+    kernel does, no snapshot in memory), so a source changed while it is copied must be a
+    FormatError with no KV file placed (not the new bytes under the old header, nor a crash
+    once it is truncated), with or without the proof."""
+    import os
+
     from mlx_lm.models.cache import save_prompt_cache
 
-    import cubepack.mlx._convert as convert
+    import cubepack._util.safetensors_header as writer
 
     source = tmp_path / "native.safetensors"
     save_prompt_cache(str(source), cubepack.mlx.prefill(mlx_models["a"], IDS))  # unaligned
+    os.utime(source, ns=(10**18, 10**18))  # written long ago, as a cache being converted is
     kwargs = {"token_ids": IDS, "recompute": True} if prove else {"token_ids": IDS}
-    reference = cubepack.mlx.import_prompt_cache(source, zoo["a"], out=tmp_path / "ref.kv.safetensors",
-                                                 **kwargs)
-    real_write = convert.write_kv_layers
+    real_copy, changed = writer._copy_range, []
 
-    def write_after_the_source_changed(*args, **kw):
-        size = source.stat().st_size
-        with open(source, "r+b") as handle:  # same inode, as mlx_lm's save
-            if change == "truncated":
-                handle.truncate(size // 2)
-            else:
-                handle.seek(size // 2)
-                handle.write(bytes(size - size // 2))
-        return real_write(*args, **kw)
+    def copy_while_the_source_changes(*args):
+        if not changed:  # the first tensor's copy: the rest of the file changes meanwhile
+            changed.append(True)
+            size = source.stat().st_size
+            with open(source, "r+b") as handle:  # same inode, as mlx_lm's save
+                if change == "truncated":
+                    handle.truncate(size // 2)
+                else:
+                    handle.seek(size // 2)
+                    handle.write(bytes(64))
+        return real_copy(*args)
 
-    monkeypatch.setattr(convert, "write_kv_layers", write_after_the_source_changed)
+    monkeypatch.setattr(writer, "_copy_range", copy_while_the_source_changes)
+    out = tmp_path / "out.kv.safetensors"
+    with pytest.raises(cubepack.FormatError, match="changed while cubepack read it"):
+        cubepack.mlx.import_prompt_cache(source, zoo["a"], out=out, **kwargs)
+    assert changed and not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+def test_an_import_places_exactly_the_bytes_it_proved(mlx_models, zoo, tmp_path, monkeypatch):
+    """The proof runs on the KV file as written, before it takes its name: what a later load
+    maps is what was recomputed (the source may change after the copy; it no longer matters)."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    import cubepack.mlx._convert as convert
+    from cubepack.kv import read_kv_header
+    from cubepack.kv._torch import mapped_layers
+
+    source = tmp_path / "native.safetensors"
+    save_prompt_cache(str(source), cubepack.mlx.prefill(mlx_models["a"], IDS))
+    proved = {}
+    real_mapped = convert.mapped_layers
+
+    def remember(info):
+        layers = real_mapped(info)
+        proved["path"] = info.path
+        proved["bytes"] = [bytes(t.contiguous().view(torch.uint8).numpy()) for _, _, k, v in layers
+                           for t in (k, v)]
+        return layers
+
+    monkeypatch.setattr(convert, "mapped_layers", remember)
     out = cubepack.mlx.import_prompt_cache(source, zoo["a"], out=tmp_path / "out.kv.safetensors",
-                                           **kwargs)
-    assert out.read_bytes() == reference.read_bytes()
+                                           token_ids=IDS, recompute=True)
+    assert proved["path"] != out and not proved["path"].exists()  # the temp file, now renamed
+    placed = [bytes(t.contiguous().view(torch.uint8).numpy()) for _, _, k, v in
+              mapped_layers(read_kv_header(out)) for t in (k, v)]
+    assert placed == proved["bytes"]
 
 
 @pytest.mark.parametrize("change", ["truncated", "offset rewritten"])
@@ -239,3 +274,40 @@ def test_a_file_changed_between_its_check_and_mlx_reading_it_is_refused(
     monkeypatch.setattr(mx, "load", load_then_change)
     with pytest.raises(cubepack.FormatError, match="changed while cubepack loaded it"):
         cubepack.mlx.load_prompt_cache(path, model)
+
+
+@pytest.mark.parametrize("change", ["overwritten in place", "truncated"])
+def test_a_kv_file_changed_while_an_export_copies_it_is_refused_and_nothing_written(
+        mlx_models, zoo, tmp_path, monkeypatch, change):
+    """An export copies the KV file's tensors in the kernel: a KV file rewritten or truncated
+    meanwhile is a FormatError, and no prompt cache appears (none with bytes nobody checked)."""
+    import os
+
+    from mlx_lm.models.cache import save_prompt_cache
+
+    import cubepack._util.safetensors_header as writer
+
+    native = tmp_path / "native.safetensors"
+    save_prompt_cache(str(native), cubepack.mlx.prefill(mlx_models["a"], IDS))
+    source = cubepack.mlx.import_prompt_cache(native, zoo["a"], token_ids=IDS,
+                                              out=tmp_path / "doc.kv.safetensors")
+    os.utime(source, ns=(10**18, 10**18))
+    real_copy, changed = writer._copy_range, []
+
+    def copy_while_the_source_changes(*args):
+        if not changed:
+            changed.append(True)
+            size = source.stat().st_size
+            with open(source, "r+b") as handle:
+                if change == "truncated":
+                    handle.truncate(size // 2)
+                else:
+                    handle.seek(size // 2)
+                    handle.write(bytes(64))
+        return real_copy(*args)
+
+    monkeypatch.setattr(writer, "_copy_range", copy_while_the_source_changes)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(cubepack.FormatError, match="changed while cubepack read it"):
+        cubepack.mlx.export_prompt_cache(source, out)
+    assert changed and not out.exists() and list(tmp_path.glob(".out*")) == []
