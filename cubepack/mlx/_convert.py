@@ -141,8 +141,8 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
         layers = _file_layers(info, descriptor)
 
         def check_and_prove(written: KVFileInfo) -> None:
-            # The kernel copied from the file as it was during the copy: it must still be
-            # the one checked. The proof then runs on the bytes written, which are placed.
+            # The bytes were read from the file as it was during the copy: it must still
+            # be the one checked. The proof then runs on the bytes written, which are placed.
             if file_state(descriptor) != state:
                 raise _changed(info, "it was modified during the read")
             _require_as_checked(info, descriptor)
@@ -190,7 +190,7 @@ def _default_out(path: Path) -> Path:
 
 def _file_layers(info: PromptCacheInfo, descriptor: int) -> list[tuple[str, int, Any, Any]]:
     """(type, cumulative_length, keys, values) per layer, cut to the positions in use, as
-    byte ranges of the open prompt cache (the kernel copies them; none is read here)."""
+    byte ranges of the open prompt cache (the writer copies them; none is read here)."""
     header, layers = info.header, []
     for layer in info.layers:
         parts = []
@@ -254,7 +254,7 @@ def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str
     user = {CUBEPACK_KEY: info.header.metadata[constants.KV_METADATA_KEY],
             "model": info.producer.model_id or ""}
     header = info.header
-    with open(info.path, "rb", buffering=0) as handle:  # the kernel copies each tensor
+    with open(info.path, "rb", buffering=0) as handle:  # the writer copies each tensor
         descriptor, state = handle.fileno(), file_state(handle.fileno())
 
         def as_checked() -> None:

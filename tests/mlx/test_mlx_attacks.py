@@ -131,8 +131,8 @@ def test_a_prompt_cache_where_a_kv_file_belongs_names_the_import(zoo, mlx_models
 @pytest.mark.parametrize("prove", [False, True])
 def test_a_source_changed_while_an_import_copies_it_is_refused_and_nothing_written(
         mlx_models, zoo, tmp_path, monkeypatch, change, prove):
-    """mlx_lm rewrites a prompt cache in place: an import copies the tensors from the file (the
-    kernel does, no snapshot in memory), so a source changed while it is copied must be a
+    """mlx_lm rewrites a prompt cache in place: an import copies the tensors from the file as
+    it writes them (no snapshot in memory), so a source changed while it is copied must be a
     FormatError with no KV file placed (not the new bytes under the old header, nor a crash
     once it is truncated), with or without the proof."""
     import os
@@ -279,7 +279,7 @@ def test_a_file_changed_between_its_check_and_mlx_reading_it_is_refused(
 @pytest.mark.parametrize("change", ["overwritten in place", "truncated"])
 def test_a_kv_file_changed_while_an_export_copies_it_is_refused_and_nothing_written(
         mlx_models, zoo, tmp_path, monkeypatch, change):
-    """An export copies the KV file's tensors in the kernel: a KV file rewritten or truncated
+    """An export copies the KV file's tensors as it writes them: a KV file rewritten or truncated
     meanwhile is a FormatError, and no prompt cache appears (none with bytes nobody checked)."""
     import os
 
