@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import constants
-from .._util.safetensors_header import DTYPE_TAGS, read_header
+from .._util.safetensors_header import DTYPE_TAGS, file_state, header_differs, read_header
 from ..errors import (
     FormatError,
     IdentityMismatch,
@@ -76,36 +76,64 @@ def load(path_or_hf_repo: str | os.PathLike[str], *, revision: str | None = None
 
 
 def model_dtype(model: Any) -> str:
-    """The dtype an MLX model runs in: its first floating parameter's, in the order of
-    ``tree_flatten(model.parameters())``, found without building that whole tree (every
-    checked load asks)."""
-    name = _first_floating(model)
-    if name is None:
+    """The one floating dtype an MLX model's parameters have: the dtype it runs in.
+
+    Raises:
+        UsageError: no floating parameter, or several dtypes (a bfloat16 model with a float32
+            embedding computes float32 caches from bfloat16 weights: neither name is its
+            dtype, and a float32 identity would pass it off as the float32 model).
+    """
+    return _one_dtype(_parameter_kinds(model)[0])
+
+
+def _one_dtype(floating: set[str]) -> str:
+    if not floating:
         raise UsageError("This MLX model has no floating-point parameters to take a dtype from.")
-    return name
+    if len(floating) > 1:
+        raise UsageError(f"This MLX model's parameters mix {' and '.join(sorted(floating))}, so "
+                         "no one dtype names what it computes. Cast it whole "
+                         "(model.set_dtype(mx.float16)), or load it with "
+                         "cubepack.mlx.load(folder, dtype=...).")
+    return floating.pop()
 
 
-def _first_floating(node: Any) -> str | None:
-    """Depth first, as ``Module.parameters`` walks: a module's entries not named ``_...``
-    (a plain dict's or list's all), arrays, dicts and lists only."""
+def _parameter_kinds(model: Any) -> tuple[set[str], bool]:
+    """(the floating dtypes of the parameters, whether any module is quantized), walking the
+    parameters as ``Module.parameters`` does (a module's entries not named ``_...``; a plain
+    dict's or list's all) without building that tree (every checked load asks)."""
     import mlx.core as mx
     from mlx import nn
 
-    if isinstance(node, mx.array):
-        name = str(node.dtype).removeprefix("mlx.core.")
-        return name if name in _MLX_DTYPES else None
-    if isinstance(node, nn.Module):
-        children = (v for k, v in node.items() if not k.startswith("_"))
-    elif isinstance(node, dict):
-        children = iter(node.values())
-    elif isinstance(node, list):
-        children = iter(node)
-    else:
-        return None
-    for child in children:
-        if (found := _first_floating(child)) is not None:
-            return found
-    return None
+    floating: set[str] = set()
+    quantized = False
+    pending = [model]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, mx.array):
+            name = str(node.dtype).removeprefix("mlx.core.")
+            if name in _MLX_DTYPES:
+                floating.add(name)
+        elif isinstance(node, nn.Module):
+            quantized = quantized or "scales" in node  # QuantizedLinear, QuantizedEmbedding, ...
+            pending.extend(v for k, v in node.items() if not k.startswith("_"))
+        elif isinstance(node, dict):
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return floating, quantized
+
+
+def _quantized_in_folder(folder: str | os.PathLike[str]) -> bool:
+    """Whether the folder's config declares quantized weights (mlx_lm's ``quantization``)."""
+    import json
+
+    path = resolve_model_folder(str(folder))[0] / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(
+        config.get("quantization") or config.get("quantization_config"))
 
 
 def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> ModelIdentity:
@@ -125,7 +153,14 @@ def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> 
     if folder is None:
         raise UsageError("cubepack cannot tell which files this MLX model was loaded from: load "
                          "it with cubepack.mlx.load(folder), or pass folder=.")
-    return mlx_identity(folder, model_dtype(model))
+    floating, quantized = _parameter_kinds(model)
+    dtype = _one_dtype(floating)
+    if quantized and not _quantized_in_folder(folder):
+        raise UsageError(f"This MLX model is quantized but {folder} holds unquantized weights: "
+                         "it was quantized after loading, so its folder's fingerprint is not "
+                         "its identity. Save it (mlx_lm.convert -q, or save_weights with its "
+                         "config) and load that folder.")
+    return mlx_identity(folder, dtype)
 
 
 def _live(model: Any, folder: Any) -> tuple[Any, ModelIdentity]:
@@ -284,40 +319,47 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
 
     model, live = _live(model, folder)
     path = Path(path)
-    before = _file_state(path)
-    header = read_header(path, aligned=False)  # which layout: each reader then checks it
-    if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
-        info = check_kv_info(read_kv_header(path), live)
-        names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]
-        user: dict[str, str] = {}
-    else:
-        prompt_cache = read_prompt_cache(path, header)
-        info = claimed_header(prompt_cache)
-        if info is None:
-            raise FormatError(
-                f"{path.name} is an MLX-LM prompt cache that records no producer (mlx_lm writes "
-                "a model name only), so cubepack cannot check it. Convert it with its "
-                f"producer first: cubepack import mlx {path} --model MODEL, then load the KV "
-                "file.")
-        check_kv_info(info, live)
-        names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
-        user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
-    sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
-    if sliding:  # MLX keeps those in a RotatingKVCache; a KVCache would misplace them
-        raise UnsupportedError(f"{path.name}: layer {sliding[0]} is a sliding-window layer; "
-                               "cubepack loads full-attention caches into MLX only.")
-    # Checked: only now does MLX read the tensors, as the safetensors file just checked (MLX
-    # would otherwise pick its parser by the file's suffix: .npz, .gguf, none).
-    arrays = mx.load(str(path), format="safetensors")
-    offset = info.token_count
-    layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset) for k, v in names]
-    # MLX reads a file when its arrays are evaluated, not at mx.load: read them now, then make
-    # sure the file is still the one checked (mlx_lm rewrites a prompt cache in place), so no
-    # later evaluation can bring in bytes nobody checked.
-    mx.eval([array for keys, values, _ in layers for array in (keys, values)])
-    if _file_state(path) != before or read_header(path, aligned=False) != header:
-        raise FormatError(f"{path} changed while cubepack loaded it; nothing was loaded: load "
-                          "it again once nothing writes it.")
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - held until the arrays are evaluated
+    except OSError as exc:
+        raise FormatError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    with handle:
+        state = file_state(handle.fileno())
+        header = read_header(path, aligned=False)  # which layout: each reader then checks it
+        if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
+            info = check_kv_info(read_kv_header(path), live)
+            names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]
+            user: dict[str, str] = {}
+        else:
+            prompt_cache = read_prompt_cache(path, header)
+            info = claimed_header(prompt_cache)
+            if info is None:
+                raise FormatError(
+                    f"{path.name} is an MLX-LM prompt cache that records no producer (mlx_lm "
+                    "writes a model name only), so cubepack cannot check it. Convert it with its "
+                    f"producer first: cubepack import mlx {path} --model MODEL, then load the "
+                    "KV file.")
+            check_kv_info(info, live)
+            names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
+            user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
+        sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
+        if sliding:  # MLX keeps those in a RotatingKVCache; a KVCache would misplace them
+            raise UnsupportedError(f"{path.name}: layer {sliding[0]} is a sliding-window "
+                                   "layer; cubepack loads full-attention caches into MLX only.")
+        # Checked: only now does MLX read the tensors, as safetensors (else MLX picks its parser
+        # by the suffix: .npz, .gguf, none), from the file this process opened (not the path
+        # again: a symlink or a rename can swap it), when they are evaluated, not at mx.load:
+        # so evaluate them now, then require the open file unchanged and holding the header
+        # checked: no later evaluation brings in bytes nobody checked.
+        arrays = mx.load(_name_of(handle), format="safetensors")
+        offset = info.token_count
+        layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset)
+                  for k, v in names]
+        mx.eval([array for keys, values, _ in layers for array in (keys, values)])
+        descriptor = handle.fileno()
+        if file_state(descriptor) != state or header_differs(descriptor, header, str(path)):
+            raise FormatError(f"{path} changed while cubepack loaded it; nothing was loaded: "
+                              "load it again once nothing writes it.")
     stored = None
     if producer_runtime(info.metadata) != RUNTIME:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
@@ -326,13 +368,18 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
     return (caches, user) if return_metadata else caches
 
 
-def _file_state(path: Path) -> tuple[int, ...]:
-    """What any write to the file, in place or by a rename over it, changes."""
-    try:
-        state = os.stat(path)
-    except OSError as exc:
-        raise FormatError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
-    return (state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns, state.st_ctime_ns)
+def _name_of(handle: Any) -> Any:
+    """A name that opens the file ``handle`` has open (``/proc/self/fd/N``, ``/dev/fd/N``),
+    whatever happened to its path since; else the file object (MLX reads one, ~3x slower)."""
+    descriptor = handle.fileno()
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        alias = f"{folder}/{descriptor}"
+        try:
+            if os.path.samestat(os.stat(alias), os.fstat(descriptor)):
+                return alias
+        except OSError:
+            continue
+    return handle
 
 
 def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[str], *,

@@ -216,29 +216,40 @@ def test_bf16_values_survive_every_hop_bit_exactly(zoo, models, mlx_models, tmp_
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_the_dtype_an_mlx_model_runs_in_is_its_first_floating_parameter(zoo, dtype):
-    """The producer's dtype is read by a walk that stops at the first floating parameter: it
-    must be the one ``tree_flatten(model.parameters())`` gives first, for a real model in
-    every dtype and for a module whose hidden, tuple-held and integer arrays come first."""
+def test_the_dtype_an_mlx_model_runs_in_is_the_one_its_parameters_have(zoo, dtype, tmp_path):
+    """The producer's dtype is the one floating dtype of the parameters (arrays a module keeps
+    under ``_`` names or in tuples are none); a model mixing dtypes, or quantized after
+    loading (its folder's fingerprint no longer its weights), has no identity to give."""
     from mlx import nn
-    from mlx.utils import tree_flatten
 
-    from cubepack.mlx._runtime import model_dtype
-
-    def first_floating(model):
-        return next(str(v.dtype).removeprefix("mlx.core.") for _, v in
-                    tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+    from cubepack.mlx._runtime import model_dtype, model_identity
 
     class Odd(nn.Module):
-        def __init__(self):
+        def __init__(self, last):
             super().__init__()
             self._private = mx.zeros(2, dtype=mx.float16)  # not a parameter
             self.held = (mx.zeros(2, dtype=mx.bfloat16),)  # a tuple: not a parameter
-            self.table = {"_kept": [mx.zeros(1, dtype=mx.int32), mx.zeros(1, dtype=getattr(mx, dtype))]}
-            self.last = mx.zeros(1, dtype=mx.float32)
+            self.table = {"_kept": [mx.zeros(1, dtype=mx.int32),
+                                    mx.zeros(1, dtype=getattr(mx, dtype))]}
+            self.last = mx.zeros(1, dtype=last)
 
     model, _ = cubepack.mlx.load(zoo["a"], dtype=dtype)
-    for candidate in (model, Odd()):
-        assert model_dtype(candidate) == first_floating(candidate) == dtype
+    assert model_dtype(model) == model_dtype(Odd(getattr(mx, dtype))) == dtype
+    assert model_identity(model).dtype == dtype
+    other = "float32" if dtype != "float32" else "bfloat16"
+    with pytest.raises(cubepack.UsageError, match=f"mix .*{other}|mix {other}"):
+        model_dtype(Odd(getattr(mx, other)))
+    model.model.embed_tokens.set_dtype(getattr(mx, other))  # one module cast back
+    with pytest.raises(cubepack.UsageError, match="Cast it whole"):
+        model_identity(model)
     with pytest.raises(cubepack.UsageError, match="no floating-point parameters"):
         model_dtype(nn.Module())
+    quantized, _ = cubepack.mlx.load(zoo["a"], dtype=dtype)
+    nn.quantize(quantized, group_size=32, bits=4)
+    with pytest.raises(cubepack.UsageError, match="quantized after loading"):
+        model_identity(quantized)
+    honest, _ = cubepack.mlx.load(zoo["a"], dtype=dtype)
+    saved = cubepack.mlx.save_prompt_cache(tmp_path / "c.safetensors",
+                                           cubepack.mlx.prefill(honest, IDS), honest, token_ids=IDS)
+    with pytest.raises(cubepack.UsageError, match="quantized after loading"):
+        cubepack.mlx.load_prompt_cache(saved, quantized)

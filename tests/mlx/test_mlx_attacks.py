@@ -311,3 +311,40 @@ def test_a_kv_file_changed_while_an_export_copies_it_is_refused_and_nothing_writ
     with pytest.raises(cubepack.FormatError, match="changed while cubepack read it"):
         cubepack.mlx.export_prompt_cache(source, out)
     assert changed and not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+def test_a_symlink_swapped_between_the_check_and_mlx_reading_loads_the_file_checked(
+        mlx_models, tmp_path, monkeypatch):
+    """MLX reads the file the check opened, not the path again: a symlink pointed at another
+    cache (another producer's, say) just before ``mx.load`` and back just after gives the
+    checked file's tensors, never the other's."""
+    import os
+
+    import mlx.core as mx
+
+    model = mlx_models["a"]
+    checked = cubepack.mlx.save_prompt_cache(tmp_path / "checked.safetensors",
+                                             cubepack.mlx.prefill(model, IDS), model,
+                                             token_ids=IDS)
+    other = cubepack.mlx.save_prompt_cache(tmp_path / "other.safetensors",
+                                           cubepack.mlx.prefill(model, IDS[::-1]), model,
+                                           token_ids=IDS[::-1])
+    link = tmp_path / "cache.safetensors"
+    link.symlink_to(checked)
+    expected = [numpy.array(c.keys) for c in cubepack.mlx.load_prompt_cache(checked, model)]
+    real_load, swapped = mx.load, []
+
+    def load_with_the_link_swapped(name, *args, **kwargs):
+        link.unlink()
+        link.symlink_to(other)
+        try:
+            return real_load(name, *args, **kwargs)
+        finally:
+            link.unlink()
+            link.symlink_to(checked)
+            swapped.append(os.readlink(link))
+
+    monkeypatch.setattr(mx, "load", load_with_the_link_swapped)
+    loaded = cubepack.mlx.load_prompt_cache(link, model)
+    assert swapped and all(numpy.array_equal(numpy.array(c.keys), keys)
+                           for c, keys in zip(loaded, expected, strict=True))
