@@ -314,8 +314,10 @@ def _token_ids(value: str | None) -> list[int] | None:
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--token-ids {value}: {getattr(exc, 'strerror', None) or exc}") \
                 from exc
-    try:
-        ids = json.loads(text)
+    from ._util import canonical
+
+    try:  # strict: a 5000-digit id is refused by cubepack's limit, not Python's int advice
+        ids = canonical.loads_strict(text)
     except ValueError as exc:
         raise UsageError(f"--token-ids must be a JSON list of integers: {exc}") from exc
     if not isinstance(ids, list) or not all(type(t) is int for t in ids):

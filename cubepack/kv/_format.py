@@ -100,8 +100,8 @@ def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]
     """Validate a KV file's metadata ``raw`` against ``tensors`` (named ``layers.<i>.keys`` /
     ``.values``): the one check for a KV file and for the same metadata carried by another
     layout (an MLX prompt cache written by cubepack, its tensors renamed)."""
-    try:
-        meta = canonical.loads_strict(raw)
+    try:  # a repeated key: readers that keep the first and the last would see two files
+        meta = canonical.loads_strict(raw, object_pairs_hook=canonical.unique_pairs)
     except ValueError as exc:
         raise FormatError(f"{path} has corrupt cubepack metadata ({exc}).") from exc
     if not isinstance(meta, dict) or meta.get("format") != constants.KV_FORMAT_NAME:

@@ -117,7 +117,7 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
     info = read_prompt_cache(path)
     live = mlx_identity(model, info.kv_dtype, revision=revision)
     claim = claimed_header(info)
-    ids = _ids(token_ids, info.offset)
+    ids = _ids(token_ids, info.offset, live.geometry.get("vocab_size"))
     if claim is not None:
         check_kv_info(claim, live)
         if ids is not None and claim.token_ids is not None and ids != claim.token_ids:
@@ -167,7 +167,7 @@ def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
     return kv_info(info.path, info.header, raw, info.used_tensors())
 
 
-def _ids(token_ids: Any, offset: int) -> list[int] | None:
+def _ids(token_ids: Any, offset: int, vocab: Any = None) -> list[int] | None:
     if token_ids is None:
         return None
     given = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
@@ -180,6 +180,10 @@ def _ids(token_ids: Any, offset: int) -> list[int] | None:
     if len(ids) != offset:
         raise UsageError(f"{len(ids)} token ids were given but the prompt cache holds {offset} "
                          "positions.")
+    if ids and type(vocab) is int and not (min(ids) >= 0 and max(ids) < vocab):
+        outside = next(t for t in ids if not 0 <= t < vocab)
+        raise UsageError(f"Token id {outside} lies outside the model's vocabulary "
+                         f"(0..{vocab - 1}): give the ids the cache was computed from.")
     return ids
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic
+from .._util import atomic, constants
 from .._util.safetensors_header import (
     DTYPE_SIZES,
     Header,
@@ -153,6 +153,11 @@ def _split_metadata(path: Path, metadata: dict[str, str]
                 and rest.split(".")[1] in ("0", "1"):
             number, part = rest.split(".")
             scalar_parts.setdefault(int(number), {})[part] = value
+        elif key == constants.KV_METADATA_KEY:  # a KV file given where a prompt cache goes
+            raise FormatError(f"{path} is a cubepack KV file, not an MLX-LM prompt cache: "
+                              "nothing to import. Load it as it is "
+                              "(cubepack.mlx.load_prompt_cache), or write a prompt cache from "
+                              f"it: cubepack export mlx {path} --out FILE.")
         else:
             raise FormatError(f"{path}: metadata key {key!r} is not part of an MLX-LM prompt "
                               "cache's layout.")

@@ -131,6 +131,22 @@ def test_a_lying_structure_is_refused_by_the_reader_and_the_cli(name, honest, tm
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["top level", "producer"])
+def test_a_key_repeated_in_the_cubepack_metadata_is_refused(honest, tmp_path, where):
+    """json keeps the last of two equal keys, other readers the first: token ids (or a
+    producer field) given twice would be two different files to two readers."""
+    tensors, meta = dict(honest["a"][0]), json.loads(json.dumps(honest["a"][1]))
+    text = json.dumps(meta)
+    if where == "top level":
+        text = text[:-1] + ', "token_ids": ' + json.dumps(meta["token_ids"][::-1]) + "}"
+    else:
+        text = text.replace('"producer": {', '"producer": {"dtype": "float16", ', 1)
+    path = tmp_path / "twice.kv.safetensors"
+    save_file(tensors, str(path), metadata={"cubepack": text})
+    with pytest.raises(FormatError, match="repeats the key"):
+        read_kv_header(path)
+
+
 def _raw_file(header: dict, data: bytes, pad_to: int = 8) -> bytes:
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % pad_to)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from re import search as re_search
 
 import numpy
 import pytest
@@ -89,6 +90,37 @@ def test_token_ids_that_are_not_integers_are_refused(zoo, mlx_models, tmp_path):
         with pytest.raises(cubepack.UsageError, match="integers"):
             cubepack.mlx.import_prompt_cache(path, zoo["a"], token_ids=ids)
     assert not (tmp_path / "p.kv.safetensors").exists()
+
+
+@pytest.mark.parametrize("ids, says", [
+    ("[1000000, 1, 2, 3, 4, 5, 6, 7]", r"Token id 1000000 lies outside the model's vocabulary"),
+    ("[-1, 1, 2, 3, 4, 5, 6, 7]", r"Token id -1 lies outside"),
+    ("[" + "9" * 5000 + ", 1, 2, 3, 4, 5, 6, 7]", r"--token-ids must be a JSON list of integers: "
+                                                   r"the number literal"),
+])
+def test_token_ids_a_model_cannot_have_are_a_usage_error_about_them(
+        zoo, mlx_models, tmp_path, capsys, ids, says):
+    """--token-ids outside the vocabulary (or too long to be a number) name --token-ids and
+    the vocabulary, not the temp file a write would have used, nor Python's int limit."""
+    path = _prompt_cache(tmp_path / "p.safetensors", _mlx_layers(mlx_models["a"]))
+    code = main(["import", "mlx", str(path), "--model", str(zoo["a"]), "--token-ids", ids,
+                 "--json"])
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert code != 0 and error["type"] == "UsageError"
+    assert re_search(says, error["message"]) and ".tmp" not in error["message"]
+    assert "set_int_max_str_digits" not in error["message"]
+    assert not (tmp_path / "p.kv.safetensors").exists()
+
+
+def test_a_kv_file_given_to_import_says_what_to_do_with_it(zoo, mlx_models, tmp_path, capsys):
+    path = _prompt_cache(tmp_path / "p.safetensors", _mlx_layers(mlx_models["a"]))
+    kv = cubepack.mlx.import_prompt_cache(path, zoo["a"], token_ids=IDS)
+    code = main(["import", "mlx", str(kv), "--model", str(zoo["a"]), "--json"])
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert code != 0 and error["type"] == "FormatError"
+    assert "is a cubepack KV file" in error["message"]
+    out = tmp_path / "again.safetensors"
+    assert main(["export", "mlx", str(kv), "--out", str(out)]) == 0  # the fix it names works
 
 
 @pytest.mark.parametrize("runtime", [None, "mlx-lm 0.32.2"])
