@@ -95,8 +95,8 @@ def test_token_ids_that_are_not_integers_are_refused(zoo, mlx_models, tmp_path):
 @pytest.mark.parametrize("ids, says", [
     ("[1000000, 1, 2, 3, 4, 5, 6, 7]", r"Token id 1000000 lies outside the model's vocabulary"),
     ("[-1, 1, 2, 3, 4, 5, 6, 7]", r"Token id -1 lies outside"),
-    ("[" + "9" * 5000 + ", 1, 2, 3, 4, 5, 6, 7]", r"--token-ids must be a JSON list of integers: "
-                                                   r"the number literal"),
+    ("[" + "9" * 5000 + ", 1, 2, 3, 4, 5, 6, 7]",
+     r"--token-ids must be a JSON list of integers: the number literal"),
 ])
 def test_token_ids_a_model_cannot_have_are_a_usage_error_about_them(
         zoo, mlx_models, tmp_path, capsys, ids, says):
