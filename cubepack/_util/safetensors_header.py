@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import struct
 import sys
 from collections.abc import Sequence
@@ -114,8 +115,8 @@ def read_header(path: str | os.PathLike[str], *, aligned: bool = True) -> Header
             oversized header, unknown dtype, offsets outside the data, sizes that disagree).
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as handle:
+    with open_regular(name) as handle:
+        try:
             file_size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             if len(prefix) < 8:
@@ -145,9 +146,28 @@ def read_header(path: str | os.PathLike[str], *, aligned: bool = True) -> Header
                     f"{file_size - 8} follow."
                 )
             raw = handle.read(length)
+        except OSError as exc:
+            raise FormatError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
+    return parse_header(raw, file_size, name, aligned=aligned)
+
+
+def open_regular(path: str | os.PathLike[str]) -> Any:
+    """Open a regular file for reading (binary, unbuffered), refusing anything else before a
+    read could block on it (a FIFO, a terminal) or never end (``/dev/zero``).
+
+    Raises:
+        FormatError: it cannot be opened, or is not a regular file.
+    """
+    name = os.fspath(path)
+    try:  # O_NONBLOCK: opening a FIFO with no writer would wait forever
+        descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                             | getattr(os, "O_BINARY", 0))
     except OSError as exc:
         raise FormatError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
-    return parse_header(raw, file_size, name, aligned=aligned)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise FormatError(f"{name} is not a regular file; cubepack reads caches from files only.")
+    return os.fdopen(descriptor, "rb", buffering=0)
 
 
 def parse_header(raw: bytes, file_size: int, name: str = "<header>", *,
@@ -248,10 +268,11 @@ class FileBytes:
         return sum(length for _, length in self.pieces)
 
 
-def file_state(descriptor: int) -> tuple[int, int, int]:
-    """(size, mtime, ctime) of an open file: what any write to it, or a truncation, changes."""
+def file_state(descriptor: int) -> tuple[int, int]:
+    """(size, mtime) of an open file: what a write to it, or a truncation, changes (not a
+    chmod, a link, or its path renamed or replaced, which leave its bytes as they were)."""
     state = os.fstat(descriptor)
-    return state.st_size, state.st_mtime_ns, state.st_ctime_ns
+    return state.st_size, state.st_mtime_ns
 
 
 def header_differs(descriptor: int, header: Header, name: str) -> str | None:

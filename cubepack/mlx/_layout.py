@@ -19,6 +19,7 @@ tensor is touched. A file cubepack writes carries the KV file's own metadata und
 from __future__ import annotations
 
 import os
+import shlex
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def _split_metadata(path: Path, metadata: dict[str, str]
             raise FormatError(f"{path} is a cubepack KV file, not an MLX-LM prompt cache: "
                               "nothing to import. Load it as it is "
                               "(cubepack.mlx.load_prompt_cache), or write a prompt cache from "
-                              f"it: cubepack export mlx {path} --out FILE.")
+                              f"it: cubepack export mlx {shlex.quote(str(path))} --out FILE.")
         else:
             raise FormatError(f"{path}: metadata key {key!r} is not part of an MLX-LM prompt "
                               "cache's layout.")

@@ -10,11 +10,19 @@ model's parameters have now (an ``nn.Module.set_dtype`` after loading counts).
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from .._util import constants
-from .._util.safetensors_header import DTYPE_TAGS, file_state, header_differs, read_header
+from .._util.hashing import HashCache
+from .._util.safetensors_header import (
+    DTYPE_TAGS,
+    file_state,
+    header_differs,
+    open_regular,
+    read_header,
+)
 from ..errors import (
     FormatError,
     IdentityMismatch,
@@ -123,17 +131,58 @@ def _parameter_kinds(model: Any) -> tuple[set[str], bool]:
     return floating, quantized
 
 
-def _quantized_in_folder(folder: str | os.PathLike[str]) -> bool:
+def _quantized_in_folder(folder: Path) -> bool:
     """Whether the folder's config declares quantized weights (mlx_lm's ``quantization``)."""
     import json
 
-    path = resolve_model_folder(str(folder))[0] / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and bool(
         config.get("quantization") or config.get("quantization_config"))
+
+
+#: The quantized modules of a folder's weights, reused while no file in it changed.
+_FOLDER_SCALES: dict[tuple, dict[str, tuple[int, ...]]] = {}
+
+
+def _folder_scales(folder: Path) -> dict[str, tuple[int, ...]]:
+    """{module path: its ``scales`` shape} in the folder's safetensors (headers only)."""
+    files = sorted(entry for entry in folder.iterdir() if entry.name.endswith(".safetensors"))
+    key = (str(folder.resolve()), tuple((f.name, HashCache.key(f)) for f in files))
+    if key not in _FOLDER_SCALES:
+        _FOLDER_SCALES.clear()
+        _FOLDER_SCALES[key] = {
+            name.removesuffix(".scales"): tensor.shape for f in files
+            for name, tensor in read_header(f, aligned=False).tensors.items()
+            if name.endswith(".scales")}
+    return _FOLDER_SCALES[key]
+
+
+def _require_folder_quantization(model: Any, folder: Path) -> None:
+    """The live model's quantized modules (and their scales' shapes: bits, group size) are
+    the folder's: quantizing or dequantizing after loading changes what the model computes
+    but not the folder's fingerprint."""
+    from mlx import nn
+
+    stored = _folder_scales(folder)
+    live = {name: tuple(module["scales"].shape) for name, module in model.named_modules()
+            if isinstance(module, nn.Module) and "scales" in module}
+    if live == stored:
+        return
+    first = sorted(set(live) ^ set(stored)) or sorted(n for n in live if live[n] != stored[n])
+    name = first[0]
+    raise UsageError(
+        f"This MLX model's quantization is not its folder's ({name or 'the model'}: the folder "
+        f"has {_scales(stored.get(name))}, the model {_scales(live.get(name))}): it was "
+        f"quantized or dequantized after loading, so {folder}'s fingerprint is not its "
+        "identity. Save it (mlx_lm.convert with -q, or save_weights with its config) and load "
+        "that folder.")
+
+
+def _scales(shape: tuple[int, ...] | None) -> str:
+    return "no quantization" if shape is None else f"scales of shape {list(shape)}"
 
 
 def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> ModelIdentity:
@@ -155,11 +204,9 @@ def model_identity(model: Any, folder: str | os.PathLike[str] | None = None) -> 
                          "it with cubepack.mlx.load(folder), or pass folder=.")
     floating, quantized = _parameter_kinds(model)
     dtype = _one_dtype(floating)
-    if quantized and not _quantized_in_folder(folder):
-        raise UsageError(f"This MLX model is quantized but {folder} holds unquantized weights: "
-                         "it was quantized after loading, so its folder's fingerprint is not "
-                         "its identity. Save it (mlx_lm.convert -q, or save_weights with its "
-                         "config) and load that folder.")
+    local = resolve_model_folder(str(folder))[0]
+    if quantized or _quantized_in_folder(local):
+        _require_folder_quantization(model, local)
     return mlx_identity(folder, dtype)
 
 
@@ -319,11 +366,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
 
     model, live = _live(model, folder)
     path = Path(path)
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - held until the arrays are evaluated
-    except OSError as exc:
-        raise FormatError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
-    with handle:
+    with open_regular(path) as handle:  # held until the arrays are evaluated
         state = file_state(handle.fileno())
         header = read_header(path, aligned=False)  # which layout: each reader then checks it
         if constants.KV_METADATA_KEY in header.metadata:  # a cubepack KV file
@@ -337,7 +380,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
                 raise FormatError(
                     f"{path.name} is an MLX-LM prompt cache that records no producer (mlx_lm "
                     "writes a model name only), so cubepack cannot check it. Convert it with its "
-                    f"producer first: cubepack import mlx {path} --model MODEL, then load the "
+                    f"producer first: cubepack import mlx {shlex.quote(str(path))} --model MODEL, then load the "
                     "KV file.")
             check_kv_info(info, live)
             names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
@@ -356,10 +399,17 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
         layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset)
                   for k, v in names]
         mx.eval([array for keys, values, _ in layers for array in (keys, values)])
+        # The header the checks used, read by path (a symlink may have pointed elsewhere for
+        # a moment), must be the open file's, and every layer must hold the positions claimed.
         descriptor = handle.fileno()
-        if file_state(descriptor) != state or header_differs(descriptor, header, str(path)):
-            raise FormatError(f"{path} changed while cubepack loaded it; nothing was loaded: "
-                              "load it again once nothing writes it.")
+        differed = "it was written" if file_state(descriptor) != state else header_differs(
+            descriptor, info.header, str(path))
+        short = [i for i, (keys, values, _) in enumerate(layers)
+                 if keys.shape[-2] != offset or values.shape[-2] != offset]
+        if differed or short:
+            raise FormatError(f"{path} changed while cubepack loaded it "
+                              f"({differed or f'layer {short[0]} holds fewer positions'}); "
+                              "nothing was loaded: load it again once nothing writes it.")
     stored = None
     if producer_runtime(info.metadata) != RUNTIME:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]

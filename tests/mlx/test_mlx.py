@@ -253,3 +253,27 @@ def test_the_dtype_an_mlx_model_runs_in_is_the_one_its_parameters_have(zoo, dtyp
                                            cubepack.mlx.prefill(honest, IDS), honest, token_ids=IDS)
     with pytest.raises(cubepack.UsageError, match="quantized after loading"):
         cubepack.mlx.load_prompt_cache(saved, quantized)
+
+
+def test_a_quantized_folder_is_its_own_identity_and_quantizing_more_is_refused(zoo, tmp_path):
+    """A folder mlx_lm quantized (whole, or its MLP layers only) loads and round-trips under
+    its own fingerprint; quantizing the rest in memory gives a model whose quantization is
+    not its folder's: refused, naming the module."""
+    from mlx import nn
+    from mlx_lm import convert
+
+    from cubepack.mlx._runtime import model_identity
+
+    for name, predicate in (("whole", None), ("mlp", lambda path, module, *_: "mlp" in path)):
+        folder = tmp_path / name
+        convert(str(zoo["a"]), mlx_path=str(folder), quantize=True, q_group_size=32, q_bits=4,
+                **({"quant_predicate": predicate} if predicate else {}))
+        model, _ = cubepack.mlx.load(folder)
+        saved = cubepack.mlx.save_prompt_cache(tmp_path / f"{name}.safetensors",
+                                               cubepack.mlx.prefill(model, IDS), model,
+                                               token_ids=IDS)
+        assert [c.offset for c in cubepack.mlx.load_prompt_cache(saved, model)] == [len(IDS)] * 2
+    nn.quantize(model, group_size=32, bits=2,  # the MLP-only folder's model: the rest now
+                class_predicate=lambda path, module: hasattr(module, "to_quantized"))
+    with pytest.raises(cubepack.UsageError, match="quantization is not its folder's"):
+        model_identity(model)

@@ -262,14 +262,13 @@ def test_a_prompt_cache_changed_after_its_header_was_checked_is_refused_and_noth
     assert not out.exists() and list(tmp_path.glob(".out*")) == []
 
 
-@pytest.mark.parametrize("change", ["data rewritten in place", "mlx_lm saves over it",
-                                    "replaced by a rename"])
+@pytest.mark.parametrize("change", ["data rewritten in place", "mlx_lm saves over it"])
 @pytest.mark.parametrize("kind", ["prompt cache", "KV file"])
 def test_a_file_changed_between_its_check_and_mlx_reading_it_is_refused(
         mlx_models, zoo, tmp_path, monkeypatch, change, kind):
     """MLX reads a file's tensors when they are evaluated, not at ``mx.load``: a checked load
     must not hand out arrays whose bytes come from a file written after the check (mlx_lm
-    rewrites a prompt cache in place). It evaluates them itself and refuses a changed file."""
+    rewrites a prompt cache in place). It evaluates them itself and refuses a written file."""
     import os
 
     import mlx.core as mx
@@ -295,12 +294,8 @@ def test_a_file_changed_between_its_check_and_mlx_reading_it_is_refused(
             with open(path, "r+b") as handle:  # same inode, same size, same header
                 handle.seek(size // 2)  # inside the tensor data
                 handle.write(bytes(64))
-        elif change == "mlx_lm saves over it":
-            mlx_save(str(path), cubepack.mlx.prefill(model, IDS[::-1]))
         else:
-            other = tmp_path / "other"
-            other.write_bytes(path.read_bytes())
-            os.replace(other, path)
+            mlx_save(str(path), cubepack.mlx.prefill(model, IDS[::-1]))
         return arrays
 
     monkeypatch.setattr(mx, "load", load_then_change)
@@ -380,3 +375,104 @@ def test_a_symlink_swapped_between_the_check_and_mlx_reading_loads_the_file_chec
     loaded = cubepack.mlx.load_prompt_cache(link, model)
     assert swapped and all(numpy.array_equal(numpy.array(c.keys), keys)
                            for c, keys in zip(loaded, expected, strict=True))
+
+
+def test_a_symlink_flipped_while_the_header_is_checked_cannot_pass_another_producer(
+        zoo, mlx_models, tmp_path, monkeypatch):
+    """The producer check reads the header by path, MLX reads the file opened first: a
+    symlink pointing at another model's KV file only while the check reads it must not pass
+    that file's producer off for the opened file's tensors (nor give a cache whose offset
+    exceeds the positions it holds)."""
+    from mlx_lm.models.cache import save_prompt_cache as mlx_save
+
+    import cubepack.mlx._runtime as runtime
+
+    def kv_file(model_name, name, ids):
+        native = tmp_path / f"{name}.native.safetensors"
+        mlx_save(str(native), cubepack.mlx.prefill(mlx_models[model_name], ids))
+        return cubepack.mlx.import_prompt_cache(native, zoo[model_name], token_ids=ids,
+                                                out=tmp_path / f"{name}.kv.safetensors")
+
+    foreign = kv_file("b", "foreign", IDS)  # another model: refused when loaded as it is
+    honest_short = kv_file("a", "short", IDS[:2])
+    for opened in (foreign, honest_short):
+        link = tmp_path / f"current-{opened.stem}"
+        link.symlink_to(opened)
+        real_read = runtime.read_kv_header
+
+        def read_while_the_link_points_elsewhere(path, link=link, opened=opened):
+            link.unlink()
+            link.symlink_to(kv_file("a", "checked", IDS))  # model a's, 8 positions
+            try:
+                return real_read(path)
+            finally:
+                link.unlink()
+                link.symlink_to(opened)
+
+        monkeypatch.setattr(runtime, "read_kv_header", read_while_the_link_points_elsewhere)
+        with pytest.raises(cubepack.FormatError, match="changed while cubepack loaded it"):
+            cubepack.mlx.load_prompt_cache(link, mlx_models["a"])
+        monkeypatch.undo()
+
+
+def test_what_leaves_the_bytes_as_they_were_does_not_refuse_a_load(mlx_models, tmp_path,
+                                                                   monkeypatch):
+    """A chmod, a new hard link, or the path replaced by a new version (the usual deploy)
+    while a load runs change no byte of the file loaded: the load succeeds, with its bytes."""
+    import os
+
+    import mlx.core as mx
+
+    model = mlx_models["a"]
+    path = cubepack.mlx.save_prompt_cache(tmp_path / "v1.safetensors",
+                                          cubepack.mlx.prefill(model, IDS), model, token_ids=IDS)
+    expected = [numpy.array(c.keys) for c in cubepack.mlx.load_prompt_cache(path, model)]
+    newer = cubepack.mlx.save_prompt_cache(tmp_path / "v2.safetensors",
+                                           cubepack.mlx.prefill(model, IDS[::-1]), model,
+                                           token_ids=IDS[::-1])
+    real_load = mx.load
+
+    def load_while_the_path_is_managed(name, *args, **kwargs):
+        arrays = real_load(name, *args, **kwargs)
+        os.chmod(path, 0o444)
+        os.link(path, tmp_path / "backup.safetensors")
+        staged = tmp_path / "staged"
+        staged.write_bytes(newer.read_bytes())
+        os.replace(staged, path)
+        return arrays
+
+    monkeypatch.setattr(mx, "load", load_while_the_path_is_managed)
+    loaded = cubepack.mlx.load_prompt_cache(path, model)
+    assert all(numpy.array_equal(numpy.array(c.keys), keys)
+               for c, keys in zip(loaded, expected, strict=True))
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(zoo, mlx_models, tmp_path):
+    import os
+
+    fifo = tmp_path / "cache.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(cubepack.FormatError, match="is not a regular file"):
+        cubepack.mlx.load_prompt_cache(fifo, mlx_models["a"])
+    with pytest.raises(cubepack.FormatError, match="is not a regular file"):
+        cubepack.mlx.import_prompt_cache(fifo, zoo["a"], token_ids=IDS)
+
+
+def test_the_suggested_commands_quote_paths(zoo, mlx_models, tmp_path, capsys):
+    """The advice a refusal prints runs as printed, spaces in the path and all."""
+    import shlex
+    import subprocess
+    import sys
+
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    path = _prompt_cache(folder / "p q.safetensors", _mlx_layers(mlx_models["a"]))
+    kv = cubepack.mlx.import_prompt_cache(path, zoo["a"], token_ids=IDS)
+    assert main(["import", "mlx", str(kv), "--model", str(zoo["a"]), "--json"]) == 1
+    message = json.loads(capsys.readouterr().out)["error"]["message"]
+    command = message.split("it: ", 1)[1].rstrip(".").replace("FILE", str(tmp_path / "out.st"))
+    assert shlex.split(command)[:3] == ["cubepack", "export", "mlx"]
+    done = subprocess.run([sys.executable, "-m", "cubepack", *shlex.split(command)[1:]],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.st").exists()
