@@ -400,7 +400,8 @@ def test_a_symlink_flipped_while_the_header_is_checked_cannot_pass_another_produ
         link.symlink_to(opened)
         real_read = runtime.read_kv_header
 
-        def read_while_the_link_points_elsewhere(path, link=link, opened=opened):
+        def read_while_the_link_points_elsewhere(path, link=link, opened=opened,
+                                                 real_read=real_read):
             link.unlink()
             link.symlink_to(kv_file("a", "checked", IDS))  # model a's, 8 positions
             try:
