@@ -29,6 +29,7 @@ from .._util.safetensors_header import (
     FileBytes,
     file_state,
     header_differs,
+    open_regular,
 )
 from ..errors import FormatError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import (
@@ -135,7 +136,7 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
     if proof is not None:
         item.pop("provenance", None)  # the file is placed only once the proof holds
     target = Path(out) if out is not None else _default_out(info.path)
-    with open(info.path, "rb", buffering=0) as handle:
+    with open_regular(info.path) as handle:
         descriptor, state = handle.fileno(), file_state(handle.fileno())
         _require_as_checked(info, descriptor)
         layers = _file_layers(info, descriptor)
@@ -144,7 +145,7 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
             # The bytes were read from the file as it was during the copy: it must still
             # be the one checked. The proof then runs on the bytes written, which are placed.
             if file_state(descriptor) != state:
-                raise _changed(info, "it was modified during the read")
+                raise _changed(info.path, "it was modified during the read")
             _require_as_checked(info, descriptor)
             if proof is not None:
                 proof(mapped_layers(written), ids, info.kv_dtype)
@@ -225,11 +226,11 @@ def _require_as_checked(info: PromptCacheInfo, descriptor: int) -> None:
         if offset != layer.offset:
             differed = f"layer {index}'s offset: expected {layer.offset}, found {offset}"
     if differed:
-        raise _changed(info, differed)
+        raise _changed(info.path, differed)
 
 
-def _changed(info: PromptCacheInfo, what: str) -> FormatError:
-    return FormatError(f"{info.path} changed while cubepack read it ({what}); nothing was "
+def _changed(path: Path, what: str) -> FormatError:
+    return FormatError(f"{path} changed while cubepack read it ({what}); nothing was "
                        "written: convert it again once nothing writes it.")
 
 
@@ -258,16 +259,14 @@ def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str
     user = {CUBEPACK_KEY: info.header.metadata[constants.KV_METADATA_KEY],
             "model": info.producer.model_id or ""}
     header = info.header
-    with open(info.path, "rb", buffering=0) as handle:  # the writer copies each tensor
+    with open_regular(info.path) as handle:  # the writer copies each tensor
         descriptor, state = handle.fileno(), file_state(handle.fileno())
 
         def as_checked() -> None:
             differed = "it was modified during the read" if file_state(descriptor) != state \
                 else header_differs(descriptor, header, str(info.path))
             if differed:
-                raise FormatError(f"{info.path} changed while cubepack read it ({differed}); "
-                                  "nothing was written: convert it again once nothing writes "
-                                  "it.")
+                raise _changed(info.path, differed)
 
         as_checked()
         layers = []

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import canonical, constants
 from .._util.hashing import HashCache
 from .._util.safetensors_header import (
     DTYPE_TAGS,
@@ -98,10 +98,11 @@ def _one_dtype(floating: set[str]) -> str:
     if not floating:
         raise UsageError("This MLX model has no floating-point parameters to take a dtype from.")
     if len(floating) > 1:
-        raise UsageError(f"This MLX model's parameters mix {' and '.join(sorted(floating))}, so "
-                         "no one dtype names what it computes. Cast it whole "
-                         "(model.set_dtype(mx.float16)), or load it with "
-                         "cubepack.mlx.load(folder, dtype=...).")
+        found = sorted(floating)
+        raise UsageError(f"This MLX model's parameters mix {' and '.join(found)}, so no one "
+                         "dtype names what it computes. Cast it whole to one "
+                         f"(model.set_dtype(mx.{found[0]})), or load it with "
+                         f"cubepack.mlx.load(folder, dtype='{found[0]}').")
     return floating.pop()
 
 
@@ -134,12 +135,10 @@ def _parameter_kinds(model: Any) -> tuple[set[str], bool]:
 
 def _quantized_in_folder(folder: Path) -> bool:
     """Whether the folder's config declares quantized weights (mlx_lm's ``quantization``)."""
-    import json
-
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = canonical.loads_strict((folder / "config.json").read_bytes())
     except (OSError, ValueError):
-        return False
+        return False  # the fingerprint refuses an unreadable config; nothing declared here
     return isinstance(config, dict) and bool(
         config.get("quantization") or config.get("quantization_config"))
 
@@ -381,8 +380,8 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
                 raise FormatError(
                     f"{path.name} is an MLX-LM prompt cache that records no producer (mlx_lm "
                     "writes a model name only), so cubepack cannot check it. Convert it with its "
-                    f"producer first: cubepack import mlx {shlex.quote(str(path))} --model MODEL, then load the "
-                    "KV file.")
+                    f"producer first: cubepack import mlx {shlex.quote(str(path))} --model "
+                    "MODEL, then load the KV file.")
             check_kv_info(info, live)
             names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
             user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}

@@ -6,6 +6,7 @@ models' own safetensors folders)."""
 from __future__ import annotations
 
 import json
+import re
 
 import mlx.core as mx
 import numpy
@@ -240,8 +241,11 @@ def test_the_dtype_an_mlx_model_runs_in_is_the_one_its_parameters_have(zoo, dtyp
     with pytest.raises(cubepack.UsageError, match=f"mix .*{other}|mix {other}"):
         model_dtype(Odd(getattr(mx, other)))
     model.model.embed_tokens.set_dtype(getattr(mx, other))  # one module cast back
-    with pytest.raises(cubepack.UsageError, match="Cast it whole"):
+    with pytest.raises(cubepack.UsageError, match="Cast it whole") as refused:
         model_identity(model)
+    advice = re.search(r"model\.set_dtype\(mx\.(\w+)\)", str(refused.value)).group(1)
+    model.set_dtype(getattr(mx, advice))  # the fix it names works
+    assert model_identity(model).dtype == advice
     with pytest.raises(cubepack.UsageError, match="no floating-point parameters"):
         model_dtype(nn.Module())
     quantized, _ = cubepack.mlx.load(zoo["a"], dtype=dtype)

@@ -35,6 +35,30 @@ def _prompt_cache(path, layers):
     return path
 
 
+def _change_on_the_first_copy(monkeypatch, source, change):
+    """While the writer copies its first piece of ``source``, the rest of the file changes in
+    place (same inode, as mlx_lm's save): ``truncated`` to half, or 64 bytes zeroed mid-file.
+    Returns a list that holds True once the change was made."""
+    import cubepack._util.safetensors_header as writer
+
+    real_copy, changed = writer._copy_range, []
+
+    def copy_while_the_source_changes(*args):
+        if not changed:
+            changed.append(True)
+            size = source.stat().st_size
+            with open(source, "r+b") as handle:
+                if change == "truncated":
+                    handle.truncate(size // 2)
+                else:
+                    handle.seek(size // 2)
+                    handle.write(bytes(64))
+        return real_copy(*args)
+
+    monkeypatch.setattr(writer, "_copy_range", copy_while_the_source_changes)
+    return changed
+
+
 def _mlx_layers(mlx_model):
     return [(numpy.array(c.keys[..., :len(IDS), :]), numpy.array(c.values[..., :len(IDS), :]))
             for c in cubepack.mlx.prefill(mlx_model, IDS)]
@@ -171,27 +195,11 @@ def test_a_source_changed_while_an_import_copies_it_is_refused_and_nothing_writt
 
     from mlx_lm.models.cache import save_prompt_cache
 
-    import cubepack._util.safetensors_header as writer
-
     source = tmp_path / "native.safetensors"
     save_prompt_cache(str(source), cubepack.mlx.prefill(mlx_models["a"], IDS))  # unaligned
     os.utime(source, ns=(10**18, 10**18))  # written long ago, as a cache being converted is
     kwargs = {"token_ids": IDS, "recompute": True} if prove else {"token_ids": IDS}
-    real_copy, changed = writer._copy_range, []
-
-    def copy_while_the_source_changes(*args):
-        if not changed:  # the first tensor's copy: the rest of the file changes meanwhile
-            changed.append(True)
-            size = source.stat().st_size
-            with open(source, "r+b") as handle:  # same inode, as mlx_lm's save
-                if change == "truncated":
-                    handle.truncate(size // 2)
-                else:
-                    handle.seek(size // 2)
-                    handle.write(bytes(64))
-        return real_copy(*args)
-
-    monkeypatch.setattr(writer, "_copy_range", copy_while_the_source_changes)
+    changed = _change_on_the_first_copy(monkeypatch, source, change)
     out = tmp_path / "out.kv.safetensors"
     with pytest.raises(cubepack.FormatError, match="changed while cubepack read it"):
         cubepack.mlx.import_prompt_cache(source, zoo["a"], out=out, **kwargs)
@@ -312,28 +320,12 @@ def test_a_kv_file_changed_while_an_export_copies_it_is_refused_and_nothing_writ
 
     from mlx_lm.models.cache import save_prompt_cache
 
-    import cubepack._util.safetensors_header as writer
-
     native = tmp_path / "native.safetensors"
     save_prompt_cache(str(native), cubepack.mlx.prefill(mlx_models["a"], IDS))
     source = cubepack.mlx.import_prompt_cache(native, zoo["a"], token_ids=IDS,
                                               out=tmp_path / "doc.kv.safetensors")
     os.utime(source, ns=(10**18, 10**18))
-    real_copy, changed = writer._copy_range, []
-
-    def copy_while_the_source_changes(*args):
-        if not changed:
-            changed.append(True)
-            size = source.stat().st_size
-            with open(source, "r+b") as handle:
-                if change == "truncated":
-                    handle.truncate(size // 2)
-                else:
-                    handle.seek(size // 2)
-                    handle.write(bytes(64))
-        return real_copy(*args)
-
-    monkeypatch.setattr(writer, "_copy_range", copy_while_the_source_changes)
+    changed = _change_on_the_first_copy(monkeypatch, source, change)
     out = tmp_path / "out.safetensors"
     with pytest.raises(cubepack.FormatError, match="changed while cubepack read it"):
         cubepack.mlx.export_prompt_cache(source, out)
