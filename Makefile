@@ -1,5 +1,8 @@
 # Three test environments, all set up by `make test` (and by CI through .ci/run):
-#   latest: newest transformers 5.x + huggingface_hub 2.x
+#   latest: newest transformers 5.x + huggingface_hub 2.x. The newest release the registry has
+#           is installed even when a dependency it declares is not to be had (5.25 declares
+#           kernels>=0.19.1, this registry has 0.17): resolved with the newest whose
+#           dependencies are met, then upgraded with --no-deps, as a user who installs it gets.
 #   memos:  MemoryOS (pins transformers<5) + accelerate: transformers 4.57.x, huggingface_hub 0.36.x
 #   mlx:    latest's packages + MLX (mlx[cpu], mlx-lm): runs tests/mlx only (a few minutes)
 # torch is pinned to 2.13.0, a local CPU wheel on our machines; any other request may pull GBs.
@@ -28,7 +31,7 @@ SETUP_ENV   = $(PYTHON) tools/setup_env.py --uv "$(UV)"
 UV_STAMP   := $(VENV)/tools/.attempted
 UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
-.PHONY: test test-latest test-memos test-mlx test-llamacpp setup demo bench hub-compat \
+.PHONY: fresh-clone test test-latest test-memos test-mlx test-llamacpp setup demo bench hub-compat \
         memos-own-tests clean
 
 test: setup
@@ -36,6 +39,11 @@ test: setup
 	  latest=$(VENV)/latest/bin/python memos=$(VENV)/memos/bin/python \
 	  mlx=$(VENV)/mlx/bin/python -- -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
 	  $(TEST_ARGS)
+
+# A copy of the checkout with no ../shared beside it (a user's clone) collects the suite, and
+# the tests of MemOS's example cubes skip there with a reason (CI runs this before `make test`).
+fresh-clone: $(VENV)/latest/.ready $(VENV)/memos/.ready
+	$(PYTHON) tools/fresh_clone.py $(VENV)/latest/bin/python $(VENV)/memos/bin/python
 
 test-latest: $(VENV)/latest/.ready
 	$(VENV)/latest/bin/python -m pytest -q
@@ -56,7 +64,8 @@ $(UV_STAMP):
 	@touch $@
 
 $(VENV)/latest/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
-	$(SETUP_ENV) $(VENV)/latest $(TORCH) -e ".[test,sign]" "transformers>=5,<6" "huggingface_hub>=1"
+	$(SETUP_ENV) --no-deps "transformers>=5,<6" $(VENV)/latest $(TORCH) -e ".[test,sign]" \
+	  "transformers>=5,<6" "huggingface_hub>=1"
 	touch $@
 
 $(VENV)/memos/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)

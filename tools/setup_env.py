@@ -1,4 +1,4 @@
-"""Build one virtual environment for ``make``: ``setup_env.py [--uv UV] VENV REQUIREMENT...``.
+"""Build one virtual environment for ``make``: ``setup_env.py [--uv UV] [--no-deps REQ] VENV REQUIREMENT...``.
 
 With uv (``--uv``: a path or a command; the Makefile installs it from PyPI into
 ``$(VENV)/tools``), the environment is made from scratch by ``uv venv --seed`` and filled by
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uv", default="", help="uv to use (a path or a command); '' for pip")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter the environment is made from (default: this one)")
+    parser.add_argument("--no-deps", action="append", default=[], metavar="REQUIREMENT",
+                        help="then install the newest release this admits, without its "
+                             "dependencies (one whose declared dependencies the registry lacks)")
     parser.add_argument("venv", type=Path)
     parser.add_argument("requirements", nargs=argparse.REMAINDER,
                         help="what to install, as pip takes it (-e . included)")
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     build = _with_uv if uv else _with_pip
     status = build(uv, python, args.venv, args.requirements)
+    if status == 0 and args.no_deps:
+        status = _without_deps(uv, python, args.venv, args.no_deps)
     if status == 0:
         print(f"setup: {args.venv} ready in {time.monotonic() - began:.0f} s "
               f"({'uv' if uv else 'pip'})", flush=True)
@@ -224,6 +229,22 @@ def _with_uv(uv: str, python: str, venv: Path, requirements: list[str]) -> int:
     # PYTHONDONTWRITEBYTECODE our machines set) every process would compile each module it
     # imports from source: ~2.5x the CPU of an import of transformers. Compile it now, as pip does.
     _run(install + ["--quiet", "--compile-bytecode"], env=env)
+    return 0
+
+
+def _without_deps(uv: str | None, python: str, venv: Path, requirements: list[str]) -> int:
+    """Install the newest release each of ``requirements`` admits over the built environment,
+    without its dependencies: the environment a user has who installs the newest release where
+    a dependency it declares is not to be had (transformers 5.25 declares kernels>=0.19.1;
+    this registry has 0.17), which a resolver would step back from."""
+    target = str(venv / "bin" / "python")
+    if uv:
+        index, install_only, environment = uv_settings(_pip_config(python))
+        _run([uv, "pip", "install", "--python", target, *index, *install_only, "--no-deps",
+              "--upgrade", "--quiet", "--compile-bytecode", *requirements], env={**os.environ, **environment})
+    else:
+        _run([target, "-m", "pip", "install", "--quiet", "--quiet", "--disable-pip-version-check",
+              "--no-deps", "--upgrade", *requirements])
     return 0
 
 

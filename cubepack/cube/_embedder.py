@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._util.models import load_encoder
 from .._util.paths import resolve_inside
 from ..errors import CubepackError, IntegrityError, UsageError
 from ._memos_layout import memory_files
@@ -164,7 +165,7 @@ def _loaded_encoder(folder: Path) -> tuple[Any, Any]:
     """(tokenizer, model) of the encoder in ``folder``, reused while every file in it is the
     same (by inode, size, mtime and ctime: a rewrite in place is seen even if its mtime is set
     back)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     resolved = folder.resolve()
     files = []
@@ -177,7 +178,7 @@ def _loaded_encoder(folder: Path) -> tuple[Any, Any]:
             _ENCODERS.move_to_end(key)
             return _ENCODERS[key]
     loaded = (AutoTokenizer.from_pretrained(str(resolved)),
-              AutoModel.from_pretrained(str(resolved)).eval())
+              load_encoder(resolved))
     with _ENCODERS_LOCK:
         _ENCODERS[key] = loaded
         while len(_ENCODERS) > _ENCODERS_KEPT:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._util.models import load_causal_lm
 from ..errors import CubepackError, RecomputationFailed
 from ..identity._fingerprint import resolve_model_folder
 from ._format import SLIDING, KVFileInfo, producer_runtime
@@ -346,7 +347,6 @@ def load_for_recompute(model: Any, pin: dict[str, Any]) -> Any:
 def load_model(folder: Path, dtype: str | None) -> Any:
     """A causal LM from ``folder`` for inference, in ``dtype`` when given."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)} if dtype else {}
-    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+    return load_causal_lm(folder, **kwargs)

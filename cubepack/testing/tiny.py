@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .._util.models import load_causal_lm
 from .._util.quiet import quiet_libraries
 
 CORPUS = (
@@ -123,13 +124,11 @@ def build_zoo(root: str | Path) -> dict[str, Path]:
 
 def load(folder: str | Path, dtype: Any = None) -> Any:
     """Load a saved tiny model for inference (eager attention: deterministic on CPU)."""
-    from transformers import AutoModelForCausalLM
-
     kwargs = {"attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype
     with quiet_libraries(verbose=False, progress=False):  # no "Loading weights" bar
-        return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+        return load_causal_lm(folder, **kwargs)
 
 
 def sentencepiece_model(corpus: tuple[str, ...] = CORPUS) -> bytes:
