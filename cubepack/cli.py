@@ -46,37 +46,57 @@ _POLICY_OPTIONS = ("model", "trusted_keys", "require_signature", "require_lineag
                    "embedder_sample", "strict_models")
 
 
-def _policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The trust-policy options shared by verify and pull (and --token, --json)."""
-    for option in reversed([
-        click.option("--model", help="Check the pins against this model (folder or Hub id)."),
-        click.option("--recompute", is_flag=True,
-                     help="Prove each KV cache: the model's prefill must reproduce it."),
-        click.option("--recompute-tokens", type=click.IntRange(min=1),
-                     help="Compare N positions of each cache, drawn at random (implies "
-                          "--recompute; never proves 'recomputed')."),
-        click.option("--seed", type=int,
-                     help="Seed of the verifier's random draws (positions, probes, memories "
-                          "re-embedded), to repeat a run; default: fresh, reported."),
-        click.option("--require-provenance", type=click.Choice(["recorded", "recomputed"]),
-                     help="Refuse activations whose producer label is backed by less."),
-        click.option("--embedder",
-                     help="Check the text memory's vectors: a local model folder, "
-                          "openai:<base url>#<model> or ollama:<base url>#<model>."),
-        click.option("--embedder-sample", type=click.IntRange(min=0),
-                     help="Memories --embedder re-embeds, drawn at random (default 16; 0: all)."),
-        click.option("--trusted-key", "trusted_keys", multiple=True,
-                     type=click.Path(dir_okay=False, exists=True),
-                     help="Public key (PEM) whose signature is accepted (repeatable); requires one."),
-        click.option("--require-signature", is_flag=True, help="Refuse an unsigned cube."),
-        click.option("--require-lineage", is_flag=True,
-                     help="Refuse a cube whose signed attestations do not chain up to a "
-                          "trusted key (its own, then each ancestor's to a root)."),
-        click.option("--token", help="Hub token (default: HF_TOKEN or the stored login)."),
-        _json_option(),
-    ]):
-        command = option(command)
-    return command
+def _policy_options(*, without: tuple[str, ...] = ()
+                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The trust-policy options shared by verify, pull, sign and migrate (and --token, --json),
+    but those ``without`` names (migrate's --model and --embedder name the new ones)."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for name, option in reversed(_POLICY_CLI):
+            if name not in without:
+                command = option(command)
+        return command
+    return decorate
+
+
+_POLICY_CLI: list[tuple[str, Callable[..., Any]]] = [
+    ("model", click.option("--model",
+                           help="Check the pins against this model (folder or Hub id).")),
+    ("recompute", click.option("--recompute", is_flag=True,
+                               help="Prove each KV cache: the model's prefill must reproduce it.")),
+    ("recompute_tokens", click.option(
+        "--recompute-tokens", type=click.IntRange(min=1),
+        help="Compare N positions of each cache, drawn at random (implies --recompute; never "
+             "proves 'recomputed').")),
+    ("seed", click.option("--seed", type=int,
+                          help="Seed of the verifier's random draws (positions, probes, memories "
+                               "re-embedded), to repeat a run; default: fresh, reported.")),
+    ("require_provenance", click.option(
+        "--require-provenance", type=click.Choice(["recorded", "recomputed"]),
+        help="Refuse activations whose producer label is backed by less.")),
+    ("embedder", click.option("--embedder",
+                              help="Check the text memory's vectors: a local model folder, "
+                                   "openai:<base url>#<model> or ollama:<base url>#<model>.")),
+    ("embedder_sample", click.option(
+        "--embedder-sample", type=click.IntRange(min=0),
+        help="Memories --embedder re-embeds, drawn at random (default 16; 0: all).")),
+    ("trusted_keys", click.option(
+        "--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False,
+                                                                        exists=True),
+        help="Public key (PEM) whose signature is accepted (repeatable); requires one.")),
+    ("require_signature", click.option("--require-signature", is_flag=True,
+                                       help="Refuse an unsigned cube.")),
+    ("require_lineage", click.option(
+        "--require-lineage", is_flag=True,
+        help="Refuse a cube whose signed attestations do not chain up to a trusted key (its "
+             "own, then each ancestor's to a root).")),
+    ("strict_models", click.option(
+        "--strict-models", is_flag=True,
+        help="Refuse a pinned model no model was fingerprinted against (here, or by a trusted "
+             "signer).")),
+    ("token", click.option("--token",
+                           help="Hub token (default: HF_TOKEN or the stored login).")),
+    ("json", _json_option()),
+]
 
 
 def _timeout_option(action: str) -> Callable[..., Any]:
@@ -254,7 +274,7 @@ def _render_pack(data: dict[str, Any]) -> str:
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
-@_policy_options
+@_policy_options()
 def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool,
                    **options: Any) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
@@ -391,14 +411,18 @@ def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) 
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--key", required=True, type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM). Password: CUBEPACK_KEY_PASSWORD.")
-@_json_option()
-def sign_command(cube_dir: str, key: str, as_json: bool) -> None:
+@_policy_options(without=("token",))
+def sign_command(cube_dir: str, key: str, as_json: bool, **options: Any) -> None:
     """Verify CUBE_DIR, then sign it (writes cubepack.intoto.json, an in-toto attestation of
-    its lock, then cubepack.sig, OpenSSF model-signing format)."""
+    its lock, then cubepack.sig, OpenSSF model-signing format).
+
+    The attestation states as proved only what this verification proved (pins of the model
+    given with --model, caches it recomputed with --recompute); the rest of the lock is signed
+    as the claim it is."""
     from ._util.constants import ATTESTATION_FILENAME
     from .cube._sign import sign
 
-    path = sign(cube_dir, key, password=_key_password())
+    path = sign(cube_dir, key, _policy(options), password=_key_password())
     _emit({"signature": str(path), "attestation": str(path.with_name(ATTESTATION_FILENAME))},
           as_json, lambda d: f"signed: {d['signature']}\nattested: {d['attestation']}")
 
@@ -452,17 +476,23 @@ def _render_diff(data: dict[str, Any]) -> str:
                                  "text memory is re-embedded by it.")
 @click.option("--out", required=True, type=click.Path(),
               help="Where the new cube goes: a new path or an empty folder.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): sign the new cube, its lineage stated "
+                   "as derived by this migrate.")
+@_policy_options(without=("model", "embedder", "embedder_sample", "recompute",
+                          "recompute_tokens", "seed", "token"))
 def migrate_command(cube_dir: str, model: str | None, revision: str | None,
-                    embedder: str | None, out: str, as_json: bool) -> None:
+                    embedder: str | None, out: str, sign_key: str | None, as_json: bool,
+                    **options: Any) -> None:
     """Build a new packed cube at --out for a new --model and/or --embedder from CUBE_DIR
-    (verified first, left untouched), recording its lineage."""
+    (verified first under the trust options given, left untouched), recording its lineage."""
     if model is None and embedder is None:  # before any import: a usage error does no work
         raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
                          "and/or --embedder E.")
     from .cube._migrate import migrate
 
-    result = migrate(cube_dir, out=out, model=model, revision=revision, embedder=embedder)
+    result = migrate(cube_dir, _policy(options), out=out, model=model, revision=revision,
+                     embedder=embedder, sign_key=sign_key, sign_password=_key_password())
     _emit(result.to_dict(), as_json, _render_migrate)
 
 
@@ -508,6 +538,8 @@ def lineage_command(cube_dir: str, follow: bool, repo_type: str, token: str | No
 
 
 def _render_lineage(data: dict[str, Any]) -> str:
+    from .trust._evidence import PROVED
+
     lines = []
     for index, link in enumerate(data["chain"]):
         where = data["cube_dir"] if index == 0 else f"{link['repo_id']}@{link['revision']}"
@@ -520,7 +552,10 @@ def _render_lineage(data: dict[str, Any]) -> str:
         parent, changes = link["parent"], link["changes"]
         at = f"{parent['repo_id']}@{parent['revision']}" if parent["repo_id"] else \
             "not pulled from a Hub"
-        lines.append(f"  parent: lock {parent['lock_digest']} ({at})")
+        basis = ("proved: fetched at that commit, its digests match"
+                 if link.get("parent_basis") == PROVED else
+                 "claimed: the lock says so; --follow checks it")
+        lines.append(f"  parent: lock {parent['lock_digest']} ({at}) [{basis}]")
         for role, change in changes["models"].items():
             lines.append(f"  changed {role}: {change['from']} -> {change['to']} (weights "
                          f"{change['from_weights']} -> {change['to_weights']})")
@@ -604,13 +639,11 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
               help="Verify the downloaded commit before placing it.")
 @click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
-@click.option("--strict-models", is_flag=True,
-              help="Refuse the cube when a pinned model cannot be checked (not hosted here).")
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
 @_timeout_option("pull")
-@_policy_options
+@_policy_options()
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, offline: bool, force: bool, timeout: float | None,
                  token: str | None, as_json: bool, **options: Any) -> None:

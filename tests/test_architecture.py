@@ -28,6 +28,8 @@ LAYERS = [
     {"cubepack._util"},
     {"cubepack.identity", "cubepack.localhub"},
     {"cubepack.kv"},
+    {"cubepack.format"},
+    {"cubepack.trust"},
     {"cubepack.cube", "cubepack.mlx", "cubepack.llamacpp"},
     {"cubepack.hub"},
     {"cubepack.memos"},
@@ -242,7 +244,8 @@ def test_subpackages_and_private_modules():
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(part.split(".")[1] for layer in LAYERS for part in layer
                              if part.count(".") == 1 and (PACKAGE / part.split(".")[1]).is_dir())
-    for part in ("identity", "kv", "cube", "hub", "localhub", "memos", "mlx", "llamacpp"):
+    for part in ("identity", "kv", "format", "trust", "cube", "hub", "localhub", "memos", "mlx",
+                 "llamacpp"):
         names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
         assert names and all(name.startswith("_") for name in names), (part, names)
 

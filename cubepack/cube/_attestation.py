@@ -4,18 +4,28 @@ A cube's attestation, ``cubepack.intoto.json``, is an in-toto Statement v1 in a 
 
 - subject: ``[{"name": "cubepack.lock", "digest": {"sha256": <sha256 of the lock file's
   bytes>}}]``: what anyone can recompute with ``sha256sum cubepack.lock``;
-- predicate (:data:`PREDICATE_TYPE`): derived from that lock alone (:func:`predicate_for`): the
-  lock's own digests, the producer pins, the parent cube (the lock's ``lineage.parent``), what
-  pack or migrate proved (activations ``recomputed``, items re-tokenised, memories re-embedded
-  and by which embedder), and the signer's cubepack version;
+- predicate (:data:`PREDICATE_TYPE`, version 2): the lock's own digests, then every statement
+  of the lock a verifier may rely on (producer pins, activation provenance labels, lineage),
+  each in exactly one of two blocks: ``proved``, what the signing step established itself
+  (pack fingerprinting the models it pins and labelling what it converted, checked or
+  recomputed; migrate deriving the lineage; ``cubepack sign`` what its own verification
+  proved), and ``claimed``, what it carries from the lock unproved (:func:`predicate_for`).
+  A parent's Hub repo and commit (from a pull's origin record) are always claimed.
+  A verifier gives ``signed`` basis only to the ``proved`` block
+  (:mod:`cubepack.trust._evidence`): a claim does not gain strength by being signed;
 - signed over DSSE's pre-authentication encoding (:func:`pae`) with the ECDSA key of ``cubepack
   sign`` (P-256 with SHA-256, P-384 with SHA-384; DER signatures); ``keyid`` is the sha256 of
   the public key's DER SubjectPublicKeyInfo, a hint only: every trusted key is tried.
 
+Version 1 predicates (cubepack before the split) put the lock's labels and lineage in a
+``proved`` block whatever the signer proved: they are still read, as claims only
+(SECURITY.md's advisory).
+
 A derived cube links to its parent by the parent lock's ``digest`` (``lineage.parent.lock_digest``),
 which the parent's attestation states as ``predicate.cube.lock_digest`` next to the subject (its
 lock bytes) it vouches for. ``lineage/ancestors.intoto.json`` holds the parent's envelope, then
-the grandparent's, and so on (:func:`chain_checks` follows them to a root).
+the grandparent's, and so on (:func:`chain_checks` follows them to a root; every link must be
+one its signer derived).
 
 Parsing is strict (bounded sizes, strict JSON without duplicate keys, exact keys and types):
 pack and verify read both files with it (:mod:`._content`). No torch, no HTTP; ``cryptography``
@@ -39,17 +49,23 @@ from .._version import __version__
 from ..errors import CubepackError, FormatError
 from . import _lock as lockfile
 from ._keys import check_key
-from ._provenance import KINDS, RECOMPUTED
-from ._report import PROVED, Check
+from ..trust._evidence import KINDS, PROVED, RECOMPUTED, SIGNED, Signed
+from ._report import Check
 
-__all__ = ["PREDICATE_TYPE", "Envelope", "attest", "attestation_check", "chain_checks", "key_id",
-           "pae", "predicate_for", "read_ancestors", "read_envelope", "signed_by",
-           "statement_for"]
+__all__ = ["PREDICATE_TYPE", "PREDICATE_TYPE_V1", "Envelope", "Proved", "attest",
+           "attestation_check", "chain_checks", "key_id", "pae", "predicate_for",
+           "read_ancestors", "read_envelope", "signed_by", "statement_for"]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-#: The predicate this module writes and reads (version 1 of its layout).
-PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v1"
+#: The predicate this module writes (version 2: each statement in a proved or claimed block).
+PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v2"
+#: The first version (one "proved" block restating the lock): read, as claims only.
+PREDICATE_TYPE_V1 = "https://cubepack.dev/attestation/cube/v1"
+PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V1)
+#: The steps that sign, and the only one that derives a lineage.
+STEPS = ("pack", "migrate", "sign")
+DERIVING_STEP = "migrate"
 SUBJECT_NAME = constants.LOCK_FILENAME
 #: Limits on what is read before it is trusted: an envelope's file, the ancestors' file, the
 #: signatures of one envelope, the envelopes of a chain.
@@ -60,6 +76,12 @@ MAX_CHAIN = 256
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _PARENT_KEYS = ("lock_digest", "content_digest", "cube_id", "repo_id", "revision")
+#: The parent link a signer can derive (the parent's lock it read); where the parent was
+#: pulled from (``repo_id``, ``revision``) comes from a pull's origin record: a claim.
+_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
+_ORIGIN_KEYS = ("repo_id", "revision")
+_BLOCK_KEYS = {"producers", "provenance", "recomputed", "lineage"}
+_CLAIMED_KEYS = {"producers", "provenance", "lineage", "origin"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +105,32 @@ class Envelope:
     def keyids(self) -> list[str]:
         return [keyid for keyid, _ in self.signatures]
 
+    @property
+    def version(self) -> int:
+        return 1 if self.statement["predicateType"] == PREDICATE_TYPE_V1 else 2
+
+    def parent(self) -> tuple[dict[str, Any] | None, bool]:
+        """(the parent link this envelope states, whether its signer derived it). A root
+        states none (derived: the signer signed a lock that names no parent). Version 1 put
+        every lock's lineage under "proved": read as a claim."""
+        predicate = self.predicate
+        if self.version == 1:
+            parent = predicate["parent"]
+            return (None, True) if parent is None else (parent, False)
+        if predicate["proved"]["lineage"] is not None:
+            return predicate["proved"]["lineage"]["parent"], True
+        if predicate["claimed"]["lineage"] is not None:
+            return predicate["claimed"]["lineage"]["parent"], False
+        return None, True
+
+    def signed(self, key: str) -> Signed:
+        """What this envelope's signer states it proved, once ``key`` verified it."""
+        if self.version == 1:
+            return Signed(key)
+        proved = self.predicate["proved"]
+        return Signed(key, frozenset(proved["producers"]), dict(proved["provenance"]),
+                      proved["lineage"])
+
 
 # --- building -----------------------------------------------------------------------------------
 
@@ -92,63 +140,123 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
-def predicate_for(lock: dict[str, Any]) -> dict[str, Any]:
-    """The predicate a lock gives: everything in it is read from the (parsed) lock.
+@dataclass(frozen=True)
+class Proved:
+    """What a signing step established itself, of the lock it signs: the roles whose pins it
+    fingerprinted from the model, the activations whose label it established (checked a header
+    against its own fingerprint, converted, recomputed), and whether it derived the lineage
+    (only migrate does). Everything else in the lock goes to the predicate as a claim."""
+
+    step: str
+    producers: frozenset[str] = frozenset()
+    provenance: frozenset[str] = frozenset()
+    lineage: bool = False
+
+    @classmethod
+    def everything_of(cls, lock: dict[str, Any], step: str, *, lineage: bool) -> Proved:
+        """A step that made every pin and label of ``lock`` itself (pack, migrate)."""
+        return cls(step, frozenset(role for role, pin in lock["models"].items()
+                                   if isinstance(pin.get("identity"), dict)),
+                   frozenset(lock["activations"]), lineage)
+
+
+def predicate_for(lock: dict[str, Any], proved: Proved) -> dict[str, Any]:
+    """The predicate a signing step gives the (parsed) lock ``lock``: each statement of the
+    lock in ``proved`` when the step established it, else in ``claimed``.
 
     Raises:
-        FormatError: the lock's lineage section has a field of another type than the shared
-            format's (so the attestation would not parse).
+        FormatError: the lock's lineage section cannot be stated (not the shared format), or
+            ``proved`` says a step other than migrate derived a lineage.
     """
-    lineage = lock.get("lineage") or {}
-    changes = lineage.get("changes") or {}
-    if not isinstance(changes, dict) or not isinstance(lineage.get("parent"), (dict, type(None))):
-        raise FormatError("cubepack.lock lineage must hold a parent object (or none) and a "
-                          "changes object; the attestation cannot state it otherwise.")
-    producers = {}
+    if proved.step not in STEPS:
+        raise FormatError(f"an attestation is written by {', '.join(STEPS)}, not {proved.step!r}.")
+    if proved.lineage and proved.step != DERIVING_STEP:
+        raise FormatError(f"only {DERIVING_STEP} derives a lineage; {proved.step} carries it as "
+                          "a claim.")
+    lineage = lock.get("lineage")
+    if lineage is not None and not (isinstance(lineage, dict)
+                                    and isinstance(lineage.get("parent"), dict)
+                                    and isinstance(lineage.get("changes"), dict)):
+        raise FormatError("cubepack.lock lineage must hold a parent object and a changes "
+                          "object; the attestation cannot state it otherwise.")
+    blocks: dict[str, dict[str, Any]] = {
+        "proved": {"producers": {}, "provenance": {}, "recomputed": {}, "lineage": None},
+        "claimed": {"producers": {}, "provenance": {}, "lineage": None, "origin": None}}
     for role, pin in sorted(lock["models"].items()):
         identity = pin.get("identity")
         if isinstance(identity, dict):
-            producers[role] = {"repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
-                               "weights_digest": identity.get("weights_digest"),
-                               "dtype": identity.get("dtype")}
-    recomputed = {}
-    provenance = {}
+            block = "proved" if role in proved.producers else "claimed"
+            blocks[block]["producers"][role] = {
+                "repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
+                "weights_digest": identity.get("weights_digest"), "dtype": identity.get("dtype")}
     for item_id, entry in sorted(lock["activations"].items()):
         kind = (entry.get("provenance") or {}).get("kind")
-        provenance[item_id] = kind
-        if kind == RECOMPUTED:  # by the pinned producer: pack and migrate recompute with it
+        block = "proved" if item_id in proved.provenance else "claimed"
+        blocks[block]["provenance"][item_id] = kind
+        if block == "proved" and kind == RECOMPUTED:  # by the pin it names, which it made
             pin = lock["models"][entry["model_role"]]
+            blocks["proved"]["recomputed"][item_id] = {
+                "model_role": entry["model_role"],
+                "weights_digest": pin["identity"]["weights_digest"],
+                "tokens": entry["token_count"]}
+    if lineage is not None:
+        parent = lineage["parent"]
+        section = {"parent": {key: parent.get(key) for key in _LINK_KEYS},
+                   "changes": lineage["changes"]}
+        blocks["proved" if proved.lineage else "claimed"]["lineage"] = section
+        if any(parent.get(key) is not None for key in _ORIGIN_KEYS):
+            blocks["claimed"]["origin"] = {key: parent.get(key) for key in _ORIGIN_KEYS}
+    predicate = {
+        "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
+                 "content_digest": lock["content_digest"]},
+        **blocks,
+        "signer": {"step": proved.step, "cubepack_version": __version__},
+    }
+    _check_predicate(predicate, "the lock's attestation predicate")
+    return predicate
+
+
+def _predicate_v1(lock: dict[str, Any]) -> dict[str, Any]:
+    """What a version-1 attestation of ``lock`` said: the lock's labels, lineage and pins, all
+    under "proved", whatever its signer proved. Only to check an old envelope names this lock
+    (its statements are then read as claims)."""
+    lineage = lock.get("lineage") or {}
+    changes = lineage.get("changes") or {}
+    producers = {role: {"repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
+                        "weights_digest": pin["identity"].get("weights_digest"),
+                        "dtype": pin["identity"].get("dtype")}
+                 for role, pin in sorted(lock["models"].items())
+                 if isinstance(pin.get("identity"), dict)}
+    provenance, recomputed = {}, {}
+    for item_id, entry in sorted(lock["activations"].items()):
+        provenance[item_id] = (entry.get("provenance") or {}).get("kind")
+        if provenance[item_id] == RECOMPUTED:
             recomputed[item_id] = {"model_role": entry["model_role"],
-                                   "weights_digest": pin["identity"]["weights_digest"],
+                                   "weights_digest": lock["models"][entry["model_role"]]
+                                   ["identity"]["weights_digest"],
                                    "tokens": entry["token_count"]}
     parent = lineage.get("parent")
     embedder = changes.get("embedder")
-    retokenized = changes.get("retokenized") or []
-    if isinstance(retokenized, list) and all(isinstance(item, str) for item in retokenized):
-        retokenized = sorted(retokenized)  # otherwise left as found, for the check to name
-    predicate = {
+    return {
         "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
                  "content_digest": lock["content_digest"]},
         "producers": producers,
         "parent": {key: parent.get(key) for key in _PARENT_KEYS}
         if isinstance(parent, dict) else None,
         "proved": {"provenance": provenance, "recomputed": recomputed,
-                   "retokenized": retokenized,
+                   "retokenized": sorted(changes.get("retokenized") or []),
                    "reembedded": changes.get("reembedded") or 0,
                    "embedder": {"from": embedder.get("from"), "to": embedder.get("to")}
                    if isinstance(embedder, dict) else None},
-        "cubepack_version": __version__,
     }
-    _check_predicate(predicate, "the lock's attestation predicate")
-    return predicate
 
 
-def statement_for(lock: dict[str, Any], lock_bytes: bytes) -> dict[str, Any]:
+def statement_for(lock: dict[str, Any], lock_bytes: bytes, proved: Proved) -> dict[str, Any]:
     """The in-toto Statement for the lock ``lock`` parsed from ``lock_bytes``."""
     return {"_type": STATEMENT_TYPE,
             "subject": [{"name": SUBJECT_NAME,
                          "digest": {"sha256": hashlib.sha256(lock_bytes).hexdigest()}}],
-            "predicateType": PREDICATE_TYPE, "predicate": predicate_for(lock)}
+            "predicateType": PREDICATE_TYPE, "predicate": predicate_for(lock, proved)}
 
 
 def sign_statement(statement: dict[str, Any], key: str | os.PathLike[str], *,
@@ -171,11 +279,14 @@ def envelope_bytes(envelope: dict[str, Any]) -> bytes:
     return canonical.dumps(envelope).encode("ascii")
 
 
-def attest(lock_bytes: bytes, key: str | os.PathLike[str], *,
+def attest(lock_bytes: bytes, key: str | os.PathLike[str], proved: Proved | None = None, *,
            password: str | None = None) -> bytes:
     """The bytes of ``cubepack.intoto.json`` for the lock file ``lock_bytes``, signed by
-    ``key``; parsed back before they are returned (nothing is written that would not read)."""
-    statement = statement_for(lockfile.parse(lock_bytes), lock_bytes)
+    ``key``, stating ``proved`` (what the signing step established; None: nothing, every
+    statement a claim); parsed back before they are returned (nothing is written that would
+    not read)."""
+    statement = statement_for(lockfile.parse(lock_bytes), lock_bytes,
+                              proved or Proved("sign"))
     data = envelope_bytes(sign_statement(statement, key, password=password))
     parse_envelope_bytes(data, constants.ATTESTATION_FILENAME)
     return data
@@ -310,8 +421,8 @@ def _hex64(value: Any) -> bool:
 def _check_statement(statement: Any, where: str) -> None:
     _exact(statement, {"_type", "subject", "predicateType", "predicate"}, where)
     _require(statement["_type"] == STATEMENT_TYPE, where, f"_type must be {STATEMENT_TYPE}")
-    _require(statement["predicateType"] == PREDICATE_TYPE, where,
-             f"predicateType must be {PREDICATE_TYPE}, found "
+    _require(statement["predicateType"] in PREDICATE_TYPES, where,
+             f"predicateType must be {PREDICATE_TYPE} (or the older {PREDICATE_TYPE_V1}), found "
              f"{_short(statement['predicateType'])}")
     subject = statement["subject"]
     _require(isinstance(subject, list) and len(subject) == 1, where,
@@ -321,17 +432,20 @@ def _check_statement(statement: Any, where: str) -> None:
     _exact(subject[0]["digest"], {"sha256"}, f"{where} subject digest")
     _require(_hex64(subject[0]["digest"]["sha256"]), where,
              "the subject's sha256 must be 64 lower-case hex digits")
-    _check_predicate(statement["predicate"], f"{where} predicate")
+    if statement["predicateType"] == PREDICATE_TYPE_V1:
+        _check_predicate_v1(statement["predicate"], f"{where} predicate")
+    else:
+        _check_predicate(statement["predicate"], f"{where} predicate")
 
 
-def _check_predicate(predicate: Any, where: str) -> None:
-    _exact(predicate, {"cube", "producers", "parent", "proved", "cubepack_version"}, where)
-    cube = predicate["cube"]
+def _check_cube(cube: Any, where: str) -> None:
     _exact(cube, {"cube_id", "lock_digest", "content_digest"}, f"{where} cube")
     _require(_text(cube["cube_id"], True) and _hex64(cube["lock_digest"])
              and _hex64(cube["content_digest"]), f"{where} cube",
              "cube_id is a string or null, both digests 64 hex")
-    producers = predicate["producers"]
+
+
+def _check_producers(producers: Any, where: str) -> None:
     _require(isinstance(producers, dict), where, "producers must be an object")
     for role, pin in producers.items():
         _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"},
@@ -341,31 +455,80 @@ def _check_predicate(predicate: Any, where: str) -> None:
                  and _text(pin["weights_digest"]) and _text(pin["dtype"]),
                  f"{where} producer {role!r}", "repo_id and a 40-hex revision or null, "
                  "weights_digest and dtype strings")
-    parent = predicate["parent"]
-    if parent is not None:
-        _exact(parent, set(_PARENT_KEYS), f"{where} parent")
-        _require(_hex64(parent["lock_digest"]) and _hex64(parent["content_digest"])
-                 and _text(parent["cube_id"], True) and _text(parent["repo_id"], True)
-                 and (parent["revision"] is None or is_commit(parent["revision"])),
-                 f"{where} parent", "both digests 64 hex, cube_id and repo_id strings or null, "
-                 "revision 40 hex or null")
+
+
+def _check_link(link: Any, keys: tuple[str, ...], where: str) -> None:
+    _exact(link, set(keys), where)
+    _require(all(_hex64(link[key]) for key in ("lock_digest", "content_digest") if key in keys)
+             and all(_text(link[key], True) for key in ("cube_id", "repo_id") if key in keys)
+             and ("revision" not in keys or link["revision"] is None
+                  or is_commit(link["revision"])),
+             where, "both digests 64 hex, cube_id and repo_id strings or null, revision 40 hex "
+             "or null")
+
+
+def _check_lineage_block(lineage: Any, where: str) -> None:
+    if lineage is not None:
+        _exact(lineage, {"parent", "changes"}, where)
+        _check_link(lineage["parent"], _LINK_KEYS, f"{where} parent")
+        _require(isinstance(lineage["changes"], dict), where, "changes must be an object")
+
+
+def _check_predicate(predicate: Any, where: str) -> None:
+    """Version 2: cube, proved, claimed, signer; each statement in one block."""
+    _exact(predicate, {"cube", "proved", "claimed", "signer"}, where)
+    _check_cube(predicate["cube"], where)
+    proved, claimed = predicate["proved"], predicate["claimed"]
+    _exact(proved, _BLOCK_KEYS, f"{where} proved")
+    _exact(claimed, _CLAIMED_KEYS, f"{where} claimed")
+    for name, block in (("proved", proved), ("claimed", claimed)):
+        _check_producers(block["producers"], f"{where} {name}")
+        _require(isinstance(block["provenance"], dict)
+                 and all(kind in KINDS for kind in block["provenance"].values()),
+                 f"{where} {name}.provenance", f"item -> one of {', '.join(KINDS)}")
+        _check_lineage_block(block["lineage"], f"{where} {name}.lineage")
+    _require(not set(proved["producers"]) & set(claimed["producers"])
+             and not set(proved["provenance"]) & set(claimed["provenance"])
+             and (proved["lineage"] is None or claimed["lineage"] is None), where,
+             "a statement is proved or claimed, never both")
+    _check_recomputed(proved["recomputed"], proved["provenance"], f"{where} proved")
+    if claimed["origin"] is not None:
+        _check_link(claimed["origin"], _ORIGIN_KEYS, f"{where} claimed.origin")
+    signer = predicate["signer"]
+    _exact(signer, {"step", "cubepack_version"}, f"{where} signer")
+    _require(signer["step"] in STEPS and _text(signer["cubepack_version"]), f"{where} signer",
+             f"step is one of {', '.join(STEPS)}, cubepack_version a string")
+    _require(proved["lineage"] is None or signer["step"] == DERIVING_STEP, f"{where} proved",
+             f"only {DERIVING_STEP} derives a lineage")
+
+
+def _check_recomputed(recomputed: Any, provenance: dict[str, Any], where: str) -> None:
+    _require(isinstance(recomputed, dict), f"{where}.recomputed", "must be an object")
+    for item_id, entry in recomputed.items():
+        _exact(entry, {"model_role", "weights_digest", "tokens"},
+               f"{where}.recomputed {item_id!r}")
+        _require(_text(entry["model_role"]) and _text(entry["weights_digest"])
+                 and type(entry["tokens"]) is int and entry["tokens"] >= 0
+                 and provenance.get(item_id) == RECOMPUTED,
+                 f"{where}.recomputed {item_id!r}",
+                 "model_role and weights_digest strings, tokens a count, the item labelled "
+                 "recomputed")
+
+
+def _check_predicate_v1(predicate: Any, where: str) -> None:
+    """Version 1 (read only): cube, producers, parent, one "proved" block, cubepack_version."""
+    _exact(predicate, {"cube", "producers", "parent", "proved", "cubepack_version"}, where)
+    _check_cube(predicate["cube"], where)
+    _check_producers(predicate["producers"], where)
+    if predicate["parent"] is not None:
+        _check_link(predicate["parent"], _PARENT_KEYS, f"{where} parent")
     proved = predicate["proved"]
     _exact(proved, {"provenance", "recomputed", "retokenized", "reembedded", "embedder"},
            f"{where} proved")
     _require(isinstance(proved["provenance"], dict)
              and all(kind in KINDS for kind in proved["provenance"].values()),
              f"{where} proved.provenance", f"item -> one of {', '.join(KINDS)}")
-    _require(isinstance(proved["recomputed"], dict), f"{where} proved.recomputed",
-             "must be an object")
-    for item_id, entry in proved["recomputed"].items():
-        _exact(entry, {"model_role", "weights_digest", "tokens"},
-               f"{where} proved.recomputed {item_id!r}")
-        _require(_text(entry["model_role"]) and _text(entry["weights_digest"])
-                 and type(entry["tokens"]) is int and entry["tokens"] >= 0
-                 and proved["provenance"].get(item_id) == RECOMPUTED,
-                 f"{where} proved.recomputed {item_id!r}",
-                 "model_role and weights_digest strings, tokens a count, the item labelled "
-                 "recomputed")
+    _check_recomputed(proved["recomputed"], proved["provenance"], f"{where} proved")
     _require(isinstance(proved["retokenized"], list)
              and all(isinstance(item, str) for item in proved["retokenized"]),
              f"{where} proved.retokenized", "must be a list of item ids")
@@ -417,21 +580,39 @@ def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, 
             f"signatures by keyid {keyids}, none valid under a trusted key")
 
 
-def predicate_mismatches(predicate: dict[str, Any],
+def predicate_mismatches(envelope: Envelope,
                          lock: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, what the lock gives, what the predicate says) for each field that differs; the
-    signer's cubepack version is theirs to state."""
-    expected = predicate_for(lock)
-    found = []
-    for key in sorted(set(expected) - {"cubepack_version"}):
-        if key == "producers":
-            for role in sorted(set(expected[key]) | set(predicate[key])):
-                if expected[key].get(role) != predicate[key].get(role):
-                    found.append((f"predicate.producers.{role}", expected[key].get(role),
-                                  predicate[key].get(role)))
-        elif expected[key] != predicate[key]:
-            found.append((f"predicate.{key}", expected[key], predicate[key]))
-    return found
+    """(field, what the lock gives, what the predicate says) for each field that differs.
+
+    Version 2: the predicate must be exactly what :func:`predicate_for` gives this lock for the
+    split its signer states (which statements it proved), so no statement can say other than
+    the lock. Version 1: what that version gave. The signer's cubepack version is theirs."""
+    predicate = envelope.predicate
+    if envelope.version == 1:
+        expected, stated = _predicate_v1(lock), dict(predicate)
+        stated.pop("cubepack_version")
+    else:
+        proved = predicate["proved"]
+        expected = predicate_for(lock, Proved(
+            predicate["signer"]["step"], frozenset(proved["producers"]),
+            frozenset(proved["provenance"]), proved["lineage"] is not None))
+        expected["signer"].pop("cubepack_version")
+        stated = {**predicate, "signer": {"step": predicate["signer"]["step"]}}
+    return [(f"predicate.{path}", want, found) for path, want, found in _differences(
+        expected, stated)]
+
+
+def _differences(expected: Any, found: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Leaf by leaf, down objects, so a failure names the statement (``proved.producers.
+    act_mem``), not the whole block."""
+    if isinstance(expected, dict) and isinstance(found, dict) and expected.keys() == found.keys():
+        return [difference for key in sorted(expected) for difference in _differences(
+            expected[key], found[key], f"{path}.{key}" if path else key)]
+    if isinstance(expected, dict) and isinstance(found, dict) and path.count(".") >= 1:
+        keys = sorted(set(expected) | set(found))
+        return [(f"{path}.{key}", expected.get(key), found.get(key)) for key in keys
+                if expected.get(key) != found.get(key)]
+    return [] if expected == found else [(path, expected, found)]
 
 
 def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
@@ -471,18 +652,40 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
         return [Check("attestation", name, False, f"signed by trusted key {key}, but its "
                       "subject is another lock (moved from another cube, or the lock changed "
                       "after signing)", f"subject sha256 {lock_sha256} (this cubepack.lock)",
-                      f"subject sha256 {envelope.subject_sha256}", basis="signed")], None, None
+                      f"subject sha256 {envelope.subject_sha256}", basis=SIGNED)], None, None
     try:
-        differences = predicate_mismatches(envelope.predicate, lock)
+        differences = predicate_mismatches(envelope, lock)
     except CubepackError as exc:  # a lineage section the predicate cannot state
         return [_refusal("attestation", name, str(exc))], None, None
     if differences:
         return [Check("attestation", f"{name} {field}", False, f"signed by trusted key {key}, "
                       "but its predicate disagrees with this lock", expected, found,
-                      basis="signed") for field, expected, found in differences], None, None
+                      basis=SIGNED) for field, expected, found in differences], None, None
     return [Check("attestation", name, True, f"signed by trusted key {key}: its subject is this "
-                  f"cubepack.lock (sha256 {lock_sha256}) and its predicate (pins, parent, what "
-                  "was proved) agrees with the lock", basis="signed")], envelope, key
+                  f"cubepack.lock (sha256 {lock_sha256}) and its predicate agrees with the lock "
+                  f"({_what_it_proves(envelope)})", basis=SIGNED)], envelope, key
+
+
+def _what_it_proves(envelope: Envelope) -> str:
+    if envelope.version == 1:
+        return ("a version-1 attestation: its statements are read as claims, since that "
+                "version restated the lock whatever its signer proved; sign again")
+    proved, claimed = envelope.predicate["proved"], envelope.predicate["claimed"]
+    parts = [f"{len(proved[key])} {key} proved by its signer, {len(claimed[key])} claimed"
+             for key in ("producers", "provenance") if proved[key] or claimed[key]]
+    if proved["lineage"] is not None or claimed["lineage"] is not None:
+        parts.append("lineage " + ("derived by its signer" if proved["lineage"] is not None
+                                   else "claimed (carried, not derived, by its signer)"))
+    return "; ".join(parts) or "nothing beyond the lock's digests"
+
+
+def _carried(subject: str, where: str, link: dict[str, Any]) -> Check:
+    """The refusal of a parent link its signer carried instead of deriving."""
+    return _refusal("lineage", subject, f"{where} names parent {link['lock_digest']} as a claim: "
+                    "its signer carried the lineage from the lock (a re-pack, or cubepack sign) "
+                    "and did not derive it. A derived cube's lineage is signed by the migrate "
+                    "that made it: cubepack migrate PARENT --out DIR --sign-key KEY",
+                    "a parent link its signer derived (migrate)", "a carried claim")
 
 
 def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
@@ -497,7 +700,7 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
                          "with a trusted key (see the attestation check), so no chain can start "
                          "from it", "this cube's attestation, signed by a trusted key",
                          "none verified")]
-    parent = own.predicate["parent"]
+    parent, derived = own.parent()
     ancestors = cube / constants.ANCESTORS_FILENAME
     listed = constants.ANCESTORS_FILENAME in lock["files"]
     if parent is None:
@@ -506,7 +709,10 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
                              "parent, yet the cube carries ancestors' attestations",
                              "no ancestors (a root cube)", "an ancestors file")]
         return [Check("lineage", "this cube", True, "a root: its signed attestation names no "
-                      "parent", basis="signed")]
+                      "parent", basis=SIGNED)]
+    if not derived:
+        return [_carried(f"link 1: this cube -> parent {parent['lock_digest']}",
+                         "the cube's own attestation", parent)]
     if not listed or not ancestors.is_file():
         return [_refusal("lineage", f"link 1: this cube -> parent {parent['lock_digest']}",
                          f"the lock names a parent but the cube carries no "
@@ -535,12 +741,17 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
                                     f"{key}) attests another cube than the parent {child}'s "
                                     f"lineage names: its {field} differs",
                                     f"{field} {shown(link[field])}",
-                                    f"{field} {shown(stated[field])}", basis="signed"))
+                                    f"{field} {shown(stated[field])}", basis=SIGNED))
                 return checks
         checks.append(Check("lineage", subject, True, f"envelope {index + 1} is signed by "
                             f"trusted key {key} and attests that lock (subject sha256 "
-                            f"{envelope.subject_sha256})", basis="signed"))
-        child, link = f"parent {stated['lock_digest'][:12]}", envelope.predicate["parent"]
+                            f"{envelope.subject_sha256})", basis=SIGNED))
+        child, (link, derived) = f"parent {stated['lock_digest'][:12]}", envelope.parent()
+        if link is not None and not derived:
+            checks.append(_carried(f"link {index + 2}: {child} -> parent {link['lock_digest']}",
+                                   f"envelope {index + 1} of {constants.ANCESTORS_FILENAME}",
+                                   link))
+            return checks
         if link is None:
             if index + 1 < len(envelopes):
                 checks.append(_refusal("lineage", f"envelope {index + 2}", f"follows the root "

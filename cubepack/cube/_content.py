@@ -20,6 +20,7 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.safetensors_header import read_header
 from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError
+from ..format import _fileset as fileset
 from ..kv._format import read_kv_header
 from . import _memos_layout as memos_layout
 from ._attestation import check_file as check_attestation_file
@@ -44,7 +45,7 @@ def file_kind(name: str) -> str | None:
     if none."""
     base = PurePosixPath(name).name
     lower = base.lower()
-    if name.startswith(".cache/huggingface/"):
+    if name.startswith(fileset.HF_LOCAL_DIR + "/"):
         return "text"  # hf download's bookkeeping: .gitignore, *.metadata, empty *.lock files
     if name in ATTESTATION_NAMES:
         return "attestation"

@@ -21,7 +21,8 @@ from .._util.models import load_encoder
 from .._util.paths import resolve_inside
 from ..errors import CubepackError, IntegrityError, UsageError
 from ._memos_layout import memory_files
-from ._report import CLAIMED, Check
+from ..trust._evidence import CLAIMED
+from ._report import Check
 from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine, memory_vectors
 
 CHECK = "embedder"

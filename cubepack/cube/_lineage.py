@@ -27,7 +27,8 @@ from .._util.paths import resolve_inside
 from .._util.revision import is_commit
 from .._version import __version__
 from ..errors import FormatError
-from ._verify import ORIGIN_FILE
+from ..format._fileset import ORIGIN_FILE
+from ..trust._evidence import CLAIMED
 
 TOOL = "cubepack migrate"
 PEFT_CONFIG = "adapter_config.json"
@@ -135,6 +136,8 @@ def describe(lock: dict[str, Any]) -> dict[str, Any]:
                              "content_digest": lock["content_digest"],
                              "cube_id": lock.get("cube_id"), "root": lineage is None}
     if lineage is not None:
+        # What the lock says of its parent is its writer's claim until a parent lock with
+        # those digests is fetched at the commit it names (``lineage --follow``).
         entry.update(parent=lineage["parent"], changes=lineage["changes"], tool=lineage["tool"],
-                     cubepack_version=lineage["cubepack_version"])
+                     cubepack_version=lineage["cubepack_version"], parent_basis=CLAIMED)
     return entry

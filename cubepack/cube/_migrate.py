@@ -39,6 +39,8 @@ from ._embedder import BATCH, embed
 from ._pack import pack
 from ._reprefill import provenance, reprefill
 from ._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
+from ._policy import TrustPolicy
+from ._signing import check_key
 from ._verify import verify
 
 BY = "cubepack migrate"
@@ -71,9 +73,10 @@ class MigrateResult:
                 "lineage": self.lineage}
 
 
-def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
-            revision: str | None = None, embedder: str | None = None,
-            progress: bool | None = None) -> MigrateResult:
+def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str | Path,
+            model: Any = None, revision: str | None = None, embedder: str | None = None,
+            progress: bool | None = None, sign_key: str | Path | None = None,
+            sign_password: str | None = None, **options: Any) -> MigrateResult:
     """Build at ``out`` a packed cube for ``model`` and/or ``embedder`` from the cube at
     ``cube_dir`` (see the module docstring).
 
@@ -83,6 +86,13 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
         revision: branch, tag or commit of a Hub ``model``.
         embedder: the new embedder (a spec, as for ``verify --embedder``).
         progress: a progress bar while re-embedding (default: only on a terminal).
+        policy: what the old cube must prove before anything is derived from it (a
+            :class:`TrustPolicy`, or its fields as ``options``: ``trusted_keys``,
+            ``require_signature``, ``require_lineage``, ``require_provenance``,
+            ``strict_models``, ...; its ``model`` is the *old* cube's producer).
+        sign_key: sign the new cube (ECDSA P-256/P-384 private key, PEM): its attestation
+            states the lineage as derived by this migrate, the only step that can; a later
+            ``cubepack sign`` or ``pack --sign-key`` carries it as a claim.
 
     Raises:
         UsageError: neither ``model`` nor ``embedder``; ``out`` exists and is not an empty
@@ -96,9 +106,13 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
                          "and/or --embedder E.")
     if revision is not None and model is None:
         raise UsageError("--revision picks a revision of --model; pass --model too.")
+    policy = TrustPolicy.build(policy, **options)
     cube, target = Path(cube_dir), Path(out)
     _check_target(cube, target)
-    report = verify(cube, progress=progress)  # raises VerificationFailed: nothing written yet
+    if sign_key is not None:
+        check_key(sign_key, private=True, password=sign_password)  # fail before any work
+    # The whole policy, before anything is written (raises VerificationFailed).
+    report = verify(cube, policy, progress=progress)
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     lock = report.lock
     config = _memos_config(cube, lock)
@@ -140,6 +154,7 @@ def migrate(cube_dir: str | Path, *, out: str | Path, model: Any = None,
         packed = pack(staging, model=target_model.source if target_model else None,
                       revision=revision, embedder=embedder, progress=progress,
                       cube_id=lock.get("cube_id") if config is None else None,
+                      sign_key=sign_key, sign_password=sign_password,
                       _derived={"lineage": section, "provenance": proven})
         atomic.replace_dir(staging, target)
     except BaseException:

@@ -32,6 +32,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format import _fileset as fileset
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare
@@ -56,13 +57,11 @@ from ._provenance import (
     check_provenance,
     record_conflicts,
 )
+from ._attestation import Proved
 from ._signing import check_key, write_signature
 from ._vectors import EMBEDDER_ROLE, vector_record
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
-#: Written by signing, over the lock: kept by a re-pack that changes nothing, dropped otherwise.
-SIGNED_FILES = (constants.SIGNATURE_FILENAME, constants.ATTESTATION_FILENAME)
 
 
 @dataclass
@@ -181,7 +180,9 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         pickle_name = memos_layout.activation_pickle_name(memos_config)
         renamed = hub_names_for_snapshots(memos_config, pins)
         for name in files:
-            if name in GENERATED or name == pickle_name or name in SIGNED_FILES:
+            # Generated files are written anew; signing files are kept by a re-pack that
+            # changes nothing, dropped otherwise; bookkeeping is kept in place, never locked.
+            if name in fileset.GENERATED or name == pickle_name or name in fileset.SIGNING:
                 continue
             if name == "config.json" and renamed is not None:
                 atomic.write_text(staging / name, json.dumps(renamed, indent=2,
@@ -215,7 +216,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
-        unsigned = [name for name in files if name not in SIGNED_FILES]
+        unsigned = [name for name in files if name not in fileset.SIGNING]
         if result.changed or sorted(list_cube_files(staging)) != unsigned:
             atomic.replace_dir(staging, cube)
         else:
@@ -223,7 +224,12 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         result.cube_dir = cube
         if sign_key is not None:
             # The cube was written and hashed just now; sign from those digests.
-            write_signature(cube, sign_key, password=sign_password)
+            # Pack made every pin and label of this lock itself; a lineage it derived only
+            # when migrate handed it one (a lineage kept from the last lock is a claim).
+            lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+            write_signature(cube, sign_key, Proved.everything_of(
+                lock, "migrate" if _derived else "pack", lineage=bool(_derived)),
+                password=sign_password)
         return result
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -790,7 +796,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                     previous_card: card.PreviousCard,
                     lineage: dict[str, Any] | None = None) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
-    content = [name for name in list_cube_files(staging) if name not in GENERATED]
+    content = fileset.lockable(list_cube_files(staging))
     memories = memos_layout.memory_files(memos_config, content)
     memories["activation"] = [name for name in content if is_activation_path(name)
                               or name == constants.PROMPTS_FILE]
@@ -799,8 +805,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     if not memos:  # a plain bundle: its other files (source texts, prompts) are its sources
         listed = {name for names in memories.values() for name in names}
         memories["source"] = [name for name in content if name not in listed
-                              and name not in (".gitattributes", constants.SIGNATURE_FILENAME,
-                                               constants.ATTESTATION_FILENAME)]
+                              and name != fileset.HUB_ATTRIBUTES]
     _refuse_unshippable(staging, content, memos_config)
     digests = {path.relative_to(staging).as_posix(): digest for path, digest in hash_files(
         [resolve_inside(staging, name) for name in content], progress=progress,

@@ -7,10 +7,9 @@ The label (``kind``), as pack writes it into the lock:
 - ``asserted``: the packer's word only (the model named in ``config.json``, or ``--model``);
 - ``recomputed``: pack ran the producer and it reproduced the cache.
 
-What backs it (``basis``, as a verifier sees it): a label read from a lock is only ``claimed``,
-whoever wrote it, unless a trusted signature covers the lock (``signed``); a recomputation run
-by the verifier itself is ``proved``. :func:`satisfies` is the one rule ``--require-provenance``
-applies: claimed evidence never satisfies it.
+What backs it, as a verifier sees it, is decided by :mod:`cubepack.trust._evidence`: a label
+read from a lock is a claim, whoever wrote or signed the lock, unless a trusted signer states
+it established it.
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ from typing import Any
 
 from ..errors import Mismatch
 from ..identity._identity import ModelIdentity, dtype_name
+from ..trust._evidence import ASSERTED, KINDS, RECOMPUTED, RECORDED
 
-RECORDED, ASSERTED, RECOMPUTED = "recorded", "asserted", "recomputed"
-KINDS = (RECORDED, ASSERTED, RECOMPUTED)
-#: How strong each kind is, for ``--require-provenance``.
-STRENGTH = {ASSERTED: 0, RECORDED: 1, RECOMPUTED: 2}
+__all__ = ["ASSERTED", "KINDS", "KV_HEADER", "RECOMPUTED", "RECORDED", "check_provenance",
+           "names_agree", "record_conflicts"]
+
 
 KV_HEADER = {"kind": RECORDED, "detail": "the KV file's header names its producer"}
 _GEOMETRY_KEYS = (("num_hidden_layers", "num_layers"), ("num_kv_heads", "num_kv_heads"),
@@ -68,30 +67,3 @@ def check_provenance(value: Any) -> bool:
     """Is ``value`` a well-formed provenance record (as the lock stores it)?"""
     return (isinstance(value, dict) and value.get("kind") in KINDS
             and isinstance(value.get("detail", ""), str))
-
-
-def evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] | None = None,
-             signed_by: str | None = None) -> dict[str, Any]:
-    """What backs an activation's producer label: a recomputation run now (``recomputed``:
-    ``{"full": bool, "positions": k, "total": n, "seed": s}``) is ``proved``; otherwise the lock's
-    label, ``signed`` when a trusted key signed the lock, else ``claimed``."""
-    if recomputed is not None:
-        scope = ("all positions" if recomputed["full"] else
-                 f"{recomputed['positions']} of {recomputed['total']} positions sampled "
-                 f"(seed {recomputed['seed']})")
-        return {"kind": RECOMPUTED, "basis": "proved", "full": recomputed["full"],
-                "detail": f"recomputed now by the producer: {scope}"}
-    return {"kind": claimed["kind"], "basis": "signed" if signed_by else "claimed",
-            "full": claimed["kind"] == RECOMPUTED,
-            "detail": claimed.get("detail", "") + (f" (signed by {signed_by})" if signed_by
-                                                   else " (the lock says so)")}
-
-
-def satisfies(backing: dict[str, Any], required: str) -> bool:
-    """Does this evidence meet ``--require-provenance required``? Only proved or signed
-    evidence of that level does; ``recomputed`` needs every position checked."""
-    if backing["basis"] not in ("proved", "signed"):
-        return False
-    if required == RECOMPUTED:
-        return backing["kind"] == RECOMPUTED and backing["full"]
-    return STRENGTH[backing["kind"]] >= STRENGTH[required]

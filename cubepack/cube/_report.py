@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..trust._evidence import Basis, Signed, check_basis
+
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
           "adapter", "cube config", "signature", "attestation", "lineage", "model identity",
@@ -27,18 +29,6 @@ def pin_subject(role: str, pin: dict[str, Any]) -> str:
     return f"{role} (local folder, pinned by weights digest)"
 
 
-#: What a check's outcome rests on: ``proved`` (computed now by this process, from inputs it
-#: chose: bytes it hashed, a model it fingerprinted, a prefill it ran, vectors it re-embedded),
-#: ``signed`` (a claim covered by a signature from a key the caller trusts) or ``claimed``
-#: (read from the cube, which whoever pushed last wrote: shown, never relied on).
-PROVED, SIGNED, CLAIMED = "proved", "signed", "claimed"
-#: The basis of each check when it passes or fails (a skipped check has none).
-BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED, "size": PROVED,
-         "sha256": PROVED, "content": PROVED, "kv header": CLAIMED, "adapter": CLAIMED,
-         "adapter base": PROVED, "cube config": CLAIMED,
-         "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
-         "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
-         "provenance": CLAIMED, "embedder": PROVED}
 
 
 @dataclass
@@ -46,7 +36,7 @@ class Check:
     """One check and its outcome: ``ok`` is True (passed), False (failed) or None (skipped or
     not run, with the reason in ``detail``). ``role`` names the model role a model check is
     about, so callers never parse ``subject``. ``basis`` says what the outcome rests on
-    (:data:`PROVED`, :data:`SIGNED` or :data:`CLAIMED`; None when it did not run)."""
+    (a :class:`~cubepack.trust._evidence.Basis`; None when it did not run)."""
 
     name: str
     subject: str
@@ -55,15 +45,16 @@ class Check:
     expected: Any = None
     found: Any = None
     role: str | None = None
-    basis: str | None = None
+    basis: Basis | None = None
 
     def __post_init__(self) -> None:
         if self.basis is None and self.ok is not None:
-            self.basis = BASIS.get(self.name, CLAIMED)
+            self.basis = check_basis(self.name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
-                "expected": self.expected, "found": self.found, "basis": self.basis}
+                "expected": self.expected, "found": self.found,
+                "basis": None if self.basis is None else str(self.basis)}
 
     def __str__(self) -> str:
         text = f"{self.name} {self.subject}: {self.detail.rstrip('.')}"
@@ -81,8 +72,11 @@ class VerifyReport:
     lock: dict[str, Any] | None = None
     #: True once every file is proven intact (file set, sizes, sha256, content).
     intact: bool = False
-    #: The trusted key whose valid signature covers the cube (then its claims are ``signed``).
+    #: The trusted key whose valid signature covers the cube's files (cubepack.sig): who
+    #: shipped these bytes. It makes no claim in them stronger: see ``signed``.
     signed_by: str | None = None
+    #: What a trusted signer's attestation states it proved (the only ``signed`` evidence).
+    signed: Signed | None = None
     #: The trusted key whose in-toto attestation names this lock and agrees with it.
     attested_by: str | None = None
     #: sha256 of the lock file's bytes as this process read and parsed them (an attestation's
@@ -100,7 +94,7 @@ class VerifyReport:
         return [c for c in self.checks if c.ok is False]
 
     def add(self, name: str, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
-            found: Any = None, role: str | None = None, basis: str | None = None) -> bool:
+            found: Any = None, role: str | None = None, basis: Basis | None = None) -> bool:
         self.checks.append(Check(name, subject, ok, detail, expected, found, role, basis))
         return ok is not False
 
@@ -116,17 +110,11 @@ class VerifyReport:
                 self.add(name, "*", None, reason)
         self.checks.sort(key=lambda check: CHECKS.index(check.name)
                          if check.name in CHECKS else len(CHECKS))
-        if self.signed_by:  # a trusted signature covers every file: its claims are signed
-            for check in self.checks:
-                if check.basis == CLAIMED and check.name != "remote model":
-                    check.basis = SIGNED
-            for entry in self.provenance.values():
-                if entry["basis"] == CLAIMED:
-                    entry["basis"] = SIGNED
 
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "ok": self.ok,
                 "digest": (self.lock or {}).get("digest"), "signed_by": self.signed_by,
                 "attested_by": self.attested_by,
                 "checks": [c.to_dict() for c in self.checks],
-                "provenance": self.provenance}
+                "provenance": {item: {**entry, "basis": str(entry["basis"])}
+                               for item, entry in self.provenance.items()}}

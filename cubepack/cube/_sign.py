@@ -1,24 +1,65 @@
 """``cubepack sign``: verify a cube, then sign it (a signature never blesses a cube that does not
-verify)."""
+verify), stating what that verification proved and nothing more.
+
+The attestation ``sign`` writes puts in its ``proved`` block only what this run established:
+a pin whose model it fingerprinted (``--model``, or the pinned revision in the HF cache), an
+activation it recomputed (``--recompute``: every position), or one whose KV header names a
+pin it proved. Every other statement of the lock (a label a pusher wrote, a lineage a re-pack
+carried) goes to the ``claimed`` block: a claim does not gain strength by being signed.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+from ..trust._evidence import ASSERTED, PROVED, RECOMPUTED, RECORDED, STRENGTH
+from ._attestation import Proved
+from ._policy import TrustPolicy
+from ._report import VerifyReport
 from ._signing import check_key, write_signature
 from ._verify import verify
 
 
-def sign(cube_dir: str | Path, key: str | os.PathLike[str], *,
-         password: str | None = None) -> Path:
-    """Verify the packed cube at ``cube_dir``, then write ``cubepack.sig`` with ``key`` (an ECDSA
-    P-256/P-384 private key, PEM) in the OpenSSF model-signing format; return its path.
+def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy | None = None, *,
+         password: str | None = None, **options: Any) -> Path:
+    """Verify the packed cube at ``cube_dir`` under ``policy`` (or its fields as ``options``,
+    e.g. ``model=..., recompute=True`` to prove more), then write ``cubepack.sig`` with ``key``
+    (an ECDSA P-256/P-384 private key, PEM) in the OpenSSF model-signing format, and the
+    attestation of what that verification proved; return the signature's path.
 
     Raises:
         VerificationFailed: the cube does not verify (nothing is written).
-        CubepackError: the key is unreadable or not ECDSA P-256/P-384.
+        UsageError: the key is unreadable or not ECDSA P-256/P-384; a bad policy.
     """
+    policy = TrustPolicy.build(policy, **options)
     check_key(key, private=True, password=password)  # fail before any work
-    verify(cube_dir)
-    return write_signature(cube_dir, key, password=password)
+    report = verify(cube_dir, policy)
+    return write_signature(cube_dir, key, proved_by(report), password=password)
+
+
+def proved_by(report: VerifyReport) -> Proved:
+    """What a passed verification established itself, as a signer may state it."""
+    lock = report.lock or {"activations": {}, "models": {}}
+    producers = frozenset(check.role for check in report.checks
+                          if check.name == "model identity" and check.ok is True
+                          and check.basis == PROVED and check.role)
+    header_ok = {check.subject for check in report.checks
+                 if check.name == "kv header" and check.ok is True}
+    items = set()
+    for item_id, entry in lock["activations"].items():
+        label = (entry.get("provenance") or {}).get("kind", ASSERTED)
+        backing = report.provenance.get(item_id) or {}
+        if backing.get("basis") == PROVED and backing.get("kind") == RECOMPUTED \
+                and backing.get("full"):
+            established = RECOMPUTED
+        elif entry["model_role"] in producers and f"{entry['file']} ({item_id})" in header_ok:
+            established = RECORDED  # its header names the pin this run fingerprinted
+        else:
+            continue
+        # The lock's own label is what gets signed: proved when this run established at least
+        # as much; the packer's word (asserted) is never this run's to prove.
+        if label != ASSERTED and STRENGTH[established] >= STRENGTH[label]:
+            items.add(item_id)
+    return Proved("sign", producers, frozenset(items), lineage=False)

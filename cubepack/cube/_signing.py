@@ -24,7 +24,8 @@ from typing import Any
 
 from .._util import atomic, constants
 from ..errors import CubepackError, SignatureError, UnsafeInputError
-from ._attestation import attest
+from ..format import _fileset as fileset
+from ._attestation import Proved, attest
 from ._keys import check_key
 
 __all__ = ["check_key", "verify_signature", "write_signature"]
@@ -40,16 +41,18 @@ def _model_signing() -> Any:
 
 
 def _hashing_config(hashing: Any) -> Any:
-    # The signature file cannot cover itself; git bookkeeping (.gitattributes) is ignored as the
-    # stock model_signing CLI ignores it, so both verify the same set of files.
-    return hashing.Config().set_ignored_paths(paths=[constants.SIGNATURE_FILENAME],
+    # The file-set rule says what a signature leaves out (itself, a download's bookkeeping);
+    # model_signing records it in the signature, so stock model_signing verify ignores the
+    # same. Git bookkeeping (.gitattributes) is ignored as the stock CLI ignores it.
+    return hashing.Config().set_ignored_paths(paths=list(fileset.SIGNATURE_IGNORES),
                                               ignore_git_paths=True)
 
 
-def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
+def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], proved: Proved, *,
                     password: str | None = None) -> Path:
-    """Write ``cubepack.intoto.json`` (the lock's signed attestation), then ``cubepack.sig``
-    over the files a packed cube's lock records, the attestation included.
+    """Write ``cubepack.intoto.json`` (the lock's signed attestation, stating ``proved``: what
+    the signing step established; the rest of the lock as claims), then ``cubepack.sig`` over
+    the files a packed cube's lock records, the attestation included.
 
     Only signs. The caller verifies first (:func:`cubepack.sign` and ``pack --sign-key`` do): the signature's manifest is built from the sha256 values in ``cubepack.lock`` plus the
     lock's own bytes, so no file is hashed again, and a file that no longer matches its lock
@@ -67,7 +70,7 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], *,
                                    "Remove it and sign again.")
     hashing, signing, _ = _model_signing()
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
-    attestation = attest(lock_bytes, key, password=password)
+    attestation = attest(lock_bytes, key, proved, password=password)
     manifest = _manifest_from_lock(cube, hashing, lock_bytes, {
         constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()})
     target = cube / constants.SIGNATURE_FILENAME
@@ -120,7 +123,8 @@ def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
     from model_signing._hashing.hashing import Digest
 
     lock = json.loads(lock_bytes)
-    digests = {path: entry["sha256"] for path, entry in lock["files"].items()}
+    digests = {path: entry["sha256"] for path, entry in lock["files"].items()
+               if fileset.signature_covers(path)}
     digests[constants.LOCK_FILENAME] = hashlib.sha256(lock_bytes).hexdigest()
     digests.update(extra)
     empty = _hashing_config(hashing).hash(cube, files_to_hash=[])

@@ -17,6 +17,7 @@ from .._util import canonical, constants
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from ..errors import CubepackError, IntegrityError, VerificationFailed
+from ..format._fileset import is_tolerated
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import read_kv_header
@@ -30,28 +31,20 @@ from ._content import file_problem, memos_config_problems
 from ._embedder import embed, embedder_checks
 from ._memos_layout import ACT_ROLE
 from ._policy import TrustPolicy
-from ._provenance import ASSERTED, RECOMPUTED, evidence, satisfies
-from ._report import PROVED, Check, VerifyReport, pin_subject
+from ..trust._evidence import (
+    ASSERTED,
+    PROVED,
+    RECOMPUTED,
+    SIGNED,
+    backs_a_pin,
+    provenance_evidence,
+    satisfies,
+)
+from ._report import Check, VerifyReport, pin_subject
 from ._signing import verify_signature
 from ._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
-
-#: Files a cube may hold beyond its lock: Hub bookkeeping, cubepack's own signature and the
-#: lock's attestation (it names the lock, so the lock cannot list it).
-TOLERATED = {".gitattributes", constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME,
-             constants.ATTESTATION_FILENAME}
-#: Where ``cubepack pull`` records a pulled folder's origin.
-ORIGIN_FILE = ".cache/cubepack/origin.json"
-#: Folders of tool bookkeeping a cube may hold beyond its lock (validated by kind all the same):
-#: ``hf download --local-dir`` writes ``.cache/huggingface/``; pull writes ``.cache/cubepack/``.
-TOLERATED_FOLDERS = (".cache/huggingface/", ".cache/cubepack/")
-
-
-def is_tolerated(name: str) -> bool:
-    """May ``name`` sit in a cube without being listed in its lock?"""
-    return name in TOLERATED or name.startswith(TOLERATED_FOLDERS)
-
 
 def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
            progress: bool | None = None, raise_on_failure: bool = True,
@@ -370,6 +363,7 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
                                               policy.trusted_keys, policy.require_lineage)
     report.extend(checks)
     report.attested_by = key
+    report.signed = envelope.signed(key) if envelope is not None and key is not None else None
     if policy.require_lineage:
         report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
 
@@ -397,16 +391,15 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                 live = fingerprint(folder, dtype=pinned.dtype)
                 base = folder
             else:
-                report.add("model identity", subject, None,
-                           "skipped: no model given (--model) and the pin has no Hub revision",
-                           role=role)
+                _signed_pin_or_skip(report, role, pin, subject,
+                                    "no model given (--model) and the pin has no Hub revision")
                 continue
         except CubepackError as exc:
             if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
                 report.add("model identity", subject, False, str(exc), role=role)
             else:
-                report.add("model identity", subject, None, "skipped: the pinned revision is not "
-                           "in the HF cache (pass --model, or use verify --remote)", role=role)
+                _signed_pin_or_skip(report, role, pin, subject, "the pinned revision is not in "
+                                    "the HF cache (pass --model, or use verify --remote)")
             continue
         mismatches = compare(pinned, live)
         for mismatch in mismatches:
@@ -421,18 +414,31 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
             _check_adapter_base(report, lock, role, base)
 
 
+def _signed_pin_or_skip(report: VerifyReport, role: str, pin: dict[str, Any], subject: str,
+                        why: str) -> None:
+    """No model here to fingerprint: the pin is backed by a trusted signer's own fingerprint
+    when its attestation states it proved it (signed), else the check is skipped."""
+    signed = report.signed
+    if signed is not None and role in signed.producers:
+        report.add("model identity", subject, True, f"not checked here ({why}); the pin is the "
+                   f"fingerprint the signer of trusted key {signed.key} took of the model",
+                   role=role, basis=SIGNED)
+    else:
+        report.add("model identity", subject, None, f"skipped: {why}", role=role)
+
+
 def require_checked_models(report: VerifyReport) -> None:
-    """``strict_models``: a pinned producer that no check could compare with a model (local or
-    on the Hub) is a refusal, not a skip."""
+    """``strict_models``: a pinned producer that no model was fingerprinted against (here, or
+    by a trusted signer) is a refusal, not a skip. The Hub's file metadata (``remote model``)
+    is the Hub's claim and does not satisfy it."""
     for role, pin in sorted((report.lock or {}).get("models", {}).items()):
         if not pin.get("strict") or not pin.get("identity"):
             continue
-        checked = [c for c in report.checks if c.role == role and c.ok is True
-                   and c.name in ("model identity", "remote model")]
-        if not checked:
+        if not any(c.role == role and backs_a_pin(c) for c in report.checks):
             report.add("model identity", pin_subject(role, pin), False, "unverified: no model "
-                       "was available to check the pin against, and strict models were "
-                       "required (pass --model with the producer)", role=role)
+                       "was fingerprinted against the pin, here or by a trusted signer, and "
+                       "strict models were required (pass --model with the producer; the Hub's "
+                       "file metadata is its claim, not a proof)", role=role, basis=PROVED)
 
 
 def _check_recompute(report: VerifyReport, lock: dict[str, Any],
@@ -479,9 +485,8 @@ def _record_provenance(report: VerifyReport, lock: dict[str, Any],
     for item_id, entry in sorted(lock["activations"].items()):
         claimed = entry.get("provenance") or {"kind": ASSERTED,  # lock version 1 had none
                                                "detail": "a version-1 lock records none"}
-        report.provenance[item_id] = evidence(claimed,
-                                              recomputed=recomputed.get(item_id),
-                                              signed_by=report.signed_by)
+        report.provenance[item_id] = provenance_evidence(
+            claimed, recomputed=recomputed.get(item_id), signed=report.signed, item=item_id)
 
 
 def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str) -> None:
@@ -494,12 +499,13 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
                    f"provenance is {label}: {backing['detail']}" + ("" if ok else
                    f"; {required} is required, proved now or signed: prove it with `cubepack "
                    f"verify {report.cube_dir} --recompute --model MODEL --require-provenance "
-                   f"{required}` (MODEL: the producer; every position), or verify a cube signed "
-                   "by a trusted key (--trusted-key)"),
+                   f"{required}` (MODEL: the producer; every position), or verify a cube whose "
+                   "trusted signer established it (--trusted-key; a signer establishes what it "
+                   "proved: pack --sign-key, or cubepack sign --model MODEL --recompute)"),
                    f"{required}, proved or signed" if not ok else None,
                    label if not ok else None, basis=backing["basis"])
     if not lock["activations"]:
-        report.add("provenance", "*", True, "the cube holds no activations", basis="proved")
+        report.add("provenance", "*", True, "the cube holds no activations", basis=PROVED)
 
 
 def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:

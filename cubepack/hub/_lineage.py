@@ -19,6 +19,7 @@ from .._util.paths import regular_file
 from ..cube import _lineage as lineage_format
 from ..cube import _lock as lockfile
 from ..errors import FormatError, IntegrityError
+from ..trust._evidence import PROVED
 from ._client import HubClient
 
 #: Longest chain followed: a Hub serving an endless chain of parents cannot keep us looping.
@@ -86,6 +87,7 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
                     f"{key.replace('_', ' ')} {parent[key]}, but the cubepack.lock that commit "
                     f"holds has {found}. The lineage does not lead to the cube it names; do not "
                     "trust it (ask the cube's publisher which parent it was derived from).")
+        result.chain[-1]["parent_basis"] = PROVED  # fetched now: its digests are the recorded
         entry = lineage_format.describe(fetched)
         entry.update(repo_id=parent["repo_id"], revision=parent["revision"])
         result.chain.append(entry)

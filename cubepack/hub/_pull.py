@@ -24,7 +24,8 @@ from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..cube import _lock as lockfile
 from ..cube._policy import TrustPolicy
 from ..cube._report import VerifyReport
-from ..cube._verify import ORIGIN_FILE, is_tolerated, require_checked_models, verify
+from ..cube._verify import require_checked_models, verify
+from ..format._fileset import ORIGIN_FILE, is_tolerated
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ._arrival import arrivals, arrived_digest, hashing_downloads
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec

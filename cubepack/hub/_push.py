@@ -22,6 +22,7 @@ from ..cube import _memos_layout as memos_layout
 from ..cube._report import VerifyReport
 from ..cube._verify import verify
 from ..errors import HubError, UsageError
+from ..format import _fileset as fileset
 from ._client import REPO_TYPES, HubClient, lfs_sha256, parse_repo_spec
 
 
@@ -209,9 +210,9 @@ def _refuse_local_model_paths(cube: Path) -> None:
 def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:
     """path -> sha256 of everything a push sends: the locked files, the lock, a signature and
     the lock's attestation."""
-    files = {path: entry["sha256"] for path, entry in report.lock["files"].items()}
-    for extra in (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME,
-                  constants.ATTESTATION_FILENAME):
+    locked = report.lock["files"]
+    files = {path: entry["sha256"] for path, entry in locked.items()}
+    for extra in fileset.uploaded(list(locked))[len(locked):]:
         if (cube / extra).is_file():
             files[extra] = sha256_file(cube / extra)
     return files
@@ -225,7 +226,7 @@ def _plan(cube: Path, local: dict[str, str],
         if sibling is not None and _same_content(cube / path, sha256, sibling):
             continue
         additions.append((path, cube / path))
-    deletions = sorted(p for p in remote if p not in local and p != ".gitattributes")
+    deletions = sorted(p for p in remote if p not in local and p != fileset.HUB_ATTRIBUTES)
     return additions, deletions
 
 

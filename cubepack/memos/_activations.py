@@ -30,11 +30,10 @@ from ..cube._provenance import (
     RECOMPUTED,
     RECORDED,
     check_provenance,
-    evidence,
     record_conflicts,
-    satisfies,
 )
 from ..cube._reprefill import provenance as reprefill_provenance
+from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..cube._reprefill import reprefill
 from ..cube._verify import NO_TOKEN_IDS
 from ..errors import (
@@ -71,7 +70,9 @@ class HookReport:
     recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: item -> what backs its producer label (kind, basis: proved / signed / claimed)
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
-    signed_by: str | None = None  # the trusted key whose signature covers the cube
+    signed_by: str | None = None  # the trusted key whose signature covers the cube's files
+    #: what a trusted signer's attestation states it proved (the only signed evidence)
+    signed: Signed | None = None
     embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
     #: adapter -> what the hook checked it against (or why it could not)
     adapters: dict[str, str] = field(default_factory=dict)
@@ -80,17 +81,18 @@ class HookReport:
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
     """Record what backs each activation's producer label (a recomputation by the loaded model
     is proved; the lock's label is claimed, or signed under a trusted key) and refuse those that
-    do not meet ``required`` (the one rule of :func:`cubepack.cube._provenance.satisfies`)."""
+    do not meet ``required`` (the one rule of :func:`cubepack.trust._evidence.satisfies`)."""
     for item_id, entry in sorted(lock["activations"].items()):
-        backing = evidence(entry["provenance"], recomputed=report.recomputed.get(item_id),
-                           signed_by=report.signed_by)
+        backing = provenance_evidence(entry["provenance"],
+                                      recomputed=report.recomputed.get(item_id),
+                                      signed=report.signed, item=item_id)
         report.provenance[item_id] = backing
         if required and not satisfies(backing, required):
             raise RecomputationFailed(
                 f"Activation {item_id!r} is {backing['kind']} ({backing['basis']}: "
                 f"{backing['detail']}), but {required} is required, proved or signed; pass "
                 "recompute=True to prove it with the loaded model (every position), or load a "
-                "cube signed by a trusted key (trusted_keys=...).")
+                "cube whose trusted signer established it (trusted_keys=...).")
 
 
 def llm_in_dtype(act_mem: Any, dtype: str | None) -> Any:

@@ -326,6 +326,7 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     if state == "file":
         verified = verify(folder, current.policy)
         report.verified, report.signed_by = True, verified.signed_by
+        report.signed = verified.signed
         load_activations(self, folder, verified.lock, report, current.policy)
     else:
         _refuse_unpacked(folder, state, current)
@@ -344,7 +345,8 @@ def _guarded_para_load(self: Any, dir: str) -> None:
     folder = Path(dir)
     if _lock_state(folder) == "file":
         verified = verify(folder, current.policy)
-        report = HookReport(cube_dir=folder, verified=True, signed_by=verified.signed_by)
+        report = HookReport(cube_dir=folder, verified=True, signed_by=verified.signed_by,
+                            signed=verified.signed)
         check_adapters(verified.lock, {"para_mem": {"backend": "lora", "config":
                                                     self.config.model_dump(mode="json")}},
                        report, current.policy)

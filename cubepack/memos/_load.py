@@ -107,7 +107,8 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     types = memory_types or list(MEMORY_TYPES)
     lock = verified.lock
     recorded, effective = _configs(cube_dir, lock, default_config)
-    report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by)
+    report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by,
+                        signed=verified.signed)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
     if lock.get("adapters"):  # before MemOS builds anything
         check_adapters(lock, effective.model_dump(mode="json") if "para_mem" in types else {},

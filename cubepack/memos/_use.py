@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cube._memos_layout import memos_prompt_ids
-from ..cube._provenance import ASSERTED, RECORDED, STRENGTH
+from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
 from ..cube._reprefill import reprefill
 from ..errors import CubepackError, IdentityMismatch, Mismatch
 from ..identity._fingerprint import fingerprint

@@ -25,7 +25,7 @@ from cubepack._util import canonical, constants
 from cubepack._util.hashing import sha256_file
 from cubepack.cube import _attestation as attestation
 from cubepack.cube import _lock as lockfile
-from cubepack.cube._signing import verify_signature
+from cubepack.cube._signing import verify_signature, write_signature
 
 from helpers import copy_of, make_key
 
@@ -83,14 +83,22 @@ def relock(cube: Path, **change) -> None:
     (cube / LOCK).write_text(lockfile.dumps(lockfile.build_lock(**fields)))
 
 
+def sign_derived(cube: Path, key: Path) -> None:
+    """Sign a cube :func:`derive` made as ``migrate --sign-key`` signs the cube it derives:
+    every pin, label and the lineage stated as established by the signing step."""
+    write_signature(cube, key, attestation.Proved.everything_of(read_lock(cube), "migrate",
+                                                                lineage=True))
+
+
 @pytest.fixture
 def chain(cube, keys, tmp_path):
-    """root -> child -> grandchild, each signed by alice (cubepack.sign: verify, then sign)."""
+    """root -> child -> grandchild, each signed by alice: the root by cubepack.sign (verify,
+    then sign), each derived cube as the migrate that made it signs it."""
     cubepack.sign(cube, keys["alice"][0])
     child = derive(cube, tmp_path / "child")
-    cubepack.sign(child, keys["alice"][0])
+    sign_derived(child, keys["alice"][0])
     grandchild = derive(child, tmp_path / "grandchild")
-    cubepack.sign(grandchild, keys["alice"][0])
+    sign_derived(grandchild, keys["alice"][0])
     return cube, child, grandchild
 
 
@@ -122,11 +130,16 @@ def test_sign_writes_an_attestation_of_the_lock_that_stock_model_signing_still_a
     assert predicate["cube"] == {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
                                  "content_digest": lock["content_digest"]}
     pin = lock["models"]["act_mem"]
-    assert predicate["producers"]["act_mem"] == {
+    # No model was at hand to fingerprint (a local-folder pin): sign proved nothing of the
+    # pins or labels, and signs them as the claims they are.
+    assert predicate["claimed"]["producers"]["act_mem"] == {
         "repo_id": pin["repo_id"], "revision": pin["revision"],
         "weights_digest": pin["identity"]["weights_digest"], "dtype": pin["identity"]["dtype"]}
-    assert predicate["parent"] is None and predicate["cubepack_version"] == cubepack.__version__
-    assert set(predicate["proved"]["provenance"]) == set(lock["activations"])
+    assert predicate["proved"] == {"producers": {}, "provenance": {}, "recomputed": {},
+                                   "lineage": None}
+    assert set(predicate["claimed"]["provenance"]) == set(lock["activations"])
+    assert predicate["claimed"]["lineage"] is None and predicate["claimed"]["origin"] is None
+    assert predicate["signer"] == {"step": "sign", "cubepack_version": cubepack.__version__}
     [signature] = envelope["signatures"]
     assert signature["keyid"] == attestation.key_id(keys["alice"][1])
     # The DSSE signature is over PAE(type, payload), ECDSA P-256 / SHA-256, DER-encoded.
@@ -189,7 +202,7 @@ def test_a_tampered_payload_is_refused(cube, keys):
     cubepack.sign(cube, keys["alice"][0])
     envelope = envelope_of(cube)
     statement = json.loads(base64.b64decode(envelope["payload"]))
-    statement["predicate"]["proved"]["reembedded"] = 7  # claim more than was signed
+    statement["predicate"]["signer"]["step"] = "pack"  # claim more than was signed
     envelope["payload"] = base64.b64encode(canonical.dumps(statement, compact=True)
                                            .encode()).decode()
     (cube / ATTESTATION).write_text(canonical.dumps(envelope))
@@ -202,14 +215,15 @@ def test_a_signed_predicate_that_disagrees_with_the_lock_is_refused(cube, keys):
     """Signed by a trusted key, naming this lock, but claiming other pins: refused, by field."""
     cubepack.sign(cube, keys["alice"][0])
     lock_bytes = (cube / LOCK).read_bytes()
-    statement = attestation.statement_for(read_lock(cube), lock_bytes)
-    statement["predicate"]["producers"]["act_mem"]["dtype"] = "bfloat16"
+    statement = attestation.statement_for(read_lock(cube), lock_bytes,
+                                          attestation.Proved("sign"))
+    statement["predicate"]["claimed"]["producers"]["act_mem"]["dtype"] = "bfloat16"
     envelope = attestation.sign_statement(statement, keys["alice"][0])
     (cube / ATTESTATION).write_bytes(attestation.envelope_bytes(envelope))
     [check] = [f for f in failures(cube, trusted_keys=[keys["alice"][1]])
                if f.name == "attestation"]
-    assert check.subject.endswith("predicate.producers.act_mem")
-    assert check.expected["dtype"] == "float32" and check.found["dtype"] == "bfloat16"
+    assert check.subject.endswith("predicate.claimed.producers.act_mem.dtype")
+    assert (check.expected, check.found) == ("float32", "bfloat16")
 
 
 @pytest.mark.parametrize("mutate, says", [
@@ -259,7 +273,7 @@ def test_a_failed_signature_leaves_the_old_attestation(cube, keys, monkeypatch):
         return real(source, target)
     monkeypatch.setattr(_signing.os, "replace", failing)
     with pytest.raises(OSError):
-        _signing.write_signature(cube, keys["alice"][0])
+        _signing.write_signature(cube, keys["alice"][0], attestation.Proved("sign"))
     monkeypatch.undo()
     assert ((cube / ATTESTATION).read_bytes(),
             (cube / constants.SIGNATURE_FILENAME).read_bytes()) == before
@@ -280,11 +294,11 @@ def test_a_three_cube_chain_signed_by_trusted_keys_passes_require_lineage(chain,
     [own] = checks(report, "attestation")
     assert own.ok is True
     predicate = attestation.read_envelope(grandchild / ATTESTATION).predicate
-    assert predicate["parent"]["lock_digest"] == child_lock["digest"]
+    assert predicate["proved"]["lineage"]["parent"]["lock_digest"] == child_lock["digest"]
     root_report = cubepack.verify(root, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert [(c.subject, c.ok) for c in checks(root_report, "lineage")] == [("this cube", True)]
     # Mixed keys are fine when each is trusted.
-    cubepack.sign(grandchild, keys["bob"][0])
+    sign_derived(grandchild, keys["bob"][0])
     assert cubepack.verify(grandchild, trusted_keys=[keys["alice"][1], keys["bob"][1]],
                            require_lineage=True).ok
 
@@ -292,7 +306,7 @@ def test_a_three_cube_chain_signed_by_trusted_keys_passes_require_lineage(chain,
 def test_an_ancestor_signed_by_an_untrusted_key_is_refused(cube, keys, tmp_path):
     cubepack.sign(cube, keys["mallory"][0])
     child = derive(cube, tmp_path / "child")
-    cubepack.sign(child, keys["alice"][0])
+    sign_derived(child, keys["alice"][0])
     assert cubepack.verify(child, trusted_keys=[keys["alice"][1]]).ok  # lineage not asked
     [link] = [f for f in failures(child, trusted_keys=[keys["alice"][1]], require_lineage=True)]
     assert link.name == "lineage" and link.subject.startswith("link 1: this cube -> parent ")
@@ -315,7 +329,7 @@ def test_a_parent_link_naming_another_lock_is_refused(chain, keys, tmp_path, pac
     stranger = signed_stranger(packed_cube_factory, tmp_path, keys["alice"][0])
     forged = derive(child, tmp_path / "forged", ancestors=[envelope_of(stranger),
                                                            envelope_of(root)])
-    cubepack.sign(forged, keys["alice"][0])
+    sign_derived(forged, keys["alice"][0])
     [link] = failures(forged, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert link.name == "lineage" and link.subject.startswith("link 1: this cube -> parent ")
     assert "its lock_digest differs" in link.detail
@@ -328,7 +342,7 @@ def test_a_broken_link_higher_up_is_named(chain, keys, tmp_path, packed_cube_fac
     stranger = signed_stranger(packed_cube_factory, tmp_path, keys["alice"][0])
     forged = derive(child, tmp_path / "forged", ancestors=[envelope_of(child),
                                                            envelope_of(stranger)])
-    cubepack.sign(forged, keys["alice"][0])
+    sign_derived(forged, keys["alice"][0])
     failed = failures(forged, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert [(f.name, f.subject.split(":")[0]) for f in failed] == [("lineage", "link 2")]
     assert read_lock(root)["digest"] in failed[0].expected
@@ -340,7 +354,7 @@ def test_a_missing_ancestors_file_is_refused(chain, keys, tmp_path):
     (orphan / ANCESTORS).unlink()
     lock = read_lock(orphan)
     relock(orphan, files={k: v for k, v in lock["files"].items() if k != ANCESTORS})
-    cubepack.sign(orphan, keys["alice"][0])
+    sign_derived(orphan, keys["alice"][0])
     [link] = failures(orphan, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert link.name == "lineage" and "carries no lineage/ancestors.intoto.json" in link.detail
     assert (link.expected, link.found) == ("the parent's envelope", "absent")
@@ -349,7 +363,7 @@ def test_a_missing_ancestors_file_is_refused(chain, keys, tmp_path):
 def test_a_chain_that_stops_before_a_root_is_refused(chain, keys, tmp_path):
     _, child, _ = chain
     cut = derive(child, tmp_path / "cut", ancestors=[envelope_of(child)])  # root's left out
-    cubepack.sign(cut, keys["alice"][0])
+    sign_derived(cut, keys["alice"][0])
     [link] = failures(cut, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert link.subject.startswith("link 2: ") and "stops before a root" in link.detail
 
@@ -358,7 +372,7 @@ def test_an_envelope_after_the_root_is_refused(chain, keys, tmp_path):
     root, child, _ = chain
     extra = derive(child, tmp_path / "extra", ancestors=[envelope_of(child), envelope_of(root),
                                                          envelope_of(root)])
-    cubepack.sign(extra, keys["alice"][0])
+    sign_derived(extra, keys["alice"][0])
     failed = failures(extra, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert [(f.subject, f.detail) for f in failed] == [
         ("envelope 3", "follows the root (envelope 2 names no parent)")]
@@ -386,15 +400,13 @@ def test_the_keyid_is_a_hint_every_trusted_key_is_tried(cube, keys):
 
 
 def test_require_lineage_without_any_attestation_refuses(cube, keys):
-    from cubepack.cube._signing import write_signature
-
     failed = failures(cube, trusted_keys=[keys["alice"][1]], require_lineage=True)
     [missing] = [f for f in failed if f.name == "attestation"]
     assert (missing.expected, missing.found) == ("a DSSE envelope signed by a trusted key",
                                                  "absent")
     assert [f.name for f in failed if f.name == "lineage"] == ["lineage"]
     # Signed by model_signing but without the attestation (an older cubepack): still refused.
-    write_signature(cube, keys["alice"][0])
+    write_signature(cube, keys["alice"][0], attestation.Proved("sign"))
     (cube / ATTESTATION).unlink()
     assert "attestation" in [f.name for f in failures(cube, trusted_keys=[keys["alice"][1]],
                                                        require_lineage=True)]
@@ -402,16 +414,25 @@ def test_require_lineage_without_any_attestation_refuses(cube, keys):
         cubepack.verify(cube, require_lineage=True)
 
 
-def test_what_migrate_proved_is_in_the_signed_predicate(cube, keys, tmp_path):
+def test_what_migrate_derived_is_in_the_signed_predicate(cube, keys, tmp_path):
     cubepack.sign(cube, keys["alice"][0])
     changes = {"models": {}, "embedder": {"from": "mini-a", "to": "mini-b"},
-               "retokenized": ["item-2", "item-1"], "reembedded": 12, "adapters_dropped": []}
+               "retokenized": ["item-1", "item-2"], "reembedded": 12, "adapters_dropped": []}
     child = derive(cube, tmp_path / "child", changes=changes)
-    cubepack.sign(child, keys["alice"][0])
-    proved = attestation.read_envelope(child / ATTESTATION).predicate["proved"]
-    assert proved["embedder"] == {"from": "mini-a", "to": "mini-b"}
-    assert proved["retokenized"] == ["item-1", "item-2"] and proved["reembedded"] == 12
+    sign_derived(child, keys["alice"][0])
+    predicate = attestation.read_envelope(child / ATTESTATION).predicate
+    assert predicate["proved"]["lineage"]["changes"] == changes
+    assert predicate["claimed"]["lineage"] is None
     assert cubepack.verify(child, trusted_keys=[keys["alice"][1]], require_lineage=True).ok
+    # Signed again by a step that did not derive it, the same lineage is a claim.
+    cubepack.sign(child, keys["alice"][0])
+    predicate = attestation.read_envelope(child / ATTESTATION).predicate
+    assert predicate["proved"]["lineage"] is None
+    assert predicate["claimed"]["lineage"]["changes"] == changes
+    [link] = failures(child, trusted_keys=[keys["alice"][1]], require_lineage=True)
+    assert "names parent" in link.detail and "as a claim" in link.detail
+    assert (link.expected, link.found) == ("a parent link its signer derived (migrate)",
+                                           "a carried claim")
 
 
 def test_a_lineage_the_predicate_cannot_state_is_not_signed(cube, keys, tmp_path):
@@ -435,7 +456,7 @@ def test_pull_refuses_a_broken_chain_and_places_nothing(chain, keys, tmp_path):
     (child / ANCESTORS).write_text(canonical.dumps({"envelopes": [envelope_of(child)]}))
     relock(child, files={**read_lock(child)["files"], ANCESTORS: {
         "sha256": sha256_file(child / ANCESTORS), "size": (child / ANCESTORS).stat().st_size}})
-    cubepack.sign(child, keys["alice"][0])  # names itself as its own parent's envelope
+    sign_derived(child, keys["alice"][0])  # names itself as its own parent's envelope
     with InstrumentedHub(tmp_path / "hub") as hub:
         good = push(grandchild, "ns/good", endpoint=hub.url, allow_local_paths=True)
         result = pull(f"ns/good@{good.commit_sha}", endpoint=hub.url, local_dir=tmp_path / "ok",

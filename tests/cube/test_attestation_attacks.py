@@ -20,12 +20,22 @@ import cubepack
 from cubepack._util import canonical, constants
 from cubepack.cube import _attestation as att
 from cubepack.cube import _lock as lockfile
-from cubepack.cube._signing import write_signature
+from cubepack.cube._attestation import Proved
+from cubepack.cube._signing import write_signature as _write_signature
 
 from helpers import copy_of, make_key
 
 ATT = constants.ATTESTATION_FILENAME
 ANC = constants.ANCESTORS_FILENAME
+
+
+def write_signature(cube, key):
+    """Sign ``cube`` as the step that made it would: pack (a root) or migrate (a cube whose
+    lock names a parent), every pin and label stated as its own."""
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    derived = "lineage" in lock
+    _write_signature(cube, key, Proved.everything_of(lock, "migrate" if derived else "pack",
+                                                     lineage=derived))
 
 
 @pytest.fixture(scope="module")
@@ -359,8 +369,10 @@ def test_an_ancestor_by_an_untrusted_key_is_refused(signed, tmp_path, keys):
 
 def test_a_root_that_claims_a_parent_stops_before_a_root(signed, tmp_path, keys):
     statement = statement_of(envelope_of(signed))
-    statement["predicate"]["parent"] = {"lock_digest": "1" * 64, "content_digest": "2" * 64,
-                                        "cube_id": None, "repo_id": None, "revision": None}
+    statement["predicate"]["signer"]["step"] = "migrate"
+    statement["predicate"]["proved"]["lineage"] = {
+        "parent": {"lock_digest": "1" * 64, "content_digest": "2" * 64, "cube_id": None},
+        "changes": {}}
     claims = sign_crafted(statement, keys["alice"][0])
     child = derive(signed, tmp_path / "child", keys["alice"][0], ancestors=[claims])
     [check] = failed(run_verify(child, keys["alice"][1], require_lineage=True), "lineage")
@@ -377,10 +389,11 @@ def test_an_envelope_after_the_root_and_a_cycle_are_refused(family, tmp_path, ke
     a, b = statement_of(envelope_of(root)), statement_of(envelope_of(root))
     a["predicate"]["cube"]["lock_digest"] = "a" * 64
     b["predicate"]["cube"]["lock_digest"] = "b" * 64
-    link = {"content_digest": a["predicate"]["cube"]["content_digest"], "cube_id": None,
-            "repo_id": None, "revision": None}
-    a["predicate"]["parent"] = {**link, "lock_digest": "b" * 64}
-    b["predicate"]["parent"] = {**link, "lock_digest": "a" * 64}
+    link = {"content_digest": a["predicate"]["cube"]["content_digest"], "cube_id": None}
+    for one, other in ((a, "b"), (b, "a")):
+        one["predicate"]["signer"]["step"] = "migrate"
+        one["predicate"]["proved"]["lineage"] = {"parent": {**link, "lock_digest": other * 64},
+                                                 "changes": {}}
     ea, eb = sign_crafted(a, keys["alice"][0]), sign_crafted(b, keys["alice"][0])
     cyc = derive(root, tmp_path / "cycle", keys["alice"][0], ancestors=[ea, eb] * 3,
                  parent_link={"lock_digest": "a" * 64})
@@ -699,7 +712,7 @@ def test_a_hostile_name_inside_a_payload_is_quoted_in_the_refusal(signed, field)
     statement = statement_of(envelope)
     hostile = "x\nok   attestation \x1b[2J"
     if field == "producers":
-        statement["predicate"]["producers"][hostile] = {"bad": 1}
+        statement["predicate"]["proved"]["producers"][hostile] = {"bad": 1}
     else:
         statement["predicate"]["proved"]["recomputed"][hostile] = {"bad": 1}
     envelope["payload"] = base64.b64encode(canonical.dumps(statement).encode()).decode()
@@ -708,9 +721,14 @@ def test_a_hostile_name_inside_a_payload_is_quoted_in_the_refusal(signed, field)
     assert "\n" not in check.detail and "\x1b" not in check.detail
 
 
-def test_a_re_pack_of_a_derived_cube_keeps_its_lineage(family, keys):
+def test_a_re_pack_of_a_derived_cube_keeps_its_lineage_as_a_claim(family, keys):
+    """A re-pack (to sign an edit, say) keeps the lock's lineage, but did not derive it: signed
+    by pack, the lineage is a claim, and --require-lineage says so and what derives it."""
     _, child, _ = family
     (child / "notes.txt").write_text("edited after migrate\n")
     cubepack.pack(child, sign_key=keys["alice"][0])
+    assert "lineage" in json.loads((child / constants.LOCK_FILENAME).read_text())
     report = run_verify(child, keys["alice"][1], require_lineage=True)
-    assert report.ok, [str(c) for c in report.failures]
+    [check] = failed(report, "lineage")
+    assert "as a claim" in check.detail and "cubepack migrate PARENT" in check.detail
+    assert [c.name for c in report.failures] == ["lineage"]

@@ -3,6 +3,7 @@ old cube proves, with its lineage. Real tiny models A and B, a real encoder pair
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
@@ -354,28 +355,37 @@ def test_model_and_embedder_at_once(cube, text_cube, encoders, zoo, tmp_path):
 # --- attestations of the ancestors ---------------------------------------------------------------
 
 def test_the_parents_attestations_are_copied_parent_first(cube, zoo, tmp_path):
-    """Two migrations of signed cubes: each child carries its ancestors' envelopes, parent
-    first, in a listed file; once signed, its chain verifies up to the trusted key, and an
-    ancestor's attestation that is not one (or a chain whose link names another lock) is
-    refused."""
+    """Two migrations of signed cubes, each signed by the migrate that made it: each child
+    carries its ancestors' envelopes, parent first, in a listed file; its chain verifies up to
+    the trusted key; signed afterwards by ``sign`` instead, its lineage is a claim; an
+    ancestor's attestation that is not one is refused."""
     from helpers import make_key
 
     key, public = make_key(tmp_path, "signer")
     cubepack.sign(cube, key)
     parent_envelope = json.loads((cube / constants.ATTESTATION_FILENAME).read_text())
-    child = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    child = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "child", sign_key=key,
+                             trusted_keys=[public], require_lineage=True).cube_dir
     assert json.loads((child / constants.ANCESTORS_FILENAME).read_text()) == \
         {"envelopes": [parent_envelope]}
     assert constants.ANCESTORS_FILENAME in lock_of(child)["files"]
-    cubepack.sign(child, key)
     child_envelope = json.loads((child / constants.ATTESTATION_FILENAME).read_text())
-    grandchild = cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "grand").cube_dir
+    grandchild = cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "grand",
+                                  sign_key=key).cube_dir
     assert json.loads((grandchild / constants.ANCESTORS_FILENAME).read_text()) == \
         {"envelopes": [child_envelope, parent_envelope]}
-    cubepack.sign(grandchild, key)
     report = cubepack.verify(grandchild, trusted_keys=[public], require_lineage=True)
-    assert [c.ok for c in report.checks if c.name == "lineage"] and all(
-        c.ok for c in report.checks if c.name == "lineage")
+    assert [c.ok for c in report.checks if c.name == "lineage"] == [True, True]
+    # the lineage migrate derived is stated as proved; everything pack made, too
+    predicate = json.loads(base64.b64decode(json.loads(
+        (grandchild / constants.ATTESTATION_FILENAME).read_text())["payload"]))["predicate"]
+    assert predicate["signer"]["step"] == "migrate"
+    assert predicate["proved"]["lineage"]["parent"]["lock_digest"] == lock_of(child)["digest"]
+    assert set(predicate["proved"]["provenance"]) == set(lock_of(grandchild)["activations"])
+    # the same cube signed again by `sign`: its lineage becomes the claim it is for that signer
+    cubepack.sign(grandchild, key)
+    with pytest.raises(cubepack.VerificationFailed, match="as a claim"):
+        cubepack.verify(grandchild, trusted_keys=[public], require_lineage=True)
     # an unsigned derived cube has no chain to follow
     unsigned = cubepack.migrate(child, model=str(zoo["a"]), out=tmp_path / "unsigned").cube_dir
     with pytest.raises(cubepack.VerificationFailed, match="attestation"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import re
 import subprocess
 import sys
@@ -15,11 +17,22 @@ pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
 import cubepack
 from cubepack import SignatureError, VerificationFailed
 from cubepack._util import constants, hashing
-from cubepack.cube._signing import verify_signature, write_signature
+from cubepack.cube._attestation import Proved
+from cubepack.cube._signing import verify_signature
+from cubepack.cube._signing import write_signature as _write_signature
 from cubepack.hub import pull, push
 from cubepack.testing.hub import InstrumentedHub
 
 from helpers import build_cache, make_key, reseal_lock, tree_bytes
+
+
+def write_signature(cube, key):
+    """Sign ``cube`` as the step that made it would: pack (a root) or migrate (a cube whose
+    lock names a parent), every pin and label stated as its own."""
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    derived = "lineage" in lock
+    _write_signature(cube, key, Proved.everything_of(lock, "migrate" if derived else "pack",
+                                                     lineage=derived))
 
 
 @pytest.fixture(scope="module")

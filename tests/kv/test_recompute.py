@@ -139,7 +139,10 @@ def test_require_provenance_recomputed_needs_a_proof_now_or_a_trusted_signature(
     with pytest.raises(cubepack.VerificationFailed, match=r"recomputed \(claimed\)"):
         cubepack.verify(cube, require_provenance="recomputed")
     private, public = make_key(tmp_path, "packer")
-    cubepack.sign(cube, private)
+    cubepack.sign(cube, private)  # a signer that proved nothing signs the label as a claim
+    with pytest.raises(cubepack.VerificationFailed, match=r"recomputed \(claimed\)"):
+        cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
+    cubepack.sign(cube, private, model=models["a"], recompute=True)  # proves it, then signs
     signed = cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
     assert signed.provenance["item-1"]["basis"] == "signed" and signed.signed_by
     assert [c.basis for c in signed.checks if c.name == "provenance"] == ["signed"]
@@ -310,11 +313,10 @@ def test_a_gradient_guided_perturbation_within_the_tensor_bound_is_refused_by_be
 def test_honest_caches_pass_the_behaviour_bound_even_across_attention_kernels(
         tmp_path, zoo, dtype):
     """Made with eager attention, recomputed with SDPA: what differs is kernel noise only."""
-    from transformers import AutoModelForCausalLM
+    from cubepack._util.models import load_causal_lm
 
     def load(attention):
-        return AutoModelForCausalLM.from_pretrained(
-            str(zoo["a"]), dtype=getattr(torch, dtype), attn_implementation=attention).eval()
+        return load_causal_lm(zoo["a"], dtype=getattr(torch, dtype), attn_implementation=attention)
 
     maker, checker = load("eager"), load("sdpa")
     ids = list(range(2, 50))

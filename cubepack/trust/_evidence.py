@@ -1,0 +1,117 @@
+"""What a statement about a cube rests on: the one place a basis is decided.
+
+Every statement a report makes, a signature carries or a decision reads has a basis:
+
+- :attr:`Basis.PROVED`: this process established it now, from inputs it chose: bytes it hashed,
+  a model it fingerprinted, a prefill it ran, vectors it re-embedded;
+- :attr:`Basis.SIGNED`: a key the caller trusts signed an attestation in which *its signer*
+  states that it proved it (the attestation's ``proved`` block, version 2);
+- :attr:`Basis.CLAIMED`: read from the cube, which whoever pushed last wrote. Shown, never
+  relied on. A claim stays a claim through every later step: a signature over a lock whose
+  label was carried (not proved by the signer) is a signed *claim*, and still ``claimed``.
+
+Decisions read the basis from here: :func:`satisfies` (``--require-provenance``),
+:func:`backs_a_pin` (``--strict-models``). Nothing else compares basis strings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Basis(str, enum.Enum):
+    """What a statement rests on (a ``str``, so reports serialise it as its value)."""
+
+    PROVED = "proved"
+    SIGNED = "signed"
+    CLAIMED = "claimed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PROVED, SIGNED, CLAIMED = Basis.PROVED, Basis.SIGNED, Basis.CLAIMED
+#: Bases a decision may rest on: this process's own proof, or a trusted signer's.
+STRONG = (PROVED, SIGNED)
+
+#: The basis of each check of a verification when it passes or fails (a skipped check has
+#: none). A check that is about bytes or models this process read is proved; a check that only
+#: compares two things the cube says (a KV header against the lock's pin, cubepack.yaml against
+#: the lock, the Hub's metadata against a pin) is a claim; a signature check rests on the key.
+CHECK_BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED,
+               "size": PROVED, "sha256": PROVED, "content": PROVED, "kv header": CLAIMED,
+               "adapter": CLAIMED, "adapter base": PROVED, "cube config": CLAIMED,
+               "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
+               "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
+               "provenance": CLAIMED, "embedder": PROVED}
+
+
+def check_basis(name: str) -> Basis:
+    """The basis of a check named ``name`` that ran (unknown names: claimed)."""
+    return CHECK_BASIS.get(name, CLAIMED)
+
+
+# --- provenance: who produced an activation -------------------------------------------------
+
+RECORDED, ASSERTED, RECOMPUTED = "recorded", "asserted", "recomputed"
+KINDS = (RECORDED, ASSERTED, RECOMPUTED)
+#: How strong each kind is, for ``--require-provenance``.
+STRENGTH = {ASSERTED: 0, RECORDED: 1, RECOMPUTED: 2}
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What a trusted signer's attestation states it proved (its ``proved`` block), for the
+    lock it names: the only source of :attr:`Basis.SIGNED`. Empty for an attestation of the
+    first version, whose "proved" block restated lock labels (read as claims)."""
+
+    key: str
+    #: roles whose pinned identity the signer fingerprinted from the model itself
+    producers: frozenset[str] = frozenset()
+    #: item -> the provenance label the signer established
+    provenance: dict[str, str] = field(default_factory=dict)
+    #: the lineage section the signer derived (migrate), or None
+    lineage: dict[str, Any] | None = None
+
+
+def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] | None = None,
+                        signed: Signed | None = None, item: str | None = None
+                        ) -> dict[str, Any]:
+    """What backs an activation's producer label ``claimed`` (the lock's): a recomputation run
+    now (``recomputed``: ``{"full", "positions", "total", "seed"}``) is proved; a label a
+    trusted signer states it established (``signed.provenance[item]``) is signed; anything else
+    is the lock's claim, whoever signed the lock."""
+    if recomputed is not None:
+        scope = ("all positions" if recomputed["full"] else
+                 f"{recomputed['positions']} of {recomputed['total']} positions sampled "
+                 f"(seed {recomputed['seed']})")
+        return {"kind": RECOMPUTED, "basis": PROVED, "full": recomputed["full"],
+                "detail": f"recomputed now by the producer: {scope}"}
+    kind = claimed["kind"]
+    if signed is not None and item is not None and signed.provenance.get(item) == kind:
+        return {"kind": kind, "basis": SIGNED, "full": kind == RECOMPUTED,
+                "detail": claimed.get("detail", "") + f" (established by the signer of "
+                                                       f"trusted key {signed.key})"}
+    carried = (f" (the lock says so; trusted key {signed.key} signed it as a claim, not as "
+               "proved)" if signed is not None else " (the lock says so)")
+    return {"kind": kind, "basis": CLAIMED, "full": kind == RECOMPUTED,
+            "detail": claimed.get("detail", "") + carried}
+
+
+def satisfies(backing: dict[str, Any], required: str) -> bool:
+    """Does this evidence meet ``--require-provenance required``? Only proved or signed
+    evidence of that level does; ``recomputed`` needs every position checked."""
+    if backing["basis"] not in STRONG:
+        return False
+    if required == RECOMPUTED:
+        return backing["kind"] == RECOMPUTED and backing["full"]
+    return STRENGTH[backing["kind"]] >= STRENGTH[required]
+
+
+def backs_a_pin(check: Any) -> bool:
+    """Does a passed check prove (or carry a trusted signer's proof of) a pinned model?
+    Only a ``model identity`` check does: a model fingerprinted here, or by a trusted signer;
+    the Hub's metadata (``remote model``) is the Hub's claim."""
+    return check.name == "model identity" and check.ok is True and check.basis in STRONG
