@@ -25,8 +25,8 @@ import torch
 from _common import llama_config, timed
 
 import cubepack
-from cubepack.cube._embedder import embed
 from cubepack.kv._torch import forward, output_cache
+from cubepack.memory._embedder import embed
 from cubepack.testing import tiny
 from cubepack.testing.embeddings import build_encoder
 

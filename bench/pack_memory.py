@@ -74,7 +74,7 @@ def main() -> None:
         cube = build(work, megabytes)
         pickle_mb = (cube / "activation_memory.pickle").stat().st_size / 2**20
         imports = child_peak_mb([sys.executable, "-c", "import torch, transformers, "
-                                 "cubepack.cube._pack, cubepack.cube._memos_pickle"])
+                                 "cubepack.ops._pack, cubepack.memos_format._pickle"])
         peak = child_peak_mb([sys.executable, "-m", "cubepack", "pack", str(cube),
                               "--legacy-pickle"])
         budget = 1.5 * pickle_mb + 300

@@ -69,8 +69,9 @@ def main() -> None:
 def _embedder_cost(root: Path, repeats: int) -> None:
     import json
 
-    from cubepack.cube._embedder import embed, embedder_checks, probe_vectors
-    from cubepack.cube._vectors import vector_record
+    from cubepack.memory._embedder import embed, probe_vectors
+    from cubepack.memory._vectors import vector_record
+    from cubepack.ops._embedder_check import embedder_checks
     from cubepack.testing.embeddings import EmbeddingServer, build_encoder
 
     encoder = build_encoder(root / "encoder", seed=0, hidden=384)

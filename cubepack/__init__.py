@@ -7,8 +7,13 @@ face, layered one way (each imports only those above it in this list)::
     _util       canonical JSON, atomic writes, paths, hashing, revisions, settings (private)
     identity    ModelIdentity, compare, fingerprint          localhub  cubepack hub serve
     kv          the KV file: format (torch-free), torch side, recomputation
-    cube        pack, verify, diff, upgrade, sign, migrate, load_adapter, the lock, the card,
-                the trust policy
+    format      the cube's files: the file-set rule, the lock's section registry,
+                cubepack.yaml, the card, what a cube may hold, envelopes, diff
+    memos_format  MemOS's config.json, its pickles (allow-list), its producer records
+    memory      adapters, vectors and embedders, re-prefill   mlx, llamacpp  other runtimes
+    trust       evidence (proved / signed / claimed), TrustPolicy, the report, keys,
+                signatures, attestations, lineage
+    ops         pack, verify, sign, migrate, upgrade, load_adapter: orchestration only
     hub         push, pull, verify_remote, lineage (one client carrying endpoint and token)
     memos       the MemOS hook: init_from_remote_repo, install, pack_cube
     cli, demo   the command line and ``make demo``
@@ -19,19 +24,6 @@ stay fast.
 """
 
 from ._version import __version__
-from .cube import (
-    MigrateResult,
-    PackResult,
-    TrustPolicy,
-    VerifyReport,
-    diff,
-    load_adapter,
-    migrate,
-    pack,
-    sign,
-    upgrade,
-    verify,
-)
 from .errors import (
                      CubepackError,
                      FormatError,
@@ -50,7 +42,20 @@ from .errors import (
 )
 from .hub import PullResult, PushResult, lineage, pull, push
 from .identity import ModelIdentity, fingerprint
-from .kv import KVFileInfo, load_kv_cache, prefill, read_kv_header, save_kv_cache
+from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
+from .ops import (
+    MigrateResult,
+    PackResult,
+    diff,
+    load_adapter,
+    load_kv_cache,
+    migrate,
+    pack,
+    sign,
+    upgrade,
+    verify,
+)
+from .trust import TrustPolicy, VerifyReport
 
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",

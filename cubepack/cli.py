@@ -107,7 +107,7 @@ def _timeout_option(action: str) -> Callable[..., Any]:
 
 def _policy(options: dict[str, Any]) -> Any:
     """Take the policy options out of a command's ``options`` and build the policy."""
-    from .cube._policy import TrustPolicy
+    from .trust._policy import TrustPolicy
 
     return TrustPolicy(**{name: options.pop(name) for name in _POLICY_OPTIONS if name in options})
 
@@ -235,7 +235,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                  assert_producer: bool, recompute: bool, embedder: str | None,
                  cube_id: str | None, adapter_base: str | None, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
-    from .cube._pack import pack
+    from .ops._pack import pack
 
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
                   license=license_, pretty_name=pretty_name, sign_key=sign_key,
@@ -284,7 +284,7 @@ def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool
 
         report = verify_remote(cube_dir, policy, token=token, raise_on_failure=False)
     else:
-        from .cube._verify import verify
+        from .ops._verify import verify
 
         report = verify(cube_dir, policy, raise_on_failure=False)
     if not report.ok:
@@ -399,7 +399,7 @@ def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) 
 @_json_option()
 def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
-    from .cube._upgrade import upgrade
+    from .ops._upgrade import upgrade
 
     result = upgrade(path, model, revision=revision)
     _emit(result.to_dict(), as_json,
@@ -420,7 +420,7 @@ def sign_command(cube_dir: str, key: str, as_json: bool, **options: Any) -> None
     given with --model, caches it recomputed with --recompute); the rest of the lock is signed
     as the claim it is."""
     from ._util.constants import ATTESTATION_FILENAME
-    from .cube._sign import sign
+    from .ops._sign import sign
 
     path = sign(cube_dir, key, _policy(options), password=_key_password())
     _emit({"signature": str(path), "attestation": str(path.with_name(ATTESTATION_FILENAME))},
@@ -439,7 +439,7 @@ def _key_password() -> str | None:
 @_json_option()
 def diff_command(a: str, b: str, as_json: bool) -> None:
     """Show what changed from cube (or lock) A to B."""
-    from .cube._diff import diff
+    from .ops._diff import diff
 
     _emit(diff(a, b), as_json, _render_diff)
 
@@ -448,19 +448,17 @@ def _render_diff(data: dict[str, Any]) -> str:
     if data["same"]:
         return "identical locks"
     lines = []
-    for kind in ("added", "removed", "changed"):
-        lines += [f"file {kind}: {name}" for name in data["files"][kind]]
-        lines += [f"activation {kind}: {name}" for name in data["activations"][kind]]
-        lines += [f"adapter {kind}: {name}" for name in data.get("adapters", {}).get(kind, [])]
-    for item, fields in data["activations"]["fields"].items():
-        lines += [f"activation {item} {key}: {change['old']} -> {change['new']}"
-                  for key, change in fields.items()]
-    for role, changes in data["models"].items():
-        lines += [f"model {role} {key}: " + (f"{change['old']} -> {change['new']}"
-                                             if isinstance(change, dict) and "old" in change
-                                             else "yes") for key, change in changes.items()]
-    lines += [f"lock {key}: {change['old']} -> {change['new']}"
-              for key, change in data["lock"].items()]
+    for key, section in data["sections"].items():
+        basis = section.get("basis", {})
+        for kind in ("added", "removed"):
+            lines += [f"{kind}: {section['describe'][name]}" for name in section[kind]]
+        for name, changes in section["changed"].items():
+            note = f" [{basis[name]}: the lock's word]" if name in basis else ""
+            lines.append(f"changed: {section['describe'][name]}{note}")
+            lines += [f"  {change['field']}: {change['old']} -> {change['new']}"
+                      for change in changes]
+    lines += [f"lock {change['field']}: {change['old']} -> {change['new']}"
+              for change in data["lock"]]
     if data["content_digest"]["old"] == data["content_digest"]["new"]:
         lines.append("content digest unchanged (only the card or lock fields differ)")
     return "\n".join(lines)
@@ -489,7 +487,7 @@ def migrate_command(cube_dir: str, model: str | None, revision: str | None,
     if model is None and embedder is None:  # before any import: a usage error does no work
         raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
                          "and/or --embedder E.")
-    from .cube._migrate import migrate
+    from .ops._migrate import migrate
 
     result = migrate(cube_dir, _policy(options), out=out, model=model, revision=revision,
                      embedder=embedder, sign_key=sign_key, sign_password=_key_password())

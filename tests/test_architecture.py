@@ -29,9 +29,11 @@ LAYERS = [
     {"cubepack.identity", "cubepack.localhub"},
     {"cubepack.kv"},
     {"cubepack.format"},
+    {"cubepack.memos_format"},
+    {"cubepack.memory"},
     {"cubepack.trust"},
-    {"cubepack.cube", "cubepack.mlx", "cubepack.llamacpp"},
-    {"cubepack.hub"},
+    {"cubepack.ops"},
+    {"cubepack.hub", "cubepack.mlx", "cubepack.llamacpp"},
     {"cubepack.memos"},
     {"cubepack", "cubepack.testing"},
     {"cubepack.cli", "cubepack.demo"},
@@ -52,18 +54,17 @@ PUBLIC = {
         "read_kv_header", "save_kv_cache", "sign", "upgrade", "verify"],
     "cubepack.identity": ["STRICT_FIELDS", "ModelIdentity", "compare", "dtype_name",
                           "fingerprint", "require_same"],
-    "cubepack.kv": ["KVFileInfo", "check_kv_file", "load_kv_cache", "prefill", "read_kv_header",
-                    "save_kv_cache"],
-    "cubepack.cube": ["POLICIES", "Check", "MigrateResult", "PackResult", "TrustPolicy",
-                      "UpgradeResult", "VerifyReport", "diff", "load_adapter", "migrate", "pack",
-                      "sign", "upgrade", "verify"],
+    "cubepack.kv": ["KVFileInfo", "check_kv_file", "prefill", "read_kv_header", "save_kv_cache"],
+    "cubepack.trust": ["POLICIES", "Check", "TrustPolicy", "VerifyReport"],
+    "cubepack.ops": ["MigrateResult", "PackResult", "UpgradeResult", "diff", "load_adapter",
+                     "load_kv_cache", "migrate", "pack", "sign", "upgrade", "verify"],
     "cubepack.hub": ["HubClient", "LineageResult", "PullResult", "PushResult", "lineage",
                      "parse_repo_spec", "pull", "push", "resolve_revision", "verify_remote"],
     "cubepack.localhub": ["HubStore", "LocalHub"],
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
                      "model_identity", "prefill", "save_prompt_cache"],
     "cubepack.llamacpp": ["export_state", "import_state", "load", "load_state", "save_state"],
-    "cubepack.memos": ["POLICIES", "HookReport", "HookSettings", "init_from_dir",
+    "cubepack.memos": ["POLICIES", "HookReport", "init_from_dir",
                        "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
                        "uninstall"],
     "cubepack.errors": ["CubepackError", "FormatError", "HubError", "IdentityMismatch",
@@ -74,11 +75,11 @@ PUBLIC = {
 }
 #: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
 #: transformers or MemOS code.
-PURE = ["cubepack.cube._lock", "cubepack.kv._format", "cubepack.identity._identity",
+PURE = ["cubepack.format._lock", "cubepack.kv._format", "cubepack.identity._identity",
         "cubepack.mlx._layout",
         "cubepack.llamacpp._layout",
-        "cubepack.cube._provenance", "cubepack.cube._memos_layout", "cubepack.cube._diff",
-        "cubepack.cube._attestation"]
+        "cubepack.memos_format._records", "cubepack.memos_format._layout", "cubepack.format._diff",
+        "cubepack.trust._attestation"]
 HEAVY = ("torch", "transformers", "huggingface_hub", "httpx", "requests", "urllib.request",
          "http.client", "memos", "safetensors.torch", "tokenizers")
 
@@ -244,8 +245,8 @@ def test_subpackages_and_private_modules():
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(part.split(".")[1] for layer in LAYERS for part in layer
                              if part.count(".") == 1 and (PACKAGE / part.split(".")[1]).is_dir())
-    for part in ("identity", "kv", "format", "trust", "cube", "hub", "localhub", "memos", "mlx",
-                 "llamacpp"):
+    for part in ("identity", "kv", "format", "memos_format", "memory", "trust", "ops", "hub",
+                 "localhub", "memos", "mlx", "llamacpp"):
         names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
         assert names and all(name.startswith("_") for name in names), (part, names)
 

@@ -26,8 +26,10 @@ KV_READABLE_VERSIONS = (1, 2)
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
 #: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION); version 3 adds the
-#: optional ``adapters`` (parametric memory) and ``lineage`` (derived from which cube) sections.
-LOCK_VERSION = 3
+#: optional ``adapters`` (parametric memory) and ``lineage`` (derived from which cube) sections;
+#: version 4 closes every key set (a key the format does not define is refused, not ignored).
+#: Versions 2 and 3 are still read as written (see ``format._lock.SECTIONS``).
+LOCK_VERSION = 4
 CONFIG_FILENAME = "cubepack.yaml"
 CONFIG_SCHEMA_VERSION = 1
 SIGNATURE_FILENAME = "cubepack.sig"

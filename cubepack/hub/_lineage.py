@@ -16,9 +16,9 @@ from typing import Any
 
 from .._util import constants
 from .._util.paths import regular_file
-from ..cube import _lineage as lineage_format
-from ..cube import _lock as lockfile
 from ..errors import FormatError, IntegrityError
+from ..format import _lock as lockfile
+from ..trust import _lineage as lineage_format
 from ..trust._evidence import PROVED
 from ._client import HubClient
 

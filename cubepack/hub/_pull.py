@@ -17,16 +17,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .._util import atomic, canonical, constants
+from .._util import atomic, budget, canonical, constants
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
-from ..cube import _lock as lockfile
-from ..cube._policy import TrustPolicy
-from ..cube._report import VerifyReport
-from ..cube._verify import require_checked_models, verify
-from ..format._fileset import ORIGIN_FILE, is_tolerated
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
+from ..format import _lock as lockfile
+from ..format._fileset import ORIGIN_FILE, is_tolerated
+from ..ops._verify import require_checked_models, verify
+from ..trust._policy import TrustPolicy
+from ..trust._report import VerifyReport
 from ._arrival import arrivals, arrived_digest, hashing_downloads
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
 from ._remote import remote_model_checks
@@ -63,7 +63,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
     40-hex commit first; that commit is downloaded (offline: served from the HF cache) and
-    verified against its lock and ``policy`` (a :class:`~cubepack.cube.TrustPolicy`, or its
+    verified against its lock and ``policy`` (a :class:`~cubepack.trust.TrustPolicy`, or its
     fields as ``options``), with the pinned model checked too (the policy's ``model``, the
     pinned revision in the HF cache, or the Hub's file metadata; a pinned model the endpoint
     does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
@@ -87,7 +87,12 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         UsageError: a folder the pull would lose files from, a bad repo id, revision or timeout.
     """
     policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("pull")
     repo_id, wanted = parse_repo_spec(repo, revision)
+    if policy.require_pin and not is_commit(wanted or ""):
+        raise UsageError(f"Refusing {repo_id}@{wanted or 'main'}: a branch or tag can move, and "
+                         "a pinned revision was required (require_pin). Name the 40-hex commit "
+                         f"(cubepack pull {repo_id}@<commit>), as `cubepack push` prints it.")
     if not verify_cube and policy != TrustPolicy():
         asked = sorted(k for k, v in policy.to_dict().items() if v != TrustPolicy().to_dict()[k])
         raise UsageError(f"--no-verify cannot be combined with what must be verified "
@@ -111,8 +116,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         placed = _materialize(snapshot, files, staging)
         report = None
         if verify_cube:
-            report = verify(staging, replace(policy, strict_models=False), progress=progress,
-                            raise_on_failure=False, hashed=hashed)
+            # The deadline covers the checks too: a cube slow to check cannot outlive it.
+            with budget.bounded(client.deadline.check if client.deadline else lambda _: None):
+                report = verify(staging, replace(policy, strict_models=False, require_pin=False),
+                                progress=progress, raise_on_failure=False, hashed=hashed)
             if not offline and policy.model is None:
                 _add_remote_model_checks(report, client, policy.strict_models)
             if policy.strict_models and report.intact:

@@ -18,11 +18,11 @@ from typing import Any
 from .._util import constants
 from .._util.hashing import sha256_file
 from .._util.revision import check_ref_name
-from ..cube import _memos_layout as memos_layout
-from ..cube._report import VerifyReport
-from ..cube._verify import verify
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
+from ..memos_format import _layout as memos_layout
+from ..ops._verify import verify
+from ..trust._report import VerifyReport
 from ._client import REPO_TYPES, HubClient, lfs_sha256, parse_repo_spec
 
 

@@ -13,12 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cube._policy import TrustPolicy
-from ..cube._report import Check, VerifyReport, pin_subject
-from ..cube._verify import require_checked_models, verify
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._hub import hub_identity
 from ..identity._identity import ModelIdentity, compare
+from ..ops._verify import require_checked_models, verify
+from ..trust._policy import TrustPolicy
+from ..trust._report import Check, VerifyReport, pin_subject
 from ._client import HubClient
 
 CHECK = "remote model"

@@ -6,13 +6,12 @@
   :func:`prefill`);
 - ``_recompute``: proof by recomputation, the live model's prefill against the stored tensors,
   in whichever runtime loads the cache;
-- ``_load``: :func:`load_kv_cache`, the producer check, then (for another runtime's cache) a
-  recomputation, then the cache.
+- ``_load``: the checked load, the producer check, then (for another runtime's cache, or when
+  asked) a recomputation, then the cache; ``cubepack.load_kv_cache`` applies a trust policy
+  to it (``cubepack.ops``).
 """
 
 from ._format import KVFileInfo, check_kv_file, read_kv_header
-from ._load import load_kv_cache
 from ._torch import prefill, save_kv_cache
 
-__all__ = ["KVFileInfo", "check_kv_file", "load_kv_cache", "prefill", "read_kv_header",
-           "save_kv_cache"]
+__all__ = ["KVFileInfo", "check_kv_file", "prefill", "read_kv_header", "save_kv_cache"]

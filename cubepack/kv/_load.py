@@ -14,7 +14,9 @@ from ._torch import build_dynamic_cache
 
 
 def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
-                  copy: bool = False, identity: ModelIdentity | None = None) -> Any:
+                  copy: bool = False, identity: ModelIdentity | None = None,
+                  recompute: bool = False, sample: int | None = None,
+                  seed: int | None = None) -> Any:
     """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer.
 
     The header is validated and the producer's strict fields compared with the live model's
@@ -26,6 +28,9 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         device: where to place the tensors (default: CPU, zero-copy).
         copy: clone the tensors so they do not keep the file mapped.
         identity: the live model's identity, when already computed (saves a fingerprint).
+        recompute: prove the cache with ``model`` before it is returned (its prefill must
+            reproduce it: ``sample`` positions drawn with ``seed``, None: every position).
+            ``cubepack.load_kv_cache`` sets it from a :class:`~cubepack.trust.TrustPolicy`.
 
     A cache another runtime computed (its header records ``runtime``, e.g. ``mlx-lm 0.32.2``)
     is accepted only once this model's own prefill reproduces it within the recomputation
@@ -39,5 +44,6 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
     """
     live = identity or fingerprint(model)
     info = check_kv_file(path, live)
-    require_recomputed_here(TorchRuntime(model), info)
+    require_recomputed_here(TorchRuntime(model), info, always=recompute, sample=sample,
+                            seed=seed)
     return build_dynamic_cache(info, model.config, device=device, copy=copy)

@@ -185,10 +185,14 @@ def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[i
 
 
 def require_recomputed_here(runtime: Any, info: KVFileInfo,
-                            stored: list[tuple] | None = None) -> Recomputation | None:
+                            stored: list[tuple] | None = None, *, always: bool = False,
+                            sample: int | None = None,
+                            seed: int | None = None) -> Recomputation | None:
     """Accept a cache another runtime computed only once ``runtime`` (the one loading it)
     reproduces it: every position, tensors and behaviour, within this module's bounds. A
-    cache of the loading runtime itself is left to the producer check (None returned).
+    cache of the loading runtime itself is left to the producer check (None returned), unless
+    ``always`` (a load asked to prove it: ``recompute``), then ``sample`` positions drawn with
+    ``seed`` (None: every position).
 
     ``stored``: the cache's layers as torch tensors (default: mapped from the KV file).
 
@@ -196,19 +200,27 @@ def require_recomputed_here(runtime: Any, info: KVFileInfo,
         RecomputationFailed: it records no token ids, or ``runtime`` does not reproduce it.
     """
     made_by = producer_runtime(info.metadata)
-    if made_by == runtime.name:
+    if made_by == runtime.name and not always:
         return None
     what = f"KV cache {info.path.name}"
     if not info.token_ids:
+        if made_by == runtime.name:
+            raise RecomputationFailed(
+                f"{what} records no token ids, so it cannot be recomputed, and recomputation "
+                "was asked for; save it with token_ids= (or load it without recompute).")
         raise RecomputationFailed(
             f"{what} was computed by {made_by} and is being loaded into {runtime.name}: it is "
             f"accepted only once {runtime.name} reproduces it, but it records no token ids. "
             "Import it again with the ids it covers (cubepack import mlx FILE --model M "
             "--token-ids IDS).")
+    cross = made_by != runtime.name  # another runtime's cache: every position, always
     result = recompute_layers(None, stored if stored is not None else mapped_layers(info),
                               info.kv_dtype, info.token_ids, str(info.metadata.get("id") or
                                                                  info.path.name),
-                              runtime=runtime)
+                              sample=None if cross else sample, seed=seed, runtime=runtime)
+    if not result.ok and not cross:
+        raise RecomputationFailed(f"{what}: {runtime.name} does not reproduce it: it "
+                                  f"{describe(result)}. It is not what this model computes.")
     if not result.ok:
         raise RecomputationFailed(
             f"{what} was computed by {made_by}; {runtime.name}, loading it, computes something "

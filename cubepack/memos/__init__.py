@@ -5,18 +5,19 @@
   the model MemOS loaded (``_activations``), text-memory vectors against its embedder
   (``_embedder``), its LoRA adapters against the base its parametric memory names
   (``_parametric``);
-- :func:`install` / :func:`uninstall` (``_hook``): the same path under MemOS's own calls;
+- :func:`install` / :func:`uninstall` (``_hook``): the same path under MemOS's own calls; the
+  hook's settings are one :class:`~cubepack.trust.TrustPolicy` (:func:`settings`);
 - :func:`pack_cube` (``_pack_cube``): a live cube written straight to a packed cube;
 - ``_plugin``: the ``memos.plugins`` entry point (imported by MemOS only).
 
 MemOS is imported only inside these functions (it has import-time side effects).
 """
 
-from ..cube._policy import POLICIES
+from ..trust._policy import POLICIES
 from ._activations import HookReport
-from ._hook import HookSettings, install, installed, settings, uninstall
+from ._hook import install, installed, settings, uninstall
 from ._load import init_from_dir, init_from_remote_repo
 from ._pack_cube import pack_cube
 
-__all__ = ["POLICIES", "HookReport", "HookSettings", "init_from_dir", "init_from_remote_repo",
+__all__ = ["POLICIES", "HookReport", "init_from_dir", "init_from_remote_repo",
            "install", "installed", "pack_cube", "settings", "uninstall"]

@@ -21,21 +21,6 @@ from typing import Any
 
 from .._util import canonical, constants
 from .._util.paths import regular_file, resolve_inside
-from ..cube import _memos_layout as memos_layout
-from ..cube._memos_pickle import read_memos_pickle
-from ..cube._policy import TrustPolicy
-from ..cube._provenance import (
-    ASSERTED,
-    KV_HEADER,
-    RECOMPUTED,
-    RECORDED,
-    check_provenance,
-    record_conflicts,
-)
-from ..cube._reprefill import provenance as reprefill_provenance
-from ..trust._evidence import Signed, provenance_evidence, satisfies
-from ..cube._reprefill import reprefill
-from ..cube._verify import NO_TOKEN_IDS
 from ..errors import (
     CubepackError,
     FormatError,
@@ -45,11 +30,20 @@ from ..errors import (
     UnsafeInputError,
     UnsupportedError,
 )
+from ..format._lock import ASSERTED, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
 from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
+from ..memory._reprefill import provenance as reprefill_provenance
+from ..memory._reprefill import reprefill
+from ..memos_format import _layout as memos_layout
+from ..memos_format._pickle import read_memos_pickle
+from ..memos_format._records import record_conflicts
+from ..ops._verify import NO_TOKEN_IDS
+from ..trust._evidence import Signed, provenance_evidence, satisfies
+from ..trust._policy import TrustPolicy
 from ._use import SHAPE_ONLY, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
@@ -379,7 +373,7 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
 def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any], *,
             token_ids: list[int] | None = None, producer: ModelIdentity | None = None) -> Any:
     """Rebuild an item with the live model by the re-prefill ``cubepack migrate`` uses
-    (:func:`cubepack.cube._reprefill.reprefill`): its stored token ids when the live tokenizer
+    (:func:`cubepack.memory._reprefill.reprefill`): its stored token ids when the live tokenizer
     is its producer's, else its ``source_text`` (a string, a list of strings or chat messages)
     through the chat template, as MemOS's ``extract`` builds it.
 

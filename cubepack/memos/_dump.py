@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from .._util.canonical import json_safe
-from ..cube._memos_layout import header_metadata, memos_prompt_ids
-from ..cube._pack import activation_filename, pack, write_prompts
 from ..errors import CubepackError, UsageError
 from ..identity._fingerprint import fingerprint
 from ..kv._torch import save_kv_cache
+from ..memos_format._layout import header_metadata, memos_prompt_ids
+from ..ops._pack import activation_filename, pack, write_prompts
 from ._use import SHAPE_ONLY, lookup
 
 logger = logging.getLogger("cubepack.memos")

@@ -1,6 +1,6 @@
 """Checking a MemOS text memory's vectors against the embedder MemOS loaded, at load time.
 
-The same test as ``verify --embedder`` (see :mod:`cubepack.cube._embedder`), run with the live
+The same test as ``verify --embedder`` (see :mod:`cubepack.memory._embedder`), run with the live
 embedder of the cube MemOS built: it re-embeds memories it draws at random from the file MemOS
 loaded, in one batched call. On a mismatch the policy decides: ``error`` raises, ``drop`` removes the textual memories (a vector
 store holds no memory without its vector), ``rebuild`` re-embeds every textual memory with the
@@ -14,10 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..cube._embedder import embedder_checks, vector_sources
-from ..cube._policy import TrustPolicy
-from ..cube._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
 from ..errors import IdentityMismatch, Mismatch
+from ..memory._embedder import vector_sources
+from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
+from ..ops._embedder_check import embedder_checks
+from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 
 logger = logging.getLogger("cubepack.memos")

@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import types
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,10 @@ from .._util import atomic, constants
 from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
-from ..cube._policy import TrustPolicy, key_paths
-from ..cube._verify import verify
-from ..errors import HubError, SignatureError, UnsafeInputError, UsageError
+from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..ops._verify import verify
+from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
@@ -47,98 +47,67 @@ _CALLER: contextvars.ContextVar[str] = contextvars.ContextVar(
     "cubepack_memos_caller", default="GeneralMemCube.init_from_remote_repo")
 
 
-@dataclass(frozen=True)
-class HookSettings:
-    """What the installed hook enforces. A later :func:`install` only tightens it."""
-
-    require_pin: bool = True
-    trusted_keys: tuple[str, ...] = ()
-    require_signature: bool = False
-    on_mismatch: str = "error"
-    recompute: bool = False  # prove every cache with the loading model, lock or no lock
-    require_lineage: bool = False  # the cube's attestation chain must verify to a trusted key
-
-    def __post_init__(self) -> None:
-        self.policy  # noqa: B018 - validates on_mismatch now, not at the first load
-
-    @property
-    def policy(self) -> TrustPolicy:
-        """The policy every hooked load applies."""
-        return TrustPolicy(trusted_keys=self.trusted_keys, require_signature=self.require_signature,
-                           on_mismatch=self.on_mismatch, recompute=self.recompute,
-                           require_lineage=self.require_lineage)
-
+#: What the hook enforces before :func:`install` says more: a remote cube is named at a commit.
+DEFAULT = TrustPolicy(require_pin=True)
 
 _STATE: dict[str, Any] = {"settings": None, "originals": {}, "replacements": {}}
 
 
-#: Policies from strictest to most lenient (a later install may only move left).
-_STRICTNESS = {"error": 0, "drop": 1, "rebuild": 2}
-
-
-def _from_environment() -> HookSettings:
-    """Settings servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
+def _from_environment() -> TrustPolicy:
+    """The policy servers set for the ``memos.plugins`` install: ``CUBEPACK_MEMOS_ON_MISMATCH``,
     ``CUBEPACK_MEMOS_TRUSTED_KEYS`` (paths joined by ``os.pathsep``),
     ``CUBEPACK_MEMOS_REQUIRE_SIGNATURE=1``, ``CUBEPACK_MEMOS_RECOMPUTE=1`` and
-    ``CUBEPACK_MEMOS_REQUIRE_LINEAGE=1``."""
+    ``CUBEPACK_MEMOS_REQUIRE_LINEAGE=1``, over :data:`DEFAULT`."""
     keys = tuple(k for k in os.environ.get("CUBEPACK_MEMOS_TRUSTED_KEYS", "").split(os.pathsep) if k)
-    return HookSettings(
-        on_mismatch=os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error",
-        trusted_keys=keys, require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"),
-        recompute=constants.env_flag("CUBEPACK_MEMOS_RECOMPUTE"),
-        require_lineage=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_LINEAGE"))
+    return replace(DEFAULT, on_mismatch=os.environ.get("CUBEPACK_MEMOS_ON_MISMATCH") or "error",
+                   trusted_keys=keys,
+                   require_signature=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_SIGNATURE"),
+                   recompute=constants.env_flag("CUBEPACK_MEMOS_RECOMPUTE"),
+                   require_lineage=constants.env_flag("CUBEPACK_MEMOS_REQUIRE_LINEAGE"))
 
 
-def install(require_pin: bool | None = None, *, trusted_keys: list[Any] | None = None,
-            require_signature: bool | None = None, on_mismatch: str | None = None,
-            recompute: bool | None = None, require_lineage: bool | None = None) -> HookSettings:
+def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = None,
+            **options: Any) -> TrustPolicy:
     """Route MemOS's cube loading through cubepack (see the module docstring); return the
-    settings now in force.
+    :class:`~cubepack.trust.TrustPolicy` now in force: the hook's settings are that policy,
+    applied whole by every hooked load (the fields the hook cannot honour, ``model`` and
+    ``embedder``, are refused: it checks the model and embedder MemOS loads).
 
-    The first call sets the settings: the arguments given, else the environment (for servers
-    that install through the ``memos.plugins`` entry point), else the defaults
-    (``require_pin=True``, no keys, ``on_mismatch="error"``, no recomputation). A later call,
-    such as MemOS's plugin discovery running again, only makes them stricter: it can require a
-    pin, a signature or recomputation, add keys when none were set, or move the policy towards
-    ``"error"``, never the reverse. Call :func:`uninstall` first to loosen them.
-
-    ``require_lineage=True`` (needs trusted keys) refuses a cube whose signed attestations do
-    not chain up to a trusted key (see :class:`~cubepack.cube.TrustPolicy`).
+    The first call sets it: ``policy`` and the fields given as ``options`` (``trusted_keys``,
+    ``require_signature``, ``on_mismatch``, ``recompute``, ``require_lineage``,
+    ``require_provenance``, ``strict_models``...), else the environment (for servers that
+    install through the ``memos.plugins`` entry point), over :data:`DEFAULT`
+    (``require_pin=True``, no keys, ``on_mismatch="error"``). A later call, such as MemOS's
+    plugin discovery running again, only makes it stricter
+    (:meth:`~cubepack.trust.TrustPolicy.tightened`): it can require a pin, a signature,
+    lineage or recomputation, add keys when none were set, or move the mismatch policy towards
+    ``"error"``, never the reverse. Call :func:`uninstall` first to loosen it.
 
     ``recompute=True`` proves every cache MemOS loads with the model it loaded (a prefill of
     its token ids, every position), packed or not: a folder without a lock can only claim its
     producer, and this is what proves it.
+
+    Raises:
+        UsageError: a value the policy refuses, or a field the hook cannot honour.
     """
-    if on_mismatch is not None:
-        TrustPolicy(on_mismatch=on_mismatch)  # refuse a bad value before changing anything
-    given = {"require_pin": require_pin, "require_signature": require_signature,
-             "on_mismatch": on_mismatch, "recompute": recompute,
-             "require_lineage": require_lineage,
-             "trusted_keys": key_paths(trusted_keys) or None}
-    for name in ("require_pin", "require_signature", "recompute", "require_lineage"):
-        if given[name] is not None and type(given[name]) is not bool:
-            raise UsageError(f"{name} must be True or False, not {given[name]!r}.")
-    current: HookSettings | None = _STATE["settings"]
-    if current is None:
-        base = _from_environment()
-        updated = replace(base, **{k: v for k, v in given.items() if v is not None})
+    if require_pin is not None:
+        options["require_pin"] = require_pin
+    given = TrustPolicy.build(policy, **options)  # refuse a bad value before changing anything
+    given.require_honoured("the MemOS hook")
+    current: TrustPolicy | None = _STATE["settings"]
+    # What the call says: the fields it sets, or gives explicitly even at their default.
+    said = set(given.asked()) | {name for name, value in options.items() if value is not None}
+    if current is None:  # over the environment's and the hook's defaults
+        updated = replace(_from_environment(), **{name: getattr(given, name) for name in said})
     else:
-        updated = replace(
-            current,
-            require_pin=current.require_pin or bool(require_pin),
-            require_signature=current.require_signature or bool(require_signature),
-            recompute=current.recompute or bool(recompute),
-            require_lineage=current.require_lineage or bool(require_lineage),
-            trusted_keys=current.trusted_keys or given["trusted_keys"] or (),
-            on_mismatch=min(current.on_mismatch, on_mismatch or current.on_mismatch,
-                            key=_STRICTNESS.__getitem__))
+        updated = current.tightened(given, said)
     _STATE["settings"] = updated
     _patch()
     return updated
 
 
-def settings() -> HookSettings | None:
-    """The settings the installed hook enforces, or None when it is not installed."""
+def settings() -> TrustPolicy | None:
+    """The policy the installed hook enforces, or None when it is not installed."""
     return _STATE["settings"]
 
 
@@ -207,8 +176,8 @@ def _original(owner: Any, name: str) -> Any:
     return _STATE["originals"][owner, name]
 
 
-def _hook_settings() -> HookSettings:
-    return _STATE["settings"] or HookSettings()
+def _hook_settings() -> TrustPolicy:
+    return _STATE["settings"] or DEFAULT
 
 
 def _remote_kind(base_url: str | None) -> tuple[str, str | None, str]:
@@ -242,7 +211,7 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
     if kind == "hub":
         return _placeholder(init_from_remote_repo(
             cube_id, endpoint=where, repo_type=repo_type, memory_types=memory_types,
-            default_config=default_config, policy=current.policy))
+            default_config=default_config, policy=current))
     if revision and not is_commit(revision):
         check_ref_name(revision)  # a branch or tag, never an option such as "--orphan"
     folder = git_checkout(f"{where}/{repo}", revision or None)
@@ -307,7 +276,7 @@ def _hooked_dir(dir: str, memory_types: list[str] | None = None,
     state = _lock_state(Path(dir))
     if state == "file":
         return _placeholder(init_from_dir(dir, memory_types=memory_types,
-                                          default_config=default_config, policy=current.policy))
+                                          default_config=default_config, policy=current))
     _refuse_unpacked(Path(dir), state, current)
     refuse_code_settings(Path(dir))  # before MemOS builds any model from it
     original = _STATE["originals"][_general_cube(), "init_from_dir"].__func__
@@ -324,13 +293,13 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     state = _lock_state(folder)
     report = HookReport(cube_dir=folder)
     if state == "file":
-        verified = verify(folder, current.policy)
+        verified = verify(folder, current.for_folder())
         report.verified, report.signed_by = True, verified.signed_by
         report.signed = verified.signed
-        load_activations(self, folder, verified.lock, report, current.policy)
+        load_activations(self, folder, verified.lock, report, current)
     else:
         _refuse_unpacked(folder, state, current)
-        load_unpacked(self, folder, report, current.policy)
+        load_unpacked(self, folder, report, current)
     self.cubepack = report
 
 
@@ -344,12 +313,12 @@ def _guarded_para_load(self: Any, dir: str) -> None:
     current = _hook_settings()
     folder = Path(dir)
     if _lock_state(folder) == "file":
-        verified = verify(folder, current.policy)
+        verified = verify(folder, current.for_folder())
         report = HookReport(cube_dir=folder, verified=True, signed_by=verified.signed_by,
                             signed=verified.signed)
         check_adapters(verified.lock, {"para_mem": {"backend": "lora", "config":
                                                     self.config.model_dump(mode="json")}},
-                       report, current.policy)
+                       report, current)
         self.cubepack = report
     return _original(LoRAMemory, "load")(self, dir)
 
@@ -433,14 +402,25 @@ def _lock_state(folder: Path) -> str:
     return "file" if lock.is_file() else "absent"
 
 
-def _refuse_unpacked(folder: Path, state: str, current: HookSettings) -> None:
+def _refuse_unpacked(folder: Path, state: str, current: TrustPolicy) -> None:
+    """An unpacked folder (no lock) can satisfy none of what a lock carries: the policy is
+    honoured whole, so each such requirement refuses it (recomputation, which the loaded model
+    runs, is the one proof it can get)."""
     if state == "other":
         raise UnsafeInputError(f"{folder / constants.LOCK_FILENAME} is not a regular file; "
                                "refusing the cube (a packed cube's lock is a plain file).")
-    if current.policy.signature_required:
+    if current.signature_required or current.require_lineage:
         raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
-                             "signature, and the hook requires one; pack and sign it "
-                             "(cubepack pack --sign-key) or load it with another install.")
+                             "signature or attestation, and the hook requires one; pack and "
+                             "sign it (cubepack pack --sign-key) or load it with another install.")
+    unmet = [name for name, asked in (
+        ("strict_models", current.strict_models),
+        ("require_provenance", current.require_provenance and not current.recompute)) if asked]
+    if unmet:
+        raise RefusedError(f"{folder} holds no cubepack.lock, so it pins no model and records no "
+                           f"provenance, and the hook requires {' and '.join(unmet)}; pack it "
+                           "(cubepack pack) first, or install the hook with recompute=True to "
+                           "prove its caches with the model MemOS loads.")
 
 
 def _dump_replacements() -> list[Any]:

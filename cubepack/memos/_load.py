@@ -14,13 +14,14 @@ from typing import Any
 from .._util import canonical
 from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
-from ..cube import _memos_layout as memos_layout
-from ..cube._policy import TrustPolicy
-from ..cube._report import VerifyReport
-from ..cube._verify import verify
+from .._util.revision import is_commit
 from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
+from ..memos_format import _layout as memos_layout
+from ..ops._verify import verify
+from ..trust._policy import TrustPolicy
+from ..trust._report import VerifyReport
 from ._activations import HookReport, load_activations
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
@@ -39,7 +40,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
 
     Args:
         cube_id: ``owner/name`` or ``owner/name@revision``.
-        policy: a :class:`~cubepack.cube.TrustPolicy` (or its fields as ``options``):
+        policy: a :class:`~cubepack.trust.TrustPolicy` (or its fields as ``options``):
             ``on_mismatch`` (``"error"`` raises :class:`IdentityMismatch`, ``"drop"`` skips the
             item with one log line naming it and the fields, ``"rebuild"`` re-extracts it from
             its stored source with the live model), ``trusted_keys`` / ``require_signature``,
@@ -65,7 +66,12 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
             weaker than required.
     """
     policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("the MemOS hook")
     repo_id, wanted = parse_repo_spec(cube_id, revision)
+    if policy.require_pin and not is_commit(wanted or ""):
+        raise UsageError(f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move, and "
+                         "a pinned revision was required (require_pin). Name it at its 40-hex "
+                         f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
@@ -76,7 +82,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
     # The live checks (recomputation, provenance) run against the model MemOS loads, below.
-    pulled = pull(spec, policy.without_live_checks(), local_dir=target, endpoint=endpoint,
+    pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
                   token=token, repo_type=repo_type, force=managed)
     cube = _build(pulled.local_dir, pulled.report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
@@ -91,7 +97,8 @@ def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   **options: Any) -> Any:
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
     policy = TrustPolicy.build(policy, **options)
-    report = verify(cube_dir, policy.without_live_checks())
+    policy.require_honoured("the MemOS hook")
+    report = verify(cube_dir, policy.for_folder())
     return _build(Path(cube_dir), report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
 

@@ -17,10 +17,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..cube import _adapters as adapters_mod
-from ..cube._policy import TrustPolicy
 from ..errors import CubepackError, IdentityMismatch
 from ..identity._fingerprint import fingerprint, resolve_model_folder
+from ..memory import _adapters as adapters_mod
+from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 
 logger = logging.getLogger("cubepack.memos")

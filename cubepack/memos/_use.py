@@ -34,9 +34,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..cube._memos_layout import memos_prompt_ids
-from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
-from ..cube._reprefill import reprefill
 from ..errors import CubepackError, IdentityMismatch, Mismatch
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
@@ -48,6 +45,9 @@ from ..kv._torch import (
     initialise_assigned_layers,
     live_layers,
 )
+from ..memory._reprefill import reprefill
+from ..memos_format._layout import memos_prompt_ids
+from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -253,7 +253,7 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
             return None
         if policy == "rebuild" and record is not None and (
                 record.token_ids or record.metadata.get("source_text") is not None):
-            try:  # the one re-prefill (cube/_reprefill.py), as on load and in migrate
+            try:  # the one re-prefill (memory/_reprefill.py), as on load and in migrate
                 done = reprefill(model, record.item_id, token_ids=list(record.token_ids or ()),
                                  metadata=record.metadata, producer=record.producer,
                                  identity=live, tokenizer=lambda: llm.tokenizer)

@@ -42,6 +42,7 @@ from ..kv._format import (
     structure_problems,
 )
 from ..kv._recompute import describe, recompute_layers, require_recomputed_here
+from ..trust._policy import TrustPolicy
 from ._convert import RUNTIME, claimed_header, mlx_identity, runtime_record
 from ._convert import import_prompt_cache as _import_prompt_cache
 from ._layout import CUBEPACK_KEY, read_prompt_cache, write_prompt_cache
@@ -340,9 +341,10 @@ def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any
                               {CUBEPACK_KEY: raw, "model": identity.model_id or ""})
 
 
-def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
+def load_prompt_cache(path: str | os.PathLike[str], model: Any,
+                      policy: TrustPolicy | None = None, *,
                       folder: str | os.PathLike[str] | None = None,
-                      return_metadata: bool = False) -> Any:
+                      return_metadata: bool = False, **options: Any) -> Any:
     """Load a prompt cache (written by ``cubepack export mlx`` or :func:`save_prompt_cache`)
     or a cubepack KV file into mlx_lm ``KVCache`` objects for ``model``, refusing any other
     producer before MLX reads a tensor.
@@ -353,6 +355,10 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
 
     Args:
         model: an MLX model loaded by :func:`load` (or with ``folder=``), or a folder to load.
+        policy: a :class:`~cubepack.trust.TrustPolicy` (or its fields as ``options``), honoured
+            whole: ``recompute`` proves the cache with ``model``'s MLX prefill
+            (``recompute_tokens``, ``seed``: a sample); what a cube carries (a signature,
+            lineage, pins) is a UsageError: verify the cube first.
         return_metadata: also return the prompt cache's user metadata (as mlx_lm does).
 
     Raises:
@@ -361,6 +367,8 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
             records no token ids.
         FormatError: a malformed file, or a prompt cache that records no producer.
     """
+    policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("the MLX load")
     require_mlx()
     import mlx.core as mx
 
@@ -411,9 +419,10 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any, *,
                               f"({differed or f'layer {short[0]} holds fewer positions'}); "
                               "nothing was loaded: load it again once nothing writes it.")
     stored = None
-    if producer_runtime(info.metadata) != RUNTIME:
+    if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
-    require_recomputed_here(MLXRuntime(model), info, stored)
+    require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
+                            sample=policy.recompute_tokens, seed=policy.seed)
     caches = kv_caches(layers)
     return (caches, user) if return_metadata else caches
 

@@ -20,6 +20,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..format._lock import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
+
+__all__ = ["ASSERTED", "CHECK_BASIS", "CLAIMED", "KINDS", "PROVED", "RECOMPUTED", "RECORDED",
+           "SIGNED", "STRENGTH", "STRONG", "Basis", "Signed", "backs_a_pin", "check_basis",
+           "provenance_evidence", "satisfies"]
+
 
 class Basis(str, enum.Enum):
     """What a statement rests on (a ``str``, so reports serialise it as its value)."""
@@ -55,10 +61,7 @@ def check_basis(name: str) -> Basis:
 
 # --- provenance: who produced an activation -------------------------------------------------
 
-RECORDED, ASSERTED, RECOMPUTED = "recorded", "asserted", "recomputed"
-KINDS = (RECORDED, ASSERTED, RECOMPUTED)
-#: How strong each kind is, for ``--require-provenance``.
-STRENGTH = {ASSERTED: 0, RECORDED: 1, RECOMPUTED: 2}
+# The labels themselves (recorded, asserted, recomputed) are the lock's format.
 
 
 @dataclass(frozen=True)

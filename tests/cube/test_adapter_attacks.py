@@ -169,3 +169,74 @@ def test_a_claimed_base_the_hub_cannot_serve_asks_for_adapter_base(cube_with, mo
     cube = cube_with(lambda c: c.update(base_model_name_or_path="nobody/nothing"))
     with pytest.raises(ModelNotFoundError, match="nobody/nothing.*--adapter-base"):
         pack(cube)
+
+
+# --- attacker-written patterns: matched under a bound --------------------------------------
+
+HANGING = "(x+x+)+y"  # backtracks exponentially in re on a long module name
+
+
+@pytest.mark.parametrize("where, change", [
+    ("target_modules", lambda c: c.update(target_modules=HANGING)),
+    ("exclude_modules", lambda c: c.update(exclude_modules=HANGING)),
+    ("rank_pattern key", lambda c: c.update(rank_pattern={HANGING: 8})),
+    ("alpha_pattern key", lambda c: c.update(alpha_pattern={"(a|a)*": 16})),
+    ("layers_pattern", lambda c: c.update(layers_pattern=".*.*.*.*x")),
+])
+def test_a_pattern_that_could_backtrack_without_bound_is_refused_naming_its_key(
+        cube_with, where, change):
+    """Refused by its shape before anything matches it, so neither cubepack nor PEFT's own
+    ``re`` (when the adapter is applied) runs it."""
+    cube = cube_with(change)
+    with pytest.raises(FormatError, match=where):
+        pack(cube)
+
+
+def test_verify_of_a_resealed_cube_with_a_hanging_pattern_refuses_it(cube_with, tmp_path):
+    """The lock re-sealed over the new config: the adapter is parsed (its bytes are the
+    lock's), and refused by the pattern bound. Run in a child process whose timeout is only a
+    safety net (a hang fails the test instead of CI)."""
+    import subprocess
+    import sys
+
+    from helpers import reseal_lock
+
+    cube = cube_with()
+    pack(cube)
+    config = cube / "parametric" / "lora" / "adapter_config.json"
+    data = json.loads(config.read_text())
+    data["target_modules"] = HANGING
+    config.write_text(json.dumps(data))
+
+    def reseal(lock):
+        from cubepack._util.hashing import sha256_file
+        from cubepack.memory._adapters import adapter_digest
+
+        files = lock["files"]
+        files["parametric/lora/adapter_config.json"] = {
+            "sha256": sha256_file(config), "size": config.stat().st_size}
+        entry = lock["adapters"]["lora"]
+        entry["target_modules"] = HANGING
+        entry["digest"] = adapter_digest(files[entry["config_file"]]["sha256"],
+                                         files[entry["weights_file"]]["sha256"])
+    reseal_lock(cube, reseal)
+    done = subprocess.run([sys.executable, "-m", "cubepack", "verify", str(cube), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    report = json.loads(done.stdout)["report"]
+    [refused] = [c for c in report["checks"] if c["ok"] is False and c["check"] == "adapter"]
+    assert "target_modules" in refused["detail"]
+    assert "backtracks without bound" in refused["detail"]
+
+
+def test_an_adapter_whose_hash_failed_is_never_parsed(cube_with, monkeypatch):
+    from cubepack.memory import _adapters
+
+    cube = cube_with()
+    pack(cube)
+    config = cube / "parametric" / "lora" / "adapter_config.json"
+    config.write_text(config.read_text().replace('"r": ', '"r":  '))  # same meaning, new bytes
+    monkeypatch.setattr(_adapters, "read_adapter",
+                        lambda *a, **k: pytest.fail("parsed an adapter whose bytes failed"))
+    report = cubepack.verify(cube, raise_on_failure=False)
+    assert [c.name for c in report.failures] == ["size"]

@@ -24,7 +24,7 @@ from cubepack import (
     UsageError,
     VerificationFailed,
 )
-from cubepack.cube import _lock as lockfile
+from cubepack.format import _lock as lockfile
 from cubepack.testing import tiny
 
 from envs import once
@@ -337,8 +337,12 @@ def test_diff_names_a_retrained_adapter_and_a_moved_base(cube, zoo, tmp_path):
     make_adapter(zoo["a"], cube / "parametric" / "lora", seed=8)
     cubepack.pack(cube, cube_id="ns/adapter", adapter_base=str(zoo["b"]))  # B: A's shapes
     changes = cubepack.diff(before, cube)
-    assert changes["adapters"] == {"added": [], "removed": [], "changed": ["lora"]}
-    assert "weights_digest" in changes["models"]["adapter.lora"]
+    adapters = changes["sections"]["adapters"]
+    assert (adapters["added"], adapters["removed"], list(adapters["changed"])) == ([], [],
+                                                                                   ["lora"])
+    base = changes["sections"]["models"]
+    assert "identity.weights_digest" in [c["field"] for c in base["changed"]["adapter.lora"]]
+    assert base["basis"]["adapter.lora"] == "claimed"  # a lock's pin is its writer's word
 
 
 def test_a_hub_base_is_pinned_at_its_commit_remembered_and_checked_from_the_hf_cache(

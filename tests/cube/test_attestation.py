@@ -23,9 +23,10 @@ import cubepack
 from cubepack import UsageError, VerificationFailed
 from cubepack._util import canonical, constants
 from cubepack._util.hashing import sha256_file
-from cubepack.cube import _attestation as attestation
-from cubepack.cube import _lock as lockfile
-from cubepack.cube._signing import verify_signature, write_signature
+from cubepack.format import _envelope as envelope_format
+from cubepack.format import _lock as lockfile
+from cubepack.trust import _attestation as attestation
+from cubepack.trust._signing import verify_signature, write_signature
 
 from helpers import copy_of, make_key
 
@@ -121,7 +122,7 @@ def test_sign_writes_an_attestation_of_the_lock_that_stock_model_signing_still_a
     assert envelope["payloadType"] == "application/vnd.in-toto+json"
     statement = json.loads(base64.b64decode(envelope["payload"]))
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
-    assert statement["predicateType"] == attestation.PREDICATE_TYPE
+    assert statement["predicateType"] == envelope_format.PREDICATE_TYPE
     # The subject is what anyone recomputes from the file: sha256 of the lock's bytes.
     assert statement["subject"] == [{"name": LOCK, "digest": {
         "sha256": hashlib.sha256((cube / LOCK).read_bytes()).hexdigest()}}]
@@ -219,7 +220,7 @@ def test_a_signed_predicate_that_disagrees_with_the_lock_is_refused(cube, keys):
                                           attestation.Proved("sign"))
     statement["predicate"]["claimed"]["producers"]["act_mem"]["dtype"] = "bfloat16"
     envelope = attestation.sign_statement(statement, keys["alice"][0])
-    (cube / ATTESTATION).write_bytes(attestation.envelope_bytes(envelope))
+    (cube / ATTESTATION).write_bytes(envelope_format.envelope_bytes(envelope))
     [check] = [f for f in failures(cube, trusted_keys=[keys["alice"][1]])
                if f.name == "attestation"]
     assert check.subject.endswith("predicate.claimed.producers.act_mem.dtype")
@@ -247,7 +248,7 @@ def test_a_malformed_attestation_is_refused_by_the_content_check(cube, keys, mut
 
 
 def test_an_oversized_attestation_is_refused_unread(cube):
-    (cube / ATTESTATION).write_bytes(b" " * (attestation.MAX_ENVELOPE_BYTES + 1))
+    (cube / ATTESTATION).write_bytes(b" " * (envelope_format.MAX_ENVELOPE_BYTES + 1))
     [check] = [f for f in failures(cube) if f.name == "content"]
     assert "refused unread" in check.detail
 
@@ -260,7 +261,7 @@ def test_a_repack_that_changes_the_cube_drops_the_stale_attestation(cube, keys):
 
 
 def test_a_failed_signature_leaves_the_old_attestation(cube, keys, monkeypatch):
-    from cubepack.cube import _signing
+    from cubepack.trust import _signing
 
     cubepack.sign(cube, keys["alice"][0])
     before = (cube / ATTESTATION).read_bytes(), (cube / constants.SIGNATURE_FILENAME).read_bytes()
@@ -293,7 +294,7 @@ def test_a_three_cube_chain_signed_by_trusted_keys_passes_require_lineage(chain,
     assert hashlib.sha256((root / LOCK).read_bytes()).hexdigest() in links[1].detail
     [own] = checks(report, "attestation")
     assert own.ok is True
-    predicate = attestation.read_envelope(grandchild / ATTESTATION).predicate
+    predicate = envelope_format.read_envelope(grandchild / ATTESTATION).predicate
     assert predicate["proved"]["lineage"]["parent"]["lock_digest"] == child_lock["digest"]
     root_report = cubepack.verify(root, trusted_keys=[keys["alice"][1]], require_lineage=True)
     assert [(c.subject, c.ok) for c in checks(root_report, "lineage")] == [("this cube", True)]
@@ -420,13 +421,13 @@ def test_what_migrate_derived_is_in_the_signed_predicate(cube, keys, tmp_path):
                "retokenized": ["item-1", "item-2"], "reembedded": 12, "adapters_dropped": []}
     child = derive(cube, tmp_path / "child", changes=changes)
     sign_derived(child, keys["alice"][0])
-    predicate = attestation.read_envelope(child / ATTESTATION).predicate
+    predicate = envelope_format.read_envelope(child / ATTESTATION).predicate
     assert predicate["proved"]["lineage"]["changes"] == changes
     assert predicate["claimed"]["lineage"] is None
     assert cubepack.verify(child, trusted_keys=[keys["alice"][1]], require_lineage=True).ok
     # Signed again by a step that did not derive it, the same lineage is a claim.
     cubepack.sign(child, keys["alice"][0])
-    predicate = attestation.read_envelope(child / ATTESTATION).predicate
+    predicate = envelope_format.read_envelope(child / ATTESTATION).predicate
     assert predicate["proved"]["lineage"] is None
     assert predicate["claimed"]["lineage"]["changes"] == changes
     [link] = failures(child, trusted_keys=[keys["alice"][1]], require_lineage=True)
@@ -482,12 +483,12 @@ def test_the_hook_settings_carry_require_lineage(keys, monkeypatch):
     with pytest.raises(UsageError, match="needs the keys"):
         _hook.install(require_lineage=True)
     settings = _hook.install(trusted_keys=[keys["alice"][1]], require_lineage=True)
-    assert settings.policy.require_lineage is True
+    assert settings.require_lineage is True
     assert _hook.install(require_lineage=False).require_lineage is True  # only tightens
     monkeypatch.setitem(_hook._STATE, "settings", None)
     monkeypatch.setenv("CUBEPACK_MEMOS_REQUIRE_LINEAGE", "1")
     monkeypatch.setenv("CUBEPACK_MEMOS_TRUSTED_KEYS", str(keys["alice"][1]))
-    assert _hook.install().policy.require_lineage is True
+    assert _hook.install().require_lineage is True
 
 
 def test_cli_json_outcomes(chain, keys, tmp_path, capsys):

@@ -18,10 +18,11 @@ pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
 
 import cubepack
 from cubepack._util import canonical, constants
-from cubepack.cube import _attestation as att
-from cubepack.cube import _lock as lockfile
-from cubepack.cube._attestation import Proved
-from cubepack.cube._signing import write_signature as _write_signature
+from cubepack.format import _envelope as envelope_format
+from cubepack.format import _lock as lockfile
+from cubepack.trust import _attestation as att
+from cubepack.trust._attestation import Proved
+from cubepack.trust._signing import write_signature as _write_signature
 
 from helpers import copy_of, make_key
 
@@ -126,20 +127,20 @@ def sign_crafted(statement, key, *, raw=False):
     private = serialization.load_pem_private_key(key.read_bytes(), None)
     payload = canonical.dumps(statement, compact=True).encode()
     sig = private.sign(payload, ec.ECDSA(hashes.SHA256()))
-    return {"payloadType": att.PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
+    return {"payloadType": envelope_format.PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
             "signatures": [{"keyid": "x", "sig": base64.b64encode(sig).decode()}]}
 
 
 def replace_attestation(cube, envelope, key):
     """Put ``envelope`` in the cube and re-sign cubepack.sig over it (with ``key``) the way
     write_signature does, so only the attestation check stands between it and acceptance."""
-    data = att.envelope_bytes(envelope)
+    data = envelope_format.envelope_bytes(envelope)
     (cube / ATT).write_bytes(data)
     _resign_keeping_attestation(cube, key)
 
 
 def _resign_keeping_attestation(cube, key):
-    from cubepack.cube import _signing
+    from cubepack.trust import _signing
 
     real = _signing.attest
     data = (cube / ATT).read_bytes()
@@ -221,7 +222,7 @@ def test_non_canonical_base64_is_refused(signed, keys):
     assert tweaked != payload and base64.b64decode(tweaked) == base64.b64decode(payload)
     envelope["payload"] = tweaked
     with pytest.raises(cubepack.FormatError, match="base64"):
-        att.parse_envelope(envelope, ATT)
+        envelope_format.parse_envelope(envelope, ATT)
 
 
 def test_duplicate_keys_in_the_payload_are_refused(signed, keys):
@@ -231,7 +232,7 @@ def test_duplicate_keys_in_the_payload_are_refused(signed, keys):
     envelope = envelope_of(signed)
     envelope["payload"] = base64.b64encode(dup.encode()).decode()
     with pytest.raises(cubepack.FormatError, match="strict JSON"):
-        att.parse_envelope(envelope, ATT)
+        envelope_format.parse_envelope(envelope, ATT)
 
 
 def test_huge_and_deeply_nested_attestations_fail_the_content_check(signed, keys):
@@ -239,7 +240,7 @@ def test_huge_and_deeply_nested_attestations_fail_the_content_check(signed, keys
     report = run_verify(signed, keys["alice"][1])
     assert failed(report, "content") and not report.ok
     with open(signed / ATT, "wb") as handle:
-        handle.truncate(att.MAX_ENVELOPE_BYTES + 1)
+        handle.truncate(envelope_format.MAX_ENVELOPE_BYTES + 1)
     report = run_verify(signed, keys["alice"][1])
     assert "larger than" in failed(report, "content")[0].detail
 
@@ -285,7 +286,7 @@ def test_require_lineage_with_a_missing_attestation_is_a_refusal(signed, keys):
 
 
 def _resign_without_attestation(cube, key):
-    from cubepack.cube import _signing
+    from cubepack.trust import _signing
 
     real_attest, real_write = _signing.attest, _signing.atomic.write_bytes
     _signing.attest = lambda *a, **k: b"{}"
@@ -539,7 +540,7 @@ def test_the_hook_refuses_require_lineage_without_keys(monkeypatch):
     from cubepack.memos import _hook
 
     with pytest.raises(cubepack.UsageError, match="trusted"):
-        _hook.HookSettings(require_lineage=True)
+        _hook.install(require_lineage=True)
     monkeypatch.setenv("CUBEPACK_MEMOS_REQUIRE_LINEAGE", "1")
     monkeypatch.delenv("CUBEPACK_MEMOS_TRUSTED_KEYS", raising=False)
     with pytest.raises(cubepack.UsageError, match="trusted"):
@@ -579,10 +580,10 @@ def test_model_signings_own_envelope_signed_by_the_same_key_is_not_an_attestatio
     """cubepack.sig holds a DSSE envelope of the same payloadType, signed by the same key over
     the same PAE: only the statement's exact layout and predicateType tell them apart."""
     lifted = json.loads((signed / constants.SIGNATURE_FILENAME).read_text())["dsseEnvelope"]
-    assert lifted["payloadType"] == att.PAYLOAD_TYPE
+    assert lifted["payloadType"] == envelope_format.PAYLOAD_TYPE
     lifted["signatures"][0]["keyid"] = "k"
     with pytest.raises(cubepack.FormatError):
-        att.parse_envelope(lifted, ATT)
+        envelope_format.parse_envelope(lifted, ATT)
     replace_attestation(signed, lifted, keys["alice"][0])
     assert failed(run_verify(signed, keys["alice"][1], require_lineage=True), "content")
 
@@ -677,12 +678,12 @@ def test_duplicate_keys_and_deep_nesting_anywhere_are_format_errors(signed):
     evil = base64.b64encode(b'{"a": 1}').decode()
     doubled = good.rstrip().rstrip("}") + f', "payload": "{evil}"}}'
     with pytest.raises(cubepack.FormatError, match="repeats the key 'payload'"):
-        att.parse_envelope_bytes(doubled.encode(), ATT)
+        envelope_format.parse_envelope_bytes(doubled.encode(), ATT)
     with pytest.raises(cubepack.FormatError, match="repeats the key 'envelopes'"):
-        att._loads(b'{"envelopes": [], "envelopes": []}', ANC)
+        envelope_format._loads(b'{"envelopes": [], "envelopes": []}', ANC)
     envelope["payload"] = base64.b64encode(b"[" * 50_000 + b"]" * 50_000).decode()
     with pytest.raises(cubepack.FormatError, match="nesting"):
-        att.parse_envelope(envelope, ATT)
+        envelope_format.parse_envelope(envelope, ATT)
 
 
 def test_stock_model_signing_accepts_a_derived_cube_and_refuses_a_swapped_attestation(family,
@@ -716,7 +717,7 @@ def test_a_hostile_name_inside_a_payload_is_quoted_in_the_refusal(signed, field)
     else:
         statement["predicate"]["proved"]["recomputed"][hostile] = {"bad": 1}
     envelope["payload"] = base64.b64encode(canonical.dumps(statement).encode()).decode()
-    (signed / ATT).write_bytes(att.envelope_bytes(envelope))
+    (signed / ATT).write_bytes(envelope_format.envelope_bytes(envelope))
     [check] = failed(cubepack.verify(signed, raise_on_failure=False), "content")
     assert "\n" not in check.detail and "\x1b" not in check.detail
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cubepack._util import constants
-from cubepack.cube import _card as card
+from cubepack.format import _card as card
 
 from envs import once
 

@@ -17,7 +17,7 @@ import pytest
 import cubepack
 from cubepack import UnsafeInputError, VerificationFailed
 from cubepack._util import constants, hashing
-from cubepack.cube._memos_layout import code_running_settings, dotted
+from cubepack.memos_format._layout import code_running_settings, dotted
 
 from data import EXAMPLES
 from helpers import reseal_lock, tree_bytes

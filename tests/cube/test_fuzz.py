@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import cubepack
 from cubepack import CubepackError
 from cubepack._util.safetensors_header import parse_header
-from cubepack.cube import _lock as lockfile
+from cubepack.format import _lock as lockfile
 from cubepack.kv import read_kv_header
 
 from envs import once

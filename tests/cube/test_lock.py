@@ -7,8 +7,9 @@ import json
 import pytest
 
 from cubepack import FormatError, UnsafeInputError
-from cubepack.cube import _lock as lockfile
-from cubepack.cube._diff import diff_locks
+from cubepack._util import constants
+from cubepack.format import _lock as lockfile
+from cubepack.format._diff import diff_locks
 
 from envs import once
 
@@ -54,7 +55,7 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l.update(lock_version=4), "version 4"),
+    (lambda l: l.update(lock_version=5), "version 5"),
     (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
     (lambda l: l.update(extra=1), "unexpected keys"),
     (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
@@ -77,8 +78,7 @@ def test_resealed_but_invalid_locks_are_refused(change, message):
 
     lock = make_lock()
     change(lock)  # then reseal both digests, as an attacker with write access would
-    lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
-                                                     lock["activations"])
+    lock["content_digest"] = lockfile.content_digest(lock)
     lock.pop("digest")
     lock["digest"] = canonical.digest(lock)
     with pytest.raises(FormatError, match=message):
@@ -108,12 +108,69 @@ def test_diff_names_every_kind_of_change():
     models["act_mem"]["identity"]["dtype"] = "bfloat16"
     activations = {"a": dict(old["activations"]["a"], sha256="ef" * 32)}
     new = make_lock(files=files, models=models, activations=activations)
-    result = diff_locks(old, new)
-    assert result["files"] == {"added": ["notes.txt"], "removed": ["config.json"],
-                               "changed": ["activations/a.kv.safetensors"]}
-    assert result["models"] == {"act_mem": {"dtype": {"old": "float32", "new": "bfloat16"}}}
-    assert result["activations"]["changed"] == ["a"] and result["same"] is False
-    assert diff_locks(old, old)["same"] is True
+    result = diff_locks(old, new)["sections"]
+    files = result["files"]
+    assert (files["added"], files["removed"], list(files["changed"])) == (
+        ["notes.txt"], ["config.json"], ["activations/a.kv.safetensors"])
+    assert result["models"]["changed"] == {"act_mem": [
+        {"field": "identity.dtype", "old": "float32", "new": "bfloat16"}]}
+    assert list(result["activations"]["changed"]) == ["a"]
+    assert diff_locks(old, new)["same"] is False and diff_locks(old, old)["same"] is True
+
+
+def _every_leaf(value, path=()):
+    if isinstance(value, dict) and value:
+        for key, child in value.items():
+            yield from _every_leaf(child, path + (key,))
+    else:
+        yield path
+
+
+def _changed(value):
+    return (value + 1) if type(value) is int else (not value) if isinstance(value, bool) else \
+        (value + "x") if isinstance(value, str) else ["changed"] if isinstance(value, list) \
+        else {"changed": True}
+
+
+def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
+    """A sweep: change each leaf of a lock holding every section, one at a time; the digest
+    moves, and diff names exactly that leaf, under its section (an optional section added or
+    removed, the lineage a pull request brings, a pin's vectors record: all included)."""
+    base = make_lock()
+    base["adapters"] = {"lora": {"path": "parametric/lora", "rank": 4}}
+    base["lineage"] = {"parent": {"lock_digest": "1" * 64, "repo_id": None},
+                       "changes": {"reembedded": 0}, "tool": "cubepack migrate"}
+    base["models"]["act_mem"]["vectors"] = {"file": "vectors.json", "dimension": 8}
+    swept = 0
+    for key in lockfile.SECTION_KEYS:
+        for path in _every_leaf(base[key]):
+            changed = json.loads(json.dumps(base))
+            node = changed[key]
+            for part in path[:-1]:
+                node = node[part]
+            node[path[-1]] = _changed(node[path[-1]])
+            result = diff_locks(base, changed)
+            entry = result["sections"][key]
+            named = [leaf["field"] for leaves in entry["changed"].values() for leaf in leaves]
+            where = ".".join(map(str, path[1:])) if key != "lineage" else ".".join(path)
+            assert named == [where], (key, path, named)
+            swept += 1
+    assert swept >= 30
+    for key in ("adapters", "lineage"):  # a whole section added (a pull request) or removed
+        without = {k: v for k, v in base.items() if k != key}
+        assert diff_locks(without, base)["sections"][key]["added"]
+        assert diff_locks(base, without)["sections"][key]["removed"]
+    assert [c["field"] for c in diff_locks(base, {**base, "cube_id": "x/y"})["lock"]] == ["cube_id"]
+
+
+def test_every_registered_section_implements_all_its_rules():
+    for section in lockfile.SECTIONS:
+        for rule in ("validate", "digested", "entries", "describe"):
+            assert callable(getattr(section, rule)), (section.key, rule)
+        assert section.attest in (None, "producers", "provenance", "lineage")
+    assert set(lockfile.SECTION_KEYS) | set(lockfile.FIELDS) == {
+        "files", "models", "activations", "adapters", "lineage", "lock_version",
+        "cubepack_version", "cube_id", "content_digest", "digest"}
 
 
 def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
@@ -126,8 +183,7 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
         identity = {k: v for k, v in IDENTITY.items() if k != "compute_config"}
         lock["models"]["act_mem"]["identity"] = identity
         lock["activations"]["a"].pop("provenance")
-        lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
-                                                         lock["activations"])
+        lock["content_digest"] = lockfile.content_digest(lock)
         lock.pop("digest")
         lock["digest"] = canonical.digest(lock)
         return json.dumps(lock).encode()
@@ -138,8 +194,8 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
     bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
     with pytest.raises(UnsafeInputError, match="'..' segment"):
         lockfile.parse(version_1(files=bad_path), accept_version_1=True)
-    with pytest.raises(FormatError, match="version 4"):
-        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 4}).encode(),
+    with pytest.raises(FormatError, match="version 5"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 5}).encode(),
                        accept_version_1=True)
 
 
@@ -151,14 +207,13 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
     def as_version(version, **extra):
         lock = make_lock()
         lock.update(lock_version=version, **extra)
-        lock["content_digest"] = lockfile.content_digest(
-            lock["files"], lock["models"], lock["activations"], lockfile.sections(lock))
+        lock["content_digest"] = lockfile.content_digest(lock)
         lock.pop("digest")
         lock["digest"] = canonical.digest(lock)
         return json.dumps(lock).encode()
 
     assert lockfile.parse(as_version(2))["lock_version"] == 2
-    assert make_lock()["lock_version"] == 3
+    assert make_lock()["lock_version"] == constants.LOCK_VERSION == 4
     with pytest.raises(FormatError, match=r"unexpected keys \['lineage'\]"):
         lockfile.parse(as_version(2, lineage={"parent": None}))
     # an edited section is caught by the content digest even when the outer digest is redone

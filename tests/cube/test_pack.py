@@ -215,7 +215,7 @@ def test_a_memo_reused_payload_is_decoded_once(monkeypatch):
     import io
 
     from cubepack import FormatError
-    from cubepack.cube._memos_pickle import read_memos_pickle
+    from cubepack.memos_format._pickle import read_memos_pickle
 
     buffer = io.BytesIO()
     torch.save(torch.zeros(256 * 1024).untyped_storage(), buffer)  # 1 MiB
@@ -234,7 +234,7 @@ def test_a_deflated_payload_that_would_inflate_is_refused_before_decoding(monkey
     import io
     import zipfile
 
-    from cubepack.cube._memos_pickle import read_memos_pickle
+    from cubepack.memos_format._pickle import read_memos_pickle
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:

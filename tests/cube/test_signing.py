@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 import re
 import subprocess
 import sys
@@ -17,11 +16,11 @@ pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
 import cubepack
 from cubepack import SignatureError, VerificationFailed
 from cubepack._util import constants, hashing
-from cubepack.cube._attestation import Proved
-from cubepack.cube._signing import verify_signature
-from cubepack.cube._signing import write_signature as _write_signature
 from cubepack.hub import pull, push
 from cubepack.testing.hub import InstrumentedHub
+from cubepack.trust._attestation import Proved
+from cubepack.trust._signing import verify_signature
+from cubepack.trust._signing import write_signature as _write_signature
 
 from helpers import build_cache, make_key, reseal_lock, tree_bytes
 
@@ -165,7 +164,7 @@ def test_cli_sign_and_verify_with_trusted_key(cube, keys, capsys):
 
 
 def test_content_errors_name_files_even_in_escaped_quotes_and_never_echo_digest_bytes():
-    from cubepack.cube._signing import _describe_content_error
+    from cubepack.trust._signing import _describe_content_error
 
     # model_signing's message is a list repr; a digest containing a quote makes Python escape
     # the quotes around the file name (this made the content test flaky before).

@@ -12,8 +12,8 @@ import cubepack
 from cubepack import VerificationFailed
 from cubepack._util import canonical, constants
 from cubepack.cli import main
-from cubepack.cube import _lock as lockfile
-from cubepack.cube._verify import verify_for_upgrade
+from cubepack.format import _lock as lockfile
+from cubepack.ops._verify import verify_for_upgrade
 
 from adversarial import ITEM, flip
 from helpers import as_lock_version_1, copy_of
@@ -50,8 +50,7 @@ def reseal_version_1(cube, change):
     lock = json.loads(path.read_text())
     change(lock)
     lock.pop("digest")
-    lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
-                                                     lock["activations"])
+    lock["content_digest"] = lockfile.content_digest(lock)
     lock["digest"] = canonical.digest(lock)
     path.write_text(canonical.dumps(lock))
 

@@ -156,8 +156,8 @@ def test_diff_names_changed_files_and_pins(cube, packed, zoo):
     (cube / ITEM).unlink()
     reseal_lock(cube, lambda lock: (lock["files"].pop(ITEM), lock["activations"].pop("item-1")))
     result = cubepack.diff(packed, cube)
-    assert result["files"]["removed"] == [ITEM]
-    assert result["activations"]["removed"] == ["item-1"]
+    assert result["sections"]["files"]["removed"] == [ITEM]
+    assert result["sections"]["activations"]["removed"] == ["item-1"]
     assert result["same"] is False
     assert cubepack.diff(packed, packed / constants.LOCK_FILENAME)["same"] is True
 

@@ -160,7 +160,7 @@ def proof(tmp_path_factory, zoo, models):
     write_kv_layers(cache_layers(build_cache(models["a"], ids)), cube / ITEM,
                     producer=cubepack.fingerprint(models["a"]), token_ids=ids,
                     metadata={"id": "item-1", "source_text": "The user likes tea."})
-    from cubepack.cube._embedder import embed
+    from cubepack.memory._embedder import embed
 
     vectors = embed(str(encoder), TEXTS)
     (cube / "textual_memory.json").write_text(json.dumps([
@@ -181,12 +181,11 @@ def proof(tmp_path_factory, zoo, models):
 def reseal(cube, lock):
     """Recompute the lock's digests over whatever it now holds, as an attacker can."""
     from cubepack._util import canonical
-    from cubepack.cube._lock import content_digest
+    from cubepack.format._lock import content_digest
 
     body = {key: value for key, value in lock.items() if key not in ("digest", "content_digest")}
     try:
-        body["content_digest"] = content_digest(body["files"], body["models"],
-                                                body["activations"])
+        body["content_digest"] = content_digest(body)
     except (KeyError, AttributeError, TypeError):
         body["content_digest"] = lock.get("content_digest")
     body["digest"] = canonical.digest(body)

@@ -297,7 +297,7 @@ def test_require_provenance_refusal_is_fixed_by_what_it_suggests(chain, zoo, mod
     import torch
     from transformers import AutoTokenizer
 
-    from cubepack.cube._memos_layout import memos_prompt_ids
+    from cubepack.memos_format._layout import memos_prompt_ids
 
     from helpers import build_cache
     from memos_format import write_cube

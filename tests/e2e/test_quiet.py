@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from cubepack.cube._memos_layout import memos_prompt_ids
+from cubepack.memos_format._layout import memos_prompt_ids
 from cubepack.testing import free_port
 from cubepack.testing.hub import upload_folder
 

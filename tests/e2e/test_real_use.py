@@ -155,8 +155,8 @@ def test_a_repack_keeps_the_license_and_diff_explains_every_change(cube, zoo, mo
                            producer=models["a"], metadata={"id": "item-1"})
     cubepack.pack(cube)
     code, out, _ = cli("diff", before, cube)
-    assert code == 0 and "activation item-1 sha256" in out
-    assert "file changed: activations/item-1.kv.safetensors" in out
+    assert code == 0 and "changed: activation item-1:" in out and "  sha256: " in out
+    assert "changed: file activations/item-1.kv.safetensors:" in out
     code, _, err = cli("diff", before, zoo["a"])
     assert code == 2 and "not a packed cube" in err
 
@@ -322,8 +322,8 @@ def test_push_create_pr_then_pull_the_pr_verified_and_review_it_with_diff(hub, c
     code, out, err = cli("diff", "main", "pr-1", "--json")
     assert code == 0, err
     changes = json.loads(out)
-    assert changes["activations"]["changed"] == ["item-1"]
-    assert "activations/item-1.kv.safetensors" in changes["files"]["changed"]
+    assert list(changes["sections"]["activations"]["changed"]) == ["item-1"]
+    assert "activations/item-1.kv.safetensors" in changes["sections"]["files"]["changed"]
     code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr", "--json")
     second = json.loads(out)  # main still differs: a second proposal
     assert code == 0 and (second["pr_num"], second["pr_revision"]) == (2, "refs/pr/2")

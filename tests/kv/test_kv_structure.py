@@ -202,7 +202,7 @@ def test_a_lock_number_that_overflows_is_refused_as_malformed(packed_cube_factor
     cube = tmp_path / "cube"
     shutil.copytree(packed_cube_factory(), cube)
     lock = cube / "cubepack.lock"
-    lock.write_text(lock.read_text().replace('"lock_version": 3', '"lock_version": 1e999'))
+    lock.write_text(lock.read_text().replace('"lock_version": 4', '"lock_version": 1e999'))
     assert main(["verify", str(cube)]) == 1
     with pytest.raises(cubepack.VerificationFailed, match="overflows to infinity"):
         cubepack.verify(cube)

@@ -198,7 +198,7 @@ def test_save_replaces_atomically_and_leaves_no_temp_files(models, a_file, tmp_p
 def test_a_format_1_file_is_read_refused_for_loading_and_upgraded_by_its_producer(
         models, zoo, a_file, tmp_path, capsys):
     from cubepack.cli import main
-    from cubepack.cube import upgrade
+    from cubepack.ops import upgrade
 
     old = as_format_1(a_file[0], tmp_path / "old.kv.safetensors", zoo["a"] / "tokenizer.json")
     assert read_kv_header(old).version == 1  # still readable (inspect)

@@ -51,7 +51,7 @@ def reseal_lock(cube, change) -> None:
     import json
 
     from cubepack._util import constants
-    from cubepack.cube import _lock as lockfile
+    from cubepack.format import _lock as lockfile
 
     path = cube / constants.LOCK_FILENAME
     lock = json.loads(path.read_text())
@@ -141,7 +141,7 @@ def as_lock_version_1(cube, tokenizer_json):
     import json
 
     from cubepack._util import canonical, constants, hashing
-    from cubepack.cube import _lock as lockfile
+    from cubepack.format import _lock as lockfile
     from cubepack.identity._tokenizer_fields import legacy_tokenizer_digest_v1
 
     path = cube / constants.LOCK_FILENAME
@@ -161,8 +161,7 @@ def as_lock_version_1(cube, tokenizer_json):
         lock["files"][entry["file"]] = {"sha256": entry["sha256"], "size": kv.stat().st_size}
     lock.pop("digest")
     lock["lock_version"] = 1
-    lock["content_digest"] = lockfile.content_digest(lock["files"], lock["models"],
-                                                     lock["activations"])
+    lock["content_digest"] = lockfile.content_digest(lock)
     lock["digest"] = canonical.digest(lock)
     path.write_text(canonical.dumps(lock))
     return cube

@@ -5,7 +5,7 @@ The old cube is verified first and never written to. The new one is built in a s
 beside ``out`` and renamed into place only once it is packed, so ``out`` either does not change
 or holds the whole new cube:
 
-- each activation is re-prefilled by the new model (:mod:`~cubepack.cube._reprefill`: from its
+- each activation is re-prefilled by the new model (:mod:`~cubepack.memory._reprefill`: from its
   stored token ids, or re-tokenised from its source text, which the result says), so its
   provenance is ``recomputed`` by construction;
 - every textual memory that holds a vector is re-embedded by the new embedder, in batches, and
@@ -14,7 +14,7 @@ or holds the whole new cube:
 - adapters cannot be migrated (an adapter is valid only for its base model): with a new model
   they are left out and listed, per adapter, in the result and in the lineage;
 - everything else is copied unchanged, then the new cube is locked by ``pack`` with a lineage
-  section naming the old cube (see :mod:`~cubepack.cube._lineage`).
+  section naming the old cube (see :mod:`~cubepack.trust._lineage`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folde
 from ..kv._format import read_kv_header
 from ..kv._recompute import load_model
 from ..kv._torch import write_kv_layers
-from . import _lineage as lineage
-from . import _memos_layout as memos_layout
-from ._embedder import BATCH, embed
+from ..memory._embedder import BATCH, embed
+from ..memory._reprefill import provenance, reprefill
+from ..memory._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
+from ..memos_format import _layout as memos_layout
+from ..trust import _lineage as lineage
+from ..trust._policy import TrustPolicy
+from ..trust._signing import check_key
 from ._pack import pack
-from ._reprefill import provenance, reprefill
-from ._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
-from ._policy import TrustPolicy
-from ._signing import check_key
 from ._verify import verify
 
 BY = "cubepack migrate"
@@ -107,6 +107,7 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
     if revision is not None and model is None:
         raise UsageError("--revision picks a revision of --model; pass --model too.")
     policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("migrate")
     cube, target = Path(cube_dir), Path(out)
     _check_target(cube, target)
     if sign_key is not None:

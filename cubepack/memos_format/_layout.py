@@ -307,3 +307,26 @@ def item_metadata(header: dict[str, Any]) -> dict[str, Any]:
     if isinstance(whole, dict):
         return dict(whole)
     return {key: value for key, value in header.items() if key not in CUBEPACK_METADATA_KEYS}
+
+
+def memos_config_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
+    """(file, why) for each file of ``files`` that MemOS would read with ``pickle.load`` under
+    this cube config, by the path MemOS opens whatever the spelling (``./x`` is ``x``): a packed
+    cube must hold none (a verified text file named as the activation memory's
+    ``memory_filename`` would still be unpickled by plain MemOS). And config.json itself when it
+    names a memory file MemOS would open outside the cube, or a setting that would make MemOS
+    run code from a model's repository (:func:`~._code_running_settings`)."""
+    present = set(files)
+    problems = [(opened, f"is named by config.json ({name!r}) as the {backend} activation "
+                         "memory, which MemOS reads with pickle.load; a packed cube must not "
+                         "hold it")
+                for backend, name in pickled_memory_files(config)
+                if (opened := opened_path(name)) in present]
+    problems += [("config.json", f"names the {key} memory file {name!r}, which MemOS would open "
+                                 "outside the cube")
+                 for key, name in escaping_memory_files(config)]
+    settings = code_running_settings(config)
+    if settings:
+        problems.append(("config.json", code_settings_message(
+            settings, "", "pack the cube again (or ask its publisher to)")))
+    return problems

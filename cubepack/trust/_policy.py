@@ -1,12 +1,18 @@
-"""The trust policy: what a verification, a pull or a MemOS load must prove, in one object.
+"""The trust policy: what a verification, a pull or a load must prove, in one object, and the
+one rule every consumer applies to it.
 
-``verify``, ``pull``, the MemOS hook and the CLI each build one :class:`TrustPolicy` and pass it
-down, instead of copying a dozen keyword arguments by hand. It is validated when it is built
-(before any work), so a bad value is a :class:`~cubepack.errors.UsageError` at once.
+``verify``, ``pull``, ``migrate``, ``load_adapter``, ``load_kv_cache``, the MLX load, the MemOS
+hook and the CLI each take one :class:`TrustPolicy`, instead of copying keyword arguments by
+hand. It is validated when it is built (before any work), so a bad value is a
+:class:`~cubepack.errors.UsageError` at once. A consumer honours it whole or refuses it: each
+states the fields it applies (:data:`HONOURED`) and calls :meth:`TrustPolicy.require_honoured`
+first, so a field it cannot apply (a signature asked of a lone KV file, a model handed to the
+MemOS hook, which uses the model MemOS loads) is a UsageError, never silently dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,12 @@ class TrustPolicy:
         embedder: an embedder spec that must reproduce the text memory's vectors.
         embedder_sample: how many memories it re-embeds, drawn at random (default 16; 0: all,
             which a few foreign vectors among many cannot escape).
-        strict_models: refuse a cube whose pinned model cannot be checked at all.
+        strict_models: refuse a cube whose pinned model no model was fingerprinted against
+            (here, or by a trusted signer); the Hub's metadata does not satisfy it.
         on_mismatch: for loads into a live model (the MemOS hook): ``"error"``, ``"drop"`` or
             ``"rebuild"``.
+        require_pin: a cube named on a Hub must be named at a 40-hex commit, never a branch or
+            tag (the MemOS hook's default; ``pull`` applies it too).
     """
 
     model: Any = None
@@ -63,6 +72,7 @@ class TrustPolicy:
     embedder_sample: int | None = None
     strict_models: bool = False
     on_mismatch: str = "error"
+    require_pin: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trusted_keys", key_paths(self.trusted_keys))
@@ -71,7 +81,8 @@ class TrustPolicy:
             recompute, tokens = True, tokens or recompute
         for name, value in (("recompute", recompute), ("require_signature", self.require_signature),
                             ("require_lineage", self.require_lineage),
-                            ("strict_models", self.strict_models)):
+                            ("strict_models", self.strict_models),
+                            ("require_pin", self.require_pin)):
             if type(value) is not bool:
                 raise UsageError(f"{name} must be True or False, not {value!r}.")
         if tokens is not None and (type(tokens) is not int or tokens < 1):
@@ -92,9 +103,6 @@ class TrustPolicy:
                                                  or self.embedder_sample < 0):
             raise UsageError(f"embedder_sample must be 0 (all) or a positive integer, not "
                              f"{self.embedder_sample!r}.")
-        if self.embedder_sample is not None and self.embedder is None:  # never silently ignored
-            raise UsageError("embedder_sample (--embedder-sample) says how many memories "
-                             "--embedder re-embeds; give --embedder too, or drop it.")
         if self.model is not None and isinstance(self.model, str) and not self.model.strip():
             raise UsageError("model must name a model folder or Hub id, not an empty string.")
         if self.require_provenance is not None and \
@@ -129,11 +137,71 @@ class TrustPolicy:
     def signature_required(self) -> bool:
         return self.require_signature or bool(self.trusted_keys)
 
-    def without_live_checks(self) -> TrustPolicy:
-        """The part of the policy a folder can be checked against before a model is loaded
-        (the MemOS hook recomputes and checks provenance with the model MemOS loads)."""
+    def asked(self) -> list[str]:
+        """The fields this policy sets (those that differ from the default policy's)."""
+        default = TrustPolicy()
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+    def require_honoured(self, consumer: str) -> None:
+        """The one rule: ``consumer`` (a key of :data:`HONOURED`) applies every field this
+        policy sets, or the request is refused before any work.
+
+        Raises:
+            UsageError: naming each field the consumer cannot apply and what to do instead.
+        """
+        honoured, instead = HONOURED[consumer]
+        refused = [name for name in self.asked() if name not in honoured]
+        if refused:
+            raise UsageError(f"{consumer} cannot honour {', '.join(refused)} of the trust "
+                             f"policy, and drops no field silently: {instead}")
+        # A consumer that checks the embedder given needs one to apply the sample size to
+        # (the MemOS hook applies it to the embedder MemOS loads).
+        if "embedder" in honoured and self.embedder_sample is not None and self.embedder is None:
+            raise UsageError("embedder_sample (--embedder-sample) says how many memories "
+                             "--embedder re-embeds; give --embedder too, or drop it.")
+
+    def tightened(self, other: TrustPolicy, said: Iterable[str] | None = None) -> TrustPolicy:
+        """This policy, made at least as strict as ``other`` in every field ``said`` (default:
+        every field ``other`` sets) and never looser (a second ``install`` of the MemOS hook):
+        requirements are or-ed, trusted keys kept once set, the mismatch policy moves towards
+        ``"error"``, the provenance asked towards ``recomputed``, a full recomputation beats a
+        sampled one. A field ``other`` leaves unsaid is no request (its default is not one)."""
+        said = set(other.asked() if said is None else said)
+        other = replace(self, **{f.name: getattr(other, f.name) for f in fields(other)
+                                 if f.name in said})
+        def stronger(a: Any, b: Any, order: tuple[Any, ...]) -> Any:
+            return max(a, b, key=order.index)
+
+        full = (self.recompute and self.recompute_tokens is None) or \
+            (other.recompute and other.recompute_tokens is None)
+        tokens = None if full else max(
+            (t for t in (self.recompute_tokens, other.recompute_tokens) if t is not None),
+            default=None)
+        sample = 0 if 0 in (self.embedder_sample, other.embedder_sample) else max(
+            (n for n in (self.embedder_sample, other.embedder_sample) if n is not None),
+            default=None)
+        return replace(
+            self,
+            trusted_keys=self.trusted_keys or other.trusted_keys,
+            require_signature=self.require_signature or other.require_signature,
+            require_lineage=self.require_lineage or other.require_lineage,
+            recompute=self.recompute or other.recompute, recompute_tokens=tokens,
+            require_provenance=stronger(self.require_provenance, other.require_provenance,
+                                        (None, *PROVENANCE_LEVELS)),
+            embedder_sample=sample,
+            strict_models=self.strict_models or other.strict_models,
+            on_mismatch=stronger(self.on_mismatch, other.on_mismatch, tuple(reversed(POLICIES))),
+            require_pin=self.require_pin or other.require_pin,
+            model=self.model if self.model is not None else other.model,
+            embedder=self.embedder or other.embedder,
+            seed=self.seed if self.seed is not None else other.seed)
+
+    def for_folder(self) -> TrustPolicy:
+        """The part a cube folder is verified against before its model is loaded: for the
+        MemOS hook, which applies the rest (recomputation, provenance, the embedder sample, the
+        mismatch policy) with the model and embedder MemOS loads."""
         return replace(self, recompute=False, recompute_tokens=None, require_provenance=None,
-                       embedder=None, embedder_sample=None)
+                       embedder_sample=None, seed=None, on_mismatch="error", require_pin=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -142,6 +210,35 @@ class TrustPolicy:
         data["model"] = str(data["model"]) if data["model"] is not None else None
         data["trusted_keys"] = list(self.trusted_keys)
         return data
+
+
+_ALL = frozenset(f.name for f in fields(TrustPolicy))
+#: What each consumer applies: (the fields it honours, what to do for the others).
+HONOURED: dict[str, tuple[frozenset[str], str]] = {
+    "verify": (_ALL - {"on_mismatch", "require_pin"},
+               "on_mismatch is for loads into a live model (the MemOS hook), require_pin for a "
+               "cube named on a Hub (pull, the hook)."),
+    "pull": (_ALL - {"on_mismatch"},
+             "on_mismatch is for loads into a live model (the MemOS hook)."),
+    "migrate": (_ALL - {"on_mismatch", "require_pin"},
+                "migrate verifies a local folder: on_mismatch and require_pin do not apply."),
+    "load_adapter": (_ALL - {"on_mismatch", "require_pin"},
+                     "load_adapter verifies a local folder and refuses any other base: "
+                     "on_mismatch and require_pin do not apply."),
+    "load_kv_cache": (frozenset({"recompute", "recompute_tokens", "seed"}),
+                      "a KV file alone carries no signature, lineage, pins or provenance: "
+                      "verify the cube it belongs to (cubepack.verify with that policy), then "
+                      "load its KV files; load_kv_cache itself proves the cache with the model "
+                      "given (recompute=True)."),
+    "the MLX load": (frozenset({"recompute", "recompute_tokens", "seed"}),
+                     "a prompt cache alone carries no signature, lineage, pins or provenance: "
+                     "verify its cube first; the MLX load proves the cache with the model given "
+                     "(recompute=True)."),
+    "the MemOS hook": (_ALL - {"model", "embedder"},
+                       "the hook checks the model and the embedder MemOS loads (the cube's "
+                       "config.json names them); to check another, verify the cube first "
+                       "(cubepack.verify(cube, model=..., embedder=...))."),
+}
 
 
 def key_paths(keys: Any) -> tuple[str, ...]:

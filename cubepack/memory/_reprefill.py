@@ -4,7 +4,7 @@ and the MemOS hook's ``rebuild`` policy share.
 A cache is rebuilt from what the cube proves it was built from: its stored token ids, when the
 new model's tokenizer is the producer's (same ``tokenizer_digest``: the ids mean the same text);
 otherwise its ``source_text``, re-tokenised with the new model's tokenizer and chat template as
-MemOS builds a cache (:func:`~cubepack.cube._memos_layout.memos_prompt_ids`), and the result says
+MemOS builds a cache (:func:`~cubepack.memos_format._layout.memos_prompt_ids`), and the result says
 so. The new cache is the new model's prefill of those ids, so it is ``recomputed`` by
 construction.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CubepackError, IdentityMismatch, Mismatch, RecomputationFailed
+from ..format._lock import RECOMPUTED
 from ..identity._identity import ModelIdentity
 from ..kv._torch import cache_layers, prefill
-from ._memos_layout import item_metadata, memos_prompt_ids
-from ._provenance import RECOMPUTED
+from ..memos_format._layout import item_metadata, memos_prompt_ids
 
 #: Why an item was re-tokenised from its source text.
 NO_IDS = "it records no token ids"

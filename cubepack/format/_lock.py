@@ -17,6 +17,8 @@ them) are read as before.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .._util import canonical, constants
@@ -24,50 +26,164 @@ from .._util.paths import check_no_collisions, check_relpath
 from .._util.revision import is_commit
 from ..errors import FormatError
 from ..identity._identity import ModelIdentity
-from ._provenance import check_provenance
-from ._vectors import check_record
+
+# --- the provenance record of an activation (``activations[item].provenance``) ---------------
+
+#: What an activation's producer label says (its ``kind``), as pack writes it:
+#: ``recorded``: the source carried an identity (a KV header; a MemOS pickle's producer record
+#: from MemOS PR #2302 or #2305) that agrees with the pinned model; ``asserted``: the packer's
+#: word only; ``recomputed``: pack (or migrate) ran the producer and it reproduced the cache.
+#: What *backs* a label is :mod:`cubepack.trust._evidence`'s to decide.
+RECORDED, ASSERTED, RECOMPUTED = "recorded", "asserted", "recomputed"
+KINDS = (RECORDED, ASSERTED, RECOMPUTED)
+#: How strong each kind is, for ``--require-provenance``.
+STRENGTH = {ASSERTED: 0, RECORDED: 1, RECOMPUTED: 2}
+#: The label of an activation whose KV header names a producer that agrees with the pin.
+KV_HEADER = {"kind": RECORDED, "detail": "the KV file's header names its producer"}
+
+
+def check_provenance(value: Any) -> bool:
+    """Is ``value`` a well-formed provenance record (as the lock stores it)?"""
+    return (isinstance(value, dict) and value.get("kind") in KINDS
+            and isinstance(value.get("detail", ""), str))
+
+
+# --- the vectors record of an embedder pin (``models[role].vectors``) --------------------------
+
+#: The texts whose vectors a vectors record keeps as its embedder's behavioural fingerprint
+#: (``probes``): part of the record's meaning, so part of its format.
+VECTOR_PROBES = ("The user likes green tea.", "Paris is the capital of France.",
+                 "def add(a, b): return a + b", "Numbers: 3.14159, 2024, -7.")
+
+
+def check_record(record: Any) -> bool:
+    """Is ``record`` a well-formed vectors record (file, dimension, count, sample, probes)?"""
+    probes = record.get("probes") if isinstance(record, dict) else None
+    return (isinstance(record, dict) and isinstance(record.get("file"), str)
+            and type(record.get("dimension")) is int and type(record.get("count")) is int
+            and isinstance(record.get("sample"), list)
+            and all(isinstance(i, str) for i in record["sample"])
+            and (probes is None or (isinstance(probes, list)
+                                    and len(probes) == len(VECTOR_PROBES)
+                                    and all(isinstance(v, list) for v in probes))))
+
 
 MAX_LOCK_BYTES = 64 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_TOP_KEYS = {"lock_version", "cubepack_version", "cube_id", "files", "models", "activations",
-             "content_digest", "digest"}
-#: Sections a version-3 lock may hold (absent: none of that kind).
-_OPTIONAL_KEYS = ("adapters", "lineage")
+#: The lock's own fields (not sections): every lock holds each.
+FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")
+#: The versions this cubepack reads; keys are closed (nothing unknown, anywhere) from 4 on.
+READABLE_VERSIONS = (1, 2, 3, 4)
+CLOSED_SINCE = 4
 
 
-def content_digest(files: dict[str, Any], models: dict[str, Any], activations: dict[str, Any],
-                   sections: dict[str, Any] | None = None) -> str:
-    """``sections``: the optional version-3 sections the lock holds (``adapters``, ``lineage``)."""
-    shown = {path: entry for path, entry in files.items() if path != constants.CARD_FILENAME}
-    return canonical.digest({"files": shown, "models": models, "activations": activations,
-                             **(sections or {})})
+# --- the section registry ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the lock, and everything every reader and writer needs of it, so a new
+    section cannot exist without its validation, digest, diff, description and attestation
+    rule (a test holds each registered section to all five).
+
+    - ``validate(value, lock, version)``: raise :class:`FormatError` naming what is wrong;
+    - ``digested(value)``: what of it ``content_digest`` covers (None: nothing);
+    - ``entries(value)``: id -> entry, what ``diff`` compares entry by entry;
+    - ``describe(entry_id, entry)``: one line naming an entry, for diff and reports;
+    - ``attest``: the attestation statement block its entries become (``producers``,
+      ``provenance``, ``lineage``), or None when the lock's digests alone state it.
+    """
+
+    key: str
+    since: int
+    required: bool
+    validate: Callable[[Any, dict[str, Any], int], None]
+    digested: Callable[[Any], Any]
+    entries: Callable[[Any], dict[str, Any]]
+    describe: Callable[[str, Any], str]
+    attest: str | None
+
+
+def _by_key(value: Any) -> dict[str, Any]:
+    return dict(value)
+
+
+def _files_digested(files: dict[str, Any]) -> dict[str, Any]:
+    # The card shows content_digest, so it cannot be covered by it.
+    return {path: entry for path, entry in files.items() if path != constants.CARD_FILENAME}
+
+
+def _describe_pin(role: str, pin: dict[str, Any]) -> str:
+    identity = pin.get("identity") or {}
+    where = (f"{pin['repo_id']}@{pin['revision']}" if pin.get("repo_id") and pin.get("revision")
+             else f"{pin.get('name') or 'unnamed'} (weights {identity.get('weights_digest')})")
+    return f"model {role}: {where}, {identity.get('dtype', 'no identity')}"
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("files", 1, True, lambda value, lock, version: _check_files(value),
+            _files_digested, _by_key,
+            lambda path, entry: (f"file {path}: sha256 {entry.get('sha256')}, "
+                                 f"{entry.get('size')} bytes"),
+            None),
+    Section("models", 1, True,
+            lambda value, lock, version: _check_models(value, version),
+            lambda value: value, _by_key, _describe_pin, "producers"),
+    Section("activations", 1, True,
+            lambda value, lock, version: _check_activations(value, lock["files"],
+                                                            lock["models"], version),
+            lambda value: value, _by_key,
+            lambda item, entry: (f"activation {item}: {entry.get('file')}, "
+                                 f"{entry.get('token_count')} tokens, {entry.get('kv_dtype')}, "
+                                 f"by {entry.get('model_role')} "
+                                 f"({(entry.get('provenance') or {}).get('kind', 'unlabelled')})"),
+            "provenance"),
+    Section("adapters", 3, False,
+            lambda value, lock, version: _check_adapters(value, lock["files"], lock["models"],
+                                                         version),
+            lambda value: value, _by_key,
+            lambda name, entry: (f"adapter {name}: {entry.get('digest')}, rank "
+                                 f"{entry.get('rank')}, base {entry.get('model_role')}"),
+            None),  # its base is a pin (models): stated there
+    Section("lineage", 3, False,
+            lambda value, lock, version: _check_lineage(value, version),
+            lambda value: value, lambda value: {"parent": value},
+            lambda _, lineage: (f"lineage: parent lock "
+                                f"{(lineage.get('parent') or {}).get('lock_digest')} "
+                                f"({lineage.get('tool')})"),
+            "lineage"),
+)
+SECTION_KEYS = tuple(section.key for section in SECTIONS)
+
+
+def content_digest(lock: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of what every section present in ``lock`` covers."""
+    return canonical.digest({section.key: section.digested(lock[section.key])
+                             for section in SECTIONS if section.key in lock})
 
 
 def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
                models: dict[str, dict[str, Any]], activations: dict[str, dict[str, Any]],
                cubepack_version: str, adapters: dict[str, Any] | None = None,
                lineage: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Assemble a lock document and compute its digests. An empty ``adapters`` or a None
-    ``lineage`` is left out (a cube without that section)."""
-    sections = {key: value for key, value in (("adapters", adapters), ("lineage", lineage))
-                if value}
-    body = {
-        "lock_version": constants.LOCK_VERSION,
-        "cubepack_version": cubepack_version,
-        "cube_id": cube_id,
-        "files": files,
-        "models": models,
-        "activations": activations,
-        **sections,
-        "content_digest": content_digest(files, models, activations, sections),
-    }
+    """Assemble a lock document and compute its digests. An empty optional section (no
+    ``adapters``, a None ``lineage``) is left out (a cube without that section)."""
+    given = {"files": files, "models": models, "activations": activations,
+             "adapters": adapters, "lineage": lineage}
+    body: dict[str, Any] = {"lock_version": constants.LOCK_VERSION,
+                            "cubepack_version": cubepack_version, "cube_id": cube_id}
+    for section in SECTIONS:
+        value = given[section.key]
+        if section.required or value:
+            body[section.key] = value
+    body["content_digest"] = content_digest(body)
     body["digest"] = canonical.digest(body)
     return body
 
 
 def sections(lock: dict[str, Any]) -> dict[str, Any]:
-    """The optional version-3 sections ``lock`` holds."""
-    return {key: lock[key] for key in _OPTIONAL_KEYS if key in lock}
+    """The optional sections ``lock`` holds (``adapters``, ``lineage``), by key."""
+    return {section.key: lock[section.key] for section in SECTIONS
+            if not section.required and section.key in lock}
 
 
 def dumps(lock: dict[str, Any]) -> str:
@@ -77,8 +193,9 @@ def dumps(lock: dict[str, Any]) -> str:
 def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
     """Parse and fully validate lock bytes; return the lock document.
 
-    Checks: size, UTF-8 JSON without duplicate keys, known version, field types, safe paths,
-    no case-folding collisions, every activation file listed, and both digests.
+    Checks: size, UTF-8 JSON without duplicate keys, known version, every section of the
+    registry (its keys, closed from version 4 on; its types; safe paths; no case-folding
+    collisions; every activation file listed), and both digests.
 
     ``accept_version_1``: for ``cubepack upgrade`` only. A version-1 lock (cubepack 0.1) has
     the same layout, but its pins' identities have no compute config and its activations no
@@ -108,12 +225,13 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
         raise FormatError("cubepack.lock is version 1, whose pins do not record the models' "
                           "compute config; upgrade the cube with its producer model: cubepack "
                           "upgrade CUBE_DIR --model MODEL.")
-    if version not in (1, 2, constants.LOCK_VERSION):
+    if version not in READABLE_VERSIONS:
         raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads versions 2 "
                           f"to {constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
-    allowed = _TOP_KEYS | (set(_OPTIONAL_KEYS) if version >= 3 else set())
-    unknown = set(lock) - allowed
-    missing = _TOP_KEYS - set(lock)
+    present = [section for section in SECTIONS if section.since <= version]
+    allowed = set(FIELDS) | {section.key for section in present}
+    required = set(FIELDS) | {section.key for section in present if section.required}
+    unknown, missing = set(lock) - allowed, required - set(lock)
     if unknown or missing:
         raise FormatError(f"cubepack.lock has unexpected keys {sorted(unknown)} or lacks "
                           f"{sorted(missing)}.")
@@ -122,25 +240,28 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
             raise FormatError(f"cubepack.lock {key} must be a string.")
     if not isinstance(lock["cube_id"], (str, type(None))):
         raise FormatError("cubepack.lock cube_id must be a string or null.")
-    legacy = version == 1
-    _check_files(lock["files"])
-    _check_models(lock["models"], legacy)
-    _check_activations(lock["activations"], lock["files"], lock["models"], legacy)
-    if "adapters" in lock:
-        _check_adapters(lock["adapters"], lock["files"], lock["models"])
-    if "lineage" in lock:
-        _check_lineage(lock["lineage"])
+    for section in present:
+        if section.key in lock:
+            section.validate(lock[section.key], lock, version)
     expected = dict(lock)
     claimed = expected.pop("digest")
     if claimed != canonical.digest(expected):
         raise FormatError(f"cubepack.lock digest mismatch: the lock says {claimed!r} but its "
                           f"content hashes to {canonical.digest(expected)!r}; the lock was edited.")
-    recomputed = content_digest(lock["files"], lock["models"], lock["activations"],
-                                sections(lock))
+    recomputed = content_digest(lock)
     if lock["content_digest"] != recomputed:
         raise FormatError(f"cubepack.lock content_digest mismatch: expected {recomputed}, found "
                           f"{lock['content_digest']}.")
     return lock
+
+
+def _closed(value: dict[str, Any], allowed: set[str] | frozenset[str], where: str,
+            version: int) -> None:
+    """From version 4 on, a key the format does not define is refused, never ignored."""
+    unknown = sorted(set(value) - set(allowed))
+    if version >= CLOSED_SINCE and unknown:
+        raise FormatError(f"cubepack.lock {where} has unknown keys {unknown}; this cubepack "
+                          f"knows {sorted(allowed)}. Upgrade cubepack, or re-pack the cube.")
 
 
 def _check_files(files: Any) -> None:
@@ -157,12 +278,25 @@ def _check_files(files: Any) -> None:
     check_no_collisions(list(files))
 
 
-def _check_models(models: Any, legacy: bool) -> None:
+#: A pin's keys: ``reason`` says why a model could not be pinned; ``vectors`` is an embedder's
+#: vectors record.
+PIN_KEYS = frozenset({"name", "strict", "repo_id", "revision", "identity", "reason", "vectors"})
+#: An activation entry's keys, and its provenance record's (``model``, ``tokens``,
+#: ``max_error``, ``at``, ``retokenized``: what a recomputation or re-prefill measured).
+ACTIVATION_KEYS = frozenset({"file", "model_role", "token_count", "kv_dtype", "num_layers",
+                             "sha256", "provenance"})
+PROVENANCE_KEYS = frozenset({"kind", "detail", "model", "tokens", "max_error", "at",
+                             "retokenized"})
+
+
+def _check_models(models: Any, version: int) -> None:
+    legacy = version == 1
     if not isinstance(models, dict):
         raise FormatError("cubepack.lock 'models' must be an object.")
     for role, pin in models.items():
         if not isinstance(pin, dict) or not isinstance(pin.get("strict", False), bool):
             raise FormatError(f"cubepack.lock model {role!r} is malformed.")
+        _closed(pin, PIN_KEYS, f"model {role!r}", version)
         for key in ("repo_id", "revision", "name"):
             if not isinstance(pin.get(key), (str, type(None))):
                 raise FormatError(f"cubepack.lock model {role!r} has a non-string {key}.")
@@ -180,10 +314,16 @@ def _check_models(models: Any, legacy: bool) -> None:
 
 
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],
-                       legacy: bool) -> None:
+                       version: int) -> None:
+    legacy = version == 1
     if not isinstance(activations, dict):
         raise FormatError("cubepack.lock 'activations' must be an object.")
     for item_id, entry in activations.items():
+        if isinstance(entry, dict):
+            _closed(entry, ACTIVATION_KEYS, f"activation {item_id!r}", version)
+            if isinstance(entry.get("provenance"), dict):
+                _closed(entry["provenance"], PROVENANCE_KEYS,
+                        f"activation {item_id!r} provenance", version)
         if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
                 and isinstance(entry.get("model_role"), str)
                 and isinstance(entry.get("kv_dtype"), str)
@@ -213,15 +353,21 @@ def _check_activations(activations: Any, files: dict[str, Any], models: dict[str
                               "producer of an activation always is.")
 
 
-#: The keys of an ``adapters`` entry (see ``cube/_adapters.py``), exactly.
+#: The keys of an ``adapters`` entry (see ``memory/_adapters.py``), exactly.
 ADAPTER_KEYS = {"path", "config_file", "weights_file", "digest", "peft_type", "rank",
                 "lora_alpha", "target_modules", "dtype", "model_role", "modules", "base"}
+#: An adapter entry's ``base``: how pack found the base (``source``) and the name the adapter's
+#: config claims for it (this key), a claim only.
+BASE_CLAIM = "claimed"
+#: Version 4 records what else scales the deltas (see ``memory/_adapters.scaling``).
+ADAPTER_SCALING_KEYS = {"rank_pattern", "alpha_pattern", "use_rslora"}
 _ADAPTER_NAME = re.compile(constants.ADAPTER_NAME_PATTERN)
 _MODULE_KINDS = ("linear", "embedding")
 
 
-def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]) -> None:
-    """Parametric memory: ``name -> entry`` (see ``cube/_adapters.py``). Each entry names its
+def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any],
+                    version: int) -> None:
+    """Parametric memory: ``name -> entry`` (see ``memory/_adapters.py``). Each entry names its
     two files (listed, under ``parametric/<name>/``), their digest (recomputed here from the
     files' sha256), the LoRA facts and the strict model role pinning its base."""
     if not isinstance(adapters, dict) or not adapters:
@@ -230,8 +376,16 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
         what = f"cubepack.lock adapter {name!r}"
         if not _ADAPTER_NAME.fullmatch(name):
             raise FormatError(f"{what}: an adapter's name must be a plain name.")
-        if not isinstance(entry, dict) or set(entry) != ADAPTER_KEYS:
-            raise FormatError(f"{what} must have exactly the keys {sorted(ADAPTER_KEYS)}.")
+        keys = ADAPTER_KEYS | (ADAPTER_SCALING_KEYS if version >= CLOSED_SINCE else set())
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise FormatError(f"{what} must have exactly the keys {sorted(keys)}.")
+        if version >= CLOSED_SINCE and not (
+                isinstance(entry["rank_pattern"], dict) and isinstance(entry["alpha_pattern"], dict)
+                and isinstance(entry["use_rslora"], bool)
+                and all(type(v) is int and v > 0 for v in entry["rank_pattern"].values())
+                and all(type(v) in (int, float) for v in entry["alpha_pattern"].values())):
+            raise FormatError(f"{what} rank_pattern and alpha_pattern must map patterns to "
+                              "numbers (ranks positive integers), use_rslora true or false.")
         path = f"{constants.PARAMETRIC_DIR}/{name}"
         expected = {"path": path, "config_file": f"{path}/{constants.ADAPTER_CONFIG}",
                     "weights_file": f"{path}/{constants.ADAPTER_WEIGHTS}",
@@ -272,9 +426,9 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
                 raise FormatError(f"{what} module {module!r} must be {{kind: linear|embedding, "
                                   "rank: int, shape: [out, in]}.")
         base = entry["base"]
-        if not (isinstance(base, dict) and set(base) == {"source", "claimed"}
+        if not (isinstance(base, dict) and set(base) == {"source", BASE_CLAIM}
                 and isinstance(base["source"], str)
-                and isinstance(base["claimed"], (str, type(None)))):
+                and isinstance(base[BASE_CLAIM], (str, type(None)))):
             raise FormatError(f"{what} base must be {{source: str, claimed: str or null}}.")
         pin = models.get(entry["model_role"])
         if not isinstance(pin, dict) or pin.get("strict") is not True \
@@ -283,7 +437,7 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
                               "strict pin with an identity; an adapter's base always is.")
 
 
-#: The lineage section's keys (see ``cube/_lineage.py``): every one required but
+#: The lineage section's keys (see ``trust/_lineage.py``): every one required but
 #: ``changes.embedder``, which is there only when the embedder changed.
 _LINEAGE_KEYS = {"parent", "changes", "tool", "cubepack_version"}
 _PARENT_KEYS = {"lock_digest", "content_digest", "cube_id", "repo_id", "revision"}
@@ -291,8 +445,8 @@ _CHANGE_KEYS = {"models", "retokenized", "reembedded", "adapters_dropped"}
 _MODEL_CHANGE_KEYS = {"from", "to", "from_weights", "to_weights"}
 
 
-def _check_lineage(lineage: Any) -> None:
-    """Where the cube came from (see ``cube/_lineage.py``): known keys only, every field's
+def _check_lineage(lineage: Any, version: int) -> None:
+    """Where the cube came from (see ``trust/_lineage.py``): known keys only, every field's
     type, 64-hex digests, a 40-hex revision (present exactly when the parent's repo is)."""
     def refuse(what: str) -> None:
         raise FormatError(f"cubepack.lock lineage {what}.")

@@ -3,7 +3,7 @@
 A vector is only meaningful for the embedder that made it: another embedder of the same
 dimension silently garbles retrieval, another dimension crashes the vector store. ``pack``
 records, for a text memory that holds vectors, its dimension, count and a sample of its
-memories; the embedder check (:mod:`cubepack.cube._embedder`) re-embeds them. Cosine >= 0.999:
+memories; the embedder check (:mod:`cubepack.memory._embedder`) re-embeds them. Cosine >= 0.999:
 the same embedder elsewhere differs by rounding (~1e-6), another model falls far below.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from .._util import canonical
 from ..errors import CubepackError, FormatError
+from ..format._lock import VECTOR_PROBES
 
 COSINE_THRESHOLD = 0.999
 
@@ -27,8 +28,7 @@ EMBEDDER_ROLE = "text_mem.embedder"
 
 #: A fixed probe set: with the embedder at pack time (``pack --embedder``), their vectors are
 #: recorded too, a behavioural fingerprint of the embedder independent of the cube's contents.
-PROBES = ("The user likes green tea.", "Paris is the capital of France.",
-          "def add(a, b): return a + b", "Numbers: 3.14159, 2024, -7.")
+PROBES = VECTOR_PROBES
 
 
 def memory_vectors(path: Path) -> list[tuple[str, str, list[float]]]:
@@ -112,16 +112,6 @@ def vector_record(cube: Path, name: str) -> dict[str, Any] | None:
                             "cannot have made them all.")
     sample = sorted(memory_id for memory_id, _, _ in memories)[:SAMPLE_SIZE]
     return {"file": name, "dimension": dimensions[0], "count": len(memories), "sample": sample}
-
-
-def check_record(record: Any) -> bool:
-    probes = record.get("probes") if isinstance(record, dict) else None
-    return (isinstance(record, dict) and isinstance(record.get("file"), str)
-            and type(record.get("dimension")) is int and type(record.get("count")) is int
-            and isinstance(record.get("sample"), list)
-            and all(isinstance(i, str) for i in record["sample"])
-            and (probes is None or (isinstance(probes, list) and len(probes) == len(PROBES)
-                                    and all(isinstance(v, list) for v in probes))))
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -1,7 +1,7 @@
 """Lineage: the cube a derived cube came from, and what changed (no torch, no HTTP).
 
 ``cubepack migrate`` writes the lock's ``lineage`` section (validated by
-:func:`cubepack.cube._lock._check_lineage`)::
+:func:`cubepack.format._lock._check_lineage`)::
 
     {"parent": {"lock_digest", "content_digest", "cube_id", "repo_id", "revision"},
      "changes": {"models": {role: {"from", "to", "from_weights", "to_weights"}},

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..trust._attestation import Proved
 from ..trust._evidence import ASSERTED, PROVED, RECOMPUTED, RECORDED, STRENGTH
-from ._attestation import Proved
-from ._policy import TrustPolicy
-from ._report import VerifyReport
-from ._signing import check_key, write_signature
+from ..trust._policy import TrustPolicy
+from ..trust._report import VerifyReport
+from ..trust._signing import check_key, write_signature
 from ._verify import verify
 
 

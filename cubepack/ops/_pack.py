@@ -32,7 +32,12 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format import _card as card
+from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
+from ..format import _lock as lockfile
+from ..format._content import content_error, is_activation_path
+from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare
@@ -40,26 +45,16 @@ from ..kv._format import FULL, SLIDING, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import mapped_layers, write_kv_layers
-from . import _adapters as adapters_mod
-from . import _card as card
-from . import _cubeconfig as cubeconfig
-from . import _lock as lockfile
-from . import _memos_layout as memos_layout
-from ._content import content_error, is_activation_path, memos_config_problems
-from ._embedder import embed, embedder_checks, probe_vectors
-from ._memos_layout import memos_prompt_ids
-from ._memos_pickle import read_memos_pickle
-from ._provenance import (
-    ASSERTED,
-    KV_HEADER,
-    RECOMPUTED,
-    RECORDED,
-    check_provenance,
-    record_conflicts,
-)
-from ._attestation import Proved
-from ._signing import check_key, write_signature
-from ._vectors import EMBEDDER_ROLE, vector_record
+from ..memory import _adapters as adapters_mod
+from ..memory._embedder import embed, probe_vectors
+from ..memory._vectors import EMBEDDER_ROLE, vector_record
+from ..memos_format import _layout as memos_layout
+from ..memos_format._layout import memos_config_problems, memos_prompt_ids
+from ..memos_format._pickle import read_memos_pickle
+from ..memos_format._records import record_conflicts
+from ..trust._attestation import Proved
+from ..trust._signing import check_key, write_signature
+from ._embedder_check import embedder_checks
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -115,7 +110,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         license, pretty_name: for the model card's metadata.
         sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
             (``cubepack.intoto.json``, then ``cubepack.sig``, see
-            :mod:`cubepack.cube._signing`).
+            :mod:`cubepack.trust._signing`).
         assert_producer: label converted caches as ``model``'s even though ``config.json``
             names another producer and the pickle records none (recorded in the lock and the
             card as ``asserted``).
@@ -842,5 +837,5 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                       files=len(files), models=pins, activations=sorted(activations),
                       adapters={name: {"digest": entry["digest"], "model_role": entry["model_role"],
                                        "base_source": entry["base"]["source"],
-                                       "claimed_base": entry["base"]["claimed"]}
+                                       "claimed_base": entry["base"][BASE_CLAIM]}
                                 for name, entry in adapters.items()})

@@ -28,8 +28,8 @@ from ..errors import (
     UsageError,
 )
 from ..identity._fingerprint import fingerprint
-from . import _adapters as adapters_mod
-from ._policy import TrustPolicy
+from ..memory import _adapters as adapters_mod
+from ..trust._policy import TrustPolicy
 from ._verify import verify
 
 
@@ -42,8 +42,10 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
         model: a loaded transformers model (the base, as it will run: its dtype counts).
         cube_dir: a packed cube holding the adapter in ``parametric/<name>/``.
         name: the adapter's name (may be left out when the cube holds one adapter).
-        policy: trusted keys / a required signature for the cube (or those fields as
-            ``options``); the model checks are this function's own.
+        policy: what the cube must prove (a :class:`TrustPolicy`, or its fields as
+            ``options``), applied whole by :func:`verify`: trusted keys, a signature, lineage,
+            strict models, recomputation and provenance of its activations...; the check of
+            ``model`` against the adapter's pinned base is this function's own.
         adapter_name: the name PEFT gives the adapter inside the returned model.
 
     Returns:
@@ -57,8 +59,8 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
             imported.
     """
     given = TrustPolicy.build(policy, **options)
-    report = verify(cube_dir, TrustPolicy(trusted_keys=given.trusted_keys,
-                                          require_signature=given.require_signature))
+    given.require_honoured("load_adapter")
+    report = verify(cube_dir, given)
     lock = report.lock or {}
     adapters = lock.get("adapters") or {}
     if name is None and len(adapters) == 1:

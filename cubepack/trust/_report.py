@@ -1,6 +1,6 @@
 """The verification report: every check cubepack ran on a cube, with its outcome.
 
-Shared by :mod:`cubepack.cube._verify` (local checks) and :mod:`cubepack.hub._remote` (checks
+Shared by :mod:`cubepack.ops._verify` (local checks) and :mod:`cubepack.hub._remote` (checks
 against the Hub's metadata), so both produce the same typed :class:`Check` values.
 """
 

@@ -35,110 +35,46 @@ only to sign or check a signature.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
-from .._util.revision import is_commit
 from .._version import __version__
 from ..errors import CubepackError, FormatError
-from . import _lock as lockfile
+from ..format import _lock as lockfile
+from ..format._envelope import (
+    _LINK_KEYS,
+    _ORIGIN_KEYS,
+    _PARENT_KEYS,
+    CLAIMED_BLOCK,
+    DERIVING_STEP,
+    PAYLOAD_TYPE,
+    PREDICATE_TYPE,
+    PROVED_BLOCK,
+    STATEMENT_TYPE,
+    STEPS,
+    SUBJECT_NAME,
+    Envelope,
+    _check_predicate,
+    _hex64,
+    _short,
+    envelope_bytes,
+    pae,
+    parse_envelope_bytes,
+    read_ancestors,
+    read_envelope,
+)
+from ._evidence import PROVED, RECOMPUTED, SIGNED, Signed
 from ._keys import check_key
-from ..trust._evidence import KINDS, PROVED, RECOMPUTED, SIGNED, Signed
 from ._report import Check
 
-__all__ = ["PREDICATE_TYPE", "PREDICATE_TYPE_V1", "Envelope", "Proved", "attest",
-           "attestation_check", "chain_checks", "key_id", "pae", "predicate_for",
-           "read_ancestors", "read_envelope", "signed_by", "statement_for"]
-
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
-#: The predicate this module writes (version 2: each statement in a proved or claimed block).
-PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v2"
-#: The first version (one "proved" block restating the lock): read, as claims only.
-PREDICATE_TYPE_V1 = "https://cubepack.dev/attestation/cube/v1"
-PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V1)
-#: The steps that sign, and the only one that derives a lineage.
-STEPS = ("pack", "migrate", "sign")
-DERIVING_STEP = "migrate"
-SUBJECT_NAME = constants.LOCK_FILENAME
-#: Limits on what is read before it is trusted: an envelope's file, the ancestors' file, the
-#: signatures of one envelope, the envelopes of a chain.
-MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
-MAX_ANCESTORS_BYTES = 64 * 1024 * 1024
-MAX_SIGNATURES = 16
-MAX_CHAIN = 256
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-_PARENT_KEYS = ("lock_digest", "content_digest", "cube_id", "repo_id", "revision")
-#: The parent link a signer can derive (the parent's lock it read); where the parent was
-#: pulled from (``repo_id``, ``revision``) comes from a pull's origin record: a claim.
-_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
-_ORIGIN_KEYS = ("repo_id", "revision")
-_BLOCK_KEYS = {"producers", "provenance", "recomputed", "lineage"}
-_CLAIMED_KEYS = {"producers", "provenance", "lineage", "origin"}
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """A parsed DSSE envelope: its payload bytes, signatures (keyid, signature bytes) and the
-    in-toto Statement the payload holds (validated, not yet trusted)."""
-
-    payload: bytes
-    signatures: tuple[tuple[str, bytes], ...]
-    statement: dict[str, Any]
-
-    @property
-    def predicate(self) -> dict[str, Any]:
-        return self.statement["predicate"]
-
-    @property
-    def subject_sha256(self) -> str:
-        return self.statement["subject"][0]["digest"]["sha256"]
-
-    @property
-    def keyids(self) -> list[str]:
-        return [keyid for keyid, _ in self.signatures]
-
-    @property
-    def version(self) -> int:
-        return 1 if self.statement["predicateType"] == PREDICATE_TYPE_V1 else 2
-
-    def parent(self) -> tuple[dict[str, Any] | None, bool]:
-        """(the parent link this envelope states, whether its signer derived it). A root
-        states none (derived: the signer signed a lock that names no parent). Version 1 put
-        every lock's lineage under "proved": read as a claim."""
-        predicate = self.predicate
-        if self.version == 1:
-            parent = predicate["parent"]
-            return (None, True) if parent is None else (parent, False)
-        if predicate["proved"]["lineage"] is not None:
-            return predicate["proved"]["lineage"]["parent"], True
-        if predicate["claimed"]["lineage"] is not None:
-            return predicate["claimed"]["lineage"]["parent"], False
-        return None, True
-
-    def signed(self, key: str) -> Signed:
-        """What this envelope's signer states it proved, once ``key`` verified it."""
-        if self.version == 1:
-            return Signed(key)
-        proved = self.predicate["proved"]
-        return Signed(key, frozenset(proved["producers"]), dict(proved["provenance"]),
-                      proved["lineage"])
-
+__all__ = ["Proved", "attest", "attestation_check", "chain_checks", "key_id", "predicate_for",
+           "sign_statement", "signed_by", "signed_statements", "statement_for"]
 
 # --- building -----------------------------------------------------------------------------------
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE v1 pre-authentication encoding: what is signed (the type cannot be swapped)."""
-    kind = payload_type.encode("utf-8")
-    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
-
 
 @dataclass(frozen=True)
 class Proved:
@@ -180,22 +116,22 @@ def predicate_for(lock: dict[str, Any], proved: Proved) -> dict[str, Any]:
         raise FormatError("cubepack.lock lineage must hold a parent object and a changes "
                           "object; the attestation cannot state it otherwise.")
     blocks: dict[str, dict[str, Any]] = {
-        "proved": {"producers": {}, "provenance": {}, "recomputed": {}, "lineage": None},
-        "claimed": {"producers": {}, "provenance": {}, "lineage": None, "origin": None}}
+        PROVED_BLOCK: {"producers": {}, "provenance": {}, "recomputed": {}, "lineage": None},
+        CLAIMED_BLOCK: {"producers": {}, "provenance": {}, "lineage": None, "origin": None}}
     for role, pin in sorted(lock["models"].items()):
         identity = pin.get("identity")
         if isinstance(identity, dict):
-            block = "proved" if role in proved.producers else "claimed"
+            block = PROVED_BLOCK if role in proved.producers else CLAIMED_BLOCK
             blocks[block]["producers"][role] = {
                 "repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
                 "weights_digest": identity.get("weights_digest"), "dtype": identity.get("dtype")}
     for item_id, entry in sorted(lock["activations"].items()):
         kind = (entry.get("provenance") or {}).get("kind")
-        block = "proved" if item_id in proved.provenance else "claimed"
+        block = PROVED_BLOCK if item_id in proved.provenance else CLAIMED_BLOCK
         blocks[block]["provenance"][item_id] = kind
-        if block == "proved" and kind == RECOMPUTED:  # by the pin it names, which it made
+        if block == PROVED_BLOCK and kind == RECOMPUTED:  # by the pin it names, which it made
             pin = lock["models"][entry["model_role"]]
-            blocks["proved"]["recomputed"][item_id] = {
+            blocks[PROVED_BLOCK]["recomputed"][item_id] = {
                 "model_role": entry["model_role"],
                 "weights_digest": pin["identity"]["weights_digest"],
                 "tokens": entry["token_count"]}
@@ -203,9 +139,9 @@ def predicate_for(lock: dict[str, Any], proved: Proved) -> dict[str, Any]:
         parent = lineage["parent"]
         section = {"parent": {key: parent.get(key) for key in _LINK_KEYS},
                    "changes": lineage["changes"]}
-        blocks["proved" if proved.lineage else "claimed"]["lineage"] = section
+        blocks[PROVED_BLOCK if proved.lineage else CLAIMED_BLOCK]["lineage"] = section
         if any(parent.get(key) is not None for key in _ORIGIN_KEYS):
-            blocks["claimed"]["origin"] = {key: parent.get(key) for key in _ORIGIN_KEYS}
+            blocks[CLAIMED_BLOCK]["origin"] = {key: parent.get(key) for key in _ORIGIN_KEYS}
     predicate = {
         "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
                  "content_digest": lock["content_digest"]},
@@ -243,7 +179,7 @@ def _predicate_v1(lock: dict[str, Any]) -> dict[str, Any]:
         "producers": producers,
         "parent": {key: parent.get(key) for key in _PARENT_KEYS}
         if isinstance(parent, dict) else None,
-        "proved": {"provenance": provenance, "recomputed": recomputed,
+        PROVED_BLOCK: {"provenance": provenance, "recomputed": recomputed,
                    "retokenized": sorted(changes.get("retokenized") or []),
                    "reembedded": changes.get("reembedded") or 0,
                    "embedder": {"from": embedder.get("from"), "to": embedder.get("to")}
@@ -273,10 +209,6 @@ def sign_statement(statement: dict[str, Any], key: str | os.PathLike[str], *,
     return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode("ascii"),
             "signatures": [{"keyid": _key_id(private.public_key()),
                             "sig": base64.b64encode(signature).decode("ascii")}]}
-
-
-def envelope_bytes(envelope: dict[str, Any]) -> bytes:
-    return canonical.dumps(envelope).encode("ascii")
 
 
 def attest(lock_bytes: bytes, key: str | os.PathLike[str], proved: Proved | None = None, *,
@@ -312,234 +244,14 @@ def key_id(public_key: str | os.PathLike[str]) -> str:
     return _key_id(serialization.load_pem_public_key(Path(public_key).read_bytes()))
 
 
-# --- parsing ------------------------------------------------------------------------------------
-
-def read_envelope(path: Path, name: str = constants.ATTESTATION_FILENAME) -> Envelope:
-    """Parse ``cubepack.intoto.json`` strictly. Raises FormatError naming what is wrong."""
-    return parse_envelope_bytes(_read_bounded(path, name, MAX_ENVELOPE_BYTES), name)
-
-
-def read_ancestors(path: Path, name: str = constants.ANCESTORS_FILENAME) -> list[Envelope]:
-    """Parse ``lineage/ancestors.intoto.json`` (``{"envelopes": [...]}``, parent first)."""
-    document = _loads(_read_bounded(path, name, MAX_ANCESTORS_BYTES), name)
-    if not isinstance(document, dict) or set(document) != {"envelopes"} or \
-            not isinstance(document["envelopes"], list) or not document["envelopes"]:
-        raise FormatError(f'{name} must be {{"envelopes": [a DSSE envelope, ...]}}, parent first.')
-    if len(document["envelopes"]) > MAX_CHAIN:
-        raise FormatError(f"{name} holds {len(document['envelopes'])} envelopes; at most "
-                          f"{MAX_CHAIN} are read.")
-    return [parse_envelope(value, f"{name} envelope {index + 1}")
-            for index, value in enumerate(document["envelopes"])]
-
-
-def check_file(path: Path, name: str) -> None:
-    """The content check of both files (see :mod:`._content`)."""
-    if name == constants.ANCESTORS_FILENAME:
-        read_ancestors(path, name)
-    else:
-        read_envelope(path, name)
-
-
-def parse_envelope_bytes(data: bytes, where: str) -> Envelope:
-    return parse_envelope(_loads(data, where), where)
-
-
-def parse_envelope(value: Any, where: str) -> Envelope:
-    """Validate a decoded DSSE envelope and the Statement in its payload (exact keys, types)."""
-    if not isinstance(value, dict) or set(value) != {"payloadType", "payload", "signatures"}:
-        raise FormatError(f"{where} must be a DSSE envelope with exactly payloadType, payload "
-                          "and signatures.")
-    if value["payloadType"] != PAYLOAD_TYPE:
-        raise FormatError(f"{where} payloadType must be {PAYLOAD_TYPE}, found "
-                          f"{_short(value['payloadType'])}.")
-    signatures = value["signatures"]
-    if not isinstance(signatures, list) or not 1 <= len(signatures) <= MAX_SIGNATURES:
-        raise FormatError(f"{where} must hold 1 to {MAX_SIGNATURES} signatures.")
-    parsed = []
-    for index, entry in enumerate(signatures):
-        if not isinstance(entry, dict) or set(entry) != {"keyid", "sig"} or \
-                not isinstance(entry["keyid"], str) or len(entry["keyid"]) > 256:
-            raise FormatError(f"{where} signature {index + 1} must be {{keyid: str, sig: "
-                              "base64}}.")
-        parsed.append((entry["keyid"], _base64(entry["sig"], f"{where} signature {index + 1}")))
-    payload = _base64(value["payload"], f"{where} payload")
-    statement = _loads(payload, f"{where} payload")
-    _check_statement(statement, f"{where} statement")
-    return Envelope(payload, tuple(parsed), statement)
-
-
-def _read_bounded(path: Path, name: str, limit: int) -> bytes:
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise FormatError(f"{name} is larger than {limit} bytes; refused unread.")
-    return data
-
-
-def _loads(data: bytes, where: str) -> Any:
-    try:
-        return canonical.loads_strict(data, object_pairs_hook=canonical.unique_pairs)
-    except (UnicodeDecodeError, ValueError) as exc:  # DuplicateKey and LimitError included
-        raise FormatError(f"{where} is not strict JSON: {exc}.") from exc
-
-
-def _base64(text: Any, where: str) -> bytes:
-    if not isinstance(text, str) or len(text) % 4 or not _BASE64.fullmatch(text):
-        raise FormatError(f"{where} must be standard padded base64.")
-    try:
-        data = base64.b64decode(text, validate=True)
-    except binascii.Error as exc:
-        raise FormatError(f"{where} is not valid base64: {exc}.") from exc
-    if base64.b64encode(data).decode("ascii") != text:  # one spelling per bytes: no malleable file
-        raise FormatError(f"{where} must be canonical base64 (its padding bits are not zero).")
-    return data
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _require(ok: bool, where: str, what: str) -> None:
-    if not ok:
-        raise FormatError(f"{where}: {what}.")
-
-
-def _exact(value: Any, keys: set[str], where: str) -> None:
-    _require(isinstance(value, dict) and set(value) == keys, where,
-             f"must be an object with exactly {', '.join(sorted(keys))}")
-
-
-def _text(value: Any, nullable: bool = False) -> bool:
-    return isinstance(value, str) or (nullable and value is None)
-
-
-def _hex64(value: Any) -> bool:
-    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
-
-
-def _check_statement(statement: Any, where: str) -> None:
-    _exact(statement, {"_type", "subject", "predicateType", "predicate"}, where)
-    _require(statement["_type"] == STATEMENT_TYPE, where, f"_type must be {STATEMENT_TYPE}")
-    _require(statement["predicateType"] in PREDICATE_TYPES, where,
-             f"predicateType must be {PREDICATE_TYPE} (or the older {PREDICATE_TYPE_V1}), found "
-             f"{_short(statement['predicateType'])}")
-    subject = statement["subject"]
-    _require(isinstance(subject, list) and len(subject) == 1, where,
-             "subject must name exactly one artifact (the lock)")
-    _exact(subject[0], {"name", "digest"}, f"{where} subject")
-    _require(subject[0]["name"] == SUBJECT_NAME, where, f"the subject must be {SUBJECT_NAME}")
-    _exact(subject[0]["digest"], {"sha256"}, f"{where} subject digest")
-    _require(_hex64(subject[0]["digest"]["sha256"]), where,
-             "the subject's sha256 must be 64 lower-case hex digits")
-    if statement["predicateType"] == PREDICATE_TYPE_V1:
-        _check_predicate_v1(statement["predicate"], f"{where} predicate")
-    else:
-        _check_predicate(statement["predicate"], f"{where} predicate")
-
-
-def _check_cube(cube: Any, where: str) -> None:
-    _exact(cube, {"cube_id", "lock_digest", "content_digest"}, f"{where} cube")
-    _require(_text(cube["cube_id"], True) and _hex64(cube["lock_digest"])
-             and _hex64(cube["content_digest"]), f"{where} cube",
-             "cube_id is a string or null, both digests 64 hex")
-
-
-def _check_producers(producers: Any, where: str) -> None:
-    _require(isinstance(producers, dict), where, "producers must be an object")
-    for role, pin in producers.items():
-        _exact(pin, {"repo_id", "revision", "weights_digest", "dtype"},
-               f"{where} producer {role!r}")
-        _require(_text(pin["repo_id"], True) and (pin["revision"] is None
-                                                  or is_commit(pin["revision"]))
-                 and _text(pin["weights_digest"]) and _text(pin["dtype"]),
-                 f"{where} producer {role!r}", "repo_id and a 40-hex revision or null, "
-                 "weights_digest and dtype strings")
-
-
-def _check_link(link: Any, keys: tuple[str, ...], where: str) -> None:
-    _exact(link, set(keys), where)
-    _require(all(_hex64(link[key]) for key in ("lock_digest", "content_digest") if key in keys)
-             and all(_text(link[key], True) for key in ("cube_id", "repo_id") if key in keys)
-             and ("revision" not in keys or link["revision"] is None
-                  or is_commit(link["revision"])),
-             where, "both digests 64 hex, cube_id and repo_id strings or null, revision 40 hex "
-             "or null")
-
-
-def _check_lineage_block(lineage: Any, where: str) -> None:
-    if lineage is not None:
-        _exact(lineage, {"parent", "changes"}, where)
-        _check_link(lineage["parent"], _LINK_KEYS, f"{where} parent")
-        _require(isinstance(lineage["changes"], dict), where, "changes must be an object")
-
-
-def _check_predicate(predicate: Any, where: str) -> None:
-    """Version 2: cube, proved, claimed, signer; each statement in one block."""
-    _exact(predicate, {"cube", "proved", "claimed", "signer"}, where)
-    _check_cube(predicate["cube"], where)
-    proved, claimed = predicate["proved"], predicate["claimed"]
-    _exact(proved, _BLOCK_KEYS, f"{where} proved")
-    _exact(claimed, _CLAIMED_KEYS, f"{where} claimed")
-    for name, block in (("proved", proved), ("claimed", claimed)):
-        _check_producers(block["producers"], f"{where} {name}")
-        _require(isinstance(block["provenance"], dict)
-                 and all(kind in KINDS for kind in block["provenance"].values()),
-                 f"{where} {name}.provenance", f"item -> one of {', '.join(KINDS)}")
-        _check_lineage_block(block["lineage"], f"{where} {name}.lineage")
-    _require(not set(proved["producers"]) & set(claimed["producers"])
-             and not set(proved["provenance"]) & set(claimed["provenance"])
-             and (proved["lineage"] is None or claimed["lineage"] is None), where,
-             "a statement is proved or claimed, never both")
-    _check_recomputed(proved["recomputed"], proved["provenance"], f"{where} proved")
-    if claimed["origin"] is not None:
-        _check_link(claimed["origin"], _ORIGIN_KEYS, f"{where} claimed.origin")
-    signer = predicate["signer"]
-    _exact(signer, {"step", "cubepack_version"}, f"{where} signer")
-    _require(signer["step"] in STEPS and _text(signer["cubepack_version"]), f"{where} signer",
-             f"step is one of {', '.join(STEPS)}, cubepack_version a string")
-    _require(proved["lineage"] is None or signer["step"] == DERIVING_STEP, f"{where} proved",
-             f"only {DERIVING_STEP} derives a lineage")
-
-
-def _check_recomputed(recomputed: Any, provenance: dict[str, Any], where: str) -> None:
-    _require(isinstance(recomputed, dict), f"{where}.recomputed", "must be an object")
-    for item_id, entry in recomputed.items():
-        _exact(entry, {"model_role", "weights_digest", "tokens"},
-               f"{where}.recomputed {item_id!r}")
-        _require(_text(entry["model_role"]) and _text(entry["weights_digest"])
-                 and type(entry["tokens"]) is int and entry["tokens"] >= 0
-                 and provenance.get(item_id) == RECOMPUTED,
-                 f"{where}.recomputed {item_id!r}",
-                 "model_role and weights_digest strings, tokens a count, the item labelled "
-                 "recomputed")
-
-
-def _check_predicate_v1(predicate: Any, where: str) -> None:
-    """Version 1 (read only): cube, producers, parent, one "proved" block, cubepack_version."""
-    _exact(predicate, {"cube", "producers", "parent", "proved", "cubepack_version"}, where)
-    _check_cube(predicate["cube"], where)
-    _check_producers(predicate["producers"], where)
-    if predicate["parent"] is not None:
-        _check_link(predicate["parent"], _PARENT_KEYS, f"{where} parent")
-    proved = predicate["proved"]
-    _exact(proved, {"provenance", "recomputed", "retokenized", "reembedded", "embedder"},
-           f"{where} proved")
-    _require(isinstance(proved["provenance"], dict)
-             and all(kind in KINDS for kind in proved["provenance"].values()),
-             f"{where} proved.provenance", f"item -> one of {', '.join(KINDS)}")
-    _check_recomputed(proved["recomputed"], proved["provenance"], f"{where} proved")
-    _require(isinstance(proved["retokenized"], list)
-             and all(isinstance(item, str) for item in proved["retokenized"]),
-             f"{where} proved.retokenized", "must be a list of item ids")
-    _require(type(proved["reembedded"]) is int and proved["reembedded"] >= 0,
-             f"{where} proved.reembedded", "must be a count")
-    embedder = proved["embedder"]
-    if embedder is not None:
-        _exact(embedder, {"from", "to"}, f"{where} proved.embedder")
-        _require(_text(embedder["from"], True) and _text(embedder["to"], True),
-                 f"{where} proved.embedder", "from and to are labels or null")
-    _require(_text(predicate["cubepack_version"]), where, "cubepack_version must be a string")
+def signed_statements(envelope: Envelope, key: str) -> Signed:
+    """What ``envelope``'s signer states it proved, once ``key`` verified it: its ``proved``
+    block (version 2); nothing for version 1, whose "proved" restated the lock."""
+    if envelope.version == 1:
+        return Signed(key)
+    proved = envelope.predicate[PROVED_BLOCK]
+    return Signed(key, frozenset(proved["producers"]), dict(proved["provenance"]),
+                  proved["lineage"])
 
 
 # --- checking -----------------------------------------------------------------------------------
@@ -592,7 +304,7 @@ def predicate_mismatches(envelope: Envelope,
         expected, stated = _predicate_v1(lock), dict(predicate)
         stated.pop("cubepack_version")
     else:
-        proved = predicate["proved"]
+        proved = predicate[PROVED_BLOCK]
         expected = predicate_for(lock, Proved(
             predicate["signer"]["step"], frozenset(proved["producers"]),
             frozenset(proved["provenance"]), proved["lineage"] is not None))
@@ -670,7 +382,7 @@ def _what_it_proves(envelope: Envelope) -> str:
     if envelope.version == 1:
         return ("a version-1 attestation: its statements are read as claims, since that "
                 "version restated the lock whatever its signer proved; sign again")
-    proved, claimed = envelope.predicate["proved"], envelope.predicate["claimed"]
+    proved, claimed = envelope.predicate[PROVED_BLOCK], envelope.predicate[CLAIMED_BLOCK]
     parts = [f"{len(proved[key])} {key} proved by its signer, {len(claimed[key])} claimed"
              for key in ("producers", "provenance") if proved[key] or claimed[key]]
     if proved["lineage"] is not None or claimed["lineage"] is not None:

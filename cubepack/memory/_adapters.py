@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import canonical, constants, patterns
 from .._util.canonical import digest_of_file_hashes
 from .._util.paths import resolve_inside
 from .._util.safetensors_header import Header, read_header
@@ -32,6 +32,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format._lock import BASE_CLAIM
 from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
 from ..identity._identity import ModelIdentity, compare
 
@@ -48,10 +49,22 @@ _PARTS = ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".lora_B.bias", "B.
 #: saved ones then replace). The others (pissa, olora, corda, loftq, eva, lora_ga...) rewrite
 #: the base model's weights or need data when PEFT loads the adapter.
 SAFE_INITS = (True, False, "gaussian", "orthogonal")
-#: Config settings that make an adapter more than low-rank deltas on existing modules: each
-#: replaces or adds base weights, or changes the base's architecture. Refused (unsupported).
-_REPLACING = ("modules_to_save", "trainable_token_indices", "layer_replication",
-              "target_parameters", "megatron_config", "kasa_config")
+#: PEFT's LoraConfig keys cubepack understands, as an allow-list: metadata PEFT ignores when it
+#: applies an adapter, and the LoRA settings whose effect cubepack checks (rank and targets
+#: against the tensors, alpha and its patterns, rsLoRA scaling, DoRA and lora_bias against the
+#: tensors present, safe initialisations only). Any other key (``modules_to_save``,
+#: ``trainable_token_indices``, ``layer_replication``, ``target_parameters``, the
+#: ``*_config`` variants, a key of a newer PEFT) must be absent or off: each replaces or adds
+#: base weights, changes the architecture, or is a rule cubepack has not read.
+UNDERSTOOD = frozenset({
+    "task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path",
+    "revision", "inference_mode", "runtime_config", "megatron_core",  # metadata
+    "r", "target_modules", "exclude_modules", "lora_alpha", "lora_dropout", "fan_in_fan_out",
+    "bias", "use_rslora", "init_lora_weights", "layers_to_transform", "layers_pattern",
+    "rank_pattern", "alpha_pattern", "use_dora", "lora_bias", "qalora_group_size",
+    "loftq_config"})  # loftq_config: used only by init_lora_weights="loftq", refused below
+#: What "off" looks like for a key outside :data:`UNDERSTOOD` (PEFT's defaults).
+_OFF = (None, False, [], {}, "")
 
 
 def role(name: str) -> str:
@@ -174,17 +187,25 @@ def adapter_info(name: str, config: Any, header: Header) -> AdapterInfo:
             "the adapter, rewriting the base model's weights (or needing data), so the base "
             "would no longer be the pinned one. Convert it to a plain LoRA adapter (PEFT's "
             "save_pretrained(..., path_initial_model_for_weight_conversion=...)) and pack again.")
-    for key in _REPLACING:
-        if config.get(key) not in (None, [], {}):
-            raise UnsupportedError(f"{where} sets {key} ({config[key]!r}): it replaces or adds "
-                                   "base-model weights rather than adapting them, which cubepack "
-                                   "cannot pin to a base; save the adapter without it.")
+    for key, value in sorted(config.items()):
+        if key not in UNDERSTOOD and not any(value is off or value == off for off in _OFF):
+            raise UnsupportedError(f"{where} sets {key} ({str(value)[:80]}): cubepack applies "
+                                   "plain LoRA deltas to existing modules only, and this setting "
+                                   "replaces or adds base-model weights, changes the "
+                                   "architecture, or is one cubepack does not read; save the "
+                                   "adapter without it.")
+    if not isinstance(config.get("use_rslora", False), bool):
+        raise FormatError(f"{where}: use_rslora must be true or false.")
     if config.get("bias", "none") != "none":
         raise UnsupportedError(f"{where} sets bias {config['bias']!r}: its bias tensors "
                                "replace the base model's; save it with bias='none'.")
     for key in ("rank_pattern", "alpha_pattern"):
         if not isinstance(config.get(key) or {}, dict):
             raise FormatError(f"{where}: {key} must be an object.")
+    # Every pattern PEFT will match (when the adapter is applied, with Python's unbounded re)
+    # must have a shape that cannot backtrack without bound: checked here, at read.
+    for key, value in _regexes(config):
+        patterns.check_shape(value, where=f"{where}: {key}")
     fan_in_fan_out = config.get("fan_in_fan_out", False)
     if not isinstance(fan_in_fan_out, bool):
         raise FormatError(f"{where}: fan_in_fan_out must be true or false.")
@@ -217,15 +238,25 @@ def adapter_info(name: str, config: Any, header: Header) -> AdapterInfo:
                        fan_in_fan_out=fan_in_fan_out, modules=modules, config=config)
 
 
+def _regexes(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, pattern) of every regular expression PEFT reads from a LoRA config."""
+    found = [(f"{key} key", pattern) for key in ("rank_pattern", "alpha_pattern")
+             for pattern in (config.get(key) or {})]
+    for key in ("target_modules", "exclude_modules"):
+        if isinstance(config.get(key), str) and config[key] != "all-linear":
+            found.append((key, config[key]))
+    layers = config.get("layers_pattern")
+    found += [("layers_pattern", pattern) for pattern in
+              ([layers] if isinstance(layers, str) else layers if isinstance(layers, list) else [])
+              if isinstance(pattern, str)]
+    return found
+
+
 def _pattern_rank(where: str, pattern: dict[str, Any], module: str, rank: int) -> int:
     """The rank PEFT gives ``module``: the first ``rank_pattern`` key matching the end of its
     name (PEFT's ``get_pattern_key``), else ``r``."""
     for key, value in pattern.items():
-        try:
-            matched = re.match(rf"(.*\.)?({key})$", module) is not None
-        except re.error as exc:
-            raise FormatError(f"{where}: rank_pattern key {key!r} is not a regex: {exc}") from exc
-        if matched:
+        if patterns.match(rf"(.*\.)?({key})$", module, where=f"{where}: rank_pattern key"):
             if type(value) is not int or value <= 0:
                 raise FormatError(f"{where}: rank_pattern {key!r} must be a positive integer.")
             return value
@@ -328,16 +359,14 @@ def targeted_modules(config: dict[str, Any], shapes: dict[str, tuple[int, ...]])
     candidates = [name[: -len(".weight")] for name, shape in shapes.items()
                   if name.endswith(".weight") and len(shape) == 2]
     return {name for name in candidates
-            if _selects(targets, name) and not (excluded and _selects(excluded, name))}
+            if _selects(targets, name, "target_modules")
+            and not (excluded and _selects(excluded, name, "exclude_modules"))}
 
 
-def _selects(patterns: Any, module: str) -> bool:
-    if isinstance(patterns, str):
-        try:
-            return re.fullmatch(patterns, module) is not None
-        except re.error:
-            return False
-    return any(module == p or module.endswith("." + p) for p in patterns)
+def _selects(selection: Any, module: str, where: str) -> bool:
+    if isinstance(selection, str):
+        return patterns.fullmatch(selection, module, where=where)
+    return any(module == p or module.endswith("." + p) for p in selection)
 
 
 def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -385,6 +414,7 @@ def lock_entry(info: AdapterInfo, digests: dict[str, str], base_shapes: dict[str
         "peft_type": info.peft_type, "rank": info.rank, "lora_alpha": info.lora_alpha,
         "target_modules": info.target_modules, "dtype": info.dtype,
         "model_role": role(info.name),
+        **scaling(info.config),
         "modules": {module: {"kind": entry["kind"], "rank": entry["rank"],
                              "shape": base_shapes[module]}
                     for module, entry in sorted(info.modules.items())},
@@ -392,11 +422,23 @@ def lock_entry(info: AdapterInfo, digests: dict[str, str], base_shapes: dict[str
     }
 
 
+def scaling(config: dict[str, Any]) -> dict[str, Any]:
+    """What scales each LoRA delta beside ``lora_alpha`` (recorded in a version-4 lock entry):
+    per-module ranks and alphas (``rank_pattern``, ``alpha_pattern``) and rsLoRA's
+    ``alpha / sqrt(r)`` (``use_rslora``)."""
+    return {"rank_pattern": dict(config.get("rank_pattern") or {}),
+            "alpha_pattern": dict(config.get("alpha_pattern") or {}),
+            "use_rslora": bool(config.get("use_rslora", False))}
+
+
 def entry_mismatches(entry: dict[str, Any], info: AdapterInfo) -> list[Mismatch]:
-    """Where the lock's entry disagrees with what the adapter's files say (pure)."""
+    """Where the lock's entry disagrees with what the adapter's files say (pure); the scaling
+    keys when the entry records them (a version-4 lock)."""
     problems = [Mismatch(key, entry[key], getattr(info, key))
                 for key in ("peft_type", "rank", "lora_alpha", "target_modules", "dtype")
                 if entry[key] != getattr(info, key)]
+    problems += [Mismatch(key, entry[key], value) for key, value in scaling(info.config).items()
+                 if key in entry and entry[key] != value]
     if sorted(entry["modules"]) != sorted(info.modules):
         problems.append(Mismatch("modules", sorted(entry["modules"]), sorted(info.modules)))
         return problems
@@ -472,7 +514,7 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
     pin = {"name": name, "strict": True, "repo_id": identity.model_id if identity.revision
            else None, "revision": identity.revision, "identity": identity.pinned()}
     base_shapes = {module: list(shapes[module + ".weight"]) for module in info.modules}
-    how = {"source": source, "claimed": info.claimed_base}
+    how = {"source": source, BASE_CLAIM: info.claimed_base}
     return pin, base_shapes, how
 
 

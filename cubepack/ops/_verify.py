@@ -14,23 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
+from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from ..errors import CubepackError, IntegrityError, VerificationFailed
+from ..format import _cubeconfig as cubeconfig
+from ..format import _lock as lockfile
+from ..format._content import file_problem
 from ..format._fileset import is_tolerated
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
-from . import _adapters as adapters_mod
-from . import _cubeconfig as cubeconfig
-from . import _lock as lockfile
-from ._attestation import attestation_check, chain_checks
-from ._content import file_problem, memos_config_problems
-from ._embedder import embed, embedder_checks
-from ._memos_layout import ACT_ROLE
-from ._policy import TrustPolicy
+from ..memory import _adapters as adapters_mod
+from ..memory._embedder import embed
+from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
+from ..memos_format._layout import ACT_ROLE, memos_config_problems
+from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
     PROVED,
@@ -40,9 +41,10 @@ from ..trust._evidence import (
     provenance_evidence,
     satisfies,
 )
-from ._report import Check, VerifyReport, pin_subject
-from ._signing import verify_signature
-from ._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
+from ..trust._policy import TrustPolicy
+from ..trust._report import Check, VerifyReport, pin_subject
+from ..trust._signing import verify_signature
+from ._embedder_check import embedder_checks
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
@@ -66,6 +68,7 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
     """
     policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("verify")
     return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {})
 
 
@@ -90,14 +93,18 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     reason = "not run: the lock could not be read"
     if lock is not None:
         report.lock = lock
-        report.intact = _check_files(report, lock, progress, hashed)
-        _check_activations(report, lock)
-        _check_adapters(report, lock)
-        _check_config(report, lock)
+        report.intact, good = _check_files(report, lock, progress, hashed)
+        # A file whose bytes are not the lock's is attacker input: never parsed further.
+        checkpoint("the files' hashes")
+        _check_activations(report, lock, good)
+        _check_adapters(report, lock, good)
+        _check_config(report, lock, good)
+        checkpoint("the KV headers, adapters and cubepack.yaml")
         reason = "not run: the cube's files failed the checks above"
         if report.intact:
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
+            checkpoint("the signature and attestations")
             if lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
@@ -105,12 +112,14 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
                 _check_models(report, lock, policy.model)
             if policy.strict_models:
                 require_checked_models(report)
+            checkpoint("the model checks")
             recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
             _record_provenance(report, lock, recomputed)
             if policy.require_provenance:
                 _check_provenance(report, lock, policy.require_provenance)
             if policy.embedder:
                 _check_embedder(report, lock, policy)
+            checkpoint("the proofs asked for")
     asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
@@ -143,8 +152,10 @@ def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] 
 
 
 def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None,
-                 hashed: dict[str, str]) -> bool:
-    """File set, then sizes, then sha256 (parallel). True when every file is intact."""
+                 hashed: dict[str, str]) -> tuple[bool, set[str]]:
+    """File set, then sizes, then sha256 (parallel), then each file's content parser (only
+    files whose bytes are the lock's, and the tolerated ones). (every file intact, the listed
+    files whose size and sha256 matched)."""
     on_disk, problems = scan_cube(report.cube_dir)
     for where, what in problems:
         report.add("path", where, False, what)
@@ -181,10 +192,12 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     if to_hash and not bad:
         report.add("sha256", "*", True, f"the {len(to_hash)} files listed in the lock hashed, all "
                    "match")
+    good = {name for name in to_hash if by_name[name] == listed[name]["sha256"]}
     pickles = _check_content(report, sorted(name for name in on_disk
-                                            if name in listed or is_tolerated(name)))
+                                            if name in good or (name not in listed
+                                                                and is_tolerated(name))))
     return not (missing or unlisted or problems or bad or pickles
-                or len(to_hash) != len(set(listed) & set(on_disk)))
+                or len(to_hash) != len(set(listed) & set(on_disk))), good
 
 
 def _check_content(report: VerifyReport, names: list[str]) -> bool:
@@ -212,13 +225,14 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
     return config if isinstance(config, dict) else {}
 
 
-def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
+def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     if not lock["activations"]:
         report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
-        if not path.is_file() or path.is_symlink():
-            continue  # already reported by the file checks
+        if entry["file"] not in good:
+            continue  # missing or not the lock's bytes: reported by the file checks
+        checkpoint(f"the KV header of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
         try:
             info = read_kv_header(path)
@@ -241,7 +255,7 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any]) -> None:
             report.add("kv header", subject, True, "producer and shapes agree with the lock")
 
 
-def _check_adapters(report: VerifyReport, lock: dict[str, Any]) -> None:
+def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     """Each adapter's files say what the lock says (type, rank, targets, dtype, the base shape
     each LoRA module implies), and no adapter folder ships without an entry. Headers and JSON
     only: no base model is needed (the ``adapter base`` check compares a base)."""
@@ -256,10 +270,9 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any]) -> None:
                    "a base (pack the cube again)", "an adapters entry", "none")
     for name, entry in sorted(entries.items()):
         subject = f"{entry['path']}/ ({name})"
-        paths = [resolve_inside(report.cube_dir, entry[key])
-                 for key in ("config_file", "weights_file")]
-        if not all(path.is_file() and not path.is_symlink() for path in paths):
-            continue  # already reported by the file checks
+        if not all(entry[key] in good for key in ("config_file", "weights_file")):
+            continue  # missing or not the lock's bytes: reported by the file checks
+        checkpoint(f"adapter {name}")
         try:
             info = adapters_mod.read_adapter(report.cube_dir, name)
         except CubepackError as exc:
@@ -303,14 +316,14 @@ def _check_adapter_base(report: VerifyReport, lock: dict[str, Any], role: str,
                        "adapted modules", role=role)
 
 
-def _check_config(report: VerifyReport, lock: dict[str, Any]) -> None:
+def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     path = report.cube_dir / constants.CONFIG_FILENAME
     if constants.CONFIG_FILENAME not in lock["files"]:
         report.add("cube config", "*", None, "skipped: the lock lists no cubepack.yaml")
         return
-    if not path.is_file():
+    if constants.CONFIG_FILENAME not in good:
         report.add("cube config", constants.CONFIG_FILENAME, None,
-                   "not run: the file is missing (reported by the file-set check)")
+                   "not run: the file is missing or not the lock's bytes (reported above)")
         return
     try:
         config = cubeconfig.parse(path.read_text(encoding="utf-8"))
@@ -363,7 +376,8 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
                                               policy.trusted_keys, policy.require_lineage)
     report.extend(checks)
     report.attested_by = key
-    report.signed = envelope.signed(key) if envelope is not None and key is not None else None
+    report.signed = (signed_statements(envelope, key) if envelope is not None and key is not None
+                     else None)
     if policy.require_lineage:
         report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
 
@@ -459,6 +473,7 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
         return {}
     reproduced = {}
     for item_id, entry in sorted(lock["activations"].items()):
+        checkpoint(f"the recomputation of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
         info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
         if not info.token_ids:

@@ -20,10 +20,9 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.safetensors_header import read_header
 from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError
-from ..format import _fileset as fileset
 from ..kv._format import read_kv_header
-from . import _memos_layout as memos_layout
-from ._attestation import check_file as check_attestation_file
+from . import _fileset as fileset
+from ._envelope import check_file as check_attestation_file
 
 #: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
 PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
@@ -194,26 +193,3 @@ def _check_text(path: Path) -> None:
 
 _CHECKS = {"json": _check_json, "jsonl": _check_jsonl, "yaml": _check_yaml, "kv": _check_kv,
            "safetensors": _check_safetensors, "text": _check_text}
-
-
-def memos_config_problems(config: dict[str, Any], files: list[str]) -> list[tuple[str, str]]:
-    """(file, why) for each file of ``files`` that MemOS would read with ``pickle.load`` under
-    this cube config, by the path MemOS opens whatever the spelling (``./x`` is ``x``): a packed
-    cube must hold none (a verified text file named as the activation memory's
-    ``memory_filename`` would still be unpickled by plain MemOS). And config.json itself when it
-    names a memory file MemOS would open outside the cube, or a setting that would make MemOS
-    run code from a model's repository (:func:`~._memos_layout.code_running_settings`)."""
-    present = set(files)
-    problems = [(opened, f"is named by config.json ({name!r}) as the {backend} activation "
-                         "memory, which MemOS reads with pickle.load; a packed cube must not "
-                         "hold it")
-                for backend, name in memos_layout.pickled_memory_files(config)
-                if (opened := memos_layout.opened_path(name)) in present]
-    problems += [("config.json", f"names the {key} memory file {name!r}, which MemOS would open "
-                                 "outside the cube")
-                 for key, name in memos_layout.escaping_memory_files(config)]
-    settings = memos_layout.code_running_settings(config)
-    if settings:
-        problems.append(("config.json", memos_layout.code_settings_message(
-            settings, "", "pack the cube again (or ask its publisher to)")))
-    return problems

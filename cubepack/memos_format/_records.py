@@ -1,16 +1,6 @@
-"""Where an activation's producer label comes from, and what backs it. Pure.
-
-The label (``kind``), as pack writes it into the lock:
-
-- ``recorded``: the source carried an identity (a KV file's header; a MemOS pickle's producer
-  record from MemOS PR #2302 or #2305), and it agrees with the pinned model;
-- ``asserted``: the packer's word only (the model named in ``config.json``, or ``--model``);
-- ``recomputed``: pack ran the producer and it reproduced the cache.
-
-What backs it, as a verifier sees it, is decided by :mod:`cubepack.trust._evidence`: a label
-read from a lock is a claim, whoever wrote or signed the lock, unless a trusted signer states
-it established it.
-"""
+"""MemOS's producer records (PR #2302 ``model_identity``, #2305 ``metadata.producer``)
+compared with a pinned model. Pure. The provenance labels pack derives from them are the
+lock's format (:mod:`cubepack.format._lock`); what backs a label, the evidence module's."""
 
 from __future__ import annotations
 
@@ -19,13 +9,9 @@ from typing import Any
 
 from ..errors import Mismatch
 from ..identity._identity import ModelIdentity, dtype_name
-from ..trust._evidence import ASSERTED, KINDS, RECOMPUTED, RECORDED
 
-__all__ = ["ASSERTED", "KINDS", "KV_HEADER", "RECOMPUTED", "RECORDED", "check_provenance",
-           "names_agree", "record_conflicts"]
+__all__ = ["names_agree", "record_conflicts"]
 
-
-KV_HEADER = {"kind": RECORDED, "detail": "the KV file's header names its producer"}
 _GEOMETRY_KEYS = (("num_hidden_layers", "num_layers"), ("num_kv_heads", "num_kv_heads"),
                   ("head_dim", "head_dim"))
 
@@ -61,9 +47,3 @@ def record_conflicts(record: dict[str, Any], pinned: ModelIdentity,
     if "quantization" in record and bool(record["quantization"]) != bool(pinned.quantization):
         found.append(Mismatch("record.quantization", pinned.quantization, record["quantization"]))
     return found
-
-
-def check_provenance(value: Any) -> bool:
-    """Is ``value`` a well-formed provenance record (as the lock stores it)?"""
-    return (isinstance(value, dict) and value.get("kind") in KINDS
-            and isinstance(value.get("detail", ""), str))

@@ -1,0 +1,27 @@
+"""The verbs on a packed cube: orchestration only. Each step calls the owners of the rules
+below it (the file-set rule, the lock's sections, the evidence, the policy) and holds none of
+its own. Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
+cache, as transformers does) when a model is fingerprinted.
+
+- :func:`pack` (``_pack``): pin, lock and card a cube folder, in place and atomically;
+- :func:`verify` (``_verify``): every check of a cube under a :class:`TrustPolicy`;
+- :func:`sign` (``_sign``): verify, then sign what that verification proved;
+- :func:`migrate` (``_migrate``): a new cube for a new model or embedder, its lineage derived;
+- :func:`upgrade` (``_upgrade``): older formats brought to the current one;
+- :func:`diff` (``_diff``): every change between two locks, with what backs each pin;
+- :func:`load_kv_cache` (``_load``): one KV file into a live model, under a policy;
+- :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
+- ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share.
+"""
+
+from ._diff import diff
+from ._load import load_kv_cache
+from ._load_adapter import load_adapter
+from ._migrate import MigrateResult, migrate
+from ._pack import PackResult, pack
+from ._sign import sign
+from ._upgrade import UpgradeResult, upgrade
+from ._verify import verify
+
+__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "load_adapter",
+           "load_kv_cache", "migrate", "pack", "sign", "upgrade", "verify"]

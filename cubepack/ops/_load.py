@@ -1,0 +1,35 @@
+"""``cubepack.load_kv_cache``: one KV file into a live transformers model under a
+:class:`~cubepack.trust.TrustPolicy`, honoured whole: the fields a lone KV file can satisfy
+(``recompute``, ``recompute_tokens``, ``seed``: proved with the model given) are applied;
+any other (a signature, lineage, pins, provenance: things a cube carries) is a UsageError
+saying to verify the cube first."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..identity._identity import ModelIdentity
+from ..kv._load import load_kv_cache as _load_checked
+from ..trust._policy import TrustPolicy
+
+
+def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy | None = None,
+                  *, device: Any = None, copy: bool = False,
+                  identity: ModelIdentity | None = None, **options: Any) -> Any:
+    """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer (see
+    :func:`cubepack.kv._load.load_kv_cache`), and proving it with ``model`` when the policy
+    asks (``recompute=True``; ``recompute_tokens=N`` samples N positions, ``seed`` repeats a
+    draw).
+
+    Raises:
+        IdentityMismatch: the cache was produced by a different model (every field named).
+        RecomputationFailed: ``model`` does not reproduce it (asked, or another runtime's).
+        UsageError: a policy field a lone KV file cannot satisfy.
+        FormatError: the file is corrupt, truncated or of an unknown version.
+    """
+    policy = TrustPolicy.build(policy, **options)
+    policy.require_honoured("load_kv_cache")
+    return _load_checked(path, model, device=device, copy=copy, identity=identity,
+                         recompute=policy.recompute, sample=policy.recompute_tokens,
+                         seed=policy.seed)

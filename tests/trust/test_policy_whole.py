@@ -1,0 +1,140 @@
+"""The policy is applied whole, by one rule: every consumer either applies each field a
+TrustPolicy sets or refuses the request with a UsageError before any work (never drops it).
+Swept over every consumer and every field."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+import cubepack
+from cubepack.trust import _policy
+from cubepack.trust._policy import HONOURED, TrustPolicy
+
+from helpers import make_key
+
+#: A non-default, valid value for each field (keys are made per test).
+VALUES = {"model": "some/model", "require_signature": True, "require_lineage": True,
+          "recompute": True, "recompute_tokens": 3, "seed": 7, "require_provenance": "recorded",
+          "embedder": "some-embedder", "embedder_sample": 0, "strict_models": True,
+          "on_mismatch": "drop", "require_pin": True}
+
+
+def policy_setting(field, key):
+    value = (key,) if field == "trusted_keys" else VALUES[field]
+    extra = {"trusted_keys": (key,)} if field == "require_lineage" else {}
+    return TrustPolicy(**{field: value}, **extra)
+
+
+def test_every_field_has_a_value_and_every_consumer_an_entry():
+    assert set(VALUES) | {"trusted_keys"} == {f.name for f in fields(TrustPolicy)}
+    assert set(HONOURED) == {"verify", "pull", "migrate", "load_adapter", "load_kv_cache",
+                             "the MLX load", "the MemOS hook"}
+
+
+@pytest.mark.parametrize("consumer", sorted(HONOURED))
+@pytest.mark.parametrize("field", sorted(f.name for f in fields(TrustPolicy)))
+def test_a_field_a_consumer_cannot_apply_is_refused_naming_it(consumer, field, tmp_path):
+    _, public = make_key(tmp_path, "k")
+    policy = policy_setting(field, str(public))
+    honoured, _ = HONOURED[consumer]
+    if field == "embedder_sample" and "embedder" in honoured:  # a sample of no embedder
+        with pytest.raises(cubepack.UsageError, match="give --embedder too"):
+            policy.require_honoured(consumer)
+    elif field in honoured:
+        policy.require_honoured(consumer)  # applied: no refusal
+    else:
+        with pytest.raises(cubepack.UsageError, match=f"{consumer} cannot honour .*{field}"):
+            policy.require_honoured(consumer)
+
+
+# --- the consumers themselves call the rule, before any work ----------------------------------
+
+def test_load_kv_cache_refuses_what_a_lone_kv_file_cannot_prove(models, prompt_ids, tmp_path):
+    path = tmp_path / "a.kv.safetensors"
+    cubepack.save_kv_cache(cubepack.prefill(models["a"], prompt_ids), path,
+                           producer=models["a"], token_ids=prompt_ids)
+    _, public = make_key(tmp_path, "k")
+    with pytest.raises(cubepack.UsageError, match="verify the cube it belongs to"):
+        cubepack.load_kv_cache(path, models["a"], trusted_keys=[public])
+    with pytest.raises(cubepack.UsageError, match="require_provenance"):
+        cubepack.load_kv_cache(path, models["a"], require_provenance="recomputed")
+    # recompute: applied, by this model's own prefill
+    cache = cubepack.load_kv_cache(path, models["a"], recompute=True)
+    assert cache.get_seq_length() == prompt_ids.shape[1]
+
+
+def test_load_kv_cache_recompute_refuses_a_cache_the_model_does_not_reproduce(
+        models, prompt_ids, tmp_path):
+    """Same producer identity in the header, but values changed: the producer check passes,
+    and only the proof asked for catches it."""
+    from helpers import rewrite_kv_metadata  # noqa: F401 - the header stays as written
+
+    path = tmp_path / "a.kv.safetensors"
+    cache = cubepack.prefill(models["a"], prompt_ids)
+    layer = cache.layers[0]
+    layer.keys = layer.keys + 0.5
+    cubepack.save_kv_cache(cache, path, producer=models["a"], token_ids=prompt_ids)
+    assert cubepack.load_kv_cache(path, models["a"]).get_seq_length() == prompt_ids.shape[1]
+    with pytest.raises(cubepack.RecomputationFailed, match="does not reproduce"):
+        cubepack.load_kv_cache(path, models["a"], recompute=True)
+
+
+def test_load_adapter_applies_require_lineage_as_verify_does(tmp_path, zoo, models):
+    """The break: load_adapter(require_lineage=True) took the policy and honoured part of it."""
+    from helpers import make_adapter
+
+    cube = tmp_path / "cube"
+    make_adapter(zoo["a"], cube / "parametric" / "lora")
+    cubepack.pack(cube, cube_id="alice/cube")
+    private, public = make_key(tmp_path, "k")
+    cubepack.sign(cube, private)  # signed, but no lineage a signer derived... a root: fine
+    assert cubepack.verify(cube, trusted_keys=[public], require_lineage=True).ok
+    (cube / "cubepack.intoto.json").unlink()  # now verify --require-lineage refuses it
+    with pytest.raises(cubepack.VerificationFailed):
+        cubepack.verify(cube, trusted_keys=[public], require_lineage=True)
+    with pytest.raises(cubepack.VerificationFailed, match="attestation"):
+        cubepack.load_adapter(models["a"], cube, trusted_keys=[public], require_lineage=True)
+    with pytest.raises(cubepack.UsageError, match="on_mismatch"):
+        cubepack.load_adapter(models["a"], cube, on_mismatch="drop")
+
+
+def test_verify_pull_and_migrate_refuse_before_any_work(packed_cube_factory, tmp_path):
+    cube = packed_cube_factory()
+    with pytest.raises(cubepack.UsageError, match="verify cannot honour on_mismatch"):
+        cubepack.verify(cube, on_mismatch="drop")
+    with pytest.raises(cubepack.UsageError, match="pull cannot honour on_mismatch"):
+        cubepack.pull("ns/cube@" + "0" * 40, on_mismatch="drop", local_dir=tmp_path / "out",
+                      endpoint="http://127.0.0.1:9")  # refused before any request
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(cubepack.UsageError, match="migrate cannot honour require_pin"):
+        cubepack.migrate(cube, out=tmp_path / "new", model="x", require_pin=True)
+    assert not (tmp_path / "new").exists()
+
+
+def test_pull_applies_require_pin(tmp_path):
+    with pytest.raises(cubepack.UsageError, match="a branch or tag can move"):
+        cubepack.pull("ns/cube@main", require_pin=True, local_dir=tmp_path / "out",
+                      endpoint="http://127.0.0.1:9")
+
+
+def test_tightened_never_loosens_a_field():
+    strict = TrustPolicy(require_signature=True, on_mismatch="error", recompute=True,
+                         require_provenance="recomputed", require_pin=True, strict_models=True)
+    loose = TrustPolicy(on_mismatch="rebuild", recompute_tokens=4, require_provenance="recorded")
+    everything = [f.name for f in fields(TrustPolicy)]  # strict says each field, defaults too
+    for combined in (strict.tightened(loose), loose.tightened(strict, everything)):
+        assert combined.require_signature and combined.recompute and combined.require_pin
+        assert combined.recompute_tokens is None  # a full recomputation beats a sample
+        assert (combined.on_mismatch, combined.require_provenance) == ("error", "recomputed")
+        assert combined.strict_models
+
+
+def test_no_consumer_reads_a_policy_field_outside_the_policy_module():
+    """The policy's fields are read by the consumers that honour them; no module copies the
+    policy into a second settings object (the hook's settings are the policy itself)."""
+    import cubepack.memos as memos_face
+
+    assert "HookSettings" not in dir(memos_face)
+    assert _policy.POLICIES == ("error", "drop", "rebuild")
