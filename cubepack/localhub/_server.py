@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .._util.revision import is_commit
 from ._store import HubStore, RepoRef, StoreError, repo_ref
 
 _REPO = r"/api/(?P<kind>models|datasets)/(?P<namespace>[^/]+)/(?P<name>[^/]+)"
@@ -780,6 +781,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not lines or lines[0].get("key") != "header":
             raise StoreError(400, "A commit starts with a header line.")
         header = lines[0]["value"]
+        parent = header.get("parentCommit")
+        if parent is not None and not is_commit(parent):  # it names a file of the store
+            raise StoreError(400, "parentCommit must be a 40-hex commit id.")
         operations = lines[1:]
         for operation in operations:
             value = operation.get("value") or {}

@@ -278,7 +278,7 @@ class HubStore:
                 return refs["tags"][name]
         if (pull := PR_REF.fullmatch(revision)) and pull.group(1) in refs["pulls"]:
             return refs["pulls"][pull.group(1)]
-        if is_commit(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
+        if is_commit(revision) and self._commit_file(repo, revision).is_file():
             return revision
         if _SHORT_SHA.fullmatch(revision):  # a unique prefix names a commit, as on the Hub
             matches = [p.stem for p in (self._dir(repo) / "commits").glob(f"{revision}*.json")]
@@ -296,7 +296,16 @@ class HubStore:
         return record
 
     def _load_commit(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
-        return json.loads((self._dir(repo) / "commits" / f"{commit_id}.json").read_text())
+        return json.loads(self._commit_file(repo, commit_id).read_text())
+
+    def _commit_file(self, repo: RepoRef, commit_id: str) -> Path:
+        """Where commit ``commit_id`` of ``repo`` is stored. The one place a commit id becomes a
+        path: anything but 40 lower-case hex is refused here, whoever passed it (a parent named
+        ``../../../victim/secret/commits/<sha>`` once read another repo's commit)."""
+        if not is_commit(commit_id):
+            raise StoreError(400, f"Invalid commit id {str(commit_id)[:100]!r}: a commit id is 40 "
+                                  "lower-case hex digits.")
+        return self._dir(repo) / "commits" / f"{commit_id}.json"
 
     def history(self, repo: RepoRef, revision: str) -> list[dict[str, Any]]:
         """The first-parent history of ``revision``, newest first."""
@@ -422,7 +431,7 @@ class HubStore:
                 raise StoreError(404, f"A pull request targets a branch; {base!r} is none.",
                                  "RevisionNotFound")
             start = parent or refs["branches"][branch]
-            if not (self._dir(repo) / "commits" / f"{start}.json").is_file():
+            if not self._commit_file(repo, start).is_file():
                 raise StoreError(404, f"Invalid rev id: {start}", "RevisionNotFound")
             tree = dict(self.commit(repo, start)["tree"])
             for operation in operations:
@@ -642,7 +651,7 @@ class HubStore:
                   "date": _now(), "nonce": os.urandom(8).hex()}
         commit_id = hashlib.sha1(canonical.dumps(record, compact=True).encode()).hexdigest()
         record["id"] = commit_id
-        atomic.write_text(self._dir(repo) / "commits" / f"{commit_id}.json", canonical.dumps(record))
+        atomic.write_text(self._commit_file(repo, commit_id), canonical.dumps(record))
         self._commits.put((repo, commit_id), record)  # the next requests ask for the new head
         return commit_id
 
