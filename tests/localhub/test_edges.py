@@ -4,12 +4,11 @@ never another repo's files."""
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 from urllib.parse import urlsplit
 
-from cubepack.localhub._store import repo_ref
+from cubepack.localhub._store import AddFile, repo_ref
 
 TOKEN = "writer"
 
@@ -36,10 +35,8 @@ def ndjson(*lines):
 
 def put_file(hub, repo, path, data):
     """Commit one regular file to ``repo``'s main through the store (no client needed)."""
-    operation = {"key": "file", "value": {"path": path, "encoding": "base64",
-                                          "content": base64.b64encode(data).decode()}}
     return hub.store.apply_commit(repo, "main", title="add", message="", parent=None,
-                                  operations=[operation])
+                                  operations=[AddFile(path, data)])
 
 
 def test_a_parent_commit_cannot_name_another_repos_commit(hub):
