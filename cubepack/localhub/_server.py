@@ -591,7 +591,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, status: int, message: str, code: str | None = None,
                     headers: dict[str, str] | None = None) -> None:
-        headers = {"X-Error-Message": message, **(headers or {})}
+        # A message may quote the request (a revision, a path): in a header, anything but
+        # printable ASCII is escaped, so no CR/LF can add a header and no character can fail
+        # the latin-1 encoding of http.server half-way through an answer. The body keeps it all.
+        headers = {"X-Error-Message": _header_text(message), **(headers or {})}
         if code:
             headers["X-Error-Code"] = code
         self.send_json({"error": message}, status, headers)
@@ -975,6 +978,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         with open(blob, "rb") as handle:
             self.hub.send_file(self, handle, start, length)
+
+
+def _header_text(text: str) -> str:
+    """``text`` with every character but printable ASCII escaped (``\\r``, ``\\xe9``)."""
+    return "".join(ch if " " <= ch <= "~" else ascii(ch)[1:-1] for ch in text)
 
 
 def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:
