@@ -399,6 +399,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader = _DeadlineReader(self.connection, self.hub.write_timeout)
         self.rfile = io.BufferedReader(self._reader)
         self.connection.settimeout(self.hub.write_timeout)
+        # An answer goes out as two writes (headers, then body): with Nagle's algorithm the
+        # second waits for the client's delayed ACK of the first, 40 ms per answer on a
+        # keep-alive connection. Send each write at once.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._served = 0
         self.hub.connection_changed(+1)
 
