@@ -429,7 +429,8 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestDeadline as missed:
             self.close_connection = True
             if missed.phase != "next request" and hub.log is not None:
-                hub.log(f'{self.client_address[0]} "{self.requestline or "-"}" dropped: {missed}')
+                hub.log(f'{self.client_address[0]} "{_header_text(self.requestline or "-")}" '
+                        f'dropped: {missed}')
         self._served += 1
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -438,7 +439,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_request(self, code: Any = "-", size: Any = "-") -> None:
         if self.hub.log is not None:  # a malformed request line has no command and path
             what = f"{self.command} {self.path}" if self.path else self.requestline or "-"
-            self.hub.log(f'{self.client_address[0]} "{what}" {code}')
+            # The request line is the client's: escaped, no terminal control sequence reaches
+            # the log of ``cubepack hub serve``.
+            self.hub.log(f'{self.client_address[0]} "{_header_text(what)}" {code}')
 
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -467,6 +470,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.hub.before_request(self, method, path):
             return
         try:
+            # Checked first, on every route (RFC 9112: a 400, the connection's last answer):
+            # a route that reads no body would otherwise leave it to be read as a request.
+            self._declared_length()
             self._route(method, path)
         except StoreError as exc:
             self._drain()
@@ -496,10 +502,15 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(self._chunks(self.hub.max_body_bytes))
 
     def _declared_length(self) -> int:
-        try:
-            return max(0, int(self.headers.get("Content-Length") or 0))
-        except ValueError:
-            raise StoreError(400, "Invalid Content-Length.") from None
+        """The Content-Length, digits only (``int`` would also take ``-5``, `` 5`` and
+        ``5_0``: a body whose end the client and this endpoint disagree on)."""
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            return 0
+        if not re.fullmatch(r"[0-9]{1,18}", declared):
+            self.close_connection = True  # where this body ends is anyone's guess
+            raise StoreError(400, f"Invalid Content-Length {shown(declared)}.")
+        return int(declared)
 
     def _too_large(self, limit: int) -> StoreError:
         self.close_connection = True  # the rest of the body is never read
@@ -565,7 +576,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._drain()
 
     def _drain(self) -> None:
-        if self._body_read or self._declared_length() > MAX_DRAIN_BYTES \
+        try:
+            length = self._declared_length()
+        except StoreError:  # no telling where the body ends: this answer is the last
+            self.close_connection = True
+            return
+        if self._body_read or length > MAX_DRAIN_BYTES \
                 or self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             # Never wait for bytes already consumed, nor read a large body only to discard it:
             # the answer goes out now and the connection closes.
@@ -789,11 +805,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._form_expand = body.expand
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
         last = self._last_commits(repo, revision)
-        result = []
+        result, folders = [], None
         for path in body.paths:  # keys of the tree, never file names
             if path in commit["tree"]:
                 result.append(self._entry(path, commit["tree"][path], last.get(path)))
-            elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
+                continue
+            if folders is None:  # once per request: a scan of the tree per path asked about
+                folders = _folders(commit["tree"])  # made 100,000 paths a CPU-bound DoS
+            if path.rstrip("/") in folders:
                 result.append(self._folder(path, last.get(path.rstrip("/"))))
         self.send_json(result)
 
@@ -985,8 +1004,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _header_text(text: str) -> str:
-    """``text`` with every character but printable ASCII escaped (``\\r``, ``\\xe9``)."""
+    """``text`` with every character but printable ASCII escaped (``\\r``, ``\\xe9``): fit
+    for a header or a log line."""
     return "".join(ch if " " <= ch <= "~" else ascii(ch)[1:-1] for ch in text)
+
+
+def _folders(tree: dict[str, Any]) -> set[str]:
+    """Every folder of a commit's tree (``a`` and ``a/b`` for ``a/b/c.txt``)."""
+    found: set[str] = set()
+    for path in tree:
+        folder = path.rpartition("/")[0]
+        while folder and folder not in found:
+            found.add(folder)
+            folder = folder.rpartition("/")[0]
+    return found
 
 
 def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:

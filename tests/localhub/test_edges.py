@@ -488,3 +488,36 @@ def test_upload_urls_with_a_malformed_size_or_signature_are_forbidden(hub, scene
             status, _, data = client(method, f"/lfs/{action}/{oid}?{query}", b"{}")
             assert status == 403, (query, data)
             refused(status, data)
+
+
+def test_a_malformed_content_length_is_answered_on_every_route(hub, scene):
+    """A Content-Length that is no number: every route answers 4xx and closes (it once dropped
+    the connection unanswered, with a traceback, on a route that refused before the body)."""
+    import socket
+
+    ids = {k: quote(v, safe="") for k, v in valid_ids(scene).items()}
+    address = urlsplit(hub.url)
+    for route in ROUTES:
+        for method in route.methods:
+            with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+                sock.sendall(f"{method} {route.path(**ids)} HTTP/1.1\r\nHost: x\r\n"
+                             f"Authorization: Bearer {TOKEN}\r\nContent-Length: 1x\r\n\r\n"
+                             .encode())
+                answer = sock.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 4"), (method, route.template, answer[:100])
+
+
+def test_the_request_log_escapes_what_the_client_sent(tmp_path):
+    from cubepack.testing.hub import InstrumentedHub
+
+    lines = []
+    with InstrumentedHub(tmp_path / "root", log=lines.append) as hub:
+        import socket
+
+        address = urlsplit(hub.url)
+        with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+            sock.sendall(b"GET /api/datasets/ns/repo/tree/main/\x1b[2J\xff HTTP/1.1\r\n"
+                         b"Host: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 404")
+    assert lines and all("\x1b" not in line and "\xff" not in line for line in lines)
+    assert "\\x1b[2J" in lines[0]
