@@ -24,9 +24,17 @@ from urllib.parse import parse_qs
 
 from .._util import canonical
 from .._util.paths import check_relpath
+from ..errors import UnsafeInputError
 from ._errors import StoreError, bad_request, shown
-from ._ids import (Revision, blob_oid, commit_id, new_ref_name, new_repo_ref, parse_revision,
-                   repo_name)
+from ._ids import (
+    Revision,
+    blob_oid,
+    commit_id,
+    new_ref_name,
+    new_repo_ref,
+    parse_revision,
+    repo_name,
+)
 from ._store import AddFile, AddLfsFile, DeleteFile, DeleteFolder, Operation, RepoRef
 
 #: Largest size a body may give a file: 2**53 - 1, the largest integer every JSON reader holds
@@ -205,7 +213,7 @@ class Fields:
             value = value.rstrip("/")
         try:
             return check_relpath(value, portable=False)
-        except Exception as exc:  # UnsafeInputError: its message says which rule
+        except UnsafeInputError as exc:  # its message says which rule
             raise bad_request(f"{self.name(key)} is not a path inside a repo: {exc}") from None
 
 

@@ -32,9 +32,20 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import _bodies as bodies
 from ._errors import StoreError, shown
-from ._ids import (RepoRef, Revision, blob_oid, discussion_number, event_id, new_ref_name,
-                   new_repo_ref, parse_revision, ref_name, repo_ref)
+from ._ids import (
+    RepoRef,
+    Revision,
+    blob_oid,
+    discussion_number,
+    event_id,
+    new_ref_name,
+    new_repo_ref,
+    parse_revision,
+    ref_name,
+    repo_ref,
+)
 from ._store import AddFile, HubStore
+
 
 @dataclass(frozen=True)
 class Segment:

@@ -39,8 +39,16 @@ from .._util import atomic, canonical
 from .._util.paths import check_relpath
 from .._util.revision import is_commit, new_ref_problem
 from ._errors import StoreError, shown
-from ._ids import (PR_REF, REPO_TYPES, RepoRef, Revision, is_repo_name, is_sha256,
-                   parse_revision, repo_ref)
+from ._ids import (
+    PR_REF,
+    REPO_TYPES,
+    RepoRef,
+    Revision,
+    is_repo_name,
+    is_sha256,
+    parse_revision,
+    repo_ref,
+)
 
 # Re-exported: callers and tests have imported these from the store since before _ids.
 __all__ = ["PR_REF", "REPO_TYPES", "HubStore", "RepoRef", "StoreError", "repo_ref"]
