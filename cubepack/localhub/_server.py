@@ -11,7 +11,6 @@ fault injection, bandwidth caps and byte counting.
 
 from __future__ import annotations
 
-import base64
 import fnmatch
 import hashlib
 import hmac
@@ -25,72 +24,188 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ._store import HubStore, RepoRef, StoreError, repo_ref
+from . import _bodies as bodies
+from ._errors import StoreError, shown
+from ._ids import (
+    RepoRef,
+    Revision,
+    blob_oid,
+    discussion_number,
+    event_id,
+    new_ref_name,
+    new_repo_ref,
+    parse_revision,
+    ref_name,
+    repo_ref,
+)
+from ._store import AddFile, HubStore
 
-_REPO = r"/api/(?P<kind>models|datasets)/(?P<namespace>[^/]+)/(?P<name>[^/]+)"
-_FILES = r"/(?:(?P<datasets>datasets)/)?(?P<namespace>[^/]+)/(?P<name>[^/]+?)"
+
+@dataclass(frozen=True)
+class Segment:
+    """A placeholder of a route's path: the text it matches, and the parser of :mod:`._ids`
+    that turns it (URL-unquoted) into the typed value the handler gets."""
+
+    pattern: str
+    parse: Callable[[str], Any] = str
+
+
+#: Every placeholder a route may have. ``kind``, ``datasets``, ``namespace`` and ``name`` are
+#: typed together into the route's RepoRef (:func:`repo_ref`, 404 RepoNotFound); the others one
+#: by one. ``path`` stays a string: it is only ever a key of a commit's tree, never a file name.
+SEGMENTS = {
+    "kind": Segment("models|datasets"),
+    "datasets": Segment("datasets"),
+    "namespace": Segment("[^/]+"),
+    "name": Segment("[^/]+"),
+    "revision": Segment("[^/]+", parse_revision),
+    "branch": Segment("[^/]+", new_ref_name),
+    "ref_kind": Segment("tag|branch"),
+    "ref": Segment("[^/]+", ref_name),
+    "num": Segment("[^/]+", discussion_number),
+    "event": Segment("[^/]+", event_id),
+    "oid": Segment("[^/]+", blob_oid),
+    "path": Segment(".*"),
+    "xet": Segment("xet-(?:write|read)-token(?:/.*)?"),
+}
+#: A route's path template: literal text, ``{placeholder}`` (one segment, or as SEGMENTS says),
+#: ``{placeholder*}`` (one or more segments: ``refs/pr/1`` sent unquoted) and ``[...]``
+#: (optional).
+_TEMPLATE = re.compile(r"\{(?P<name>\w+)(?P<star>\*?)\}|(?P<open>\[)|(?P<close>\])|[^{}\[\]]+")
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    """The regular expression of a path template (an unknown placeholder is a KeyError, a
+    malformed template a ValueError: both at import)."""
+    parts, depth = [], 0
+    for token in _TEMPLATE.finditer(template):
+        if token["name"]:
+            pattern = ".+" if token["star"] else SEGMENTS[token["name"]].pattern
+            parts.append(f"(?P<{token['name']}>{pattern})")
+        elif token["open"] or token["close"]:
+            depth += 1 if token["open"] else -1
+            parts.append("(?:" if token["open"] else ")?")
+            if depth not in (0, 1):  # Route.path fills one level of optional parts
+                raise ValueError(f"Unbalanced or nested [...] in route template {template!r}.")
+        else:
+            parts.append(re.escape(token[0]))
+    if depth or "".join(token[0] for token in _TEMPLATE.finditer(template)) != template:
+        raise ValueError(f"Malformed route template {template!r}.")
+    return re.compile(f"^{''.join(parts)}$")
 
 
 @dataclass(frozen=True)
 class Route:
-    """One route of the Hub API: its methods, its path, the handler method that answers it,
-    whether it names a repo that must be readable (``read``) or writable (``write``), and
-    whether it writes without naming one in its path (``auth``). Both are checked before the
-    handler reads a byte of the body."""
+    """One route of the Hub API: its methods, its path template, the handler method that
+    answers it, whether it names a repo that must be readable (``read``) or writable
+    (``write``), whether it writes without naming one in its path (``auth``), or is authorized
+    by the signature of its URL (``signed``: an LFS upload, which the client sends without a
+    token); all are checked before a byte of the body is read. ``body``: the parser of
+    :mod:`._bodies` its body goes through (the handler gets the typed result as ``body``);
+    :data:`STREAM` for a body the handler streams itself; None for a route that reads none."""
 
     methods: tuple[str, ...]
-    pattern: re.Pattern[str]
+    template: str
     handler: str
     repo: str | None = None
     auth: bool = False
+    body: Callable[[bytes, str], Any] | str | None = None
+    signed: bool = False
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", _compile(self.template))
+
+    def placeholders(self) -> list[str]:
+        """The placeholders of the template, in order."""
+        return [token["name"] for token in _TEMPLATE.finditer(self.template) if token["name"]]
+
+    def path(self, **values: str) -> str:
+        """The template filled with ``values`` (already URL-quoted): an optional part is kept
+        when it has placeholders and all of them have values. The sweep tests build their
+        requests with it, so a new route is swept as it is declared."""
+        out: list[str] = []
+        section: list[str] | None = None
+        named: list[str] = []
+        for token in _TEMPLATE.finditer(self.template):
+            if token["open"]:
+                section, named = [], []
+            elif token["close"]:
+                if named and all(values.get(name) is not None for name in named):
+                    out.extend(section or [])
+                section = None
+            elif token["name"] and section is not None:
+                named.append(token["name"])
+                section.append(values.get(token["name"]) or "")
+            else:
+                piece = values[token["name"]] if token["name"] else token[0]
+                (out if section is None else section).append(piece)
+        return "".join(out)
 
 
-def _route(methods: str, path: str, handler: str, repo: str | None = None,
-           auth: bool = False) -> Route:
-    return Route(tuple(methods.split("|")), re.compile(f"^{path}$"), handler, repo, auth)
+#: A route whose handler streams its body itself (an LFS upload, to disk).
+STREAM = "stream"
 
 
-#: The Hub surface this endpoint serves, in matching order. Revisions and paths arrive
-#: URL-quoted; handlers get them unquoted.
+def _route(methods: str, template: str, handler: str, repo: str | None = None,
+           auth: bool = False, body: Callable[[bytes, str], Any] | str | None = None,
+           signed: bool = False) -> Route:
+    return Route(tuple(methods.split("|")), template, handler, repo, auth, body, signed)
+
+
+_REPO = "/api/{kind}/{namespace}/{name}"
+_FILES = "/[{datasets}/]{namespace}/{name}"
+
+#: The Hub surface this endpoint serves, in matching order. Ids and paths arrive URL-quoted;
+#: handlers get them unquoted and parsed (SEGMENTS), bodies parsed (``body``).
 ROUTES = (
-    _route("POST", r"/api/repos/create", "_create_repo", auth=True),
-    _route("DELETE", r"/api/repos/delete", "_delete_repo", auth=True),
-    _route("POST", r"/api/repos/move", "_move_repo", auth=True),
-    _route("POST", r"/api/validate-yaml", "_validate_yaml", auth=True),
-    _route("GET", r"/api/whoami-v2", "_whoami"),
-    _route("PUT", r"/lfs/upload/(?P<oid>[^/]+)", "_lfs_upload"),
-    _route("POST", r"/lfs/verify/(?P<oid>[^/]+)", "_lfs_verify"),
-    _route("POST", _FILES + r"\.git/info/lfs/objects/batch", "_lfs_batch", "write"),
-    _route("GET", _REPO + r"/?", "_repo_info", "read"),
-    _route("GET", _REPO + r"/revision/(?P<revision>.+)", "_repo_info", "read"),
-    _route("GET", _REPO + r"/refs", "_refs", "read"),
-    _route("POST", _REPO + r"/preupload/(?P<revision>.+)", "_preupload", "write"),
-    _route("POST", _REPO + r"/commit/(?P<revision>.+)", "_commit", "write"),
-    _route("POST", _REPO + r"/tag/(?P<revision>.+)", "_create_tag", "write"),
-    _route("POST", _REPO + r"/branch/(?P<branch>.+)", "_create_branch", "write"),
-    _route("DELETE", _REPO + r"/(?P<ref_kind>tag|branch)/(?P<ref>.+)", "_delete_ref", "write"),
-    _route("GET", _REPO + r"/tree/(?P<revision>[^/]+)(?:/(?P<path>.*))?", "_tree", "read"),
-    _route("POST", _REPO + r"/paths-info/(?P<revision>.+)", "_paths_info", "read"),
-    _route("GET", _REPO + r"/commits(?:/(?P<revision>.+))?", "_commits", "read"),
-    _route("GET", _REPO + r"/discussions", "_discussions", "read"),
-    _route("POST", _REPO + r"/discussions", "_create_discussion", "write"),
-    _route("GET", _REPO + r"/discussions/(?P<num>[0-9]{1,9})", "_discussion", "read"),
-    _route("POST", _REPO + r"/discussions/(?P<num>[0-9]{1,9})/(?P<action>comment|title|status|merge)",
-           "_discussion_change", "write"),
-    _route("POST", _REPO + r"/discussions/(?P<num>[0-9]{1,9})/comment/(?P<event>[0-9a-f]{1,64})/edit",
-           "_edit_comment", "write"),
-    _route("PUT", _REPO + r"/settings", "_settings", "write"),
-    _route("GET|POST", _REPO + r"/xet-(?:write|read)-token(?:/.*)?", "_no_xet", "read"),
-    _route("GET|POST|PUT|DELETE", r"/api/(?:models|datasets)/(?P<namespace>[^/]+)/?",
-           "_no_namespace"),
-    _route("GET|HEAD", _FILES + r"/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "_resolve", "read"),
+    _route("POST", "/api/repos/create", "_create_repo", auth=True, body=bodies.create_repo),
+    _route("DELETE", "/api/repos/delete", "_delete_repo", auth=True, body=bodies.delete_repo),
+    _route("POST", "/api/repos/move", "_move_repo", auth=True, body=bodies.move_repo),
+    _route("POST", "/api/validate-yaml", "_validate_yaml", auth=True, body=bodies.validate_yaml),
+    _route("GET", "/api/whoami-v2", "_whoami"),
+    _route("PUT", "/lfs/upload/{oid}", "_lfs_upload", body=STREAM, signed=True),
+    _route("POST", "/lfs/verify/{oid}", "_lfs_verify", body=bodies.lfs_verify, signed=True),
+    _route("POST", _FILES + ".git/info/lfs/objects/batch", "_lfs_batch", "write",
+           body=bodies.lfs_batch),
+    _route("GET", _REPO + "[/]", "_repo_info", "read"),
+    _route("GET", _REPO + "/revision/{revision*}", "_repo_info", "read"),
+    _route("GET", _REPO + "/refs", "_refs", "read"),
+    _route("POST", _REPO + "/preupload/{revision*}", "_preupload", "write", body=bodies.preupload),
+    _route("POST", _REPO + "/commit/{revision*}", "_commit", "write", body=bodies.commit),
+    _route("POST", _REPO + "/tag/{revision*}", "_create_tag", "write", body=bodies.new_tag),
+    _route("POST", _REPO + "/branch/{branch*}", "_create_branch", "write",
+           body=bodies.new_branch),
+    _route("DELETE", _REPO + "/{ref_kind}/{ref*}", "_delete_ref", "write"),
+    _route("GET", _REPO + "/tree/{revision}[/{path}]", "_tree", "read"),
+    _route("POST", _REPO + "/paths-info/{revision*}", "_paths_info", "read",
+           body=bodies.paths_info),
+    _route("GET", _REPO + "/commits[/{revision*}]", "_commits", "read"),
+    _route("GET", _REPO + "/discussions", "_discussions", "read"),
+    _route("POST", _REPO + "/discussions", "_create_discussion", "write",
+           body=bodies.new_discussion),
+    _route("GET", _REPO + "/discussions/{num}", "_discussion", "read"),
+    _route("POST", _REPO + "/discussions/{num}/comment", "_comment", "write",
+           body=bodies.new_comment),
+    _route("POST", _REPO + "/discussions/{num}/title", "_rename", "write", body=bodies.new_title),
+    _route("POST", _REPO + "/discussions/{num}/status", "_set_status", "write",
+           body=bodies.new_status),
+    _route("POST", _REPO + "/discussions/{num}/merge", "_merge", "write", body=bodies.merge),
+    _route("POST", _REPO + "/discussions/{num}/comment/{event}/edit", "_edit_comment", "write",
+           body=bodies.edited_comment),
+    _route("PUT", _REPO + "/settings", "_settings", "write", body=bodies.repo_settings),
+    _route("GET|POST", _REPO + "/{xet}", "_no_xet", "read"),
+    _route("GET|POST|PUT|DELETE", "/api/{kind}/{namespace}[/]", "_no_namespace"),
+    _route("GET|HEAD", _FILES + "/resolve/{revision}/{path*}", "_resolve", "read"),
 )
+#: Any path below a repo: a route of a repo that is not here still answers RepoNotFound.
+_REPO_PREFIX = _compile(_REPO + "/{path}")
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
 #: stream to disk and are limited by their signed size instead.
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -115,7 +230,6 @@ WRITE_TIMEOUT = 60.0
 _MAX_CHUNK_LINE = 1024
 #: Bodies are read in pieces of at most this size.
 _READ_SIZE = 1024 * 1024
-_KINDS = {"dataset": "datasets", "model": "models", None: "models"}
 _BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".pickle", ".pkl", ".npy",
                     ".adapter", ".h5", ".msgpack", ".zip", ".tar", ".gz")
 LFS_THRESHOLD = 64 * 1024
@@ -296,6 +410,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader = _DeadlineReader(self.connection, self.hub.write_timeout)
         self.rfile = io.BufferedReader(self._reader)
         self.connection.settimeout(self.hub.write_timeout)
+        # An answer goes out as two writes (headers, then body): with Nagle's algorithm the
+        # second waits for the client's delayed ACK of the first, 40 ms per answer on a
+        # keep-alive connection. Send each write at once.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._served = 0
         self.hub.connection_changed(+1)
 
@@ -322,7 +440,8 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestDeadline as missed:
             self.close_connection = True
             if missed.phase != "next request" and hub.log is not None:
-                hub.log(f'{self.client_address[0]} "{self.requestline or "-"}" dropped: {missed}')
+                hub.log(f'{self.client_address[0]} "{_header_text(self.requestline or "-")}" '
+                        f'dropped: {missed}')
         self._served += 1
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -331,7 +450,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_request(self, code: Any = "-", size: Any = "-") -> None:
         if self.hub.log is not None:  # a malformed request line has no command and path
             what = f"{self.command} {self.path}" if self.path else self.requestline or "-"
-            self.hub.log(f'{self.client_address[0]} "{what}" {code}')
+            # The request line is the client's: escaped, no terminal control sequence reaches
+            # the log of ``cubepack hub serve``.
+            self.hub.log(f'{self.client_address[0]} "{_header_text(what)}" {code}')
 
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -353,12 +474,16 @@ class _Handler(BaseHTTPRequestHandler):
         # One handler serves every request of a keep-alive connection: reset per request.
         self._body_read = False
         self._form_expand = False
+        self.route: Route | None = None
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         path = split.path
         if not self.hub.before_request(self, method, path):
             return
         try:
+            # Checked first, on every route (RFC 9112: a 400, the connection's last answer):
+            # a route that reads no body would otherwise leave it to be read as a request.
+            self._declared_length()
             self._route(method, path)
         except StoreError as exc:
             self._drain()
@@ -368,7 +493,14 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - a server must answer, not die
-            self._send_error(500, f"Internal error: {type(exc).__name__}: {exc}")
+            # A bug, not the request's fault (those are StoreErrors): the log gets the details,
+            # the client a sentence without them.
+            if self.hub.log is not None:
+                self.hub.log(f"{self.client_address[0]} \"{method} {shown(path)}\" failed: "
+                             f"{type(exc).__name__}: {shown(str(exc), 300)}")
+            self._drain()
+            self._send_error(500, f"Internal error ({type(exc).__name__}); the endpoint's log "
+                                  "has the details.")
 
     def _token(self) -> str | None:
         header = self.headers.get("Authorization", "")
@@ -381,10 +513,15 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(self._chunks(self.hub.max_body_bytes))
 
     def _declared_length(self) -> int:
-        try:
-            return max(0, int(self.headers.get("Content-Length") or 0))
-        except ValueError:
-            raise StoreError(400, "Invalid Content-Length.") from None
+        """The Content-Length, digits only (``int`` would also take ``-5``, `` 5`` and
+        ``5_0``: a body whose end the client and this endpoint disagree on)."""
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            return 0
+        if not re.fullmatch(r"[0-9]{1,18}", declared):
+            self.close_connection = True  # where this body ends is anyone's guess
+            raise StoreError(400, f"Invalid Content-Length {shown(declared)}.")
+        return int(declared)
 
     def _too_large(self, limit: int) -> StoreError:
         self.close_connection = True  # the rest of the body is never read
@@ -450,7 +587,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._drain()
 
     def _drain(self) -> None:
-        if self._body_read or self._declared_length() > MAX_DRAIN_BYTES \
+        try:
+            length = self._declared_length()
+        except StoreError:  # no telling where the body ends: this answer is the last
+            self.close_connection = True
+            return
+        if self._body_read or length > MAX_DRAIN_BYTES \
                 or self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             # Never wait for bytes already consumed, nor read a large body only to discard it:
             # the answer goes out now and the connection closes.
@@ -461,13 +603,6 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
         except (StoreError, OSError):  # draining a broken body is best effort
             self.close_connection = True
-
-    def _json_body(self) -> Any:
-        raw = self._body()
-        try:
-            return json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise StoreError(400, f"Invalid JSON body: {exc}") from exc
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
@@ -487,7 +622,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, status: int, message: str, code: str | None = None,
                     headers: dict[str, str] | None = None) -> None:
-        headers = {"X-Error-Message": message, **(headers or {})}
+        # A message may quote the request (a revision, a path): in a header, anything but
+        # printable ASCII is escaped, so no CR/LF can add a header and no character can fail
+        # the latin-1 encoding of http.server half-way through an answer. The body keeps it all.
+        headers = {"X-Error-Message": _header_text(message), **(headers or {})}
         if code:
             headers["X-Error-Code"] = code
         self.send_json({"error": message}, status, headers)
@@ -501,18 +639,26 @@ class _Handler(BaseHTTPRequestHandler):
             if route.auth and not self.hub.authorized(self._token()):
                 raise StoreError(401, "You must be authenticated to write to this endpoint "
                                  "(pass a token).")
-            params = {key: unquote(value) for key, value in match.groupdict().items()
-                      if value is not None}
-            if route.repo is not None:
-                kind = params.pop("kind", None) or ("datasets" if params.pop("datasets", None)
-                                                    else "models")
-                params["repo"] = self._repo(kind, params.pop("namespace"), params.pop("name"),
+            self.route = route
+            raw = {key: unquote(value) for key, value in match.groupdict().items()
+                   if value is not None}
+            params: dict[str, Any] = {}
+            if route.repo is not None:  # the repo first: a missing or private one is all it says
+                kind = raw.pop("kind", None) or ("datasets" if raw.pop("datasets", None)
+                                                 else "models")
+                params["repo"] = self._repo(kind, raw.pop("namespace"), raw.pop("name"),
                                             write=route.repo == "write")
+            # The edge: every id of the path parsed into its type before the handler runs...
+            params.update({key: SEGMENTS[key].parse(value) for key, value in raw.items()})
+            if route.signed:  # the signed size is the upload's authorization
+                params["size"] = self._signed(params["oid"])
+            if callable(route.body):  # ... and the body, into its typed value
+                params["body"] = route.body(self._body(), self.headers.get("Content-Type", ""))
             return getattr(self, route.handler)(**params)
-        unknown = re.match(_REPO + "/", path)
+        unknown = _REPO_PREFIX.match(path)
         if unknown:  # a route of a repo that is not here (as the Hub answers): typed
             self._repo(unknown["kind"], unquote(unknown["namespace"]), unquote(unknown["name"]))
-        raise StoreError(404, f"No route for {method} {path}.")
+        raise StoreError(404, f"No route for {method} {shown(path)}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
         repo = self.hub.store.find(repo_ref(kind, namespace, name))
@@ -529,8 +675,7 @@ class _Handler(BaseHTTPRequestHandler):
         return repo
 
     # --- account and repos -----------------------------------------------------------------------
-    def _validate_yaml(self) -> None:
-        self._body()
+    def _validate_yaml(self, body: None) -> None:
         self.send_json({"errors": [], "warnings": []})
 
     def _whoami(self) -> None:
@@ -541,23 +686,20 @@ class _Handler(BaseHTTPRequestHandler):
                         "auth": {"type": "access_token",
                                  "accessToken": {"displayName": self.hub.user, "role": "write"}}})
 
-    def _delete_repo(self) -> None:
-        body = self._json_body()
-        repo = self._repo(_KINDS.get(body.get("type"), "models"),
-                          body.get("organization") or self.hub.user, body.get("name", ""),
-                          write=True)
+    def _delete_repo(self, body: bodies.RepoName) -> None:
+        repo = self._repo(body.kind, body.namespace or self.hub.user, body.name, write=True)
         self.hub.store.delete(repo)
         self.send_json({})
 
-    def _no_namespace(self, namespace: str) -> None:
-        raise StoreError(404, f"Repository {namespace} not found (repo ids here are "
+    def _no_namespace(self, kind: str, namespace: str) -> None:
+        raise StoreError(404, f"Repository {shown(namespace)} not found (repo ids here are "
                          "namespace/name).", "RepoNotFound")
 
-    def _no_xet(self, repo: RepoRef) -> None:
+    def _no_xet(self, repo: RepoRef, xet: str) -> None:
         raise StoreError(404, "This endpoint does not support Xet storage.")
 
     # --- repo info, refs, settings ---------------------------------------------------------------
-    def _repo_info(self, repo: RepoRef, revision: str = "main") -> None:
+    def _repo_info(self, repo: RepoRef, revision: Revision | str = "main") -> None:
         self.send_json(self._info(repo, revision))
 
     def _refs(self, repo: RepoRef) -> None:
@@ -571,51 +713,38 @@ class _Handler(BaseHTTPRequestHandler):
             "pullRequests": [{"name": f"refs/pr/{n}", "ref": f"refs/pr/{n}", "targetCommit": c}
                              for n, c in sorted(refs["pulls"].items(), key=lambda i: int(i[0]))]})
 
-    def _create_tag(self, repo: RepoRef, revision: str) -> None:
-        self.hub.store.create_ref(repo, "tag", self._json_body().get("tag", ""), revision)
+    def _create_tag(self, repo: RepoRef, revision: Revision, body: str) -> None:
+        self.hub.store.create_ref(repo, "tag", body, revision)
         self.send_json({})
 
-    def _create_branch(self, repo: RepoRef, branch: str) -> None:
-        self.hub.store.create_ref(repo, "branch", branch,
-                                  self._json_body().get("startingPoint") or "main")
+    def _create_branch(self, repo: RepoRef, branch: str, body: Revision | None) -> None:
+        self.hub.store.create_ref(repo, "branch", branch, body or "main")
         self.send_json({})
 
     def _delete_ref(self, repo: RepoRef, ref_kind: str, ref: str) -> None:
         self.hub.store.delete_ref(repo, ref_kind, ref)
         self.send_json({})
 
-    def _settings(self, repo: RepoRef) -> None:
-        body = self._json_body()
-        private = body.get("private")
-        if private is None and body.get("visibility") in ("private", "public"):
-            private = body["visibility"] == "private"
-        if private is not None:
-            self.hub.store.set_private(repo, bool(private))
+    def _settings(self, repo: RepoRef, body: bool | None) -> None:
+        if body is not None:  # the new privacy; None: left as it is
+            self.hub.store.set_private(repo, body)
         self.send_json({"private": self.hub.store.is_private(repo)})
 
     # --- handlers --------------------------------------------------------------------------------
-    def _move_repo(self) -> None:
-        body = self._json_body()
-        kind = _KINDS.get(body.get("type"), "models")
-        source, target = str(body.get("fromRepo", "")), str(body.get("toRepo", ""))
-        if source.count("/") != 1 or target.count("/") != 1:
-            raise StoreError(400, "fromRepo and toRepo must be namespace/name.")
-        repo = self._repo(kind, *source.split("/"), write=True)
-        self.hub.store.move(repo, repo_ref(kind, *target.split("/")))
+    def _move_repo(self, body: bodies.MoveRepo) -> None:
+        repo = self._repo(body.kind, *body.source, write=True)
+        self.hub.store.move(repo, body.target)
         return self.send_json({})
 
-    def _create_repo(self) -> None:
-        body = self._json_body()
-        kind = _KINDS.get(body.get("type"))
-        if kind is None:
-            raise StoreError(400, f"Unsupported repo type {body.get('type')!r}.")
-        namespace = body.get("organization") or self.hub.user
-        repo = self.hub.store.find(repo_ref(kind, namespace, body.get("name", "")))
-        private = bool(body.get("private")) or body.get("visibility") == "private"  # 0.36 | 2.x
-        created = self.hub.store.create(repo, private)
-        prefix = "datasets/" if kind == "datasets" else ""
-        url = f"{self._base()}/{prefix}{repo.repo_id}"
-        self.send_json({"url": url, "name": repo.repo_id}, 200 if created else 409)
+    def _create_repo(self, body: bodies.NewRepo) -> None:
+        namespace = body.namespace or self.hub.user
+        repo = self.hub.store.find(new_repo_ref(body.kind, namespace, body.name))
+        created = self.hub.store.create(repo, body.private)
+        prefix = "datasets/" if body.kind == "datasets" else ""
+        answer = {"url": f"{self._base()}/{prefix}{repo.repo_id}", "name": repo.repo_id}
+        if not created:  # the client reads url from the 409 too; error says why, as the Hub's
+            answer["error"] = f"A {repo.repo_type} repository called {repo.repo_id} already exists."
+        self.send_json(answer, 200 if created else 409)
 
     def _base(self) -> str:
         host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
@@ -639,11 +768,11 @@ class _Handler(BaseHTTPRequestHandler):
             data["lastCommit"] = {"id": last["id"], "title": last["title"], "date": last["date"]}
         return data
 
-    def _last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
+    def _last_commits(self, repo: RepoRef, revision: Revision | str) -> dict[str, dict[str, Any]]:
         expand = self.query.get("expand", ["false"])[0].lower() == "true" or self._form_expand
         return self.hub.store.last_commits(repo, revision) if expand else {}
 
-    def _info(self, repo: RepoRef, revision: str) -> dict[str, Any]:
+    def _info(self, repo: RepoRef, revision: Revision | str) -> dict[str, Any]:
         commit_id = self.hub.store.resolve(repo, revision)
         commit = self.hub.store.commit(repo, commit_id)
         siblings = []
@@ -660,7 +789,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "lastModified": commit["date"], "siblings": siblings, "tags": [],
                 "downloads": 0, "likes": 0, "author": repo.namespace, "cardData": {}}
 
-    def _tree(self, repo: RepoRef, revision: str, path: str = "") -> None:
+    def _tree(self, repo: RepoRef, revision: Revision, path: str = "") -> None:
         prefix = path
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
         last = self._last_commits(repo, revision)
@@ -679,31 +808,26 @@ class _Handler(BaseHTTPRequestHandler):
                     continue
             entries.append(self._entry(path, entry, last.get(path)))
         if prefix and not entries and not folders:
-            raise StoreError(404, f"{prefix} not found at {revision}.", "EntryNotFound")
+            raise StoreError(404, f"{shown(prefix)} not found at {revision}.", "EntryNotFound")
         listing = [self._folder(f, last.get(f)) for f in sorted(folders)] + entries
         self.send_json(listing)
 
-    def _paths_info(self, repo: RepoRef, revision: str) -> None:
-        raw = self._body().decode()
-        content_type = self.headers.get("Content-Type", "")
-        if "json" in content_type:
-            form = json.loads(raw or "{}")
-            paths, expand = form.get("paths", []), form.get("expand")
-        else:
-            form = parse_qs(raw)
-            paths, expand = form.get("paths", []), (form.get("expand") or [""])[0]
-        self._form_expand = str(expand).lower() == "true"
+    def _paths_info(self, repo: RepoRef, revision: Revision, body: bodies.PathsInfo) -> None:
+        self._form_expand = body.expand
         commit = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))
         last = self._last_commits(repo, revision)
-        result = []
-        for path in paths:
+        result, folders = [], None
+        for path in body.paths:  # keys of the tree, never file names
             if path in commit["tree"]:
                 result.append(self._entry(path, commit["tree"][path], last.get(path)))
-            elif any(name.startswith(path.rstrip("/") + "/") for name in commit["tree"]):
+                continue
+            if folders is None:  # once per request: a scan of the tree per path asked about
+                folders = _folders(commit["tree"])  # made 100,000 paths a CPU-bound DoS
+            if path.rstrip("/") in folders:
                 result.append(self._folder(path, last.get(path.rstrip("/"))))
         self.send_json(result)
 
-    def _commits(self, repo: RepoRef, revision: str = "main") -> None:
+    def _commits(self, repo: RepoRef, revision: Revision | str = "main") -> None:
         formatted = "formatted" in self.query.get("expand[]", [])
         self.send_json([{"id": c["id"], "title": c["title"], "message": c["message"],
                          "authors": [{"user": self.hub.user}], "date": c["date"],
@@ -712,20 +836,19 @@ class _Handler(BaseHTTPRequestHandler):
                             if formatted else {})}
                         for c in self.hub.store.history(repo, revision)])
 
-    def _preupload(self, repo: RepoRef, revision: str) -> None:
-        body = self._json_body()
+    def _preupload(self, repo: RepoRef, revision: Revision,
+                   body: list[bodies.PreuploadFile]) -> None:
         try:
             tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
         except StoreError:
             tree = {}
         ignored = _gitignore_patterns(self.hub.store, tree)
         files = []
-        for item in body.get("files", []):
-            path, size = item.get("path"), int(item.get("size") or 0)
-            sample = base64.b64decode(item.get("sample") or "")
-            lfs = _is_lfs(path, size, sample)
+        for item in body:
+            path = item.path
+            lfs = _is_lfs(path, item.size, item.sample)
             result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
-                      "shouldIgnore": _ignored(path or "", ignored)}
+                      "shouldIgnore": _ignored(path, ignored)}
             if path in tree:
                 existing = tree[path]
                 result["oid"] = existing["sha256"] if lfs else existing["git_oid"]
@@ -733,11 +856,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_json({"files": files, "commitOid": self.hub.store.resolve(repo, revision)
                          if tree else None})
 
-    def _lfs_batch(self, repo: RepoRef) -> None:
-        body = self._json_body()
+    def _lfs_batch(self, repo: RepoRef, body: list[tuple[str, int]]) -> None:
         objects = []
-        for obj in body.get("objects", []):
-            oid, size = obj.get("oid"), int(obj.get("size") or 0)
+        for oid, size in body:
             entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
             if not self.hub.store.has_blob(oid, size):
                 signature = self.hub.sign(oid, size)
@@ -750,14 +871,16 @@ class _Handler(BaseHTTPRequestHandler):
                    .encode(), "application/vnd.git-lfs+json")
 
     def _signed(self, oid: str) -> int:
-        size = int(self.query.get("size", ["-1"])[0])
-        signature = self.query.get("sig", [""])[0]
-        if size < 0 or not hmac.compare_digest(signature, self.hub.sign(oid, size)):
+        """The size an upload or verify URL was signed for; 403 unless the URL is one this
+        endpoint signed (the query is the client's: a size that is no number, or a signature
+        that is not ASCII, is a bad signature, not a crash)."""
+        size, signature = self.query.get("size", [""])[0], self.query.get("sig", [""])[0]
+        if not re.fullmatch(r"[0-9]{1,16}", size) or not hmac.compare_digest(
+                signature.encode("utf-8", "replace"), self.hub.sign(oid, int(size)).encode()):
             raise StoreError(403, "Invalid or missing upload signature.")
-        return size
+        return int(size)
 
-    def _lfs_upload(self, oid: str) -> None:
-        size = self._signed(oid)
+    def _lfs_upload(self, oid: str, size: int) -> None:
         counted = self._counting(self._chunks(size), f"lfs:{oid}")
         self.hub.store.put_blob(oid, size, counted)
         self.send_json({})
@@ -767,28 +890,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.count_upload(key, len(chunk))
             yield chunk
 
-    def _lfs_verify(self, oid: str) -> None:
-        size = self._signed(oid)
-        self._body()
+    def _lfs_verify(self, oid: str, size: int, body: tuple[str, int]) -> None:
+        if body != (oid, size):
+            raise StoreError(400, f"The body names {body[0]} ({body[1]} bytes), not the object "
+                                  f"this URL verifies, {oid} ({size} bytes).")
         if not self.hub.store.has_blob(oid, size):
             raise StoreError(404, f"Object {oid} was not uploaded.")
         self.send_json({})
 
-    def _commit(self, repo: RepoRef, revision: str) -> None:
+    def _commit(self, repo: RepoRef, revision: Revision, body: bodies.Commit) -> None:
         create_pr = self.query.get("create_pr", ["0"])[0] not in ("0", "false", "")
-        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
-        if not lines or lines[0].get("key") != "header":
-            raise StoreError(400, "A commit starts with a header line.")
-        header = lines[0]["value"]
-        operations = lines[1:]
-        for operation in operations:
-            value = operation.get("value") or {}
-            if operation.get("key") == "file":
-                self.hub.count_upload(f"file:{value.get('path')}",
-                                      len(base64.b64decode(value.get("content", ""))))
-        fields = dict(title=header.get("summary", ""), message=header.get("description", ""),
-                      parent=header.get("parentCommit"), operations=operations,
-                      author=self.hub.user)
+        for operation in body.operations:
+            if isinstance(operation, AddFile):
+                self.hub.count_upload(f"file:{operation.path}", len(operation.content))
+        fields = dict(title=body.summary, message=body.description, parent=body.parent,
+                      operations=body.operations, author=self.hub.user)
         number = None
         if create_pr:  # the commit goes to a new refs/pr/N; the branch stays where it is
             commit_id, number = self.hub.store.open_pull_request(repo, revision, **fields)
@@ -824,64 +940,50 @@ class _Handler(BaseHTTPRequestHandler):
             page = max(0, int(self.query.get("p", ["0"])[0]))
         except ValueError:
             raise StoreError(400, "Invalid page number.") from None
-        shown = items[page * 50:(page + 1) * 50]
-        self.send_json({"discussions": [self._summary(repo, d) for d in shown],
+        listed = items[page * 50:(page + 1) * 50]
+        self.send_json({"discussions": [self._summary(repo, d) for d in listed],
                         "count": len(items), "start": page * 50,
                         "numClosedDiscussions": sum(d["status"] != "open" for d in items)})
 
-    def _discussion(self, repo: RepoRef, num: str) -> None:
+    def _discussion(self, repo: RepoRef, num: int) -> None:
         store = self.hub.store
-        record = store.discussion(repo, int(num))
+        record = store.discussion(repo, num)
         details = {**self._summary(repo, record), "events": record["events"]}
         if record["isPullRequest"]:
             details["changes"] = {"base": f"refs/heads/{record['base']}",
                                   "mergeCommitId": record.get("mergeCommitId")}
-            details["filesWithConflicts"] = store.conflicts(repo, int(num))
+            details["filesWithConflicts"] = store.conflicts(repo, num)
         self.send_json(details)
 
-    def _create_discussion(self, repo: RepoRef) -> None:
-        body = self._json_body()
-        title = str(body.get("title") or "").strip()
-        if not title:
-            raise StoreError(400, "A discussion needs a title.")
+    def _create_discussion(self, repo: RepoRef, body: bodies.NewDiscussion) -> None:
         number = self.hub.store.create_discussion(
-            repo, title=title, description=str(body.get("description") or ""),
-            author=self.hub.user, pull_request=bool(body.get("pullRequest")))
+            repo, title=body.title, description=body.description, author=self.hub.user,
+            pull_request=body.pull_request)
         self.send_json({"num": number, "url": f"{self._repo_url(repo)}/discussions/{number}"})
 
-    def _discussion_change(self, repo: RepoRef, num: str, action: str) -> None:
-        body = self._json_body() or {}
-        store, number, author = self.hub.store, int(num), self.hub.user
-        comment = str(body.get("comment") or "").strip() or None
-        if action == "comment":
-            if not comment:
-                raise StoreError(400, "An empty comment.")
-            return self.send_json({"newMessage": store.comment(repo, number, comment, author)})
-        if action == "title":
-            title = str(body.get("title") or "").strip()
-            if not title:
-                raise StoreError(400, "A discussion needs a title.")
-            return self.send_json({"newTitle": store.rename(repo, number, title, author)})
-        if action == "status":
-            event = store.set_status(repo, number, str(body.get("status")), author, comment)
-            return self.send_json({"newStatus": event})
-        store.merge(repo, number, author, comment)
+    def _comment(self, repo: RepoRef, num: int, body: str) -> None:
+        self.send_json({"newMessage": self.hub.store.comment(repo, num, body, self.hub.user)})
+
+    def _rename(self, repo: RepoRef, num: int, body: str) -> None:
+        self.send_json({"newTitle": self.hub.store.rename(repo, num, body, self.hub.user)})
+
+    def _set_status(self, repo: RepoRef, num: int, body: bodies.StatusChange) -> None:
+        event = self.hub.store.set_status(repo, num, body.status, self.hub.user, body.comment)
+        self.send_json({"newStatus": event})
+
+    def _merge(self, repo: RepoRef, num: int, body: str | None) -> None:
+        self.hub.store.merge(repo, num, self.hub.user, body)
         self.send_json({})
 
-    def _edit_comment(self, repo: RepoRef, num: str, event: str) -> None:
-        body = self._json_body() or {}
-        content = str(body.get("content") or "")
-        if not content.strip():
-            raise StoreError(400, "An empty comment.")
-        self.send_json({"updatedComment": self.hub.store.edit_comment(repo, int(num), event,
-                                                                      content)})
+    def _edit_comment(self, repo: RepoRef, num: int, event: str, body: str) -> None:
+        self.send_json({"updatedComment": self.hub.store.edit_comment(repo, num, event, body)})
 
-    def _resolve(self, repo: RepoRef, revision: str, path: str) -> None:
+    def _resolve(self, repo: RepoRef, revision: Revision, path: str) -> None:
         store = self.hub.store
         commit_id = store.resolve(repo, revision)
         entry = store.commit(repo, commit_id)["tree"].get(path)
         if entry is None:
-            raise StoreError(404, f"{path} not found at {revision}.", "EntryNotFound")
+            raise StoreError(404, f"{shown(path)} not found at {revision}.", "EntryNotFound")
         blob = store.blob_path(entry["sha256"])
         size = blob.stat().st_size
         etag = entry["sha256"] if entry.get("lfs") else entry["git_oid"]
@@ -892,7 +994,8 @@ class _Handler(BaseHTTPRequestHandler):
         if wanted := self.headers.get("Range"):
             span = _byte_range(wanted, size)
             if span is None:
-                return self._send_error(416, f"Range {wanted} is not satisfiable for {size} bytes.",
+                return self._send_error(416, f"Range {shown(wanted)} is not satisfiable for "
+                                             f"{size} bytes.",
                                         headers={"Content-Range": f"bytes */{size}"})
             start, end = span
             status = 206
@@ -909,6 +1012,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         with open(blob, "rb") as handle:
             self.hub.send_file(self, handle, start, length)
+
+
+def _header_text(text: str) -> str:
+    """``text`` with every character but printable ASCII escaped (``\\r``, ``\\xe9``): fit
+    for a header or a log line."""
+    return "".join(ch if " " <= ch <= "~" else ascii(ch)[1:-1] for ch in text)
+
+
+def _folders(tree: dict[str, Any]) -> set[str]:
+    """Every folder of a commit's tree (``a`` and ``a/b`` for ``a/b/c.txt``)."""
+    found: set[str] = set()
+    for path in tree:
+        folder = path.rpartition("/")[0]
+        while folder and folder not in found:
+            found.add(folder)
+            folder = folder.rpartition("/")[0]
+    return found
 
 
 def _is_lfs(path: str | None, size: int, sample: bytes) -> bool:

@@ -21,13 +21,11 @@ One process serves a root: the per-repo locks are threads' locks.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 from collections import OrderedDict
@@ -40,26 +38,25 @@ from huggingface_hub.utils.sha import git_hash
 from .._util import atomic, canonical
 from .._util.paths import check_relpath
 from .._util.revision import is_commit, new_ref_problem
+from ._errors import StoreError, shown
+from ._ids import (
+    PR_REF,
+    REPO_TYPES,
+    RepoRef,
+    Revision,
+    is_repo_name,
+    is_sha256,
+    parse_revision,
+    repo_ref,
+)
 
-REPO_TYPES = {"models": "model", "datasets": "dataset"}
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
-#: A pull request's ref, as the Hub names them.
-PR_REF = re.compile(r"refs/pr/([1-9][0-9]{0,8})")
+# Re-exported: callers and tests have imported these from the store since before _ids.
+__all__ = ["PR_REF", "REPO_TYPES", "HubStore", "RepoRef", "StoreError", "repo_ref"]
 #: Tree entries of parsed commits kept in memory, over every repo of the store (a 10,000-file
 #: commit is 2.6 MB of JSON; parsing it for every download made a pull quadratic).
 COMMIT_CACHE_ENTRIES = 250_000
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
                  b"*.bin filter=lfs diff=lfs merge=lfs -text\n")
-
-
-class StoreError(Exception):
-    """A request the store refuses; carries the HTTP status and the Hub's X-Error-Code."""
-
-    def __init__(self, status: int, message: str, code: str | None = None):
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -68,18 +65,38 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class RepoRef:
-    kind: str  # "models" or "datasets"
-    namespace: str
-    name: str
+class AddFile:
+    """Commit operation: a regular (git) file with its bytes."""
 
-    @property
-    def repo_id(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    path: str
+    content: bytes
 
-    @property
-    def repo_type(self) -> str:
-        return REPO_TYPES[self.kind]
+
+@dataclass(frozen=True)
+class AddLfsFile:
+    """Commit operation: a file whose blob was uploaded through LFS (``size`` None: a copy,
+    which names the oid only)."""
+
+    path: str
+    oid: str
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class DeleteFile:
+    """Commit operation: delete a file (or, named without its slash, a folder)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class DeleteFolder:
+    """Commit operation: delete everything below a folder."""
+
+    path: str
+
+
+Operation = AddFile | AddLfsFile | DeleteFile | DeleteFolder
 
 
 def _listing(folder: Path) -> list[str]:
@@ -125,12 +142,6 @@ class _CommitCache:
                 self._size -= len(self._entries.pop(key)["tree"]) + 1
 
 
-def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
-    if kind not in REPO_TYPES or not _NAME.fullmatch(namespace or "") or not _NAME.fullmatch(name or ""):
-        raise StoreError(404, f"Repository {namespace}/{name} not found.", "RepoNotFound")
-    return RepoRef(kind, namespace, name)
-
-
 class HubStore:
     """Thread-safe repository storage under ``root``."""
 
@@ -159,8 +170,8 @@ class HubStore:
         index = {}
         for kind in REPO_TYPES:
             base = self.root / "repos" / kind
-            for namespace in _listing(base):
-                for name in _listing(base / namespace):
+            for namespace in filter(is_repo_name, _listing(base)):  # never a stray folder
+                for name in filter(is_repo_name, _listing(base / namespace)):
                     repo = RepoRef(kind, namespace, name)
                     if self.exists(repo):
                         index.setdefault(_folded(repo), repo)
@@ -202,7 +213,7 @@ class HubStore:
             self._require(repo)
             atomic.write_text(self._dir(repo) / "repo.json", canonical.dumps({"private": private}))
 
-    def last_commits(self, repo: RepoRef, revision: str) -> dict[str, dict[str, Any]]:
+    def last_commits(self, repo: RepoRef, revision: Revision | str) -> dict[str, dict[str, Any]]:
         """path -> the last commit (of ``revision``'s history) that changed that path; a folder
         (``a/b``) -> the last that changed anything below it."""
         history = self.history(repo, revision)
@@ -267,21 +278,24 @@ class HubStore:
         refs.setdefault("pulls", {})  # stores written before pull requests
         return refs
 
-    def resolve(self, repo: RepoRef, revision: str) -> str:
+    def resolve(self, repo: RepoRef, revision: Revision | str) -> str:
         """A branch, tag, pull request (``refs/pr/N``) or commit id of ``repo`` -> the 40-hex
-        commit id."""
+        commit id. Names are looked up in the refs, never joined into a path; only a parsed
+        commit id (or a hex prefix of one) reaches the commits folder."""
+        revision = parse_revision(revision)
         refs = self.refs(repo)
-        for name in (revision, revision.removeprefix("refs/heads/"), revision.removeprefix("refs/tags/")):
+        for name in revision.names:
             if name in refs["branches"]:
                 return refs["branches"][name]
             if name in refs["tags"]:
                 return refs["tags"][name]
-        if (pull := PR_REF.fullmatch(revision)) and pull.group(1) in refs["pulls"]:
-            return refs["pulls"][pull.group(1)]
-        if is_commit(revision) and (self._dir(repo) / "commits" / f"{revision}.json").is_file():
-            return revision
-        if _SHORT_SHA.fullmatch(revision):  # a unique prefix names a commit, as on the Hub
-            matches = [p.stem for p in (self._dir(repo) / "commits").glob(f"{revision}*.json")]
+        if revision.pull is not None and str(revision.pull) in refs["pulls"]:
+            return refs["pulls"][str(revision.pull)]
+        if revision.commit is not None and self._commit_file(repo, revision.commit).is_file():
+            return revision.commit
+        if (prefix := revision.prefix) is not None:  # a unique prefix names a commit, as on the Hub
+            matches = [entry.name[:-5] for entry in (self._dir(repo) / "commits").iterdir()
+                       if entry.name.startswith(prefix) and entry.name.endswith(".json")]
             if len(matches) == 1:
                 return matches[0]
         raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
@@ -296,9 +310,18 @@ class HubStore:
         return record
 
     def _load_commit(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
-        return json.loads((self._dir(repo) / "commits" / f"{commit_id}.json").read_text())
+        return json.loads(self._commit_file(repo, commit_id).read_text())
 
-    def history(self, repo: RepoRef, revision: str) -> list[dict[str, Any]]:
+    def _commit_file(self, repo: RepoRef, commit_id: str) -> Path:
+        """Where commit ``commit_id`` of ``repo`` is stored. The one place a commit id becomes a
+        path: anything but 40 lower-case hex is refused here, whoever passed it (a parent named
+        ``../../../victim/secret/commits/<sha>`` once read another repo's commit)."""
+        if not is_commit(commit_id):
+            raise StoreError(400, f"Invalid commit id {shown(commit_id)}: a commit id is 40 "
+                                  "lower-case hex digits.")
+        return self._dir(repo) / "commits" / f"{commit_id}.json"
+
+    def history(self, repo: RepoRef, revision: Revision | str) -> list[dict[str, Any]]:
         """The first-parent history of ``revision``, newest first."""
         commits, current = [], self.resolve(repo, revision)
         while current:
@@ -307,7 +330,7 @@ class HubStore:
             current = record["parents"][0] if record["parents"] else None
         return commits
 
-    def create_ref(self, repo: RepoRef, kind: str, name: str, revision: str) -> None:
+    def create_ref(self, repo: RepoRef, kind: str, name: str, revision: Revision | str) -> None:
         """Create tag or branch ``name`` at ``revision``; 409 when it exists."""
         if problem := new_ref_problem(name):  # git's rules, as the client checks them
             raise StoreError(400, f"Invalid {kind} name {name!r}: {problem}.")
@@ -337,8 +360,10 @@ class HubStore:
 
     # --- blobs -----------------------------------------------------------------------------------
     def blob_path(self, sha256: str) -> Path:
-        if not _SHA256.fullmatch(sha256):
-            raise StoreError(400, "Invalid oid.")
+        """Where blob ``sha256`` is stored; anything but 64 lower-case hex is refused (400)."""
+        if not is_sha256(sha256):
+            raise StoreError(400, f"Invalid oid {shown(sha256)}: a sha256 is 64 lower-case hex "
+                                  "digits.")
         return self.root / "blobs" / sha256
 
     def has_blob(self, sha256: str, size: int | None = None) -> bool:
@@ -364,14 +389,18 @@ class HubStore:
         return {"sha256": sha256, "size": len(data), "git_oid": git_hash(data), "lfs": lfs}
 
     # --- commits ---------------------------------------------------------------------------------
-    def apply_commit(self, repo: RepoRef, revision: str, *, title: str, message: str,
-                     parent: str | None, operations: list[dict[str, Any]],
+    def apply_commit(self, repo: RepoRef, revision: Revision | str, *, title: str, message: str,
+                     parent: str | None, operations: list[Operation],
                      author: str = "") -> str:
         """Create a commit on branch ``revision``, or on open pull request ``refs/pr/N``, from
-        NDJSON operations; return its id.
+        ``operations``; return its id.
 
         Raises 412 if ``parent`` is given and is not the head (someone pushed first).
         """
+        revision = parse_revision(revision)
+        if parent is not None and not is_commit(parent):
+            raise StoreError(400, f"Invalid parent commit {shown(parent)}: a commit id is 40 "
+                                  "lower-case hex digits.")
         with self._lock(repo):
             refs = self.refs(repo)
             group, name = self._moving_ref(repo, refs, revision)
@@ -391,11 +420,12 @@ class HubStore:
                                 {"subject": title, "oid": commit})
             return commit
 
-    def _moving_ref(self, repo: RepoRef, refs: dict[str, Any], revision: str) -> tuple[str, str]:
+    def _moving_ref(self, repo: RepoRef, refs: dict[str, Any],
+                    revision: Revision) -> tuple[str, str]:
         """Where a commit to ``revision`` goes: ("branches", name) or ("pulls", "N") for an open
         pull request (a closed or merged one takes no commits, as on the Hub)."""
-        if pull := PR_REF.fullmatch(revision):
-            number = pull.group(1)
+        if revision.pull is not None:
+            number = str(revision.pull)
             if number not in refs["pulls"]:
                 raise StoreError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
             status = self.discussion(repo, int(number))["status"]
@@ -403,26 +433,28 @@ class HubStore:
                 raise StoreError(403, f"Pull request #{number} is {status}: it takes no commits "
                                       "(reopen it, or open a new one).")
             return "pulls", number
-        branch = revision.removeprefix("refs/heads/")
+        branch = revision.branch
         if branch not in refs["branches"]:
             raise StoreError(404, f"Branch {revision} not found.", "RevisionNotFound")
         return "branches", branch
 
-    def open_pull_request(self, repo: RepoRef, base: str, *, title: str, message: str,
-                          parent: str | None, operations: list[dict[str, Any]],
+    def open_pull_request(self, repo: RepoRef, base: Revision | str, *, title: str,
+                          message: str, parent: str | None, operations: list[Operation],
                           author: str) -> tuple[str, int]:
         """Propose ``operations`` to branch ``base``: a commit on top of ``parent`` (default:
         the head of ``base``), the new ref ``refs/pr/N`` pointing at it, and discussion N (its
         first comment is ``message``). ``base`` does not move until the request is merged.
         Returns (commit id, N)."""
+        base = parse_revision(base)
         with self._lock(repo):
             refs = self.refs(repo)
-            branch = base.removeprefix("refs/heads/")
+            branch = base.branch
             if branch not in refs["branches"]:
-                raise StoreError(404, f"A pull request targets a branch; {base!r} is none.",
-                                 "RevisionNotFound")
+                raise StoreError(404, f"A pull request targets a branch; {shown(str(base))} is "
+                                      "none.", "RevisionNotFound")
             start = parent or refs["branches"][branch]
-            if not (self._dir(repo) / "commits" / f"{start}.json").is_file():
+            # _commit_file refuses a parent that is not 40 hex: it names a file of this repo only.
+            if not self._commit_file(repo, start).is_file():
                 raise StoreError(404, f"Invalid rev id: {start}", "RevisionNotFound")
             tree = dict(self.commit(repo, start)["tree"])
             for operation in operations:
@@ -601,27 +633,25 @@ class HubStore:
                 todo.extend(self.commit(repo, current)["parents"])
         return seen
 
-    def _apply(self, tree: dict[str, Any], operation: dict[str, Any]) -> None:
-        key, value = operation.get("key"), operation.get("value") or {}
-        path = value.get("path")
-        if key == "deletedFolder" and isinstance(path, str):
+    def _apply(self, tree: dict[str, Any], operation: Operation) -> None:
+        path = operation.path
+        if isinstance(operation, DeleteFolder):
             path = path.rstrip("/")  # the client names folders with a trailing slash
-        try:
+        try:  # the edge checked it too; the store never trusts a caller with a path
             check_relpath(path, portable=False)  # what the Hub accepts; pull refuses the rest
         except Exception as exc:
-            raise StoreError(400, f"Invalid path {path!r}: {exc}") from exc
-        if key == "file":
-            data = base64.b64decode(value.get("content", ""))
-            tree[path] = self._store_blob(data, lfs=False)
-        elif key == "lfsFile":
-            oid, size = value.get("oid"), value.get("size")
-            if not self.has_blob(oid, size):
+            raise StoreError(400, f"Invalid path {shown(path)}: {exc}") from exc
+        if isinstance(operation, AddFile):
+            tree[path] = self._store_blob(operation.content, lfs=False)
+        elif isinstance(operation, AddLfsFile):
+            oid = operation.oid
+            if not self.has_blob(oid, operation.size):
                 raise StoreError(400, f"LFS object {oid} for {path} was never uploaded.")
             size = self.blob_path(oid).stat().st_size  # a copy names the oid only
             pointer = lfs_pointer(oid, size)
             tree[path] = {"sha256": oid, "size": size, "git_oid": git_hash(pointer), "lfs": True,
                           "pointer_size": len(pointer)}
-        elif key == "deletedFile":
+        elif isinstance(operation, DeleteFile):
             if tree.pop(path, None) is not None:
                 return  # a file (never also a folder), found in O(1)
             inside = [name for name in tree if name.startswith(path + "/")]
@@ -629,12 +659,12 @@ class HubStore:
                 raise StoreError(404, f"File {path} does not exist.", "EntryNotFound")
             for name in inside:  # a folder named without its slash: the Hub deletes it too
                 del tree[name]
-        elif key == "deletedFolder":
-            prefix = path.rstrip("/") + "/"
+        elif isinstance(operation, DeleteFolder):
+            prefix = path + "/"
             for name in [name for name in tree if name.startswith(prefix)]:
                 del tree[name]
         else:
-            raise StoreError(400, f"Unknown commit operation {key!r}.")
+            raise StoreError(400, f"Unknown commit operation {type(operation).__name__}.")
 
     def _write_commit(self, repo: RepoRef, *, parents: list[str], tree: dict[str, Any], title: str,
                       message: str) -> str:
@@ -642,7 +672,7 @@ class HubStore:
                   "date": _now(), "nonce": os.urandom(8).hex()}
         commit_id = hashlib.sha1(canonical.dumps(record, compact=True).encode()).hexdigest()
         record["id"] = commit_id
-        atomic.write_text(self._dir(repo) / "commits" / f"{commit_id}.json", canonical.dumps(record))
+        atomic.write_text(self._commit_file(repo, commit_id), canonical.dumps(record))
         self._commits.put((repo, commit_id), record)  # the next requests ask for the new head
         return commit_id
 

@@ -8,10 +8,8 @@ SHA = "ab" * 32
 
 
 def test_store_commits_are_immutable_and_refs_move(tmp_path):
-    import base64
-
     from cubepack.localhub import HubStore
-    from cubepack.localhub._store import StoreError, repo_ref
+    from cubepack.localhub._store import AddFile, StoreError, repo_ref
 
     store = HubStore(tmp_path)
     repo = repo_ref("datasets", "ns", "cube")
@@ -19,7 +17,7 @@ def test_store_commits_are_immutable_and_refs_move(tmp_path):
     first = store.resolve(repo, "main")
 
     def add(path, data):
-        return {"key": "file", "value": {"path": path, "content": base64.b64encode(data).decode()}}
+        return AddFile(path, data)
 
     second = store.apply_commit(repo, "main", title="t", message="", parent=first,
                                 operations=[add("a.txt", b"one")])
@@ -109,18 +107,16 @@ def test_a_commit_is_parsed_once_per_process_and_repo_names_are_listed_once(tmp_
 
 
 def test_the_commit_cache_is_bounded_by_tree_entries(tmp_path, monkeypatch):
-    import base64
-
     from cubepack.localhub import HubStore
-    from cubepack.localhub._store import repo_ref
+    from cubepack.localhub._store import AddFile, repo_ref
 
     store = HubStore(tmp_path)
     monkeypatch.setattr(store._commits, "_capacity", 25)
     repo = repo_ref("datasets", "ns", "cube")
     store.create(repo, private=False)
     for index in range(20):  # each commit adds a file: trees of 2, 3, ... 21 entries
-        store.apply_commit(repo, "main", title="t", message="", parent=None, operations=[
-            {"key": "file", "value": {"path": f"f{index}", "content": base64.b64encode(b"x").decode()}}])
+        store.apply_commit(repo, "main", title="t", message="", parent=None,
+                           operations=[AddFile(f"f{index}", b"x")])
     assert store._commits._size <= 25
     loads = _counting(monkeypatch, store, "_load_commit")
     assert len(store.history(repo, "main")) == 21  # evicted commits are read again, correctly

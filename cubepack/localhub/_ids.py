@@ -1,0 +1,201 @@
+"""Ids at the endpoint's edge: every id a request names, parsed into a typed value before use.
+
+A request names repos, revisions, commits, pull requests and discussions, comments and blobs,
+in its path and in its body. Each becomes a file name or a look-up key of the store, so each is
+parsed here, by one function per kind of id, before any handler or the store sees it:
+
+* a repo (``kind``, ``namespace``, ``name``) -> :class:`RepoRef` (names of 1-96 characters,
+  no leading dot: never ``..``);
+* a revision -> :class:`Revision`: a 40-hex commit id, ``refs/pr/N``, or a branch or tag name
+  that git accepts (optionally ``refs/heads/``- or ``refs/tags/``-prefixed). The store resolves
+  it to a commit id by look-ups; its text is never joined into a path;
+* a commit id (``parentCommit``) -> 40 lower-case hex (:func:`commit_id`);
+* a discussion or pull request number -> int from 1, no sign, exponent or leading zero;
+* a comment (event) id -> 24 lower-case hex; a blob oid -> 64 lower-case hex (sha256).
+
+A malformed id the client may be probing for (a repo, a revision, a ref to delete) answers 404
+with the Hub's error code, as the Hub does, so ``repo_exists`` and ``revision_exists`` still
+return False; any other malformed id is a 400 saying what the id must look like.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .._util.revision import is_commit, new_ref_problem, ref_name_problem
+from ._errors import StoreError, bad_request, shown
+
+REPO_TYPES = {"models": "model", "datasets": "dataset"}
+#: A repo's namespace or name, as the Hub allows them; the leading character is never a dot, so
+#: ``.`` and ``..`` are not names.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
+_EVENT = re.compile(r"[0-9a-f]{24}")
+#: A discussion or pull request number: from 1, at most 9 digits, no leading zero (so ``01``
+#: and ``1`` are not two spellings of one number).
+_NUMBER = re.compile(r"[1-9][0-9]{0,8}")
+#: A pull request's ref, as the Hub names them.
+PR_REF = re.compile(r"refs/pr/([1-9][0-9]{0,8})")
+
+
+@dataclass(frozen=True)
+class RepoRef:
+    """A repo: ``kind`` ("models" or "datasets"), ``namespace`` and ``name``, checked when made
+    (the store builds ``repos/<kind>/<namespace>/<name>`` from them)."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in REPO_TYPES or not is_repo_name(self.namespace) \
+                or not is_repo_name(self.name):
+            raise StoreError(404, f"Repository {shown(self.namespace)}/{shown(self.name)} not "
+                                  "found.", "RepoNotFound")
+
+    @property
+    def repo_id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def repo_type(self) -> str:
+        return REPO_TYPES[self.kind]
+
+
+def is_repo_name(value: object) -> bool:
+    """True for a namespace or repo name the Hub allows (1-96 characters of ``A-Za-z0-9._-``,
+    not starting with a dot or a dash)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def is_sha256(value: object) -> bool:
+    """True for a blob id: a sha256 as 64 lower-case hex digits."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
+    """The repo a request names, to look up: 404 RepoNotFound when no repo can have that id."""
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        raise StoreError(404, f"Repository {shown(namespace)}/{shown(name)} not found.",
+                         "RepoNotFound")
+    return RepoRef(kind, namespace, name)
+
+
+def new_repo_ref(kind: str, namespace: str, name: str, what: str = "The repo id") -> RepoRef:
+    """A repo to create or move to: 400 saying ``what`` is wrong when the Hub allows no repo of
+    that id."""
+    for part in (namespace, name):
+        repo_name(part, f"{what} {shown(f'{namespace}/{name}')}: each part")
+    return RepoRef(kind, namespace, name)
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A revision as a request names it, parsed: exactly one of ``commit`` (40 hex), ``pull``
+    (the N of ``refs/pr/N``) or a ref name (``text``, a branch or tag, optionally prefixed by
+    ``refs/heads/`` or ``refs/tags/``) is what the store looks up. Build it with
+    :func:`parse_revision`."""
+
+    text: str
+    commit: str | None = None
+    pull: int | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The branch or tag names this revision may be, in the order the Hub tries them."""
+        if self.commit is not None or self.pull is not None:
+            return (self.text,)  # a branch cannot be named like a commit or a pull request
+        return (self.text, self.text.removeprefix("refs/heads/"),
+                self.text.removeprefix("refs/tags/"))
+
+    @property
+    def branch(self) -> str:
+        """The branch a write to this revision moves (``refs/heads/`` dropped)."""
+        return self.text.removeprefix("refs/heads/")
+
+    @property
+    def prefix(self) -> str | None:
+        """7 to 39 lower-case hex digits: the start of a commit id, as the Hub accepts them."""
+        return self.text if _SHORT_SHA.fullmatch(self.text) else None
+
+
+def parse_revision(value: object) -> Revision:
+    """``value`` (a revision from a URL, a body or the store's own callers) as a
+    :class:`Revision`; 404 RevisionNotFound (the Hub's "Invalid rev id") when nothing could be
+    named so. An already parsed revision is returned as it is."""
+    if isinstance(value, Revision):
+        return value
+    if is_commit(value):
+        return Revision(value, commit=value)
+    if isinstance(value, str) and (pull := PR_REF.fullmatch(value)):
+        return Revision(value, pull=int(pull.group(1)))
+    if isinstance(value, str):
+        bare = value
+        for prefix in ("refs/heads/", "refs/tags/"):
+            bare = bare.removeprefix(prefix)
+        problem = ref_name_problem(bare)
+        if problem is None and not bare.startswith("refs/"):
+            return Revision(value)
+        problem = problem or "refs/ names a branch (refs/heads/), tag (refs/tags/) or pull request (refs/pr/N)"
+    else:
+        problem = f"a revision is a string, not {type(value).__name__}"
+    raise StoreError(404, f"Invalid rev id: {shown(value)} ({problem}).", "RevisionNotFound")
+
+
+def commit_id(value: object, what: str = "The commit id") -> str:
+    """A full commit id (40 lower-case hex), or a 400 saying ``what`` must be one."""
+    if not is_commit(value):
+        raise bad_request(f"{what} must be a full commit id (40 lower-case hex digits), not "
+                          f"{shown(value)}.")
+    return value  # type: ignore[return-value]
+
+
+def blob_oid(value: object, what: str = "The oid") -> str:
+    """A blob's sha256 (64 lower-case hex), or a 400 saying ``what`` must be one."""
+    if not is_sha256(value):
+        raise bad_request(f"{what} must be a sha256 (64 lower-case hex digits), not "
+                          f"{shown(value)}.")
+    return value  # type: ignore[return-value]
+
+
+def repo_name(value: object, what: str = "The repo name") -> str:
+    """A namespace or repo name to create, or a 400 saying ``what`` must be one."""
+    if not is_repo_name(value):
+        raise bad_request(f"{what} must be 1-96 characters of A-Z a-z 0-9 . _ -, not starting "
+                          f"with '.' or '-', not {shown(value)}.")
+    return value  # type: ignore[return-value]
+
+
+def discussion_number(value: str) -> int:
+    """A discussion or pull request number from a URL: 400 unless it is 1-999999999 written
+    plainly (``-1``, ``1e3``, ``01``, ``0`` and longer numbers are refused, not guessed at)."""
+    if not _NUMBER.fullmatch(value):
+        raise bad_request(f"Invalid discussion number {shown(value)}: a number from 1, in plain "
+                          "digits without a leading zero.")
+    return int(value)
+
+
+def event_id(value: str) -> str:
+    """A comment's id from a URL: 24 lower-case hex digits, as the Hub's, else 400."""
+    if not _EVENT.fullmatch(value):
+        raise bad_request(f"Invalid comment id {shown(value)}: 24 lower-case hex digits.")
+    return value
+
+
+def new_ref_name(value: object, kind: str = "branch") -> str:
+    """The name of a branch or tag to create: git's rules and no ``refs/`` prefix, else 400."""
+    if problem := new_ref_problem(value):
+        raise bad_request(f"Invalid {kind} name {shown(value)}: {problem}.")
+    return value  # type: ignore[return-value]
+
+
+def ref_name(value: str) -> str:
+    """The name of an existing branch or tag (to delete): 404 when no ref can be named so."""
+    if problem := new_ref_problem(value):
+        raise StoreError(404, f"Invalid rev id: {shown(value)} ({problem}).", "RevisionNotFound")
+    return value
