@@ -145,14 +145,13 @@ def test_unknown_hub_id_offline_is_a_clear_error(monkeypatch):
 
 def test_load_time_overrides_count_and_are_named(zoo, models, tmp_path):
     """from_pretrained(..., <config kwarg>) changes the model without touching config.json."""
-    from transformers import AutoModelForCausalLM
+    from cubepack._util.models import load_causal_lm  # from_pretrained without Hub kernels
 
     from helpers import build_cache
 
     cache = build_cache(models["a"], torch.tensor([[5, 6, 7]]))
     path = cubepack.save_kv_cache(cache, tmp_path / "a.kv.safetensors", producer=models["a"])
-    edited = AutoModelForCausalLM.from_pretrained(str(zoo["a"]), attn_implementation="eager",
-                                                  rms_norm_eps=1e-2).eval()
+    edited = load_causal_lm(zoo["a"], attn_implementation="eager", rms_norm_eps=1e-2)
     with pytest.raises(cubepack.IdentityMismatch) as caught:
         cubepack.load_kv_cache(path, edited)
     assert caught.value.fields == ["compute_config.rms_norm_eps"]

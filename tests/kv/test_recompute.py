@@ -310,11 +310,10 @@ def test_a_gradient_guided_perturbation_within_the_tensor_bound_is_refused_by_be
 def test_honest_caches_pass_the_behaviour_bound_even_across_attention_kernels(
         tmp_path, zoo, dtype):
     """Made with eager attention, recomputed with SDPA: what differs is kernel noise only."""
-    from transformers import AutoModelForCausalLM
+    from cubepack._util.models import load_causal_lm  # from_pretrained without Hub kernels
 
     def load(attention):
-        return AutoModelForCausalLM.from_pretrained(
-            str(zoo["a"]), dtype=getattr(torch, dtype), attn_implementation=attention).eval()
+        return load_causal_lm(zoo["a"], dtype=getattr(torch, dtype), attn_implementation=attention)
 
     maker, checker = load("eager"), load("sdpa")
     ids = list(range(2, 50))
