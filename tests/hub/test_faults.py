@@ -233,9 +233,9 @@ def test_a_pull_whose_folder_is_swapped_out_while_it_refreshes_its_record_succee
     """
     if not folder_exists:
         shutil.rmtree(target)
-    Interleaving(monkeypatch, target)
     with InstrumentedHub(tmp_path / "hub") as hub:
         sha = push(big_cube, "ns/twice", endpoint=hub.url, allow_local_paths=True).commit_sha
+        Interleaving(monkeypatch, target)  # the two pulls' steps only
         outcomes, errors = [], []
 
         def run():
