@@ -1,12 +1,18 @@
 """An overall deadline per pull and per push, however slowly a hostile endpoint answers: the
 operation ends with one HubError naming the endpoint and what was slow, the pull places
 nothing, and no request it made goes on in the background. Run under huggingface_hub 2.x
-(httpx) and 0.36 (requests) alike."""
+(httpx) and 0.36 (requests) alike.
+
+A test that checks what the message names makes the deadline pass once the endpoint holds
+that request (an event: :meth:`Deadline.expire <cubepack.hub._deadline.Deadline.expire>`, what
+a deadline does when its time is up), never after a number of seconds: on a loaded machine the
+steps before that request can take longer than any such number."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,8 +26,8 @@ from cubepack.testing.hub import InstrumentedHub
 from helpers import tree_bytes
 
 KEPT = {"kept.txt": b"the folder as it was"}
-#: Deadlines the tests set: long enough that the first request is always sent before them on a
-#: loaded 2-core CI machine (1 s was not: the message then named no request in flight).
+#: The deadline of the tests that let it pass by itself: they assert nothing about the step it
+#: falls in (a loaded machine may not have reached the held request by then).
 SHORT = 4
 #: A safety net so a broken deadline fails a test instead of hanging it (never asserted on).
 HANG = 120
@@ -47,6 +53,86 @@ def target(tmp_path):
     return folder
 
 
+class Deadlines:
+    """The :class:`~cubepack.hub._deadline.Deadline` of every pull and push a test starts, and
+    the requests each has in flight, for a test to wait on."""
+
+    def __init__(self):
+        self._flying: dict[_deadline.Deadline, dict[int, _deadline._Transfer]] = {}
+        self._changed = threading.Condition()
+
+    def update(self, deadline, begun=None, ended=None):
+        with self._changed:
+            flying = self._flying.setdefault(deadline, {})
+            if begun is not None:
+                flying[id(begun)] = begun
+            if ended is not None:
+                flying.pop(id(ended), None)
+            self._changed.notify_all()
+
+    def wait_until(self, action: str, ready) -> _deadline.Deadline:
+        """Block until ``ready(transfers)`` holds for the requests the deadline of ``action``
+        ("pull of ns/slow") has in flight (each with ``method``, ``url``, ``answered``: its
+        headers in the client's hands); return that deadline."""
+        def found():
+            return next((deadline for deadline, flying in self._flying.items()
+                         if deadline.action == action and ready(list(flying.values()))), None)
+
+        with self._changed:
+            assert self._changed.wait_for(found, HANG), action
+            return found()
+
+
+@pytest.fixture
+def deadlines(monkeypatch):
+    """Every deadline a pull or push makes (see :class:`Deadlines`)."""
+    from cubepack.hub import _client
+
+    seen = Deadlines()
+
+    class Recorded(_deadline.Deadline):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.update(self)
+
+        def begin(self, method, url):
+            transfer = super().begin(method, url)
+            seen.update(self, begun=transfer)
+            return transfer
+
+        def answered(self, transfer, total, sock):
+            super().answered(transfer, total, sock)
+            seen.update(self)
+
+        def end(self, transfer):
+            super().end(transfer)
+            seen.update(self, ended=transfer)
+
+    monkeypatch.setattr(_client, "Deadline", Recorded)
+    return seen
+
+
+def in_background(work):
+    """``work()`` in a thread (joined, and its failure raised, by the returned function)."""
+    failures = []
+
+    def run():
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread by join
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def join():
+        thread.join(HANG)
+        assert not thread.is_alive()
+        if failures:
+            raise failures[0]
+    return join
+
+
 def published(hub, cube, repo="ns/slow"):
     return push(cube, repo, endpoint=hub.url, allow_local_paths=True).commit_sha
 
@@ -62,15 +148,22 @@ def nothing_left_running():
 
 
 def test_a_trickled_download_ends_at_the_deadline_naming_file_and_bytes(hub, big_cube, target,
-                                                                         tmp_path):
+                                                                         tmp_path, deadlines):
     sha = published(hub, big_cube)
     trickle = hub.add_fault("trickle", path=r"/resolve/.*big\.kv", method="GET", times=100,
                             seconds=0.05)
-    with pytest.raises(HubError) as caught:
-        pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
-             cache_dir=tmp_path / "c", timeout=SHORT)
+    # The deadline passes once the trickled answer is the one request left in flight.
+    joined = in_background(lambda: deadlines.wait_until("pull of ns/slow", lambda flying: [
+        (t.method, t.answered, re.search(r"/resolve/.*big\.kv", t.url) is not None)
+        for t in flying] == [("GET", True, True)]).expire())
+    try:
+        with pytest.raises(HubError) as caught:
+            pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
+                 cache_dir=tmp_path / "c", timeout=HANG)
+    finally:
+        joined()
     message = str(caught.value)
-    assert message.startswith(f"The pull of ns/slow did not finish within {SHORT} s")
+    assert message.startswith(f"The pull of ns/slow did not finish within {HANG} s")
     assert hub.url in message and "still downloading activations/big.kv.safetensors (" in message
     assert "bytes arrived" in message and "Nothing was placed" in message
     assert "\n" not in message
@@ -79,22 +172,29 @@ def test_a_trickled_download_ends_at_the_deadline_naming_file_and_bytes(hub, big
     nothing_left_running()
     trickle.times = 0  # an honest endpoint again: the same pull succeeds
     assert pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=target, force=True,
-                cache_dir=tmp_path / "c", timeout=60).report.ok
+                cache_dir=tmp_path / "c", timeout=HANG).report.ok
 
 
 def test_an_api_call_that_never_answers_ends_at_the_deadline_naming_it(hub, big_cube, target,
-                                                                        tmp_path):
+                                                                        tmp_path, deadlines):
     published(hub, big_cube)
-    hub.add_fault("hold", path=r"/api/datasets/ns/slow/revision/", method="GET")
-    with pytest.raises(HubError) as caught:
-        pull("ns/slow@main", endpoint=hub.url, local_dir=target, force=True,
-             cache_dir=tmp_path / "c", timeout=SHORT)
+    held = hub.add_fault("hold", path=r"/api/datasets/ns/slow/revision/", method="GET")
+
+    def expire_while_held():
+        deadlines.wait_until("pull of ns/slow", lambda flying: any(
+            "/api/datasets/ns/slow/revision/" in t.url for t in flying)).expire()
+        held.release()  # answered now, too late: the answer is refused
+
+    joined = in_background(expire_while_held)
+    try:
+        with pytest.raises(HubError) as caught:
+            pull("ns/slow@main", endpoint=hub.url, local_dir=target, force=True,
+                 cache_dir=tmp_path / "c", timeout=HANG)
+    finally:
+        joined()
     message = str(caught.value)
-    assert hub.url in message and f"within {SHORT} s" in message
-    # Named either as still waiting (no answer yet) or, when the deadline falls while the
-    # client waits to retry it (hub 0.36 retries a failed request after a pause), as the last.
-    assert "waiting for GET /api/datasets/ns/slow/revision/main" in message
-    assert "(no answer yet)" in message or "no request was in flight (the last: " in message
+    assert hub.url in message and f"within {HANG} s" in message
+    assert "still waiting for GET /api/datasets/ns/slow/revision/main (no answer yet)" in message
     assert tree_bytes(target) == KEPT
     nothing_left_running()
 
@@ -103,13 +203,39 @@ def test_a_push_whose_upload_is_never_answered_ends_at_the_deadline(hub, big_cub
     held = hub.add_fault("hold", path=r"^/lfs/upload/", method="PUT", times=100)
     with pytest.raises(HubError) as caught:
         push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True, timeout=SHORT)
+    # In whichever step the deadline fell (which one: the next test).
     message = str(caught.value)
     assert message.startswith(f"The push to ns/slow did not finish within {SHORT} s") and hub.url in message
-    assert "still uploading activations/" in message and "push again" in message
+    assert "push again" in message and "\n" not in message
     assert hub.stats.commits == 0
     nothing_left_running()
     held.times = 0
     held.release()
+    assert push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True).changed
+
+
+def test_a_deadline_passing_during_the_upload_names_the_files_being_uploaded(hub, big_cube,
+                                                                            deadlines):
+    held = hub.add_fault("hold", path=r"^/lfs/upload/", method="PUT", times=100)
+
+    def expire_while_held():
+        deadlines.wait_until("push to ns/slow", lambda flying: flying and all(
+            t.method == "PUT" and "/lfs/upload/" in t.url for t in flying)).expire()
+        held.release()  # the held uploads are answered now, too late: the answers are refused
+
+    joined = in_background(expire_while_held)
+    try:
+        with pytest.raises(HubError) as caught:
+            push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True, timeout=HANG)
+    finally:
+        joined()
+    message = str(caught.value)
+    assert message.startswith(f"The push to ns/slow did not finish within {HANG} s")
+    assert hub.url in message
+    assert "still uploading activations/" in message and "push again" in message
+    assert hub.stats.commits == 0
+    nothing_left_running()
+    held.times = 0
     assert push(big_cube, "ns/slow", endpoint=hub.url, allow_local_paths=True).changed
 
 
@@ -127,7 +253,7 @@ def test_the_guard_does_not_outlive_the_call(hub, big_cube, tmp_path):
         state = lambda: {kind: list(found) for kind, found in hooks.items()}
     sha = published(hub, big_cube)
     assert pull(f"ns/slow@{sha}", endpoint=hub.url, local_dir=tmp_path / "out",
-                cache_dir=tmp_path / "c", timeout=60).report.ok
+                cache_dir=tmp_path / "c", timeout=HANG).report.ok
     assert state() == before
     assert _deadline._ACTIVE == []
 
