@@ -1,8 +1,11 @@
-"""Benchmark: ``cubepack pull --verify`` against a plain ``snapshot_download`` of the same commit.
+"""Benchmark: ``cubepack pull --verify`` against ``hf download --local-dir`` of the same commit.
 
 A ~500 MB cube is pushed to a local endpoint (``cubepack.testing.hub`` in its own process, on
-127.0.0.1); each contender then downloads that commit into a fresh HF cache, in the same run,
-taking turns (which goes first alternates) for ``--rounds`` rounds. Prints the ratio of the
+127.0.0.1); each contender then downloads that commit into a fresh folder (and, for the pull,
+a fresh HF cache), in the same run, taking turns (which goes first alternates) for
+``--rounds`` rounds. The baseline is what ``hf download REPO --local-dir DIR`` runs
+(``snapshot_download(local_dir=...)``: files of their own in the folder, no HF cache); the pull
+fills the HF cache, places its own copy of each file and verifies it. Prints the ratio of the
 best times and the median of the rounds' ratios; target <= 1.05x. Not a test (``--smoke``
 runs a tiny size in seconds, as CI does, so the script cannot rot).
 
@@ -82,7 +85,8 @@ def main() -> None:
             def run_plain(round_: int) -> None:
                 start, used = time.perf_counter(), cpu_seconds()
                 snapshot_download("bench/cube", repo_type="dataset", revision=sha,
-                                  endpoint=hub_url, cache_dir=root / f"plain-{round_}")
+                                  endpoint=hub_url, local_dir=root / f"plain-{round_}",
+                                  cache_dir=root / f"plain-cache-{round_}")
                 plain.append(time.perf_counter() - start)
                 cpu["plain"] += cpu_seconds() - used
 
@@ -97,7 +101,7 @@ def main() -> None:
                 for run in ((run_plain, run_pull) if round_ % 2 == 0 else (run_pull, run_plain)):
                     run(round_)
                     # Each starts with no dirty pages: the other's writeback would slow it.
-                    for folder in ("plain", "pull", "out"):
+                    for folder in ("plain", "plain-cache", "pull", "out"):
                         shutil.rmtree(root / f"{folder}-{round_}", ignore_errors=True)
                     os.sync()
         finally:
@@ -106,14 +110,14 @@ def main() -> None:
         size = sum(p.stat().st_size for p in cube.rglob("*") if p.is_file())
         link = f"{args.link_mb:.0f} MB/s link" if args.link_mb else "unthrottled loopback"
         print(f"cube: {size / 1e6:.0f} MB in {args.files + 4} files, local endpoint on 127.0.0.1, {link}")
-        print(f"snapshot_download (no verification)    best {min(plain):6.2f} s")
-        print(f"cubepack pull --verify (resolve, verify) best {min(verified):6.2f} s")
+        print(f"hf download --local-dir (no verification) best {min(plain):6.2f} s")
+        print(f"cubepack pull --verify (resolve, verify)  best {min(verified):6.2f} s")
         print("each round (s):", ", ".join(f"{p:.2f} vs {v:.2f}" for p, v in zip(plain, verified)))
-        print(f"client CPU per round: snapshot_download {cpu['plain'] / args.rounds:.2f} s, "
+        print(f"client CPU per round: hf download --local-dir {cpu['plain'] / args.rounds:.2f} s, "
               f"cubepack pull {cpu['pull'] / args.rounds:.2f} s "
               f"({cpu['pull'] / cpu['plain']:.2f}x)")
         rounds = statistics.median(v / p for v, p in zip(verified, plain))
-        print(f"ratio cubepack pull / snapshot_download: {min(verified) / min(plain):.2f}x "
+        print(f"ratio cubepack pull / hf download --local-dir: {min(verified) / min(plain):.2f}x "
               f"best to best, {rounds:.2f}x median of {args.rounds} rounds (target <= 1.05x)")
     finally:
         shutil.rmtree(root, ignore_errors=True)

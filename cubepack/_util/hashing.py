@@ -9,9 +9,6 @@ the size the file had when it was opened, are read into a reused per-thread buff
 file another process truncates while it is being hashed ends this process (SIGBUS), as for any
 memory map; nothing is accepted either way.
 
-:class:`HashingWriter` hashes a byte stream as it is written to a file instead (a pull hashes
-each download as its bytes arrive), so the file need not be read back.
-
 ``HashCache`` remembers digests of files we do not control (model weights) keyed by
 (device, inode, size, mtime_ns, ctime_ns) of the file a path resolves to, so re-fingerprinting
 an unchanged 1 GB model costs a ``stat``. ctime is in the key because a user can set mtime back
@@ -89,57 +86,6 @@ def _hash_read(digest: Any, handle: Any, on_bytes: Callable[[int], None] | None)
             digest.update(view[:count])
             if on_bytes is not None:
                 on_bytes(count)
-
-
-class HashingWriter:
-    """A binary file object that hashes every byte written through it, in order.
-
-    It stands in for ``inner`` (every other attribute is ``inner``'s). :meth:`hexdigest` is the
-    sha256 of the file's bytes only while the stream is whole: written from position 0, every
-    byte through :meth:`write`; a seek, a truncate or a write that does not say how much it
-    wrote breaks it, and it returns None (hash the file once it is complete instead).
-    """
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-        self._digest = hashlib.sha256()
-        self.size = 0
-        try:
-            self._whole = inner.tell() == 0
-        except (OSError, ValueError):
-            self._whole = False
-
-    def write(self, data: Any) -> Any:
-        count = self._inner.write(data)
-        if not isinstance(count, int):
-            self._whole = False
-            return count
-        if self._whole:
-            if isinstance(data, bytes) and count == len(data):
-                self._digest.update(data)
-            else:
-                with memoryview(data) as view, view.cast("B") as octets:
-                    self._digest.update(octets[:count])
-        self.size += count
-        return count
-
-    def writelines(self, lines: Iterable[Any]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def seek(self, *args: Any) -> Any:
-        self._whole = False
-        return self._inner.seek(*args)
-
-    def truncate(self, *args: Any) -> Any:
-        self._whole = False
-        return self._inner.truncate(*args)
-
-    def hexdigest(self) -> str | None:
-        return self._digest.hexdigest() if self._whole else None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class HashCache:

@@ -1,8 +1,10 @@
 """``cubepack pull``: one exact commit, downloaded, verified, then placed.
 
-A branch or tag is resolved to its 40-hex commit first; that commit is downloaded (each file
-hashed as its bytes arrive), verified against its lock, and only then swapped into the
-target folder. A pull never replaces files it would lose.
+A branch or tag is resolved to its 40-hex commit first; that commit is downloaded into the
+HF cache, each file copied into a staging folder as its download completes (a reflink or a
+kernel copy, never a hard link: the pulled folder is its user's to edit, and shares no inode
+with the cache or another pull) and hashed there, verified against its lock, and only then
+swapped into the target folder. A pull never replaces files it would lose.
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ from ..format._fileset import ORIGIN_FILE, is_tolerated
 from ..ops._verify import require_checked_models, verify
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
-from ._arrival import arrivals, arrived_digest, hashing_downloads
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
 from ._remote import remote_model_checks
 
-#: Parallel downloads in ``pull``. Each file is hashed as its bytes arrive (by the thread that
-#: downloads it), so nothing is left to hash once the last arrives. Four, not
-#: snapshot_download's 8: on 2 cores bench/pull.py measured less CPU, and less time, with 4.
+#: Parallel downloads in ``pull``. Each file is copied into the staging folder and hashed there
+#: by the thread that downloaded it, so nothing is left to hash once the last arrives. Four,
+#: not snapshot_download's 8: on 2 cores bench/pull.py measured less CPU, and less time, with 4.
 _DOWNLOAD_WORKERS = 4
 
 
@@ -105,15 +106,16 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                        outcome=f"Nothing was placed: {target} is as it was.")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
-    snapshot, files, hashed = _download(client, repo_id, sha, repo_type=repo_type,
-                                        offline=offline, cache_dir=cache_dir,
-                                        lock_first=verify_cube)
-    # The download took a while: what the target holds now is what must not be lost. (Checked
-    # before linking: a new link to a blob changes the ctime of the blob's other names.)
-    check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     staging = atomic.staging_dir(target, "pull")
     try:
-        placed = _materialize(snapshot, files, staging)
+        # Online, each file is copied into the staging folder as soon as it is in the HF cache
+        # (overlapping the other downloads) and hashed there: the digests verify trusts are of
+        # the very bytes placed. Offline, the cached snapshot is copied the same way.
+        snapshot, placed, hashed = _download(client, repo_id, sha, repo_type=repo_type,
+                                             offline=offline, cache_dir=cache_dir,
+                                             lock_first=verify_cube, staging=staging)
+        # The download took a while: what the target holds now is what must not be lost.
+        check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
         report = None
         if verify_cube:
             # The deadline covers the checks too: a cube slow to check cannot outlive it.
@@ -132,7 +134,6 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         _write_origin(staging, repo_id, repo_type, sha,
                       _placed_digests(staging, placed, hashed, report))
         atomic.replace_dir(staging, target)
-        _refresh_origin(target)
         if wanted and not is_commit(wanted) and not offline:
             _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
     except BaseException:
@@ -319,27 +320,6 @@ def _read_origin(path: Path) -> Any:
     return canonical.loads_strict(path.read_bytes())  # a cube may ship one: read it strictly
 
 
-def _refresh_origin(target: Path) -> None:
-    """Placed files are hard links to HF-cache blobs, so unlinking the old folder's links to the
-    same blobs changed their ctime after the record was written. Record the new keys of files
-    whose inode, size and mtime are unchanged, so the next pull need not hash them again
-    (best effort: the cube is placed, and a stale key only costs a hash)."""
-    path = target / ORIGIN_FILE
-    try:
-        origin = _read_origin(path)
-        keys = _stat_keys(target, sorted(origin["files"]))
-    except (OSError, ValueError, KeyError, CubepackError):
-        return
-    changed = False
-    for name, entry in origin["files"].items():
-        key = keys[name]
-        if key is not None and key != entry["stat"] and entry["stat"] is not None \
-                and key[:4] == entry["stat"][:4]:
-            entry["stat"], changed = key, True
-    if changed:
-        atomic.write_text(path, canonical.dumps(origin))
-
-
 def _placed_digests(staging: Path, names: list[str], hashed: dict[str, str],
                     report: VerifyReport | None) -> dict[str, str]:
     """sha256 of every placed file: hashed as downloaded, else as verified against the lock,
@@ -412,18 +392,19 @@ def _cached_ref(repo_id: str, name: str, repo_type: str, cache_dir: str | Path |
 
 
 def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offline: bool,
-              cache_dir: str | Path | None,
-              lock_first: bool) -> tuple[Path, list[str] | None, dict[str, str]]:
-    """Download commit ``sha`` into the HF cache.
+              cache_dir: str | Path | None, lock_first: bool,
+              staging: Path) -> tuple[Path, list[str], dict[str, str]]:
+    """Download commit ``sha`` into the HF cache (which stays filled: a later ``--offline``
+    pull is served from it) and place a copy of each file in ``staging``.
 
-    Returns (``<cache>/<repo>/snapshots/<sha>``, the commit's file paths or None offline,
-    {path: sha256} of the files hashed here). Every remote path is checked before anything is
-    downloaded; with ``lock_first`` the lock is fetched and parsed first and files it does not
-    list are refused before they are downloaded. Online, each file is hashed as huggingface_hub
-    writes its bytes (see ``_arrival``), so verification overlaps the network and no file is
-    read back; a file whose stream cannot vouch for it is hashed from disk once placed in the
-    cache. Offline, the snapshot is served from the cache (zero
-    requests) and hashed later by verify.
+    Returns (``<cache>/<repo>/snapshots/<sha>``, the paths placed, {path: sha256 of the placed
+    copy}). Every remote path is checked before anything is downloaded; with ``lock_first``
+    the lock is fetched and parsed first and files it does not list are refused before they
+    are downloaded. Each file is copied into ``staging`` as soon as its download completes
+    (:func:`cubepack._util.atomic.clone_file`: a reflink where the file system has them, else
+    a kernel copy; never a hard link, so the placed folder shares no inode with the cache or
+    another pull) and hashed there, overlapping the other downloads. Offline, the snapshot is
+    served from the cache (zero requests) and copied the same way.
     """
     from huggingface_hub import snapshot_download
 
@@ -436,14 +417,16 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
             raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is not in "
                            f"the HF cache ({snapshot.parent.parent}); pull it once online.") from exc
         _require_snapshot(found, snapshot, ".")
-        return snapshot, None, {}
+        names = list_cube_files_following_links(snapshot)
+        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
+            return snapshot, names, dict(pool.map(lambda name: (name, _place(
+                snapshot, name, staging)), names))
 
     def fetch(path: str) -> tuple[str, str]:
-        with arrivals() as arrived:
-            local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
-                                    cache_dir=cache_dir)
+        local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
+                                cache_dir=cache_dir)
         _require_snapshot(local, snapshot, path)
-        return path, arrived_digest(arrived, local) or sha256_file(local)
+        return path, _place(snapshot, path, staging)
 
     def fetch_all() -> tuple[list[str], dict[str, str]]:
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
@@ -465,7 +448,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
             hashed.update(pool.map(client.bind(fetch), todo))
         return paths, hashed
 
-    with client.translated(repo_id, repo_type, sha), hashing_downloads():
+    with client.translated(repo_id, repo_type, sha):
         paths, hashed = client.run(fetch_all)
     return snapshot, paths, hashed
 
@@ -500,20 +483,18 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
         raise VerificationFailed(report)
 
 
-def _materialize(snapshot: Path, files: list[str] | None, staging: Path) -> list[str]:
-    """Place a cache snapshot's files (symlinks into blobs) in ``staging`` as hard links to the
-    blobs (a copy where links are impossible), and return their names. Online, exactly the
-    commit's files; offline, the snapshot folder's, each of which must resolve inside this
-    repo's blobs."""
+def _place(snapshot: Path, name: str, staging: Path) -> str:
+    """Copy the cached file ``name`` of ``snapshot`` (a symlink into the repo's blobs) to
+    ``staging`` as a file of its own, and return the sha256 of the copy (read back from the
+    copy just written: the digest is of the bytes placed, whatever the cache holds later)."""
     blobs = os.path.realpath(snapshot.parent.parent / "blobs")
-    names = files if files is not None else list_cube_files_following_links(snapshot)
-    for name in names:
-        real = os.path.realpath(resolve_inside(snapshot, name))
-        if os.path.commonpath([real, blobs]) != blobs:
-            raise UnsafeInputError(f"{snapshot / name} resolves outside its repo's blobs "
-                                   f"({real}); refusing it.")
-        atomic.link_or_copy(Path(real), resolve_inside(staging, name))
-    return names
+    real = os.path.realpath(resolve_inside(snapshot, name))
+    if os.path.commonpath([real, blobs]) != blobs:
+        raise UnsafeInputError(f"{snapshot / name} resolves outside its repo's blobs "
+                               f"({real}); refusing it.")
+    destination = resolve_inside(staging, name)
+    atomic.clone_file(Path(real), destination)
+    return sha256_file(destination)
 
 
 def list_cube_files_following_links(snapshot: Path) -> list[str]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 
 import pytest
 
 from cubepack._util import hashing
-from cubepack._util.hashing import HashingWriter, hash_files, sha256_file
+from cubepack._util.hashing import hash_files, sha256_file
 
 from envs import once
 
@@ -62,64 +61,3 @@ def test_hash_files_hashes_every_file_largest_first_with_a_pool(tmp_path):
         path.write_bytes(data)
         files[path] = hashlib.sha256(data).hexdigest()
     assert hash_files(list(files), progress=False, workers=2) == files
-
-
-def test_a_writer_hashes_every_byte_written_in_order():
-    sink = io.BytesIO()
-    writer = HashingWriter(sink)
-    writer.write(b"abc")
-    writer.write(bytearray(b"def"))
-    writer.write(memoryview(b"ghij")[1:])
-    writer.writelines([b"k", b"lm"])
-    assert sink.getvalue() == b"abcdefhijklm"
-    assert writer.size == 12 and writer.tell() == 12  # other attributes are the file's
-    assert writer.hexdigest() == hashlib.sha256(b"abcdefhijklm").hexdigest()
-
-
-def test_a_writer_hashes_only_what_the_file_took():
-    class Short(io.RawIOBase):
-        def __init__(self):
-            self.taken = b""
-
-        def writable(self):
-            return True
-
-        def tell(self):
-            return len(self.taken)
-
-        def write(self, data):
-            self.taken += bytes(data[:2])
-            return 2
-
-    sink = Short()
-    writer = HashingWriter(sink)
-    writer.write(b"abcdef")
-    assert writer.hexdigest() == hashlib.sha256(b"ab").hexdigest() and writer.size == 2
-
-
-@pytest.mark.parametrize("break_it", [
-    lambda w: w.seek(0), lambda w: w.truncate(1), lambda w: w.write(NoCount())])
-def test_a_rewound_or_unaccounted_stream_vouches_for_nothing(break_it):
-    writer = HashingWriter(Sink())
-    writer.write(b"abc")
-    break_it(writer)
-    assert writer.hexdigest() is None
-
-
-def test_a_stream_that_does_not_start_at_the_beginning_vouches_for_nothing():
-    sink = io.BytesIO(b"earlier bytes")
-    sink.seek(0, io.SEEK_END)
-    writer = HashingWriter(sink)
-    writer.write(b"more")
-    assert writer.hexdigest() is None
-
-
-class NoCount(bytes):
-    """Data a file object writes without saying how much (a non-blocking raw file's None)."""
-
-
-class Sink(io.BytesIO):
-    def write(self, data):
-        if isinstance(data, NoCount):
-            return None
-        return super().write(data)
