@@ -579,7 +579,8 @@ def _render_lineage(data: dict[str, Any]) -> str:
 @click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
               show_default=True, help="MemOS expects dataset repos.")
 @click.option("--private", is_flag=True, help="Create the repo private (if it does not exist).")
-@click.option("--revision", help="Branch to push to (created from main if missing).")
+@click.option("--revision", help="Branch to push to (created from main if missing), or "
+                                 "refs/pr/N: add a commit to that open pull request.")
 @click.option("--tag", help="Tag the pushed commit (an immutable name for it).")
 @click.option("--create-pr", is_flag=True,
               help="Propose the commit as a pull request (refs/pr/N) to the branch; the branch "
@@ -615,6 +616,9 @@ def _render_push(data: dict[str, Any]) -> str:
                 + (f"\nurl:    {data['commit_url']}" if data["commit_url"] else ""))
     if data["tag"]:
         line += f"\ntag:    {data['tag']}"
+    if data["pr_revision"] and data["branch"] == data["pr_revision"]:  # added to an open one
+        return line + (f"\nadded to pull request #{data['pr_num']} ({data['pr_revision']}); "
+                       f"review it: cubepack pull {data['repo_id']}@{data['pr_revision']}")
     if data["pr_revision"]:
         return line.replace(f" to {data['repo_id']}@{data['branch']}",
                             f" as pull request #{data['pr_num']} to "

@@ -143,3 +143,18 @@ def qwen3_snapshot(tmp_path_factory):
     with InstrumentedHub(root / "hub") as hub:
         upload_folder(hub.url, "Qwen/Qwen3-1.7B", folder)
         return Path(snapshot_download("Qwen/Qwen3-1.7B", endpoint=hub.url))
+
+
+@pytest.fixture(scope="module")
+def packed(packed_cube_factory):
+    """The session's packed MemOS cube (read only)."""
+    return packed_cube_factory()
+
+
+@pytest.fixture
+def cube(packed, tmp_path):
+    """A fresh copy of ``packed`` for one test to change (a folder needing another cube
+    defines its own ``cube``)."""
+    from helpers import copy_of
+
+    return copy_of(packed, tmp_path)

@@ -346,3 +346,17 @@ def managed_cube_folder(*parts: str, create_last: bool = True) -> Path:
     clones, checked by :func:`managed_folder`: before anything is placed there or removed."""
     return managed_folder(cache_dir(), ("cubes", *parts), what="CUBEPACK_CACHE",
                           create_last=create_last)
+
+
+# --- model names: a path on this machine, or a Hub id ----------------------------------------
+
+def names_a_path(name: object) -> bool:
+    """Does a model name denote a path on this machine rather than a Hub id? The one rule
+    (resolving, pinning, renaming at pack, refusing at push): an absolute path; one starting
+    with ``~`` or ``.``; one with more than one ``/`` (a Hub id is ``name`` or
+    ``owner/name``); or any name that is an existing folder here (transformers loads a folder
+    before it asks the Hub, so ``models/llama`` beside the working directory is a path)."""
+    if not isinstance(name, str) or not name:
+        return False
+    return (os.path.isabs(name) or name.startswith(("~", ".")) or name.count("/") > 1
+            or os.path.isdir(os.path.expanduser(name)))

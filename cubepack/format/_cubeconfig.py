@@ -17,31 +17,36 @@ from .._util import canonical, constants
 from ..errors import FormatError
 
 
+def pin_view(pin: dict[str, Any]) -> dict[str, Any]:
+    """What ``cubepack.yaml`` states of one lock pin: the one definition build writes and
+    verify compares, field for field."""
+    identity = pin.get("identity") or {}
+    return {"repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
+            "strict": bool(pin.get("strict")), "dtype": identity.get("dtype"),
+            "kv_dtype": identity.get("kv_dtype"), "quantization": identity.get("quantization"),
+            "weights_digest": identity.get("weights_digest")}
+
+
+#: What ``cubepack.yaml`` states of each adapter entry of the lock.
+ADAPTER_VIEW = ("path", "digest", "peft_type", "rank", "target_modules", "model_role")
+
+
+def adapter_view(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: entry[key] for key in ADAPTER_VIEW}
+
+
 def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
           memories: dict[str, list[str]],
           adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    pins = {}
-    for role, pin in sorted(models.items()):
-        identity = pin.get("identity") or {}
-        pins[role] = {
-            "repo_id": pin.get("repo_id"),
-            "revision": pin.get("revision"),
-            "strict": bool(pin.get("strict")),
-            "dtype": identity.get("dtype"),
-            "kv_dtype": identity.get("kv_dtype"),
-            "quantization": identity.get("quantization"),
-            "weights_digest": identity.get("weights_digest"),
-        }
     config = {
         "schema_version": constants.CONFIG_SCHEMA_VERSION,
         "cube_id": cube_id,
-        "models": pins,
+        "models": {role: pin_view(pin) for role, pin in sorted(models.items())},
         "memories": {kind: paths for kind, paths in sorted(memories.items()) if paths},
     }
     if adapters:  # parametric memory: each adapter's folder, digest, LoRA facts and base role
-        config["adapters"] = {name: {key: entry[key] for key in (
-            "path", "digest", "peft_type", "rank", "target_modules", "model_role")}
-            for name, entry in sorted(adapters.items())}
+        config["adapters"] = {name: adapter_view(entry)
+                              for name, entry in sorted(adapters.items())}
     return config
 
 

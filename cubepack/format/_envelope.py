@@ -21,7 +21,7 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.revision import is_commit
 from ..errors import FormatError
-from ._lock import KINDS, RECOMPUTED
+from ._lock import KINDS, PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, RECOMPUTED
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -45,11 +45,11 @@ MAX_SIGNATURES = 16
 MAX_CHAIN = 256
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-_PARENT_KEYS = ("lock_digest", "content_digest", "cube_id", "repo_id", "revision")
+_PARENT_KEYS = PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS
 #: The parent link a signer can derive (the parent's lock it read); where the parent was
 #: pulled from (``repo_id``, ``revision``) comes from a pull's origin record: a claim.
-_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
-_ORIGIN_KEYS = ("repo_id", "revision")
+_LINK_KEYS = PARENT_LINK_KEYS
+_ORIGIN_KEYS = PARENT_ORIGIN_KEYS
 _BLOCK_KEYS = {"producers", "provenance", "recomputed", "lineage"}
 _CLAIMED_KEYS = {"producers", "provenance", "lineage", "origin"}
 

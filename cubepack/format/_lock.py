@@ -440,7 +440,12 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
 #: The lineage section's keys (see ``trust/_lineage.py``): every one required but
 #: ``changes.embedder``, which is there only when the embedder changed.
 _LINEAGE_KEYS = {"parent", "changes", "tool", "cubepack_version"}
-_PARENT_KEYS = {"lock_digest", "content_digest", "cube_id", "repo_id", "revision"}
+#: A parent link: the parent lock's digests and id (what a deriving step read), then the Hub
+#: repo and commit it was pulled from (a pull's origin record). The one definition; the
+#: attestation's link and origin are its two parts.
+PARENT_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
+PARENT_ORIGIN_KEYS = ("repo_id", "revision")
+_PARENT_KEYS = set(PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS)
 _CHANGE_KEYS = {"models", "retokenized", "reembedded", "adapters_dropped"}
 _MODEL_CHANGE_KEYS = {"from", "to", "from_weights", "to_weights"}
 

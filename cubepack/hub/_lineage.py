@@ -18,6 +18,7 @@ from .._util import constants
 from .._util.paths import regular_file
 from ..errors import FormatError, IntegrityError
 from ..format import _lock as lockfile
+from ..format._lock import PARENT_LINK_KEYS
 from ..trust import _lineage as lineage_format
 from ..trust._evidence import PROVED
 from ._client import HubClient
@@ -79,9 +80,9 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
                               "to follow it further.")
         spec = f"{parent['repo_id']}@{parent['revision']}"
         fetched = _fetch_lock(client, parent["repo_id"], parent["revision"], repo_type)
-        for key in ("lock_digest", "content_digest"):
+        for key in PARENT_LINK_KEYS:  # the one definition of what a parent link names
             found = fetched["digest" if key == "lock_digest" else key]
-            if found != parent[key]:
+            if found != parent[key] and (key != "cube_id" or parent[key] is not None):
                 raise IntegrityError(
                     f"Tampered parent link: {where} records its parent as {spec} with "
                     f"{key.replace('_', ' ')} {parent[key]}, but the cubepack.lock that commit "

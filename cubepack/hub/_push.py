@@ -9,7 +9,6 @@ With ``create_pr`` the commit is proposed as a pull request (``refs/pr/N``) inst
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from .._util import constants
 from .._util.hashing import sha256_file
+from .._util.paths import names_a_path
 from .._util.revision import check_ref_name
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
@@ -120,7 +120,13 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
     """Everything a push asks of the endpoint: at most one commit, then the tag."""
     api = client.api
     api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
-    if branch != "main":
+    if branch.startswith("refs/pr/"):  # an open pull request: the commit is added to it
+        if branch not in {ref.ref for ref in api.list_repo_refs(
+                repo_id, repo_type=repo_type, include_pull_requests=True).pull_requests or []}:
+            raise UsageError(f"{repo_id} has no pull request {branch}: push --create-pr opens "
+                             "one (its refs/pr/N is printed); --revision refs/pr/N adds a "
+                             "commit to an open one.")
+    elif branch != "main":
         api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
     collisions = 0
     while True:
@@ -158,9 +164,16 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
                       commit_url=commit.commit_url if commit is not None else None,
                       changed=commit is not None, uploaded=sorted(p for p, _ in additions),
                       deleted=sorted(deletions), tag=tag,
-                      pr_num=getattr(commit, "pr_num", None) if pr_url else None,
-                      pr_revision=getattr(commit, "pr_revision", None) if pr_url else None,
+                      pr_num=getattr(commit, "pr_num", None) if pr_url else _pr_number(branch),
+                      pr_revision=getattr(commit, "pr_revision", None) if pr_url
+                      else (branch if branch.startswith("refs/pr/") else None),
                       pr_url=pr_url)
+
+
+def _pr_number(branch: str) -> int | None:
+    """N of ``refs/pr/N`` (a push that added a commit to an open pull request), else None."""
+    number = branch.removeprefix("refs/pr/")
+    return int(number) if branch.startswith("refs/pr/") and number.isdigit() else None
 
 
 def _back_off(client: HubClient, collisions: int) -> bool:
@@ -182,8 +195,7 @@ def _refuse_local_model_paths(cube: Path) -> None:
     digest of the folder PEFT saved)."""
     for adapter in sorted((cube / constants.PARAMETRIC_DIR).glob(f"*/{constants.ADAPTER_CONFIG}")):
         claimed = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
-        if isinstance(claimed, str) and (os.path.isabs(claimed) or claimed.startswith(
-                ("~", "./", "../"))):
+        if names_a_path(claimed):
             raise UsageError(
                 f"{adapter.relative_to(cube).as_posix()} names its base model by the local path "
                 f"{claimed}, which means nothing on another machine and reveals your file "
@@ -194,10 +206,10 @@ def _refuse_local_model_paths(cube: Path) -> None:
     if not config_path.is_file():
         return
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    for role in memos_layout.ROLES:
+    for role in memos_layout.roles(config if isinstance(config, dict) else {}):
         inner = memos_layout.llm_config(config if isinstance(config, dict) else {}, role) or {}
         name = inner.get("model_name_or_path")
-        if isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))):
+        if names_a_path(name):
             fix = (f"Pack with its Hub id (cubepack pack {cube} --model OWNER/MODEL): config.json "
                    "then names it" if role == memos_layout.ACT_ROLE else
                    "Name its Hub id in config.json (or load it from the HF cache) and pack again")

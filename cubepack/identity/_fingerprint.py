@@ -28,6 +28,7 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
+from .._util.paths import names_a_path
 from .._util.revision import is_commit
 from .._util.safetensors_header import Header, read_header
 from ..errors import (
@@ -124,7 +125,7 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
     if path.is_dir():
         model_id, commit = hub_origin(path)
         return path, model_id, commit
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if names_a_path(name):  # not a folder, yet no Hub id either
         raise ModelNotFoundError(f"Model folder {name} does not exist.")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -403,7 +404,7 @@ def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
         kv_dtype=run_dtype,
         quantization=quantization_from_config(config),
         adapters=_loaded_adapters(model) or (adapters_from_folder(folder) if folder else None),
-        model_id=model_id or (name if name and not os.path.isabs(name) else None),
+        model_id=model_id or (name if name and not names_a_path(name) else None),
         revision=revision,
         config_digest=config_digest(config),
         versions=library_versions(),

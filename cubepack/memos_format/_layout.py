@@ -17,11 +17,11 @@ from typing import Any
 from .._util.canonical import LimitError, walk_containers
 from ..errors import CubepackError
 
-#: Model roles, as the lock and cubepack.yaml name them: the activation producer (strict) and
-#: the textual memory's extractor and embedder (informational).
+#: Model roles, as the lock and cubepack.yaml name them: ``act_mem``, the activation producer
+#: (strict), and ``<memory type>.<key>`` for every other model a memory type's config names
+#: (``text_mem.extractor_llm``, ``text_mem.embedder``, ``para_mem.extractor_llm``,
+#: ``pref_mem.embedder``...: informational), found by :func:`roles`, not listed.
 ACT_ROLE = "act_mem"
-TEXT_ROLES = ("text_mem.extractor_llm", "text_mem.embedder")
-ROLES = (ACT_ROLE, *TEXT_ROLES)
 KV_BACKENDS = ("kv_cache", "vllm_kv_cache")
 DEFAULT_FILENAMES = {
     "text_mem": "textual_memory.json",
@@ -56,6 +56,22 @@ def _llm_name(llm: Any) -> tuple[str | None, str | None]:
     return llm.get("backend"), name
 
 
+def roles(config: dict[str, Any]) -> list[str]:
+    """Every model role ``config`` names, the activation producer first: each key of each
+    memory type's config (:data:`MEMORY_KINDS`) that holds a model factory (``backend`` and a
+    ``config`` naming ``model_name_or_path`` or ``model``). Swept from the document, so a
+    memory type's new model key (MemOS's preference memory, its reranker) is pinned too."""
+    found = []
+    for memory in MEMORY_KINDS:
+        for key, entry in _section(_section(config, memory), "config").items():
+            _, name = _llm_name(entry)
+            if isinstance(entry, dict) and "backend" in entry and isinstance(name, str):
+                role = ACT_ROLE if (memory, key) == ("act_mem", "extractor_llm") \
+                    else f"{memory}.{key}"
+                found.append(role)
+    return sorted(found, key=lambda role: (role != ACT_ROLE, role))
+
+
 def _role_entry(config: dict[str, Any], role: str) -> Any:
     """The ``{"backend": ..., "config": {...}}`` entry of a role inside a MemOS config dict."""
     if role == ACT_ROLE:
@@ -75,7 +91,7 @@ def llm_config(config: dict[str, Any], role: str) -> dict[str, Any] | None:
 def model_refs(config: dict[str, Any]) -> list[ModelRef]:
     """Every model the cube's config names, the activation producer first."""
     refs = []
-    for role in ROLES:
+    for role in roles(config):
         if role == ACT_ROLE and _section(config, "act_mem").get("backend") not in KV_BACKENDS:
             continue
         backend, name = _llm_name(_role_entry(config, role))

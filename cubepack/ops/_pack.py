@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any
 from .._util import atomic, canonical, constants
 from .._util.canonical import json_safe
 from .._util.hashing import hash_files, sha256_file
-from .._util.paths import list_cube_files, resolve_inside
+from .._util.paths import list_cube_files, names_a_path, resolve_inside
 from .._version import __version__
 from ..errors import (
     CubepackError,
@@ -40,7 +39,7 @@ from ..format._content import content_error, is_activation_path
 from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
-from ..identity._identity import ModelIdentity, compare
+from ..identity._identity import ModelIdentity, compare, require_same
 from ..kv._format import FULL, SLIDING, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
@@ -146,8 +145,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         raise UsageError(f"--adapter-base names a base for LoRA adapters, but {cube} holds none "
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
-    memos_config = _read_memos_config(cube, files, cube_id)
     earlier = _previous_lock(cube, files)
+    if cube_id is None and "config.json" not in files and earlier is not None:
+        cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
+    memos_config = _read_memos_config(cube, files, cube_id)
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
         remembered, pinned_revision = _remembered_pin(earlier, memos_config)
         model, revision = remembered, revision or pinned_revision
@@ -280,10 +281,10 @@ def hub_names_for_snapshots(config: dict[str, Any],
     Hub model pinned for that role (``pack --model OWNER/MODEL``). The pin keeps the commit."""
     renamed = json.loads(json.dumps(config))
     changed = False
-    for role in memos_layout.ROLES:
+    for role in memos_layout.roles(renamed):
         inner = memos_layout.llm_config(renamed, role)
         name = (inner or {}).get("model_name_or_path")
-        if not is_local_path(name):
+        if not names_a_path(name):
             continue
         repo_id = hub_origin(Path(name))[0] if Path(name).expanduser().is_dir() else None
         repo_id = repo_id or ((pins or {}).get(role) or {}).get("repo_id")
@@ -298,13 +299,7 @@ def _public_names(pins: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     Hub repo (its pin has the repo id and commit) is named by its repo id, as config.json is
     (:func:`hub_names_for_snapshots`); the path means nothing to whoever pulls the cube."""
     return {role: {**pin, "name": pin["repo_id"]} if pin.get("repo_id") and pin.get("revision")
-            and is_local_path(pin.get("name")) else pin for role, pin in pins.items()}
-
-
-def is_local_path(name: Any) -> bool:
-    """Does a config name a model by a path on this machine (not a Hub id)?"""
-    return isinstance(name, str) and (os.path.isabs(name) or name.startswith(("~", "./", "../"))
-                                      or Path(name).expanduser().is_dir())
+            and names_a_path(pin.get("name")) else pin for role, pin in pins.items()}
 
 
 def _remembered_pin(previous: dict[str, Any] | None,
@@ -317,7 +312,16 @@ def _remembered_pin(previous: dict[str, Any] | None,
         UsageError: config.json now names another model than the pin: say which with --model.
     """
     pin = ((previous or {}).get("models") or {}).get(memos_layout.ACT_ROLE) or {}
-    if not pin.get("identity") or not pin.get("repo_id") or not pin.get("revision"):
+    if not pin.get("identity"):
+        return None, None
+    if not pin.get("repo_id") or not pin.get("revision"):
+        # A folder pin: the folder it named, when it is still here (fingerprinted again: the
+        # pin is what this pack computes, never the old lock's word).
+        name = pin.get("name")
+        named = memos_layout.act_model_name(config)
+        if isinstance(name, str) and names_a_path(name) and Path(name).expanduser().is_dir() \
+                and named in (None, name):
+            return name, None
         return None, None
     named = memos_layout.act_model_name(config)
     if named not in (None, pin["repo_id"], pin.get("name")):
@@ -418,8 +422,7 @@ def _found_producer(claims: list[tuple[str, ModelIdentity]]) -> tuple[str, None,
                          "by itself. Pass --model with the model that built them (a folder or a "
                          "Hub id): its fingerprint is the pin.")
     model_id, commit = named[0]
-    if Path(model_id).expanduser().exists() or model_id.startswith((".", "/", "~")) \
-            or model_id.count("/") > 1:  # a path here would resolve before the HF cache
+    if names_a_path(model_id) or Path(model_id).expanduser().exists():  # resolved first
         raise UsageError(f"The KV files' headers name {model_id!r}, a local path, not a Hub "
                          "model, so pack cannot find the producer by itself. Pass --model with "
                          "the model that built them (a folder or a Hub id): its fingerprint is "
@@ -479,7 +482,7 @@ def _served_elsewhere(config: dict[str, Any], source: Any) -> bool:
     from huggingface_hub import constants as hub_constants
 
     return (memos_layout.act_backend(config) == "vllm_kv_cache" and isinstance(source, str)
-            and not is_local_path(source) and source.count("/") == 1
+            and not names_a_path(source) and source.count("/") == 1
             and not (constants.hub_offline() or hub_constants.HF_HUB_OFFLINE))
 
 
@@ -733,9 +736,14 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
     import datetime
 
     pin = pins.get(memos_layout.ACT_ROLE) or {}
-    # The packer's own producer: --model, else the folder or Hub id config.json names (the
-    # one this pack just fingerprinted into the pin).
-    live = load_for_recompute(model if model is not None else pin.get("name"), pin)
+    # The packer's own producer: --model, else the pin this pack just made: its Hub commit
+    # (never the name config.json gives, which may resolve elsewhere), else the folder it
+    # fingerprinted. Whatever loads must be the pin: what proves a cache is the pinned model.
+    source = model if model is not None else (
+        None if pin.get("repo_id") and pin.get("revision") else pin.get("name"))
+    live = load_for_recompute(source, pin)
+    require_same(ModelIdentity.from_dict(pin["identity"]), fingerprint(live),
+                 "The model loaded to recompute the caches")
     tokenizer, proven = None, {}
     for path in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
         info = read_kv_header(path)

@@ -21,6 +21,7 @@ from ..errors import CubepackError, IntegrityError, VerificationFailed
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
+from ..format._diff import leaves
 from ..format._fileset import is_tolerated
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare
@@ -30,10 +31,11 @@ from ..kv._recompute import recompute as recompute_cache
 from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
 from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
-from ..memos_format._layout import ACT_ROLE, memos_config_problems
+from ..memos_format._layout import memos_config_problems
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
+    CLAIMED,
     PROVED,
     RECOMPUTED,
     SIGNED,
@@ -330,25 +332,18 @@ def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) ->
     except (CubepackError, UnicodeDecodeError) as exc:
         report.add("cube config", constants.CONFIG_FILENAME, False, str(exc))
         return
+    # Every field cubepack.yaml states, as the one view build writes (format/_cubeconfig).
+    expected = {"cube_id": lock["cube_id"],
+                "models": {role: cubeconfig.pin_view(pin) for role, pin in lock["models"].items()},
+                "adapters": {name: cubeconfig.adapter_view(entry)
+                             for name, entry in (lock.get("adapters") or {}).items()}}
+    stated = {"cube_id": config.get("cube_id"), "models": config.get("models") or {},
+              "adapters": config.get("adapters") or {}}
     agree = True
-    for role, pin in lock["models"].items():
-        stated = config["models"].get(role) or {}
-        identity = pin.get("identity") or {}
-        for key, expected in (("repo_id", pin.get("repo_id")), ("revision", pin.get("revision")),
-                              ("weights_digest", identity.get("weights_digest")),
-                              ("dtype", identity.get("dtype"))):
-            if stated.get(key) != expected:
-                agree = report.add("cube config", f"models.{role}.{key}", False,
-                                   "cubepack.yaml disagrees with cubepack.lock", expected,
-                                   stated.get(key))
-    stated_adapters = config.get("adapters") or {}
-    for name, entry in sorted((lock.get("adapters") or {}).items()):
-        stated = stated_adapters.get(name) if isinstance(stated_adapters, dict) else None
-        for key in ("path", "digest", "model_role"):
-            if not isinstance(stated, dict) or stated.get(key) != entry[key]:
-                agree = report.add("cube config", f"adapters.{name}.{key}", False,
-                                   "cubepack.yaml disagrees with cubepack.lock", entry[key],
-                                   (stated or {}).get(key) if isinstance(stated, dict) else None)
+    for change in leaves(expected, stated):
+        agree = report.add("cube config", change["field"], False,
+                           "cubepack.yaml disagrees with cubepack.lock", change["old"],
+                           change["new"])
     if agree:
         report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
 
@@ -424,6 +419,14 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                        mismatch.expected, mismatch.found, role=role)
         if not mismatches:
             report.add("model identity", subject, True, "the model matches the pin", role=role)
+            if model is None or isinstance(model, (str, Path)):
+                # A folder's bytes were fingerprinted as run in the pinned dtype: what it runs
+                # in is a setting, not in its files, so that field is the pin's own word.
+                report.add("model identity", f"{subject} dtype", True,
+                           f"not proved: a folder does not say which dtype it runs in; the "
+                           f"pin says {pinned.dtype} (verify with the loaded model, or "
+                           "--recompute, which runs it in that dtype)", role=role,
+                           basis=CLAIMED)
         if adapters_mod.is_adapter_role(role):
             _check_adapter_base(report, lock, role, base)
 
@@ -460,21 +463,27 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
     """Recompute every activation with its producer; return what each full or sampled
     recomputation covered, for the activations it reproduced. An activation that cannot be
     recomputed (no token ids) is a refusal: recomputation was asked for."""
-    pin = lock["models"].get(ACT_ROLE) or {}
     if not lock["activations"]:
         return {}
     if any(c.name == "model identity" and c.ok is False for c in report.checks):
         report.add("recompute", "*", False, "not run: the model differs from the pin")
         return {}
-    try:
-        live = load_for_recompute(policy.model, pin)
-    except CubepackError as exc:
-        report.add("recompute", "*", False, f"cannot load the producer model: {exc}")
-        return {}
+    loaded: dict[str, Any] = {}  # each activation by the pin of its own role, loaded once
     reproduced = {}
     for item_id, entry in sorted(lock["activations"].items()):
         checkpoint(f"the recomputation of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
+        role = entry["model_role"]
+        if role not in loaded:
+            try:
+                loaded[role] = load_for_recompute(policy.model, lock["models"][role])
+            except CubepackError as exc:
+                loaded[role] = exc
+        live = loaded[role]
+        if isinstance(live, CubepackError):
+            report.add("recompute", subject, False, f"cannot load the producer model "
+                       f"({role}): {live}", role=role)
+            continue
         info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
         if not info.token_ids:
             report.add("recompute", subject, False, NO_TOKEN_IDS)

@@ -446,7 +446,7 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
             return checks
         stated = envelope.predicate["cube"]
         # The digests pin the parent; a cube id the link names must be the one it attests too.
-        for field in ("lock_digest", "content_digest", "cube_id"):
+        for field in _LINK_KEYS:
             if stated[field] != link[field] and (field != "cube_id" or link[field] is not None):
                 shown = (str if field != "cube_id" else _short)
                 checks.append(Check("lineage", subject, False, f"envelope {index + 1} (signed by "

@@ -356,7 +356,8 @@ def test_a_hub_base_is_pinned_at_its_commit_remembered_and_checked_from_the_hf_c
     again = cubepack.pack(cube, cube_id="ns/adapter")  # the claim (a tmp path) is not needed
     assert again.adapters["lora"]["base_source"] == "the last pack's pin"
     report = cubepack.verify(cube)  # no --model: the pinned revision in the HF cache
-    assert [c.ok for c in report.checks if c.role == "adapter.lora"] == [True, True]
+    assert [(c.ok, c.basis) for c in report.checks if c.role == "adapter.lora"] == [
+        (True, "proved"), (True, "claimed"), (True, "proved")]  # weights; dtype: the pin's word
 
 
 def test_adapter_base_per_adapter_and_an_unknown_name(tmp_path, zoo, adapter_a):

@@ -156,7 +156,8 @@ def test_card_parses_with_pinned_base_model(cube, hub_cached, monkeypatch):
     assert lock["content_digest"] in card.text
     # the pinned revision is in the HF cache, so verify checks the model without being told
     report = cubepack.verify(cube)
-    assert [c.ok for c in report.checks if c.name == "model identity"] == [True]
+    assert [(c.ok, c.basis) for c in report.checks if c.name == "model identity"] == [
+        (True, "proved"), (True, "claimed")]  # the folder's dtype is the pin's word
 
 
 def test_local_folder_pin_has_no_revision_and_the_card_says_so(cube):
@@ -299,3 +300,36 @@ def test_memos_producer_records_are_read_and_enforced(tmp_path, zoo, caches, whe
         cubepack.pack(bad, legacy_pickle=True)
     if where == "2305":
         assert "record.num_hidden_layers" in caught.value.fields
+
+
+def test_a_plain_bundle_repacks_without_being_told_its_id_or_model_again(tmp_path, zoo, models,
+                                                                          prompt_ids):
+    """A re-pack keeps the cube id and the folder pin its last pack was given: the folder is
+    fingerprinted again (the pin is never the old lock's word); a folder gone is asked for."""
+    bundle = tmp_path / "bundle"
+    (bundle / "activations").mkdir(parents=True)
+    cubepack.save_kv_cache(cubepack.prefill(models["a"], prompt_ids),
+                           bundle / "activations" / "x.kv.safetensors", producer=models["a"],
+                           token_ids=prompt_ids)
+    first = cubepack.pack(bundle, cube_id="me/bundle", model=str(zoo["a"]))
+    again = cubepack.pack(bundle)
+    assert again.changed is False and again.digest == first.digest
+    lock = json.loads((bundle / constants.LOCK_FILENAME).read_text())
+    assert lock["cube_id"] == "me/bundle"
+    assert lock["models"]["act_mem"]["name"] == str(zoo["a"])
+
+
+def test_migrating_only_the_embedder_keeps_a_folder_pin(tmp_path, zoo, models, prompt_ids):
+    from cubepack.testing.embeddings import build_encoder
+
+    bundle = tmp_path / "bundle"
+    (bundle / "activations").mkdir(parents=True)
+    cubepack.save_kv_cache(cubepack.prefill(models["a"], prompt_ids),
+                           bundle / "activations" / "x.kv.safetensors", producer=models["a"],
+                           token_ids=prompt_ids)
+    cubepack.pack(bundle, cube_id="me/bundle", model=str(zoo["a"]))
+    result = cubepack.migrate(bundle, out=tmp_path / "out",
+                              embedder=str(build_encoder(tmp_path / "enc", seed=1)))
+    old = json.loads((bundle / constants.LOCK_FILENAME).read_text())["models"]["act_mem"]
+    new = json.loads((result.cube_dir / constants.LOCK_FILENAME).read_text())["models"]["act_mem"]
+    assert new["identity"] == old["identity"] and result.lineage["changes"]["models"] == {}

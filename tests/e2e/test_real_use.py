@@ -324,6 +324,18 @@ def test_push_create_pr_then_pull_the_pr_verified_and_review_it_with_diff(hub, c
     changes = json.loads(out)
     assert list(changes["sections"]["activations"]["changed"]) == ["item-1"]
     assert "activations/item-1.kv.safetensors" in changes["sections"]["files"]["changed"]
+    # A fix for the open request: --revision refs/pr/1 adds a commit to it; main stays put.
+    (cube / "notes.txt").write_text("review fix\n")
+    cubepack.pack(cube)
+    code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--revision",
+                         "refs/pr/1", "--json")
+    added = json.loads(out)
+    assert code == 0 and (added["pr_num"], added["pr_revision"]) == (1, "refs/pr/1"), err
+    assert hub.store.resolve(repo, "refs/pr/1") == added["commit_sha"]
+    assert cli("pull", "ns/cube@refs/pr/1", "--local-dir", "pr-1b")[0] == 0
+    assert (cli.work / "pr-1b" / "notes.txt").read_text() == "review fix\n"
+    code, _, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--revision", "refs/pr/9")
+    assert code == 2 and "no pull request refs/pr/9" in err and "--create-pr" in err
     code, out, err = cli("push", cube, "ns/cube", "--allow-local-paths", "--create-pr", "--json")
     second = json.loads(out)  # main still differs: a second proposal
     assert code == 0 and (second["pr_num"], second["pr_revision"]) == (2, "refs/pr/2")

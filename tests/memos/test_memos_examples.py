@@ -48,7 +48,9 @@ def test_mem_cube_2_packs_keeps_its_readme_and_verifies(mem_cube_2, qwen3_snapsh
     assert lock["models"]["text_mem.embedder"]["identity"] is None  # Ollama: not a local model
     report = cubepack.verify(mem_cube_2)
     assert report.ok
-    assert [c.ok for c in report.checks if c.name == "model identity"] == [True]
+    # The pinned revision from the HF cache: its weights proved; its dtype the pin's word.
+    assert [(c.ok, c.basis) for c in report.checks if c.name == "model identity"] == [
+        (True, "proved"), (True, "claimed")]
     assert cubepack.pack(mem_cube_2).changed is False  # a re-pack keeps the kept README
 
 
