@@ -1,0 +1,76 @@
+"""Promise 1: a claim never gains strength on its way through a later step; only what the
+signing step established goes to its attestation's ``proved`` block.
+
+``migrate`` re-prefills the files the *old lock's activation entries* name, and keys each new
+``recomputed`` label by the old lock's item id (``proven[item_id]``). ``pack`` then labels
+the new cube's activations by the id it reads from each KV file's *header* (or file name),
+taking ``proven.get(that id)``. The two ids are both the pusher's to choose:
+
+- the old lock (re-sealed by the pusher) lists ``activations/b.kv.safetensors`` as a locked
+  file but not as an activation (verify never checks its producer), and names item ``b`` with
+  the file ``activations/a.kv.safetensors``, twice (``a`` and ``b`` both point at ``a.kv``);
+- migrate re-prefills ``a.kv`` (twice) and holds ``recomputed`` labels for ``a`` and ``b``;
+  ``b.kv`` is copied unchanged;
+- pack reads ``b.kv``'s id (``b``, its file name), finds ``proven["b"]`` and labels the file
+  nobody recomputed ``recomputed``; ``migrate --sign-key`` states it in ``proved.provenance``.
+
+A verifier trusting the migrator's key, asking ``--require-provenance recomputed``, accepts
+``b.kv`` on *signed* evidence; a recomputation by the new producer refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
+
+import cubepack
+from cubepack._util.hashing import sha256_file
+
+from helpers import build_cache, make_key, reseal_lock
+
+IDS_A = [1, 17, 42, 7, 99, 3]
+IDS_B = [5, 6, 7, 8, 9, 10]
+
+
+def test_migrate_does_not_label_a_file_it_did_not_prefill_recomputed(zoo, models, tmp_path):
+    private, public = make_key(tmp_path, "migrator")
+    old = tmp_path / "old"
+    cubepack.save_kv_cache(build_cache(models["a"], torch.tensor([IDS_A])),
+                           old / "activations" / "a.kv.safetensors", producer=models["a"],
+                           token_ids=IDS_A)
+    cubepack.pack(old, cube_id="mallory/bundle", model=str(zoo["a"]))
+
+    # The pusher's additions: a cache that claims model B produced it (it is model A's cache
+    # of other tokens), listed as a locked file only, and a re-sealed activations section.
+    poisoned = old / "activations" / "b.kv.safetensors"
+    cubepack.save_kv_cache(build_cache(models["a"], torch.tensor([IDS_B])), poisoned,
+                           producer=cubepack.fingerprint(models["b"]), token_ids=IDS_B)
+
+    def reseal(lock):
+        lock["files"]["activations/b.kv.safetensors"] = {"sha256": sha256_file(poisoned),
+                                                         "size": poisoned.stat().st_size}
+        lock["activations"]["b"] = dict(lock["activations"]["a"])
+    reseal_lock(old, reseal)
+    assert cubepack.verify(old).ok  # the old cube verifies: b.kv is a locked file
+
+    new = tmp_path / "new"
+    cubepack.migrate(old, out=new, model=str(zoo["b"]), sign_key=private)
+    lock = json.loads((new / "cubepack.lock").read_text())
+    assert lock["activations"]["b"]["file"] == "activations/b.kv.safetensors"
+    assert sha256_file(new / "activations" / "b.kv.safetensors") == sha256_file(poisoned)
+
+    # the new producer does not reproduce b.kv: it is not B's cache
+    proof = cubepack.verify(new, model=str(zoo["b"]), recompute=True, raise_on_failure=False)
+    assert [c.subject for c in proof.failures if c.name == "recompute"] == [
+        "activations/b.kv.safetensors (b)"]
+
+    report = cubepack.verify(new, trusted_keys=[public], require_provenance="recomputed",
+                             raise_on_failure=False)
+    evidence = report.provenance["b"]
+    assert not (evidence["kind"] == "recomputed" and evidence["basis"] == "signed"), (
+        "b.kv was copied unchanged by migrate, yet its attestation states it recomputed: "
+        f"{evidence}; verify ok={report.ok}")
