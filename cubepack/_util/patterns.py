@@ -28,18 +28,37 @@ from ..errors import FormatError
 #: Seconds one match may take: thousands of times what a plain module pattern needs.
 MATCH_SECONDS = 0.05
 MAX_PATTERN_CHARS = 1000
-#: Unbounded repeats (``*``, ``+``, ``{n,}``) a pattern may hold in all.
+#: Variable-length repeats (``*``, ``+``, ``{m,n}`` with m < n < ...) a pattern may hold in
+#: all: each multiplies the ways a backtracking engine can split a name, bounded or not
+#: (``.{0,40}`` sixteen times backtracks for hours in ``re``). Three keep the work cubic in
+#: the length of a module name (an optional ``?`` only doubles it, and is not counted).
 MAX_UNBOUNDED = 3
 
 
 def check_shape(pattern: str, *, where: str) -> None:
     """Refuse a pattern whose shape lets a backtracking engine run without bound (see the
-    module docstring)."""
-    if not isinstance(pattern, str):
-        raise FormatError(f"{where} must be a regular expression (a string), not {pattern!r}.")
+    module docstring). Cached by pattern: a config's patterns are checked once, however many
+    names they are matched against."""
+    problem = _shape_problem(pattern) if isinstance(pattern, str) else \
+        f"must be a regular expression (a string), not {pattern!r}"
+    if problem:
+        raise FormatError(f"{where} {problem}.")
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_problem(pattern: str) -> str | None:
+    """Why ``pattern``'s shape is refused, or None."""
+    try:
+        _walk_shape(pattern)
+    except FormatError as exc:
+        return str(exc)
+    return None
+
+
+def _walk_shape(pattern: str) -> None:
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise FormatError(f"{where} is a pattern of {len(pattern)} characters; at most "
-                          f"{MAX_PATTERN_CHARS} are matched.")
+        raise FormatError(f"a pattern of {len(pattern)} characters; at most "
+                          f"{MAX_PATTERN_CHARS} are matched")
     try:
         from re import _parser as parser  # Python 3.11+
     except ImportError:  # pragma: no cover - Python 3.10
@@ -47,8 +66,7 @@ def check_shape(pattern: str, *, where: str) -> None:
     try:
         tree = parser.parse(pattern)
     except Exception as exc:  # noqa: BLE001 - re.error, RecursionError, OverflowError...
-        raise FormatError(f"{where} {pattern[:80]!r} is not a regular expression: {exc}") \
-            from None
+        raise FormatError(f"{pattern[:80]!r}, not a regular expression: {exc}") from None
     unbounded = 0
 
     def walk(items: Any, inside_repeat: bool) -> None:
@@ -58,15 +76,15 @@ def check_shape(pattern: str, *, where: str) -> None:
             if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
                 low, high, sub = arg
                 if inside_repeat:
-                    raise FormatError(f"{where} {pattern[:80]!r} repeats a repeat (as in "
-                                      "(a+)+), which backtracks without bound; refused.")
-                if high == parser.MAXREPEAT:
+                    raise FormatError(f"{pattern[:80]!r}, which repeats a repeat (as in "
+                                      "(a+)+): it backtracks without bound; refused")
+                if high > 1 and high != low:  # an optional part (?) splits a name 2 ways only
                     unbounded += 1
-                walk(sub, inside_repeat or high > 1)  # an optional part (?) repeats nothing
+                walk(sub, inside_repeat or high > 1)  # and repeats nothing
             elif name == "BRANCH":
                 if inside_repeat:
-                    raise FormatError(f"{where} {pattern[:80]!r} repeats an alternation (as "
-                                      "in (a|a)*), which backtracks without bound; refused.")
+                    raise FormatError(f"{pattern[:80]!r}, which repeats an alternation (as "
+                                      "in (a|a)*): it backtracks without bound; refused")
                 for branch in arg[1]:
                     walk(branch, inside_repeat)
             elif name == "SUBPATTERN":
@@ -78,12 +96,12 @@ def check_shape(pattern: str, *, where: str) -> None:
                     if branch is not None:
                         walk(branch, inside_repeat)
             elif name == "GROUPREF":
-                raise FormatError(f"{where} {pattern[:80]!r} uses a backreference; refused.")
+                raise FormatError(f"{pattern[:80]!r}, which uses a backreference; refused")
 
     walk(tree, False)
     if unbounded > MAX_UNBOUNDED:
-        raise FormatError(f"{where} {pattern[:80]!r} holds {unbounded} unbounded repeats; at "
-                          f"most {MAX_UNBOUNDED} are matched (each multiplies the work).")
+        raise FormatError(f"{pattern[:80]!r}, which holds {unbounded} variable-length repeats; "
+                          f"at most {MAX_UNBOUNDED} are matched (each multiplies the work)")
 
 
 @functools.lru_cache(maxsize=256)

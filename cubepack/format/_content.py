@@ -23,6 +23,7 @@ from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError
 from ..kv._format import read_kv_header
 from . import _fileset as fileset
 from ._envelope import check_file as check_attestation_file
+from ._fileset import is_activation_path
 
 #: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
 PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
@@ -32,11 +33,6 @@ ATTESTATION_NAMES = (constants.ATTESTATION_FILENAME, constants.ANCESTORS_FILENAM
 TEXT_NAMES = (".gitattributes", ".gitignore")
 TEXT_SUFFIXES = (".md", ".txt", ".jinja", ".adapter", ".metadata")
 MAX_TEXT_BYTES = 64 * 1024 * 1024
-
-
-def is_activation_path(name: str) -> bool:
-    """True for ``activations/<id>.kv.safetensors``: a file the lock lists as an activation."""
-    return name.startswith(constants.ACTIVATIONS_DIR + "/") and name.endswith(constants.KV_SUFFIX)
 
 
 def file_kind(name: str) -> str | None:

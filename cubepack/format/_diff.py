@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import canonical, constants
 from ..errors import UsageError
 from . import _lock as lockfile
 
@@ -45,7 +45,9 @@ def leaves(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             else:
                 found += leaves(old[key], new[key], where)
         return found
-    return [] if old == new else [{"field": path, "old": old, "new": new}]
+    # Equal as the digests see them: canonical JSON (Python's == takes 1 for 1.0 and True).
+    same = canonical.dumps(old, compact=True) == canonical.dumps(new, compact=True)
+    return [] if same else [{"field": path, "old": old, "new": new}]
 
 
 def diff_locks(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +58,8 @@ def diff_locks(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for section in lockfile.SECTIONS:
         before = section.entries(old[section.key]) if section.key in old else {}
         after = section.entries(new[section.key]) if section.key in new else {}
-        changed = {name: leaves(before[name], after[name])
-                   for name in sorted(set(before) & set(after)) if before[name] != after[name]}
+        changed = {name: found for name in sorted(set(before) & set(after))
+                   if (found := leaves(before[name], after[name]))}
         entry = {"added": sorted(set(after) - set(before)),
                  "removed": sorted(set(before) - set(after)),
                  "changed": changed,

@@ -43,6 +43,12 @@ SIGNATURE_IGNORES = (constants.SIGNATURE_FILENAME, *BOOKKEEPING)
 SIGNATURE_SKIPS_GIT = (".git", ".gitattributes", ".github", ".gitignore")
 
 
+def is_activation_path(name: str) -> bool:
+    """True for ``activations/<id>.kv.safetensors``: a KV file the lock must list as exactly
+    one activation (only those are checked against the producer it pins)."""
+    return name.startswith(constants.ACTIVATIONS_DIR + "/") and name.endswith(constants.KV_SUFFIX)
+
+
 def is_bookkeeping(name: str) -> bool:
     """Is ``name`` (a relative POSIX path) a download's bookkeeping?"""
     return any(name == folder or name.startswith(folder + "/") for folder in BOOKKEEPING)

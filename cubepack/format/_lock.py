@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .._util import canonical, constants
@@ -26,6 +26,7 @@ from .._util.paths import check_no_collisions, check_relpath
 from .._util.revision import is_commit
 from ..errors import FormatError
 from ..identity._identity import ModelIdentity
+from ._fileset import is_activation_path
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
 
@@ -281,6 +282,11 @@ def _check_files(files: Any) -> None:
 #: A pin's keys: ``reason`` says why a model could not be pinned; ``vectors`` is an embedder's
 #: vectors record.
 PIN_KEYS = frozenset({"name", "strict", "repo_id", "revision", "identity", "reason", "vectors"})
+#: A pinned identity's keys: what ``ModelIdentity.pinned()`` writes (a reader keeping only the
+#: fields it knows would drop the rest silently).
+IDENTITY_KEYS = frozenset(f.name for f in fields(ModelIdentity)) - {"versions", "config_digest"}
+#: A vectors record's keys (see ``check_record``).
+VECTOR_RECORD_KEYS = frozenset({"file", "dimension", "count", "sample", "probes"})
 #: An activation entry's keys, and its provenance record's (``model``, ``tokens``,
 #: ``max_error``, ``at``, ``retokenized``: what a recomputation or re-prefill measured).
 ACTIVATION_KEYS = frozenset({"file", "model_role", "token_count", "kv_dtype", "num_layers",
@@ -305,16 +311,38 @@ def _check_models(models: Any, version: int) -> None:
                               "which is not a 40-hex commit.")
         if "vectors" in pin and not check_record(pin["vectors"]):
             raise FormatError(f"cubepack.lock model {role!r} has a malformed vectors record.")
+        if "vectors" in pin:
+            _closed(pin["vectors"], VECTOR_RECORD_KEYS, f"model {role!r} vectors", version)
         identity = pin.get("identity")
         if identity is None and not pin.get("strict"):
             continue  # an informational model that could not be pinned
         if not isinstance(identity, dict):
             raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
+        _closed(identity, IDENTITY_KEYS, f"model {role!r} identity", version)
         ModelIdentity.from_dict(identity, legacy=legacy)
 
 
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],
                        version: int) -> None:
+    _check_activation_entries(activations, files, models, version)
+    # Each KV file under activations/ is exactly one activation's: no file shared by two
+    # entries (one label for two items), none left out (its header would go unchecked).
+    named: dict[str, str] = {}
+    for item_id, entry in activations.items():
+        if entry["file"] in named:
+            raise FormatError(f"cubepack.lock activations {named[entry['file']]!r} and "
+                              f"{item_id!r} name the same file {entry['file']!r}; each "
+                              "activation has a file of its own.")
+        named[entry["file"]] = item_id
+    unlisted = sorted(path for path in files if is_activation_path(path) and path not in named)
+    if unlisted:
+        raise FormatError(f"cubepack.lock lists {unlisted[0]!r} as a file but not as an "
+                          "activation: a KV file under activations/ is always one (its producer "
+                          "checked against the pin); pack the cube again.")
+
+
+def _check_activation_entries(activations: Any, files: dict[str, Any],
+                              models: dict[str, Any], version: int) -> None:
     legacy = version == 1
     if not isinstance(activations, dict):
         raise FormatError("cubepack.lock 'activations' must be an object.")

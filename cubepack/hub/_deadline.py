@@ -177,11 +177,11 @@ class Deadline:
                 except OSError:
                     pass
 
-    def check(self, step: str) -> None:
-        """For work that is not I/O (a pull's verification): raise once the deadline passed,
-        naming the step that was running (see :mod:`cubepack._util.budget`)."""
+    def check(self, step: str) -> HubError | None:
+        """For work that is not I/O (a pull's verification): the error to end with once the
+        deadline passed, naming the step that was running (see :mod:`cubepack._util.budget`)."""
         if self.expired:
-            raise HubError(f"The {self.action} did not finish within {self.seconds:g} s "
+            return HubError(f"The {self.action} did not finish within {self.seconds:g} s "
                            f"(--timeout or CUBEPACK_HUB_TIMEOUT): its checks were still running "
                            f"({step})." + (f" {self.outcome}" if self.outcome else ""))
 

@@ -119,7 +119,8 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         report = None
         if verify_cube:
             # The deadline covers the checks too: a cube slow to check cannot outlive it.
-            with budget.bounded(client.deadline.check if client.deadline else lambda _: None):
+            with budget.bounded(client.deadline.check if client.deadline
+                                else lambda step: None):
                 report = verify(staging, replace(policy, strict_models=False, require_pin=False),
                                 progress=progress, raise_on_failure=False, hashed=hashed)
             if not offline and policy.model is None:

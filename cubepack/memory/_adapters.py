@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import canonical, constants, patterns
+from .._util.budget import checkpoint
 from .._util.canonical import digest_of_file_hashes
 from .._util.paths import resolve_inside
 from .._util.safetensors_header import Header, read_header
@@ -212,6 +213,7 @@ def adapter_info(name: str, config: Any, header: Header) -> AdapterInfo:
     claimed = config.get("base_model_name_or_path")
     modules, dtypes = _modules(where, header)
     for module, entry in sorted(modules.items()):
+        checkpoint(f"the rank_pattern of module {module}")
         expected = _pattern_rank(where, config.get("rank_pattern") or {}, module, rank)
         if entry["rank"] != expected:
             raise FormatError(f"{where}: the tensors of {module} have rank {entry['rank']}, but "
@@ -359,7 +361,8 @@ def targeted_modules(config: dict[str, Any], shapes: dict[str, tuple[int, ...]])
     candidates = [name[: -len(".weight")] for name, shape in shapes.items()
                   if name.endswith(".weight") and len(shape) == 2]
     return {name for name in candidates
-            if _selects(targets, name, "target_modules")
+            if checkpoint(f"the target_modules of {name}") is None
+            and _selects(targets, name, "target_modules")
             and not (excluded and _selects(excluded, name, "exclude_modules"))}
 
 
@@ -367,6 +370,35 @@ def _selects(selection: Any, module: str, where: str) -> bool:
     if isinstance(selection, str):
         return patterns.fullmatch(selection, module, where=where)
     return any(module == p or module.endswith("." + p) for p in selection)
+
+
+def literal_config(config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """``config`` with every pattern PEFT would match replaced by what cubepack's bounded
+    matcher found it selects on this base (``shapes``): ``target_modules`` the list of module
+    names, ``rank_pattern`` / ``alpha_pattern`` keyed by each matching module's escaped full
+    name, ``exclude_modules`` applied and dropped. PEFT then matches literals only, never a
+    pattern the cube's author wrote (its ``re`` has no bound); what it builds is the same.
+    A config that selects modules another way (``all-linear``, ``layers_to_transform``) keeps
+    its selection, refused by shape at read if it could backtrack."""
+    import re as _re
+
+    literal = dict(config)
+    targets = targeted_modules(config, shapes)
+    if targets is None:
+        return literal
+    literal["target_modules"] = sorted(targets)
+    literal.pop("exclude_modules", None)
+    for key in ("rank_pattern", "alpha_pattern"):
+        pattern = config.get(key) or {}
+        resolved = {}
+        for module in sorted(targets):
+            checkpoint(f"{key} of module {module}")
+            for patt, value in pattern.items():  # PEFT's get_pattern_key: the first that ends it
+                if patterns.match(rf"(.*\.)?({patt})$", module, where=f"{key} key"):
+                    resolved[_re.escape(module)] = value
+                    break
+        literal[key] = resolved
+    return literal
 
 
 def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:

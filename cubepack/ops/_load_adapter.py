@@ -11,6 +11,7 @@ is never the one applied.
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,9 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
             if hashlib.sha256(data).hexdigest() != expected:
                 raise IntegrityError(f"{entry[key]} changed after it was verified (its sha256 is "
                                      f"no longer {expected}); refusing to apply it.")
+            if filename == constants.ADAPTER_CONFIG:  # patterns resolved by the bounded matcher
+                data = json.dumps(adapters_mod.literal_config(
+                    json.loads(data), adapters_mod.model_shapes(model))).encode()
             (Path(private) / filename).write_bytes(data)
         from peft import PeftModel
 

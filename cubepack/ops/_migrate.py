@@ -244,7 +244,7 @@ def _reprefill_all(cube: Path, staging: Path, lock: dict[str, Any], target: _Tar
                         producer=target.identity, token_ids=done.token_ids,
                         metadata={**info.metadata, "provenance": label})
         activations[item_id] = {"tokens": len(done.token_ids), "retokenized": done.retokenized}
-        proven[item_id] = label
+        proven[entry["file"]] = label  # the file this migrate wrote: what its label is of
     return activations, proven
 
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ from ..format import _card as card
 from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
-from ..format._content import content_error, is_activation_path
+from ..format._content import content_error
+from ..format._fileset import is_activation_path
 from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
@@ -127,7 +128,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             adapter name -> base. Without it each adapter's base is the one the last pack
             pinned, else the name its adapter_config.json claims (used to find the base only:
             the pin is the base's own fingerprint).
-        _derived: for ``migrate`` only: ``{"lineage": section, "provenance": {item: label}}``,
+        _derived: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``,
             the lineage of the cube it builds and the activations it re-prefilled itself.
             Without it, a cube's recorded lineage is kept (a re-pack to sign it, say).
 
@@ -159,8 +160,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     found = None
     if plain and model is None and claims:  # a plain bundle: the producer its headers name
         model, revision, found = _found_producer(claims)
+    from_metadata: set[str] = set()
     pins = _pin_models(memos_config, model=model, revision=revision,
-                       dtype=_claimed_dtype(claims) if plain else None)
+                       dtype=_claimed_dtype(claims) if plain else None,
+                       from_metadata=from_metadata)
     if found is not None:
         pins[memos_layout.ACT_ROLE]["name"] = found
     _record_vectors(cube, files, memos_config, pins, embedder)
@@ -207,9 +210,13 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             license=license or previous_card.license,
             pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
             progress=progress, previous_card=previous_card, lineage=lineage)
-        result.converted = converted
+        # Labels were kept by file (what pack or migrate wrote); results name items.
+        item_of = {entry["file"]: item for item, entry in lockfile.parse(
+            (staging / constants.LOCK_FILENAME).read_bytes())["activations"].items()}
+        result.converted = [item_of.get(name, name) for name in converted]
         result.moved_from = _moved_pins(earlier, pins)
-        result.recomputed = {item: entry["detail"] for item, entry in recomputed.items()}
+        result.recomputed = {item_of.get(name, name): entry["detail"]
+                             for name, entry in recomputed.items()}
         result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
             or bool(converted)
         unsigned = [name for name in files if name not in fileset.SIGNING]
@@ -223,9 +230,11 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             # Pack made every pin and label of this lock itself; a lineage it derived only
             # when migrate handed it one (a lineage kept from the last lock is a claim).
             lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
-            write_signature(cube, sign_key, Proved.everything_of(
-                lock, "migrate" if _derived else "pack", lineage=bool(_derived)),
-                password=sign_password)
+            proved = Proved.everything_of(lock, "migrate" if _derived else "pack",
+                                          lineage=bool(_derived))
+            # A pin read from a Hub's metadata is the Hub's claim: signed as one.
+            proved = replace(proved, producers=proved.producers - from_metadata)
+            write_signature(cube, sign_key, proved, password=sign_password)
         return result
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -437,9 +446,12 @@ def _found_producer(claims: list[tuple[str, ModelIdentity]]) -> tuple[str, None,
 
 
 def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None,
-                dtype: str | None = None) -> dict[str, dict[str, Any]]:
+                dtype: str | None = None,
+                from_metadata: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """Resolve every model the cube names to a pin (identity + repo id + revision); ``dtype``:
-    the dtype the producer ran in, when its caches say so (a plain bundle's headers)."""
+    the dtype the producer ran in, when its caches say so (a plain bundle's headers).
+    ``from_metadata`` collects the roles pinned from a Hub's file metadata (no bytes hashed
+    here: the Hub's claim, never a pin this pack proved)."""
     refs = memos_layout.model_refs(config)
     if model is not None and not any(ref.role == memos_layout.ACT_ROLE for ref in refs):
         refs.insert(0, memos_layout.ModelRef(memos_layout.ACT_ROLE, None, str(model), strict=True))
@@ -450,7 +462,9 @@ def _pin_models(config: dict[str, Any], *, model: Any, revision: str | None,
         if ref.strict:
             source = model if model is not None else ref.name
             if _served_elsewhere(config, source):
-                identity = _pin_from_hub(str(source), revision)
+                identity, claimed = _pin_from_hub(str(source), revision)
+                if claimed and from_metadata is not None:
+                    from_metadata.add(ref.role)
             elif isinstance(source, (str, Path)):
                 identity = fingerprint(source, revision=revision, dtype=dtype)
             else:
@@ -486,14 +500,15 @@ def _served_elsewhere(config: dict[str, Any], source: Any) -> bool:
             and not (constants.hub_offline() or hub_constants.HF_HUB_OFFLINE))
 
 
-def _pin_from_hub(name: str, revision: str | None) -> ModelIdentity:
-    """The Hub-metadata pin of a vLLM producer; when the Hub cannot be reached, the HF cache's
-    copy of that revision, as huggingface_hub itself falls back (a pin from local bytes)."""
+def _pin_from_hub(name: str, revision: str | None) -> tuple[ModelIdentity, bool]:
+    """(the pin of a vLLM producer, whether it rests on the Hub's metadata): the Hub-metadata
+    pin; when the Hub cannot be reached, the HF cache's copy of that revision, as
+    huggingface_hub itself falls back (a pin from local bytes, which this process hashed)."""
     try:
-        return fingerprint_hub(name, revision)
+        return fingerprint_hub(name, revision), True
     except HubError as exc:
         try:
-            return fingerprint(name, revision=revision, local_files_only=True)
+            return fingerprint(name, revision=revision, local_files_only=True), False
         except CubepackError:
             raise exc from None
 
@@ -595,7 +610,7 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
                 "Its tensors contradict the pinned model; pass --model with the model that "
                 "built this cube.") from None
         item.release()  # written: its tensors need not stay in memory
-        provenances[item.id] = provenance
+        provenances[name] = provenance  # by the file pack wrote, never by an id
     return provenances
 
 
@@ -718,7 +733,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
                             "num_layers": info.num_layers, "sha256": digests[name],
-                            "provenance": proven.get(item_id) or _header_label(info)}
+                            "provenance": proven.get(name) or _header_label(info)}
     return entries
 
 
@@ -769,7 +784,7 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
                           timespec="seconds")}
         write_kv_layers(mapped_layers(info, copy=True), path, producer=info.producer,
                         token_ids=ids, metadata={**info.metadata, "provenance": provenance})
-        proven[item_id] = provenance
+        proven[path.relative_to(staging).as_posix()] = provenance
     return proven
 
 
