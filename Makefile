@@ -124,6 +124,8 @@ test-llamacpp: $(VENV)/llamacpp/.ready
 # MemOS's own tests (cube, activation memory, HF LLM, MOSCore, scheduler) plain and with the
 # hook installed; needs a MemOS checkout or git mirror: make memos-own-tests MEMOS=path
 memos-own-tests: $(VENV)/memos/.ready
+	@test -n "$(MEMOS)" || { echo "make memos-own-tests needs MEMOS=<a MemOS checkout>" \
+	  "(git clone https://github.com/MemTensor/MemOS)"; exit 2; }
 	$(VENV)/memos/bin/pip install $(PIP_Q) pika
 	$(VENV)/memos/bin/python tools/memos_own_tests.py $(MEMOS)
 

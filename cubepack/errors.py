@@ -67,14 +67,15 @@ class IdentityMismatch(RefusedError):
     values.
     """
 
-    def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None):
+    def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None, *,
+                 finding: str = "was produced by a different model"):
         self.what = what
         self.mismatches = list(mismatches)
         fields = "; ".join(str(m) for m in self.mismatches)
         advice = advice or (
             "Load it into the model that produced it, or rebuild the cache with this model."
         )
-        super().__init__(f"{what} was produced by a different model ({fields}). {advice}")
+        super().__init__(f"{what} {finding} ({fields}). {advice}")
 
     @property
     def fields(self) -> list[str]:

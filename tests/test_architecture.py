@@ -64,7 +64,7 @@ PUBLIC = {
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
                      "model_identity", "prefill", "save_prompt_cache"],
     "cubepack.llamacpp": ["export_state", "import_state", "load", "load_state", "save_state"],
-    "cubepack.memos": ["POLICIES", "HookReport", "init_from_dir",
+    "cubepack.memos": ["POLICIES", "HookReport", "init_from_dir", "register",
                        "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
                        "uninstall"],
     "cubepack.errors": ["CubepackError", "FormatError", "HubError", "IdentityMismatch",

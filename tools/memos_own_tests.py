@@ -10,7 +10,11 @@
    ``tools/memos_own_tests_expected.txt``, and on a listed test that no longer differs (the
    list only shrinks).
 
-Run: .venv/memos/bin/python tools/memos_own_tests.py [MEMOS_CHECKOUT] [--rev REV]
+Run: .venv/memos/bin/python tools/memos_own_tests.py MEMOS_CHECKOUT [--rev REV]
+
+The checkout is an argument, never a default: MemOS's PyPI sdist ships no tests (checked for
+2.0.33), so there is nothing to fetch as hub_compat fetches its sources; clone it with
+``git clone https://github.com/MemTensor/MemOS`` (any revision; the installed memos is tested).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tools" / "memos_own_tests_expected.txt"
-DEFAULT_CHECKOUT = "/work/.mirror/MemTensor+MemOS/repo"
 #: MemOS's tests of cube loading/dumping, activation (KV) memories, the HF LLM that consumes
 #: caches, MOSCore registration and the scheduler's activation updates; their helpers and data.
 PATHS = ("tests/__init__.py", "tests/utils.py", "tests/configs/__init__.py",
@@ -54,10 +57,13 @@ def pytest_sessionfinish(session):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", nargs="?", default=DEFAULT_CHECKOUT,
-                        help="MemOS git directory or working tree (default: %(default)s)")
+    parser.add_argument("checkout", help="MemOS git directory (a bare mirror too) or working "
+                        "tree, e.g. from git clone https://github.com/MemTensor/MemOS")
     parser.add_argument("--rev", default="HEAD", help="revision, for a git directory")
     args = parser.parse_args()
+    if not Path(args.checkout).is_dir():
+        parser.error(f"{args.checkout} is not a folder: give a MemOS checkout "
+                     "(git clone https://github.com/MemTensor/MemOS)")
     import memos
 
     with tempfile.TemporaryDirectory(prefix="memos-own-tests-") as tmp:

@@ -36,7 +36,7 @@ from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
 from ._parametric import check_adapters
-from ._use import guarded_generate, merged, record_extraction
+from ._use import checked_add, checked_parts, guarded_use, merged, record_build, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -148,9 +148,13 @@ def _patch() -> None:
                (KVCacheMemory, "_concat_caches"): _recorded_concat,
                (KVCacheMemory, "dump"): _own(dump_activations),
                (VLLMKVCacheMemory, "dump"): _own(dump_activations),
-               (HFLLM, "generate"): guarded_generate(HFLLM.__dict__["generate"], _hook_settings),
-               (HFLLM, "generate_stream"): guarded_generate(HFLLM.__dict__["generate_stream"],
-                                                            _hook_settings, stream=True),
+               (HFLLM, "build_kv_cache"): _recorded_build,
+               (KVCacheMemory, "add"): _checked_add,
+               (HFLLM, "_generate_with_cache"): guarded_use(
+                   HFLLM.__dict__["_generate_with_cache"], HFLLM._generate_full, _hook_settings),
+               (HFLLM, "_generate_with_cache_stream"): guarded_use(
+                   HFLLM.__dict__["_generate_with_cache_stream"], HFLLM._generate_full_stream,
+                   _hook_settings, stream=True),
                (MOSCore, "register_mem_cube"): _register_mem_cube}
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
@@ -335,9 +339,27 @@ def _recorded_from_textual_memory(self: Any, mem: Any) -> Any:
 
 
 def _recorded_concat(self: Any, caches: list[Any]) -> Any:
-    """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): the merge carries
-    its parts' common producer, and parts of different producers are refused."""
-    return merged(caches, _original(_kv_memory(), "_concat_caches")(self, caches))
+    """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): a part of unknown
+    origin is handled by the policy first; the merge carries its parts' common producer, and
+    parts of different producers are refused."""
+    kept = checked_parts(caches, _hook_settings().on_mismatch)
+    if not kept:
+        return None
+    return merged(kept, _original(_kv_memory(), "_concat_caches")(self, kept))
+
+
+def _recorded_build(self: Any, messages: Any) -> Any:
+    """MemOS's ``HFLLM.build_kv_cache``, with the new cache's producer registered."""
+    from memos.llms.hf import HFLLM
+
+    return record_build(self, messages, _original(HFLLM, "build_kv_cache")(self, messages))
+
+
+def _checked_add(self: Any, memories: list[Any]) -> None:
+    """MemOS's ``KVCacheMemory.add``, of the items whose cache's producer is this memory's
+    model (the others handled by the policy)."""
+    return _original(_kv_memory(), "add")(self, checked_add(self, list(memories),
+                                                             _hook_settings().on_mismatch))
 
 
 def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:

@@ -126,8 +126,9 @@ def test_kv_file_swapped_for_model_b_with_resealed_lock(cube, models):
 def test_pins_rewritten_to_model_b_are_caught_by_the_model_check(cube, zoo, models):
     identity_b = cubepack.fingerprint(zoo["b"]).to_dict()
 
-    def repin(lock):
-        lock["models"]["act_mem"]["identity"] = identity_b
+    def repin(lock):  # B's identity, in the keys a lock's pin holds
+        pinned = lock["models"]["act_mem"]["identity"]
+        lock["models"]["act_mem"]["identity"] = {k: identity_b[k] for k in pinned}
     reseal_lock(cube, repin)
     failures = refused(cube, model=str(zoo["a"]))
     assert any(f.name == "model identity" and "weights_digest" in f.subject for f in failures)

@@ -225,7 +225,8 @@ def test_vllm_cubes_pack_with_their_prompts_and_load_only_into_the_pinned_model(
     assert (folder / "activations" / "prompts.json").is_file()
     assert not (folder / "activation_memory.pickle").exists()
     report = cubepack.verify(folder)
-    assert [c.ok for c in report.checks if c.name == "model identity"] == [True]
+    assert [(c.ok, c.basis) for c in report.checks if c.name == "model identity"] == [
+        (True, "proved"), (True, "claimed")]  # the cached revision's bytes; its dtype: a claim
     hook.install(require_pin=False)
     try:
         memory = vllm_memory(hub_cached["repo_id"])
