@@ -95,8 +95,8 @@ def deadlines(monkeypatch):
             super().__init__(*args, **kwargs)
             seen.update(self)
 
-        def begin(self, method, url):
-            transfer = super().begin(method, url)
+        def begin(self, *args, **kwargs):
+            transfer = super().begin(*args, **kwargs)
             seen.update(self, begun=transfer)
             return transfer
 
