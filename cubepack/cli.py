@@ -114,8 +114,11 @@ def _policy(options: dict[str, Any]) -> Any:
 
 def _emit_error(exc: CubepackError) -> None:
     report = getattr(exc, "report", None)
-    click.echo(json.dumps({"ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
-                                                  "exit_code": exc.exit_code},
+    error = {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
+    details = getattr(exc, "details", None)
+    if details:  # what a script may read besides the message (a stall's request and rate)
+        error["details"] = details
+    click.echo(json.dumps({"ok": False, "error": error,
                            "report": report.to_dict() if report is not None else None},
                           indent=2, sort_keys=True, default=str))
 

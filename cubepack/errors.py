@@ -148,4 +148,9 @@ class ModelNotFoundError(UsageError, FileNotFoundError):
 
 class HubError(CubepackError):
     """The Hub (or the local endpoint) refused or failed a request: unknown repo or revision,
-    missing credentials, a server error, or a commit absent from the offline cache."""
+    missing credentials, a server error, a stalled transfer, or a commit absent from the
+    offline cache."""
+
+    #: What a script may read besides the message (``--json`` prints it as ``error.details``),
+    #: e.g. ``{"stall": {...}}``: the stalled request, its bytes and rate. None: nothing more.
+    details: dict[str, _Any] | None = None

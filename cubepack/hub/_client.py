@@ -20,6 +20,7 @@ from .._util.revision import check_ref_name, looks_like_commit
 from ..errors import CubepackError, HubError, UsageError
 from ..identity._hub import lfs_sha256  # noqa: F401 - the one reading of the Hub's LFS sha256
 from ._deadline import Deadline
+from ._stall import LowSpeed
 
 T = TypeVar("T")
 
@@ -85,7 +86,9 @@ class HubClient:
     Args:
         endpoint: the Hub URL (default: ``HF_ENDPOINT`` or huggingface.co).
         token: a token, ``False`` for none, or None for ``HF_TOKEN`` / the stored login.
-        timeout: seconds everything run through :meth:`run` may take (None: no deadline).
+        timeout: seconds everything run through :meth:`run` may take (None: no deadline); with
+            a deadline, each request is also judged by the low-speed rule
+            (``CUBEPACK_LOW_SPEED_LIMIT`` / ``CUBEPACK_LOW_SPEED_TIME``, see ``_stall``).
         action, outcome: what the deadline bounds and what holds after it, for its message.
     """
 
@@ -97,7 +100,9 @@ class HubClient:
         self.endpoint = (endpoint or hub_constants.ENDPOINT).rstrip("/")
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
-        self.deadline = Deadline(timeout, self.endpoint, action, outcome) \
+        # The low-speed rule goes with the deadline: what runs under one is judged by both.
+        self.deadline = Deadline(timeout, self.endpoint, action, outcome,
+                                 low_speed=LowSpeed.from_environment()) \
             if timeout is not None else None
 
     # --- the deadline ----------------------------------------------------------------------------
