@@ -134,3 +134,22 @@ def test_the_site_includes_the_security_policy_from_the_repository_root():
 
 def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 160
+
+
+def test_the_module_map_is_generated_from_every_module_on_its_layer():
+    """docs/hooks.py writes the module map into the architecture page at build time; it names
+    every module of the package, under the layer LAYERS gives its part."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    assert hooks.MODULE_MAP_MARK in (DOCS / "explanation/architecture.md").read_text()
+    generated = hooks.module_map()
+    listed = set(re.findall(r"^\| `(cubepack[\w.]*)` \|", generated, re.MULTILINE))
+    package = ROOT / "cubepack"
+    modules = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    assert listed == modules
