@@ -33,8 +33,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from docs_pages import ROOT, code_blocks, pages, setups
+
 from envs import once
 from helpers import as_new_process, cli_in_process
 

@@ -9,8 +9,8 @@ import dataclasses
 import re
 
 import pytest
-
 from docs_pages import DOCS, ROOT, pages
+
 from envs import once
 
 pytestmark = once
