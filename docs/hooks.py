@@ -7,6 +7,7 @@
   ``LAYERS`` in tests/test_architecture.py (the rule the import test enforces), each module's
   line the first sentence of its own docstring. Read with ``ast``, nothing imported, so the map
   cannot drift from the package and the docs environment needs no torch.
+- In the CLI reference, an option without a default shows none (not click's UNSET sentinel).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def on_config(config):
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     return config
+
+
+def on_page_content(html, page, config, files):
+    # click 8.3 gives an option with no default the sentinel UNSET, which mkdocs-click 0.9
+    # prints as its repr in the CLI reference's Default column: show no default instead.
+    return html.replace("<td><code>Sentinel.UNSET</code></td>", "<td></td>")
 
 
 def on_page_markdown(markdown, page, config, files):
