@@ -107,7 +107,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         revision: branch, tag or commit of a Hub ``model`` to pin.
         legacy_pickle: convert MemOS's ``activation_memory.pickle`` to KV files through the
             allowlist unpickler. Without it a cube holding a pickle is refused.
-        license, pretty_name: for the model card's metadata.
+        license: the license for the model card's metadata (e.g. ``apache-2.0``).
+        pretty_name: the model card's title.
         sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
             (``cubepack.intoto.json``, then ``cubepack.sig``, see
             :mod:`cubepack.trust._signing`).

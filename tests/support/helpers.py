@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -202,26 +203,18 @@ _HUB_SETTINGS = {"HF_ENDPOINT": "ENDPOINT", "HF_HUB_CACHE": "HF_HUB_CACHE",
                  "HF_HUB_DISABLE_XET": "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE": "HF_HUB_OFFLINE"}
 
 
-def cli_in_process(args, *, env: dict[str, str], cwd):
-    """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
-    ``cwd`` as a new process would have them (the environment, and huggingface_hub's
-    import-time settings derived from it): returncode, stdout and stderr, as
-    ``subprocess.run`` gives them. For chains of commands whose subject is how the commands fit
-    together (a refusal's advice, run as printed); a process's own behaviour (its output
-    streams, exit, signals) is tested with real processes."""
-    import contextlib
-    import io
+@contextlib.contextmanager
+def as_new_process(*, env: dict[str, str], cwd):
+    """Run the ``with`` body with ``env`` and ``cwd`` as a new process would have them: the
+    environment, the folder and huggingface_hub's import-time settings derived from the
+    environment (its endpoint, cache, Xet and offline switches); all restored afterwards."""
     import os
-    import subprocess
 
     from huggingface_hub import constants
-
-    from cubepack.cli import main
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved = {name: getattr(constants, name) for name in (*_HUB_SETTINGS.values(),
                                                           "HUGGINGFACE_CO_URL_TEMPLATE")}
-    out, err = io.StringIO(), io.StringIO()
     try:
         os.environ.clear()
         os.environ.update(env)
@@ -237,13 +230,30 @@ def cli_in_process(args, *, env: dict[str, str], cwd):
         constants.HUGGINGFACE_CO_URL_TEMPLATE = \
             constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}"
         os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(arg) for arg in args])
+        yield
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
         for name, value in saved.items():
             setattr(constants, name, value)
+
+
+def cli_in_process(args, *, env: dict[str, str], cwd):
+    """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
+    ``cwd`` as a new process would have them (the environment, and huggingface_hub's
+    import-time settings derived from it): returncode, stdout and stderr, as
+    ``subprocess.run`` gives them. For chains of commands whose subject is how the commands fit
+    together (a refusal's advice, run as printed); a process's own behaviour (its output
+    streams, exit, signals) is tested with real processes."""
+    import io
+    import subprocess
+
+    from cubepack.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with as_new_process(env=env, cwd=cwd):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(arg) for arg in args])
     return subprocess.CompletedProcess(["cubepack", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
