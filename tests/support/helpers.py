@@ -127,11 +127,35 @@ def as_format_1(source, target, tokenizer_json):
 
     def downgrade(meta):
         meta["version"] = 1
+        meta.pop("checksums", None)
         for key in ("compute_config", "prompt_format_digest"):
             meta["producer"].pop(key, None)
         meta["producer"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
             tokenizer_json.read_text())
     return rewrite_kv_metadata(source, target, downgrade)
+
+
+def as_format_2(source, target):
+    """A file as cubepack 0.2 wrote it: version 2, no per-tensor checksums."""
+    def downgrade(meta):
+        meta["version"] = 2
+        meta.pop("checksums")
+    return rewrite_kv_metadata(source, target, downgrade)
+
+
+def flip_tensor_byte(path, name, target=None, *, at=0.5):
+    """Copy (or, without ``target``, change in place) a safetensors file with one bit of tensor
+    ``name``'s data flipped (``at``: where in the tensor, as a fraction); returns the path."""
+    from cubepack._util.safetensors_header import read_header
+
+    header = read_header(path, aligned=False)
+    tensor = header.tensors[name]
+    offset = header.data_offset + tensor.begin + int((tensor.end - tensor.begin - 1) * at)
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x01
+    target = target or path
+    target.write_bytes(bytes(raw))
+    return target
 
 
 def as_lock_version_1(cube, tokenizer_json):
