@@ -3,10 +3,12 @@ load runs before a cache is returned. Torch-free (MLX and ``verify`` use it as t
 
 **Record.** The ``cubepack`` metadata JSON holds ``checksums``::
 
-    "checksums": {"algorithm": "xxh3-64",
+    "checksums": {"algorithm": "xxh3-64", "header": "<16 lowercase hex digits>",
                   "tensors": {"layers.0.keys": "<16 lowercase hex digits>", ...}}
 
-one entry per tensor of the file, no more, no fewer. Each value is the XXH3-64 (seed 0) of that
+``header`` is the XXH3-64 of the metadata itself without ``header`` (:func:`header_digest`), so
+a changed header byte is refused as such; ``tensors`` holds one entry per tensor of the file,
+no more, no fewer. Each value is the XXH3-64 (seed 0) of that
 tensor's bytes exactly as the KV file stores them: the tensor C-contiguous in its dtype,
 little-endian, of the shape its header declares, i.e. the file bytes ``[begin, end)`` of its
 ``data_offsets``. The same metadata travels in an MLX prompt cache cubepack writes (see
@@ -46,6 +48,7 @@ from typing import Any
 
 import xxhash
 
+from .._util import canonical
 from .._util.safetensors_header import DTYPE_SIZES, FileBytes, Header, TensorInfo, open_regular
 from ..errors import FormatError, IntegrityError, Mismatch
 
@@ -128,9 +131,9 @@ def checksum_record(path: Path | str, meta: dict[str, Any], version: int, names:
         raise FormatError(f"{path}: KV format version {version} requires a '{RECORD_KEY}' "
                           f"record, found {record!r}. The header was altered or the file is "
                           "damaged; pull or re-pack the cube.")
-    if set(record) != {"algorithm", "tensors"}:
-        raise FormatError(f"{path}: the '{RECORD_KEY}' record must hold 'algorithm' and "
-                          f"'tensors' only, found {sorted(record)}.")
+    if set(record) != {"algorithm", "header", "tensors"}:
+        raise FormatError(f"{path}: the '{RECORD_KEY}' record must hold 'algorithm', 'header' "
+                          f"and 'tensors' only, found {sorted(record)}.")
     if record["algorithm"] != ALGORITHM:
         raise FormatError(f"{path}: its tensors' checksums use {record['algorithm']!r}; this "
                           f"cubepack checks {ALGORITHM!r}. Upgrade cubepack, or re-create the "
@@ -145,16 +148,45 @@ def checksum_record(path: Path | str, meta: dict[str, Any], version: int, names:
         extra = sorted(set(tensors) - expected)[:3]
         raise FormatError(f"{path}: its checksums do not cover its tensors one for one "
                           f"(no checksum for {missing}, checksums of no tensor {extra}).")
-    for name, value in tensors.items():
+    for name, value in [*tensors.items(), ("the header", record["header"])]:
         if not isinstance(value, str) or not _HEX.fullmatch(value):
             raise FormatError(f"{path}: the checksum of {name} must be 16 lowercase hex digits "
                               f"({ALGORITHM}), found {value!r}.")
+    found = header_digest(meta)
+    if found != record["header"]:
+        error = IntegrityError(
+            f"KV cache {path}: its header does not match the checksum it records ({ALGORITHM}: "
+            f"expected {record['header']}, found {found}): the header changed after it was "
+            "written (bit rot, a bad copy or an edit); nothing was loaded. Pull the cube again, "
+            "or re-pack it from its source.")
+        error.path, error.tensor = str(path), None  # type: ignore[attr-defined]
+        raise error
     return dict(tensors)
 
 
 def record(checksums: dict[str, str]) -> dict[str, Any]:
-    """The ``checksums`` record of a header, from ``{tensor name: hex}``."""
+    """The ``checksums`` record of a header, from ``{tensor name: hex}``, without its
+    ``header`` digest (:func:`seal` adds it)."""
     return {"algorithm": ALGORITHM, "tensors": dict(sorted(checksums.items()))}
+
+
+def header_digest(meta: dict[str, Any]) -> str:
+    """XXH3-64 of the ``cubepack`` metadata as canonical compact JSON, without the digest
+    itself (``checksums.header``): what a header's own checksum covers. The tensor table
+    (dtype, shape, offsets) is not covered: the format's structural checks pin each of its
+    fields (dtype to ``kv_dtype``, shape to the producer and ``layers``, offsets contiguous to
+    the file's end), and an MLX prompt cache carries the same metadata at other offsets."""
+    unsealed = dict(meta)
+    if isinstance(unsealed.get(RECORD_KEY), dict):
+        unsealed[RECORD_KEY] = {k: v for k, v in unsealed[RECORD_KEY].items() if k != "header"}
+    return xxhash.xxh3_64_hexdigest(canonical.dumps(unsealed, compact=True).encode("ascii"))
+
+
+def seal(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` (holding a :func:`record`) with its header digest recorded."""
+    sealed = {**meta, RECORD_KEY: dict(meta[RECORD_KEY])}
+    sealed[RECORD_KEY]["header"] = header_digest(meta)
+    return sealed
 
 
 def compute(tensors: dict[str, Sequence[Any]]) -> dict[str, str]:

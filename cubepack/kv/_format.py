@@ -9,8 +9,9 @@ One KV cache per safetensors file (the layout is in README.md, "KV file format")
   the cache), ``num_layers``, ``layers`` (per layer ``type`` and ``cumulative_length``, which a
   sliding-window layer needs to be restored exactly), ``kv_dtype``, ``token_count``,
   ``token_ids`` (or null), free ``metadata`` and ``checksums``: ``{"algorithm": "xxh3-64",
-  "tensors": {"layers.0.keys": "<16 hex digits>", ...}}``, the XXH3-64 of each tensor's stored
-  bytes (:mod:`cubepack.kv._checksum`).
+  "header": "<16 hex digits>", "tensors": {"layers.0.keys": "<16 hex digits>", ...}}``, the
+  XXH3-64 of this metadata (without ``header``) and of each tensor's stored bytes
+  (:mod:`cubepack.kv._checksum`).
 
 :func:`read_kv_header` validates all of it, and the structure against the producer, before any
 tensor is touched; :func:`check_kv_file` also requires the producer to be a given identity.
@@ -139,11 +140,13 @@ def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]
             f"{', '.join(map(str, constants.KV_READABLE_VERSIONS))}. Upgrade cubepack, or "
             "re-create the file."
         )
+    # First: a header that is not the one written is refused as such, before any field of it
+    # is interpreted (version 3; an older file carries no record, and may carry none).
+    checksums = _checksum.checksum_record(path, meta, version, tensors,
+                                          constants.KV_CHECKSUM_VERSION)
     producer = ModelIdentity.from_dict(meta.get("producer"),
                                        legacy=version < constants.KV_CHECKABLE_VERSION)
     layers = _validate_layers(path, tensors, meta, producer)
-    checksums = _checksum.checksum_record(path, meta, version, tensors,
-                                          constants.KV_CHECKSUM_VERSION)
     token_count = layers[0].cumulative_length if layers else 0
     if type(meta.get("token_count")) is not int or meta["token_count"] != token_count:
         raise FormatError(f"{path}: token_count {meta.get('token_count')!r} contradicts its "
@@ -391,7 +394,7 @@ def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_id
         raise CubepackError(f"The checksums name {sorted(checksums)[:4]}, not the tensors of "
                             f"{len(entries)} layers.")
     try:
-        return canonical.dumps({
+        return canonical.dumps(_checksum.seal({
             "format": constants.KV_FORMAT_NAME,
             "version": constants.KV_FORMAT_VERSION,
             "producer": producer.to_dict(),
@@ -402,7 +405,7 @@ def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_id
             "token_ids": token_ids,
             "metadata": metadata or {},
             "checksums": _checksum.record(checksums),
-        }, compact=True)
+        }), compact=True)
     except (TypeError, ValueError) as exc:
         raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
 

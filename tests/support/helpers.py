@@ -63,16 +63,23 @@ def reseal_lock(cube, change) -> None:
     path.write_text(lockfile.dumps(resealed))
 
 
-def rewrite_kv_metadata(source, target, change):
-    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``."""
+def rewrite_kv_metadata(source, target, change, *, reseal=True):
+    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``; with
+    ``reseal``, its header checksum is recomputed (as anyone editing a header can: the checks
+    these tests reach lie behind it), else left as it was."""
     import json
     import struct
+
+    from cubepack.kv import _checksum
 
     raw = source.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + length])
     meta = json.loads(header["__metadata__"]["cubepack"])
     change(meta)
+    record = meta.get("checksums")
+    if reseal and isinstance(record, dict) and "header" in record:
+        meta = _checksum.seal(meta)
     header["__metadata__"]["cubepack"] = json.dumps(meta)
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
