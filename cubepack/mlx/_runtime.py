@@ -422,11 +422,6 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
         layers = [(arrays[k][..., :offset, :], arrays[v][..., :offset, :], offset)
                   for k, v in names]
         mx.eval([array for keys, values, _ in layers for array in (keys, values)])
-        # The bytes MLX read, hashed in the open file (mapped, on the pool) against the record
-        # the header carries; the check below then proves the file did not change meanwhile.
-        _checksum.verify_descriptor(path, handle.fileno(), info.checksums, pieces)
-        note = unchecked_note(info, None if constants.KV_METADATA_KEY in header.metadata else
-                              "export it again from its KV file, upgraded")
         # The header the checks used, read by path (a symlink may have pointed elsewhere for
         # a moment), must be the open file's, and every layer must hold the positions claimed.
         descriptor = handle.fileno()
@@ -438,6 +433,11 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             raise FormatError(f"{path} changed while cubepack loaded it "
                               f"({differed or f'layer {short[0]} holds fewer positions'}); "
                               "nothing was loaded: load it again once nothing writes it.")
+        # Unchanged since MLX read it: the open file's bytes (mapped, hashed on the pool) are
+        # the ones MLX holds, and must be the ones the header records.
+        _checksum.verify_descriptor(path, descriptor, info.checksums, pieces)
+        note = unchecked_note(info, None if constants.KV_METADATA_KEY in header.metadata else
+                              "export it again from its KV file, upgraded")
     if note:
         logger.warning("cubepack: %s", note)
     stored = None
