@@ -200,6 +200,9 @@ def _render_kv(data: dict[str, Any]) -> str:
         f"format:      {data['format']} v{data['version']}",
         f"tokens:      {data['token_count']}",
         f"layers:      {data['num_layers']} ({data['kv_dtype']}, layer 0 shape {first})",
+        "checksums:   " + (f"{data['checksums']['algorithm']}, "
+                           f"{len(data['checksums']['tensors'])} tensors"
+                           if data.get("checksums") else f"none (format v{data['version']})"),
         f"producer:    {producer['model_id'] or '(local model)'}"
         + (f"@{producer['revision']}" if producer.get("revision") else ""),
         f"  weights:   {producer['weights_digest']}",

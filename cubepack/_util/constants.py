@@ -22,10 +22,16 @@ from pathlib import Path
 from ..errors import UsageError
 
 KV_FORMAT_NAME = "cubepack.kv"
-#: Version 2 added the compute config and the behavioural tokenizer digest to the producer.
-#: Version 1 files are still read (``inspect``, ``upgrade``) but never loaded into a model.
-KV_FORMAT_VERSION = 2
-KV_READABLE_VERSIONS = (1, 2)
+#: Version 2 added the compute config and the behavioural tokenizer digest to the producer;
+#: version 3 a checksum of every tensor (``checksums``, see ``kv._checksum``), checked at every
+#: load. Version 1 files are still read (``inspect``, ``upgrade``) but never loaded into a
+#: model; version 2 files load, unchecked, and say so.
+KV_FORMAT_VERSION = 3
+KV_READABLE_VERSIONS = (1, 2, 3)
+#: The first KV format whose producer identity can be checked against a live model.
+KV_CHECKABLE_VERSION = 2
+#: The first KV format whose header records a checksum per tensor.
+KV_CHECKSUM_VERSION = 3
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
 #: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION); version 3 adds the

@@ -33,7 +33,13 @@ from ..errors import (
 from ..format._lock import ASSERTED, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
-from ..kv._format import check_kv_file, read_kv_header, structure_problems
+from ..kv._format import (
+    KVFileInfo,
+    check_kv_file,
+    read_kv_header,
+    structure_problems,
+    unchecked_note,
+)
 from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
 from ..memory._reprefill import provenance as reprefill_provenance
@@ -70,6 +76,9 @@ class HookReport:
     embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
     #: adapter -> what the hook checked it against (or why it could not)
     adapters: dict[str, str] = field(default_factory=dict)
+    #: items whose KV file is format 2: no per-tensor checksums, so their bytes were not
+    #: checked at this load (a cube's were by its lock's sha256; a lockless folder's were not)
+    unchecksummed: list[str] = field(default_factory=list)
 
 
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
@@ -229,6 +238,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             continue
         if policy.recompute and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
+        _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
                    info.token_ids)
     staged.install()
@@ -344,9 +354,19 @@ def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: Hook
             continue
         claimed = info.metadata.get("provenance")
         label = claimed if check_provenance(claimed) and claimed["kind"] == ASSERTED else KV_HEADER
+        _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, label,
                    info.token_ids)
     staged.install()
+
+
+def _note_unchecked(report: HookReport, item_id: str, info: KVFileInfo) -> None:
+    """Record (and warn once per item) that a format-2 KV file's bytes go unchecked here;
+    a format-3 file's are checked by :func:`~cubepack.kv._torch.mapped_layers`."""
+    note = unchecked_note(info)
+    if note:
+        report.unchecksummed.append(item_id)
+        logger.warning("cubepack: activation %r: %s", item_id, note)
 
 
 def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,

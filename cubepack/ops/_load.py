@@ -26,6 +26,8 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
         IdentityMismatch: the cache was produced by a different model (every field named).
         RecomputationFailed: ``model`` does not reproduce it (asked, or another runtime's).
         UsageError: a policy field a lone KV file cannot satisfy.
+        IntegrityError: a tensor's bytes, or the header, differ from the checksum the header
+            records (the tensor named).
         FormatError: the file is corrupt, truncated or of an unknown version.
     """
     policy = TrustPolicy.build(policy, **options)

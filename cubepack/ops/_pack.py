@@ -41,7 +41,7 @@ from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
-from ..kv._format import FULL, SLIDING, read_kv_header
+from ..kv._format import FULL, SLIDING, read_kv_header, verify_checksums
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -719,6 +719,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         if not is_activation_path(name):
             continue
         info = read_kv_header(resolve_inside(staging, name))
+        verify_checksums(info)  # never seal bytes that are not the ones the file records
         if producer_pin is None or producer_pin.get("identity") is None:
             raise CubepackError(f"{name} is an activation but the cube names no producer model; "
                                 "pass --model.")

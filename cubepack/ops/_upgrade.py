@@ -27,7 +27,7 @@ from ..errors import IdentityMismatch, Mismatch, UsageError
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
 from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
-from ..kv._format import KVFileInfo, read_kv_header
+from ..kv._format import KVFileInfo, check_kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._pack import pack
 from ._verify import verify_for_upgrade
@@ -101,6 +101,12 @@ def _upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:
     if info.version == constants.KV_FORMAT_VERSION:
         return False
     live = fingerprint(str(model), revision=revision, dtype=info.producer.dtype)
+    if info.version >= constants.KV_CHECKABLE_VERSION:
+        # Format 2 pins the full identity: the model must be its producer, which is kept as
+        # recorded; the rewrite adds the tensors' checksums (of the bytes as they are now).
+        check_kv_info(info, live)
+        _rewrite(info, info.producer)
+        return True
     mismatches = _legacy_mismatches(info.producer, live, str(model), revision)
     if mismatches:
         raise IdentityMismatch(f"KV cache {path.name} (KV format {info.version})", mismatches,

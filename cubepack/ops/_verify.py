@@ -25,7 +25,7 @@ from ..format._diff import leaves
 from ..format._fileset import is_tolerated
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare
-from ..kv._format import read_kv_header
+from ..kv._format import checksum_verdict, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..memory import _adapters as adapters_mod
@@ -232,15 +232,21 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
         report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
-        if entry["file"] not in good:
-            continue  # missing or not the lock's bytes: reported by the file checks
-        checkpoint(f"the KV header of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
+        if entry["file"] not in good:
+            # Missing or not the lock's bytes: reported by the file checks; a KV file that is
+            # still readable also says which tensor changed (or that none did: the header).
+            _name_changed_tensor(report, path, subject)
+            continue
+        checkpoint(f"the KV header of {entry['file']}")
         try:
             info = read_kv_header(path)
         except CubepackError as exc:
             report.add("kv header", subject, False, str(exc))
             continue
+        checkpoint(f"the tensor checksums of {entry['file']}")
+        ok, detail = checksum_verdict(info)
+        report.add("kv checksums", subject, ok, detail)
         pin = lock["models"][entry["model_role"]]
         pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
         problems = [(f"producer.{m.field}", m.expected, m.found)
@@ -255,6 +261,18 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
                        expected, found)
         if not problems:
             report.add("kv header", subject, True, "producer and shapes agree with the lock")
+
+
+def _name_changed_tensor(report: VerifyReport, path: Path, subject: str) -> None:
+    try:
+        if not path.is_file() or path.is_symlink():
+            return
+        ok, detail = checksum_verdict(read_kv_header(path))
+    except CubepackError:
+        return  # the header itself is damaged: the sha256 check has said the file changed
+    if ok is not None:
+        report.add("kv checksums", subject, ok, detail if not ok else
+                   f"{detail}: the bytes that differ from the lock are in its header")
 
 
 def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:

@@ -29,7 +29,7 @@ def test_untouched_cube_verifies(cube, zoo):
     assert report.ok and not report.failures
     names = {c.name for c in report.checks}
     assert names == {"lock", "path", "file set", "size", "sha256", "content", "kv header",
-                     "cube config",
+                     "kv checksums", "cube config",
                      "signature", "attestation", "model identity"}
 
 
@@ -37,9 +37,10 @@ def test_one_flipped_byte_is_named(cube):
     data = bytearray((cube / ITEM).read_bytes())
     data[-3] ^= 0x01
     (cube / ITEM).write_bytes(bytes(data))
-    [failure] = refused(cube)
+    failure, tensor = refused(cube)  # the lock's hash, and which tensor changed (format 3)
     assert (failure.name, failure.subject) == ("sha256", ITEM)
     assert failure.expected != failure.found
+    assert tensor.name == "kv checksums" and "tensor layers.1.values" in tensor.detail
 
 
 def test_missing_file(cube):
