@@ -14,6 +14,7 @@ import unicodedata
 from pathlib import Path, PurePosixPath
 
 from ..errors import UnsafeInputError
+from . import atomic
 from .constants import cache_dir
 
 MAX_PATH_LENGTH = 1024
@@ -318,6 +319,11 @@ def managed_folder(root: Path, parts: tuple[str, ...], *, what: str,
     for part in parts:
         if not part or part in (".", "..") or "/" in part or "\\" in part:
             raise UnsafeInputError(f"{part!r} is not a folder name cubepack may make.")
+    with atomic.placing(root, elsewhere=f"set {what} to a writable folder"):
+        return _managed_folder(root, parts, what=what, create_last=create_last)
+
+
+def _managed_folder(root: Path, parts: tuple[str, ...], *, what: str, create_last: bool) -> Path:
     base = resolve_owned_root(root, what)
     os.makedirs(base, exist_ok=True)
     base = resolve_owned_root(base, what)  # what now exists, as it is now

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._util import constants
+from .._util import atomic, constants
 from .._util.revision import check_ref_name, looks_like_commit
 from ..errors import CubepackError, HubError, UsageError
 from ..identity._hub import lfs_sha256  # noqa: F401 - the one reading of the Hub's LFS sha256
@@ -156,6 +156,10 @@ class HubClient:
             yield
         except CubepackError:
             raise
+        except OSError as exc:
+            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub: the caller names it
+                raise
+            raise self.error(exc, repo_id, repo_type, revision) from exc
         except Exception as exc:
             raise self.error(exc, repo_id, repo_type, revision) from exc
 

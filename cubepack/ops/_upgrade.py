@@ -81,18 +81,19 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
             for name in kv_files):
         result.current = kv_files
         return result
-    staging = atomic.staging_dir(cube, "upgrade")
-    try:
-        for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
-            atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
-        for name in kv_files:
-            upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
-            (result.upgraded if upgraded else result.current).append(name)
-        pack(staging, model=str(model), revision=revision)
-        atomic.replace_dir(staging, cube)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
+        staging = atomic.staging_dir(cube, "upgrade")
+        try:
+            for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
+                atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
+            for name in kv_files:
+                upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
+                (result.upgraded if upgraded else result.current).append(name)
+            pack(staging, model=str(model), revision=revision)
+            atomic.replace_dir(staging, cube)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return result
 
 
