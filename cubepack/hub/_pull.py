@@ -22,6 +22,7 @@ from typing import Any
 from .._util import atomic, budget, canonical, constants
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
+from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
@@ -54,6 +55,7 @@ class PullResult:
                 "report": self.report.to_dict() if self.report else None}
 
 
+@terminal_bars
 def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None = None,
          repo_type: str = "dataset", local_dir: str | Path | None = None,
          verify_cube: bool = True, offline: bool | None = None, token: str | None = None,

@@ -28,6 +28,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
+from .._util.quiet import terminal_bars
 from ..errors import FormatError, UsageError
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..kv._format import read_kv_header
@@ -73,6 +74,7 @@ class MigrateResult:
                 "lineage": self.lineage}
 
 
+@terminal_bars
 def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str | Path,
             model: Any = None, revision: str | None = None, embedder: str | None = None,
             progress: bool | None = None, sign_key: str | Path | None = None,

@@ -19,6 +19,7 @@ from .._util import atomic, canonical, constants
 from .._util.canonical import json_safe
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import list_cube_files, names_a_path, resolve_inside
+from .._util.quiet import terminal_bars
 from .._version import __version__
 from ..errors import (
     CubepackError,
@@ -92,6 +93,7 @@ class PackResult:
         }
 
 
+@terminal_bars
 def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
          legacy_pickle: bool = False, license: str | None = None,
          pretty_name: str | None = None, progress: bool | None = None,

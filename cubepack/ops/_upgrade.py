@@ -23,6 +23,7 @@ from typing import Any
 
 from .._util import atomic, constants
 from .._util.paths import regular_file, resolve_inside
+from .._util.quiet import terminal_bars
 from ..errors import IdentityMismatch, Mismatch, UsageError
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
@@ -45,6 +46,7 @@ class UpgradeResult:
         return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current}
 
 
+@terminal_bars
 def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None) -> UpgradeResult:
     """Upgrade a KV file, or every KV file of a cube and then the cube itself (re-packed).
 
