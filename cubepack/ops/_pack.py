@@ -149,6 +149,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     earlier = _previous_lock(cube, files)
+    if cube_id is not None and cube_id != (earlier or {}).get("cube_id"):
+        lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
     if cube_id is None and "config.json" not in files and earlier is not None:
         cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
     memos_config = _read_memos_config(cube, files, cube_id)
