@@ -278,6 +278,16 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
     if settings:  # before any model is pinned: pinning reads the names those settings sit by
         raise UnsafeInputError(memos_layout.code_settings_message(
             settings, str(cube / "config.json"), "pack again"))
+    if "cube_id" not in config and not set(config) & set(memos_layout.MEMORY_KINDS):
+        # Some other file of that name (a transformers model's): advice to edit it is wrong.
+        model = "model_type" in config or "architectures" in config
+        looks = (f" (it looks like a model's config: model_type "
+                 f"{config.get('model_type', '?')!r})" if model else "")
+        raise UsageError(
+            f"{cube / 'config.json'} is not a MemOS cube config: it has no cube_id and no memory "
+            f"section (text_mem, act_mem, para_mem, pref_mem){looks}. Point pack at a cube "
+            "dumped by MemOS (GeneralMemCube.dump) or at a folder of KV files without a "
+            "config.json (with --cube-id); a model folder is passed with --model, not packed.")
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
         raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
                          "cube. Add \"cube_id\": \"owner/name\" and pack again.")

@@ -352,3 +352,17 @@ def test_a_cube_id_outside_the_rule_is_refused_naming_the_pattern(tmp_path, bad,
     assert CUBE_ID_PATTERN in str(caught.value)
     assert main(["pack", str(bundle), "--cube-id", bad]) == 2
     assert tree_bytes(bundle) == before
+
+
+def test_a_model_folder_is_not_taken_for_a_cube_with_a_config_to_edit(tmp_path, zoo):
+    """A transformers model folder holds a config.json too: pack says it is not MemOS's config
+    (and what to point pack at), never to add a cube_id to the model's config."""
+    folder = tmp_path / "model"
+    shutil.copytree(zoo["a"], folder)
+    with pytest.raises(cubepack.UsageError) as caught:
+        cubepack.pack(folder)
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'config.json'} is not a MemOS cube config")
+    assert "looks like a model's config: model_type" in message and "--model" in message
+    assert "Add \"cube_id\"" not in message
+    assert not (folder / "cubepack.lock").exists()
