@@ -212,7 +212,7 @@ def list_cube_files(root: Path) -> list[str]:
     found, problems = scan_cube(root)
     if problems:
         where, what = problems[0]
-        raise UnsafeInputError(f"{where} {what}." if where else what)
+        raise UnsafeInputError(f"Path {where!r} {what}." if where else f"{what}.")
     return found
 
 

@@ -108,7 +108,7 @@ def test_a_path_refusal_names_the_path_once_and_says_what_to_do(tmp_path, name, 
         list_cube_files(tmp_path)
     message = str(caught.value)
     listed = re.sub(r"\(CON, .*?\)", "", message)  # the rule's own list names AUX too
-    assert message.startswith(f"{name} ") and listed.count(name) == 1, message
+    assert message.startswith(f"Path {name!r} ") and listed.count(name) == 1, message
     assert message.endswith("; rename it.") and not message.endswith(".."), message
 
 
