@@ -791,6 +791,22 @@ def _wants_json(args: list[str]) -> bool:
     return any(arg == "--json" or arg.startswith("--json=") for arg in args)
 
 
+def interrupted(args: list[str]) -> int:
+    """A command stopped by Ctrl-C, at any moment (also while the command line loads: see
+    ``cubepack.__main__``): one line on stderr, one JSON object on stdout when asked for, exit
+    130. A second Ctrl-C cannot break the goodbye into a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo("error: interrupted (Ctrl-C) before the command finished", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"ok": False, "error": {
+            "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
+            "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
+            indent=2, sort_keys=True))
+    return INTERRUPTED_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes.
 
@@ -801,15 +817,21 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     _Context.as_json = None
     try:
-        cli.main(args=args, prog_name="cubepack", standalone_mode=False)
-    except click.exceptions.Abort:  # Ctrl-C (or end of input): an outcome like any other
-        click.echo("error: interrupted", err=True)
-        if _wants_json(args):
-            click.echo(json.dumps({"ok": False, "error": {
-                "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
-                "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
-                indent=2, sort_keys=True))
-        return INTERRUPTED_EXIT
+        return _run(args)
+    except KeyboardInterrupt:  # while an error was being printed: still one outcome
+        return interrupted(args)
+
+
+def _run(args: list[str]) -> int:
+    try:
+        # click's own main would print a blank line before our one line on Ctrl-C: the
+        # command is run as click.main runs it, its outcomes mapped here.
+        with cli.make_context("cubepack", args) as ctx:
+            cli.invoke(ctx)
+    except click.exceptions.Exit as exc:  # --help, --version
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # Ctrl-C, or end of input
+        return interrupted(args)
     except click.exceptions.ClickException as exc:
         exc.show()
         if _wants_json(args):  # a usage error is an outcome too: one JSON object, as ever

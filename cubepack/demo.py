@@ -46,8 +46,12 @@ def cubepack_command() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     work = Path(argv[0] if argv else "demo-out").resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    from ._util import atomic
+
+    with atomic.placing(work, elsewhere="name another folder (python -m cubepack.demo FOLDER)",
+                        whole=False):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
     from .testing import free_port
 
     port = free_port()
@@ -218,4 +222,10 @@ def _silenced():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .errors import CubepackError
+
+    try:
+        sys.exit(main())
+    except CubepackError as exc:  # one line, as the CLI prints it
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -24,7 +24,7 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.paths import check_no_collisions, check_relpath
 from .._util.revision import is_commit
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
 from ..identity._identity import ModelIdentity
 from ._fileset import is_activation_path
 
@@ -70,6 +70,24 @@ def check_record(record: Any) -> bool:
 
 
 MAX_LOCK_BYTES = 64 * 1024 * 1024
+
+#: A cube id cubepack gives a cube (``pack --cube-id``): a name, or owner/name as a Hub repo id
+#: is, of ASCII letters, digits, '.', '_' and '-', each part starting with a letter or digit,
+#: at most 96 characters. It names the cube in its card, its lineage and MemOS's config, so it
+#: must survive every file system, URL and shell unquoted.
+CUBE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
+MAX_CUBE_ID = 96
+
+
+def check_cube_id(value: Any) -> str:
+    """``value`` if it is a cube id by :data:`CUBE_ID_PATTERN`; else a UsageError naming the
+    pattern."""
+    if isinstance(value, str) and len(value) <= MAX_CUBE_ID and re.fullmatch(CUBE_ID_PATTERN,
+                                                                               value):
+        return value
+    raise UsageError(f"{value!r} is not a cube id: use a name or owner/name of ASCII letters, "
+                     f"digits, '.', '_' and '-' (pattern {CUBE_ID_PATTERN}, at most "
+                     f"{MAX_CUBE_ID} characters), e.g. alice/travel-notes.")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: The lock's own fields (not sections): every lock holds each.
 FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")

@@ -29,6 +29,7 @@ from .._util import canonical, constants
 from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.paths import names_a_path
+from .._util.quiet import terminal_bars
 from .._util.revision import is_commit
 from .._util.safetensors_header import Header, read_header
 from ..errors import (
@@ -72,6 +73,7 @@ _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt
 _ADAPTER_PREFIX = "adapter_model"
 
 
+@terminal_bars
 def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: Any = None,
                 dtype: str | None = None, local_files_only: bool = False) -> ModelIdentity:
     """Fingerprint a model.

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .._util import atomic
 from .._util.canonical import json_safe
 from ..errors import CubepackError, UsageError
 from ..identity._fingerprint import fingerprint
@@ -32,32 +33,33 @@ def dump_activations(act_mem: Any, dir: str) -> None:
     """``KVCacheMemory.dump`` / ``VLLMKVCacheMemory.dump`` under the hook: one KV file per
     cache (or, for vLLM, the prompts file), no pickle."""
     folder = Path(dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    if not hasattr(act_mem.llm, "model"):  # vLLM: prompt strings the server prefills
-        served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
-        write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
-                               for item_id, item in act_mem.kv_cache_memories.items()],
-                      model=served)
-        return
-    model = getattr(act_mem.llm, "model", None)
-    tokenizer = getattr(act_mem.llm, "tokenizer", None)
-    for item_id, item in act_mem.kv_cache_memories.items():
-        record, state = lookup(item.memory)
-        if state == "changed":
-            raise UsageError(
-                f"Activation {item_id!r} changed after cubepack checked it (its tensors were "
-                "replaced, e.g. grown by a direct generation call: MemOS issue #2301), so it "
-                "no longer is the memory it was made from. Re-extract it "
-                "(act_mem.extract(source_text)) or reload the cube before dumping.")
-        producer = record.producer if record is not None else fingerprint(model)
-        memos_metadata = json_safe(item.metadata or {})
-        ids = prompt_ids(item_id, item.memory, record, tokenizer, memos_metadata)
-        metadata = header_metadata(
-            memos_metadata, id=item_id,
-            provenance=record.provenance if record is not None else SHAPE_ONLY,
-            records=_records(item))
-        save_kv_cache(item.memory, folder / activation_filename(item_id), producer=producer,
-                      metadata=metadata, token_ids=ids)
+    with atomic.placing(folder, elsewhere="dump to another folder", whole=False):
+        folder.mkdir(parents=True, exist_ok=True)
+        if not hasattr(act_mem.llm, "model"):  # vLLM: prompt strings the server prefills
+            served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+            write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
+                                   for item_id, item in act_mem.kv_cache_memories.items()],
+                          model=served)
+            return
+        model = getattr(act_mem.llm, "model", None)
+        tokenizer = getattr(act_mem.llm, "tokenizer", None)
+        for item_id, item in act_mem.kv_cache_memories.items():
+            record, state = lookup(item.memory)
+            if state == "changed":
+                raise UsageError(
+                    f"Activation {item_id!r} changed after cubepack checked it (its tensors were "
+                    "replaced, e.g. grown by a direct generation call: MemOS issue #2301), so it "
+                    "no longer is the memory it was made from. Re-extract it "
+                    "(act_mem.extract(source_text)) or reload the cube before dumping.")
+            producer = record.producer if record is not None else fingerprint(model)
+            memos_metadata = json_safe(item.metadata or {})
+            ids = prompt_ids(item_id, item.memory, record, tokenizer, memos_metadata)
+            metadata = header_metadata(
+                memos_metadata, id=item_id,
+                provenance=record.provenance if record is not None else SHAPE_ONLY,
+                records=_records(item))
+            save_kv_cache(item.memory, folder / activation_filename(item_id), producer=producer,
+                          metadata=metadata, token_ids=ids)
 
 
 def _records(item: Any) -> dict[str, Any] | None:

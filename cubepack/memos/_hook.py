@@ -239,19 +239,20 @@ def git_checkout(url: str, revision: str | None) -> Path:
     root = managed_cube_folder("git", digest)
     if revision and is_commit(revision):  # its folder is known: checked before cloning
         managed_cube_folder("git", digest, revision, create_last=False)
-    staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
-    folder = staging / "cube"
-    try:
-        head = _clone(url, revision, folder)
-        _, problems = scan_cube(folder)
-        if problems:
-            where, what = problems[0]
-            raise UnsafeInputError(f"The clone of {url} is refused: "
-                                   + (f"{where} {what}." if where else f"{what}"))
-        target = managed_cube_folder("git", digest, head, create_last=False)
-        atomic.replace_dir(folder, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with atomic.placing(root, elsewhere="set CUBEPACK_CACHE to a writable folder"):
+        staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
+        folder = staging / "cube"
+        try:
+            head = _clone(url, revision, folder)
+            _, problems = scan_cube(folder)
+            if problems:
+                where, what = problems[0]
+                raise UnsafeInputError(f"The clone of {url} is refused: "
+                                       + (f"{where} {what}." if where else f"{what}"))
+            target = managed_cube_folder("git", digest, head, create_last=False)
+            atomic.replace_dir(folder, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

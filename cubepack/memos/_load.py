@@ -7,11 +7,12 @@ MemOS is imported only inside these functions (it has import-time side effects).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical
+from .._util import atomic, canonical, constants
 from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
 from .._util.revision import is_commit
@@ -82,8 +83,12 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
     # The live checks (recomputation, provenance) run against the model MemOS loads, below.
-    pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
-                  token=token, repo_type=repo_type, force=managed)
+    # A managed folder is named by what sets it (CUBEPACK_CACHE), not by pull's --local-dir.
+    placing = atomic.placing(constants.cache_dir(), elsewhere="set CUBEPACK_CACHE to a "
+                             "writable folder") if managed else contextlib.nullcontext()
+    with placing:
+        pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
+                      token=token, repo_type=repo_type, force=managed)
     cube = _build(pulled.local_dir, pulled.report, policy, memory_types=memory_types,
                   default_config=default_config, endpoint=endpoint, token=token)
     cube.cubepack.commit_sha = pulled.commit_sha

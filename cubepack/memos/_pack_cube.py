@@ -26,12 +26,13 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     at all.
     """
     out = Path(out_dir)
-    staging = atomic.staging_dir(out, "pack-cube")
-    try:
-        dump_dir = staging / "cube"
-        dump_dir.mkdir()
-        dump_cube(cube, dump_dir, license=license, pretty_name=pretty_name, recompute=recompute)
-        atomic.replace_dir(dump_dir, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with atomic.placing(out, elsewhere="pass another out_dir"):
+        staging = atomic.staging_dir(out, "pack-cube")
+        try:
+            dump_dir = staging / "cube"
+            dump_dir.mkdir()
+            dump_cube(cube, dump_dir, license=license, pretty_name=pretty_name, recompute=recompute)
+            atomic.replace_dir(dump_dir, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return out

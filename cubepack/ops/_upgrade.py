@@ -23,6 +23,7 @@ from typing import Any
 
 from .._util import atomic, constants
 from .._util.paths import regular_file, resolve_inside
+from .._util.quiet import terminal_bars
 from ..errors import IdentityMismatch, Mismatch, UsageError
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
@@ -45,6 +46,7 @@ class UpgradeResult:
         return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current}
 
 
+@terminal_bars
 def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None) -> UpgradeResult:
     """Upgrade a KV file, or every KV file of a cube and then the cube itself (re-packed).
 
@@ -81,18 +83,19 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
             for name in kv_files):
         result.current = kv_files
         return result
-    staging = atomic.staging_dir(cube, "upgrade")
-    try:
-        for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
-            atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
-        for name in kv_files:
-            upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
-            (result.upgraded if upgraded else result.current).append(name)
-        pack(staging, model=str(model), revision=revision)
-        atomic.replace_dir(staging, cube)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
+        staging = atomic.staging_dir(cube, "upgrade")
+        try:
+            for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
+                atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
+            for name in kv_files:
+                upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
+                (result.upgraded if upgraded else result.current).append(name)
+            pack(staging, model=str(model), revision=revision)
+            atomic.replace_dir(staging, cube)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return result
 
 

@@ -17,6 +17,7 @@ from .._util import canonical, constants
 from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
+from .._util.quiet import terminal_bars
 from ..errors import CubepackError, IntegrityError, VerificationFailed
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
@@ -50,6 +51,7 @@ from ._embedder_check import embedder_checks
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
+@terminal_bars
 def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
            progress: bool | None = None, raise_on_failure: bool = True,
            hashed: dict[str, str] | None = None, **options: Any) -> VerifyReport:

@@ -76,25 +76,28 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], proved: P
     target = cube / constants.SIGNATURE_FILENAME
     attested = cube / constants.ATTESTATION_FILENAME
     before = attested.read_bytes() if attested.is_file() and not attested.is_symlink() else None
-    # Written outside the cube, then renamed in: a temp file inside would be signed too.
-    handle, temporary = tempfile.mkstemp(prefix=".cubepack-sig-", dir=cube.parent)
-    os.close(handle)
-    try:
-        (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
-         .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
-        os.chmod(temporary, 0o644)
-        atomic.write_bytes(attested, attestation)  # first: the signature names its digest
+    # Written outside the cube, then renamed in: a temp file inside would be signed too. Its
+    # name starts ".<cube>." as every temp path beside a target does, so an error names the cube.
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and sign the copy"):
+        handle, temporary = tempfile.mkstemp(prefix=f".{cube.absolute().name}.sig.",
+                                             dir=cube.parent)
+        os.close(handle)
         try:
-            os.replace(temporary, target)
-        except BaseException:  # keep the pair consistent: the old attestation, or none
-            if before is None:
-                attested.unlink(missing_ok=True)
-            else:
-                atomic.write_bytes(attested, before)
-            raise
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+            (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
+             .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
+            os.chmod(temporary, 0o644)
+            atomic.write_bytes(attested, attestation)  # first: the signature names its digest
+            try:
+                os.replace(temporary, target)
+            except BaseException:  # keep the pair consistent: the old attestation, or none
+                if before is None:
+                    attested.unlink(missing_ok=True)
+                else:
+                    atomic.write_bytes(attested, before)
+                raise
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     return target
 
 

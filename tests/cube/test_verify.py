@@ -201,3 +201,20 @@ def test_a_memory_file_memos_would_open_outside_the_cube_is_refused(cube, tmp_pa
     report = cubepack.verify(cube, raise_on_failure=False)
     assert any(c.name == "content" and c.subject == "config.json" and "outside the cube"
                in c.detail for c in report.failures)
+
+
+def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
+    """A refusal always says what to do: damaged bytes are pulled or packed again; each check
+    of the policy names its own fix (it said "see each problem for what to do" and gave none)."""
+    from types import SimpleNamespace
+
+    from cubepack.trust._report import CHECKS
+
+    assert set(CHECKS) == set(VerificationFailed.DAMAGE) | set(VerificationFailed.FIXES)
+    for name in CHECKS:
+        failed = SimpleNamespace(name=name, __str__=None)
+        report = SimpleNamespace(cube_dir="c", failures=[failed])
+        message = str(VerificationFailed(report))
+        fix = "pull or pack it again" if name in VerificationFailed.DAMAGE \
+            else VerificationFailed.FIXES[name]
+        assert message.endswith(f"Do not load it; {fix}."), message
