@@ -7,8 +7,9 @@
    ``pythonpath = "src"`` is not used): plain, then with the hook installed before any test
    runs (this file is also the pytest plugin that installs it, ``-p memos_own_tests``);
 3. prints test / plain / hooked and fails on any difference not listed, with its reason, in
-   ``tools/memos_own_tests_expected.txt``, and on a listed test that no longer differs (the
-   list only shrinks).
+   ``tools/memos_own_tests_expected.txt``, on a listed test whose hooked run does not end in the
+   typed error its entry names, and on a listed test that no longer differs (the list only
+   shrinks).
 
 Run: .venv/memos/bin/python tools/memos_own_tests.py MEMOS_CHECKOUT [--rev REV]
 
@@ -159,15 +160,23 @@ def _compare(plain: dict, hooked: dict) -> int:
         print(f"{mode}: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items())))
     unexpected = sorted(differ - set(listed))
     gone = sorted(set(listed) - differ)
+    wrong_error = []
     for test_id in sorted(differ & set(listed)):
         print(f"~ expected difference: {test_id}: {listed[test_id]}")
+        # An entry names the typed error the hooked run must end in; any other failure (a raw
+        # library error, say) is not the listed difference.
+        error = listed[test_id].split(":", 1)[0]
+        if error not in hooked.get(test_id, missing)[1]:
+            wrong_error.append(test_id)
+            print(f"! {test_id}: listed as ending in {error}, but the hooked run says: "
+                  f"{hooked.get(test_id, missing)[1]}")
     for test_id in unexpected:
         print(f"! unexpected difference: {test_id}: plain {plain.get(test_id, missing)[0]}, "
               f"hooked {hooked.get(test_id, missing)[0]}: "
               f"{hooked.get(test_id, missing)[1] or plain.get(test_id, missing)[1]}")
     for test_id in gone:
         print(f"  no longer differs, remove it from {LIST.name}: {test_id}")
-    return 1 if unexpected or gone else 0
+    return 1 if unexpected or gone or wrong_error else 0
 
 
 if __name__ == "__main__":
