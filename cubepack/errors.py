@@ -10,7 +10,6 @@
     │   │   └── RecomputationFailed       the producer does not reproduce a cache
     │   ├── SignatureError                unsigned, untrusted, or not covering the content
     │   ├── FormatError (ValueError)      malformed, or of an unknown version
-    │   ├── DecryptionFailed              a private cube the identity given cannot open
     │   └── UnsafeInputError              unsafe to read: a pickle global, a path that escapes
     ├── UsageError (ValueError)        2  the request is wrong: bad arguments, a malformed id
     │   └── ModelNotFoundError (FileNotFoundError)   a model folder or Hub id that is not there
@@ -25,7 +24,7 @@ what to do about it.
 from dataclasses import dataclass as _dataclass
 from typing import Any as _Any
 
-__all__ = ["CubepackError", "DecryptionFailed", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
+__all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
            "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
            "SignatureError", "UnsafeInputError", "UnsupportedError", "UsageError",
            "VerificationFailed"]
@@ -123,11 +122,6 @@ class SignatureError(RefusedError):
 
 class FormatError(RefusedError, ValueError):
     """A file cubepack reads (KV file, lock, cube config) is malformed or of an unknown version."""
-
-
-class DecryptionFailed(RefusedError):
-    """A private cube's file cannot be opened with the identity given: not one of its
-    recipients, or a ciphertext that fails age's authentication."""
 
 
 class UnsafeInputError(RefusedError):

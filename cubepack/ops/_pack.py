@@ -147,6 +147,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     earlier = _previous_lock(cube, files)
+    if earlier is not None and "encryption" in earlier:
+        raise UsageError(f"{cube} is a private cube (its files are encrypted): it is packed "
+                         "already. Change its recipients with cubepack rekey; pack its clear "
+                         "source to change its content.")
     if cube_id is None and "config.json" not in files and earlier is not None:
         cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
     memos_config = _read_memos_config(cube, files, cube_id)

@@ -10,10 +10,11 @@ ciphertexts; producer pins without vectors records; counts; the cube id), a publ
 cube's lock (every plaintext digest, item id and label), the ciphertext -> clear name map and
 the recipients, encrypted like the rest. No digest of a plaintext is public.
 
-- :func:`encrypt`: a verified clear cube -> a private one, in place and atomically;
+- :func:`write_private`: the private cube's files, written whole and swapped in (``encrypt``
+  and ``rekey``, in ``_encrypt``, call it);
 - :func:`open_private`: the clear cube of a private one, in memory (a RAM folder), with its
-  manifest; every reader that needs the plaintext goes through it;
-- :func:`rekey`: new recipients (every file re-encrypted to new file keys).
+  manifest; every reader that needs the plaintext goes through it (``decrypted_file``: one
+  file, as an anonymous memory file).
 
 Signatures sign the public lock, which lists every ciphertext's sha256: encrypt-then-sign. age
 does not authenticate senders: anyone who can push can replace an unsigned private cube.
@@ -24,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +33,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
-from .._util.ramdir import ram_folder
+from .._util.ramdir import memory_file, ram_folder
 from .._version import __version__
 from ..errors import CubepackError, FormatError, IntegrityError, UsageError
 from ..format import _card as card
@@ -41,9 +41,9 @@ from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..trust import _age as age
-from ..trust._signing import check_key
 
-__all__ = ["EncryptResult", "PrivateCube", "encrypt", "is_private", "open_private", "rekey"]
+__all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "is_private", "open_private",
+           "write_private"]
 
 
 @dataclass
@@ -56,7 +56,8 @@ class EncryptResult:
     recipients: list[str]
     ciphertexts: int
     hidden_names: bool
-    signed: bool
+    #: the private key the cube was signed with, or None: left unsigned
+    signed_with: str | None
     rotated: bool = True
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -64,7 +65,7 @@ class EncryptResult:
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "digest": self.digest,
                 "recipients": self.recipients, "ciphertexts": self.ciphertexts,
-                "hidden_names": self.hidden_names, "signed": self.signed,
+                "hidden_names": self.hidden_names, "signed_with": self.signed_with,
                 "rotated": self.rotated, "added": self.added, "removed": self.removed}
 
 
@@ -73,54 +74,7 @@ def is_private(lock: dict[str, Any] | None) -> bool:
     return bool(lock) and "encryption" in lock
 
 
-def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
-            hide_names: bool = False, sign_key: str | Path | None = None,
-            sign_password: str | None = None, progress: bool | None = None) -> EncryptResult:
-    """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
-    ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
-    first (a cube that does not verify is never encrypted), then written whole beside itself and
-    swapped in. ``hide_names``: ciphertexts are named ``private/<random>.age``, so file names
-    carry no item id. ``sign_key``: sign the private cube (its public lock: encrypt-then-sign).
-
-    Raises:
-        VerificationFailed: the clear cube does not verify.
-        UsageError: no or an invalid recipient; the cube is already private (use rekey).
-    """
-    from ._verify import verify
-
-    cube = Path(cube_dir)
-    parsed = age.parse_recipients(list(recipients))
-    if sign_key is not None:
-        check_key(sign_key, private=True, password=sign_password)
-    report = verify(cube, progress=progress)
-    lock = report.lock or {}
-    if is_private(lock):
-        raise UsageError(f"{cube} is already a private cube; change its recipients with "
-                         "cubepack rekey.")
-    lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
-    clear = {name: resolve_inside(cube, name) for name in sorted(lock["files"])}
-    clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
-    names = {fileset.ciphertext_name(name, secrets.token_hex(16) if hide_names else None): name
-             for name in clear}
-
-    def read(name: str) -> bytes:
-        data = clear[name].read_bytes()
-        expected = (lock["files"].get(name) or {}).get("sha256") if name in lock["files"] \
-            else hashlib.sha256(lock_bytes).hexdigest()
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise IntegrityError(f"{name} changed after the cube was verified; nothing was "
-                                 "encrypted. Pack the cube again.")
-        return data
-
-    result = _write_private(cube, lock, lock_bytes.decode("utf-8"), names, read, parsed,
-                            hidden=hide_names)
-    if sign_key is not None:
-        _sign(cube, sign_key, sign_password)
-        result.signed = True
-    return result
-
-
-def _write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
+def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
                    read: Any, recipients: list[age.Recipient], *, hidden: bool) -> EncryptResult:
     """Write the private cube (ciphertexts, manifest, public lock, cubepack.yaml and card) in a
     staging folder beside ``cube`` and swap it in. ``read(clear name)`` gives each plaintext."""
@@ -138,7 +92,7 @@ def _write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict
         raise
     return EncryptResult(cube_dir=cube, digest=public["digest"],
                          recipients=sorted(r.text for r in recipients),
-                         ciphertexts=len(names), hidden_names=hidden, signed=False)
+                         ciphertexts=len(names), hidden_names=hidden, signed_with=None)
 
 
 def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
@@ -211,10 +165,21 @@ def _entry(path: Path) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
-def _sign(cube: Path, key: str | Path, password: str | None) -> None:
-    from ._sign import sign
-
-    sign(cube, key, password=password)
+@contextlib.contextmanager
+def decrypted_file(path: str | os.PathLike[str],
+                   identity: str | os.PathLike[str]) -> Iterator[Path]:
+    """The plaintext of the age file at ``path``, as an anonymous memory file (no name in any
+    file system), for the block's duration: a path readers can open or map. A map made of it
+    outlives the block (the memory is freed with the last map)."""
+    identities = age.load_identities(identity)
+    source = Path(path)
+    plain = age.decrypt(source.read_bytes(), identities, source.name)
+    fd, memory = memory_file(plain, source.name.removesuffix(fileset.CIPHER_SUFFIX))
+    del plain
+    try:
+        yield memory
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -313,60 +278,3 @@ def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any
         raise IntegrityError(f"The public lock and the private manifest disagree on "
                              f"{', '.join(problems)}: the public lock was changed. Do not load "
                              "this cube.")
-
-
-def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
-          add: list[str] | tuple[str, ...] = (), remove: list[str] | tuple[str, ...] = (),
-          rotate: bool = False, sign_key: str | Path | None = None,
-          sign_password: str | None = None) -> EncryptResult:
-    """Change a private cube's recipients: decrypt it in memory with ``identity``, then write
-    every file again encrypted to the new set (``add``, minus ``remove``), in place and
-    atomically, with the same clear content and the same ciphertext names.
-
-    Every rekey draws new file keys (the age binding used does not expose a file key, so a
-    header cannot be rewritten around the old one); ``rotate`` is accepted and states this.
-    Removing a recipient does not revoke what they already downloaded. The files change, so
-    a push uploads them again; the old signature no longer covers them: ``sign_key`` signs
-    the new cube, else it is left unsigned (its signing files removed) and said so.
-
-    Raises:
-        UsageError: nothing to change, or no recipient left.
-        DecryptionFailed: ``identity`` is not a recipient.
-    """
-    from ._verify import verify
-
-    cube = Path(cube_dir)
-    if not add and not remove:
-        raise UsageError("Nothing to change: pass --add RECIPIENT and/or --remove RECIPIENT.")
-    if sign_key is not None:
-        check_key(sign_key, private=True, password=sign_password)
-    report = verify(cube)  # intact ciphertexts before anything is decrypted
-    added = age.parse_recipients(list(add)) if add else []
-    removed = {r.text for r in age.parse_recipients(list(remove))} if remove else set()
-    with open_private(cube, identity, public_lock=report.lock) as opened:
-        current = {text: r for text in opened.manifest["recipients"]
-                   for r in age.parse_recipients([text])}
-        unknown = sorted(removed - set(current))
-        if unknown:
-            raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
-                             f"cube (its recipients: {len(current)}).")
-        kept = {text: r for text, r in current.items() if text not in removed}
-        for r in added:
-            kept.setdefault(r.text, r)
-        if not kept:
-            raise UsageError("Removing every recipient would leave a cube nobody can open; add "
-                             "one (--add) in the same rekey.")
-        names = opened.manifest["names"]
-        folder = opened.folder
-        # The staging folder holds no signing files: the old signature, which cannot cover
-        # the new ciphertexts, goes with the swap (and comes back only with sign_key).
-        result = _write_private(cube, opened.lock, opened.manifest["lock"], names,
-                                lambda name: resolve_inside(folder, name).read_bytes(),
-                                list(kept.values()),
-                                hidden=opened.public_lock["encryption"]["hidden_names"])
-    result.added = sorted(r.text for r in added if r.text not in current)
-    result.removed = sorted(removed)
-    if sign_key is not None:
-        _sign(cube, sign_key, sign_password)
-        result.signed = True
-    return result

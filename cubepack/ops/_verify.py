@@ -49,7 +49,7 @@ from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
 from ._embedder_check import embedder_checks
-from ._private import is_private
+from ._private import is_private, open_private
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
@@ -175,8 +175,6 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
                    + ". Pass an identity (--identity KEY or CUBEPACK_IDENTITY) to decrypt them "
                    "in memory and check them.")
         return
-    from ._private import open_private
-
     try:
         with open_private(report.cube_dir, identity, public_lock=lock) as opened:
             inner_policy = replace(policy, trusted_keys=(), require_signature=False,

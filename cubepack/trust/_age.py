@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical
+from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError, UsageError
 from ..format._content import AGE_MAGIC
-from ..errors import CubepackError, DecryptionFailed, FormatError, UnsafeInputError, UsageError
 
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
@@ -165,7 +165,7 @@ def decrypt(data: bytes, identities: list[Any], what: str) -> bytes:
 
     Raises:
         FormatError: not an age file.
-        DecryptionFailed: none of ``identities`` opens it, or its ciphertext is damaged.
+        RefusedError: none of ``identities`` opens it, or its ciphertext is damaged.
     """
     if not bytes(data[:len(AGE_MAGIC)]) == AGE_MAGIC:
         raise FormatError(f"{what} is not an age file (it does not start with "
@@ -175,12 +175,12 @@ def decrypt(data: bytes, identities: list[Any], what: str) -> bytes:
         return pyrage.decrypt(bytes(data), identities)
     except pyrage.DecryptError as exc:
         if "no matching keys" in str(exc).lower():
-            raise DecryptionFailed(
+            raise RefusedError(
                 f"{what} is not encrypted to the identity given: none of its "
                 f"{len(identities)} key(s) is a recipient of this cube. Use an identity the cube "
                 "was encrypted to, or ask its owner to add your public key (cubepack rekey "
                 "--add).") from None
-        raise DecryptionFailed(f"{what} could not be decrypted: {exc} (its ciphertext is "
+        raise RefusedError(f"{what} could not be decrypted: {exc} (its ciphertext is "
                                "damaged or was tampered with).") from None
 
 

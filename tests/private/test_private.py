@@ -11,9 +11,10 @@ import pytest
 import cubepack
 from cubepack import VerificationFailed
 from cubepack._util import constants
-from cubepack.errors import DecryptionFailed, UnsafeInputError, UsageError
+from cubepack.errors import RefusedError, UnsafeInputError, UsageError
 from cubepack.format import _fileset as fileset
-from cubepack.ops._private import encrypt, open_private, rekey
+from cubepack.ops._encrypt import encrypt, rekey
+from cubepack.ops._private import open_private
 
 from helpers import make_key
 
@@ -72,7 +73,7 @@ def test_a_key_that_is_not_a_recipient_is_named_as_such(packed, tmp_path, agekey
     report = cubepack.verify(cube, decrypt_with=agekeys["mallory"][0], raise_on_failure=False)
     [private] = [c for c in report.checks if c.name == "private"]
     assert private.ok is False and "not encrypted to the identity given" in private.detail
-    with pytest.raises(DecryptionFailed):
+    with pytest.raises(RefusedError):
         with open_private(cube, agekeys["mallory"][0]):
             pass
 
@@ -131,7 +132,7 @@ def test_rekey_adds_and_removes_recipients(packed, tmp_path, agekeys):
     cube = private_copy(packed, tmp_path, agekeys, "alice")
     result = rekey(cube, agekeys["alice"][0], add=[agekeys["bob"][1]],
                    remove=[agekeys["alice"][1]])
-    assert result.added == [agekeys["bob"][1]] and not result.signed
+    assert result.added == [agekeys["bob"][1]] and result.signed_with is None
     assert cubepack.verify(cube, decrypt_with=agekeys["bob"][0]).ok
     report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0], raise_on_failure=False)
     assert not report.ok
