@@ -30,7 +30,9 @@ from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..ops._private import is_private, open_private
 from ..ops._verify import verify
+from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
@@ -293,10 +295,18 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     state = _lock_state(folder)
     report = HookReport(cube_dir=folder)
     if state == "file":
-        verified = verify(folder, current.for_folder())
+        identity = identity_path(None)
+        verified = verify(folder, current.for_folder(), decrypt_with=identity)
         report.verified, report.signed_by = True, verified.signed_by
         report.signed = verified.signed
-        load_activations(self, folder, verified.lock, report, current)
+        if is_private(verified.lock):  # decrypted in memory (CUBEPACK_IDENTITY), as init does
+            if identity is None:
+                raise UsageError(f"{folder} is a private cube; loading it needs an identity: "
+                                 "set CUBEPACK_IDENTITY to a key file it is encrypted to.")
+            with open_private(folder, identity, public_lock=verified.lock) as opened:
+                load_activations(self, opened.folder, opened.lock, report, current)
+        else:
+            load_activations(self, folder, verified.lock, report, current)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current)
