@@ -133,6 +133,7 @@ def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
         clear = replace(verified, lock=opened.lock, cube_dir=cube_dir)
         cube = _build(opened.folder, clear, policy, **options)
     cube.cubepack.cube_dir = cube_dir
+    cube.cubepack.private_recipients = list(opened.manifest["recipients"])
     return cube
 
 

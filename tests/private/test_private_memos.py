@@ -71,10 +71,15 @@ def test_the_hook_opens_a_private_cube_in_memory_only(zoo, tmp_path, agekeys, mo
             memory = GeneralMemCube(memos_config(snapshot))
             memory.act_mem.load(str(tmp_path / "pulled"))  # KVCacheMemory.load, hooked
             assert len(memory.act_mem.get_all()) == 2
+            # MemOS's dump of a loaded private cube is private again, to the same recipients.
+            again.dump(str(tmp_path / "dumped"))
+            reloaded = hook.init_from_dir(tmp_path / "dumped")  # CUBEPACK_IDENTITY: alice
+            assert sorted(reloaded.cubepack.loaded) == sorted(item.id for item in items)
+            assert reloaded.cubepack.private_recipients == [agekeys["alice"][1]]
         finally:
             hook.uninstall()
     cubepack_cache = Path(os.environ["CUBEPACK_CACHE"])
-    for folder in (tmp_path / "pulled", packed, spool, cubepack_cache,
+    for folder in (tmp_path / "pulled", tmp_path / "dumped", packed, spool, cubepack_cache,
                    Path(os.environ["HF_HUB_CACHE"]), tmp_path / "hub-root"):
         leaked = clear & digests_under(folder) - {hashlib.sha256(b"").hexdigest()}
         assert not leaked, folder
