@@ -102,6 +102,25 @@ def ram_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def empty_memory_file(name: str, size: int) -> int:
+    """An anonymous in-memory file of ``size`` zero bytes (its fd), for a writer that maps it.
+
+    Raises:
+        UnsupportedError: no ``memfd_create`` here (not Linux).
+    """
+    if not hasattr(os, "memfd_create"):
+        raise UnsupportedError("Loading a private file decrypts it to an anonymous memory file "
+                               "(memfd_create), which this system lacks; cubepack never writes "
+                               "the plaintext to a disk.")
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def memory_file(data: bytes, name: str = "cubepack-private") -> tuple[int, Path]:
     """An anonymous in-memory file holding ``data``: (its fd, a path readers can open). The
     caller closes the fd; a memory map of it outlives the fd.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import shutil
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
-from .._util.ramdir import memory_file, ram_folder
+from .._util.ramdir import empty_memory_file, memory_file, ram_folder
 from .._version import __version__
 from ..errors import CubepackError, FormatError, IntegrityError, UsageError
 from ..format import _card as card
@@ -173,11 +174,32 @@ def decrypted_file(path: str | os.PathLike[str],
     outlives the block (the memory is freed with the last map)."""
     identities = age.load_identities(identity)
     source = Path(path)
-    plain = age.decrypt(source.read_bytes(), identities, source.name)
-    fd, memory = memory_file(plain, source.name.removesuffix(fileset.CIPHER_SUFFIX))
-    del plain
+    name = source.name.removesuffix(fileset.CIPHER_SUFFIX)
+    with open(source, "rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as ciphertext:
+        maps: list[mmap.mmap] = []
+        fd = -1
+
+        def allocate(size: int) -> Any:  # the plaintext is decrypted straight into the memfd
+            nonlocal fd
+            fd = empty_memory_file(name, size)
+            maps.append(mmap.mmap(fd, size) if size else None)
+            return maps[0] if size else bytearray()
+
+        try:
+            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+            for mapped in maps:
+                if mapped is not None:
+                    mapped.close()
+            if plain is not None:  # pyrage's path (SSH identities): written once
+                fd, _ = memory_file(plain, name)
+                del plain
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
     try:
-        yield memory
+        yield Path(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
 

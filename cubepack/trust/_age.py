@@ -26,6 +26,7 @@ from typing import Any
 from .._util import canonical
 from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError, UsageError
 from ..format._content import AGE_MAGIC
+from . import _age_stream as _stream
 
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
@@ -155,33 +156,73 @@ def load_identities(path: str | os.PathLike[str]) -> list[Any]:
     return identities
 
 
-def encrypt(data: bytes, recipients: list[Recipient]) -> bytes:
-    """``data`` encrypted to ``recipients`` under a fresh file key: an age v1 file."""
+def _x25519_publics(recipients: list[Recipient]) -> list[bytes] | None:
+    """The raw X25519 keys of ``recipients`` when every one is an age X25519 key, else None."""
+    if not all(r.text.startswith("age1") for r in recipients):
+        return None
+    return [_stream.bech32_bytes(r.text) for r in recipients]
+
+
+def _x25519_secrets(identities: list[Any]) -> list[bytes]:
+    x25519 = _pyrage().x25519.Identity
+    return [_stream.bech32_bytes(str(i)) for i in identities if isinstance(i, x25519)]
+
+
+def encrypt(data: Any, recipients: list[Recipient]) -> bytes:
+    """``data`` encrypted to ``recipients`` under a fresh file key: an age v1 file. X25519-only
+    recipient sets take the native fast path (:mod:`._age_stream`); SSH recipients, pyrage."""
+    publics = _x25519_publics(recipients)
+    if publics is not None and _stream.available():
+        return bytes(_stream.encrypt(data, publics))
     return _pyrage().encrypt(bytes(data), [r.value for r in recipients])
 
 
-def decrypt(data: bytes, identities: list[Any], what: str) -> bytes:
-    """The plaintext of the age file ``what`` (its bytes: ``data``).
+def decrypt(data: Any, identities: list[Any], what: str) -> bytes:
+    """The plaintext of the age file ``what`` (its bytes: ``data``), as bytes.
 
     Raises:
         FormatError: not an age file.
         RefusedError: none of ``identities`` opens it, or its ciphertext is damaged.
     """
+    found: list[bytearray] = []
+
+    def allocate(size: int) -> bytearray:
+        found.append(bytearray(size))
+        return found[0]
+
+    plain = decrypt_to(data, identities, what, allocate)
+    return plain if plain is not None else bytes(found[0])
+
+
+def decrypt_to(data: Any, identities: list[Any], what: str,
+               allocate: Any) -> bytes | None:
+    """Decrypt the age file ``data`` into ``allocate(size)`` (a writable buffer the caller
+    owns: a memory file's map, a bytearray) when an X25519 identity opens it (the fast path);
+    else (SSH identities) return the plaintext pyrage decrypted. See :func:`decrypt`."""
     if not bytes(data[:len(AGE_MAGIC)]) == AGE_MAGIC:
         raise FormatError(f"{what} is not an age file (it does not start with "
                           "'age-encryption.org/v1').")
+    secrets = _x25519_secrets(identities)
+    if secrets and _stream.available() and _stream.decrypt_into(data, secrets, what, allocate):
+        return None
+    others = [i for i in identities if not isinstance(i, _pyrage().x25519.Identity)]
+    if not others and secrets and _stream.available():
+        raise _not_a_recipient(what, identities)
     pyrage = _pyrage()
     try:
         return pyrage.decrypt(bytes(data), identities)
     except pyrage.DecryptError as exc:
         if "no matching keys" in str(exc).lower():
-            raise RefusedError(
-                f"{what} is not encrypted to the identity given: none of its "
-                f"{len(identities)} key(s) is a recipient of this cube. Use an identity the cube "
-                "was encrypted to, or ask its owner to add your public key (cubepack rekey "
-                "--add).") from None
+            raise _not_a_recipient(what, identities) from None
         raise RefusedError(f"{what} could not be decrypted: {exc} (its ciphertext is "
-                               "damaged or was tampered with).") from None
+                           "damaged or was tampered with).") from None
+
+
+def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:
+    return RefusedError(
+        f"{what} is not encrypted to the identity given: none of its {len(identities)} key(s) "
+        "is a recipient of this cube. Use an identity the cube was encrypted to, or ask its "
+        "owner to add your public key (cubepack rekey --add).")
 
 
 def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient]) -> bytes:

@@ -193,3 +193,32 @@ def test_the_cli_packs_encrypts_verifies_and_rekeys(packed, tmp_path, agekeys):
     recipients.write_text(f"{agekeys['alice'][1]}\n# a comment\n")
     done = cli_in_process(["encrypt", cube, "--to", recipients], env=env, cwd=tmp_path)
     assert done.returncode == 2 and "already a private cube" in done.stderr
+
+
+#: Token ids as a KV header writes them (a JSON list): the sweep looks for this run of them.
+SECRET_IDS = [911, 733, 877, 601, 919, 787]
+
+
+def test_token_ids_and_header_metadata_of_a_plain_bundle_stay_private(models, zoo, tmp_path,
+                                                                       agekeys):
+    from helpers import build_cache
+
+    cube = tmp_path / "bundle"
+    cubepack.save_kv_cache(build_cache(models["a"], torch.tensor([SECRET_IDS])),
+                           cube / "activations" / f"{ITEM}.kv.safetensors",
+                           producer=models["a"], token_ids=SECRET_IDS,
+                           metadata={"id": ITEM, "source_text": MARKER,
+                                     "prompt": f"system: {MARKER}"})
+    (cube / "prompts.jsonl").parent.mkdir(exist_ok=True)
+    (cube / "prompts.jsonl").write_text(json.dumps({"prompt": MARKER}) + "\n")
+    cubepack.pack(cube, cube_id="ns/bundle", model=str(zoo["a"]))
+    ids = ",".join(map(str, SECRET_IDS))  # as the header writes them: "911,733,..."
+    assert ids.encode() in (cube / "activations" / f"{ITEM}.kv.safetensors").read_bytes()
+    encrypt(cube, [agekeys["alice"][1]], hide_names=True)
+    for name, data in public_bytes(cube).items():
+        assert MARKER not in name and MARKER.encode() not in data and ids.encode() not in data
+    done = cli_in_process(["verify", cube, "--json"], env=dict(os.environ), cwd=tmp_path)
+    assert done.returncode == 0 and MARKER not in done.stdout and ids not in done.stdout
+    report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0])
+    assert report.private_lock["activations"][ITEM]["token_count"] == len(SECRET_IDS)
+    assert "private_lock" not in report.to_dict()
