@@ -176,7 +176,8 @@ def decrypted_file(path: str | os.PathLike[str],
     source = Path(path)
     name = source.name.removesuffix(fileset.CIPHER_SUFFIX)
     with open(source, "rb") as handle, \
-            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as ciphertext:
+            mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      prot=mmap.PROT_READ) as ciphertext:
         maps: list[mmap.mmap] = []
         fd = -1
 

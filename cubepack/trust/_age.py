@@ -182,8 +182,9 @@ def encrypt(data: Any, recipients: list[Recipient]) -> bytes:
     return _pyrage().encrypt(bytes(data), [r.value for r in recipients])
 
 
-def decrypt(data: Any, identities: list[Any], what: str) -> bytes:
-    """The plaintext of the age file ``what`` (its bytes: ``data``), as bytes.
+def decrypt(data: Any, identities: list[Any], what: str) -> bytes | bytearray:
+    """The plaintext of the age file ``what`` (its bytes: ``data``): bytes, or the bytearray
+    it was decrypted into (not copied again).
 
     Raises:
         FormatError: not an age file.
@@ -196,7 +197,7 @@ def decrypt(data: Any, identities: list[Any], what: str) -> bytes:
         return found[0]
 
     plain = decrypt_to(data, identities, what, allocate)
-    return plain if plain is not None else bytes(found[0])
+    return plain if plain is not None else found[0]
 
 
 def decrypt_to(data: Any, identities: list[Any], what: str,

@@ -138,3 +138,41 @@ def test_rekey_adds_and_removes_recipients(packed, tmp_path, agekeys):
     assert not report.ok
     with pytest.raises(UsageError, match="nobody can open"):
         rekey(cube, agekeys["bob"][0], remove=[agekeys["bob"][1]])
+
+
+def test_pack_migrate_and_upgrade_never_rebuild_a_private_cube_as_a_clear_one(packed, tmp_path,
+                                                                               agekeys, zoo):
+    cube = private_copy(packed, tmp_path, agekeys)
+    before = {p.name: p.read_bytes() for p in cube.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match="private cube"):
+        cubepack.pack(cube)
+    with pytest.raises(UsageError, match="private cube"):
+        cubepack.migrate(cube, out=tmp_path / "migrated", model=str(zoo["a"]))
+    assert cubepack.upgrade(cube, model=str(zoo["a"])).upgraded == []
+    assert {p.name: p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
+
+
+def test_a_private_lock_holds_nothing_private_in_clear():
+    """The lock's own rule: a private lock beside activation entries, adapters, lineage or a
+    vectors record (whose sample names memories) is refused."""
+    from cubepack.format import _lock as lockfile
+
+    files = {"a.age": {"sha256": "0" * 64, "size": 1},
+             fileset.PRIVATE_MANIFEST: {"sha256": "1" * 64, "size": 1}}
+    encryption = {"version": 1, "scheme": lockfile.ENCRYPTION_SCHEME,
+                  "manifest": fileset.PRIVATE_MANIFEST, "ciphertexts": ["a.age"],
+                  "counts": {"files": 1, "activations": 0, "adapters": 0, "recipients": 1},
+                  "hidden_names": False}
+    good = lockfile.build_lock(cube_id="x/y", files=files, models={}, activations={},
+                               cubepack_version="t", encryption=encryption)
+    assert lockfile.parse(lockfile.dumps(good).encode())["lock_version"] == 5
+    vectors = {"e": {"name": "e", "vectors": {"file": "v", "dimension": 1, "count": 1,
+                                              "sample": ["secret-id"]}}}
+    for bad in (dict(models=vectors), dict(lineage={"parent": {}}),
+                dict(encryption={**encryption, "version": 2}),
+                dict(files={**files, "b.age": {"sha256": "2" * 64, "size": 1}})):
+        arguments = dict(cube_id="x/y", files=files, models={}, activations={},
+                         cubepack_version="t", encryption=encryption) | bad
+        lock = lockfile.build_lock(**arguments)
+        with pytest.raises(cubepack.FormatError):
+            lockfile.parse(lockfile.dumps(lock).encode())
