@@ -216,6 +216,8 @@ class PrivateCube:
     lock: dict[str, Any]
     manifest: dict[str, Any]
     public_lock: dict[str, Any]
+    #: sha256 of each plaintext, taken as it was decrypted (verify does not hash them again)
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -268,6 +270,7 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
                           "ciphertexts (the manifest maps each ciphertext to one clear file of "
                           "its lock, and the lock lists exactly those).")
     _agree(public_lock, lock, manifest)
+    digests: dict[str, str] = {}
     with ram_folder() as folder:
         for cipher, name in sorted(names.items()):
             plain = age.decrypt(ciphertext(cipher), identities, cipher)
@@ -280,8 +283,10 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
             target = resolve_inside(folder, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(plain)
+            digests[name] = digest
             del plain
-        yield PrivateCube(folder=folder, lock=lock, manifest=manifest, public_lock=public_lock)
+        yield PrivateCube(folder=folder, lock=lock, manifest=manifest, public_lock=public_lock,
+                          digests=digests)
 
 
 def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any]) -> None:

@@ -179,7 +179,8 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
         with open_private(report.cube_dir, identity, public_lock=lock) as opened:
             inner_policy = replace(policy, trusted_keys=(), require_signature=False,
                                    require_lineage=False)
-            inner = _verify(opened.folder, inner_policy, progress, False, {})
+            # The digests open_private took of the very plaintexts it wrote: not hashed twice.
+            inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests))
             folder = str(opened.folder)
     except CubepackError as exc:
         report.add("private", "*", False, str(exc))
