@@ -9,13 +9,12 @@ import subprocess
 
 import pytest
 
-pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
-
 
 @pytest.fixture(scope="session")
 def agekeys(tmp_path_factory):
     """name -> (identity file, recipient): alice, bob, mallory (age), and ``ssh`` (ed25519)."""
-    from pyrage import x25519
+    pyrage = pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
+    x25519 = pyrage.x25519
 
     folder = tmp_path_factory.mktemp("agekeys")
     keys = {}
