@@ -51,8 +51,8 @@ _PARTS = {
     "hub": ("PullResult", "PushResult", "lineage", "pull", "push"),
     "identity": ("ModelIdentity", "fingerprint"),
     "kv": ("KVFileInfo", "prefill", "read_kv_header", "save_kv_cache"),
-    "ops": ("MigrateResult", "PackResult", "diff", "load_adapter", "load_kv_cache", "migrate",
-            "pack", "sign", "upgrade", "verify"),
+    "ops": ("MigrateResult", "PackResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
+            "migrate", "pack", "rekey", "sign", "upgrade", "verify"),
     "trust": ("TrustPolicy", "VerifyReport"),
 }
 _PART_OF = {name: part for part, names in _PARTS.items() for name in names}
@@ -81,10 +81,12 @@ if _TYPE_CHECKING:  # what type checkers and documentation tools read
         MigrateResult,
         PackResult,
         diff,
+        encrypt,
         load_adapter,
         load_kv_cache,
         migrate,
         pack,
+        rekey,
         sign,
         upgrade,
         verify,
@@ -96,7 +98,7 @@ __all__ = [
     "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult",
     "PushResult", "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy",
     "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport",
-    "__version__", "diff", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
-    "pack", "prefill", "pull", "push", "read_kv_header", "save_kv_cache", "sign", "upgrade",
+    "__version__", "diff", "encrypt", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
+    "pack", "prefill", "pull", "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade",
     "verify",
 ]

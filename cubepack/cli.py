@@ -235,20 +235,42 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--adapter-base", help="Base model of the cube's LoRA adapters (folder or Hub id"
                                      "[@revision]); default: the recorded pin, else the name "
                                      "adapter_config.json claims.")
+@click.option("--encrypt-to", "encrypt_to", multiple=True, metavar="RECIPIENT",
+              help="Then encrypt every file to RECIPIENT (age1..., an SSH public key, or a file "
+                   "of them; repeatable): a private cube.")
+@click.option("--hide-names", is_flag=True,
+              help="With --encrypt-to: name ciphertexts private/<random>.age (no item ids).")
 @_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
-                 cube_id: str | None, adapter_base: str | None, as_json: bool) -> None:
+                 cube_id: str | None, adapter_base: str | None, encrypt_to: tuple[str, ...],
+                 hide_names: bool, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .ops._pack import pack
 
+    if hide_names and not encrypt_to:
+        raise UsageError("--hide-names hides a private cube's file names: pass --encrypt-to.")
+    if encrypt_to:  # fail on a bad recipient before any work
+        from .trust._age import parse_recipients
+
+        parse_recipients(list(encrypt_to))
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
-                  license=license_, pretty_name=pretty_name, sign_key=sign_key,
+                  license=license_, pretty_name=pretty_name,
+                  sign_key=None if encrypt_to else sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
                   recompute=recompute, embedder=embedder, cube_id=cube_id,
                   adapter_base=adapter_base)
-    _emit(result.to_dict(), as_json, _render_pack)
+    data = result.to_dict()
+    if encrypt_to:
+        from .ops._encrypt import encrypt
+
+        private = encrypt(cube_dir, list(encrypt_to), hide_names=hide_names, sign_key=sign_key,
+                          sign_password=_key_password())
+        # The clear pack's item ids stay out of the output of a private pack.
+        data = {**data, "activations": [], "converted": [], "recomputed": {},
+                "digest": private.digest, "private": private.to_dict()}
+    _emit(data, as_json, _render_pack)
 
 
 def _render_pack(data: dict[str, Any]) -> str:
@@ -273,16 +295,83 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  adapter {name}: {adapter['digest']}, base pinned as model "
                      f"{adapter['model_role']} (found by {adapter['base_source']}{claim})")
     lines.append(f"  lock digest: {data['digest']}")
+    if data.get("private"):
+        lines.append(_render_private(data["private"]))
     return "\n".join(lines)
+
+
+def _render_private(data: dict[str, Any]) -> str:
+    lines = [f"private: {data['ciphertexts']} files encrypted to "
+             f"{len(data['recipients'])} recipient(s)"
+             + (" (names hidden)" if data["hidden_names"] else "")]
+    lines += [f"  recipient: {r}" for r in data["recipients"]]
+    lines += [f"  added:     {r}" for r in data.get("added", [])]
+    lines += [f"  removed:   {r} (what they downloaded before stays readable to them)"
+              for r in data.get("removed", [])]
+    lines.append(f"  signed with {data['signed_with']}" if data["signed_with"] else
+                 "  unsigned: anyone who can push can replace an unsigned private cube (age "
+                 "does not authenticate senders); sign it: --sign-key")
+    return "\n".join(lines)
+
+
+def _identity_option() -> Callable[..., Any]:
+    return click.option("--identity", type=click.Path(dir_okay=False), envvar="CUBEPACK_IDENTITY",
+                        help="Identity file opening a private cube (age key or OpenSSH private "
+                             "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY).")
+
+
+@cli.command("encrypt")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--to", "recipients", multiple=True, required=True, metavar="RECIPIENT",
+              help="age1..., an SSH public key (ssh-ed25519/ssh-rsa), or a file of them "
+                   "(repeatable).")
+@click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
+@_json_option()
+def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
+                    sign_key: str | None, as_json: bool) -> None:
+    """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
+    in place and atomically."""
+    from .ops._encrypt import encrypt
+
+    result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
+                     sign_password=_key_password())
+    _emit(result.to_dict(), as_json, _render_private)
+
+
+@cli.command("rekey")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--add", multiple=True, metavar="RECIPIENT", help="Recipient to add (repeatable).")
+@click.option("--remove", multiple=True, metavar="RECIPIENT",
+              help="Recipient to remove (repeatable); it keeps what it already downloaded.")
+@click.option("--rotate", is_flag=True,
+              help="New file keys for every file (what every rekey does: stated for scripts).")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="Sign the rekeyed cube (else it is left unsigned, and said so).")
+@_identity_option()
+@_json_option()
+def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], rotate: bool,
+                  sign_key: str | None, identity: str | None, as_json: bool) -> None:
+    """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
+    from .ops._encrypt import rekey
+
+    if identity is None:
+        raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
+                         "CUBEPACK_IDENTITY).")
+    result = rekey(cube_dir, identity, add=list(add), remove=list(remove), rotate=rotate,
+                   sign_key=sign_key, sign_password=_key_password())
+    _emit(result.to_dict(), as_json, _render_private)
 
 
 @cli.command("verify")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
+@_identity_option()
 @_policy_options()
-def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool,
-                   **options: Any) -> None:
+def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str | None,
+                   as_json: bool, **options: Any) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     policy = _policy(options)
     if remote:
@@ -292,7 +381,7 @@ def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool
     else:
         from .ops._verify import verify
 
-        report = verify(cube_dir, policy, raise_on_failure=False)
+        report = verify(cube_dir, policy, raise_on_failure=False, decrypt_with=identity)
     if not report.ok:
         raise VerificationFailed(report)  # main() prints the report and the error
     _emit(report.to_dict(), as_json, _render_report)
@@ -651,16 +740,18 @@ def _render_push(data: dict[str, Any]) -> str:
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
 @_timeout_option("pull")
+@_identity_option()
 @_policy_options()
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, offline: bool, force: bool, timeout: float | None,
-                 token: str | None, as_json: bool, **options: Any) -> None:
+                 identity: str | None, token: str | None, as_json: bool,
+                 **options: Any) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub._pull import pull
 
     result = pull(repo, _policy(options), revision=revision, repo_type=repo_type,
                   local_dir=local_dir, verify_cube=verify_cube, offline=offline, token=token,
-                  force=force, timeout=timeout)
+                  force=force, timeout=timeout, decrypt_with=identity)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

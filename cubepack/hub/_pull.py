@@ -61,7 +61,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
          verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
          endpoint: str | None = None, cache_dir: str | Path | None = None,
          progress: bool | None = None, force: bool = False, timeout: float | None = None,
-         **options: Any) -> PullResult:
+         decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -78,6 +78,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     the files that would be lost, unless ``force``. Even with ``force``, a folder that holds
     the current directory or the home folder, or that is, holds or sits inside the HF cache or
     ``$CUBEPACK_CACHE``, is never replaced.
+
+    ``decrypt_with``: an identity file opening a private cube: after its ciphertexts verify,
+    it is decrypted in memory (never the target, the HF cache or TMPDIR, which hold only
+    ciphertexts) and verified as the clear cube it is.
 
     ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the pull
     asks of the endpoint, however slowly it answers; on expiry nothing is placed, the requests
@@ -126,7 +130,8 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                                     else lambda step: None):
                     report = verify(staging, replace(policy, strict_models=False,
                                                      require_pin=False),
-                                    progress=progress, raise_on_failure=False, hashed=hashed)
+                                    progress=progress, raise_on_failure=False, hashed=hashed,
+                                    decrypt_with=decrypt_with)
                 if not offline and policy.model is None:
                     _add_remote_model_checks(report, client, policy.strict_models)
                 if policy.strict_models and report.intact:

@@ -66,6 +66,9 @@ class HookReport:
     dropped: dict[str, list[str]] = field(default_factory=dict)
     rebuilt: dict[str, list[str]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
+    #: a private cube's recipients (from its decrypted manifest): a dump of it is encrypted to
+    #: them again
+    private_recipients: list[str] | None = None
     #: item -> what the loaded model's recomputation covered (full, positions, total, seed)
     recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: item -> what backs its producer label (kind, basis: proved / signed / claimed)

@@ -27,10 +27,14 @@ from typing import Any
 from .._util import atomic, constants
 from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
+from .._util.ramdir import ram_folder
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..ops._encrypt import encrypt
+from ..ops._private import is_private, open_private
 from ..ops._verify import verify
+from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
@@ -298,10 +302,18 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     state = _lock_state(folder)
     report = HookReport(cube_dir=folder)
     if state == "file":
-        verified = verify(folder, current.for_folder())
+        identity = identity_path(None)
+        verified = verify(folder, current.for_folder(), decrypt_with=identity)
         report.verified, report.signed_by = True, verified.signed_by
         report.signed = verified.signed
-        load_activations(self, folder, verified.lock, report, current)
+        if is_private(verified.lock):  # decrypted in memory (CUBEPACK_IDENTITY), as init does
+            if identity is None:
+                raise UsageError(f"{folder} is a private cube; loading it needs an identity: "
+                                 "set CUBEPACK_IDENTITY to a key file it is encrypted to.")
+            with open_private(folder, identity, public_lock=verified.lock) as opened:
+                load_activations(self, opened.folder, opened.lock, report, current)
+        else:
+            load_activations(self, folder, verified.lock, report, current)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current)
@@ -372,7 +384,16 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     if (os.path.exists(dir) and os.listdir(dir)) or (  # MemOS's own rule, before any work
             act and getattr(type(act), "dump", None) not in _dump_replacements()):
         return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
-    dump_cube(self, Path(dir), memory_types)
+    recipients = getattr(getattr(self, "cubepack", None), "private_recipients", None)
+    if not recipients:
+        dump_cube(self, Path(dir), memory_types)
+        return
+    # A private cube dumps private, to the same recipients: dumped and packed in a RAM folder,
+    # encrypted there, and only the ciphertexts copied to ``dir``.
+    with ram_folder() as ram:
+        dump_cube(self, ram / "cube", memory_types)
+        encrypt(ram / "cube", recipients)
+        shutil.copytree(ram / "cube", dir, dirs_exist_ok=True)
 
 
 @quietly(import_first=("memos",))

@@ -45,6 +45,7 @@ from ..kv._format import (
     unchecked_note,
 )
 from ..kv._recompute import describe, recompute_layers, require_recomputed_here
+from ..ops._private import decrypted_file
 from ..trust._policy import TrustPolicy
 from ._convert import (
     RUNTIME,
@@ -357,7 +358,9 @@ def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any
 def load_prompt_cache(path: str | os.PathLike[str], model: Any,
                       policy: TrustPolicy | None = None, *,
                       folder: str | os.PathLike[str] | None = None,
-                      return_metadata: bool = False, **options: Any) -> Any:
+                      return_metadata: bool = False,
+                      decrypt_with: str | os.PathLike[str] | None = None,
+                      **options: Any) -> Any:
     """Load a prompt cache (written by ``cubepack export mlx`` or :func:`save_prompt_cache`)
     or a cubepack KV file into mlx_lm ``KVCache`` objects for ``model``, refusing any other
     producer before MLX reads a tensor.
@@ -373,6 +376,9 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             (``recompute_tokens``, ``seed``: a sample); what a cube carries (a signature,
             lineage, pins) is a UsageError: verify the cube first.
         return_metadata: also return the prompt cache's user metadata (as mlx_lm does).
+        decrypt_with: an identity file for an age-encrypted file (a private cube's KV file):
+            decrypted into an anonymous memory file (Linux ``memfd``) that MLX reads; never
+            written to a disk (elsewhere: refused, UnsupportedError).
 
     Raises:
         IdentityMismatch: another producer (every differing field named).
@@ -380,6 +386,10 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             records no token ids.
         FormatError: a malformed file, or a prompt cache that records no producer.
     """
+    if decrypt_with is not None:
+        with decrypted_file(path, decrypt_with) as clear:
+            return load_prompt_cache(clear, model, policy, folder=folder,
+                                     return_metadata=return_metadata, **options)
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("the MLX load")
     require_mlx()

@@ -42,6 +42,7 @@ from ..trust import _lineage as lineage
 from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key
 from ._pack import pack
+from ._private import is_private
 from ._verify import verify
 
 BY = "cubepack migrate"
@@ -118,6 +119,9 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
     report = verify(cube, policy, progress=progress)
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     lock = report.lock
+    if is_private(lock):  # its memories are encrypted: migrate would rebuild ciphertexts
+        raise UsageError(f"{cube} is a private cube: migrate its clear source (or a copy "
+                         "decrypted with age on a disk you trust), then encrypt the result.")
     config = _memos_config(cube, lock)
     dropped = lineage.adapters_in(lock) if model is not None else {}
     ancestors = lineage.ancestors_document(cube, lock)

@@ -150,6 +150,10 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     earlier = _previous_lock(cube, files)
+    if earlier is not None and "encryption" in earlier:
+        raise UsageError(f"{cube} is a private cube (its files are encrypted): it is packed "
+                         "already. Change its recipients with cubepack rekey; pack its clear "
+                         "source to change its content.")
     if cube_id is not None and cube_id != (earlier or {}).get("cube_id"):
         lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
     if cube_id is None and "config.json" not in files and earlier is not None:

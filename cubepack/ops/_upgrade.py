@@ -31,6 +31,7 @@ from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
 from ..kv._format import KVFileInfo, check_kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._pack import pack
+from ._private import is_private
 from ._verify import verify_for_upgrade
 
 __all__ = ["UpgradeResult", "upgrade"]
@@ -77,6 +78,9 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
     format-1 KV files there against ``model``; re-pack; swap. A current cube is left as is."""
     lock = verify_for_upgrade(cube).lock
     result = UpgradeResult(cube)
+    if is_private(lock):  # written at the current format; its KV files are ciphertexts
+        result.current = sorted(lock["encryption"]["ciphertexts"])
+        return result
     kv_files = sorted(entry["file"] for entry in lock["activations"].values())
     if lock["lock_version"] == constants.LOCK_VERSION and all(
             read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION

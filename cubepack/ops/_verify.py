@@ -10,6 +10,8 @@ read as JSON.
 from __future__ import annotations
 
 import hashlib
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +50,15 @@ from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
 from ._embedder_check import embedder_checks
+from ._private import is_private, open_private
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
 @terminal_bars
 def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
            progress: bool | None = None, raise_on_failure: bool = True,
-           hashed: dict[str, str] | None = None, **options: Any) -> VerifyReport:
+           hashed: dict[str, str] | None = None,
+           decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``, locally.
 
     Args:
@@ -68,12 +72,17 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
             the cube (``pull`` hashes each file as its download completes, overlapping hashing
             with the network); those files are not read twice. Never pass digests you did not
             compute.
+        decrypt_with: an identity file (age or OpenSSH private key) opening a private cube:
+            its files are decrypted in memory (a RAM folder, never a disk) and every check a
+            clear cube gets runs on them. Without it a private cube's structure, ciphertext
+            digests and signature are checked, and what needs its plaintext is reported so.
 
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("verify")
-    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {})
+    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {},
+                   decrypt_with=decrypt_with)
 
 
 def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) -> VerifyReport:
@@ -91,7 +100,8 @@ def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) ->
 
 
 def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
-            hashed: dict[str, str], *, accept_version_1: bool = False) -> VerifyReport:
+            hashed: dict[str, str], *, accept_version_1: bool = False,
+            decrypt_with: str | os.PathLike[str] | None = None) -> VerifyReport:
     report = VerifyReport(cube_dir)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
@@ -109,27 +119,85 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
             checkpoint("the signature and attestations")
-            if lock["lock_version"] == 1:
+            if is_private(lock):
+                _check_private(report, lock, policy, progress, decrypt_with)
+            elif lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
             else:
                 _check_models(report, lock, policy.model)
-            if policy.strict_models:
-                require_checked_models(report)
-            checkpoint("the model checks")
-            recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
-            _record_provenance(report, lock, recomputed)
-            if policy.require_provenance:
-                _check_provenance(report, lock, policy.require_provenance)
-            if policy.embedder:
-                _check_embedder(report, lock, policy)
-            checkpoint("the proofs asked for")
+            if not is_private(lock):
+                _check_clear(report, lock, policy)
     asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
+
+
+def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    """What a clear cube's contents prove, once its files are intact and its pins checked."""
+    if policy.strict_models:
+        require_checked_models(report)
+    checkpoint("the model checks")
+    recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
+    _record_provenance(report, lock, recomputed)
+    if policy.require_provenance:
+        _check_provenance(report, lock, policy.require_provenance)
+    if policy.embedder:
+        _check_embedder(report, lock, policy)
+    checkpoint("the proofs asked for")
+
+
+#: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
+_PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
+
+
+def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
+                   progress: bool | None, identity: str | os.PathLike[str] | None) -> None:
+    """A private cube, its ciphertexts intact and its signature checked. Without an identity:
+    its public pins are checked, and what needs the plaintext is skipped (or refused, when the
+    policy asked for it). With one: the cube is decrypted in memory and verified as the clear
+    cube it is, every check run (the pins, recomputation, provenance, the embedder...)."""
+    needs_plaintext = [name for name, asked in (
+        ("recompute", policy.recompute), ("provenance", policy.require_provenance),
+        ("embedder", policy.embedder)) if asked]
+    if identity is None:
+        _check_models(report, lock, policy.model)
+        if policy.strict_models:
+            require_checked_models(report)
+        counts = lock["encryption"]["counts"]
+        report.add("private", "*", False if needs_plaintext else None,
+                   f"{'refused' if needs_plaintext else 'skipped'}: a private cube ("
+                   f"{counts['files']} files, {counts['activations']} KV caches, encrypted to "
+                   f"{counts['recipients']} recipient(s)); its contents "
+                   + (f"are needed for {', '.join(needs_plaintext)}, which was asked for"
+                      if needs_plaintext else "were not checked")
+                   + ". Pass an identity (--identity KEY or CUBEPACK_IDENTITY) to decrypt them "
+                   "in memory and check them.")
+        return
+    try:
+        with open_private(report.cube_dir, identity, public_lock=lock) as opened:
+            inner_policy = replace(policy, trusted_keys=(), require_signature=False,
+                                   require_lineage=False)
+            # The digests open_private took of the very plaintexts it wrote: not hashed twice.
+            inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests))
+            folder = str(opened.folder)
+    except CubepackError as exc:
+        report.add("private", "*", False, str(exc))
+        return
+    report.add("private", "*", True, f"decrypted in memory with {Path(identity).name}: "
+               f"{len(opened.manifest['names'])} ciphertexts, each the plaintext its manifest "
+               "records; the public lock agrees with the private one")
+    for check in inner.checks:
+        if check.name in _PUBLIC_ONLY:
+            continue
+        check.detail = check.detail.replace(folder, str(report.cube_dir))
+        check.subject = check.subject.replace(folder, str(report.cube_dir))
+        report.checks.append(check)
+    report.provenance = inner.provenance
+    report.private_lock = inner.lock
 
 
 def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
@@ -230,7 +298,10 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
-    if not lock["activations"]:
+    if is_private(lock):
+        report.add("kv header", "*", None, "skipped here: a private cube's KV files are "
+                   "encrypted (with an identity they are checked once decrypted, below)")
+    elif not lock["activations"]:
         report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])

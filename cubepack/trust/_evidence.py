@@ -51,7 +51,7 @@ CHECK_BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVE
                "adapter": CLAIMED, "adapter base": PROVED, "cube config": CLAIMED,
                "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
                "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
-               "provenance": CLAIMED, "embedder": PROVED}
+               "provenance": CLAIMED, "embedder": PROVED, "private": PROVED}
 
 
 def check_basis(name: str) -> Basis:
