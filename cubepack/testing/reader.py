@@ -1,12 +1,13 @@
-"""Two tiny models that really answer from context, trained in seconds on CPU, deterministically.
+"""Two tiny models that really answer from context, trained deterministically on CPU.
 
 The demo (``cubepack demo``) needs a harm a person can read: model A, given a memory that says
 where someone lives, answers the city; model B, handed A's KV cache, answers something else. A
-random model answers garbage either way, so these models are trained, here, on the one task the
-demo asks of them: MemOS's memory prompt holds a few facts (``Alice lives in Berlin.``), the
-user asks ``Where does Alice live?``, and the answer is the city the memory gives for that name.
-Names and cities are paired at random in every example, so the city can only come from the
-memory: nothing about Berlin is learned into the weights.
+random model answers garbage either way, so these models are trained on the one task the demo
+asks of them: MemOS's memory prompt holds one fact (``Alice lives in Berlin.``), the user asks
+``Where does Alice live?``, and the answer is the city the memory gives. Names and cities are
+paired at random in every example, so the city can only come from the memory: nothing about
+Berlin is learned into the weights. (Several facts, where the name must pick the city, did not
+train in any budget we tried: one fact is the honest size of these models.)
 
 Why the weights ship (``reader_models/``, 0.65 MB) rather than being trained by the demo:
 training both takes about 20 s of CPU each on a busy 2-core machine (400 steps; fewer steps
