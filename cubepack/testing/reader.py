@@ -1,6 +1,6 @@
 """Two tiny models that really answer from context, trained deterministically on CPU.
 
-The demo (``cubepack demo``) needs a harm a person can read: model A, given a memory that says
+The demo (``python -m cubepack.demo``, ``make demo``) needs a harm a person can read: model A, given a memory that says
 where someone lives, answers the city; model B, handed A's KV cache, answers something else. A
 random model answers garbage either way, so these models are trained on the one task the demo
 asks of them: MemOS's memory prompt holds one fact (``Alice lives in Berlin.``), the user asks
