@@ -40,9 +40,10 @@ LAYERS = [
     {"cubepack.cli", "cubepack.demo"},
     {"cubepack.__main__"},
 ]
-#: Modules that import commands lazily on purpose: the CLI (``--help`` stays torch-free) and the
-#: demo (the Hub client reads its environment at import, so the demo sets it first).
-LAZY_BY_DESIGN = {"cubepack.cli", "cubepack.demo"}
+#: Modules that import commands lazily on purpose: the CLI (``--help`` stays torch-free), its
+#: entry point (``__main__`` answers a Ctrl-C while the CLI loads) and the demo (the Hub client
+#: reads its environment at import, so the demo sets it first).
+LAZY_BY_DESIGN = {"cubepack.__main__", "cubepack.cli", "cubepack.demo"}
 #: Each face's public names, exactly: the surface changes only on purpose.
 PUBLIC = {
     "cubepack": [
