@@ -29,7 +29,10 @@ def _command(name: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--smoke", action="store_true", help="two rounds (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 2
     commands = {"cubepack --help": _command("cubepack"), "hf --help": _command("hf")}
     env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1", NO_COLOR="1")
     times: dict[str, list[float]] = {name: [] for name in commands}

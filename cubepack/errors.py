@@ -107,7 +107,7 @@ class VerificationFailed(IntegrityError):
 
     #: The checks whose failure means the cube's bytes are not the packed ones.
     DAMAGE = frozenset({"cube", "lock", "path", "file set", "size", "sha256", "content",
-                        "kv header", "adapter", "cube config"})
+                        "kv header", "kv checksums", "adapter", "cube config"})
     #: What to do when a check of the policy (not of the bytes) refused: another pull would
     #: not help.
     FIXES = {
@@ -115,6 +115,8 @@ class VerificationFailed(IntegrityError):
                      "drop --require-signature",
         "attestation": "sign it again (cubepack sign): its attestation does not match its lock",
         "lineage": "have each ancestor signed by a trusted key, or drop --require-lineage",
+        "private": "pass an identity the cube is encrypted to (--identity KEY or "
+                   "CUBEPACK_IDENTITY), or drop the checks that need its plaintext",
         "model identity": "load it with the model it was packed for, or rebuild it for this "
                           "one (cubepack migrate --model)",
         "adapter base": "load the adapter on the base model it was trained on, or migrate the "

@@ -307,9 +307,9 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
         path = resolve_inside(report.cube_dir, entry["file"])
         subject = f"{entry['file']} ({item_id})"
         if entry["file"] not in good:
-            # Missing or not the lock's bytes: reported by the file checks; a KV file that is
-            # still readable also says which tensor changed (or that none did: the header).
-            _name_changed_tensor(report, path, subject)
+            # Missing or not the lock's bytes: reported by the file checks, and never parsed
+            # (a file whose hash failed is whoever changed it's input; load_kv_cache names the
+            # tensor that changed, for a file the user chooses to open anyway).
             continue
         checkpoint(f"the KV header of {entry['file']}")
         try:
@@ -334,18 +334,6 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
                        expected, found)
         if not problems:
             report.add("kv header", subject, True, "producer and shapes agree with the lock")
-
-
-def _name_changed_tensor(report: VerifyReport, path: Path, subject: str) -> None:
-    try:
-        if not path.is_file() or path.is_symlink():
-            return
-        ok, detail = checksum_verdict(read_kv_header(path))
-    except CubepackError:
-        return  # the header itself is damaged: the sha256 check has said the file changed
-    if ok is not None:
-        report.add("kv checksums", subject, ok, detail if not ok else
-                   f"{detail}: the bytes that differ from the lock are in its header")
 
 
 def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:

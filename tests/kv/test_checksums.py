@@ -242,13 +242,13 @@ def test_an_exported_prompt_cache_imports_back_to_the_same_checksums(kv_file, zo
     assert read_kv_header(back).checksums == read_kv_header(kv_file).checksums
 
 
-# --- a cube: pack refuses to seal changed bytes; verify names the tensor ------------------------
+# --- a cube: pack refuses to seal changed bytes; verify refuses them by the lock's sha256 ----
 
 ITEM = "activations/item-1.kv.safetensors"
 
 
 @pytest.mark.parametrize("tensor", TENSORS)
-def test_verify_names_the_changed_tensor_and_pack_refuses_to_seal_it(cube, tensor):
+def test_verify_refuses_the_changed_tensor_and_pack_refuses_to_seal_it(cube, tensor):
     report = cubepack.verify(cube)
     [check] = [c for c in report.checks if c.name == "kv checksums" and "item-1" in c.subject]
     assert check.ok is True and "match their xxh3-64 checksums" in check.detail
@@ -256,22 +256,9 @@ def test_verify_names_the_changed_tensor_and_pack_refuses_to_seal_it(cube, tenso
     with pytest.raises(VerificationFailed) as caught:
         cubepack.verify(cube)
     failed = {c.name for c in caught.value.report.failures}
-    assert failed == {"sha256", "kv checksums"}  # the lock's hash, and which tensor changed
-    assert f"tensor {tensor}" in str(caught.value)
+    assert failed == {"sha256"}  # the lock's hash; a file whose hash failed is never parsed
     with pytest.raises(IntegrityError, match=rf"tensor {tensor}"):
         cubepack.pack(cube)
-
-
-def test_verify_says_a_changed_header_when_every_tensor_still_matches(cube):
-    from helpers import rewrite_kv_metadata
-
-    rewrite_kv_metadata(cube / ITEM, cube / ITEM, lambda meta: meta["metadata"].update(x=1))
-    with pytest.raises(VerificationFailed) as caught:
-        cubepack.verify(cube)
-    [check] = [c for c in caught.value.report.checks if c.name == "kv checksums"
-               and "item-1" in c.subject]
-    assert check.ok is True and "the bytes that differ from the lock are in its header" in \
-        check.detail
 
 
 def test_verify_reports_a_format_2_cube_as_unchecked(cube):

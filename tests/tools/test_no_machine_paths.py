@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Folders that exist only on the machines this project was built on.
-MACHINE_PATHS = re.compile(r"/work/(?:main|wt-|\.mirror|\.library)|/root/|/home/\w+/")
+MACHINE_PATHS = re.compile(r"/work/(?:main|wt-|\.mirror|\.library|shared)|/root/")
 
 
 def test_no_tracked_file_names_a_folder_of_our_machines():
