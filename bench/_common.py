@@ -13,11 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cubepack._util.quiet import quiet_libraries
-
-_QUIET = quiet_libraries(progress=False)  # kept: for the benchmark's whole process
-_QUIET.__enter__()
-
 
 def needs(environment: str, run: str, *, modules: tuple[str, ...] = (),
           variables: tuple[str, ...] = ()) -> None:
@@ -32,6 +27,17 @@ def needs(environment: str, run: str, *, modules: tuple[str, ...] = (),
         print(f"bench/{script} needs the {environment} environment ({', '.join(missing)} "
               f"missing here): run {run}", file=sys.stderr)
         raise SystemExit(2)
+
+
+# Every benchmark imports this module first: an interpreter without cubepack and torch (the
+# system python, say) declines here, in one line, instead of a traceback.
+needs("latest", f".venv/latest/bin/python bench/{Path(sys.argv[0]).name} (make setup builds "
+      "it)", modules=("cubepack", "torch", "transformers"))
+
+from cubepack._util.quiet import quiet_libraries  # noqa: E402 (after the check above)
+
+_QUIET = quiet_libraries(progress=False)  # kept: for the benchmark's whole process
+_QUIET.__enter__()
 
 
 def hashlib_file(path: Path) -> str:
