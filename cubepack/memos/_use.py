@@ -355,7 +355,8 @@ def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
     return found
 
 
-def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
+def for_use(llm: Any, cache: Any, policy: str,
+            call: str = "HFLLM.generate (_generate_with_cache)") -> Any | None:
     """The cache ``llm`` may generate from: a fresh ``DynamicCache`` over ``cache``'s tensors
     once its producer (or, for a cache cubepack never saw, its shape) matches the consuming
     model; None when the policy drops it; a rebuilt cache under ``rebuild``.
@@ -366,7 +367,7 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
             not fit the consuming model.
     """
     model = llm.model
-    live = fingerprint(model)
+    live = live_identity(model, call)  # a model cubepack cannot read: typed, naming the call
     try:
         layers = cache_layers(cache)
     except CubepackError as exc:
@@ -433,11 +434,13 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
     called) and the model gets a fresh view of it; a dropped cache answers without one
     (``unguarded``: ``_generate_full`` / ``_generate_full_stream``). The stream's check runs at
     its first ``next()``, where MemOS's own errors surface."""
+    call = ("HFLLM.generate_stream (_generate_with_cache_stream)" if stream
+            else "HFLLM.generate (_generate_with_cache)")
 
     def checked(self: Any, kv: Any) -> Any:
         if kv is not None and _is_empty(kv):
             return kv  # no tokens: nothing to check (MemOS accepts it)
-        return for_use(self, kv, settings().on_mismatch) if kv is not None else None
+        return for_use(self, kv, settings().on_mismatch, call) if kv is not None else None
 
     if stream:
         def use(self: Any, query: Any, kv: Any, **kwargs: Any) -> Any:
@@ -458,7 +461,15 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
 
 
 def _is_empty(cache: Any) -> bool:
+    """True when *every* layer holds no position. ``get_seq_length()`` reads layer 0 only, so
+    a cache with an empty first layer and another model's tensors behind it is not empty:
+    it is checked like any other."""
     try:
-        return cache.get_seq_length() == 0
+        layers = cache if isinstance(cache, (tuple, list)) else cache.layers
+        for layer in layers:
+            keys = layer[0] if isinstance(layer, (tuple, list)) else getattr(layer, "keys", None)
+            if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
+                return False
+        return True
     except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
         return False
