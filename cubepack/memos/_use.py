@@ -62,8 +62,12 @@ logger = logging.getLogger("cubepack.memos")
 
 EXTRACTED = {"kind": RECORDED, "detail": "extracted by this model in MemOS (KVCacheMemory."
                                          "extract / from_textual_memory), under the hook"}
-SHAPE_ONLY = {"kind": ASSERTED, "detail": "no producer record: only its shape was checked "
-                                          "against the model that loaded it"}
+#: The label of a producer the user named (:func:`register_cache`): their word, never more.
+USER_ASSERTED = {"kind": ASSERTED, "detail": "registered by the user "
+                                             "(cubepack.memos.register(cache, model))"}
+#: The label a merge takes from a part with no record (the weakest; checked_parts refuses such
+#: parts before a merge, so this is a floor, not a path).
+NO_RECORD = {"kind": ASSERTED, "detail": "a part with no producer record"}
 
 
 @dataclass(frozen=True)
@@ -179,10 +183,38 @@ def register_cache(cache: Any, model: Any, *, item_id: str = "registered",
     prefill): it is then accepted where that model uses it, refused elsewhere. The producer is
     ``model``'s fingerprint, taken now; return the cache.
 
-    ``source_text`` lets ``on_mismatch='rebuild'`` re-extract it for another model."""
+    ``source_text`` lets ``on_mismatch='rebuild'`` re-extract it for another model.
+
+    This is your word, so it is labelled ``asserted`` (never ``recorded``: a claim never gains
+    strength), and it never overrides what cubepack recorded: a cache cubepack saw another
+    model make is refused, naming both. Registering a cache with the model already on record
+    keeps its record (and its stronger label).
+
+    Raises:
+        IdentityMismatch: the cache is on record as another model's.
+    """
+    live = live_identity(model, "cubepack.memos.register")
     metadata = {"source_text": source_text} if source_text is not None else {}
-    return register(cache, item_id, live_identity(model, "cubepack.memos.register"), metadata,
-                    token_ids)
+    existing, state = lookup(cache)
+    if existing is not None and state in ("registered", "copy"):
+        mismatches = compare(existing.producer, live)
+        if mismatches:
+            raise IdentityMismatch(
+                f"cubepack.memos.register of activation {existing.item_id!r} (on record as "
+                f"produced by {existing.producer.model_id or 'another model'}, weights "
+                f"{existing.producer.weights_digest[:19]}) for "
+                f"{getattr(model, 'name_or_path', None) or type(model).__name__} (weights "
+                f"{live.weights_digest[:19]})",
+                mismatches,
+                "cubepack saw another model produce this cache, and a registration never "
+                "overrides that record; use it with its producer, or build a cache with this "
+                "model (HFLLM.build_kv_cache / KVCacheMemory.extract under the hook).",
+                finding="is on record as another model's")
+        return register(cache, existing.item_id, existing.producer,
+                        {**existing.metadata, **metadata},
+                        existing.token_ids if existing.token_ids else token_ids,
+                        existing.provenance)
+    return register(cache, item_id, live, metadata, token_ids, dict(USER_ASSERTED))
 
 
 def record_build(llm: Any, messages: Any, cache: Any) -> Any:
@@ -320,7 +352,7 @@ def merged(caches: list[Any], result: Any) -> Any:
     ids = None
     if all(record is not None and record.token_ids for record, _ in found):
         ids = tuple(token for record, _ in found for token in record.token_ids)
-    weakest = min((record.provenance if record else SHAPE_ONLY for record, _ in found),
+    weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
                       first.producer, {}, ids, dict(weakest))
