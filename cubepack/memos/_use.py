@@ -29,7 +29,9 @@ producer (found by content). Generation gets a fresh ``DynamicCache`` over the s
 #2301). Out of reach, and said in SECURITY.md with a test each: a registered cache's tensors
 written in place (the same tensor objects: the registry follows tensors, not their bytes); a
 model whose weights are overwritten in memory after loading (a loaded model's fingerprint is
-that of the files it was loaded from); and vLLM (``VLLMLLM.build_vllm_kv_cache`` returns a
+that of its files when cubepack first fingerprinted it: a folder rewritten after that keeps the
+model's identity, one rewritten before cubepack first saw the model is read as it is now); and
+vLLM (``VLLMLLM.build_vllm_kv_cache`` returns a
 prompt: the cache lives on the vLLM server, whose model MemOS only names).
 Measured: ``bench/memos_use.py``.
 """
