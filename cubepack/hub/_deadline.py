@@ -46,6 +46,8 @@ _SHA256_RUN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 #: Seconds the caller waits, after the deadline, for the aborted worker to end (aborted requests
 #: end at once; huggingface_hub may sleep a second before it asks again, and is refused).
 _ABORT_GRACE = 5.0
+#: Answers after which huggingface_hub waits and asks again (its retried statuses, and 429).
+_RETRYABLE = frozenset({429, 500, 502, 503, 504})
 #: The shortest wait between two judgements of the low-speed rule (a window due "now" is judged
 #: now; this only keeps a clock's rounding from spinning the watchdog).
 _MIN_JUDGE_WAIT = 0.01
@@ -71,6 +73,11 @@ class _Transfer:
     to_send: int | None = None
     #: The low-speed rule's open window: (when it opened, bytes moved then).
     window: tuple[float, int] = (0.0, 0)
+    status: int | None = None
+    retry_after: str | None = None
+    #: A retry wait: no request in flight, the client sleeping before it asks again (after a
+    #: retryable answer). It moves no bytes, so the low-speed rule judges it like a request.
+    waiting: bool = False
 
     @property
     def moved(self) -> int:
@@ -141,6 +148,7 @@ class Deadline:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome["error"] = exc
             finally:
+                self.settled()
                 _CURRENT.reset(token)
                 _leave(self)  # the guard stays until the worker really ended
                 done.set()
@@ -218,6 +226,7 @@ class Deadline:
             try:
                 return fn(*args, **kwargs)
             finally:
+                self.settled()
                 _CURRENT.reset(token)
         return bound
 
@@ -280,6 +289,7 @@ class Deadline:
             "phase": what, "file": self._file(transfer), "answered": transfer.answered,
             "bytes_sent": transfer.sent, "bytes_to_send": transfer.to_send,
             "bytes_received": transfer.received, "bytes_total": transfer.total,
+            "retry_wait": transfer.waiting, "retry_after": transfer.retry_after,
             **self.low_speed.details(verdict)}}
         return error
 
@@ -304,8 +314,10 @@ class Deadline:
             except OSError:
                 pass
 
-    def answered(self, transfer: _Transfer, total: int | None, sock: Any) -> None:
+    def answered(self, transfer: _Transfer, total: int | None, sock: Any,
+                 status: int | None = None, retry_after: str | None = None) -> None:
         transfer.answered, transfer.total = True, total
+        transfer.status, transfer.retry_after = status, retry_after
         transfer.sock = sock if sock is not None else transfer.sock
         if self._aborted.is_set() and sock is not None:  # answered as the deadline passed
             try:
@@ -314,11 +326,32 @@ class Deadline:
                 pass
 
     def end(self, transfer: _Transfer) -> None:
+        """``transfer`` is over. After a retryable answer (429, 5xx) the client waits and asks
+        again with no request in flight: that wait stands in its place, so the low-speed rule
+        judges the whole operation, not only its requests (a ``Retry-After: 600`` is a stall,
+        not ten minutes)."""
         with self._lock:
             for key, current in list(self._transfers.items()):
                 if current is transfer:
                     del self._transfers[key]
+                    if self.low_speed is not None and transfer.status in _RETRYABLE:
+                        self._transfers[key] = self._wait_after(transfer)
             self._last = self._what(transfer)
+
+    def _wait_after(self, transfer: _Transfer) -> _Transfer:
+        assert self.low_speed is not None
+        wait = _Transfer(transfer.method, transfer.url, answered=True, total=0,
+                         status=transfer.status, retry_after=transfer.retry_after, waiting=True)
+        wait.window = self.low_speed.opened(wait.started)
+        return wait
+
+    def settled(self) -> None:
+        """The calling thread's part of the operation ended (returned or gave up): a retry
+        wait it left is over, not a stall."""
+        with self._lock:
+            current = self._transfers.get(threading.get_ident())
+            if current is not None and current.waiting:
+                del self._transfers[threading.get_ident()]
 
     def _describe(self) -> str:
         transfers = sorted(self._transfers.values(), key=lambda t: t.started)
@@ -340,6 +373,10 @@ class Deadline:
         return unquote(rest.split("/", 1)[1]) if resolve and "/" in rest else None
 
     def _what(self, transfer: _Transfer) -> str:
+        if transfer.waiting:
+            after = f", Retry-After: {transfer.retry_after}" if transfer.retry_after else ""
+            return (f"waiting to retry {transfer.method} {urlsplit(transfer.url).path} (the "
+                    f"retry wait after a {transfer.status} answer{after}; no request in flight)")
         downloaded = self._downloaded(transfer)
         if downloaded is not None:
             return f"downloading {downloaded}" if transfer.method == "GET" else \
@@ -350,6 +387,8 @@ class Deadline:
 
     @staticmethod
     def _progress(transfer: _Transfer) -> str:
+        if transfer.waiting:
+            return "no bytes moved while the client waited"
         sent = ""
         if transfer.sent or transfer.to_send:
             of = f" of {transfer.to_send:,}" if transfer.to_send is not None else ""
@@ -399,8 +438,48 @@ def _install() -> Callable[[], None]:
     import huggingface_hub
 
     if hasattr(huggingface_hub, "configure_http_backend"):  # 0.x: requests, a session per thread
-        return _install_requests(huggingface_hub)
-    return _install_httpx(huggingface_hub)
+        remove = _install_requests(huggingface_hub)
+    else:
+        remove = _install_httpx(huggingface_hub)
+    restore = _install_retry_sleep()
+
+    def uninstall() -> None:
+        restore()
+        remove()
+    return uninstall
+
+
+class _GuardedTime:
+    """huggingface_hub's ``time`` module as its retry loop (``http_backoff``) sees it while a
+    guarded operation runs: ``sleep`` in an operation's thread ends when the operation is
+    aborted (a stall, the deadline), so a ``Retry-After: 600`` wait does not outlive the
+    operation in a worker thread; everything else is the ``time`` module's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        deadline = _CURRENT.get()
+        if deadline is None:
+            time.sleep(seconds)
+        elif deadline._aborted.wait(max(0.0, seconds)):
+            raise _Expired()
+
+
+def _install_retry_sleep() -> Callable[[], None]:
+    try:
+        from huggingface_hub.utils import _http
+    except ImportError:  # pragma: no cover - a layout without it: retry waits are not cut
+        return lambda: None
+    if getattr(_http, "time", None) is not time:
+        return lambda: None
+    _http.time = _GuardedTime()
+
+    def restore() -> None:
+        if isinstance(getattr(_http, "time", None), _GuardedTime):
+            _http.time = time
+    return restore
 
 
 def _capped(value: float | None, remaining: float) -> float:
@@ -465,7 +544,8 @@ def _on_httpx_response(response: Any) -> None:
     stream = response.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None
     length = response.headers.get("Content-Length")
-    deadline.answered(transfer, int(length) if length and length.isdigit() else None, sock)
+    deadline.answered(transfer, int(length) if length and length.isdigit() else None, sock,
+                      response.status_code, response.headers.get("Retry-After"))
     response.stream = _guarded_stream_classes()[0](response.stream, deadline, transfer)
 
 
@@ -583,7 +663,8 @@ def _guarded_adapter(inner: Any) -> Any:
             raw = response.raw
             length = response.headers.get("Content-Length")
             deadline.answered(transfer, int(length) if length and length.isdigit() else None,
-                              getattr(getattr(raw, "connection", None), "sock", None))
+                              getattr(getattr(raw, "connection", None), "sock", None),
+                              response.status_code, response.headers.get("Retry-After"))
             response.raw = _GuardedRaw(raw, deadline, transfer)
             return response
 

@@ -50,7 +50,7 @@ from ..memos_format._records import record_conflicts
 from ..ops._verify import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
-from ._use import SHAPE_ONLY, register, use_problems
+from ._use import UNKNOWN, UNKNOWN_FINDING, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -188,9 +188,9 @@ class _Staged:
 
     def mismatch(self, item_id: str, mismatch: IdentityMismatch, header: dict[str, Any], *,
                  token_ids: list[int] | None = None,
-                 producer: ModelIdentity | None = None) -> None:
+                 producer: ModelIdentity | None = None, unknown: bool = False) -> None:
         apply_policy(self, item_id, mismatch, memos_layout.item_metadata(header),
-                     token_ids=token_ids, producer=producer)
+                     token_ids=token_ids, producer=producer, unknown=unknown)
 
     def install(self) -> None:
         self.act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
@@ -300,8 +300,12 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: Trus
                                         problems or shape)
             staged.mismatch(item.id, mismatch, item.metadata)
             continue
-        label = {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the loading model"} \
-            if records else SHAPE_ONLY
+        if not records:  # unknown origin: never the loading model's because its shape fits
+            staged.mismatch(item.id, IdentityMismatch(
+                f"Activation {item.id!r} of {cube_dir}", [UNKNOWN]), item.metadata,
+                unknown=True)
+            continue
+        label = {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the loading model"}
         header = memos_layout.header_metadata(item.metadata, records=item.records)
         staged.add(item.id, item.layers, header, live, label)
         item.release()
@@ -374,18 +378,27 @@ def _note_unchecked(report: HookReport, item_id: str, info: KVFileInfo) -> None:
 
 def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                  metadata: dict[str, Any], *, token_ids: list[int] | None = None,
-                 producer: ModelIdentity | None = None) -> None:
+                 producer: ModelIdentity | None = None, unknown: bool = False) -> None:
+    """``unknown``: nothing records the item's producer (a pickle another process wrote
+    without cubepack): it is never taken as the loading model's, whatever its shape."""
     on_mismatch = staged.policy.on_mismatch
     if on_mismatch == "error":
         raise IdentityMismatch(
             f"Activation {item_id!r} of {staged.cube_dir}", mismatch.mismatches,
-            "The model MemOS loaded is not the one that produced it; load the cube with its "
-            "pinned model, or pass on_mismatch='drop' or 'rebuild' (to "
-            "cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
-            "CUBEPACK_MEMOS_ON_MISMATCH).") from None
+            ("Nothing records which model produced it (a MemOS pickle written without "
+             "cubepack), so it is not taken as the loading model's. Pack the folder with the "
+             "model that made it (cubepack pack --legacy-pickle, your assertion), or pass "
+             "on_mismatch='rebuild' (re-extract it from its source text) or 'drop'"
+             if unknown else
+             "The model MemOS loaded is not the one that produced it; load the cube with its "
+             "pinned model, or pass on_mismatch='drop' or 'rebuild'") +
+            " (to cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
+            "CUBEPACK_MEMOS_ON_MISMATCH).",
+            **({"finding": UNKNOWN_FINDING} if unknown else {})) from None
     if on_mismatch == "drop":
-        logger.warning("cubepack: dropped activation %s of %s: produced by another model (%s)",
-                       item_id, staged.cube_dir, ", ".join(mismatch.fields))
+        logger.warning("cubepack: dropped activation %s of %s: %s (%s)", item_id,
+                       staged.cube_dir, "its producer is unknown" if unknown
+                       else "produced by another model", ", ".join(mismatch.fields))
         staged.report.dropped[item_id] = mismatch.fields
         return
     staged.items.append(rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids,

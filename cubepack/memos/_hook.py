@@ -150,8 +150,8 @@ def _patch() -> None:
                (KVCacheMemory, "extract"): _recorded_extract,
                (KVCacheMemory, "from_textual_memory"): _recorded_from_textual_memory,
                (KVCacheMemory, "_concat_caches"): _recorded_concat,
-               (KVCacheMemory, "dump"): _own(dump_activations),
-               (VLLMKVCacheMemory, "dump"): _own(dump_activations),
+               (KVCacheMemory, "dump"): _own(_portable_act_dump),
+               (VLLMKVCacheMemory, "dump"): _own(_portable_act_dump),
                (HFLLM, "build_kv_cache"): _recorded_build,
                (KVCacheMemory, "add"): _checked_add,
                (HFLLM, "_generate_with_cache"): guarded_use(
@@ -375,6 +375,12 @@ def _checked_add(self: Any, memories: list[Any]) -> None:
                                                              _hook_settings().on_mismatch))
 
 
+def _portable_act_dump(self: Any, dir: str) -> None:
+    """``KVCacheMemory.dump`` under the hook: KV files, a cache of unknown origin handled by
+    the policy in force (never attributed to the memory's model)."""
+    dump_activations(self, dir, on_mismatch=_hook_settings().on_mismatch)
+
+
 def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     """``GeneralMemCube.dump`` under the hook: MemOS dumps (its activation memory writing KV
     files, not a pickle), then config.json names each model by its Hub id rather than the local
@@ -385,13 +391,14 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
             act and getattr(type(act), "dump", None) not in _dump_replacements()):
         return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
     recipients = getattr(getattr(self, "cubepack", None), "private_recipients", None)
+    on_mismatch = _hook_settings().on_mismatch
     if not recipients:
-        dump_cube(self, Path(dir), memory_types)
+        dump_cube(self, Path(dir), memory_types, on_mismatch=on_mismatch)
         return
     # A private cube dumps private, to the same recipients: dumped and packed in a RAM folder,
     # encrypted there, and only the ciphertexts copied to ``dir``.
     with ram_folder() as ram:
-        dump_cube(self, ram / "cube", memory_types)
+        dump_cube(self, ram / "cube", memory_types, on_mismatch=on_mismatch)
         encrypt(ram / "cube", recipients)
         shutil.copytree(ram / "cube", dir, dirs_exist_ok=True)
 

@@ -29,7 +29,9 @@ producer (found by content). Generation gets a fresh ``DynamicCache`` over the s
 #2301). Out of reach, and said in SECURITY.md with a test each: a registered cache's tensors
 written in place (the same tensor objects: the registry follows tensors, not their bytes); a
 model whose weights are overwritten in memory after loading (a loaded model's fingerprint is
-that of the files it was loaded from); and vLLM (``VLLMLLM.build_vllm_kv_cache`` returns a
+that of its files when cubepack first fingerprinted it: a folder rewritten after that keeps the
+model's identity, one rewritten before cubepack first saw the model is read as it is now); and
+vLLM (``VLLMLLM.build_vllm_kv_cache`` returns a
 prompt: the cache lives on the vLLM server, whose model MemOS only names).
 Measured: ``bench/memos_use.py``.
 """
@@ -62,8 +64,12 @@ logger = logging.getLogger("cubepack.memos")
 
 EXTRACTED = {"kind": RECORDED, "detail": "extracted by this model in MemOS (KVCacheMemory."
                                          "extract / from_textual_memory), under the hook"}
-SHAPE_ONLY = {"kind": ASSERTED, "detail": "no producer record: only its shape was checked "
-                                          "against the model that loaded it"}
+#: The label of a producer the user named (:func:`register_cache`): their word, never more.
+USER_ASSERTED = {"kind": ASSERTED, "detail": "registered by the user "
+                                             "(cubepack.memos.register(cache, model))"}
+#: The label a merge takes from a part with no record (the weakest; checked_parts refuses such
+#: parts before a merge, so this is a floor, not a path).
+NO_RECORD = {"kind": ASSERTED, "detail": "a part with no producer record"}
 
 
 @dataclass(frozen=True)
@@ -179,10 +185,38 @@ def register_cache(cache: Any, model: Any, *, item_id: str = "registered",
     prefill): it is then accepted where that model uses it, refused elsewhere. The producer is
     ``model``'s fingerprint, taken now; return the cache.
 
-    ``source_text`` lets ``on_mismatch='rebuild'`` re-extract it for another model."""
+    ``source_text`` lets ``on_mismatch='rebuild'`` re-extract it for another model.
+
+    This is your word, so it is labelled ``asserted`` (never ``recorded``: a claim never gains
+    strength), and it never overrides what cubepack recorded: a cache cubepack saw another
+    model make is refused, naming both. Registering a cache with the model already on record
+    keeps its record (and its stronger label).
+
+    Raises:
+        IdentityMismatch: the cache is on record as another model's.
+    """
+    live = live_identity(model, "cubepack.memos.register")
     metadata = {"source_text": source_text} if source_text is not None else {}
-    return register(cache, item_id, live_identity(model, "cubepack.memos.register"), metadata,
-                    token_ids)
+    existing, state = lookup(cache)
+    if existing is not None and state in ("registered", "copy"):
+        mismatches = compare(existing.producer, live)
+        if mismatches:
+            raise IdentityMismatch(
+                f"cubepack.memos.register of activation {existing.item_id!r} (on record as "
+                f"produced by {existing.producer.model_id or 'another model'}, weights "
+                f"{existing.producer.weights_digest[:19]}) for "
+                f"{getattr(model, 'name_or_path', None) or type(model).__name__} (weights "
+                f"{live.weights_digest[:19]})",
+                mismatches,
+                "cubepack saw another model produce this cache, and a registration never "
+                "overrides that record; use it with its producer, or build a cache with this "
+                "model (HFLLM.build_kv_cache / KVCacheMemory.extract under the hook).",
+                finding="is on record as another model's")
+        return register(cache, existing.item_id, existing.producer,
+                        {**existing.metadata, **metadata},
+                        existing.token_ids if existing.token_ids else token_ids,
+                        existing.provenance)
+    return register(cache, item_id, live, metadata, token_ids, dict(USER_ASSERTED))
 
 
 def record_build(llm: Any, messages: Any, cache: Any) -> Any:
@@ -320,7 +354,7 @@ def merged(caches: list[Any], result: Any) -> Any:
     ids = None
     if all(record is not None and record.token_ids for record, _ in found):
         ids = tuple(token for record, _ in found for token in record.token_ids)
-    weakest = min((record.provenance if record else SHAPE_ONLY for record, _ in found),
+    weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
                       first.producer, {}, ids, dict(weakest))
@@ -355,7 +389,8 @@ def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
     return found
 
 
-def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
+def for_use(llm: Any, cache: Any, policy: str,
+            call: str = "HFLLM.generate (_generate_with_cache)") -> Any | None:
     """The cache ``llm`` may generate from: a fresh ``DynamicCache`` over ``cache``'s tensors
     once its producer (or, for a cache cubepack never saw, its shape) matches the consuming
     model; None when the policy drops it; a rebuilt cache under ``rebuild``.
@@ -366,7 +401,7 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
             not fit the consuming model.
     """
     model = llm.model
-    live = fingerprint(model)
+    live = live_identity(model, call)  # a model cubepack cannot read: typed, naming the call
     try:
         layers = cache_layers(cache)
     except CubepackError as exc:
@@ -433,11 +468,13 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
     called) and the model gets a fresh view of it; a dropped cache answers without one
     (``unguarded``: ``_generate_full`` / ``_generate_full_stream``). The stream's check runs at
     its first ``next()``, where MemOS's own errors surface."""
+    call = ("HFLLM.generate_stream (_generate_with_cache_stream)" if stream
+            else "HFLLM.generate (_generate_with_cache)")
 
     def checked(self: Any, kv: Any) -> Any:
         if kv is not None and _is_empty(kv):
             return kv  # no tokens: nothing to check (MemOS accepts it)
-        return for_use(self, kv, settings().on_mismatch) if kv is not None else None
+        return for_use(self, kv, settings().on_mismatch, call) if kv is not None else None
 
     if stream:
         def use(self: Any, query: Any, kv: Any, **kwargs: Any) -> Any:
@@ -458,7 +495,15 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
 
 
 def _is_empty(cache: Any) -> bool:
+    """True when *every* layer holds no position. ``get_seq_length()`` reads layer 0 only, so
+    a cache with an empty first layer and another model's tensors behind it is not empty:
+    it is checked like any other."""
     try:
-        return cache.get_seq_length() == 0
+        layers = cache if isinstance(cache, (tuple, list)) else cache.layers
+        for layer in layers:
+            keys = layer[0] if isinstance(layer, (tuple, list)) else getattr(layer, "keys", None)
+            if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
+                return False
+        return True
     except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
         return False

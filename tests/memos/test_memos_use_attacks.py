@@ -262,7 +262,9 @@ def test_a_refused_load_leaves_the_memory_as_it_was(memories, zoo, tmp_path):
 
     a, _ = memories
     deep = _cube(zoo["deep"]).act_mem
-    mixed = {"a_item": _first(a), "z_deep": KVCacheItem(id="z_deep",
+    recorded = _first(a).model_copy(update={"metadata": {  # A's, recorded (MemOS #2305)
+        **(_first(a).metadata or {}), "producer": {"model_name_or_path": str(zoo["a"])}}})
+    mixed = {"a_item": recorded, "z_deep": KVCacheItem(id="z_deep",
                                                         memory=deep.extract(TEXTS[0]).memory)}
     folder = tmp_path / "mixed"
     folder.mkdir()
