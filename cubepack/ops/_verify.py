@@ -20,7 +20,7 @@ from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from .._util.quiet import terminal_bars
-from ..errors import CubepackError, IntegrityError, VerificationFailed
+from ..errors import CubepackError, IntegrityError, ModelNotFoundError, VerificationFailed
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
@@ -482,6 +482,12 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                 _signed_pin_or_skip(report, role, pin, subject,
                                     "no model given (--model) and the pin has no Hub revision")
                 continue
+        except ModelNotFoundError:
+            if model is not None:  # the caller's --model names nothing: their input, not the cube
+                raise
+            _signed_pin_or_skip(report, role, pin, subject, "the pinned revision is not in "
+                                "the HF cache (pass --model, or use verify --remote)")
+            continue
         except CubepackError as exc:
             if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
                 report.add("model identity", subject, False, str(exc), role=role)

@@ -219,3 +219,10 @@ def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
         fix = "pull or pack it again" if name in VerificationFailed.DAMAGE \
             else VerificationFailed.FIXES[name]
         assert message.endswith(f"Do not load it; {fix}."), message
+
+
+def test_a_model_that_does_not_exist_is_the_callers_mistake_not_the_cubes(cube, tmp_path):
+    """A typo in --model is a usage error (exit 2) naming the folder, never a refused cube
+    (the new-user trial: it said "REFUSED ... rebuild it" and exited 1)."""
+    with pytest.raises(cubepack.ModelNotFoundError, match="typo-model"):
+        cubepack.verify(cube, model=str(tmp_path / "typo-model"))
