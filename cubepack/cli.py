@@ -320,6 +320,15 @@ def _identity_option() -> Callable[..., Any]:
                              "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY).")
 
 
+def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    # --sign-key re-signs content its signer does not see: the old signature must verify first.
+    return click.option(
+        "--trusted-key", "trusted_keys", multiple=True,
+        type=click.Path(dir_okay=False, exists=True),
+        help="With --sign-key: a public key (PEM) the cube's current signature may verify "
+             "under, besides the signing key's own (repeatable).")
+
+
 @cli.command("encrypt")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--to", "recipients", multiple=True, required=True, metavar="RECIPIENT",
@@ -328,15 +337,16 @@ def _identity_option() -> Callable[..., Any]:
 @click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
+@_resign_trust_option()
 @_json_option()
 def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
-                    sign_key: str | None, as_json: bool) -> None:
+                    sign_key: str | None, trusted_keys: tuple[str, ...], as_json: bool) -> None:
     """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
     in place and atomically."""
     from .ops._encrypt import encrypt
 
     result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
-                     sign_password=_key_password())
+                     sign_password=_key_password(), trusted_keys=list(trusted_keys))
     _emit(result.to_dict(), as_json, _render_private)
 
 
@@ -349,10 +359,12 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
               help="New file keys for every file (what every rekey does: stated for scripts).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="Sign the rekeyed cube (else it is left unsigned, and said so).")
+@_resign_trust_option()
 @_identity_option()
 @_json_option()
 def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], rotate: bool,
-                  sign_key: str | None, identity: str | None, as_json: bool) -> None:
+                  sign_key: str | None, trusted_keys: tuple[str, ...], identity: str | None,
+                  as_json: bool) -> None:
     """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
     from .ops._encrypt import rekey
 
@@ -360,7 +372,8 @@ def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], 
         raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
                          "CUBEPACK_IDENTITY).")
     result = rekey(cube_dir, identity, add=list(add), remove=list(remove), rotate=rotate,
-                   sign_key=sign_key, sign_password=_key_password())
+                   sign_key=sign_key, sign_password=_key_password(),
+                   trusted_keys=list(trusted_keys))
     _emit(result.to_dict(), as_json, _render_private)
 
 
