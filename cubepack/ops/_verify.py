@@ -119,7 +119,16 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
             checkpoint("the signature and attestations")
-            if is_private(lock):
+            failed_trust = sorted({c.name for c in report.checks
+                                   if c.name in _TRUST_CHECKS and c.ok is False})
+            if is_private(lock) and decrypt_with is not None and failed_trust:
+                # SECURITY.md: refused before anything is decrypted. The sender the policy
+                # asked to authenticate was not: the reader's key never opens their bytes.
+                report.add("private", "*", None,
+                           f"not decrypted: the {' and '.join(failed_trust)} check the policy "
+                           "requires failed, so nothing in the cube was opened with "
+                           f"{Path(decrypt_with).name}.")
+            elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
             elif lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
@@ -152,6 +161,8 @@ def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy
 
 #: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
 _PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
+#: Checks of who sent the cube: when one the policy required fails, nothing is decrypted.
+_TRUST_CHECKS = ("signature", "attestation", "lineage")
 
 
 def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
