@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from .errors import CubepackError, UsageError, VerificationFailed
+from .errors import CubepackError, Terminated, UsageError, VerificationFailed
 
 
 class _Context:
@@ -911,6 +911,16 @@ def interrupted(args: list[str]) -> int:
     return INTERRUPTED_EXIT
 
 
+def terminated(args: list[str], exc: Terminated) -> int:
+    """A command stopped by SIGTERM: one line on stderr, one JSON object when asked, exit 143."""
+    click.echo(f"error: {exc}", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"ok": False, "error": {
+            "type": "Terminated", "exit_code": Terminated.exit_code, "message": str(exc)},
+            "report": None}, indent=2, sort_keys=True))
+    return Terminated.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes.
 
@@ -918,12 +928,19 @@ def main(argv: list[str] | None = None) -> int:
     error's type, message and exit code, and the verification report when there is one), so a
     script reading stdout always gets JSON.
     """
+    from ._util.ramdir import sigterm_unwinds
+
     args = list(sys.argv[1:] if argv is None else argv)
     _Context.as_json = None
     try:
-        return _run(args)
+        # SIGTERM (kill, timeout, docker stop) unwinds as Ctrl-C does: finally blocks remove
+        # temp files and decrypted RAM folders, then one line and exit 143.
+        with sigterm_unwinds():
+            return _run(args)
     except KeyboardInterrupt:  # while an error was being printed: still one outcome
         return interrupted(args)
+    except Terminated as exc:
+        return terminated(args, exc)
 
 
 def _run(args: list[str]) -> int:
