@@ -20,7 +20,8 @@ from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from .._util.quiet import terminal_bars
-from ..errors import CubepackError, IntegrityError, VerificationFailed
+from ..errors import (CubepackError, IntegrityError, UnsafeInputError, UsageError,
+                      VerificationFailed)
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
@@ -35,6 +36,7 @@ from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
 from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 from ..memos_format._layout import memos_config_problems
+from ..trust import _age as age
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
@@ -105,6 +107,8 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     report = VerifyReport(cube_dir)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
+    if lock is not None and decrypt_with is not None and is_private(lock):
+        _check_identity(report, decrypt_with)
     if lock is not None:
         report.lock = lock
         report.intact, good = _check_files(report, lock, progress, hashed)
@@ -143,6 +147,18 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
+
+
+def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> None:
+    """The reader's own key file, before any check of the cube: a typo or a key others can
+    read is the reader's mistake (UsageError, UnsafeInputError), never a refused cube."""
+    try:
+        age.load_identities(identity)
+    except (UsageError, UnsafeInputError) as exc:
+        report.add("private", "*", False, f"not decrypted: {exc}")
+        report.finish(f"not run: the identity file {identity} cannot be used", [])
+        exc.report = report  # type: ignore[attr-defined] - the CLI's --json carries it
+        raise
 
 
 def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
