@@ -263,13 +263,20 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                   adapter_base=adapter_base)
     data = result.to_dict()
     if encrypt_to:
+        from ._util import constants
         from .ops._encrypt import encrypt
 
         private = encrypt(cube_dir, list(encrypt_to), hide_names=hide_names, sign_key=sign_key,
                           sign_password=_key_password())
-        # The clear pack's item ids stay out of the output of a private pack.
+        # The clear pack's item ids and plaintext digests (the clear lock's content digest,
+        # the adapters' weight digests) stay out of the output of a private pack: a digest of
+        # plaintext confirms a guessed cube. What is printed is the public lock's.
+        public = json.loads((Path(cube_dir) / constants.LOCK_FILENAME).read_text())
         data = {**data, "activations": [], "converted": [], "recomputed": {},
-                "digest": private.digest, "private": private.to_dict()}
+                "digest": private.digest, "content_digest": public.get("content_digest"),
+                "adapters": {name: {k: v for k, v in adapter.items() if k != "digest"}
+                             for name, adapter in data["adapters"].items()},
+                "private": private.to_dict()}
     _emit(data, as_json, _render_pack)
 
 
@@ -292,7 +299,7 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  proved {item}: {proof}")
     for name, adapter in sorted(data.get("adapters", {}).items()):
         claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
-        lines.append(f"  adapter {name}: {adapter['digest']}, base pinned as model "
+        lines.append(f"  adapter {name}: {adapter.get('digest', 'encrypted')}, base pinned as model "
                      f"{adapter['model_role']} (found by {adapter['base_source']}{claim})")
     lines.append(f"  lock digest: {data['digest']}")
     if data.get("private"):

@@ -20,8 +20,7 @@ from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from .._util.quiet import terminal_bars
-from ..errors import (CubepackError, IntegrityError, UnsafeInputError, UsageError,
-                      VerificationFailed)
+from ..errors import CubepackError, IntegrityError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
