@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from .errors import CubepackError, UsageError, VerificationFailed
+from .errors import CubepackError, Terminated, UsageError, VerificationFailed
 
 
 class _Context:
@@ -263,13 +263,20 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                   adapter_base=adapter_base)
     data = result.to_dict()
     if encrypt_to:
+        from ._util import constants
         from .ops._encrypt import encrypt
 
         private = encrypt(cube_dir, list(encrypt_to), hide_names=hide_names, sign_key=sign_key,
                           sign_password=_key_password())
-        # The clear pack's item ids stay out of the output of a private pack.
+        # The clear pack's item ids and plaintext digests (the clear lock's content digest,
+        # the adapters' weight digests) stay out of the output of a private pack: a digest of
+        # plaintext confirms a guessed cube. What is printed is the public lock's.
+        public = json.loads((Path(cube_dir) / constants.LOCK_FILENAME).read_text())
         data = {**data, "activations": [], "converted": [], "recomputed": {},
-                "digest": private.digest, "private": private.to_dict()}
+                "digest": private.digest, "content_digest": public.get("content_digest"),
+                "adapters": {name: {k: v for k, v in adapter.items() if k != "digest"}
+                             for name, adapter in data["adapters"].items()},
+                "private": private.to_dict()}
     _emit(data, as_json, _render_pack)
 
 
@@ -292,7 +299,7 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  proved {item}: {proof}")
     for name, adapter in sorted(data.get("adapters", {}).items()):
         claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
-        lines.append(f"  adapter {name}: {adapter['digest']}, base pinned as model "
+        lines.append(f"  adapter {name}: {adapter.get('digest', 'encrypted')}, base pinned as model "
                      f"{adapter['model_role']} (found by {adapter['base_source']}{claim})")
     lines.append(f"  lock digest: {data['digest']}")
     if data.get("private"):
@@ -320,6 +327,15 @@ def _identity_option() -> Callable[..., Any]:
                              "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY).")
 
 
+def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    # --sign-key re-signs content its signer does not see: the old signature must verify first.
+    return click.option(
+        "--trusted-key", "trusted_keys", multiple=True,
+        type=click.Path(dir_okay=False, exists=True),
+        help="With --sign-key: a public key (PEM) the cube's current signature may verify "
+             "under, besides the signing key's own (repeatable).")
+
+
 @cli.command("encrypt")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--to", "recipients", multiple=True, required=True, metavar="RECIPIENT",
@@ -328,15 +344,16 @@ def _identity_option() -> Callable[..., Any]:
 @click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
+@_resign_trust_option()
 @_json_option()
 def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
-                    sign_key: str | None, as_json: bool) -> None:
+                    sign_key: str | None, trusted_keys: tuple[str, ...], as_json: bool) -> None:
     """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
     in place and atomically."""
     from .ops._encrypt import encrypt
 
     result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
-                     sign_password=_key_password())
+                     sign_password=_key_password(), trusted_keys=list(trusted_keys))
     _emit(result.to_dict(), as_json, _render_private)
 
 
@@ -349,10 +366,12 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
               help="New file keys for every file (what every rekey does: stated for scripts).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="Sign the rekeyed cube (else it is left unsigned, and said so).")
+@_resign_trust_option()
 @_identity_option()
 @_json_option()
 def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], rotate: bool,
-                  sign_key: str | None, identity: str | None, as_json: bool) -> None:
+                  sign_key: str | None, trusted_keys: tuple[str, ...], identity: str | None,
+                  as_json: bool) -> None:
     """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
     from .ops._encrypt import rekey
 
@@ -360,7 +379,8 @@ def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], 
         raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
                          "CUBEPACK_IDENTITY).")
     result = rekey(cube_dir, identity, add=list(add), remove=list(remove), rotate=rotate,
-                   sign_key=sign_key, sign_password=_key_password())
+                   sign_key=sign_key, sign_password=_key_password(),
+                   trusted_keys=list(trusted_keys))
     _emit(result.to_dict(), as_json, _render_private)
 
 
@@ -898,6 +918,16 @@ def interrupted(args: list[str]) -> int:
     return INTERRUPTED_EXIT
 
 
+def terminated(args: list[str], exc: Terminated) -> int:
+    """A command stopped by SIGTERM: one line on stderr, one JSON object when asked, exit 143."""
+    click.echo(f"error: {exc}", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"ok": False, "error": {
+            "type": "Terminated", "exit_code": Terminated.exit_code, "message": str(exc)},
+            "report": None}, indent=2, sort_keys=True))
+    return Terminated.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes.
 
@@ -905,12 +935,19 @@ def main(argv: list[str] | None = None) -> int:
     error's type, message and exit code, and the verification report when there is one), so a
     script reading stdout always gets JSON.
     """
+    from ._util.ramdir import sigterm_unwinds
+
     args = list(sys.argv[1:] if argv is None else argv)
     _Context.as_json = None
     try:
-        return _run(args)
+        # SIGTERM (kill, timeout, docker stop) unwinds as Ctrl-C does: finally blocks remove
+        # temp files and decrypted RAM folders, then one line and exit 143.
+        with sigterm_unwinds():
+            return _run(args)
     except KeyboardInterrupt:  # while an error was being printed: still one outcome
         return interrupted(args)
+    except Terminated as exc:
+        return terminated(args, exc)
 
 
 def _run(args: list[str]) -> int:

@@ -16,6 +16,10 @@
     ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
     └── HubError                       3  the Hub (or endpoint) refused or failed
 
+Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated`` (a ``BaseException``), raised by
+the SIGTERM handler a RAM folder of plaintext (and the CLI) installs, so ``finally`` blocks
+remove what they must and no ``except Exception`` swallows the stop; the CLI exits 143.
+
 Callers catch a branch (``except cubepack.RefusedError``) or a stdlib base (``except
 ValueError``). Messages are sentences a user can act on: what differed (expected vs found) and
 what to do about it.
@@ -26,7 +30,7 @@ from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
            "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
-           "SignatureError", "UnsafeInputError", "UnsupportedError", "UsageError",
+           "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError", "UsageError",
            "VerificationFailed"]
 
 
@@ -178,3 +182,11 @@ class HubError(CubepackError):
     #: What a script may read besides the message (``--json`` prints it as ``error.details``),
     #: e.g. ``{"stall": {...}}``: the stalled request, its bytes and rate. None: nothing more.
     details: dict[str, _Any] | None = None
+
+
+class Terminated(BaseException):
+    """The process got SIGTERM: unwinding so ``finally`` blocks run (a BaseException, as
+    KeyboardInterrupt is, so no ``except Exception`` or ``except CubepackError`` stops it)."""
+
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+

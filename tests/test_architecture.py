@@ -72,7 +72,8 @@ PUBLIC = {
                        "uninstall"],
     "cubepack.errors": ["CubepackError", "FormatError", "HubError", "IdentityMismatch",
                         "IntegrityError", "Mismatch", "ModelNotFoundError", "RecomputationFailed",
-                        "RefusedError", "SignatureError", "UnsafeInputError", "UnsupportedError",
+                        "RefusedError", "SignatureError", "Terminated", "UnsafeInputError",
+                        "UnsupportedError",
                         "UsageError", "VerificationFailed"],
     "cubepack.testing": ["free_port"],
 }

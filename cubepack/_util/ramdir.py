@@ -9,7 +9,9 @@ Two places, both Linux-only:
 - :func:`ram_folder`: a folder of files for checks that read a whole cube (verify, MemOS's
   loaders, PEFT): a private (0700) folder on a RAM file system (tmpfs at ``/dev/shm``, or
   ``CUBEPACK_RAM_DIR`` when that is a tmpfs or ramfs mount too), removed when the block ends.
-  A process killed by SIGKILL cannot remove it: it stays in RAM until removed or reboot,
+  A SIGTERM while it exists raises :class:`~cubepack.errors.Terminated` (see
+  :func:`sigterm_unwinds`), so the folder is removed as on any error. A process killed by
+  SIGKILL cannot remove it: it stays in RAM until removed or reboot,
   never on a disk; the next ``ram_folder`` of the same user removes folders whose process is
   gone.
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import UnsupportedError
+from ..errors import Terminated, UnsupportedError
 
 #: File systems that keep files in memory only.
 _RAM_FILE_SYSTEMS = ("tmpfs", "ramfs")
@@ -89,17 +93,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # A second SIGTERM must not break the cleanup the first one started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated("terminated (SIGTERM) before the command finished")
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` instead of ending the process at
+    once: Python's default for SIGTERM runs no ``finally``, and a RAM folder of plaintext
+    would outlive the command (as after a SIGKILL). Only where Python may install handlers
+    (the main thread) and only over the default disposition: a handler the program set is
+    its own, and is left alone. The previous disposition comes back on exit."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def ram_folder() -> Iterator[Path]:
-    """A new private folder on a RAM file system, removed (with all it holds) on exit."""
+    """A new private folder on a RAM file system, removed (with all it holds) on exit, also
+    on SIGTERM (see :func:`sigterm_unwinds`)."""
     root = ram_root()
     _remove_stale(root)
-    folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", dir=root))
-    os.chmod(folder, 0o700)  # mkdtemp does; said again because it is the point
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with sigterm_unwinds():
+        folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", dir=root))
+        try:
+            os.chmod(folder, 0o700)  # mkdtemp does; said again because it is the point
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def empty_memory_file(name: str, size: int) -> int:

@@ -69,6 +69,8 @@ class HookReport:
     #: a private cube's recipients (from its decrypted manifest): a dump of it is encrypted to
     #: them again
     private_recipients: list[str] | None = None
+    #: whether that private cube hid its ciphertext names (item ids): its dump hides them too
+    private_hidden_names: bool = False
     #: item -> what the loaded model's recomputation covered (full, positions, total, seed)
     recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: item -> what backs its producer label (kind, basis: proved / signed / claimed)

@@ -399,7 +399,8 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     # encrypted there, and only the ciphertexts copied to ``dir``.
     with ram_folder() as ram:
         dump_cube(self, ram / "cube", memory_types, on_mismatch=on_mismatch)
-        encrypt(ram / "cube", recipients)
+        encrypt(ram / "cube", recipients, hide_names=getattr(
+            self.cubepack, "private_hidden_names", False))
         shutil.copytree(ram / "cube", dir, dirs_exist_ok=True)
 
 

@@ -139,6 +139,7 @@ def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
         cube = _build(opened.folder, clear, policy, **options)
     cube.cubepack.cube_dir = cube_dir
     cube.cubepack.private_recipients = list(opened.manifest["recipients"])
+    cube.cubepack.private_hidden_names = bool(opened.public_lock["encryption"]["hidden_names"])
     return cube
 
 

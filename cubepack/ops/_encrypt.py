@@ -13,7 +13,7 @@ from .._util.paths import resolve_inside
 from ..errors import IntegrityError, UsageError
 from ..format import _fileset as fileset
 from ..trust import _age as age
-from ..trust._signing import check_key
+from ..trust._signing import check_key, check_resigning
 from ._private import EncryptResult, is_private, open_private, write_private
 from ._sign import sign
 from ._verify import verify
@@ -23,22 +23,30 @@ __all__ = ["encrypt", "rekey"]
 
 def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
             hide_names: bool = False, sign_key: str | Path | None = None,
-            sign_password: str | None = None, progress: bool | None = None) -> EncryptResult:
+            sign_password: str | None = None, progress: bool | None = None,
+            trusted_keys: list[str | Path] | tuple = ()) -> EncryptResult:
     """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
     ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
     first (a cube that does not verify is never encrypted), then written whole beside itself and
     swapped in. ``hide_names``: ciphertexts are named ``private/<random>.age``, so file names
-    carry no item id. ``sign_key``: sign the private cube (its public lock: encrypt-then-sign).
+    carry no item id. ``sign_key``: sign the private cube (its public lock: encrypt-then-sign);
+    a clear cube that is already signed must carry a signature that verifies under
+    ``sign_key``'s public half or one of ``trusted_keys`` (a signature is never moved onto
+    content its signer did not sign).
 
     Raises:
         VerificationFailed: the clear cube does not verify.
         UsageError: no or an invalid recipient; the cube is already private (use rekey).
+        SignatureError: ``sign_key`` given and the cube's existing signature does not verify
+            under it (or ``trusted_keys``).
     """
     cube = Path(cube_dir)
     parsed = age.parse_recipients(list(recipients))
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
     report = verify(cube, progress=progress)
+    if sign_key is not None and (cube / constants.SIGNATURE_FILENAME).exists():
+        check_resigning(cube, sign_key, password=sign_password, trusted_keys=trusted_keys)
     lock = report.lock or {}
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
@@ -73,27 +81,37 @@ def _sign(cube: Path, key: str | Path, password: str | None) -> None:
 def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
           add: list[str] | tuple[str, ...] = (), remove: list[str] | tuple[str, ...] = (),
           rotate: bool = False, sign_key: str | Path | None = None,
-          sign_password: str | None = None) -> EncryptResult:
+          sign_password: str | None = None,
+          trusted_keys: list[str | Path] | tuple = ()) -> EncryptResult:
     """Change a private cube's recipients: decrypt it in memory with ``identity``, then write
     every file again encrypted to the new set (``add``, minus ``remove``), in place and
     atomically, with the same clear content and the same ciphertext names.
 
     Every rekey draws new file keys (the age binding used does not expose a file key, so a
-    header cannot be rewritten around the old one); ``rotate`` is accepted and states this.
+    header cannot be rewritten around the old one); ``rotate`` alone re-encrypts to the same
+    recipients under new file keys.
     Removing a recipient does not revoke what they already downloaded. The files change, so
     a push uploads them again; the old signature no longer covers them: ``sign_key`` signs
-    the new cube, else it is left unsigned (its signing files removed) and said so.
+    the new cube, else it is left unsigned (its signing files removed) and said so. The
+    signer never sees the plaintext it signs, so the cube's current signature must verify
+    under ``sign_key``'s public half or one of ``trusted_keys`` first (an unsigned cube or a
+    replaced one is refused: anyone who can push can swap it).
 
     Raises:
         UsageError: nothing to change, or no recipient left.
         DecryptionFailed: ``identity`` is not a recipient.
+        SignatureError: ``sign_key`` given and the current signature does not verify under
+            it (or ``trusted_keys``); nothing was decrypted or written.
     """
     cube = Path(cube_dir)
-    if not add and not remove:
-        raise UsageError("Nothing to change: pass --add RECIPIENT and/or --remove RECIPIENT.")
+    if not add and not remove and not rotate:
+        raise UsageError("Nothing to change: pass --add RECIPIENT and/or --remove RECIPIENT "
+                         "(or --rotate for new file keys with the same recipients).")
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
     report = verify(cube)  # intact ciphertexts before anything is decrypted
+    if sign_key is not None:
+        check_resigning(cube, sign_key, password=sign_password, trusted_keys=trusted_keys)
     added = age.parse_recipients(list(add)) if add else []
     removed = {r.text for r in age.parse_recipients(list(remove))} if remove else set()
     with open_private(cube, identity, public_lock=report.lock) as opened:

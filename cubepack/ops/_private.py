@@ -158,7 +158,9 @@ def _memory_kinds(lock: dict[str, Any], cipher_of: dict[str, str]) -> dict[str, 
         kind = "activation" if clear in activations else "parametric" if clear in adapters \
             else "other"
         kinds[kind].append(cipher)
-    return {kind: names for kind, names in kinds.items() if names}
+    # Listed in the ciphertext names' own order: with hidden names, the clear names' order
+    # would tell how the hidden item ids sort (and which file is the lock or the config).
+    return {kind: sorted(names) for kind, names in kinds.items() if names}
 
 
 def _entry(path: Path) -> dict[str, Any]:

@@ -20,7 +20,14 @@ from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from .._util.quiet import terminal_bars
-from ..errors import CubepackError, IntegrityError, ModelNotFoundError, VerificationFailed
+from ..errors import (
+    CubepackError,
+    IntegrityError,
+    ModelNotFoundError,
+    UnsafeInputError,
+    UsageError,
+    VerificationFailed,
+)
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
@@ -35,6 +42,7 @@ from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
 from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 from ..memos_format._layout import memos_config_problems
+from ..trust import _age as age
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
@@ -105,6 +113,8 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     report = VerifyReport(cube_dir)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
+    if lock is not None and decrypt_with is not None and is_private(lock):
+        _check_identity(report, decrypt_with)
     if lock is not None:
         report.lock = lock
         report.intact, good = _check_files(report, lock, progress, hashed)
@@ -119,7 +129,16 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
             checkpoint("the signature and attestations")
-            if is_private(lock):
+            failed_trust = sorted({c.name for c in report.checks
+                                   if c.name in _TRUST_CHECKS and c.ok is False})
+            if is_private(lock) and decrypt_with is not None and failed_trust:
+                # SECURITY.md: refused before anything is decrypted. The sender the policy
+                # asked to authenticate was not: the reader's key never opens their bytes.
+                report.add("private", "*", None,
+                           f"not decrypted: the {' and '.join(failed_trust)} check the policy "
+                           "requires failed, so nothing in the cube was opened with "
+                           f"{Path(decrypt_with).name}.")
+            elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
             elif lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
@@ -134,6 +153,18 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
+
+
+def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> None:
+    """The reader's own key file, before any check of the cube: a typo or a key others can
+    read is the reader's mistake (UsageError, UnsafeInputError), never a refused cube."""
+    try:
+        age.load_identities(identity)
+    except (UsageError, UnsafeInputError) as exc:
+        report.add("private", "*", False, f"not decrypted: {exc}")
+        report.finish(f"not run: the identity file {identity} cannot be used", [])
+        exc.report = report  # type: ignore[attr-defined] - the CLI's --json carries it
+        raise
 
 
 def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
@@ -152,6 +183,8 @@ def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy
 
 #: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
 _PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
+#: Checks of who sent the cube: when one the policy required fails, nothing is decrypted.
+_TRUST_CHECKS = ("signature", "attestation", "lineage")
 
 
 def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,

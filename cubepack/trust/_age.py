@@ -22,6 +22,8 @@ Every error here names the file, never its bytes; an identity file's content is 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import stat
 from dataclasses import dataclass
@@ -205,6 +207,8 @@ def decrypt_to(data: Any, identities: list[Any], what: str,
     """Decrypt the age file ``data`` into ``allocate(size)`` (a writable buffer the caller
     owns: a memory file's map, a bytearray) when an X25519 identity opens it (the fast path);
     else (SSH identities) return the plaintext pyrage decrypted. See :func:`decrypt`."""
+    if bytes(data[:len(_ARMOR_BEGIN) + 8]).lstrip().startswith(_ARMOR_BEGIN):
+        data = _dearmor(data, what)
     if not bytes(data[:len(AGE_MAGIC)]) == AGE_MAGIC:
         raise FormatError(f"{what} is not an age file (it does not start with "
                           "'age-encryption.org/v1').")
@@ -222,6 +226,29 @@ def decrypt_to(data: Any, identities: list[Any], what: str,
             raise _not_a_recipient(what, identities) from None
         raise RefusedError(f"{what} could not be decrypted: {exc} (its ciphertext is "
                            "damaged or was tampered with).") from None
+
+
+_ARMOR_BEGIN = b"-----BEGIN AGE ENCRYPTED FILE-----"
+_ARMOR_END = b"-----END AGE ENCRYPTED FILE-----"
+
+
+def _dearmor(data: Any, what: str) -> bytes:
+    """The binary age file inside age's ASCII armor (``age -a``; the spec's strict PEM: base64
+    lines of 64 columns, the last one shorter, LF or CRLF, whitespace around the block),
+    refused when it is anything looser, as age refuses it."""
+    lines = bytes(data).strip().replace(b"\r\n", b"\n").split(b"\n")
+    body = lines[1:-1]
+    well_formed = (len(lines) >= 2 and lines[0] == _ARMOR_BEGIN and lines[-1] == _ARMOR_END
+                   and all(len(line) == 64 for line in body[:-1])
+                   and (not body or 0 < len(body[-1]) <= 64))
+    if well_formed:
+        try:
+            return base64.b64decode(b"".join(body), validate=True)
+        except binascii.Error:
+            pass
+    raise FormatError(f"{what} is not a well-formed armored age file (the base64 between "
+                      "its BEGIN and END lines is malformed); encrypt it again, or without "
+                      "--armor.")
 
 
 def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:

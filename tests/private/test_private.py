@@ -86,8 +86,11 @@ def test_an_identity_file_readable_by_others_is_refused(packed, tmp_path, agekey
     with pytest.raises(UnsafeInputError, match="chmod 600"):
         with open_private(cube, loose):
             pass
-    report = cubepack.verify(cube, decrypt_with=loose, raise_on_failure=False)
-    assert not report.ok
+    # The reader's own key file is at fault, not the cube: typed so, even when failures are
+    # returned rather than raised, and before any check of the cube (issue #32).
+    with pytest.raises(UnsafeInputError, match="chmod 600") as refused:
+        cubepack.verify(cube, decrypt_with=loose, raise_on_failure=False)
+    assert not refused.value.report.ok
 
 
 def test_hidden_names_carry_no_item_id(packed, tmp_path, agekeys):
@@ -138,6 +141,25 @@ def test_rekey_adds_and_removes_recipients(packed, tmp_path, agekeys):
     assert not report.ok
     with pytest.raises(UsageError, match="nobody can open"):
         rekey(cube, agekeys["bob"][0], remove=[agekeys["bob"][1]])
+
+
+def test_rekey_re_signs_only_a_signature_it_can_check(packed, tmp_path, agekeys):
+    pytest.importorskip("model_signing")
+    from cubepack.errors import SignatureError
+
+    owner, owner_pub = make_key(tmp_path, "owner")
+    other, other_pub = make_key(tmp_path, "other")
+    cube = private_copy(packed, tmp_path, agekeys, sign_key=owner)
+    with pytest.raises(SignatureError, match="--trusted-key"):
+        rekey(cube, agekeys["alice"][0], add=[agekeys["bob"][1]], sign_key=other)
+    result = rekey(cube, agekeys["alice"][0], add=[agekeys["bob"][1]], sign_key=other,
+                   trusted_keys=[owner_pub])
+    assert result.signed_with == str(other)
+    assert cubepack.verify(cube, trusted_keys=[other_pub]).ok
+    rekey(cube, agekeys["alice"][0], rotate=True, sign_key=other)  # its own signature: fine
+    rekey(cube, agekeys["alice"][0], rotate=True)  # unsigned now
+    with pytest.raises(SignatureError, match="unsigned"):
+        rekey(cube, agekeys["alice"][0], rotate=True, sign_key=other)
 
 
 def test_pack_migrate_and_upgrade_never_rebuild_a_private_cube_as_a_clear_one(packed, tmp_path,
