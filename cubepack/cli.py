@@ -7,12 +7,14 @@ line; ``--debug`` adds the traceback. Heavy libraries are imported inside each c
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -942,12 +944,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # SIGTERM (kill, timeout, docker stop) unwinds as Ctrl-C does: finally blocks remove
         # temp files and decrypted RAM folders, then one line and exit 143.
-        with sigterm_unwinds():
+        with sigterm_unwinds(), _ctrl_c_remembered():
             return _run(args)
     except KeyboardInterrupt:  # while an error was being printed: still one outcome
         return interrupted(args)
     except Terminated as exc:
         return terminated(args, exc)
+
+
+#: Set when a Ctrl-C reached this process during a command. A library may turn the
+#: KeyboardInterrupt it raised into an error of its own (transformers' lazy imports re-raise it
+#: as "Could not import module ..."): an error after a Ctrl-C is still the interruption.
+_CTRL_C = threading.Event()
+
+
+@contextlib.contextmanager
+def _ctrl_c_remembered() -> Iterator[None]:
+    import signal
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield  # someone else handles Ctrl-C here (a test runner, an embedding program)
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        _CTRL_C.set()
+        raise KeyboardInterrupt
+
+    _CTRL_C.clear()
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run(args: list[str]) -> int:
@@ -966,6 +996,8 @@ def _run(args: list[str]) -> int:
             _emit_error(UsageError(exc.format_message()))
         return 2
     except CubepackError as exc:
+        if _CTRL_C.is_set():  # an error a Ctrl-C caused (see _CTRL_C)
+            return interrupted(args)
         if _Context.debug:
             traceback.print_exc()
         report = getattr(exc, "report", None)
@@ -976,6 +1008,8 @@ def _run(args: list[str]) -> int:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if _CTRL_C.is_set():  # an error a Ctrl-C caused (see _CTRL_C)
+            return interrupted(args)
         if _Context.debug:
             traceback.print_exc()
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the "

@@ -102,3 +102,25 @@ def test_ctrl_c_at_any_import_is_one_line_and_130(tmp_path, module, args, as_jso
     else:
         assert done.stdout == ""
     assert not (tmp_path / "cube").exists()
+
+
+def test_an_error_a_ctrl_c_caused_is_still_the_interruption(tmp_path):
+    """transformers' lazy imports re-raise a KeyboardInterrupt as "Could not import module
+    ...": after a Ctrl-C, any error is reported as the interruption (one line, 130), never as
+    an unexpected error (exit 3) - the new-user trial saw it once in ~60 interrupted pulls."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import cubepack.cli as cli\n"
+        "def swallowing(*args, **kwargs):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    except KeyboardInterrupt as exc:  # as a library's import machinery does\n"
+        "        raise ModuleNotFoundError(\"Could not import module 'X'\") from exc\n"
+        "cli.cli.commands['inspect'].callback = swallowing\n"
+        f"sys.exit(cli.main(['inspect', {str(script)!r}, '--json']))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 130, done.stderr
+    assert json.loads(done.stdout)["error"]["type"] == "Interrupted"
+    assert done.stderr.strip() == "error: interrupted (Ctrl-C) before the command finished"
