@@ -144,7 +144,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
             else:
-                _check_models(report, lock, policy.model)
+                _check_models(report, lock, policy.model, recompute=policy.recompute)
             if not is_private(lock):
                 _check_clear(report, lock, policy)
     asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
@@ -197,7 +197,7 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
         ("recompute", policy.recompute), ("provenance", policy.require_provenance),
         ("embedder", policy.embedder)) if asked]
     if identity is None:
-        _check_models(report, lock, policy.model)
+        _check_models(report, lock, policy.model, recompute=policy.recompute)
         if policy.strict_models:
             require_checked_models(report)
         counts = lock["encryption"]["counts"]
@@ -489,7 +489,8 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
         report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
 
 
-def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
+def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any, *,
+                  recompute: bool = False) -> None:
     if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
         report.add("model identity", "*", None, "skipped: the cube pins no producer (it holds "
                    "no activations)")
@@ -540,11 +541,12 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
             if model is None or isinstance(model, (str, Path)):
                 # A folder's bytes were fingerprinted as run in the pinned dtype: what it runs
                 # in is a setting, not in its files, so that field is the pin's own word.
+                advice = ("--recompute ran it in that dtype: see the recompute check"
+                          if recompute else "verify with the loaded model, or --recompute, "
+                          "which runs it in that dtype")
                 report.add("model identity", f"{subject} dtype", True,
                            f"not proved: a folder does not say which dtype it runs in; the "
-                           f"pin says {pinned.dtype} (verify with the loaded model, or "
-                           "--recompute, which runs it in that dtype)", role=role,
-                           basis=CLAIMED)
+                           f"pin says {pinned.dtype} ({advice})", role=role, basis=CLAIMED)
         if adapters_mod.is_adapter_role(role):
             _check_adapter_base(report, lock, role, base)
 

@@ -226,3 +226,16 @@ def test_a_model_that_does_not_exist_is_the_callers_mistake_not_the_cubes(cube, 
     (the new-user trial: it said "REFUSED ... rebuild it" and exited 1)."""
     with pytest.raises(cubepack.ModelNotFoundError, match="typo-model"):
         cubepack.verify(cube, model=str(tmp_path / "typo-model"))
+
+
+def test_the_dtype_line_gives_no_advice_already_followed(cube, zoo):
+    """The folder's dtype stays the pin's claim, but after --recompute the line no longer asks
+    for --recompute (the new-user trial: advice already followed)."""
+    def dtype_line(report):
+        [check] = [c for c in report.checks if c.subject.endswith(" dtype")]
+        return check.detail
+
+    assert "or --recompute" in dtype_line(cubepack.verify(cube, model=str(zoo["a"])))
+    after = dtype_line(cubepack.verify(cube, model=str(zoo["a"]), recompute=True,
+                                       raise_on_failure=False))  # its caches lack token ids
+    assert "--recompute ran it in that dtype" in after and "not proved" in after
