@@ -332,8 +332,9 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     if is_private(lock):
-        report.add("kv header", "*", None, "skipped here: a private cube's KV files are "
-                   "encrypted (with an identity they are checked once decrypted, below)")
+        for name in ("kv header", "kv checksums"):
+            report.add(name, "*", None, "skipped here: a private cube's KV files are "
+                       "encrypted (with an identity they are checked once decrypted, below)")
     elif not lock["activations"]:
         report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):

@@ -49,6 +49,10 @@ def test_verify_without_a_key_checks_structure_and_says_what_it_did_not(packed, 
     report = cubepack.verify(cube)
     [private] = [c for c in report.checks if c.name == "private"]
     assert report.ok and private.ok is None and "--identity" in private.detail
+    # Each check it could not run says why: the KV files are encrypted (not "failed above").
+    for name in ("kv header", "kv checksums"):
+        [skipped] = [c for c in report.checks if c.name == name]
+        assert skipped.ok is None and "encrypted" in skipped.detail, skipped
     with pytest.raises(VerificationFailed, match="recompute"):
         cubepack.verify(cube, recompute=True)
 
