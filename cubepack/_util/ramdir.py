@@ -158,11 +158,7 @@ def memory_file(data: bytes, name: str = "cubepack-private") -> tuple[int, Path]
     Raises:
         UnsupportedError: no ``memfd_create`` here (not Linux).
     """
-    if not hasattr(os, "memfd_create"):
-        raise UnsupportedError("Loading a private file decrypts it to an anonymous memory file "
-                               "(memfd_create), which this system lacks; cubepack never writes "
-                               "the plaintext to a disk.")
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    fd = empty_memory_file(name, 0)  # the one place that makes (or refuses) a memory file
     try:
         view = memoryview(data)
         while view:
