@@ -365,7 +365,8 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
 @click.option("--remove", multiple=True, metavar="RECIPIENT",
               help="Recipient to remove (repeatable); it keeps what it already downloaded.")
 @click.option("--rotate", is_flag=True,
-              help="New file keys for every file (what every rekey does: stated for scripts).")
+              help="New file keys for every file (every rekey draws them; alone, or when the "
+                   "recipients stay the same, it is what asks for them).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="Sign the rekeyed cube (else it is left unsigned, and said so).")
 @_resign_trust_option()

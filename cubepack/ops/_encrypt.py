@@ -98,7 +98,8 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     replaced one is refused: anyone who can push can swap it).
 
     Raises:
-        UsageError: nothing to change, or no recipient left.
+        UsageError: nothing to change (no option, or every added recipient is one already,
+            without ``rotate``), or no recipient left.
         DecryptionFailed: ``identity`` is not a recipient.
         SignatureError: ``sign_key`` given and the current signature does not verify under
             it (or ``trusted_keys``); nothing was decrypted or written.
@@ -127,6 +128,11 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         if not kept:
             raise UsageError("Removing every recipient would leave a cube nobody can open; add "
                              "one (--add) in the same rekey.")
+        if set(kept) == set(current) and not rotate:
+            # Rewriting every file would only re-upload the whole cube on the next push.
+            raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
+                             "would stay as they are; nothing was written. Pass --rotate to "
+                             "re-encrypt to them under new file keys.")
         names = opened.manifest["names"]
         folder = opened.folder
         # The staging folder holds no signing files: the old signature, which cannot cover

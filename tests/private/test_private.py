@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,21 @@ def test_rekey_adds_and_removes_recipients(packed, tmp_path, agekeys):
     assert not report.ok
     with pytest.raises(UsageError, match="nobody can open"):
         rekey(cube, agekeys["bob"][0], remove=[agekeys["bob"][1]])
+
+
+def test_rekey_that_changes_no_recipient_writes_nothing(packed, tmp_path, agekeys):
+    """Adding a recipient the cube already has would rewrite every file (and re-upload the
+    whole cube on the next push) for nothing: refused, the cube untouched; --rotate is the way
+    to new file keys for the same readers."""
+    cube = private_copy(packed, tmp_path, agekeys, "alice")
+    before = {p.relative_to(cube): p.read_bytes() for p in cube.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match=r"1 recipient\(s\) would stay as they are.*--rotate"):
+        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]])
+    with pytest.raises(UsageError, match="would stay as they are"):  # add and remove the same
+        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], remove=[agekeys["alice"][1]])
+    assert {p.relative_to(cube): p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
+    rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], rotate=True)
+    assert (cube / fileset.PRIVATE_MANIFEST).read_bytes() != before[Path(fileset.PRIVATE_MANIFEST)]
 
 
 def test_rekey_re_signs_only_a_signature_it_can_check(packed, tmp_path, agekeys):
