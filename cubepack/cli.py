@@ -410,10 +410,20 @@ def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str
     _emit(report.to_dict(), as_json, _render_report)
 
 
+#: A private cube's report in two parts, so a check on ciphertexts never reads as one on
+#: the plaintext (or the reverse).
+_SCOPES = {"public": "-- public: what anyone can check (ciphertexts, public lock, signature) --",
+           "decrypted": "-- decrypted in memory: checks of the plaintext --"}
+
+
 def _render_report(data: dict[str, Any]) -> str:
     marks = {True: "ok  ", False: "FAIL", None: "skip"}
     lines = []
+    scope = None
     for check in data["checks"]:
+        if check.get("scope") != scope and check.get("scope") in _SCOPES:
+            scope = check["scope"]
+            lines.append(_SCOPES[scope])
         basis = f"[{check['basis']}]" if check.get("basis") else ""
         line = (f"{marks[check['ok']]} {check['check']:<15} {basis:<9} {check['subject']}: "
                 f"{check['detail']}")

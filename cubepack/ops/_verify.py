@@ -150,6 +150,11 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
+    if lock is not None and is_private(lock):
+        for check in report.checks:  # what anyone can check, beside what the key opened
+            check.scope = check.scope or "public"
+        # Two parts, each in the checks' own order: the public pass, then the decrypted one.
+        report.checks.sort(key=lambda check: check.scope == "decrypted")
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
@@ -223,11 +228,13 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
     report.add("private", "*", True, f"decrypted in memory with {Path(identity).name}: "
                f"{len(opened.manifest['names'])} ciphertexts, each the plaintext its manifest "
                "records; the public lock agrees with the private one")
+    report.checks[-1].scope = "decrypted"  # heads the checks run on the plaintext
     for check in inner.checks:
         if check.name in _PUBLIC_ONLY:
             continue
         check.detail = check.detail.replace(folder, str(report.cube_dir))
         check.subject = check.subject.replace(folder, str(report.cube_dir))
+        check.scope = "decrypted"
         report.checks.append(check)
     report.provenance = inner.provenance
     report.private_lock = inner.lock

@@ -47,6 +47,10 @@ class Check:
     found: Any = None
     role: str | None = None
     basis: Basis | None = None
+    #: For a private cube: ``public`` (checked on what anyone holds: ciphertexts, public lock,
+    #: signature) or ``decrypted`` (checked on the plaintext opened in memory with an
+    #: identity); None for a clear cube. Reports group the two so neither reads as the other.
+    scope: str | None = None
 
     def __post_init__(self) -> None:
         if self.basis is None and self.ok is not None:
@@ -55,7 +59,7 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
                 "expected": self.expected, "found": self.found,
-                "basis": None if self.basis is None else str(self.basis)}
+                "basis": None if self.basis is None else str(self.basis), "scope": self.scope}
 
     def __str__(self) -> str:
         text = f"{self.name} {self.subject}: {self.detail.rstrip('.')}"

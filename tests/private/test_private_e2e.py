@@ -187,6 +187,13 @@ def test_the_cli_packs_encrypts_verifies_and_rekeys(packed, tmp_path, agekeys):
     done = cli_in_process(["verify", cube, "--json"], env=env, cwd=tmp_path)
     checks = json.loads(done.stdout)["checks"]
     assert done.returncode == 0 and [c["ok"] for c in checks if c["check"] == "private"] == [True]
+    # Every check says what it was run on: the public ciphertexts, or the decrypted plaintext.
+    assert [c["scope"] for c in checks if c["check"] == "private"] == ["decrypted"]
+    assert {c["scope"] for c in checks} == {"public", "decrypted"}
+    assert [c["scope"] for c in checks if c["check"] == "sha256"] == ["public", "decrypted"]
+    text = cli_in_process(["verify", cube], env=env, cwd=tmp_path).stdout
+    public, decrypted = text.index("-- public:"), text.index("-- decrypted in memory:")
+    assert public < text.index("sha256") < decrypted < text.rindex("sha256"), text
     done = cli_in_process(["rekey", cube, "--add", agekeys["bob"][1]], env=env, cwd=tmp_path)
     assert done.returncode == 0 and "unsigned" in done.stdout, done.stdout + done.stderr
     recipients = tmp_path / "keys.txt"  # a GitHub-style keys file: one key a line
