@@ -11,7 +11,6 @@ cubepack writes verifies.
 
 from __future__ import annotations
 
-import io
 import pickle
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -107,20 +106,23 @@ def pickle_evidence(path: Path, name: str) -> str | None:
         except (zipfile.BadZipFile, OSError, ValueError):
             pass
         return "is a zip archive; cubes must not carry archives"
-    if path.stat().st_size <= MAX_TEXT_BYTES and is_pickle_stream(path.read_bytes()):
+    if path.stat().st_size <= MAX_TEXT_BYTES and is_pickle_file(path):
         return "is a pickle opcode stream (protocol 0/1, no header); cubes must not carry pickles"
     return None
 
 
-def is_pickle_stream(data: bytes) -> bool:
-    """True when ``pickle.load`` would read ``data`` to the end of a pickle (STOP). Decided by
-    CPython's own unpickler run dry: every global it asks for is an inert stand-in that records
-    nothing and calls nothing, so no code runs, and the loader's own leniency (``I0x1``, which
-    ``pickletools`` rejects but ``pickle.load`` accepts) is the rule, not a guess at it."""
-    try:
-        _DryUnpickler(io.BytesIO(data)).load()
-    except Exception:  # noqa: BLE001 - pickle.load would fail too: not a pickle
-        return False
+def is_pickle_file(path: Path) -> bool:
+    """True when ``pickle.load`` would read the file at ``path`` to the end of a pickle (STOP).
+    Decided by CPython's own unpickler run dry: every global it asks for is an inert stand-in
+    that records nothing and calls nothing, so no code runs, and the loader's own leniency
+    (``I0x1``, which ``pickletools`` rejects but ``pickle.load`` accepts) is the rule, not a
+    guess at it. It reads from the file as it goes: a file that is no pickle fails within its
+    first bytes, so a large tensor file is not read whole (bench/pull.py)."""
+    with open(path, "rb") as handle:
+        try:
+            _DryUnpickler(handle).load()
+        except Exception:  # noqa: BLE001 - pickle.load would fail too: not a pickle
+            return False
     return True
 
 
