@@ -254,6 +254,9 @@ def kv_caches(layers: list[tuple[Any, Any, int]]) -> list[Any]:
     return caches
 
 
+_REFERENCES: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, float32 copy)
+
+
 class MLXRuntime:
     """:class:`cubepack.kv._recompute.TorchRuntime`'s counterpart for an MLX model: the same
     checks, with MLX computing the prefill and the probe logits."""
@@ -267,14 +270,38 @@ class MLXRuntime:
     def vocab_size(self) -> int:
         return int(self.model.args.vocab_size)
 
-    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+    def prefill(self, ids: list[int]) -> tuple[list[tuple], Any]:
+        """(layers, ``[1, vocab]`` float32 logits of the last position)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model)
-        mx.eval(self.model(mx.array([ids]), cache=cache))
-        return [(FULL, layer.offset, to_torch(layer.keys[..., :layer.offset, :]),
-                 to_torch(layer.values[..., :layer.offset, :])) for layer in cache]
+        logits = self.model(mx.array([ids]), cache=cache)[:, -1].astype(mx.float32)
+        mx.eval(logits)
+        return ([(FULL, layer.offset, to_torch(layer.keys[..., :layer.offset, :]),
+                  to_torch(layer.values[..., :layer.offset, :])) for layer in cache],
+                to_torch(logits))
+
+    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+        return self.prefill(ids)[0]
+
+    def reference(self) -> "MLXRuntime | None":
+        """This model in float32, the reference the dtype's noise is measured against (None
+        when it already computes in float32): a copy made once per model."""
+        import copy
+
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        dtype = next(value.dtype for _, value in tree_flatten(self.model.parameters()))
+        if dtype == mx.float32:
+            return None
+        if id(self.model) not in _REFERENCES:
+            reference = copy.deepcopy(self.model)
+            reference.set_dtype(mx.float32)
+            _REFERENCES.clear()  # one model at a time: a float32 copy is large
+            _REFERENCES[id(self.model)] = (self.model, reference)
+        return MLXRuntime(_REFERENCES[id(self.model)][1])
 
     def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
         import mlx.core as mx
