@@ -17,8 +17,10 @@ position free and with each single position free, against:
   0.25, float16 0.03, float32 1e-4) and random-probe logits within 0.25 / 0.03 / 1e-5 of the
   largest logit (the rule this issue replaced, kept as ``compare_layer_wide`` for llama.cpp);
 - **the new bound** (``cubepack.kv._recompute``): each position of each layer within 16x the
-  dtype's noise measured there against a float32 recomputation (plus a floor), random and
-  greedy-continuation probes within the same rule on logits.
+  dtype's noise measured there against a float32 recomputation in its largest element and 8x
+  in its norm (plus floors), random and greedy-continuation probes within the same rule on
+  logits. The attacker knows the bound and projects onto it (the box, then each position's
+  norm ball).
 
 Printed per dtype: answers counted, attacks that flip one *and pass* under each bound (goal:
 >= 80% of answers under today's, 0 under the new), honest caches passing (another attention
@@ -68,6 +70,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 prompts, 10 steps (CI)")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30, help="attacker's gradient steps")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated")
+    parser.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
     args = parser.parse_args()
     prompts, steps = (4, 10) if args.quick else (args.prompts, args.steps)
     torch.manual_seed(0)
@@ -83,9 +87,10 @@ def main() -> None:
         print(f"model: Llama, 2 layers, hidden 64 (cubepack.testing.tiny); {prompts} prompts of "
               f"{MEMORY} tokens + a {QUESTION}-token question; attacker: {steps} steps, every "
               f"position and each single position (torch {torch.__version__})")
-        for dtype in DTYPES:
+        for dtype in args.dtypes.split(","):
             _attack_dtype(folder, dtype, cases, steps)
-        _cost(root, quick=args.quick)
+        if not args.no_cost:
+            _cost(root, quick=args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -94,10 +99,13 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int) -> None:
     started = time.perf_counter()
     model = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="eager")
     other_kernel = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    reference = load_causal_lm(folder, dtype=torch.float32, attn_implementation="eager")
+    runtime = TorchRuntime(model)
+    # The float32 recomputation of the same model (its weights as the dtype holds them): the
+    # verifier's reference, and the attacker's surrogate for gradients (autograd in bfloat16
+    # or float16 runs ~100x slower on a CPU); every flip is judged by the dtype's own model.
+    reference = runtime.reference().model if runtime.reference() is not None else model
     for module in (model, other_kernel, reference):
         module.requires_grad_(False)
-    runtime = TorchRuntime(model)
     counted = honest = 0
     control_flipped, new_passing_flips, new_flips_refused = 0, 0, 0
     margins: list[float] = []
@@ -105,21 +113,29 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int) -> None:
         fresh = Prefill.of(runtime, memory)
         honest += check_layers(runtime, fresh, TorchRuntime(other_kernel).prefill_layers(memory),
                                dtype, "honest", seed=number).ok
-        answer = _answer(model, reference, fresh, question)
-        if answer is None:
+        found = _answer(model, reference, fresh, question)
+        if found is None:
             continue  # the dtype's noise alone could decide it: not an answer the proof owns
+        answer, noise = found
         counted += 1
-        old = _attack(model, fresh, question, answer, dtype, steps, new=False, scales=(0.95,))
+        old = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=False,
+                      scales=(0.95,))
         control_flipped += any(flip and _old_check(runtime, fresh, cand, dtype, number)
                                for flip, cand in old[0.95])
-        new = _attack(model, fresh, question, answer, dtype, steps, new=True, scales=SCALES)
+        new = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=True,
+                      scales=SCALES)
         for scale in SCALES:
-            for flip, cand in new[scale]:
+            for which, (flip, cand) in enumerate(new[scale]):
                 if flip:
                     ok = check_layers(runtime, fresh, cand, dtype, "attack", seed=number).ok
                     new_passing_flips += ok
+                    if ok:
+                        print(f"  passing flip: prompt {number}, scale {scale}, "
+                              f"{'every position' if which == 0 else f'position {which - 1}'}",
+                              flush=True)
                     new_flips_refused += not ok
         margins.append(next((s for s in SCALES if any(f for f, _ in new[s])), float("inf")))
+        print(f"  [{dtype} prompt {number}: {time.perf_counter() - started:.0f} s]", flush=True)
     print(f"\n{dtype}: {counted} of {len(cases)} answers counted (the honest cache and float32 "
           f"agree beyond the noise); honest caches (SDPA checked by eager) passing: "
           f"{honest}/{len(cases)}")
@@ -148,7 +164,7 @@ def _answer(model, reference, fresh: Prefill, question: list[int]) -> int | None
         return None
     if float(top.values[0] - top.values[1]) <= noise or float(theirs.topk(2).values.diff().abs()) <= noise:
         return None
-    return int(top.indices[0])
+    return int(top.indices[0]), noise
 
 
 def _logits(model, layers, tokens, grad: bool = False):
@@ -170,9 +186,11 @@ def _steps_logits(model, layers, tokens):
     return forward(model, torch.tensor([tokens] * batch), cache).logits.float()
 
 
-def _attack(model, fresh: Prefill, question, answer, dtype, steps, *, new: bool, scales):
+def _attack(model, surrogate, fresh: Prefill, question, answer, noise, dtype, steps, *,
+            new: bool, scales):
     """A projected sign-gradient search, batched: for each scale, one candidate with every
-    position free and one per single position. Returns {scale: [(flips, layers), ...]}."""
+    position free and one per single position; gradients from ``surrogate`` (the float32
+    model), flips judged by ``model``. Returns {scale: [(flips, layers), ...]}."""
     layers, length = fresh.layers, len(fresh.ids)
     masks = torch.zeros(1 + length, length)
     masks[0] = 1
@@ -180,24 +198,28 @@ def _attack(model, fresh: Prefill, question, answer, dtype, steps, *, new: bool,
     batch = len(scales) * (1 + length)
     scale_of = torch.tensor([s for s in scales for _ in range(1 + length)])
     mask = masks.repeat(len(scales), 1)  # [batch, positions]
-    budgets, bases, deltas = [], [], []
+    budgets, norms, bases, deltas = [], [], [], []
     references = fresh.reference_layers or [None] * len(layers)
     for (_, _, keys, values), ref in zip(layers, references):
         for index, tensor in ((2, keys), (3, values)):
             base = tensor.float().expand(batch, *tensor.shape[1:]).clone()
             if new:  # the verifier's own rule: the attacker knows the model and the bound
-                per = position_bound(tensor, None if ref is None else ref[index], dtype)
+                per, norm = position_bound(tensor, None if ref is None else ref[index], dtype)
                 budget = per[None, None, :, None] * torch.ones_like(base)
+                norm = norm[None, :] * scale_of[:, None]
             else:
                 budget = TOLERANCE[dtype] * tensor.float().abs().max() * torch.ones_like(base)
+                norm = torch.full((batch, length), torch.inf)
             budget = budget * scale_of[:, None, None, None] * mask[:, None, :, None]
             budgets.append(budget)
+            norms.append(norm)
             bases.append(base)
             deltas.append(torch.zeros_like(base, requires_grad=True))
     greedy = _greedy_tokens(model, fresh)
-    honest_greedy = _steps_logits(model, layers, greedy).detach()[0]
+    with torch.no_grad():
+        honest_greedy = _steps_logits(surrogate, layers, greedy)[0]
     greedy_bound = step_bound(honest_greedy, _reference_steps(fresh, greedy), dtype)
-    honest_answer = _logits(model, layers, [question])[0]
+    honest_answer = _logits(surrogate, layers, [question])[0]
     top2 = honest_answer.topk(2).values
     honest_margin = float(top2[0] - top2[1])
     rng = random.Random(1)
@@ -210,23 +232,30 @@ def _attack(model, fresh: Prefill, question, answer, dtype, steps, *, new: bool,
 
     for _ in range(steps):
         candidate = build()
-        logits = _logits(model, candidate, [question], grad=True)
+        logits = _logits(surrogate, candidate, [question], grad=True)
         others = logits.clone()
         others[:, answer] = -torch.inf
         margin = (logits[:, answer] - others.max(-1).values) / honest_margin
         with torch.enable_grad():
-            stealth = _stealth(model, candidate, layers, greedy, honest_greedy, greedy_bound,
+            stealth = _stealth(surrogate, candidate, layers, greedy, honest_greedy, greedy_bound,
                                dtype, new, rng)
         loss = (margin + stealth).sum()
         grads = torch.autograd.grad(loss, deltas)
         with torch.no_grad():
-            for delta, grad, budget in zip(deltas, grads, budgets):
+            for delta, grad, budget, norm in zip(deltas, grads, budgets, norms):
                 delta -= budget / 4 * grad.sign()
                 delta.copy_(torch.maximum(torch.minimum(delta, budget), -budget))
+                # then into the norm ball of each position (scaling keeps it in the box)
+                size = delta.pow(2).sum(dim=(1, 3)).sqrt()  # [batch, positions]
+                shrink = (norm / size.clamp(min=1e-30)).clamp(max=1.0)
+                delta.mul_(shrink[:, None, :, None])
     with torch.no_grad():
         final = [(kind, total, k.to(getattr(torch, dtype)), v.to(getattr(torch, dtype)))
                  for kind, total, k, v in build()]
-        flipped = _logits(model, final, [question]).argmax(-1) != answer
+        # A flip counts when another token beats the answer by more than the measured noise
+        # (a tie within it is what the dtype itself may do).
+        logits = _logits(model, final, [question])
+        flipped = logits.max(-1).values - logits[:, answer] > noise
     result = {}
     for number, scale in enumerate(scales):
         rows = range(number * (1 + length), (number + 1) * (1 + length))

@@ -69,25 +69,36 @@ NOISE_FACTOR = 16.0
 #: The floor, in units of ``eps * rms`` of the position's recomputed values (or ``eps * max``
 #: of a step's logits): what any dtype's rounding leaves where the measured noise is 0.
 FLOOR = {"float32": 1000.0, "float64": 1000.0, "float16": 16.0, "bfloat16": 16.0}
+#: How many times the norm of the dtype's measured noise at a position the norm of an honest
+#: cache's difference there may reach: an attacker who moves every value of a position to the
+#: element bound in the gradient's direction reaches ``sqrt(channels)`` times more.
+NORM_FACTOR = 8.0
+#: The norm's floor, in units of ``eps * ||fresh||`` at the position.
+NORM_FLOOR = {"float32": 1000.0, "float64": 1000.0, "float16": 2.0, "bfloat16": 2.0}
 #: Probe tokens (one random continuation) fed to both caches by the behavioural check.
 PROBES = 8
 #: Steps of the fresh cache's own greedy continuation fed to both caches.
 GREEDY = 4
 
 
-def position_bound(fresh: Any, reference: Any | None, kv_dtype: str) -> Any:
-    """The largest ``max |stored - fresh|`` each position may show, for one part of one layer:
-    ``[..., positions, channels]`` tensors in, ``[positions]`` bounds out (float32).
-    ``reference``: the float32 recomputation (None: the floor alone, as for a float32 cache).
-    The one rule every runtime's check uses (see the module docstring)."""
+def position_bound(fresh: Any, reference: Any | None, kv_dtype: str) -> tuple[Any, Any]:
+    """How far a stored position may differ from the fresh one, for one part of one layer:
+    ``[..., positions, channels]`` tensors in; out, two ``[positions]`` float32 bounds: on the
+    largest element ``max |stored - fresh|`` and on the norm ``||stored - fresh||`` of the
+    position's values. ``reference``: the float32 recomputation (None: the floors alone, as
+    for a float32 cache). The one rule every runtime's check uses (module docstring)."""
     fresh = fresh.float()
     dims = tuple(d for d in range(fresh.dim()) if d != fresh.dim() - 2)
-    rms = fresh.pow(2).mean(dim=dims).sqrt()
-    bound = FLOOR.get(kv_dtype, 16.0) * EPSILON.get(kv_dtype, 2.0 ** -8) * rms
+    eps = EPSILON.get(kv_dtype, 2.0 ** -8)
+    norm = fresh.pow(2).sum(dim=dims).sqrt()
+    count = fresh.numel() // fresh.shape[-2]
+    largest = FLOOR.get(kv_dtype, 16.0) * eps * norm / math.sqrt(count)  # x rms
+    total = NORM_FLOOR.get(kv_dtype, 2.0) * eps * norm
     if reference is not None:
-        noise = (fresh - reference.to(fresh.device).float()).abs().amax(dim=dims)
-        bound = bound + NOISE_FACTOR * noise
-    return bound
+        noise = fresh - reference.to(fresh.device).float()
+        largest = largest + NOISE_FACTOR * noise.abs().amax(dim=dims)
+        total = total + NORM_FACTOR * noise.pow(2).sum(dim=dims).sqrt()
+    return largest, total
 
 
 def step_bound(fresh: Any, reference: Any | None, kv_dtype: str) -> Any:
@@ -395,21 +406,26 @@ def _compare_layer(index: int, fresh: tuple, stored: tuple, reference: tuple | N
         new, old = new.float(), old.to(new.device).float()
         dims = tuple(d for d in range(new.dim()) if d != new.dim() - 2)
         # NaN compares false with any bound: make it the largest error instead.
-        error = (new - old).abs().nan_to_num(nan=math.inf).amax(dim=dims)
-        bound = position_bound(new, ref, kv_dtype)
+        difference = (new - old).nan_to_num(nan=math.inf)
+        error = difference.abs().amax(dim=dims)
+        norm = difference.pow(2).sum(dim=dims).sqrt()
+        bound, norm_bound = position_bound(new, ref, kv_dtype)
         error, bound = error.cpu()[selected], bound.cpu()[selected]
+        norm, norm_bound = norm.cpu()[selected], norm_bound.cpu()[selected]
         scale = max(new.abs().max().item(), 1e-12)
         worst = error.max().item() if error.numel() else 0.0
-        ratio = error / bound.clamp(min=1e-30)
+        ratio = torch.maximum(error / bound.clamp(min=1e-30), norm / norm_bound.clamp(min=1e-30))
         comparison.max_abs = max(comparison.max_abs, worst)
         comparison.max_rel = max(comparison.max_rel, worst / scale)
         comparison.max_ratio = max(comparison.max_ratio, ratio.max().item())
         comparison.positions.update(positions)
-        beyond = torch.nonzero(error > bound)
+        beyond = torch.nonzero(ratio > 1)
         if len(beyond) and comparison.first is None:
-            offset = int(beyond[0])
-            comparison.first = {"layer": index, "position": positions[offset], "part": part,
-                                "error": float(error[offset]), "bound": float(bound[offset])}
+            at = int(beyond[0])
+            what = ((float(error[at]), float(bound[at]), "largest") if error[at] > bound[at] else
+                    (float(norm[at]), float(norm_bound[at]), "norm"))
+            comparison.first = {"layer": index, "position": positions[at], "part": part,
+                                "error": what[0], "bound": what[1], "measure": what[2]}
 
 
 def compare_layer_wide(index: int, fresh: tuple, stored: tuple, tolerance: float,
@@ -507,8 +523,8 @@ def describe(result: Recomputation) -> str:
     if where.get("layer") == "logits":
         return (f"reproduces the tensors ({scope}) but not their behaviour: {result.detail} "
                 f"for {where.get('part')} (logit error {result.max_logit_ratio:.3g}x its bound)")
-    size = (f": error {where['error']:.3g} > bound {where['bound']:.3g} ({against})"
-            if "bound" in where else "")
+    size = (f": {where['measure']} error {where['error']:.3g} > bound {where['bound']:.3g} "
+            f"({against})" if "bound" in where else "")
     return (f"differs from the model's own prefill at layer {where.get('layer')}, position "
             f"{where.get('position')} ({where.get('part')}){size}"
             + (f"; {result.detail}" if result.detail else ""))
