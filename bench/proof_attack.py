@@ -87,7 +87,7 @@ def main() -> None:
         print(f"model: Llama, 2 layers, hidden 64 (cubepack.testing.tiny); {prompts} prompts of "
               f"{MEMORY} tokens + a {QUESTION}-token question; attacker: {steps} steps, every "
               f"position and each single position (torch {torch.__version__})")
-        for dtype in args.dtypes.split(","):
+        for dtype in filter(None, args.dtypes.split(",")):
             _attack_dtype(folder, dtype, cases, steps)
         if not args.no_cost:
             _cost(root, quick=args.quick)
