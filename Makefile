@@ -32,7 +32,7 @@ UV_STAMP   := $(VENV)/tools/.attempted
 UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
 .PHONY: fresh-clone test test-latest test-memos test-mlx test-llamacpp setup demo bench hub-compat \
-        memos-own-tests clean
+        memos-own-tests docs clean
 
 test: setup
 	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) --only mlx=tests/mlx \
@@ -75,6 +75,17 @@ $(VENV)/memos/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
 $(VENV)/mlx/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
 	$(SETUP_ENV) $(VENV)/mlx $(TORCH) -e ".[test,sign,mlx]" "transformers>=5,<6" "huggingface_hub>=1"
 	touch $@
+
+# The docs site (docs/, mkdocs.yml) into site/, with --strict: a broken link, a missing page or a
+# docstring the API reference cannot read fails the build. Its own small environment: the pinned
+# tools of docs/requirements.txt, no torch (docs/hooks.py puts this checkout on sys.path; the CLI
+# reference imports cubepack.cli, which needs click and PyYAML only).
+$(VENV)/docs/.ready: docs/requirements.txt tools/setup_env.py $(UV_DEP)
+	$(SETUP_ENV) $(VENV)/docs -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/docs/.ready
+	NO_MKDOCS_2_WARNING=1 $(VENV)/docs/bin/mkdocs build --strict --quiet
 
 demo: $(VENV)/memos/.ready
 	$(VENV)/memos/bin/python -m cubepack.demo
@@ -124,8 +135,10 @@ test-llamacpp: $(VENV)/llamacpp/.ready
 # MemOS's own tests (cube, activation memory, HF LLM, MOSCore, scheduler) plain and with the
 # hook installed; needs a MemOS checkout or git mirror: make memos-own-tests MEMOS=path
 memos-own-tests: $(VENV)/memos/.ready
+	@test -n "$(MEMOS)" || { echo "make memos-own-tests needs MEMOS=<a MemOS checkout>" \
+	  "(git clone https://github.com/MemTensor/MemOS)"; exit 2; }
 	$(VENV)/memos/bin/pip install $(PIP_Q) pika
 	$(VENV)/memos/bin/python tools/memos_own_tests.py $(MEMOS)
 
 clean:
-	rm -rf $(VENV) demo-out
+	rm -rf $(VENV) demo-out site

@@ -6,11 +6,35 @@ scripts, so this folder is on ``sys.path`` and ``import _common`` finds it."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cubepack._util.quiet import quiet_libraries
+
+def needs(environment: str, run: str, *, modules: tuple[str, ...] = (),
+          variables: tuple[str, ...] = ()) -> None:
+    """Decline, in one line naming the environment and how to run the benchmark there, when a
+    module it imports or a variable it reads is missing (it died with ``No module named 'mlx'``
+    or ``KeyError: 'CUBEPACK_LLAMACPP_CONVERT'``); exit status 2, no traceback. Called before
+    the benchmark imports anything of that environment."""
+    missing = [f"the {name} package" for name in modules if importlib.util.find_spec(name) is None]
+    missing += [name for name in variables if not os.environ.get(name)]
+    if missing:
+        script = Path(sys.argv[0]).name
+        print(f"bench/{script} needs the {environment} environment ({', '.join(missing)} "
+              f"missing here): run {run}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# Every benchmark imports this module first: an interpreter without cubepack and torch (the
+# system python, say) declines here, in one line, instead of a traceback.
+needs("latest", f".venv/latest/bin/python bench/{Path(sys.argv[0]).name} (make setup builds "
+      "it)", modules=("cubepack", "torch", "transformers"))
+
+from cubepack._util.quiet import quiet_libraries  # noqa: E402 (after the check above)
 
 _QUIET = quiet_libraries(progress=False)  # kept: for the benchmark's whole process
 _QUIET.__enter__()

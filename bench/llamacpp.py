@@ -27,8 +27,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from _common import best_of
+from _common import best_of, needs
+
+needs("llama.cpp", "make test-llamacpp, then CUBEPACK_LLAMACPP_CONVERT=.venv/llamacpp-src/"
+      "llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py .venv/llamacpp/bin/python "
+      "bench/llamacpp.py [--smoke]", modules=("llama_cpp",),
+      variables=("CUBEPACK_LLAMACPP_CONVERT",))
+
+import torch  # noqa: E402 - after the check above: a clear line instead of a traceback
 
 import cubepack
 from cubepack import llamacpp

@@ -15,6 +15,7 @@ import tempfile
 import types
 from pathlib import Path
 
+import _common  # noqa: F401 (imported first: declines in one line where torch is missing)
 import torch
 from _common import best_of, llama_config
 

@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import _common  # noqa: F401 (imported first: declines in one line where torch is missing)
 import torch
 from _common import llama_config, timed
 

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import _common  # noqa: F401 (imported first: declines in one line where torch is missing)
 import torch
 from _common import best_of, llama_config
 

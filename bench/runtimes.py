@@ -29,7 +29,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import mlx.core as mx
+from _common import needs
+
+needs("mlx", "make setup, then .venv/mlx/bin/python bench/runtimes.py [--smoke]",
+      modules=("mlx", "mlx_lm"))
+
+import mlx.core as mx  # noqa: E402 - after the check above: a clear line instead of a traceback
 import numpy
 import torch
 from _common import best_of, llama_config

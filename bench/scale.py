@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # noqa: E402,F401 (declines in one line where cubepack or torch is missing)
+
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("CUBEPACK_NO_PROGRESS", "1")

@@ -18,10 +18,13 @@ face, layered one way (each imports only those above it in this list)::
     memos       the MemOS hook: init_from_remote_repo, install, pack_cube
     cli, demo   the command line and ``make demo``
 
-No module imported here imports torch, transformers or huggingface_hub at import time (they are
+``import cubepack`` imports only the error tree; each other name imports its part when first
+used (and no part imports torch, transformers or huggingface_hub at import time: they are
 imported inside the functions that need them), so ``import cubepack`` and ``cubepack --help``
 stay fast.
 """
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (
@@ -40,29 +43,62 @@ from .errors import (
                      UsageError,
                      VerificationFailed,
 )
-from .hub import PullResult, PushResult, lineage, pull, push
-from .identity import ModelIdentity, fingerprint
-from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
-from .ops import (
-    MigrateResult,
-    PackResult,
-    diff,
-    load_adapter,
-    load_kv_cache,
-    migrate,
-    pack,
-    sign,
-    upgrade,
-    verify,
-)
-from .trust import TrustPolicy, VerifyReport
+
+#: The part each other public name comes from, imported when first used (PEP 562): importing
+#: the parts takes a second or more, and the command line must be running (its Ctrl-C handled,
+#: ``--help`` answered) before that. ``from cubepack import pull`` works as ever.
+_PARTS = {
+    "hub": ("PullResult", "PushResult", "lineage", "pull", "push"),
+    "identity": ("ModelIdentity", "fingerprint"),
+    "kv": ("KVFileInfo", "prefill", "read_kv_header", "save_kv_cache"),
+    "ops": ("MigrateResult", "PackResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
+            "migrate", "pack", "rekey", "sign", "upgrade", "verify"),
+    "trust": ("TrustPolicy", "VerifyReport"),
+}
+_PART_OF = {name: part for part, names in _PARTS.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    part = _PART_OF.get(name)
+    if part is None:
+        raise AttributeError(f"module 'cubepack' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{part}", __name__), name)
+    globals()[name] = value  # once: later uses are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PART_OF))
+
+
+if _TYPE_CHECKING:  # what type checkers and documentation tools read
+    from .hub import PullResult, PushResult, lineage, pull, push
+    from .identity import ModelIdentity, fingerprint
+    from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
+    from .ops import (
+        MigrateResult,
+        PackResult,
+        diff,
+        encrypt,
+        load_adapter,
+        load_kv_cache,
+        migrate,
+        pack,
+        rekey,
+        sign,
+        upgrade,
+        verify,
+    )
+    from .trust import TrustPolicy, VerifyReport
 
 __all__ = [
     "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
     "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult",
     "PushResult", "RecomputationFailed", "RefusedError", "SignatureError", "TrustPolicy",
     "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport",
-    "__version__", "diff", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
-    "pack", "prefill", "pull", "push", "read_kv_header", "save_kv_cache", "sign", "upgrade",
+    "__version__", "diff", "encrypt", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
+    "pack", "prefill", "pull", "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade",
     "verify",
 ]

@@ -7,18 +7,20 @@ line; ``--debug`` adds the traceback. Heavy libraries are imported inside each c
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from .errors import CubepackError, UsageError, VerificationFailed
+from .errors import CubepackError, Terminated, UsageError, VerificationFailed
 
 
 class _Context:
@@ -114,8 +116,11 @@ def _policy(options: dict[str, Any]) -> Any:
 
 def _emit_error(exc: CubepackError) -> None:
     report = getattr(exc, "report", None)
-    click.echo(json.dumps({"ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
-                                                  "exit_code": exc.exit_code},
+    error = {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
+    details = getattr(exc, "details", None)
+    if details:  # what a script may read besides the message (a stall's request and rate)
+        error["details"] = details
+    click.echo(json.dumps({"ok": False, "error": error,
                            "report": report.to_dict() if report is not None else None},
                           indent=2, sort_keys=True, default=str))
 
@@ -197,6 +202,9 @@ def _render_kv(data: dict[str, Any]) -> str:
         f"format:      {data['format']} v{data['version']}",
         f"tokens:      {data['token_count']}",
         f"layers:      {data['num_layers']} ({data['kv_dtype']}, layer 0 shape {first})",
+        "checksums:   " + (f"{data['checksums']['algorithm']}, "
+                           f"{len(data['checksums']['tensors'])} tensors"
+                           if data.get("checksums") else f"none (format v{data['version']})"),
         f"producer:    {producer['model_id'] or '(local model)'}"
         + (f"@{producer['revision']}" if producer.get("revision") else ""),
         f"  weights:   {producer['weights_digest']}",
@@ -229,20 +237,49 @@ def _render_kv(data: dict[str, Any]) -> str:
 @click.option("--adapter-base", help="Base model of the cube's LoRA adapters (folder or Hub id"
                                      "[@revision]); default: the recorded pin, else the name "
                                      "adapter_config.json claims.")
+@click.option("--encrypt-to", "encrypt_to", multiple=True, metavar="RECIPIENT",
+              help="Then encrypt every file to RECIPIENT (age1..., an SSH public key, or a file "
+                   "of them; repeatable): a private cube.")
+@click.option("--hide-names", is_flag=True,
+              help="With --encrypt-to: name ciphertexts private/<random>.age (no item ids).")
 @_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
-                 cube_id: str | None, adapter_base: str | None, as_json: bool) -> None:
+                 cube_id: str | None, adapter_base: str | None, encrypt_to: tuple[str, ...],
+                 hide_names: bool, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .ops._pack import pack
 
+    if hide_names and not encrypt_to:
+        raise UsageError("--hide-names hides a private cube's file names: pass --encrypt-to.")
+    if encrypt_to:  # fail on a bad recipient before any work
+        from .trust._age import parse_recipients
+
+        parse_recipients(list(encrypt_to))
     result = pack(cube_dir, model=model, revision=revision, legacy_pickle=legacy_pickle,
-                  license=license_, pretty_name=pretty_name, sign_key=sign_key,
+                  license=license_, pretty_name=pretty_name,
+                  sign_key=None if encrypt_to else sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
                   recompute=recompute, embedder=embedder, cube_id=cube_id,
                   adapter_base=adapter_base)
-    _emit(result.to_dict(), as_json, _render_pack)
+    data = result.to_dict()
+    if encrypt_to:
+        from ._util import constants
+        from .ops._encrypt import encrypt
+
+        private = encrypt(cube_dir, list(encrypt_to), hide_names=hide_names, sign_key=sign_key,
+                          sign_password=_key_password())
+        # The clear pack's item ids and plaintext digests (the clear lock's content digest,
+        # the adapters' weight digests) stay out of the output of a private pack: a digest of
+        # plaintext confirms a guessed cube. What is printed is the public lock's.
+        public = json.loads((Path(cube_dir) / constants.LOCK_FILENAME).read_text())
+        data = {**data, "activations": [], "converted": [], "recomputed": {},
+                "digest": private.digest, "content_digest": public.get("content_digest"),
+                "adapters": {name: {k: v for k, v in adapter.items() if k != "digest"}
+                             for name, adapter in data["adapters"].items()},
+                "private": private.to_dict()}
+    _emit(data, as_json, _render_pack)
 
 
 def _render_pack(data: dict[str, Any]) -> str:
@@ -264,19 +301,99 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  proved {item}: {proof}")
     for name, adapter in sorted(data.get("adapters", {}).items()):
         claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
-        lines.append(f"  adapter {name}: {adapter['digest']}, base pinned as model "
+        lines.append(f"  adapter {name}: {adapter.get('digest', 'encrypted')}, base pinned as model "
                      f"{adapter['model_role']} (found by {adapter['base_source']}{claim})")
     lines.append(f"  lock digest: {data['digest']}")
+    if data.get("private"):
+        lines.append(_render_private(data["private"]))
     return "\n".join(lines)
+
+
+def _render_private(data: dict[str, Any]) -> str:
+    lines = [f"private: {data['ciphertexts']} files encrypted to "
+             f"{len(data['recipients'])} recipient(s)"
+             + (" (names hidden)" if data["hidden_names"] else "")]
+    lines += [f"  recipient: {r}" for r in data["recipients"]]
+    lines += [f"  added:     {r}" for r in data.get("added", [])]
+    lines += [f"  removed:   {r} (what they downloaded before stays readable to them)"
+              for r in data.get("removed", [])]
+    lines.append(f"  signed with {data['signed_with']}" if data["signed_with"] else
+                 "  unsigned: anyone who can push can replace an unsigned private cube (age "
+                 "does not authenticate senders); sign it: --sign-key")
+    return "\n".join(lines)
+
+
+def _identity_option() -> Callable[..., Any]:
+    return click.option("--identity", type=click.Path(dir_okay=False), envvar="CUBEPACK_IDENTITY",
+                        help="Identity file opening a private cube (age key or OpenSSH private "
+                             "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY).")
+
+
+def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    # --sign-key re-signs content its signer does not see: the old signature must verify first.
+    return click.option(
+        "--trusted-key", "trusted_keys", multiple=True,
+        type=click.Path(dir_okay=False, exists=True),
+        help="With --sign-key: a public key (PEM) the cube's current signature may verify "
+             "under, besides the signing key's own (repeatable).")
+
+
+@cli.command("encrypt")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--to", "recipients", multiple=True, required=True, metavar="RECIPIENT",
+              help="age1..., an SSH public key (ssh-ed25519/ssh-rsa), or a file of them "
+                   "(repeatable).")
+@click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
+@_resign_trust_option()
+@_json_option()
+def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
+                    sign_key: str | None, trusted_keys: tuple[str, ...], as_json: bool) -> None:
+    """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
+    in place and atomically."""
+    from .ops._encrypt import encrypt
+
+    result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
+                     sign_password=_key_password(), trusted_keys=list(trusted_keys))
+    _emit(result.to_dict(), as_json, _render_private)
+
+
+@cli.command("rekey")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--add", multiple=True, metavar="RECIPIENT", help="Recipient to add (repeatable).")
+@click.option("--remove", multiple=True, metavar="RECIPIENT",
+              help="Recipient to remove (repeatable); it keeps what it already downloaded.")
+@click.option("--rotate", is_flag=True,
+              help="New file keys for every file (what every rekey does: stated for scripts).")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="Sign the rekeyed cube (else it is left unsigned, and said so).")
+@_resign_trust_option()
+@_identity_option()
+@_json_option()
+def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], rotate: bool,
+                  sign_key: str | None, trusted_keys: tuple[str, ...], identity: str | None,
+                  as_json: bool) -> None:
+    """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
+    from .ops._encrypt import rekey
+
+    if identity is None:
+        raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
+                         "CUBEPACK_IDENTITY).")
+    result = rekey(cube_dir, identity, add=list(add), remove=list(remove), rotate=rotate,
+                   sign_key=sign_key, sign_password=_key_password(),
+                   trusted_keys=list(trusted_keys))
+    _emit(result.to_dict(), as_json, _render_private)
 
 
 @cli.command("verify")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--remote", is_flag=True,
               help="Also check pinned models against the Hub's file metadata (no weight download).")
+@_identity_option()
 @_policy_options()
-def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool,
-                   **options: Any) -> None:
+def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str | None,
+                   as_json: bool, **options: Any) -> None:
     """Verify CUBE_DIR against its lock: files, hashes, KV headers, pins. Exit 1 on refusal."""
     policy = _policy(options)
     if remote:
@@ -286,7 +403,7 @@ def verify_command(cube_dir: str, remote: bool, token: str | None, as_json: bool
     else:
         from .ops._verify import verify
 
-        report = verify(cube_dir, policy, raise_on_failure=False)
+        report = verify(cube_dir, policy, raise_on_failure=False, decrypt_with=identity)
     if not report.ok:
         raise VerificationFailed(report)  # main() prints the report and the error
     _emit(report.to_dict(), as_json, _render_report)
@@ -645,16 +762,18 @@ def _render_push(data: dict[str, Any]) -> str:
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
 @_timeout_option("pull")
+@_identity_option()
 @_policy_options()
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
                  verify_cube: bool, offline: bool, force: bool, timeout: float | None,
-                 token: str | None, as_json: bool, **options: Any) -> None:
+                 identity: str | None, token: str | None, as_json: bool,
+                 **options: Any) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub._pull import pull
 
     result = pull(repo, _policy(options), revision=revision, repo_type=repo_type,
                   local_dir=local_dir, verify_cube=verify_cube, offline=offline, token=token,
-                  force=force, timeout=timeout)
+                  force=force, timeout=timeout, decrypt_with=identity)
     _emit(result.to_dict(), as_json, _render_pull)
 
 
@@ -785,6 +904,32 @@ def _wants_json(args: list[str]) -> bool:
     return any(arg == "--json" or arg.startswith("--json=") for arg in args)
 
 
+def interrupted(args: list[str]) -> int:
+    """A command stopped by Ctrl-C, at any moment (also while the command line loads: see
+    ``cubepack.__main__``): one line on stderr, one JSON object on stdout when asked for, exit
+    130. A second Ctrl-C cannot break the goodbye into a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo("error: interrupted (Ctrl-C) before the command finished", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"ok": False, "error": {
+            "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
+            "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
+            indent=2, sort_keys=True))
+    return INTERRUPTED_EXIT
+
+
+def terminated(args: list[str], exc: Terminated) -> int:
+    """A command stopped by SIGTERM: one line on stderr, one JSON object when asked, exit 143."""
+    click.echo(f"error: {exc}", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"ok": False, "error": {
+            "type": "Terminated", "exit_code": Terminated.exit_code, "message": str(exc)},
+            "report": None}, indent=2, sort_keys=True))
+    return Terminated.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the CLI and map errors to exit codes.
 
@@ -792,24 +937,67 @@ def main(argv: list[str] | None = None) -> int:
     error's type, message and exit code, and the verification report when there is one), so a
     script reading stdout always gets JSON.
     """
+    from ._util.ramdir import sigterm_unwinds
+
     args = list(sys.argv[1:] if argv is None else argv)
     _Context.as_json = None
     try:
-        cli.main(args=args, prog_name="cubepack", standalone_mode=False)
-    except click.exceptions.Abort:  # Ctrl-C (or end of input): an outcome like any other
-        click.echo("error: interrupted", err=True)
-        if _wants_json(args):
-            click.echo(json.dumps({"ok": False, "error": {
-                "type": "Interrupted", "exit_code": INTERRUPTED_EXIT,
-                "message": "interrupted (Ctrl-C) before the command finished"}, "report": None},
-                indent=2, sort_keys=True))
-        return INTERRUPTED_EXIT
+        # SIGTERM (kill, timeout, docker stop) unwinds as Ctrl-C does: finally blocks remove
+        # temp files and decrypted RAM folders, then one line and exit 143.
+        with sigterm_unwinds(), _ctrl_c_remembered():
+            return _run(args)
+    except KeyboardInterrupt:  # while an error was being printed: still one outcome
+        return interrupted(args)
+    except Terminated as exc:
+        return terminated(args, exc)
+
+
+#: Set when a Ctrl-C reached this process during a command. A library may turn the
+#: KeyboardInterrupt it raised into an error of its own (transformers' lazy imports re-raise it
+#: as "Could not import module ..."): an error after a Ctrl-C is still the interruption.
+_CTRL_C = threading.Event()
+
+
+@contextlib.contextmanager
+def _ctrl_c_remembered() -> Iterator[None]:
+    import signal
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield  # someone else handles Ctrl-C here (a test runner, an embedding program)
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        _CTRL_C.set()
+        raise KeyboardInterrupt
+
+    _CTRL_C.clear()
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _run(args: list[str]) -> int:
+    try:
+        # click's own main would print a blank line before our one line on Ctrl-C: the
+        # command is run as click.main runs it, its outcomes mapped here.
+        with cli.make_context("cubepack", args) as ctx:
+            cli.invoke(ctx)
+    except click.exceptions.Exit as exc:  # --help, --version
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # Ctrl-C, or end of input
+        return interrupted(args)
     except click.exceptions.ClickException as exc:
         exc.show()
         if _wants_json(args):  # a usage error is an outcome too: one JSON object, as ever
             _emit_error(UsageError(exc.format_message()))
         return 2
     except CubepackError as exc:
+        if _CTRL_C.is_set():  # an error a Ctrl-C caused (see _CTRL_C)
+            return interrupted(args)
         if _Context.debug:
             traceback.print_exc()
         report = getattr(exc, "report", None)
@@ -820,6 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if _CTRL_C.is_set():  # an error a Ctrl-C caused (see _CTRL_C)
+            return interrupted(args)
         if _Context.debug:
             traceback.print_exc()
         click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the "

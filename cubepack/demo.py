@@ -1,12 +1,16 @@
 """``python -m cubepack.demo`` (``make demo``): why shared memory must be pinned, offline.
 
 1. starts a local Hub-compatible endpoint (``cubepack hub serve``) in its own process;
-2. builds two tiny same-shape models, A and B, publishes A, and has the real MemoryOS package
-   build a cube whose KV cache model A extracted;
-3. shows the bug: plain MemOS loads A's cache into B without a word, and B's answer changes;
+2. takes two tiny models trained to answer from their context (:mod:`cubepack.testing.reader`:
+   same architecture and tokenizer, other seeds), publishes A, and has the real MemoryOS
+   package build a cube whose KV cache model A extracted from the memory "Alice lives in
+   Berlin."; A, asked "Where does Alice live?", answers from that cache: Berlin;
+3. shows the bug: plain MemOS loads A's cache into B without a word, and B answers wrong;
 4. packs, pushes and pulls the cube with the ``cubepack`` commands, printed exactly as run;
 5. shows cubepack refusing A's cache for B, naming the field;
-6. loads the pinned cube with the MemOS hook: A's cache into A, answers as A's own.
+6. loads the pinned cube with the MemOS hook: A's cache into A, which answers Berlin again.
+
+Every answer is MemOS's own (``llm.generate`` with the cache, greedy), printed as text.
 
 Everything lives under ``./demo-out`` (or the folder given as the first argument); the end of
 the output says how to re-run the commands by hand.
@@ -24,8 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-QUESTION = "What does the user drink?"
-FACT = "The user is a Chinese man who likes green tea."
+FACT = "Alice lives in Berlin."
+QUESTION = "Where does Alice live?"
 
 
 def step(text: str) -> None:
@@ -46,8 +50,12 @@ def cubepack_command() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     work = Path(argv[0] if argv else "demo-out").resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    from ._util import atomic
+
+    with atomic.placing(work, elsewhere="name another folder (python -m cubepack.demo FOLDER)",
+                        whole=False):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
     from .testing import free_port
 
     port = free_port()
@@ -80,18 +88,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(work: Path, env: dict[str, str]) -> int:
     _quiet_libraries()
-    import torch
-
     import cubepack
     import cubepack.memos
-    from cubepack.testing import tiny
+    from cubepack.testing import reader
     from cubepack.testing.hub import upload_folder
 
-    step("2. Two tiny same-shape models (A and B: same config, other seeds); publish A; "
-         "MemOS builds a cube with A")
-    tokenizer = tiny.build_tokenizer()
-    folder_a = tiny.build_model(work / "model-a", tiny.llama_config(), seed=0, tokenizer=tokenizer)
-    folder_b = tiny.build_model(work / "model-b", tiny.llama_config(), seed=1, tokenizer=tokenizer)
+    step("2. Two tiny models trained to answer from their context (A and B: same recipe, "
+         "other seeds); publish A; MemOS builds a cube with A")
+    folder_a = shutil.copytree(reader.SHIPPED / "model-a", work / "model-a")
+    folder_b = shutil.copytree(reader.SHIPPED / "model-b", work / "model-b")
     upload_folder(env["HF_ENDPOINT"], "demo/tiny-model-a", folder_a)
     from huggingface_hub import snapshot_download
 
@@ -109,19 +114,23 @@ def _run(work: Path, env: dict[str, str]) -> int:
         source.dump(str(cube_dir))
     print(f"MemOS wrote {', '.join(sorted(p.name for p in cube_dir.iterdir()))}: model A's KV "
           f"cache of {FACT!r} ({item.memory.get_seq_length()} tokens), pickled")
+    call(f"cube.act_mem.llm.generate([{{'role': 'user', 'content': {QUESTION!r}}}], "
+         "past_key_values=<the cache>)")
+    _answer("model A without the memory", source.act_mem.llm, None)
+    _answer("model A with its own memory", source.act_mem.llm, item.memory)
 
-    step("3. Without cubepack: plain MemOS loads A's cache into model B, silently")
+    step("3. Without cubepack: plain MemOS hands A's cache to model B, silently")
     call(f"GeneralMemCube.init_from_dir({str(cube_dir)!r}, default_config=<config naming "
          f"{folder_b}>)")
     with _silenced():
         plain = GeneralMemCube.init_from_dir(
             str(cube_dir), default_config=_memos_config(GeneralMemCubeConfig, folder_b))
     [loaded] = plain.act_mem.get_all()
-    model_b = plain.act_mem.llm.model
-    wrong = _continue(model_b, tokenizer, loaded.memory)
-    right = _continue(model_b, tokenizer, plain.act_mem.extract(FACT).memory)
-    print(f"no error, no warning; B continues {QUESTION!r} from A's cache, against its own:")
-    _compare(wrong, right)
+    print("no error, no warning; B is asked the same question with the cache MemOS loaded:")
+    _answer("plain MemOS hands A's cache to model B", plain.act_mem.llm, loaded.memory)
+    _answer("model B with its own memory", plain.act_mem.llm,
+            plain.act_mem.extract(FACT).memory)
+    print("  (B reads its own cache well: the wrong answer comes from being handed A's)")
 
     step("4. With cubepack: pin, convert (no pickle), lock, push one commit, pull that commit")
     _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
@@ -134,9 +143,10 @@ def _run(work: Path, env: dict[str, str]) -> int:
     activation = next((pulled_dir / "activations").glob("*.kv.safetensors"))
     call(f"cubepack.load_kv_cache({str(activation)!r}, model_b)")
     try:
-        cubepack.load_kv_cache(activation, tiny.load(folder_b))
+        cubepack.load_kv_cache(activation, plain.act_mem.llm.model)
     except cubepack.IdentityMismatch as refusal:
-        print(f"refused: {refusal}")
+        print(f"cubepack refuses: {'; '.join(str(m) for m in refusal.mismatches)}")
+        print(f"  the whole message: {refusal}")
     else:
         print("ERROR: model B was not refused")
         return 1
@@ -146,12 +156,10 @@ def _run(work: Path, env: dict[str, str]) -> int:
     with _silenced():
         pinned = cubepack.memos.init_from_remote_repo(f"demo/tiny_cube@{sha}")
     [verified] = pinned.act_mem.get_all()
-    model_a = pinned.act_mem.llm.model
+    model_a = cubepack.fingerprint(pinned.act_mem.llm.model)
     print(f"loaded {pinned.cubepack.loaded} from commit {pinned.cubepack.commit_sha}, model "
-          f"{cubepack.fingerprint(model_a).model_id}@{cubepack.fingerprint(model_a).revision}")
-    _compare(_continue(model_a, tokenizer, verified.memory),
-             _continue(model_a, tokenizer, pinned.act_mem.extract(FACT).memory))
-    del torch
+          f"{model_a.model_id}@{model_a.revision}")
+    _answer("the hook loads into A", pinned.act_mem.llm, verified.memory)
     print(f"\ndone: everything is under {work}")
     return 0
 
@@ -164,32 +172,16 @@ def _memos_config(config_class, model_path: Path):
         "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
 
 
-def _continue(model, tokenizer, cache, steps: int = 8):
-    """Greedy continuation of the question from a prefilled cache: (token ids, logits, text)."""
+def _answer(label: str, llm, cache) -> str:
+    """MemOS's own answer to :data:`QUESTION` (greedy), from ``cache`` (a copy: MemOS's
+    ``generate`` appends the question to the cache it is given) or from no memory at all."""
     import copy
 
-    import torch
-
-    from .kv._torch import forward
-
-    cache = copy.deepcopy(cache)
-    ids = tokenizer(QUESTION, return_tensors="pt").input_ids
-    produced, logits = [], []
-    with torch.no_grad():
-        for _ in range(steps):
-            out = forward(model, ids, cache).logits[:, -1]
-            logits.append(out)
-            ids = out.argmax(-1, keepdim=True)
-            produced.append(int(ids))
-    return produced, torch.cat(logits), tokenizer.decode(produced, skip_special_tokens=True)
-
-
-def _compare(reused, own) -> None:
-    agree = sum(a == b for a, b in zip(reused[0], own[0]))
-    delta = (reused[1] - own[1]).abs().max().item()
-    print(f"  top-1 tokens agree on {agree} of {len(own[0])} steps; max |delta logit| {delta:.3f}")
-    print(f"  answer from the loaded cache: {reused[2]!r}\n"
-          f"  answer from its own prefill:  {own[2]!r}   (a tiny random model: words, no sense)")
+    with _silenced():
+        text = llm.generate([{"role": "user", "content": QUESTION}],
+                            past_key_values=None if cache is None else copy.deepcopy(cache))
+    print(f"{label}: {text or '(an empty answer)'}", flush=True)
+    return text
 
 
 def _command(argv: list[str]) -> str:
@@ -218,4 +210,10 @@ def _silenced():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .errors import CubepackError
+
+    try:
+        sys.exit(main())
+    except CubepackError as exc:  # one line, as the CLI prints it
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -16,6 +16,10 @@
     ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
     └── HubError                       3  the Hub (or endpoint) refused or failed
 
+Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated`` (a ``BaseException``), raised by
+the SIGTERM handler a RAM folder of plaintext (and the CLI) installs, so ``finally`` blocks
+remove what they must and no ``except Exception`` swallows the stop; the CLI exits 143.
+
 Callers catch a branch (``except cubepack.RefusedError``) or a stdlib base (``except
 ValueError``). Messages are sentences a user can act on: what differed (expected vs found) and
 what to do about it.
@@ -26,7 +30,7 @@ from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
            "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
-           "SignatureError", "UnsafeInputError", "UnsupportedError", "UsageError",
+           "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError", "UsageError",
            "VerificationFailed"]
 
 
@@ -67,14 +71,15 @@ class IdentityMismatch(RefusedError):
     values.
     """
 
-    def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None):
+    def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None, *,
+                 finding: str = "was produced by a different model"):
         self.what = what
         self.mismatches = list(mismatches)
         fields = "; ".join(str(m) for m in self.mismatches)
         advice = advice or (
             "Load it into the model that produced it, or rebuild the cache with this model."
         )
-        super().__init__(f"{what} was produced by a different model ({fields}). {advice}")
+        super().__init__(f"{what} {finding} ({fields}). {advice}")
 
     @property
     def fields(self) -> list[str]:
@@ -97,14 +102,38 @@ class VerificationFailed(IntegrityError):
         plural = "s" if len(failures) != 1 else ""
         # Damaged bytes are fixed by fetching or packing them again; a policy's refusal (model,
         # signature, recompute, embedder) names its own fix, which another pull would not be.
-        damaged = {check.name for check in failures} & self.DAMAGE
-        advice = "pull or pack it again" if damaged else "see each problem for what to do"
+        names = [check.name for check in failures]
+        fixes = ["pull or pack it again"] if set(names) & self.DAMAGE else []
+        fixes += [self.FIXES.get(name, f"fix what the {name} check names")
+                  for name in dict.fromkeys(names) if name not in self.DAMAGE]
         super().__init__(f"Cube {report.cube_dir} failed verification ({len(failures)} problem"
-                         f"{plural}): {shown}{more}. Do not load it; {advice}.")
+                         f"{plural}): {shown}{more}. Do not load it; {'; '.join(fixes)}.")
 
     #: The checks whose failure means the cube's bytes are not the packed ones.
     DAMAGE = frozenset({"cube", "lock", "path", "file set", "size", "sha256", "content",
-                        "kv header", "adapter", "cube config"})
+                        "kv header", "kv checksums", "adapter", "cube config"})
+    #: What to do when a check of the policy (not of the bytes) refused: another pull would
+    #: not help.
+    FIXES = {
+        "signature": "have it signed (cubepack sign) by a key you pass with --trusted-key, or "
+                     "drop --require-signature",
+        "attestation": "sign it again (cubepack sign): its attestation does not match its lock",
+        "lineage": "have each ancestor signed by a trusted key, or drop --require-lineage",
+        "private": "pass an identity the cube is encrypted to (--identity KEY or "
+                   "CUBEPACK_IDENTITY), or drop the checks that need its plaintext",
+        "model identity": "load it with the model it was packed for, or rebuild it for this "
+                          "one (cubepack migrate --model)",
+        "adapter base": "load the adapter on the base model it was trained on, or migrate the "
+                        "cube (cubepack migrate --model)",
+        "remote model": "pass the pinned model with --model, or pin it again (cubepack pack "
+                        "--model)",
+        "recompute": "rebuild the caches with the model that produced them (cubepack pack "
+                     "--recompute, or cubepack migrate --model)",
+        "provenance": "prove the caches (cubepack pack --recompute), or ask for less with "
+                      "--require-provenance",
+        "embedder": "re-embed the text memory with this embedder (cubepack migrate --embedder), "
+                    "or pass the embedder that made the vectors",
+    }
 
     @property
     def failures(self) -> list[_Any]:
@@ -147,4 +176,17 @@ class ModelNotFoundError(UsageError, FileNotFoundError):
 
 class HubError(CubepackError):
     """The Hub (or the local endpoint) refused or failed a request: unknown repo or revision,
-    missing credentials, a server error, or a commit absent from the offline cache."""
+    missing credentials, a server error, a stalled transfer, or a commit absent from the
+    offline cache."""
+
+    #: What a script may read besides the message (``--json`` prints it as ``error.details``),
+    #: e.g. ``{"stall": {...}}``: the stalled request, its bytes and rate. None: nothing more.
+    details: dict[str, _Any] | None = None
+
+
+class Terminated(BaseException):
+    """The process got SIGTERM: unwinding so ``finally`` blocks run (a BaseException, as
+    KeyboardInterrupt is, so no ``except Exception`` or ``except CubepackError`` stops it)."""
+
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+

@@ -9,36 +9,43 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ..errors import UsageError
 
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path next to ``target``; on success rename it over ``target``.
 
-    On any exception the temp file is removed and ``target`` is left as it was.
+    On any exception the temp file is removed and ``target`` is left as it was; a target that
+    cannot be written is a :class:`~cubepack.errors.UsageError` naming it (see :func:`placing`).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
-    try:
-        yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    with placing(target, elsewhere="write to another path"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                        dir=target.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
+        try:
+            yield tmp
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
 
 
 def write_bytes(target: str | os.PathLike[str], data: bytes) -> None:
@@ -222,5 +229,151 @@ def remove_empty(folders: list[Path]) -> None:
     for folder in folders:
         try:
             folder.rmdir()
+        except FileNotFoundError:
+            continue  # never made, or removed already: its parent may still be ours to remove
         except OSError:
             return
+
+
+#: What the operating system says when a target cannot take what cubepack places there.
+TARGET_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                           errno.EXDEV, errno.EBUSY})
+
+_placing = threading.local()
+
+
+@contextlib.contextmanager
+def placing(target: str | os.PathLike[str], *, elsewhere: str,
+            whole: bool = True) -> Iterator[None]:
+    """The one owner of "this target cannot be written": an ``OSError`` raised in the block
+    whose errno is one of :data:`TARGET_ERRNOS` (not writable, immutable, read-only file
+    system, a mount point that cannot be renamed, disk full) becomes a
+    :class:`~cubepack.errors.UsageError` naming ``target`` (the user's folder or file, never
+    the staging folder beside it) and what to do; ``elsewhere`` completes the fix ("pass
+    another --local-dir"). The folders the block created above ``target`` are removed again
+    on any failure (the caller removes its own staging folder), so nothing is left behind.
+
+    ``whole``: the block places ``target`` whole or not at all (a staging folder swapped in,
+    a temp file renamed), so the message says it is as it was; False for a block that writes
+    file by file in place (MemOS's dump), whose message does not claim it.
+
+    Blocks nest: only the outermost converts (``upgrade`` packs its staging folder, whose name
+    the user never gave), so the message names what the user asked to write.
+    """
+    target = Path(target).absolute()
+    if getattr(_placing, "target", None) is not None:
+        yield
+        return
+    created = missing_parents(target / "_")  # the target folder itself, if the block makes it
+    _placing.target = target
+    try:
+        yield
+    except OSError as exc:
+        remove_empty(created)
+        problem = target_problem(exc, target, elsewhere=elsewhere, whole=whole)
+        if problem is None:
+            raise
+        raise problem from exc
+    except UsageError as exc:
+        remove_empty(created)
+        cause = getattr(exc, "target_cause", None)  # an inner block's (another thread's)
+        problem = None if cause is None else target_problem(cause, target, elsewhere=elsewhere,
+                                                            whole=whole)
+        if problem is None:
+            raise
+        raise problem from cause
+    except BaseException:
+        remove_empty(created)
+        raise
+    finally:
+        _placing.target = None
+
+
+def target_problem(exc: OSError, target: Path, *, elsewhere: str,
+                   whole: bool = True) -> UsageError | None:
+    """The :class:`~cubepack.errors.UsageError` for ``exc`` raised while writing ``target``,
+    or None when ``exc`` is not a target problem (another errno, or a path outside it)."""
+    if exc.errno not in TARGET_ERRNOS:
+        return None
+    target = Path(target).absolute()
+    where = _user_path(exc, target)
+    if where is None:
+        return None
+    reason, fix = _diagnose(exc.errno, where, target)
+    kept = f" Nothing was left behind: {target} is as it was." if whole else ""
+    problem = UsageError(f"Cannot write {where}: {reason} ({os.strerror(exc.errno)}). {fix}, "
+                         f"or {elsewhere}.{kept}")
+    problem.target_cause = exc  # an outer block re-tells it of its own target
+    return problem
+
+
+def _user_path(exc: OSError, target: Path) -> Path | None:
+    """The path to name: ``target`` for any path of ours beside or inside it (its staging
+    folder, its temp file, the folder set aside), a path the user named elsewhere as is, and
+    ``target`` when the error names no path (a write that found the disk full)."""
+    named = [Path(name).absolute() for name in (exc.filename, exc.filename2)
+             if isinstance(name, (str, bytes, os.PathLike)) and name]
+    if not named:
+        return target
+    ours = f".{target.name}."
+    for path in named:
+        path = Path(os.fsdecode(path))
+        if path == target or target in path.parents or path == target.parent:
+            return target
+        if target.parent in path.parents:
+            top = path.relative_to(target.parent).parts[0]
+            if top.startswith(ours) or top.startswith("." + ours):  # a staging's own staging
+                return target
+    first = Path(os.fsdecode(named[0]))
+    return first if first.is_dir() or not first.parent.exists() else first.parent
+
+
+def _diagnose(code: int, where: Path, target: Path) -> tuple[str, str]:
+    """Why ``where`` cannot be written, and the first half of the fix."""
+    mount = next((p for p in (target, where) if os.path.ismount(p)), None)
+    if code in (errno.EXDEV, errno.EBUSY) or (mount is not None and code != errno.ENOSPC
+                                              and code != errno.EROFS):
+        if mount is not None:
+            return (f"{mount} is a mount point: cubepack places a folder by renaming a complete "
+                    "copy over it, and a mount point cannot be renamed",
+                    f"Use a new folder inside it (e.g. {mount / (target.name or 'cube')})")
+        return ("it is busy or on another file system than the folder holding it, so it "
+                "cannot be renamed", "Use a folder on the same file system as its parent")
+    if code == errno.EROFS:
+        return ("it is on a read-only file system", "Remount it read-write")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return ("the device holding it is full (or the disk quota is used up)",
+                "Free space there")
+    flagged = next((p for p in (target, where, target.parent) if _immutable(p)), None)
+    if flagged is not None:
+        return (f"{flagged} is immutable or append-only (lsattr -d shows 'i' or 'a')",
+                f"Lift the attribute (chattr -i -a {flagged})")
+    if code == errno.EPERM:
+        return ("the operation is not permitted there (an immutable or append-only file or "
+                "folder, lsattr shows 'i' or 'a'; or a file system that refuses it)",
+                "Lift the attribute (chattr -i -a) or make it writable")
+    return ("it, or the folder holding it, is not writable by this user",
+            "Make it writable (check its owner and mode: ls -ld)")
+
+
+#: Linux's FS_IOC_GETFLAGS ioctl and its immutable and append-only flags (chattr +i, +a).
+_GETFLAGS, _IMMUTABLE, _APPEND = 0x80086601, 0x10, 0x20
+
+
+def _immutable(path: Path) -> bool:
+    """Does ``path`` carry the immutable or append-only attribute? False where unknown."""
+    if sys.platform != "linux" or not path.exists():
+        return False
+    try:
+        import array
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            flags = array.array("i", [0])
+            fcntl.ioctl(fd, _GETFLAGS, flags, True)
+        finally:
+            os.close(fd)
+    except (OSError, ImportError):
+        return False
+    return bool(flags[0] & (_IMMUTABLE | _APPEND))

@@ -8,6 +8,9 @@ cubepack honours the Hub's own variables (``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HU
 - ``CUBEPACK_VERBOSE=1`` (the CLI's ``--verbose``): show third-party libraries' warnings and
   log lines (hidden in cubepack's commands and MemOS hook calls otherwise, see ``_util.quiet``).
 - ``CUBEPACK_HUB_TIMEOUT``: seconds a pull or push may take talking to the endpoint.
+- ``CUBEPACK_LOW_SPEED_LIMIT`` and ``CUBEPACK_LOW_SPEED_TIME``: a request of a pull or push that
+  moves fewer than LIMIT bytes/s for TIME seconds is a stall, and ends the operation (as curl's
+  ``--speed-limit`` / ``--speed-time``; ``CUBEPACK_LOW_SPEED_LIMIT=0`` turns the rule off).
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ from pathlib import Path
 from ..errors import UsageError
 
 KV_FORMAT_NAME = "cubepack.kv"
-#: Version 2 added the compute config and the behavioural tokenizer digest to the producer.
-#: Version 1 files are still read (``inspect``, ``upgrade``) but never loaded into a model.
-KV_FORMAT_VERSION = 2
-KV_READABLE_VERSIONS = (1, 2)
+#: Version 2 added the compute config and the behavioural tokenizer digest to the producer;
+#: version 3 a checksum of every tensor (``checksums``, see ``kv._checksum``), checked at every
+#: load. Version 1 files are still read (``inspect``, ``upgrade``) but never loaded into a
+#: model; version 2 files load, unchecked, and say so.
+KV_FORMAT_VERSION = 3
+KV_READABLE_VERSIONS = (1, 2, 3)
+#: The first KV format whose producer identity can be checked against a live model.
+KV_CHECKABLE_VERSION = 2
+#: The first KV format whose header records a checksum per tensor.
+KV_CHECKSUM_VERSION = 3
 KV_METADATA_KEY = "cubepack"
 LOCK_FILENAME = "cubepack.lock"
 #: Version 2 pins identities with a compute config (see KV_FORMAT_VERSION); version 3 adds the
@@ -58,6 +67,13 @@ _TRUE = {"1", "true", "yes", "on"}
 #: moves ~10 GB at 25 Mbit/s, more than any cube we have seen, yet a stalled or trickling
 #: endpoint cannot keep a job (or CI) waiting forever.
 DEFAULT_HUB_TIMEOUT = 3600.0
+#: The low-speed rule's defaults (see :func:`low_speed`). 1 KiB/s is 8 kbit/s, under any link
+#: that works at all (GPRS does ~40 kbit/s) and ~2,000x a hostile byte every 2 s; 30 s rides out
+#: what honest endpoints and links do (a few TCP retransmissions backing off 1+2+4+8 s, a Wi-Fi
+#: roam, a slow first byte from object storage), and ends a trickle within a minute, where the
+#: overall deadline (an hour, sized for large honest transfers) would let it run for an hour.
+DEFAULT_LOW_SPEED_LIMIT = 1024.0
+DEFAULT_LOW_SPEED_TIME = 30.0
 
 
 def env_flag(name: str) -> bool:
@@ -120,3 +136,33 @@ def hub_timeout(seconds: float | None = None) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise UsageError(f"{source} must be a positive number of seconds, not {seconds!r}.")
     return float(seconds)
+
+
+def low_speed() -> tuple[float, float] | None:
+    """The low-speed rule of a pull or push: ``(bytes_per_second, seconds)`` from
+    ``CUBEPACK_LOW_SPEED_LIMIT`` and ``CUBEPACK_LOW_SPEED_TIME`` (defaults
+    :data:`DEFAULT_LOW_SPEED_LIMIT`, :data:`DEFAULT_LOW_SPEED_TIME`), or None when the limit is
+    0 (the rule is off). The rule itself is :class:`cubepack.hub._stall.LowSpeed`.
+
+    Raises:
+        UsageError: a limit that is not a number >= 0, a time that is not a number > 0.
+    """
+    limit = _env_number("CUBEPACK_LOW_SPEED_LIMIT", DEFAULT_LOW_SPEED_LIMIT, "bytes per second")
+    seconds = _env_number("CUBEPACK_LOW_SPEED_TIME", DEFAULT_LOW_SPEED_TIME, "seconds")
+    if not limit >= 0 or limit == float("inf"):
+        raise UsageError(f"CUBEPACK_LOW_SPEED_LIMIT must be a number of bytes per second >= 0 "
+                         f"(0 turns the low-speed rule off), not {limit!r}.")
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(f"CUBEPACK_LOW_SPEED_TIME must be a positive number of seconds, not "
+                         f"{seconds!r}.")
+    return None if limit == 0 else (limit, seconds)
+
+
+def _env_number(name: str, default: float, unit: str) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not a number of {unit}.") from None

@@ -14,6 +14,7 @@ import unicodedata
 from pathlib import Path, PurePosixPath
 
 from ..errors import UnsafeInputError
+from . import atomic
 from .constants import cache_dir
 
 MAX_PATH_LENGTH = 1024
@@ -39,42 +40,51 @@ def check_relpath(name: object, *, portable: bool = True) -> str:
     in every repo).
     """
     if not isinstance(name, str) or not name:
-        raise UnsafeInputError(f"Path {name!r} is not a non-empty string.")
+        _refuse(name, "is not a non-empty string", "name the file")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # os.walk gives undecodable bytes as surrogates
-        raise UnsafeInputError(f"Path {name.encode('utf-8', 'backslashreplace').decode()!r} is "
-                               "not valid UTF-8; the Hub and other systems cannot hold it. "
-                               "Rename it.") from None
+        _refuse(name.encode("utf-8", "backslashreplace").decode(), "is not valid UTF-8; the "
+                "Hub and other systems cannot hold it")
     if len(name) > MAX_PATH_LENGTH:
-        raise UnsafeInputError(f"Path {name[:60]!r}... is longer than {MAX_PATH_LENGTH} characters.")
+        _refuse(name[:60] + "...", f"is longer than {MAX_PATH_LENGTH} characters",
+                "shorten it")
     if name.startswith("/") or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):
-        raise UnsafeInputError(f"Path {name!r} is absolute; cube paths must be relative.")
+        _refuse(name, "is absolute; cube paths must be relative", "name it relative to the cube")
     if "\\" in name or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise UnsafeInputError(f"Path {name!r} contains a backslash or control character.")
+        _refuse(name, "contains a backslash or control character")
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise UnsafeInputError(f"Path {name!r} has an empty, '.' or '..' segment; it could "
-                               "escape the cube.")
+        _refuse(name, "has an empty, '.' or '..' segment; it could escape the cube")
     if not portable:
         return name
     forbidden = sorted(set(name) & WINDOWS_FORBIDDEN)
     if forbidden:
-        raise UnsafeInputError(f"Path {name!r} contains {''.join(forbidden)!r}, which Windows "
-                               'forbids in file names (<>:"|?*); cubes are pulled on every '
-                               "system.")
+        _refuse(name, f"contains {''.join(forbidden)!r}, which Windows forbids in file names "
+                '(<>:"|?*); cubes are pulled on every system')
     for part in parts:
+        whole = part == name  # then the segment is not named again
         if part.endswith((".", " ")):
-            raise UnsafeInputError(f"Path {name!r} has a segment ending in a dot or a space "
-                                   f"({part!r}), which Windows strips, naming another file.")
+            _refuse(name, ("is a name" if whole else f"has a segment ({part!r})")
+                    + " ending in a dot or a space, which Windows strips, naming another file")
         if part.split(".", 1)[0].rstrip(" ").upper() in WINDOWS_RESERVED:
-            raise UnsafeInputError(f"Path {name!r} has the segment {part!r}, a device name "
-                                   "Windows reserves (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with "
-                                   "any extension); it cannot be a file there.")
+            _refuse(name, ("is" if whole else f"has the segment {part!r},") + " a device name "
+                    "Windows reserves (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with any extension); "
+                    "it cannot be a file there")
     if unicodedata.normalize("NFC", name) != name:
-        raise UnsafeInputError(f"Path {name!r} is not NFC-normalised; it could alias another "
-                               "file on some file systems.")
+        _refuse(name, "is not NFC-normalised; it could alias another file on some file "
+                "systems", "rename it (its NFC form is "
+                f"{unicodedata.normalize('NFC', name)!r})")
     return name
+
+
+def _refuse(name: object, reason: str, fix: str = "rename it") -> None:
+    """Raise the path rule's refusal: the name once, why, and what to do. ``reason`` (with the
+    fix, no name, no closing period) is kept on the error for a list that names each path
+    itself (:func:`scan_cube`)."""
+    error = UnsafeInputError(f"Path {name!r} {reason}; {fix}.")
+    error.reason = f"{reason}; {fix}"
+    raise error
 
 
 def _folded(name: str) -> str:
@@ -97,10 +107,10 @@ def check_no_collisions(names: list[str]) -> None:
             if other != prefix:
                 raise UnsafeInputError(f"Paths {other!r} and {prefix!r} collide on "
                                        "case-insensitive or Unicode-normalising file systems "
-                                       "(Windows, macOS).")
+                                       "(Windows, macOS); rename one of them.")
             if end < len(parts) and prefix in files:
                 raise UnsafeInputError(f"Path {prefix!r} is both a file and a folder "
-                                       f"(holding {name!r}).")
+                                       f"(holding {name!r}); rename one of them.")
 
 
 def resolve_inside(root: Path, name: str) -> Path:
@@ -157,9 +167,10 @@ def scan_cube(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
     blobs = hf_snapshot_blobs(root)
     root = Path(root)
     if root.is_symlink():
-        return [], [(str(root), "the cube folder itself is a symlink")]
+        return [], [(str(root), "is a symlink, where the cube folder must be a folder; name "
+                     "the folder it points to")]
     if not root.is_dir():
-        return [], [(str(root), "not a folder")]
+        return [], [(str(root), "is not a folder; name the cube's folder")]
     found: list[str] = []
     problems: list[tuple[str, str]] = []
     for directory, subdirs, files in os.walk(root, followlinks=False):
@@ -171,21 +182,23 @@ def scan_cube(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
             if stat.S_ISLNK(mode) and _link_into(full, blobs):
                 mode = stat.S_IFREG  # a cached file: checked below as a regular one
             if stat.S_ISLNK(mode):
-                where = ("points outside this HF-cache repo's blobs" if blobs is not None
-                         else "is a symlink; cubes may hold regular files only")
+                where = ("points outside this HF-cache repo's blobs; remove it" if blobs is not None
+                         else "is a symlink; cubes may hold regular files only: replace it "
+                         "with a copy of the file it points to (cp -L), or remove it")
                 problems.append((rel, where))
             elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                problems.append((rel, "is not a regular file"))
+                problems.append((rel, "is not a regular file (a device, FIFO or socket); "
+                                 "remove it"))
             elif stat.S_ISREG(mode):
                 try:
                     found.append(check_relpath(rel))
-                except UnsafeInputError as exc:
-                    problems.append((rel, str(exc)))
+                except UnsafeInputError as exc:  # its reason: the path is named once, here
+                    problems.append((rel, getattr(exc, "reason", str(exc).rstrip("."))))
     found.sort()
     try:
         check_no_collisions(found)
     except UnsafeInputError as exc:
-        problems.append(("", str(exc)))
+        problems.append(("", str(exc).rstrip(".")))
     return found, problems
 
 
@@ -199,7 +212,7 @@ def list_cube_files(root: Path) -> list[str]:
     found, problems = scan_cube(root)
     if problems:
         where, what = problems[0]
-        raise UnsafeInputError(f"{where} {what}." if where else what)
+        raise UnsafeInputError(f"Path {where!r} {what}." if where else f"{what}.")
     return found
 
 
@@ -318,6 +331,11 @@ def managed_folder(root: Path, parts: tuple[str, ...], *, what: str,
     for part in parts:
         if not part or part in (".", "..") or "/" in part or "\\" in part:
             raise UnsafeInputError(f"{part!r} is not a folder name cubepack may make.")
+    with atomic.placing(root, elsewhere=f"set {what} to a writable folder"):
+        return _managed_folder(root, parts, what=what, create_last=create_last)
+
+
+def _managed_folder(root: Path, parts: tuple[str, ...], *, what: str, create_last: bool) -> Path:
     base = resolve_owned_root(root, what)
     os.makedirs(base, exist_ok=True)
     base = resolve_owned_root(base, what)  # what now exists, as it is now

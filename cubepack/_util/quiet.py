@@ -183,3 +183,17 @@ def quietly(*, import_first: tuple[str, ...] = ()) -> Any:
                 return function(*args, **kwargs)
         return quiet_call
     return decorate
+
+
+def terminal_bars(function: Any) -> Any:
+    """Decorator for the Python API's entry points (push, pull, pack, ...): the first rule for
+    the call, progress bars only on a terminal (``cubepack.push`` from a script drew
+    huggingface_hub's "Upload 0 LFS files: 0it" into its log). The libraries' warnings stay as
+    the caller configured them: hiding those is the CLI's and the MemOS hook's choice."""
+    import functools
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with quiet_libraries(verbose=True):
+            return function(*args, **kwargs)
+    return call

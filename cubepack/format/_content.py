@@ -44,6 +44,8 @@ def file_kind(name: str) -> str | None:
         return "text"  # hf download's bookkeeping: .gitignore, *.metadata, empty *.lock files
     if name in ATTESTATION_NAMES:
         return "attestation"
+    if fileset.is_ciphertext(name):
+        return "age"
     if base in JSON_NAMES or lower.endswith(".json"):
         return "json"
     if lower.endswith(".jsonl"):
@@ -179,6 +181,23 @@ def _check_safetensors(path: Path) -> None:
     read_header(path)
 
 
+#: The first line of every age file (its format's version line): a private cube's ciphertexts.
+AGE_MAGIC = b"age-encryption.org/v1\n"
+
+
+def _check_age(path: Path) -> None:
+    """A ciphertext as a private cube holds it: an age v1 header (version line, recipient
+    stanzas, the MAC line), read without any key; the payload is age's to authenticate."""
+    with open(path, "rb") as handle:
+        head = handle.read(64 * 1024)
+    if not head.startswith(AGE_MAGIC):
+        raise ValueError("no 'age-encryption.org/v1' version line")
+    end = head.find(b"\n---")
+    if end < 0 or b"\n-> " not in head[:end + 1]:
+        raise ValueError("no complete age header (recipient stanzas, then the '---' MAC line) "
+                         "in its first 64 KiB")
+
+
 def _check_text(path: Path) -> None:
     if path.stat().st_size > MAX_TEXT_BYTES:
         raise ValueError(f"larger than {MAX_TEXT_BYTES} bytes")
@@ -188,4 +207,4 @@ def _check_text(path: Path) -> None:
 
 
 _CHECKS = {"json": _check_json, "jsonl": _check_jsonl, "yaml": _check_yaml, "kv": _check_kv,
-           "safetensors": _check_safetensors, "text": _check_text}
+           "safetensors": _check_safetensors, "text": _check_text, "age": _check_age}

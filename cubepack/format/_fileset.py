@@ -10,6 +10,12 @@ Every relative path in a cube folder has one role:
   owns its layout, a test checks we name the same folder) and pull's origin record
   (``.cache/cubepack/``). Never locked, never signed, never uploaded: it describes this copy,
   not the cube, and whoever pulled wrote it;
+- **ciphertext** (a private cube, issue #32): an age file (``<clear name>.age``, or an opaque
+  ``private/<hex>.age`` when item ids are hidden) whose plaintext is one file of the clear
+  cube byte for byte, and the private manifest ``cubepack.manifest.age`` (the clear cube's
+  lock: every plaintext digest). Locked like any file, by the ciphertext's sha256 and size, so
+  the signature over the lock covers the ciphertexts (encrypt-then-sign); the lock's
+  ``encryption`` section names which they are;
 - **locked**: everything else, listed in the lock with its sha256 and size.
 
 From the roles: a cube may hold unlisted (*tolerated*) the lock itself, the signing files,
@@ -41,6 +47,24 @@ SIGNATURE_IGNORES = (constants.SIGNATURE_FILENAME, *BOOKKEEPING)
 #: CLI applies). A cube may lock them (the Hub's .gitattributes): the lock, which the signature
 #: covers, then covers them.
 SIGNATURE_SKIPS_GIT = (".git", ".gitattributes", ".github", ".gitignore")
+
+
+#: The suffix of a ciphertext, and the private manifest (see the ciphertext role above).
+CIPHER_SUFFIX = ".age"
+PRIVATE_MANIFEST = "cubepack.manifest.age"
+#: The folder of ciphertexts whose names hide the clear names (item ids).
+HIDDEN_DIR = "private"
+
+
+def is_ciphertext(name: str) -> bool:
+    """Is ``name`` a ciphertext's name (an age file, the manifest included)?"""
+    return name.endswith(CIPHER_SUFFIX)
+
+
+def ciphertext_name(clear: str, hidden: str | None = None) -> str:
+    """The name of the ciphertext of the clear file ``clear``: beside it with ``.age``, or
+    ``private/<hidden>.age`` when names are hidden (``hidden``: an opaque token)."""
+    return f"{HIDDEN_DIR}/{hidden}{CIPHER_SUFFIX}" if hidden else clear + CIPHER_SUFFIX
 
 
 def is_activation_path(name: str) -> bool:

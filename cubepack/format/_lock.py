@@ -12,6 +12,11 @@ Version 3 adds two optional sections, each covered by ``content_digest`` when pr
 ``adapters`` (parametric memory: each adapter's file, digest and pinned base model) and
 ``lineage`` (the cube this one was derived from, and what changed). Version 2 locks (without
 them) are read as before.
+
+Version 5 adds ``encryption`` (a private cube, issue #32): the lock of a cube whose files are
+age ciphertexts. Only a private cube's lock is version 5 (a lock is written at the lowest
+version that holds its sections), so a clear cube stays readable by older cubepacks and a
+private one is refused by them by its version, never half-read.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.paths import check_no_collisions, check_relpath
 from .._util.revision import is_commit
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
 from ..identity._identity import ModelIdentity
+from . import _fileset as fileset
 from ._fileset import is_activation_path
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
@@ -70,11 +76,29 @@ def check_record(record: Any) -> bool:
 
 
 MAX_LOCK_BYTES = 64 * 1024 * 1024
+
+#: A cube id cubepack gives a cube (``pack --cube-id``): a name, or owner/name as a Hub repo id
+#: is, of ASCII letters, digits, '.', '_' and '-', each part starting with a letter or digit,
+#: at most 96 characters. It names the cube in its card, its lineage and MemOS's config, so it
+#: must survive every file system, URL and shell unquoted.
+CUBE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
+MAX_CUBE_ID = 96
+
+
+def check_cube_id(value: Any) -> str:
+    """``value`` if it is a cube id by :data:`CUBE_ID_PATTERN`; else a UsageError naming the
+    pattern."""
+    if isinstance(value, str) and len(value) <= MAX_CUBE_ID and re.fullmatch(CUBE_ID_PATTERN,
+                                                                               value):
+        return value
+    raise UsageError(f"{value!r} is not a cube id: use a name or owner/name of ASCII letters, "
+                     f"digits, '.', '_' and '-' (pattern {CUBE_ID_PATTERN}, at most "
+                     f"{MAX_CUBE_ID} characters), e.g. alice/travel-notes.")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: The lock's own fields (not sections): every lock holds each.
 FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")
 #: The versions this cubepack reads; keys are closed (nothing unknown, anywhere) from 4 on.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 CLOSED_SINCE = 4
 
 
@@ -152,6 +176,12 @@ SECTIONS: tuple[Section, ...] = (
                                 f"{(lineage.get('parent') or {}).get('lock_digest')} "
                                 f"({lineage.get('tool')})"),
             "lineage"),
+    Section("encryption", 5, False,
+            lambda value, lock, version: _check_encryption(value, lock),
+            lambda value: value, lambda value: {"encryption": value},
+            lambda _, value: (f"encryption: age, {len(value.get('ciphertexts') or [])} "
+                              f"ciphertexts, version {value.get('version')}"),
+            None),  # the ciphertexts' digests are the lock's files: stated there
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
 
@@ -165,17 +195,20 @@ def content_digest(lock: dict[str, Any]) -> str:
 def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
                models: dict[str, dict[str, Any]], activations: dict[str, dict[str, Any]],
                cubepack_version: str, adapters: dict[str, Any] | None = None,
-               lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+               lineage: dict[str, Any] | None = None,
+               encryption: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble a lock document and compute its digests. An empty optional section (no
-    ``adapters``, a None ``lineage``) is left out (a cube without that section)."""
+    ``adapters``, a None ``lineage``) is left out (a cube without that section). The version
+    is the lowest that holds every section present (``encryption``: 5)."""
     given = {"files": files, "models": models, "activations": activations,
-             "adapters": adapters, "lineage": lineage}
+             "adapters": adapters, "lineage": lineage, "encryption": encryption}
     body: dict[str, Any] = {"lock_version": constants.LOCK_VERSION,
                             "cubepack_version": cubepack_version, "cube_id": cube_id}
     for section in SECTIONS:
         value = given[section.key]
         if section.required or value:
             body[section.key] = value
+            body["lock_version"] = max(body["lock_version"], section.since)
     body["content_digest"] = content_digest(body)
     body["digest"] = canonical.digest(body)
     return body
@@ -228,7 +261,7 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
                           "upgrade CUBE_DIR --model MODEL.")
     if version not in READABLE_VERSIONS:
         raise FormatError(f"cubepack.lock is version {version!r}; this cubepack reads versions 2 "
-                          f"to {constants.LOCK_VERSION}. Upgrade cubepack or re-pack the cube.")
+                          f"to {READABLE_VERSIONS[-1]}. Upgrade cubepack or re-pack the cube.")
     present = [section for section in SECTIONS if section.since <= version]
     allowed = set(FIELDS) | {section.key for section in present}
     required = set(FIELDS) | {section.key for section in present if section.required}
@@ -531,3 +564,57 @@ def _check_lineage(lineage: Any, version: int) -> None:
         refuse("changes.reembedded must be a non-negative integer")
     text(lineage["tool"], "tool")
     text(lineage["cubepack_version"], "cubepack_version")
+
+
+#: The ``encryption`` section (a private cube, issue #32): its format version, the scheme, the
+#: private manifest (the clear cube's lock, encrypted: every plaintext digest), the
+#: ciphertexts, public counts and whether the clear names (item ids) are hidden.
+ENCRYPTION_VERSION = 1
+ENCRYPTION_SCHEME = "age-encryption.org/v1"
+ENCRYPTION_KEYS = frozenset({"version", "scheme", "manifest", "ciphertexts", "counts",
+                             "hidden_names"})
+COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
+
+
+def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
+    """A private cube's lock: every ciphertext listed and locked, nothing private in clear
+    (no activation entries, adapters or lineage, whose digests and ids are the manifest's; no
+    vectors record, whose sample names items)."""
+    def refuse(what: str) -> None:
+        raise FormatError(f"cubepack.lock encryption {what}.")
+
+    if not isinstance(value, dict) or set(value) != ENCRYPTION_KEYS:
+        refuse(f"must hold exactly the keys {sorted(ENCRYPTION_KEYS)}")
+    if type(value["version"]) is not int or value["version"] != ENCRYPTION_VERSION:
+        raise FormatError(f"cubepack.lock encryption is version {value['version']!r}; this "
+                          f"cubepack reads private cubes of version {ENCRYPTION_VERSION}. "
+                          "Upgrade cubepack.")
+    if value["scheme"] != ENCRYPTION_SCHEME:
+        refuse(f"scheme must be {ENCRYPTION_SCHEME!r}, found {value['scheme']!r}")
+    files = lock["files"]
+    if value["manifest"] != fileset.PRIVATE_MANIFEST or value["manifest"] not in files:
+        refuse(f"manifest must be {fileset.PRIVATE_MANIFEST!r}, listed in the lock's files")
+    ciphertexts = value["ciphertexts"]
+    if not (isinstance(ciphertexts, list) and all(isinstance(n, str) for n in ciphertexts)
+            and ciphertexts == sorted(set(ciphertexts))):
+        refuse("ciphertexts must be a sorted list of distinct names")
+    named = set(ciphertexts) | {value["manifest"]}
+    for name in files:
+        if fileset.is_ciphertext(name) != (name in named):
+            refuse(f"and the lock's files disagree on {name!r} (every .age file is a listed "
+                   "ciphertext, and only those)")
+    if not set(ciphertexts) <= set(files):
+        refuse("names a ciphertext the lock's files do not hold")
+    counts = value["counts"]
+    if not (isinstance(counts, dict) and set(counts) == COUNT_KEYS
+            and all(type(n) is int and n >= 0 for n in counts.values())):
+        refuse(f"counts must map {sorted(COUNT_KEYS)} to non-negative integers")
+    if not isinstance(value["hidden_names"], bool):
+        refuse("hidden_names must be true or false")
+    if lock["activations"] or "adapters" in lock or "lineage" in lock:
+        refuse("cannot sit beside activation entries, adapters or lineage in clear: a private "
+               "cube keeps them in its encrypted manifest")
+    for role, pin in lock["models"].items():
+        if isinstance(pin, dict) and "vectors" in pin:
+            refuse(f"cannot sit beside model {role!r}'s vectors record in clear (its sample "
+                   "names memories)")

@@ -9,17 +9,19 @@ any compatible endpoint such as ``cubepack hub serve``. ``HF_ENDPOINT``, ``HF_TO
 from __future__ import annotations
 
 import contextlib
+import errno
 import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._util import constants
+from .._util import atomic, constants
 from .._util.revision import check_ref_name, looks_like_commit
 from ..errors import CubepackError, HubError, UsageError
 from ..identity._hub import lfs_sha256  # noqa: F401 - the one reading of the Hub's LFS sha256
 from ._deadline import Deadline
+from ._stall import LowSpeed
 
 T = TypeVar("T")
 
@@ -85,7 +87,9 @@ class HubClient:
     Args:
         endpoint: the Hub URL (default: ``HF_ENDPOINT`` or huggingface.co).
         token: a token, ``False`` for none, or None for ``HF_TOKEN`` / the stored login.
-        timeout: seconds everything run through :meth:`run` may take (None: no deadline).
+        timeout: seconds everything run through :meth:`run` may take (None: no deadline); with
+            a deadline, each request is also judged by the low-speed rule
+            (``CUBEPACK_LOW_SPEED_LIMIT`` / ``CUBEPACK_LOW_SPEED_TIME``, see ``_stall``).
         action, outcome: what the deadline bounds and what holds after it, for its message.
     """
 
@@ -97,7 +101,9 @@ class HubClient:
         self.endpoint = (endpoint or hub_constants.ENDPOINT).rstrip("/")
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
-        self.deadline = Deadline(timeout, self.endpoint, action, outcome) \
+        # The low-speed rule goes with the deadline: what runs under one is judged by both.
+        self.deadline = Deadline(timeout, self.endpoint, action, outcome,
+                                 low_speed=LowSpeed.from_environment()) \
             if timeout is not None else None
 
     # --- the deadline ----------------------------------------------------------------------------
@@ -143,6 +149,12 @@ class HubClient:
         if status in (401, 403):
             return HubError(f"{where} refused the request for {repo_id} ({status}): pass a token "
                             "with write access (HF_TOKEN or --token).")
+        unreachable = _unreachable(exc)
+        if unreachable is not None:
+            return HubError(f"Cannot reach {where} ({unreachable}) for {repo_id}: check that "
+                            "the address is right (HF_ENDPOINT, or endpoint= in Python), that "
+                            "it is serving and that this machine's network reaches it; "
+                            "HF_HUB_OFFLINE=1 uses what the HF cache already holds.")
         text = str(exc).strip()
         first_line = text.splitlines()[0] if text else type(exc).__name__
         return HubError(f"The request for {repo_id}@{revision or 'main'} to {where} failed: "
@@ -156,6 +168,10 @@ class HubClient:
             yield
         except CubepackError:
             raise
+        except OSError as exc:
+            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub: the caller names it
+                raise
+            raise self.error(exc, repo_id, repo_type, revision) from exc
         except Exception as exc:
             raise self.error(exc, repo_id, repo_type, revision) from exc
 
@@ -229,3 +245,43 @@ class HubClient:
         return Path(hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision,
                                     token=self.token, endpoint=self.endpoint,
                                     cache_dir=cache_dir))
+
+
+#: The connection failures of the HTTP libraries huggingface_hub uses (requests/urllib3 in
+#: 0.x, httpx in 1.x and 2.x), by class name: none of them need be importable here.
+_CONNECTION_FAILURES = frozenset({
+    "ConnectionError", "ConnectError", "ConnectTimeout", "NewConnectionError", "MaxRetryError",
+    "NameResolutionError", "ProtocolError", "RemoteDisconnected", "NetworkError",
+    "ProxyError", "SSLError"})
+_NETWORK_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
+                             errno.ENETUNREACH, errno.ETIMEDOUT, errno.ECONNABORTED})
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """Why the endpoint could not be reached, in a few words (the innermost reason of the
+    chain: "Connection refused", "the host name does not resolve"), or None when ``exc`` is
+    not a connection failure. Never the libraries' repr of a retry pool."""
+    import socket
+
+    seen: set[int] = set()
+    pending: list[Any] = [exc]
+    found, reason = False, None
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if any(cls.__name__ in _CONNECTION_FAILURES for cls in type(current).__mro__):
+            found = True
+        if isinstance(current, socket.gaierror):
+            found, reason = True, "the host name does not resolve"
+        elif isinstance(current, OSError) and current.errno in _NETWORK_ERRNOS:
+            found, reason = True, reason or current.strerror
+        pending += [current.__cause__, current.__context__, getattr(current, "reason", None),
+                    *[arg for arg in current.args if isinstance(arg, BaseException)]]
+    if not found:
+        return None
+    if reason is None:  # the libraries' text, whose last "[Errno N] ..." is the reason
+        match = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
+        reason = match[-1].strip() if match else "the connection failed"
+    return reason

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._util import constants
 from .._util.paths import regular_file
+from .._util.quiet import terminal_bars
 from ..errors import FormatError, IntegrityError
 from ..format import _lock as lockfile
 from ..format._lock import PARENT_LINK_KEYS
@@ -44,6 +45,7 @@ class LineageResult:
                 "complete": self.complete, "stopped": self.stopped}
 
 
+@terminal_bars
 def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dataset",
             endpoint: str | None = None, token: str | None = None,
             timeout: float | None = None) -> LineageResult:

@@ -22,6 +22,7 @@ from typing import Any
 from .._util import atomic, budget, canonical, constants
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
+from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
@@ -54,12 +55,13 @@ class PullResult:
                 "report": self.report.to_dict() if self.report else None}
 
 
+@terminal_bars
 def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None = None,
          repo_type: str = "dataset", local_dir: str | Path | None = None,
          verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
          endpoint: str | None = None, cache_dir: str | Path | None = None,
          progress: bool | None = None, force: bool = False, timeout: float | None = None,
-         **options: Any) -> PullResult:
+         decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
     ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
@@ -76,6 +78,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     the files that would be lost, unless ``force``. Even with ``force``, a folder that holds
     the current directory or the home folder, or that is, holds or sits inside the HF cache or
     ``$CUBEPACK_CACHE``, is never replaced.
+
+    ``decrypt_with``: an identity file opening a private cube: after its ciphertexts verify,
+    it is decrypted in memory (never the target, the HF cache or TMPDIR, which hold only
+    ciphertexts) and verified as the clear cube it is.
 
     ``timeout`` (seconds; default ``CUBEPACK_HUB_TIMEOUT`` or 3600) bounds everything the pull
     asks of the endpoint, however slowly it answers; on expiry nothing is placed, the requests
@@ -106,40 +112,43 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                        outcome=f"Nothing was placed: {target} is as it was.")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
-    staging = atomic.staging_dir(target, "pull")
-    try:
-        # Online, each file is copied into the staging folder as soon as it is in the HF cache
-        # (overlapping the other downloads) and hashed there: the digests verify trusts are of
-        # the very bytes placed. Offline, the cached snapshot is copied the same way.
-        snapshot, placed, hashed = _download(client, repo_id, sha, repo_type=repo_type,
-                                             offline=offline, cache_dir=cache_dir,
-                                             lock_first=verify_cube, staging=staging)
-        # The download took a while: what the target holds now is what must not be lost.
-        check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
-        report = None
-        if verify_cube:
-            # The deadline covers the checks too: a cube slow to check cannot outlive it.
-            with budget.bounded(client.deadline.check if client.deadline
-                                else lambda step: None):
-                report = verify(staging, replace(policy, strict_models=False, require_pin=False),
-                                progress=progress, raise_on_failure=False, hashed=hashed)
-            if not offline and policy.model is None:
-                _add_remote_model_checks(report, client, policy.strict_models)
-            if policy.strict_models and report.intact:
-                require_checked_models(report)
-            report.cube_dir = Path(f"{repo_id}@{sha}")
-            if not report.ok:
-                _evict_corrupt_files(report, snapshot)
-                raise VerificationFailed(report)
-            report.cube_dir = target
-        _write_origin(staging, repo_id, repo_type, sha,
-                      _placed_digests(staging, placed, hashed, report))
-        atomic.replace_dir(staging, target)
-        if wanted and not is_commit(wanted) and not offline:
-            _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic.placing(target, elsewhere="pass another --local-dir"):
+        staging = atomic.staging_dir(target, "pull")
+        try:
+            # Online, each file is copied into the staging folder as soon as it is in the HF cache
+            # (overlapping the other downloads) and hashed there: the digests verify trusts are of
+            # the very bytes placed. Offline, the cached snapshot is copied the same way.
+            snapshot, placed, hashed = _download(client, repo_id, sha, repo_type=repo_type,
+                                                 offline=offline, cache_dir=cache_dir,
+                                                 lock_first=verify_cube, staging=staging)
+            # The download took a while: what the target holds now is what must not be lost.
+            check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
+            report = None
+            if verify_cube:
+                # The deadline covers the checks too: a cube slow to check cannot outlive it.
+                with budget.bounded(client.deadline.check if client.deadline
+                                    else lambda step: None):
+                    report = verify(staging, replace(policy, strict_models=False,
+                                                     require_pin=False),
+                                    progress=progress, raise_on_failure=False, hashed=hashed,
+                                    decrypt_with=decrypt_with)
+                if not offline and policy.model is None:
+                    _add_remote_model_checks(report, client, policy.strict_models)
+                if policy.strict_models and report.intact:
+                    require_checked_models(report)
+                report.cube_dir = Path(f"{repo_id}@{sha}")
+                if not report.ok:
+                    _evict_corrupt_files(report, snapshot)
+                    raise VerificationFailed(report)
+                report.cube_dir = target
+            _write_origin(staging, repo_id, repo_type, sha,
+                          _placed_digests(staging, placed, hashed, report))
+            atomic.replace_dir(staging, target)
+            if wanted and not is_commit(wanted) and not offline:
+                _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return PullResult(repo_id=repo_id, repo_type=repo_type, revision=wanted, commit_sha=sha,
                       local_dir=target, report=report)
 

@@ -17,6 +17,7 @@ from typing import Any
 from .._util import constants
 from .._util.hashing import sha256_file
 from .._util.paths import names_a_path
+from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
@@ -52,6 +53,7 @@ RETRY_BASE = 0.05
 RETRY_CAP = 5.0
 
 
+@terminal_bars
 def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
          revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
          token: str | None = None, endpoint: str | None = None,

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._util.quiet import terminal_bars
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._hub import hub_identity
 from ..identity._identity import ModelIdentity, compare
@@ -76,6 +77,7 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) 
             for m in problems]
 
 
+@terminal_bars
 def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   endpoint: str | None = None, token: str | None = None,
                   progress: bool | None = None, raise_on_failure: bool = True,

@@ -17,6 +17,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import weakref
@@ -29,6 +30,7 @@ from .._util import canonical, constants
 from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.paths import names_a_path
+from .._util.quiet import terminal_bars
 from .._util.revision import is_commit
 from .._util.safetensors_header import Header, read_header
 from ..errors import (
@@ -65,6 +67,8 @@ __all__ = [
     "tokenizer_digest_from_json",
 ]
 
+logger = logging.getLogger("cubepack")
+
 #: An LFS blob in the HF cache is named by its sha256 (regular files by their git sha1).
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.h5",
@@ -72,6 +76,7 @@ _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt
 _ADAPTER_PREFIX = "adapter_model"
 
 
+@terminal_bars
 def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: Any = None,
                 dtype: str | None = None, local_files_only: bool = False) -> ModelIdentity:
     """Fingerprint a model.
@@ -369,6 +374,9 @@ def folder_identity(folder: Path, config: dict[str, Any], *, weights_digest: str
 
 #: Identities of loaded models, reused while the model's dtype, source files (by stat) and
 #: adapters are unchanged: a fingerprint per ``load_kv_cache`` would otherwise dominate it.
+#: When only the files changed (the folder rewritten under a live model), the identity first
+#: taken is kept: the model in memory still holds the weights it was loaded from. So a loaded
+#: model's identity is fixed the first time cubepack fingerprints it.
 _LOADED_IDENTITIES: weakref.WeakKeyDictionary[Any, tuple[Any, ModelIdentity]] = \
     weakref.WeakKeyDictionary()
 
@@ -383,6 +391,12 @@ def _fingerprint_loaded(model: Any, *, tokenizer: Any) -> ModelIdentity:
     if memo_key is not None:
         remembered = _LOADED_IDENTITIES.get(model)
         if remembered is not None and remembered[0] == memo_key:
+            return remembered[1]
+        if remembered is not None and remembered[0][:3] == memo_key[:3]:
+            # Only the files changed (rewritten, new inodes) since cubepack first fingerprinted
+            # this loaded model: its weights in memory are still those it was loaded from, so
+            # its identity is the one taken then, never the new files'.
+            _warn_files_changed(model, folder)
             return remembered[1]
     run_dtype = dtype_name(model.dtype)
     model_id, revision = hub_origin(folder) if folder else (None, None)
@@ -439,6 +453,21 @@ def _loaded_compute_config(model: Any, folder: Path | None,
             else:
                 result.pop(key, None)
     return result
+
+
+_WARNED_CHANGED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_files_changed(model: Any, folder: Path) -> None:
+    try:
+        if model in _WARNED_CHANGED:
+            return
+        _WARNED_CHANGED.add(model)
+    except TypeError:
+        pass
+    logger.warning("cubepack: the files of %s changed after this loaded model was first "
+                   "fingerprinted; it keeps the identity of the weights it holds (those files "
+                   "as first seen). Reload the model to use the new files.", folder)
 
 
 def _memo_key(model: Any, folder: Path, files: list[Path],

@@ -1,32 +1,46 @@
-"""The cubepack KV file format, version 2, read without torch.
+"""The cubepack KV file format, version 3, read without torch.
 
 One KV cache per safetensors file (the layout is in README.md, "KV file format"):
 
 - tensors ``layers.<i>.keys`` and ``layers.<i>.values``, contiguous, shape
   ``[batch, kv_heads, seq, head_dim]``, in the cache's dtype;
 - metadata key ``cubepack``: one JSON string with ``format`` (``"cubepack.kv"``), ``version``
-  (2), ``producer`` (the full :class:`~cubepack.identity.ModelIdentity` of the model that built
+  (3), ``producer`` (the full :class:`~cubepack.identity.ModelIdentity` of the model that built
   the cache), ``num_layers``, ``layers`` (per layer ``type`` and ``cumulative_length``, which a
   sliding-window layer needs to be restored exactly), ``kv_dtype``, ``token_count``,
-  ``token_ids`` (or null) and free ``metadata``.
+  ``token_ids`` (or null), free ``metadata`` and ``checksums``: ``{"algorithm": "xxh3-64",
+  "header": "<16 hex digits>", "tensors": {"layers.0.keys": "<16 hex digits>", ...}}``, the
+  XXH3-64 of this metadata (without ``header``) and of each tensor's stored bytes
+  (:mod:`cubepack.kv._checksum`).
 
 :func:`read_kv_header` validates all of it, and the structure against the producer, before any
 tensor is touched; :func:`check_kv_file` also requires the producer to be a given identity.
-Turning tensors into caches and back is :mod:`cubepack.kv._torch`'s job.
+Turning tensors into caches and back is :mod:`cubepack.kv._torch`'s job; every load of the
+tensors (``load_kv_cache``, the MemOS hook, the MLX load, a recomputation, a conversion, ``pack``
+and ``verify``) requires each tensor's bytes to match its checksum first, and refuses a file
+whose bytes changed with an :class:`~cubepack.errors.IntegrityError` naming the tensor.
+
+Older versions: a version-2 file (no ``checksums``) still loads; its tensors cannot be checked,
+which :attr:`KVFileInfo.checksums` (None), ``cubepack inspect`` ("checksums: none") and a
+warning at each load say (the MemOS hook's report lists such items in ``unchecksummed``);
+``cubepack upgrade FILE --model MODEL`` adds them. A version-1 file is read (``inspect``,
+``upgrade``) but never loaded. An unknown version is refused, naming the upgrade.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
 from .._util.safetensors_header import Header, TensorInfo, read_header
-from ..errors import CubepackError, FormatError, Mismatch
+from ..errors import CubepackError, FormatError, IntegrityError, Mismatch
 from ..identity._identity import ModelIdentity, compare_warnings, require_same
+from . import _checksum
 
 logger = logging.getLogger("cubepack")
 
@@ -57,10 +71,18 @@ class KVFileInfo:
     token_ids: list[int] | None
     metadata: dict[str, Any] = field(default_factory=dict)
     header: Header | None = field(default=None, repr=False, compare=False)
+    #: Each tensor's recorded checksum (name -> 16 hex digits, XXH3-64), validated against the
+    #: tensors' names; None for a file older than version 3, whose bytes cannot be checked.
+    checksums: dict[str, str] | None = field(default=None, repr=False)
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [f"layers.{i}.{part}" for i in range(self.num_layers)
+                for part in ("keys", "values")]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +97,7 @@ class KVFileInfo:
             "token_count": self.token_count,
             "token_ids": self.token_ids,
             "metadata": self.metadata,
+            "checksums": None if self.checksums is None else _checksum.record(self.checksums),
         }
 
 
@@ -117,8 +140,12 @@ def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]
             f"{', '.join(map(str, constants.KV_READABLE_VERSIONS))}. Upgrade cubepack, or "
             "re-create the file."
         )
+    # First: a header that is not the one written is refused as such, before any field of it
+    # is interpreted (version 3; an older file carries no record, and may carry none).
+    checksums = _checksum.checksum_record(path, meta, version, tensors,
+                                          constants.KV_CHECKSUM_VERSION)
     producer = ModelIdentity.from_dict(meta.get("producer"),
-                                       legacy=version < constants.KV_FORMAT_VERSION)
+                                       legacy=version < constants.KV_CHECKABLE_VERSION)
     layers = _validate_layers(path, tensors, meta, producer)
     token_count = layers[0].cumulative_length if layers else 0
     if type(meta.get("token_count")) is not int or meta["token_count"] != token_count:
@@ -141,7 +168,7 @@ def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]
         raise FormatError(f"{path}: item metadata must be a JSON object.")
     return KVFileInfo(path=path, version=version, producer=producer, kv_dtype=meta["kv_dtype"],
                       layers=layers, token_count=token_count, token_ids=token_ids,
-                      metadata=item_metadata, header=header)
+                      metadata=item_metadata, header=header, checksums=checksums)
 
 
 def _validate_layers(path: Path, tensors: dict[str, TensorInfo], meta: dict[str, Any],
@@ -299,7 +326,7 @@ def check_kv_info(info: KVFileInfo, live: ModelIdentity) -> KVFileInfo:
     """:func:`check_kv_file` for a header already read and validated (a KV file's, or the
     same metadata carried by another runtime's cache file)."""
     path = info.path
-    if info.version < constants.KV_FORMAT_VERSION:
+    if info.version < constants.KV_CHECKABLE_VERSION:
         raise FormatError(
             f"KV cache {Path(path).name} is KV format version {info.version}, whose producer "
             "identity does not pin the model's compute config or its tokenizer's behaviour, so "
@@ -310,10 +337,50 @@ def check_kv_info(info: KVFileInfo, live: ModelIdentity) -> KVFileInfo:
     return info
 
 
+def verify_checksums(info: KVFileInfo) -> None:
+    """Require a KV file's tensors, as the file holds them now, to match their checksums (the
+    file mapped read-only: no copy, no torch); a file older than version 3 passes unchecked.
+
+    Raises:
+        IntegrityError: a tensor's bytes differ from its checksum (the tensor named).
+    """
+    header = info.header or read_header(info.path)
+    _checksum.verify_file(info.path, info.checksums,
+                          _checksum.kv_file_pieces(header, info.tensor_names))
+
+
+def unchecked_note(info: KVFileInfo, fix: str | None = None) -> str | None:
+    """What to tell a user who loads a file whose tensors carry no checksums (format 2), or
+    None for one whose tensors were checked; ``fix``: how to add them, when not an upgrade of
+    the file itself."""
+    if info.checksums is not None:
+        return None
+    fix = fix or f"cubepack upgrade {shlex.quote(str(info.path))} --model MODEL"
+    return (f"KV cache {info.path} has no per-tensor checksums (format v{info.version}): its "
+            "tensor bytes were not checked at load (a cube's are checked against its lock by "
+            f"verify). Add them: {fix}")
+
+
+def checksum_verdict(info: KVFileInfo) -> tuple[bool | None, str]:
+    """``verify``'s per-tensor check of a KV file: (True, what matched), (None, why there is
+    nothing to check: a format-2 file) or (False, the IntegrityError's message naming the
+    first tensor that differs)."""
+    if info.checksums is None:
+        return None, f"skipped: no per-tensor checksums (format v{info.version})"
+    try:
+        verify_checksums(info)
+    except IntegrityError as exc:
+        return False, str(exc)
+    return True, (f"the {len(info.checksums)} tensors match their {_checksum.ALGORITHM} "
+                  "checksums")
+
+
 def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_ids: list[int] | None,
-                metadata: dict[str, Any] | None) -> str:
+                metadata: dict[str, Any] | None, *, checksums: dict[str, str]) -> str:
     """The ``cubepack`` metadata string of a KV file whose layers are ``entries`` (``type``
-    and ``cumulative_length`` each): the one definition for every writer.
+    and ``cumulative_length`` each) and whose tensors have ``checksums`` (name -> XXH3-64 hex
+    of the bytes written, :func:`cubepack.kv._checksum.compute`): the one definition for every
+    writer.
 
     Raises:
         CubepackError: ``token_ids`` do not cover the cache, or metadata is not JSON.
@@ -322,8 +389,12 @@ def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_id
     if token_ids is not None and len(token_ids) != token_count:
         raise CubepackError(f"token_ids has {len(token_ids)} ids but the cache covers "
                             f"{token_count} tokens.")
+    names = {f"layers.{i}.{part}" for i in range(len(entries)) for part in ("keys", "values")}
+    if set(checksums) != names:  # a writer's bug: never write a record that cannot hold
+        raise CubepackError(f"The checksums name {sorted(checksums)[:4]}, not the tensors of "
+                            f"{len(entries)} layers.")
     try:
-        return canonical.dumps({
+        return canonical.dumps(_checksum.seal({
             "format": constants.KV_FORMAT_NAME,
             "version": constants.KV_FORMAT_VERSION,
             "producer": producer.to_dict(),
@@ -333,7 +404,8 @@ def kv_metadata(producer: ModelIdentity, entries: list[dict[str, Any]], token_id
             "token_count": token_count,
             "token_ids": token_ids,
             "metadata": metadata or {},
-        }, compact=True)
+            "checksums": _checksum.record(checksums),
+        }), compact=True)
     except (TypeError, ValueError) as exc:
         raise CubepackError(f"KV item metadata must be JSON-serialisable: {exc}") from exc
 

@@ -1,5 +1,8 @@
 """Loading a KV file into a live transformers model: the producer check first, then, for a
-cache another runtime computed, a recomputation here, then the zero-copy ``DynamicCache``."""
+cache another runtime computed, a recomputation here, then the zero-copy ``DynamicCache``, each
+tensor's bytes checked against its checksum as they are mapped (KV format 3; a version-2 file,
+which records none, loads with a warning on the ``cubepack`` logger saying its bytes were not
+checked and how to add checksums)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity
-from ._format import check_kv_file
+from ._format import check_kv_file, logger, unchecked_note
 from ._recompute import TorchRuntime, require_recomputed_here
 from ._torch import build_dynamic_cache
 
@@ -21,7 +24,10 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
 
     The header is validated and the producer's strict fields compared with the live model's
     identity before any tensor is read; only then is the cache built, zero-copy from the
-    memory-mapped file unless ``copy`` (or a ``device`` other than CPU) asks otherwise.
+    memory-mapped file unless ``copy`` (or a ``device`` other than CPU) asks otherwise, once
+    every tensor's mapped bytes match the checksum its header records (XXH3-64, hashed in
+    place on a pool of threads). A version-2 file records no checksums: it loads unchecked,
+    and a warning on the ``cubepack`` logger says so.
 
     Args:
         model: the live ``PreTrainedModel`` the cache will be used with.
@@ -40,10 +46,15 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         IdentityMismatch: the cache was produced by a different model (every field named).
         RecomputationFailed: another runtime's cache that this model does not reproduce, or
             that records no token ids to recompute it from.
+        IntegrityError: a tensor's bytes differ from its checksum (bit rot, a bad copy, an
+            edit): the tensor, the file and both checksums named.
         FormatError: the file is corrupt, truncated or of an unknown version.
     """
     live = identity or fingerprint(model)
     info = check_kv_file(path, live)
+    note = unchecked_note(info)
+    if note:
+        logger.warning("cubepack: %s", note)
     require_recomputed_here(TorchRuntime(model), info, always=recompute, sample=sample,
                             seed=seed)
     return build_dynamic_cache(info, model.config, device=device, copy=copy)

@@ -21,6 +21,7 @@ from .._util.safetensors_header import DTYPE_TAGS, FileBytes, read_header, write
 from ..errors import CubepackError, IdentityMismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
+from . import _checksum
 from ._format import (
     FULL,
     SLIDING,
@@ -29,6 +30,7 @@ from ._format import (
     kv_metadata,
     read_kv_header,
     structure_problems,
+    verify_checksums,
 )
 
 _SUPPORTED_LAYERS = {"DynamicLayer": FULL, "DynamicSlidingWindowLayer": SLIDING}
@@ -139,7 +141,7 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
         tensors[f"layers.{index}.keys"] = _on_cpu(keys)
         tensors[f"layers.{index}.values"] = _on_cpu(values)
         entries.append({"type": kind, "cumulative_length": int(cumulative)})
-    meta_json = kv_metadata(producer, entries, _token_id_list(token_ids), metadata)
+    ids = _token_id_list(token_ids)
     path = Path(path)
     tags = {dtype_name(tensor.dtype) for tensor in tensors.values()} - set(DTYPE_TAGS)
     if tags:
@@ -147,9 +149,16 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
                                "safetensors.")
     stored = [(name, DTYPE_TAGS[dtype_name(tensor.dtype)], tuple(tensor.shape),
                _bytes_of(tensor)) for name, tensor in tensors.items()]
+    # The checksums of the very bytes written: the tensors' memory, or a file's bytes mapped.
+    checksums = _checksum.compute_sources({name: data for name, _, _, data in stored})
+    meta_json = kv_metadata(producer, entries, ids, metadata, checksums=checksums)
     with atomic.atomic_path(path) as tmp:  # safetensors' own bytes, in 2 MiB-aligned writes
         write_safetensors(tmp, stored, {constants.KV_METADATA_KEY: meta_json})
         written = read_kv_header(tmp)  # what we wrote must be what we read back
+        if any(isinstance(tensor, FileTensor) for tensor in tensors.values()):
+            # Copied from another file, read twice (hashed, then copied): the copy must be
+            # the bytes hashed, or that file changed in between.
+            verify_checksums(written)
         if before_rename is not None:
             before_rename(written)
     return path
@@ -270,8 +279,15 @@ def _lazy_initialization_arity(layer_class: type) -> int:
 
 def mapped_layers(info: KVFileInfo, *, copy: bool = False) -> list[tuple[str, int, Any, Any]]:
     """(type, cumulative_length, keys, values) per layer of a validated file, as mapped (or,
-    with ``copy``, cloned) tensors; no producer check (callers do their own)."""
+    with ``copy``, cloned) tensors, each first required to match its checksum (a version-3
+    file; the mapped bytes themselves are hashed, so the pages a later use reads are already
+    in); no producer check (callers do their own).
+
+    Raises:
+        IntegrityError: a tensor's bytes differ from its checksum (the tensor named).
+    """
     tensors = _mapped_tensors(info)
+    verify_mapped(info, tensors)
     layers = []
     for index, stored in enumerate(info.layers):
         keys, values = tensors[f"layers.{index}.keys"], tensors[f"layers.{index}.values"]
@@ -279,6 +295,18 @@ def mapped_layers(info: KVFileInfo, *, copy: bool = False) -> list[tuple[str, in
             keys, values = keys.clone(), values.clone()
         layers.append((stored.type, stored.cumulative_length, keys, values))
     return layers
+
+
+def verify_mapped(info: KVFileInfo, tensors: dict[str, Any]) -> None:
+    """Require each of a file's mapped tensors (name -> tensor) to match its checksum; hashed
+    in place (a flat byte view of each tensor's own memory, never a copy)."""
+    import torch
+
+    if info.checksums is None:
+        return
+    _checksum.verify_buffers(info.path, info.checksums, {
+        name: [tensor.contiguous().view(torch.uint8).reshape(-1).numpy()]
+        for name, tensor in tensors.items()})
 
 
 def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:

@@ -33,7 +33,13 @@ from ..errors import (
 from ..format._lock import ASSERTED, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
-from ..kv._format import check_kv_file, read_kv_header, structure_problems
+from ..kv._format import (
+    KVFileInfo,
+    check_kv_file,
+    read_kv_header,
+    structure_problems,
+    unchecked_note,
+)
 from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
 from ..memory._reprefill import provenance as reprefill_provenance
@@ -44,7 +50,7 @@ from ..memos_format._records import record_conflicts
 from ..ops._verify import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
-from ._use import SHAPE_ONLY, register, use_problems
+from ._use import UNKNOWN, UNKNOWN_FINDING, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -60,6 +66,11 @@ class HookReport:
     dropped: dict[str, list[str]] = field(default_factory=dict)
     rebuilt: dict[str, list[str]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # role -> folder MemOS loaded
+    #: a private cube's recipients (from its decrypted manifest): a dump of it is encrypted to
+    #: them again
+    private_recipients: list[str] | None = None
+    #: whether that private cube hid its ciphertext names (item ids): its dump hides them too
+    private_hidden_names: bool = False
     #: item -> what the loaded model's recomputation covered (full, positions, total, seed)
     recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: item -> what backs its producer label (kind, basis: proved / signed / claimed)
@@ -70,6 +81,9 @@ class HookReport:
     embedder_verified: bool = False  # the loaded embedder reproduced the text memory's vectors
     #: adapter -> what the hook checked it against (or why it could not)
     adapters: dict[str, str] = field(default_factory=dict)
+    #: items whose KV file is format 2: no per-tensor checksums, so their bytes were not
+    #: checked at this load (a cube's were by its lock's sha256; a lockless folder's were not)
+    unchecksummed: list[str] = field(default_factory=list)
 
 
 def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
@@ -176,9 +190,9 @@ class _Staged:
 
     def mismatch(self, item_id: str, mismatch: IdentityMismatch, header: dict[str, Any], *,
                  token_ids: list[int] | None = None,
-                 producer: ModelIdentity | None = None) -> None:
+                 producer: ModelIdentity | None = None, unknown: bool = False) -> None:
         apply_policy(self, item_id, mismatch, memos_layout.item_metadata(header),
-                     token_ids=token_ids, producer=producer)
+                     token_ids=token_ids, producer=producer, unknown=unknown)
 
     def install(self) -> None:
         self.act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
@@ -229,6 +243,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             continue
         if policy.recompute and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
+        _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
                    info.token_ids)
     staged.install()
@@ -287,8 +302,12 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: Trus
                                         problems or shape)
             staged.mismatch(item.id, mismatch, item.metadata)
             continue
-        label = {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the loading model"} \
-            if records else SHAPE_ONLY
+        if not records:  # unknown origin: never the loading model's because its shape fits
+            staged.mismatch(item.id, IdentityMismatch(
+                f"Activation {item.id!r} of {cube_dir}", [UNKNOWN]), item.metadata,
+                unknown=True)
+            continue
+        label = {"kind": RECORDED, "detail": f"{records[0][1]} agrees with the loading model"}
         header = memos_layout.header_metadata(item.metadata, records=item.records)
         staged.add(item.id, item.layers, header, live, label)
         item.release()
@@ -344,25 +363,44 @@ def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: Hook
             continue
         claimed = info.metadata.get("provenance")
         label = claimed if check_provenance(claimed) and claimed["kind"] == ASSERTED else KV_HEADER
+        _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, label,
                    info.token_ids)
     staged.install()
 
 
+def _note_unchecked(report: HookReport, item_id: str, info: KVFileInfo) -> None:
+    """Record (and warn once per item) that a format-2 KV file's bytes go unchecked here;
+    a format-3 file's are checked by :func:`~cubepack.kv._torch.mapped_layers`."""
+    note = unchecked_note(info)
+    if note:
+        report.unchecksummed.append(item_id)
+        logger.warning("cubepack: activation %r: %s", item_id, note)
+
+
 def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                  metadata: dict[str, Any], *, token_ids: list[int] | None = None,
-                 producer: ModelIdentity | None = None) -> None:
+                 producer: ModelIdentity | None = None, unknown: bool = False) -> None:
+    """``unknown``: nothing records the item's producer (a pickle another process wrote
+    without cubepack): it is never taken as the loading model's, whatever its shape."""
     on_mismatch = staged.policy.on_mismatch
     if on_mismatch == "error":
         raise IdentityMismatch(
             f"Activation {item_id!r} of {staged.cube_dir}", mismatch.mismatches,
-            "The model MemOS loaded is not the one that produced it; load the cube with its "
-            "pinned model, or pass on_mismatch='drop' or 'rebuild' (to "
-            "cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
-            "CUBEPACK_MEMOS_ON_MISMATCH).") from None
+            ("Nothing records which model produced it (a MemOS pickle written without "
+             "cubepack), so it is not taken as the loading model's. Pack the folder with the "
+             "model that made it (cubepack pack --legacy-pickle, your assertion), or pass "
+             "on_mismatch='rebuild' (re-extract it from its source text) or 'drop'"
+             if unknown else
+             "The model MemOS loaded is not the one that produced it; load the cube with its "
+             "pinned model, or pass on_mismatch='drop' or 'rebuild'") +
+            " (to cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
+            "CUBEPACK_MEMOS_ON_MISMATCH).",
+            **({"finding": UNKNOWN_FINDING} if unknown else {})) from None
     if on_mismatch == "drop":
-        logger.warning("cubepack: dropped activation %s of %s: produced by another model (%s)",
-                       item_id, staged.cube_dir, ", ".join(mismatch.fields))
+        logger.warning("cubepack: dropped activation %s of %s: %s (%s)", item_id,
+                       staged.cube_dir, "its producer is unknown" if unknown
+                       else "produced by another model", ", ".join(mismatch.fields))
         staged.report.dropped[item_id] = mismatch.fields
         return
     staged.items.append(rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids,

@@ -2,7 +2,8 @@
 
 - ``KVCacheMemory.dump`` (called by ``GeneralMemCube.dump``, ``MOS.dump`` and the scheduler's
   activation manager) writes each cache as a KV file, ``activations/<id>.kv.safetensors``, with
-  its producer's identity (the model that made it, or the memory's model) and the token ids
+  its producer's identity (the model cubepack saw make it; a cache of unknown origin is never
+  attributed to the memory's model: the hook's ``on_mismatch`` applies) and the token ids
   MemOS prefilled, instead of ``activation_memory.pickle``. A cache that no longer matches its
   prompt (grown in place by an unhooked chat: MemOS #2301) is refused, not shipped.
 - ``GeneralMemCube.dump`` then packs the folder: models named in ``config.json`` by their Hub id
@@ -17,30 +18,74 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .._util import atomic
 from .._util.canonical import json_safe
-from ..errors import CubepackError, UsageError
-from ..identity._fingerprint import fingerprint
+from ..errors import CubepackError, IdentityMismatch, UsageError
 from ..kv._torch import save_kv_cache
 from ..memos_format._layout import header_metadata, memos_prompt_ids
 from ..ops._pack import activation_filename, pack, write_prompts
-from ._use import SHAPE_ONLY, lookup
+from ..trust._evidence import ASSERTED
+from ._use import (
+    REGISTER_ADVICE,
+    UNKNOWN,
+    UNKNOWN_FINDING,
+    Produced,
+    live_identity,
+    lookup,
+    produced,
+)
 
 logger = logging.getLogger("cubepack.memos")
 
 
-def dump_activations(act_mem: Any, dir: str) -> None:
+def dump_activations(act_mem: Any, dir: str, *, on_mismatch: str | None = None,
+                     planned: list[tuple[str, Any, Any, Produced]] | None = None) -> None:
     """``KVCacheMemory.dump`` / ``VLLMKVCacheMemory.dump`` under the hook: one KV file per
-    cache (or, for vLLM, the prompts file), no pickle."""
+    cache (or, for vLLM, the prompts file), no pickle. A cache of unknown origin is never
+    attributed to a model by the hook: ``on_mismatch`` applies (:func:`plan_dump`), before
+    anything is written."""
     folder = Path(dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    if not hasattr(act_mem.llm, "model"):  # vLLM: prompt strings the server prefills
-        served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
-        write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
-                               for item_id, item in act_mem.kv_cache_memories.items()],
-                      model=served)
-        return
-    model = getattr(act_mem.llm, "model", None)
-    tokenizer = getattr(act_mem.llm, "tokenizer", None)
+    local = hasattr(act_mem.llm, "model")
+    if local and planned is None:
+        planned = plan_dump(act_mem, on_mismatch)
+    with atomic.placing(folder, elsewhere="dump to another folder", whole=False):
+        folder.mkdir(parents=True, exist_ok=True)
+        if not local:  # vLLM: prompt strings the server prefills
+            served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+            write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
+                                   for item_id, item in act_mem.kv_cache_memories.items()],
+                          model=served)
+            return
+        tokenizer = getattr(act_mem.llm, "tokenizer", None)
+        for item_id, item, cache, record in planned:
+            memos_metadata = json_safe(item.metadata or {})
+            ids = prompt_ids(item_id, cache, record, tokenizer, memos_metadata)
+            metadata = header_metadata(memos_metadata, id=item_id,
+                                       provenance=record.provenance, records=_records(item))
+            save_kv_cache(cache, folder / activation_filename(item_id), producer=record.producer,
+                          metadata=metadata, token_ids=ids)
+
+
+#: The label of a cache ``pack_cube`` (called without the hook) attributes to the memory's
+#: model: the caller's word, the weakest label, as ``cubepack pack --legacy-pickle``'s.
+CALLER_ASSERTED = {"kind": ASSERTED, "detail": "no producer record: attributed to the memory's "
+                                               "model by the caller of pack_cube (no hook)"}
+
+
+def plan_dump(act_mem: Any, on_mismatch: str | None) -> list[tuple[str, Any, Any, Produced]]:
+    """(item id, item, cache, record) for each cache a dump writes, decided before anything is
+    written. A cache cubepack never saw made (unknown origin) is never attributed to the
+    memory's model under the hook: ``on_mismatch`` ``error`` refuses the dump, ``drop`` leaves
+    it out (one warning), ``rebuild`` re-extracts it with the memory's model from its
+    ``source_text`` (refused without one). ``on_mismatch`` None is ``pack_cube`` called
+    without the hook: the caller's assertion, labelled ``asserted``.
+
+    Raises:
+        UsageError: a cache changed since cubepack checked it (grown in place, MemOS #2301).
+        IdentityMismatch: a cache of unknown origin under ``error`` (or ``rebuild`` without a
+            source text).
+    """
+    planned, live = [], None
     for item_id, item in act_mem.kv_cache_memories.items():
         record, state = lookup(item.memory)
         if state == "changed":
@@ -49,15 +94,31 @@ def dump_activations(act_mem: Any, dir: str) -> None:
                 "replaced, e.g. grown by a direct generation call: MemOS issue #2301), so it "
                 "no longer is the memory it was made from. Re-extract it "
                 "(act_mem.extract(source_text)) or reload the cube before dumping.")
-        producer = record.producer if record is not None else fingerprint(model)
-        memos_metadata = json_safe(item.metadata or {})
-        ids = prompt_ids(item_id, item.memory, record, tokenizer, memos_metadata)
-        metadata = header_metadata(
-            memos_metadata, id=item_id,
-            provenance=record.provenance if record is not None else SHAPE_ONLY,
-            records=_records(item))
-        save_kv_cache(item.memory, folder / activation_filename(item_id), producer=producer,
-                      metadata=metadata, token_ids=ids)
+        cache = item.memory
+        if record is None:
+            source = (item.metadata or {}).get("source_text")
+            what = f"Activation {item_id!r} dumped from KVCacheMemory (KVCacheMemory.dump)"
+            if on_mismatch is None:
+                live = live or live_identity(getattr(act_mem.llm, "model", None), "pack_cube")
+                record = Produced(item_id, live, {}, None, dict(CALLER_ASSERTED))
+            elif on_mismatch == "drop":
+                logger.warning("cubepack: %s: left out (its producer is unknown)", what)
+                continue
+            elif on_mismatch == "rebuild" and isinstance(source, str):
+                cache = act_mem.llm.build_kv_cache(source)  # hooked: registered with its model
+                record = produced(cache)
+                if record is None:
+                    raise UsageError(f"{what}: its rebuilt cache was not registered; dump with "
+                                     "the hook installed (cubepack.memos.install()).")
+                logger.warning("cubepack: %s: rebuilt with the memory's model", what)
+            else:
+                raise IdentityMismatch(what, [UNKNOWN], REGISTER_ADVICE + (
+                    "" if on_mismatch != "rebuild" else
+                    "; it records no source text to rebuild it from") +
+                    ". A dump never attributes such a cache to the memory's model.",
+                    finding=UNKNOWN_FINDING)
+        planned.append((item_id, item, cache, record))
+    return planned
 
 
 def _records(item: Any) -> dict[str, Any] | None:
@@ -100,18 +161,21 @@ def prompt_ids(item_id: str, cache: Any, record: Any, tokenizer: Any,
 
 def dump_cube(cube: Any, folder: Path, memory_types: list[str] | None = None, *,
               license: str | None = None, pretty_name: str | None = None,
-              recompute: bool = False) -> None:
+              recompute: bool = False, on_mismatch: str | None = None) -> None:
     """Dump a live ``GeneralMemCube`` into the empty ``folder`` as a packed cube: MemOS's own
     dump writes config.json and the other memories, :func:`dump_activations` the caches, and
     pack pins the models (the one MemOS loaded for the activations), names snapshot paths by
-    their Hub ids and locks it."""
+    their Hub ids and locks it. ``on_mismatch``: the hook's policy for a cache of unknown
+    origin (:func:`plan_dump`; None: ``pack_cube`` without the hook)."""
     from memos.mem_cube.general import GeneralMemCube
 
     types = memory_types or ["text_mem", "act_mem", "para_mem", "pref_mem"]
+    act_mem = cube.act_mem if "act_mem" in types else None
+    planned = plan_dump(act_mem, on_mismatch) if act_mem is not None and \
+        hasattr(act_mem.llm, "model") else None  # a refusal before anything is written
     memos_dump = inspect.unwrap(GeneralMemCube.dump)  # MemOS's, even under the hook
     memos_dump(cube, str(folder), [kind for kind in types if kind != "act_mem"])
-    act_mem = cube.act_mem if "act_mem" in types else None
-    if act_mem is not None:
-        dump_activations(act_mem, str(folder))  # KV files (or prompts), never a pickle
+    if act_mem is not None:  # KV files (or prompts), never a pickle
+        dump_activations(act_mem, str(folder), planned=planned)
     model = getattr(act_mem.llm, "model", None) if act_mem is not None else None
     pack(folder, model=model, license=license, pretty_name=pretty_name, recompute=recompute)

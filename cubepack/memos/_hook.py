@@ -27,16 +27,20 @@ from typing import Any
 from .._util import atomic, constants
 from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
+from .._util.ramdir import ram_folder
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..ops._encrypt import encrypt
+from ..ops._private import is_private, open_private
 from ..ops._verify import verify
+from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
 from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
 from ._parametric import check_adapters
-from ._use import guarded_generate, merged, record_extraction
+from ._use import checked_add, checked_parts, guarded_use, merged, record_build, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -146,11 +150,15 @@ def _patch() -> None:
                (KVCacheMemory, "extract"): _recorded_extract,
                (KVCacheMemory, "from_textual_memory"): _recorded_from_textual_memory,
                (KVCacheMemory, "_concat_caches"): _recorded_concat,
-               (KVCacheMemory, "dump"): _own(dump_activations),
-               (VLLMKVCacheMemory, "dump"): _own(dump_activations),
-               (HFLLM, "generate"): guarded_generate(HFLLM.__dict__["generate"], _hook_settings),
-               (HFLLM, "generate_stream"): guarded_generate(HFLLM.__dict__["generate_stream"],
-                                                            _hook_settings, stream=True),
+               (KVCacheMemory, "dump"): _own(_portable_act_dump),
+               (VLLMKVCacheMemory, "dump"): _own(_portable_act_dump),
+               (HFLLM, "build_kv_cache"): _recorded_build,
+               (KVCacheMemory, "add"): _checked_add,
+               (HFLLM, "_generate_with_cache"): guarded_use(
+                   HFLLM.__dict__["_generate_with_cache"], HFLLM._generate_full, _hook_settings),
+               (HFLLM, "_generate_with_cache_stream"): guarded_use(
+                   HFLLM.__dict__["_generate_with_cache_stream"], HFLLM._generate_full_stream,
+                   _hook_settings, stream=True),
                (MOSCore, "register_mem_cube"): _register_mem_cube}
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
@@ -235,19 +243,20 @@ def git_checkout(url: str, revision: str | None) -> Path:
     root = managed_cube_folder("git", digest)
     if revision and is_commit(revision):  # its folder is known: checked before cloning
         managed_cube_folder("git", digest, revision, create_last=False)
-    staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
-    folder = staging / "cube"
-    try:
-        head = _clone(url, revision, folder)
-        _, problems = scan_cube(folder)
-        if problems:
-            where, what = problems[0]
-            raise UnsafeInputError(f"The clone of {url} is refused: "
-                                   + (f"{where} {what}." if where else f"{what}"))
-        target = managed_cube_folder("git", digest, head, create_last=False)
-        atomic.replace_dir(folder, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with atomic.placing(root, elsewhere="set CUBEPACK_CACHE to a writable folder"):
+        staging = atomic.staging_dir(root / (revision or "HEAD"), "clone")
+        folder = staging / "cube"
+        try:
+            head = _clone(url, revision, folder)
+            _, problems = scan_cube(folder)
+            if problems:
+                where, what = problems[0]
+                raise UnsafeInputError(f"The clone of {url} is refused: "
+                                       + (f"{where} {what}." if where else f"{what}"))
+            target = managed_cube_folder("git", digest, head, create_last=False)
+            atomic.replace_dir(folder, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -293,10 +302,18 @@ def _guarded_act_load(self: Any, dir: str) -> None:
     state = _lock_state(folder)
     report = HookReport(cube_dir=folder)
     if state == "file":
-        verified = verify(folder, current.for_folder())
+        identity = identity_path(None)
+        verified = verify(folder, current.for_folder(), decrypt_with=identity)
         report.verified, report.signed_by = True, verified.signed_by
         report.signed = verified.signed
-        load_activations(self, folder, verified.lock, report, current)
+        if is_private(verified.lock):  # decrypted in memory (CUBEPACK_IDENTITY), as init does
+            if identity is None:
+                raise UsageError(f"{folder} is a private cube; loading it needs an identity: "
+                                 "set CUBEPACK_IDENTITY to a key file it is encrypted to.")
+            with open_private(folder, identity, public_lock=verified.lock) as opened:
+                load_activations(self, opened.folder, opened.lock, report, current)
+        else:
+            load_activations(self, folder, verified.lock, report, current)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current)
@@ -335,9 +352,33 @@ def _recorded_from_textual_memory(self: Any, mem: Any) -> Any:
 
 
 def _recorded_concat(self: Any, caches: list[Any]) -> Any:
-    """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): the merge carries
-    its parts' common producer, and parts of different producers are refused."""
-    return merged(caches, _original(_kv_memory(), "_concat_caches")(self, caches))
+    """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): a part of unknown
+    origin is handled by the policy first; the merge carries its parts' common producer, and
+    parts of different producers are refused."""
+    kept = checked_parts(caches, _hook_settings().on_mismatch)
+    if not kept:
+        return None
+    return merged(kept, _original(_kv_memory(), "_concat_caches")(self, kept))
+
+
+def _recorded_build(self: Any, messages: Any) -> Any:
+    """MemOS's ``HFLLM.build_kv_cache``, with the new cache's producer registered."""
+    from memos.llms.hf import HFLLM
+
+    return record_build(self, messages, _original(HFLLM, "build_kv_cache")(self, messages))
+
+
+def _checked_add(self: Any, memories: list[Any]) -> None:
+    """MemOS's ``KVCacheMemory.add``, of the items whose cache's producer is this memory's
+    model (the others handled by the policy)."""
+    return _original(_kv_memory(), "add")(self, checked_add(self, list(memories),
+                                                             _hook_settings().on_mismatch))
+
+
+def _portable_act_dump(self: Any, dir: str) -> None:
+    """``KVCacheMemory.dump`` under the hook: KV files, a cache of unknown origin handled by
+    the policy in force (never attributed to the memory's model)."""
+    dump_activations(self, dir, on_mismatch=_hook_settings().on_mismatch)
 
 
 def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
@@ -349,7 +390,18 @@ def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
     if (os.path.exists(dir) and os.listdir(dir)) or (  # MemOS's own rule, before any work
             act and getattr(type(act), "dump", None) not in _dump_replacements()):
         return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
-    dump_cube(self, Path(dir), memory_types)
+    recipients = getattr(getattr(self, "cubepack", None), "private_recipients", None)
+    on_mismatch = _hook_settings().on_mismatch
+    if not recipients:
+        dump_cube(self, Path(dir), memory_types, on_mismatch=on_mismatch)
+        return
+    # A private cube dumps private, to the same recipients: dumped and packed in a RAM folder,
+    # encrypted there, and only the ciphertexts copied to ``dir``.
+    with ram_folder() as ram:
+        dump_cube(self, ram / "cube", memory_types, on_mismatch=on_mismatch)
+        encrypt(ram / "cube", recipients, hide_names=getattr(
+            self.cubepack, "private_hidden_names", False))
+        shutil.copytree(ram / "cube", dir, dirs_exist_ok=True)
 
 
 @quietly(import_first=("memos",))

@@ -7,11 +7,14 @@ MemOS is imported only inside these functions (it has import-time side effects).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical
+from .._util import atomic, canonical, constants
 from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
 from .._util.revision import is_commit
@@ -19,7 +22,9 @@ from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputErro
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ..memos_format import _layout as memos_layout
+from ..ops._private import is_private, open_private
 from ..ops._verify import verify
+from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ._activations import HookReport, load_activations
@@ -35,7 +40,9 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
                           revision: str | None = None, endpoint: str | None = None,
                           repo_type: str = "dataset", memory_types: list[str] | None = None,
                           default_config: Any = None, token: str | None = None,
-                          local_dir: str | Path | None = None, **options: Any) -> Any:
+                          local_dir: str | Path | None = None,
+                          decrypt_with: str | os.PathLike[str] | None = None,
+                          **options: Any) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
     Args:
@@ -55,6 +62,11 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
         local_dir: where to place the pulled cube (default: ``$CUBEPACK_CACHE/cubes/<repo>/<commit>``,
             reused by later loads of that commit; a symlink on its way is refused, see
             :func:`cubepack._util.paths.managed_folder`).
+        decrypt_with: the identity file opening a private cube (default:
+            ``$CUBEPACK_IDENTITY``). It is decrypted in memory only: the pulled folder and the
+            HF cache hold its ciphertexts, MemOS reads the plaintext from a RAM folder that is
+            gone once the cube is built. What MemOS's own text backends (vector and graph
+            stores) persist of memories loaded into them is theirs, not cubepack's.
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
@@ -82,10 +94,16 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     target = Path(local_dir)
     spec = f"{repo_id}@{wanted}" if wanted else repo_id
     # The live checks (recomputation, provenance) run against the model MemOS loads, below.
-    pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
-                  token=token, repo_type=repo_type, force=managed)
-    cube = _build(pulled.local_dir, pulled.report, policy, memory_types=memory_types,
-                  default_config=default_config, endpoint=endpoint, token=token)
+    # A managed folder is named by what sets it (CUBEPACK_CACHE), not by pull's --local-dir.
+    placing = atomic.placing(constants.cache_dir(), elsewhere="set CUBEPACK_CACHE to a "
+                             "writable folder") if managed else contextlib.nullcontext()
+    identity = identity_path(decrypt_with)
+    with placing:
+        pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
+                      token=token, repo_type=repo_type, force=managed, decrypt_with=identity)
+    cube = _build_any(pulled.local_dir, pulled.report, policy, identity,
+                      memory_types=memory_types, default_config=default_config,
+                      endpoint=endpoint, token=token)
     cube.cubepack.commit_sha = pulled.commit_sha
     return cube
 
@@ -94,13 +112,35 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
 def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   memory_types: list[str] | None = None, default_config: Any = None,
                   endpoint: str | None = None, token: str | None = None,
+                  decrypt_with: str | os.PathLike[str] | None = None,
                   **options: Any) -> Any:
-    """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above)."""
+    """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above; a
+    private cube is opened with ``decrypt_with``, default ``$CUBEPACK_IDENTITY``)."""
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("the MemOS hook")
-    report = verify(cube_dir, policy.for_folder())
-    return _build(Path(cube_dir), report, policy, memory_types=memory_types,
-                  default_config=default_config, endpoint=endpoint, token=token)
+    identity = identity_path(decrypt_with)
+    report = verify(cube_dir, policy.for_folder(), decrypt_with=identity)
+    return _build_any(Path(cube_dir), report, policy, identity, memory_types=memory_types,
+                      default_config=default_config, endpoint=endpoint, token=token)
+
+
+def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
+               identity: Path | None, **options: Any) -> Any:
+    """:func:`_build` on a clear cube; on a private one, on its clear cube decrypted into a RAM
+    folder (gone when this returns: MemOS holds what it loaded, the KV caches stay mapped)."""
+    if not is_private(verified.lock):
+        return _build(cube_dir, verified, policy, **options)
+    if identity is None:
+        raise UsageError(f"{cube_dir} is a private cube (encrypted to its recipients); loading "
+                         "it needs an identity: pass decrypt_with=KEY_FILE or set "
+                         "CUBEPACK_IDENTITY.")
+    with open_private(cube_dir, identity, public_lock=verified.lock) as opened:
+        clear = replace(verified, lock=opened.lock, cube_dir=cube_dir)
+        cube = _build(opened.folder, clear, policy, **options)
+    cube.cubepack.cube_dir = cube_dir
+    cube.cubepack.private_recipients = list(opened.manifest["recipients"])
+    cube.cubepack.private_hidden_names = bool(opened.public_lock["encryption"]["hidden_names"])
+    return cube
 
 
 def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,

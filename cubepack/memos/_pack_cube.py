@@ -9,6 +9,7 @@ from typing import Any
 from .._util import atomic
 from .._util.quiet import quietly
 from ._dump import dump_cube
+from ._hook import settings
 
 
 @quietly(import_first=("memos",))
@@ -17,7 +18,9 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     """Write a live ``GeneralMemCube`` to ``out_dir`` as a packed cube, with no pickle between.
 
     MemOS dumps the other memories; each activation is written as a KV file with the identity of
-    its producer (the model that made it, else the one MemOS loaded) and the token ids MemOS
+    its producer (the model cubepack saw make it). A cache of unknown origin follows the
+    installed hook's ``on_mismatch``; without the hook, calling this is your assertion that the
+    memory's model made it (labelled ``asserted``) and the token ids MemOS
     prefilled (recorded when it was made, or rebuilt from its source through MemOS's
     chat-template path); a cache that no longer matches its prompt (grown in place: MemOS
     #2301) is refused. Pins come from the model MemOS loaded. When the model was loaded from a Hub snapshot,
@@ -26,12 +29,16 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     at all.
     """
     out = Path(out_dir)
-    staging = atomic.staging_dir(out, "pack-cube")
-    try:
-        dump_dir = staging / "cube"
-        dump_dir.mkdir()
-        dump_cube(cube, dump_dir, license=license, pretty_name=pretty_name, recompute=recompute)
-        atomic.replace_dir(dump_dir, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with atomic.placing(out, elsewhere="pass another out_dir"):
+        staging = atomic.staging_dir(out, "pack-cube")
+        try:
+            dump_dir = staging / "cube"
+            dump_dir.mkdir()
+            policy = settings()  # the hook's, when installed: it never launders an unknown cache
+            dump_cube(cube, dump_dir, license=license, pretty_name=pretty_name,
+                      recompute=recompute,
+                      on_mismatch=policy.on_mismatch if policy is not None else None)
+            atomic.replace_dir(dump_dir, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return out

@@ -1,28 +1,39 @@
-"""Where MemOS *uses* a cache: the model that consumes it is checked, and MemOS gets a fresh
-cache per use, so what is stored never grows.
+"""Where MemOS makes, stores, merges and *uses* a cache: each cache carries its producer, and
+the model that consumes it must be that producer.
 
-MemOS hands activations to an LLM in one place, ``HFLLM.generate`` / ``generate_stream`` with
-``past_key_values`` (``MOS.chat``, ``MOSCore.chat``, the CoT path and the scheduler's test MOS
-all end there). The hook wraps both:
+Every MemOS 2.0.33 function that returns or stores a cache (swept from its source by
+``tests/memos/test_memos_cache_paths.py``, not listed by hand) is covered here:
 
-- the cache's producer is known when cubepack (or MemOS's own ``extract`` and
-  ``from_textual_memory``, wrapped too) made or installed it: each such cache is registered
-  here with its producer identity, item id, source, token ids and producer label. A copy
-  (``deepcopy``, ``model_copy``, a pickle round trip) is found by its content digest, and
-  MemOS's merge of several caches (``get_cache`` -> ``_concat_caches``) carries their common
-  producer (caches of different producers are refused). A registered cache whose tensors were
-  replaced since (grown by a direct ``_generate_with_cache``, swapped) is no longer the memory
-  cubepack checked: it is a mismatch, handled by the policy. The consuming model must be that producer (its strict fields), else the policy
-  applies, as on load: ``error`` raises :class:`IdentityMismatch` naming the item and fields,
-  ``drop`` answers without the cache (one warning), ``rebuild`` re-extracts it with the
-  consuming model from its source;
-- a cache cubepack does not know is checked for shape against the consuming model (layers, KV
-  heads, head dim, dtype), so another layer count is this refusal, never an ``IndexError`` deep
-  in transformers;
-- generation extends the cache it is given (MemOS #2301: a stored cache went 48 -> 315 -> 616
-  tokens over two chats). It now gets a new ``DynamicCache`` over the same tensors (no copy:
-  transformers' update concatenates into new tensors), so the stored cache is left as it was.
-  Measured: ``bench/memos_use.py``.
+- made: ``HFLLM.build_kv_cache`` (what ``KVCacheMemory.extract`` and ``from_textual_memory``
+  call) registers the new cache with the model that ran the prefill, its source text and the
+  token ids MemOS prefilled; the two wrapped extractors then name it by its item id;
+- stored: ``KVCacheMemory.add`` takes a cache only when its producer is known and is the
+  memory's own model;
+- merged: ``get_cache`` -> ``_concat_caches`` merges parts of one known producer (the merge
+  carries it; parts of two producers are refused, naming both);
+- used: ``HFLLM._generate_with_cache`` / ``_generate_with_cache_stream`` (where ``generate``,
+  ``generate_stream``, ``MOS.chat``, ``MOSCore.chat``, the CoT path and the scheduler's test
+  MOS all end, and any direct caller) take a cache only from its producer.
+
+A cache whose producer is unknown (built by a raw forward pass, another process's cache loaded
+without cubepack, a registered cache whose tensors were replaced since) or is another model
+is never used silently: the hook's ``on_mismatch`` applies, wherever it is met: ``error``
+raises :class:`IdentityMismatch` naming the item, the call and how to register the producer
+(:func:`register`, or build it with ``HFLLM.build_kv_cache`` under the hook); ``drop`` goes on
+without it (one warning; generation answers without a cache); ``rebuild`` re-extracts it with
+the consuming model from the source text MemOS recorded, and refuses where there is none.
+
+A copy (``deepcopy``, ``model_copy``, a pickle round trip, a move to another device) keeps its
+producer (found by content). Generation gets a fresh ``DynamicCache`` over the stored tensors
+(transformers' update concatenates into new tensors), so a stored cache never grows (MemOS
+#2301). Out of reach, and said in SECURITY.md with a test each: a registered cache's tensors
+written in place (the same tensor objects: the registry follows tensors, not their bytes); a
+model whose weights are overwritten in memory after loading (a loaded model's fingerprint is
+that of its files when cubepack first fingerprinted it: a folder rewritten after that keeps the
+model's identity, one rewritten before cubepack first saw the model is read as it is now); and
+vLLM (``VLLMLLM.build_vllm_kv_cache`` returns a
+prompt: the cache lives on the vLLM server, whose model MemOS only names).
+Measured: ``bench/memos_use.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import CubepackError, IdentityMismatch, Mismatch
+from ..errors import CubepackError, IdentityMismatch, Mismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import structure_problems
@@ -53,8 +64,12 @@ logger = logging.getLogger("cubepack.memos")
 
 EXTRACTED = {"kind": RECORDED, "detail": "extracted by this model in MemOS (KVCacheMemory."
                                          "extract / from_textual_memory), under the hook"}
-SHAPE_ONLY = {"kind": ASSERTED, "detail": "no producer record: only its shape was checked "
-                                          "against the model that loaded it"}
+#: The label of a producer the user named (:func:`register_cache`): their word, never more.
+USER_ASSERTED = {"kind": ASSERTED, "detail": "registered by the user "
+                                             "(cubepack.memos.register(cache, model))"}
+#: The label a merge takes from a part with no record (the weakest; checked_parts refuses such
+#: parts before a merge, so this is a floor, not a path).
+NO_RECORD = {"kind": ASSERTED, "detail": "a part with no producer record"}
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,89 @@ def produced(cache: Any) -> Produced | None:
     return record if state in ("registered", "copy") else None
 
 
+#: How a user tells cubepack a cache's producer, for the refusals that meet an unknown one.
+REGISTER_ADVICE = ("Build the cache with HFLLM.build_kv_cache (or KVCacheMemory.extract) with "
+                   "the hook installed, or register its producer: "
+                   "cubepack.memos.register(cache, model); or install the hook with "
+                   "on_mismatch='drop' (go on without it) or 'rebuild' (re-extract it from its "
+                   "source text)")
+UNKNOWN = Mismatch("producer", "a model cubepack saw build, load or register the cache",
+                   "unknown")
+UNKNOWN_FINDING = "is of unknown origin, so it is not used"
+
+
+def live_identity(model: Any, call: str) -> ModelIdentity:
+    """The fingerprint of ``model``, the model ``call`` runs; a model cubepack cannot
+    fingerprint (a test double, a model without weights) is a typed error naming the call."""
+    try:
+        return fingerprint(model)
+    except CubepackError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the model: one sentence
+        raise UnsupportedError(
+            f"{call}: cubepack cannot fingerprint the model it runs ({type(model).__name__}: "
+            f"{type(exc).__name__}: {str(exc)[:200]}), so a cache it builds or uses cannot be "
+            "tied to its producer. Use a transformers model loaded from a folder or the Hub, "
+            "or call cubepack.memos.uninstall() to run MemOS unguarded.") from exc
+
+
+def register_cache(cache: Any, model: Any, *, item_id: str = "registered",
+                   token_ids: Any = None, source_text: str | None = None) -> Any:
+    """Tell the hook that ``model`` produced ``cache`` (built outside MemOS, e.g. by your own
+    prefill): it is then accepted where that model uses it, refused elsewhere. The producer is
+    ``model``'s fingerprint, taken now; return the cache.
+
+    ``source_text`` lets ``on_mismatch='rebuild'`` re-extract it for another model.
+
+    This is your word, so it is labelled ``asserted`` (never ``recorded``: a claim never gains
+    strength), and it never overrides what cubepack recorded: a cache cubepack saw another
+    model make is refused, naming both. Registering a cache with the model already on record
+    keeps its record (and its stronger label).
+
+    Raises:
+        IdentityMismatch: the cache is on record as another model's.
+    """
+    live = live_identity(model, "cubepack.memos.register")
+    metadata = {"source_text": source_text} if source_text is not None else {}
+    existing, state = lookup(cache)
+    if existing is not None and state in ("registered", "copy"):
+        mismatches = compare(existing.producer, live)
+        if mismatches:
+            raise IdentityMismatch(
+                f"cubepack.memos.register of activation {existing.item_id!r} (on record as "
+                f"produced by {existing.producer.model_id or 'another model'}, weights "
+                f"{existing.producer.weights_digest[:19]}) for "
+                f"{getattr(model, 'name_or_path', None) or type(model).__name__} (weights "
+                f"{live.weights_digest[:19]})",
+                mismatches,
+                "cubepack saw another model produce this cache, and a registration never "
+                "overrides that record; use it with its producer, or build a cache with this "
+                "model (HFLLM.build_kv_cache / KVCacheMemory.extract under the hook).",
+                finding="is on record as another model's")
+        return register(cache, existing.item_id, existing.producer,
+                        {**existing.metadata, **metadata},
+                        existing.token_ids if existing.token_ids else token_ids,
+                        existing.provenance)
+    return register(cache, item_id, live, metadata, token_ids, dict(USER_ASSERTED))
+
+
+def record_build(llm: Any, messages: Any, cache: Any) -> Any:
+    """After MemOS's ``HFLLM.build_kv_cache(messages)``: register the cache with the model that
+    ran the prefill, the source text (when one string) and the token ids MemOS prefilled
+    (rebuilt through its chat template)."""
+    if cache is None:
+        return cache
+    live = live_identity(getattr(llm, "model", None), "HFLLM.build_kv_cache")
+    source = messages if isinstance(messages, str) else None
+    try:
+        ids = memos_prompt_ids(llm.tokenizer, source) if source is not None else None
+        ids = ids if ids is not None and len(ids) == cache.get_seq_length() else None
+    except Exception:  # noqa: BLE001 - no chat template or an odd source: no ids, not a guess
+        ids = None
+    metadata = {"source_text": source} if source is not None else {}
+    return register(cache, "built by HFLLM.build_kv_cache", live, metadata, ids)
+
+
 def record_extraction(act_mem: Any, item: Any, source: Any) -> Any:
     """After MemOS's own ``extract`` / ``from_textual_memory``: register the new cache with
     the memory's model as its producer and the token ids MemOS prefilled (rebuilt through its
@@ -152,8 +250,83 @@ def record_extraction(act_mem: Any, item: Any, source: Any) -> Any:
         ids = None
     metadata = {**(item.metadata or {}), "source_text": source} \
         if "source_text" not in (item.metadata or {}) and isinstance(source, str) else item.metadata
-    register(item.memory, item.id, fingerprint(model), metadata, ids)
+    register(item.memory, item.id, live_identity(model, "KVCacheMemory.extract"), metadata, ids)
     return item
+
+
+def checked_add(act_mem: Any, items: list[Any], policy: str) -> list[Any]:
+    """Before MemOS's ``KVCacheMemory.add(items)``: the items it may store. Each cache's
+    producer must be known and be the memory's own model (named by its item id from now on);
+    otherwise ``policy``: ``error`` raises, ``drop`` leaves the item out, ``rebuild``
+    re-extracts it with the memory's model from its ``source_text``.
+
+    Raises:
+        IdentityMismatch: a cache of unknown origin or of another model (policy ``error``, or
+            ``rebuild`` with no source text).
+    """
+    kept, live = [], None
+    for item in items:
+        cache = getattr(item, "memory", None)
+        if cache is None:
+            kept.append(item)
+            continue
+        record, state = lookup(cache)
+        if live is None:
+            live = live_identity(getattr(act_mem.llm, "model", None), "KVCacheMemory.add")
+        mismatches = [UNKNOWN] if state in ("unknown", "changed") else \
+            compare(record.producer, live)
+        if not mismatches:
+            register(cache, item.id, record.producer,
+                     {**record.metadata, **(getattr(item, "metadata", None) or {})},
+                     record.token_ids, record.provenance)
+            kept.append(item)
+            continue
+        what = f"Activation {item.id!r} added to KVCacheMemory (KVCacheMemory.add)"
+        source = (getattr(item, "metadata", None) or {}).get("source_text") or \
+            (record.metadata.get("source_text") if record is not None else None)
+        if policy == "drop":
+            logger.warning("cubepack: %s: left out (%s)", what,
+                           ", ".join(f"{m.field} {m.found}" for m in mismatches))
+            continue
+        if policy == "rebuild" and isinstance(source, str):
+            rebuilt = act_mem.llm.build_kv_cache(source)  # hooked: registered with its model
+            item = item.model_copy(update={"memory": rebuilt})
+            register(rebuilt, item.id, live, {**(item.metadata or {}), "source_text": source})
+            logger.warning("cubepack: %s: rebuilt with the memory's model", what)
+            kept.append(item)
+            continue
+        advice = (REGISTER_ADVICE if state in ("unknown", "changed") else
+                  "It was built by another model than this memory's; add it to that model's "
+                  "memory, or re-extract it with this one.")
+        raise IdentityMismatch(what, mismatches, advice + (
+            "" if policy != "rebuild" else "; it records no source text to rebuild it from."),
+            finding=UNKNOWN_FINDING if state in ("unknown", "changed")
+            else "was produced by another model than this memory's")
+    return kept
+
+
+def checked_parts(caches: list[Any], policy: str) -> list[Any]:
+    """Before MemOS's ``_concat_caches`` (``get_cache``'s merge): the parts it may merge. A
+    part of unknown origin is never merged silently: ``drop`` leaves it out (one warning);
+    ``error`` and ``rebuild`` (a part has no item to rebuild it from here) refuse.
+
+    Raises:
+        IdentityMismatch: naming the part.
+    """
+    kept = []
+    for index, cache in enumerate(caches):
+        record, state = lookup(cache)
+        if state in ("registered", "copy"):
+            kept.append(cache)
+            continue
+        what = f"Part {index + 1} of a KVCacheMemory.get_cache merge"
+        if policy == "drop":
+            logger.warning("cubepack: %s: left out (its producer is unknown)", what)
+            continue
+        raise IdentityMismatch(what, [UNKNOWN], REGISTER_ADVICE + (
+            "" if policy != "rebuild" else "; a merge's part has no source to rebuild from"),
+            finding=UNKNOWN_FINDING)
+    return kept
 
 
 def merged(caches: list[Any], result: Any) -> Any:
@@ -181,7 +354,7 @@ def merged(caches: list[Any], result: Any) -> Any:
     ids = None
     if all(record is not None and record.token_ids for record, _ in found):
         ids = tuple(token for record, _ in found for token in record.token_ids)
-    weakest = min((record.provenance if record else SHAPE_ONLY for record, _ in found),
+    weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
                       first.producer, {}, ids, dict(weakest))
@@ -216,7 +389,8 @@ def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
     return found
 
 
-def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
+def for_use(llm: Any, cache: Any, policy: str,
+            call: str = "HFLLM.generate (_generate_with_cache)") -> Any | None:
     """The cache ``llm`` may generate from: a fresh ``DynamicCache`` over ``cache``'s tensors
     once its producer (or, for a cache cubepack never saw, its shape) matches the consuming
     model; None when the policy drops it; a rebuilt cache under ``rebuild``.
@@ -227,7 +401,7 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
             not fit the consuming model.
     """
     model = llm.model
-    live = fingerprint(model)
+    live = live_identity(model, call)  # a model cubepack cannot read: typed, naming the call
     try:
         layers = cache_layers(cache)
     except CubepackError as exc:
@@ -243,8 +417,8 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
         what = f"Activation {record.item_id!r}, used by {name}"
         mismatches = compare(record.producer, live)
     else:
-        what = "A KV cache of unknown origin handed to HFLLM.generate"
-        mismatches = structure_problems(live_layers(layers), live)
+        what = "A KV cache handed to HFLLM._generate_with_cache"
+        mismatches = [UNKNOWN] + structure_problems(live_layers(layers), live)
     mismatches = mismatches or use_problems(layers, model)
     if mismatches:
         if policy == "drop":
@@ -265,11 +439,14 @@ def for_use(llm: Any, cache: Any, policy: str) -> Any | None:
         hint = ("It changed after cubepack checked it (grown by a direct generation call, or "
                 "its tensors replaced), so it is no longer the stored memory; reload the cube "
                 "or re-extract it." if state == "changed" else
+                REGISTER_ADVICE + "." if record is None else
                 "The chat model is not the model that produced this cache; chat with the cube's "
                 "pinned model (MOSConfig.chat_model), or install the hook with "
                 "on_mismatch='drop' (answer without the cache) or 'rebuild' (re-extract it with "
                 "the chat model).")
-        raise IdentityMismatch(what, mismatches, hint)
+        raise IdentityMismatch(what, mismatches, hint,
+                               finding=UNKNOWN_FINDING if record is None
+                               else "was produced by a different model")
     return fresh_view(cache, model, layers)
 
 
@@ -284,40 +461,49 @@ def fresh_view(cache: Any, model: Any, layers: list | None = None) -> Any:
                              device=model.device)
 
 
-def guarded_generate(original: Any, settings: Any, *, stream: bool = False) -> Any:
-    """``HFLLM.generate`` / ``generate_stream`` under the hook (``settings()`` gives the policy
-    in force when called). The stream's check runs at its first ``next()``, where MemOS's own
-    errors surface."""
+def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = False) -> Any:
+    """``HFLLM._generate_with_cache`` / ``_generate_with_cache_stream`` under the hook (where
+    ``generate``, ``generate_stream`` and every chat path hand MemOS's cache to the model, and
+    any direct caller): the cache is checked (:func:`for_use`, the policy in force when
+    called) and the model gets a fresh view of it; a dropped cache answers without one
+    (``unguarded``: ``_generate_full`` / ``_generate_full_stream``). The stream's check runs at
+    its first ``next()``, where MemOS's own errors surface."""
+    call = ("HFLLM.generate_stream (_generate_with_cache_stream)" if stream
+            else "HFLLM.generate (_generate_with_cache)")
 
-    def checked(self: Any, past_key_values: Any) -> Any:
-        if past_key_values is not None and _is_empty(past_key_values):
-            from transformers import DynamicCache
-
-            return DynamicCache()  # no tokens: nothing to check (MemOS accepts it)
-        if past_key_values is not None:
-            return for_use(self, past_key_values, settings().on_mismatch)
-        return None
-
-    def call(self: Any, messages: Any, past_key_values: Any, kwargs: dict[str, Any]) -> Any:
-        cache = checked(self, past_key_values)
-        if cache is None:
-            return original(self, messages, **kwargs)
-        return original(self, messages, past_key_values=cache, **kwargs)
+    def checked(self: Any, kv: Any) -> Any:
+        if kv is not None and _is_empty(kv):
+            return kv  # no tokens: nothing to check (MemOS accepts it)
+        return for_use(self, kv, settings().on_mismatch, call) if kv is not None else None
 
     if stream:
-        def generate(self: Any, messages: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
-            yield from call(self, messages, past_key_values, kwargs)
+        def use(self: Any, query: Any, kv: Any, **kwargs: Any) -> Any:
+            cache = checked(self, kv)
+            if cache is None:
+                yield from unguarded(self, query, **kwargs)
+            else:
+                yield from original(self, query, cache, **kwargs)
     else:
-        def generate(self: Any, messages: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
-            return call(self, messages, past_key_values, kwargs)
+        def use(self: Any, query: Any, kv: Any, **kwargs: Any) -> Any:
+            cache = checked(self, kv)
+            return unguarded(self, query, **kwargs) if cache is None else \
+                original(self, query, cache, **kwargs)
 
-    generate.__wrapped__ = original
-    generate.__doc__ = original.__doc__
-    return generate
+    use.__wrapped__ = original
+    use.__doc__ = original.__doc__
+    return use
 
 
 def _is_empty(cache: Any) -> bool:
+    """True when *every* layer holds no position. ``get_seq_length()`` reads layer 0 only, so
+    a cache with an empty first layer and another model's tensors behind it is not empty:
+    it is checked like any other."""
     try:
-        return cache.get_seq_length() == 0
+        layers = cache if isinstance(cache, (tuple, list)) else cache.layers
+        for layer in layers:
+            keys = layer[0] if isinstance(layer, (tuple, list)) else getattr(layer, "keys", None)
+            if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
+                return False
+        return True
     except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
         return False

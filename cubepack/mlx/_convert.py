@@ -38,6 +38,7 @@ from ..identity._fingerprint import (
     resolve_model_folder,
 )
 from ..identity._identity import ModelIdentity
+from ..kv import _checksum
 from ..kv._format import (
     FULL,
     KVFileInfo,
@@ -139,6 +140,9 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
     with open_regular(info.path) as handle:
         descriptor, state = handle.fileno(), file_state(handle.fileno())
         _require_as_checked(info, descriptor)
+        if claim is not None:  # a cache cubepack wrote: its bytes must be the ones it records
+            _checksum.verify_descriptor(info.path, descriptor, claim.checksums,
+                                        prompt_cache_pieces(info))
         layers = _file_layers(info, descriptor)
 
         def check_and_prove(written: KVFileInfo) -> None:
@@ -166,6 +170,14 @@ def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:
     if raw is None:
         return None
     return kv_info(info.path, info.header, raw, info.used_tensors())
+
+
+def prompt_cache_pieces(info: PromptCacheInfo) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Each layer's keys and values in a prompt cache, as the KV file names them, by the byte
+    ranges of their positions in use: what the checksums its KV metadata carries cover."""
+    return {f"layers.{index}.{part}": _checksum.file_pieces(info.header, tensor, layer.offset)
+            for index, layer in enumerate(info.layers)
+            for part, tensor in (("keys", layer.keys), ("values", layer.values))}
 
 
 def _ids(token_ids: Any, offset: int, vocab: Any = None) -> list[int] | None:
@@ -269,6 +281,10 @@ def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str
                 raise _changed(info.path, differed)
 
         as_checked()
+        # The bytes copied must be the ones the KV file records; the prompt cache then
+        # carries the same record (its metadata is the KV file's), valid for the same bytes.
+        _checksum.verify_descriptor(info.path, descriptor, info.checksums,
+                                    _checksum.kv_file_pieces(header, info.tensor_names))
         layers = []
         for index in range(info.num_layers):
             keys, values = (header.tensors[f"layers.{index}.{part}"] for part in ("keys", "values"))

@@ -32,18 +32,28 @@ from ..errors import (
 )
 from ..identity._fingerprint import resolve_model_folder
 from ..identity._identity import ModelIdentity
+from ..kv import _checksum
 from ..kv._format import (
     FULL,
     StoredLayer,
     check_kv_info,
     kv_metadata,
+    logger,
     producer_runtime,
     read_kv_header,
     structure_problems,
+    unchecked_note,
 )
 from ..kv._recompute import describe, recompute_layers, require_recomputed_here
+from ..ops._private import decrypted_file
 from ..trust._policy import TrustPolicy
-from ._convert import RUNTIME, claimed_header, mlx_identity, runtime_record
+from ._convert import (
+    RUNTIME,
+    claimed_header,
+    mlx_identity,
+    prompt_cache_pieces,
+    runtime_record,
+)
 from ._convert import import_prompt_cache as _import_prompt_cache
 from ._layout import CUBEPACK_KEY, read_prompt_cache, write_prompt_cache
 
@@ -356,14 +366,18 @@ def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any
     ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
     ids = ids[0] if ids and isinstance(ids[0], list) else ids
     item = {"runtime": runtime_record(), **(metadata or {})}
-    raw = kv_metadata(identity, [{"type": FULL, "cumulative_length": offsets[0]}] * len(cache),
-                      None if ids is None else [int(t) for t in ids], item)
 
     def raw_bytes(array: Any) -> Any:
         bits = array.view(mx.uint16) if array.dtype in (mx.bfloat16, mx.float16) else array
         return numpy.ascontiguousarray(numpy.array(bits)).reshape(-1).view(numpy.uint8)
 
     layers = [(raw_bytes(k), raw_bytes(v), tuple(k.shape)) for k, v in used]
+    checksums = _checksum.compute({f"layers.{i}.{part}": [data]  # the bytes written
+                                   for i, (keys, values, _) in enumerate(layers)
+                                   for part, data in (("keys", keys), ("values", values))})
+    raw = kv_metadata(identity, [{"type": FULL, "cumulative_length": offsets[0]}] * len(cache),
+                      None if ids is None else [int(t) for t in ids], item,
+                      checksums=checksums)
     return write_prompt_cache(path, layers, DTYPE_TAGS[dtype], offsets[0],
                               {CUBEPACK_KEY: raw, "model": identity.model_id or ""})
 
@@ -371,7 +385,9 @@ def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any
 def load_prompt_cache(path: str | os.PathLike[str], model: Any,
                       policy: TrustPolicy | None = None, *,
                       folder: str | os.PathLike[str] | None = None,
-                      return_metadata: bool = False, **options: Any) -> Any:
+                      return_metadata: bool = False,
+                      decrypt_with: str | os.PathLike[str] | None = None,
+                      **options: Any) -> Any:
     """Load a prompt cache (written by ``cubepack export mlx`` or :func:`save_prompt_cache`)
     or a cubepack KV file into mlx_lm ``KVCache`` objects for ``model``, refusing any other
     producer before MLX reads a tensor.
@@ -387,6 +403,9 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             (``recompute_tokens``, ``seed``: a sample); what a cube carries (a signature,
             lineage, pins) is a UsageError: verify the cube first.
         return_metadata: also return the prompt cache's user metadata (as mlx_lm does).
+        decrypt_with: an identity file for an age-encrypted file (a private cube's KV file):
+            decrypted into an anonymous memory file (Linux ``memfd``) that MLX reads; never
+            written to a disk (elsewhere: refused, UnsupportedError).
 
     Raises:
         IdentityMismatch: another producer (every differing field named).
@@ -394,6 +413,10 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             records no token ids.
         FormatError: a malformed file, or a prompt cache that records no producer.
     """
+    if decrypt_with is not None:
+        with decrypted_file(path, decrypt_with) as clear:
+            return load_prompt_cache(clear, model, policy, folder=folder,
+                                     return_metadata=return_metadata, **options)
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("the MLX load")
     require_mlx()
@@ -408,6 +431,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             info = check_kv_info(read_kv_header(path), live)
             names = [(f"layers.{i}.keys", f"layers.{i}.values") for i in range(info.num_layers)]
             user: dict[str, str] = {}
+            pieces = _checksum.kv_file_pieces(info.header, info.tensor_names)
         else:
             prompt_cache = read_prompt_cache(path, header)
             info = claimed_header(prompt_cache)
@@ -420,6 +444,7 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             check_kv_info(info, live)
             names = [(f"{i}.0", f"{i}.1") for i in range(info.num_layers)]
             user = {k: v for k, v in prompt_cache.metadata.items() if k != CUBEPACK_KEY}
+            pieces = prompt_cache_pieces(prompt_cache)
         sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]
         if sliding:  # MLX keeps those in a RotatingKVCache; a KVCache would misplace them
             raise UnsupportedError(f"{path.name}: layer {sliding[0]} is a sliding-window "
@@ -445,6 +470,13 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
             raise FormatError(f"{path} changed while cubepack loaded it "
                               f"({differed or f'layer {short[0]} holds fewer positions'}); "
                               "nothing was loaded: load it again once nothing writes it.")
+        # Unchanged since MLX read it: the open file's bytes (mapped, hashed on the pool) are
+        # the ones MLX holds, and must be the ones the header records.
+        _checksum.verify_descriptor(path, descriptor, info.checksums, pieces)
+        note = unchecked_note(info, None if constants.KV_METADATA_KEY in header.metadata else
+                              "export it again from its KV file, upgraded")
+    if note:
+        logger.warning("cubepack: %s", note)
     stored = None
     if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]

@@ -11,10 +11,13 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`diff` (``_diff``): every change between two locks, with what backs each pin;
 - :func:`load_kv_cache` (``_load``): one KV file into a live model, under a policy;
 - :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
+- :func:`encrypt`, :func:`rekey` (``_encrypt``, ``_private``): private cubes, encrypted to recipients (age),
+  opened in memory only;
 - ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share.
 """
 
 from ._diff import diff
+from ._encrypt import encrypt, rekey
 from ._load import load_kv_cache
 from ._load_adapter import load_adapter
 from ._migrate import MigrateResult, migrate
@@ -23,5 +26,5 @@ from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "load_adapter",
-           "load_kv_cache", "migrate", "pack", "sign", "upgrade", "verify"]
+__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt", "load_adapter",
+           "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade", "verify"]

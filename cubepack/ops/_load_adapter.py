@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from .._util import constants
 from .._util.paths import resolve_inside
 from .._util.quiet import quiet_libraries
+from .._util.ramdir import ram_folder
 from .._util.safetensors_header import read_header
 from ..errors import (
     CubepackError,
@@ -31,12 +33,13 @@ from ..errors import (
 from ..identity._fingerprint import fingerprint
 from ..memory import _adapters as adapters_mod
 from ..trust._policy import TrustPolicy
+from ._private import is_private, open_private
 from ._verify import verify
 
 
 def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
                  policy: TrustPolicy | None = None, *, adapter_name: str = "default",
-                 **options: Any) -> Any:
+                 decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> Any:
     """Verify the cube, check ``model`` is the adapter's pinned base, then apply the adapter.
 
     Args:
@@ -48,6 +51,8 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
             strict models, recomputation and provenance of its activations...; the check of
             ``model`` against the adapter's pinned base is this function's own.
         adapter_name: the name PEFT gives the adapter inside the returned model.
+        decrypt_with: the identity file opening a private cube: the adapter is decrypted in
+            memory (PEFT reads it from a RAM folder, never a disk).
 
     Returns:
         ``peft.PeftModel.from_pretrained(model, <the adapter>, is_trainable=False)``.
@@ -61,47 +66,62 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
     """
     given = TrustPolicy.build(policy, **options)
     given.require_honoured("load_adapter")
-    report = verify(cube_dir, given)
-    lock = report.lock or {}
+    report = verify(cube_dir, given, decrypt_with=decrypt_with)
+    if is_private(report.lock):
+        if decrypt_with is None:
+            raise UsageError(f"{cube_dir} is a private cube; applying its adapter needs an "
+                             "identity: pass decrypt_with=KEY_FILE.")
+        with open_private(cube_dir, decrypt_with, public_lock=report.lock) as opened, \
+                ram_folder() as private:
+            return _apply(model, opened.folder, opened.lock, name, adapter_name, Path(private),
+                          str(cube_dir))
+    with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
+        return _apply(model, Path(cube_dir), report.lock or {}, name, adapter_name,
+                      Path(private), str(cube_dir))
+
+
+def _apply(model: Any, cube_dir: Path, lock: dict[str, Any], name: str | None,
+           adapter_name: str, private: Path, where: str) -> Any:
+    """Check ``model`` against the adapter's base pin, then let PEFT apply the adapter from a
+    private copy (in ``private``) of the bytes just checked against ``lock``."""
     adapters = lock.get("adapters") or {}
     if name is None and len(adapters) == 1:
         name = next(iter(adapters))
     if name not in adapters:
-        raise UsageError(f"{cube_dir} holds no adapter {name!r}; its adapters: "
+        raise UsageError(f"{where} holds no adapter {name!r}; its adapters: "
                          f"{sorted(adapters) or 'none'}. Pass one of them as name.")
     entry = adapters[name]
     _refuse_peft_layers(name, model)
     adapters_mod.check_live_base(name, entry, lock["models"][entry["model_role"]],
                                  fingerprint(model), adapters_mod.model_shapes(model))
-    with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
-        for key, filename in (("config_file", constants.ADAPTER_CONFIG),
-                              ("weights_file", constants.ADAPTER_WEIGHTS)):
-            data = resolve_inside(Path(cube_dir), entry[key]).read_bytes()
-            expected = lock["files"][entry[key]]["sha256"]
-            if hashlib.sha256(data).hexdigest() != expected:
-                raise IntegrityError(f"{entry[key]} changed after it was verified (its sha256 is "
-                                     f"no longer {expected}); refusing to apply it.")
-            if filename == constants.ADAPTER_CONFIG:  # patterns resolved by the bounded matcher
-                data = json.dumps(adapters_mod.literal_config(
-                    json.loads(data), adapters_mod.model_shapes(model))).encode()
-            (Path(private) / filename).write_bytes(data)
-        from peft import PeftModel
+    for key, filename in (("config_file", constants.ADAPTER_CONFIG),
+                          ("weights_file", constants.ADAPTER_WEIGHTS)):
+        data = resolve_inside(cube_dir, entry[key]).read_bytes()
+        expected = lock["files"][entry[key]]["sha256"]
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise IntegrityError(f"{entry[key]} changed after it was verified (its sha256 is "
+                                 f"no longer {expected}); refusing to apply it.")
+        if filename == constants.ADAPTER_CONFIG:  # patterns resolved by the bounded matcher
+            data = json.dumps(adapters_mod.literal_config(
+                json.loads(data), adapters_mod.model_shapes(model))).encode()
+        (private / filename).write_bytes(data)
+    from peft import PeftModel
 
-        had_config = hasattr(model, "peft_config")
-        try:
-            with quiet_libraries():
-                applied = PeftModel.from_pretrained(model, private, adapter_name=adapter_name,
-                                                    is_trainable=False)
-            _check_all_loaded(name, entry, applied, adapter_name,
-                              Path(private) / constants.ADAPTER_WEIGHTS)
-        except CubepackError:
-            _restore(model, had_config)  # PEFT injects into the caller's model in place
-            raise
-        except Exception as exc:
-            _restore(model, had_config)
-            raise UnsupportedError(f"PEFT could not apply adapter {name!r} ({entry['path']}/) "
-                                   f"to this model: {type(exc).__name__}: {exc}") from exc
-        return applied
+    had_config = hasattr(model, "peft_config")
+    try:
+        with quiet_libraries():
+            applied = PeftModel.from_pretrained(model, str(private), adapter_name=adapter_name,
+                                                is_trainable=False)
+        _check_all_loaded(name, entry, applied, adapter_name,
+                          private / constants.ADAPTER_WEIGHTS)
+    except CubepackError:
+        _restore(model, had_config)  # PEFT injects into the caller's model in place
+        raise
+    except Exception as exc:
+        _restore(model, had_config)
+        raise UnsupportedError(f"PEFT could not apply adapter {name!r} ({entry['path']}/) "
+                               f"to this model: {type(exc).__name__}: {exc}") from exc
+    return applied
 
 
 def _refuse_peft_layers(name: str, model: Any) -> None:

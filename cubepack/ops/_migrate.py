@@ -28,6 +28,7 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
+from .._util.quiet import terminal_bars
 from ..errors import FormatError, UsageError
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..kv._format import read_kv_header
@@ -41,6 +42,7 @@ from ..trust import _lineage as lineage
 from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key
 from ._pack import pack
+from ._private import is_private
 from ._verify import verify
 
 BY = "cubepack migrate"
@@ -73,6 +75,7 @@ class MigrateResult:
                 "lineage": self.lineage}
 
 
+@terminal_bars
 def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str | Path,
             model: Any = None, revision: str | None = None, embedder: str | None = None,
             progress: bool | None = None, sign_key: str | Path | None = None,
@@ -116,52 +119,56 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
     report = verify(cube, policy, progress=progress)
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     lock = report.lock
+    if is_private(lock):  # its memories are encrypted: migrate would rebuild ciphertexts
+        raise UsageError(f"{cube} is a private cube: migrate its clear source (or a copy "
+                         "decrypted with age on a disk you trust), then encrypt the result.")
     config = _memos_config(cube, lock)
     dropped = lineage.adapters_in(lock) if model is not None else {}
     ancestors = lineage.ancestors_document(cube, lock)
     target_model = _TargetModel(model, revision) if model is not None else None
 
-    created = atomic.missing_parents(target)
-    staging = atomic.staging_dir(target, "migrate")
-    try:
-        rewritten = {constants.ANCESTORS_FILENAME, constants.SIGNATURE_FILENAME}
-        rewritten |= {path for paths in dropped.values() for path in paths}
-        if target_model is not None:
-            rewritten |= {entry["file"] for entry in lock["activations"].values()}
-        textual = _vector_files(cube, config, lock) if embedder else []
-        rewritten |= set(textual) | ({"config.json"} if config is not None else set())
-        # Copied, not linked: the new cube is its user's to edit in place, the old one must not
-        # change with it.
-        for name in sorted(set(lock["files"]) - rewritten):
-            atomic.copy_file(resolve_inside(cube, name), resolve_inside(staging, name))
-        # The old lock too, so pack keeps what a re-pack keeps (a pin it need not move).
-        atomic.copy_file(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
-        if ancestors is not None:
-            atomic.write_text(resolve_inside(staging, constants.ANCESTORS_FILENAME),
-                              canonical.dumps(ancestors))
-        activations, proven = {}, {}
-        if target_model is not None:
-            activations, proven = _reprefill_all(cube, staging, lock, target_model)
-        reembedded = sum(_reembed(cube, staging, name, embedder, progress)
-                         for name in textual) if embedder else 0
-        if config is not None:
-            _write_config(staging, config, target_model, embedder)
-        section = lineage.build(
-            lineage.parent_link(cube, lock, lock_bytes),
-            models=_model_changes(lock, target_model),
-            embedder=_embedder_change(lock, embedder),
-            retokenized=[item for item, entry in activations.items() if entry["retokenized"]],
-            reembedded=reembedded, adapters_dropped=list(dropped))
-        packed = pack(staging, model=target_model.source if target_model else None,
-                      revision=revision, embedder=embedder, progress=progress,
-                      cube_id=lock.get("cube_id") if config is None else None,
-                      sign_key=sign_key, sign_password=sign_password,
-                      _derived={"lineage": section, "provenance": proven})
-        atomic.replace_dir(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        atomic.remove_empty(created)
-        raise
+    with atomic.placing(target, elsewhere="pass another --out"):
+        created = atomic.missing_parents(target)
+        staging = atomic.staging_dir(target, "migrate")
+        try:
+            rewritten = {constants.ANCESTORS_FILENAME, constants.SIGNATURE_FILENAME}
+            rewritten |= {path for paths in dropped.values() for path in paths}
+            if target_model is not None:
+                rewritten |= {entry["file"] for entry in lock["activations"].values()}
+            textual = _vector_files(cube, config, lock) if embedder else []
+            rewritten |= set(textual) | ({"config.json"} if config is not None else set())
+            # Copied, not linked: the new cube is its user's to edit in place, the old one must not
+            # change with it.
+            for name in sorted(set(lock["files"]) - rewritten):
+                atomic.copy_file(resolve_inside(cube, name), resolve_inside(staging, name))
+            # The old lock too, so pack keeps what a re-pack keeps (a pin it need not move).
+            atomic.copy_file(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
+            if ancestors is not None:
+                atomic.write_text(resolve_inside(staging, constants.ANCESTORS_FILENAME),
+                                  canonical.dumps(ancestors))
+            activations, proven = {}, {}
+            if target_model is not None:
+                activations, proven = _reprefill_all(cube, staging, lock, target_model)
+            reembedded = sum(_reembed(cube, staging, name, embedder, progress)
+                             for name in textual) if embedder else 0
+            if config is not None:
+                _write_config(staging, config, target_model, embedder)
+            section = lineage.build(
+                lineage.parent_link(cube, lock, lock_bytes),
+                models=_model_changes(lock, target_model),
+                embedder=_embedder_change(lock, embedder),
+                retokenized=[item for item, entry in activations.items() if entry["retokenized"]],
+                reembedded=reembedded, adapters_dropped=list(dropped))
+            packed = pack(staging, model=target_model.source if target_model else None,
+                          revision=revision, embedder=embedder, progress=progress,
+                          cube_id=lock.get("cube_id") if config is None else None,
+                          sign_key=sign_key, sign_password=sign_password,
+                          _derived={"lineage": section, "provenance": proven})
+            atomic.replace_dir(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            atomic.remove_empty(created)
+            raise
     return MigrateResult(cube_dir=target, parent_dir=cube, digest=packed.digest,
                          content_digest=packed.content_digest, activations=activations,
                          reembedded=reembedded, adapters_dropped=dropped, lineage=section)

@@ -19,6 +19,7 @@ from .._util import atomic, canonical, constants
 from .._util.canonical import json_safe
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import list_cube_files, names_a_path, resolve_inside
+from .._util.quiet import terminal_bars
 from .._version import __version__
 from ..errors import (
     CubepackError,
@@ -41,7 +42,7 @@ from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
-from ..kv._format import FULL, SLIDING, read_kv_header
+from ..kv._format import FULL, SLIDING, read_kv_header, verify_checksums
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -92,6 +93,7 @@ class PackResult:
         }
 
 
+@terminal_bars
 def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None,
          legacy_pickle: bool = False, license: str | None = None,
          pretty_name: str | None = None, progress: bool | None = None,
@@ -107,7 +109,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         revision: branch, tag or commit of a Hub ``model`` to pin.
         legacy_pickle: convert MemOS's ``activation_memory.pickle`` to KV files through the
             allowlist unpickler. Without it a cube holding a pickle is refused.
-        license, pretty_name: for the model card's metadata.
+        license: the license for the model card's metadata (e.g. ``apache-2.0``).
+        pretty_name: the model card's title.
         sign_key: an ECDSA P-256/P-384 private key (PEM): sign the packed cube
             (``cubepack.intoto.json``, then ``cubepack.sig``, see
             :mod:`cubepack.trust._signing`).
@@ -147,6 +150,12 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     earlier = _previous_lock(cube, files)
+    if earlier is not None and "encryption" in earlier:
+        raise UsageError(f"{cube} is a private cube (its files are encrypted): it is packed "
+                         "already. Change its recipients with cubepack rekey; pack its clear "
+                         "source to change its content.")
+    if cube_id is not None and cube_id != (earlier or {}).get("cube_id"):
+        lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
     if cube_id is None and "config.json" not in files and earlier is not None:
         cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
     memos_config = _read_memos_config(cube, files, cube_id)
@@ -174,71 +183,73 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         if constants.LOCK_FILENAME in files else None
     previous_card = _previous_card(cube, files)
 
-    staging = atomic.staging_dir(cube, "pack")
-    try:
-        pickle_name = memos_layout.activation_pickle_name(memos_config)
-        renamed = hub_names_for_snapshots(memos_config, pins)
-        for name in files:
-            # Generated files are written anew; signing files are kept by a re-pack that
-            # changes nothing, dropped otherwise; bookkeeping is kept in place, never locked.
-            if name in fileset.GENERATED or name == pickle_name or name in fileset.SIGNING:
-                continue
-            if name == "config.json" and renamed is not None:
-                atomic.write_text(staging / name, json.dumps(renamed, indent=2,
-                                                              ensure_ascii=False) + "\n")
-                continue
-            atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
-        converted = []
-        if pickle_name in files:
-            if not legacy_pickle:
-                raise UnsafeInputError(
-                    f"{cube / pickle_name} is a MemOS pickle, which can run code when loaded. "
-                    "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
-                    "allowlist unpickler (the packed cube will hold no pickle)."
-                )
-            proven = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
-                                     model=model, assert_producer=assert_producer)
-            converted = list(proven)
-        else:
-            proven = {}
-        proven.update((_derived or {}).get("provenance") or {})
-        recomputed = _prove_activations(staging, pins, model) if recompute else {}
-        proven.update(recomputed)
-        lineage = (_derived or {}).get("lineage") or (earlier or {}).get("lineage")
-        result = _write_metadata(
-            staging, memos_config, pins, proven, fitted,
-            license=license or previous_card.license,
-            pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config, cube),
-            progress=progress, previous_card=previous_card, lineage=lineage)
-        # Labels were kept by file (what pack or migrate wrote); results name items.
-        item_of = {entry["file"]: item for item, entry in lockfile.parse(
-            (staging / constants.LOCK_FILENAME).read_bytes())["activations"].items()}
-        result.converted = [item_of.get(name, name) for name in converted]
-        result.moved_from = _moved_pins(earlier, pins)
-        result.recomputed = {item_of.get(name, name): entry["detail"]
-                             for name, entry in recomputed.items()}
-        result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
-            or bool(converted)
-        unsigned = [name for name in files if name not in fileset.SIGNING]
-        if result.changed or sorted(list_cube_files(staging)) != unsigned:
-            atomic.replace_dir(staging, cube)
-        else:
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and pack the copy"):
+        staging = atomic.staging_dir(cube, "pack")
+        try:
+            pickle_name = memos_layout.activation_pickle_name(memos_config)
+            renamed = hub_names_for_snapshots(memos_config, pins)
+            for name in files:
+                # Generated files are written anew; signing files are kept by a re-pack that
+                # changes nothing, dropped otherwise; bookkeeping is kept in place, never locked.
+                if name in fileset.GENERATED or name == pickle_name or name in fileset.SIGNING:
+                    continue
+                if name == "config.json" and renamed is not None:
+                    atomic.write_text(staging / name, json.dumps(renamed, indent=2,
+                                                                  ensure_ascii=False) + "\n")
+                    continue
+                atomic.link_or_copy(resolve_inside(cube, name), resolve_inside(staging, name))
+            converted = []
+            if pickle_name in files:
+                if not legacy_pickle:
+                    raise UnsafeInputError(
+                        f"{cube / pickle_name} is a MemOS pickle, which can run code when loaded. "
+                        "Re-run with --legacy-pickle to convert it to KV files through cubepack's "
+                        "allowlist unpickler (the packed cube will hold no pickle)."
+                    )
+                proven = _convert_pickle(cube / pickle_name, staging, pins, memos_config,
+                                         model=model, assert_producer=assert_producer)
+                converted = list(proven)
+            else:
+                proven = {}
+            proven.update((_derived or {}).get("provenance") or {})
+            recomputed = _prove_activations(staging, pins, model) if recompute else {}
+            proven.update(recomputed)
+            lineage = (_derived or {}).get("lineage") or (earlier or {}).get("lineage")
+            result = _write_metadata(
+                staging, memos_config, pins, proven, fitted,
+                license=license or previous_card.license,
+                pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config,
+                                        cube),
+                progress=progress, previous_card=previous_card, lineage=lineage)
+            # Labels were kept by file (what pack or migrate wrote); results name items.
+            item_of = {entry["file"]: item for item, entry in lockfile.parse(
+                (staging / constants.LOCK_FILENAME).read_bytes())["activations"].items()}
+            result.converted = [item_of.get(name, name) for name in converted]
+            result.moved_from = _moved_pins(earlier, pins)
+            result.recomputed = {item_of.get(name, name): entry["detail"]
+                                 for name, entry in recomputed.items()}
+            result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
+                or bool(converted)
+            unsigned = [name for name in files if name not in fileset.SIGNING]
+            if result.changed or sorted(list_cube_files(staging)) != unsigned:
+                atomic.replace_dir(staging, cube)
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+            result.cube_dir = cube
+            if sign_key is not None:
+                # The cube was written and hashed just now; sign from those digests.
+                # Pack made every pin and label of this lock itself; a lineage it derived only
+                # when migrate handed it one (a lineage kept from the last lock is a claim).
+                lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+                proved = Proved.everything_of(lock, "migrate" if _derived else "pack",
+                                              lineage=bool(_derived))
+                # A pin read from a Hub's metadata is the Hub's claim: signed as one.
+                proved = replace(proved, producers=proved.producers - from_metadata)
+                write_signature(cube, sign_key, proved, password=sign_password)
+            return result
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-        result.cube_dir = cube
-        if sign_key is not None:
-            # The cube was written and hashed just now; sign from those digests.
-            # Pack made every pin and label of this lock itself; a lineage it derived only
-            # when migrate handed it one (a lineage kept from the last lock is a claim).
-            lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
-            proved = Proved.everything_of(lock, "migrate" if _derived else "pack",
-                                          lineage=bool(_derived))
-            # A pin read from a Hub's metadata is the Hub's claim: signed as one.
-            proved = replace(proved, producers=proved.producers - from_metadata)
-            write_signature(cube, sign_key, proved, password=sign_password)
-        return result
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            raise
 
 
 def _card_title(pretty_name: str | None, memos_config: dict[str, Any], cube: Path) -> str:
@@ -272,6 +283,16 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
     if settings:  # before any model is pinned: pinning reads the names those settings sit by
         raise UnsafeInputError(memos_layout.code_settings_message(
             settings, str(cube / "config.json"), "pack again"))
+    if "cube_id" not in config and not set(config) & set(memos_layout.MEMORY_KINDS):
+        # Some other file of that name (a transformers model's): advice to edit it is wrong.
+        model = "model_type" in config or "architectures" in config
+        looks = (f" (it looks like a model's config: model_type "
+                 f"{config.get('model_type', '?')!r})" if model else "")
+        raise UsageError(
+            f"{cube / 'config.json'} is not a MemOS cube config: it has no cube_id and no memory "
+            f"section (text_mem, act_mem, para_mem, pref_mem){looks}. Point pack at a cube "
+            "dumped by MemOS (GeneralMemCube.dump) or at a folder of KV files without a "
+            "config.json (with --cube-id); a model folder is passed with --model, not packed.")
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
         raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
                          "cube. Add \"cube_id\": \"owner/name\" and pack again.")
@@ -718,6 +739,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         if not is_activation_path(name):
             continue
         info = read_kv_header(resolve_inside(staging, name))
+        verify_checksums(info)  # never seal bytes that are not the ones the file records
         if producer_pin is None or producer_pin.get("identity") is None:
             raise CubepackError(f"{name} is an activation but the cube names no producer model; "
                                 "pass --model.")

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._util.quiet import terminal_bars
 from ..trust._attestation import Proved
 from ..trust._evidence import ASSERTED, PROVED, RECOMPUTED, RECORDED, STRENGTH
 from ..trust._policy import TrustPolicy
@@ -22,6 +23,7 @@ from ..trust._signing import check_key, write_signature
 from ._verify import verify
 
 
+@terminal_bars
 def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy | None = None, *,
          password: str | None = None, **options: Any) -> Path:
     """Verify the packed cube at ``cube_dir`` under ``policy`` (or its fields as ``options``,

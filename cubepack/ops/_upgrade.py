@@ -23,13 +23,15 @@ from typing import Any
 
 from .._util import atomic, constants
 from .._util.paths import regular_file, resolve_inside
+from .._util.quiet import terminal_bars
 from ..errors import IdentityMismatch, Mismatch, UsageError
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
 from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
-from ..kv._format import KVFileInfo, read_kv_header
+from ..kv._format import KVFileInfo, check_kv_info, read_kv_header
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._pack import pack
+from ._private import is_private
 from ._verify import verify_for_upgrade
 
 __all__ = ["UpgradeResult", "upgrade"]
@@ -45,6 +47,7 @@ class UpgradeResult:
         return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current}
 
 
+@terminal_bars
 def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None) -> UpgradeResult:
     """Upgrade a KV file, or every KV file of a cube and then the cube itself (re-packed).
 
@@ -75,24 +78,28 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
     format-1 KV files there against ``model``; re-pack; swap. A current cube is left as is."""
     lock = verify_for_upgrade(cube).lock
     result = UpgradeResult(cube)
+    if is_private(lock):  # written at the current format; its KV files are ciphertexts
+        result.current = sorted(lock["encryption"]["ciphertexts"])
+        return result
     kv_files = sorted(entry["file"] for entry in lock["activations"].values())
     if lock["lock_version"] == constants.LOCK_VERSION and all(
             read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION
             for name in kv_files):
         result.current = kv_files
         return result
-    staging = atomic.staging_dir(cube, "upgrade")
-    try:
-        for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
-            atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
-        for name in kv_files:
-            upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
-            (result.upgraded if upgraded else result.current).append(name)
-        pack(staging, model=str(model), revision=revision)
-        atomic.replace_dir(staging, cube)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
+        staging = atomic.staging_dir(cube, "upgrade")
+        try:
+            for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
+                atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
+            for name in kv_files:
+                upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
+                (result.upgraded if upgraded else result.current).append(name)
+            pack(staging, model=str(model), revision=revision)
+            atomic.replace_dir(staging, cube)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return result
 
 
@@ -101,6 +108,12 @@ def _upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:
     if info.version == constants.KV_FORMAT_VERSION:
         return False
     live = fingerprint(str(model), revision=revision, dtype=info.producer.dtype)
+    if info.version >= constants.KV_CHECKABLE_VERSION:
+        # Format 2 pins the full identity: the model must be its producer, which is kept as
+        # recorded; the rewrite adds the tensors' checksums (of the bytes as they are now).
+        check_kv_info(info, live)
+        _rewrite(info, info.producer)
+        return True
     mismatches = _legacy_mismatches(info.producer, live, str(model), revision)
     if mismatches:
         raise IdentityMismatch(f"KV cache {path.name} (KV format {info.version})", mismatches,

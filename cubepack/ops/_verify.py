@@ -10,6 +10,8 @@ read as JSON.
 from __future__ import annotations
 
 import hashlib
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,15 @@ from .._util import canonical, constants
 from .._util.budget import checkpoint
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
-from ..errors import CubepackError, IntegrityError, VerificationFailed
+from .._util.quiet import terminal_bars
+from ..errors import (
+    CubepackError,
+    IntegrityError,
+    ModelNotFoundError,
+    UnsafeInputError,
+    UsageError,
+    VerificationFailed,
+)
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
 from ..format._content import file_problem
@@ -25,13 +35,14 @@ from ..format._diff import leaves
 from ..format._fileset import is_tolerated
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare
-from ..kv._format import read_kv_header
+from ..kv._format import checksum_verdict, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
 from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 from ..memos_format._layout import memos_config_problems
+from ..trust import _age as age
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
@@ -47,12 +58,15 @@ from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
 from ._embedder_check import embedder_checks
+from ._private import is_private, open_private
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
+@terminal_bars
 def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
            progress: bool | None = None, raise_on_failure: bool = True,
-           hashed: dict[str, str] | None = None, **options: Any) -> VerifyReport:
+           hashed: dict[str, str] | None = None,
+           decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> VerifyReport:
     """Verify the cube at ``cube_dir`` against its ``cubepack.lock``, locally.
 
     Args:
@@ -66,12 +80,17 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
             the cube (``pull`` hashes each file as its download completes, overlapping hashing
             with the network); those files are not read twice. Never pass digests you did not
             compute.
+        decrypt_with: an identity file (age or OpenSSH private key) opening a private cube:
+            its files are decrypted in memory (a RAM folder, never a disk) and every check a
+            clear cube gets runs on them. Without it a private cube's structure, ciphertext
+            digests and signature are checked, and what needs its plaintext is reported so.
 
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("verify")
-    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {})
+    return _verify(Path(cube_dir), policy, progress, raise_on_failure, hashed or {},
+                   decrypt_with=decrypt_with)
 
 
 def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) -> VerifyReport:
@@ -89,10 +108,13 @@ def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) ->
 
 
 def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
-            hashed: dict[str, str], *, accept_version_1: bool = False) -> VerifyReport:
+            hashed: dict[str, str], *, accept_version_1: bool = False,
+            decrypt_with: str | os.PathLike[str] | None = None) -> VerifyReport:
     report = VerifyReport(cube_dir)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
+    if lock is not None and decrypt_with is not None and is_private(lock):
+        _check_identity(report, decrypt_with)
     if lock is not None:
         report.lock = lock
         report.intact, good = _check_files(report, lock, progress, hashed)
@@ -107,27 +129,108 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
             checkpoint("the signature and attestations")
-            if lock["lock_version"] == 1:
+            failed_trust = sorted({c.name for c in report.checks
+                                   if c.name in _TRUST_CHECKS and c.ok is False})
+            if is_private(lock) and decrypt_with is not None and failed_trust:
+                # SECURITY.md: refused before anything is decrypted. The sender the policy
+                # asked to authenticate was not: the reader's key never opens their bytes.
+                report.add("private", "*", None,
+                           f"not decrypted: the {' and '.join(failed_trust)} check the policy "
+                           "requires failed, so nothing in the cube was opened with "
+                           f"{Path(decrypt_with).name}.")
+            elif is_private(lock):
+                _check_private(report, lock, policy, progress, decrypt_with)
+            elif lock["lock_version"] == 1:
                 report.add("model identity", "*", None, "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
             else:
-                _check_models(report, lock, policy.model)
-            if policy.strict_models:
-                require_checked_models(report)
-            checkpoint("the model checks")
-            recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
-            _record_provenance(report, lock, recomputed)
-            if policy.require_provenance:
-                _check_provenance(report, lock, policy.require_provenance)
-            if policy.embedder:
-                _check_embedder(report, lock, policy)
-            checkpoint("the proofs asked for")
+                _check_models(report, lock, policy.model, recompute=policy.recompute)
+            if not is_private(lock):
+                _check_clear(report, lock, policy)
     asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
+
+
+def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> None:
+    """The reader's own key file, before any check of the cube: a typo or a key others can
+    read is the reader's mistake (UsageError, UnsafeInputError), never a refused cube."""
+    try:
+        age.load_identities(identity)
+    except (UsageError, UnsafeInputError) as exc:
+        report.add("private", "*", False, f"not decrypted: {exc}")
+        report.finish(f"not run: the identity file {identity} cannot be used", [])
+        exc.report = report  # type: ignore[attr-defined] - the CLI's --json carries it
+        raise
+
+
+def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    """What a clear cube's contents prove, once its files are intact and its pins checked."""
+    if policy.strict_models:
+        require_checked_models(report)
+    checkpoint("the model checks")
+    recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
+    _record_provenance(report, lock, recomputed)
+    if policy.require_provenance:
+        _check_provenance(report, lock, policy.require_provenance)
+    if policy.embedder:
+        _check_embedder(report, lock, policy)
+    checkpoint("the proofs asked for")
+
+
+#: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
+_PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
+#: Checks of who sent the cube: when one the policy required fails, nothing is decrypted.
+_TRUST_CHECKS = ("signature", "attestation", "lineage")
+
+
+def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
+                   progress: bool | None, identity: str | os.PathLike[str] | None) -> None:
+    """A private cube, its ciphertexts intact and its signature checked. Without an identity:
+    its public pins are checked, and what needs the plaintext is skipped (or refused, when the
+    policy asked for it). With one: the cube is decrypted in memory and verified as the clear
+    cube it is, every check run (the pins, recomputation, provenance, the embedder...)."""
+    needs_plaintext = [name for name, asked in (
+        ("recompute", policy.recompute), ("provenance", policy.require_provenance),
+        ("embedder", policy.embedder)) if asked]
+    if identity is None:
+        _check_models(report, lock, policy.model, recompute=policy.recompute)
+        if policy.strict_models:
+            require_checked_models(report)
+        counts = lock["encryption"]["counts"]
+        report.add("private", "*", False if needs_plaintext else None,
+                   f"{'refused' if needs_plaintext else 'skipped'}: a private cube ("
+                   f"{counts['files']} files, {counts['activations']} KV caches, encrypted to "
+                   f"{counts['recipients']} recipient(s)); its contents "
+                   + (f"are needed for {', '.join(needs_plaintext)}, which was asked for"
+                      if needs_plaintext else "were not checked")
+                   + ". Pass an identity (--identity KEY or CUBEPACK_IDENTITY) to decrypt them "
+                   "in memory and check them.")
+        return
+    try:
+        with open_private(report.cube_dir, identity, public_lock=lock) as opened:
+            inner_policy = replace(policy, trusted_keys=(), require_signature=False,
+                                   require_lineage=False)
+            # The digests open_private took of the very plaintexts it wrote: not hashed twice.
+            inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests))
+            folder = str(opened.folder)
+    except CubepackError as exc:
+        report.add("private", "*", False, str(exc))
+        return
+    report.add("private", "*", True, f"decrypted in memory with {Path(identity).name}: "
+               f"{len(opened.manifest['names'])} ciphertexts, each the plaintext its manifest "
+               "records; the public lock agrees with the private one")
+    for check in inner.checks:
+        if check.name in _PUBLIC_ONLY:
+            continue
+        check.detail = check.detail.replace(folder, str(report.cube_dir))
+        check.subject = check.subject.replace(folder, str(report.cube_dir))
+        report.checks.append(check)
+    report.provenance = inner.provenance
+    report.private_lock = inner.lock
 
 
 def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
@@ -228,19 +331,29 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
-    if not lock["activations"]:
+    if is_private(lock):
+        for name in ("kv header", "kv checksums"):
+            report.add(name, "*", None, "skipped here: a private cube's KV files are "
+                       "encrypted (with an identity they are checked once decrypted, below)")
+    elif not lock["activations"]:
         report.add("kv header", "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
-        if entry["file"] not in good:
-            continue  # missing or not the lock's bytes: reported by the file checks
-        checkpoint(f"the KV header of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
+        if entry["file"] not in good:
+            # Missing or not the lock's bytes: reported by the file checks, and never parsed
+            # (a file whose hash failed is whoever changed it's input; load_kv_cache names the
+            # tensor that changed, for a file the user chooses to open anyway).
+            continue
+        checkpoint(f"the KV header of {entry['file']}")
         try:
             info = read_kv_header(path)
         except CubepackError as exc:
             report.add("kv header", subject, False, str(exc))
             continue
+        checkpoint(f"the tensor checksums of {entry['file']}")
+        ok, detail = checksum_verdict(info)
+        report.add("kv checksums", subject, ok, detail)
         pin = lock["models"][entry["model_role"]]
         pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
         problems = [(f"producer.{m.field}", m.expected, m.found)
@@ -377,7 +490,8 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
         report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
 
 
-def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> None:
+def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any, *,
+                  recompute: bool = False) -> None:
     if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
         report.add("model identity", "*", None, "skipped: the cube pins no producer (it holds "
                    "no activations)")
@@ -403,6 +517,12 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
                 _signed_pin_or_skip(report, role, pin, subject,
                                     "no model given (--model) and the pin has no Hub revision")
                 continue
+        except ModelNotFoundError:
+            if model is not None:  # the caller's --model names nothing: their input, not the cube
+                raise
+            _signed_pin_or_skip(report, role, pin, subject, "the pinned revision is not in "
+                                "the HF cache (pass --model, or use verify --remote)")
+            continue
         except CubepackError as exc:
             if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
                 report.add("model identity", subject, False, str(exc), role=role)
@@ -422,11 +542,12 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any) -> Non
             if model is None or isinstance(model, (str, Path)):
                 # A folder's bytes were fingerprinted as run in the pinned dtype: what it runs
                 # in is a setting, not in its files, so that field is the pin's own word.
+                advice = ("--recompute ran it in that dtype: see the recompute check"
+                          if recompute else "verify with the loaded model, or --recompute, "
+                          "which runs it in that dtype")
                 report.add("model identity", f"{subject} dtype", True,
                            f"not proved: a folder does not say which dtype it runs in; the "
-                           f"pin says {pinned.dtype} (verify with the loaded model, or "
-                           "--recompute, which runs it in that dtype)", role=role,
-                           basis=CLAIMED)
+                           f"pin says {pinned.dtype} ({advice})", role=role, basis=CLAIMED)
         if adapters_mod.is_adapter_role(role):
             _check_adapter_base(report, lock, role, base)
 

@@ -5,6 +5,8 @@ package imports it. Users may use it to test their own integrations offline:
 
 - :mod:`cubepack.testing.tiny`: real transformers models and a trained tokenizer, built in
   milliseconds with no download;
+- :mod:`cubepack.testing.reader`: the demo's two tiny models that answer from their context
+  (weights shipped, with the script that trains them again);
 - :mod:`cubepack.testing.hub`: :class:`~cubepack.testing.hub.InstrumentedHub`, the local
   endpoint plus fault injection, a bandwidth cap, request and byte counters, and
   :func:`~cubepack.testing.hub.upload_folder` to publish a folder to any endpoint.

@@ -32,15 +32,18 @@ class Fault:
     half the body of a download, then close), ``"corrupt"`` (send a download's body whole, of
 its true size, but with its middle byte flipped, as a faulty cache or link would), ``"delay"`` (wait ``seconds`` first), ``"hold"``
     (wait until the test calls :meth:`release`), ``"trickle"`` (send a download's headers,
-    then one byte of its body every ``seconds``, as a hostile endpoint would, until the client
-    goes away: :attr:`abandoned` is then set).
+    then ``step`` bytes of its body (one by default) every ``seconds``, as a hostile or very
+    slow endpoint would, until the client goes away: :attr:`abandoned` is then set; on a request
+    with a body (an upload, a commit), read ``step`` bytes of it every ``seconds`` instead, and
+    never answer). ``seconds=None``: after the first step, wait until the endpoint stops.
     """
 
     kind: str
     path: str = ".*"
     method: str = ".*"
     times: int = 1
-    seconds: float = 0.0
+    seconds: float | None = 0.0
+    step: int = 1
     hits: int = 0
     released: threading.Event = field(default_factory=threading.Event)
     abandoned: threading.Event = field(default_factory=threading.Event)
@@ -104,8 +107,8 @@ class InstrumentedHub(LocalHub):
         self._connections_changed = threading.Condition()
 
     def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
-                  seconds: float = 0.0) -> Fault:
-        fault = Fault(kind, path, method, times, seconds)
+                  seconds: float | None = 0.0, step: int = 1) -> Fault:
+        fault = Fault(kind, path, method, times, seconds, step)
         with self._faults_lock:
             self.faults.append(fault)
         return fault
@@ -149,6 +152,9 @@ class InstrumentedHub(LocalHub):
         handler.truncate = fault is not None and fault.kind == "truncate"
         handler.corrupt = fault is not None and fault.kind == "corrupt"
         handler.trickle = fault if fault is not None and fault.kind == "trickle" else None
+        if handler.trickle is not None and method in ("PUT", "POST"):
+            self._trickle_body(handler, handler.trickle)
+            return False
         if fault is None or fault.kind in ("truncate", "corrupt", "trickle"):
             return True
         if fault.kind == "delay":
@@ -166,6 +172,19 @@ class InstrumentedHub(LocalHub):
             handler.send_json({"error": f"Injected {status}"}, status)
         return False
 
+    def _trickle_body(self, handler: Any, trickle: Fault) -> None:
+        """Read a request's body ``step`` bytes at a time, never answering (see :class:`Fault`)."""
+        handler.close_connection = True
+        try:
+            while True:
+                if not handler.connection.recv(trickle.step):
+                    break  # the client hung up (or sent all: it waits for an answer in vain)
+                if self._stopping.wait(trickle.seconds):
+                    return
+        except OSError:
+            pass
+        trickle.abandoned.set()
+
     def connection_changed(self, delta: int) -> None:
         with self._connections_changed:
             self.open_connections += delta
@@ -176,10 +195,11 @@ class InstrumentedHub(LocalHub):
         if trickle is not None:
             handler.close_connection = True
             try:
-                for position in range(offset, offset + count):
+                for position in range(offset, offset + count, trickle.step):
+                    size = min(trickle.step, offset + count - position)
+                    handler.connection.sendall(os.pread(handle.fileno(), size, position))
                     if self._stopping.wait(trickle.seconds):
                         return
-                    handler.connection.sendall(os.pread(handle.fileno(), 1, position))
             except OSError:
                 trickle.abandoned.set()  # the client hung up
             return

@@ -48,10 +48,11 @@ STRONG = (PROVED, SIGNED)
 #: the lock, the Hub's metadata against a pin) is a claim; a signature check rests on the key.
 CHECK_BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED,
                "size": PROVED, "sha256": PROVED, "content": PROVED, "kv header": CLAIMED,
+               "kv checksums": PROVED,
                "adapter": CLAIMED, "adapter base": PROVED, "cube config": CLAIMED,
                "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
                "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
-               "provenance": CLAIMED, "embedder": PROVED}
+               "provenance": CLAIMED, "embedder": PROVED, "private": PROVED}
 
 
 def check_basis(name: str) -> Basis:

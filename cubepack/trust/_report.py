@@ -14,12 +14,13 @@ from ..trust._evidence import Basis, Signed, check_basis
 
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "adapter", "cube config", "signature", "attestation", "lineage", "model identity",
-          "adapter base", "remote model", "recompute", "provenance", "embedder")
+          "kv checksums", "adapter", "cube config", "signature", "attestation", "lineage",
+          "private", "model identity", "adapter base", "remote model", "recompute", "provenance",
+          "embedder")
 #: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
-#: LoRA adapters; ``adapter base``: and a base model at hand).
-OPTIONAL = ("adapter", "adapter base", "lineage", "remote model", "recompute", "provenance",
-            "embedder")
+#: LoRA adapters; ``adapter base``: and a base model at hand; ``private``: a private cube).
+OPTIONAL = ("adapter", "adapter base", "lineage", "private", "remote model", "recompute",
+            "provenance", "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -84,6 +85,9 @@ class VerifyReport:
     lock_sha256: str | None = None
     #: Per activation: what its producer label is (``kind``) and what backs it (``basis``).
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A private cube opened with an identity: its clear lock (from the decrypted manifest).
+    #: Never serialised by ``to_dict``: it is the plaintext's description.
+    private_lock: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,7 @@ from ..format import _fileset as fileset
 from ._attestation import Proved, attest
 from ._keys import check_key
 
-__all__ = ["check_key", "verify_signature", "write_signature"]
+__all__ = ["check_key", "check_resigning", "verify_signature", "write_signature"]
 
 def _model_signing() -> Any:
     try:
@@ -76,25 +76,28 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], proved: P
     target = cube / constants.SIGNATURE_FILENAME
     attested = cube / constants.ATTESTATION_FILENAME
     before = attested.read_bytes() if attested.is_file() and not attested.is_symlink() else None
-    # Written outside the cube, then renamed in: a temp file inside would be signed too.
-    handle, temporary = tempfile.mkstemp(prefix=".cubepack-sig-", dir=cube.parent)
-    os.close(handle)
-    try:
-        (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
-         .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
-        os.chmod(temporary, 0o644)
-        atomic.write_bytes(attested, attestation)  # first: the signature names its digest
+    # Written outside the cube, then renamed in: a temp file inside would be signed too. Its
+    # name starts ".<cube>." as every temp path beside a target does, so an error names the cube.
+    with atomic.placing(cube, elsewhere="copy the cube to a writable folder and sign the copy"):
+        handle, temporary = tempfile.mkstemp(prefix=f".{cube.absolute().name}.sig.",
+                                             dir=cube.parent)
+        os.close(handle)
         try:
-            os.replace(temporary, target)
-        except BaseException:  # keep the pair consistent: the old attestation, or none
-            if before is None:
-                attested.unlink(missing_ok=True)
-            else:
-                atomic.write_bytes(attested, before)
-            raise
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+            (signing.Config().use_elliptic_key_signer(private_key=str(key), password=password)
+             .set_hashing_config(_Precomputed(manifest)).sign(cube, temporary))
+            os.chmod(temporary, 0o644)
+            atomic.write_bytes(attested, attestation)  # first: the signature names its digest
+            try:
+                os.replace(temporary, target)
+            except BaseException:  # keep the pair consistent: the old attestation, or none
+                if before is None:
+                    attested.unlink(missing_ok=True)
+                else:
+                    atomic.write_bytes(attested, before)
+                raise
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     return target
 
 
@@ -169,6 +172,44 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
                              "The cube changed after it was signed.")
     names = ", ".join(str(k) for k in trusted_keys)
     raise SignatureError(f"The cube is signed by a key that is not trusted (trusted: {names}).")
+
+
+def check_resigning(cube_dir: str | Path, key: str | os.PathLike[str], *,
+                    password: str | None = None,
+                    trusted_keys: list[str | os.PathLike[str]] | tuple = (),
+                    action: str = "re-sign") -> str:
+    """Before ``key`` signs a cube it did not just verify the content of (a private cube's
+    ciphertexts, whose plaintext the signer never sees), the signature it replaces must verify
+    under ``key``'s own public half or one of ``trusted_keys``: else an attacker's replacement
+    (the owner's signature left behind, failing) would be blessed with the owner's key, and a
+    claim would gain strength. Return the key that verified.
+
+    Raises:
+        SignatureError: the cube is unsigned, or its signature fails under every key tried.
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    check_key(key, private=True, password=password)
+    private = serialization.load_pem_private_key(Path(key).read_bytes(),
+                                                 password.encode() if password else None)
+    public = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    # A public key is no secret: a temp file only because model_signing reads keys by path.
+    with tempfile.TemporaryDirectory(prefix="cubepack-pub.") as folder:
+        own = Path(folder) / "signing-key.pub.pem"
+        own.write_bytes(public)
+        try:
+            found = verify_signature(cube_dir, [own, *trusted_keys])
+        except SignatureError as exc:
+            raise SignatureError(
+                f"Refusing to {action} {cube_dir} with {key}: its current signature does not "
+                f"verify under that key's public half"
+                f"{' or a --trusted-key' if trusted_keys else ''} ({exc}) The content may not "
+                "be what was signed before, and signing it again would vouch for it unseen. "
+                "Fix: pass --trusted-key PUB.pem of whoever signed it, or verify the cube "
+                "(cubepack verify --identity KEY) and sign it yourself with cubepack sign; "
+                "without --sign-key the cube is left unsigned.") from exc
+    return str(key) if found == str(own) else found
 
 
 def _describe_content_error(message: str) -> str:

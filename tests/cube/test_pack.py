@@ -333,3 +333,36 @@ def test_migrating_only_the_embedder_keeps_a_folder_pin(tmp_path, zoo, models, p
     old = json.loads((bundle / constants.LOCK_FILENAME).read_text())["models"]["act_mem"]
     new = json.loads((result.cube_dir / constants.LOCK_FILENAME).read_text())["models"]["act_mem"]
     assert new["identity"] == old["identity"] and result.lineage["changes"]["models"] == {}
+
+
+@pytest.mark.parametrize("bad", ["bad id/ünï", "a/b/c", "/abs", "-flag", "x" * 97, ""])
+def test_a_cube_id_outside_the_rule_is_refused_naming_the_pattern(tmp_path, bad, packed):
+    from cubepack.cli import main
+    from cubepack.format._lock import CUBE_ID_PATTERN
+
+    from helpers import tree_bytes
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(packed, bundle)
+    (bundle / "config.json").unlink()
+    before = tree_bytes(bundle)
+    with pytest.raises(cubepack.UsageError) as caught:
+        cubepack.pack(bundle, cube_id=bad)
+    assert f"{bad!r} is not a cube id" in str(caught.value)
+    assert CUBE_ID_PATTERN in str(caught.value)
+    assert main(["pack", str(bundle), "--cube-id", bad]) == 2
+    assert tree_bytes(bundle) == before
+
+
+def test_a_model_folder_is_not_taken_for_a_cube_with_a_config_to_edit(tmp_path, zoo):
+    """A transformers model folder holds a config.json too: pack says it is not MemOS's config
+    (and what to point pack at), never to add a cube_id to the model's config."""
+    folder = tmp_path / "model"
+    shutil.copytree(zoo["a"], folder)
+    with pytest.raises(cubepack.UsageError) as caught:
+        cubepack.pack(folder)
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'config.json'} is not a MemOS cube config")
+    assert "looks like a model's config: model_type" in message and "--model" in message
+    assert "Add \"cube_id\"" not in message
+    assert not (folder / "cubepack.lock").exists()

@@ -29,17 +29,19 @@ def test_untouched_cube_verifies(cube, zoo):
     assert report.ok and not report.failures
     names = {c.name for c in report.checks}
     assert names == {"lock", "path", "file set", "size", "sha256", "content", "kv header",
-                     "cube config",
+                     "kv checksums", "cube config",
                      "signature", "attestation", "model identity"}
 
 
-def test_one_flipped_byte_is_named(cube):
+def test_one_flipped_byte_is_named(cube, models):
     data = bytearray((cube / ITEM).read_bytes())
     data[-3] ^= 0x01
     (cube / ITEM).write_bytes(bytes(data))
-    [failure] = refused(cube)
+    [failure] = refused(cube)  # the lock's hash; a file whose hash failed is never parsed
     assert (failure.name, failure.subject) == ("sha256", ITEM)
     assert failure.expected != failure.found
+    with pytest.raises(cubepack.IntegrityError, match="tensor layers.1.values"):
+        cubepack.load_kv_cache(cube / ITEM, models["a"])
 
 
 def test_missing_file(cube):
@@ -126,8 +128,9 @@ def test_kv_file_swapped_for_model_b_with_resealed_lock(cube, models):
 def test_pins_rewritten_to_model_b_are_caught_by_the_model_check(cube, zoo, models):
     identity_b = cubepack.fingerprint(zoo["b"]).to_dict()
 
-    def repin(lock):
-        lock["models"]["act_mem"]["identity"] = identity_b
+    def repin(lock):  # B's identity, in the keys a lock's pin holds
+        pinned = lock["models"]["act_mem"]["identity"]
+        lock["models"]["act_mem"]["identity"] = {k: identity_b[k] for k in pinned}
     reseal_lock(cube, repin)
     failures = refused(cube, model=str(zoo["a"]))
     assert any(f.name == "model identity" and "weights_digest" in f.subject for f in failures)
@@ -199,3 +202,40 @@ def test_a_memory_file_memos_would_open_outside_the_cube_is_refused(cube, tmp_pa
     report = cubepack.verify(cube, raise_on_failure=False)
     assert any(c.name == "content" and c.subject == "config.json" and "outside the cube"
                in c.detail for c in report.failures)
+
+
+def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
+    """A refusal always says what to do: damaged bytes are pulled or packed again; each check
+    of the policy names its own fix (it said "see each problem for what to do" and gave none)."""
+    from types import SimpleNamespace
+
+    from cubepack.trust._report import CHECKS
+
+    assert set(CHECKS) == set(VerificationFailed.DAMAGE) | set(VerificationFailed.FIXES)
+    for name in CHECKS:
+        failed = SimpleNamespace(name=name, __str__=None)
+        report = SimpleNamespace(cube_dir="c", failures=[failed])
+        message = str(VerificationFailed(report))
+        fix = "pull or pack it again" if name in VerificationFailed.DAMAGE \
+            else VerificationFailed.FIXES[name]
+        assert message.endswith(f"Do not load it; {fix}."), message
+
+
+def test_a_model_that_does_not_exist_is_the_callers_mistake_not_the_cubes(cube, tmp_path):
+    """A typo in --model is a usage error (exit 2) naming the folder, never a refused cube
+    (the new-user trial: it said "REFUSED ... rebuild it" and exited 1)."""
+    with pytest.raises(cubepack.ModelNotFoundError, match="typo-model"):
+        cubepack.verify(cube, model=str(tmp_path / "typo-model"))
+
+
+def test_the_dtype_line_gives_no_advice_already_followed(cube, zoo):
+    """The folder's dtype stays the pin's claim, but after --recompute the line no longer asks
+    for --recompute (the new-user trial: advice already followed)."""
+    def dtype_line(report):
+        [check] = [c for c in report.checks if c.subject.endswith(" dtype")]
+        return check.detail
+
+    assert "or --recompute" in dtype_line(cubepack.verify(cube, model=str(zoo["a"])))
+    after = dtype_line(cubepack.verify(cube, model=str(zoo["a"]), recompute=True,
+                                       raise_on_failure=False))  # its caches lack token ids
+    assert "--recompute ran it in that dtype" in after and "not proved" in after

@@ -39,6 +39,8 @@ TEXTS = ["The user lives in Lyon.", "The user plays the cello.", "The user hates
 #: report or lock as a claim and decides nothing. A field absent here that survives a mutation
 #: fails the test.
 INFORMATIONAL = {
+    "lock.lock_version": "a later lock version that reads the same sections (5 adds only the "
+                         "optional encryption section): read as written, covered by the digest",
     "lock.cubepack_version": "the packing tool's version: shown, never relied on",
     "lock.cube_id": "MemOS's cube id, shown; MemOS reads its own from config.json",
     "lock.models.*.name": "the name the packer gave; the identity decides",
@@ -81,16 +83,25 @@ def informational(field: str) -> bool:
     return any(_matches(field, pattern) for pattern in INFORMATIONAL)
 
 
-def leaves(value, prefix=""):
+class Dotted(str):
+    """A leaf's dotted path as shown, keeping its parts: a key may hold dots itself (a KV
+    header's checksum of ``layers.0.keys``)."""
+
+    parts: tuple[str, ...]
+
+
+def leaves(value, parts=()):
     """(dotted path, value) of every leaf; list items by index."""
     if isinstance(value, dict) and value:
         for key, item in value.items():
-            yield from leaves(item, f"{prefix}.{key}" if prefix else str(key))
+            yield from leaves(item, (*parts, str(key)))
     elif isinstance(value, list) and value and not all(isinstance(x, (int, float)) for x in value):
         for index, item in enumerate(value):
-            yield from leaves(item, f"{prefix}.{index}")
+            yield from leaves(item, (*parts, str(index)))
     else:
-        yield prefix, value
+        path = Dotted(".".join(parts))
+        path.parts = parts
+        yield path, value
 
 
 def mutations(value):
@@ -127,7 +138,7 @@ REMOVE = object()
 
 def set_path(document, path: str, new) -> bool:
     """Apply one mutation at ``path``; False when the path does not exist any more."""
-    parts = path.split(".")
+    parts = getattr(path, "parts", None) or path.split(".")
     node = document
     for part in parts[:-1]:
         node = node[int(part)] if isinstance(node, list) else node.get(part)
@@ -259,7 +270,7 @@ def sweep(proof, tmp_path, kind):
                 relist(work, attacked, constants.CONFIG_FILENAME)
             elif kind == "kv":
                 raw, length, header, meta = kv_document(work / ITEM)
-                set_path(meta, field, new)
+                assert set_path(meta, field, new), field  # every leaf is reached
                 write_kv_document(work / ITEM, raw, length, header, meta)
                 relist(work, attacked, ITEM)
             else:

@@ -42,10 +42,10 @@ def test_inspect_shows_producer_and_shapes(models, tmp_path, capsys):
     path = cubepack.save_kv_cache(cache, tmp_path / "x.kv.safetensors", producer=models["a"])
     code, out, _ = run(capsys, "inspect", str(path), "--json")
     data = json.loads(out)
-    assert code == 0 and data["token_count"] == 4 and data["version"] == 2
+    assert code == 0 and data["token_count"] == 4 and data["version"] == 3
     assert data["layers"][0]["shape"] == [1, 2, 4, 16]
     code, out, _ = run(capsys, "inspect", str(path))
-    assert "cubepack.kv v2" in out and "tokens:      4" in out
+    assert "cubepack.kv v3" in out and "tokens:      4" in out
 
 
 def test_errors_are_one_line_with_exit_codes(tmp_path, capsys):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import cubepack
+from cubepack._util import constants
 from cubepack.cli import cli as click_group
 from cubepack.testing.hub import upload_folder
 
@@ -97,6 +98,9 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                         (["{text}", "--model", "x", "--token-ids", "[1,"], "UsageError")],
     ("export", "mlx"): [(["{text}", "--out", "x.safetensors"], "FormatError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
+    ("encrypt",): [(["{cube}", "--to", "nonsense"], "UsageError"),
+                   (["{tampered}", "--to", "{recipient}"], "VerificationFailed")],
+    ("rekey",): [(["{cube}", "--add", "{recipient}"], "UsageError")],
     ("push",): [(["{cube}", "not a repo"], "UsageError"),
                 (["{cube}", "ns/x", "--tag", "x y"], "UsageError"),
                 (["{cube}", "ns/x", "--revision", "../x"], "UsageError"),
@@ -109,6 +113,17 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["ns/x", "--require-lineage"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
 }
+
+
+def _age_key(folder):
+    """(identity file, mode 600; its recipient) of a new age X25519 key."""
+    import pyrage
+
+    identity = pyrage.x25519.Identity.generate()
+    path = folder / "reader.key"
+    path.write_text(f"{identity}\n")
+    path.chmod(0o600)
+    return path, str(identity.to_public())
 
 
 @pytest.fixture
@@ -130,7 +145,7 @@ def inputs(cube, zoo, tmp_path):
     busy.listen()
     yield {"text": tmp_path / "text.txt", "pickle": tmp_path / "data.pickle",
            "empty": tmp_path / "empty", "tampered": tampered, "cube": cube, "key": key,
-           "public": public,
+           "public": public, "recipient": _age_key(tmp_path)[1],
            "busy": busy.getsockname()[1], "model": zoo["b"]}
     busy.close()
 
@@ -196,7 +211,7 @@ def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path,
     kv = next((cube / "activations").glob("*.kv.safetensors"))
     key, public = make_key(tmp_path, "signer")
     assert one_json(run("fingerprint", zoo["a"], "--json"))["weights_digest"]
-    assert one_json(run("inspect", kv, "--json"))["version"] == 2
+    assert one_json(run("inspect", kv, "--json"))["version"] == constants.KV_FORMAT_VERSION
     assert one_json(run("pack", cube, "--json"))["activations"]
     assert one_json(run("verify", cube, "--json"))["checks"]
     assert one_json(run("diff", cube, cube, "--json"))["same"] is True
@@ -216,6 +231,13 @@ def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path,
     imported = one_json(run("import", "mlx", exported["path"], "--model", zoo["a"], "--out",
                             tmp_path / "back.kv.safetensors", "--json"))
     assert imported["token_count"] == cubepack.read_kv_header(kv).token_count
+    private = copy_of(cube, tmp_path / "private")
+    reader, recipient = _age_key(tmp_path)
+    assert one_json(run("encrypt", private, "--to", recipient, "--json"))["ciphertexts"]
+    (tmp_path / "second").mkdir()
+    _, other = _age_key(tmp_path / "second")
+    rekeyed = one_json(run("rekey", private, "--add", other, "--identity", reader, "--json"))
+    assert rekeyed["added"] == [other]
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))

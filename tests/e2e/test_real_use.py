@@ -413,7 +413,7 @@ def test_the_readme_cli_walkthrough_runs_as_written(cube, tmp_path):
         pulled = json.loads(cubepack_cli("pull", f"me/my_cube@{pushed['commit_sha']}",
                                          "--local-dir", "cube", "--json"))
         assert pulled["verified"] and pulled["commit_sha"] == pushed["commit_sha"]
-        assert "cubepack.kv v2" in cubepack_cli("inspect", "cube/activations/item-1.kv.safetensors")
+        assert "cubepack.kv v3" in cubepack_cli("inspect", "cube/activations/item-1.kv.safetensors")
     finally:
         server.terminate()
         server.wait()

@@ -11,10 +11,7 @@ steps before that request can take longer than any such number."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -24,13 +21,7 @@ from cubepack.hub import _deadline, pull, push
 from cubepack.testing.hub import InstrumentedHub
 
 from helpers import tree_bytes
-
-KEPT = {"kept.txt": b"the folder as it was"}
-#: The deadline of the tests that let it pass by itself: they assert nothing about the step it
-#: falls in (a loaded machine may not have reached the held request by then).
-SHORT = 4
-#: A safety net so a broken deadline fails a test instead of hanging it (never asserted on).
-HANG = 120
+from hub_deadlines import HANG, KEPT, SHORT, cubepack_cli, nothing_left_running, published
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +86,13 @@ def deadlines(monkeypatch):
             super().__init__(*args, **kwargs)
             seen.update(self)
 
-        def begin(self, method, url):
-            transfer = super().begin(method, url)
+        def begin(self, *args, **kwargs):
+            transfer = super().begin(*args, **kwargs)
             seen.update(self, begun=transfer)
             return transfer
 
-        def answered(self, transfer, total, sock):
-            super().answered(transfer, total, sock)
+        def answered(self, *args, **kwargs):
+            super().answered(*args, **kwargs)
             seen.update(self)
 
         def end(self, transfer):
@@ -131,20 +122,6 @@ def in_background(work):
         if failures:
             raise failures[0]
     return join
-
-
-def published(hub, cube, repo="ns/slow"):
-    return push(cube, repo, endpoint=hub.url, allow_local_paths=True).commit_sha
-
-
-def nothing_left_running():
-    """Every thread cubepack started for the operation ends (joined, not polled): the worker
-    the caller stopped waiting for, and the pull's download threads."""
-    for thread in threading.enumerate():
-        if thread.name.startswith(("cubepack-call", "cubepack-pull")):
-            thread.join(HANG)
-            assert not thread.is_alive(), thread.name
-    assert _deadline._ACTIVE == [] and _deadline._UNINSTALL == []
 
 
 def test_a_trickled_download_ends_at_the_deadline_naming_file_and_bytes(hub, big_cube, target,
@@ -273,14 +250,6 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(big_cube, tmp_path, valu
         pull("ns/x", local_dir=tmp_path / "x", timeout=value)
     with pytest.raises(UsageError, match="--timeout must be a positive number of seconds"):
         push(big_cube, "ns/x", timeout=value)
-
-
-def cubepack_cli(hub, tmp_path, *args, env=None):
-    done = subprocess.run([sys.executable, "-m", "cubepack", *map(str, args)],
-                          env=dict(os.environ, HF_ENDPOINT=hub.url,
-                                   HF_HUB_CACHE=str(tmp_path / "cli-cache"), **(env or {})),
-                          capture_output=True, text=True, timeout=HANG, cwd=tmp_path, check=False)
-    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize("how", ["--timeout", "CUBEPACK_HUB_TIMEOUT"])

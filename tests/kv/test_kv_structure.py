@@ -43,8 +43,16 @@ def honest(models, tmp_path_factory):
 
 def write(tmp_path, tensors, meta, name="case.kv.safetensors"):
     path = tmp_path / name
-    save_file(tensors, str(path), metadata={"cubepack": json.dumps(meta)})
+    save_file(tensors, str(path), metadata={"cubepack": json.dumps(sealed(meta))})
     return path
+
+
+def sealed(meta):
+    """The metadata with its header checksum recomputed (as anyone writing a header can): the
+    structure checks these cases reach lie behind it."""
+    from cubepack.kv import _checksum
+
+    return _checksum.seal(meta)
 
 
 def case_uneven_lengths(tensors, meta):
@@ -248,6 +256,6 @@ def test_a_sliding_layer_holding_its_whole_window_is_refused(honest, tmp_path):
     whole = torch.zeros(*keys.shape[:2], window, keys.shape[3], dtype=keys.dtype)
     tensors[f"layers.{sliding}.keys"], tensors[f"layers.{sliding}.values"] = whole, whole.clone()
     target = tmp_path / "whole-window.kv.safetensors"
-    save_file(tensors, str(target), metadata={"cubepack": json.dumps(meta)})
+    save_file(tensors, str(target), metadata={"cubepack": json.dumps(sealed(meta))})
     with pytest.raises(cubepack.FormatError, match=rf"layers\[{sliding}\]\.stored_positions"):
         cubepack.read_kv_header(target)

@@ -89,7 +89,7 @@ def test_header_records_producer_tokens_and_metadata(models, a_file):
     from data import PROMPT
 
     info = read_kv_header(a_file[0])
-    assert info.version == 2 and info.num_layers == 2 and info.kv_dtype == "float32"
+    assert info.version == 3 and info.num_layers == 2 and info.kv_dtype == "float32"
     assert info.token_ids == PROMPT and info.token_count == len(PROMPT)
     assert info.metadata == {"source": "The user is a Chinese man.", "id": "item-1"}
     assert info.producer.strict() == cubepack.fingerprint(models["a"]).strict()
@@ -106,9 +106,9 @@ def test_copy_detaches_tensors_from_the_file(models, a_file, tmp_path):
 
 
 def test_unknown_format_version_is_refused(models, a_file, tmp_path):
-    bad = rewrite_kv_metadata(a_file[0], tmp_path / "v3.kv.safetensors",
-                            lambda meta: meta.update(version=3))
-    with pytest.raises(FormatError, match="version 3; this cubepack reads versions 1, 2"):
+    bad = rewrite_kv_metadata(a_file[0], tmp_path / "v4.kv.safetensors",
+                            lambda meta: meta.update(version=4))
+    with pytest.raises(FormatError, match="version 4; this cubepack reads versions 1, 2, 3"):
         cubepack.load_kv_cache(bad, models["a"])
 
 

@@ -24,7 +24,7 @@ from cubepack.kv._torch import (
 )
 
 from data import PROMPT
-from helpers import build_cache, reseal_lock
+from helpers import build_cache, reseal_kv_checksums, reseal_lock
 
 ITEM = "activations/item-1.kv.safetensors"
 
@@ -85,6 +85,7 @@ def test_poisoned_values_under_a_correct_header_are_refused_at_the_first_differe
     metadata = read_kv_header(path).header.metadata
     tensors["layers.1.values"][:, :, 6, :] += 0.5  # one position of one layer, nudged
     save_file(tensors, str(path), metadata=metadata)
+    reseal_kv_checksums(path)
     relock(cube)
     assert cubepack.verify(cube, model=str(zoo["a"])).ok  # every claim still holds
     with pytest.raises(cubepack.VerificationFailed) as caught:
@@ -201,6 +202,7 @@ def test_a_sampled_check_is_unpredictable_and_the_behaviour_check_sees_the_rest(
     metadata = read_kv_header(path).header.metadata
     tensors["layers.1.values"][:, :, 6, :] += 2.0
     save_file(tensors, str(path), metadata=metadata)
+    reseal_kv_checksums(path)
     relock(cube)
     with pytest.raises(cubepack.VerificationFailed) as caught:
         cubepack.verify(cube, model=models["a"], recompute_tokens=3, seed=seed)
@@ -222,6 +224,7 @@ def test_a_sliding_window_that_starts_past_the_sample_is_still_checked(tmp_path,
     tensors = load_file(str(path))
     tensors[f"layers.{sliding}.keys"] += 0.5  # every position it keeps
     save_file(tensors, str(path), metadata=info.header.metadata)
+    reseal_kv_checksums(path)
     relock(cube)
     with pytest.raises(cubepack.VerificationFailed, match=rf"layer {sliding}, position \d+"):
         cubepack.verify(cube, model=models["hybrid"], recompute_tokens=2, seed=1)

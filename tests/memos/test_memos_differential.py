@@ -2,7 +2,7 @@
 
 For each path (``GeneralMemCube.init_from_dir``, ``init_from_remote_repo`` from a git remote,
 ``MOS`` and ``MOSCore`` register + chat, ``KVCacheMemory.load``, ``VLLMKVCacheMemory.load``)
-and each cube: a valid MemOS dump must give the hook exactly what plain MemOS gives (the same
+and each cube: a valid MemOS dump (its producer recorded) must give the hook exactly what plain MemOS gives (the same
 items, the same tensors, the same first answer); an invalid one (caches of a 3-layer model under
 a 2-layer model's name) must be refused precisely by the hook, where plain MemOS loads it and
 crashes or answers from it; a hostile one (a pickle that runs code) must run nothing under the
@@ -72,7 +72,11 @@ def cubes(tmp_path_factory, zoo, models):
     root = tmp_path_factory.mktemp("differential")
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     made = {
-        "valid": write_cube(root / "valid", str(zoo["a"]), {"item-1": build_cache(models["a"], ids)}),
+        # A valid dump records its producer (MemOS #2305): one without a record is of unknown
+        # origin, refused under the hook by default (issue #30; tests/adversary, the
+        # lockless-pickle test), whatever its shape.
+        "valid": write_cube(root / "valid", str(zoo["a"]), {"item-1": build_cache(models["a"], ids)},
+                            producer={"model_name_or_path": str(zoo["a"])}),
         "invalid": write_cube(root / "invalid", str(zoo["a"]),
                               {"item-1": build_cache(models["deep"], ids)}),
     }

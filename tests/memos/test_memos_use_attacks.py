@@ -133,6 +133,11 @@ def test_an_unknown_cache_of_two_sequences_is_refused_not_a_runtime_error(memori
     cache = DynamicCache()
     for index, layer in enumerate(source.layers):
         cache.update(torch.cat([layer.keys] * 2), torch.cat([layer.values] * 2), index)
+    with pytest.raises(IdentityMismatch, match="of unknown origin, so it is not used"):
+        a.llm.generate(MESSAGES, past_key_values=cache, max_tokens=2)
+    from cubepack import memos
+
+    memos.register(cache, a.llm.model)  # its producer told: then its shape is the refusal
     with pytest.raises(IdentityMismatch, match="batch: expected 1, found 2"):
         a.llm.generate(MESSAGES, past_key_values=cache, max_tokens=2)
 
@@ -257,7 +262,9 @@ def test_a_refused_load_leaves_the_memory_as_it_was(memories, zoo, tmp_path):
 
     a, _ = memories
     deep = _cube(zoo["deep"]).act_mem
-    mixed = {"a_item": _first(a), "z_deep": KVCacheItem(id="z_deep",
+    recorded = _first(a).model_copy(update={"metadata": {  # A's, recorded (MemOS #2305)
+        **(_first(a).metadata or {}), "producer": {"model_name_or_path": str(zoo["a"])}}})
+    mixed = {"a_item": recorded, "z_deep": KVCacheItem(id="z_deep",
                                                         memory=deep.extract(TEXTS[0]).memory)}
     folder = tmp_path / "mixed"
     folder.mkdir()

@@ -55,7 +55,10 @@ def test_round_trip_with_refusal_at_every_step(zoo, models, mlx_models, tmp_path
     assert code == 0
     theirs, metadata = mlx_load_prompt_cache(exported["path"], return_metadata=True)
     assert [c.offset for c in theirs] == [len(IDS)] * 2 and "cubepack" in metadata
-    ours = cubepack.mlx.load_prompt_cache(exported["path"], mlx_models["a"])  # recomputed in MLX
+    # Recomputed in MLX. A fixed probe draw: float32's probe-logit bound sits within ~1.1x of
+    # MLX's honest difference from transformers on some draws (docs/explanation/runtimes.md
+    # states it; #30 item 3 replaces that bound), and this test is about the round trip.
+    ours = cubepack.mlx.load_prompt_cache(exported["path"], mlx_models["a"], seed=0)
     assert numpy.array_equal(numpy.array(ours[0].keys), numpy.array(theirs[0].keys[..., :8, :]))
     for other in ("b", "deep"):
         with pytest.raises(cubepack.IdentityMismatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -63,16 +64,26 @@ def reseal_lock(cube, change) -> None:
     path.write_text(lockfile.dumps(resealed))
 
 
-def rewrite_kv_metadata(source, target, change):
-    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``."""
+def rewrite_kv_metadata(source, target, change, *, reseal=True):
+    """Copy a KV file, rewriting its cubepack metadata JSON through ``change``; with
+    ``reseal``, its header checksum is recomputed (as anyone editing a header can: the checks
+    these tests reach lie behind it), else left as it was."""
     import json
     import struct
+
+    from cubepack.kv import _checksum
 
     raw = source.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + length])
     meta = json.loads(header["__metadata__"]["cubepack"])
     change(meta)
+    record = meta.get("checksums")
+    if reseal and isinstance(record, dict) and "header" in record:
+        try:
+            meta = _checksum.seal(meta)
+        except (TypeError, ValueError):
+            pass  # not canonical JSON (NaN, ...): left as it was, for the reader to refuse
     header["__metadata__"]["cubepack"] = json.dumps(meta)
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
@@ -127,11 +138,61 @@ def as_format_1(source, target, tokenizer_json):
 
     def downgrade(meta):
         meta["version"] = 1
+        meta.pop("checksums", None)
         for key in ("compute_config", "prompt_format_digest"):
             meta["producer"].pop(key, None)
         meta["producer"]["tokenizer_digest"] = legacy_tokenizer_digest_v1(
             tokenizer_json.read_text())
     return rewrite_kv_metadata(source, target, downgrade)
+
+
+def as_format_2(source, target):
+    """A file as cubepack 0.2 wrote it: version 2, no per-tensor checksums."""
+    def downgrade(meta):
+        meta["version"] = 2
+        meta.pop("checksums")
+    return rewrite_kv_metadata(source, target, downgrade)
+
+
+def reseal_kv_checksums(path):
+    """Recompute, in place, a KV file's tensor and header checksums from its bytes as they are
+    now (what anyone who edits tensors can do: the checks behind them are what these tests
+    reach)."""
+    from cubepack.kv import _checksum
+    from cubepack.kv._format import read_kv_header
+
+    header = read_header_of(path)
+    pieces = _checksum.kv_file_pieces(header, list(header.tensors))
+    raw = path.read_bytes()
+    found = {name: _checksum.digest([raw[at:at + n] for at, n in ranges] or [b""])
+             for name, ranges in pieces.items()}
+
+    def change(meta):
+        meta["checksums"]["tensors"] = found
+    rewrite_kv_metadata(path, path, change)
+    read_kv_header(path)
+    return path
+
+
+def read_header_of(path):
+    from cubepack._util.safetensors_header import read_header
+
+    return read_header(path)
+
+
+def flip_tensor_byte(path, name, target=None, *, at=0.5):
+    """Copy (or, without ``target``, change in place) a safetensors file with one bit of tensor
+    ``name``'s data flipped (``at``: where in the tensor, as a fraction); returns the path."""
+    from cubepack._util.safetensors_header import read_header
+
+    header = read_header(path, aligned=False)
+    tensor = header.tensors[name]
+    offset = header.data_offset + tensor.begin + int((tensor.end - tensor.begin - 1) * at)
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x01
+    target = target or path
+    target.write_bytes(bytes(raw))
+    return target
 
 
 def as_lock_version_1(cube, tokenizer_json):
@@ -202,26 +263,18 @@ _HUB_SETTINGS = {"HF_ENDPOINT": "ENDPOINT", "HF_HUB_CACHE": "HF_HUB_CACHE",
                  "HF_HUB_DISABLE_XET": "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE": "HF_HUB_OFFLINE"}
 
 
-def cli_in_process(args, *, env: dict[str, str], cwd):
-    """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
-    ``cwd`` as a new process would have them (the environment, and huggingface_hub's
-    import-time settings derived from it): returncode, stdout and stderr, as
-    ``subprocess.run`` gives them. For chains of commands whose subject is how the commands fit
-    together (a refusal's advice, run as printed); a process's own behaviour (its output
-    streams, exit, signals) is tested with real processes."""
-    import contextlib
-    import io
+@contextlib.contextmanager
+def as_new_process(*, env: dict[str, str], cwd):
+    """Run the ``with`` body with ``env`` and ``cwd`` as a new process would have them: the
+    environment, the folder and huggingface_hub's import-time settings derived from the
+    environment (its endpoint, cache, Xet and offline switches); all restored afterwards."""
     import os
-    import subprocess
 
     from huggingface_hub import constants
-
-    from cubepack.cli import main
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved = {name: getattr(constants, name) for name in (*_HUB_SETTINGS.values(),
                                                           "HUGGINGFACE_CO_URL_TEMPLATE")}
-    out, err = io.StringIO(), io.StringIO()
     try:
         os.environ.clear()
         os.environ.update(env)
@@ -237,13 +290,30 @@ def cli_in_process(args, *, env: dict[str, str], cwd):
         constants.HUGGINGFACE_CO_URL_TEMPLATE = \
             constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}"
         os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(arg) for arg in args])
+        yield
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
         for name, value in saved.items():
             setattr(constants, name, value)
+
+
+def cli_in_process(args, *, env: dict[str, str], cwd):
+    """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
+    ``cwd`` as a new process would have them (the environment, and huggingface_hub's
+    import-time settings derived from it): returncode, stdout and stderr, as
+    ``subprocess.run`` gives them. For chains of commands whose subject is how the commands fit
+    together (a refusal's advice, run as printed); a process's own behaviour (its output
+    streams, exit, signals) is tested with real processes."""
+    import io
+    import subprocess
+
+    from cubepack.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with as_new_process(env=env, cwd=cwd):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(arg) for arg in args])
     return subprocess.CompletedProcess(["cubepack", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())

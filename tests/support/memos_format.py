@@ -97,8 +97,10 @@ def _as_memos_globals(early: bool):
 
 
 def write_cube(folder: Path, model_dir: str, caches: dict[str, object], *, early: bool = False,
-               texts: dict[str, str] | None = None) -> Path:
-    """A MemOS-format cube with one activation per cache (``early``: mid-2025 layout)."""
+               texts: dict[str, str] | None = None,
+               producer: dict[str, object] | None = None) -> Path:
+    """A MemOS-format cube with one activation per cache (``early``: mid-2025 layout;
+    ``producer``: each item's MemOS #2305 ``metadata.producer`` record)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(memos_config(model_dir), indent=2))
     memories = {}
@@ -106,6 +108,8 @@ def write_cube(folder: Path, model_dir: str, caches: dict[str, object], *, early
         for item_id, cache in caches.items():
             metadata = {"source_text": (texts or {}).get(item_id, f"text of {item_id}"),
                         "extracted_at": "2026-11-30T03:22:03.833206"}
+            if producer is not None:
+                metadata["producer"] = dict(producer)
             if early:
                 keys = [layer.keys for layer in cache.layers]
                 values = [layer.values for layer in cache.layers]

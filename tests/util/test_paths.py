@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -87,3 +88,37 @@ def test_regular_file_never_leads_through_a_symlink(tmp_path):
             regular_file(root, name)
     with pytest.raises(UnsafeInputError, match="'..' segment"):
         regular_file(root, "../outside/secret.txt")
+
+
+@pytest.mark.parametrize("name, rule", UNPORTABLE_NAMES + [("a/../b.txt", "escape the cube")])
+def test_a_path_refusal_names_the_path_once_and_says_what_to_do(tmp_path, name, rule):
+    """The rule's own message ("Path 'x' ...; rename it.") and, in a list that names each path
+    itself (a cube's scan), its reason alone: the name never twice, no '..' ending."""
+    from cubepack._util.paths import check_relpath, list_cube_files
+
+    with pytest.raises(UnsafeInputError) as caught:
+        check_relpath(name)
+    message = str(caught.value)
+    assert rule in message and message.count(repr(name)) == 1, message
+    assert message.endswith("; rename it.") and not message.endswith(".."), message
+    if "/" in name or "\x1f" in name or name.endswith(" "):
+        return  # not a name the file system here can hold as one file
+    (tmp_path / name).write_text("x")
+    with pytest.raises(UnsafeInputError) as caught:
+        list_cube_files(tmp_path)
+    message = str(caught.value)
+    listed = re.sub(r"\(CON, .*?\)", "", message)  # the rule's own list names AUX too
+    assert message.startswith(f"Path {name!r} ") and listed.count(name) == 1, message
+    assert message.endswith("; rename it.") and not message.endswith(".."), message
+
+
+def test_a_symlink_or_special_file_says_what_to_do(tmp_path):
+    from cubepack._util.paths import scan_cube
+
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    os.mkfifo(tmp_path / "pipe")
+    _, problems = scan_cube(tmp_path)
+    assert dict(problems) == {
+        "link": "is a symlink; cubes may hold regular files only: replace it with a copy of the "
+                "file it points to (cp -L), or remove it",
+        "pipe": "is not a regular file (a device, FIFO or socket); remove it"}

@@ -1,0 +1,170 @@
+"""Where the plaintext of a private cube may exist: memory, never a disk (issue #32).
+
+Two places, both Linux-only:
+
+- :func:`memory_file`: one anonymous file (``memfd_create``): it has no name in any file
+  system, is reached through ``/proc/self/fd/N`` by readers that want a path (safetensors
+  maps it, zero-copy), and is freed when the last reference (fd or mapping) goes away, even
+  if the process is killed;
+- :func:`ram_folder`: a folder of files for checks that read a whole cube (verify, MemOS's
+  loaders, PEFT): a private (0700) folder on a RAM file system (tmpfs at ``/dev/shm``, or
+  ``CUBEPACK_RAM_DIR`` when that is a tmpfs or ramfs mount too), removed when the block ends.
+  A SIGTERM while it exists raises :class:`~cubepack.errors.Terminated` (see
+  :func:`sigterm_unwinds`), so the folder is removed as on any error. A process killed by
+  SIGKILL cannot remove it: it stays in RAM until removed or reboot,
+  never on a disk; the next ``ram_folder`` of the same user removes folders whose process is
+  gone.
+
+Never ``TMPDIR``: it is usually a disk. Elsewhere (macOS, no tmpfs) a RAM folder is refused
+rather than silently written to a disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import Terminated, UnsupportedError
+
+#: File systems that keep files in memory only.
+_RAM_FILE_SYSTEMS = ("tmpfs", "ramfs")
+_PREFIX = "cubepack-private-"
+
+
+def _mounts() -> dict[str, str]:
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as handle:
+            return {fields[1]: fields[2] for line in handle if len(fields := line.split()) > 2}
+    except OSError:
+        return {}
+
+
+def _is_ram(path: Path) -> bool:
+    """Is ``path`` on a RAM file system (the mount point holding it is tmpfs or ramfs)?"""
+    mounts = _mounts()
+    resolved = path.resolve()
+    for candidate in (resolved, *resolved.parents):
+        if str(candidate) in mounts:
+            return mounts[str(candidate)] in _RAM_FILE_SYSTEMS
+    return False
+
+
+def ram_root() -> Path:
+    """The RAM file system plaintext folders are made in.
+
+    Raises:
+        UnsupportedError: no RAM file system here (or ``CUBEPACK_RAM_DIR`` names a disk).
+    """
+    chosen = os.environ.get("CUBEPACK_RAM_DIR")
+    root = Path(chosen) if chosen else Path("/dev/shm")
+    if root.is_dir() and _is_ram(root):
+        return root
+    where = f"CUBEPACK_RAM_DIR={chosen}" if chosen else "/dev/shm"
+    raise UnsupportedError(f"Opening a private cube decrypts it to memory only, and {where} is "
+                           "not a RAM file system (tmpfs or ramfs) here; cubepack never writes "
+                           "a private cube's plaintext to a disk. Set CUBEPACK_RAM_DIR to a "
+                           "tmpfs mount.")
+
+
+def _remove_stale(root: Path) -> None:
+    for candidate in root.glob(_PREFIX + "*"):
+        pid = candidate.name[len(_PREFIX):].split(".", 1)[0]
+        try:
+            mine = candidate.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(candidate, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _terminated(signum: int, frame: object) -> None:
+    # A second SIGTERM must not break the cleanup the first one started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated("terminated (SIGTERM) before the command finished")
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` instead of ending the process at
+    once: Python's default for SIGTERM runs no ``finally``, and a RAM folder of plaintext
+    would outlive the command (as after a SIGKILL). Only where Python may install handlers
+    (the main thread) and only over the default disposition: a handler the program set is
+    its own, and is left alone. The previous disposition comes back on exit."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def ram_folder() -> Iterator[Path]:
+    """A new private folder on a RAM file system, removed (with all it holds) on exit, also
+    on SIGTERM (see :func:`sigterm_unwinds`)."""
+    root = ram_root()
+    _remove_stale(root)
+    with sigterm_unwinds():
+        folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", dir=root))
+        try:
+            os.chmod(folder, 0o700)  # mkdtemp does; said again because it is the point
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def empty_memory_file(name: str, size: int) -> int:
+    """An anonymous in-memory file of ``size`` zero bytes (its fd), for a writer that maps it.
+
+    Raises:
+        UnsupportedError: no ``memfd_create`` here (not Linux).
+    """
+    if not hasattr(os, "memfd_create"):
+        raise UnsupportedError("Loading a private file decrypts it to an anonymous memory file "
+                               "(memfd_create), which this system lacks; cubepack never writes "
+                               "the plaintext to a disk.")
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def memory_file(data: bytes, name: str = "cubepack-private") -> tuple[int, Path]:
+    """An anonymous in-memory file holding ``data``: (its fd, a path readers can open). The
+    caller closes the fd; a memory map of it outlives the fd.
+
+    Raises:
+        UnsupportedError: no ``memfd_create`` here (not Linux).
+    """
+    fd = empty_memory_file(name, 0)  # the one place that makes (or refuses) a memory file
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, Path(f"/proc/self/fd/{fd}")

@@ -1,0 +1,312 @@
+"""Private cubes (issue #32): encrypted to their readers, verified by anyone, decrypted only in
+memory.
+
+A private cube is a packed cube whose every file (memories, KV caches, prompts, adapters,
+MemOS's files, and its own lock, ``cubepack.yaml`` and card) is an age file encrypted to the
+cube's recipients, one file key per file, each file's plaintext the clear file byte for byte.
+Beside them, in clear: a public lock (version 5, its ``encryption`` section naming the
+ciphertexts; producer pins without vectors records; counts; the cube id), a public
+``cubepack.yaml`` and card, and the private manifest ``cubepack.manifest.age``: the clear
+cube's lock (every plaintext digest, item id and label), the ciphertext -> clear name map and
+the recipients, encrypted like the rest. No digest of a plaintext is public.
+
+- :func:`write_private`: the private cube's files, written whole and swapped in (``encrypt``
+  and ``rekey``, in ``_encrypt``, call it);
+- :func:`open_private`: the clear cube of a private one, in memory (a RAM folder), with its
+  manifest; every reader that needs the plaintext goes through it (``decrypted_file``: one
+  file, as an anonymous memory file).
+
+Signatures sign the public lock, which lists every ciphertext's sha256: encrypt-then-sign. age
+does not authenticate senders: anyone who can push can replace an unsigned private cube.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, canonical, constants
+from .._util.paths import resolve_inside
+from .._util.ramdir import empty_memory_file, memory_file, ram_folder
+from .._version import __version__
+from ..errors import CubepackError, FormatError, IntegrityError, UsageError
+from ..format import _card as card
+from ..format import _cubeconfig as cubeconfig
+from ..format import _fileset as fileset
+from ..format import _lock as lockfile
+from ..trust import _age as age
+
+__all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "is_private", "open_private",
+           "write_private"]
+
+
+@dataclass
+class EncryptResult:
+    """What ``encrypt`` (or ``rekey``) wrote: the public lock's digest, the recipients, how
+    many files are ciphertexts, whether names are hidden and whether the cube is signed."""
+
+    cube_dir: Path
+    digest: str
+    recipients: list[str]
+    ciphertexts: int
+    hidden_names: bool
+    #: the private key the cube was signed with, or None: left unsigned
+    signed_with: str | None
+    rotated: bool = True
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cube_dir": str(self.cube_dir), "digest": self.digest,
+                "recipients": self.recipients, "ciphertexts": self.ciphertexts,
+                "hidden_names": self.hidden_names, "signed_with": self.signed_with,
+                "rotated": self.rotated, "added": self.added, "removed": self.removed}
+
+
+def is_private(lock: dict[str, Any] | None) -> bool:
+    """Is ``lock`` (a parsed lock) a private cube's?"""
+    return bool(lock) and "encryption" in lock
+
+
+def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
+                   read: Any, recipients: list[age.Recipient], *, hidden: bool) -> EncryptResult:
+    """Write the private cube (ciphertexts, manifest, public lock, cubepack.yaml and card) in a
+    staging folder beside ``cube`` and swap it in. ``read(clear name)`` gives each plaintext."""
+    staging = atomic.staging_dir(cube, "encrypt")
+    try:
+        for cipher, name in sorted(names.items()):
+            atomic.write_bytes(resolve_inside(staging, cipher), age.encrypt(read(name),
+                                                                            recipients))
+        manifest = age.encrypt(age.manifest_bytes(lock_text, names, recipients), recipients)
+        atomic.write_bytes(staging / fileset.PRIVATE_MANIFEST, manifest)
+        public = _public_lock(staging, lock, names, recipients, hidden=hidden)
+        atomic.replace_dir(staging, cube)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return EncryptResult(cube_dir=cube, digest=public["digest"],
+                         recipients=sorted(r.text for r in recipients),
+                         ciphertexts=len(names), hidden_names=hidden, signed_with=None)
+
+
+def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
+                 recipients: list[age.Recipient], *, hidden: bool) -> dict[str, Any]:
+    """The public files of a private cube: cubepack.yaml (pins, and which ciphertext holds
+    which kind of memory), the card and the version-5 lock. Nothing here is a plaintext's
+    digest, text, id (beyond the names when they are not hidden) or vector."""
+    cipher_of = {clear: cipher for cipher, clear in names.items()}
+    models = {role: {key: value for key, value in pin.items() if key != "vectors"}
+              for role, pin in lock["models"].items()}
+    memories = _memory_kinds(lock, cipher_of)
+    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=lock["cube_id"], models=models,
+                                                    memories=memories))
+    atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
+    files = {name: _entry(staging / name) for name in
+             [*sorted(names), fileset.PRIVATE_MANIFEST, constants.CONFIG_FILENAME]}
+    encryption = {"version": lockfile.ENCRYPTION_VERSION, "scheme": lockfile.ENCRYPTION_SCHEME,
+                  "manifest": fileset.PRIVATE_MANIFEST, "ciphertexts": sorted(names),
+                  "counts": {"files": len(lock["files"]),
+                             "activations": len(lock["activations"]),
+                             "adapters": len(lock.get("adapters") or {}),
+                             "recipients": len(recipients)},
+                  "hidden_names": hidden}
+    draft = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
+                                activations={}, cubepack_version=__version__,
+                                encryption=encryption)
+    title = lock["cube_id"] if isinstance(lock["cube_id"], str) and lock["cube_id"] else \
+        "private cube"
+    text = card.render(lock=draft, memories=memories, pretty_name=title, license=None,
+                       repo_id=title if "/" in title else "OWNER/CUBE",
+                       cubepack_version=__version__, memos=True)
+    text += PRIVATE_CARD.format(files=len(lock["files"]), activations=len(lock["activations"]),
+                                recipients=len(recipients))
+    atomic.write_text(staging / constants.CARD_FILENAME, text)
+    files[constants.CARD_FILENAME] = _entry(staging / constants.CARD_FILENAME)
+    public = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
+                                 activations={}, cubepack_version=__version__,
+                                 encryption=encryption)
+    atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(public))
+    return public
+
+
+#: What the public card of a private cube says of it.
+PRIVATE_CARD = """
+## Private cube
+
+Every file of this cube ({files} files, {activations} KV caches) is encrypted with
+[age](https://age-encryption.org) to {recipients} recipient(s); its lock lists the
+ciphertexts. Anyone can check it without a key (`cubepack verify`); a recipient opens it in
+memory only: `cubepack pull REPO --identity KEY` (or `CUBEPACK_IDENTITY`).
+"""
+
+
+def _memory_kinds(lock: dict[str, Any], cipher_of: dict[str, str]) -> dict[str, list[str]]:
+    """Which ciphertexts hold activations, parametric memory, and the rest, by the clear
+    lock's own sections (the clear cubepack.yaml is itself encrypted)."""
+    activations = {entry["file"] for entry in lock["activations"].values()}
+    adapters = {entry[key] for entry in (lock.get("adapters") or {}).values()
+                for key in ("config_file", "weights_file")}
+    kinds: dict[str, list[str]] = {"activation": [], "parametric": [], "other": []}
+    for clear, cipher in sorted(cipher_of.items()):
+        kind = "activation" if clear in activations else "parametric" if clear in adapters \
+            else "other"
+        kinds[kind].append(cipher)
+    # Listed in the ciphertext names' own order: with hidden names, the clear names' order
+    # would tell how the hidden item ids sort (and which file is the lock or the config).
+    return {kind: sorted(names) for kind, names in kinds.items() if names}
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+@contextlib.contextmanager
+def decrypted_file(path: str | os.PathLike[str],
+                   identity: str | os.PathLike[str]) -> Iterator[Path]:
+    """The plaintext of the age file at ``path``, as an anonymous memory file (no name in any
+    file system), for the block's duration: a path readers can open or map. A map made of it
+    outlives the block (the memory is freed with the last map)."""
+    identities = age.load_identities(identity)
+    source = Path(path)
+    name = source.name.removesuffix(fileset.CIPHER_SUFFIX)
+    with open(source, "rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      prot=mmap.PROT_READ) as ciphertext:
+        maps: list[mmap.mmap] = []
+        fd = -1
+
+        def allocate(size: int) -> Any:  # the plaintext is decrypted straight into the memfd
+            nonlocal fd
+            fd = empty_memory_file(name, size)
+            # Populated at once: one call faults in every page, not a fault per 4 KiB.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            maps.append(mmap.mmap(fd, size, flags=flags) if size else None)
+            return maps[0] if size else bytearray()
+
+        try:
+            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+            for mapped in maps:
+                if mapped is not None:
+                    mapped.close()
+            if plain is not None:  # pyrage's path (SSH identities): written once
+                fd, _ = memory_file(plain, name)
+                del plain
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+    try:
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class PrivateCube:
+    """A private cube opened in memory: ``folder`` (a RAM folder) holds the clear cube byte
+    for byte, ``lock`` its clear lock, ``manifest`` the decrypted manifest."""
+
+    folder: Path
+    lock: dict[str, Any]
+    manifest: dict[str, Any]
+    public_lock: dict[str, Any]
+    #: sha256 of each plaintext, taken as it was decrypted (verify does not hash them again)
+    digests: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
+                 public_lock: dict[str, Any] | None = None) -> Iterator[PrivateCube]:
+    """Decrypt the private cube at ``cube_dir`` with the identity file ``identity`` into a RAM
+    folder (never a disk) for the block's duration. Each ciphertext must be the public lock's
+    bytes (its sha256) before it is decrypted; each plaintext must be the manifest's (its
+    sha256, from the clear lock) before it is written.
+
+    ``public_lock``: the cube's public lock, already parsed and its files already proven
+    intact by the caller (verify); without it, it is read and the ciphertexts hashed here.
+
+    Raises:
+        DecryptionFailed: the identity is not a recipient, or a ciphertext fails age's check.
+        IntegrityError: a ciphertext is not the lock's, or a plaintext not the manifest's.
+        FormatError: the manifest, or the clear lock it holds, is malformed.
+    """
+    cube = Path(cube_dir)
+    identities = age.load_identities(identity)
+    if public_lock is None:
+        public_lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    if not is_private(public_lock):
+        raise UsageError(f"{cube} is not a private cube (its lock has no encryption section).")
+    files = public_lock["files"]
+
+    def ciphertext(name: str) -> bytes:
+        data = resolve_inside(cube, name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != files[name]["sha256"]:
+            raise IntegrityError(f"{name} is not the ciphertext the cube's lock records (its "
+                                 "sha256 differs); refusing to decrypt it. Pull the cube again.")
+        return data
+
+    manifest_name = public_lock["encryption"]["manifest"]
+    manifest = age.parse_manifest(age.decrypt(ciphertext(manifest_name), identities,
+                                              manifest_name))
+    lock_text = manifest["lock"]
+    try:
+        lock = lockfile.parse(lock_text.encode("utf-8"))
+    except CubepackError as exc:
+        raise FormatError(f"The private manifest's lock is refused: {exc}") from None
+    names = manifest["names"]
+    expected = {fileset.ciphertext_name(name) for name in [*lock["files"],
+                                                            constants.LOCK_FILENAME]}
+    ciphers = set(public_lock["encryption"]["ciphertexts"])
+    clear_names = set(names.values())
+    if set(names) != ciphers or clear_names != set(lock["files"]) | {constants.LOCK_FILENAME} \
+            or (not public_lock["encryption"]["hidden_names"] and set(names) != expected):
+        raise FormatError("The private manifest and the public lock disagree on the "
+                          "ciphertexts (the manifest maps each ciphertext to one clear file of "
+                          "its lock, and the lock lists exactly those).")
+    _agree(public_lock, lock, manifest)
+    digests: dict[str, str] = {}
+    with ram_folder() as folder:
+        for cipher, name in sorted(names.items()):
+            plain = age.decrypt(ciphertext(cipher), identities, cipher)
+            digest = hashlib.sha256(plain).hexdigest()
+            wanted = hashlib.sha256(lock_text.encode("utf-8")).hexdigest() \
+                if name == constants.LOCK_FILENAME else lock["files"][name]["sha256"]
+            if digest != wanted:
+                raise IntegrityError(f"{cipher} decrypts to other bytes than the manifest "
+                                     "records for it; refusing the cube.")
+            target = resolve_inside(folder, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(plain)
+            digests[name] = digest
+            del plain
+        yield PrivateCube(folder=folder, lock=lock, manifest=manifest, public_lock=public_lock,
+                          digests=digests)
+
+
+def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The public lock says of the clear cube only what the clear lock says: the cube id, the
+    pins (without vectors records), the counts."""
+    problems = []
+    if public["cube_id"] != lock["cube_id"]:
+        problems.append("cube_id")
+    models = {role: {k: v for k, v in pin.items() if k != "vectors"}
+              for role, pin in lock["models"].items()}
+    if canonical.dumps(models) != canonical.dumps(public["models"]):
+        problems.append("models")
+    counts = public["encryption"]["counts"]
+    if counts != {"files": len(lock["files"]), "activations": len(lock["activations"]),
+                  "adapters": len(lock.get("adapters") or {}),
+                  "recipients": len(manifest["recipients"])}:
+        problems.append("counts")
+    if problems:
+        raise IntegrityError(f"The public lock and the private manifest disagree on "
+                             f"{', '.join(problems)}: the public lock was changed. Do not load "
+                             "this cube.")
