@@ -34,6 +34,7 @@ Run: .venv/latest/bin/python bench/proof_attack.py [--quick] [--prompts N]
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import tempfile
@@ -59,19 +60,24 @@ from cubepack.kv._torch import cache_from_layers, forward
 from cubepack.testing import tiny
 
 DTYPES = ("bfloat16", "float16", "float32")
-MEMORY, QUESTION = 12, 4  # tokens
+MEMORY, QUESTION = 32, 4  # tokens
 #: Multiples of the new bound the attacker is given: 0.9 (inside: must never pass and flip),
 #: then beyond it, to find the detection margin.
 SCALES = (0.9, 2.0, 4.0, 8.0, 16.0, 32.0)
+#: The weights of the proof's statistics against the answer's margin in the attacker's loss,
+#: one per restart (the first restart starts from the honest cache, the others near it).
+WEIGHTS = (4.0, 1.0, 16.0, 64.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="4 prompts, 10 steps (CI)")
     parser.add_argument("--prompts", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=30, help="attacker's gradient steps")
+    parser.add_argument("--steps", type=int, default=80, help="attacker's gradient steps")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated")
     parser.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
+    parser.add_argument("--control-only", action="store_true",
+                        help="attack today's bound only (checks the attacker's strength)")
     args = parser.parse_args()
     prompts, steps = (4, 10) if args.quick else (args.prompts, args.steps)
     torch.manual_seed(0)
@@ -88,14 +94,15 @@ def main() -> None:
               f"{MEMORY} tokens + a {QUESTION}-token question; attacker: {steps} steps, every "
               f"position and each single position (torch {torch.__version__})")
         for dtype in filter(None, args.dtypes.split(",")):
-            _attack_dtype(folder, dtype, cases, steps)
+            _attack_dtype(folder, dtype, cases, steps, control_only=args.control_only)
         if not args.no_cost:
             _cost(root, quick=args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int) -> None:
+def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
+                  control_only: bool = False) -> None:
     started = time.perf_counter()
     model = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="eager")
     other_kernel = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
@@ -119,22 +126,25 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int) -> None:
         answer, noise = found
         counted += 1
         old = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=False,
-                      scales=(0.95,))
+                      scales=(0.95,), singles=False, restarts=4)
         control_flipped += any(flip and _old_check(runtime, fresh, cand, dtype, number)
-                               for flip, cand in old[0.95])
+                               for _, flip, cand in old[0.95])
+        if control_only:
+            print(f"  [{dtype} prompt {number}: control {control_flipped}/{counted}]", flush=True)
+            continue
         new = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=True,
                       scales=SCALES)
         for scale in SCALES:
-            for which, (flip, cand) in enumerate(new[scale]):
+            for where, flip, cand in new[scale]:
                 if flip:
                     ok = check_layers(runtime, fresh, cand, dtype, "attack", seed=number).ok
                     new_passing_flips += ok
                     if ok:
                         print(f"  passing flip: prompt {number}, scale {scale}, "
-                              f"{'every position' if which == 0 else f'position {which - 1}'}",
+                              f"{'every position' if where is None else f'position {where}'}",
                               flush=True)
                     new_flips_refused += not ok
-        margins.append(next((s for s in SCALES if any(f for f, _ in new[s])), float("inf")))
+        margins.append(next((s for s in SCALES if any(f for _, f, _ in new[s])), float("inf")))
         print(f"  [{dtype} prompt {number}: {time.perf_counter() - started:.0f} s]", flush=True)
     print(f"\n{dtype}: {counted} of {len(cases)} answers counted (the honest cache and float32 "
           f"agree beyond the noise); honest caches (SDPA checked by eager) passing: "
@@ -187,17 +197,23 @@ def _steps_logits(model, layers, tokens):
 
 
 def _attack(model, surrogate, fresh: Prefill, question, answer, noise, dtype, steps, *,
-            new: bool, scales):
-    """A projected sign-gradient search, batched: for each scale, one candidate with every
-    position free and one per single position; gradients from ``surrogate`` (the float32
-    model), flips judged by ``model``. Returns {scale: [(flips, layers), ...]}."""
+            new: bool, scales, singles: bool = True, restarts: int = 2):
+    """A projected sign-gradient search with a decaying step, a margin loss and restarts,
+    batched: for each scale and restart, one candidate with every position free and (with
+    ``singles``) one per single position; gradients from ``surrogate`` (the float32 model),
+    flips judged by ``model``. The best iterate of each candidate is kept (lowest loss).
+    Returns {scale: [(position or None, flips, layers), ...]}."""
     layers, length = fresh.layers, len(fresh.ids)
-    masks = torch.zeros(1 + length, length)
-    masks[0] = 1
-    masks[1:] = torch.eye(length)
-    batch = len(scales) * (1 + length)
-    scale_of = torch.tensor([s for s in scales for _ in range(1 + length)])
-    mask = masks.repeat(len(scales), 1)  # [batch, positions]
+    masks = torch.ones(1, length)
+    if singles:
+        masks = torch.cat([masks, torch.eye(length)])
+    per_scale = restarts * len(masks)
+    batch = len(scales) * per_scale
+    scale_of = torch.tensor([s for s in scales for _ in range(per_scale)])
+    mask = masks.repeat(len(scales) * restarts, 1)  # [batch, positions]
+    restart_of = torch.tensor([r for _ in scales for r in range(restarts)
+                               for _ in range(len(masks))])
+    generator = torch.Generator().manual_seed(7)
     budgets, norms, bases, deltas = [], [], [], []
     references = fresh.reference_layers or [None] * len(layers)
     for (_, _, keys, values), ref in zip(layers, references):
@@ -207,62 +223,101 @@ def _attack(model, surrogate, fresh: Prefill, question, answer, noise, dtype, st
                 per, norm = position_bound(tensor, None if ref is None else ref[index], dtype)
                 budget = per[None, None, :, None] * torch.ones_like(base)
                 norm = norm[None, :] * scale_of[:, None]
-            else:
+            else:  # today's: one tolerance per layer (and part), relative to its largest value
                 budget = TOLERANCE[dtype] * tensor.float().abs().max() * torch.ones_like(base)
                 norm = torch.full((batch, length), torch.inf)
             budget = budget * scale_of[:, None, None, None] * mask[:, None, :, None]
+            start = (torch.rand(base.shape, generator=generator) * 2 - 1) * budget * 0.05
+            start = start * (restart_of > 0).float()[:, None, None, None]  # restart 0: zeros
             budgets.append(budget)
             norms.append(norm)
             bases.append(base)
-            deltas.append(torch.zeros_like(base, requires_grad=True))
+            deltas.append(_project(start, budget, norm).requires_grad_(True))
     greedy = _greedy_tokens(model, fresh)
     with torch.no_grad():
         honest_greedy = _steps_logits(surrogate, layers, greedy)[0]
+        honest_answer = _logits(surrogate, layers, [question])[0]
     greedy_bound = step_bound(honest_greedy, _reference_steps(fresh, greedy), dtype)
-    honest_answer = _logits(surrogate, layers, [question])[0]
     top2 = honest_answer.topk(2).values
-    honest_margin = float(top2[0] - top2[1])
+    unit = max(float(top2[0] - top2[1]), 1e-6)  # the honest margin: the loss's unit
     rng = random.Random(1)
+    # Each restart weighs the proof's statistics differently against the margin.
+    weight = torch.tensor([WEIGHTS[r % len(WEIGHTS)] for r in restart_of.tolist()])
+    best = [delta.detach().clone() for delta in deltas]
+    best_loss = torch.full((batch,), torch.inf)
 
-    def build():
-        out = []
-        for i, (kind, total, _, _) in enumerate(layers):
-            out.append((kind, total, bases[2 * i] + deltas[2 * i], bases[2 * i + 1] + deltas[2 * i + 1]))
-        return out
+    def build(parts):
+        return [(kind, total, bases[2 * i] + parts[2 * i], bases[2 * i + 1] + parts[2 * i + 1])
+                for i, (kind, total, _, _) in enumerate(layers)]
 
-    for _ in range(steps):
-        candidate = build()
+    for step in range(steps):
+        candidate = build(deltas)
         logits = _logits(surrogate, candidate, [question], grad=True)
         others = logits.clone()
         others[:, answer] = -torch.inf
-        margin = (logits[:, answer] - others.max(-1).values) / honest_margin
+        # A margin loss: push another token past the answer by more than the noise, then stop
+        # pushing (the stealth terms take over).
+        margin = torch.relu(logits[:, answer] - others.max(-1).values + 1.25 * noise
+                            + 0.02 * unit)
         with torch.enable_grad():
             stealth = _stealth(surrogate, candidate, layers, greedy, honest_greedy, greedy_bound,
                                dtype, new, rng)
-        loss = (margin + stealth).sum()
-        grads = torch.autograd.grad(loss, deltas)
+        loss = margin / unit + weight * stealth
         with torch.no_grad():
+            # The best iterate: flipped (by the surrogate) first, then the least suspicious.
+            score = (stealth.detach() + 1e3 * (margin.detach() > 0.02 * unit + 0.25 * noise)
+                     if step else loss.detach() + 1e6)
+            better = score < best_loss
+            best_loss = torch.where(better, score, best_loss)
+            for kept, delta in zip(best, deltas):
+                kept[better] = delta.detach()[better]
+        grads = torch.autograd.grad(loss.sum(), deltas)
+        rate = 0.02 + 0.48 * (1 + math.cos(math.pi * step / steps)) / 2  # of the budget
+        with torch.no_grad():
+            # Steps in proportion to the gradient (the largest element moves by ``rate`` of
+            # its budget): the perturbation grows where it pays, not everywhere as sign steps
+            # do, so the random probes the verifier draws see as little of it as possible.
+            largest = torch.stack([(g / b.clamp(min=1e-30)).abs().amax(dim=(1, 2, 3))
+                                   for g, b in zip(grads, budgets)]).amax(0).clamp(min=1e-30)
             for delta, grad, budget, norm in zip(deltas, grads, budgets, norms):
-                delta -= budget / 4 * grad.sign()
-                delta.copy_(torch.maximum(torch.minimum(delta, budget), -budget))
-                # then into the norm ball of each position (scaling keeps it in the box)
-                size = delta.pow(2).sum(dim=(1, 3)).sqrt()  # [batch, positions]
-                shrink = (norm / size.clamp(min=1e-30)).clamp(max=1.0)
-                delta.mul_(shrink[:, None, :, None])
+                delta -= rate * grad / largest[:, None, None, None]
+                delta.copy_(_project(delta, budget, norm))
     with torch.no_grad():
-        final = [(kind, total, k.to(getattr(torch, dtype)), v.to(getattr(torch, dtype)))
-                 for kind, total, k, v in build()]
-        # A flip counts when another token beats the answer by more than the measured noise
-        # (a tie within it is what the dtype itself may do).
-        logits = _logits(model, final, [question])
-        flipped = logits.max(-1).values - logits[:, answer] > noise
+        rows = _judge(model, build(best), question, answer, noise, dtype)
+        last = _judge(model, build([d.detach() for d in deltas]), question, answer, noise, dtype)
     result = {}
     for number, scale in enumerate(scales):
-        rows = range(number * (1 + length), (number + 1) * (1 + length))
-        result[scale] = [(bool(flipped[row]),
-                          [(kind, total, k[row:row + 1].clone(), v[row:row + 1].clone())
-                           for kind, total, k, v in final]) for row in rows]
+        found = []
+        for row in range(number * per_scale, (number + 1) * per_scale):
+            which = row % len(masks)
+            where = None if which == 0 else which - 1
+            for flipped, final in (rows, last):
+                found.append((where, bool(flipped[row]),
+                              [(kind, total, k[row:row + 1].clone(), v[row:row + 1].clone())
+                               for kind, total, k, v in final]))
+        result[scale] = found
     return result
+
+
+def _project(delta, budget, norm):
+    """Into the box (each element within its budget), then into each position's norm ball
+    (scaling keeps it in the box)."""
+    delta = torch.maximum(torch.minimum(delta, budget), -budget)
+    size = delta.pow(2).sum(dim=(1, 3)).sqrt()  # [batch, positions]
+    shrink = (norm / size.clamp(min=1e-30)).clamp(max=1.0)
+    return delta * shrink[:, None, :, None]
+
+
+def _judge(model, candidate, question, answer, noise, dtype):
+    """(flipped per row, the candidate in the dtype): a flip counts when another token beats
+    the answer by more than the measured noise in the dtype's own model (a tie within it is
+    what the dtype itself may do)."""
+    final = [(kind, total, k.to(getattr(torch, dtype)), v.to(getattr(torch, dtype)))
+             for kind, total, k, v in candidate]
+    logits = _logits(model, final, [question])
+    others = logits.clone()
+    others[:, answer] = -torch.inf
+    return others.max(-1).values - logits[:, answer] > noise, final
 
 
 def _stealth(model, candidate, honest, greedy, honest_greedy, greedy_bound, dtype, new, rng):
@@ -271,11 +326,12 @@ def _stealth(model, candidate, honest, greedy, honest_greedy, greedy_bound, dtyp
     gap = (_steps_logits(model, candidate, greedy) - honest_greedy).abs().amax(-1)
     bound = greedy_bound if new else LOGIT_BOUND[dtype] * honest_greedy.abs().max()
     cost = torch.relu(gap / bound - 0.5).sum(-1)
-    probes = [rng.randrange(2, tiny.VOCAB_SIZE) for _ in range(4)]
-    with torch.no_grad():
-        plain = _steps_logits(model, honest, probes)[0]
-    gap = (_steps_logits(model, candidate, probes) - plain).abs().amax(-1)
-    cost = cost + torch.relu(gap / (LOGIT_BOUND[dtype] * plain.abs().max()) - 0.5).sum(-1)
+    for _ in range(2):  # fresh draws each step: the verifier's probes are secret
+        probes = [rng.randrange(2, tiny.VOCAB_SIZE) for _ in range(8)]
+        with torch.no_grad():
+            plain = _steps_logits(model, honest, probes)[0]
+        gap = (_steps_logits(model, candidate, probes) - plain).abs().amax(-1)
+        cost = cost + torch.relu(gap / (LOGIT_BOUND[dtype] * plain.abs().max()) - 0.5).sum(-1)
     return cost
 
 
