@@ -54,6 +54,7 @@ from cubepack.kv._recompute import (
     check_layers,
     compare_layer_wide,
     position_bound,
+    recompute_layers,
     step_bound,
 )
 from cubepack.kv._torch import cache_from_layers, forward
@@ -63,7 +64,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 MEMORY, QUESTION = 32, 4  # tokens
 #: Multiples of the new bound the attacker is given: 0.9 (inside: must never pass and flip),
 #: then beyond it, to find the detection margin.
-SCALES = (0.9, 2.0, 4.0, 8.0, 16.0, 32.0)
+SCALES = (0.9, 3.0, 10.0, 30.0)
 #: The weights of the proof's statistics against the answer's margin in the attacker's loss,
 #: one per restart (the first restart starts from the honest cache, the others near it).
 WEIGHTS = (4.0, 1.0, 16.0, 64.0)
@@ -114,7 +115,7 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
     for module in (model, other_kernel, reference):
         module.requires_grad_(False)
     counted = honest = 0
-    control_flipped, new_passing_flips, new_flips_refused = 0, 0, 0
+    control_flipped, new_passing_flips, new_flips_refused, loaded_flips = 0, 0, 0, 0
     margins: list[float] = []
     for number, (memory, question) in enumerate(cases):
         fresh = Prefill.of(runtime, memory)
@@ -133,7 +134,7 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
             print(f"  [{dtype} prompt {number}: control {control_flipped}/{counted}]", flush=True)
             continue
         new = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=True,
-                      scales=SCALES)
+                      scales=SCALES, restarts=2)
         for scale in SCALES:
             for where, flip, cand in new[scale]:
                 if flip:
@@ -143,6 +144,11 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
                         print(f"  passing flip: prompt {number}, scale {scale}, "
                               f"{'every position' if where is None else f'position {where}'}",
                               flush=True)
+                        # What a load that recomputes hands its caller: its own prefill.
+                        handed = recompute_layers(model, cand, dtype, memory, "attack",
+                                                  seed=number)
+                        loaded_flips += bool(_judge(model, handed.layers, question, answer,
+                                                    noise, dtype)[0][0])
                     new_flips_refused += not ok
         margins.append(next((s for s in SCALES if any(f for _, f, _ in new[s])), float("inf")))
         print(f"  [{dtype} prompt {number}: {time.perf_counter() - started:.0f} s]", flush=True)
@@ -152,8 +158,11 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
     share = control_flipped / counted if counted else 0.0
     print(f"  today's bound (control): attacker flips and passes on {control_flipped}/{counted} "
           f"answers ({share:.0%}; goal >= 80% where today's bound is weak)")
-    print(f"  new bound: {new_passing_flips} flipping perturbations pass (goal 0); "
-          f"{new_flips_refused} flipping perturbations refused")
+    print(f"  new bound (verify --recompute, the stored bytes judged): {new_passing_flips} "
+          f"flipping perturbations pass (goal 0); {new_flips_refused} flipping perturbations "
+          "refused")
+    print(f"  a load that recomputes (the caller gets its own prefill): {loaded_flips} of the "
+          f"{new_passing_flips} passing perturbations flip the answer it gives")
     finite = [m for m in margins if m != float("inf")]
     never = len(margins) - len(finite)
     print(f"  detection margin: the attacker first flips an answer at "

@@ -136,6 +136,11 @@ class Recomputation:
     referenced: bool = False  # the noise was measured against a float32 recomputation
     first_difference: dict[str, Any] | None = None  # layer, position, part (keys|values|logits)
     detail: str = ""
+    #: The recomputing runtime's own prefill of the ids, (type, cumulative_length, keys,
+    #: values) per layer: what a load that recomputed hands its caller instead of the stored
+    #: tensors (a prefill this process ran is a proof; stored tensors within a bound are still
+    #: a claim, and a bound on tensors cannot bind an answer: docs/explanation/proof-bound.md).
+    layers: list[tuple] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -263,6 +268,7 @@ def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[i
     fresh = Prefill.of(runtime, list(ids))
     result = check_layers(runtime, fresh, stored, kv_dtype, item_id, sample=sample, seed=seed)
     result.seconds = time.perf_counter() - started
+    result.layers = fresh.layers
     return result
 
 
@@ -276,13 +282,15 @@ class Prefill:
     last_logits: Any
     reference: Any = None  # the float32 runtime (None: none, the floor alone)
     reference_layers: list[tuple] | None = None
+    reference_logits: Any = None  # its last logits
 
     @classmethod
     def of(cls, runtime: Any, ids: list[int]) -> "Prefill":
         layers, last = runtime.prefill(ids)
         reference = runtime.reference() if hasattr(runtime, "reference") else None
-        reference_layers = reference.prefill(ids)[0] if reference is not None else None
-        return cls(ids, layers, last, reference, reference_layers)
+        reference_layers, reference_logits = (reference.prefill(ids) if reference is not None
+                                              else (None, None))
+        return cls(ids, layers, last, reference, reference_layers, reference_logits)
 
 
 def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: str,
@@ -322,6 +330,11 @@ def require_recomputed_here(runtime: Any, info: KVFileInfo,
     cache of the loading runtime itself is left to the producer check (None returned), unless
     ``always`` (a load asked to prove it: ``recompute``), then ``sample`` positions drawn with
     ``seed`` (None: every position).
+
+    When it recomputed, the caller must use ``result.layers`` (this runtime's own prefill),
+    not the stored tensors: the comparison proves the cache is this model's within the bound,
+    but inside the bound an attacker can still steer an answer; the prefill this process ran
+    cannot be steered (docs/explanation/proof-bound.md).
 
     ``stored``: the cache's layers as torch tensors (default: mapped from the KV file).
 
@@ -460,21 +473,34 @@ def compare_layer_wide(index: int, fresh: tuple, stored: tuple, tolerance: float
 def _compare_behaviour(runtime: Any, stored: list[tuple], fresh: Prefill, rng: random.Random,
                        kv_dtype: str, result: Recomputation) -> None:
     """Continue the stored and the recomputed cache with the same tokens: random probes (one
-    sequence, so each cache is extended once) and the fresh cache's greedy continuation;
-    their logits at every step must agree within :func:`step_bound`, top-1 included."""
+    sequence, so each cache is extended once) and the greedy continuation; their logits at
+    every step must agree within :func:`step_bound`, top-1 included.
+
+    For a half-precision cache the continuations run in the float32 reference, the stored,
+    fresh and reference caches in one forward: what is compared is then what the *caches*
+    change in the answer, without the continuation's own rounding on top (the noise rule on
+    logits measures the same thing: the fresh cache against the reference one), and on a
+    CPU without half-precision matrix units it costs a fraction of a half-precision forward.
+    The greedy continuation is the reference's (the answer without the dtype's rounding)."""
     import torch
 
     probes = [rng.randrange(runtime.vocab_size) for _ in range(PROBES)]
     batch = stored[0][2].shape[0] if stored else 1
-    greedy = _greedy(runtime, fresh.layers, fresh.last_logits, batch)
+    runner, caches = runtime, [stored, fresh.layers]
+    last, own = fresh.last_logits, fresh.layers
+    if fresh.reference_layers is not None:
+        runner, last, own = fresh.reference, fresh.reference_logits, fresh.reference_layers
+        caches.append(fresh.reference_layers)
+        caches = [[(kind, total, keys.float(), values.float())
+                   for kind, total, keys, values in layers] for layers in caches]
+    greedy = _greedy(runner, own, last, batch)
     result.probes, result.greedy = probes, greedy
-    # One continuation per cache: the greedy answer first (it follows the cache), then the
-    # random probes; one forward each instead of one per kind.
+    # One continuation: the greedy answer first (it follows the cache), then the random
+    # probes; every cache in one batch where their shapes allow.
     tokens = greedy + probes
-    stored_logits, fresh_logits = (runtime.probe_logits(layers, tokens, batch)
-                                   for layers in (stored, fresh.layers))
-    reference = (fresh.reference.probe_logits(fresh.reference_layers, tokens, batch)
-                 if fresh.reference_layers is not None else None)
+    logits = _continue(runner, caches, tokens, batch)
+    stored_logits, fresh_logits = logits[0], logits[1]
+    reference = logits[2] if len(logits) > 2 else None
     bound = step_bound(fresh_logits, reference, kv_dtype)
     gap = (stored_logits - fresh_logits).abs().nan_to_num(nan=math.inf).amax(-1)
     scale = max(fresh_logits.abs().max().item(), 1e-12)
@@ -498,9 +524,26 @@ def _compare_behaviour(runtime: Any, stored: list[tuple], fresh: Prefill, rng: r
                          "the continuation logits differ")
 
 
+def _continue(runner: Any, caches: list[list[tuple]], tokens: list[int], batch: int
+              ) -> list[Any]:
+    """Each cache's ``[batch * len(tokens), vocab]`` float32 logits for ``tokens``: one
+    forward over the caches stacked on the batch axis when every layer's shapes agree (a
+    single-sequence cache), else one forward per cache."""
+    import torch
+
+    shapes = {tuple((tuple(k.shape), tuple(v.shape), k.device) for _, _, k, v in layers)
+              for layers in caches}
+    if batch != 1 or len(shapes) != 1:
+        return [runner.probe_logits(layers, tokens, batch) for layers in caches]
+    merged = [(kind, total, torch.cat([layers[i][2].to(keys.dtype) for layers in caches]),
+               torch.cat([layers[i][3].to(values.dtype) for layers in caches]))
+              for i, (kind, total, keys, values) in enumerate(caches[0])]
+    return list(runner.probe_logits(merged, tokens, len(caches)).split(len(tokens)))
+
+
 def _greedy(runtime: Any, layers: list[tuple], last_logits: Any, batch: int) -> list[int]:
-    """The fresh cache's own greedy continuation, :data:`GREEDY` tokens (of its first
-    sequence): what a user of this cache would be answered."""
+    """The cache's own greedy continuation, :data:`GREEDY` tokens (of its first sequence):
+    what a user of this cache would be answered."""
     if last_logits is None or GREEDY <= 0:
         return []
     tokens = [int(last_logits[0].argmax())]

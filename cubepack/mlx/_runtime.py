@@ -480,8 +480,11 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
     stored = None
     if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
-    require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
-                            sample=policy.recompute_tokens, seed=policy.seed)
+    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
+                                     sample=policy.recompute_tokens, seed=policy.seed)
+    if proved is not None:  # MLX's own prefill: the stored tensors were only a claim
+        layers = [(to_mlx(keys), to_mlx(values), offset)
+                  for _, offset, keys, values in proved.layers]
     caches = kv_caches(layers)
     return (caches, user) if return_metadata else caches
 

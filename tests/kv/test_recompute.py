@@ -364,3 +364,27 @@ def test_honest_caches_pass_the_behaviour_bound_even_across_attention_kernels(
     assert check.found["max_noise_ratio"] <= 1 and check.found["max_logit_ratio"] <= 1
     assert len(check.found["greedy"]) == 4 and len(check.found["probes"]) == 8
     assert check.found["referenced"] == (dtype != "float32")
+
+
+def test_a_load_that_recomputes_hands_back_its_own_prefill_not_the_stored_tensors(
+        models, tmp_path):
+    """Inside the bound an attacker can still steer an answer (bench/proof_attack.py), so a
+    load that recomputed returns the prefill this process ran: the stored values, moved
+    within the bound, reach nobody."""
+    from cubepack.kv._recompute import position_bound
+
+    bf16 = models["a_as_bf16"]
+    ids = torch.tensor([PROMPT])
+    honest = cubepack.prefill(bf16, ids)
+    path = tmp_path / "a.kv.safetensors"
+    stored = cubepack.prefill(bf16, ids)
+    layer = stored.layers[0]
+    largest, _ = position_bound(layer.keys, None, "bfloat16")  # the floor: inside any bound
+    nudged = layer.keys.float()
+    nudged[..., 0, 0] += 0.5 * float(largest[0])
+    layer.keys = nudged.to(torch.bfloat16)
+    assert not torch.equal(layer.keys, honest.layers[0].keys)
+    cubepack.save_kv_cache(stored, path, producer=bf16, token_ids=ids)
+    loaded = cubepack.load_kv_cache(path, bf16, recompute=True)  # passes the proof...
+    for mine, theirs in zip(loaded.layers, honest.layers):  # ...and is the model's own prefill
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
