@@ -61,8 +61,10 @@ from ._torch import cache_from_layers, cache_layers, forward, mapped_layers, out
 #: The layer-wide tensor tolerance (``max |Δ| / max |recomputed|`` per layer) a runtime that
 #: cannot recompute in float32 is held to (llama.cpp); see the module docstring.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "float16": 3e-2, "bfloat16": 2.5e-1}
-#: Largest ``max |Δ logit| / max |logit|`` at a probe step, whatever the measured noise.
-LOGIT_BOUND = {"float32": 1e-5, "float64": 1e-10, "float16": 3e-2, "bfloat16": 2.5e-1}
+#: Largest ``max |Δ logit| / max |logit|`` at a probe step, whatever the measured noise
+#: (float32: 4e-5, as MLX's honest difference from transformers reaches ~1.1e-5 on some
+#: probe draws; it was 1e-5).
+LOGIT_BOUND = {"float32": 4e-5, "float64": 1e-10, "float16": 3e-2, "bfloat16": 2.5e-1}
 #: The dtype's unit roundoff: the relative spacing of its numbers (2^-mantissa bits).
 EPSILON = {"float32": 2.0 ** -24, "float64": 2.0 ** -53, "float16": 2.0 ** -11,
            "bfloat16": 2.0 ** -8}
