@@ -30,9 +30,11 @@ that position of that layer*, measured, not one tolerance per layer (docs/explan
 
 What it binds is measured by ``bench/proof_attack.py`` (an optimising attacker on the cache
 tensors, every position and each single position) and stated in
-docs/explanation/proof-bound.md. It does NOT yet bind the answer: in bfloat16 (6 prompts) the
-same attacker still flipped 2 of 4 answers with perturbations that pass, as many as under
-the layer-wide bound, mostly at single early positions that later tokens attend to heavily.
+docs/explanation/proof-bound.md. A bound on tensor differences does NOT bind an answer: inside
+it, a perturbation aligned with one answer's gradient moves that answer ~sqrt(n) times more
+than noise of the same size (n: the values moved), so the attacker still finds passing flips.
+What binds the answer is the prefill itself: a load that recomputes hands its caller
+``Recomputation.layers`` (this runtime's prefill), never the stored tensors.
 
 A partial check (``sample=k``) compares ``k`` positions drawn at random by the verifier (seeded;
 the seed is reported so a run can be repeated) across the whole length, always including the
