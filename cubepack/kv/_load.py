@@ -13,7 +13,7 @@ from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity
 from ._format import check_kv_file, logger, unchecked_note
 from ._recompute import TorchRuntime, require_recomputed_here
-from ._torch import build_dynamic_cache
+from ._torch import build_dynamic_cache, cache_from_layers
 
 
 def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
@@ -35,12 +35,15 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         copy: clone the tensors so they do not keep the file mapped.
         identity: the live model's identity, when already computed (saves a fingerprint).
         recompute: prove the cache with ``model`` before it is returned (its prefill must
-            reproduce it: ``sample`` positions drawn with ``seed``, None: every position).
+            reproduce it: ``sample`` positions drawn with ``seed``, None: every position);
+            the cache returned is then that prefill, not the file's tensors (a bound on
+            tensors does not bind an answer; the prefill this process ran does).
             ``cubepack.load_kv_cache`` sets it from a :class:`~cubepack.trust.TrustPolicy`.
 
     A cache another runtime computed (its header records ``runtime``, e.g. ``mlx-lm 0.32.2``)
     is accepted only once this model's own prefill reproduces it within the recomputation
-    bounds (:func:`require_recomputed_here`): kernels differ between runtimes.
+    bounds (:func:`require_recomputed_here`): kernels differ between runtimes; the cache
+    returned is then this model's prefill.
 
     Raises:
         IdentityMismatch: the cache was produced by a different model (every field named).
@@ -55,6 +58,9 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
     note = unchecked_note(info)
     if note:
         logger.warning("cubepack: %s", note)
-    require_recomputed_here(TorchRuntime(model), info, always=recompute, sample=sample,
-                            seed=seed)
+    proved = require_recomputed_here(TorchRuntime(model), info, always=recompute,
+                                     sample=sample, seed=seed)
+    if proved is not None:  # this process's own prefill: the stored tensors were only a claim
+        return cache_from_layers(proved.layers, model.config, device=device,
+                                 source=info.path.name)
     return build_dynamic_cache(info, model.config, device=device, copy=copy)

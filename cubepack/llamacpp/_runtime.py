@@ -33,8 +33,8 @@ from ..kv._recompute import (
     LOGIT_BOUND,
     PROBES,
     TOLERANCE,
-    _compare_layer,
     _Comparison,
+    compare_layer_wide,
     describe,
     load_model,
     recompute_layers,
@@ -289,7 +289,7 @@ def _require_reproduced(llm: Any, info: Any, stored: list[tuple], seed: int | No
     fresh = runtime.prefill_layers(list(info.token_ids))
     comparison = _Comparison()
     for index, (new, old) in enumerate(zip(fresh, stored)):
-        _compare_layer(index, new, old, tolerance, None, comparison)
+        compare_layer_wide(index, new, old, tolerance, comparison)
     if comparison.first is not None or len(fresh) != len(stored):
         raise RecomputationFailed(
             f"{what} was computed by {made_by}; llama.cpp, loading it, computes something else: "

@@ -147,8 +147,8 @@ class _Staged:
         if problems:
             raise IdentityMismatch(f"Activation {item_id!r} of {self.cube_dir}", problems,
                                    "No model can use it as MemOS does; do not load this cube.")
-        if self.policy.recompute:
-            provenance = self._prove(item_id, layers, token_ids, header)
+        if self.policy.recompute:  # then MemOS gets the prefill the loading model ran
+            provenance, layers = self._prove(item_id, layers, token_ids, header)
         cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
         metadata = memos_layout.item_metadata(header)
         register(cache, item_id, producer, metadata, token_ids, provenance)
@@ -158,7 +158,10 @@ class _Staged:
         self.report.loaded.append(item_id)
 
     def _prove(self, item_id: str, layers: list[tuple], token_ids: Any,
-               header: dict[str, Any]) -> dict[str, Any]:
+               header: dict[str, Any]) -> tuple[dict[str, Any], list[tuple]]:
+        """(provenance, the layers to use): the loading model's own prefill, once it
+        reproduces the stored ones (a bound on tensors does not bind an answer; a prefill
+        this process ran does: docs/explanation/proof-bound.md)."""
         ids = list(token_ids) if token_ids else self._source_ids(header, layers)
         if not ids:
             raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} "
@@ -174,7 +177,8 @@ class _Staged:
         self.report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
                                            "total": result.total, "seed": result.seed}
         label = RECOMPUTED if result.full else RECORDED
-        return {"kind": label, "detail": f"recomputed by the loading model: {describe(result)}"}
+        return ({"kind": label, "detail": f"recomputed by the loading model: {describe(result)}"},
+                result.layers)
 
     def _source_ids(self, header: dict[str, Any], layers: list[tuple]) -> list[int] | None:
         """MemOS's prompt for the item's source_text, when its length is the cache's."""

@@ -264,6 +264,9 @@ def kv_caches(layers: list[tuple[Any, Any, int]]) -> list[Any]:
     return caches
 
 
+_REFERENCES: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, float32 copy)
+
+
 class MLXRuntime:
     """:class:`cubepack.kv._recompute.TorchRuntime`'s counterpart for an MLX model: the same
     checks, with MLX computing the prefill and the probe logits."""
@@ -277,14 +280,38 @@ class MLXRuntime:
     def vocab_size(self) -> int:
         return int(self.model.args.vocab_size)
 
-    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+    def prefill(self, ids: list[int]) -> tuple[list[tuple], Any]:
+        """(layers, ``[1, vocab]`` float32 logits of the last position)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model)
-        mx.eval(self.model(mx.array([ids]), cache=cache))
-        return [(FULL, layer.offset, to_torch(layer.keys[..., :layer.offset, :]),
-                 to_torch(layer.values[..., :layer.offset, :])) for layer in cache]
+        logits = self.model(mx.array([ids]), cache=cache)[:, -1].astype(mx.float32)
+        mx.eval(logits)
+        return ([(FULL, layer.offset, to_torch(layer.keys[..., :layer.offset, :]),
+                  to_torch(layer.values[..., :layer.offset, :])) for layer in cache],
+                to_torch(logits))
+
+    def prefill_layers(self, ids: list[int]) -> list[tuple]:
+        return self.prefill(ids)[0]
+
+    def reference(self) -> "MLXRuntime | None":
+        """This model in float32, the reference the dtype's noise is measured against (None
+        when it already computes in float32): a copy made once per model."""
+        import copy
+
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        dtype = next(value.dtype for _, value in tree_flatten(self.model.parameters()))
+        if dtype == mx.float32:
+            return None
+        if id(self.model) not in _REFERENCES:
+            reference = copy.deepcopy(self.model)
+            reference.set_dtype(mx.float32)
+            _REFERENCES.clear()  # one model at a time: a float32 copy is large
+            _REFERENCES[id(self.model)] = (self.model, reference)
+        return MLXRuntime(_REFERENCES[id(self.model)][1])
 
     def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
         import mlx.core as mx
@@ -453,8 +480,11 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
     stored = None
     if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
-    require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
-                            sample=policy.recompute_tokens, seed=policy.seed)
+    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
+                                     sample=policy.recompute_tokens, seed=policy.seed)
+    if proved is not None:  # MLX's own prefill: the stored tensors were only a claim
+        layers = [(to_mlx(keys), to_mlx(values), offset)
+                  for _, offset, keys, values in proved.layers]
     caches = kv_caches(layers)
     return (caches, user) if return_metadata else caches
 

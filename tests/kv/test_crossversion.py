@@ -55,3 +55,22 @@ def test_file_from_other_environment_loads_bit_exactly(written, models, name):
     expected = load_file(str(folder / "logits.safetensors"))
     mine = continue_greedy(model, cache, 30, 6)
     assert all(expected[f"step{i}"].equal(step) for i, step in enumerate(mine))
+
+
+@pytest.mark.skipif(not OTHER, reason="CUBEPACK_OTHER_PYTHON not set (make test sets it)")
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_cache_from_the_other_version_passes_recomputation_here(written, zoo, name, dtype):
+    """The proof by recomputation across transformers 4.57 <-> 5.x: the other version's honest
+    cache, float32 and bfloat16, is within each position's bound of this version's prefill."""
+    import torch
+
+    from cubepack.kv._recompute import describe, recompute
+    from cubepack.testing import tiny
+
+    folders, _ = written
+    file = "cache.kv.safetensors" if dtype == "float32" else "cache-bfloat16.kv.safetensors"
+    info = cubepack.read_kv_header(folders[name] / file)
+    result = recompute(tiny.load(zoo[name], dtype=getattr(torch, dtype)), info, name)
+    assert result.ok and result.full, describe(result)
+    assert result.referenced == (dtype == "bfloat16")
