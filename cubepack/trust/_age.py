@@ -13,7 +13,8 @@ encrypts in native code. Two things it does not do: expose the file key (so a re
 re-encrypts rather than rewriting headers: see :func:`cubepack.ops._encrypt.rekey`), and run
 fast: its wheels' ChaCha20-Poly1305 is built without vector instructions (~150 MB/s here). So
 X25519 recipients and identities, the common case and every KV load's, take a native path on
-``cryptography`` (:mod:`._age_stream`, ~5x faster, decrypting straight into a memory file);
+``cryptography`` (:mod:`._age_stream`: OpenSSL's vector code, one thread per core, straight
+into the caller's memory);
 SSH stanzas and anything else stay pyrage's. The tests hold the two paths and Debian's ``age``
 CLI to each other both ways.
 
