@@ -141,11 +141,12 @@ def anonymous_memory(size: int) -> mmap.mmap | bytearray:
     for 0 bytes (there is no empty map).
 
     Advised as huge pages (2 MiB: one page fault and one zeroing per 2 MiB instead of per
-    4 KiB; bench/private.py measured 210 MB filled in 20 ms against 100 ms with 4 KiB pages
-    and 220 ms for a memfd, whose shmem pages are never huge by default) and kept out of
-    core dumps (a crash must not write the plaintext to a disk). Not populated up front: the
-    threads that write it fault their own parts in, in parallel. Where ``madvise`` or an
-    advice is missing (not Linux, an old kernel), the memory is the same, only slower to fill.
+    4 KiB; 210 MB faulted in took 20 ms against 100 ms with 4 KiB pages and 220 ms for a
+    memfd, whose shmem pages are not huge by default, on the project's 2-core machine) and
+    kept out of core dumps (a crash must not write the plaintext to a disk). Not populated
+    up front: the threads that write it fault their own parts in, in parallel. Where
+    ``madvise`` or an advice is missing (not Linux, an old kernel), the memory is the same,
+    only slower to fill (or, without MADV_DONTDUMP, in a core dump).
     """
     if size == 0:
         return bytearray()
