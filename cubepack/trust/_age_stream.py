@@ -169,32 +169,35 @@ def decrypt_into(data: Any, secrets: list[bytes], what: str,
     expected = hmac.new(_hkdf(file_key, b"", b"header"), covered, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, mac):
         raise RefusedError(f"{what}'s age header fails its MAC: it was tampered with.")
-    view = memoryview(data)
-    nonce = bytes(view[start:start + 16])
+    nonce = bytes(data[start:start + 16])
     if len(nonce) != 16:
         raise FormatError(f"{what}'s age payload is truncated.")
-    payload = view[start + 16:]
-    size = plaintext_size(len(payload), what)
-    out = memoryview(allocate(size))
+    size = plaintext_size(len(data) - start - 16, what)
     aead = ChaCha20Poly1305(_hkdf(file_key, nonce, b"payload"))
     chunks = max(1, -(-size // CHUNK))
     failed: list[int] = []  # chunks whose tag failed: at most one a run
+    # The views are released on the way out, also when refused: a traceback holding them
+    # would keep the caller's map of the ciphertext exported, and closing it would raise
+    # BufferError in place of the refusal.
+    with memoryview(data) as view, view[start + 16:] as payload, \
+            memoryview(allocate(size)) as out:
 
-    def run(indices: range) -> None:
-        for index in indices:
-            if failed and min(failed) < indices.start:
-                return  # a lower run failed: its chunk is the one named, not one of ours
-            last = index == chunks - 1
-            length = (size - index * CHUNK) if last else CHUNK
-            begin = index * (CHUNK + TAG)
-            try:
-                aead.decrypt_into(_chunk_nonce(index, last), payload[begin:begin + length + TAG],
-                                  None, out[index * CHUNK:index * CHUNK + length])
-            except InvalidTag:
-                failed.append(index)
-                return
+        def run(indices: range) -> None:
+            for index in indices:
+                if failed and min(failed) < indices.start:
+                    return  # a lower run failed: its chunk is the one named, not one of ours
+                last = index == chunks - 1
+                length = (size - index * CHUNK) if last else CHUNK
+                begin = index * (CHUNK + TAG)
+                try:
+                    aead.decrypt_into(_chunk_nonce(index, last),
+                                      payload[begin:begin + length + TAG], None,
+                                      out[index * CHUNK:index * CHUNK + length])
+                except InvalidTag:
+                    failed.append(index)
+                    return
 
-    _each_run(run, chunks)
+        _each_run(run, chunks)
     if failed:
         raise RefusedError(f"{what}'s age payload fails authentication at chunk {min(failed)}: "
                            "it was tampered with or is damaged.")

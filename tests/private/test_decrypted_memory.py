@@ -13,8 +13,10 @@ import torch
 
 import cubepack
 from cubepack._util import constants
-from cubepack.ops._private import decrypted_memory
+from cubepack.errors import FormatError, RefusedError
+from cubepack.ops._private import decrypted_file, decrypted_memory
 from cubepack.trust import _age as age
+from cubepack.trust import _age_stream as stream
 
 pytest.importorskip("pyrage")
 
@@ -62,3 +64,35 @@ def test_the_plaintext_memory_is_kept_out_of_core_dumps(tmp_path, agekeys):
     assert plain[:len(secret)] == secret and len(plain) == len(secret)
     address = ctypes.addressof(ctypes.c_char.from_buffer(plain))
     assert "dd" in _vm_flags(address)  # MADV_DONTDUMP
+
+
+def test_a_damaged_private_kv_file_is_refused_by_type_on_every_load_path(packed, models, tmp_path,
+                                                                           agekeys):
+    """The ciphertext is mapped, not read: a refusal must not leave the map exported (closing
+    it then raised BufferError, an untyped error, in place of the refusal)."""
+    lock = json.loads((packed / constants.LOCK_FILENAME).read_text())
+    kv = packed / next(iter(lock["activations"].values()))["file"]
+    plain = kv.read_bytes()
+    # Past a chunk boundary (the refusals come before it is read as a KV file).
+    plain += bytes(-len(plain) % stream.CHUNK + stream.CHUNK)
+    good = age.encrypt(plain, age.parse_recipients([agekeys["bob"][1]]))
+    start = good.index(b"\n", good.index(b"\n--- ") + 1) + 1 + 16
+    flipped = bytearray(good)
+    flipped[-20] ^= 1
+    cases = {
+        "a flipped byte": (flipped, RefusedError),
+        "cut at a chunk boundary": (good[:start + stream.CHUNK + stream.TAG], RefusedError),
+        "cut to less than a tag": (good[:start + stream.CHUNK + stream.TAG + 5], FormatError),
+        "no payload": (good[:start - 16], FormatError),
+        "empty": (b"", FormatError),
+    }
+    key = agekeys["bob"][0]
+    for name, (bad, error) in cases.items():
+        target = tmp_path / f"{name.replace(' ', '-')}.kv.safetensors.age"
+        target.write_bytes(bad)
+        with pytest.raises(error):
+            cubepack.load_kv_cache(target, models["a"], decrypt_with=key)
+        with pytest.raises(error):
+            decrypted_memory(target, key)
+        with pytest.raises(error), decrypted_file(target, key):
+            pass
