@@ -109,50 +109,67 @@ _MAGIC = (
 )
 
 
-def read_header(path: str | os.PathLike[str], *, aligned: bool = True) -> Header:
+def read_header(path: str | os.PathLike[str], *, aligned: bool = True,
+                data: Any = None) -> Header:
     """Parse and validate the header of the safetensors file at ``path``; ``aligned=False``
     accepts tensors not aligned to their element size (MLX's writer does not pad its header:
-    such a file is read by copying, never mapped as its dtype).
+    such a file is read by copying, never mapped as its dtype). ``data``: the file's bytes,
+    already in memory (a decrypted private file, a buffer): read from there, ``path`` only
+    names it in messages.
 
     Raises:
         FormatError: the file is not a well-formed safetensors file (truncated, bad JSON,
             oversized header, unknown dtype, offsets outside the data, sizes that disagree).
     """
     name = os.fspath(path)
+    if data is not None:
+        view = memoryview(data).cast("B")
+        at = 0
+
+        def read(count: int) -> bytes:
+            nonlocal at
+            at += count
+            return bytes(view[at - count:at])
+
+        return _checked_header(name, view.nbytes, read, aligned)
     with open_regular(name) as handle:
         try:
-            file_size = os.fstat(handle.fileno()).st_size
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise FormatError(f"{name} is not a safetensors file: it is only {file_size} bytes.")
-            kind = _other_format(prefix)
-            if kind:  # say what it is, not what its first 8 bytes would mean as a length
-                raise FormatError(f"{name} is not a safetensors (KV) file: it is {kind}.")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
-                raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
-            if length > file_size - 8 and all(32 <= b < 127 or b in b"\t\n\r" for b in prefix):
-                raise FormatError(f"{name} is not a safetensors (KV) file: it starts with text "
-                                  f"({prefix.decode('ascii')!r}...).")
-            if length > MAX_HEADER_BYTES and length > file_size - 8:
-                raise FormatError(  # no safetensors file, truncated or not, starts like this
-                    f"{name} is not a safetensors (KV) file: read as a header length, its first "
-                    f"8 bytes would claim {length} bytes, above the {MAX_HEADER_BYTES}-byte limit "
-                    f"and more than the file holds ({file_size}).")
-            if length > MAX_HEADER_BYTES:
-                raise FormatError(
-                    f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "
-                    "limit; refusing to read it."
-                )
-            if length > file_size - 8:
-                raise FormatError(
-                    f"{name} is truncated: its header needs {length} bytes but only "
-                    f"{file_size - 8} follow."
-                )
-            raw = handle.read(length)
+            return _checked_header(name, os.fstat(handle.fileno()).st_size, handle.read,
+                                   aligned)
         except OSError as exc:
             raise FormatError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
-    return parse_header(raw, file_size, name, aligned=aligned)
+
+
+def _checked_header(name: str, file_size: int, read: Any, aligned: bool) -> Header:
+    """:func:`read_header` of a file of ``file_size`` bytes, read in order by ``read(n)``."""
+    prefix = read(8)
+    if len(prefix) < 8:
+        raise FormatError(f"{name} is not a safetensors file: it is only {file_size} bytes.")
+    kind = _other_format(prefix)
+    if kind:  # say what it is, not what its first 8 bytes would mean as a length
+        raise FormatError(f"{name} is not a safetensors (KV) file: it is {kind}.")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > MAX_HEADER_BYTES and prefix.lstrip()[:1] in (b"{", b"["):
+        raise FormatError(f"{name} is not a safetensors (KV) file: it looks like JSON.")
+    if length > file_size - 8 and all(32 <= b < 127 or b in b"\t\n\r" for b in prefix):
+        raise FormatError(f"{name} is not a safetensors (KV) file: it starts with text "
+                          f"({prefix.decode('ascii')!r}...).")
+    if length > MAX_HEADER_BYTES and length > file_size - 8:
+        raise FormatError(  # no safetensors file, truncated or not, starts like this
+            f"{name} is not a safetensors (KV) file: read as a header length, its first "
+            f"8 bytes would claim {length} bytes, above the {MAX_HEADER_BYTES}-byte limit "
+            f"and more than the file holds ({file_size}).")
+    if length > MAX_HEADER_BYTES:
+        raise FormatError(
+            f"{name} declares a {length}-byte header, above the {MAX_HEADER_BYTES}-byte "
+            "limit; refusing to read it."
+        )
+    if length > file_size - 8:
+        raise FormatError(
+            f"{name} is truncated: its header needs {length} bytes but only "
+            f"{file_size - 8} follow."
+        )
+    return parse_header(read(length), file_size, name, aligned=aligned)
 
 
 def open_regular(path: str | os.PathLike[str]) -> Any:

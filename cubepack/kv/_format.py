@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,9 @@ class KVFileInfo:
     #: Each tensor's recorded checksum (name -> 16 hex digits, XXH3-64), validated against the
     #: tensors' names; None for a file older than version 3, whose bytes cannot be checked.
     checksums: dict[str, str] | None = field(default=None, repr=False)
+    #: The file's bytes when it was read from memory (a decrypted private file), not ``path``;
+    #: its tensors are then views of this buffer.
+    data: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -101,22 +104,25 @@ class KVFileInfo:
         }
 
 
-def read_kv_header(path: str | os.PathLike[str]) -> KVFileInfo:
+def read_kv_header(path: str | os.PathLike[str], *, data: Any = None) -> KVFileInfo:
     """Read and validate a KV file's header and metadata, without loading any tensor.
+    ``data``: the file's bytes already in memory (a decrypted private file): read from there
+    and kept in the result, ``path`` only naming it.
 
     Raises:
         FormatError: not a cubepack KV file, an unknown format version, or a header whose
             tensors contradict its own metadata (count, dtype, shapes, lengths).
     """
     path = Path(path)
-    header = read_header(path)
+    header = read_header(path, data=data)
     raw = header.metadata.get(constants.KV_METADATA_KEY)
     if raw is None:
         hint = (" It is laid out as an MLX-LM prompt cache: convert it with cubepack import mlx "
                 f"{path} --model MODEL.") if "1.0" in header.metadata else ""
         raise FormatError(f"{path} is a safetensors file but not a cubepack KV file (no "
                           f"'{constants.KV_METADATA_KEY}' metadata).{hint}")
-    return kv_info(path, header, raw, header.tensors)
+    info = kv_info(path, header, raw, header.tensors)
+    return info if data is None else replace(info, data=data)
 
 
 def kv_info(path: Path, header: Header, raw: str, tensors: dict[str, TensorInfo]) -> KVFileInfo:
@@ -312,14 +318,16 @@ def producer_runtime(metadata: dict[str, Any]) -> str:
     return recorded.split()[0]
 
 
-def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity) -> KVFileInfo:
-    """Validate the header and require its producer to be ``live``; return the header.
+def check_kv_file(path: str | os.PathLike[str], live: ModelIdentity, *,
+                  data: Any = None) -> KVFileInfo:
+    """Validate the header and require its producer to be ``live``; return the header
+    (``data``: the file's bytes already in memory, see :func:`read_kv_header`).
 
     Raises:
         IdentityMismatch: naming every differing strict field.
         FormatError: a malformed file.
     """
-    return check_kv_info(read_kv_header(path), live)
+    return check_kv_info(read_kv_header(path, data=data), live)
 
 
 def check_kv_info(info: KVFileInfo, live: ModelIdentity) -> KVFileInfo:

@@ -19,7 +19,7 @@ from ._torch import build_dynamic_cache, cache_from_layers
 def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = None,
                   copy: bool = False, identity: ModelIdentity | None = None,
                   recompute: bool = False, sample: int | None = None,
-                  seed: int | None = None) -> Any:
+                  seed: int | None = None, data: Any = None) -> Any:
     """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer.
 
     The header is validated and the producer's strict fields compared with the live model's
@@ -39,6 +39,8 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
             the cache returned is then that prefill, not the file's tensors (a bound on
             tensors does not bind an answer; the prefill this process ran does).
             ``cubepack.load_kv_cache`` sets it from a :class:`~cubepack.trust.TrustPolicy`.
+        data: the file's bytes, already in memory (a private file decrypted there): read
+            from this buffer, the tensors views of it (zero-copy); ``path`` only names it.
 
     A cache another runtime computed (its header records ``runtime``, e.g. ``mlx-lm 0.32.2``)
     is accepted only once this model's own prefill reproduces it within the recomputation
@@ -54,7 +56,7 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, *, device: Any = Non
         FormatError: the file is corrupt, truncated or of an unknown version.
     """
     live = identity or fingerprint(model)
-    info = check_kv_file(path, live)
+    info = check_kv_file(path, live, data=data)
     note = unchecked_note(info)
     if note:
         logger.warning("cubepack: %s", note)

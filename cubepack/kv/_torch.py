@@ -310,7 +310,9 @@ def verify_mapped(info: KVFileInfo, tensors: dict[str, Any]) -> None:
 
 
 def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
-    """The file's tensors as views of one private memory map (no bytes read up front).
+    """The file's tensors as views of one private memory map (no bytes read up front), or of
+    the buffer holding the file (``info.data``: a decrypted private file, private to this
+    load, so writes to a tensor reach no one else).
 
     The map is copy-on-write (``shared=False``): writes to a tensor never reach the file. The
     header was validated (every tensor inside the file, of the KV dtype, aligned, no gaps or
@@ -321,13 +323,18 @@ def _mapped_tensors(info: KVFileInfo) -> dict[str, Any]:
     import torch
 
     header = info.header or read_header(info.path)
-    storage = torch.UntypedStorage.from_file(str(info.path), shared=False, nbytes=header.file_size)
     # One view of the whole data section in the file's KV dtype (every tensor has it), split
     # at the tensors' boundaries in one call: they tile it, in order of their offsets.
     dtype = getattr(torch, info.kv_dtype)
-    data = torch.empty(0, dtype=dtype)
-    data.set_(storage, header.data_offset // dtype.itemsize,
-              ((header.file_size - header.data_offset) // dtype.itemsize,))
+    count = (header.file_size - header.data_offset) // dtype.itemsize
+    if info.data is not None:  # a file already in memory (decrypted): its tensors view it
+        data = torch.frombuffer(info.data, dtype=dtype, count=count, offset=header.data_offset) \
+            if count else torch.empty(0, dtype=dtype)
+    else:
+        storage = torch.UntypedStorage.from_file(str(info.path), shared=False,
+                                                 nbytes=header.file_size)
+        data = torch.empty(0, dtype=dtype)
+        data.set_(storage, header.data_offset // dtype.itemsize, (count,))
     in_order = sorted(header.tensors.values(), key=lambda tensor: tensor.begin)
     parts = data.split([(tensor.end - tensor.begin) // dtype.itemsize for tensor in in_order])
     return {tensor.name: part.view(tensor.shape) for tensor, part in zip(in_order, parts)}
