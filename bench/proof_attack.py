@@ -28,7 +28,7 @@ kernel: SDPA against eager), the detection margin (the smallest multiple of the 
 which the attacker flips an answer at all: a flip needs that much more than an honest cache may
 show), and the cost of the recomputation against a plain prefill in the dtype (goal <= 1.3x).
 
-Run: .venv/latest/bin/python bench/proof_attack.py [--quick] [--prompts N]
+Run: .venv/latest/bin/python bench/proof_attack.py [--quick | --smoke] [--prompts N]
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ WEIGHTS = (4.0, 1.0, 16.0, 64.0)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="4 prompts, 10 steps (CI)")
+    parser.add_argument("--quick", action="store_true", help="4 prompts, 10 steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 prompt, 2 steps, bfloat16, no cost (CI: the script cannot rot)")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--steps", type=int, default=80, help="attacker's gradient steps")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated")
@@ -81,6 +83,10 @@ def main() -> None:
                         help="attack today's bound only (checks the attacker's strength)")
     args = parser.parse_args()
     prompts, steps = (4, 10) if args.quick else (args.prompts, args.steps)
+    if args.smoke:
+        global SCALES
+        prompts, steps, args.dtypes, args.no_cost = 1, 2, "bfloat16", True
+        SCALES = (0.9,)
     torch.manual_seed(0)
     torch.set_num_threads(2)
     root = Path(tempfile.mkdtemp(prefix="cubepack-bench-proof-"))
