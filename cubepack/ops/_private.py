@@ -35,6 +35,7 @@ from typing import Any
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
 from .._util.ramdir import anonymous_memory, empty_memory_file, memory_file, ram_folder
+from .._util.safetensors_header import open_regular
 from .._version import __version__
 from ..errors import CubepackError, FormatError, IntegrityError, UsageError
 from ..format import _card as card
@@ -172,7 +173,9 @@ def _entry(path: Path) -> dict[str, Any]:
 def _mapped_ciphertext(source: Path) -> Iterator[Any]:
     """The bytes of the age file ``source``, mapped read-only (an empty file: empty bytes,
     which the age reader refuses as such; there is no empty map)."""
-    with open(source, "rb") as handle:
+    # As a clear KV file is opened: a missing path or a folder is a FormatError naming it, and
+    # a FIFO is refused before a read could wait on it forever.
+    with open_regular(source) as handle:
         if os.fstat(handle.fileno()).st_size == 0:
             yield b""
             return
