@@ -205,13 +205,28 @@ def decrypted_memory(path: str | os.PathLike[str], identity: str | os.PathLike[s
         found.append(anonymous_memory(size))
         return found[0]
 
-    with _mapped_ciphertext(source) as ciphertext:
-        plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+    try:
+        with _mapped_ciphertext(source) as ciphertext:
+            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+    except BaseException:
+        _release(found)
+        raise
     if plain is None:
         return found[0]
     memory = anonymous_memory(len(plain))  # pyrage's path (SSH identities): copied once
     memory[:len(plain)] = plain
     return memory
+
+
+def _release(memories: list[Any]) -> None:
+    """Free what a refused decryption allocated: every chunk before the damaged one was
+    decrypted into it, and the refusal's traceback (kept by whoever logs or stores the error)
+    would otherwise keep that plaintext alive."""
+    for memory in memories:
+        if isinstance(memory, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a view still out: freed with it instead
+                memory.close()
+    memories.clear()
 
 
 @contextlib.contextmanager
@@ -246,6 +261,7 @@ def decrypted_file(path: str | os.PathLike[str],
                 fd, _ = memory_file(plain, name)
                 del plain
         except BaseException:
+            _release(maps)
             if fd >= 0:
                 os.close(fd)
             raise
