@@ -206,8 +206,8 @@ def decrypted_memory(path: str | os.PathLike[str], identity: str | os.PathLike[s
         return found[0]
 
     try:
-        with _mapped_ciphertext(source) as ciphertext:
-            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+        with _mapped_ciphertext(source) as ciphertext:  # named as given: two cubes share names
+            plain = age.decrypt_to(ciphertext, identities, os.fspath(path), allocate)
     except BaseException:
         _release(found)
         raise
@@ -253,7 +253,7 @@ def decrypted_file(path: str | os.PathLike[str],
             return maps[0] if size else bytearray()
 
         try:
-            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+            plain = age.decrypt_to(ciphertext, identities, os.fspath(path), allocate)
             for mapped in maps:
                 if mapped is not None:
                     mapped.close()
