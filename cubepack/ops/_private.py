@@ -35,6 +35,7 @@ from typing import Any
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
 from .._util.ramdir import anonymous_memory, empty_memory_file, memory_file, ram_folder
+from .._util.safetensors_header import open_regular
 from .._version import __version__
 from ..errors import CubepackError, FormatError, IntegrityError, UsageError
 from ..format import _card as card
@@ -172,7 +173,9 @@ def _entry(path: Path) -> dict[str, Any]:
 def _mapped_ciphertext(source: Path) -> Iterator[Any]:
     """The bytes of the age file ``source``, mapped read-only (an empty file: empty bytes,
     which the age reader refuses as such; there is no empty map)."""
-    with open(source, "rb") as handle:
+    # As a clear KV file is opened: a missing path or a folder is a FormatError naming it, and
+    # a FIFO is refused before a read could wait on it forever.
+    with open_regular(source) as handle:
         if os.fstat(handle.fileno()).st_size == 0:
             yield b""
             return
@@ -202,13 +205,28 @@ def decrypted_memory(path: str | os.PathLike[str], identity: str | os.PathLike[s
         found.append(anonymous_memory(size))
         return found[0]
 
-    with _mapped_ciphertext(source) as ciphertext:
-        plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+    try:
+        with _mapped_ciphertext(source) as ciphertext:  # named as given: two cubes share names
+            plain = age.decrypt_to(ciphertext, identities, os.fspath(path), allocate)
+    except BaseException:
+        _release(found)
+        raise
     if plain is None:
         return found[0]
     memory = anonymous_memory(len(plain))  # pyrage's path (SSH identities): copied once
     memory[:len(plain)] = plain
     return memory
+
+
+def _release(memories: list[Any]) -> None:
+    """Free what a refused decryption allocated: every chunk before the damaged one was
+    decrypted into it, and the refusal's traceback (kept by whoever logs or stores the error)
+    would otherwise keep that plaintext alive."""
+    for memory in memories:
+        if isinstance(memory, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a view still out: freed with it instead
+                memory.close()
+    memories.clear()
 
 
 @contextlib.contextmanager
@@ -235,7 +253,7 @@ def decrypted_file(path: str | os.PathLike[str],
             return maps[0] if size else bytearray()
 
         try:
-            plain = age.decrypt_to(ciphertext, identities, source.name, allocate)
+            plain = age.decrypt_to(ciphertext, identities, os.fspath(path), allocate)
             for mapped in maps:
                 if mapped is not None:
                     mapped.close()
@@ -243,6 +261,7 @@ def decrypted_file(path: str | os.PathLike[str],
                 fd, _ = memory_file(plain, name)
                 del plain
         except BaseException:
+            _release(maps)
             if fd >= 0:
                 os.close(fd)
             raise

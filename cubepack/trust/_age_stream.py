@@ -76,10 +76,23 @@ def _unb64(text: bytes, what: str) -> bytes:
     return data
 
 
+def _header_end(data: Any) -> int:
+    """Where the header's ``\n--- `` MAC line starts, or -1. Looked for in growing windows:
+    the spec bounds no header, and one grows ~98 bytes a recipient (a cube encrypted to an
+    organisation's keys file, written by cubepack or ``age -R``, passes 64 KiB); most
+    headers end in the first window, and a file with none costs one copy of itself."""
+    limit = 64 * 1024 + 4096
+    while True:
+        end = bytes(data[:limit]).find(b"\n--- ")
+        if end >= 0 or limit >= len(data):
+            return end
+        limit *= 4
+
+
 def _parse_header(data: Any, what: str) -> tuple[list[tuple[list[bytes], bytes]], bytes, bytes,
                                                   int]:
     """(stanzas as (args, body), the bytes the MAC covers, the MAC, where the payload starts)."""
-    end = bytes(data[:64 * 1024 + 4096]).find(b"\n--- ")
+    end = _header_end(data)
     if end < 0:
         raise FormatError(f"{what} has no complete age header.")
     newline = bytes(data[end + 5:end + 5 + 128]).find(b"\n")
@@ -128,7 +141,10 @@ def _file_key(stanzas: list[tuple[list[bytes], bytes]], secrets: list[bytes],
             wrapped = _unb64(body, what)
             if len(share) != 32 or len(wrapped) != 32:
                 raise FormatError(f"{what} has a malformed X25519 stanza.")
-            shared = private.exchange(X25519PublicKey.from_public_bytes(share))
+            try:
+                shared = private.exchange(X25519PublicKey.from_public_bytes(share))
+            except ValueError:  # OpenSSL refuses the all-zero secret of a low-order share
+                shared = bytes(32)
             if shared == bytes(32):
                 raise FormatError(f"{what} has an X25519 stanza with a low-order share.")
             key = _hkdf(shared, share + public, _X25519_LABEL)
