@@ -324,9 +324,18 @@ def _render_private(data: dict[str, Any]) -> str:
 
 
 def _identity_option() -> Callable[..., Any]:
+    def undumpable(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value:  # this process will hold plaintext: no core dump may write it to a disk
+            from ._util.ramdir import no_core_dumps
+
+            no_core_dumps()
+        return value
+
     return click.option("--identity", type=click.Path(dir_okay=False), envvar="CUBEPACK_IDENTITY",
+                        callback=undumpable,
                         help="Identity file opening a private cube (age key or OpenSSH private "
-                             "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY).")
+                             "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY); "
+                             "the command then writes no core dump.")
 
 
 def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:

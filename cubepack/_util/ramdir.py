@@ -40,6 +40,26 @@ _RAM_FILE_SYSTEMS = ("tmpfs", "ramfs")
 _PREFIX = "cubepack-private-"
 
 
+def no_core_dumps() -> bool:
+    """Make this process undumpable (``prctl(PR_SET_DUMPABLE, 0)``, as ssh-agent does): a
+    crash then writes no core, so no plaintext a private cube's load left in the ordinary heap
+    (a KV header's fields, files verify decrypted) reaches a disk through systemd-coredump or
+    apport. Process-wide (it also keeps same-user debuggers out), so the CLI calls it when it is
+    given an identity; a program using the Python API decides for itself (SECURITY.md). True
+    when it took effect (Linux); False elsewhere."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        return False
+
+
 def _mounts() -> dict[str, str]:
     try:
         with open("/proc/self/mounts", encoding="utf-8") as handle:

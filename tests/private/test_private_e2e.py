@@ -231,3 +231,29 @@ def test_token_ids_and_header_metadata_of_a_plain_bundle_stay_private(models, zo
     assert report.private_lock["activations"][ITEM]["token_count"] == len(SECRET_IDS)
     assert [c.ok for c in report.checks if c.name == "recompute"] == [True]
     assert "private_lock" not in report.to_dict()
+
+
+def test_a_command_given_an_identity_writes_no_core_dump(tmp_path, agekeys):
+    """SECURITY.md: plaintext a load leaves in the ordinary heap (a KV header's fields) would
+    reach a disk in a core dump; the CLI makes its process undumpable once it is given an
+    identity (by option or CUBEPACK_IDENTITY), and only then."""
+    import subprocess
+    import sys
+
+    probe = ("import ctypes, sys\n"
+             "from cubepack.cli import cli\n"
+             "try:\n"
+             "    cli.main(sys.argv[1:], standalone_mode=False)\n"
+             "except Exception:\n"
+             "    pass\n"
+             "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))\n")  # PR_GET_DUMPABLE
+    env = {k: v for k, v in os.environ.items() if k != "CUBEPACK_IDENTITY"}
+
+    def dumpable(*args: str, **extra: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, "rekey", str(tmp_path), *args],
+                              env={**env, **extra}, capture_output=True, text=True, check=True)
+        return done.stdout.strip().splitlines()[-1]
+
+    assert dumpable() == "1"
+    assert dumpable("--identity", str(agekeys["alice"][0])) == "0"
+    assert dumpable(CUBEPACK_IDENTITY=str(agekeys["alice"][0])) == "0"

@@ -299,6 +299,20 @@ def as_new_process(*, env: dict[str, str], cwd):
             setattr(constants, name, value)
 
 
+def _dumpable(value: int | None = None) -> int | None:
+    """This process's PR_GET_DUMPABLE (Linux), or set it back to ``value``."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None)
+    if value is None:
+        return libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+    libc.prctl(4, value, 0, 0, 0)  # PR_SET_DUMPABLE
+    return value
+
+
 def cli_in_process(args, *, env: dict[str, str], cwd):
     """``cubepack ARGS`` run by the CLI's own entry point in this process, with ``env`` and
     ``cwd`` as a new process would have them (the environment, and huggingface_hub's
@@ -312,8 +326,12 @@ def cli_in_process(args, *, env: dict[str, str], cwd):
     from cubepack.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with as_new_process(env=env, cwd=cwd):
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(arg) for arg in args])
+    dumpable = _dumpable()
+    try:
+        with as_new_process(env=env, cwd=cwd):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([str(arg) for arg in args])
+    finally:  # a command given an identity makes its process undumpable: not this one's
+        _dumpable(dumpable)
     return subprocess.CompletedProcess(["cubepack", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
