@@ -100,7 +100,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     Raises:
         UsageError: nothing to change (no option, or every added recipient is one already,
             without ``rotate``), or no recipient left.
-        DecryptionFailed: ``identity`` is not a recipient.
+        RefusedError: ``identity`` is not a recipient.
         SignatureError: ``sign_key`` given and the current signature does not verify under
             it (or ``trusted_keys``); nothing was decrypted or written.
     """

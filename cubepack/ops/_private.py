@@ -296,7 +296,7 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
     intact by the caller (verify); without it, it is read and the ciphertexts hashed here.
 
     Raises:
-        DecryptionFailed: the identity is not a recipient, or a ciphertext fails age's check.
+        RefusedError: the identity is not a recipient, or a ciphertext fails age's check.
         IntegrityError: a ciphertext is not the lock's, or a plaintext not the manifest's.
         FormatError: the manifest, or the clear lock it holds, is malformed.
     """

@@ -257,8 +257,8 @@ def _dearmor(data: Any, what: str) -> bytes:
 def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:
     return RefusedError(
         f"{what} is not encrypted to the identity given: none of its {len(identities)} key(s) "
-        "is a recipient of this cube. Use an identity the cube was encrypted to, or ask its "
-        "owner to add your public key (cubepack rekey --add).")
+        "is one of the file's recipients. Use an identity it was encrypted to, or ask the "
+        "cube's owner to add your public key (cubepack rekey --add).")
 
 
 def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient]) -> bytes:
