@@ -191,7 +191,17 @@ def recompute(model: Any, info: KVFileInfo, item_id: str, *, sample: int | None 
                             sample=sample, seed=seed)
 
 
-_REFERENCES: Any = None  # model -> its float32 copy (weak keys: dropped with the model)
+_REFERENCES: Any = None  # model -> (its weights' state, its float32 copy); weak keys
+
+
+def weights_state(model: Any) -> tuple:
+    """What changes when a model's weights change through torch: each parameter's storage,
+    version counter (bumped by every in-place write: an optimiser step, ``load_state_dict``),
+    dtype and device (``model.to``). A float32 copy made under another state is another
+    model's: the noise measured against it would be the two models' difference. Writes
+    through ``parameter.data`` bump no counter: a stated limit (proof-bound.md)."""
+    return tuple((parameter.data_ptr(), parameter._version, parameter.dtype, parameter.device,
+                  tuple(parameter.shape)) for parameter in model.parameters())
 
 
 class TorchRuntime:
@@ -228,7 +238,8 @@ class TorchRuntime:
 
     def reference(self) -> "TorchRuntime | None":
         """This model in float32 (None when it already computes in float32 or wider): a
-        copy made once per model and kept while the model lives."""
+        copy made once per model and kept while the model lives, made again once the
+        model's weights changed (:func:`weights_state`)."""
         import copy
         import weakref
 
@@ -239,9 +250,12 @@ class TorchRuntime:
             return None
         if _REFERENCES is None:
             _REFERENCES = weakref.WeakKeyDictionary()
-        if self.model not in _REFERENCES:
-            _REFERENCES[self.model] = copy.deepcopy(self.model).float()
-        return TorchRuntime(_REFERENCES[self.model])
+        state = weights_state(self.model)
+        kept = _REFERENCES.get(self.model)
+        if kept is None or kept[0] != state:
+            _REFERENCES.pop(self.model, None)  # a stale copy goes before a new one is made
+            kept = _REFERENCES[self.model] = (state, copy.deepcopy(self.model).float())
+        return TorchRuntime(kept[1])
 
     def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
         """float32 logits, ``[batch * len(probes), vocab]``, of ``probes`` fed after ``layers``."""
