@@ -19,7 +19,6 @@ import torch
 from cubepack.kv._recompute import TorchRuntime, recompute_layers
 from cubepack.testing import tiny
 
-
 IDS = list(range(2, 30))
 
 
