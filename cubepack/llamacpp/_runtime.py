@@ -153,7 +153,9 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
     - a state llama.cpp computed must pin ``llm``'s GGUF (sha256);
     - a cache another runtime computed (transformers) is accepted only once ``llm`` reproduces
       it: llama.cpp prefills its tokens and the tensors and probe logits must agree within the
-      recomputation bounds (this also proves the GGUF computes what the producer computed);
+      recomputation bounds (this also proves the GGUF computes what the producer computed),
+      and the context then holds llama.cpp's own prefill of the cache's ids, not the stored
+      tensors (a tolerance on tensors does not bind an answer: docs/explanation/proof-bound.md);
     - ``model``: also require the producer to be this Hugging Face folder;
     - ``seed``: the probe tokens' seed for that recomputation (default: drawn at random).
 
@@ -179,6 +181,11 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
         checked["gguf"] = info.metadata["gguf"]["sha256"]
     else:
         checked["recomputed"] = _require_reproduced(llm, info, mapped_layers(info), seed)
+        # The context gets llama.cpp's own prefill of the ids, never the stored tensors: inside
+        # the tolerance an attacker can still steer an answer (docs/explanation/proof-bound.md).
+        llm.reset()
+        llm.eval(list(info.token_ids))
+        return checked
     data, _ = state_bytes(path, v_trans=_v_trans(llm))
     _set_state(llm, data)
     return checked

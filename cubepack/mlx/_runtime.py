@@ -264,7 +264,26 @@ def kv_caches(layers: list[tuple[Any, Any, int]]) -> list[Any]:
     return caches
 
 
-_REFERENCES: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, float32 copy)
+#: id(model) -> (a weak reference to the model, its parameter arrays when copied, its float32
+#: copy): one model at a time, dropped with the model (a strong reference kept the last model
+#: and its copy alive for the whole process).
+_REFERENCES: dict[int, tuple[Any, tuple, Any]] = {}
+
+
+def _parameter_arrays(model: Any) -> tuple:
+    """The model's parameter arrays, by name. MLX arrays are immutable: a weight changes by
+    replacing its array (``module.weight = ...``, ``update``, ``set_dtype``), so the same
+    array objects mean the same weights. Held while the copy is, so their ids cannot be reused."""
+    from mlx.utils import tree_flatten
+
+    return tuple(tree_flatten(model.parameters()))
+
+
+def _forget(key: int, model: Any) -> None:
+    """Drop a dead model's float32 copy (unless the key was taken by a later model)."""
+    kept = _REFERENCES.get(key)
+    if kept is not None and kept[0] is model:
+        del _REFERENCES[key]
 
 
 class MLXRuntime:
@@ -297,21 +316,28 @@ class MLXRuntime:
 
     def reference(self) -> "MLXRuntime | None":
         """This model in float32, the reference the dtype's noise is measured against (None
-        when it already computes in float32): a copy made once per model."""
+        when it already computes in float32): a copy made once per model, made again once a
+        weight changed (a stale copy would measure the old and new weights' difference as
+        the dtype's noise)."""
         import copy
+        import weakref
 
         import mlx.core as mx
-        from mlx.utils import tree_flatten
 
-        dtype = next(value.dtype for _, value in tree_flatten(self.model.parameters()))
-        if dtype == mx.float32:
+        arrays = _parameter_arrays(self.model)
+        if next(value.dtype for _, value in arrays) == mx.float32:
             return None
-        if id(self.model) not in _REFERENCES:
+        kept = _REFERENCES.get(id(self.model))
+        if kept is None or kept[0]() is not self.model or len(kept[1]) != len(arrays) or any(
+                name != was or value is not held
+                for (name, value), (was, held) in zip(arrays, kept[1])):
+            _REFERENCES.clear()  # one model at a time: a float32 copy is large
             reference = copy.deepcopy(self.model)
             reference.set_dtype(mx.float32)
-            _REFERENCES.clear()  # one model at a time: a float32 copy is large
-            _REFERENCES[id(self.model)] = (self.model, reference)
-        return MLXRuntime(_REFERENCES[id(self.model)][1])
+            kept = (weakref.ref(self.model), arrays, reference)
+            _REFERENCES[id(self.model)] = kept
+            weakref.finalize(self.model, _forget, id(self.model), kept[0])
+        return MLXRuntime(kept[2])
 
     def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
         import mlx.core as mx
