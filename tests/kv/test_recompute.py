@@ -388,3 +388,27 @@ def test_a_load_that_recomputes_hands_back_its_own_prefill_not_the_stored_tensor
     loaded = cubepack.load_kv_cache(path, bf16, recompute=True)  # passes the proof...
     for mine, theirs in zip(loaded.layers, honest.layers):  # ...and is the model's own prefill
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+def test_without_room_for_the_float32_copy_the_proof_says_it_fell_back_to_the_layer_wide_rule(
+        tmp_path, zoo, models, monkeypatch):
+    """The per-position bound needs a float32 copy of a half-precision model (twice its size:
+    28 GB for a 7B bf16 model). Where it would not fit, the proof does not exhaust the device:
+    it runs the layer-wide rule and says so, with the sizes, in its report (a weaker proof,
+    never a silent one); an honest cache still passes, and a load that recomputes still hands
+    back its own prefill."""
+    from cubepack.kv import _recompute
+
+    bf16 = models["a_as_bf16"]
+    monkeypatch.setattr(_recompute, "_free_bytes", lambda device: 1024)  # 1 KB free
+    monkeypatch.setattr(_recompute, "_REFERENCES", None)  # no copy made by an earlier test
+    cube = cube_with(tmp_path, zoo, bf16, producer=cubepack.fingerprint(bf16))
+    report = cubepack.verify(cube, model=bf16, recompute=True)
+    [check] = checks(report, "recompute")
+    assert check.ok, check.detail
+    assert check.found["referenced"] is False
+    assert "a float32 copy of the model needs" in check.found["reference_skipped"]
+    assert "GB is free on cpu" in check.found["reference_skipped"]
+    assert "the layer-wide tolerance, weaker: a float32 copy" in check.detail
+    assert check.found["full"] is True
+    assert _recompute._REFERENCES is None or bf16 not in _recompute._REFERENCES
