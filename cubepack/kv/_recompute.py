@@ -315,6 +315,24 @@ class TorchRuntime:
             kept = _REFERENCES[self.model] = (state, copy.deepcopy(self.model).float())
         return TorchRuntime(kept[1])
 
+    def greedy(self, layers: list[tuple], first: int, steps: int, batch: int) -> list[int]:
+        """The greedy continuation after ``layers`` (of the first sequence): ``first``, then
+        ``steps - 1`` more, one token a forward on one cache extended as it goes (the cache's
+        update makes new tensors: ``layers`` are left as they are)."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        tokens = [first]
+        with torch.no_grad():
+            cache = cache_from_layers([(kind, total, keys.to(dtype), values.to(dtype))
+                                       for kind, total, keys, values in layers],
+                                      self.model.config, device=device)
+            while len(tokens) < steps:
+                step = torch.tensor([[tokens[-1]]] * batch, device=device)
+                tokens.append(int(forward(self.model, step, cache).logits[0, -1].argmax()))
+        return tokens
+
     def probe_logits(self, layers: list[tuple], probes: list[int], batch: int) -> Any:
         """float32 logits, ``[batch * len(probes), vocab]``, of ``probes`` fed after ``layers``."""
         import torch
@@ -637,6 +655,8 @@ def _greedy(runtime: Any, layers: list[tuple], last_logits: Any, batch: int) -> 
     if last_logits is None or GREEDY <= 0:
         return []
     tokens = [int(last_logits[0].argmax())]
+    if hasattr(runtime, "greedy"):  # incremental: a token a step, not the prefix again
+        return runtime.greedy(layers, tokens[0], GREEDY, batch)
     while len(tokens) < GREEDY:
         logits = runtime.probe_logits(layers, tokens, batch)
         tokens.append(int(logits[len(tokens) - 1].argmax()))
