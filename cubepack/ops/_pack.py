@@ -45,7 +45,7 @@ from ..identity._identity import ModelIdentity, compare, require_same
 from ..kv._format import FULL, SLIDING, read_kv_header, verify_checksums
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
-from ..kv._torch import mapped_layers, write_kv_layers
+from ..kv._torch import write_kv_layers
 from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed, probe_vectors
 from ..memory._vectors import EMBEDDER_ROLE, vector_record
@@ -799,12 +799,17 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
         if not result.ok:
             raise RecomputationFailed(f"Activation {item_id!r} is not this model's: it "
                                       f"{describe(result)}. Pass --model with its producer.")
-        provenance = {"kind": RECOMPUTED, "detail": describe(result),
+        provenance = {"kind": RECOMPUTED,
+                      "detail": f"{describe(result)}; written from this prefill",
                       "model": pin["identity"]["weights_digest"], "tokens": result.positions,
-                      "max_error": result.max_rel_error,
+                      "max_error": 0.0,  # the file written is the prefill itself
                       "at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                           timespec="seconds")}
-        write_kv_layers(mapped_layers(info, copy=True), path, producer=info.producer,
+        # What is written is the prefill this pack ran, not the stored tensors it matched:
+        # inside the proof's bound a stored cache can still steer an answer; the packer's own
+        # prefill cannot (docs/explanation/proof-bound.md). So a cube labelled `recomputed` holds
+        # bit for bit what its packer's model computed.
+        write_kv_layers(result.layers, path, producer=info.producer,
                         token_ids=ids, metadata={**info.metadata, "provenance": provenance})
         proven[path.relative_to(staging).as_posix()] = provenance
     return proven

@@ -3,8 +3,9 @@ verify), stating what that verification proved and nothing more.
 
 The attestation ``sign`` writes puts in its ``proved`` block only what this run established:
 a pin whose model it fingerprinted (``--model``, or the pinned revision in the HF cache), an
-activation it recomputed (``--recompute``: every position), or one whose KV header names a
-pin it proved. Every other statement of the lock (a label a pusher wrote, a lineage a re-pack
+activation it recomputed (``--recompute``: every position, and the stored tensors its own
+prefill bit for bit: one merely within the proof's bound is signed as ``recorded`` at most),
+or one whose KV header names a pin it proved. Every other statement of the lock (a label a pusher wrote, a lineage a re-pack
 carried) goes to the ``claimed`` block: a claim does not gain strength by being signed.
 """
 
@@ -54,7 +55,10 @@ def proved_by(report: VerifyReport) -> Proved:
         label = (entry.get("provenance") or {}).get("kind", ASSERTED)
         backing = report.provenance.get(item_id) or {}
         if backing.get("basis") == PROVED and backing.get("kind") == RECOMPUTED \
-                and backing.get("full"):
+                and backing.get("full") and backing.get("exact"):
+            # Only a cache that IS the signer's prefill, bit for bit: one within the proof's
+            # bound could still steer an answer, and a signature must not carry that as proved
+            # (`pack --recompute` writes the prefill itself, then signs it as recomputed).
             established = RECOMPUTED
         elif entry["model_role"] in producers and f"{entry['file']} ({item_id})" in header_ok:
             established = RECORDED  # its header names the pin this run fingerprinted

@@ -620,8 +620,11 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
                                  seed=policy.seed)
         report.add("recompute", subject, result.ok, describe(result), found=result.to_dict())
         if result.ok:
+            # exact: the stored tensors ARE this process's prefill (what `sign` may state as
+            # recomputed: inside the bound, a stored cache can still steer an answer).
             reproduced[item_id] = {"full": result.full, "positions": result.positions,
-                                   "total": result.total, "seed": result.seed}
+                                   "total": result.total, "seed": result.seed,
+                                   "exact": result.full and result.max_abs_error == 0.0}
     return reproduced
 
 

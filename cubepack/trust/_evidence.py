@@ -91,8 +91,10 @@ def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] |
         scope = ("all positions" if recomputed["full"] else
                  f"{recomputed['positions']} of {recomputed['total']} positions sampled "
                  f"(seed {recomputed['seed']})")
-        return {"kind": RECOMPUTED, "basis": PROVED, "full": recomputed["full"],
-                "detail": f"recomputed now by the producer: {scope}"}
+        exact = bool(recomputed.get("exact"))
+        return {"kind": RECOMPUTED, "basis": PROVED, "full": recomputed["full"], "exact": exact,
+                "detail": f"recomputed now by the producer: {scope}, "
+                          + ("bit for bit" if exact else "within the dtype's noise")}
     kind = claimed["kind"]
     if signed is not None and item is not None and signed.provenance.get(item) == kind:
         return {"kind": kind, "basis": SIGNED, "full": kind == RECOMPUTED,

@@ -412,3 +412,72 @@ def test_without_room_for_the_float32_copy_the_proof_says_it_fell_back_to_the_la
     assert "the layer-wide tolerance, weaker: a float32 copy" in check.detail
     assert check.found["full"] is True
     assert _recompute._REFERENCES is None or bf16 not in _recompute._REFERENCES
+
+
+def test_pack_recompute_writes_the_prefill_it_ran_not_the_stored_tensors_it_matched(
+        tmp_path, zoo, models):
+    """`pack --recompute` labels a cache `recomputed`: what it writes must then be what the
+    packer's model computed, bit for bit. A cache nudged inside the proof's bound (one value
+    of layer 0 moved by a unit in its last place: it passes) is replaced by the packer's own
+    prefill, so no stored value the bound let through survives into a `recomputed` cube."""
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import mapped_layers
+
+    bf16 = models["a_as_bf16"]
+    honest = TorchRuntime(bf16).prefill_layers(PROMPT)
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(honest):
+        keys = keys.clone()
+        if index == 0:
+            flat = keys.view(-1)
+            flat[7] = (flat[7].float() * (1 + 2 ** -7)).to(keys.dtype)  # one bf16 step
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    before = [layer[2].clone() for layer in mapped_layers(read_kv_header(cube / ITEM))]
+    assert not torch.equal(before[0], honest[0][2])  # the nudge is in the file
+    cubepack.pack(cube, model=bf16, recompute=True)
+    written = mapped_layers(read_kv_header(cube / ITEM))
+    for (_, _, keys, values), (_, _, fresh_keys, fresh_values) in zip(written, honest):
+        assert torch.equal(keys, fresh_keys) and torch.equal(values, fresh_values)
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    provenance = lock["activations"]["item-1"]["provenance"]
+    assert provenance["kind"] == "recomputed" and provenance["max_error"] == 0.0
+    assert provenance["detail"].endswith("written from this prefill")
+
+
+def test_a_signer_states_recomputed_only_for_a_cache_that_is_its_own_prefill_bit_for_bit(
+        tmp_path, zoo, models):
+    """`sign --recompute` on a cache that passes the proof only within its bound (one value
+    nudged by a bf16 step, the lock's label forged to `recomputed`): the label is signed as
+    a claim, not as proved, so `--require-provenance recomputed` trusting the signer refuses
+    it; a load would use the stored bytes, which the bound does not bind."""
+    pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
+    from cubepack.kv._recompute import TorchRuntime
+
+    from helpers import make_key
+
+    bf16 = models["a_as_bf16"]
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+
+    def claim(lock):
+        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "forged"}
+    reseal_lock(cube, claim)
+    report = cubepack.verify(cube, model=bf16, recompute=True)  # within the bound: passes
+    assert report.ok and report.provenance["item-1"]["exact"] is False
+    assert report.provenance["item-1"]["detail"].endswith("within the dtype's noise")
+    private, public = make_key(tmp_path, "signer")
+    cubepack.sign(cube, private, model=bf16, recompute=True)
+    with pytest.raises(cubepack.VerificationFailed, match=r"recomputed \(claimed\)"):
+        cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
+    cubepack.pack(cube, model=bf16, recompute=True)  # the packer's own prefill, written
+    cubepack.sign(cube, private, model=bf16, recompute=True)
+    signed = cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
+    assert signed.provenance["item-1"]["basis"] == "signed"
