@@ -174,8 +174,10 @@ class _Staged:
             raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} is not what "
                                       f"the loaded model computes: it {describe(result)}. Do "
                                       "not load it.")
+        # exact: MemOS is handed result.layers, the prefill itself, whatever the stored bytes.
         self.report.recomputed[item_id] = {"full": result.full, "positions": result.positions,
-                                           "total": result.total, "seed": result.seed}
+                                           "total": result.total, "seed": result.seed,
+                                           "exact": result.full}
         label = RECOMPUTED if result.full else RECORDED
         return ({"kind": label, "detail": f"recomputed by the loading model: {describe(result)}"},
                 result.layers)

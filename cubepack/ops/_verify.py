@@ -650,13 +650,20 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
         ok = satisfies(backing, required)
         label = f"{backing['kind']} ({backing['basis']}" + \
             ("" if backing["full"] or backing["kind"] != RECOMPUTED else ", partial") + ")"
+        near = (backing["basis"] == PROVED and backing["kind"] == RECOMPUTED
+                and backing["full"] and not backing.get("exact"))
+        fix = (f"the stored tensors are within the dtype's noise of the model's prefill, not "
+               f"that prefill (inside the bound a cache can still steer an answer): write the "
+               f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute`, or "
+               "load with recompute=True (a recomputing load uses its own prefill)" if near else
+               f"prove it with `cubepack verify {report.cube_dir} --recompute --model MODEL "
+               f"--require-provenance {required}` (MODEL: the producer; every position), or "
+               "verify a cube whose trusted signer established it (--trusted-key; a signer "
+               "establishes what it proved: pack --sign-key, or cubepack sign --model MODEL "
+               "--recompute)")
         report.add("provenance", f"{entry['file']} ({item_id})", ok,
                    f"provenance is {label}: {backing['detail']}" + ("" if ok else
-                   f"; {required} is required, proved now or signed: prove it with `cubepack "
-                   f"verify {report.cube_dir} --recompute --model MODEL --require-provenance "
-                   f"{required}` (MODEL: the producer; every position), or verify a cube whose "
-                   "trusted signer established it (--trusted-key; a signer establishes what it "
-                   "proved: pack --sign-key, or cubepack sign --model MODEL --recompute)"),
+                   f"; {required} is required, proved now or signed: {fix}"),
                    f"{required}, proved or signed" if not ok else None,
                    label if not ok else None, basis=backing["basis"])
     if not lock["activations"]:

@@ -108,11 +108,16 @@ def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] |
 
 def satisfies(backing: dict[str, Any], required: str) -> bool:
     """Does this evidence meet ``--require-provenance required``? Only proved or signed
-    evidence of that level does; ``recomputed`` needs every position checked."""
+    evidence of that level does; ``recomputed`` needs every position checked and, proved now,
+    the stored tensors bit for bit the prefill this process ran."""
     if backing["basis"] not in STRONG:
         return False
     if required == RECOMPUTED:
-        return backing["kind"] == RECOMPUTED and backing["full"]
+        # Proved now: the stored tensors must BE this process's prefill (a cache within the
+        # proof's bound can still steer an answer; docs/explanation/proof-bound.md). Signed:
+        # a signer states `recomputed` only under that same rule (ops/_sign.proved_by).
+        return backing["kind"] == RECOMPUTED and backing["full"] and (
+            backing["basis"] != PROVED or bool(backing.get("exact")))
     return STRENGTH[backing["kind"]] >= STRENGTH[required]
 
 

@@ -69,6 +69,14 @@ def test_pack_push_pull_verify_load_and_refuse(cli, zoo, models, tmp_path):
                                                      "sources/handbook.txt"]
     code, report = cli("verify", docs, "--model", zoo["a"], "--recompute")
     assert code == 0, report
+    # The bundle's caches are the model's within the dtype's noise (another kernel made them),
+    # not its prefill: `recomputed` is not established by that (an answer is not bound)...
+    code, near = cli("verify", docs, "--model", zoo["a"], "--recompute",
+                     "--require-provenance", "recomputed")
+    assert code == 1 and "--recompute`, or load with recompute=True" in json.dumps(near)
+    # ...until pack --recompute writes the prefill itself.
+    code, packed = cli("pack", docs, "--cube-id", "me/docs", "--model", zoo["a"], "--recompute")
+    assert code == 0, packed
     code, pushed = cli("push", docs, "me/docs", "--tag", "v1")
     assert code == 0, pushed
     code, pulled = cli("pull", "me/docs@v1", "--local-dir", tmp_path / "copy", "--model",
