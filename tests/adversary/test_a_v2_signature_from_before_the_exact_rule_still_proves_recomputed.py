@@ -1,0 +1,60 @@
+"""Round 30 (issue #30): `--require-provenance recomputed` now rests on a cache that IS the
+producer's prefill bit for bit; `sign --recompute` states recomputed only for such a cache.
+But an attestation (predicate version 2) made before that rule, by an honest signer whose
+`sign --recompute` stated recomputed for any cache within the dtype's noise, carries the same
+version and the same `proved` block: trusting that signer, a steered (non-exact) cache still
+satisfies `recomputed`. Nothing in the attestation tells the two rules apart (only the
+signer's cubepack_version, which is its own word); a new predicate version whose readers take
+a version-2 `recomputed` as `recorded` would.
+
+The old signer is reproduced by writing the `proved` block the old `proved_by` wrote (every
+fully recomputed item, exact or not)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepack
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+
+from test_recompute import cube_with  # noqa: E402
+
+from data import PROMPT  # noqa: E402
+from helpers import make_key, reseal_lock  # noqa: E402
+
+
+def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
+        tmp_path, zoo, models):
+    pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import cache_from_layers
+    from cubepack.ops._sign import proved_by
+    from cubepack.trust._attestation import Proved
+    from cubepack.trust._signing import write_signature
+
+    bf16 = models["a_as_bf16"]
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+
+    def claim(lock):
+        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "packed"}
+    reseal_lock(cube, claim)
+    report = cubepack.verify(cube, model=bf16, recompute=True)
+    assert report.ok and report.provenance["item-1"]["exact"] is False
+    today = proved_by(report)
+    # What `sign --recompute` stated before the exact rule: every fully recomputed item.
+    before = Proved(today.step, today.producers, frozenset({"item-1"}), lineage=False)
+    private, public = make_key(tmp_path, "old-signer")
+    write_signature(cube, private, before)
+    with pytest.raises(cubepack.VerificationFailed, match="recomputed"):
+        cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
