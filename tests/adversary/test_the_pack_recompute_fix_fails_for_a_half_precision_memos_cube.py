@@ -1,0 +1,43 @@
+"""Round 30 (issue #30): `verify --recompute --require-provenance recomputed` refuses a cache
+that is only within the dtype's noise of the prefill, and its fix reads: write the prefill
+with `cubepack pack CUBE --model MODEL --recompute`. Followed literally (MODEL: the producer's
+folder) on a MemOS-format cube of a bfloat16 producer, that pack refused: re-pack pinned the
+folder in float32 (a folder does not say which dtype it runs in, and only a plain bundle's
+headers were asked), so it recomputed in float32 and called the honest cache "not this
+model's. Pass --model with its producer" - the producer it had been passed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepack
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+
+from test_recompute import cube_with  # noqa: E402
+
+from data import PROMPT  # noqa: E402
+
+
+def test_the_pack_recompute_fix_fails_for_a_half_precision_memos_cube(tmp_path, zoo, models):
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import cache_from_layers
+
+    bf16, folder = models["a_as_bf16"], str(zoo["a"])
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    with pytest.raises(cubepack.VerificationFailed, match="--model MODEL --recompute") as refused:
+        cubepack.verify(cube, model=folder, recompute=True, require_provenance="recomputed")
+    assert f"cubepack pack {cube} --model MODEL --recompute" in str(refused.value)
+    cubepack.pack(cube, model=folder, recompute=True)  # the fix, MODEL = the producer's folder
+    report = cubepack.verify(cube, model=folder, recompute=True, require_provenance="recomputed")
+    assert report.provenance["item-1"]["exact"] is True
