@@ -165,14 +165,16 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     plain = "config.json" not in files
     if plain:
         _refuse_stray_caches(cube, files)
-    claims = _header_claims(cube, files) if plain else []
+    # Every cube's KV headers say which dtype their producer ran in (a folder does not): a
+    # MemOS cube of a bfloat16 producer re-packed with --model FOLDER was pinned, and
+    # recomputed, in float32, refusing its own producer's caches.
+    claims = _header_claims(cube, files)
     found = None
     if plain and model is None and claims:  # a plain bundle: the producer its headers name
         model, revision, found = _found_producer(claims)
     from_metadata: set[str] = set()
     pins = _pin_models(memos_config, model=model, revision=revision,
-                       dtype=_claimed_dtype(claims) if plain else None,
-                       from_metadata=from_metadata)
+                       dtype=_claimed_dtype(claims), from_metadata=from_metadata)
     if found is not None:
         pins[memos_layout.ACT_ROLE]["name"] = found
     _record_vectors(cube, files, memos_config, pins, embedder)
