@@ -1,0 +1,50 @@
+"""Round 30 (issue #30): `pull --recompute --require-provenance recomputed` of a cube whose
+cache is only within the dtype's noise of the producer's prefill refuses, and its fix reads
+`cubepack pack CUBE --model MODEL --recompute`, CUBE being the folder verify was given: pull's
+staging folder, deleted as the refusal is raised. Followed literally, the command names a
+folder that does not exist (the older fix, `cubepack verify CUBE --recompute ...`, too)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepack
+from cubepack.hub import pull, push
+from cubepack.testing.hub import InstrumentedHub
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+
+from test_recompute import cube_with  # noqa: E402
+
+from data import HUB_TOKEN, PROMPT  # noqa: E402
+
+
+def test_pull_require_recomputed_names_a_deleted_staging_folder(tmp_path, zoo, models):
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import cache_from_layers
+
+    bf16 = models["a_as_bf16"]
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as hub:
+        sha = push(cube, "ns/near", endpoint=hub.url, token=HUB_TOKEN,
+                   allow_local_paths=True).commit_sha
+        with pytest.raises(cubepack.VerificationFailed, match="--recompute") as refused:
+            pull(f"ns/near@{sha}", endpoint=hub.url, local_dir=tmp_path / "placed",
+                 cache_dir=tmp_path / "c", model=bf16, recompute=True,
+                 require_provenance="recomputed")
+    named = re.findall(r"`cubepack \w+ (\S+) ", str(refused.value))
+    assert named, str(refused.value)
+    for folder in named:
+        assert Path(folder).exists() or folder.startswith("ns/near"), \
+            f"the fix names {folder}, which pull deleted"
