@@ -1,0 +1,39 @@
+"""Round 30 (issue #30): a cache within the dtype's noise of the prefill, refused under
+`--require-provenance recomputed`, was reported as "expected recomputed, proved or signed,
+found recomputed (proved)": what was found reads as what was expected. The found side must
+say what fell short."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepack
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+
+from test_recompute import cube_with  # noqa: E402
+
+from data import PROMPT  # noqa: E402
+
+
+def test_a_near_cache_refusal_expects_what_it_found(tmp_path, zoo, models):
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import cache_from_layers
+
+    bf16 = models["a_as_bf16"]
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    with pytest.raises(cubepack.VerificationFailed) as refused:
+        cubepack.verify(cube, model=bf16, recompute=True, require_provenance="recomputed")
+    [check] = [c for c in refused.value.report.checks if c.name == "provenance"]
+    assert check.found != "recomputed (proved)"
+    assert "not bit for bit" in check.found
