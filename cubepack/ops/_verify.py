@@ -648,10 +648,13 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
     for item_id, entry in sorted(lock["activations"].items()):
         backing = report.provenance[item_id]
         ok = satisfies(backing, required)
-        label = f"{backing['kind']} ({backing['basis']}" + \
-            ("" if backing["full"] or backing["kind"] != RECOMPUTED else ", partial") + ")"
         near = (backing["basis"] == PROVED and backing["kind"] == RECOMPUTED
                 and backing["full"] and not backing.get("exact"))
+        # "found recomputed (proved)" against "expected recomputed, proved" read as a pass:
+        # say what fell short (not every position; not the prefill bit for bit).
+        label = f"{backing['kind']} ({backing['basis']}" + \
+            (", partial" if not backing["full"] and backing["kind"] == RECOMPUTED else
+             ", within the dtype's noise, not bit for bit" if near else "") + ")"
         fix = (f"the stored tensors are within the dtype's noise of the model's prefill, not "
                f"that prefill (inside the bound a cache can still steer an answer): write the "
                f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute`, or "
