@@ -1,0 +1,52 @@
+"""Round 30 (issue #30): a private cube whose cache is only within the dtype's noise of the
+producer's prefill, verified with its identity under `--recompute --require-provenance
+recomputed`, is refused with the fix `cubepack pack CUBE --model MODEL --recompute`. Pack
+refuses every private cube ("it is packed already ... pack its clear source"): the fix,
+followed literally, fails. For a private cube it must name what works (pack the clear source
+with --recompute, then encrypt again)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepack
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+
+from test_recompute import cube_with  # noqa: E402
+
+from data import PROMPT  # noqa: E402
+
+
+def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, models):
+    pyrage = pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
+    from cubepack.kv._recompute import TorchRuntime
+    from cubepack.kv._torch import cache_from_layers
+    from cubepack.ops._encrypt import encrypt
+
+    identity = pyrage.x25519.Identity.generate()
+    key = tmp_path / "alice.key"
+    key.write_text(f"# public key: {identity.to_public()}\n{identity}\n")
+    os.chmod(key, 0o600)
+    bf16 = models["a_as_bf16"]
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
+                     producer=cubepack.fingerprint(bf16))
+    encrypt(cube, [str(identity.to_public())])
+    with pytest.raises(cubepack.VerificationFailed) as refused:
+        cubepack.verify(cube, decrypt_with=key, model=bf16, recompute=True,
+                        require_provenance="recomputed")
+    fix = re.search(r"`cubepack pack (\S+) --model MODEL --recompute`", str(refused.value))
+    if fix is None:
+        return  # the fix names something else for a private cube
+    cubepack.pack(fix.group(1), model=bf16, recompute=True)  # followed literally
