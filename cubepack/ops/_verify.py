@@ -657,8 +657,10 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
              ", within the dtype's noise, not bit for bit" if near else "") + ")"
         fix = (f"the stored tensors are within the dtype's noise of the model's prefill, not "
                f"that prefill (inside the bound a cache can still steer an answer): write the "
-               f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute`, or "
-               "load with recompute=True (a recomputing load uses its own prefill)" if near else
+               f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute` (a "
+               "private cube, which pack refuses: pack its clear source so, then `cubepack "
+               "encrypt` it again), or load with recompute=True (a recomputing load uses its "
+               "own prefill)" if near else
                f"prove it with `cubepack verify {report.cube_dir} --recompute --model MODEL "
                f"--require-provenance {required}` (MODEL: the producer; every position), or "
                "verify a cube whose trusted signer established it (--trusted-key; a signer "

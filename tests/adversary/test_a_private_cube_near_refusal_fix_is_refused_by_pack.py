@@ -47,6 +47,9 @@ def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, model
         cubepack.verify(cube, decrypt_with=key, model=bf16, recompute=True,
                         require_provenance="recomputed")
     fix = re.search(r"`cubepack pack (\S+) --model MODEL --recompute`", str(refused.value))
-    if fix is None:
-        return  # the fix names something else for a private cube
-    cubepack.pack(fix.group(1), model=bf16, recompute=True)  # followed literally
+    assert fix is not None, str(refused.value)
+    with pytest.raises(cubepack.UsageError, match="is a private cube"):
+        cubepack.pack(fix.group(1), model=bf16, recompute=True)  # followed literally
+    # ... so the fix must say what works for a private cube
+    assert "private cube, which pack refuses: pack its clear source" in str(refused.value)
+    assert "`cubepack encrypt` it again" in str(refused.value)
