@@ -139,7 +139,7 @@ class Recomputation:
 
     item_id: str
     positions: int  # positions compared
-    total: int  # positions the cache holds (its token count)
+    total: int  # positions the cache covers (its token count)
     max_abs_error: float
     max_rel_error: float
     #: the worst ``max |stored - fresh| / bound`` over layers and positions (<= 1 passes)
@@ -161,6 +161,9 @@ class Recomputation:
     #: tensors (a prefill this process ran is a proof; stored tensors within a bound are still
     #: a claim, and a bound on tensors cannot bind an answer: docs/explanation/proof-bound.md).
     layers: list[tuple] | None = field(default=None, repr=False, compare=False)
+    #: positions the stored layers hold (None: every one of ``total``); fewer when every layer
+    #: slides: a position no layer keeps is not in the cache, so there is nothing to compare
+    held: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -168,12 +171,14 @@ class Recomputation:
 
     @property
     def full(self) -> bool:
-        """Every position was compared: only this proves a cache ``recomputed``."""
-        return self.positions == self.total
+        """Every position the cache holds was compared: only this proves it ``recomputed``.
+        (A model whose every layer slides keeps only its last window: counting the positions
+        it dropped called an all-positions check of it partial, so it could never be proved.)"""
+        return self.positions == (self.total if self.held is None else self.held)
 
     def to_dict(self) -> dict[str, Any]:
         return {"item_id": self.item_id, "positions": self.positions, "total": self.total,
-                "full": self.full, "seed": self.seed, "max_abs_error": self.max_abs_error,
+                "full": self.full, "held": self.held, "seed": self.seed, "max_abs_error": self.max_abs_error,
                 "max_rel_error": self.max_rel_error, "max_noise_ratio": self.max_noise_ratio,
                 "noise_factor": NOISE_FACTOR, "referenced": self.referenced,
                 "reference_skipped": self.reference_skipped,
@@ -426,6 +431,9 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
                            referenced=fresh.reference_layers is not None,
                            first_difference=comparison.first, detail=detail,
                            reference_skipped=fresh.reference_skipped)
+    held = len(set().union(*(range(total - keys.shape[-2], total)
+                             for _, total, keys, _ in stored)))
+    result.held = held if held < len(ids) else None
     if result.first_difference is None:
         _compare_behaviour(runtime, stored, fresh, rng, kv_dtype, result)
     return result
@@ -664,7 +672,9 @@ def _greedy(runtime: Any, layers: list[tuple], last_logits: Any, batch: int) -> 
 
 
 def describe(result: Recomputation) -> str:
-    scope = (f"all {result.positions} positions" if result.full else
+    scope = (f"all {result.positions} positions" + (
+        f" the cache holds (of {result.total}: every layer slides)" if result.held else "")
+             if result.full else
              f"{result.positions} of {result.total} positions (sampled, seed {result.seed})")
     against = ("the dtype's noise measured against a float32 recomputation" if result.referenced
                else f"the layer-wide tolerance, weaker: {result.reference_skipped}"
