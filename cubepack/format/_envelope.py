@@ -25,14 +25,19 @@ from ._lock import KINDS, PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, RECOMPUTED
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-#: The predicate this module writes (version 2: each statement in a proved or claimed block).
-PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v2"
+#: The predicate this module writes (version 3: each statement in a proved or claimed block;
+#: a ``recomputed`` label is in the proved block only for a cache that was its signer's own
+#: prefill bit for bit). Version 2 has the same shape, but its signers put there any cache
+#: within the proof's bound, which does not bind an answer: its ``recomputed`` statements are
+#: read as claims (:func:`cubepack.trust._attestation.signed_statements`).
+PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v3"
+PREDICATE_TYPE_V2 = "https://cubepack.dev/attestation/cube/v2"
 #: The two blocks of a version-2 predicate, named after the basis each statement has for its
 #: signer (what the verifier makes of them is :mod:`cubepack.trust._evidence`'s to decide).
 PROVED_BLOCK, CLAIMED_BLOCK = "proved", "claimed"
 #: The first version (one "proved" block restating the lock): read, as claims only.
 PREDICATE_TYPE_V1 = "https://cubepack.dev/attestation/cube/v1"
-PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V1)
+PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V2, PREDICATE_TYPE_V1)
 #: The steps that sign, and the only one that derives a lineage.
 STEPS = ("pack", "migrate", "sign")
 DERIVING_STEP = "migrate"
@@ -77,7 +82,7 @@ class Envelope:
 
     @property
     def version(self) -> int:
-        return 1 if self.statement["predicateType"] == PREDICATE_TYPE_V1 else 2
+        return PREDICATE_TYPES[::-1].index(self.statement["predicateType"]) + 1
 
     def parent(self) -> tuple[dict[str, Any] | None, bool]:
         """(the parent link this envelope states, whether its signer derived it). A root
@@ -214,7 +219,8 @@ def _check_statement(statement: Any, where: str) -> None:
     _exact(statement, {"_type", "subject", "predicateType", "predicate"}, where)
     _require(statement["_type"] == STATEMENT_TYPE, where, f"_type must be {STATEMENT_TYPE}")
     _require(statement["predicateType"] in PREDICATE_TYPES, where,
-             f"predicateType must be {PREDICATE_TYPE} (or the older {PREDICATE_TYPE_V1}), found "
+             f"predicateType must be {PREDICATE_TYPE} (or the older {PREDICATE_TYPE_V2} or "
+             f"{PREDICATE_TYPE_V1}), found "
              f"{_short(statement['predicateType'])}")
     subject = statement["subject"]
     _require(isinstance(subject, list) and len(subject) == 1, where,

@@ -138,6 +138,12 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                     require_checked_models(report)
                 report.cube_dir = Path(f"{repo_id}@{sha}")
                 if not report.ok:
+                    # A fix a check wrote names the folder verify was given: pull's staging
+                    # folder, removed with this refusal. Name what the user can act on.
+                    for check in report.failures:
+                        check.detail = check.detail.replace(
+                            str(staging), f"{target} (pull it first without the requirement "
+                                          "that failed; nothing was placed)")
                     _evict_corrupt_files(report, snapshot)
                     raise VerificationFailed(report)
                 report.cube_dir = target

@@ -246,12 +246,15 @@ def key_id(public_key: str | os.PathLike[str]) -> str:
 
 def signed_statements(envelope: Envelope, key: str) -> Signed:
     """What ``envelope``'s signer states it proved, once ``key`` verified it: its ``proved``
-    block (version 2); nothing for version 1, whose "proved" restated the lock."""
+    block (versions 3 and 2, a version 2 `recomputed` read as a claim); nothing for version 1,
+    whose "proved" restated the lock."""
     if envelope.version == 1:
         return Signed(key)
     proved = envelope.predicate[PROVED_BLOCK]
-    return Signed(key, frozenset(proved["producers"]), dict(proved["provenance"]),
-                  proved["lineage"])
+    provenance = dict(proved["provenance"])
+    if envelope.version == 2:  # signed under the bound alone: its `recomputed` binds nothing
+        provenance = {item: kind for item, kind in provenance.items() if kind != RECOMPUTED}
+    return Signed(key, frozenset(proved["producers"]), provenance, proved["lineage"])
 
 
 # --- checking -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from helpers import make_key, reseal_lock  # noqa: E402
 
 
 def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
-        tmp_path, zoo, models):
+        tmp_path, zoo, models, monkeypatch):
     pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
     from cubepack.kv._recompute import TorchRuntime
     from cubepack.kv._torch import cache_from_layers
@@ -55,6 +55,16 @@ def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
     # What `sign --recompute` stated before the exact rule: every fully recomputed item.
     before = Proved(today.step, today.producers, frozenset({"item-1"}), lineage=False)
     private, public = make_key(tmp_path, "old-signer")
-    write_signature(cube, private, before)
+    from cubepack.format._envelope import PREDICATE_TYPE_V2
+    from cubepack.trust import _attestation
+
+    with monkeypatch.context() as old:  # the predicate type cubepack wrote then
+        old.setattr(_attestation, "PREDICATE_TYPE", PREDICATE_TYPE_V2)
+        write_signature(cube, private, before)
+    # Fixed: cubepack now writes predicate version 3; a version-2 `recomputed` is read as a
+    # claim, so the old signer's statement satisfies nothing here...
     with pytest.raises(cubepack.VerificationFailed, match="recomputed"):
         cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
+    # ...while what it still proves holds (the producer it fingerprinted: recorded, signed).
+    assert cubepack.verify(cube, require_provenance="recorded", trusted_keys=[public],
+                           raise_on_failure=False).provenance["item-1"]["basis"] == "claimed"

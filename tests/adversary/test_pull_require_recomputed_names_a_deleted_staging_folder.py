@@ -45,6 +45,9 @@ def test_pull_require_recomputed_names_a_deleted_staging_folder(tmp_path, zoo, m
                  require_provenance="recomputed")
     named = re.findall(r"`cubepack \w+ (\S+) ", str(refused.value))
     assert named, str(refused.value)
+    # Fixed: the fix names the folder the user asked for, and says to pull into it first
+    # (nothing was placed); never pull's staging folder, removed with the refusal.
     for folder in named:
-        assert Path(folder).exists() or folder.startswith("ns/near"), \
-            f"the fix names {folder}, which pull deleted"
+        assert folder == str(tmp_path / "placed"), f"the fix names {folder}"
+    assert "pull it first without the requirement that failed" in str(refused.value)
+    assert not (tmp_path / "placed").exists()
