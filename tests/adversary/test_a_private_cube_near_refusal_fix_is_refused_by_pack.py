@@ -18,15 +18,11 @@ import cubepack
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
 
-from test_recompute import cube_with  # noqa: E402
-
-from data import PROMPT  # noqa: E402
+from test_recompute import near_cube  # noqa: E402
 
 
 def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, models):
     pyrage = pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
-    from cubepack.kv._recompute import TorchRuntime
-    from cubepack.kv._torch import cache_from_layers
     from cubepack.ops._encrypt import encrypt
 
     identity = pyrage.x25519.Identity.generate()
@@ -34,14 +30,7 @@ def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, model
     key.write_text(f"# public key: {identity.to_public()}\n{identity}\n")
     os.chmod(key, 0o600)
     bf16 = models["a_as_bf16"]
-    nudged = []
-    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
-        keys = keys.clone()
-        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
-            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
-        nudged.append((kind, total, keys, values))
-    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
-                     producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
     encrypt(cube, [str(identity.to_public())])
     with pytest.raises(cubepack.VerificationFailed) as refused:
         cubepack.verify(cube, decrypt_with=key, model=bf16, recompute=True,

@@ -21,30 +21,20 @@ import cubepack
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
 
-from test_recompute import cube_with  # noqa: E402
+from test_recompute import near_cube  # noqa: E402
 
-from data import PROMPT  # noqa: E402
 from helpers import make_key, reseal_lock  # noqa: E402
 
 
 def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
         tmp_path, zoo, models, monkeypatch):
     pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
-    from cubepack.kv._recompute import TorchRuntime
-    from cubepack.kv._torch import cache_from_layers
     from cubepack.ops._sign import proved_by
     from cubepack.trust._attestation import Proved
     from cubepack.trust._signing import write_signature
 
     bf16 = models["a_as_bf16"]
-    nudged = []
-    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
-        keys = keys.clone()
-        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
-            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
-        nudged.append((kind, total, keys, values))
-    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
-                     producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
 
     def claim(lock):
         lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "packed"}

@@ -18,24 +18,15 @@ from cubepack.testing.hub import InstrumentedHub
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
 
-from test_recompute import cube_with  # noqa: E402
+from test_recompute import near_cube  # noqa: E402
 
-from data import HUB_TOKEN, PROMPT  # noqa: E402
+from data import HUB_TOKEN  # noqa: E402
 
 
 def test_pull_require_recomputed_names_a_deleted_staging_folder(tmp_path, zoo, models):
-    from cubepack.kv._recompute import TorchRuntime
-    from cubepack.kv._torch import cache_from_layers
 
     bf16 = models["a_as_bf16"]
-    nudged = []
-    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
-        keys = keys.clone()
-        if index == 0:  # one bf16 step: inside the proof's bound, not the prefill
-            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
-        nudged.append((kind, total, keys, values))
-    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
-                     producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
     with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as hub:
         sha = push(cube, "ns/near", endpoint=hub.url, token=HUB_TOKEN,
                    allow_local_paths=True).commit_sha

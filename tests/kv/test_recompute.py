@@ -45,6 +45,21 @@ def cube_with(tmp_path, zoo, model, *, cache=None, ids=PROMPT, name="cube", prod
     return cube
 
 
+def near_cube(tmp_path, zoo, model, **options):
+    """A packed cube of ``model``'s (bf16) own prefill with one value of layer 0 moved by one
+    bf16 step: inside the proof's bound (it passes --recompute), not the prefill bit for bit."""
+    from cubepack.kv._recompute import TorchRuntime
+
+    nudged = []
+    for index, (kind, total, keys, values) in enumerate(TorchRuntime(model).prefill_layers(PROMPT)):
+        keys = keys.clone()
+        if index == 0:
+            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
+        nudged.append((kind, total, keys, values))
+    return cube_with(tmp_path, zoo, model, cache=cache_from_layers(nudged, model.config),
+                     producer=cubepack.fingerprint(model), **options)
+
+
 def relock(cube):
     from cubepack._util import hashing
 
@@ -425,15 +440,7 @@ def test_pack_recompute_writes_the_prefill_it_ran_not_the_stored_tensors_it_matc
 
     bf16 = models["a_as_bf16"]
     honest = TorchRuntime(bf16).prefill_layers(PROMPT)
-    nudged = []
-    for index, (kind, total, keys, values) in enumerate(honest):
-        keys = keys.clone()
-        if index == 0:
-            flat = keys.view(-1)
-            flat[7] = (flat[7].float() * (1 + 2 ** -7)).to(keys.dtype)  # one bf16 step
-        nudged.append((kind, total, keys, values))
-    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
-                     producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
     before = [layer[2].clone() for layer in mapped_layers(read_kv_header(cube / ITEM))]
     assert not torch.equal(before[0], honest[0][2])  # the nudge is in the file
     cubepack.pack(cube, model=bf16, recompute=True)
@@ -453,19 +460,11 @@ def test_a_signer_states_recomputed_only_for_a_cache_that_is_its_own_prefill_bit
     a claim, not as proved, so `--require-provenance recomputed` trusting the signer refuses
     it; a load would use the stored bytes, which the bound does not bind."""
     pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
-    from cubepack.kv._recompute import TorchRuntime
 
     from helpers import make_key
 
     bf16 = models["a_as_bf16"]
-    nudged = []
-    for index, (kind, total, keys, values) in enumerate(TorchRuntime(bf16).prefill_layers(PROMPT)):
-        keys = keys.clone()
-        if index == 0:
-            keys.view(-1)[7] = (keys.view(-1)[7].float() * (1 + 2 ** -7)).to(keys.dtype)
-        nudged.append((kind, total, keys, values))
-    cube = cube_with(tmp_path, zoo, bf16, cache=cache_from_layers(nudged, bf16.config),
-                     producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
 
     def claim(lock):
         lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "forged"}
