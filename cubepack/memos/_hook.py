@@ -35,6 +35,7 @@ from ..ops._encrypt import encrypt
 from ..ops._private import is_private, open_private
 from ..ops._verify import verify
 from ..trust._age import identity_path
+from ..trust._evidence import RECOMPUTED
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube
@@ -465,9 +466,13 @@ def _refuse_unpacked(folder: Path, state: str, current: TrustPolicy) -> None:
         raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
                              "signature or attestation, and the hook requires one; pack and "
                              "sign it (cubepack pack --sign-key) or load it with another install.")
+    # Recomputing proves what a lock would have: `recomputed` only when every position is
+    # (a sampled check, recompute_tokens, proves `recorded`, as it does for a packed cube).
+    provable = current.recompute and (current.require_provenance != RECOMPUTED
+                                      or current.recompute_tokens is None)
     unmet = [name for name, asked in (
         ("strict_models", current.strict_models),
-        ("require_provenance", current.require_provenance and not current.recompute)) if asked]
+        ("require_provenance", current.require_provenance and not provable)) if asked]
     if unmet:
         raise RefusedError(f"{folder} holds no cubepack.lock, so it pins no model and records no "
                            f"provenance, and the hook requires {' and '.join(unmet)}; pack it "

@@ -317,6 +317,21 @@ def test_an_unpacked_folder_is_refused_when_signatures_are_required(zoo, tmp_pat
         hook.uninstall()
 
 
+def test_an_unpacked_folder_with_a_sampled_recompute_cannot_meet_recomputed(zoo, tmp_path):
+    """As for a packed cube, a sampled recompute proves `recorded`, never `recomputed`: an
+    unpacked folder under require_provenance="recomputed" with recompute_tokens is refused
+    (it was loaded, the requirement never applied); with every position it loads."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    GeneralMemCube(memos_config(zoo["a"])).dump(str(tmp_path / "unpacked"))
+    hook.install(recompute=True, recompute_tokens=2, require_provenance="recomputed")
+    try:
+        with pytest.raises(cubepack.RefusedError, match="require_provenance"):
+            GeneralMemCube.init_from_dir(str(tmp_path / "unpacked"))
+    finally:
+        hook.uninstall()
+
+
 def test_a_lock_that_is_not_a_regular_file_is_refused(installed, published, zoo, tmp_path):
     import shutil as shell
 
