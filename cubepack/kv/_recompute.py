@@ -431,8 +431,10 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
                            referenced=fresh.reference_layers is not None,
                            first_difference=comparison.first, detail=detail,
                            reference_skipped=fresh.reference_skipped)
+    # What the model keeps (its own prefill's layers), never what the stored cache says it
+    # keeps: a stored cache holding fewer positions must not make a tail check "full".
     held = len(set().union(*(range(total - keys.shape[-2], total)
-                             for _, total, keys, _ in stored)))
+                             for _, total, keys, _ in fresh.layers)))
     result.held = held if held < len(ids) else None
     if result.first_difference is None:
         _compare_behaviour(runtime, stored, fresh, rng, kv_dtype, result)

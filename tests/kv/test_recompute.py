@@ -480,3 +480,19 @@ def test_a_signer_states_recomputed_only_for_a_cache_that_is_its_own_prefill_bit
     cubepack.sign(cube, private, model=bf16, recompute=True)
     signed = cubepack.verify(cube, require_provenance="recomputed", trusted_keys=[public])
     assert signed.provenance["item-1"]["basis"] == "signed"
+
+
+def test_a_stored_cache_holding_fewer_positions_is_never_a_full_check(models):
+    """Which positions a check must cover is what the model keeps (its own prefill), never
+    what the stored cache holds: a full-attention cache cut to its last 3 positions (as a
+    layer list from a pickle could be) compares those 3 and is not `full`, so it can prove
+    `recorded` at most."""
+    from cubepack.kv._recompute import TorchRuntime, recompute_layers
+
+    model = models["a"]
+    honest = TorchRuntime(model).prefill_layers(PROMPT)
+    cut = [(kind, total, keys[..., -3:, :], values[..., -3:, :])
+           for kind, total, keys, values in honest]
+    result = recompute_layers(model, cut, "float32", list(PROMPT), "item-1")
+    assert result.positions == 3 and not result.full
+    assert recompute_layers(model, honest, "float32", list(PROMPT), "item-1").full
