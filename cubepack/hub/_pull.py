@@ -141,9 +141,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                     # A fix a check wrote names the folder verify was given: pull's staging
                     # folder, removed with this refusal. Name what the user can act on.
                     for check in report.failures:
-                        check.detail = check.detail.replace(
-                            str(staging), f"{target} (pull it first without the requirement "
-                                          "that failed; nothing was placed)")
+                        if str(staging) in check.detail:
+                            check.detail = (check.detail.replace(str(staging), str(target))
+                                            + f" (nothing was placed at {target}: pull it "
+                                            "first without the requirement that failed)")
                     _evict_corrupt_files(report, snapshot)
                     raise VerificationFailed(report)
                 report.cube_dir = target

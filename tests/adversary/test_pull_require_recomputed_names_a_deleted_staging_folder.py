@@ -41,4 +41,6 @@ def test_pull_require_recomputed_names_a_deleted_staging_folder(tmp_path, zoo, m
     for folder in named:
         assert folder == str(tmp_path / "placed"), f"the fix names {folder}"
     assert "pull it first without the requirement that failed" in str(refused.value)
+    # and the command stays one a user can paste
+    assert f"`cubepack pack {tmp_path / 'placed'} --model MODEL --recompute`" in str(refused.value)
     assert not (tmp_path / "placed").exists()
