@@ -68,6 +68,10 @@ SCALES = (0.9, 3.0, 10.0, 30.0)
 #: The weights of the proof's statistics against the answer's margin in the attacker's loss,
 #: one per restart (the first restart starts from the honest cache, the others near it).
 WEIGHTS = (4.0, 1.0, 16.0, 64.0)
+#: The control's budgets, as multiples of today's layer-wide tolerance: every one is inside
+#: today's bound, and the small ones are what keep the random probes quiet (a perturbation at
+#: the full tolerance moves every probe; the smallest that flips the answer moves them least).
+OLD_SCALES = (0.01, 0.03, 0.1, 0.3, 0.95)
 
 
 def main() -> None:
@@ -122,6 +126,8 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
         module.requires_grad_(False)
     counted = honest = 0
     control_flipped, new_passing_flips, new_flips_refused, loaded_flips = 0, 0, 0, 0
+    required_passing = 0
+    answers_breached = 0  # answers with at least one flipping perturbation passing the bound
     margins: list[float] = []
     for number, (memory, question) in enumerate(cases):
         fresh = Prefill.of(runtime, memory)
@@ -133,18 +139,28 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
         answer, noise = found
         counted += 1
         old = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=False,
-                      scales=(0.95,), singles=False, restarts=4)
+                      scales=OLD_SCALES, singles=False, restarts=4)
         control_flipped += any(flip and _old_check(runtime, fresh, cand, dtype, number)
-                               for _, flip, cand in old[0.95])
+                               for scale in OLD_SCALES for _, flip, cand in old[scale])
         if control_only:
             print(f"  [{dtype} prompt {number}: control {control_flipped}/{counted}]", flush=True)
             continue
+        breached_before = new_passing_flips
+        # Every position free at every scale (4 restarts), each single position at 0.9x (2
+        # restarts: the scale the goal is about; 33 candidates a restart).
         new = _attack(model, reference, fresh, question, answer, noise, dtype, steps, new=True,
-                      scales=SCALES, restarts=2)
+                      scales=SCALES, singles=False, restarts=4)
+        singles = _attack(model, reference, fresh, question, answer, noise, dtype, steps,
+                          new=True, scales=(SCALES[0],), singles=True, restarts=2)
+        new[SCALES[0]] = new[SCALES[0]] + singles[SCALES[0]]
         for scale in SCALES:
             for where, flip, cand in new[scale]:
                 if flip:
-                    ok = check_layers(runtime, fresh, cand, dtype, "attack", seed=number).ok
+                    checked = check_layers(runtime, fresh, cand, dtype, "attack", seed=number)
+                    ok = checked.ok
+                    # --require-provenance recomputed: the stored tensors must be the prefill
+                    # bit for bit (trust/_evidence.satisfies).
+                    required_passing += checked.ok and checked.full and checked.identical
                     new_passing_flips += ok
                     if ok:
                         print(f"  passing flip: prompt {number}, scale {scale}, "
@@ -156,6 +172,7 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
                         loaded_flips += bool(_judge(model, handed.layers, question, answer,
                                                     noise, dtype)[0][0])
                     new_flips_refused += not ok
+        answers_breached += new_passing_flips > breached_before
         margins.append(next((s for s in SCALES if any(f for _, f, _ in new[s])), float("inf")))
         print(f"  [{dtype} prompt {number}: {time.perf_counter() - started:.0f} s]", flush=True)
     print(f"\n{dtype}: {counted} of {len(cases)} answers counted (the honest cache and float32 "
@@ -164,11 +181,15 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
     share = control_flipped / counted if counted else 0.0
     print(f"  today's bound (control): attacker flips and passes on {control_flipped}/{counted} "
           f"answers ({share:.0%}; goal >= 80% where today's bound is weak)")
-    print(f"  new bound (verify --recompute, the stored bytes judged): {new_passing_flips} "
-          f"flipping perturbations pass (goal 0); {new_flips_refused} flipping perturbations "
+    print(f"  new bound alone (verify --recompute; a pass within the bound is reported \"within "
+          f"the dtype's noise\" and establishes only recorded): {new_passing_flips} flipping "
+          f"perturbations pass ({answers_breached} of {counted} answers), {new_flips_refused} "
           "refused")
+    print(f"  verify --recompute --require-provenance recomputed (the issue's command; the "
+          f"prefill bit for bit): {required_passing} flipping perturbations pass (goal 0)")
     print(f"  a load that recomputes (the caller gets its own prefill): {loaded_flips} of the "
-          f"{new_passing_flips} passing perturbations flip the answer it gives")
+          f"{new_passing_flips} perturbations passing the bound flip the answer it gives "
+          "(goal 0)")
     finite = [m for m in margins if m != float("inf")]
     never = len(margins) - len(finite)
     print(f"  detection margin: the attacker first flips an answer at "
@@ -382,32 +403,35 @@ def _old_check(runtime, fresh: Prefill, stored, dtype: str, seed: int) -> bool:
 
 
 def _cost(root: Path, *, quick: bool) -> None:
-    """``verify --recompute`` (the dtype's prefill, the float32 reference prefill for half
-    precision, the comparisons and the probes) against one plain prefill in the dtype, same
-    device (this CPU), best of 3."""
-    layers, hidden, tokens = (2, 64, 64) if quick else (4, 256, 512)
+    """``verify --recompute`` (``recompute_layers``: the dtype's prefill, then the comparison;
+    the float32 reference prefill and the probes only for a cache that is not the prefill bit
+    for bit) against one plain prefill in the dtype, same device (this CPU), best of 3: for a
+    cache of the same kernel (eager, as the verifier: the common honest case) and one of
+    another kernel (SDPA: the whole proof)."""
+    layers, hidden, tokens = (2, 64, 64) if quick else (8, 512, 1024)
     folder = tiny.build_model(root / "cost-model", llama_config(layers, hidden), seed=0,
                               tokenizer=tiny.build_tokenizer())
-    ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))
+    ids = torch.randint(2, tiny.VOCAB_SIZE, (1, tokens))[0].tolist()
     print(f"\ncost: Llama {layers} layers, hidden {hidden}, {tokens} tokens")
     for dtype in DTYPES:
-        model = tiny.load(folder, dtype=getattr(torch, dtype))
-        runtime = TorchRuntime(model)
-        stored = runtime.prefill_layers(ids[0].tolist())
+        model = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="eager")
+        other = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+        stored = {"same kernel": TorchRuntime(model).prefill_layers(ids),
+                  "another kernel": TorchRuntime(other).prefill_layers(ids)}
 
         def plain():
             with torch.no_grad():
-                model(ids, use_cache=True)
+                model(torch.tensor([ids]), use_cache=True)
 
-        def proof():
-            fresh = Prefill.of(runtime, ids[0].tolist())
-            assert check_layers(runtime, fresh, stored, dtype, "cost", seed=0).ok
+        base = best_of(plain, 3)
+        for kind, layers_ in stored.items():
+            def proof(layers_=layers_):
+                assert recompute_layers(model, layers_, dtype, ids, "cost", seed=0).ok
 
-        plain()
-        proof()  # warm up, and make the float32 copy once (kept while the model lives)
-        base, checked = best_of(plain, 3), best_of(proof, 3)
-        print(f"  {dtype:9s} plain prefill {base * 1e3:8.1f} ms, recompute {checked * 1e3:8.1f} "
-              f"ms: ratio {checked / base:.2f}x (goal <= 1.3x)")
+            proof()  # warm up, and make the float32 copy once (kept while the model lives)
+            checked = best_of(proof, 3)
+            print(f"  {dtype:9s} {kind:14s} plain prefill {base * 1e3:7.1f} ms, recompute "
+                  f"{checked * 1e3:7.1f} ms: ratio {checked / base:.2f}x (goal <= 1.3x)")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ than noise of the same size (n: the values moved), so the attacker still finds p
 What binds the answer is the prefill itself: a load that recomputes hands its caller
 ``Recomputation.layers`` (this runtime's prefill), never the stored tensors.
 
+A full check of a cache that is the prefill bit for bit (:func:`identical`) stops there: no
+bound or probe can tell identical tensors apart, and the float32 reference (for half precision
+the larger part of the cost) is never made (:meth:`Prefill.of` with ``lazy``).
+
 A partial check (``sample=k``) compares ``k`` positions drawn at random by the verifier (seeded;
 the seed is reported so a run can be repeated) across the whole length, always including the
 last position and positions inside every sliding layer's kept window. It costs a full prefill
@@ -164,6 +168,8 @@ class Recomputation:
     #: positions the stored layers hold (None: every one of ``total``); fewer when every layer
     #: slides: a position no layer keeps is not in the cache, so there is nothing to compare
     held: int | None = None
+    #: the stored tensors are the recomputed prefill bit for bit (no bound, no probe ran)
+    identical: bool = False
 
     @property
     def ok(self) -> bool:
@@ -185,7 +191,8 @@ class Recomputation:
                 "max_logit_error": self.max_logit_error,
                 "max_logit_ratio": self.max_logit_ratio, "probes": self.probes,
                 "greedy": self.greedy, "seconds": round(self.seconds, 4), "ok": self.ok,
-                "first_difference": self.first_difference, "detail": self.detail}
+                "first_difference": self.first_difference, "detail": self.detail,
+                "identical": self.identical}
 
 
 @dataclass
@@ -364,7 +371,7 @@ def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[i
         raise CubepackError(f"Activation {item_id!r} records no token_ids, so it cannot be "
                             "recomputed; pack it from a source that records them.")
     started = time.perf_counter()
-    fresh = Prefill.of(runtime, list(ids))
+    fresh = Prefill.of(runtime, list(ids), lazy=True)
     result = check_layers(runtime, fresh, stored, kv_dtype, item_id, sample=sample, seed=seed)
     result.seconds = time.perf_counter() - started
     result.layers = fresh.layers
@@ -385,14 +392,28 @@ class Prefill:
     #: why a half-precision cache has no float32 reference (the layer-wide rule then applies)
     reference_skipped: str | None = None
 
+    #: the runtime whose float32 reference is still to be made (:meth:`of` with ``lazy``)
+    pending: Any = field(default=None, repr=False)
+
     @classmethod
-    def of(cls, runtime: Any, ids: list[int]) -> "Prefill":
+    def of(cls, runtime: Any, ids: list[int], *, lazy: bool = False) -> "Prefill":
+        """``lazy``: the float32 reference prefill is made only when a check needs it
+        (:meth:`ensure_reference`): a stored cache that is this prefill bit for bit needs
+        none, and for half precision it is the larger part of the cost."""
         layers, last = runtime.prefill(ids)
-        reference = runtime.reference() if hasattr(runtime, "reference") else None
-        reference_layers, reference_logits = (reference.prefill(ids) if reference is not None
-                                              else (None, None))
-        return cls(ids, layers, last, reference, reference_layers, reference_logits,
-                   getattr(runtime, "reference_skipped", None))
+        fresh = cls(ids, layers, last, pending=runtime)
+        if not lazy:
+            fresh.ensure_reference()
+        return fresh
+
+    def ensure_reference(self) -> None:
+        runtime, self.pending = self.pending, None
+        if runtime is None or not hasattr(runtime, "reference"):
+            return
+        self.reference = runtime.reference()
+        self.reference_skipped = getattr(runtime, "reference_skipped", None)
+        if self.reference is not None:
+            self.reference_layers, self.reference_logits = self.reference.prefill(self.ids)
 
 
 def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: str,
@@ -403,6 +424,19 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
     seed = secrets.randbits(32) if seed is None else seed
     rng = random.Random(seed)
     ids = fresh.ids
+    # What the model keeps (its own prefill's layers), never what the stored cache says it
+    # keeps: a stored cache holding fewer positions must not make a tail check "full".
+    held = len(set().union(*(range(total - keys.shape[-2], total)
+                             for _, total, keys, _ in fresh.layers)))
+    if sample is None and identical(fresh.layers, stored):
+        # The stored tensors ARE this prefill: every continuation of them is this model's,
+        # step for step, so neither a bound nor a probe can add anything (and the float32
+        # reference, the larger part of the cost, is never made).
+        result = Recomputation(item_id, held, len(ids), 0.0, 0.0, 0.0, 0.0,
+                               identical=True)
+        result.held = held if held < len(ids) else None
+        return result
+    fresh.ensure_reference()
     wanted = _positions(len(ids), sample, stored, rng)
     comparison = _Comparison()
     references = fresh.reference_layers or [None] * len(fresh.layers)
@@ -431,14 +465,28 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
                            referenced=fresh.reference_layers is not None,
                            first_difference=comparison.first, detail=detail,
                            reference_skipped=fresh.reference_skipped)
-    # What the model keeps (its own prefill's layers), never what the stored cache says it
-    # keeps: a stored cache holding fewer positions must not make a tail check "full".
-    held = len(set().union(*(range(total - keys.shape[-2], total)
-                             for _, total, keys, _ in fresh.layers)))
     result.held = held if held < len(ids) else None
     if result.first_difference is None:
         _compare_behaviour(runtime, stored, fresh, rng, kv_dtype, result)
     return result
+def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
+    """Are the stored layers these, bit for bit: the same layer types, lengths, shapes,
+    dtypes and values (NaN never equals itself, so a NaN is never identical)?"""
+    import torch
+
+    if len(fresh) != len(stored):
+        return False
+    for (kind, total, keys, values), (s_kind, s_total, s_keys, s_values) in zip(fresh, stored):
+        if kind != s_kind or total != s_total:
+            return False
+        for mine, theirs in ((keys, s_keys), (values, s_values)):
+            if (not isinstance(theirs, torch.Tensor) or mine.shape != theirs.shape
+                    or mine.dtype != theirs.dtype
+                    or not torch.equal(mine, theirs.to(mine.device))):
+                return False
+    return True
+
+
 def require_recomputed_here(runtime: Any, info: KVFileInfo,
                             stored: list[tuple] | None = None, *, always: bool = False,
                             sample: int | None = None,
@@ -682,6 +730,9 @@ def describe(result: Recomputation) -> str:
                else f"the layer-wide tolerance, weaker: {result.reference_skipped}"
                if result.reference_skipped
                else "the dtype's rounding floor")
+    if result.ok and result.identical:
+        return (f"recomputed {scope}: the stored tensors are this prefill bit for bit (no "
+                "bound or probe needed: identical caches answer identically)")
     if result.ok:
         return (f"recomputed {scope}: max abs error {result.max_abs_error:.3g}, at most "
                 f"{result.max_noise_ratio:.3g} of each position's bound ({against}); "

@@ -411,13 +411,14 @@ def test_without_room_for_the_float32_copy_the_proof_says_it_fell_back_to_the_la
     28 GB for a 7B bf16 model). Where it would not fit, the proof does not exhaust the device:
     it runs the layer-wide rule and says so, with the sizes, in its report (a weaker proof,
     never a silent one); an honest cache still passes, and a load that recomputes still hands
-    back its own prefill."""
+    back its own prefill. (The cache is one bf16 step off its prefill: one bit for bit needs
+    no reference at all.)"""
     from cubepack.kv import _recompute
 
     bf16 = models["a_as_bf16"]
     monkeypatch.setattr(_recompute, "_free_bytes", lambda device: 1024)  # 1 KB free
     monkeypatch.setattr(_recompute, "_REFERENCES", None)  # no copy made by an earlier test
-    cube = cube_with(tmp_path, zoo, bf16, producer=cubepack.fingerprint(bf16))
+    cube = near_cube(tmp_path, zoo, bf16)
     report = cubepack.verify(cube, model=bf16, recompute=True)
     [check] = checks(report, "recompute")
     assert check.ok, check.detail
@@ -496,3 +497,27 @@ def test_a_stored_cache_holding_fewer_positions_is_never_a_full_check(models):
     result = recompute_layers(model, cut, "float32", list(PROMPT), "item-1")
     assert result.positions == 3 and not result.full
     assert recompute_layers(model, honest, "float32", list(PROMPT), "item-1").full
+
+
+def test_a_cache_that_is_the_prefill_bit_for_bit_is_proved_without_the_float32_copy_or_probes(
+        tmp_path, zoo, models, monkeypatch):
+    """The common honest case (the cache came from this model, same kernel) costs one prefill
+    and a comparison: identical tensors answer every continuation identically, so the proof
+    makes no float32 copy and runs no probe, and says so. One bf16 step off (near_cube) runs
+    the whole proof."""
+    from cubepack.kv import _recompute
+
+    bf16 = models["a_as_bf16"]
+    monkeypatch.setattr(_recompute, "_REFERENCES", None)
+    report = cubepack.verify(cube_with(tmp_path / "same", zoo, bf16,
+                                       producer=cubepack.fingerprint(bf16)),
+                             model=bf16, recompute=True)
+    [check] = checks(report, "recompute")
+    assert check.ok and check.found["identical"] is True, check.detail
+    assert check.found["full"] is True and check.found["probes"] == []
+    assert "bit for bit" in check.detail
+    assert _recompute._REFERENCES is None or bf16 not in _recompute._REFERENCES
+    report = cubepack.verify(near_cube(tmp_path / "near", zoo, bf16), model=bf16, recompute=True)
+    [check] = checks(report, "recompute")
+    assert check.ok and check.found["identical"] is False, check.detail
+    assert check.found["referenced"] is True and len(check.found["probes"]) == 8
