@@ -428,7 +428,7 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
     # keeps: a stored cache holding fewer positions must not make a tail check "full".
     held = len(set().union(*(range(total - keys.shape[-2], total)
                              for _, total, keys, _ in fresh.layers)))
-    if sample is None and identical(fresh.layers, stored):
+    if (sample is None or sample >= len(ids)) and identical(fresh.layers, stored):
         # The stored tensors ARE this prefill: every continuation of them is this model's,
         # step for step, so neither a bound nor a probe can add anything (and the float32
         # reference, the larger part of the cost, is never made).
@@ -471,7 +471,8 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
     return result
 def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
     """Are the stored layers these, bit for bit: the same layer types, lengths, shapes,
-    dtypes and values (NaN never equals itself, so a NaN is never identical)?"""
+    dtypes and values (NaN never equals itself, so a NaN is never identical), sign bits
+    included (``==`` calls -0.0 and +0.0 equal: their bytes differ)?"""
     import torch
 
     if len(fresh) != len(stored):
@@ -481,8 +482,11 @@ def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
             return False
         for mine, theirs in ((keys, s_keys), (values, s_values)):
             if (not isinstance(theirs, torch.Tensor) or mine.shape != theirs.shape
-                    or mine.dtype != theirs.dtype
-                    or not torch.equal(mine, theirs.to(mine.device))):
+                    or mine.dtype != theirs.dtype):
+                return False
+            theirs = theirs.to(mine.device)
+            if not (torch.equal(mine, theirs)
+                    and torch.equal(torch.signbit(mine), torch.signbit(theirs))):
                 return False
     return True
 

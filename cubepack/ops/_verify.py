@@ -624,7 +624,7 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
             # recomputed: inside the bound, a stored cache can still steer an answer).
             reproduced[item_id] = {"full": result.full, "positions": result.positions,
                                    "total": result.total, "seed": result.seed,
-                                   "exact": result.full and result.max_abs_error == 0.0}
+                                   "exact": result.full and result.identical}
     return reproduced
 
 
