@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -71,3 +72,51 @@ def test_a_cache_with_a_flipped_zero_sign_is_not_proved_recomputed_bit_for_bit(t
     [check] = [c for c in report.checks if c.name == "recompute"]
     assert check.found["identical"] is False, check.detail
     assert report.provenance["item-1"].get("exact") is False, report.provenance["item-1"]
+
+
+def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsys, tmp_path):
+    """bench/proof_attack.py reports "0 flipping perturbations pass --require-provenance
+    recomputed" and "0 flip what a recomputing load answers", but computes both itself:
+    ``checked.identical`` (a flip changed the tensors, so never identical: 0 by construction)
+    and ``recompute_layers(...).layers`` (the prefill, whatever was stored: 0 by construction).
+    Neither asks the product. Broken product paths (every evidence satisfies the requirement;
+    a recomputing load hands back the stored tensors) must show in those counts; they print 0."""
+    import importlib
+    import random
+    import sys
+    from pathlib import Path
+
+    from cubepack.kv import _load
+    from cubepack.kv._torch import mapped_layers
+    from cubepack.ops import _verify
+    from cubepack.testing import tiny
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    proof_attack = importlib.import_module("proof_attack")
+    monkeypatch.setattr(proof_attack, "SCALES", (0.9,))
+
+    # The product, broken on both paths the benchmark's goals are about.
+    monkeypatch.setattr(_verify, "satisfies", lambda backing, required: True)
+    real = _load.require_recomputed_here
+
+    def hands_back_the_stored_tensors(runtime, info, *args, **kwargs):
+        result = real(runtime, info, *args, **kwargs)
+        if result is not None:
+            result.layers = mapped_layers(info)
+        return result
+    monkeypatch.setattr(_load, "require_recomputed_here", hands_back_the_stored_tensors)
+
+    torch.manual_seed(0)
+    folder = tiny.build_model(tmp_path / "model", tiny.llama_config(2), seed=0,
+                              tokenizer=tiny.build_tokenizer())
+    rng = random.Random(0)  # the benchmark's first prompt (its --quick run finds flips there)
+    cases = [([rng.randrange(2, tiny.VOCAB_SIZE) for _ in range(proof_attack.MEMORY)],
+              [rng.randrange(2, tiny.VOCAB_SIZE) for _ in range(proof_attack.QUESTION)])]
+    proof_attack._attack_dtype(folder, "bfloat16", cases, 10)
+    out = capsys.readouterr().out
+    passing = int(re.search(r"new bound alone .*?: (\d+) flipping", out).group(1))
+    assert passing > 0, out  # the attacker found flips inside the bound
+    required = int(re.search(r"require-provenance recomputed .*?: (\d+) flipping", out).group(1))
+    loaded = int(re.search(r"a load that recomputes .*?: (\d+) of", out).group(1))
+    assert required > 0 and loaded > 0, out
