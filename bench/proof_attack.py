@@ -23,7 +23,9 @@ position free and with each single position free, against:
   norm ball).
 
 Printed per dtype: answers counted, attacks that flip one *and pass* under each bound (goal:
->= 80% of answers under today's, 0 under the new), honest caches passing (another attention
+>= 80% of answers under today's, 0 under the new; for each that passes the new bound, what
+cubepack itself decides: ``verify --recompute --require-provenance recomputed`` on it written
+as a cube, and the answer ``load_kv_cache(recompute=True)`` hands back), honest caches passing (another attention
 kernel: SDPA against eager), the detection margin (the smallest multiple of the new bound at
 which the attacker flips an answer at all: a flip needs that much more than an honest cache may
 show), and the cost of the recomputation against a plain prefill in the dtype (goal <= 1.3x).
@@ -57,7 +59,8 @@ from cubepack.kv._recompute import (
     recompute_layers,
     step_bound,
 )
-from cubepack.kv._torch import cache_from_layers, forward
+import cubepack
+from cubepack.kv._torch import cache_from_layers, cache_layers, forward, write_kv_layers
 from cubepack.testing import tiny
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -118,6 +121,8 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
     model = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="eager")
     other_kernel = load_causal_lm(folder, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     runtime = TorchRuntime(model)
+    work = folder.parent / f"cubes-{dtype}"  # the run's folder, removed with it
+    work.mkdir(exist_ok=True)
     # The float32 recomputation of the same model (its weights as the dtype holds them): the
     # verifier's reference, and the attacker's surrogate for gradients (autograd in bfloat16
     # or float16 runs ~100x slower on a CPU); every flip is judged by the dtype's own model.
@@ -158,19 +163,18 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
                 if flip:
                     checked = check_layers(runtime, fresh, cand, dtype, "attack", seed=number)
                     ok = checked.ok
-                    # --require-provenance recomputed: the stored tensors must be the prefill
-                    # bit for bit (trust/_evidence.satisfies).
-                    required_passing += checked.ok and checked.full and checked.identical
                     new_passing_flips += ok
                     if ok:
                         print(f"  passing flip: prompt {number}, scale {scale}, "
                               f"{'every position' if where is None else f'position {where}'}",
                               flush=True)
-                        # What a load that recomputes hands its caller: its own prefill.
-                        handed = recompute_layers(model, cand, dtype, memory, "attack",
-                                                  seed=number)
-                        loaded_flips += bool(_judge(model, handed.layers, question, answer,
-                                                    noise, dtype)[0][0])
+                        # What the product decides, not a re-statement of its rule: the cache
+                        # written as a cube's KV file, then `verify --recompute
+                        # --require-provenance recomputed` and `load_kv_cache(recompute=True)`.
+                        passed, handed = _through_the_product(model, cand, memory, work)
+                        required_passing += passed
+                        loaded_flips += handed is not None and bool(
+                            _judge(model, handed, question, answer, noise, dtype)[0][0])
                     new_flips_refused += not ok
         answers_breached += new_passing_flips > breached_before
         margins.append(next((s for s in SCALES if any(f for _, f, _ in new[s])), float("inf")))
@@ -185,9 +189,11 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
           f"the dtype's noise\" and establishes only recorded): {new_passing_flips} flipping "
           f"perturbations pass ({answers_breached} of {counted} answers), {new_flips_refused} "
           "refused")
-    print(f"  verify --recompute --require-provenance recomputed (the issue's command; the "
-          f"prefill bit for bit): {required_passing} flipping perturbations pass (goal 0)")
-    print(f"  a load that recomputes (the caller gets its own prefill): {loaded_flips} of the "
+    print(f"  verify --recompute --require-provenance recomputed (the issue's command, run on "
+          f"each passing cache written as a cube): {required_passing} flipping perturbations "
+          "pass (goal 0)")
+    print(f"  load_kv_cache(recompute=True) of each (the caller gets its own prefill, or a "
+          f"refusal): {loaded_flips} of the "
           f"{new_passing_flips} perturbations passing the bound flip the answer it gives "
           "(goal 0)")
     finite = [m for m in margins if m != float("inf")]
@@ -196,6 +202,29 @@ def _attack_dtype(folder: Path, dtype: str, cases: list, steps: int, *,
           f"{min(finite) if finite else '>' + str(SCALES[-1])}x the new bound (median "
           f"{sorted(finite)[len(finite) // 2] if finite else '-'}x; "
           f"{never} answers unflipped at {SCALES[-1]}x)  [{time.perf_counter() - started:.0f} s]")
+
+
+def _through_the_product(model, candidate, memory: list[int], work: Path
+                         ) -> tuple[bool, list[tuple] | None]:
+    """(does ``verify --recompute --require-provenance recomputed`` accept ``candidate``
+    stored as a cube's KV file, the layers ``load_kv_cache(recompute=True)`` hands back for
+    it): cubepack's own decisions, so a regression in either shows in the counts."""
+    cube = Path(tempfile.mkdtemp(prefix="cube-", dir=work))
+    path = cube / "activations" / "attack.kv.safetensors"
+    write_kv_layers(candidate, path, producer=cubepack.fingerprint(model), token_ids=memory,
+                    metadata={"id": "attack"})
+    cubepack.pack(cube, cube_id="bench/attack", model=model)
+    try:
+        cubepack.verify(cube, model=model, recompute=True, require_provenance="recomputed")
+        passed = True
+    except cubepack.VerificationFailed:
+        passed = False
+    try:
+        handed = cache_layers(cubepack.load_kv_cache(path, model, recompute=True, copy=True))
+    except cubepack.RecomputationFailed:
+        handed = None  # refused (its own probe draw saw it): the caller gets no answer from it
+    shutil.rmtree(cube, ignore_errors=True)
+    return passed, handed
 
 
 def _answer(model, reference, fresh: Prefill, question: list[int]) -> int | None:

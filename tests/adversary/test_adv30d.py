@@ -118,5 +118,6 @@ def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsy
     passing = int(re.search(r"new bound alone .*?: (\d+) flipping", out).group(1))
     assert passing > 0, out  # the attacker found flips inside the bound
     required = int(re.search(r"require-provenance recomputed .*?: (\d+) flipping", out).group(1))
-    loaded = int(re.search(r"a load that recomputes .*?: (\d+) of", out).group(1))
+    loaded = int(re.search(r"load_kv_cache\(recompute=True\) of each .*?: (\d+) of",
+                           out).group(1))
     assert required > 0 and loaded > 0, out
