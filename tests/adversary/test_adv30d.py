@@ -9,7 +9,6 @@ import copy
 import json
 import re
 
-import pytest
 import torch
 
 import cubepack
@@ -83,7 +82,6 @@ def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsy
     a recomputing load hands back the stored tensors) must show in those counts; they print 0."""
     import importlib
     import random
-    import sys
     from pathlib import Path
 
     from cubepack.kv import _load
