@@ -84,9 +84,9 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
         model: the Hugging Face folder (or Hub id) the GGUF was converted from: its
             fingerprint, in the cache's dtype, is the producer. A claim (nothing in a GGUF
             records its source's digest) unless ``proof`` recomputes it.
-        proof: a callable ``(layers, ids, kv_dtype, identity) -> str`` that proves the cache
-            (transformers' recomputation from ``model``) and describes the result; raises to
-            refuse.
+        proof: a callable ``(layers, ids, kv_dtype, identity) -> {"kind", "detail"}`` that
+            proves the cache (transformers' recomputation from ``model``) and returns the
+            provenance it established (``recomputed`` only bit for bit); raises to refuse.
 
     Raises:
         IdentityMismatch: the state's shapes contradict the model.
@@ -109,8 +109,7 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
             "cubepack import llamacpp: the GGUF is pinned by digest; the Hugging Face model "
             "given names the folder it was converted from (a GGUF records no source digest)")}}
     if proof is not None:
-        item["provenance"] = {"kind": "recomputed", "detail": proof(layers, info.tokens,
-                                                                    info.kv_dtype, live)}
+        item["provenance"] = proof(layers, info.tokens, info.kv_dtype, live)
     item.update(metadata or {})
     target = Path(out) if out is not None else _default_out(info.path)
     try:

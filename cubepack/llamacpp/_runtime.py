@@ -138,7 +138,11 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
                 raise RecomputationFailed(f"{Path(path).name} is not this model's: it "
                                           f"{describe(result)}. Pass the Hugging Face folder "
                                           "the GGUF was converted from.")
-            return f"transformers {describe(result)}"
+            # `recomputed` only for the prefill bit for bit (never, in practice, across two
+            # runtimes): within the bound, stored tensors can still steer an answer
+            # (docs/explanation/proof-bound.md), so the label is `recorded`, proved.
+            return {"kind": "recomputed" if result.identical else "recorded",
+                    "detail": f"transformers {describe(result)}"}
     return _import_state(path, gguf, model, out=out, revision=revision, metadata=metadata,
                          proof=proof)
 

@@ -68,7 +68,9 @@ def test_transformers_reproduces_what_llama_cpp_computed(llms, gguf_zoo, tmp_pat
     path = _saved(llms[llm], IDS, tmp_path / "p.kv.safetensors", gguf_zoo["hf-a"],
                   recompute=True, seed=SEED)
     info = cubepack.read_kv_header(path)
-    assert info.metadata["provenance"]["kind"] == "recomputed"
+    # Within the dtype's noise, not bit for bit: `recorded`, proved (a `recomputed` label
+    # needs the prefill itself: docs/explanation/proof-bound.md).
+    assert info.metadata["provenance"]["kind"] == "recorded"
     assert info.metadata["provenance"]["detail"].startswith("transformers recomputed all 12")
     model = cubepack.testing.tiny.load(gguf_zoo["hf-a"], dtype=getattr(torch, dtype))
     result = recompute_layers(model, mapped_layers(info), dtype, IDS, "p", seed=SEED)
