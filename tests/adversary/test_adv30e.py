@@ -1,0 +1,33 @@
+"""Adversary round 30e: the exact-prefill rule across runtimes and MemOS.
+
+Each test is one find; the docstring says what broke.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import cubepack
+
+
+def test_hooked_memory_load_of_a_packed_cube_ignores_require_provenance(packed, zoo):
+    """``install(require_provenance="recomputed")`` refuses a packed cube whose producer label is
+    only the lock's claim through ``init_from_dir`` / ``init_from_remote_repo``, but MemOS's own
+    entry points (``KVCacheMemory.load``, hence ``GeneralMemCube.load``, ``MOSCore.load``, the
+    scheduler) load it: the requirement is never applied there."""
+    pytest.importorskip("memos")
+    import cubepack.memos as hook
+
+    from memos_adv import act_memory
+
+    hook.uninstall()
+    hook.install(require_pin=False, require_provenance="recomputed")
+    try:
+        with pytest.raises(cubepack.RecomputationFailed, match="recomputed is required"):
+            hook.init_from_dir(packed, require_provenance="recomputed")
+        memory = act_memory(zoo["a"])
+        with pytest.raises(cubepack.RecomputationFailed, match="recomputed is required"):
+            memory.load(str(packed))  # MemOS's own call, hooked
+        assert not memory.get_all()
+    finally:
+        hook.uninstall()
