@@ -252,6 +252,10 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
         _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
                    info.token_ids)
+    # Here, not only in init_from_dir: MemOS's own load (KVCacheMemory.load, which
+    # GeneralMemCube.load, MOSCore.load and the scheduler call) reaches this alone; and before
+    # install, so a refusal leaves the memory as it was.
+    require_provenance(lock, report, policy.require_provenance)
     staged.install()
 
 

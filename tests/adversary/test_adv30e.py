@@ -16,9 +16,9 @@ def test_hooked_memory_load_of_a_packed_cube_ignores_require_provenance(packed, 
     entry points (``KVCacheMemory.load``, hence ``GeneralMemCube.load``, ``MOSCore.load``, the
     scheduler) load it: the requirement is never applied there."""
     pytest.importorskip("memos")
-    import cubepack.memos as hook
-
     from memos_adv import act_memory
+
+    import cubepack.memos as hook
 
     hook.uninstall()
     hook.install(require_pin=False, require_provenance="recomputed")
