@@ -31,3 +31,20 @@ def test_hooked_memory_load_of_a_packed_cube_ignores_require_provenance(packed, 
         assert not memory.get_all()
     finally:
         hook.uninstall()
+
+
+def test_a_rebuilt_activation_can_never_meet_require_provenance(packed, zoo):
+    """``on_mismatch="rebuild"`` replaces another model's cache with the loading model's own
+    prefill (labelled ``recomputed`` by construction), yet ``require_provenance`` judges the
+    replaced cube item's lock label: every rebuilt item is refused, and the refusal's fix
+    ("pass recompute=True") is what the call already passed."""
+    pytest.importorskip("memos")
+    import cubepack.memos as hook
+
+    from memos_live import cube_config
+
+    loaded = hook.init_from_dir(packed, default_config=cube_config(zoo["b"]),
+                                on_mismatch="rebuild", recompute=True,
+                                require_provenance="recomputed")
+    items = loaded.act_mem.get_all()
+    assert items and sorted(loaded.cubepack.rebuilt) == sorted(item.id for item in items)
