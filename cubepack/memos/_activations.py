@@ -50,7 +50,7 @@ from ..memos_format._records import record_conflicts
 from ..ops._verify import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
-from ._use import UNKNOWN, UNKNOWN_FINDING, register, use_problems
+from ._use import UNKNOWN, UNKNOWN_FINDING, produced, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -71,7 +71,8 @@ class HookReport:
     private_recipients: list[str] | None = None
     #: whether that private cube hid its ciphertext names (item ids): its dump hides them too
     private_hidden_names: bool = False
-    #: item -> what the loaded model's recomputation covered (full, positions, total, seed)
+    #: item -> what the loaded model's recomputation covered (full, positions, total, seed,
+    #: exact); a rebuilt item's is its own prefill (``rebuilt``: every position, bit for bit)
     recomputed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: item -> what backs its producer label (kind, basis: proved / signed / claimed)
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -413,9 +414,16 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                        else "produced by another model", ", ".join(mismatch.fields))
         staged.report.dropped[item_id] = mismatch.fields
         return
-    staged.items.append(rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids,
-                                producer=producer))
+    item = rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids, producer=producer)
+    staged.items.append(item)
     staged.report.rebuilt[item_id] = mismatch.fields
+    # What MemOS now holds is the loading model's own prefill, run by this process: proved,
+    # every position, bit for bit, whatever the replaced item's lock label said (judging it
+    # by that label refused every rebuilt item, with a fix the call had already taken).
+    record = produced(item.memory)
+    tokens = len(record.token_ids) if record is not None and record.token_ids else None
+    staged.report.recomputed[item_id] = {"full": True, "positions": tokens, "total": tokens,
+                                         "seed": None, "exact": True, "rebuilt": True}
 
 
 def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any], *,

@@ -92,6 +92,10 @@ def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] |
                  f"{recomputed['positions']} of {recomputed['total']} positions sampled "
                  f"(seed {recomputed['seed']})")
         exact = bool(recomputed.get("exact"))
+        if recomputed.get("rebuilt"):  # the item was replaced by the loading model's prefill
+            return {"kind": RECOMPUTED, "basis": PROVED, "full": True, "exact": True,
+                    "detail": "rebuilt now by the loading model (on_mismatch='rebuild'): its "
+                              "own prefill, in place of the cube's cache"}
         return {"kind": RECOMPUTED, "basis": PROVED, "full": recomputed["full"], "exact": exact,
                 "detail": f"recomputed now by the producer: {scope}, "
                           + ("bit for bit" if exact else "within the dtype's noise")}
