@@ -62,7 +62,8 @@ def test_file_from_other_environment_loads_bit_exactly(written, models, name):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_cache_from_the_other_version_passes_recomputation_here(written, zoo, name, dtype):
     """The proof by recomputation across transformers 4.57 <-> 5.x: the other version's honest
-    cache, float32 and bfloat16, is within each position's bound of this version's prefill."""
+    cache, float32 and bfloat16, is this version's prefill bit for bit or within each
+    position's bound of it."""
     import torch
 
     from cubepack.kv._recompute import describe, recompute
@@ -73,4 +74,6 @@ def test_a_cache_from_the_other_version_passes_recomputation_here(written, zoo, 
     info = cubepack.read_kv_header(folders[name] / file)
     result = recompute(tiny.load(zoo[name], dtype=getattr(torch, dtype)), info, name)
     assert result.ok and result.full, describe(result)
-    assert result.referenced == (dtype == "bfloat16")
+    # Bit for bit (both versions run the same CPU kernels here: no reference needed), or
+    # within the bound, measured against a float32 reference for bfloat16.
+    assert result.identical or result.referenced == (dtype == "bfloat16")
