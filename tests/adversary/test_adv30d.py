@@ -73,7 +73,8 @@ def test_a_cache_with_a_flipped_zero_sign_is_not_proved_recomputed_bit_for_bit(t
     assert report.provenance["item-1"].get("exact") is False, report.provenance["item-1"]
 
 
-def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsys, tmp_path):
+def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsys, tmp_path,
+                                                              request):
     """bench/proof_attack.py reports "0 flipping perturbations pass --require-provenance
     recomputed" and "0 flip what a recomputing load answers", but computes both itself:
     ``checked.identical`` (a flip changed the tensors, so never identical: 0 by construction)
@@ -82,6 +83,7 @@ def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsy
     a recomputing load hands back the stored tensors) must show in those counts; they print 0."""
     import importlib
     import random
+    import sys
     from pathlib import Path
 
     from cubepack.kv import _load
@@ -91,7 +93,18 @@ def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsy
 
     bench = Path(__file__).resolve().parents[2] / "bench"
     monkeypatch.syspath_prepend(str(bench))
+    had_common = "_common" in sys.modules
     proof_attack = importlib.import_module("proof_attack")
+
+    def forget_the_benchmark():
+        # bench/_common quiets the libraries for its whole process at import; undone here, as
+        # tests/e2e/test_bench_smoke.py does (a later test's quiet block nested in it did
+        # nothing: tests/util/test_quiet.py failed after this one).
+        sys.modules.pop("proof_attack", None)
+        common = sys.modules.pop("_common", None)
+        if common is not None and not had_common:
+            common._QUIET.__exit__(None, None, None)
+    request.addfinalizer(forget_the_benchmark)
     monkeypatch.setattr(proof_attack, "SCALES", (0.9,))
 
     # The product, broken on both paths the benchmark's goals are about.
