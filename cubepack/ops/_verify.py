@@ -109,8 +109,9 @@ def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) ->
 
 def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
             hashed: dict[str, str], *, accept_version_1: bool = False,
-            decrypt_with: str | os.PathLike[str] | None = None) -> VerifyReport:
-    report = VerifyReport(cube_dir)
+            decrypt_with: str | os.PathLike[str] | None = None,
+            decrypted: bool = False) -> VerifyReport:
+    report = VerifyReport(cube_dir, decrypted=decrypted)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
     if lock is not None and decrypt_with is not None and is_private(lock):
@@ -220,7 +221,8 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
             inner_policy = replace(policy, trusted_keys=(), require_signature=False,
                                    require_lineage=False)
             # The digests open_private took of the very plaintexts it wrote: not hashed twice.
-            inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests))
+            inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests),
+                            decrypted=True)
             folder = str(opened.folder)
     except CubepackError as exc:
         report.add("private", "*", False, str(exc))
@@ -655,12 +657,15 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
         label = f"{backing['kind']} ({backing['basis']}" + \
             (", partial" if not backing["full"] and backing["kind"] == RECOMPUTED else
              ", within the dtype's noise, not bit for bit" if near else "") + ")"
-        fix = (f"the stored tensors are within the dtype's noise of the model's prefill, not "
-               f"that prefill (inside the bound a cache can still steer an answer): write the "
-               f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute` (a "
-               "private cube, which pack refuses: pack its clear source so, then `cubepack "
-               "encrypt` it again), or load with recompute=True (a recomputing load uses its "
-               "own prefill)" if near else
+        fix = ("the stored tensors are within the dtype's noise of the model's prefill, not "
+               "that prefill (inside the bound a cache can still steer an answer): write the "
+               + ("prefill into its clear source with `cubepack pack SOURCE --model MODEL "
+                  "--recompute`, "
+                  "then `cubepack encrypt` it again (pack refuses a private cube)"
+                  if report.decrypted else
+                  f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute`")
+               + ", or load with recompute=True (a recomputing load uses its own prefill)"
+               if near else
                f"prove it with `cubepack verify {report.cube_dir} --recompute --model MODEL "
                f"--require-provenance {required}` (MODEL: the producer; every position), or "
                "verify a cube whose trusted signer established it (--trusted-key; a signer "

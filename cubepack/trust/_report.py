@@ -92,6 +92,9 @@ class VerifyReport:
     #: A private cube opened with an identity: its clear lock (from the decrypted manifest).
     #: Never serialised by ``to_dict``: it is the plaintext's description.
     private_lock: dict[str, Any] | None = None
+    #: This report is the decrypted pass over a private cube's plaintext (its fixes must say
+    #: what works for a private cube: pack refuses one).
+    decrypted: bool = False
 
     @property
     def ok(self) -> bool:

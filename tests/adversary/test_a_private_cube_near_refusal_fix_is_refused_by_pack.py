@@ -8,7 +8,6 @@ with --recompute, then encrypt again)."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -35,10 +34,25 @@ def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, model
     with pytest.raises(cubepack.VerificationFailed) as refused:
         cubepack.verify(cube, decrypt_with=key, model=bf16, recompute=True,
                         require_provenance="recomputed")
-    fix = re.search(r"`cubepack pack (\S+) --model MODEL --recompute`", str(refused.value))
-    assert fix is not None, str(refused.value)
+    message = str(refused.value)
+    # Pack refuses every private cube, so the fix must not name this cube as pack's target...
     with pytest.raises(cubepack.UsageError, match="is a private cube"):
-        cubepack.pack(fix.group(1), model=bf16, recompute=True)  # followed literally
-    # ... so the fix must say what works for a private cube
-    assert "private cube, which pack refuses: pack its clear source" in str(refused.value)
-    assert "`cubepack encrypt` it again" in str(refused.value)
+        cubepack.pack(cube, model=bf16, recompute=True)
+    assert f"cubepack pack {cube}" not in message, message
+    # ... it names what works for a private cube: its clear source, then encrypt again.
+    assert "prefill into its clear source with `cubepack pack SOURCE --model MODEL " in message
+    assert "`cubepack encrypt` it again" in message
+
+
+def test_a_clear_cube_near_refusal_names_the_cube_and_no_private_step(tmp_path, zoo, models):
+    """The same refusal for a clear cube: the fix packs this cube (which works: the next
+    verify is bit for bit), with nothing about private cubes in it."""
+    bf16 = models["a_as_bf16"]
+    cube = near_cube(tmp_path, zoo, bf16)
+    with pytest.raises(cubepack.VerificationFailed) as refused:
+        cubepack.verify(cube, model=bf16, recompute=True, require_provenance="recomputed")
+    message = str(refused.value)
+    assert f"`cubepack pack {cube} --model MODEL --recompute`" in message, message
+    assert "private" not in message and "encrypt" not in message, message
+    cubepack.pack(cube, model=bf16, recompute=True)  # the fix, followed
+    cubepack.verify(cube, model=bf16, recompute=True, require_provenance="recomputed")
