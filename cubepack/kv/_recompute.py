@@ -469,6 +469,8 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
     if result.first_difference is None:
         _compare_behaviour(runtime, stored, fresh, rng, kv_dtype, result)
     return result
+
+
 def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
     """Are the stored layers these, bit for bit: the same layer types, lengths, shapes,
     dtypes and values (NaN never equals itself, so a NaN is never identical), sign bits

@@ -21,9 +21,9 @@ import cubepack
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
 
-from test_recompute import near_cube  # noqa: E402
+from test_recompute import near_cube_claiming_recomputed  # noqa: E402
 
-from helpers import make_key, reseal_lock  # noqa: E402
+from helpers import make_key  # noqa: E402
 
 
 def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
@@ -34,13 +34,7 @@ def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
     from cubepack.trust._signing import write_signature
 
     bf16 = models["a_as_bf16"]
-    cube = near_cube(tmp_path, zoo, bf16)
-
-    def claim(lock):
-        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "packed"}
-    reseal_lock(cube, claim)
-    report = cubepack.verify(cube, model=bf16, recompute=True)
-    assert report.ok and report.provenance["item-1"]["exact"] is False
+    cube, report = near_cube_claiming_recomputed(tmp_path, zoo, bf16)
     today = proved_by(report)
     # What `sign --recompute` stated before the exact rule: every fully recomputed item.
     before = Proved(today.step, today.producers, frozenset({"item-1"}), lineage=False)

@@ -60,6 +60,19 @@ def near_cube(tmp_path, zoo, model, **options):
                      producer=cubepack.fingerprint(model), **options)
 
 
+def near_cube_claiming_recomputed(tmp_path, zoo, model):
+    """A :func:`near_cube` whose lock's label is forged to ``recomputed`` (re-sealed, as its
+    author can), and the report of ``verify --recompute`` on it: it passes within the bound,
+    not bit for bit. Returns (cube, report)."""
+    def claim(lock):
+        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "forged"}
+    cube = near_cube(tmp_path, zoo, model)
+    reseal_lock(cube, claim)
+    report = cubepack.verify(cube, model=model, recompute=True)
+    assert report.ok and report.provenance["item-1"]["exact"] is False
+    return cube, report
+
+
 def relock(cube):
     from cubepack._util import hashing
 
@@ -465,13 +478,7 @@ def test_a_signer_states_recomputed_only_for_a_cache_that_is_its_own_prefill_bit
     from helpers import make_key
 
     bf16 = models["a_as_bf16"]
-    cube = near_cube(tmp_path, zoo, bf16)
-
-    def claim(lock):
-        lock["activations"]["item-1"]["provenance"] = {"kind": "recomputed", "detail": "forged"}
-    reseal_lock(cube, claim)
-    report = cubepack.verify(cube, model=bf16, recompute=True)  # within the bound: passes
-    assert report.ok and report.provenance["item-1"]["exact"] is False
+    cube, report = near_cube_claiming_recomputed(tmp_path, zoo, bf16)  # within the bound
     assert report.provenance["item-1"]["detail"].endswith("within the dtype's noise")
     private, public = make_key(tmp_path, "signer")
     cubepack.sign(cube, private, model=bf16, recompute=True)
