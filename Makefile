@@ -1,8 +1,9 @@
 # Three test environments, all set up by `make test` (and by CI through .ci/run):
 #   latest: newest transformers 5.x + huggingface_hub 2.x. The newest release the registry has
 #           is installed even when a dependency it declares is not to be had (5.25 declares
-#           kernels>=0.19.1, this registry has 0.17): resolved with the newest whose
-#           dependencies are met, then upgraded with --no-deps, as a user who installs it gets.
+#           kernels>=0.19.1, which this registry lacked until December 2026): resolved with the
+#           newest whose dependencies are met, then upgraded with --no-deps, as a user who
+#           installs it gets. Tests that need kernels absent hide the package themselves.
 #   memos:  MemoryOS (pins transformers<5) + accelerate: transformers 4.57.x, huggingface_hub 0.36.x
 #   mlx:    latest's packages + MLX (mlx[cpu], mlx-lm): runs tests/mlx only (a few minutes)
 # torch is pinned to 2.13.0, a local CPU wheel on our machines; any other request may pull GBs.

@@ -235,8 +235,8 @@ def _with_uv(uv: str, python: str, venv: Path, requirements: list[str]) -> int:
 def _without_deps(uv: str | None, python: str, venv: Path, requirements: list[str]) -> int:
     """Install the newest release each of ``requirements`` admits over the built environment,
     without its dependencies: the environment a user has who installs the newest release where
-    a dependency it declares is not to be had (transformers 5.25 declares kernels>=0.19.1;
-    this registry has 0.17), which a resolver would step back from."""
+    a dependency it declares is not to be had (transformers 5.25 declares kernels>=0.19.1,
+    which a registry may lack), which a resolver would step back from."""
     target = str(venv / "bin" / "python")
     if uv:
         index, install_only, environment = uv_settings(_pip_config(python))
