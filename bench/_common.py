@@ -59,6 +59,20 @@ def best_of(action: Callable[[], object], repeats: int) -> float:
     return min(timed(action) for _ in range(repeats))
 
 
+def paired_ratios(baseline: Callable[[], object], actions: dict[str, Callable[[], object]],
+                  rounds: int) -> dict[str, list[float]]:
+    """Each action's time over the baseline's, measured in the same round (baseline, then
+    each action, ``rounds`` times): on a shared machine whose speed drifts by tens of percent
+    over a minute, a ratio of two runs made seconds apart is what can be compared; a best-of
+    baseline taken once, before runs that last minutes, is not."""
+    ratios: dict[str, list[float]] = {name: [] for name in actions}
+    for _ in range(rounds):
+        base = timed(baseline)
+        for name, action in actions.items():
+            ratios[name].append(timed(action) / base)
+    return ratios
+
+
 def llama_config(layers: int, hidden: int):
     """The benchmarks' Llama shape: ``layers`` layers of width ``hidden``, 8 query heads over 4
     KV heads, the tiny tokenizer's vocabulary (transformers imported here: the hashing
