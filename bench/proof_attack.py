@@ -84,7 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="4 prompts, 10 steps")
     parser.add_argument("--smoke", action="store_true",
-                        help="1 prompt, 2 steps, bfloat16, the quick cost (CI: the script cannot rot)")
+                        help="1 prompt, 2 steps, bfloat16, the quick cost (CI: the script "
+                             "cannot rot)")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--steps", type=int, default=80, help="attacker's gradient steps")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated")
@@ -216,18 +217,20 @@ def _through_the_product(model, candidate, memory: list[int], work: Path
     path = cube / "activations" / "attack.kv.safetensors"
     write_kv_layers(candidate, path, producer=cubepack.fingerprint(model), token_ids=memory,
                     metadata={"id": "attack"})
-    cubepack.pack(cube, cube_id="bench/attack", model=model)
     try:
-        cubepack.verify(cube, model=model, recompute=True, require_provenance="recomputed")
-        passed = True
-    except cubepack.VerificationFailed:
-        passed = False
-    try:
-        handed = cache_layers(cubepack.load_kv_cache(path, model, recompute=True, copy=True))
-    except cubepack.RecomputationFailed:
-        handed = None  # refused (its own probe draw saw it): the caller gets no answer from it
-    shutil.rmtree(cube, ignore_errors=True)
-    return passed, handed
+        cubepack.pack(cube, cube_id="bench/attack", model=model)
+        try:
+            cubepack.verify(cube, model=model, recompute=True, require_provenance="recomputed")
+            passed = True
+        except cubepack.VerificationFailed:
+            passed = False
+        try:
+            handed = cache_layers(cubepack.load_kv_cache(path, model, recompute=True, copy=True))
+        except cubepack.RecomputationFailed:
+            handed = None  # refused (its own probe draw saw it): the caller gets no answer
+        return passed, handed
+    finally:
+        shutil.rmtree(cube, ignore_errors=True)
 
 
 def _answer(model, reference, fresh: Prefill, question: list[int]) -> int | None:
@@ -240,7 +243,8 @@ def _answer(model, reference, fresh: Prefill, question: list[int]) -> int | None
     top = mine.topk(2)
     if int(theirs.argmax()) != int(top.indices[0]):
         return None
-    if float(top.values[0] - top.values[1]) <= noise or float(theirs.topk(2).values.diff().abs()) <= noise:
+    if (float(top.values[0] - top.values[1]) <= noise
+            or float(theirs.topk(2).values.diff().abs()) <= noise):
         return None
     return int(top.indices[0]), noise
 
@@ -470,6 +474,7 @@ def _cost(root: Path, *, quick: bool) -> None:
 
 def _proved(model, layers, dtype: str, ids: list[int]) -> None:
     assert recompute_layers(model, layers, dtype, ids, "cost", seed=0).ok
+
 
 if __name__ == "__main__":
     main()

@@ -35,12 +35,17 @@ def _forget_kernels() -> None:
 
 
 @pytest.fixture
-def no_kernels(monkeypatch):
-    """This process without the ``kernels`` package, whatever the environment has."""
-    monkeypatch.setitem(sys.modules, "kernels", None)
+def no_kernels():
+    """This process without the ``kernels`` package, whatever the environment has; restored,
+    and transformers' cached answer forgotten again, after the test."""
+    had, saved = "kernels" in sys.modules, sys.modules.get("kernels")
+    sys.modules["kernels"] = None
     _forget_kernels()
     yield
-    monkeypatch.undo()
+    if had:
+        sys.modules["kernels"] = saved
+    else:
+        del sys.modules["kernels"]
     _forget_kernels()
 
 
