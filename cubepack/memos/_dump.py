@@ -9,22 +9,37 @@
 - ``GeneralMemCube.dump`` then packs the folder: models named in ``config.json`` by their Hub id
   (the hook loads pinned models from local snapshot folders; a path means nothing elsewhere),
   pinned to the model MemOS loaded, locked, so the dump verifies and loads through cubepack.
+- A dump of memories a private cube brought (:mod:`._privacy`) is written private, to trusted
+  recipients, by :func:`dump_private`, or refused: it is made in a RAM folder and only its
+  ciphertexts reach the target.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic
+from .._util import atomic, constants
 from .._util.canonical import json_safe
-from ..errors import CubepackError, IdentityMismatch, UsageError
+from .._util.ramdir import ram_folder
+from ..errors import CubepackError, IdentityMismatch, UnsafeInputError, UsageError
 from ..kv._torch import save_kv_cache
+from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import header_metadata, memos_prompt_ids
+from ..ops._encrypt import encrypt
 from ..ops._pack import activation_filename, pack, write_prompts
 from ..trust._evidence import ASSERTED
+from ._privacy import (
+    Seal,
+    check_dump_target,
+    dump_cube_id,
+    recipients_for,
+    writing_clear,
+)
 from ._use import (
     REGISTER_ADVICE,
     UNKNOWN,
@@ -43,27 +58,53 @@ def dump_activations(act_mem: Any, dir: str, *, on_mismatch: str | None = None,
     """``KVCacheMemory.dump`` / ``VLLMKVCacheMemory.dump`` under the hook: one KV file per
     cache (or, for vLLM, the prompts file), no pickle. A cache of unknown origin is never
     attributed to a model by the hook: ``on_mismatch`` applies (:func:`plan_dump`), before
-    anything is written."""
+    anything is written.
+
+    The dump is what the memory holds now, as MemOS's own dump (one pickle, replaced) is:
+    ``activations/`` is written whole beside the old one and swapped in, so a memory deleted
+    since the last dump is not in it, and the pickle MemOS would have replaced is removed (a
+    reload reads the newest dump, never an older pickle beside it)."""
     folder = Path(dir)
     local = hasattr(act_mem.llm, "model")
     if local and planned is None:
         planned = plan_dump(act_mem, on_mismatch)
     with atomic.placing(folder, elsewhere="dump to another folder", whole=False):
         folder.mkdir(parents=True, exist_ok=True)
-        if not local:  # vLLM: prompt strings the server prefills
-            served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
-            write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
-                                   for item_id, item in act_mem.kv_cache_memories.items()],
-                          model=served)
-            return
-        tokenizer = getattr(act_mem.llm, "tokenizer", None)
-        for item_id, item, cache, record in planned:
-            memos_metadata = json_safe(item.metadata or {})
-            ids = prompt_ids(item_id, cache, record, tokenizer, memos_metadata)
-            metadata = header_metadata(memos_metadata, id=item_id,
-                                       provenance=record.provenance, records=_records(item))
-            save_kv_cache(cache, folder / activation_filename(item_id), producer=record.producer,
-                          metadata=metadata, token_ids=ids)
+        target = folder / constants.ACTIVATIONS_DIR
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise UnsafeInputError(f"{target} is a symlink or not a folder; refusing to dump "
+                                   "activations through it.")
+        staging = atomic.staging_dir(target, "dump")
+        try:
+            _write_activations(act_mem, staging, local, planned)
+            atomic.replace_dir(staging / constants.ACTIVATIONS_DIR, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        pickle_name = getattr(getattr(act_mem, "config", None), "memory_filename", None)
+        opened = memos_layout.opened_path(pickle_name)
+        stale = folder / opened if opened is not None else None
+        if stale is not None and (stale.is_file() or stale.is_symlink()):
+            stale.unlink()  # MemOS's own dump would have replaced it with this one
+
+
+def _write_activations(act_mem: Any, folder: Path, local: bool,
+                       planned: list[tuple[str, Any, Any, Produced]] | None) -> None:
+    """The files of one activation dump, into ``folder`` (its ``activations/``)."""
+    (folder / constants.ACTIVATIONS_DIR).mkdir()
+    if not local:  # vLLM: prompt strings the server prefills
+        served = getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+        write_prompts(folder, [(item_id, item.memory, item.metadata or {}, _records(item))
+                               for item_id, item in act_mem.kv_cache_memories.items()],
+                      model=served)
+        return
+    tokenizer = getattr(act_mem.llm, "tokenizer", None)
+    for item_id, item, cache, record in planned or []:
+        memos_metadata = json_safe(item.metadata or {})
+        ids = prompt_ids(item_id, cache, record, tokenizer, memos_metadata)
+        metadata = header_metadata(memos_metadata, id=item_id,
+                                   provenance=record.provenance, records=_records(item))
+        save_kv_cache(cache, folder / activation_filename(item_id), producer=record.producer,
+                      metadata=metadata, token_ids=ids)
 
 
 #: The label of a cache ``pack_cube`` (called without the hook) attributes to the memory's
@@ -179,3 +220,36 @@ def dump_cube(cube: Any, folder: Path, memory_types: list[str] | None = None, *,
         dump_activations(act_mem, str(folder), planned=planned)
     model = getattr(act_mem.llm, "model", None) if act_mem is not None else None
     pack(folder, model=model, license=license, pretty_name=pretty_name, recompute=recompute)
+
+
+def dump_private(write_clear: Callable[[Path], None], target: Path, seals: frozenset[Seal],
+                 writer: str, *, named: tuple[str, ...], pack_model: Any = None) -> None:
+    """Write memories of private cubes (marked ``seals``) to ``target`` as a private cube, or
+    refuse naming ``writer`` and ``target``: ``write_clear(folder)`` writes their clear files
+    into a RAM folder (never a disk), which is packed when the writer did not (a lone memory's
+    files, under the cube's id), encrypted to :func:`~._privacy.recipients_for`'s recipients
+    there, and only the ciphertexts and public files are placed at ``target``, whole (a folder
+    that is absent, empty, or holds an earlier private dump, which it replaces).
+
+    Raises:
+        SignatureError, UsageError: from :func:`~._privacy.recipients_for` (untrusted or mixed
+            recipients) or :func:`~._privacy.check_dump_target`, before anything is written.
+    """
+    recipients, hidden = recipients_for(seals, named, writer, target)
+    check_dump_target(target, writer)
+    with atomic.placing(target, elsewhere="dump to another folder"), ram_folder() as ram:
+        clear = ram / "cube"
+        clear.mkdir()
+        with writing_clear(ram):
+            write_clear(clear)
+            if not (clear / constants.LOCK_FILENAME).is_file():
+                pack(clear, model=pack_model, cube_id=dump_cube_id(seals))
+            encrypt(clear, recipients, hide_names=hidden)
+        staging = atomic.staging_dir(target, "private-dump")
+        try:
+            shutil.copytree(clear, staging / "cube")  # ciphertexts and public files only
+            atomic.replace_dir(staging / "cube", target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    logger.info("cubepack: %s wrote %s as a private cube (%d recipients)", writer, target,
+                len(recipients))

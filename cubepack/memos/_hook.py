@@ -27,20 +27,38 @@ from typing import Any
 from .._util import atomic, constants
 from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
-from .._util.ramdir import ram_folder
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
-from ..ops._encrypt import encrypt
 from ..ops._private import is_private, open_private
 from ..ops._verify import verify
 from ..trust._age import identity_path
 from ..trust._evidence import RECOMPUTED
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
-from ._dump import dump_activations, dump_cube
-from ._load import init_from_dir, init_from_remote_repo, refuse_code_settings
+from ._dump import dump_activations, dump_cube, dump_private, plan_dump
+from ._load import (
+    already_verified,
+    init_from_dir,
+    init_from_remote_repo,
+    refuse_code_settings,
+    verified_folder,
+)
 from ._parametric import check_adapters
+from ._privacy import (
+    PrivacySettings,
+    clear_allowed,
+    cube_seals,
+    in_force,
+    installed_settings,
+    loaded_seal,
+    refuse_clear_into_private,
+    refuse_persistent,
+    seal,
+    seals_of,
+    set_installed,
+    store_of,
+)
 from ._use import checked_add, checked_parts, guarded_use, merged, record_build, record_extraction
 
 logger = logging.getLogger("cubepack.memos")
@@ -72,7 +90,7 @@ def _from_environment() -> TrustPolicy:
 
 
 def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = None,
-            **options: Any) -> TrustPolicy:
+            recipients: Any = None, stores: Any = None, **options: Any) -> TrustPolicy:
     """Route MemOS's cube loading through cubepack (see the module docstring); return the
     :class:`~cubepack.trust.TrustPolicy` now in force: the hook's settings are that policy,
     applied whole by every hooked load (the fields the hook cannot honour, ``model`` and
@@ -92,13 +110,31 @@ def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = Non
     its token ids, every position), packed or not: a folder without a lock can only claim its
     producer, and this is what proves it.
 
+    Private cubes (:mod:`._privacy`): ``recipients`` (age or SSH public keys, or files of
+    them) are who every dump of a private cube's memories is encrypted to, whatever cube they
+    came from (without them, only a manifest a trusted key signed names the readers of a dump;
+    any other dump is refused); ``stores`` names persistent databases (``qdrant:/abs/folder``,
+    as a refusal prints them) a private cube's text and preference memories may be loaded
+    into. Set by the first call (else ``CUBEPACK_MEMOS_RECIPIENTS`` / ``CUBEPACK_MEMOS_STORES``);
+    a later call cannot change them (``uninstall()`` first).
+
     Raises:
-        UsageError: a value the policy refuses, or a field the hook cannot honour.
+        UsageError: a value the policy refuses, or a field the hook cannot honour; a recipient
+            that does not parse; other recipients or stores than the installed ones.
     """
     if require_pin is not None:
         options["require_pin"] = require_pin
     given = TrustPolicy.build(policy, **options)  # refuse a bad value before changing anything
     given.require_honoured("the MemOS hook")
+    named = PrivacySettings.build(recipients, stores)
+    installed_privacy = installed_settings()
+    if installed_privacy is not None and (recipients is not None or stores is not None) \
+            and named != installed_privacy:
+        raise UsageError("The hook is installed with other recipients or stores for private "
+                         "cubes; they are set once: call cubepack.memos.uninstall() first.")
+    if installed_privacy is None:
+        set_installed(named if (recipients is not None or stores is not None)
+                      else PrivacySettings.from_environment())
     current: TrustPolicy | None = _STATE["settings"]
     # What the call says: the fields it sets, or gives explicitly even at their default.
     said = set(given.asked()) | {name for name, value in options.items() if value is not None}
@@ -132,19 +168,30 @@ def uninstall() -> None:
     _STATE["originals"].clear()
     _STATE["replacements"].clear()
     _STATE["settings"] = None
+    set_installed(None)
 
 
 def _patch() -> None:
     from memos.llms.hf import HFLLM
     from memos.mem_cube.general import GeneralMemCube
+    from memos.mem_cube.navie import NaiveMemCube
     from memos.mem_os.core import MOSCore
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
     from memos.memories.activation.kv import KVCacheMemory
     from memos.memories.activation.vllmkv import VLLMKVCacheMemory
     from memos.memories.parametric.lora import LoRAMemory
+    from memos.memories.textual.general import GeneralTextMemory
+    from memos.memories.textual.naive import NaiveTextMemory
+    from memos.memories.textual.preference import PreferenceTextMemory
+    from memos.memories.textual.tree import TreeTextMemory
 
     targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
                (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
-               (GeneralMemCube, "dump"): _portable_dump,
+               (GeneralMemCube, "dump"): _cube_dump(GeneralMemCube),
+               (GeneralMemCube, "load"): _guarded_cube_load,
+               (NaiveMemCube, "dump"): _cube_dump(NaiveMemCube),
                (KVCacheMemory, "load"): _own(_guarded_act_load),
                (VLLMKVCacheMemory, "load"): _own(_guarded_act_load),
                (LoRAMemory, "load"): _guarded_para_load,
@@ -160,7 +207,11 @@ def _patch() -> None:
                (HFLLM, "_generate_with_cache_stream"): guarded_use(
                    HFLLM.__dict__["_generate_with_cache_stream"], HFLLM._generate_full_stream,
                    _hook_settings, stream=True),
-               (MOSCore, "register_mem_cube"): _register_mem_cube}
+               (MOSCore, "register_mem_cube"): _register_mem_cube,
+               (ActivationMemoryManager, "update_activation_memory"): _sealed_update}
+    for owner in (NaiveTextMemory, GeneralTextMemory, TreeTextMemory, PreferenceTextMemory):
+        targets[owner, "dump"] = _text_dump(owner)
+        targets[owner, "load"] = _text_load(owner)
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
             _STATE["originals"][(owner, name)] = owner.__dict__[name]
@@ -313,12 +364,48 @@ def _guarded_act_load(self: Any, dir: str) -> None:
                                  "set CUBEPACK_IDENTITY to a key file it is encrypted to.")
             with open_private(folder, identity, public_lock=verified.lock) as opened:
                 load_activations(self, opened.folder, opened.lock, report, current)
+            # Once loaded (a refused load leaves the memory as it was, unsealed too).
+            seal(self, [loaded_seal(folder, opened.manifest, opened.public_lock,
+                                    signed_by=verified.signed_by)])
         else:
             load_activations(self, folder, verified.lock, report, current)
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current)
     self.cubepack = report
+
+
+@quietly(import_first=("memos",))
+def _guarded_cube_load(self: Any, dir: str, memory_types: Any = None) -> None:
+    """``GeneralMemCube.load`` under the hook (``MOSCore.load`` calls it): MemOS's own load,
+    whose memory loads are hooked; a private cube (which MemOS alone cannot read: its
+    config.json is a ciphertext) is opened in memory first, its persistent stores refused
+    unless named, and every memory it loads into sealed before anything is loaded."""
+    folder = Path(dir)
+    original = _original(_general_cube(), "load")
+    if _lock_state(folder) != "file" or already_verified(folder):
+        return original(self, dir, memory_types)
+    current = _hook_settings()
+    identity = identity_path(None)
+    verified = verify(folder, current.for_folder(), decrypt_with=identity)
+    if not is_private(verified.lock):
+        with verified_folder(folder):
+            return original(self, dir, memory_types)
+    if identity is None:
+        raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
+                         "CUBEPACK_IDENTITY to a key file it is encrypted to.")
+    kinds = list(memory_types or MEMORY_KINDS)
+    memories = [(kind, getattr(self, f"_{kind}", None)) for kind in kinds]
+    refuse_persistent([(kind, store) for kind, memory in memories
+                       if (store := store_of(getattr(memory, "config", None))) is not None],
+                      in_force().stores, folder)
+    with open_private(folder, identity, public_lock=verified.lock) as opened:
+        sealed = loaded_seal(folder, opened.manifest, opened.public_lock,
+                             signed_by=verified.signed_by)
+        for _, memory in memories:
+            seal(memory, [sealed])
+        with verified_folder(opened.folder):
+            return original(self, str(opened.folder), memory_types)
 
 
 @quietly(import_first=("memos",))
@@ -378,31 +465,136 @@ def _checked_add(self: Any, memories: list[Any]) -> None:
 
 def _portable_act_dump(self: Any, dir: str) -> None:
     """``KVCacheMemory.dump`` under the hook: KV files, a cache of unknown origin handled by
-    the policy in force (never attributed to the memory's model)."""
-    dump_activations(self, dir, on_mismatch=_hook_settings().on_mismatch)
-
-
-def _portable_dump(self: Any, dir: str, memory_types: Any = None) -> None:
-    """``GeneralMemCube.dump`` under the hook: MemOS dumps (its activation memory writing KV
-    files, not a pickle), then config.json names each model by its Hub id rather than the local
-    snapshot path the hook loaded it from, and the folder is packed, so it loads anywhere
-    through cubepack and verifies."""
-    act = self.act_mem if "act_mem" in (memory_types or ["act_mem"]) else None
-    if (os.path.exists(dir) and os.listdir(dir)) or (  # MemOS's own rule, before any work
-            act and getattr(type(act), "dump", None) not in _dump_replacements()):
-        return _original(_general_cube(), "dump")(self, dir, memory_types)  # not a KV memory
-    recipients = getattr(getattr(self, "cubepack", None), "private_recipients", None)
+    the policy in force (never attributed to the memory's model); a memory holding a private
+    cube's caches writes a private cube (:func:`~._dump.dump_private`) or refuses."""
+    writer = f"{type(self).__name__}.dump"
     on_mismatch = _hook_settings().on_mismatch
-    if not recipients:
-        dump_cube(self, Path(dir), memory_types, on_mismatch=on_mismatch)
+    seals, target = seals_of(self), Path(dir)
+    if not seals or clear_allowed(target):
+        if not seals:
+            refuse_clear_into_private(target, writer)
+        dump_activations(self, dir, on_mismatch=on_mismatch)
         return
-    # A private cube dumps private, to the same recipients: dumped and packed in a RAM folder,
-    # encrypted there, and only the ciphertexts copied to ``dir``.
-    with ram_folder() as ram:
-        dump_cube(self, ram / "cube", memory_types, on_mismatch=on_mismatch)
-        encrypt(ram / "cube", recipients, hide_names=getattr(
-            self.cubepack, "private_hidden_names", False))
-        shutil.copytree(ram / "cube", dir, dirs_exist_ok=True)
+    local = hasattr(self.llm, "model")
+    planned = plan_dump(self, on_mismatch) if local else None  # refused before any work
+    dump_private(lambda clear: dump_activations(self, str(clear), on_mismatch=on_mismatch,
+                                                planned=planned),
+                 target, seals, writer, named=in_force().recipients,
+                 pack_model=self.llm.model if local else None)
+
+
+def _cube_dump(owner: Any) -> Any:
+    """``GeneralMemCube.dump`` / ``NaiveMemCube.dump`` under the hook (see :func:`_portable_dump`)."""
+
+    def replacement(self: Any, dir: str, memory_types: Any = None) -> None:
+        return _portable_dump(owner, self, dir, memory_types)
+
+    replacement.__qualname__ = replacement.__name__ = "dump"
+    replacement.__doc__ = _portable_dump.__doc__
+    return replacement
+
+
+def _portable_dump(owner: Any, self: Any, dir: str, memory_types: Any = None) -> None:
+    """A cube's dump under the hook: MemOS dumps (its activation memory writing KV files, not a
+    pickle), then config.json names each model by its Hub id rather than the local snapshot
+    path the hook loaded it from, and the folder is packed, so it loads anywhere through
+    cubepack and verifies. A dump that holds a private cube's memories (any of the memories it
+    writes carries a seal) is written whole as a private cube, to trusted recipients, or
+    refused (:func:`~._dump.dump_private`)."""
+    writer = f"{owner.__name__}.dump"
+    original = _original(owner, "dump")
+    types = list(memory_types or MEMORY_KINDS)
+    seals = frozenset().union(*(seals_of(getattr(self, f"_{kind}", None)) for kind in types))
+    sealed = bool(seals) and not clear_allowed(Path(dir))
+    if os.path.exists(dir) and os.listdir(dir):  # MemOS's own rule, before any work
+        return original(self, dir, memory_types)
+    act = getattr(self, "_act_mem", None) if "act_mem" in types else None
+    if owner is not _general_cube() or (
+            act is not None and getattr(type(act), "dump", None) not in _dump_replacements()):
+        # Not the hook's layout (a NaiveMemCube, an activation memory with a dump of its own):
+        # MemOS's dump, made in a RAM folder and encrypted there when it is private.
+        if sealed:
+            return dump_private(lambda clear: original(self, str(clear), memory_types),
+                                Path(dir), seals, writer, named=in_force().recipients)
+        return original(self, dir, memory_types)
+    on_mismatch = _hook_settings().on_mismatch
+    if sealed:
+        return dump_private(lambda clear: dump_cube(self, clear, memory_types,
+                                                    on_mismatch=on_mismatch),
+                            Path(dir), seals, writer, named=in_force().recipients)
+    dump_cube(self, Path(dir), memory_types, on_mismatch=on_mismatch)
+    return None
+
+
+MEMORY_KINDS = ("text_mem", "act_mem", "para_mem", "pref_mem")
+
+
+def _text_dump(owner: Any) -> Any:
+    """``owner.dump`` (a text or preference memory) under the hook: MemOS's own dump, unless
+    the memory holds a private cube's memories (a seal on it, or on the database it reads them
+    back from): then a private cube of its file, or a refusal."""
+
+    def dump(self: Any, dir: str, *args: Any, **kwargs: Any) -> Any:
+        original, writer, target = _original(owner, "dump"), f"{owner.__name__}.dump", Path(dir)
+        seals = seals_of(self)
+        if not seals or clear_allowed(target):
+            if not seals:
+                refuse_clear_into_private(target, writer)
+            return original(self, dir, *args, **kwargs)
+        return dump_private(lambda clear: original(self, str(clear), *args, **kwargs),
+                            target, seals, writer, named=in_force().recipients)
+
+    dump.__doc__ = _text_dump.__doc__
+    return dump
+
+
+def _text_load(owner: Any) -> Any:
+    """``owner.load`` (a text or preference memory) under the hook: a folder without a lock is
+    MemOS's to read, as before; a packed one is verified first; a private one is opened in
+    memory (``CUBEPACK_IDENTITY``), its store checked (a persistent database must be named),
+    and the memory sealed before anything is loaded into it, so every later dump of it (or of
+    its database) is private."""
+
+    @quietly(import_first=("memos",))
+    def load(self: Any, dir: str, *args: Any, **kwargs: Any) -> Any:
+        original, folder = _original(owner, "load"), Path(dir)
+        state = _lock_state(folder)
+        if state == "other":
+            _refuse_unpacked(folder, state, _hook_settings())
+        if state != "file" or already_verified(folder):
+            return original(self, dir, *args, **kwargs)
+        current = _hook_settings()
+        identity = identity_path(None)
+        verified = verify(folder, current.for_folder(), decrypt_with=identity)
+        if not is_private(verified.lock):
+            return original(self, dir, *args, **kwargs)
+        if identity is None:
+            raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
+                             "CUBEPACK_IDENTITY to a key file it is encrypted to.")
+        store = store_of(getattr(self, "config", None))
+        if store is not None:
+            refuse_persistent([(owner.__name__, store)], in_force().stores, folder)
+        with open_private(folder, identity, public_lock=verified.lock) as opened:
+            seal(self, [loaded_seal(folder, opened.manifest, opened.public_lock,
+                                    signed_by=verified.signed_by)])
+            return original(self, str(opened.folder), *args, **kwargs)
+
+    load.__doc__ = _text_load.__doc__
+    return load
+
+
+def _sealed_update(self: Any, new_memories: Any, label: Any, user_id: Any, mem_cube_id: Any,
+                   mem_cube: Any) -> Any:
+    """The scheduler's ``update_activation_memory`` under the hook: it extracts caches from the
+    cube's text memories into its activation memory and dumps that, so the activation memory
+    is sealed with what seals the cube's memories first (its dump is then private)."""
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
+
+    seal(getattr(mem_cube, "_act_mem", None), cube_seals(mem_cube))
+    return _original(ActivationMemoryManager, "update_activation_memory")(
+        self, new_memories, label, user_id, mem_cube_id, mem_cube)
 
 
 @quietly(import_first=("memos",))

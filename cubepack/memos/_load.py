@@ -8,9 +8,11 @@ MemOS is imported only inside these functions (it has import-time side effects).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,15 @@ from ._activations import HookReport, load_activations
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
 from ._parametric import check_adapters
+from ._privacy import (
+    PrivacySettings,
+    cube_memories,
+    in_force,
+    loaded_seal,
+    memory_store,
+    refuse_persistent,
+    seal,
+)
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -42,6 +53,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
                           default_config: Any = None, token: str | None = None,
                           local_dir: str | Path | None = None,
                           decrypt_with: str | os.PathLike[str] | None = None,
+                          recipients: Any = None, stores: Any = None,
                           **options: Any) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
@@ -65,20 +77,32 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
         decrypt_with: the identity file opening a private cube (default:
             ``$CUBEPACK_IDENTITY``). It is decrypted in memory only: the pulled folder and the
             HF cache hold its ciphertexts, MemOS reads the plaintext from a RAM folder that is
-            gone once the cube is built. What MemOS's own text backends (vector and graph
-            stores) persist of memories loaded into them is theirs, not cubepack's.
+            gone once the cube is built. Its memories stay private in MemOS: every memory
+            of the cube is sealed, so a dump of any of them (``GeneralMemCube.dump``,
+            ``KVCacheMemory.dump``, the scheduler's, a text memory's) is a private cube or
+            refused (see :mod:`cubepack.memos._privacy`).
+        recipients: who a dump of this cube's memories is encrypted to (age or SSH public keys,
+            or files of them); without them, the manifest's recipients when a trusted key
+            signed the cube, else a dump is refused (an unsigned manifest is a claim).
+        stores: persistent databases (``"qdrant:/abs/folder"``, as a refusal names them) the
+            private cube's text and preference memories may be loaded into; any other
+            persistent store is refused (an in-memory one, Qdrant's ``":memory:"``, needs no
+            name).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
             (raised before MemOS builds anything).
         UnsafeInputError: a symlink or someone else's folder on the managed folder's path
             (before the pull), or config.json sets something that would run code.
+        UsageError: a private cube's text or preference memory would go into a persistent
+            database not named in ``stores``.
         IdentityMismatch: a cache does not match the model MemOS loaded (policy ``"error"``).
         RecomputationFailed: the loaded model does not reproduce a cache, or its provenance is
             weaker than required.
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("the MemOS hook")
+    named = PrivacySettings.build(recipients, stores)  # refused before any work
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     if policy.require_pin and not is_commit(wanted or ""):
         raise UsageError(f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move, and "
@@ -101,7 +125,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     with placing:
         pulled = pull(spec, policy.for_folder(), local_dir=target, endpoint=endpoint,
                       token=token, repo_type=repo_type, force=managed, decrypt_with=identity)
-    cube = _build_any(pulled.local_dir, pulled.report, policy, identity,
+    cube = _build_any(pulled.local_dir, pulled.report, policy, identity, named,
                       memory_types=memory_types, default_config=default_config,
                       endpoint=endpoint, token=token)
     cube.cubepack.commit_sha = pulled.commit_sha
@@ -113,42 +137,74 @@ def init_from_dir(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   memory_types: list[str] | None = None, default_config: Any = None,
                   endpoint: str | None = None, token: str | None = None,
                   decrypt_with: str | os.PathLike[str] | None = None,
+                  recipients: Any = None, stores: Any = None,
                   **options: Any) -> Any:
     """Verify a packed cube folder, then load it as a ``GeneralMemCube`` (see above; a
-    private cube is opened with ``decrypt_with``, default ``$CUBEPACK_IDENTITY``)."""
+    private cube is opened with ``decrypt_with``, default ``$CUBEPACK_IDENTITY``, and its
+    memories sealed: ``recipients`` and ``stores`` as for :func:`init_from_remote_repo`)."""
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("the MemOS hook")
+    named = PrivacySettings.build(recipients, stores)
     identity = identity_path(decrypt_with)
     report = verify(cube_dir, policy.for_folder(), decrypt_with=identity)
-    return _build_any(Path(cube_dir), report, policy, identity, memory_types=memory_types,
-                      default_config=default_config, endpoint=endpoint, token=token)
+    return _build_any(Path(cube_dir), report, policy, identity, named,
+                      memory_types=memory_types, default_config=default_config,
+                      endpoint=endpoint, token=token)
 
 
 def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
-               identity: Path | None, **options: Any) -> Any:
+               identity: Path | None, named: PrivacySettings, **options: Any) -> Any:
     """:func:`_build` on a clear cube; on a private one, on its clear cube decrypted into a RAM
-    folder (gone when this returns: MemOS holds what it loaded, the KV caches stay mapped)."""
+    folder (gone when this returns: MemOS holds what it loaded, the KV caches stay mapped),
+    every memory of the cube sealed (:mod:`._privacy`) before anything is loaded into it."""
     if not is_private(verified.lock):
         return _build(cube_dir, verified, policy, **options)
     if identity is None:
         raise UsageError(f"{cube_dir} is a private cube (encrypted to its recipients); loading "
                          "it needs an identity: pass decrypt_with=KEY_FILE or set "
                          "CUBEPACK_IDENTITY.")
+    settings = named.merged(in_force())  # this load's names, over the hook's
     with open_private(cube_dir, identity, public_lock=verified.lock) as opened:
         clear = replace(verified, lock=opened.lock, cube_dir=cube_dir)
-        cube = _build(opened.folder, clear, policy, **options)
+        sealed = loaded_seal(cube_dir, opened.manifest, opened.public_lock,
+                             signed_by=verified.signed_by, named=named.recipients)
+        cube = _build(opened.folder, clear, policy, private=(sealed, settings.stores),
+                      **options)
     cube.cubepack.cube_dir = cube_dir
     cube.cubepack.private_recipients = list(opened.manifest["recipients"])
     cube.cubepack.private_hidden_names = bool(opened.public_lock["encryption"]["hidden_names"])
     return cube
 
 
+#: The folder :func:`_build` has verified and is loading from: MemOS's text and preference
+#: memory loads (hooked) read it without verifying it again.
+_VERIFIED: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "cubepack_memos_verified", default=None)
+
+
+def already_verified(folder: Path) -> bool:
+    current = _VERIFIED.get()
+    return current is not None and Path(folder).resolve() == current
+
+
+@contextlib.contextmanager
+def verified_folder(folder: Path) -> Iterator[None]:
+    """Within the block, ``folder`` counts as verified (see :func:`already_verified`)."""
+    token = _VERIFIED.set(Path(folder).resolve())
+    try:
+        yield
+    finally:
+        _VERIFIED.reset(token)
+
+
 def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
            memory_types: list[str] | None, default_config: Any, endpoint: str | None,
-           token: str | None) -> Any:
+           token: str | None, private: tuple[Any, tuple[str, ...]] | None = None) -> Any:
     """Build the GeneralMemCube: only the memory types asked for (the others are not even
     constructed, as MemOS would construct every configured one), pinned models, the
-    non-activation memories loaded by MemOS, the activations by cubepack."""
+    non-activation memories loaded by MemOS, the activations by cubepack. ``private``: (the
+    seal, the stores named): a persistent store is refused before MemOS builds anything, and
+    every memory is sealed before anything is loaded into it."""
     from memos.mem_cube.general import GeneralMemCube
 
     types = memory_types or list(MEMORY_TYPES)
@@ -160,12 +216,21 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if lock.get("adapters"):  # before MemOS builds anything
         check_adapters(lock, effective.model_dump(mode="json") if "para_mem" in types else {},
                        report, policy)
-    cube = GeneralMemCube(_only(effective, types))
+    config = _only(effective, types)
+    if private is not None:
+        refuse_persistent([(kind, store) for kind in types
+                           if (store := memory_store(kind, getattr(config, kind, None)))],
+                          private[1], private[0].source)
+    cube = GeneralMemCube(config)
+    if private is not None:
+        for memory in cube_memories(cube):
+            seal(memory, [private[0]])
     others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
-    if others and (cube_dir / "config.json").is_file():
-        cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified above)
-    for kind in others if not (cube_dir / "config.json").is_file() else []:
-        getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
+    with verified_folder(cube_dir):
+        if others and (cube_dir / "config.json").is_file():
+            cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
+        for kind in others if not (cube_dir / "config.json").is_file() else []:
+            getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:

@@ -8,8 +8,9 @@ from typing import Any
 
 from .._util import atomic
 from .._util.quiet import quietly
-from ._dump import dump_cube
+from ._dump import dump_cube, dump_private
 from ._hook import settings
+from ._privacy import cube_seals, in_force
 
 
 @quietly(import_first=("memos",))
@@ -26,18 +27,26 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     #2301) is refused. Pins come from the model MemOS loaded. When the model was loaded from a Hub snapshot,
     ``config.json`` names the Hub id again, not the local path. With ``recompute``, the model
     proves every cache (provenance ``recomputed``). Atomic: ``out_dir`` appears complete or not
-    at all.
+    at all. A cube holding a private cube's memories (see :mod:`cubepack.memos._privacy`) is
+    written as a private cube, to trusted recipients, or refused.
     """
     out = Path(out_dir)
+    policy = settings()  # the hook's, when installed: it never launders an unknown cache
+    on_mismatch = policy.on_mismatch if policy is not None else None
+    seals = cube_seals(cube)
+    if seals:
+        dump_private(lambda clear: dump_cube(cube, clear, license=license,
+                                             pretty_name=pretty_name, recompute=recompute,
+                                             on_mismatch=on_mismatch),
+                     out, seals, "cubepack.memos.pack_cube", named=in_force().recipients)
+        return out
     with atomic.placing(out, elsewhere="pass another out_dir"):
         staging = atomic.staging_dir(out, "pack-cube")
         try:
             dump_dir = staging / "cube"
             dump_dir.mkdir()
-            policy = settings()  # the hook's, when installed: it never launders an unknown cache
             dump_cube(cube, dump_dir, license=license, pretty_name=pretty_name,
-                      recompute=recompute,
-                      on_mismatch=policy.on_mismatch if policy is not None else None)
+                      recompute=recompute, on_mismatch=on_mismatch)
             atomic.replace_dir(dump_dir, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
