@@ -106,6 +106,11 @@ _MAGIC = (
     (b"\x89HDF", "an HDF5 file"), (b"\xef\xbb\xbf", "UTF-8 text (with a byte-order mark)"),
     (b"\xff\xfe", "UTF-16 text (little-endian byte-order mark)"),
     (b"\xfe\xff", "UTF-16 text (big-endian byte-order mark)"),
+    # age's version line (the format's owner is trust/_age; here only its first bytes)
+    (b"age-encr", "an age-encrypted file (a private cube's memory), which only its "
+                  "recipients open: load_kv_cache(path, model, decrypt_with=KEY) opens it in "
+                  "memory; cubepack never writes its plaintext to a file, so export, import "
+                  "and upgrade refuse it"),
 )
 
 

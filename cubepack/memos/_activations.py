@@ -273,6 +273,13 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: Trus
     kv_files, prompts = _hooked_dump_files(cube_dir)
     if path is None and not kv_files and prompts is None:
         return  # as MemOS: no file, the memory keeps what it holds
+    if path is not None and (kv_files or prompts is not None):
+        # A hooked dump removes the pickle it replaces; both here means two dumps of
+        # different times, and loading either one could hand back memories deleted since.
+        raise FormatError(f"{cube_dir} holds both MemOS's pickle ({path.name}) and a hooked "
+                          f"dump ({constants.ACTIVATIONS_DIR}/): which one is the memory "
+                          "cannot be told. Remove the older one (or dump the memory again "
+                          "with the hook installed, which replaces both) and load again.")
     vllm = not hasattr(act_mem.llm, "model")
     if kv_files and vllm:
         raise UnsupportedError(f"{cube_dir} holds KV caches, but {type(act_mem).__name__} holds "

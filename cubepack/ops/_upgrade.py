@@ -78,9 +78,11 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
     format-1 KV files there against ``model``; re-pack; swap. A current cube is left as is."""
     lock = verify_for_upgrade(cube).lock
     result = UpgradeResult(cube)
-    if is_private(lock):  # written at the current format; its KV files are ciphertexts
-        result.current = sorted(lock["encryption"]["ciphertexts"])
-        return result
+    if is_private(lock):  # its KV files are ciphertexts: their formats cannot even be read
+        raise UsageError(f"{cube} is a private cube: upgrade rewrites KV files, and a private "
+                         "cube's are ciphertexts, whose plaintext cubepack never writes to a "
+                         "file. Upgrade its clear source (cubepack upgrade SOURCE --model "
+                         "MODEL), then encrypt it again (cubepack encrypt SOURCE --to ...).")
     kv_files = sorted(entry["file"] for entry in lock["activations"].values())
     if lock["lock_version"] == constants.LOCK_VERSION and all(
             read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION

@@ -190,7 +190,8 @@ def test_pack_migrate_and_upgrade_never_rebuild_a_private_cube_as_a_clear_one(pa
         cubepack.pack(cube)
     with pytest.raises(UsageError, match="private cube"):
         cubepack.migrate(cube, out=tmp_path / "migrated", model=str(zoo["a"]))
-    assert cubepack.upgrade(cube, model=str(zoo["a"])).upgraded == []
+    with pytest.raises(UsageError, match="private cube: upgrade rewrites KV files"):
+        cubepack.upgrade(cube, model=str(zoo["a"]))
     assert {p.name: p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
 
 
@@ -218,3 +219,63 @@ def test_a_private_lock_holds_nothing_private_in_clear():
         lock = lockfile.build_lock(**arguments)
         with pytest.raises(cubepack.FormatError):
             lockfile.parse(lockfile.dumps(lock).encode())
+
+
+#: Every CLI command, and what it writes of a private cube's memories (issue #37 item 1): a
+#: writer of memories is given a private cube (or one of its KV files) and must refuse naming
+#: it, writing nothing; the others write no plaintext (``encrypted``: only ciphertexts).
+CLI_WRITERS = {
+    "pack": "refuses", "migrate": "refuses", "upgrade": "refuses", "export mlx": "refuses",
+    "export llamacpp": "refuses",
+    "import mlx": "reads another runtime's clear file", "import llamacpp": "reads another "
+    "runtime's clear file",
+    "encrypt": "refuses", "rekey": "encrypted", "push": "encrypted", "pull": "encrypted",
+    "sign": "no memory", "verify": "no memory", "inspect": "no memory", "fingerprint":
+    "no memory", "diff": "no memory", "lineage": "no memory", "hub serve": "no memory",
+}
+
+
+def _commands(group, prefix=""):
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}"
+
+
+def test_cubepacks_own_writers_never_write_a_private_memory_in_clear(packed, tmp_path, agekeys,
+                                                                      zoo, monkeypatch):
+    """Swept over every CLI command: each one that writes memories, given a private cube or
+    one of its KV files (with the identity that opens it in the environment), refuses naming
+    what it was given and leaves it as it was."""
+    import subprocess
+    import sys
+
+    from cubepack.cli import cli
+
+    assert set(_commands(cli)) == set(CLI_WRITERS)
+    cube = private_copy(packed, tmp_path, agekeys)
+    [kv] = sorted(cube.glob("activations/*.age"))[:1]
+    before = {p: p.read_bytes() for p in cube.rglob("*") if p.is_file()}
+    env = {**os.environ, "CUBEPACK_IDENTITY": str(agekeys["alice"][0]),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    calls = {"pack": ["pack", str(cube)],
+             "migrate": ["migrate", str(cube), "--model", str(zoo["a"]), "--out",
+                         str(tmp_path / "out-migrate")],
+             "upgrade": ["upgrade", str(cube), "--model", str(zoo["a"])],
+             "upgrade file": ["upgrade", str(kv), "--model", str(zoo["a"])],
+             "export mlx": ["export", "mlx", str(kv), "--out", str(tmp_path / "out.mlx")],
+             "export llamacpp": ["export", "llamacpp", str(kv), "--out",
+                                 str(tmp_path / "out.bin")],
+             "encrypt": ["encrypt", str(cube), "--to", agekeys["bob"][1]]}
+    assert {name.split(" file")[0] for name in calls} == \
+        {name for name, how in CLI_WRITERS.items() if how == "refuses"}
+    for name, args in calls.items():
+        done = subprocess.run([sys.executable, "-m", "cubepack", *args], env=env,
+                              capture_output=True, text=True, check=False)
+        assert done.returncode != 0, name
+        assert "private" in done.stderr or "age-encrypted" in done.stderr, (name, done.stderr)
+        assert not list(tmp_path.glob("out*")), name
+    assert {p: p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
