@@ -64,14 +64,15 @@ def test_the_hook_opens_a_private_cube_in_memory_only(zoo, tmp_path, agekeys, mo
             hook.init_from_dir(tmp_path / "pulled")
         monkeypatch.setenv("CUBEPACK_IDENTITY", str(agekeys["alice"][0]))
         hook.uninstall()
-        hook.install(require_pin=False)
+        # The cube is unsigned: the readers of its dumps are named by the user (issue #37).
+        hook.install(require_pin=False, recipients=[agekeys["alice"][1]])
         try:
             again = GeneralMemCube.init_from_dir(str(tmp_path / "pulled"))
             assert len(again.act_mem.get_all()) == 2
             memory = GeneralMemCube(memos_config(snapshot))
             memory.act_mem.load(str(tmp_path / "pulled"))  # KVCacheMemory.load, hooked
             assert len(memory.act_mem.get_all()) == 2
-            # MemOS's dump of a loaded private cube is private again, to the same recipients.
+            # MemOS's dump of a loaded private cube is private again, to the named readers.
             again.dump(str(tmp_path / "dumped"))
             reloaded = hook.init_from_dir(tmp_path / "dumped")  # CUBEPACK_IDENTITY: alice
             assert sorted(reloaded.cubepack.loaded) == sorted(item.id for item in items)
