@@ -472,3 +472,24 @@ def test_a_hooked_dump_replaces_the_pickle_and_the_deleted_items(installed, zoo,
     fresh = GeneralMemCube(cube_config(zoo["a"]))
     fresh.act_mem.load(str(tmp_path / "folder"))
     assert [i.id for i in fresh.act_mem.get_all()] == [i.id for i in cube.act_mem.get_all()]
+
+
+def test_a_private_cache_copied_into_another_memory_keeps_its_seal(installed, private, zoo,
+                                                                     tmp_path):
+    """Privacy travels with the cache as its producer does: KVCacheMemory.add of a private
+    cube's caches into a fresh memory (MemOS's own add, or a merge) seals that memory, so its
+    dump is not written in clear."""
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.memories.activation.item import KVCacheItem
+
+    cube = hook.init_from_dir(private)
+    other = GeneralMemCube(cube_config(zoo["a"]))
+    other.act_mem.add(cube.act_mem.get_all())
+    with pytest.raises(SignatureError):
+        other.act_mem.dump(str(tmp_path / "copy"))
+    merged = cube.act_mem.get_cache([item.id for item in cube.act_mem.get_all()])
+    third = GeneralMemCube(cube_config(zoo["a"]))
+    third.act_mem.add([KVCacheItem(memory=merged, metadata={})])
+    with pytest.raises(SignatureError):
+        third.dump(str(tmp_path / "merged"))
+    assert not (tmp_path / "copy").exists() and not (tmp_path / "merged").exists()
