@@ -50,7 +50,7 @@ from ..memos_format._records import record_conflicts
 from ..ops._verify import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
-from ._use import UNKNOWN, UNKNOWN_FINDING, produced, register, use_problems
+from ._use import UNKNOWN, UNKNOWN_FINDING, add_seals, produced, register, use_problems
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -126,8 +126,11 @@ class _Staged:
     """The items a load will install: MemOS's memory is replaced only once every item passed
     (a refusal leaves the memory as it was)."""
 
-    def __init__(self, act_mem: Any, cube_dir: Path, report: HookReport, policy: TrustPolicy):
+    def __init__(self, act_mem: Any, cube_dir: Path, report: HookReport, policy: TrustPolicy,
+                 seals: frozenset[Any] = frozenset()):
         self.act_mem, self.cube_dir, self.report, self.policy = act_mem, cube_dir, report, policy
+        #: the private cube's seal: each cache carries it (privacy travels as the producer)
+        self.seals = seals
         self.items: list[Any] = []
         self.ids: set[str] = set()
 
@@ -152,7 +155,7 @@ class _Staged:
             provenance, layers = self._prove(item_id, layers, token_ids, header)
         cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
         metadata = memos_layout.item_metadata(header)
-        register(cache, item_id, producer, metadata, token_ids, provenance)
+        register(cache, item_id, producer, metadata, token_ids, provenance, self.seals)
         records = header.get("records") if isinstance(header.get("records"), dict) else None
         fields = {"records": KVCacheRecords.model_validate(records)} if records else {}
         self.items.append(KVCacheItem(id=item_id, memory=cache, metadata=metadata, **fields))
@@ -202,13 +205,15 @@ class _Staged:
                      token_ids=token_ids, producer=producer, unknown=unknown)
 
     def install(self) -> None:
+        for item in self.items:  # a rebuilt item was made from the cube's source text
+            add_seals(item.memory, self.seals)
         self.act_mem.kv_cache_memories = {}  # MemOS's load replaces what the memory held
         if self.items:
             self.act_mem.add(self.items)
 
 
 def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
-                     policy: TrustPolicy) -> None:
+                     policy: TrustPolicy, seals: frozenset[Any] = frozenset()) -> None:
     """Install a verified cube's activation memory into ``act_mem``: KV caches into a memory
     whose LLM runs here, a vLLM cube's prompts into one whose LLM is a server; either into the
     other kind is refused (it would leave the memory silently empty)."""
@@ -224,13 +229,13 @@ def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report:
                                "holds prompt strings for a vLLM server; load it into a "
                                "KVCacheMemory.")
     if local:
-        load_packed(act_mem, cube_dir, lock, report, policy)
+        load_packed(act_mem, cube_dir, lock, report, policy, seals)
     else:
         load_prompts(act_mem, cube_dir, lock, report)
 
 
 def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
-                policy: TrustPolicy) -> None:
+                policy: TrustPolicy, seals: frozenset[Any] = frozenset()) -> None:
     """Install a verified cube's activations, each checked against the live model (and, with
     ``recompute``, reproduced by it: see :mod:`cubepack.kv._recompute`)."""
     pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
@@ -238,7 +243,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
         return
     llm = llm_in_dtype(act_mem, pinned["dtype"] if pinned else None)
     live = fingerprint(llm.model)
-    staged = _Staged(act_mem, cube_dir, report, policy)
+    staged = _Staged(act_mem, cube_dir, report, policy, seals)
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(cube_dir, entry["file"])
         try:

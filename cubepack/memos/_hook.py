@@ -48,7 +48,6 @@ from ._parametric import check_adapters
 from ._privacy import (
     PrivacySettings,
     clear_allowed,
-    cube_seals,
     in_force,
     installed_settings,
     loaded_seal,
@@ -59,7 +58,16 @@ from ._privacy import (
     set_installed,
     store_of,
 )
-from ._use import checked_add, checked_parts, guarded_use, merged, record_build, record_extraction
+from ._use import (
+    checked_add,
+    checked_parts,
+    cube_seals,
+    guarded_use,
+    memory_seals,
+    merged,
+    record_build,
+    record_extraction,
+)
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -363,10 +371,12 @@ def _guarded_act_load(self: Any, dir: str) -> None:
                 raise UsageError(f"{folder} is a private cube; loading it needs an identity: "
                                  "set CUBEPACK_IDENTITY to a key file it is encrypted to.")
             with open_private(folder, identity, public_lock=verified.lock) as opened:
-                load_activations(self, opened.folder, opened.lock, report, current)
+                sealed = loaded_seal(folder, opened.manifest, opened.public_lock,
+                                     signed_by=verified.signed_by)
+                load_activations(self, opened.folder, opened.lock, report, current,
+                                 frozenset([sealed]))
             # Once loaded (a refused load leaves the memory as it was, unsealed too).
-            seal(self, [loaded_seal(folder, opened.manifest, opened.public_lock,
-                                    signed_by=verified.signed_by)])
+            seal(self, [sealed])
         else:
             load_activations(self, folder, verified.lock, report, current)
     else:
@@ -469,7 +479,7 @@ def _portable_act_dump(self: Any, dir: str) -> None:
     cube's caches writes a private cube (:func:`~._dump.dump_private`) or refuses."""
     writer = f"{type(self).__name__}.dump"
     on_mismatch = _hook_settings().on_mismatch
-    seals, target = seals_of(self), Path(dir)
+    seals, target = memory_seals(self), Path(dir)
     if not seals or clear_allowed(target):
         if not seals:
             refuse_clear_into_private(target, writer)
@@ -504,7 +514,7 @@ def _portable_dump(owner: Any, self: Any, dir: str, memory_types: Any = None) ->
     writer = f"{owner.__name__}.dump"
     original = _original(owner, "dump")
     types = list(memory_types or MEMORY_KINDS)
-    seals = frozenset().union(*(seals_of(getattr(self, f"_{kind}", None)) for kind in types))
+    seals = frozenset().union(*(memory_seals(getattr(self, f"_{kind}", None)) for kind in types))
     sealed = bool(seals) and not clear_allowed(Path(dir))
     if os.path.exists(dir) and os.listdir(dir):  # MemOS's own rule, before any work
         return original(self, dir, memory_types)

@@ -234,7 +234,8 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
-        load_activations(cube.act_mem, cube_dir, lock, report, policy)
+        load_activations(cube.act_mem, cube_dir, lock, report, policy,
+                         frozenset([private[0]]) if private is not None else frozenset())
     require_provenance_of(lock, report, policy.require_provenance)
     cube.cubepack = report
     return cube

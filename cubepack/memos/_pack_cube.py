@@ -10,7 +10,8 @@ from .._util import atomic
 from .._util.quiet import quietly
 from ._dump import dump_cube, dump_private
 from ._hook import settings
-from ._privacy import cube_seals, in_force
+from ._privacy import in_force
+from ._use import cube_seals
 
 
 @quietly(import_first=("memos",))

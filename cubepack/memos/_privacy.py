@@ -146,10 +146,6 @@ def cube_memories(cube: Any) -> list[Any]:
             if (memory := getattr(cube, f"_{kind}", None)) is not None]
 
 
-def cube_seals(cube: Any) -> frozenset[Seal]:
-    return frozenset().union(*(seals_of(memory) for memory in cube_memories(cube)))
-
-
 # --- stores: where a text or preference memory keeps what was loaded into it --------------------
 
 @dataclass(frozen=True)

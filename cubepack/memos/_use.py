@@ -59,6 +59,7 @@ from ..kv._torch import (
 from ..memory._reprefill import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
+from ._privacy import cube_memories, seal, seals_of
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -82,6 +83,9 @@ class Produced:
     metadata: dict[str, Any] = field(default_factory=dict)
     token_ids: tuple[int, ...] | None = None
     provenance: dict[str, Any] = field(default_factory=lambda: dict(EXTRACTED))
+    #: the private cubes it came from (:class:`~._privacy.Seal`): a memory that takes it is
+    #: sealed, so privacy travels with the cache as its producer does
+    seals: frozenset[Any] = frozenset()
 
 
 @dataclass
@@ -104,14 +108,60 @@ _LOCK = threading.Lock()
 
 
 def register(cache: Any, item_id: str, producer: ModelIdentity, metadata: dict[str, Any],
-             token_ids: Any = None, provenance: dict[str, Any] | None = None) -> Any:
-    """Remember ``cache``'s producer (by the object while it lives, and by its content);
-    return the cache."""
+             token_ids: Any = None, provenance: dict[str, Any] | None = None,
+             seals: frozenset[Any] = frozenset()) -> Any:
+    """Remember ``cache``'s producer (by the object while it lives, and by its content), and
+    the private cubes it came from (``seals``); return the cache."""
     ids = tuple(int(t) for t in token_ids) if token_ids is not None else None
     record = Produced(item_id, producer, dict(metadata or {}), ids,
-                      dict(provenance or EXTRACTED))
+                      dict(provenance or EXTRACTED), frozenset(seals))
     _remember(cache, cache_layers(cache), record)
     return cache
+
+
+def add_seals(cache: Any, seals: frozenset[Any]) -> None:
+    """Add ``seals`` to the record of the registered ``cache`` (and of its content), without
+    hashing it again: a cache rebuilt from a private cube's source text is private too."""
+    if not seals:
+        return
+    with _LOCK:
+        try:
+            entry = _PRODUCED.get(cache)
+        except TypeError:
+            entry = None
+        if entry is None:
+            return
+        old = entry.record
+        entry.record = replace(old, seals=old.seals | seals)
+        for digest, record in list(_BY_CONTENT.items()):
+            if record is old:
+                _BY_CONTENT[digest] = entry.record
+
+
+def memory_seals(memory: Any) -> frozenset[Any]:
+    """What marks a memory: its own seals (:func:`~._privacy.seals_of`: the instance, its
+    database) and, for an activation memory, those its caches carry (a cache copied from a
+    private cube's memory keeps its seal, as it keeps its producer)."""
+    if memory is None:
+        return frozenset()
+    caches = [getattr(item, "memory", None) for item in
+              (getattr(memory, "kv_cache_memories", None) or {}).values()]
+    return seals_of(memory) | cache_seals(caches)
+
+
+def cube_seals(cube: Any) -> frozenset[Any]:
+    """What marks any memory of a MemOS cube."""
+    return frozenset().union(*(memory_seals(memory) for memory in cube_memories(cube)))
+
+
+def cache_seals(caches: Any) -> frozenset[Any]:
+    """The seals the records of ``caches`` carry (unknown caches carry none)."""
+    found: set[Any] = set()
+    for cache in caches:
+        record = produced(cache) if cache is not None else None
+        if record is not None:
+            found |= record.seals
+    return frozenset(found)
 
 
 def _remember(cache: Any, layers: list[tuple], record: Produced) -> None:
@@ -278,7 +328,8 @@ def checked_add(act_mem: Any, items: list[Any], policy: str) -> list[Any]:
         if not mismatches:
             register(cache, item.id, record.producer,
                      {**record.metadata, **(getattr(item, "metadata", None) or {})},
-                     record.token_ids, record.provenance)
+                     record.token_ids, record.provenance, record.seals)
+            seal(act_mem, record.seals)  # a private cube's cache makes the memory private
             kept.append(item)
             continue
         what = f"Activation {item.id!r} added to KVCacheMemory (KVCacheMemory.add)"
@@ -291,7 +342,10 @@ def checked_add(act_mem: Any, items: list[Any], policy: str) -> list[Any]:
         if policy == "rebuild" and isinstance(source, str):
             rebuilt = act_mem.llm.build_kv_cache(source)  # hooked: registered with its model
             item = item.model_copy(update={"memory": rebuilt})
-            register(rebuilt, item.id, live, {**(item.metadata or {}), "source_text": source})
+            seals = record.seals if record is not None else frozenset()
+            register(rebuilt, item.id, live, {**(item.metadata or {}), "source_text": source},
+                     seals=seals)
+            seal(act_mem, seals)
             logger.warning("cubepack: %s: rebuilt with the memory's model", what)
             kept.append(item)
             continue
@@ -357,7 +411,8 @@ def merged(caches: list[Any], result: Any) -> Any:
     weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
-                      first.producer, {}, ids, dict(weakest))
+                      first.producer, {}, ids, dict(weakest),
+                      frozenset().union(*(record.seals for record, _ in known)))
     if any(state == "changed" for _, state in known):
         record = replace(record, item_id=record.item_id + " (changed since cubepack checked it)")
         _remember_changed(result, record)
