@@ -274,7 +274,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
         # the adapters' weight digests) stay out of the output of a private pack: a digest of
         # plaintext confirms a guessed cube. What is printed is the public lock's.
         public = json.loads((Path(cube_dir) / constants.LOCK_FILENAME).read_text())
-        data = {**data, "activations": [], "converted": [], "recomputed": {},
+        data = {**data, "activations": [], "converted": [], "recomputed": {}, "unchecksummed": {},
                 "digest": private.digest, "content_digest": public.get("content_digest"),
                 "adapters": {name: {k: v for k, v in adapter.items() if k != "digest"}
                              for name, adapter in data["adapters"].items()},
@@ -299,6 +299,8 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  model {role}: {where}" + (f" (moved: was {was})" if was else ""))
     for item, proof in sorted(data.get("recomputed", {}).items()):
         lines.append(f"  proved {item}: {proof}")
+    for item, note in sorted(data.get("unchecksummed", {}).items()):
+        lines.append(f"  unchecked {item}: {note}")
     for name, adapter in sorted(data.get("adapters", {}).items()):
         claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
         lines.append(f"  adapter {name}: {adapter.get('digest', 'encrypted')}, base pinned as model "
