@@ -64,6 +64,11 @@ def test_a_folder_hf_download_made_packs_with_its_adapters(hub, cube, zoo, tmp_p
                       local_dir=folder, endpoint=hub.url, token=TOKEN, cache_dir=tmp_path / "hf")
     kept = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
     assert any(fileset.is_bookkeeping(name) and "parametric/lora/" in name for name in kept)
+    before = json.loads((folder / "cubepack.lock").read_text())
     result = cubepack.pack(folder, adapter_base=str(zoo["a"]))
-    assert sorted(result.adapters) == ["lora"] and not result.changed
+    after = json.loads((folder / "cubepack.lock").read_text())
+    assert sorted(result.adapters) == ["lora"] and after["adapters"] == before["adapters"]
+    # the lock lists what it listed, and the Hub's .gitattributes the download brought
+    assert set(after["files"]) == set(before["files"]) | {".gitattributes"}
+    assert not any(fileset.is_bookkeeping(name) for name in after["files"])
     assert cubepack.verify(folder, model=str(zoo["a"])).ok
