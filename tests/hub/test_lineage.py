@@ -127,3 +127,34 @@ def test_a_pulled_cube_repacked_since_is_not_that_commit(hub, packed_cube_factor
     parent = lock_of(cubepack.migrate(pulled, model=str(zoo["b"]),
                                       out=tmp_path / "child").cube_dir)["lineage"]["parent"]
     assert (parent["repo_id"], parent["revision"]) == (None, None)
+
+
+def test_a_parent_pulled_from_a_pull_request_is_named_as_one(hub, packed_cube_factory, zoo,
+                                                            tmp_path):
+    """Anyone may open a pull request on a Hub repo: its commit lives under the repo's name but
+    on refs/pr/N, not on a branch its owner moved. A cube pulled from one and migrated records
+    `repo@commit` like any other parent; lineage --follow fetched it and said nothing of what
+    that commit is. It names the ref the commit is on: the branch, else the pull request."""
+    from cubepack.cli import _render_lineage
+
+    root = copy_of(packed_cube_factory(), tmp_path)
+    main_sha = push(root, "ns/root", endpoint=hub.url, allow_local_paths=True).commit_sha
+    proposal = copy_of(root, tmp_path / "proposal")
+    cubepack.pack(proposal, pretty_name="a proposal")
+    proposed = push(proposal, "ns/root", endpoint=hub.url, allow_local_paths=True,
+                    create_pr=True)
+    assert proposed.pr_revision == "refs/pr/1" and proposed.commit_sha != main_sha
+    for sha, name in ((proposed.commit_sha, "from-pr"), (main_sha, "from-main")):
+        pulled = pull(f"ns/root@{sha}", endpoint=hub.url, local_dir=tmp_path / f"pulled-{name}",
+                      cache_dir=tmp_path / "hf-cache").local_dir
+        child = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / name).cube_dir
+        followed = lineage(child, follow=True, endpoint=hub.url)
+        assert followed.complete
+        ref = followed.chain[1]["ref"]
+        text = _render_lineage(followed.to_dict())
+        if name == "from-pr":
+            assert ref == {"kind": "pull request", "name": "refs/pr/1"}
+            assert f"parent ns/root@{sha} (a pull request's commit: refs/pr/1" in text
+        else:
+            assert ref == {"kind": "branch", "name": "main"}
+            assert f"parent ns/root@{sha} (on branch main" in text
