@@ -674,6 +674,18 @@ def lineage_command(cube_dir: str, follow: bool, repo_type: str, token: str | No
     _emit(result.to_dict(), as_json, _render_lineage)
 
 
+def _ref_words(link: dict[str, Any]) -> str:
+    """Where a fetched parent's commit sits in its repo, for ``lineage --follow``'s text."""
+    from .hub._lineage import BRANCH, PULL_REQUEST, TAG
+
+    ref = link.get("ref") or {}
+    return {BRANCH: f"on branch {ref.get('name')}",
+            TAG: f"tagged {ref.get('name')}, on no branch",
+            PULL_REQUEST: f"a pull request's commit: {ref.get('name')}, which anyone may open "
+                          "on the repo; on no branch"}.get(
+        ref.get("kind"), f"on no branch, tag or pull request of {link['repo_id']}")
+
+
 def _render_lineage(data: dict[str, Any]) -> str:
     from .trust._evidence import PROVED
 
@@ -681,7 +693,8 @@ def _render_lineage(data: dict[str, Any]) -> str:
     for index, link in enumerate(data["chain"]):
         where = data["cube_dir"] if index == 0 else f"{link['repo_id']}@{link['revision']}"
         lines.append(("cube " if index == 0 else "parent ") + where
-                     + ("" if index == 0 else " (its lock's digest is the one recorded)"))
+                     + ("" if index == 0 else f" ({_ref_words(link)}; its lock's digest is the "
+                                              "one recorded)"))
         lines.append(f"  lock digest: {link['lock_digest']}")
         if link["root"]:
             lines.append("  root: records no parent")
