@@ -158,3 +158,36 @@ def test_a_parent_pulled_from_a_pull_request_is_named_as_one(hub, packed_cube_fa
         else:
             assert ref == {"kind": "branch", "name": "main"}
             assert f"parent ns/root@{sha} (on branch main" in text
+
+
+def test_the_ref_named_is_a_branch_else_a_tag_else_a_pull_request_else_none(hub):
+    """Each kind of ref a parent's commit can sit on, through the real client."""
+    from huggingface_hub import CommitOperationAdd
+
+    from cubepack.hub._client import HubClient
+    from cubepack.hub._lineage import _ref_of
+
+    client = HubClient(hub.url)
+    api = client.api
+    api.create_repo("ns/refs", repo_type="dataset")
+
+    def commit(branch="main", create_pr=False, data=b"x"):
+        return client.create_commit("ns/refs", [CommitOperationAdd("a.txt", data)],
+                                    repo_type="dataset", branch=branch, message="c",
+                                    create_pr=create_pr)
+
+    first = commit(data=b"1").oid
+    head = commit(data=b"2").oid
+    api.create_branch("ns/refs", branch="side", repo_type="dataset")
+    side = commit("side", data=b"3").oid
+    api.create_tag("ns/refs", tag="v1", revision=side, repo_type="dataset")
+    api.delete_branch("ns/refs", branch="side", repo_type="dataset")
+    proposed = commit(create_pr=True, data=b"4").oid
+    found = {name: _ref_of(client, "ns/refs", sha, "dataset") for name, sha in (
+        ("first", first), ("head", head), ("side", side), ("proposed", proposed),
+        ("unknown", "f" * 40))}
+    assert found == {"first": {"kind": "branch", "name": "main"},
+                     "head": {"kind": "branch", "name": "main"},
+                     "side": {"kind": "tag", "name": "v1"},
+                     "proposed": {"kind": "pull request", "name": "refs/pr/1"},
+                     "unknown": {"kind": None, "name": None}}
