@@ -816,6 +816,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
     agrees with the pin), or less when the header itself says less: a header's ``provenance``
     metadata is a claim, so it may lower the label (``asserted``) but never raise it."""
     entries: dict[str, dict[str, Any]] = {}
+    ids: dict[str, str] = {}  # activation_id_key -> the id that has it
     producer_pin = pins.get(memos_layout.ACT_ROLE)
     for name in files:
         if not is_activation_path(name):
@@ -834,8 +835,13 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
                                    "It was produced by another model than the one being pinned; "
                                    "pass --model with its producer or remove the file.")
         item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
-        if item_id in entries:
-            raise FormatError(f"Two activation files carry the id {item_id!r}.")
+        key = lockfile.activation_id_key(item_id)
+        if key in ids:
+            first = ids[key]
+            raise FormatError(f"Two activation files {lockfile.duplicate_id(first, item_id)} "
+                              f"({entries[first]['file']} and {name}); give one of them another "
+                              "id (the id in its KV header's metadata, else its file name).")
+        ids[key] = item_id
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
                             "num_layers": info.num_layers, "sha256": digests[name],
