@@ -191,3 +191,48 @@ def test_the_ref_named_is_a_branch_else_a_tag_else_a_pull_request_else_none(hub)
                      "side": {"kind": "tag", "name": "v1"},
                      "proposed": {"kind": "pull request", "name": "refs/pr/1"},
                      "unknown": {"kind": None, "name": None}}
+
+
+def _hand_made_origin(folder, repo_id, commit):
+    """An origin record as a pull writes one, written by hand (or shipped in a folder)."""
+    import hashlib
+
+    from cubepack._util import canonical
+    from cubepack.format._fileset import ORIGIN_FILE
+
+    lock = (folder / constants.LOCK_FILENAME).read_bytes()
+    record = folder / ORIGIN_FILE
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(canonical.dumps({
+        "repo_id": repo_id, "repo_type": "dataset", "commit_sha": commit,
+        "files": {constants.LOCK_FILENAME: {"sha256": hashlib.sha256(lock).hexdigest(),
+                                            "size": len(lock), "stat": None}}}))
+
+
+def test_an_origin_record_no_pull_wrote_never_becomes_a_parent(hub, packed_cube_factory, zoo,
+                                                               tmp_path):
+    """The record lives in the folder: anyone who hands over a folder (or a tarball, or a raw
+    upload a plain `hf download` fetches) can write one naming any repo and commit. A parent
+    is recorded only when this user's pull wrote the record."""
+    root = copy_of(packed_cube_factory(), tmp_path)
+    sha = push(root, "ns/root", endpoint=hub.url, allow_local_paths=True).commit_sha
+    handed = copy_of(root, tmp_path / "handed")  # never pulled: the same lock as that commit
+    _hand_made_origin(handed, "ns/root", sha)
+    child = cubepack.migrate(handed, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    parent = lock_of(child)["lineage"]["parent"]
+    assert (parent["repo_id"], parent["revision"]) == (None, None)
+    assert "was not pulled from a Hub" in lineage(child, follow=True,
+                                                  endpoint=hub.url).stopped
+
+
+def test_a_folder_another_cache_pulled_names_no_parent(hub, packed_cube_factory, zoo, tmp_path,
+                                                       monkeypatch):
+    """A pulled folder moved to another user (another CUBEPACK_CACHE): their migrate did not
+    pull it, so it records no parent; the puller's own migrate does."""
+    root = copy_of(packed_cube_factory(), tmp_path)
+    pulled, sha = share(hub, root, "ns/root", tmp_path)
+    mine = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "mine").cube_dir
+    assert lock_of(mine)["lineage"]["parent"]["revision"] == sha
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "someone-else"))
+    theirs = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "theirs").cube_dir
+    assert lock_of(theirs)["lineage"]["parent"]["revision"] is None
