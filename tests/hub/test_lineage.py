@@ -236,3 +236,18 @@ def test_a_folder_another_cache_pulled_names_no_parent(hub, packed_cube_factory,
     monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "someone-else"))
     theirs = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "theirs").cube_dir
     assert lock_of(theirs)["lineage"]["parent"]["revision"] is None
+
+
+def test_a_cache_that_cannot_record_the_pull_costs_the_link_not_the_pull(
+        hub, packed_cube_factory, zoo, tmp_path, monkeypatch, caplog):
+    root = copy_of(packed_cube_factory(), tmp_path)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where CUBEPACK_CACHE should be\n")
+    monkeypatch.setenv("CUBEPACK_CACHE", str(blocked))
+    with caplog.at_level("WARNING", logger="cubepack"):
+        pulled, sha = share(hub, root, "ns/root", tmp_path)
+    assert cubepack.verify(pulled).ok
+    assert f"ns/root@{sha} could not be recorded in CUBEPACK_CACHE" in caplog.text
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "cache"))
+    child = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    assert lock_of(child)["lineage"]["parent"]["revision"] is None
