@@ -438,8 +438,9 @@ def _vouched_by_lock(cube: Path, files: list[str], earlier: dict[str, Any] | Non
         if expected is None and recompute:
             continue  # rewritten from this pack's own prefill before anything is sealed
         _require_vouched(cube / name, info.version, expected, sha256_file(cube / name),
-                         "the cube has no lock" if earlier is None else
-                         "the cube's lock does not list it")
+                         "the cube's lock does not list it" if earlier is not None else
+                         "the cube's lock cannot be read" if constants.LOCK_FILENAME in files
+                         else "the cube has no lock")
         vouched[name] = expected
     return vouched
 
