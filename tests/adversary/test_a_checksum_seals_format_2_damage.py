@@ -76,8 +76,14 @@ def test_the_cli_names_the_upgrade_after_packing_a_format_2_cube(v2_cube, capsys
     from cubepack.cli import main
 
     assert main(["pack", str(v2_cube)]) == 0
-    out = capsys.readouterr()
-    assert f"cubepack upgrade {v2_cube} --model" in out.out + out.err
+    out = capsys.readouterr().out
+    for item in ("item-1", "item-2"):
+        line = next(line for line in out.splitlines() if line.strip().startswith(
+            f"unchecked {item}:"))
+        assert "format v2" in line and f"add them: cubepack upgrade {v2_cube} --model" in line
+    assert main(["pack", str(v2_cube), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(data["unchecksummed"]) == ["item-1", "item-2"]
 
 
 @pytest.mark.parametrize("how", ["no lock", "not listed"])
