@@ -119,15 +119,15 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
         FormatError: a malformed prompt cache.
     """
     info = read_prompt_cache(path)
-    live = mlx_identity(model, info.kv_dtype, revision=revision)
     claim = claimed_header(info)
-    ids = _ids(token_ids, info.offset, live.geometry.get("vocab_size"))
-    if claim is not None:
-        # Its metadata would be sealed anew (format 3) over bytes no checksum covers.
+    if claim is not None:  # before any work: its metadata would be sealed anew (format 3)
         require_checksums(claim, "cubepack import mlx", fix=(
             f"upgrade the KV file it was exported from ({upgrade_command('FILE')}, or "
             f"{upgrade_command('CUBE')} for its cube, which checks the lock first), then "
             "export it again."))
+    live = mlx_identity(model, info.kv_dtype, revision=revision)
+    ids = _ids(token_ids, info.offset, live.geometry.get("vocab_size"))
+    if claim is not None:
         check_kv_info(claim, live)
         if ids is not None and claim.token_ids is not None and ids != claim.token_ids:
             raise UsageError(f"--token-ids contradict the ids {info.path.name} records.")
