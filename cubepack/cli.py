@@ -274,7 +274,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
         # the adapters' weight digests) stay out of the output of a private pack: a digest of
         # plaintext confirms a guessed cube. What is printed is the public lock's.
         public = json.loads((Path(cube_dir) / constants.LOCK_FILENAME).read_text())
-        data = {**data, "activations": [], "converted": [], "recomputed": {},
+        data = {**data, "activations": [], "converted": [], "recomputed": {}, "unchecksummed": {},
                 "digest": private.digest, "content_digest": public.get("content_digest"),
                 "adapters": {name: {k: v for k, v in adapter.items() if k != "digest"}
                              for name, adapter in data["adapters"].items()},
@@ -299,6 +299,8 @@ def _render_pack(data: dict[str, Any]) -> str:
         lines.append(f"  model {role}: {where}" + (f" (moved: was {was})" if was else ""))
     for item, proof in sorted(data.get("recomputed", {}).items()):
         lines.append(f"  proved {item}: {proof}")
+    for item, note in sorted(data.get("unchecksummed", {}).items()):
+        lines.append(f"  unchecked {item}: {note}")
     for name, adapter in sorted(data.get("adapters", {}).items()):
         claim = f"; its config claims {adapter['claimed_base']}" if adapter["claimed_base"] else ""
         lines.append(f"  adapter {name}: {adapter.get('digest', 'encrypted')}, base pinned as model "
@@ -672,6 +674,18 @@ def lineage_command(cube_dir: str, follow: bool, repo_type: str, token: str | No
     _emit(result.to_dict(), as_json, _render_lineage)
 
 
+def _ref_words(link: dict[str, Any]) -> str:
+    """Where a fetched parent's commit sits in its repo, for ``lineage --follow``'s text."""
+    from .hub._lineage import BRANCH, PULL_REQUEST, TAG
+
+    ref = link.get("ref") or {}
+    return {BRANCH: f"on branch {ref.get('name')}",
+            TAG: f"tagged {ref.get('name')}, on no branch",
+            PULL_REQUEST: f"a pull request's commit: {ref.get('name')}, which anyone may open "
+                          "on the repo; on no branch"}.get(
+        ref.get("kind"), f"on no branch, tag or pull request of {link['repo_id']}")
+
+
 def _render_lineage(data: dict[str, Any]) -> str:
     from .trust._evidence import PROVED
 
@@ -679,7 +693,8 @@ def _render_lineage(data: dict[str, Any]) -> str:
     for index, link in enumerate(data["chain"]):
         where = data["cube_dir"] if index == 0 else f"{link['repo_id']}@{link['revision']}"
         lines.append(("cube " if index == 0 else "parent ") + where
-                     + ("" if index == 0 else " (its lock's digest is the one recorded)"))
+                     + ("" if index == 0 else f" ({_ref_words(link)}; its lock's digest is the "
+                                              "one recorded)"))
         lines.append(f"  lock digest: {link['lock_digest']}")
         if link["root"]:
             lines.append("  root: records no parent")

@@ -22,6 +22,7 @@ private one is refused by them by its version, never half-read.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -355,9 +356,32 @@ def _check_models(models: Any, version: int) -> None:
         ModelIdentity.from_dict(identity, legacy=legacy)
 
 
+def activation_id_key(item_id: str) -> str:
+    """An activation id as Unicode normalises it (NFKC, which NFC and NFD forms share): two
+    ids with one key are one name to a normalising file system (macOS) and to whoever types
+    it, and look alike anywhere, so a cube holds at most one of them."""
+    return unicodedata.normalize("NFKC", item_id)
+
+
+def duplicate_id(first: str, second: str) -> str:
+    """Why two activation ids with one :func:`activation_id_key` cannot both be a cube's."""
+    if first == second:
+        return f"both carry the id {first!r}"
+    return (f"carry the ids {first!r} and {second!r}, which differ only by Unicode "
+            f"normalisation (both {activation_id_key(first)!r} in NFKC): one name on a "
+            "normalising file system (macOS), and alike to whoever reads them")
+
+
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],
                        version: int) -> None:
     _check_activation_entries(activations, files, models, version)
+    ids: dict[str, str] = {}
+    for item_id in activations:
+        first = ids.setdefault(activation_id_key(item_id), item_id)
+        if first != item_id:
+            raise FormatError(f"cubepack.lock activations {duplicate_id(first, item_id)}; "
+                              "each activation has an id of its own: pack the cube again with "
+                              "one of them renamed.")
     # Each KV file under activations/ is exactly one activation's: no file shared by two
     # entries (one label for two items), none left out (its header would go unchecked).
     named: dict[str, str] = {}

@@ -3,9 +3,12 @@
 The chain starts at the cube's own lock (parsed and checked as verify checks it: structure and
 both digests). With ``follow``, each parent's ``cubepack.lock`` is downloaded alone, at the
 exact commit its child's lineage records, and its digests must be the ones the child recorded:
-a parent link that does not match (a tampered or re-pointed link) is refused. The chain ends at
-a root (a lock without lineage), or where a parent was never pulled from a Hub (no commit
-recorded: the result says the chain is incomplete).
+a parent link that does not match (a tampered or re-pointed link) is refused. Each fetched
+parent is named by the ref of its repo that holds its commit (``ref``): a branch (the commit is
+in its history), else a tag on it, else a pull request (``refs/pr/N``, in its history: a
+proposal anyone may open on a repo, not a commit its owner placed on a branch), else none. The
+chain ends at a root (a lock without lineage), or where a parent was never pulled from a Hub
+(no commit recorded: the result says the chain is incomplete).
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
                     "trust it (ask the cube's publisher which parent it was derived from).")
         result.chain[-1]["parent_basis"] = PROVED  # fetched now: its digests are the recorded
         entry = lineage_format.describe(fetched)
-        entry.update(repo_id=parent["repo_id"], revision=parent["revision"])
+        entry.update(repo_id=parent["repo_id"], revision=parent["revision"],
+                     ref=_ref_of(client, parent["repo_id"], parent["revision"], repo_type))
         result.chain.append(entry)
         child, where = fetched, spec
     result.complete = True
@@ -108,3 +112,36 @@ def _fetch_lock(client: HubClient, repo_id: str, revision: str, repo_type: str) 
         return lockfile.parse(Path(local).read_bytes())
     except FormatError as exc:
         raise FormatError(f"The cubepack.lock of {repo_id}@{revision}: {exc}") from exc
+
+
+#: What :func:`_ref_of` names: the kinds of ref, in the order they are looked for.
+BRANCH, TAG, PULL_REQUEST = "branch", "tag", "pull request"
+
+
+def _ref_of(client: HubClient, repo_id: str, commit: str, repo_type: str) -> dict[str, Any]:
+    """The ref of ``repo_id`` that holds ``commit``: ``{"kind", "name"}``, a branch whose
+    history holds it, else a tag on it, else a pull request (``refs/pr/N``) whose history holds
+    it (checked after the branches: a pull request's history starts on its branch), else
+    ``{"kind": None, "name": None}``."""
+    api = client.api
+    with client.translated(repo_id, repo_type, commit):
+        refs = client.run(api.list_repo_refs, repo_id, repo_type=repo_type,
+                          include_pull_requests=True)
+
+        def holds(ref: Any) -> bool:
+            if ref.target_commit == commit:
+                return True
+            history = client.run(api.list_repo_commits, repo_id, repo_type=repo_type,
+                                 revision=ref.ref)
+            return any(entry.commit_id == commit for entry in history)
+
+        for ref in refs.branches:
+            if holds(ref):
+                return {"kind": BRANCH, "name": ref.name}
+        for ref in refs.tags:
+            if ref.target_commit == commit:
+                return {"kind": TAG, "name": ref.name}
+        for ref in refs.pull_requests or []:
+            if holds(ref):
+                return {"kind": PULL_REQUEST, "name": ref.ref}
+    return {"kind": None, "name": None}

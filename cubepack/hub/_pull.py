@@ -9,6 +9,7 @@ swapped into the target folder. A pull never replaces files it would lose.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -28,10 +29,13 @@ from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, Veri
 from ..format import _lock as lockfile
 from ..format._fileset import ORIGIN_FILE, is_tolerated
 from ..ops._verify import require_checked_models, verify
+from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
 from ._remote import remote_model_checks
+
+logger = logging.getLogger("cubepack")
 
 #: Parallel downloads in ``pull``. Each file is copied into the staging folder and hashed there
 #: by the thread that downloaded it, so nothing is left to hash once the last arrives. Four,
@@ -150,6 +154,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                 report.cube_dir = target
             _write_origin(staging, repo_id, repo_type, sha,
                           _placed_digests(staging, placed, hashed, report))
+            _record_pull(staging, repo_id, repo_type, sha)
             atomic.replace_dir(staging, target)
             if wanted and not is_commit(wanted) and not offline:
                 _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
@@ -331,6 +336,21 @@ def _write_origin(staging: Path, repo_id: str, repo_type: str, sha: str,
                     "stat": keys[name]} for name in sorted(digests)}
     atomic.write_text(staging / ORIGIN_FILE, canonical.dumps(
         {"repo_id": repo_id, "repo_type": repo_type, "commit_sha": sha, "files": files}))
+
+
+def _record_pull(staging: Path, repo_id: str, repo_type: str, sha: str) -> None:
+    """Record the pulled lock in cubepack's cache (:func:`~cubepack.trust._lineage.record_pull`),
+    without which the folder's origin record never names a migrated cube's parent. A cache that
+    cannot take it costs that link only, not the pull: said as a warning."""
+    lock = staging / constants.LOCK_FILENAME
+    if lock.is_symlink() or not lock.is_file():
+        return  # not a cube (pulled unverified): no parent to name
+    try:
+        record_pull(repo_id, repo_type, sha, lock.read_bytes())
+    except (CubepackError, OSError) as exc:
+        logger.warning("cubepack: this pull of %s@%s could not be recorded in CUBEPACK_CACHE "
+                       "(%s): a cube migrated from it will not name it as its parent.",
+                       repo_id, sha, exc)
 
 
 def _read_origin(path: Path) -> Any:

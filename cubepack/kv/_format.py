@@ -23,7 +23,9 @@ whose bytes changed with an :class:`~cubepack.errors.IntegrityError` naming the 
 Older versions: a version-2 file (no ``checksums``) still loads; its tensors cannot be checked,
 which :attr:`KVFileInfo.checksums` (None), ``cubepack inspect`` ("checksums: none") and a
 warning at each load say (the MemOS hook's report lists such items in ``unchecksummed``);
-``cubepack upgrade FILE --model MODEL`` adds them. A version-1 file is read (``inspect``,
+``cubepack upgrade FILE --model MODEL`` adds them. Nothing else writes fresh checksums over a
+version-2 file's bytes without checking them (:func:`require_checksums`: the conversions refuse
+it; ``pack`` checks it against the cube's lock). A version-1 file is read (``inspect``,
 ``upgrade``) but never loaded. An unknown version is refused, naming the upgrade.
 """
 
@@ -357,13 +359,45 @@ def verify_checksums(info: KVFileInfo) -> None:
                           _checksum.kv_file_pieces(header, info.tensor_names))
 
 
+def upgrade_command(target: str | os.PathLike[str], model: str = "MODEL",
+                    revision: str | None = None) -> str:
+    """The command that adds per-tensor checksums to the KV files of ``target`` (a file, or a
+    cube: then its lock is checked first), as a user pastes it."""
+    command = f"cubepack upgrade {shlex.quote(str(target))} --model {shlex.quote(model)}"
+    return command + (f" --revision {shlex.quote(revision)}" if revision else "")
+
+
+def require_checksums(info: KVFileInfo, step: str, fix: str | None = None) -> None:
+    """The rule for a step that writes fresh checksums over a KV file's tensor bytes as they
+    are (a format-3 header, a llama.cpp session's pin): a checksum never seals bytes nothing
+    checked. A format-3 file's bytes are checked against its own checksums; a format-2 file's
+    are vouched for only by its cube's lock, which such a step, given a file, does not hold:
+    it is refused, naming the upgrade (``upgrade`` of a cube checks the lock first; of a lone
+    file, it takes the user's word, as a command the user runs). ``pack`` checks format-2
+    files against the cube's lock itself (:mod:`cubepack.ops._pack`). ``step``: what was
+    asked, as the message names it (``cubepack export mlx``); ``fix``: how to add them, when
+    the file is not itself a KV file (a prompt cache carrying one's metadata).
+
+    Raises:
+        FormatError: a file older than version 3.
+    """
+    if info.checksums is not None:
+        return
+    raise FormatError(
+        f"KV cache {info.path} is KV format v{info.version}: its tensors carry no checksums, so "
+        f"nothing has checked their bytes, and {step} would seal them with fresh checksums. "
+        "Add them first, then run it again: " + (fix or (
+            f"{upgrade_command('CUBE')} for the cube the file belongs to (its lock is checked "
+            f"first), or {upgrade_command(info.path)} for a lone file you trust.")))
+
+
 def unchecked_note(info: KVFileInfo, fix: str | None = None) -> str | None:
     """What to tell a user who loads a file whose tensors carry no checksums (format 2), or
     None for one whose tensors were checked; ``fix``: how to add them, when not an upgrade of
     the file itself."""
     if info.checksums is not None:
         return None
-    fix = fix or f"cubepack upgrade {shlex.quote(str(info.path))} --model MODEL"
+    fix = fix or upgrade_command(info.path)
     return (f"KV cache {info.path} has no per-tensor checksums (format v{info.version}): its "
             "tensor bytes were not checked at load (a cube's are checked against its lock by "
             f"verify). Add them: {fix}")

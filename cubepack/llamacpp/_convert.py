@@ -25,7 +25,7 @@ from .._util.hashing import hash_files, sha256_file, shared_cache
 from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from ..identity._fingerprint import fingerprint, installed_versions
 from ..identity._identity import ModelIdentity
-from ..kv._format import FULL, read_kv_header
+from ..kv._format import FULL, read_kv_header, require_checksums
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._layout import SessionInfo, read_session, session_bytes
 
@@ -210,6 +210,9 @@ def export_state(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
         FormatError: the KV file pins no GGUF or records no token ids.
     """
     info = read_kv_header(path)
+    # The pin seals the session's bytes (session_sha256), which a later import writes as
+    # format 3: a format-2 file's bytes were never checked.
+    require_checksums(info, "cubepack export llamacpp")
     pinned = info.metadata.get("gguf")
     what = f"KV cache {info.path.name}"
     if gguf is not None:

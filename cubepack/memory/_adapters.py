@@ -33,6 +33,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format._fileset import is_bookkeeping
 from ..format._lock import BASE_CLAIM
 from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
 from ..identity._identity import ModelIdentity, compare
@@ -99,7 +100,9 @@ class AdapterInfo:
 
 
 def adapter_folders(files: list[str]) -> dict[str, str]:
-    """name -> folder of each adapter among a cube's ``files``.
+    """name -> folder of each adapter among a cube's ``files``; a download's bookkeeping
+    (the file-set rule's: ``hf download --local-dir`` keeps a ``.metadata`` and a ``.lock``
+    per file there, named after it) is no adapter file, wherever it names one.
 
     Raises:
         FormatError: a file directly in ``parametric/``, an adapter folder lacking one of
@@ -108,6 +111,8 @@ def adapter_folders(files: list[str]) -> dict[str, str]:
     """
     names: dict[str, set[str]] = {}
     for path in files:
+        if is_bookkeeping(path):
+            continue
         parts = path.split("/")
         base = parts[-1]
         peft_file = base == constants.ADAPTER_CONFIG or base.startswith("adapter_model")

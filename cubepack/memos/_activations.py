@@ -30,7 +30,15 @@ from ..errors import (
     UnsafeInputError,
     UnsupportedError,
 )
-from ..format._lock import ASSERTED, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
+from ..format._lock import (
+    ASSERTED,
+    KV_HEADER,
+    RECOMPUTED,
+    RECORDED,
+    activation_id_key,
+    check_provenance,
+    duplicate_id,
+)
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import (
@@ -132,13 +140,15 @@ class _Staged:
         #: the private cube's seal: each cache carries it (privacy travels as the producer)
         self.seals = seals
         self.items: list[Any] = []
-        self.ids: set[str] = set()
+        self.ids: dict[str, str] = {}  # activation_id_key -> the id that has it
 
     def claim(self, item_id: str, where: str) -> None:
-        if item_id in self.ids:
-            raise FormatError(f"Two activations of {self.cube_dir} carry the id {item_id!r} "
-                              f"({where}); MemOS would keep only one.")
-        self.ids.add(item_id)
+        key = activation_id_key(item_id)
+        if key in self.ids:
+            raise FormatError(f"Two activations of {self.cube_dir} "
+                              f"{duplicate_id(self.ids[key], item_id)} ({where}); MemOS would "
+                              "keep only one, or two alike.")
+        self.ids[key] = item_id
 
     def add(self, item_id: str, layers: list[tuple], header: dict[str, Any],
             producer: ModelIdentity, provenance: dict[str, Any], token_ids: Any = None) -> None:

@@ -45,6 +45,8 @@ from ..kv._format import (
     check_kv_info,
     kv_info,
     read_kv_header,
+    require_checksums,
+    upgrade_command,
 )
 from ..kv._torch import FileTensor, mapped_layers, write_kv_layers
 from ._layout import (
@@ -117,8 +119,13 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
         FormatError: a malformed prompt cache.
     """
     info = read_prompt_cache(path)
-    live = mlx_identity(model, info.kv_dtype, revision=revision)
     claim = claimed_header(info)
+    if claim is not None:  # before any work: its metadata would be sealed anew (format 3)
+        require_checksums(claim, "cubepack import mlx", fix=(
+            f"upgrade the KV file it was exported from ({upgrade_command('FILE')}, or "
+            f"{upgrade_command('CUBE')} for its cube, which checks the lock first), then "
+            "export it again."))
+    live = mlx_identity(model, info.kv_dtype, revision=revision)
     ids = _ids(token_ids, info.offset, live.geometry.get("vocab_size"))
     if claim is not None:
         check_kv_info(claim, live)
@@ -260,6 +267,8 @@ def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str
         UnsupportedError: a sliding-window layer (MLX keeps those in a RotatingKVCache).
     """
     info = read_kv_header(path)
+    # The prompt cache is the first half of a round trip whose import writes format 3.
+    require_checksums(info, "cubepack export mlx (whose import writes format 3)")
     if model is not None:
         check_kv_info(info, fingerprint(model, dtype=info.producer.dtype))
     sliding = [i for i, layer in enumerate(info.layers) if layer.type != FULL]

@@ -26,6 +26,7 @@ from ..errors import (
     FormatError,
     HubError,
     IdentityMismatch,
+    IntegrityError,
     Mismatch,
     RecomputationFailed,
     UnsafeInputError,
@@ -42,7 +43,7 @@ from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
-from ..kv._format import FULL, SLIDING, read_kv_header, verify_checksums
+from ..kv._format import FULL, SLIDING, read_kv_header, upgrade_command, verify_checksums
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import write_kv_layers
@@ -78,6 +79,9 @@ class PackResult:
     moved_from: dict[str, str] = field(default_factory=dict)
     #: adapter name -> its digest, its base's role and how pack found the base
     adapters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: item -> the command that adds per-tensor checksums, for each KV file of format 2 this
+    #: pack sealed (its bytes checked against the cube's last lock)
+    unchecksummed: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +94,7 @@ class PackResult:
             "activations": self.activations, "converted": self.converted,
             "recomputed": self.recomputed, "changed": self.changed,
             "moved_from": self.moved_from, "adapters": self.adapters,
+            "unchecksummed": self.unchecksummed,
         }
 
 
@@ -169,6 +174,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
     # MemOS cube of a bfloat16 producer re-packed with --model FOLDER was pinned, and
     # recomputed, in float32, refusing its own producer's caches.
     claims = _header_claims(cube, files)
+    vouched = _vouched_by_lock(cube, files, earlier, recompute)
     found = None
     if plain and model is None and claims:  # a plain bundle: the producer its headers name
         model, revision, found = _found_producer(claims)
@@ -222,7 +228,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                 license=license or previous_card.license,
                 pretty_name=_card_title(pretty_name or previous_card.pretty_name, memos_config,
                                         cube),
-                progress=progress, previous_card=previous_card, lineage=lineage)
+                progress=progress, previous_card=previous_card, lineage=lineage,
+                vouched=vouched, cube=cube)
             # Labels were kept by file (what pack or migrate wrote); results name items.
             item_of = {entry["file"]: item for item, entry in lockfile.parse(
                 (staging / constants.LOCK_FILENAME).read_bytes())["activations"].items()}
@@ -230,6 +237,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             result.moved_from = _moved_pins(earlier, pins)
             result.recomputed = {item_of.get(name, name): entry["detail"]
                                  for name, entry in recomputed.items()}
+            result.unchecksummed = _upgrade_notes(cube, staging, item_of, vouched,
+                                                  result.models)
             result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
                 or bool(converted)
             unsigned = [name for name in files if name not in fileset.SIGNING]
@@ -403,6 +412,78 @@ def _header_claims(cube: Path, files: list[str]) -> list[tuple[str, ModelIdentit
     look for the producer and which dtype it ran in; the pin is always a fingerprint."""
     return [(name, read_kv_header(resolve_inside(cube, name)).producer)
             for name in files if is_activation_path(name)]
+
+
+def _vouched_by_lock(cube: Path, files: list[str], earlier: dict[str, Any] | None,
+                     recompute: bool) -> dict[str, str]:
+    """name -> sha256 for each activation older than KV format 3, checked now against the
+    cube's last lock: a checksum never seals bytes nothing checked. A format-3 file carries
+    its own checksums (checked where the lock's entries are made); a format-2 file's bytes are
+    vouched for only by the lock, so one it does not list (no lock, a file added since) is
+    refused, unless ``recompute``, which rewrites each cache from the producer's own prefill.
+
+    Raises:
+        IntegrityError: a format-2 file whose bytes differ from the lock's sha256.
+        FormatError: a format-2 file no lock lists, without ``recompute``.
+    """
+    vouched = {}
+    listed = ((earlier or {}).get("files") or {}) if isinstance(earlier, dict) else {}
+    for name in files:
+        if not is_activation_path(name):
+            continue
+        info = read_kv_header(resolve_inside(cube, name))
+        if info.checksums is not None:
+            continue
+        expected = (listed.get(name) or {}).get("sha256")
+        if expected is None and recompute:
+            continue  # rewritten from this pack's own prefill before anything is sealed
+        _require_vouched(cube / name, info.version, expected, sha256_file(cube / name),
+                         "the cube's lock does not list it" if earlier is not None else
+                         "the cube's lock cannot be read" if constants.LOCK_FILENAME in files
+                         else "the cube has no lock")
+        vouched[name] = expected
+    return vouched
+
+
+def _require_vouched(path: Path, version: int, expected: str | None, found: str,
+                     unlisted: str = "the cube's lock does not list it") -> None:
+    """A format-2 file's bytes (sha256 ``found``) may be sealed only when they are the ones
+    the cube's lock lists (``expected``)."""
+    if expected is None:
+        raise FormatError(
+            f"{path} is KV format v{version}: its tensors carry no checksums and {unlisted}, "
+            "so nothing vouches for its bytes, and pack would seal them. Add its checksums "
+            f"first ({upgrade_command(path)}: over the bytes as they are, so only for a file "
+            "you trust), or pack with --recompute (each cache is rewritten from the "
+            "producer's own prefill); nothing was written.")
+    if found != expected:
+        error = IntegrityError(
+            f"{path} is KV format v{version}: its tensors carry no checksums, so only the "
+            f"cube's lock vouches for its bytes, and they differ from it (sha256: expected "
+            f"{expected}, found {found}): pack would seal the change; nothing was written. "
+            "Restore the file (pull the cube again); if you changed it on purpose, add its "
+            f"checksums ({upgrade_command(path)}) and pack again.")
+        error.mismatches = [Mismatch("sha256", expected, found)]  # type: ignore[attr-defined]
+        raise error
+
+
+def _upgrade_notes(cube: Path, staging: Path, item_of: dict[str, str], vouched: dict[str, str],
+                   pins: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """item -> the command that upgrades its format-2 file (still format 2 in ``staging``:
+    a recomputation rewrote the others), naming the producer this pack pinned."""
+    pin = pins.get(memos_layout.ACT_ROLE) or {}
+    command = (upgrade_command(cube, pin["repo_id"], pin["revision"])
+               if pin.get("repo_id") and pin.get("revision") else
+               upgrade_command(cube, pin["name"]) if isinstance(pin.get("name"), str)
+               else upgrade_command(cube))
+    notes = {}
+    for name in sorted(vouched):
+        info = read_kv_header(resolve_inside(staging, name))
+        if info.checksums is None:
+            notes[item_of.get(name, name)] = (
+                f"{name} is KV format v{info.version}: no per-tensor checksums (its bytes are "
+                f"the ones the lock lists); add them: {command}")
+    return notes
 
 
 def _refuse_stray_caches(cube: Path, files: list[str]) -> None:
@@ -729,19 +810,22 @@ def _same_producer(named: str, identity: ModelIdentity) -> bool:
 
 
 def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
-                        digests: dict[str, str],
-                        proven: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+                        digests: dict[str, str], proven: dict[str, dict[str, Any]],
+                        vouched: dict[str, str], cube: Path) -> dict[str, dict[str, Any]]:
     """The lock's activation entries. Provenance is what this pack established (a conversion
     it checked, a recomputation it ran), else ``recorded`` (the KV header names a producer that
     agrees with the pin), or less when the header itself says less: a header's ``provenance``
     metadata is a claim, so it may lower the label (``asserted``) but never raise it."""
     entries: dict[str, dict[str, Any]] = {}
+    ids: dict[str, str] = {}  # activation_id_key -> the id that has it
     producer_pin = pins.get(memos_layout.ACT_ROLE)
     for name in files:
         if not is_activation_path(name):
             continue
         info = read_kv_header(resolve_inside(staging, name))
         verify_checksums(info)  # never seal bytes that are not the ones the file records
+        if info.checksums is None:  # the bytes sealed are the ones checked against the lock
+            _require_vouched(cube / name, info.version, vouched.get(name), digests[name])
         if producer_pin is None or producer_pin.get("identity") is None:
             raise CubepackError(f"{name} is an activation but the cube names no producer model; "
                                 "pass --model.")
@@ -752,8 +836,13 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
                                    "It was produced by another model than the one being pinned; "
                                    "pass --model with its producer or remove the file.")
         item_id = str(info.metadata.get("id") or Path(name).name[: -len(constants.KV_SUFFIX)])
-        if item_id in entries:
-            raise FormatError(f"Two activation files carry the id {item_id!r}.")
+        key = lockfile.activation_id_key(item_id)
+        if key in ids:
+            first = ids[key]
+            raise FormatError(f"Two activation files {lockfile.duplicate_id(first, item_id)} "
+                              f"({entries[first]['file']} and {name}); give one of them another "
+                              "id (the id in its KV header's metadata, else its file name).")
+        ids[key] = item_id
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
                             "num_layers": info.num_layers, "sha256": digests[name],
@@ -841,7 +930,9 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                     proven: dict[str, dict[str, Any]], fitted: dict[str, tuple[Any, ...]], *,
                     license: str | None, pretty_name: str, progress: bool | None,
                     previous_card: card.PreviousCard,
-                    lineage: dict[str, Any] | None = None) -> PackResult:
+                    lineage: dict[str, Any] | None = None,
+                    vouched: dict[str, str] | None = None,
+                    cube: Path | None = None) -> PackResult:
     cube_id = memos_config.get("cube_id") if isinstance(memos_config.get("cube_id"), str) else None
     content = fileset.lockable(list_cube_files(staging))
     memories = memos_layout.memory_files(memos_config, content)
@@ -868,7 +959,8 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     digests[constants.CONFIG_FILENAME] = sha256_file(staging / constants.CONFIG_FILENAME)
     files = {name: {"sha256": digests[name], "size": resolve_inside(staging, name).stat().st_size}
              for name in hashed}
-    activations = _activation_entries(staging, content, pins, digests, proven)
+    activations = _activation_entries(staging, content, pins, digests, proven, vouched or {},
+                                      cube or staging)
     draft = lockfile.build_lock(cube_id=cube_id, files=files, models=pins, activations=activations,
                                 cubepack_version=__version__, adapters=adapters,
                                 lineage=lineage)

@@ -94,10 +94,16 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
         try:
             for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
                 atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
+            # The lock too, so pack keeps what a re-pack keeps (its lineage, adapter pins); a
+            # version-1 lock it cannot read, so the cube id of a bundle without MemOS's
+            # config.json is passed as well: without it, the staging folder named no id.
+            atomic.link_or_copy(regular_file(cube, constants.LOCK_FILENAME),
+                                staging / constants.LOCK_FILENAME)
             for name in kv_files:
                 upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
                 (result.upgraded if upgraded else result.current).append(name)
-            pack(staging, model=str(model), revision=revision)
+            pack(staging, model=str(model), revision=revision,
+                 cube_id=None if "config.json" in lock["files"] else lock.get("cube_id"))
             atomic.replace_dir(staging, cube)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

@@ -10,8 +10,11 @@
      "tool": "cubepack migrate", "cubepack_version": str}
 
 ``repo_id`` / ``revision`` name the Hub commit the parent was pulled from (its pull's origin
-record), when the parent's lock is still the one that commit holds; otherwise both are null and
-the chain cannot be followed past it. ``cubepack lineage --follow``
+record), when the parent's lock is still the one that commit holds and this user's pull wrote
+that record; otherwise both are null and the chain cannot be followed past it. The folder's
+record (``.cache/cubepack/origin.json``) is a file anyone handing over a folder can write, so a
+pull also records what it fetched in cubepack's own cache (:func:`record_pull`: the lock's
+sha256 -> repo and commit), and only a record found there counts. ``cubepack lineage --follow``
 (:mod:`cubepack.hub._lineage`) fetches each parent's lock at that commit and requires its digest
 to be the one recorded here.
 """
@@ -19,14 +22,15 @@ to be the one recorded here.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
-from .._util.paths import resolve_inside
+from .._util import atomic, canonical, constants
+from .._util.paths import managed_folder, regular_file, resolve_inside, resolve_owned_root
 from .._util.revision import is_commit
 from .._version import __version__
-from ..errors import FormatError
+from ..errors import FormatError, UnsafeInputError
 from ..format._fileset import ORIGIN_FILE
 from ..trust._evidence import CLAIMED
 
@@ -34,10 +38,57 @@ TOOL = "cubepack migrate"
 PEFT_CONFIG = "adapter_config.json"
 
 
+#: The folder of ``$CUBEPACK_CACHE`` where pulls record what they fetched (one folder per
+#: lock sha256, one file per repo and commit it was fetched from).
+PULLS_DIR = "pulls"
+
+
+def _pull_record(repo_id: str, repo_type: str, commit: str,
+                 lock_sha256: str) -> tuple[str, str]:
+    """(file name, text) of the record of one pull in cubepack's cache."""
+    text = canonical.dumps({"repo_id": repo_id, "repo_type": repo_type, "commit_sha": commit,
+                            "lock_sha256": lock_sha256})
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() + ".json", text
+
+
+def record_pull(repo_id: str, repo_type: str, commit: str, lock_bytes: bytes) -> None:
+    """Record in cubepack's own cache that this user's pull fetched the lock ``lock_bytes`` from
+    ``repo_id`` at ``commit``: what :func:`pulled_from` requires before a folder's origin record
+    names a parent (a record in the folder is anyone's to write).
+
+    Raises:
+        UnsafeInputError: the cache's folders are someone else's, or symlinks.
+        UsageError: the cache cannot be written.
+    """
+    lock_sha256 = hashlib.sha256(lock_bytes).hexdigest()
+    folder = managed_folder(constants.cache_dir(), (PULLS_DIR, lock_sha256),
+                            what="CUBEPACK_CACHE")
+    name, text = _pull_record(repo_id, repo_type, commit, lock_sha256)
+    with atomic.placing(folder, elsewhere="set CUBEPACK_CACHE to a writable folder"):
+        atomic.write_text(folder / name, text)
+
+
+def _recorded(repo_id: str, repo_type: str, commit: str, lock_sha256: str) -> bool:
+    """Did this user's pull (:func:`record_pull`) fetch that lock from that commit? Read
+    without following a symlink, and only a record this user owns (nobody else can make one)."""
+    name, text = _pull_record(repo_id, repo_type, commit, lock_sha256)
+    try:
+        root = resolve_owned_root(constants.cache_dir(), "CUBEPACK_CACHE")
+        path = regular_file(root, f"{PULLS_DIR}/{lock_sha256}/{name}")
+        owner = getattr(os, "getuid", lambda: None)()
+        if owner is not None and os.lstat(path).st_uid != owner:
+            return False
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError, UnsafeInputError):
+        return False  # absent, unreadable or not a regular file of ours: no record
+
+
 def pulled_from(cube: Path, lock_bytes: bytes) -> tuple[str | None, str | None]:
     """(repo id, commit) the cube was pulled from, by its pull's origin record, when that
-    record is well-formed and its lock is byte for byte the one pulled; else (None, None) (never
-    pulled, or re-packed since: then it is not that commit's cube)."""
+    record is well-formed, its lock is byte for byte the one pulled, and this user's pull wrote
+    it (:func:`record_pull`); else (None, None): never pulled, re-packed since (then it is not
+    that commit's cube), or a record nobody's pull here wrote (hand-made, or a folder pulled by
+    someone else)."""
     path = cube / ORIGIN_FILE
     if path.is_symlink() or not path.is_file():
         return None, None
@@ -48,10 +99,13 @@ def pulled_from(cube: Path, lock_bytes: bytes) -> tuple[str | None, str | None]:
     if not isinstance(origin, dict):
         return None, None
     repo_id, sha, files = origin.get("repo_id"), origin.get("commit_sha"), origin.get("files")
+    repo_type = origin.get("repo_type")
     entry = files.get(constants.LOCK_FILENAME) if isinstance(files, dict) else None
+    lock_sha256 = hashlib.sha256(lock_bytes).hexdigest()
     if not (isinstance(repo_id, str) and repo_id and isinstance(sha, str) and is_commit(sha)
-            and isinstance(entry, dict)
-            and entry.get("sha256") == hashlib.sha256(lock_bytes).hexdigest()):
+            and isinstance(repo_type, str) and isinstance(entry, dict)
+            and entry.get("sha256") == lock_sha256
+            and _recorded(repo_id, repo_type, sha, lock_sha256)):
         return None, None
     return repo_id, sha
 

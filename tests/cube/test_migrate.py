@@ -106,6 +106,20 @@ def test_pack_of_a_derived_cube_keeps_its_lineage(cube, zoo, tmp_path):
     assert lock_of(new)["lineage"] == recorded and cubepack.verify(new).ok
 
 
+def test_an_upgrade_of_a_derived_cube_keeps_its_lineage(cube, zoo, tmp_path):
+    """upgrade re-packs the cube from a staging folder: it keeps what a re-pack keeps."""
+    from adversarial import relock_file
+    from helpers import as_format_2
+
+    new = cubepack.migrate(cube, model=str(zoo["b"]), out=tmp_path / "new").cube_dir
+    recorded = lock_of(new)["lineage"]
+    for path in sorted((new / "activations").iterdir()):
+        as_format_2(path, path)
+        relock_file(new, path.relative_to(new).as_posix())
+    assert cubepack.upgrade(new, zoo["b"]).upgraded
+    assert lock_of(new)["lineage"] == recorded and cubepack.verify(new).ok
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda l: l["parent"].update(lock_digest="ab" * 31), "parent.lock_digest"),
     (lambda l: l["parent"].update(content_digest="A" * 64), "parent.content_digest"),

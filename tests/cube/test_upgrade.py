@@ -145,3 +145,49 @@ def test_a_version_1_cube_of_another_model_is_refused_and_unchanged(v1_cube, zoo
     with pytest.raises(cubepack.IdentityMismatch, match="weights_digest"):
         cubepack.upgrade(v1_cube, zoo["b"])
     assert snapshot(v1_cube.parent) == before
+
+
+@pytest.fixture
+def plain_bundle(models, zoo, tmp_path):
+    """A plain cache bundle (no config.json), packed with --cube-id, a note beside its
+    caches."""
+    import torch
+
+    from helpers import build_cache
+
+    bundle = tmp_path / "docs"
+    (bundle / "activations").mkdir(parents=True)
+    for name, ids in {"intro": [1, 17, 42, 7], "faq": [3, 4, 5, 6, 200]}.items():
+        cubepack.save_kv_cache(build_cache(models["a"], torch.tensor([ids])),
+                               bundle / "activations" / f"{name}.kv.safetensors",
+                               producer=models["a"], token_ids=ids)
+    (bundle / "notes.txt").write_text("the intro and the faq\n")
+    cubepack.pack(bundle, cube_id="me/docs", model=zoo["a"])
+    return bundle
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_plain_bundle_upgrades_keeping_its_cube_id(plain_bundle, zoo, version, capsys):
+    """A bundle has no config.json: its cube id is the lock's. The upgrade re-packed its
+    staging folder without one, and failed naming that folder (removed as it failed)."""
+    from adversarial import relock_file
+    from helpers import as_format_2
+
+    if version == 1:
+        as_lock_version_1(plain_bundle, zoo["a"] / "tokenizer.json")
+    else:
+        for path in sorted((plain_bundle / "activations").iterdir()):
+            as_format_2(path, path)
+            relock_file(plain_bundle, path.relative_to(plain_bundle).as_posix())
+    assert main(["upgrade", str(plain_bundle), "--model", str(zoo["a"])]) == 0
+    out = capsys.readouterr()
+    assert ".upgrade" not in out.out + out.err and "staging" not in out.out + out.err
+    assert "upgraded 2 file(s)" in out.out
+    lock = json.loads((plain_bundle / constants.LOCK_FILENAME).read_text())
+    assert lock["cube_id"] == "me/docs" and lock["lock_version"] == constants.LOCK_VERSION
+    assert not (plain_bundle / "config.json").exists()  # a bundle stays one
+    assert "notes.txt" in lock["files"]
+    for path in (plain_bundle / "activations").iterdir():
+        assert cubepack.read_kv_header(path).version == constants.KV_FORMAT_VERSION
+    assert cubepack.verify(plain_bundle, model=str(zoo["a"])).ok
+    assert sorted(p.name for p in plain_bundle.parent.iterdir()) == ["docs"]  # nothing beside

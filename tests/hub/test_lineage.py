@@ -127,3 +127,127 @@ def test_a_pulled_cube_repacked_since_is_not_that_commit(hub, packed_cube_factor
     parent = lock_of(cubepack.migrate(pulled, model=str(zoo["b"]),
                                       out=tmp_path / "child").cube_dir)["lineage"]["parent"]
     assert (parent["repo_id"], parent["revision"]) == (None, None)
+
+
+def test_a_parent_pulled_from_a_pull_request_is_named_as_one(hub, packed_cube_factory, zoo,
+                                                            tmp_path):
+    """Anyone may open a pull request on a Hub repo: its commit lives under the repo's name but
+    on refs/pr/N, not on a branch its owner moved. A cube pulled from one and migrated records
+    `repo@commit` like any other parent; lineage --follow fetched it and said nothing of what
+    that commit is. It names the ref the commit is on: the branch, else the pull request."""
+    from cubepack.cli import _render_lineage
+
+    root = copy_of(packed_cube_factory(), tmp_path)
+    main_sha = push(root, "ns/root", endpoint=hub.url, allow_local_paths=True).commit_sha
+    proposal = copy_of(root, tmp_path / "proposal")
+    cubepack.pack(proposal, pretty_name="a proposal")
+    proposed = push(proposal, "ns/root", endpoint=hub.url, allow_local_paths=True,
+                    create_pr=True)
+    assert proposed.pr_revision == "refs/pr/1" and proposed.commit_sha != main_sha
+    for sha, name in ((proposed.commit_sha, "from-pr"), (main_sha, "from-main")):
+        pulled = pull(f"ns/root@{sha}", endpoint=hub.url, local_dir=tmp_path / f"pulled-{name}",
+                      cache_dir=tmp_path / "hf-cache").local_dir
+        child = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / name).cube_dir
+        followed = lineage(child, follow=True, endpoint=hub.url)
+        assert followed.complete
+        ref = followed.chain[1]["ref"]
+        text = _render_lineage(followed.to_dict())
+        if name == "from-pr":
+            assert ref == {"kind": "pull request", "name": "refs/pr/1"}
+            assert f"parent ns/root@{sha} (a pull request's commit: refs/pr/1" in text
+        else:
+            assert ref == {"kind": "branch", "name": "main"}
+            assert f"parent ns/root@{sha} (on branch main" in text
+
+
+def test_the_ref_named_is_a_branch_else_a_tag_else_a_pull_request_else_none(hub):
+    """Each kind of ref a parent's commit can sit on, through the real client."""
+    from huggingface_hub import CommitOperationAdd
+
+    from cubepack.hub._client import HubClient
+    from cubepack.hub._lineage import _ref_of
+
+    client = HubClient(hub.url)
+    api = client.api
+    api.create_repo("ns/refs", repo_type="dataset")
+
+    def commit(branch="main", create_pr=False, data=b"x"):
+        return client.create_commit("ns/refs", [CommitOperationAdd("a.txt", data)],
+                                    repo_type="dataset", branch=branch, message="c",
+                                    create_pr=create_pr)
+
+    first = commit(data=b"1").oid
+    head = commit(data=b"2").oid
+    api.create_branch("ns/refs", branch="side", repo_type="dataset")
+    side = commit("side", data=b"3").oid
+    api.create_tag("ns/refs", tag="v1", revision=side, repo_type="dataset")
+    api.delete_branch("ns/refs", branch="side", repo_type="dataset")
+    proposed = commit(create_pr=True, data=b"4").oid
+    found = {name: _ref_of(client, "ns/refs", sha, "dataset") for name, sha in (
+        ("first", first), ("head", head), ("side", side), ("proposed", proposed),
+        ("unknown", "f" * 40))}
+    assert found == {"first": {"kind": "branch", "name": "main"},
+                     "head": {"kind": "branch", "name": "main"},
+                     "side": {"kind": "tag", "name": "v1"},
+                     "proposed": {"kind": "pull request", "name": "refs/pr/1"},
+                     "unknown": {"kind": None, "name": None}}
+
+
+def _hand_made_origin(folder, repo_id, commit):
+    """An origin record as a pull writes one, written by hand (or shipped in a folder)."""
+    import hashlib
+
+    from cubepack._util import canonical
+    from cubepack.format._fileset import ORIGIN_FILE
+
+    lock = (folder / constants.LOCK_FILENAME).read_bytes()
+    record = folder / ORIGIN_FILE
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(canonical.dumps({
+        "repo_id": repo_id, "repo_type": "dataset", "commit_sha": commit,
+        "files": {constants.LOCK_FILENAME: {"sha256": hashlib.sha256(lock).hexdigest(),
+                                            "size": len(lock), "stat": None}}}))
+
+
+def test_an_origin_record_no_pull_wrote_never_becomes_a_parent(hub, packed_cube_factory, zoo,
+                                                               tmp_path):
+    """The record lives in the folder: anyone who hands over a folder (or a tarball, or a raw
+    upload a plain `hf download` fetches) can write one naming any repo and commit. A parent
+    is recorded only when this user's pull wrote the record."""
+    root = copy_of(packed_cube_factory(), tmp_path)
+    sha = push(root, "ns/root", endpoint=hub.url, allow_local_paths=True).commit_sha
+    handed = copy_of(root, tmp_path / "handed")  # never pulled: the same lock as that commit
+    _hand_made_origin(handed, "ns/root", sha)
+    child = cubepack.migrate(handed, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    parent = lock_of(child)["lineage"]["parent"]
+    assert (parent["repo_id"], parent["revision"]) == (None, None)
+    assert "was not pulled from a Hub" in lineage(child, follow=True,
+                                                  endpoint=hub.url).stopped
+
+
+def test_a_folder_another_cache_pulled_names_no_parent(hub, packed_cube_factory, zoo, tmp_path,
+                                                       monkeypatch):
+    """A pulled folder moved to another user (another CUBEPACK_CACHE): their migrate did not
+    pull it, so it records no parent; the puller's own migrate does."""
+    root = copy_of(packed_cube_factory(), tmp_path)
+    pulled, sha = share(hub, root, "ns/root", tmp_path)
+    mine = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "mine").cube_dir
+    assert lock_of(mine)["lineage"]["parent"]["revision"] == sha
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "someone-else"))
+    theirs = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "theirs").cube_dir
+    assert lock_of(theirs)["lineage"]["parent"]["revision"] is None
+
+
+def test_a_cache_that_cannot_record_the_pull_costs_the_link_not_the_pull(
+        hub, packed_cube_factory, zoo, tmp_path, monkeypatch, caplog):
+    root = copy_of(packed_cube_factory(), tmp_path)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where CUBEPACK_CACHE should be\n")
+    monkeypatch.setenv("CUBEPACK_CACHE", str(blocked))
+    with caplog.at_level("WARNING", logger="cubepack"):
+        pulled, sha = share(hub, root, "ns/root", tmp_path)
+    assert cubepack.verify(pulled).ok
+    assert f"ns/root@{sha} could not be recorded in CUBEPACK_CACHE" in caplog.text
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "cache"))
+    child = cubepack.migrate(pulled, model=str(zoo["b"]), out=tmp_path / "child").cube_dir
+    assert lock_of(child)["lineage"]["parent"]["revision"] is None
