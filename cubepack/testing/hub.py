@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -193,6 +194,8 @@ class InstrumentedHub(LocalHub):
         handler.shared_link = fault if fault is not None and fault.kind == "link" else None
         if handler.shared_link is not None and method in ("PUT", "POST"):
             handler.rfile = _LinkedBody(handler.rfile, fault, self._stopping)
+            # The link paces the body, not loopback's megabytes of receive buffer.
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2 * fault.step)
         handler.truncate = fault is not None and fault.kind == "truncate"
         handler.corrupt = fault is not None and fault.kind == "corrupt"
         handler.trickle = fault if fault is not None and fault.kind == "trickle" else None
