@@ -66,11 +66,15 @@ def test_a_link_below_the_limit_shared_by_parallel_downloads_stalls_naming_the_p
              cache_dir=tmp_path / "c", timeout=HANG)
     message = str(caught.value)
     assert message.startswith(f"The pull of ns/slow stalled: {hub.url} moved "), message
-    assert re.search(r"while downloading activations/part[0-9]\.kv\.safetensors", message)
+    # The rate is the pull's, over the requests in flight together; the oldest is named.
+    assert re.search(r"moved [0-9,]+ bytes in [0-9.]+ s \([0-9,.]+ bytes/s, its [2-9] requests "
+                     r"in flight together\) while downloading activations/part[0-9]\.kv\."
+                     r"safetensors, ", message), message
     assert f"under the low-speed limit of {LIMIT:,} bytes/s for {TIME} s" in message
     stall = caught.value.details["stall"]
     assert re.fullmatch(r"activations/part[0-9]\.kv\.safetensors", stall["file"])
     assert stall["limit"] == LIMIT and stall["time"] == TIME and stall["rate"] < LIMIT
-    assert stall["window_bytes"] < LIMIT * TIME
+    assert stall["window_bytes"] < LIMIT * TIME and stall["requests_in_flight"] >= 2
+    assert stall["window_bytes"] > stall["bytes_received"]  # the others' bytes counted too
     assert not (tmp_path / "out").exists()
     nothing_left_running()
