@@ -352,3 +352,36 @@ def test_a_new_request_opens_its_own_window_and_an_ended_one_is_judged_no_more()
     assert windows.judge("second", now=17.9) is None
     windows.close("first")
     assert windows.due() == 18 and windows.judge("second", now=18).moved == 400
+
+
+def test_a_retry_wait_is_judged_on_the_bytes_the_operations_other_requests_move():
+    """The deadline's own bookkeeping: a retry wait (after a 503) in one thread is a request in
+    flight whose window counts another thread's download bytes, and counts in
+    ``requests_in_flight``. Time: bytes are added and judged at once (no window can be due),
+    then the test sleeps past a window (a sleep never ends early) and judges."""
+    import threading
+    import time
+
+    from cubepack.hub._deadline import Deadline
+
+    deadline = Deadline(HANG, "http://endpoint", "pull of ns/x", low_speed=LowSpeed(1000, 0.2))
+
+    def answered_503():
+        transfer = deadline.begin("GET", "http://endpoint/datasets/ns/x/resolve/c/a.bin")
+        deadline.answered(transfer, 0, None, 503, "600")
+        deadline.end(transfer)  # the thread now waits to retry: a request in flight
+
+    waiter = threading.Thread(target=answered_503)
+    waiter.start()
+    waiter.join()
+    download = deadline.begin("GET", "http://endpoint/datasets/ns/x/resolve/c/b.bin")
+    deadline.answered(download, 10_000, None, 200)
+    deadline.progress(download, received=5_000)  # 25 windows' quota: both windows reopen now
+    assert not deadline._judge()
+    time.sleep(0.4)  # then nothing moves for two windows' time
+    assert deadline._judge()
+    error = deadline.error()
+    stall = error.details["stall"]
+    assert stall["retry_wait"] and stall["retry_after"] == "600"  # the oldest: the wait
+    assert stall["requests_in_flight"] == 2 and stall["window_bytes"] == 0
+    assert "its 2 requests in flight together) while waiting to retry GET" in str(error)
