@@ -1,7 +1,8 @@
-"""The low-speed rule: a request of a pull or push that moves fewer than
-CUBEPACK_LOW_SPEED_LIMIT bytes/s for CUBEPACK_LOW_SPEED_TIME s ends the operation with one
-HubError naming the stall, well before the overall deadline, which stays for large honest
-transfers. Run under huggingface_hub 2.x (httpx) and 0.36 (requests) alike.
+"""The low-speed rule: a pull or push whose requests together move fewer than
+CUBEPACK_LOW_SPEED_LIMIT bytes/s for CUBEPACK_LOW_SPEED_TIME s ends with one HubError naming
+the stall, well before the overall deadline, which stays for large honest transfers. Run under
+huggingface_hub 2.x (httpx) and 0.36 (requests) alike. The arithmetic (``Windows``) is tested
+alone too, with a clock of its own: simulated pools sharing a link at rates around the limit.
 
 The endpoint misbehaves on its own (an InstrumentedHub fault: send or read one byte, then wait
 until the test ends), so the stall comes about however slow the machine is; the tests shorten
