@@ -16,8 +16,10 @@ its API calls have none. A :class:`Deadline` bounds the whole operation instead:
   on requests made for such an operation.
 
 - **the low-speed rule** (:mod:`cubepack.hub._stall`): the guard counts each request's bytes,
-  sent and received, and the watchdog judges every request in flight when its window is due; a
-  stalled request ends the operation as the deadline would, with a HubError naming the stall.
+  sent and received, into the operation's :class:`~cubepack.hub._stall.Windows` (the bytes of
+  all its requests, in whatever thread, count for each), and the watchdog judges every request
+  in flight when its window is due; a stall ends the operation as the deadline would, with a
+  HubError naming it.
 
 Requests belong to an operation when made in its threads (the worker, and the threads it binds
 with :meth:`Deadline.bind`), or when their URL holds a name it gave (:meth:`Deadline.name`: a
@@ -39,7 +41,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import HubError
-from ._stall import ADVICE, LowSpeed, Verdict
+from ._stall import ADVICE, LowSpeed, Verdict, Windows
 
 #: A sha256 in a URL path (LFS upload URLs carry the object's).
 _SHA256_RUN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
@@ -71,17 +73,11 @@ class _Transfer:
     started: float = field(default_factory=time.monotonic)
     sent: int = 0
     to_send: int | None = None
-    #: The low-speed rule's open window: (when it opened, bytes moved then).
-    window: tuple[float, int] = (0.0, 0)
     status: int | None = None
     retry_after: str | None = None
     #: A retry wait: no request in flight, the client sleeping before it asks again (after a
     #: retryable answer). It moves no bytes, so the low-speed rule judges it like a request.
     waiting: bool = False
-
-    @property
-    def moved(self) -> int:
-        return self.sent + self.received
 
 
 class Deadline:
@@ -97,6 +93,8 @@ class Deadline:
                  low_speed: LowSpeed | None = None):
         self.seconds, self.endpoint, self.action, self.outcome = seconds, endpoint, action, outcome
         self.low_speed = low_speed
+        #: The low-speed rule's windows, one per request in flight (keyed as ``_transfers``).
+        self._windows = Windows(low_speed) if low_speed is not None else None
         self._stall: tuple[_Transfer, Verdict] | None = None
         self.expires = time.monotonic() + seconds
         self._lock = threading.Lock()
@@ -190,32 +188,34 @@ class Deadline:
                 return False
 
     def _next_due(self) -> float:
-        assert self.low_speed is not None
+        assert self.low_speed is not None and self._windows is not None
         with self._lock:
-            dues = [self.low_speed.due(t) for t in self._transfers.values()]
+            due = self._windows.due()
         # A request sent from now on is due no sooner than a full window from now.
-        return min(dues, default=time.monotonic() + self.low_speed.seconds)
+        return due if due is not None else time.monotonic() + self.low_speed.seconds
 
     def _judge(self) -> bool:
-        """Judge every request in flight; on the first (oldest) stalled one, record it, abort
-        the operation's requests and return True."""
-        assert self.low_speed is not None
+        """Judge every request in flight (on the bytes all of them moved); on the first
+        (oldest) stalled one, record it, abort the operation's requests and return True."""
+        assert self._windows is not None
         now = time.monotonic()
         with self._lock:
-            transfers = sorted(self._transfers.values(), key=lambda t: t.started)
-        for transfer in transfers:
-            verdict = self.low_speed.judge(transfer, now)
+            in_flight = sorted(self._transfers.items(), key=lambda item: item[1].started)
+            verdicts = [(transfer, self._windows.judge(key, now)) for key, transfer in in_flight]
+        for transfer, verdict in verdicts:
             if verdict is not None:
                 self.expire(stall=(transfer, verdict))
                 return True
         return False
 
     def progress(self, transfer: _Transfer, *, received: int = 0, sent: int = 0) -> None:
-        """``transfer`` moved bytes: counted for messages and for the low-speed rule."""
+        """``transfer`` moved bytes: counted for messages, and for the low-speed rule as the
+        operation's (every request's window counts them)."""
         transfer.received += received
         transfer.sent += sent
-        if self.low_speed is not None:
-            self.low_speed.moved(transfer)
+        if self._windows is not None:
+            with self._lock:
+                self._windows.add(received + sent, time.monotonic())
 
     def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` for another thread of this operation (a pool's): its requests are guarded."""
@@ -279,9 +279,13 @@ class Deadline:
     def _stall_error(self, transfer: _Transfer, verdict: Verdict) -> HubError:
         assert self.low_speed is not None
         what = self._what(transfer)
+        # The rate is the operation's: with several requests in flight, say it is theirs.
+        rate = f"{verdict.rate:,.1f} bytes/s" + (
+            f", its {verdict.requests} requests in flight together" if verdict.requests > 1
+            else "")
         error = HubError(
             f"The {self.action} stalled: {self.endpoint} moved {verdict.moved:,} bytes in "
-            f"{verdict.seconds:.1f} s ({verdict.rate:,.1f} bytes/s) while {what}, under "
+            f"{verdict.seconds:.1f} s ({rate}) while {what}, under "
             f"{self.low_speed.describe()}; {self._progress(transfer)}. {ADVICE}"
             + (f" {self.outcome}" if self.outcome else ""))
         error.details = {"stall": {
@@ -299,10 +303,11 @@ class Deadline:
             raise _Expired()
         transfer = _Transfer(method, url, to_send=to_send)
         transfer.started = time.monotonic()
-        if self.low_speed is not None:
-            transfer.window = self.low_speed.opened(transfer.started)
+        key = threading.get_ident()
         with self._lock:
-            self._transfers[threading.get_ident()] = transfer
+            self._transfers[key] = transfer
+            if self._windows is not None:
+                self._windows.open(key, transfer.started)
         return transfer
 
     def connected(self, transfer: _Transfer, sock: Any) -> None:
@@ -334,24 +339,27 @@ class Deadline:
             for key, current in list(self._transfers.items()):
                 if current is transfer:
                     del self._transfers[key]
-                    if self.low_speed is not None and transfer.status in _RETRYABLE:
-                        self._transfers[key] = self._wait_after(transfer)
+                    if self._windows is None:
+                        continue
+                    self._windows.close(key)
+                    if transfer.status in _RETRYABLE:
+                        wait = _Transfer(transfer.method, transfer.url, answered=True, total=0,
+                                         status=transfer.status,
+                                         retry_after=transfer.retry_after, waiting=True)
+                        self._transfers[key] = wait
+                        self._windows.open(key, wait.started)
             self._last = self._what(transfer)
-
-    def _wait_after(self, transfer: _Transfer) -> _Transfer:
-        assert self.low_speed is not None
-        wait = _Transfer(transfer.method, transfer.url, answered=True, total=0,
-                         status=transfer.status, retry_after=transfer.retry_after, waiting=True)
-        wait.window = self.low_speed.opened(wait.started)
-        return wait
 
     def settled(self) -> None:
         """The calling thread's part of the operation ended (returned or gave up): a retry
         wait it left is over, not a stall."""
+        key = threading.get_ident()
         with self._lock:
-            current = self._transfers.get(threading.get_ident())
+            current = self._transfers.get(key)
             if current is not None and current.waiting:
-                del self._transfers[threading.get_ident()]
+                del self._transfers[key]
+                if self._windows is not None:
+                    self._windows.close(key)
 
     def _describe(self) -> str:
         transfers = sorted(self._transfers.values(), key=lambda t: t.started)

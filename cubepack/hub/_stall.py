@@ -1,28 +1,36 @@
-"""The low-speed rule of a pull or push: a request that moves fewer than ``limit`` bytes/s for
-``seconds`` seconds has stalled (curl's ``--speed-limit`` / ``--speed-time``).
+"""The low-speed rule of a pull or push: one whose requests together move fewer than ``limit``
+bytes/s for ``seconds`` seconds has stalled (curl's ``--speed-limit`` / ``--speed-time``).
 
 Why a rule beside the overall deadline: the deadline (an hour by default) is sized for large
 honest transfers, and huggingface_hub's timeouts apply to each read, so an endpoint that sends a
 byte every 2 s would keep a pull or push going for the whole hour. A stall ends it within
 ``seconds`` instead, whatever the deadline.
 
-How a request is judged: from the moment it is sent (waiting for the answer counts, as in curl:
-no bytes move then, so an answer that never comes, or comes a header byte at a time, stalls as
-well), a window opens; each time the request has moved ``limit * seconds`` bytes (sent and
-received) since its window opened, a new window opens. A window still open after ``seconds``
-saw less than ``limit`` bytes/s on average over those seconds: the request stalled. Each
-request is judged alone, so one starved file among fast ones is caught too.
+How an operation is judged: on the bytes all of its requests move together, not each request
+alone: a pull downloads its files in parallel (and a push uploads them so), and an honest link
+shared by four downloads gives each a quarter of its rate. From the moment a request is sent
+(waiting for the answer counts, as in curl: no bytes move then, so an answer that never comes,
+or comes a header byte at a time, stalls as well), it has a window; each time the operation's
+requests together have moved ``limit * seconds`` bytes (sent and received) since that window
+opened, a new one opens. A window still open after ``seconds`` saw the operation move less than
+``limit`` bytes/s on average over those seconds while the request was in flight: the operation
+stalled. So a link moving at least ``limit`` bytes/s never stalls however many requests share
+it, and one moving less stalls within ``seconds``; a starved request among fast ones stalls
+once the others are done (their bytes are the operation's progress until then). A retry wait
+(see :mod:`~cubepack.hub._deadline`) has a window too. The arithmetic is :class:`Windows`.
 
 This module owns the rule (the arithmetic, the words, the settings' names); the
-:class:`~cubepack.hub._deadline.Deadline` feeds it each request's bytes and asks it when to
-judge, and ends the operation on its verdict.
+:class:`~cubepack.hub._deadline.Deadline` tells an operation's :class:`Windows` when each request
+begins and ends and what bytes move, asks it when to judge, and ends the operation on its
+verdict.
 """
 
 from __future__ import annotations
 
-import time
+import math
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .._util import constants
 
@@ -33,19 +41,14 @@ ADVICE = ("Retry; if it stalls again, check the endpoint (or the network to it),
           "rule off; the overall deadline, --timeout, still applies).")
 
 
-class Judged(Protocol):
-    """What the rule reads and writes on a request (a ``_deadline._Transfer``)."""
-
-    window: tuple[float, int]
-    moved: int
-
-
 @dataclass(frozen=True)
 class Verdict:
-    """A stalled request's last window: ``moved`` bytes in ``seconds`` seconds."""
+    """A stalled request's last window: the operation moved ``moved`` bytes in ``seconds``
+    seconds, with ``requests`` requests (retry waits included) in flight when it was judged."""
 
     moved: int
     seconds: float
+    requests: int = 1
 
     @property
     def rate(self) -> float:
@@ -76,34 +79,11 @@ class LowSpeed:
 
     @property
     def read_cap(self) -> float:
-        """The longest a single read or write of a judged request may block: one that blocks
-        ``seconds`` moves nothing for ``seconds`` and has stalled by then, so the HTTP library's
-        own timeout is capped a margin above it (the rule's verdict comes first, and a request
-        the rule ended does not linger in a blocked read)."""
+        """The longest a single read or write of a judged request may block: a margin above
+        ``seconds``, so a request the rule ended does not linger in a blocked read (the rule's
+        verdict comes first when the request is alone; huggingface_hub's own read timeouts, 10
+        s for downloads, are shorter still)."""
         return 2 * self.seconds
-
-    def opened(self, now: float | None = None) -> tuple[float, int]:
-        """The first window of a request sent ``now``."""
-        return (time.monotonic() if now is None else now, 0)
-
-    def moved(self, transfer: Judged, now: float | None = None) -> None:
-        """``transfer.moved`` grew: open a new window once the quota moved in this one."""
-        start, base = transfer.window
-        if transfer.moved - base >= self.quota:
-            # One tuple, assigned at once: the judging thread never sees half a window.
-            transfer.window = (time.monotonic() if now is None else now, transfer.moved)
-
-    def due(self, transfer: Judged) -> float:
-        """When (``time.monotonic``) the request's open window is judged."""
-        return transfer.window[0] + self.seconds
-
-    def judge(self, transfer: Judged, now: float) -> Verdict | None:
-        """The request's verdict: its last window if it stalled, else None."""
-        start, base = transfer.window
-        moved, elapsed = transfer.moved - base, now - start
-        if elapsed >= self.seconds and moved < self.quota:
-            return Verdict(moved, elapsed)
-        return None
 
     def describe(self) -> str:
         """The rule, in a message's words."""
@@ -112,4 +92,65 @@ class LowSpeed:
     def details(self, verdict: Verdict) -> dict[str, Any]:
         """The verdict and the rule, for ``--json``."""
         return {"window_bytes": verdict.moved, "window_seconds": round(verdict.seconds, 3),
-                "rate": round(verdict.rate, 3), "limit": self.limit, "time": self.seconds}
+                "rate": round(verdict.rate, 3), "requests_in_flight": verdict.requests,
+                "limit": self.limit, "time": self.seconds}
+
+
+class Windows:
+    """The rule applied to one operation: a window per request in flight (or retry wait),
+    keyed as the caller likes, each counting the bytes all of the operation's requests moved.
+
+    The arithmetic alone: the caller passes the time (``time.monotonic`` in use, any clock in
+    tests) and serializes the calls (the deadline holds its lock).
+    """
+
+    def __init__(self, rule: LowSpeed):
+        self.rule = rule
+        #: Bytes the operation's requests moved, sent and received, since it began.
+        self.moved = 0
+        self._open: dict[Hashable, tuple[float, int]] = {}  # key -> (opened at, moved then)
+        self._closes_at = math.inf  # ``moved`` at which the earliest-based window closes
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, key: Hashable, now: float) -> None:
+        """A request was sent (or a retry wait began) ``now``: its first window opens (any
+        earlier window under ``key`` is over)."""
+        self._open[key] = (now, self.moved)
+        self._closes_at = min(self._closes_at, self.moved + self.rule.quota)
+
+    def close(self, key: Hashable) -> None:
+        """The request under ``key`` is over: it is judged no more."""
+        self._open.pop(key, None)
+
+    def add(self, count: int, now: float) -> None:
+        """A request of the operation moved ``count`` bytes ``now``: every window that has seen
+        the quota move since it opened closes, and the request's next window opens ``now``."""
+        moved = self.moved = self.moved + count
+        if moved < self._closes_at:  # no window closes: one comparison
+            return
+        quota, earliest = self.rule.quota, math.inf
+        for key, (_, base) in self._open.items():
+            if moved - base >= quota:
+                self._open[key] = (now, moved)
+                base = moved
+            earliest = min(earliest, base)
+        self._closes_at = earliest + quota
+
+    def due(self) -> float | None:
+        """When the earliest open window is judged; None with no request in flight."""
+        if not self._open:
+            return None
+        return min(start for start, _ in self._open.values()) + self.rule.seconds
+
+    def judge(self, key: Hashable, now: float) -> Verdict | None:
+        """The verdict on the request under ``key``: its open window if that saw the operation
+        move less than the quota in ``seconds`` or more, else None (also for an unknown key)."""
+        if key not in self._open:
+            return None
+        start, base = self._open[key]
+        moved, elapsed = self.moved - base, now - start
+        if elapsed >= self.rule.seconds and moved < self.rule.quota:
+            return Verdict(moved, elapsed, len(self._open))
+        return None

@@ -2,7 +2,8 @@
 
 :class:`InstrumentedHub` is a :class:`~cubepack.localhub.LocalHub` whose hooks inject faults
 (500, dropped connection, truncated body, a body with one byte flipped, delay, a request held
-until released, a download trickled a byte at a time), cap download bandwidth like a real link, count requests, uploaded
+until released, a download trickled a byte at a time, transfers sharing one slow link), cap
+download bandwidth like a real link, count requests, uploaded
 bytes, commits and open connections, and let a test wait for a request or connections.
 ``python -m cubepack.testing.hub --root DIR --port P [--max-rate-mb R]`` serves one in its own
 process (the pull benchmark does).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -36,6 +38,9 @@ its true size, but with its middle byte flipped, as a faulty cache or link would
     slow endpoint would, until the client goes away: :attr:`abandoned` is then set; on a request
     with a body (an upload, a commit), read ``step`` bytes of it every ``seconds`` instead, and
     never answer). ``seconds=None``: after the first step, wait until the endpoint stops.
+    ``"link"``: every request the fault matches shares one link of ``rate`` bytes/s (its
+    :attr:`link`), as parallel transfers over one slow network do: a download's body is sent,
+    a request's body (an upload) read, ``step`` bytes at a time as the link allows.
     """
 
     kind: str
@@ -44,9 +49,18 @@ its true size, but with its middle byte flipped, as a faulty cache or link would
     times: int = 1
     seconds: float | None = 0.0
     step: int = 1
+    rate: float | None = None
     hits: int = 0
     released: threading.Event = field(default_factory=threading.Event)
     abandoned: threading.Event = field(default_factory=threading.Event)
+    link: Link | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "link":
+            if not self.rate or self.rate <= 0:
+                raise ValueError("a link fault needs a rate > 0 (bytes/s)")
+            # A sleep that overslept on a loaded machine is made up: the link keeps its rate.
+            self.link = Link(self.rate, burst=0.25)
 
     def release(self) -> None:
         """Let held requests go on."""
@@ -72,18 +86,43 @@ class Stats:
 
 
 class Link:
-    """A shared bandwidth cap: each sender reserves its bytes' slot on one timeline."""
+    """A shared bandwidth cap: each sender reserves its bytes' slot on one timeline and waits
+    for its own slot's end. ``burst``: seconds of sending a late sender may catch up on (one that
+    overslept sends at once), so the link's rate holds on a loaded machine; 0: none."""
 
-    def __init__(self, rate: float):
-        self.rate, self._next, self._lock = rate, time.monotonic(), threading.Lock()
+    def __init__(self, rate: float, burst: float = 0.0):
+        self.rate, self.burst = rate, burst
+        self._next, self._lock = time.monotonic(), threading.Lock()
 
-    def wait_for(self, size: int) -> None:
+    def wait_for(self, size: int, stopping: threading.Event | None = None) -> bool:
+        """Wait for ``size`` bytes' slot; False if ``stopping`` was set meanwhile."""
         with self._lock:
-            start = max(self._next, time.monotonic())
-            self._next = start + size / self.rate
-        delay = self._next - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+            start = max(self._next, time.monotonic() - self.burst)
+            self._next = end = start + size / self.rate
+        delay = end - time.monotonic()
+        if stopping is None:
+            if delay > 0:
+                time.sleep(delay)
+            return True
+        return not stopping.wait(max(0.0, delay))
+
+
+class _LinkedBody:
+    """A request's ``rfile`` whose body reads (``read``) go through a link fault's link, ``step``
+    bytes at a time; lines (the next request's head, chunk sizes) are read as they come."""
+
+    def __init__(self, inner: Any, fault: Fault, stopping: threading.Event):
+        self.inner, self._fault, self._stopping = inner, fault, stopping
+
+    def read(self, size: int | None = -1) -> bytes:
+        step = self._fault.step if size is None or size < 0 else min(size, self._fault.step)
+        assert self._fault.link is not None
+        if not self._fault.link.wait_for(step, self._stopping):
+            return b""  # the endpoint stops: the body "ended early"
+        return self.inner.read(step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class InstrumentedHub(LocalHub):
@@ -107,8 +146,9 @@ class InstrumentedHub(LocalHub):
         self._connections_changed = threading.Condition()
 
     def add_fault(self, kind: str, path: str = ".*", method: str = ".*", times: int = 1,
-                  seconds: float | None = 0.0, step: int = 1) -> Fault:
-        fault = Fault(kind, path, method, times, seconds, step)
+                  seconds: float | None = 0.0, step: int = 1,
+                  rate: float | None = None) -> Fault:
+        fault = Fault(kind, path, method, times, seconds, step, rate)
         with self._faults_lock:
             self.faults.append(fault)
         return fault
@@ -148,14 +188,21 @@ class InstrumentedHub(LocalHub):
         with self._seen_changed:
             self._seen.append(f"{method} {path}")
             self._seen_changed.notify_all()
+        if isinstance(handler.rfile, _LinkedBody):  # the connection's last request had a link
+            handler.rfile = handler.rfile.inner
         fault = self._take_fault(method, path)
+        handler.shared_link = fault if fault is not None and fault.kind == "link" else None
+        if handler.shared_link is not None and method in ("PUT", "POST"):
+            handler.rfile = _LinkedBody(handler.rfile, fault, self._stopping)
+            # The link paces the body, not loopback's megabytes of receive buffer.
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2 * fault.step)
         handler.truncate = fault is not None and fault.kind == "truncate"
         handler.corrupt = fault is not None and fault.kind == "corrupt"
         handler.trickle = fault if fault is not None and fault.kind == "trickle" else None
         if handler.trickle is not None and method in ("PUT", "POST"):
             self._trickle_body(handler, handler.trickle)
             return False
-        if fault is None or fault.kind in ("truncate", "corrupt", "trickle"):
+        if fault is None or fault.kind in ("truncate", "corrupt", "trickle", "link"):
             return True
         if fault.kind == "delay":
             self._stopping.wait(fault.seconds)
@@ -202,6 +249,18 @@ class InstrumentedHub(LocalHub):
                         return
             except OSError:
                 trickle.abandoned.set()  # the client hung up
+            return
+        shared = getattr(handler, "shared_link", None)
+        if shared is not None:
+            try:
+                for position in range(offset, offset + count, shared.step):
+                    size = min(shared.step, offset + count - position)
+                    if not shared.link.wait_for(size, self._stopping):
+                        return
+                    handler.connection.sendall(os.pread(handle.fileno(), size, position))
+            except OSError:
+                handler.close_connection = True
+                shared.abandoned.set()  # the client hung up
             return
         if getattr(handler, "truncate", False):
             count //= 2

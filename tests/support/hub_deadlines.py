@@ -4,9 +4,11 @@ tests/hub/test_stall.py)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
+from urllib.parse import urlsplit
 
 from cubepack.hub import _deadline, push
 
@@ -38,3 +40,19 @@ def cubepack_cli(hub, tmp_path, *args, env=None):
                                    HF_HUB_CACHE=str(tmp_path / "cli-cache"), **(env or {})),
                           capture_output=True, text=True, timeout=HANG, cwd=tmp_path, check=False)
     return done.returncode, done.stdout, done.stderr
+
+
+def slow_link_buffers(monkeypatch, hub, size=8192):
+    """This process's connections to ``hub`` get a send buffer of ``size`` bytes, as they would
+    over a slow link: Linux sizes a connection's send buffer by its congestion window, megabytes
+    on loopback and a few KB on a slow link. An upload's bytes count as the client hands them
+    to its socket, so on loopback megabytes would count at once, however slowly the endpoint
+    reads them (a link fault's connections also get a small receive buffer, endpoint side)."""
+    port, connect = urlsplit(hub.url).port, socket.socket.connect
+
+    def connect_small(sock, address):
+        if isinstance(address, tuple) and len(address) >= 2 and address[1] == port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect_small)
