@@ -44,7 +44,7 @@ def test_verify_remote_decrypts_with_the_identity_given(packed, tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
 
 
-def _signed_clear(packed, tmp_path, name):
+def _clear_copy(packed, tmp_path, name):
     cube = tmp_path / name
     shutil.copytree(packed, cube)
     return cube
@@ -56,21 +56,21 @@ def test_encrypt_honours_the_trusted_key(packed, tmp_path):
     keys = age_keys(tmp_path, "alice")
     signer, signer_pub = make_key(tmp_path, "signer")
     other, _ = make_key(tmp_path, "other")
-    unsigned = _signed_clear(packed, tmp_path, "unsigned")
+    unsigned = _clear_copy(packed, tmp_path, "unsigned")
     done = cli_in_process(["encrypt", unsigned, "--to", keys["alice"][1], "--trusted-key",
                            signer_pub], env=_env(tmp_path), cwd=tmp_path)
     assert done.returncode == 1, ("encrypt --trusted-key encrypted an unsigned cube",
                                   done.stdout + done.stderr)
     assert not (unsigned / "cubepack.manifest.age").exists()
-    by_other = _signed_clear(packed, tmp_path, "by-other")
+    by_other = _clear_copy(packed, tmp_path, "by-other")
     cubepack.sign(by_other, other)
     with pytest.raises(CubepackError):
         encrypt(by_other, [keys["alice"][1]], trusted_keys=[signer_pub])
-    by_signer = _signed_clear(packed, tmp_path, "by-signer")
+    by_signer = _clear_copy(packed, tmp_path, "by-signer")
     cubepack.sign(by_signer, signer)
     encrypt(by_signer, [keys["alice"][1]], trusted_keys=[signer_pub])
     with pytest.raises(UsageError, match="recompute"):  # a field it cannot apply: refused
-        encrypt(_signed_clear(packed, tmp_path, "asked"), [keys["alice"][1]],
+        encrypt(_clear_copy(packed, tmp_path, "asked"), [keys["alice"][1]],
                 policy=TrustPolicy(recompute=True))
 
 

@@ -1,0 +1,358 @@
+"""A private cube's generation: the replay rule, what this user has seen, the recipient history.
+
+A private cube carries a generation (issue #37): ``encrypt`` starts it, each ``rekey`` adds
+one. It is public (the lock's ``encryption.generation``) and signed with the lock, and the
+encrypted manifest repeats it with the recipient history (who each generation added and
+removed). The rule, in one place: **a revision whose generation, signed by a trusted key, is
+lower than another signed by a trusted key for the same cube is older**; loading it (a replay:
+an older revision pushed back, e.g. after a reader was removed) or rekeying it is refused.
+An unsigned generation, or one no trusted key signed, is a claim: compared with nothing.
+
+Where a newer revision can be known from:
+
+- what this user has seen (:func:`seen_check`): every verify, pull, encrypt and rekey that
+  establishes a trusted signature over a generation records it under ``$CUBEPACK_CACHE/
+  generations/`` (per cube id, or per endpoint and repo for a cube without one; the newest per
+  signing key; atomic writes under a file lock). A fresh client has seen nothing;
+- the branches' commit history on the endpoint (:func:`history_check`, run by the Hub layer:
+  pull and ``verify --remote``): every commit's lock and attestation. A writer who rewrites or
+  squashes the history removes what it would find; only what this user has seen survives that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic, canonical, constants
+from ..errors import CubepackError, FormatError
+from ..format import _lock as lockfile
+from ..format._envelope import parse_envelope_bytes
+from ._attestation import signed_by
+from ._report import Check
+
+__all__ = ["CHECK", "Known", "fingerprint", "history_check", "keyid", "newest_seen", "older",
+           "readded", "remember", "scope", "seen_check", "signed_generation", "skip_reason",
+           "trusted_ids", "with_entry"]
+
+#: The name of the checks this module makes (a report's ``replay`` lines).
+CHECK = "replay"
+_FORMAT = "cubepack.seen-generations"
+_VERSION = 1
+_ENTRY_KEYS = frozenset({"generation", "where", "commit", "recorded", "recipients", "removed"})
+_FOLDER = "generations"
+#: What a fresh client cannot check, said wherever it could not.
+SQUASH = ("a writer who rewrites or squashes the branch's history removes the newer revisions "
+          "the history walk would find: only generations this client has seen survive that")
+
+
+@dataclass(frozen=True)
+class Known:
+    """A generation of a cube some trusted key signed, and where it was seen. ``recipients``
+    and ``removed``: sha256 of each recipient's text (:func:`fingerprint`) of that generation,
+    and of every recipient its history removed, when whoever recorded it could read them."""
+
+    generation: int
+    where: str
+    commit: str | None = None
+    recorded: str | None = None
+    recipients: frozenset[str] | None = None
+    removed: frozenset[str] | None = None
+
+
+def fingerprint(recipient: str) -> str:
+    """How a record names a recipient: the sha256 of its text (a public key; not kept in
+    clear in the user's cache, which a reader of the disk could list)."""
+    return hashlib.sha256(recipient.encode("utf-8")).hexdigest()
+
+
+def keyid(key: str | os.PathLike[str], password: str | None = None) -> str:
+    """The signer's id of a key file: sha256 of the DER SubjectPublicKeyInfo of a public PEM
+    key, or of a private key's public half (the attestation's ``keyid``)."""
+    from cryptography.hazmat.primitives import serialization
+
+    data = Path(key).read_bytes()
+    if b"PRIVATE KEY" in data:
+        public = serialization.load_pem_private_key(
+            data, password.encode() if password else None).public_key()
+    else:
+        public = serialization.load_pem_public_key(data)
+    return hashlib.sha256(public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
+def scope(lock: dict[str, Any], repo: str | None = None) -> dict[str, str] | None:
+    """What a record is kept for: the cube's id, else (a cube without one) ``repo`` (its
+    endpoint and repo, as the Hub layer names it), else None: nothing to key it by."""
+    cube_id = lock.get("cube_id")
+    if isinstance(cube_id, str) and cube_id:
+        return {"cube_id": cube_id}
+    return {"repo": repo} if repo else None
+
+
+# --- the records --------------------------------------------------------------------------------
+
+def _path(where: dict[str, str]) -> Path:
+    name = hashlib.sha256(canonical.dumps(where).encode("utf-8")).hexdigest()[:32]
+    return constants.cache_dir() / _FOLDER / f"{name}.json"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One writer of a record at a time (a read, then a write): two processes recording at
+    once would otherwise drop the higher generation."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _read(where: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The record's entries (signer keyid -> entry); none when there is no record.
+
+    Raises:
+        FormatError: the record is not one cubepack wrote (naming the file and the fix).
+    """
+    path = _path(where)
+    if not path.is_file():
+        return {}
+    try:
+        record = canonical.loads_strict(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    signers = record.get("signers") if isinstance(record, dict) else None
+    if not (isinstance(record, dict) and record.get("format") == _FORMAT
+            and record.get("version") == _VERSION and record.get("scope") == where
+            and isinstance(signers, dict)
+            and all(isinstance(entry, dict) and set(entry) == _ENTRY_KEYS
+                    and type(entry["generation"]) is int for entry in signers.values())):
+        raise FormatError(f"The record of the generations seen, {path}, is not one cubepack "
+                          "wrote; remove it (what it recorded is lost: the next verify or "
+                          "pull records again).")
+    return signers
+
+
+def _known(entry: dict[str, Any]) -> Known:
+    return Known(entry["generation"], entry["where"], entry["commit"], entry["recorded"],
+                 None if entry["recipients"] is None else frozenset(entry["recipients"]),
+                 None if entry["removed"] is None else frozenset(entry["removed"]))
+
+
+def newest_seen(where: dict[str, str] | None,
+                signers: dict[str, str]) -> tuple[str, Known] | None:
+    """The highest generation this user has recorded for ``where`` signed by one of
+    ``signers`` (keyid -> key file, the keys trusted now), with that key file; or None.
+    Raises FormatError (see _read)."""
+    if where is None:
+        return None
+    entries = [(signers[key], _known(entry)) for key, entry in _read(where).items()
+               if key in signers]
+    return max(entries, key=lambda pair: pair[1].generation, default=None)
+
+
+def trusted_ids(keys: list[str]) -> dict[str, str]:
+    """keyid -> key file, for the keys a caller trusts (public PEM files)."""
+    return {keyid(key): str(key) for key in keys}
+
+
+def remember(where: dict[str, str] | None, signer: str, known: Known) -> None:
+    """Record that ``signer`` (a keyid) signed ``known`` for ``where``: kept when it is the
+    highest generation recorded for that signer (or the same one, now with its recipients)."""
+    if where is None:
+        return
+    path = _path(where)
+    with _locked(path):
+        signers = _read(where)
+        old = signers.get(signer)
+        if old is not None and (old["generation"] > known.generation or (
+                old["generation"] == known.generation
+                and (known.recipients is None or old["recipients"] is not None))):
+            return
+        signers[signer] = {
+            "generation": known.generation, "where": known.where, "commit": known.commit,
+            "recorded": known.recorded or datetime.datetime.now(datetime.timezone.utc)
+            .strftime("%Y-%m-%d %H:%M UTC"),
+            "recipients": None if known.recipients is None else sorted(known.recipients),
+            "removed": None if known.removed is None else sorted(known.removed)}
+        atomic.write_text(path, canonical.dumps({"format": _FORMAT, "version": _VERSION,
+                                                 "scope": where, "signers": signers}))
+
+
+# --- the recipient history ----------------------------------------------------------------------
+
+def with_entry(history: list[dict[str, Any]], generation: int, added: list[str],
+               removed: list[str]) -> list[dict[str, Any]]:
+    """``history`` and the entry of ``generation``: the recipients it added and removed."""
+    return [*history, {"generation": generation, "added": sorted(added),
+                       "removed": sorted(removed)}]
+
+
+def removed_at(history: list[dict[str, Any]]) -> dict[str, int]:
+    """Each recipient whose last change in ``history`` removed it -> that generation."""
+    last: dict[str, int | None] = {}
+    for entry in history:
+        for recipient in entry["added"]:
+            last[recipient] = None
+        for recipient in entry["removed"]:
+            last[recipient] = entry["generation"]
+    return {recipient: at for recipient, at in last.items() if at is not None}
+
+
+def readded(history: list[dict[str, Any]], recipients: list[str],
+            known: Known | None = None) -> list[dict[str, Any]]:
+    """The recipients of ``recipients`` that a generation removed and none added back since
+    (``history``), or that ``known`` (a newer generation this user saw) records as removed:
+    ``[{"recipient", "removed_at"}]`` (``removed_at`` None: removed by ``known``'s history,
+    at a generation it does not say)."""
+    gone = removed_at(history)
+    found = []
+    for recipient in sorted(recipients):
+        if recipient in gone:
+            found.append({"recipient": recipient, "removed_at": gone[recipient]})
+        elif known is not None and known.removed and fingerprint(recipient) in known.removed:
+            found.append({"recipient": recipient, "removed_at": None})
+    return found
+
+
+# --- the checks ---------------------------------------------------------------------------------
+
+def signed_generation(lock_bytes: bytes, envelope: bytes, trusted: list[str],
+                      cube_id: str | None) -> tuple[int, str] | None:
+    """(generation, trusted key) of another revision of the cube ``cube_id``, from its lock
+    file's bytes and its attestation's (``cubepack.intoto.json``), when a trusted key signed
+    that attestation and its subject is that lock; else None (not a private cube of that id,
+    written before generations, unsigned, signed by a key not trusted, malformed). The
+    attestation's subject is the lock's sha256, so one signature binds the generation."""
+    try:
+        lock = lockfile.parse(lock_bytes)
+        statement = parse_envelope_bytes(envelope, "cubepack.intoto.json")
+    except CubepackError:
+        return None
+    generation = lockfile.generation(lock)
+    if lock.get("cube_id") != cube_id or generation is None:
+        return None
+    if statement.subject_sha256 != hashlib.sha256(lock_bytes).hexdigest():
+        return None
+    key = signed_by(statement, tuple(trusted))
+    return (generation, key) if key is not None else None
+
+
+def skip_reason(lock: dict[str, Any], key: str | None) -> str | None:
+    """Why no generation of the private cube ``lock`` (signed by trusted key ``key``, or None)
+    can be compared, or None when it can (then a history is worth walking)."""
+    return _skip(lock, key)
+
+
+def _skip(lock: dict[str, Any], key: str | None) -> str | None:
+    """Why no generation of this cube can be compared, or None."""
+    if lockfile.generation(lock) is None:
+        return ("skipped: written before private cubes had generations (its lock's encryption "
+                "section is version 1), so no revision of it can be told older than another; "
+                "rekey it to give it one (cubepack rekey CUBE --identity KEY --rotate "
+                "--sign-key KEY)")
+    if key is None:
+        return (f"skipped: generation {lockfile.generation(lock)} is its signer's word: "
+                "without a signature by a trusted key (--trusted-key PUB.pem) no revision can "
+                "be told older than another")
+    return None
+
+
+def older(generation: int | None, key: str, newer: Known, by: str) -> str:
+    """The sentence of a replay: generation ``generation`` (signed by ``key``; None: a cube
+    written before generations) is older than ``newer``, signed by trusted key ``by``."""
+    this = f"generation {generation}" if generation is not None else \
+        "this revision, written before generations,"
+    return (f"{this} (signed by trusted key {key}) is older than generation "
+            f"{newer.generation} of this cube, signed by trusted key {by}, {newer.where}"
+            + (f" (recorded {newer.recorded})" if newer.recorded else "") + ": an "
+            "older revision pushed back (a replay) can still be read by a reader removed "
+            "since, and loading it rolls the memories back. Do not load it; get the newest "
+            "revision"
+            + (f" (commit {newer.commit})" if newer.commit else "")
+            + " from its owner (if the owner encrypted it afresh, they give it a generation "
+              f"above {newer.generation}: cubepack encrypt CUBE --generation "
+              f"{newer.generation + 1} --sign-key KEY)")
+
+
+def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
+               where: str, repo: str | None = None) -> Check:
+    """The ``replay`` check of a private cube against what this user has seen, then the
+    record of its generation when a trusted key (``key``, one of ``trusted``) signed it.
+    ``where``: how the record will say it was seen (``"in a verify of DIR"``)."""
+    generation = lockfile.generation(lock)
+    subject = "generations seen by this client"
+    skipped = _skip(lock, key)
+    if skipped is not None:
+        return Check(CHECK, subject, None, skipped)
+    assert key is not None and generation is not None
+    at = scope(lock, repo)
+    if at is None:
+        return Check(CHECK, subject, None, "skipped: the cube has no cube id, so what this "
+                     "client has seen of it is kept by its repo: pull and verify --remote "
+                     "compare it")
+    try:
+        seen = newest_seen(at, trusted_ids([*trusted, key]))
+        remember(at, keyid(key), Known(generation, where))
+    except CubepackError as exc:
+        return Check(CHECK, subject, False, str(exc))
+    by, newest = seen if seen is not None else (key, None)
+    if newest is not None and newest.generation > generation:
+        return Check(CHECK, subject, False, older(generation, key, newest, by),
+                     f"generation {newest.generation} or newer", f"generation {generation}")
+    if newest is None:
+        return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key "
+                     f"{key}: this client had seen no generation of this cube before, so only "
+                     "the endpoint's history (walked by pull and verify --remote) can show a "
+                     f"newer one, and {SQUASH}")
+    return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key {key}, "
+                 f"is the newest this client has seen of this cube (it saw generation "
+                 f"{newest.generation} {newest.where})")
+
+
+def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, str, str]],
+                  *, walked: int, where: str, repo: str, trusted: list[str]) -> Check:
+    """The ``replay`` check of a private cube against the signed revisions of the same cube
+    that the endpoint's history holds: ``found``, (generation, commit, trusted key) of each,
+    out of ``walked`` commits of ``where`` (the branches and endpoint, for the message). The
+    newest found is recorded as seen (a later squash cannot take it from this user)."""
+    generation = lockfile.generation(lock)
+    subject = f"history of {where}"
+    skipped = _skip(lock, key)
+    if skipped is not None:
+        return Check(CHECK, subject, None, skipped)
+    assert key is not None and generation is not None
+    at = scope(lock, repo)
+    newest = max(found, default=None)
+    seen = None
+    try:
+        if newest is not None:
+            remember(at, keyid(newest[2]), Known(newest[0], f"at commit {newest[1]} of {where}",
+                                                 newest[1]))
+        if at is not None and "repo" in at:
+            # A cube without a cube id is kept by its repo: what this user saw of it is
+            # compared here, where the repo is known (verify's own check cannot).
+            seen = newest_seen(at, trusted_ids([*trusted, key]))
+            remember(at, keyid(key), Known(generation, f"at {where}"))
+    except CubepackError as exc:
+        return Check(CHECK, subject, False, str(exc))
+    if newest is not None and newest[0] > generation:
+        known = Known(newest[0], f"at commit {newest[1]} of {where}", newest[1])
+        return Check(CHECK, subject, False, older(generation, key, known, newest[2]),
+                     f"generation {newest[0]} or newer", f"generation {generation}")
+    if seen is not None and seen[1].generation > generation:
+        return Check(CHECK, subject, False, older(generation, key, seen[1], seen[0]),
+                     f"generation {seen[1].generation} or newer", f"generation {generation}")
+    return Check(CHECK, subject, True, f"generation {generation} is the newest signed by a "
+                 f"trusted key among the {len(found)} signed revision(s) of this cube in the "
+                 f"{walked} commit(s) walked; {SQUASH}")
