@@ -324,6 +324,8 @@ def _render_private(data: dict[str, Any]) -> str:
               + (f"at generation {entry['removed_at']}" if entry["removed_at"] is not None
                  else "by a newer generation you have seen")
               + ", now a reader again" for entry in data.get("readded", [])]
+    if data.get("unrecorded"):
+        lines.append(f"  generation{data['unrecorded']}")
     lines.append(f"  signed with {data['signed_with']}" if data["signed_with"] else
                  "  unsigned: anyone who can push can replace an unsigned private cube (age "
                  "does not authenticate senders); sign it: --sign-key")

@@ -146,7 +146,8 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
-        _remember(lock, sign_key, sign_password, generation, texts, [])
+        result.unrecorded = _remember(lock, sign_key, sign_password, generation, texts,
+                                      []) or None
     return result
 
 
@@ -155,17 +156,18 @@ def _sign(cube: Path, key: str | Path, password: str | None) -> None:
 
 
 def _remember(lock: dict[str, Any], key: str | Path, password: str | None, generation: int,
-              recipients: list[str], history: list[dict[str, Any]]) -> None:
+              recipients: list[str], history: list[dict[str, Any]]) -> str:
     """Record the generation this process just signed as seen (with its recipients and who
     its history removed), so this user's later verify, pull or rekey of an older one of the
-    same cube refuses it, whatever the endpoint's history says by then."""
+    same cube refuses it, whatever the endpoint's history says by then. "" when recorded,
+    else why not (the cube is written and signed either way)."""
     removed = generations.removed_at(history)
-    generations.remember(generations.scope(lock), generations.keyid(key, password),
-                         generations.Known(generation, _WRITTEN_HERE,
-                                           recipients=frozenset(map(generations.fingerprint,
-                                                                    recipients)),
-                                           removed=frozenset(map(generations.fingerprint,
-                                                                 removed))))
+    return generations.record(generations.scope(lock), generations.keyid(key, password),
+                              generations.Known(generation, _WRITTEN_HERE,
+                                                recipients=frozenset(map(
+                                                    generations.fingerprint, recipients)),
+                                                removed=frozenset(map(
+                                                    generations.fingerprint, removed))))
 
 
 def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
@@ -235,6 +237,10 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         current = {text: r for text in manifest["recipients"]
                    for r in age.parse_recipients([text])}
         generation = (manifest["generation"] or 0) + 1
+        if generation > lockfile.MAX_GENERATION:
+            raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
+                             "its clear source afresh to start again (readers who saw it "
+                             "refuse a lower one).")
         if seen is not None and seen[1].generation >= generation:
             raise _replay(cube, manifest, seen, signer)
         if signer is None and named is None:
@@ -282,7 +288,8 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
-        _remember(public, sign_key, sign_password, generation, sorted(kept), history)
+        result.unrecorded = _remember(public, sign_key, sign_password, generation,
+                                      sorted(kept), history) or None
     return result
 
 

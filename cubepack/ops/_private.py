@@ -69,13 +69,17 @@ class EncryptResult:
     #: ``[{"recipient", "removed_at"}]`` (``removed_at``: that generation, or None when only
     #: a newer generation this user saw records the removal)
     readded: list[dict[str, Any]] = field(default_factory=list)
+    #: why the generation this process signed is not recorded as seen (a read-only cache), or
+    #: None: recorded, or not signed
+    unrecorded: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "digest": self.digest,
                 "recipients": self.recipients, "ciphertexts": self.ciphertexts,
                 "hidden_names": self.hidden_names, "signed_with": self.signed_with,
                 "rotated": self.rotated, "added": self.added, "removed": self.removed,
-                "generation": self.generation, "readded": self.readded}
+                "generation": self.generation, "readded": self.readded,
+                "unrecorded": self.unrecorded}
 
 
 def is_private(lock: dict[str, Any] | None) -> bool:

@@ -38,7 +38,7 @@ from ._attestation import signed_by
 from ._report import Check
 
 __all__ = ["CHECK", "Known", "fingerprint", "history_check", "keyid", "newest_seen", "older",
-           "readded", "remember", "scope", "seen_check", "signed_generation", "skip_reason",
+           "readded", "record", "remember", "scope", "seen_check", "signed_generation", "skip_reason",
            "trusted_ids", "with_entry"]
 
 #: The name of the checks this module makes (a report's ``replay`` lines).
@@ -129,6 +129,10 @@ def _read(where: dict[str, str]) -> dict[str, dict[str, Any]]:
         return {}
     try:
         record = canonical.loads_strict(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise FormatError(f"The record of the generations seen, {path}, cannot be read "
+                          f"({exc.strerror}); make it readable, or remove it (what it recorded "
+                          "is lost).") from None
     except (UnicodeDecodeError, ValueError):
         record = None
     signers = record.get("signers") if isinstance(record, dict) else None
@@ -187,6 +191,17 @@ def remember(where: dict[str, str] | None, signer: str, known: Known) -> None:
             "removed": None if known.removed is None else sorted(known.removed)}
         atomic.write_text(path, canonical.dumps({"format": _FORMAT, "version": _VERSION,
                                                  "scope": where, "signers": signers}))
+
+
+def record(where: dict[str, str] | None, signer: str, known: Known) -> str:
+    """:func:`remember`, saying instead of raising when it could not write the record (a
+    read-only cache must not refuse a cube): "" when recorded, else a note for the check."""
+    try:
+        remember(where, signer, known)
+    except (OSError, CubepackError) as exc:
+        return (f" (not recorded in {constants.cache_dir() / _FOLDER}: {exc}; a later squash "
+                "of the history would hide it from this client)")
+    return ""
 
 
 # --- the recipient history ----------------------------------------------------------------------
@@ -303,21 +318,21 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
                      "compare it")
     try:
         seen = newest_seen(at, trusted_ids([*trusted, key]))
-        remember(at, keyid(key), Known(generation, where))
     except CubepackError as exc:
         return Check(CHECK, subject, False, str(exc))
+    note = record(at, keyid(key), Known(generation, where))
     by, newest = seen if seen is not None else (key, None)
     if newest is not None and newest.generation > generation:
-        return Check(CHECK, subject, False, older(generation, key, newest, by),
+        return Check(CHECK, subject, False, older(generation, key, newest, by) + note,
                      f"generation {newest.generation} or newer", f"generation {generation}")
     if newest is None:
         return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key "
                      f"{key}: this client had seen no generation of this cube before, so only "
                      "the endpoint's history (walked by pull and verify --remote) can show a "
-                     f"newer one, and {SQUASH}")
+                     f"newer one, and {SQUASH}{note}")
     return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key {key}, "
                  f"is the newest this client has seen of this cube (it saw generation "
-                 f"{newest.generation} {newest.where})")
+                 f"{newest.generation} {newest.where}){note}")
 
 
 def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, str, str]],
@@ -334,25 +349,25 @@ def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, 
     assert key is not None and generation is not None
     at = scope(lock, repo)
     newest = max(found, default=None)
-    seen = None
-    try:
-        if newest is not None:
-            remember(at, keyid(newest[2]), Known(newest[0], f"at commit {newest[1]} of {where}",
-                                                 newest[1]))
-        if at is not None and "repo" in at:
-            # A cube without a cube id is kept by its repo: what this user saw of it is
-            # compared here, where the repo is known (verify's own check cannot).
+    seen, note = None, ""
+    if newest is not None:
+        note = record(at, keyid(newest[2]), Known(newest[0], f"at commit {newest[1]} of {where}",
+                                                  newest[1]))
+    if at is not None and "repo" in at:
+        # A cube without a cube id is kept by its repo: what this user saw of it is compared
+        # here, where the repo is known (verify's own check cannot).
+        try:
             seen = newest_seen(at, trusted_ids([*trusted, key]))
-            remember(at, keyid(key), Known(generation, f"at {where}"))
-    except CubepackError as exc:
-        return Check(CHECK, subject, False, str(exc))
+        except CubepackError as exc:
+            return Check(CHECK, subject, False, str(exc))
+        note = note or record(at, keyid(key), Known(generation, f"at {where}"))
     if newest is not None and newest[0] > generation:
         known = Known(newest[0], f"at commit {newest[1]} of {where}", newest[1])
-        return Check(CHECK, subject, False, older(generation, key, known, newest[2]),
+        return Check(CHECK, subject, False, older(generation, key, known, newest[2]) + note,
                      f"generation {newest[0]} or newer", f"generation {generation}")
     if seen is not None and seen[1].generation > generation:
-        return Check(CHECK, subject, False, older(generation, key, seen[1], seen[0]),
+        return Check(CHECK, subject, False, older(generation, key, seen[1], seen[0]) + note,
                      f"generation {seen[1].generation} or newer", f"generation {generation}")
     return Check(CHECK, subject, True, f"generation {generation} is the newest signed by a "
                  f"trusted key among the {len(found)} signed revision(s) of this cube in the "
-                 f"{walked} commit(s) walked; {SQUASH}")
+                 f"{walked} commit(s) walked; {SQUASH}{note}")

@@ -134,3 +134,25 @@ def test_rekey_refuses_the_replayed_revision_and_names_who_it_would_re_add(scene
         rekey(folder, keys["alice"][0], add=[keys["carol"][1]], sign_key=scene["owner"])
     assert "generation 2" in str(refused.value), refused.value
     assert keys["bob"][1][:20] in str(refused.value), refused.value
+
+
+def test_the_fixes_the_refusal_names_work(scene, monkeypatch, packed):
+    """The refusal's fixes, as printed: pull the newest revision it names; or, for an owner
+    who encrypted the cube afresh, a generation above the newest."""
+    second = scene["commits"][1]
+    carol = client(scene, monkeypatch, "carol")
+    with pytest.raises(VerificationFailed) as refused:
+        pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol", trusted_keys=[scene["owner_pub"]],
+             **carol)
+    [found] = replay_failures(refused.value.report)
+    assert f"commit {second}" in found.detail and "--generation 3" in found.detail
+    pull(f"{REPO}@{second}", local_dir=scene["tmp"] / "carol", trusted_keys=[scene["owner_pub"]],
+         **carol)
+    # The owner, on a machine that never saw generation 2, encrypts the clear cube afresh.
+    client(scene, monkeypatch, "owner-laptop")
+    fresh = private_copy(packed, scene["tmp"] / "fresh", [scene["keys"]["alice"][1]],
+                         sign_key=scene["owner"], generation=3)
+    push(fresh, REPO, allow_local_paths=True, **scene["options"])
+    client(scene, monkeypatch, "carol")
+    pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol-fresh",
+         trusted_keys=[scene["owner_pub"]], **carol)
