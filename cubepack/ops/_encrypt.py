@@ -307,4 +307,7 @@ def _replay(cube: Path, manifest: dict[str, Any], seen: tuple[str, Any],
         + generations.older(manifest["generation"], str(signer), newer, by)
         + (f". A rekey of it would re-add {', '.join(extra)}: not a recipient of generation "
            f"{newer.generation}" if extra else "")
+        + (f". This client never saw the recipients of generation {newer.generation}: any "
+           "recipient of this revision may be one it removed" if newer.recipients is None
+           else "")
         + ". Nothing was written.")

@@ -285,19 +285,19 @@ def _skip(lock: dict[str, Any], key: str | None) -> str | None:
 
 def older(generation: int | None, key: str, newer: Known, by: str) -> str:
     """The sentence of a replay: generation ``generation`` (signed by ``key``; None: a cube
-    written before generations) is older than ``newer``, signed by trusted key ``by``."""
+    written before generations) is older than ``newer``, signed by trusted key ``by``; and
+    where the newest is."""
     this = f"generation {generation}" if generation is not None else \
         "this revision, written before generations,"
     return (f"{this} (signed by trusted key {key}) is older than generation "
             f"{newer.generation} of this cube, signed by trusted key {by}, {newer.where}"
-            + (f" (recorded {newer.recorded})" if newer.recorded else "") + ": an "
-            "older revision pushed back (a replay) can still be read by a reader removed "
-            "since, and loading it rolls the memories back. Do not load it; get the newest "
-            "revision"
-            + (f" (commit {newer.commit})" if newer.commit else "")
-            + " from its owner (if the owner encrypted it afresh, they give it a generation "
-              f"above {newer.generation}: cubepack encrypt CUBE --generation "
-              f"{newer.generation + 1} --sign-key KEY)")
+            + (f" (recorded {newer.recorded})" if newer.recorded else "")
+            + ": an older revision pushed back (a replay) can still be read by a reader removed "
+              "since, and loading it rolls the memories back. The newest known is generation "
+              f"{newer.generation}" + (f" (commit {newer.commit})" if newer.commit else "")
+            + f"; an owner who encrypted the cube afresh gives it a generation above "
+              f"{newer.generation} (cubepack encrypt CUBE --generation {newer.generation + 1} "
+              "--sign-key KEY)")
 
 
 def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
