@@ -401,7 +401,8 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
 def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...],
                   to: tuple[str, ...], rotate: bool, sign_key: str | None,
                   trusted_keys: tuple[str, ...], identity: str | None, as_json: bool) -> None:
-    """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
+    """Change the recipients of the private cube in CUBE_DIR (needs an identity), as its next
+    generation; a revision older than one you have seen is refused."""
     from .ops._encrypt import rekey
 
     if identity is None:
