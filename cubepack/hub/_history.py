@@ -78,16 +78,27 @@ def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any],
             for commit in api.list_repo_commits(repo_id, repo_type=repo_type, revision=branch):
                 commits.setdefault(commit.commit_id)
 
-        def fetch(sha: str) -> tuple[str, tuple[int, str] | None]:
+        current = lock["encryption"]["generation"]
+
+        def read(sha: str, name: str) -> bytes | None:
             try:
-                files = [client.download(repo_id, name, repo_type=repo_type, revision=sha,
-                                         cache_dir=cache_dir).read_bytes()
-                         for name in (constants.LOCK_FILENAME, constants.ATTESTATION_FILENAME)]
-            except EntryNotFoundError as exc:  # no lock or no attestation: nothing signed
+                return client.download(repo_id, name, repo_type=repo_type, revision=sha,
+                                       cache_dir=cache_dir).read_bytes()
+            except EntryNotFoundError as exc:  # not there: nothing signed in that commit
                 if isinstance(exc, LocalEntryNotFoundError):  # 2.x: a failed download too
                     raise
+                return None
+
+        def fetch(sha: str) -> tuple[str, tuple[int, str] | None]:
+            # The lock first: only a revision claiming a higher generation is worth its
+            # attestation (two requests a commit, four for a candidate).
+            lock_bytes = read(sha, constants.LOCK_FILENAME)
+            claimed = generations.claimed_generation(lock_bytes or b"", lock["cube_id"])
+            if claimed is None or claimed <= current:
                 return sha, None
-            return sha, generations.signed_generation(*files, list(trusted), lock["cube_id"])
+            envelope = read(sha, constants.ATTESTATION_FILENAME)
+            return sha, None if envelope is None else generations.signed_generation(
+                lock_bytes, envelope, list(trusted), lock["cube_id"])
 
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="cubepack-history") as pool:
             signed = list(pool.map(client.bind(fetch), commits))

@@ -37,7 +37,7 @@ from ..format._envelope import parse_envelope_bytes
 from ._attestation import signed_by
 from ._report import Check
 
-__all__ = ["CHECK", "Known", "fingerprint", "history_check", "keyid", "newest_seen", "older",
+__all__ = ["CHECK", "Known", "claimed_generation", "fingerprint", "history_check", "keyid", "newest_seen", "older",
            "readded", "record", "remember", "scope", "seen_check", "signed_generation", "skip_reason",
            "trusted_ids", "with_entry"]
 
@@ -242,6 +242,17 @@ def readded(history: list[dict[str, Any]], recipients: list[str],
 
 # --- the checks ---------------------------------------------------------------------------------
 
+def claimed_generation(lock_bytes: bytes, cube_id: str | None) -> int | None:
+    """The generation another revision's lock claims for the cube ``cube_id`` (None: not a
+    readable private lock of that cube, or one without a generation). A claim: only worth
+    checking the signature of when it is higher than the revision at hand."""
+    try:
+        lock = lockfile.parse(lock_bytes)
+    except CubepackError:
+        return None
+    return lockfile.generation(lock) if lock.get("cube_id") == cube_id else None
+
+
 def signed_generation(lock_bytes: bytes, envelope: bytes, trusted: list[str],
                       cube_id: str | None) -> tuple[int, str] | None:
     """(generation, trusted key) of another revision of the cube ``cube_id``, from its lock
@@ -338,9 +349,10 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
 def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, str, str]],
                   *, walked: int, where: str, repo: str, trusted: list[str]) -> Check:
     """The ``replay`` check of a private cube against the signed revisions of the same cube
-    that the endpoint's history holds: ``found``, (generation, commit, trusted key) of each,
-    out of ``walked`` commits of ``where`` (the branches and endpoint, for the message). The
-    newest found is recorded as seen (a later squash cannot take it from this user)."""
+    that the endpoint's history holds with a higher generation: ``found``, (generation,
+    commit, trusted key) of each, out of ``walked`` commits of ``where`` (the branches and
+    endpoint, for the message). The newest found is recorded as seen (a later squash cannot
+    take it from this user)."""
     generation = lockfile.generation(lock)
     subject = f"history of {where}"
     skipped = _skip(lock, key)
@@ -368,6 +380,6 @@ def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, 
     if seen is not None and seen[1].generation > generation:
         return Check(CHECK, subject, False, older(generation, key, seen[1], seen[0]) + note,
                      f"generation {seen[1].generation} or newer", f"generation {generation}")
-    return Check(CHECK, subject, True, f"generation {generation} is the newest signed by a "
-                 f"trusted key among the {len(found)} signed revision(s) of this cube in the "
-                 f"{walked} commit(s) walked; {SQUASH}{note}")
+    return Check(CHECK, subject, True, f"generation {generation}: none of the {walked} "
+                 "commit(s) walked holds a newer generation of this cube signed by a trusted "
+                 f"key; {SQUASH}{note}")
