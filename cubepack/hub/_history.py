@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
+from ..errors import HubError
 from ..format._fileset import ORIGIN_FILE
 from ..ops._private import is_private
 from ..trust import _generation as generations
+from ..trust._evidence import PROVED
 from ..trust._lineage import pulled_from
 from ..trust._report import Check, VerifyReport
 from ._client import REPO_TYPES, HubClient
@@ -67,6 +69,17 @@ def _repo(client: HubClient, repo_type: str, repo_id: str) -> str:
 
 def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any], key: str,
           trusted: tuple[str, ...], cache_dir: str | Path | None) -> Check:
+    try:
+        return _walked(client, repo_id, repo_type, lock, key, trusted, cache_dir)
+    except HubError as exc:  # the deadline is client.run's, raised past this
+        # A history that cannot be read hides what it holds: refused, never a pass.
+        return Check(generations.CHECK, f"history of {repo_id} on {client.endpoint}", False,
+                     f"the branches' history could not be walked: {exc} A folder pulled from "
+                     "another endpoint is walked there: set HF_ENDPOINT to it.", basis=PROVED)
+
+
+def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any], key: str,
+            trusted: tuple[str, ...], cache_dir: str | Path | None) -> Check:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     api = client.api

@@ -144,3 +144,25 @@ def test_encrypt_afresh_continues_the_generations_this_user_has_seen(signed, pac
     assert encrypt(plain, [agekeys["alice"][1]]).generation == 1
     lock = json.loads((again / constants.LOCK_FILENAME).read_text())
     assert lock["encryption"]["generation"] == 3
+
+
+def test_a_history_that_cannot_be_walked_is_refused_not_passed(signed, tmp_path):
+    """verify --remote of a folder whose origin names a repo the endpoint does not hold (pulled
+    from another endpoint): the walk fails, naming why and the fix; it never passes."""
+    from cubepack.hub._remote import verify_remote
+    from cubepack.testing.hub import InstrumentedHub
+
+    from data import HUB_TOKEN
+
+    cube, _, owner_pub = signed
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as hub:
+        cubepack.push(cube, "team/notes", endpoint=hub.url, token=HUB_TOKEN,
+                      allow_local_paths=True)
+        pulled = tmp_path / "pulled"
+        cubepack.pull("team/notes@main", local_dir=pulled, endpoint=hub.url, token=HUB_TOKEN,
+                      cache_dir=tmp_path / "hf", trusted_keys=[owner_pub])
+    with InstrumentedHub(tmp_path / "other-root", tokens=[HUB_TOKEN]) as other:
+        report = verify_remote(pulled, endpoint=other.url, token=HUB_TOKEN,
+                               trusted_keys=[owner_pub], raise_on_failure=False)
+    [walk] = [c for c in report.checks if c.name == "replay" and "history" in c.subject]
+    assert walk.ok is False and "HF_ENDPOINT" in walk.detail, walk
