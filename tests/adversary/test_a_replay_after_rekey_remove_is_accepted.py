@@ -156,3 +156,19 @@ def test_the_fixes_the_refusal_names_work(scene, monkeypatch, packed):
     client(scene, monkeypatch, "carol")
     pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol-fresh",
          trusted_keys=[scene["owner_pub"]], **carol)
+
+
+def test_a_replay_on_another_branch_is_compared_with_every_branch(scene, monkeypatch):
+    """A branch made at generation 1 (which never saw generation 2): pulling it is compared
+    with main's history too."""
+    from huggingface_hub import HfApi
+
+    first = scene["commits"][0]
+    HfApi(endpoint=scene["hub"].url, token=HUB_TOKEN).create_branch(
+        REPO, branch="old", revision=first, repo_type="dataset")
+    carol = client(scene, monkeypatch, "carol")
+    with pytest.raises(VerificationFailed) as refused:
+        pull(f"{REPO}@old", local_dir=scene["tmp"] / "carol", trusted_keys=[scene["owner_pub"]],
+             **carol)
+    [found] = replay_failures(refused.value.report)
+    assert scene["commits"][1] in found.detail and "branches main, old" in found.detail
