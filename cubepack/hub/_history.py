@@ -124,9 +124,9 @@ def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any
 
 
 def pulled_repo(cube: Path) -> tuple[str, str] | None:
-    """(repo id, repo type) a pull placed ``cube`` from, by its origin record, when that
-    record names the lock the folder holds (a re-packed folder is not that commit's cube);
-    else None."""
+    """(repo id, repo type) a pull placed ``cube`` from, by its origin record, when this
+    user's pull wrote that record and it names the lock the folder holds (a re-packed folder
+    is not that commit's cube); else None (:func:`~cubepack.trust._lineage.pulled_from`)."""
     lock = cube / constants.LOCK_FILENAME
     if not lock.is_file():
         return None

@@ -104,8 +104,9 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
             require_checked_models(report)
         pulled = pulled_repo(Path(cube_dir))
         if pulled is None:
-            add_skipped(report, "this folder was not placed by a pull (no origin record "
-                                "names its lock), so no repo's history was walked")
+            add_skipped(report, "this folder was not placed by a pull of this user (no "
+                                "origin record such a pull wrote names its lock), so no "
+                                "repo's history was walked")
         else:
             add_history_check(report, client, *pulled, policy.trusted_keys)
     report.finish("not run: the cube's files failed the checks above", ["remote model"])

@@ -80,8 +80,8 @@ def test_verify_remote_reports_the_replay_from_the_branch_history(scene, monkeyp
                            trusted_keys=[scene["owner_pub"]], raise_on_failure=False)
     [found] = replay_failures(report)
     assert scene["commits"][1] in found.detail
-    env = {"HF_ENDPOINT": scene["hub"].url, "HF_TOKEN": HUB_TOKEN,
-           "CUBEPACK_CACHE": str(tmp_path / "carol-cli-cache")}
+    env = {"HF_ENDPOINT": scene["hub"].url, "HF_TOKEN": HUB_TOKEN,  # carol's own cache: her
+           "CUBEPACK_CACHE": str(scene["tmp"] / "carol-cache")}  # pull placed the folder
     import os
 
     env = {**{k: v for k, v in os.environ.items() if k != "CUBEPACK_IDENTITY"}, **env}
