@@ -364,21 +364,22 @@ def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
-@click.option("--generation", type=click.IntRange(min=1), default=None,
-              help="The private cube's first generation (default: 1, or, with --sign-key, one "
-                   "above the newest of this cube id you have seen signed).")
+@click.option("--continue", "continue_from", type=click.Path(file_okay=False, exists=True),
+              metavar="PRIVATE_DIR",
+              help="The private cube this one replaces (a pull of it): continue its series, a "
+                   "generation above it, so readers refuse the revisions it replaces.")
 @_resign_trust_option()
 @_json_option()
 def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
-                    sign_key: str | None, generation: int | None, trusted_keys: tuple[str, ...],
-                    as_json: bool) -> None:
+                    sign_key: str | None, continue_from: str | None,
+                    trusted_keys: tuple[str, ...], as_json: bool) -> None:
     """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
     in place and atomically."""
     from .ops._encrypt import encrypt
 
     result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
                      sign_password=_key_password(), trusted_keys=list(trusted_keys),
-                     generation=generation)
+                     continue_from=continue_from)
     _emit(result.to_dict(), as_json, _render_private)
 
 

@@ -182,8 +182,8 @@ SECTIONS: tuple[Section, ...] = (
             lambda value: value, lambda value: {"encryption": value},
             lambda _, value: (f"encryption: age, {len(value.get('ciphertexts') or [])} "
                               f"ciphertexts, version {value.get('version')}"
-                              + (f", generation {value['generation']}"
-                                 if "generation" in value else "")),
+                              + (f", series {value['series']} generation "
+                                 f"{value['generation']}" if "generation" in value else "")),
             None),  # the ciphertexts' digests are the lock's files: stated there
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
@@ -595,16 +595,19 @@ def _check_lineage(lineage: Any, version: int) -> None:
 #: The ``encryption`` section (a private cube, issue #32): its format version, the scheme, the
 #: private manifest (the clear cube's lock, encrypted: every plaintext digest), the
 #: ciphertexts, public counts and whether the clear names (item ids) are hidden. Version 2
-#: (issue #37) adds ``generation``: the private cube's write count (encrypt starts it, each
-#: rekey adds one), public and signed with the lock, so anyone holding two signed revisions
-#: can tell the newer (a replay of an older one is told apart without a key). Version 1 is
-#: still read: a cube of it has no generation to compare.
+#: (issue #37) adds ``series`` (which private cube this is: drawn by encrypt, kept by rekey)
+#: and ``generation`` (its write count: encrypt starts it, each rekey adds one), public and
+#: signed with the lock, so anyone holding two signed revisions of a series can tell the newer
+#: (a replay of an older one is told apart without a key). Version 1 is still read: a cube of
+#: it has no generation to compare.
 ENCRYPTION_VERSION = 2
 ENCRYPTION_VERSIONS = (1, 2)
 ENCRYPTION_SCHEME = "age-encryption.org/v1"
 ENCRYPTION_KEYS_V1 = frozenset({"version", "scheme", "manifest", "ciphertexts", "counts",
                                 "hidden_names"})
-ENCRYPTION_KEYS = ENCRYPTION_KEYS_V1 | {"generation"}
+ENCRYPTION_KEYS = ENCRYPTION_KEYS_V1 | {"series", "generation"}
+#: A series: 32 lowercase hex digits (128 random bits), drawn by encrypt, kept by rekey.
+_SERIES = re.compile(r"[0-9a-f]{32}")
 COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
 #: The largest generation: inside the integers strict JSON reads exactly (+-2**53).
 MAX_GENERATION = 2 ** 53 - 1
@@ -614,6 +617,11 @@ def generation(lock: dict[str, Any]) -> int | None:
     """A private cube's generation (its public lock's ``encryption.generation``), or None: a
     clear cube, or a private one written before generations (section version 1)."""
     return (lock.get("encryption") or {}).get("generation")
+
+
+def series(lock: dict[str, Any]) -> str | None:
+    """A private cube's series (``encryption.series``), or None (as :func:`generation`)."""
+    return (lock.get("encryption") or {}).get("series")
 
 
 def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
@@ -635,6 +643,9 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
                              and 1 <= value["generation"] <= MAX_GENERATION):
         refuse(f"generation must be an integer from 1 to {MAX_GENERATION}, found "
                f"{value['generation']!r}")
+    if version >= 2 and not (isinstance(value["series"], str)
+                             and _SERIES.fullmatch(value["series"])):
+        refuse("series must be 32 lowercase hex digits")
     if value["scheme"] != ENCRYPTION_SCHEME:
         refuse(f"scheme must be {ENCRYPTION_SCHEME!r}, found {value['scheme']!r}")
     files = lock["files"]

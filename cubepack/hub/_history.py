@@ -40,9 +40,7 @@ def add_history_check(report: VerifyReport, client: HubClient, repo_id: str, rep
         return
     key = report.signed_by
     if generations.skip_reason(lock, key) is not None:
-        check = generations.history_check(lock, key, [], walked=0, where=repo_id,
-                                          repo=_repo(client, repo_type, repo_id),
-                                          trusted=list(trusted))
+        check = generations.history_check(lock, key, [], walked=0, where=repo_id)
     else:
         check = client.run(_walk, client, repo_id, repo_type, lock, key, trusted, cache_dir)
     add_beside(report, check)
@@ -61,10 +59,6 @@ def add_beside(report: VerifyReport, check: Check) -> None:
     names = [c.name for c in report.checks]
     at = len(names) - names[::-1].index(check.name) if check.name in names else len(names)
     report.checks.insert(at, check)
-
-
-def _repo(client: HubClient, repo_type: str, repo_id: str) -> str:
-    return f"{client.endpoint} {repo_type}/{repo_id}"
 
 
 def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any], key: str,
@@ -91,7 +85,7 @@ def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any
             for commit in api.list_repo_commits(repo_id, repo_type=repo_type, revision=branch):
                 commits.setdefault(commit.commit_id)
 
-        current = lock["encryption"]["generation"]
+        current, series = lock["encryption"]["generation"], lock["encryption"]["series"]
 
         def read(sha: str, name: str) -> bytes | None:
             try:
@@ -106,21 +100,19 @@ def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any
             # The lock first: only a revision claiming a higher generation is worth its
             # attestation (two requests a commit, four for a candidate).
             lock_bytes = read(sha, constants.LOCK_FILENAME)
-            claimed = generations.claimed_generation(lock_bytes or b"", lock["cube_id"])
+            claimed = generations.claimed_generation(lock_bytes or b"", series)
             if claimed is None or claimed <= current:
                 return sha, None
             envelope = read(sha, constants.ATTESTATION_FILENAME)
             return sha, None if envelope is None else generations.signed_generation(
-                lock_bytes, envelope, list(trusted), lock["cube_id"])
+                lock_bytes, envelope, list(trusted), series)
 
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="cubepack-history") as pool:
             signed = list(pool.map(client.bind(fetch), commits))
     found = [(found[0], sha, found[1]) for sha, found in signed if found is not None]
     where = f"{repo_id} (branch{'es' if len(branches) != 1 else ''} {', '.join(branches)}) " \
             f"on {client.endpoint}"
-    return generations.history_check(lock, key, found, walked=len(commits), where=where,
-                                     repo=_repo(client, repo_type, repo_id),
-                                     trusted=list(trusted))
+    return generations.history_check(lock, key, found, walked=len(commits), where=where)
 
 
 def pulled_repo(cube: Path) -> tuple[str, str] | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._util import constants
 from .._util.paths import resolve_inside
-from ..errors import IntegrityError, RefusedError, SignatureError, UsageError
+from ..errors import FormatError, IntegrityError, RefusedError, SignatureError, UsageError
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..trust import _age as age
@@ -75,7 +75,7 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
             hide_names: bool = False, sign_key: str | Path | None = None,
             sign_password: str | None = None, progress: bool | None = None,
             trusted_keys: list[str | Path] | tuple = (), policy: TrustPolicy | None = None,
-            generation: int | None = None) -> EncryptResult:
+            continue_from: str | Path | None = None) -> EncryptResult:
     """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
     ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
     first (a cube that does not verify is never encrypted), then written whole beside itself and
@@ -89,24 +89,24 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     ``trusted_keys`` and ``require_signature``): the clear cube must be signed by one of them
     (with ``sign_key``: by one of them or by the signing key itself).
 
-    ``generation``: the private cube's first generation (default: 1, or, signing, one above
-    the newest generation of this cube id that this user has seen signed by ``sign_key`` or a
-    trusted key, so a cube encrypted afresh is newer than the revisions it replaces).
+    A private cube starts a new series at generation 1 (another encryption of the same clear
+    cube, to other readers, is another private cube). ``continue_from``: a private cube this
+    one replaces (its folder, e.g. a pull of it): the new cube continues its series, one
+    generation above it (and above any of that series this user has seen signed), so readers
+    refuse the revisions it replaces as replays.
 
     Raises:
         VerificationFailed: the clear cube does not verify, or is not signed by a trusted key.
         UsageError: no or an invalid recipient; the cube is already private (use rekey); a
-            policy field encrypt cannot apply; a generation not above one seen.
+            policy field encrypt cannot apply; ``continue_from`` not a private cube with a
+            generation.
         SignatureError: ``sign_key`` given and the cube's existing signature does not verify
             under it (or ``trusted_keys``).
     """
     cube = Path(cube_dir)
     policy = _policy(policy, trusted_keys, "encrypt")
     parsed = age.parse_recipients(list(recipients))
-    if generation is not None and not (type(generation) is int
-                                       and 1 <= generation <= lockfile.MAX_GENERATION):
-        raise UsageError(f"generation must be an integer from 1 to {lockfile.MAX_GENERATION}, "
-                         f"not {generation!r}.")
+    previous = _series_of(Path(continue_from)) if continue_from is not None else None
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
     report, _ = _signed_by(cube, policy, sign_key, sign_password, progress, resigning=False)
@@ -114,16 +114,13 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
                          "cubepack rekey.")
-    signers = _signers(policy, sign_key, sign_password) if sign_key is not None else {}
-    seen = generations.newest_seen(generations.scope(lock), signers)
-    if generation is None:
-        generation = seen[1].generation + 1 if seen is not None else 1
-    elif seen is not None and generation <= seen[1].generation:
-        raise UsageError(f"generation {generation} is not above generation "
-                         f"{seen[1].generation} of cube {lock.get('cube_id')}, which you have "
-                         f"seen signed by {seen[0]} ({seen[1].where}): readers who saw it "
-                         f"would refuse this one as a replay. Pass --generation "
-                         f"{seen[1].generation + 1} or more, or leave it out.")
+    if previous is None:
+        series, generation = generations.new_series(), 1
+    else:
+        series = previous[0]
+        seen = generations.newest_seen(generations.of_series(series),
+                                       _signers(policy, sign_key, sign_password))
+        generation = max(previous[1], seen[1].generation if seen else 0) + 1
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     clear = {name: resolve_inside(cube, name) for name in sorted(lock["files"])}
     clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
@@ -141,33 +138,52 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
 
     texts = sorted(r.text for r in parsed)
     result = write_private(cube, lock, lock_bytes.decode("utf-8"), names, read, parsed,
-                           hidden=hide_names, generation=generation,
+                           hidden=hide_names, series=series, generation=generation,
                            history=generations.with_entry([], generation, texts, []))
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
-        result.unrecorded = _remember(lock, sign_key, sign_password, generation, texts,
+        result.unrecorded = _remember(series, sign_key, sign_password, generation, texts,
                                       []) or None
     return result
+
+
+def _series_of(previous: Path) -> tuple[str, int]:
+    """(series, generation) of the private cube at ``previous`` (its public lock: what the
+    new cube continues; a claim, which can only make the new cube's generation higher).
+
+    Raises:
+        UsageError: not a private cube with a generation.
+    """
+    try:
+        lock = lockfile.parse((previous / constants.LOCK_FILENAME).read_bytes())
+    except (OSError, FormatError) as exc:
+        raise UsageError(f"--continue {previous}: its lock cannot be read ({exc}); name the "
+                         "folder of the private cube this one replaces (a pull of it).") from None
+    series, generation = lockfile.series(lock), lockfile.generation(lock)
+    if series is None or generation is None:
+        raise UsageError(f"--continue {previous} is not a private cube with a generation (a "
+                         "clear cube, or one written before generations: rekey it first, then "
+                         "continue it).")
+    return series, generation
 
 
 def _sign(cube: Path, key: str | Path, password: str | None) -> None:
     sign(cube, key, password=password)
 
 
-def _remember(lock: dict[str, Any], key: str | Path, password: str | None, generation: int,
+def _remember(series: str, key: str | Path, password: str | None, generation: int,
               recipients: list[str], history: list[dict[str, Any]]) -> str:
     """Record the generation this process just signed as seen (with its recipients and who
     its history removed), so this user's later verify, pull or rekey of an older one of the
     same cube refuses it, whatever the endpoint's history says by then. "" when recorded,
     else why not (the cube is written and signed either way)."""
     removed = generations.removed_at(history)
-    return generations.record(generations.scope(lock), generations.keyid(key, password),
-                              generations.Known(generation, _WRITTEN_HERE,
-                                                recipients=frozenset(map(
-                                                    generations.fingerprint, recipients)),
-                                                removed=frozenset(map(
-                                                    generations.fingerprint, removed))))
+    known = generations.Known(generation, _WRITTEN_HERE,
+                              recipients=frozenset(map(generations.fingerprint, recipients)),
+                              removed=frozenset(map(generations.fingerprint, removed)))
+    return generations.record(generations.of_series(series), generations.keyid(key, password),
+                              known)
 
 
 def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
@@ -186,10 +202,11 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     half): an unsigned cube's list is whoever pushed last's choice, and must not choose who
     reads the rekeyed cube, so without a trusted signature only ``to`` is accepted.
 
-    A revision older than one this user has seen of the same cube (a signed generation below
-    one a verify, pull, encrypt or rekey here recorded) is refused: rekeying a replay would
-    give its readers, some of them removed since, the next generation. The recipients a
-    rekey adds back after a generation removed them are reported (``readded``).
+    A revision older than one this user has seen of the same private cube (a signed generation
+    of its series below one a verify, pull, encrypt or rekey here recorded) is refused:
+    rekeying a replay would give its readers, some of them removed since, the next
+    generation. The recipients a rekey adds back after a generation removed them are
+    reported (``readded``).
 
     Every rekey draws new file keys (the age binding used does not expose a file key, so a
     header cannot be rewritten around the old one); ``rotate`` alone re-encrypts to the same
@@ -276,11 +293,13 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         folder = opened.folder
         # The staging folder holds no signing files: the old signature, which cannot cover
         # the new ciphertexts, goes with the swap (and comes back only with sign_key).
+        # A cube written before generations gets its series now.
+        series = manifest["series"] or generations.new_series()
         result = write_private(cube, opened.lock, manifest["lock"], names,
                                lambda name: resolve_inside(folder, name).read_bytes(),
                                list(kept.values()),
                                hidden=opened.public_lock["encryption"]["hidden_names"],
-                               generation=generation, history=history)
+                               series=series, generation=generation, history=history)
     result.added = gained
     result.removed = lost
     result.readded = generations.readded(manifest["history"], gained,
@@ -288,7 +307,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
-        result.unrecorded = _remember(public, sign_key, sign_password, generation,
+        result.unrecorded = _remember(series, sign_key, sign_password, generation,
                                       sorted(kept), history) or None
     return result
 

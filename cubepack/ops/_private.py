@@ -63,7 +63,9 @@ class EncryptResult:
     rotated: bool = True
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    #: the private cube's generation now (encrypt starts it, each rekey adds one)
+    #: the private cube's series (encrypt draws one, or continues one; rekey keeps it)
+    series: str | None = None
+    #: its generation now (encrypt starts it, each rekey adds one)
     generation: int | None = None
     #: recipients a rekey added back after a generation removed them:
     #: ``[{"recipient", "removed_at"}]`` (``removed_at``: that generation, or None when only
@@ -78,7 +80,8 @@ class EncryptResult:
                 "recipients": self.recipients, "ciphertexts": self.ciphertexts,
                 "hidden_names": self.hidden_names, "signed_with": self.signed_with,
                 "rotated": self.rotated, "added": self.added, "removed": self.removed,
-                "generation": self.generation, "readded": self.readded,
+                "series": self.series, "generation": self.generation,
+                "readded": self.readded,
                 "unrecorded": self.unrecorded}
 
 
@@ -89,14 +92,16 @@ def is_private(lock: dict[str, Any] | None) -> bool:
 
 def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
                    read: Any, recipients: list[age.Recipient], *, hidden: bool,
-                   generation: int, history: list[dict[str, Any]]) -> EncryptResult:
+                   series: str, generation: int,
+                   history: list[dict[str, Any]]) -> EncryptResult:
     """Write the private cube (ciphertexts, manifest, public lock, cubepack.yaml and card) in a
     staging folder beside ``cube`` and swap it in. ``read(clear name)`` gives each plaintext.
-    ``generation`` and the recipient ``history`` (ending at it) go into the manifest; the
-    generation into the public lock too."""
+    ``series``, ``generation`` and the recipient ``history`` (ending at it) go into the
+    manifest; the series and generation into the public lock too."""
     staging = atomic.staging_dir(cube, "encrypt")
     try:
-        manifest = age.manifest_bytes(lock_text, names, recipients, generation=generation,
+        manifest = age.manifest_bytes(lock_text, names, recipients, series=series,
+                                      generation=generation,
                                       history=history)  # checked before any file is written
         for cipher, name in sorted(names.items()):
             atomic.write_bytes(resolve_inside(staging, cipher), age.encrypt(read(name),
@@ -104,7 +109,7 @@ def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[
         atomic.write_bytes(staging / fileset.PRIVATE_MANIFEST, age.encrypt(manifest,
                                                                            recipients))
         public = _public_lock(staging, lock, names, recipients, hidden=hidden,
-                              generation=generation)
+                              series=series, generation=generation)
         atomic.replace_dir(staging, cube)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -112,11 +117,11 @@ def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[
     return EncryptResult(cube_dir=cube, digest=public["digest"],
                          recipients=sorted(r.text for r in recipients),
                          ciphertexts=len(names), hidden_names=hidden, signed_with=None,
-                         generation=generation)
+                         series=series, generation=generation)
 
 
 def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
-                 recipients: list[age.Recipient], *, hidden: bool,
+                 recipients: list[age.Recipient], *, hidden: bool, series: str,
                  generation: int) -> dict[str, Any]:
     """The public files of a private cube: cubepack.yaml (pins, and which ciphertext holds
     which kind of memory), the card and the version-5 lock. Nothing here is a plaintext's
@@ -136,7 +141,7 @@ def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
                              "activations": len(lock["activations"]),
                              "adapters": len(lock.get("adapters") or {}),
                              "recipients": len(recipients)},
-                  "hidden_names": hidden, "generation": generation}
+                  "hidden_names": hidden, "series": series, "generation": generation}
     draft = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
                                 activations={}, cubepack_version=__version__,
                                 encryption=encryption)
@@ -424,7 +429,9 @@ def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any
                   "adapters": len(lock.get("adapters") or {}),
                   "recipients": len(manifest["recipients"])}:
         problems.append("counts")
-    # A version-1 manifest has no generation, and only a version-1 public lock may say none.
+    # A version-1 manifest has neither, and only a version-1 public lock may say none.
+    if lockfile.series(public) != manifest["series"]:
+        problems.append("series")
     if lockfile.generation(public) != manifest["generation"]:
         problems.append("generation")
     if problems:

@@ -39,14 +39,14 @@ from . import _age_stream as _stream
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
 #: The private manifest's format and version (the plaintext of ``cubepack.manifest.age``).
-#: Version 2 (issue #37) adds the cube's ``generation`` (as its public lock states it) and the
-#: recipient ``history``: who each generation added and removed, so a rekey can say whom it
-#: would re-add. Version 1 is still read (no generation, no history).
+#: Version 2 (issue #37) adds the cube's ``series`` and ``generation`` (as its public lock
+#: states them) and the recipient ``history``: who each generation added and removed, so a
+#: rekey can say whom it would re-add. Version 1 is still read (no series, generation, history).
 MANIFEST_FORMAT = "cubepack.private-manifest"
 MANIFEST_VERSION = 2
 MANIFEST_VERSIONS = (1, 2)
 MANIFEST_KEYS_V1 = frozenset({"format", "version", "lock", "names", "recipients"})
-MANIFEST_KEYS = MANIFEST_KEYS_V1 | {"generation", "history"}
+MANIFEST_KEYS = MANIFEST_KEYS_V1 | {"series", "generation", "history"}
 #: One entry of the recipient history: the generation, and the recipients it added and removed.
 HISTORY_KEYS = frozenset({"generation", "added", "removed"})
 _MAX_IDENTITY_BYTES = 1024 * 1024
@@ -294,21 +294,22 @@ def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:
 
 
 def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient], *,
-                   generation: int, history: list[dict[str, Any]]) -> bytes:
+                   series: str, generation: int, history: list[dict[str, Any]]) -> bytes:
     """The private manifest's plaintext: the clear cube's lock (every plaintext digest), the
     ciphertext -> clear name map, the recipients (so a rekey knows whom to keep), the cube's
     generation and its recipient history (each generation's added and removed recipients)."""
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "lock": lock_text,
                 "names": dict(sorted(names.items())),
-                "recipients": sorted(r.text for r in recipients), "generation": generation,
-                "history": history}
+                "recipients": sorted(r.text for r in recipients), "series": series,
+                "generation": generation, "history": history}
     _check_history(manifest)
     return canonical.dumps(manifest).encode("utf-8")
 
 
 def parse_manifest(data: bytes) -> dict[str, Any]:
     """Read a decrypted manifest strictly (closed keys, its version). A version-1 manifest is
-    returned with ``generation`` None and an empty ``history``. Raises FormatError."""
+    returned with ``series`` and ``generation`` None and an empty ``history``. Raises
+    FormatError."""
     try:
         manifest = canonical.loads_strict(data.decode("utf-8"),
                                           object_pairs_hook=canonical.unique_pairs)
@@ -334,7 +335,7 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
         raise FormatError("The private manifest is malformed (lock text, a one-to-one names map, "
                           "a recipients list).")
     if version == 1:
-        return {**manifest, "generation": None, "history": []}
+        return {**manifest, "series": None, "generation": None, "history": []}
     _check_history(manifest)
     return manifest
 
@@ -344,16 +345,17 @@ def _check_history(manifest: dict[str, Any]) -> None:
     recipients or drew new keys, in increasing order, ending at the cube's own generation,
     each naming lists of recipients."""
     generation, history = manifest["generation"], manifest["history"]
-    if not (type(generation) is int and 1 <= generation < 2 ** 53 and isinstance(history, list)
+    if not (isinstance(manifest["series"], str) and type(generation) is int
+            and 1 <= generation < 2 ** 53 and isinstance(history, list)
             and history and all(isinstance(e, dict) and set(e) == HISTORY_KEYS
                                 and type(e["generation"]) is int
                                 and all(isinstance(e[k], list)
                                         and all(isinstance(r, str) for r in e[k])
                                         for k in ("added", "removed"))
                                 for e in history)):
-        raise FormatError("The private manifest's generation or recipient history is "
-                          "malformed (a positive integer; a list of {generation, added, "
-                          "removed}).")
+        raise FormatError("The private manifest's series, generation or recipient history is "
+                          "malformed (a string; a positive integer; a list of {generation, "
+                          "added, removed}).")
     numbers = [entry["generation"] for entry in history]
     if numbers != sorted(set(numbers)) or numbers[-1] != generation or numbers[0] < 1:
         raise FormatError("The private manifest's recipient history must run in increasing "

@@ -1,22 +1,26 @@
 """A private cube's generation: the replay rule, what this user has seen, the recipient history.
 
-A private cube carries a generation (issue #37): ``encrypt`` starts it, each ``rekey`` adds
-one. It is public (the lock's ``encryption.generation``) and signed with the lock, and the
-encrypted manifest repeats it with the recipient history (who each generation added and
-removed). The rule, in one place: **a revision whose generation, signed by a trusted key, is
-lower than another signed by a trusted key for the same cube is older**; loading it (a replay:
-an older revision pushed back, e.g. after a reader was removed) or rekeying it is refused.
-An unsigned generation, or one no trusted key signed, is a claim: compared with nothing.
+A private cube carries a series and a generation (issue #37): ``encrypt`` draws a new series
+(a random id: this private cube, whoever else encrypts the same clear cube) at generation 1,
+or continues one (``--continue``); each ``rekey`` keeps the series and adds one to the
+generation. Both are public (the lock's ``encryption`` section) and signed with the lock, and
+the encrypted manifest repeats them with the recipient history (who each generation added and
+removed). The rule, in one place: **a revision of a series whose generation, signed by a
+trusted key, is lower than another of the same series signed by a trusted key is older**;
+loading it (a replay: an older revision pushed back, e.g. after a reader was removed) or
+rekeying it is refused. An unsigned generation, or one no trusted key signed, is a claim:
+compared with nothing.
 
 Where a newer revision can be known from:
 
 - what this user has seen (:func:`seen_check`): every verify, pull, encrypt and rekey that
   establishes a trusted signature over a generation records it under ``$CUBEPACK_CACHE/
-  generations/`` (per cube id, or per endpoint and repo for a cube without one; the newest per
-  signing key; atomic writes under a file lock). A fresh client has seen nothing;
+  generations/`` (one file a series; the newest per signing key; atomic writes under a file
+  lock). A fresh client has seen nothing;
 - the branches' commit history on the endpoint (:func:`history_check`, run by the Hub layer:
-  pull and ``verify --remote``): every commit's lock and attestation. A writer who rewrites or
-  squashes the history removes what it would find; only what this user has seen survives that.
+  pull and ``verify --remote``): every commit's lock (and the attestation of one claiming a
+  newer generation). A writer who rewrites or squashes the history removes what it would
+  find; only what this user has seen survives that.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from ..format._envelope import parse_envelope_bytes
 from ._attestation import signed_by
 from ._report import Check
 
-__all__ = ["CHECK", "Known", "claimed_generation", "fingerprint", "history_check", "keyid", "newest_seen", "older",
-           "readded", "record", "remember", "scope", "seen_check", "signed_generation", "skip_reason",
-           "trusted_ids", "with_entry"]
+__all__ = ["CHECK", "Known", "claimed_generation", "fingerprint", "history_check", "keyid",
+           "new_series", "newest_seen", "of_series", "older", "readded", "record", "remember",
+           "scope", "seen_check",
+           "signed_generation", "skip_reason", "trusted_ids", "with_entry"]
 
 #: The name of the checks this module makes (a report's ``replay`` lines).
 CHECK = "replay"
@@ -87,13 +92,22 @@ def keyid(key: str | os.PathLike[str], password: str | None = None) -> str:
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
 
 
-def scope(lock: dict[str, Any], repo: str | None = None) -> dict[str, str] | None:
-    """What a record is kept for: the cube's id, else (a cube without one) ``repo`` (its
-    endpoint and repo, as the Hub layer names it), else None: nothing to key it by."""
-    cube_id = lock.get("cube_id")
-    if isinstance(cube_id, str) and cube_id:
-        return {"cube_id": cube_id}
-    return {"repo": repo} if repo else None
+def scope(lock: dict[str, Any]) -> dict[str, str] | None:
+    """What a record is kept for: the private cube's series, or None (written before
+    generations: nothing to compare)."""
+    return of_series(lockfile.series(lock))
+
+
+def of_series(series: str | None) -> dict[str, str] | None:
+    """The record's key of ``series`` (None: none)."""
+    return {"series": series} if series is not None else None
+
+
+def new_series() -> str:
+    """A new series: 128 random bits, as the lock writes them."""
+    import secrets
+
+    return secrets.token_hex(16)
 
 
 # --- the records --------------------------------------------------------------------------------
@@ -242,33 +256,31 @@ def readded(history: list[dict[str, Any]], recipients: list[str],
 
 # --- the checks ---------------------------------------------------------------------------------
 
-def claimed_generation(lock_bytes: bytes, cube_id: str | None) -> int | None:
-    """The generation another revision's lock claims for the cube ``cube_id`` (None: not a
-    readable private lock of that cube, or one without a generation). A claim: only worth
-    checking the signature of when it is higher than the revision at hand."""
+def claimed_generation(lock_bytes: bytes, series: str) -> int | None:
+    """The generation another revision's lock claims in ``series`` (None: not a readable
+    private lock of that series). A claim: only worth checking the signature of when it is
+    higher than the revision at hand."""
     try:
         lock = lockfile.parse(lock_bytes)
     except CubepackError:
         return None
-    return lockfile.generation(lock) if lock.get("cube_id") == cube_id else None
+    return lockfile.generation(lock) if lockfile.series(lock) == series else None
 
 
 def signed_generation(lock_bytes: bytes, envelope: bytes, trusted: list[str],
-                      cube_id: str | None) -> tuple[int, str] | None:
-    """(generation, trusted key) of another revision of the cube ``cube_id``, from its lock
-    file's bytes and its attestation's (``cubepack.intoto.json``), when a trusted key signed
-    that attestation and its subject is that lock; else None (not a private cube of that id,
-    written before generations, unsigned, signed by a key not trusted, malformed). The
-    attestation's subject is the lock's sha256, so one signature binds the generation."""
+                      series: str) -> tuple[int, str] | None:
+    """(generation, trusted key) of another revision of ``series``, from its lock file's
+    bytes and its attestation's (``cubepack.intoto.json``), when a trusted key signed that
+    attestation and its subject is that lock; else None (another series, unsigned, signed by
+    a key not trusted, malformed). The attestation's subject is the lock's sha256, so one
+    signature binds the generation."""
+    generation = claimed_generation(lock_bytes, series)
     try:
-        lock = lockfile.parse(lock_bytes)
         statement = parse_envelope_bytes(envelope, "cubepack.intoto.json")
     except CubepackError:
         return None
-    generation = lockfile.generation(lock)
-    if lock.get("cube_id") != cube_id or generation is None:
-        return None
-    if statement.subject_sha256 != hashlib.sha256(lock_bytes).hexdigest():
+    if generation is None or \
+            statement.subject_sha256 != hashlib.sha256(lock_bytes).hexdigest():
         return None
     key = signed_by(statement, tuple(trusted))
     return (generation, key) if key is not None else None
@@ -282,7 +294,7 @@ def skip_reason(lock: dict[str, Any], key: str | None) -> str | None:
 
 def _skip(lock: dict[str, Any], key: str | None) -> str | None:
     """Why no generation of this cube can be compared, or None."""
-    if lockfile.generation(lock) is None:
+    if lockfile.generation(lock) is None or lockfile.series(lock) is None:
         return ("skipped: written before private cubes had generations (its lock's encryption "
                 "section is version 1), so no revision of it can be told older than another; "
                 "rekey it to give it one (cubepack rekey CUBE --identity KEY --rotate "
@@ -301,18 +313,16 @@ def older(generation: int | None, key: str, newer: Known, by: str) -> str:
     this = f"generation {generation}" if generation is not None else \
         "this revision, written before generations,"
     return (f"{this} (signed by trusted key {key}) is older than generation "
-            f"{newer.generation} of this cube, signed by trusted key {by}, {newer.where}"
-            + (f" (recorded {newer.recorded})" if newer.recorded else "")
-            + ": an older revision pushed back (a replay) can still be read by a reader removed "
-              "since, and loading it rolls the memories back. The newest known is generation "
-              f"{newer.generation}" + (f" (commit {newer.commit})" if newer.commit else "")
-            + f"; an owner who encrypted the cube afresh gives it a generation above "
-              f"{newer.generation} (cubepack encrypt CUBE --generation {newer.generation + 1} "
-              "--sign-key KEY)")
+            f"{newer.generation} of this private cube (its series), signed by trusted key "
+            f"{by}, {newer.where}" + (f" (recorded {newer.recorded})" if newer.recorded else "")
+            + ": an older revision pushed back (a replay) can still be read by a reader "
+              "removed since, and loading it rolls the memories back. The newest known is "
+              f"generation {newer.generation}"
+            + (f", at commit {newer.commit}" if newer.commit else ""))
 
 
 def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
-               where: str, repo: str | None = None) -> Check:
+               where: str) -> Check:
     """The ``replay`` check of a private cube against what this user has seen, then the
     record of its generation when a trusted key (``key``, one of ``trusted``) signed it.
     ``where``: how the record will say it was seen (``"in a verify of DIR"``)."""
@@ -322,11 +332,7 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
     if skipped is not None:
         return Check(CHECK, subject, None, skipped)
     assert key is not None and generation is not None
-    at = scope(lock, repo)
-    if at is None:
-        return Check(CHECK, subject, None, "skipped: the cube has no cube id, so what this "
-                     "client has seen of it is kept by its repo: pull and verify --remote "
-                     "compare it")
+    at = scope(lock)
     try:
         seen = newest_seen(at, trusted_ids([*trusted, key]))
     except CubepackError as exc:
@@ -347,39 +353,24 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
 
 
 def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, str, str]],
-                  *, walked: int, where: str, repo: str, trusted: list[str]) -> Check:
-    """The ``replay`` check of a private cube against the signed revisions of the same cube
-    that the endpoint's history holds with a higher generation: ``found``, (generation,
-    commit, trusted key) of each, out of ``walked`` commits of ``where`` (the branches and
-    endpoint, for the message). The newest found is recorded as seen (a later squash cannot
-    take it from this user)."""
+                  *, walked: int, where: str) -> Check:
+    """The ``replay`` check of a private cube against the signed revisions of its series that
+    the endpoint's history holds with a higher generation: ``found``, (generation, commit,
+    trusted key) of each, out of ``walked`` commits of ``where`` (the branches and endpoint,
+    for the message). The newest found is recorded as seen (a later squash cannot take it from
+    this user)."""
     generation = lockfile.generation(lock)
     subject = f"history of {where}"
     skipped = _skip(lock, key)
     if skipped is not None:
         return Check(CHECK, subject, None, skipped)
     assert key is not None and generation is not None
-    at = scope(lock, repo)
     newest = max(found, default=None)
-    seen, note = None, ""
-    if newest is not None:
-        note = record(at, keyid(newest[2]), Known(newest[0], f"at commit {newest[1]} of {where}",
-                                                  newest[1]))
-    if at is not None and "repo" in at:
-        # A cube without a cube id is kept by its repo: what this user saw of it is compared
-        # here, where the repo is known (verify's own check cannot).
-        try:
-            seen = newest_seen(at, trusted_ids([*trusted, key]))
-        except CubepackError as exc:
-            return Check(CHECK, subject, False, str(exc))
-        note = note or record(at, keyid(key), Known(generation, f"at {where}"))
     if newest is not None and newest[0] > generation:
         known = Known(newest[0], f"at commit {newest[1]} of {where}", newest[1])
+        note = record(scope(lock), keyid(newest[2]), known)
         return Check(CHECK, subject, False, older(generation, key, known, newest[2]) + note,
                      f"generation {newest[0]} or newer", f"generation {generation}")
-    if seen is not None and seen[1].generation > generation:
-        return Check(CHECK, subject, False, older(generation, key, seen[1], seen[0]) + note,
-                     f"generation {seen[1].generation} or newer", f"generation {generation}")
     return Check(CHECK, subject, True, f"generation {generation}: none of the {walked} "
-                 "commit(s) walked holds a newer generation of this cube signed by a trusted "
-                 f"key; {SQUASH}{note}")
+                 "commit(s) walked holds a newer generation of this private cube signed by a "
+                 f"trusted key; {SQUASH}")

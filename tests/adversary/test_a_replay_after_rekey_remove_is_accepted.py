@@ -137,25 +137,36 @@ def test_rekey_refuses_the_replayed_revision_and_names_who_it_would_re_add(scene
 
 
 def test_the_fixes_the_refusal_names_work(scene, monkeypatch, packed):
-    """The refusal's fixes, as printed: pull the newest revision it names; or, for an owner
-    who encrypted the cube afresh, a generation above the newest."""
+    """The refusal's fix, as printed: pull the newest revision it names. And an owner who
+    replaces the content (a re-pack encrypted afresh) continues the series (``encrypt
+    --continue``): readers take the new cube and still refuse the revisions it replaces."""
     second = scene["commits"][1]
     carol = client(scene, monkeypatch, "carol")
     with pytest.raises(VerificationFailed) as refused:
         pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol", trusted_keys=[scene["owner_pub"]],
              **carol)
     [found] = replay_failures(refused.value.report)
-    assert f"commit {second}" in found.detail and "--generation 3" in found.detail
+    assert f"commit {second}" in found.detail
     pull(f"{REPO}@{second}", local_dir=scene["tmp"] / "carol", trusted_keys=[scene["owner_pub"]],
          **carol)
-    # The owner, on a machine that never saw generation 2, encrypts the clear cube afresh.
-    client(scene, monkeypatch, "owner-laptop")
+    # The owner, on a machine that never saw generation 2, encrypts the clear cube afresh,
+    # continuing a pull of the cube (the replay's, even: --continue takes the higher).
+    owner = client(scene, monkeypatch, "owner-laptop")
+    old = scene["tmp"] / "old"
+    pull(f"{REPO}@{second}", local_dir=old, verify_cube=False, **owner)
     fresh = private_copy(packed, scene["tmp"] / "fresh", [scene["keys"]["alice"][1]],
-                         sign_key=scene["owner"], generation=3)
-    push(fresh, REPO, allow_local_paths=True, **scene["options"])
+                         sign_key=scene["owner"], continue_from=old)
+    assert fresh.name == "fresh"
+    pushed = push(fresh, REPO, allow_local_paths=True, **scene["options"]).commit_sha
     client(scene, monkeypatch, "carol")
-    pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol-fresh",
-         trusted_keys=[scene["owner_pub"]], **carol)
+    result = pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol-fresh",
+                  trusted_keys=[scene["owner_pub"]], **carol)
+    assert result.commit_sha == pushed
+    push(scene["bobs"], REPO, allow_local_paths=True, **scene["options"])  # bob, again
+    with pytest.raises(VerificationFailed) as refused:
+        pull(f"{REPO}@main", local_dir=scene["tmp"] / "carol-again",
+             trusted_keys=[scene["owner_pub"]], **carol)
+    assert "generation 3" in str(replay_failures(refused.value.report)[0])
 
 
 def test_a_replay_on_another_branch_is_compared_with_every_branch(scene, monkeypatch):

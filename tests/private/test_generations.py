@@ -27,7 +27,7 @@ def _private_lock(**section):
     encryption = {"version": 2, "scheme": lockfile.ENCRYPTION_SCHEME,
                   "manifest": fileset.PRIVATE_MANIFEST, "ciphertexts": ["a.age"],
                   "counts": {"files": 1, "activations": 0, "adapters": 0, "recipients": 1},
-                  "hidden_names": False, "generation": 1, **section}
+                  "hidden_names": False, "series": "0" * 32, "generation": 1, **section}
     return lockfile.dumps(lockfile.build_lock(cube_id="x/y", files=files, models={},
                                               activations={}, cubepack_version="t",
                                               encryption=encryption)).encode()
@@ -39,13 +39,16 @@ def test_the_lock_reads_a_generation_from_1_to_2_to_the_53_minus_1_and_nothing_e
     for bad in (0, -1, 2 ** 53, 1.0, True, "1", None, [1]):
         with pytest.raises(FormatError, match="generation"):
             lockfile.parse(_private_lock(generation=bad))
+    for bad in ("0" * 31, "0" * 33, "A" * 32, 7, None):
+        with pytest.raises(FormatError, match="series"):
+            lockfile.parse(_private_lock(series=bad))
     with pytest.raises(FormatError, match="version 1 must hold exactly"):
         lockfile.parse(_private_lock(version=1))  # a version-1 section has no generation
 
 
 def _manifest(**changes):
     base = {"format": age.MANIFEST_FORMAT, "version": 2, "lock": "{}", "names": {"a.age": "a"},
-            "recipients": ["age1x"], "generation": 2,
+            "recipients": ["age1x"], "series": "0" * 32, "generation": 2,
             "history": [{"generation": 1, "added": ["age1x", "age1y"], "removed": []},
                         {"generation": 2, "added": [], "removed": ["age1y"]}]}
     return canonical.dumps({**base, **changes}).encode()
@@ -64,9 +67,9 @@ def test_the_manifest_history_runs_in_increasing_generations_up_to_its_own():
         with pytest.raises(FormatError):
             age.parse_manifest(_manifest(**bad))
     old = json.loads(_manifest())
-    del old["generation"], old["history"]
+    del old["series"], old["generation"], old["history"]
     parsed = age.parse_manifest(canonical.dumps({**old, "version": 1}).encode())
-    assert parsed["generation"] is None and parsed["history"] == []
+    assert parsed["generation"] is None and parsed["series"] is None and parsed["history"] == []
 
 
 def test_readded_names_who_a_generation_removed_and_none_added_back_since():
@@ -126,24 +129,31 @@ def test_a_cache_that_cannot_be_written_refuses_nothing_and_says_so(signed, tmp_
     assert replay.ok is True and "not recorded" in replay.detail
 
 
-def test_encrypt_afresh_continues_the_generations_this_user_has_seen(signed, packed, tmp_path,
-                                                                     agekeys):
+def test_encrypt_starts_a_series_or_continues_one(signed, packed, tmp_path, agekeys):
+    """Another encryption of the same clear cube (to other readers) is another private cube:
+    its own series at generation 1, compared with nothing of the first. --continue carries a
+    series on, above every generation of it this user has seen."""
     cube, owner, owner_pub = signed
     rekey(cube, agekeys["alice"][0], add=[agekeys["bob"][1]], sign_key=owner)  # generation 2
+    other = tmp_path / "other"
+    shutil.copytree(packed, other)
+    first = encrypt(other, [agekeys["bob"][1]], sign_key=owner)
+    assert first.generation == 1 and first.series != lockfile.series(_lock(cube))
+    assert cubepack.verify(cube, trusted_keys=[owner_pub]).ok  # neither refuses the other
+    assert cubepack.verify(other, trusted_keys=[owner_pub]).ok
     again = tmp_path / "again"
     shutil.copytree(packed, again)
-    assert encrypt(again, [agekeys["alice"][1]], sign_key=owner).generation == 3
-    third = tmp_path / "third"
-    shutil.copytree(packed, third)
-    with pytest.raises(cubepack.UsageError, match="--generation 4 or more"):
-        encrypt(third, [agekeys["alice"][1]], sign_key=owner, generation=3)
-    assert not (third / fileset.PRIVATE_MANIFEST).exists()  # refused before anything
-    # Unsigned, a generation is compared with nothing: it starts at 1.
-    plain = tmp_path / "plain"
-    shutil.copytree(packed, plain)
-    assert encrypt(plain, [agekeys["alice"][1]]).generation == 1
-    lock = json.loads((again / constants.LOCK_FILENAME).read_text())
-    assert lock["encryption"]["generation"] == 3
+    result = encrypt(again, [agekeys["alice"][1]], sign_key=owner, continue_from=cube)
+    assert (result.series, result.generation) == (lockfile.series(_lock(cube)), 3)
+    clear = tmp_path / "clear"
+    shutil.copytree(packed, clear)
+    with pytest.raises(cubepack.UsageError, match="not a private cube with a generation"):
+        encrypt(clear, [agekeys["alice"][1]], continue_from=packed)
+    assert not (clear / fileset.PRIVATE_MANIFEST).exists()  # refused before anything
+
+
+def _lock(cube):
+    return json.loads((cube / constants.LOCK_FILENAME).read_text())
 
 
 def test_a_history_that_cannot_be_walked_is_refused_not_passed(signed, tmp_path):

@@ -36,6 +36,7 @@ def test_every_file_becomes_a_ciphertext_and_the_lock_lists_them(packed, tmp_pat
     assert section["version"] == 2 and section["counts"]["activations"] == len(
         clear_lock["activations"])
     assert section["generation"] == 1  # encrypt starts it; each rekey adds one
+    assert len(section["series"]) == 32  # which private cube this is: encrypt draws it
     expected = {name + ".age" for name in [*clear_lock["files"], constants.LOCK_FILENAME]}
     assert set(section["ciphertexts"]) == expected
     on_disk = {p.relative_to(cube).as_posix() for p in cube.rglob("*") if p.is_file()}
@@ -318,7 +319,8 @@ def written_before_generations(cube, recipients):
                              age.parse_recipients([public for _, public in recipients])))
     (cube / name).write_bytes(data)
     lock["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    section = {key: value for key, value in lock["encryption"].items() if key != "generation"}
+    section = {key: value for key, value in lock["encryption"].items()
+               if key not in ("series", "generation")}
     (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(lockfile.build_lock(
         cube_id=lock["cube_id"], files=lock["files"], models=lock["models"], activations={},
         cubepack_version=lock["cubepack_version"], encryption={**section, "version": 1})))
@@ -356,8 +358,9 @@ def test_a_version_2_lock_over_a_version_1_manifest_is_refused(packed, tmp_path,
     (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(lockfile.build_lock(
         cube_id=current["cube_id"], files=current["files"], models=current["models"],
         activations={}, cubepack_version=current["cubepack_version"],
-        encryption={**current["encryption"], "version": 2, "generation": 7})))
+        encryption={**current["encryption"], "version": 2, "series": "0" * 32,
+                    "generation": 7})))
     assert lock["encryption"]["generation"] == 1
     report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0], raise_on_failure=False)
     [private] = [c for c in report.checks if c.name == "private"]
-    assert private.ok is False and "generation" in private.detail, private
+    assert private.ok is False and "series, generation" in private.detail, private
