@@ -289,11 +289,6 @@ def signed_generation(lock_bytes: bytes, envelope: bytes, trusted: list[str],
 def skip_reason(lock: dict[str, Any], key: str | None) -> str | None:
     """Why no generation of the private cube ``lock`` (signed by trusted key ``key``, or None)
     can be compared, or None when it can (then a history is worth walking)."""
-    return _skip(lock, key)
-
-
-def _skip(lock: dict[str, Any], key: str | None) -> str | None:
-    """Why no generation of this cube can be compared, or None."""
     if lockfile.generation(lock) is None or lockfile.series(lock) is None:
         return ("skipped: written before private cubes had generations (its lock's encryption "
                 "section is version 1), so no revision of it can be told older than another; "
@@ -328,7 +323,7 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
     ``where``: how the record will say it was seen (``"in a verify of DIR"``)."""
     generation = lockfile.generation(lock)
     subject = "generations seen by this client"
-    skipped = _skip(lock, key)
+    skipped = skip_reason(lock, key)
     if skipped is not None:
         return Check(CHECK, subject, None, skipped)
     assert key is not None and generation is not None
@@ -361,7 +356,7 @@ def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, 
     this user)."""
     generation = lockfile.generation(lock)
     subject = f"history of {where}"
-    skipped = _skip(lock, key)
+    skipped = skip_reason(lock, key)
     if skipped is not None:
         return Check(CHECK, subject, None, skipped)
     assert key is not None and generation is not None
