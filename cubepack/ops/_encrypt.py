@@ -12,7 +12,14 @@ from typing import Any
 
 from .._util import constants
 from .._util.paths import resolve_inside
-from ..errors import FormatError, IntegrityError, RefusedError, SignatureError, UsageError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    RefusedError,
+    SignatureError,
+    UsageError,
+    VerificationFailed,
+)
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..trust import _age as age
@@ -50,7 +57,10 @@ def _signed_by(cube: Path, policy: TrustPolicy, sign_key: str | Path | None,
     plaintext the signer never sees), else when it is signed or a signature is required (a
     signature is never moved onto bytes another key vouched for)."""
     if sign_key is None:
-        report = verify(cube, policy, progress=progress)
+        report = verify(cube, policy, progress=progress, raise_on_failure=False)
+        # A replay is rekey's own refusal (it names the recipients it would re-add).
+        if any(check.name != generations.CHECK for check in report.failures):
+            raise VerificationFailed(report)
         return report, report.signed_by
     report = verify(cube, replace(policy, trusted_keys=(), require_signature=False),
                     progress=progress)

@@ -183,3 +183,14 @@ def test_a_replay_on_another_branch_is_compared_with_every_branch(scene, monkeyp
              **carol)
     [found] = replay_failures(refused.value.report)
     assert scene["commits"][1] in found.detail and "branches main, old" in found.detail
+
+
+def test_rekey_under_a_trusted_key_refuses_the_replay_the_same_way(scene, monkeypatch):
+    keys = scene["keys"]
+    alice = client(scene, monkeypatch, "alice")
+    folder = scene["tmp"] / "alice-replay"
+    pull(f"{REPO}@main", local_dir=folder, verify_cube=False, **alice)
+    with pytest.raises(RefusedError, match="would re-add") as refused:
+        rekey(folder, keys["alice"][0], add=[keys["carol"][1]],
+              trusted_keys=[scene["owner_pub"]])
+    assert keys["bob"][1][:20] in str(refused.value)
