@@ -314,11 +314,18 @@ def _render_pack(data: dict[str, Any]) -> str:
 def _render_private(data: dict[str, Any]) -> str:
     lines = [f"private: {data['ciphertexts']} files encrypted to "
              f"{len(data['recipients'])} recipient(s)"
-             + (" (names hidden)" if data["hidden_names"] else "")]
+             + (" (names hidden)" if data["hidden_names"] else "")
+             + (f", generation {data['generation']}" if data.get("generation") else "")]
     lines += [f"  recipient: {r}" for r in data["recipients"]]
     lines += [f"  added:     {r}" for r in data.get("added", [])]
     lines += [f"  removed:   {r} (what they downloaded before stays readable to them)"
               for r in data.get("removed", [])]
+    lines += [f"  RE-ADDED:  {entry['recipient']}: removed "
+              + (f"at generation {entry['removed_at']}" if entry["removed_at"] is not None
+                 else "by a newer generation you have seen")
+              + ", now a reader again" for entry in data.get("readded", [])]
+    if data.get("unrecorded"):
+        lines.append(f"  generation{data['unrecorded']}")
     lines.append(f"  signed with {data['signed_with']}" if data["signed_with"] else
                  "  unsigned: anyone who can push can replace an unsigned private cube (age "
                  "does not authenticate senders); sign it: --sign-key")
@@ -341,12 +348,12 @@ def _identity_option() -> Callable[..., Any]:
 
 
 def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    # --sign-key re-signs content its signer does not see: the old signature must verify first.
+    # The policy's trusted_keys, as encrypt and rekey honour them (TrustPolicy HONOURED).
     return click.option(
         "--trusted-key", "trusted_keys", multiple=True,
         type=click.Path(dir_okay=False, exists=True),
-        help="With --sign-key: a public key (PEM) the cube's current signature may verify "
-             "under, besides the signing key's own (repeatable).")
+        help="Public key (PEM) the cube must be signed by (repeatable); with --sign-key, the "
+             "signing key's own public half counts as one.")
 
 
 @cli.command("encrypt")
@@ -357,16 +364,22 @@ def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @click.option("--hide-names", is_flag=True, help="Name ciphertexts private/<random>.age.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): sign the private cube.")
+@click.option("--continue", "continue_from", type=click.Path(file_okay=False, exists=True),
+              metavar="PRIVATE_DIR",
+              help="The private cube this one replaces (a pull of it): continue its series, a "
+                   "generation above it, so readers refuse the revisions it replaces.")
 @_resign_trust_option()
 @_json_option()
 def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool,
-                    sign_key: str | None, trusted_keys: tuple[str, ...], as_json: bool) -> None:
+                    sign_key: str | None, continue_from: str | None,
+                    trusted_keys: tuple[str, ...], as_json: bool) -> None:
     """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
     in place and atomically."""
     from .ops._encrypt import encrypt
 
     result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
-                     sign_password=_key_password(), trusted_keys=list(trusted_keys))
+                     sign_password=_key_password(), trusted_keys=list(trusted_keys),
+                     continue_from=continue_from)
     _emit(result.to_dict(), as_json, _render_private)
 
 
@@ -375,6 +388,9 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
 @click.option("--add", multiple=True, metavar="RECIPIENT", help="Recipient to add (repeatable).")
 @click.option("--remove", multiple=True, metavar="RECIPIENT",
               help="Recipient to remove (repeatable); it keeps what it already downloaded.")
+@click.option("--to", "to", multiple=True, metavar="RECIPIENT",
+              help="Every recipient of the rekeyed cube, named (repeatable; not with --add or "
+                   "--remove): the only way to rekey a cube no trusted key signed.")
 @click.option("--rotate", is_flag=True,
               help="New file keys for every file (every rekey draws them; alone, or when the "
                    "recipients stay the same, it is what asks for them).")
@@ -383,16 +399,18 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
 @_resign_trust_option()
 @_identity_option()
 @_json_option()
-def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...], rotate: bool,
-                  sign_key: str | None, trusted_keys: tuple[str, ...], identity: str | None,
-                  as_json: bool) -> None:
-    """Change the recipients of the private cube in CUBE_DIR (needs an identity)."""
+def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...],
+                  to: tuple[str, ...], rotate: bool, sign_key: str | None,
+                  trusted_keys: tuple[str, ...], identity: str | None, as_json: bool) -> None:
+    """Change the recipients of the private cube in CUBE_DIR (needs an identity), as its next
+    generation; a revision older than one you have seen is refused."""
     from .ops._encrypt import rekey
 
     if identity is None:
         raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
                          "CUBEPACK_IDENTITY).")
-    result = rekey(cube_dir, identity, add=list(add), remove=list(remove), rotate=rotate,
+    result = rekey(cube_dir, identity, add=list(add), remove=list(remove), to=list(to),
+                   rotate=rotate,
                    sign_key=sign_key, sign_password=_key_password(),
                    trusted_keys=list(trusted_keys))
     _emit(result.to_dict(), as_json, _render_private)
@@ -411,7 +429,8 @@ def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str
     if remote:
         from .hub._remote import verify_remote
 
-        report = verify_remote(cube_dir, policy, token=token, raise_on_failure=False)
+        report = verify_remote(cube_dir, policy, token=token, raise_on_failure=False,
+                               decrypt_with=identity)
     else:
         from .ops._verify import verify
 

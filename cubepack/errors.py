@@ -121,6 +121,10 @@ class VerificationFailed(IntegrityError):
         "lineage": "have each ancestor signed by a trusted key, or drop --require-lineage",
         "private": "pass an identity the cube is encrypted to (--identity KEY or "
                    "CUBEPACK_IDENTITY), or drop the checks that need its plaintext",
+        "recipients": "ask the cube's owner for the revision they wrote (signed: cubepack "
+                      "rekey --sign-key): its files name other readers than its lock counts",
+        "replay": "get the newest revision the replay check names (an older one pushed back "
+                  "can still be read by a reader removed since)",
         "model identity": "load it with the model it was packed for, or rebuild it for this "
                           "one (cubepack migrate --model)",
         "adapter base": "load the adapter on the base model it was trained on, or migrate the "

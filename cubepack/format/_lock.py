@@ -181,7 +181,9 @@ SECTIONS: tuple[Section, ...] = (
             lambda value, lock, version: _check_encryption(value, lock),
             lambda value: value, lambda value: {"encryption": value},
             lambda _, value: (f"encryption: age, {len(value.get('ciphertexts') or [])} "
-                              f"ciphertexts, version {value.get('version')}"),
+                              f"ciphertexts, version {value.get('version')}"
+                              + (f", series {value['series']} generation "
+                                 f"{value['generation']}" if "generation" in value else "")),
             None),  # the ciphertexts' digests are the lock's files: stated there
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
@@ -592,12 +594,34 @@ def _check_lineage(lineage: Any, version: int) -> None:
 
 #: The ``encryption`` section (a private cube, issue #32): its format version, the scheme, the
 #: private manifest (the clear cube's lock, encrypted: every plaintext digest), the
-#: ciphertexts, public counts and whether the clear names (item ids) are hidden.
-ENCRYPTION_VERSION = 1
+#: ciphertexts, public counts and whether the clear names (item ids) are hidden. Version 2
+#: (issue #37) adds ``series`` (which private cube this is: drawn by encrypt, kept by rekey)
+#: and ``generation`` (its write count: encrypt starts it, each rekey adds one), public and
+#: signed with the lock, so anyone holding two signed revisions of a series can tell the newer
+#: (a replay of an older one is told apart without a key). Version 1 is still read: a cube of
+#: it has no generation to compare.
+ENCRYPTION_VERSION = 2
+ENCRYPTION_VERSIONS = (1, 2)
 ENCRYPTION_SCHEME = "age-encryption.org/v1"
-ENCRYPTION_KEYS = frozenset({"version", "scheme", "manifest", "ciphertexts", "counts",
-                             "hidden_names"})
+ENCRYPTION_KEYS_V1 = frozenset({"version", "scheme", "manifest", "ciphertexts", "counts",
+                                "hidden_names"})
+ENCRYPTION_KEYS = ENCRYPTION_KEYS_V1 | {"series", "generation"}
+#: A series: 32 lowercase hex digits (128 random bits), drawn by encrypt, kept by rekey.
+_SERIES = re.compile(r"[0-9a-f]{32}")
 COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
+#: The largest generation: inside the integers strict JSON reads exactly (+-2**53).
+MAX_GENERATION = 2 ** 53 - 1
+
+
+def generation(lock: dict[str, Any]) -> int | None:
+    """A private cube's generation (its public lock's ``encryption.generation``), or None: a
+    clear cube, or a private one written before generations (section version 1)."""
+    return (lock.get("encryption") or {}).get("generation")
+
+
+def series(lock: dict[str, Any]) -> str | None:
+    """A private cube's series (``encryption.series``), or None (as :func:`generation`)."""
+    return (lock.get("encryption") or {}).get("series")
 
 
 def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
@@ -607,12 +631,21 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
     def refuse(what: str) -> None:
         raise FormatError(f"cubepack.lock encryption {what}.")
 
-    if not isinstance(value, dict) or set(value) != ENCRYPTION_KEYS:
-        refuse(f"must hold exactly the keys {sorted(ENCRYPTION_KEYS)}")
-    if type(value["version"]) is not int or value["version"] != ENCRYPTION_VERSION:
-        raise FormatError(f"cubepack.lock encryption is version {value['version']!r}; this "
-                          f"cubepack reads private cubes of version {ENCRYPTION_VERSION}. "
-                          "Upgrade cubepack.")
+    version = value.get("version") if isinstance(value, dict) else None
+    if type(version) is not int or version not in ENCRYPTION_VERSIONS:
+        raise FormatError(f"cubepack.lock encryption is version {version!r}; this cubepack "
+                          f"reads private cubes of versions {ENCRYPTION_VERSIONS[0]} to "
+                          f"{ENCRYPTION_VERSIONS[-1]}. Upgrade cubepack.")
+    keys = ENCRYPTION_KEYS if version >= 2 else ENCRYPTION_KEYS_V1
+    if set(value) != keys:
+        refuse(f"version {version} must hold exactly the keys {sorted(keys)}")
+    if version >= 2 and not (type(value["generation"]) is int
+                             and 1 <= value["generation"] <= MAX_GENERATION):
+        refuse(f"generation must be an integer from 1 to {MAX_GENERATION}, found "
+               f"{value['generation']!r}")
+    if version >= 2 and not (isinstance(value["series"], str)
+                             and _SERIES.fullmatch(value["series"])):
+        refuse("series must be 32 lowercase hex digits")
     if value["scheme"] != ENCRYPTION_SCHEME:
         refuse(f"scheme must be {ENCRYPTION_SCHEME!r}, found {value['scheme']!r}")
     files = lock["files"]

@@ -28,11 +28,13 @@ from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
 from ..format._fileset import ORIGIN_FILE, is_tolerated
+from ..ops._private import is_private
 from ..ops._verify import require_checked_models, verify
 from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
+from ._history import add_history_check, add_skipped
 from ._remote import remote_model_checks
 
 logger = logging.getLogger("cubepack")
@@ -138,8 +140,15 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                                     decrypt_with=decrypt_with)
                 if not offline and policy.model is None:
                     _add_remote_model_checks(report, client, policy.strict_models)
+                if offline:
+                    add_skipped(report, "offline, the endpoint's history was not walked")
+                else:
+                    add_history_check(report, client, repo_id, repo_type,
+                                      policy.trusted_keys, cache_dir=cache_dir)
                 if policy.strict_models and report.intact:
                     require_checked_models(report)
+                if report.lock is not None and is_private(report.lock):
+                    report.group_scopes()
                 report.cube_dir = Path(f"{repo_id}@{sha}")
                 if not report.ok:
                     # A fix a check wrote names the folder verify was given: pull's staging

@@ -9,6 +9,7 @@ cube's producer at pack. Returns typed checks; verification decides what to do w
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from .._util.quiet import terminal_bars
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._hub import hub_identity
 from ..identity._identity import ModelIdentity, compare
+from ..ops._private import is_private
 from ..ops._verify import require_checked_models, verify
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ._client import HubClient
+from ._history import add_history_check, add_skipped, pulled_repo
 
 CHECK = "remote model"
 
@@ -81,20 +84,34 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) 
 def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                   endpoint: str | None = None, token: str | None = None,
                   progress: bool | None = None, raise_on_failure: bool = True,
+                  decrypt_with: str | os.PathLike[str] | None = None,
                   **options: Any) -> VerifyReport:
     """:func:`cubepack.verify`, plus each pinned model checked against the Hub's file metadata
     at its pinned revision (LFS sha256 of the weights, tokenizer, config; no weights are
     downloaded). ``cubepack verify --remote``.
+
+    A private cube is opened with ``decrypt_with`` as :func:`cubepack.verify` opens it; a
+    private cube a pull placed (its origin record names its lock) is also compared with the
+    signed revisions in its repo's history on the endpoint (the ``replay`` check).
     """
     policy = TrustPolicy.build(policy, **options)
     report = verify(cube_dir, replace(policy, strict_models=False), progress=progress,
-                    raise_on_failure=False)
+                    raise_on_failure=False, decrypt_with=decrypt_with)
     if report.lock is not None and report.intact:
-        report.extend(remote_model_checks(report.lock["models"], HubClient(endpoint, token),
-                                          strict=True))
+        client = HubClient(endpoint, token)
+        report.extend(remote_model_checks(report.lock["models"], client, strict=True))
         if policy.strict_models:
             require_checked_models(report)
+        pulled = pulled_repo(Path(cube_dir))
+        if pulled is None:
+            add_skipped(report, "this folder was not placed by a pull of this user (no "
+                                "origin record such a pull wrote names its lock), so no "
+                                "repo's history was walked")
+        else:
+            add_history_check(report, client, *pulled, policy.trusted_keys)
     report.finish("not run: the cube's files failed the checks above", ["remote model"])
+    if report.lock is not None and is_private(report.lock):
+        report.group_scopes()
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report

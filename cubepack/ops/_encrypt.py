@@ -6,13 +6,25 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .._util import constants
 from .._util.paths import resolve_inside
-from ..errors import IntegrityError, UsageError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    RefusedError,
+    SignatureError,
+    UsageError,
+    VerificationFailed,
+)
 from ..format import _fileset as fileset
+from ..format import _lock as lockfile
 from ..trust import _age as age
+from ..trust import _generation as generations
+from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key, check_resigning
 from ._private import EncryptResult, is_private, open_private, write_private
 from ._sign import sign
@@ -21,10 +33,59 @@ from ._verify import verify
 __all__ = ["encrypt", "rekey"]
 
 
+#: How the record of a generation this process signed says where it was seen.
+_WRITTEN_HERE = "written by an encrypt or rekey on this machine"
+
+
+def _policy(policy: TrustPolicy | None, trusted_keys: Any, consumer: str) -> TrustPolicy:
+    """The one policy of an encrypt or rekey: ``trusted_keys`` (``--trusted-key``) as its
+    field, honoured whole or refused (a field neither can apply is a UsageError)."""
+    policy = TrustPolicy.build(policy, trusted_keys=tuple(trusted_keys) or None)
+    policy.require_honoured(consumer)
+    return policy
+
+
+def _signed_by(cube: Path, policy: TrustPolicy, sign_key: str | Path | None,
+               password: str | None, progress: bool | None = None, *,
+               resigning: bool) -> tuple[Any, str | None]:
+    """Verify ``cube`` and say which trusted key signed it (None: no trusted signature).
+
+    Without ``sign_key``: the policy's trusted keys are honoured as verify honours them (given,
+    a valid signature by one is required). With it: the cube is verified for its bytes, then
+    its current signature must verify under the signing key's own public half or a trusted
+    key (:func:`check_resigning`): always when ``resigning`` (a private cube's content, whose
+    plaintext the signer never sees), else when it is signed or a signature is required (a
+    signature is never moved onto bytes another key vouched for)."""
+    if sign_key is None:
+        report = verify(cube, policy, progress=progress, raise_on_failure=False)
+        # A replay is rekey's own refusal (it names the recipients it would re-add).
+        if any(check.name != generations.CHECK for check in report.failures):
+            raise VerificationFailed(report)
+        return report, report.signed_by
+    report = verify(cube, replace(policy, trusted_keys=(), require_signature=False),
+                    progress=progress)
+    if not resigning and not (cube / constants.SIGNATURE_FILENAME).exists() \
+            and not policy.signature_required:
+        return report, None
+    return report, check_resigning(cube, sign_key, password=password,
+                                   trusted_keys=policy.trusted_keys)
+
+
+def _signers(policy: TrustPolicy, sign_key: str | Path | None,
+             password: str | None) -> dict[str, str]:
+    """keyid -> key of every key whose signed generations count here: the trusted keys and
+    the signing key's own public half."""
+    ids = generations.trusted_ids(list(policy.trusted_keys))
+    if sign_key is not None:
+        ids[generations.keyid(sign_key, password)] = str(sign_key)
+    return ids
+
+
 def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
             hide_names: bool = False, sign_key: str | Path | None = None,
             sign_password: str | None = None, progress: bool | None = None,
-            trusted_keys: list[str | Path] | tuple = ()) -> EncryptResult:
+            trusted_keys: list[str | Path] | tuple = (), policy: TrustPolicy | None = None,
+            continue_from: str | Path | None = None) -> EncryptResult:
     """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
     ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
     first (a cube that does not verify is never encrypted), then written whole beside itself and
@@ -34,23 +95,42 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     ``sign_key``'s public half or one of ``trusted_keys`` (a signature is never moved onto
     content its signer did not sign).
 
+    ``trusted_keys`` (or ``policy``, a :class:`TrustPolicy` of which encrypt applies
+    ``trusted_keys`` and ``require_signature``): the clear cube must be signed by one of them
+    (with ``sign_key``: by one of them or by the signing key itself).
+
+    A private cube starts a new series at generation 1 (another encryption of the same clear
+    cube, to other readers, is another private cube). ``continue_from``: a private cube this
+    one replaces (its folder, e.g. a pull of it): the new cube continues its series, one
+    generation above it (and above any of that series this user has seen signed), so readers
+    refuse the revisions it replaces as replays.
+
     Raises:
-        VerificationFailed: the clear cube does not verify.
-        UsageError: no or an invalid recipient; the cube is already private (use rekey).
+        VerificationFailed: the clear cube does not verify, or is not signed by a trusted key.
+        UsageError: no or an invalid recipient; the cube is already private (use rekey); a
+            policy field encrypt cannot apply; ``continue_from`` not a private cube with a
+            generation.
         SignatureError: ``sign_key`` given and the cube's existing signature does not verify
             under it (or ``trusted_keys``).
     """
     cube = Path(cube_dir)
+    policy = _policy(policy, trusted_keys, "encrypt")
     parsed = age.parse_recipients(list(recipients))
+    previous = _series_of(Path(continue_from)) if continue_from is not None else None
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
-    report = verify(cube, progress=progress)
-    if sign_key is not None and (cube / constants.SIGNATURE_FILENAME).exists():
-        check_resigning(cube, sign_key, password=sign_password, trusted_keys=trusted_keys)
+    report, _ = _signed_by(cube, policy, sign_key, sign_password, progress, resigning=False)
     lock = report.lock or {}
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
                          "cubepack rekey.")
+    if previous is None:
+        series, generation = generations.new_series(), 1
+    else:
+        series = previous[0]
+        seen = generations.newest_seen(generations.of_series(series),
+                                       _signers(policy, sign_key, sign_password))
+        generation = max(previous[1], seen[1].generation if seen else 0) + 1
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     clear = {name: resolve_inside(cube, name) for name in sorted(lock["files"])}
     clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
@@ -66,26 +146,77 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
                                  "encrypted. Pack the cube again.")
         return data
 
+    texts = sorted(r.text for r in parsed)
     result = write_private(cube, lock, lock_bytes.decode("utf-8"), names, read, parsed,
-                            hidden=hide_names)
+                           hidden=hide_names, series=series, generation=generation,
+                           history=generations.with_entry([], generation, texts, []))
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
+        result.unrecorded = _remember(series, sign_key, sign_password, generation, texts,
+                                      []) or None
     return result
+
+
+def _series_of(previous: Path) -> tuple[str, int]:
+    """(series, generation) of the private cube at ``previous`` (its public lock: what the
+    new cube continues; a claim, which can only make the new cube's generation higher).
+
+    Raises:
+        UsageError: not a private cube with a generation.
+    """
+    try:
+        lock = lockfile.parse((previous / constants.LOCK_FILENAME).read_bytes())
+    except (OSError, FormatError) as exc:
+        raise UsageError(f"--continue {previous}: its lock cannot be read ({exc}); name the "
+                         "folder of the private cube this one replaces (a pull of it).") from None
+    series, generation = lockfile.series(lock), lockfile.generation(lock)
+    if series is None or generation is None:
+        raise UsageError(f"--continue {previous} is not a private cube with a generation (a "
+                         "clear cube, or one written before generations: rekey it first, then "
+                         "continue it).")
+    return series, generation
 
 
 def _sign(cube: Path, key: str | Path, password: str | None) -> None:
     sign(cube, key, password=password)
 
 
+def _remember(series: str, key: str | Path, password: str | None, generation: int,
+              recipients: list[str], history: list[dict[str, Any]]) -> str:
+    """Record the generation this process just signed as seen (with its recipients and who
+    its history removed), so this user's later verify, pull or rekey of an older one of the
+    same cube refuses it, whatever the endpoint's history says by then. "" when recorded,
+    else why not (the cube is written and signed either way)."""
+    removed = generations.removed_at(history)
+    known = generations.Known(generation, _WRITTEN_HERE,
+                              recipients=frozenset(map(generations.fingerprint, recipients)),
+                              removed=frozenset(map(generations.fingerprint, removed)))
+    return generations.record(generations.of_series(series), generations.keyid(key, password),
+                              known)
+
+
 def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
           add: list[str] | tuple[str, ...] = (), remove: list[str] | tuple[str, ...] = (),
-          rotate: bool = False, sign_key: str | Path | None = None,
-          sign_password: str | None = None,
-          trusted_keys: list[str | Path] | tuple = ()) -> EncryptResult:
+          to: list[str] | tuple[str, ...] = (), rotate: bool = False,
+          sign_key: str | Path | None = None, sign_password: str | None = None,
+          trusted_keys: list[str | Path] | tuple = (),
+          policy: TrustPolicy | None = None) -> EncryptResult:
     """Change a private cube's recipients: decrypt it in memory with ``identity``, then write
-    every file again encrypted to the new set (``add``, minus ``remove``), in place and
-    atomically, with the same clear content and the same ciphertext names.
+    every file again encrypted to the new set, in place and atomically, with the same clear
+    content and the same ciphertext names, as the next generation (one above the cube's).
+
+    The new set is ``to`` (every recipient named: the whole set), or the cube's recipients
+    with ``add`` and without ``remove``. The cube's own recipient list is kept only when a
+    trusted key signed it (``trusted_keys``, or ``policy``'s, or ``sign_key``'s own public
+    half): an unsigned cube's list is whoever pushed last's choice, and must not choose who
+    reads the rekeyed cube, so without a trusted signature only ``to`` is accepted.
+
+    A revision older than one this user has seen of the same private cube (a signed generation
+    of its series below one a verify, pull, encrypt or rekey here recorded) is refused:
+    rekeying a replay would give its readers, some of them removed since, the next
+    generation. The recipients a rekey adds back after a generation removed them are
+    reported (``readded``).
 
     Every rekey draws new file keys (the age binding used does not expose a file key, so a
     header cannot be rewritten around the old one); ``rotate`` alone re-encrypts to the same
@@ -99,32 +230,64 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
 
     Raises:
         UsageError: nothing to change (no option, or every added recipient is one already,
-            without ``rotate``), or no recipient left.
-        RefusedError: ``identity`` is not a recipient.
+            without ``rotate``), no recipient left, ``to`` with ``add``/``remove``, a policy
+            field rekey cannot apply.
+        RefusedError: ``identity`` is not a recipient; the cube is older than a generation
+            this user has seen.
         SignatureError: ``sign_key`` given and the current signature does not verify under
-            it (or ``trusted_keys``); nothing was decrypted or written.
+            it (or ``trusted_keys``), nothing decrypted or written; no trusted signature and
+            no ``to``.
+        VerificationFailed: ``trusted_keys`` given and no valid signature by one of them.
     """
     cube = Path(cube_dir)
-    if not add and not remove and not rotate:
-        raise UsageError("Nothing to change: pass --add RECIPIENT and/or --remove RECIPIENT "
-                         "(or --rotate for new file keys with the same recipients).")
+    if to and (add or remove):
+        raise UsageError("--to names every recipient of the rekeyed cube; it cannot be "
+                         "combined with --add or --remove (name the whole set with --to, or "
+                         "change the cube's own with --add/--remove).")
+    if not add and not remove and not rotate and not to:
+        raise UsageError("Nothing to change: pass --add RECIPIENT and/or --remove RECIPIENT, "
+                         "or --to RECIPIENT for each recipient of the new set (or --rotate for "
+                         "new file keys with the same recipients).")
+    policy = _policy(policy, trusted_keys, "rekey")
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
-    report = verify(cube)  # intact ciphertexts before anything is decrypted
-    if sign_key is not None:
-        check_resigning(cube, sign_key, password=sign_password, trusted_keys=trusted_keys)
+    named = age.parse_recipients(list(to)) if to else None
     added = age.parse_recipients(list(add)) if add else []
     removed = {r.text for r in age.parse_recipients(list(remove))} if remove else set()
+    # Intact ciphertexts (and the signature the policy asks for) before anything is decrypted.
+    report, signer = _signed_by(cube, policy, sign_key, sign_password, resigning=True)
+    public = report.lock or {}
+    signers = _signers(policy, sign_key, sign_password) if signer is not None else {}
+    seen = generations.newest_seen(generations.scope(public), signers)
     with open_private(cube, identity, public_lock=report.lock) as opened:
-        current = {text: r for text in opened.manifest["recipients"]
+        manifest = opened.manifest
+        current = {text: r for text in manifest["recipients"]
                    for r in age.parse_recipients([text])}
+        generation = (manifest["generation"] or 0) + 1
+        if generation > lockfile.MAX_GENERATION:
+            raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
+                             "its clear source afresh to start again (readers who saw it "
+                             "refuse a lower one).")
+        if seen is not None and seen[1].generation >= generation:
+            raise _replay(cube, manifest, seen, signer)
+        if signer is None and named is None:
+            raise SignatureError(
+                f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
+                "key, so its recipient list is the word of whoever wrote it last, and would "
+                f"choose who reads the rekeyed cube (its {len(current)} recipient(s) now: "
+                f"{', '.join(sorted(current))}). Fix: pass --trusted-key PUB.pem of its "
+                "signer (or --sign-key KEY, if you signed it), or name every recipient the "
+                "rekeyed cube must have: --to RECIPIENT, once for each.")
         unknown = sorted(removed - set(current))
         if unknown:
             raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
                              f"cube (its recipients: {len(current)}).")
-        kept = {text: r for text, r in current.items() if text not in removed}
-        for r in added:
-            kept.setdefault(r.text, r)
+        if named is not None:
+            kept = {r.text: r for r in named}
+        else:
+            kept = {text: r for text, r in current.items() if text not in removed}
+            for r in added:
+                kept.setdefault(r.text, r)
         if not kept:
             raise UsageError("Removing every recipient would leave a cube nobody can open; add "
                              "one (--add) in the same rekey.")
@@ -133,17 +296,47 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
             raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
                              "would stay as they are; nothing was written. Pass --rotate to "
                              "re-encrypt to them under new file keys.")
-        names = opened.manifest["names"]
+        gained = sorted(set(kept) - set(current))
+        lost = sorted(set(current) - set(kept))
+        history = generations.with_entry(manifest["history"], generation, gained, lost)
+        names = manifest["names"]
         folder = opened.folder
         # The staging folder holds no signing files: the old signature, which cannot cover
         # the new ciphertexts, goes with the swap (and comes back only with sign_key).
-        result = write_private(cube, opened.lock, opened.manifest["lock"], names,
-                                lambda name: resolve_inside(folder, name).read_bytes(),
-                                list(kept.values()),
-                                hidden=opened.public_lock["encryption"]["hidden_names"])
-    result.added = sorted(r.text for r in added if r.text not in current)
-    result.removed = sorted(removed)
+        # A cube written before generations gets its series now.
+        series = manifest["series"] or generations.new_series()
+        result = write_private(cube, opened.lock, manifest["lock"], names,
+                               lambda name: resolve_inside(folder, name).read_bytes(),
+                               list(kept.values()),
+                               hidden=opened.public_lock["encryption"]["hidden_names"],
+                               series=series, generation=generation, history=history)
+    result.added = gained
+    result.removed = lost
+    result.readded = generations.readded(manifest["history"], gained,
+                                         seen[1] if seen is not None else None)
     if sign_key is not None:
         _sign(cube, sign_key, sign_password)
         result.signed_with = str(sign_key)
+        result.unrecorded = _remember(series, sign_key, sign_password, generation,
+                                      sorted(kept), history) or None
     return result
+
+
+def _replay(cube: Path, manifest: dict[str, Any], seen: tuple[str, Any],
+            signer: str | None) -> RefusedError:
+    """The refusal of a rekey of a revision older than one this user has seen: the replay
+    rule's sentence, and the recipients of this revision the newer one does not have (a
+    rekey would give each of them the next generation)."""
+    by, newer = seen
+    extra = [text for text in sorted(manifest["recipients"])
+             if newer.recipients is not None
+             and generations.fingerprint(text) not in newer.recipients]
+    return RefusedError(
+        f"Refusing to rekey {cube}: "
+        + generations.older(manifest["generation"], str(signer), newer, by)
+        + (f". A rekey of it would re-add {', '.join(extra)}: not a recipient of generation "
+           f"{newer.generation}" if extra else "")
+        + (f". This client never saw the recipients of generation {newer.generation}: any "
+           "recipient of this revision may be one it removed" if newer.recipients is None
+           else "")
+        + ". Nothing was written.")

@@ -45,7 +45,7 @@ from ..format import _lock as lockfile
 from ..trust import _age as age
 
 __all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "decrypted_memory", "is_private",
-           "open_private", "write_private"]
+           "open_private", "recipient_stanzas", "write_private"]
 
 
 @dataclass
@@ -63,12 +63,26 @@ class EncryptResult:
     rotated: bool = True
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    #: the private cube's series (encrypt draws one, or continues one; rekey keeps it)
+    series: str | None = None
+    #: its generation now (encrypt starts it, each rekey adds one)
+    generation: int | None = None
+    #: recipients a rekey added back after a generation removed them:
+    #: ``[{"recipient", "removed_at"}]`` (``removed_at``: that generation, or None when only
+    #: a newer generation this user saw records the removal)
+    readded: list[dict[str, Any]] = field(default_factory=list)
+    #: why the generation this process signed is not recorded as seen (a read-only cache), or
+    #: None: recorded, or not signed
+    unrecorded: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "digest": self.digest,
                 "recipients": self.recipients, "ciphertexts": self.ciphertexts,
                 "hidden_names": self.hidden_names, "signed_with": self.signed_with,
-                "rotated": self.rotated, "added": self.added, "removed": self.removed}
+                "rotated": self.rotated, "added": self.added, "removed": self.removed,
+                "series": self.series, "generation": self.generation,
+                "readded": self.readded,
+                "unrecorded": self.unrecorded}
 
 
 def is_private(lock: dict[str, Any] | None) -> bool:
@@ -77,28 +91,38 @@ def is_private(lock: dict[str, Any] | None) -> bool:
 
 
 def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
-                   read: Any, recipients: list[age.Recipient], *, hidden: bool) -> EncryptResult:
+                   read: Any, recipients: list[age.Recipient], *, hidden: bool,
+                   series: str, generation: int,
+                   history: list[dict[str, Any]]) -> EncryptResult:
     """Write the private cube (ciphertexts, manifest, public lock, cubepack.yaml and card) in a
-    staging folder beside ``cube`` and swap it in. ``read(clear name)`` gives each plaintext."""
+    staging folder beside ``cube`` and swap it in. ``read(clear name)`` gives each plaintext.
+    ``series``, ``generation`` and the recipient ``history`` (ending at it) go into the
+    manifest; the series and generation into the public lock too."""
     staging = atomic.staging_dir(cube, "encrypt")
     try:
+        manifest = age.manifest_bytes(lock_text, names, recipients, series=series,
+                                      generation=generation,
+                                      history=history)  # checked before any file is written
         for cipher, name in sorted(names.items()):
             atomic.write_bytes(resolve_inside(staging, cipher), age.encrypt(read(name),
                                                                             recipients))
-        manifest = age.encrypt(age.manifest_bytes(lock_text, names, recipients), recipients)
-        atomic.write_bytes(staging / fileset.PRIVATE_MANIFEST, manifest)
-        public = _public_lock(staging, lock, names, recipients, hidden=hidden)
+        atomic.write_bytes(staging / fileset.PRIVATE_MANIFEST, age.encrypt(manifest,
+                                                                           recipients))
+        public = _public_lock(staging, lock, names, recipients, hidden=hidden,
+                              series=series, generation=generation)
         atomic.replace_dir(staging, cube)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return EncryptResult(cube_dir=cube, digest=public["digest"],
                          recipients=sorted(r.text for r in recipients),
-                         ciphertexts=len(names), hidden_names=hidden, signed_with=None)
+                         ciphertexts=len(names), hidden_names=hidden, signed_with=None,
+                         series=series, generation=generation)
 
 
 def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
-                 recipients: list[age.Recipient], *, hidden: bool) -> dict[str, Any]:
+                 recipients: list[age.Recipient], *, hidden: bool, series: str,
+                 generation: int) -> dict[str, Any]:
     """The public files of a private cube: cubepack.yaml (pins, and which ciphertext holds
     which kind of memory), the card and the version-5 lock. Nothing here is a plaintext's
     digest, text, id (beyond the names when they are not hidden) or vector."""
@@ -117,7 +141,7 @@ def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
                              "activations": len(lock["activations"]),
                              "adapters": len(lock.get("adapters") or {}),
                              "recipients": len(recipients)},
-                  "hidden_names": hidden}
+                  "hidden_names": hidden, "series": series, "generation": generation}
     draft = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
                                 activations={}, cubepack_version=__version__,
                                 encryption=encryption)
@@ -353,6 +377,43 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
                           digests=digests)
 
 
+def recipient_stanzas(cube: Path,
+                      public_lock: dict[str, Any]) -> dict[str, tuple[int, list[str]]]:
+    """Each ciphertext of the private cube at ``cube`` (the manifest included) -> how many
+    recipient stanzas its age header holds, and the types of any other stanza that is not
+    grease (see :func:`cubepack.trust._age.recipient_stanzas`). Read without a key.
+
+    Raises:
+        FormatError: a file that is not an age file, or a malformed header.
+    """
+    section = public_lock["encryption"]
+    return {name: age.recipient_stanzas(_header_bytes(resolve_inside(cube, name)), name)
+            for name in [*section["ciphertexts"], section["manifest"]]}
+
+
+#: The most of a ciphertext read looking for its age header (~98 bytes a recipient: a
+#: header of 170,000 recipients), so a file without one is never read whole into memory.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+
+def _header_bytes(path: Path) -> bytes:
+    """The start of the age file at ``path`` up to past its header's MAC line: a header is
+    read, never a ciphertext of gigabytes (at most :data:`MAX_HEADER_BYTES`)."""
+    with open_regular(path) as handle:
+        data = handle.read(64 * 1024)
+        while True:
+            end = data.find(b"\n--- ")
+            if end >= 0 and data.find(b"\n", end + 5) >= 0:
+                return data
+            more = handle.read(min(len(data), MAX_HEADER_BYTES - len(data)))
+            if not more:
+                if len(data) >= MAX_HEADER_BYTES:
+                    raise FormatError(f"{path.name} has no age header in its first "
+                                      f"{MAX_HEADER_BYTES // (1024 * 1024)} MiB.")
+                return data
+            data += more
+
+
 def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any]) -> None:
     """The public lock says of the clear cube only what the clear lock says: the cube id, the
     pins (without vectors records), the counts."""
@@ -368,6 +429,11 @@ def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any
                   "adapters": len(lock.get("adapters") or {}),
                   "recipients": len(manifest["recipients"])}:
         problems.append("counts")
+    # A version-1 manifest has neither, and only a version-1 public lock may say none.
+    if lockfile.series(public) != manifest["series"]:
+        problems.append("series")
+    if lockfile.generation(public) != manifest["generation"]:
+        problems.append("generation")
     if problems:
         raise IntegrityError(f"The public lock and the private manifest disagree on "
                              f"{', '.join(problems)}: the public lock was changed. Do not load "

@@ -43,6 +43,7 @@ from ..memory._embedder import embed
 from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
 from ..memos_format._layout import memos_config_problems
 from ..trust import _age as age
+from ..trust import _generation as generations
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
 from ..trust._evidence import (
     ASSERTED,
@@ -58,7 +59,7 @@ from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
 from ._embedder_check import embedder_checks
-from ._private import is_private, open_private
+from ._private import is_private, open_private, recipient_stanzas
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
 
@@ -130,15 +131,17 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             _check_signature(report, policy)
             _check_attestation(report, lock, policy)
             checkpoint("the signature and attestations")
+            if is_private(lock):
+                _check_public_private(report, lock, policy)
             failed_trust = sorted({c.name for c in report.checks
                                    if c.name in _TRUST_CHECKS and c.ok is False})
             if is_private(lock) and decrypt_with is not None and failed_trust:
                 # SECURITY.md: refused before anything is decrypted. The sender the policy
-                # asked to authenticate was not: the reader's key never opens their bytes.
+                # asked to authenticate was not (or sent an older revision, or other
+                # readers): the reader's key never opens their bytes.
                 report.add("private", "*", None,
-                           f"not decrypted: the {' and '.join(failed_trust)} check the policy "
-                           "requires failed, so nothing in the cube was opened with "
-                           f"{Path(decrypt_with).name}.")
+                           f"not decrypted: the {' and '.join(failed_trust)} check failed, so "
+                           f"nothing in the cube was opened with {Path(decrypt_with).name}.")
             elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
             elif lock["lock_version"] == 1:
@@ -152,10 +155,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
              "embedder": bool(policy.embedder)}
     report.finish(reason, [name for name, wanted in asked.items() if wanted])
     if lock is not None and is_private(lock):
-        for check in report.checks:  # what anyone can check, beside what the key opened
-            check.scope = check.scope or "public"
-        # Two parts, each in the checks' own order: the public pass, then the decrypted one.
-        report.checks.sort(key=lambda check: check.scope == "decrypted")
+        report.group_scopes()  # the public pass, then the decrypted one
     if raise_on_failure and not report.ok:
         raise VerificationFailed(report)
     return report
@@ -189,8 +189,44 @@ def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy
 
 #: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
 _PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
-#: Checks of who sent the cube: when one the policy required fails, nothing is decrypted.
-_TRUST_CHECKS = ("signature", "attestation", "lineage")
+#: Checks of who sent the cube, and which revision to which readers: when one fails, nothing
+#: is decrypted.
+_TRUST_CHECKS = ("signature", "attestation", "lineage", "recipients", generations.CHECK)
+#: How a verify's record of a generation says where it was seen.
+SEEN_HERE = "in a verify or pull on this machine"
+
+
+def _check_public_private(report: VerifyReport, lock: dict[str, Any],
+                          policy: TrustPolicy) -> None:
+    """What anyone can check of a private cube's readers and revision, without a key: every
+    ciphertext's age header names as many recipients as the public lock counts (a reader
+    added to, or removed from, the files is seen), and its signed generation is not older
+    than one this user has seen (a replay)."""
+    expected = lock["encryption"]["counts"]["recipients"]
+    try:
+        stanzas = recipient_stanzas(report.cube_dir, lock)
+    except CubepackError as exc:
+        report.add("recipients", "*", False, str(exc))
+    else:
+        wrong: dict[tuple[int, tuple[str, ...]], list[str]] = {}
+        for name, (count, others) in sorted(stanzas.items()):
+            if count != expected or others:
+                wrong.setdefault((count, tuple(others)), []).append(name)
+        for (count, others), names in sorted(wrong.items()):
+            more = f" and {len(names) - 1} more ciphertext(s)" if len(names) > 1 else ""
+            report.add("recipients", names[0] + more, False,
+                       f"{'their' if more else 'its'} age header names other readers than the "
+                       "public lock counts"
+                       + (f" (and stanzas of a kind cubepack never writes: "
+                          f"{', '.join(others)})" if others else "")
+                       + ": someone added or removed a reader, or changed the count",
+                       expected, count)
+        if not wrong:
+            report.add("recipients", "*", True, f"every ciphertext's age header names "
+                       f"{expected} recipient(s), as the public lock counts them (who they "
+                       "are is not public for age keys)")
+    report.checks.append(generations.seen_check(lock, report.signed_by,
+                                                list(policy.trusted_keys), where=SEEN_HERE))
 
 
 def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,

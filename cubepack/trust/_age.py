@@ -39,9 +39,16 @@ from . import _age_stream as _stream
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
 #: The private manifest's format and version (the plaintext of ``cubepack.manifest.age``).
+#: Version 2 (issue #37) adds the cube's ``series`` and ``generation`` (as its public lock
+#: states them) and the recipient ``history``: who each generation added and removed, so a
+#: rekey can say whom it would re-add. Version 1 is still read (no series, generation, history).
 MANIFEST_FORMAT = "cubepack.private-manifest"
-MANIFEST_VERSION = 1
-MANIFEST_KEYS = frozenset({"format", "version", "lock", "names", "recipients"})
+MANIFEST_VERSION = 2
+MANIFEST_VERSIONS = (1, 2)
+MANIFEST_KEYS_V1 = frozenset({"format", "version", "lock", "names", "recipients"})
+MANIFEST_KEYS = MANIFEST_KEYS_V1 | {"series", "generation", "history"}
+#: One entry of the recipient history: the generation, and the recipients it added and removed.
+HISTORY_KEYS = frozenset({"generation", "added", "removed"})
 _MAX_IDENTITY_BYTES = 1024 * 1024
 _MAX_RECIPIENTS_FILE = 1024 * 1024
 
@@ -231,6 +238,31 @@ def decrypt_to(data: Any, identities: list[Any], what: str,
                            "damaged or was tampered with).") from None
 
 
+#: The age stanza types of the recipients cubepack encrypts to (age X25519 keys, SSH keys).
+RECIPIENT_STANZAS = frozenset({b"X25519", b"ssh-ed25519", b"ssh-rsa"})
+#: How the random "grease" stanzas the age crate (pyrage) adds to a header end their type:
+#: no identity opens one, so it names no recipient.
+GREASE_SUFFIX = b"-grease"
+
+
+def recipient_stanzas(data: Any, what: str) -> tuple[int, list[str]]:
+    """How many recipient stanzas the age header of the file ``data`` holds (one a recipient
+    per file: age X25519, ssh-ed25519, ssh-rsa), and the types of any other stanza that is not
+    grease (a type cubepack never writes, e.g. a plugin's or a passphrase's), shown quoted.
+    Read without a key: anyone can count a file's readers (not who they are).
+
+    Raises:
+        FormatError: not an age file, or a malformed header.
+    """
+    if bytes(data[:len(_ARMOR_BEGIN) + 8]).lstrip().startswith(_ARMOR_BEGIN):
+        data = _dearmor(data, what)
+    stanzas = _stream._parse_header(data, what)[0]
+    types = [args[0] if args else b"" for args, _ in stanzas]
+    others = [repr(kind.decode("ascii", "replace"))[:40] for kind in types
+              if kind not in RECIPIENT_STANZAS and not kind.endswith(GREASE_SUFFIX)]
+    return sum(kind in RECIPIENT_STANZAS for kind in types), others
+
+
 _ARMOR_BEGIN = b"-----BEGIN AGE ENCRYPTED FILE-----"
 _ARMOR_END = b"-----END AGE ENCRYPTED FILE-----"
 
@@ -261,16 +293,23 @@ def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:
         "cube's owner to add your public key (cubepack rekey --add).")
 
 
-def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient]) -> bytes:
+def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient], *,
+                   series: str, generation: int, history: list[dict[str, Any]]) -> bytes:
     """The private manifest's plaintext: the clear cube's lock (every plaintext digest), the
-    ciphertext -> clear name map, and the recipients (so a rekey knows whom to keep)."""
-    return canonical.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                            "lock": lock_text, "names": dict(sorted(names.items())),
-                            "recipients": sorted(r.text for r in recipients)}).encode("utf-8")
+    ciphertext -> clear name map, the recipients (so a rekey knows whom to keep), the cube's
+    generation and its recipient history (each generation's added and removed recipients)."""
+    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "lock": lock_text,
+                "names": dict(sorted(names.items())),
+                "recipients": sorted(r.text for r in recipients), "series": series,
+                "generation": generation, "history": history}
+    _check_history(manifest)
+    return canonical.dumps(manifest).encode("utf-8")
 
 
 def parse_manifest(data: bytes) -> dict[str, Any]:
-    """Read a decrypted manifest strictly (closed keys, its version). Raises FormatError."""
+    """Read a decrypted manifest strictly (closed keys, its version). A version-1 manifest is
+    returned with ``series`` and ``generation`` None and an empty ``history``. Raises
+    FormatError."""
     try:
         manifest = canonical.loads_strict(data.decode("utf-8"),
                                           object_pairs_hook=canonical.unique_pairs)
@@ -279,11 +318,15 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
             from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError("The private manifest is not a cubepack private manifest.")
-    if manifest.get("version") != MANIFEST_VERSION or type(manifest.get("version")) is not int:
-        raise FormatError(f"The private manifest is version {manifest.get('version')!r}; this "
-                          f"cubepack reads version {MANIFEST_VERSION}. Upgrade cubepack.")
-    if set(manifest) != MANIFEST_KEYS:
-        raise FormatError(f"The private manifest must hold exactly {sorted(MANIFEST_KEYS)}.")
+    version = manifest.get("version")
+    if type(version) is not int or version not in MANIFEST_VERSIONS:
+        raise FormatError(f"The private manifest is version {version!r}; this cubepack reads "
+                          f"versions {MANIFEST_VERSIONS[0]} to {MANIFEST_VERSIONS[-1]}. Upgrade "
+                          "cubepack.")
+    keys = MANIFEST_KEYS if version >= 2 else MANIFEST_KEYS_V1
+    if set(manifest) != keys:
+        raise FormatError(f"The private manifest (version {version}) must hold exactly "
+                          f"{sorted(keys)}.")
     names, recipients = manifest["names"], manifest["recipients"]
     if not (isinstance(manifest["lock"], str) and isinstance(names, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in names.items())
@@ -291,4 +334,29 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
             and len(set(names.values())) == len(names)):
         raise FormatError("The private manifest is malformed (lock text, a one-to-one names map, "
                           "a recipients list).")
+    if version == 1:
+        return {**manifest, "series": None, "generation": None, "history": []}
+    _check_history(manifest)
     return manifest
+
+
+def _check_history(manifest: dict[str, Any]) -> None:
+    """A generation from 1 to 2**53-1; its history one entry a generation that changed the
+    recipients or drew new keys, in increasing order, ending at the cube's own generation,
+    each naming lists of recipients."""
+    generation, history = manifest["generation"], manifest["history"]
+    if not (isinstance(manifest["series"], str) and type(generation) is int
+            and 1 <= generation < 2 ** 53 and isinstance(history, list)
+            and history and all(isinstance(e, dict) and set(e) == HISTORY_KEYS
+                                and type(e["generation"]) is int
+                                and all(isinstance(e[k], list)
+                                        and all(isinstance(r, str) for r in e[k])
+                                        for k in ("added", "removed"))
+                                for e in history)):
+        raise FormatError("The private manifest's series, generation or recipient history is "
+                          "malformed (a string; a positive integer; a list of {generation, "
+                          "added, removed}).")
+    numbers = [entry["generation"] for entry in history]
+    if numbers != sorted(set(numbers)) or numbers[-1] != generation or numbers[0] < 1:
+        raise FormatError("The private manifest's recipient history must run in increasing "
+                          f"generations up to its own ({generation}).")

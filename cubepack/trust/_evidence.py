@@ -52,7 +52,8 @@ CHECK_BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVE
                "adapter": CLAIMED, "adapter base": PROVED, "cube config": CLAIMED,
                "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
                "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
-               "provenance": CLAIMED, "embedder": PROVED, "private": PROVED}
+               "provenance": CLAIMED, "embedder": PROVED, "private": PROVED,
+               "recipients": PROVED, "replay": SIGNED}
 
 
 def check_basis(name: str) -> Basis:

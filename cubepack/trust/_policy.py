@@ -234,6 +234,14 @@ HONOURED: dict[str, tuple[frozenset[str], str]] = {
                      "a prompt cache alone carries no signature, lineage, pins or provenance: "
                      "verify its cube first; the MLX load proves the cache with the model given "
                      "(recompute=True)."),
+    "encrypt": (frozenset({"trusted_keys", "require_signature"}),
+                "encrypt checks who signed the clear cube it encrypts (trusted_keys, "
+                "require_signature); to prove more of it (models, recomputation, provenance, "
+                "the embedder), verify it first with that policy (cubepack verify)."),
+    "rekey": (frozenset({"trusted_keys", "require_signature"}),
+              "rekey checks who signed the private cube it re-encrypts (trusted_keys, "
+              "require_signature); to prove more of it, verify it first with that policy and "
+              "its identity (cubepack verify --identity KEY)."),
     "the MemOS hook": (_ALL - {"model", "embedder"},
                        "the hook checks the model and the embedder MemOS loads (the cube's "
                        "config.json names them); to check another, verify the cube first "

@@ -15,12 +15,13 @@ from ..trust._evidence import Basis, Signed, check_basis
 #: Every check a verification runs, in order; a report lists each (those not run are marked so).
 CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
           "kv checksums", "adapter", "cube config", "signature", "attestation", "lineage",
-          "private", "model identity", "adapter base", "remote model", "recompute", "provenance",
-          "embedder")
+          "recipients", "replay", "private", "model identity", "adapter base", "remote model",
+          "recompute", "provenance", "embedder")
 #: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
-#: LoRA adapters; ``adapter base``: and a base model at hand; ``private``: a private cube).
-OPTIONAL = ("adapter", "adapter base", "lineage", "private", "remote model", "recompute",
-            "provenance", "embedder")
+#: LoRA adapters; ``adapter base``: and a base model at hand; ``recipients``, ``replay``,
+#: ``private``: a private cube).
+OPTIONAL = ("adapter", "adapter base", "lineage", "recipients", "replay", "private",
+            "remote model", "recompute", "provenance", "embedder")
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -121,6 +122,13 @@ class VerifyReport:
                 self.add(name, "*", None, reason)
         self.checks.sort(key=lambda check: CHECKS.index(check.name)
                          if check.name in CHECKS else len(CHECKS))
+
+    def group_scopes(self) -> None:
+        """A private cube's report in two parts, each in the checks' own order: what anyone
+        can check (every check without a scope is one of those), then what the key opened."""
+        for check in self.checks:
+            check.scope = check.scope or "public"
+        self.checks.sort(key=lambda check: check.scope == "decrypted")
 
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "ok": self.ok,

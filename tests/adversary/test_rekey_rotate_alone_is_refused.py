@@ -23,7 +23,8 @@ def test_rekey_rotate_rotates_with_the_same_recipients(packed, tmp_path):
     cube = private_copy(packed, tmp_path / "cube", [keys["alice"][1]])
     before = (cube / fileset.PRIVATE_MANIFEST).read_bytes()
     env = {k: v for k, v in os.environ.items() if k != "CUBEPACK_IDENTITY"}
-    done = cli_in_process(["rekey", cube, "--identity", keys["alice"][0], "--rotate"], env=env,
-                          cwd=tmp_path)
+    # Issue #37: an unsigned cube's own recipient list is not kept unnamed: --to names it.
+    done = cli_in_process(["rekey", cube, "--identity", keys["alice"][0], "--rotate", "--to",
+                           keys["alice"][1]], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (cube / fileset.PRIVATE_MANIFEST).read_bytes() != before  # new file keys

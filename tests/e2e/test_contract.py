@@ -236,8 +236,10 @@ def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path,
     assert one_json(run("encrypt", private, "--to", recipient, "--json"))["ciphertexts"]
     (tmp_path / "second").mkdir()
     _, other = _age_key(tmp_path / "second")
-    rekeyed = one_json(run("rekey", private, "--add", other, "--identity", reader, "--json"))
-    assert rekeyed["added"] == [other]
+    # Unsigned: rekey takes the recipients from the user (--to), never from the cube.
+    rekeyed = one_json(run("rekey", private, "--to", recipient, "--to", other, "--identity",
+                           reader, "--json"))
+    assert rekeyed["added"] == [other] and rekeyed["generation"] == 2
     pushed = one_json(run("push", cube, "ns/cube", "--allow-local-paths", "--json"))
     pulled = one_json(run("pull", f"ns/cube@{pushed['commit_sha']}", "--local-dir",
                           tmp_path / "pulled", "--trusted-key", public, "--json"))

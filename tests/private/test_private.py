@@ -33,8 +33,10 @@ def test_every_file_becomes_a_ciphertext_and_the_lock_lists_them(packed, tmp_pat
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     assert lock["lock_version"] == 5 and lock["activations"] == {}
     section = lock["encryption"]
-    assert section["version"] == 1 and section["counts"]["activations"] == len(
+    assert section["version"] == 2 and section["counts"]["activations"] == len(
         clear_lock["activations"])
+    assert section["generation"] == 1  # encrypt starts it; each rekey adds one
+    assert len(section["series"]) == 32  # which private cube this is: encrypt draws it
     expected = {name + ".age" for name in [*clear_lock["files"], constants.LOCK_FILENAME]}
     assert set(section["ciphertexts"]) == expected
     on_disk = {p.relative_to(cube).as_posix() for p in cube.rglob("*") if p.is_file()}
@@ -137,29 +139,46 @@ def test_a_signed_cube_refuses_a_swapped_ciphertext(packed, tmp_path, agekeys):
 
 
 def test_rekey_adds_and_removes_recipients(packed, tmp_path, agekeys):
-    cube = private_copy(packed, tmp_path, agekeys, "alice")
+    pytest.importorskip("model_signing")
+    owner, owner_pub = make_key(tmp_path, "owner")
+    cube = private_copy(packed, tmp_path, agekeys, "alice", sign_key=owner)
+    # The cube's own recipients are kept only when a trusted key signed them.
     result = rekey(cube, agekeys["alice"][0], add=[agekeys["bob"][1]],
-                   remove=[agekeys["alice"][1]])
+                   remove=[agekeys["alice"][1]], trusted_keys=[owner_pub])
     assert result.added == [agekeys["bob"][1]] and result.signed_with is None
+    assert result.removed == [agekeys["alice"][1]] and result.generation == 2
     assert cubepack.verify(cube, decrypt_with=agekeys["bob"][0]).ok
     report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0], raise_on_failure=False)
     assert not report.ok
+    # Unsigned now: only a rekey naming every recipient (--to) is accepted.
+    result = rekey(cube, agekeys["bob"][0], to=[agekeys["bob"][1], agekeys["alice"][1]])
+    assert result.added == [agekeys["alice"][1]] and result.generation == 3
+    assert result.readded == [{"recipient": agekeys["alice"][1], "removed_at": 2}]
+    with pytest.raises(UsageError, match="--to names every recipient"):
+        rekey(cube, agekeys["bob"][0], to=[agekeys["bob"][1]], add=[agekeys["alice"][1]])
+    signed = private_copy(packed, tmp_path / "signed", agekeys, "bob", sign_key=owner)
     with pytest.raises(UsageError, match="nobody can open"):
-        rekey(cube, agekeys["bob"][0], remove=[agekeys["bob"][1]])
+        rekey(signed, agekeys["bob"][0], remove=[agekeys["bob"][1]], sign_key=owner)
 
 
 def test_rekey_that_changes_no_recipient_writes_nothing(packed, tmp_path, agekeys):
     """Adding a recipient the cube already has would rewrite every file (and re-upload the
     whole cube on the next push) for nothing: refused, the cube untouched; --rotate is the way
     to new file keys for the same readers."""
-    cube = private_copy(packed, tmp_path, agekeys, "alice")
+    pytest.importorskip("model_signing")
+    owner, owner_pub = make_key(tmp_path, "owner")
+    cube = private_copy(packed, tmp_path, agekeys, "alice", sign_key=owner)
+    trusted = {"trusted_keys": [owner_pub]}
     before = {p.relative_to(cube): p.read_bytes() for p in cube.rglob("*") if p.is_file()}
     with pytest.raises(UsageError, match=r"1 recipient\(s\) would stay as they are.*--rotate"):
-        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]])
+        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], **trusted)
     with pytest.raises(UsageError, match="would stay as they are"):  # add and remove the same
-        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], remove=[agekeys["alice"][1]])
+        rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]],
+              remove=[agekeys["alice"][1]], **trusted)
+    with pytest.raises(UsageError, match="would stay as they are"):  # the same set, named
+        rekey(cube, agekeys["alice"][0], to=[agekeys["alice"][1]])
     assert {p.relative_to(cube): p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
-    rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], rotate=True)
+    rekey(cube, agekeys["alice"][0], add=[agekeys["alice"][1]], rotate=True, **trusted)
     assert (cube / fileset.PRIVATE_MANIFEST).read_bytes() != before[Path(fileset.PRIVATE_MANIFEST)]
 
 
@@ -177,7 +196,7 @@ def test_rekey_re_signs_only_a_signature_it_can_check(packed, tmp_path, agekeys)
     assert result.signed_with == str(other)
     assert cubepack.verify(cube, trusted_keys=[other_pub]).ok
     rekey(cube, agekeys["alice"][0], rotate=True, sign_key=other)  # its own signature: fine
-    rekey(cube, agekeys["alice"][0], rotate=True)  # unsigned now
+    rekey(cube, agekeys["alice"][0], rotate=True, trusted_keys=[other_pub])  # unsigned now
     with pytest.raises(SignatureError, match="unsigned"):
         rekey(cube, agekeys["alice"][0], rotate=True, sign_key=other)
 
@@ -212,7 +231,8 @@ def test_a_private_lock_holds_nothing_private_in_clear():
     vectors = {"e": {"name": "e", "vectors": {"file": "v", "dimension": 1, "count": 1,
                                               "sample": ["secret-id"]}}}
     for bad in (dict(models=vectors), dict(lineage={"parent": {}}),
-                dict(encryption={**encryption, "version": 2}),
+                dict(encryption={**encryption, "version": 3}),
+                dict(encryption={**encryption, "version": 2}),  # and no generation
                 dict(files={**files, "b.age": {"sha256": "2" * 64, "size": 1}})):
         arguments = dict(cube_id="x/y", files=files, models={}, activations={},
                          cubepack_version="t", encryption=encryption) | bad
@@ -279,3 +299,68 @@ def test_cubepacks_own_writers_never_write_a_private_memory_in_clear(packed, tmp
         assert "private" in done.stderr or "age-encrypted" in done.stderr, (name, done.stderr)
         assert not list(tmp_path.glob("out*")), name
     assert {p: p.read_bytes() for p in cube.rglob("*") if p.is_file()} == before
+
+
+def written_before_generations(cube, recipients):
+    """``cube`` (private) rewritten as a cubepack of issue #32 wrote it: a version-1 manifest
+    (no generation, no history) and a version-1 encryption section, the lock re-sealed."""
+    import hashlib
+
+    from cubepack._util import canonical
+    from cubepack.format import _lock as lockfile
+    from cubepack.trust import _age as age
+
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    name = lock["encryption"]["manifest"]
+    manifest = json.loads(bytes(age.decrypt((cube / name).read_bytes(), age.load_identities(
+        recipients[0][0]), name)))
+    old = {key: manifest[key] for key in ("format", "lock", "names", "recipients")}
+    data = bytes(age.encrypt(canonical.dumps({**old, "version": 1}).encode(),
+                             age.parse_recipients([public for _, public in recipients])))
+    (cube / name).write_bytes(data)
+    lock["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    section = {key: value for key, value in lock["encryption"].items()
+               if key not in ("series", "generation")}
+    (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(lockfile.build_lock(
+        cube_id=lock["cube_id"], files=lock["files"], models=lock["models"], activations={},
+        cubepack_version=lock["cubepack_version"], encryption={**section, "version": 1})))
+    return lock
+
+
+def test_a_private_cube_from_before_generations_is_still_read_and_rekeyed_into_one(
+        packed, tmp_path, agekeys):
+    cube = private_copy(packed, tmp_path, agekeys, "alice")
+    written_before_generations(cube, [agekeys["alice"]])
+    report = cubepack.verify(cube)
+    [replay] = [c for c in report.checks if c.name == "replay"]
+    assert report.ok and replay.ok is None and "before private cubes had generations" in \
+        replay.detail
+    assert cubepack.verify(cube, decrypt_with=agekeys["alice"][0]).ok
+    with open_private(cube, agekeys["alice"][0]) as opened:
+        assert opened.manifest["generation"] is None and opened.manifest["history"] == []
+    result = rekey(cube, agekeys["alice"][0], to=[agekeys["alice"][1], agekeys["bob"][1]])
+    assert result.generation == 1 and result.added == [agekeys["bob"][1]]
+    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    assert lock["encryption"]["version"] == 2 and lock["encryption"]["generation"] == 1
+    with open_private(cube, agekeys["bob"][0]) as opened:
+        assert opened.manifest["history"] == [{"generation": 1, "added": [agekeys["bob"][1]],
+                                               "removed": []}]
+
+
+def test_a_version_2_lock_over_a_version_1_manifest_is_refused(packed, tmp_path, agekeys):
+    """The generation the public lock states is the one the encrypted manifest records: a
+    lock claiming a generation over a manifest without one (or another) is refused."""
+    cube = private_copy(packed, tmp_path, agekeys, "alice")
+    lock = written_before_generations(cube, [agekeys["alice"]])
+    from cubepack.format import _lock as lockfile
+
+    current = json.loads((cube / constants.LOCK_FILENAME).read_text())
+    (cube / constants.LOCK_FILENAME).write_text(lockfile.dumps(lockfile.build_lock(
+        cube_id=current["cube_id"], files=current["files"], models=current["models"],
+        activations={}, cubepack_version=current["cubepack_version"],
+        encryption={**current["encryption"], "version": 2, "series": "0" * 32,
+                    "generation": 7})))
+    assert lock["encryption"]["generation"] == 1
+    report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0], raise_on_failure=False)
+    [private] = [c for c in report.checks if c.name == "private"]
+    assert private.ok is False and "series, generation" in private.detail, private

@@ -132,8 +132,7 @@ def test_push_pull_verify_and_rekey_on_the_endpoint_leave_no_plaintext_on_disk(
                  decrypt_with=agekeys["mallory"][0])
         assert not (tmp_path / "wrong").exists()
         # Rekey the pulled copy to bob, push it, pull it again with bob's key.
-        rekey(target, agekeys["alice"][0], add=[agekeys["bob"][1]],
-              remove=[agekeys["alice"][1]])
+        rekey(target, agekeys["alice"][0], to=[agekeys["bob"][1]])  # unsigned: named
         again = push(target, "ns/private", endpoint=hub.url, token=HUB_TOKEN,
                      allow_local_paths=True)
         final = pull(f"ns/private@{again.commit_sha}", endpoint=hub.url, token=HUB_TOKEN,
@@ -194,8 +193,13 @@ def test_the_cli_packs_encrypts_verifies_and_rekeys(packed, tmp_path, agekeys):
     text = cli_in_process(["verify", cube], env=env, cwd=tmp_path).stdout
     public, decrypted = text.index("-- public:"), text.index("-- decrypted in memory:")
     assert public < text.index("sha256") < decrypted < text.rindex("sha256"), text
+    # Unsigned: its recipient list is whoever wrote it last's; rekey keeps none of it unnamed.
     done = cli_in_process(["rekey", cube, "--add", agekeys["bob"][1]], env=env, cwd=tmp_path)
+    assert done.returncode == 1 and "--to RECIPIENT" in done.stderr, done.stdout + done.stderr
+    done = cli_in_process(["rekey", cube, "--to", agekeys["alice"][1], "--to", agekeys["bob"][1]],
+                          env=env, cwd=tmp_path)
     assert done.returncode == 0 and "unsigned" in done.stdout, done.stdout + done.stderr
+    assert "generation 2" in done.stdout
     recipients = tmp_path / "keys.txt"  # a GitHub-style keys file: one key a line
     recipients.write_text(f"{agekeys['alice'][1]}\n# a comment\n")
     done = cli_in_process(["encrypt", cube, "--to", recipients], env=env, cwd=tmp_path)

@@ -270,11 +270,14 @@ def as_new_process(*, env: dict[str, str], cwd):
     environment (its endpoint, cache, Xet and offline switches); all restored afterwards."""
     import os
 
-    from huggingface_hub import constants
+    from huggingface_hub import constants, file_download
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved = {name: getattr(constants, name) for name in (*_HUB_SETTINGS.values(),
                                                           "HUGGINGFACE_CO_URL_TEMPLATE")}
+    # huggingface_hub 0.36's file_download keeps its own copy of the URL template (imported by
+    # name): a new process derives both from HF_ENDPOINT.
+    template = getattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", None)
     try:
         os.environ.clear()
         os.environ.update(env)
@@ -289,9 +292,13 @@ def as_new_process(*, env: dict[str, str], cwd):
             setattr(constants, name, value)
         constants.HUGGINGFACE_CO_URL_TEMPLATE = \
             constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}"
+        if template is not None:
+            file_download.HUGGINGFACE_CO_URL_TEMPLATE = constants.HUGGINGFACE_CO_URL_TEMPLATE
         os.chdir(cwd)
         yield
     finally:
+        if template is not None:
+            file_download.HUGGINGFACE_CO_URL_TEMPLATE = template
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)

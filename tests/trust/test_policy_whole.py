@@ -30,7 +30,7 @@ def policy_setting(field, key):
 def test_every_field_has_a_value_and_every_consumer_an_entry():
     assert set(VALUES) | {"trusted_keys"} == {f.name for f in fields(TrustPolicy)}
     assert set(HONOURED) == {"verify", "pull", "migrate", "load_adapter", "load_kv_cache",
-                             "the MLX load", "the MemOS hook"}
+                             "the MLX load", "the MemOS hook", "encrypt", "rekey"}
 
 
 @pytest.mark.parametrize("consumer", sorted(HONOURED))
