@@ -27,7 +27,7 @@ from helpers import make_key
 from memos_live import cube_config, llm
 
 SECRET = "zqxj-private-marker: the user's locker code is 7319"
-OTHER = "He likes green tea."
+OTHER = "She keeps bees on the roof."  # not another test's text: caches are known by content
 
 # --- the sweep: every MemOS function that writes a file ------------------------------------------
 
