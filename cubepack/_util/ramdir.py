@@ -178,6 +178,21 @@ def anonymous_memory(size: int) -> mmap.mmap | bytearray:
     return memory
 
 
+def writable_map(fd: int, size: int) -> mmap.mmap | bytearray:
+    """A shared, writable map of the first ``size`` bytes of the file ``fd`` (grown to
+    ``size``), kept out of core dumps while it lives: for a decryption that writes a RAM
+    folder's file, or a memory file, in place, so the plaintext never passes through the
+    heap. An empty bytearray for 0 bytes (there is no empty map)."""
+    os.ftruncate(fd, size)
+    if size == 0:
+        return bytearray()
+    memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    if hasattr(mmap, "MADV_DONTDUMP") and hasattr(memory, "madvise"):
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_DONTDUMP)
+    return memory
+
+
 def empty_memory_file(name: str, size: int) -> int:
     """An anonymous in-memory file of ``size`` zero bytes (its fd), for a writer that maps it.
 

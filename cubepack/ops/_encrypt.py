@@ -14,7 +14,7 @@ from ..errors import IntegrityError, UsageError
 from ..format import _fileset as fileset
 from ..trust import _age as age
 from ..trust._signing import check_key, check_resigning
-from ._private import EncryptResult, is_private, open_private, write_private
+from ._private import EncryptResult, is_private, mapped_plaintext, open_private, write_private
 from ._sign import sign
 from ._verify import verify
 
@@ -138,7 +138,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         # The staging folder holds no signing files: the old signature, which cannot cover
         # the new ciphertexts, goes with the swap (and comes back only with sign_key).
         result = write_private(cube, opened.lock, opened.manifest["lock"], names,
-                                lambda name: resolve_inside(folder, name).read_bytes(),
+                                lambda name: mapped_plaintext(resolve_inside(folder, name)),
                                 list(kept.values()),
                                 hidden=opened.public_lock["encryption"]["hidden_names"])
     result.added = sorted(r.text for r in added if r.text not in current)
