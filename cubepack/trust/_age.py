@@ -16,8 +16,8 @@ writes them) or one OpenSSH/PEM private key (ed25519 or RSA), passphrase-protect
 The passphrase of a protected key comes from :func:`unlock_identity` (the Python API), else
 ``$CUBEPACK_IDENTITY_PASSPHRASE`` (scripts), else a prompt on the terminal (``/dev/tty``,
 never echoed, as ssh and age ask); with none of them, the key is refused naming all three.
-An unlocked key is kept for the process's life (keyed by the file's inode and mtime), so one
-command asks once.
+An SSH key, once read (unlocked), is kept for the process's life (keyed by the file's inode
+and mtime: a changed file is read again), so one command asks once.
 
 Every error here names the file, never its bytes; an identity file's content and a
 passphrase are never echoed.
@@ -118,7 +118,7 @@ def identity_path(path: str | os.PathLike[str] | None) -> Path | None:
     return Path(chosen) if chosen is not None else None
 
 
-#: Unlocked passphrase-protected keys: (device, inode, mtime, size) -> identities.
+#: SSH keys read (passphrase-protected ones unlocked): (device, inode, mtime, size) -> them.
 _UNLOCKED: dict[tuple[int, int, int, int], list[Any]] = {}
 _UNLOCKING = threading.Lock()
 
@@ -258,8 +258,10 @@ def load_identities(path: str | os.PathLike[str]) -> list[Any]:
         identity = _ssh_key(data, path, None)
         if identity is None:
             identity = _ssh_key(data, path, _passphrase(path))
-            with _UNLOCKING:
-                _UNLOCKED[_file_key(info)] = [identity]
+        # Kept, as an unlocked key is: reading an RSA key checks it (~0.1 s for 3072 bits),
+        # and one load opens the identity file two or three times.
+        with _UNLOCKING:
+            _UNLOCKED[_file_key(info)] = [identity]
         return [identity]
     identities = [_x25519_identity(line.strip(), path)
                   for line in data.decode("utf-8", errors="replace").splitlines()

@@ -157,6 +157,10 @@ def test_where_a_passphrase_comes_from(keys, tmp_path, monkeypatch):
     monkeypatch.delenv(age.PASSPHRASE_ENV)
     age.unlock_identity(path, PASSPHRASE)  # the Python API: as ssh-add, for the process
     assert bytes(age.decrypt(ciphertext, age.load_identities(path), "f")) == b"secret"
+    info = path.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))  # the file changed:
+    with pytest.raises(UsageError, match=age.PASSPHRASE_ENV):  # read, and asked, again
+        age.load_identities(path)
     with pytest.raises(UsageError, match="not passphrase-protected"):
         age.unlock_identity(keys["ssh-ed25519"][0], "x")
 
