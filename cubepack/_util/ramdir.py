@@ -4,7 +4,7 @@ Three places:
 
 - :func:`anonymous_memory`: a private anonymous mapping, for a reader that takes a buffer
   (``load_kv_cache``: its tensors view it, zero-copy); the fastest of the three to fill;
-- :func:`memory_file`: one anonymous file (``memfd_create``): it has no name in any file
+- :func:`empty_memory_file`: one anonymous file (``memfd_create``): it has no name in any file
   system, is reached through ``/proc/self/fd/N`` by readers that want a path (safetensors
   maps it, zero-copy), and is freed when the last reference (fd or mapping) goes away, even
   if the process is killed;
@@ -227,10 +227,15 @@ def anonymous_memory(size: int) -> mmap.mmap | bytearray:
     if size == 0:
         return bytearray()
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    for advice in ("MADV_HUGEPAGE", "MADV_DONTDUMP"):
-        if hasattr(mmap, advice) and hasattr(memory, "madvise"):
+    return _advised(memory, "MADV_HUGEPAGE", "MADV_DONTDUMP")
+
+
+def _advised(memory: mmap.mmap, *advice: str) -> mmap.mmap:
+    """``memory`` given each ``advice`` this system has (out of core dumps: MADV_DONTDUMP)."""
+    for name in advice:
+        if hasattr(mmap, name) and hasattr(memory, "madvise"):
             with contextlib.suppress(OSError):  # THP off, or an advice this kernel lacks
-                memory.madvise(getattr(mmap, advice))
+                memory.madvise(getattr(mmap, name))
     return memory
 
 
@@ -242,11 +247,17 @@ def writable_map(fd: int, size: int) -> mmap.mmap | bytearray:
     os.ftruncate(fd, size)
     if size == 0:
         return bytearray()
-    memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-    if hasattr(mmap, "MADV_DONTDUMP") and hasattr(memory, "madvise"):
-        with contextlib.suppress(OSError):
-            memory.madvise(mmap.MADV_DONTDUMP)
-    return memory
+    return _advised(mmap.mmap(fd, size, flags=mmap.MAP_SHARED), "MADV_DONTDUMP")
+
+
+def readable_map(fd: int) -> mmap.mmap | bytes:
+    """The whole file ``fd`` (a RAM folder's), mapped read-only and kept out of core dumps:
+    its tmpfs pages, read in place, not copied into the heap; unmapped with its last
+    reference. Empty bytes for an empty file (there is no empty map)."""
+    if os.fstat(fd).st_size == 0:
+        return b""
+    return _advised(mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ),
+                    "MADV_DONTDUMP")
 
 
 def empty_memory_file(name: str, size: int) -> int:
@@ -266,22 +277,3 @@ def empty_memory_file(name: str, size: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def memory_file(data: bytes, name: str = "cubepack-private") -> tuple[int, Path]:
-    """An anonymous in-memory file holding ``data``: (its fd, a path readers can open). The
-    caller closes the fd; a memory map of it outlives the fd.
-
-    Raises:
-        UnsupportedError: no ``memfd_create`` here (not Linux).
-    """
-    fd = empty_memory_file(name, 0)  # the one place that makes (or refuses) a memory file
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, Path(f"/proc/self/fd/{fd}")

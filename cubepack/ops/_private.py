@@ -34,7 +34,8 @@ from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
-from .._util.ramdir import anonymous_memory, empty_memory_file, ram_folder, writable_map
+from .._util.ramdir import (anonymous_memory, empty_memory_file, ram_folder, readable_map,
+                            writable_map)
 from .._util.safetensors_header import open_regular
 from .._version import __version__
 from ..errors import CubepackError, FormatError, IntegrityError, UsageError
@@ -348,14 +349,7 @@ def mapped_plaintext(path: Path) -> Any:
     """A RAM folder's file, mapped read-only (its tmpfs pages, not a heap copy; kept out of
     core dumps): what rekey re-encrypts. Unmapped when the last reference goes."""
     with open_regular(path) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return b""
-        memory = mmap.mmap(handle.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    if hasattr(mmap, "MADV_DONTDUMP") and hasattr(memory, "madvise"):
-        with contextlib.suppress(OSError):
-            memory.madvise(mmap.MADV_DONTDUMP)
-    return memory
+        return readable_map(handle.fileno())
 
 
 def _decrypt_into_file(data: bytes, identities: list[Any], what: str, target: Path) -> str:

@@ -304,3 +304,25 @@ def test_an_ed25519_recipient_is_its_keys_montgomery_form(keys, monkeypatch):
     recipient = age.parse_recipients([keys["ssh-ed25519"][1]])[0].value
     assert isinstance(identity, agessh.Ed25519Identity)
     assert recipient.public == identity.public and recipient.tag == identity.tag
+
+
+def test_the_cli_opens_a_cube_with_a_passphrase_protected_key(packed, keys, tmp_path):
+    """``cubepack verify --identity KEY`` on a protected key: the passphrase from the
+    variable (a script), and without it (no terminal here) refused, exit 2, naming it."""
+    from helpers import cli_in_process
+
+    from cubepack.ops._encrypt import encrypt
+
+    if _has_terminal():
+        pytest.skip("this process has a terminal: it would be asked")
+    path, recipient, passphrase = keys["ssh-rsa-passphrase"]
+    cube = tmp_path / "cube"
+    shutil.copytree(packed, cube)
+    encrypt(cube, [recipient])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUBEPACK_")}
+    refused = cli_in_process(["verify", cube, "--identity", path], env=env, cwd=tmp_path)
+    assert refused.returncode == 2 and age.PASSPHRASE_ENV in refused.stdout + refused.stderr
+    opened = cli_in_process(["verify", cube, "--identity", path, "--json"],
+                            env={**env, age.PASSPHRASE_ENV: passphrase}, cwd=tmp_path)
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert passphrase not in opened.stdout + opened.stderr
