@@ -96,6 +96,49 @@ def test_a_live_folder_whose_pid_is_no_process_here_is_kept_until_its_holder_die
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _wait_for_the_lock(folder: Path) -> None:
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until no process holds the folder
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+#: The same holder, its pid its own namespace's.
+NAMESPACED = HOLDER.replace("os.getpid = lambda: int(sys.argv[1])\n", "")
+
+
+def test_a_folder_held_in_another_pid_namespace_is_kept_until_its_holder_dies():
+    """The real thing where ``unshare`` may make a PID namespace (root): the holder is pid 1
+    of its own namespace, and its folder's name says so."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--pid", "--fork", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("cannot make a PID namespace here (unshare needs root)")
+    holder = subprocess.Popen([unshare, "--pid", "--fork", "--kill-child", sys.executable, "-c",
+                               NAMESPACED], env=_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    folder = Path(holder.stdout.readline().strip())
+    try:
+        assert folder.name.startswith("cubepack-private-1.")  # pid 1: of its namespace
+        with ramdir.ram_folder():
+            pass
+        assert (folder / "plain.txt").is_file(), "a live RAM folder was removed as stale"
+        holder.kill()  # unshare, and with it (--kill-child) the holder
+        holder.wait()
+        _wait_for_the_lock(folder)  # the holder's SIGKILL lands asynchronously
+        with ramdir.ram_folder():
+            pass
+        assert not folder.exists(), "a stale RAM folder (its holder killed) was kept"
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                                     signal.SIGUSR1, signal.SIGINT],
                          ids=lambda s: signal.Signals(s).name)
