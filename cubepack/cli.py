@@ -335,7 +335,9 @@ def _identity_option() -> Callable[..., Any]:
                         callback=undumpable,
                         help="Identity file opening a private cube (age key or OpenSSH private "
                              "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY); "
-                             "the command then writes no core dump.")
+                             "a protected key's passphrase is asked on the terminal (or "
+                             "CUBEPACK_IDENTITY_PASSPHRASE); the command then writes no core "
+                             "dump.")
 
 
 def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
