@@ -310,7 +310,7 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
     manifest_name = public_lock["encryption"]["manifest"]
     plain = age.decrypt(ciphertext(manifest_name), identities, manifest_name)
     try:
-        manifest = age.parse_manifest(bytes(plain))
+        manifest = age.parse_manifest(plain)
     finally:  # its parsed fields stay (Python objects); the decrypted bytes do not
         plain[:] = bytes(len(plain))
     lock_text = manifest["lock"]
