@@ -267,8 +267,11 @@ def load_identities(path: str | os.PathLike[str]) -> list[Any]:
                   for line in data.decode("utf-8", errors="replace").splitlines()
                   if line.strip().startswith(_SECRET_PREFIX)]
     if not identities:
+        public = (" It holds a public key (a recipient): pass the private key (the SSH key file "
+                  "without .pub, or the age key file).") \
+            if data.lstrip().startswith((b"ssh-", b"age1")) else ""
         raise UsageError(f"Identity file {path} holds no identity: expected AGE-SECRET-KEY-1... "
-                         "lines (age-keygen) or an OpenSSH ed25519/RSA private key.")
+                         f"lines (age-keygen) or an OpenSSH ed25519/RSA private key.{public}")
     return identities
 
 

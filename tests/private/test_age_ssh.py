@@ -326,3 +326,12 @@ def test_the_cli_opens_a_cube_with_a_passphrase_protected_key(packed, keys, tmp_
                             env={**env, age.PASSPHRASE_ENV: passphrase}, cwd=tmp_path)
     assert opened.returncode == 0, opened.stdout + opened.stderr
     assert passphrase not in opened.stdout + opened.stderr
+
+
+def test_a_public_key_given_as_the_identity_is_named_as_such(keys, tmp_path):
+    for kind in ("ssh-ed25519", "x25519"):
+        path = tmp_path / kind
+        path.write_text(keys[kind][1] + "\n")
+        os.chmod(path, 0o600)
+        with pytest.raises(UsageError, match="holds a public key"):
+            age.load_identities(path)
