@@ -1,7 +1,9 @@
 """Benchmark: a private cube's KV cache, decrypted in memory and loaded, against MemOS's
 plaintext ``pickle.load`` of the same cache; then age encryption and decryption throughput,
-cubepack (its native X25519 path, and pyrage, the age Rust crate, which SSH keys take)
-against Debian's ``age`` CLI (Go) on the same file.
+cubepack (native for every identity type since issue #37; pyrage, the age Rust crate, which
+SSH keys took before, for comparison) against Debian's ``age`` CLI (Go) on the same file; and
+the SSH identities (ssh-ed25519, ssh-rsa): cubepack's native decryption into private
+anonymous memory against the path they took before (pyrage's bytes, copied into it).
 
 The cache is kv_load.py's: ~210 MB bfloat16, 32 layers, 8 KV heads of dim 128, 1600 tokens.
 ``load_kv_cache(..., decrypt_with=KEY)`` maps the ciphertext, decrypts it on one thread per
@@ -142,8 +144,9 @@ def run(work: Path) -> None:
     print(f"cubepack (native X25519 path) encrypt {size / min(ours_enc) / 1e6:6.0f} MB/s, "
           f"decrypt {size / min(ours_dec) / 1e6:6.0f} MB/s (best of {REPEATS}; "
           f"up to {_age_stream.workers()} threads)")
-    print(f"pyrage (the age crate, SSH keys' path) encrypt {size / min(rage_enc) / 1e6:6.0f} MB/s, "
-          f"decrypt {size / min(rage_dec) / 1e6:6.0f} MB/s")
+    print(f"pyrage (the age crate, SSH keys' path before) encrypt "
+          f"{size / min(rage_enc) / 1e6:6.0f} MB/s, decrypt {size / min(rage_dec) / 1e6:6.0f} MB/s")
+    ssh_identities(work, plain, size)
     cli = shutil.which("age")
     if cli is None:
         print("age CLI: not installed (apt-get install age); no ratio")
@@ -158,6 +161,40 @@ def run(work: Path) -> None:
           f"{size / min(theirs_dec) / 1e6:7.0f} MB/s (best of {REPEATS}, a process each)")
     print(f"ratio cubepack / age CLI throughput: encrypt {min(theirs_enc) / min(ours_enc):.2f}x, "
           f"decrypt {min(theirs_dec) / min(ours_dec):.2f}x")
+
+
+def ssh_identities(work: Path, plain: bytes, size: int) -> None:
+    """Decrypt throughput of the SSH identity types: native (now) against pyrage's bytes
+    copied into private anonymous memory (what ``decrypted_memory`` did before)."""
+    import pyrage
+
+    from cubepack._util.ramdir import anonymous_memory
+
+    if shutil.which("ssh-keygen") is None:
+        print("ssh-keygen: not installed; no SSH identity numbers")
+        return
+    for kind, bits in (("ed25519", []), ("rsa", ["-b", "3072"])):
+        key = work / f"id_{kind}"
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, *bits, "-N", "", "-f", str(key)],
+                       check=True)
+        public = key.with_suffix(".pub").read_text().strip()
+        encrypted = work / f"item.{kind}.age"
+        encrypted.write_bytes(age.encrypt(plain, age.parse_recipients([public])))
+        ciphertext = encrypted.read_bytes()
+        theirs = pyrage.ssh.Identity.from_buffer(key.read_bytes())
+
+        def before() -> None:
+            decrypted = pyrage.decrypt(ciphertext, [theirs])
+            memory = anonymous_memory(len(decrypted))
+            memory[:len(decrypted)] = decrypted
+
+        now = times(lambda: decrypted_memory(encrypted, key), REPEATS)
+        then = times(before, REPEATS)
+        print(f"ssh-{kind}: decrypt into private memory, native {size / min(now) / 1e6:6.0f} "
+              f"MB/s (median {size / statistics.median(now) / 1e6:6.0f}); before (pyrage + "
+              f"copy) {size / min(then) / 1e6:6.0f} MB/s (median "
+              f"{size / statistics.median(then) / 1e6:6.0f}): "
+              f"{min(then) / min(now):.1f}x")
 
 
 if __name__ == "__main__":

@@ -344,7 +344,9 @@ def _identity_option() -> Callable[..., Any]:
                         callback=undumpable,
                         help="Identity file opening a private cube (age key or OpenSSH private "
                              "key; mode 600), decrypted in memory only (also CUBEPACK_IDENTITY); "
-                             "the command then writes no core dump.")
+                             "a protected key's passphrase is asked on the terminal (or "
+                             "CUBEPACK_IDENTITY_PASSPHRASE); the command then writes no core "
+                             "dump.")
 
 
 def _resign_trust_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -975,13 +977,14 @@ def interrupted(args: list[str]) -> int:
 
 
 def terminated(args: list[str], exc: Terminated) -> int:
-    """A command stopped by SIGTERM: one line on stderr, one JSON object when asked, exit 143."""
+    """A command stopped by SIGTERM, SIGHUP, SIGQUIT or SIGUSR1: one line on stderr, one JSON
+    object when asked, exit 128 + the signal's number (143 for SIGTERM)."""
     click.echo(f"error: {exc}", err=True)
     if _wants_json(args):
         click.echo(json.dumps({"ok": False, "error": {
-            "type": "Terminated", "exit_code": Terminated.exit_code, "message": str(exc)},
+            "type": "Terminated", "exit_code": exc.exit_code, "message": str(exc)},
             "report": None}, indent=2, sort_keys=True))
-    return Terminated.exit_code
+    return exc.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -991,14 +994,15 @@ def main(argv: list[str] | None = None) -> int:
     error's type, message and exit code, and the verification report when there is one), so a
     script reading stdout always gets JSON.
     """
-    from ._util.ramdir import sigterm_unwinds
+    from ._util.ramdir import signals_unwind
 
     args = list(sys.argv[1:] if argv is None else argv)
     _Context.as_json = None
     try:
-        # SIGTERM (kill, timeout, docker stop) unwinds as Ctrl-C does: finally blocks remove
-        # temp files and decrypted RAM folders, then one line and exit 143.
-        with sigterm_unwinds(), _ctrl_c_remembered():
+        # SIGTERM (kill, timeout, docker stop), SIGHUP (a closed terminal), SIGQUIT, SIGUSR1
+        # unwind as Ctrl-C does: finally blocks remove temp files and decrypted RAM folders,
+        # then one line and exit 128 + the signal.
+        with signals_unwind(), _ctrl_c_remembered():
             return _run(args)
     except KeyboardInterrupt:  # while an error was being printed: still one outcome
         return interrupted(args)

@@ -189,8 +189,14 @@ class HubError(CubepackError):
 
 
 class Terminated(BaseException):
-    """The process got SIGTERM: unwinding so ``finally`` blocks run (a BaseException, as
-    KeyboardInterrupt is, so no ``except Exception`` or ``except CubepackError`` stops it)."""
+    """The process got SIGTERM (or SIGHUP, SIGQUIT, SIGUSR1: ``signum``): unwinding so
+    ``finally`` blocks run (a BaseException, as KeyboardInterrupt is, so no ``except
+    Exception`` or ``except CubepackError`` stops it)."""
 
     exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+
+    def __init__(self, message: str = "terminated", signum: int = 15) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum  # what a shell reports for a process the signal ended
 

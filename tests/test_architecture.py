@@ -57,7 +57,7 @@ PUBLIC = {
     "cubepack.identity": ["STRICT_FIELDS", "ModelIdentity", "compare", "dtype_name",
                           "fingerprint", "require_same"],
     "cubepack.kv": ["KVFileInfo", "check_kv_file", "prefill", "read_kv_header", "save_kv_cache"],
-    "cubepack.trust": ["POLICIES", "Check", "TrustPolicy", "VerifyReport"],
+    "cubepack.trust": ["POLICIES", "Check", "TrustPolicy", "VerifyReport", "unlock_identity"],
     "cubepack.ops": ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt",
                      "load_adapter", "load_kv_cache", "migrate", "pack", "rekey", "sign",
                      "upgrade", "verify"],

@@ -4,18 +4,21 @@ Three places:
 
 - :func:`anonymous_memory`: a private anonymous mapping, for a reader that takes a buffer
   (``load_kv_cache``: its tensors view it, zero-copy); the fastest of the three to fill;
-- :func:`memory_file`: one anonymous file (``memfd_create``): it has no name in any file
+- :func:`empty_memory_file`: one anonymous file (``memfd_create``): it has no name in any file
   system, is reached through ``/proc/self/fd/N`` by readers that want a path (safetensors
   maps it, zero-copy), and is freed when the last reference (fd or mapping) goes away, even
   if the process is killed;
 - :func:`ram_folder`: a folder of files for checks that read a whole cube (verify, MemOS's
   loaders, PEFT): a private (0700) folder on a RAM file system (tmpfs at ``/dev/shm``, or
   ``CUBEPACK_RAM_DIR`` when that is a tmpfs or ramfs mount too), removed when the block ends.
-  A SIGTERM while it exists raises :class:`~cubepack.errors.Terminated` (see
-  :func:`sigterm_unwinds`), so the folder is removed as on any error. A process killed by
-  SIGKILL cannot remove it: it stays in RAM until removed or reboot,
-  never on a disk; the next ``ram_folder`` of the same user removes folders whose process is
-  gone.
+  SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGINT while it exists raise
+  :class:`~cubepack.errors.Terminated` (or KeyboardInterrupt) (see :func:`signals_unwind`), so
+  the folder is removed as on any error. A process killed by SIGKILL cannot remove it: it
+  stays in RAM until removed or reboot, never on a disk; the next ``ram_folder`` of the same
+  user removes it. Liveness is a lock, not a pid: each folder's process holds an exclusive
+  ``flock`` on the folder itself for its life (the kernel drops it when the process
+  dies, however it dies), and a folder is stale only when that lock can be taken. A pid means
+  nothing across PID namespaces (a container sharing ``/dev/shm``), and is reused.
 
 Never ``TMPDIR``: it is usually a disk. Elsewhere (macOS, no tmpfs) a RAM folder is refused
 rather than silently written to a disk.
@@ -95,15 +98,44 @@ def ram_root() -> Path:
                            "tmpfs mount.")
 
 
+#: In the name of a folder whose liveness is its lock (a flock on the folder itself); a
+#: folder named without it was made by a cubepack before the lock, and is judged by its pid.
+_HELD = ".held."
+#: The signals that end a process by default (SIGINT: Python's KeyboardInterrupt already
+#: unwinds) and that a RAM folder's process unwinds on instead, so its folder is removed.
+UNWOUND_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGINT")
+
+
 def _remove_stale(root: Path) -> None:
+    """Remove this user's RAM folders that no live process holds: each is locked (flock)
+    by its process for its life, so a folder whose lock can be taken is stale, whatever pid
+    its name records. A folder made before the lock (no ``.held.`` in its name) falls back
+    to its pid, as it was judged then."""
+    import fcntl
+
     for candidate in root.glob(_PREFIX + "*"):
-        pid = candidate.name[len(_PREFIX):].split(".", 1)[0]
         try:
-            mine = candidate.stat().st_uid == os.getuid()
+            if candidate.is_symlink() or candidate.stat().st_uid != os.getuid():
+                continue
         except OSError:
             continue
-        if mine and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(candidate, ignore_errors=True)
+        if _HELD not in candidate.name:
+            pid = candidate.name[len(_PREFIX):].split(".", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(candidate, ignore_errors=True)
+            continue
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its process lives (here or in another PID namespace)
+        else:
+            shutil.rmtree(candidate, ignore_errors=True)  # removed while we hold its lock
+        finally:
+            os.close(fd)
 
 
 def _alive(pid: int) -> bool:
@@ -117,42 +149,66 @@ def _alive(pid: int) -> bool:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    # A second SIGTERM must not break the cleanup the first one started.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated("terminated (SIGTERM) before the command finished")
+    # A second signal must not break the cleanup the first one started.
+    for name in UNWOUND_SIGNALS:
+        if signal.getsignal(getattr(signal, name)) is _terminated:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    raise Terminated(f"terminated ({signal.Signals(signum).name}) before the command "
+                     "finished", signum=signum)
 
 
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` instead of ending the process at
-    once: Python's default for SIGTERM runs no ``finally``, and a RAM folder of plaintext
-    would outlive the command (as after a SIGKILL). Only where Python may install handlers
-    (the main thread) and only over the default disposition: a handler the program set is
-    its own, and is left alone. The previous disposition comes back on exit."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+def signals_unwind() -> Iterator[None]:
+    """Within the block, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 (and SIGINT, where Python left it
+    at the system default) raise :class:`Terminated` instead of ending the process at once:
+    their default runs no ``finally`` (SIGQUIT also dumps core), and a RAM folder of plaintext
+    would outlive the command (as after a SIGKILL). SIGINT's usual handler already raises
+    KeyboardInterrupt, which unwinds. Only where Python may install handlers (the main
+    thread) and only over the default disposition: a handler the program set is its own, and
+    is left alone. The previous dispositions come back on exit."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.signal(signal.SIGTERM, _terminated)
+    installed = []
+    for name in UNWOUND_SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _terminated)
+            installed.append(signum)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in installed:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def ram_folder() -> Iterator[Path]:
     """A new private folder on a RAM file system, removed (with all it holds) on exit, also
-    on SIGTERM (see :func:`sigterm_unwinds`)."""
+    on the signals :func:`signals_unwind` names; locked (a flock on the folder itself) for
+    its life, so no other process's stale removal takes it, whatever its PID namespace."""
+    import fcntl
+
     root = ram_root()
     _remove_stale(root)
-    with sigterm_unwinds():
-        folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", dir=root))
+    with signals_unwind():
+        # Made under a name stale removal does not look at, locked, then renamed to its own:
+        # no other process ever sees it unlocked.
+        staging = Path(tempfile.mkdtemp(prefix=f".{_PREFIX}new-", dir=root))
+        folder = staging
+        lock = -1
         try:
-            os.chmod(folder, 0o700)  # mkdtemp does; said again because it is the point
+            os.chmod(staging, 0o700)  # mkdtemp does; said again because it is the point
+            lock = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            folder = staging.with_name(
+                f"{_PREFIX}{os.getpid()}{_HELD}{staging.name.rsplit('-', 1)[1]}")
+            os.rename(staging, folder)
             yield folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            if lock >= 0:
+                os.close(lock)
 
 
 def anonymous_memory(size: int) -> mmap.mmap | bytearray:
@@ -171,11 +227,37 @@ def anonymous_memory(size: int) -> mmap.mmap | bytearray:
     if size == 0:
         return bytearray()
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    for advice in ("MADV_HUGEPAGE", "MADV_DONTDUMP"):
-        if hasattr(mmap, advice) and hasattr(memory, "madvise"):
+    return _advised(memory, "MADV_HUGEPAGE", "MADV_DONTDUMP")
+
+
+def _advised(memory: mmap.mmap, *advice: str) -> mmap.mmap:
+    """``memory`` given each ``advice`` this system has (out of core dumps: MADV_DONTDUMP)."""
+    for name in advice:
+        if hasattr(mmap, name) and hasattr(memory, "madvise"):
             with contextlib.suppress(OSError):  # THP off, or an advice this kernel lacks
-                memory.madvise(getattr(mmap, advice))
+                memory.madvise(getattr(mmap, name))
     return memory
+
+
+def writable_map(fd: int, size: int) -> mmap.mmap | bytearray:
+    """A shared, writable map of the first ``size`` bytes of the file ``fd`` (grown to
+    ``size``), kept out of core dumps while it lives: for a decryption that writes a RAM
+    folder's file, or a memory file, in place, so the plaintext never passes through the
+    heap. An empty bytearray for 0 bytes (there is no empty map)."""
+    os.ftruncate(fd, size)
+    if size == 0:
+        return bytearray()
+    return _advised(mmap.mmap(fd, size, flags=mmap.MAP_SHARED), "MADV_DONTDUMP")
+
+
+def readable_map(fd: int) -> mmap.mmap | bytes:
+    """The whole file ``fd`` (a RAM folder's), mapped read-only and kept out of core dumps:
+    its tmpfs pages, read in place, not copied into the heap; unmapped with its last
+    reference. Empty bytes for an empty file (there is no empty map)."""
+    if os.fstat(fd).st_size == 0:
+        return b""
+    return _advised(mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ),
+                    "MADV_DONTDUMP")
 
 
 def empty_memory_file(name: str, size: int) -> int:
@@ -195,22 +277,3 @@ def empty_memory_file(name: str, size: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def memory_file(data: bytes, name: str = "cubepack-private") -> tuple[int, Path]:
-    """An anonymous in-memory file holding ``data``: (its fd, a path readers can open). The
-    caller closes the fd; a memory map of it outlives the fd.
-
-    Raises:
-        UnsupportedError: no ``memfd_create`` here (not Linux).
-    """
-    fd = empty_memory_file(name, 0)  # the one place that makes (or refuses) a memory file
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, Path(f"/proc/self/fd/{fd}")

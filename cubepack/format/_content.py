@@ -11,6 +11,8 @@ cubepack writes verifies.
 
 from __future__ import annotations
 
+import mmap
+import os
 import pickle
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -93,7 +95,9 @@ def pickle_evidence(path: Path, name: str) -> str | None:
     """Why the file at ``path`` is (or holds) a pickle, or None."""
     if name.lower().endswith(PICKLE_SUFFIXES):
         return f"has a pickle-format suffix ({Path(name).suffix}); cubes must not carry pickles"
-    with open(path, "rb") as handle:
+    # Unbuffered: a buffered reader reads a whole block ahead (a small KV file's tensors too)
+    # into a heap buffer that outlives the read, and a private cube's plaintext is checked here.
+    with open(path, "rb", buffering=0) as handle:
         head = handle.read(4)
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "starts with a pickle protocol header; cubes must not carry pickles"
@@ -117,12 +121,18 @@ def is_pickle_file(path: Path) -> bool:
     that records nothing and calls nothing, so no code runs, and the loader's own leniency
     (``I0x1``, which ``pickletools`` rejects but ``pickle.load`` accepts) is the rule, not a
     guess at it. It reads from the file as it goes: a file that is no pickle fails within its
-    first bytes, so a large tensor file is not read whole (bench/pull.py)."""
-    with open(path, "rb") as handle:
-        try:
-            _DryUnpickler(handle).load()
-        except Exception:  # noqa: BLE001 - pickle.load would fail too: not a pickle
-            return False
+    first bytes, so a large tensor file is not read whole (bench/pull.py). Read through a
+    read-only map of the file (mmap has the ``read``/``readline`` the unpickler takes): a
+    buffered reader would prefetch up to 128 KiB into a heap buffer that outlives the check,
+    and a private cube's plaintext is checked here."""
+    with open(path, "rb", buffering=0) as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return False  # there is no empty map; an empty file is no pickle either
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            try:
+                _DryUnpickler(mapped).load()
+            except Exception:  # noqa: BLE001 - pickle.load would fail too: not a pickle
+                return False
     return True
 
 

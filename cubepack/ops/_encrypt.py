@@ -26,7 +26,7 @@ from ..trust import _age as age
 from ..trust import _generation as generations
 from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key, check_resigning
-from ._private import EncryptResult, is_private, open_private, write_private
+from ._private import EncryptResult, is_private, mapped_plaintext, open_private, write_private
 from ._sign import sign
 from ._verify import verify
 
@@ -306,7 +306,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         # A cube written before generations gets its series now.
         series = manifest["series"] or generations.new_series()
         result = write_private(cube, opened.lock, manifest["lock"], names,
-                               lambda name: resolve_inside(folder, name).read_bytes(),
+                               lambda name: mapped_plaintext(resolve_inside(folder, name)),
                                list(kept.values()),
                                hidden=opened.public_lock["encryption"]["hidden_names"],
                                series=series, generation=generation, history=history)

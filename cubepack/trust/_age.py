@@ -2,23 +2,25 @@
 'cubepack[private]'``): recipients, identities, one file encrypted or decrypted, and the
 encrypted manifest.
 
-Why ``pyrage``: it binds the ``age`` Rust crate (the reference implementation's sibling, by
-age's co-designer's ecosystem, interoperable with the Go ``age`` CLI byte for byte), so the
-header, the X25519, ssh-ed25519 and ssh-rsa stanzas, the STREAM payload and their edge cases
-are age's own code, not ours. ``cryptography`` has every primitive, but assembling all of age
-from them (HKDF labels, stanza wrapping, the header MAC, chunked STREAM with its last-chunk
-flag, OpenSSH key parsing and the ssh-rsa/ssh-ed25519 stanzas) would be a second
-implementation to keep interoperable, reviewed by nobody else. pyrage ships wheels for Linux, macOS and Windows and
-encrypts in native code. Two things it does not do: expose the file key (so a rekey
-re-encrypts rather than rewriting headers: see :func:`cubepack.ops._encrypt.rekey`), and run
-fast: its wheels' ChaCha20-Poly1305 is built without vector instructions (~150 MB/s here). So
-X25519 recipients and identities, the common case and every KV load's, take a native path on
-``cryptography`` (:mod:`._age_stream`: OpenSSL's vector code, one thread per core, straight
-into the caller's memory);
-SSH stanzas and anything else stay pyrage's. The tests hold the two paths and Debian's ``age``
-CLI to each other both ways.
+Every identity type decrypts natively on ``cryptography`` (:mod:`._age_stream`: the header,
+X25519 and the STREAM payload; :mod:`._age_ssh`: the ssh-ed25519 and ssh-rsa stanzas), each
+chunk straight into memory the caller owns (private anonymous memory kept out of core dumps,
+a memory file, a RAM folder's file): no plaintext passes through a Python ``bytes`` or a
+library's buffers that cubepack cannot clear. (pyrage, the age Rust crate's binding, which
+cubepack used before, hands the plaintext back as ``bytes``.) Encryption is native too, for
+every recipient type. The tests hold this implementation to C2SP's age test vectors, to
+Debian's ``age`` CLI both ways for every identity type, and to pyrage.
 
-Every error here names the file, never its bytes; an identity file's content is never echoed.
+An identity file holds age X25519 keys (``AGE-SECRET-KEY-1...`` lines, as ``age-keygen``
+writes them) or one OpenSSH/PEM private key (ed25519 or RSA), passphrase-protected or not.
+The passphrase of a protected key comes from :func:`unlock_identity` (the Python API), else
+``$CUBEPACK_IDENTITY_PASSPHRASE`` (scripts), else a prompt on the terminal (``/dev/tty``,
+never echoed, as ssh and age ask); with none of them, the key is refused naming all three.
+An SSH key, once read (unlocked), is kept for the process's life (keyed by the file's inode
+and mtime: a changed file is read again), so one command asks once.
+
+Every error here names the file, never its bytes; an identity file's content and a
+passphrase are never echoed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import base64
 import binascii
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +37,13 @@ from typing import Any
 from .._util import canonical
 from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError, UsageError
 from ..format._content import AGE_MAGIC
+from . import _age_ssh as _ssh
 from . import _age_stream as _stream
 
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
+#: The environment variable holding a passphrase-protected SSH identity's passphrase.
+PASSPHRASE_ENV = "CUBEPACK_IDENTITY_PASSPHRASE"
 #: The private manifest's format and version (the plaintext of ``cubepack.manifest.age``).
 #: Version 2 (issue #37) adds the cube's ``series`` and ``generation`` (as its public lock
 #: states them) and the recipient ``history``: who each generation added and removed, so a
@@ -51,38 +57,37 @@ MANIFEST_KEYS = MANIFEST_KEYS_V1 | {"series", "generation", "history"}
 HISTORY_KEYS = frozenset({"generation", "added", "removed"})
 _MAX_IDENTITY_BYTES = 1024 * 1024
 _MAX_RECIPIENTS_FILE = 1024 * 1024
+_SECRET_PREFIX = "AGE-SECRET-KEY-"
 
 
-def _pyrage() -> Any:
-    try:
-        import pyrage
-    except ImportError as exc:
-        raise CubepackError("Private cubes need the optional dependency pyrage: pip install "
-                            "'cubepack[private]'.") from exc
-    return pyrage
+def _require() -> None:
+    if not _stream.available():
+        raise CubepackError("Private cubes need the optional dependency cryptography: pip "
+                            "install 'cubepack[private]'.")
 
 
 @dataclass(frozen=True)
 class Recipient:
-    """One recipient: its text as written (``age1...``, ``ssh-ed25519 AAAA...``) and pyrage's."""
+    """One recipient: its text as written (``age1...``, ``ssh-ed25519 AAAA...``, the comment
+    dropped) and the object that wraps a file key to it."""
 
     text: str
     value: Any
 
 
 def _one_recipient(text: str, where: str) -> Recipient:
-    pyrage = _pyrage()
+    _require()
     fields = text.split()
-    try:
-        if text.startswith("age1"):
-            return Recipient(text, pyrage.x25519.Recipient.from_str(text))
-        if fields and fields[0] in ("ssh-ed25519", "ssh-rsa") and len(fields) >= 2:
-            canonical_text = f"{fields[0]} {fields[1]}"  # the comment is not the key
-            return Recipient(canonical_text, pyrage.ssh.Recipient.from_str(canonical_text))
-    except Exception as exc:  # noqa: BLE001 - pyrage raises its own RecipientError, ValueError
-        raise UsageError(f"{where} is not a valid age recipient ({exc}); expected an age "
-                         "X25519 key (age1...) or an SSH public key (ssh-ed25519 / ssh-rsa).") \
-            from None
+    if text.startswith("age1") and len(fields) == 1:
+        public = _stream.bech32_bytes(text, "age")
+        if public is None or len(public) != 32:
+            raise UsageError(f"{where} is not a valid age recipient (its bech32 encoding or "
+                             "checksum is wrong); expected an age X25519 key (age1...) or an "
+                             "SSH public key (ssh-ed25519 / ssh-rsa).")
+        return Recipient(text, _stream.X25519Recipient(public))
+    if fields and fields[0] in ("ssh-ed25519", "ssh-rsa") and len(fields) >= 2:
+        canonical_text = f"{fields[0]} {fields[1]}"  # the comment is not the key
+        return Recipient(canonical_text, _ssh.recipient(fields[0], fields[1], where))
     raise UsageError(f"{where} is not an age recipient: expected an age X25519 key (age1...), "
                      "an SSH public key (ssh-ed25519 / ssh-rsa AAAA...), or a file of them, one "
                      "a line (e.g. https://github.com/USER.keys saved to a file).")
@@ -120,18 +125,14 @@ def identity_path(path: str | os.PathLike[str] | None) -> Path | None:
     return Path(chosen) if chosen is not None else None
 
 
-def load_identities(path: str | os.PathLike[str]) -> list[Any]:
-    """Read an identity file: age X25519 secret keys (``AGE-SECRET-KEY-1...``, one a line, as
-    ``age-keygen`` writes) or an unencrypted OpenSSH private key (ed25519 or RSA).
+#: SSH keys read (passphrase-protected ones unlocked): (device, inode, mtime, size) -> them.
+_UNLOCKED: dict[tuple[int, int, int, int], list[Any]] = {}
+_UNLOCKING = threading.Lock()
 
-    Refused, as ssh refuses a private key: a file readable or writable by group or others, a
-    symlink, anything but a regular file. Its content never appears in a message.
 
-    Raises:
-        UnsafeInputError: permissions too open, or not a regular file.
-        UsageError: missing, or holding no identity cubepack can use.
-    """
-    path = Path(path)
+def _checked_identity_file(path: Path) -> os.stat_result:
+    """The identity file's lstat, refused as ssh refuses a private key: anything but a
+    regular file, readable or writable by group or others, larger than 1 MiB."""
     try:
         info = os.lstat(path)
     except OSError:
@@ -146,57 +147,166 @@ def load_identities(path: str | os.PathLike[str]) -> list[Any]:
                                f"readable by its owner only, as ssh requires: chmod 600 {path}.")
     if info.st_size > _MAX_IDENTITY_BYTES:
         raise UsageError(f"Identity file {path} is larger than 1 MiB: not a key file.")
+    return info
+
+
+def _file_key(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def unlock_identity(path: str | os.PathLike[str], passphrase: str | bytes) -> None:
+    """Unlock the passphrase-protected SSH private key at ``path`` for this process, as
+    ``ssh-add`` does for an agent: every later use of ``path`` (``decrypt_with=``, the MemOS
+    hook's ``CUBEPACK_IDENTITY``) decrypts with it without asking. Kept until the process
+    ends, or the file changes.
+
+    Raises:
+        RefusedError: the passphrase does not open the key.
+        UsageError: not a passphrase-protected key (an age key, an unprotected SSH key, no key).
+    """
+    path = Path(path)
+    info = _checked_identity_file(path)
     data = path.read_bytes()
-    pyrage = _pyrage()
-    identities: list[Any] = []
-    if b"PRIVATE KEY-----" in data:
-        try:
-            identities.append(pyrage.ssh.Identity.from_buffer(data))
-        except Exception:  # noqa: BLE001 - never echo a key parser's view of the key
-            raise UsageError(f"Identity file {path} holds an SSH private key cubepack cannot "
-                             "use: it must be an unencrypted OpenSSH ed25519 or RSA key (a "
-                             "passphrase-protected key: use an age identity instead).") from None
-        return identities
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if line.startswith("AGE-SECRET-KEY-"):
-            try:
-                identities.append(pyrage.x25519.Identity.from_str(line))
-            except Exception:  # noqa: BLE001
-                raise UsageError(f"Identity file {path} holds a malformed AGE-SECRET-KEY "
-                                 "line.") from None
+    if not _is_ssh_key(data):
+        raise UsageError(f"Identity file {path} is not an SSH private key: only those take a "
+                         "passphrase.")
+    secret = passphrase.encode("utf-8") if isinstance(passphrase, str) else bytes(passphrase)
+    if _ssh_key(data, path, None) is not None:
+        raise UsageError(f"Identity file {path} is not passphrase-protected: use it as it is.")
+    identities = [_ssh_key(data, path, secret)]
+    with _UNLOCKING:
+        _UNLOCKED[_file_key(info)] = identities
+
+
+def _is_ssh_key(data: bytes) -> bool:
+    return b"PRIVATE KEY-----" in data
+
+
+def _ssh_key(data: bytes, path: Path, passphrase: bytes | None) -> Any:
+    """The identity of the SSH private key ``data``; None when it needs a passphrase and none
+    was given.
+
+    Raises:
+        RefusedError: the passphrase is wrong.
+        UsageError: not a key cubepack can read, or bcrypt (OpenSSH's key derivation) missing.
+    """
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    loader = serialization.load_ssh_private_key if b"OPENSSH PRIVATE KEY" in data \
+        else serialization.load_pem_private_key
+    try:
+        key = loader(data, password=passphrase)
+    except TypeError:
+        if passphrase is None:
+            return None  # "Password was not given but private key is encrypted"
+        raise UsageError(f"Identity file {path} is not passphrase-protected: use it as it "
+                         "is.") from None
+    except UnsupportedAlgorithm as exc:
+        if "bcrypt" in str(exc).lower():
+            raise UsageError(f"Identity file {path} is a passphrase-protected OpenSSH key, "
+                             "whose key derivation needs the bcrypt package: pip install "
+                             "'cubepack[private]'.") from None
+        raise UsageError(f"Identity file {path} holds an SSH private key cubepack cannot use "
+                         "(an unsupported cipher or key type): an OpenSSH or PEM ed25519 or "
+                         "RSA key.") from None
+    except ValueError:
+        if passphrase is not None:
+            raise RefusedError(f"The passphrase does not open identity file {path} (or the "
+                               "key is damaged).") from None
+        raise UsageError(f"Identity file {path} holds an SSH private key cubepack cannot use: "
+                         "it must be an OpenSSH or PEM ed25519 or RSA key.") from None
+    return _ssh.identity(key, f"Identity file {path}")
+
+
+def _passphrase(path: Path) -> bytes:
+    """The passphrase of the protected key ``path``: ``$CUBEPACK_IDENTITY_PASSPHRASE``, else
+    asked on the terminal without echo. Raises UsageError when neither is there."""
+    given = os.environ.get(PASSPHRASE_ENV)
+    if given is not None:
+        return given.encode("utf-8")
+    try:  # getpass falls back to an echoing stdin without a terminal: never that
+        os.close(os.open("/dev/tty", os.O_RDWR | getattr(os, "O_NOCTTY", 0)))
+    except OSError:
+        raise UsageError(f"Identity file {path} is a passphrase-protected SSH key and there is "
+                         f"no terminal to ask for its passphrase: set {PASSPHRASE_ENV}, or, "
+                         "from Python, call cubepack.trust.unlock_identity(path, passphrase) "
+                         "first.") from None
+    import getpass
+
+    try:
+        return getpass.getpass(f"Enter passphrase for {path}: ").encode("utf-8")
+    except (EOFError, KeyboardInterrupt):
+        raise UsageError(f"No passphrase given for identity file {path}.") from None
+
+
+def load_identities(path: str | os.PathLike[str]) -> list[Any]:
+    """Read an identity file: age X25519 secret keys (``AGE-SECRET-KEY-1...``, one a line, as
+    ``age-keygen`` writes) or an OpenSSH or PEM private key (ed25519 or RSA), unencrypted or
+    passphrase-protected (see the module docstring for where the passphrase comes from).
+
+    Refused, as ssh refuses a private key: a file readable or writable by group or others, a
+    symlink, anything but a regular file. Its content never appears in a message.
+
+    Raises:
+        UnsafeInputError: permissions too open, or not a regular file.
+        UsageError: missing, holding no identity cubepack can use, or no passphrase source.
+        RefusedError: a wrong passphrase.
+    """
+    _require()
+    path = Path(path)
+    info = _checked_identity_file(path)
+    with _UNLOCKING:
+        unlocked = _UNLOCKED.get(_file_key(info))
+    if unlocked is not None:
+        return list(unlocked)
+    data = path.read_bytes()
+    if _is_ssh_key(data):
+        identity = _ssh_key(data, path, None)
+        if identity is None:
+            identity = _ssh_key(data, path, _passphrase(path))
+        # Kept, as an unlocked key is: reading an RSA key checks it (~0.1 s for 3072 bits),
+        # and one load opens the identity file two or three times.
+        with _UNLOCKING:
+            _UNLOCKED[_file_key(info)] = [identity]
+        return [identity]
+    identities = [_x25519_identity(line.strip(), path)
+                  for line in data.decode("utf-8", errors="replace").splitlines()
+                  if line.strip().startswith(_SECRET_PREFIX)]
     if not identities:
+        public = (" It holds a public key (a recipient): pass the private key (the SSH key file "
+                  "without .pub, or the age key file).") \
+            if data.lstrip().startswith((b"ssh-", b"age1")) else ""
         raise UsageError(f"Identity file {path} holds no identity: expected AGE-SECRET-KEY-1... "
-                         "lines (age-keygen) or an OpenSSH ed25519/RSA private key.")
+                         f"lines (age-keygen) or an OpenSSH ed25519/RSA private key.{public}")
     return identities
 
 
-def _x25519_publics(recipients: list[Recipient]) -> list[bytes] | None:
-    """The raw X25519 keys of ``recipients`` when every one is an age X25519 key, else None."""
-    if not all(r.text.startswith("age1") for r in recipients):
-        return None
-    return [_stream.bech32_bytes(r.text) for r in recipients]
+def _x25519_identity(text: str, path: Path | str) -> _stream.X25519Identity:
+    secret = _stream.bech32_bytes(text, "age-secret-key-") if text.isupper() else None
+    if secret is None or len(secret) != 32:
+        raise UsageError(f"Identity file {path} holds a malformed AGE-SECRET-KEY line.")
+    return _stream.X25519Identity(secret)
 
 
-def _x25519_secrets(identities: list[Any]) -> list[bytes]:
-    x25519 = _pyrage().x25519.Identity
-    return [_stream.bech32_bytes(str(i)) for i in identities if isinstance(i, x25519)]
+def _native(identities: list[Any]) -> list[Any]:
+    """Identities as this module's objects; an age identity may also be given as its text, or
+    an object whose ``str()`` is (pyrage's ``x25519.Identity``)."""
+    return [i if hasattr(i, "unwrap") else _x25519_identity(str(i).strip(), "given")
+            for i in identities]
 
 
-def encrypt(data: Any, recipients: list[Recipient]) -> bytes | bytearray:
-    """``data`` encrypted to ``recipients`` under a fresh file key: an age v1 file. X25519-only
-    recipient sets take the native fast path (:mod:`._age_stream`), whose bytearray is
-    returned as it was encrypted into (a copy into ``bytes`` took longer than the encryption
-    of a 210 MB cache); SSH recipients, pyrage (bytes)."""
-    publics = _x25519_publics(recipients)
-    if publics is not None and _stream.available():
-        return _stream.encrypt(data, publics)
-    return _pyrage().encrypt(bytes(data), [r.value for r in recipients])
+def encrypt(data: Any, recipients: list[Recipient]) -> bytearray:
+    """``data`` (any buffer: read in place, never copied) encrypted to ``recipients`` under a
+    fresh file key: an age v1 file, in the bytearray it was encrypted into."""
+    _require()
+    return _stream.encrypt(data, [r.value for r in recipients])
 
 
-def decrypt(data: Any, identities: list[Any], what: str) -> bytes | bytearray:
-    """The plaintext of the age file ``what`` (its bytes: ``data``): bytes, or the bytearray
-    it was decrypted into (not copied again).
+def decrypt(data: Any, identities: list[Any], what: str) -> bytearray:
+    """The plaintext of the age file ``what`` (its bytes: ``data``), in a new bytearray (the
+    heap: for small things the caller parses anyway; a file's plaintext goes to
+    :func:`decrypt_to` and memory the caller owns).
 
     Raises:
         FormatError: not an age file.
@@ -208,34 +318,23 @@ def decrypt(data: Any, identities: list[Any], what: str) -> bytes | bytearray:
         found.append(bytearray(size))
         return found[0]
 
-    plain = decrypt_to(data, identities, what, allocate)
-    return plain if plain is not None else found[0]
+    decrypt_to(data, identities, what, allocate)
+    return found[0]
 
 
-def decrypt_to(data: Any, identities: list[Any], what: str,
-               allocate: Any) -> bytes | None:
-    """Decrypt the age file ``data`` into ``allocate(size)`` (a writable buffer the caller
-    owns: a memory file's map, a bytearray) when an X25519 identity opens it (the fast path);
-    else (SSH identities) return the plaintext pyrage decrypted. See :func:`decrypt`."""
+def decrypt_to(data: Any, identities: list[Any], what: str, allocate: Any) -> None:
+    """Decrypt the age file ``data`` (binary or armored) into ``allocate(size)``, a writable
+    buffer the caller owns (private anonymous memory, a memory file's map, a RAM folder's
+    file), each chunk straight into it. See :func:`decrypt`."""
+    _require()
     if bytes(data[:len(_ARMOR_BEGIN) + 8]).lstrip().startswith(_ARMOR_BEGIN):
         data = _dearmor(data, what)
     if not bytes(data[:len(AGE_MAGIC)]) == AGE_MAGIC:
         raise FormatError(f"{what} is not an age file (it does not start with "
                           "'age-encryption.org/v1').")
-    secrets = _x25519_secrets(identities)
-    if secrets and _stream.available() and _stream.decrypt_into(data, secrets, what, allocate):
-        return None
-    others = [i for i in identities if not isinstance(i, _pyrage().x25519.Identity)]
-    if not others and secrets and _stream.available():
+    identities = _native(identities)
+    if not _stream.decrypt_into(data, identities, what, allocate):
         raise _not_a_recipient(what, identities)
-    pyrage = _pyrage()
-    try:
-        return pyrage.decrypt(bytes(data), identities)
-    except pyrage.DecryptError as exc:
-        if "no matching keys" in str(exc).lower():
-            raise _not_a_recipient(what, identities) from None
-        raise RefusedError(f"{what} could not be decrypted: {exc} (its ciphertext is "
-                           "damaged or was tampered with).") from None
 
 
 #: The age stanza types of the recipients cubepack encrypts to (age X25519 keys, SSH keys).
@@ -277,10 +376,13 @@ def _dearmor(data: Any, what: str) -> bytes:
                    and all(len(line) == 64 for line in body[:-1])
                    and (not body or 0 < len(body[-1]) <= 64))
     if well_formed:
+        text = b"".join(body)
         try:
-            return base64.b64decode(b"".join(body), validate=True)
+            data = base64.b64decode(text, validate=True)
         except binascii.Error:
-            pass
+            data = None
+        if data is not None and base64.b64encode(data) == text:  # canonical, as age requires
+            return data
     raise FormatError(f"{what} is not a well-formed armored age file (the base64 between "
                       "its BEGIN and END lines is malformed); encrypt it again, or without "
                       "--armor.")

@@ -1,16 +1,16 @@
-"""The age v1 format for X25519 recipients and identities, natively on ``cryptography``: the
-fast path of :mod:`._age`.
+"""The age v1 format (https://age-encryption.org/v1), natively on ``cryptography``: the
+header (version line, stanzas, the HMAC over them), the X25519 stanza (HKDF-SHA256,
+ChaCha20-Poly1305 wrap of the 16-byte file key) and the STREAM payload (64 KiB chunks, 11-byte
+counter and last-chunk flag), decrypting each chunk straight into the caller's buffer, one run
+of chunks a core. The SSH stanzas are :mod:`._age_ssh`'s, on the same interface: an identity
+``unwrap``s a stanza to the file key (or None: not its stanza), a recipient ``wrap``s one.
 
-Why a second implementation beside pyrage: pyrage's wheels build the age crate's ChaCha20-
-Poly1305 without the CPU's vector instructions (about 150 MB/s here, against 500 MB/s for the
-Go ``age`` CLI and 800 MB/s for OpenSSL through ``cryptography``), and a private KV cache is
-decrypted on every load. This module does only what the spec defines for X25519
-(https://age-encryption.org/v1): the header (version line, stanzas, the HMAC over them), the
-X25519 stanza (HKDF-SHA256, ChaCha20-Poly1305 wrap of the 16-byte file key) and the STREAM
-payload (64 KiB chunks, 11-byte counter and last-chunk flag), decrypting each chunk straight
-into the caller's buffer, one run of chunks a core. Anything else (SSH stanzas and
-identities, scrypt) is pyrage's, and the tests hold both to each other and to the age CLI
-both ways.
+Why native and not the age Rust crate through pyrage (which cubepack used before): pyrage
+hands back the plaintext as a Python ``bytes`` (the heap, which a core dump writes out, and
+its own freed buffers, which nothing clears), and its wheels build ChaCha20-Poly1305 without
+the CPU's vector instructions (about 150 MB/s here, against 800 MB/s for OpenSSL through
+``cryptography``). The tests hold this reader to C2SP's age test vectors (the ``cctv-age``
+package), to Debian's ``age`` CLI both ways for every identity type, and to pyrage.
 """
 
 from __future__ import annotations
@@ -42,17 +42,57 @@ def available() -> bool:
     return True
 
 
-def bech32_bytes(text: str) -> bytes:
-    """The data of a bech32 string already validated by pyrage (checksum dropped)."""
-    data = text.lower().rpartition("1")[2][:-6]
+def _polymod(values: list[int]) -> int:
+    check = 1
+    for value in values:
+        top = check >> 25
+        check = (check & 0x1FFFFFF) << 5 ^ value
+        for bit, generator in enumerate((0x3B6A57B2, 0x26508E6D, 0x1EA119FA, 0x3D4233DD,
+                                         0x2A1462B3)):
+            check ^= generator if (top >> bit) & 1 else 0
+    return check
+
+
+def bech32_bytes(text: str, prefix: str) -> bytes | None:
+    """The data of the bech32 string ``text`` (BIP 173, as age writes keys: one case, its
+    human-readable part ``prefix``, the checksum valid, no stray bits), or None."""
+    if text not in (text.lower(), text.upper()):
+        return None
+    hrp, separator, data = text.lower().rpartition("1")
+    if not separator or hrp != prefix.lower() or len(data) < 6 \
+            or any(char not in _BECH32 for char in data):
+        return None
+    values = [_BECH32.index(char) for char in data]
+    expanded = [ord(c) >> 5 for c in hrp] + [0] + [ord(c) & 31 for c in hrp]
+    if _polymod(expanded + values) != 1:
+        return None
     bits, value, out = 0, 0, bytearray()
-    for char in data:
-        value = (value << 5) | _BECH32.index(char)
+    for five in values[:-6]:
+        value = ((value << 5) | five) & 0xFFF
         bits += 5
         if bits >= 8:
             bits -= 8
             out.append((value >> bits) & 0xFF)
+    if bits >= 5 or value & ((1 << bits) - 1):
+        return None
     return bytes(out)
+
+
+def bech32_text(prefix: str, data: bytes) -> str:
+    """``data`` as bech32 under ``prefix`` (lower case, as age writes recipients)."""
+    values, value, bits = [], 0, 0
+    for byte in data:
+        value = ((value << 8) | byte) & 0xFFFF
+        bits += 8
+        while bits >= 5:
+            bits -= 5
+            values.append((value >> bits) & 31)
+    if bits:
+        values.append((value << (5 - bits)) & 31)
+    expanded = [ord(c) >> 5 for c in prefix] + [0] + [ord(c) & 31 for c in prefix]
+    check = _polymod(expanded + values + [0] * 6) ^ 1
+    values += [(check >> 5 * (5 - k)) & 31 for k in range(6)]
+    return prefix + "1" + "".join(_BECH32[v] for v in values)
 
 
 def _hkdf(ikm: bytes, salt: bytes, info: bytes) -> bytes:
@@ -76,82 +116,190 @@ def _unb64(text: bytes, what: str) -> bytes:
     return data
 
 
-def _header_end(data: Any) -> int:
-    """Where the header's ``\n--- `` MAC line starts, or -1. Looked for in growing windows:
-    the spec bounds no header, and one grows ~98 bytes a recipient (a cube encrypted to an
-    organisation's keys file, written by cubepack or ``age -R``, passes 64 KiB); most
-    headers end in the first window, and a file with none costs one copy of itself."""
-    limit = 64 * 1024 + 4096
-    while True:
-        end = bytes(data[:limit]).find(b"\n--- ")
-        if end >= 0 or limit >= len(data):
-            return end
-        limit *= 4
+def _valid_argument(argument: bytes) -> bool:
+    """A stanza argument is a non-empty string of printable ASCII without spaces (VCHAR)."""
+    return bool(argument) and all(33 <= byte <= 126 for byte in argument)
+
+
+class _Incomplete(Exception):
+    """The window read so far ends inside the header: read more of the file."""
 
 
 def _parse_header(data: Any, what: str) -> tuple[list[tuple[list[bytes], bytes]], bytes, bytes,
                                                   int]:
-    """(stanzas as (args, body), the bytes the MAC covers, the MAC, where the payload starts)."""
-    end = _header_end(data)
-    if end < 0:
-        raise FormatError(f"{what} has no complete age header.")
-    newline = bytes(data[end + 5:end + 5 + 128]).find(b"\n")
-    if newline < 0:
-        raise FormatError(f"{what} has no complete age header (MAC line).")
-    lines = bytes(data[:end]).split(b"\n")
-    if lines[0] != VERSION_LINE:
-        raise FormatError(f"{what} is not an age v1 file.")
+    """(stanzas as (args with the type first, the body's base64 text), the bytes the MAC
+    covers, the MAC, where the payload starts), parsed as the spec says and age parses it:
+    the version line, then stanzas (``-> TYPE ARGS``, each argument printable ASCII and
+    non-empty, one space between; a body of canonical unpadded base64 lines of 64 columns
+    ended by a shorter one, possibly empty), then ``--- MAC`` (43 columns of canonical base64:
+    32 bytes). Every body is checked, unknown stanza types' too: a file age refuses is refused.
+
+    Read in growing windows: the spec bounds no header, and one grows ~98 bytes a recipient
+    (a cube encrypted to an organisation's keys file, written by cubepack or ``age -R``, passes
+    64 KiB); most headers end in the first window.
+
+    Raises:
+        FormatError: anything but a well-formed header, naming the rule broken.
+    """
+    limit = 64 * 1024 + 4096
+    while True:
+        try:
+            return _parse_window(bytes(data[:limit]), what)
+        except _Incomplete:
+            if limit >= len(data):
+                raise FormatError(f"{what} has no complete age header (it ends before the "
+                                  "header's MAC line).") from None
+            limit *= 4
+
+
+def _parse_window(window: bytes, what: str) -> tuple[list[tuple[list[bytes], bytes]], bytes,
+                                                     bytes, int]:
+    position = 0
+
+    def line() -> bytes:
+        nonlocal position
+        newline = window.find(b"\n", position)
+        if newline < 0:
+            raise _Incomplete
+        text, position = window[position:newline], newline + 1
+        return text
+
+    def malformed(rule: str) -> FormatError:
+        return FormatError(f"{what} has a malformed age header: {rule}.")
+
+    if line() != VERSION_LINE:
+        raise FormatError(f"{what} is not an age v1 file (its first line is not "
+                          f"{VERSION_LINE.decode()}).")
     stanzas: list[tuple[list[bytes], bytes]] = []
-    index = 1
-    while index < len(lines):
-        line = lines[index]
-        if not line.startswith(b"-> "):
-            raise FormatError(f"{what} has a malformed age header (a stanza line).")
-        args = line[3:].split(b" ")
-        body = b""
-        index += 1
+    while True:
+        if len(window) - position < 3:
+            raise _Incomplete
+        if window[position:position + 3] == b"---":
+            mac_line = position
+            parts = line().split(b" ")
+            if parts[0] != b"---" or len(parts) != 2:
+                raise malformed("its MAC line is not '--- ' and one base64 value")
+            mac = _unb64(parts[1], what)
+            if len(mac) != 32:
+                raise malformed("its MAC is not 32 bytes")
+            return stanzas, window[:mac_line + 3], mac, position
+        parts = line().split(b" ")
+        if parts[0] != b"->" or len(parts) < 2 or not all(map(_valid_argument, parts[1:])):
+            raise malformed("a stanza line is not '-> TYPE ARGS' of printable, non-empty "
+                            "arguments")
+        body = []
         while True:
-            if index >= len(lines):
-                raise FormatError(f"{what} has a malformed age header (a stanza body).")
-            chunk = lines[index]
-            index += 1
-            body += chunk
-            if len(chunk) < 64:
+            text = line()
+            if len(text) > 64:
+                raise malformed("a stanza body line is longer than 64 columns")
+            _unb64(text, what)  # every body, of every stanza type, is canonical base64
+            body.append(text)
+            if len(text) < 64:
                 break
-        stanzas.append((args, body))
-    mac = _unb64(bytes(data[end + 5:end + 5 + newline]), what)
-    return stanzas, bytes(data[:end + 4]), mac, end + 5 + newline + 1
+        stanzas.append((parts[1:], b"".join(body)))
 
 
-def _file_key(stanzas: list[tuple[list[bytes], bytes]], secrets: list[bytes],
-              what: str) -> bytes | None:
+FILE_KEY = 16
+
+
+def open_file_key(key: bytes, wrapped: bytes, stanza: str, what: str) -> bytes | None:
+    """The file key ``wrapped`` under ``key`` (ChaCha20-Poly1305, zero nonce), None when its
+    tag fails (another recipient's stanza). A body that cannot hold a 16-byte file key is a
+    malformed header (the spec: checked before decrypting)."""
     from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-    for secret in secrets:
-        private = X25519PrivateKey.from_private_bytes(secret)
-        public = private.public_key().public_bytes_raw()
+    if len(wrapped) != FILE_KEY + TAG:
+        raise FormatError(f"{what} has a malformed {stanza} stanza (its body is not a 16-byte "
+                          "file key).")
+    try:
+        return ChaCha20Poly1305(key).decrypt(bytes(12), wrapped, None)
+    except InvalidTag:
+        return None
+
+
+def seal_file_key(key: bytes, file_key: bytes) -> bytes:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    return ChaCha20Poly1305(key).encrypt(bytes(12), file_key, None)
+
+
+def exchange(private: Any, share: bytes, stanza: str, what: str) -> bytes:
+    """X25519(``private``, ``share``), refused (as age refuses it) when the share is a
+    low-order point: the all-zero shared secret."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(share))
+    except ValueError:  # OpenSSL refuses the all-zero secret of a low-order share
+        shared = bytes(32)
+    if shared == bytes(32):
+        raise FormatError(f"{what} has an {stanza} stanza with a low-order share.")
+    return shared
+
+
+class X25519Identity:
+    """An age X25519 identity (``AGE-SECRET-KEY-1...``)."""
+
+    def __init__(self, secret: bytes) -> None:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+        self._private = X25519PrivateKey.from_private_bytes(secret)
+        self.public = self._private.public_key().public_bytes_raw()
+
+    def recipient(self) -> str:
+        return bech32_text("age", self.public)
+
+    def unwrap(self, args: list[bytes], body: bytes, what: str) -> bytes | None:
+        """The file key if ``-> X25519 share`` (``args``) with ``body`` opens to this
+        identity, None if the stanza is another's. Raises FormatError: a malformed stanza."""
+        if args[0] != b"X25519":
+            return None
+        if len(args) != 2:
+            raise FormatError(f"{what} has a malformed X25519 stanza (it takes one argument).")
+        share = _unb64(args[1], what)
+        if len(share) != 32:
+            raise FormatError(f"{what} has a malformed X25519 stanza (its share is not 32 "
+                              "bytes).")
+        shared = exchange(self._private, share, "X25519", what)
+        key = _hkdf(shared, share + self.public, _X25519_LABEL)
+        return open_file_key(key, _unb64(body, what), "X25519", what)
+
+
+class X25519Recipient:
+    """An age X25519 recipient (``age1...``)."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def wrap(self, file_key: bytes) -> tuple[list[bytes], bytes]:
+        """(args, body) of the stanza wrapping ``file_key`` to this recipient."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import (
+            X25519PrivateKey,
+            X25519PublicKey,
+        )
+
+        ephemeral = X25519PrivateKey.generate()
+        share = ephemeral.public_key().public_bytes_raw()
+        shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(self.public))
+        key = _hkdf(shared, share + self.public, _X25519_LABEL)
+        return [b"X25519", _b64(share)], seal_file_key(key, file_key)
+
+
+def _file_key(stanzas: list[tuple[list[bytes], bytes]], identities: list[Any],
+              what: str) -> bytes | None:
+    """The file key the first identity that opens a stanza finds (each identity tries every
+    stanza in order, as age does), or None. A malformed stanza an identity reads is refused
+    (FormatError), as age refuses it; so is a ``scrypt`` stanza beside any other (the spec:
+    it must be alone, whatever the identity)."""
+    if any(args[0] == b"scrypt" for args, _ in stanzas) and len(stanzas) != 1:
+        raise FormatError(f"{what} has a malformed age header: an scrypt stanza must be the "
+                          "only stanza.")
+    for identity in identities:
         for args, body in stanzas:
-            if args[0] != b"X25519":
-                continue
-            if len(args) != 2:
-                raise FormatError(f"{what} has a malformed X25519 stanza.")
-            share = _unb64(args[1], what)
-            wrapped = _unb64(body, what)
-            if len(share) != 32 or len(wrapped) != 32:
-                raise FormatError(f"{what} has a malformed X25519 stanza.")
-            try:
-                shared = private.exchange(X25519PublicKey.from_public_bytes(share))
-            except ValueError:  # OpenSSL refuses the all-zero secret of a low-order share
-                shared = bytes(32)
-            if shared == bytes(32):
-                raise FormatError(f"{what} has an X25519 stanza with a low-order share.")
-            key = _hkdf(shared, share + public, _X25519_LABEL)
-            try:
-                return ChaCha20Poly1305(key).decrypt(bytes(12), wrapped, None)
-            except InvalidTag:
-                continue
+            file_key = identity.unwrap(args, body, what)
+            if file_key is not None:
+                return file_key
     return None
 
 
@@ -163,12 +311,11 @@ def plaintext_size(payload: int, what: str) -> int:
     return full * CHUNK + (rest - TAG if rest else 0)
 
 
-def decrypt_into(data: Any, secrets: list[bytes], what: str,
+def decrypt_into(data: Any, identities: list[Any], what: str,
                  allocate: Callable[[int], Any]) -> bool:
-    """Decrypt the age file ``data`` (bytes-like) with the X25519 ``secrets``, each chunk
+    """Decrypt the age file ``data`` (bytes-like) with ``identities``, each chunk
     straight into ``allocate(plaintext size)`` (a writable buffer), on one thread per core
-    (see :func:`_each_run`). False when no X25519 stanza opens to these secrets (the caller
-    tries its other identities).
+    (see :func:`_each_run`). False when no stanza opens to these identities.
 
     Raises:
         FormatError: a malformed header or payload.
@@ -179,7 +326,7 @@ def decrypt_into(data: Any, secrets: list[bytes], what: str,
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
     stanzas, covered, mac, start = _parse_header(data, what)
-    file_key = _file_key(stanzas, secrets, what)
+    file_key = _file_key(stanzas, identities, what)
     if file_key is None:
         return False
     expected = hmac.new(_hkdf(file_key, b"", b"header"), covered, hashlib.sha256).digest()
@@ -255,22 +402,24 @@ def _each_run(job: Callable[[range], None], chunks: int) -> None:
             future.result()
 
 
-def encrypt(data: Any, publics: list[bytes]) -> bytearray:
-    """``data`` encrypted to the X25519 public keys ``publics``: a fresh file key, one stanza
-    each, the header MAC, the STREAM payload encrypted chunk by chunk into the output (one
-    run of chunks a core, as :func:`decrypt_into`)."""
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+def _stanza_lines(args: list[bytes], body: bytes) -> list[bytes]:
+    """A stanza as the spec writes it: its line, then its body in 64-column base64 lines, the
+    last one shorter (empty when the body fills whole lines)."""
+    text = _b64(body)
+    return [b"-> " + b" ".join(args)] + [text[i:i + 64] for i in range(0, len(text), 64)] + (
+        [b""] if len(text) % 64 == 0 else [])
+
+
+def encrypt(data: Any, recipients: list[Any]) -> bytearray:
+    """``data`` encrypted to ``recipients`` (each ``wrap``s the file key in its stanza): a
+    fresh file key, the header MAC, the STREAM payload encrypted chunk by chunk into the
+    output (one run of chunks a core, as :func:`decrypt_into`)."""
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-    file_key = os.urandom(16)
+    file_key = os.urandom(FILE_KEY)
     header = [VERSION_LINE]
-    for public in publics:
-        ephemeral = X25519PrivateKey.generate()
-        share = ephemeral.public_key().public_bytes_raw()
-        shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(public))
-        wrapped = ChaCha20Poly1305(_hkdf(shared, share + public, _X25519_LABEL)).encrypt(
-            bytes(12), file_key, None)
-        header += [b"-> X25519 " + _b64(share), _b64(wrapped)]
+    for recipient in recipients:
+        header += _stanza_lines(*recipient.wrap(file_key))
     covered = b"\n".join(header) + b"\n---"
     mac = hmac.new(_hkdf(file_key, b"", b"header"), covered, hashlib.sha256).digest()
     head = covered + b" " + _b64(mac) + b"\n"
