@@ -39,6 +39,7 @@ from .._util import constants
 from ..errors import SignatureError, UsageError
 from ..format import _lock as lockfile
 from ..trust import _age as age
+from ..trust._generation import manifest_names_readers
 
 #: The attribute a sealed memory instance (or vector database client) carries.
 SEALS_ATTR = "_cubepack_seals"
@@ -84,8 +85,8 @@ def loaded_seal(source: Any, manifest: dict[str, Any], public_lock: dict[str, An
     if named:
         return Seal(tuple(sorted(named)), True, str(source), cube_id,
                     bool(encryption.get("hidden_names")))
-    return Seal(tuple(sorted(manifest["recipients"])), signed_by is not None, str(source),
-                cube_id, bool(encryption.get("hidden_names")))
+    return Seal(tuple(sorted(manifest["recipients"])), manifest_names_readers(signed_by),
+                str(source), cube_id, bool(encryption.get("hidden_names")))
 
 
 # --- marks on memory instances and stores -------------------------------------------------------

@@ -270,7 +270,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
                              "refuse a lower one).")
         if seen is not None and seen[1].generation >= generation:
             raise _replay(cube, manifest, seen, signer)
-        if signer is None and named is None:
+        if not generations.manifest_names_readers(signer) and named is None:
             raise SignatureError(
                 f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
                 "key, so its recipient list is the word of whoever wrote it last, and would "

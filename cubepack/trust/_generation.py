@@ -369,3 +369,12 @@ def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, 
     return Check(CHECK, subject, True, f"generation {generation}: none of the {walked} "
                  "commit(s) walked holds a newer generation of this private cube signed by a "
                  f"trusted key; {SQUASH}")
+
+
+def manifest_names_readers(signed_by: str | None) -> bool:
+    """May a private cube's manifest choose who reads a re-encryption of its memories (a
+    ``rekey`` keeping its recipients, a MemOS dump of what it held)? Only when a trusted key's
+    signature covered the cube (``signed_by``: the signature covers the public lock, which pins
+    the manifest's ciphertext). An unsigned (or untrusted) manifest is whoever wrote it last's
+    word: the user names the readers instead. The one owner of that rule."""
+    return signed_by is not None
