@@ -53,6 +53,7 @@ from ..kv._torch import (
     cache_from_layers,
     cache_layers,
     content_digest,
+    holds_nothing,
     initialise_assigned_layers,
     live_layers,
 )
@@ -550,15 +551,12 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
 
 
 def _is_empty(cache: Any) -> bool:
-    """True when *every* layer holds no position. ``get_seq_length()`` reads layer 0 only, so
-    a cache with an empty first layer and another model's tensors behind it is not empty:
-    it is checked like any other."""
+    """True when *every* layer holds no position, judged on where each layer keeps its content
+    (:func:`~cubepack.kv._torch.holds_nothing`). ``get_seq_length()`` reads layer 0 only, and a
+    quantized, linear-attention or KV-sharing layer keeps its content beside empty ``keys``: a
+    cache with such a layer, or an empty first layer and another model's tensors behind it, is
+    not empty: it is checked like any other."""
     try:
-        layers = cache if isinstance(cache, (tuple, list)) else cache.layers
-        for layer in layers:
-            keys = layer[0] if isinstance(layer, (tuple, list)) else getattr(layer, "keys", None)
-            if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
-                return False
-        return True
+        return holds_nothing(cache)
     except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
         return False
