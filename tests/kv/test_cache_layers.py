@@ -24,7 +24,7 @@ from transformers import cache_utils
 
 import cubepack
 from cubepack import IdentityMismatch, UnsupportedError
-from cubepack.kv._torch import cache_layers, prefill
+from cubepack.kv._torch import cache_layers, prefill, stored_kind
 
 MAJOR = int(transformers.__version__.split(".")[0])
 IDS = torch.tensor([[1, 17, 42, 7, 99, 5, 6, 8]])
@@ -239,6 +239,106 @@ def test_an_offloaded_cache_is_checked_on_its_content(models):
     assert guarded(models["b"])(offloaded)[0] == "used"
     with pytest.raises(IdentityMismatch, match="weights_digest"):
         guarded(models["a"])(offloaded)
+
+
+# --- the cache classes: their content is their layers, or they are refused ---------------------
+
+LAYERS_DECIDE = "its layers"  # holds its content in .layers: the layer rule above decides
+REFUSED = "refused"  # keeps its content outside .layers: refused as a whole
+REMOVED = "removed"  # the class only raises (transformers moved it to the Hub)
+
+#: Each cache class: (how cubepack treats it, the transformers major versions defining it).
+CACHES = {
+    "Cache": (LAYERS_DECIDE, {4, 5}),
+    "DynamicCache": (LAYERS_DECIDE, {4, 5}),
+    "OffloadedCache": (LAYERS_DECIDE, {4}),  # DynamicCache(offloading=True)
+    "MtpCache": (LAYERS_DECIDE, {5}),  # query offsets only: its keys/values are its layers'
+    "DFlashCache": (LAYERS_DECIDE, {5}),
+    "StaticCache": (LAYERS_DECIDE, {4, 5}),  # static layers: refused by the layer rule
+    "OffloadedStaticCache": (LAYERS_DECIDE, {4}),
+    "SlidingWindowCache": (LAYERS_DECIDE, {4, 5}),
+    "HybridCache": (LAYERS_DECIDE, {4}),
+    "HybridChunkedCache": (LAYERS_DECIDE, {4}),
+    "OffloadedHybridCache": (LAYERS_DECIDE, {4}),
+    "QuantizedCache": (REFUSED, {4, 5}),  # by its name too: quantized layers
+    "QuantoQuantizedCache": (REFUSED, {4}),
+    "HQQQuantizedCache": (REFUSED, {4}),
+    "EncoderDecoderCache": (REFUSED, {4, 5}),  # two caches inside, no layers of its own
+    "SinkCache": (REMOVED, {4}),
+}
+
+
+def swept_caches() -> set[str]:
+    return {name for name, value in vars(cache_utils).items()
+            if inspect.isclass(value) and value.__module__ == cache_utils.__name__
+            and issubclass(value, cache_utils.Cache)}
+
+
+def test_the_sweep_finds_exactly_the_cache_classes_of_the_table():
+    assert swept_caches() == {name for name, (_, majors) in CACHES.items() if MAJOR in majors}
+
+
+def build_cache_of(name, model):
+    """A ``name`` cache holding ``model``'s prefill of IDS: its own forward where it runs here,
+    else its layers filled one by one (offloading needs an accelerator's streams), else (a
+    quantization backend not installed) the class built around quantized layers."""
+    cls = getattr(cache_utils, name)
+    params = inspect.signature(cls.__init__).parameters
+    options = {key: value for key, value in (("config", model.config), ("max_cache_len", 16),
+                                             ("backend", "fp8")) if key in params}
+    if name == "Cache":
+        options = {"layer_class_to_replicate": cache_utils.DynamicLayer}
+    own = prefill(model, IDS)
+    try:
+        cache = cls(*(cache_utils.DynamicCache(config=model.config) for _ in range(2))) \
+            if name == "EncoderDecoderCache" else cls(**options)
+    except (ImportError, ValueError):  # optimum-quanto / hqq absent, or no fp8 backend (4.57)
+        cache = cls.__new__(cls)
+        cache.layers = [build_layer("QuantoQuantizedLayer", layer.keys.clone(),
+                                    layer.values.clone()) for layer in own.layers]
+        return cache
+    if name == "EncoderDecoderCache":
+        cache.self_attention_cache = own
+        return cache
+    try:
+        with torch.no_grad():
+            model(IDS, past_key_values=cache, use_cache=True)
+        return cache
+    except AssertionError:  # "Torch not compiled with CUDA enabled": offloading's streams
+        layers = cache.layers  # static layers are rewritten in place; dynamic ones afresh
+        if len(layers) != len(own.layers) or any(stored_kind(layer) for layer in layers):
+            layers = cache.layers = [cache_utils.DynamicLayer() for _ in own.layers]
+        for layer, source in zip(layers, own.layers):
+            layer.update(source.keys.clone(), source.values.clone(),
+                         {"cache_position": torch.arange(IDS.shape[1])})
+        return cache
+
+
+CACHE_NAMES = sorted(name for name, (how, majors) in CACHES.items()
+                     if MAJOR in majors and how != REMOVED)
+
+
+@pytest.mark.parametrize("name", CACHE_NAMES)
+def test_every_cache_class_is_checked_on_its_content(models, name):
+    """Model B's content, in a cache of each class, never reaches model A; where the layers
+    are transformers' dynamic ones, it is B's (registered) and reaches B."""
+    from cubepack.memos._use import register
+
+    cache = build_cache_of(name, models["b"])
+    with pytest.raises((IdentityMismatch, UnsupportedError)):
+        guarded(models["a"])(cache)
+    layers = getattr(cache, "layers", None) or []
+    if CACHES[name][0] == LAYERS_DECIDE and all(stored_kind(layer) for layer in layers):
+        register(cache, name, cubepack.fingerprint(models["b"]), {})
+        assert guarded(models["b"])(cache)[0] == "used"
+        with pytest.raises(IdentityMismatch, match="weights_digest"):
+            guarded(models["a"])(cache)
+
+
+def test_a_removed_cache_class_cannot_be_made():
+    for name in (n for n, (how, majors) in CACHES.items() if how == REMOVED and MAJOR in majors):
+        with pytest.raises(NotImplementedError):
+            getattr(cache_utils, name)()
 
 
 def test_through_memos_a_quantized_cache_of_model_b_is_refused_for_model_a(zoo):
