@@ -182,6 +182,7 @@ def test_another_models_content_never_reaches_the_model_whatever_its_layer_class
     with pytest.raises(IdentityMismatch) as refused:
         guarded(models["a"])(cache)
     message = str(refused.value)
+    assert "produced by" not in message  # it names no producer: "produced by a different model ()"
     how, _ = LAYERS[name]
     if how == STORED:
         assert "of unknown origin" in message
