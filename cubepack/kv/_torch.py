@@ -64,6 +64,14 @@ def _class_name(layer: Any) -> str:
     return cls.__qualname__ if own else f"{cls.__module__}.{cls.__qualname__}"
 
 
+def layer_classes(cache: Any) -> str:
+    """The classes of ``cache``'s layers, for a message (or the cache's own, with none)."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return type(cache).__qualname__
+    return ", ".join(sorted({_class_name(layer) for layer in layers}))
+
+
 def holds_nothing(cache: Any) -> bool:
     """True when no layer of ``cache`` holds a position. Only a layer whose whole content is
     its keys and values (:func:`stored_kind`) can show that; a layer of any other class may
@@ -184,9 +192,9 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     """
     contradictions = structure_problems(live_layers(layers), producer)
     if contradictions:
-        raise IdentityMismatch("This cache", contradictions,
-                               "It was not built by the declared producer; name the model that "
-                               "built it.")
+        raise IdentityMismatch("This cache", contradictions).about(
+            "This cache", "It was not built by the declared producer; name the model that "
+                          "built it.")
     tensors: dict[str, Any] = {}
     entries = []
     for index, (kind, cumulative, keys, values) in enumerate(layers):

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import CubepackError, IdentityMismatch, Mismatch, UnsupportedError
+from ..identity._config_fields import declared_context
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import structure_problems
@@ -55,6 +56,7 @@ from ..kv._torch import (
     content_digest,
     holds_nothing,
     initialise_assigned_layers,
+    layer_classes,
     live_layers,
 )
 from ..memory._reprefill import reprefill
@@ -431,17 +433,26 @@ def _remember_changed(cache: Any, record: Produced) -> None:
             pass
 
 
+#: How a refusal by :func:`use_problems` reads (what, then these): the producer may match.
+USE_FINDING = "cannot be used by this model as MemOS uses a cache"
+USE_ADVICE = ("MemOS generates from one sequence, within the positions the model's config "
+              "declares (max_position_embeddings, or its RoPE scaling's factor x its original "
+              "length); use a model whose context holds it, or a shorter memory")
+
+
 def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
     """What no stored cache may be for a model that generates from it: a batch other than
-    one sequence (MemOS's prompt is one), or more positions than the model was built for."""
+    one sequence (MemOS's prompt is one), or more positions than the model's config declares
+    it attends over (its RoPE scaling included: :func:`declared_context`). Neither is a
+    producer field: the model that made it may be this one."""
     found = []
     batch = {int(keys.shape[0]) for _, _, keys, _ in layers if keys.dim() == 4}
     if batch and batch != {1}:
         found.append(Mismatch("batch", 1, max(batch)))
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limit, how = declared_context(getattr(model, "config", None))
     longest = max((int(cumulative) for _, cumulative, _, _ in layers), default=0)
-    if type(limit) is int and longest > limit:
-        found.append(Mismatch("seq_length", f"<= {limit} (max_position_embeddings)", longest))
+    if limit is not None and longest > limit:
+        found.append(Mismatch("seq_length", f"<= {limit} ({how})", longest))
     return found
 
 
@@ -460,9 +471,12 @@ def for_use(llm: Any, cache: Any, policy: str,
     live = live_identity(model, call)  # a model cubepack cannot read: typed, naming the call
     try:
         layers = cache_layers(cache)
-    except CubepackError as exc:
-        raise IdentityMismatch("A KV cache handed to HFLLM.generate", [],
-                               f"It cannot be used by cubepack's guard: {exc}") from exc
+    except CubepackError as exc:  # a layer keeping its content elsewhere: never read as empty
+        raise IdentityMismatch(
+            "A KV cache handed to HFLLM.generate", [Mismatch(
+                "layers", "transformers' DynamicLayer / DynamicSlidingWindowLayer",
+                layer_classes(cache))], str(exc),
+            finding="cannot be checked by cubepack's guard") from exc
     record, state = lookup(cache, layers)
     name = getattr(model, "name_or_path", "the model")
     if state == "changed":
@@ -492,17 +506,21 @@ def for_use(llm: Any, cache: Any, policy: str,
             logger.warning("cubepack: %s: rebuilt with the consuming model", what)
             register(done.cache, record.item_id, live, record.metadata, done.token_ids)
             return fresh_view(done.cache, model)
-        hint = ("It changed after cubepack checked it (grown by a direct generation call, or "
-                "its tensors replaced), so it is no longer the stored memory; reload the cube "
-                "or re-extract it." if state == "changed" else
-                REGISTER_ADVICE + "." if record is None else
-                "The chat model is not the model that produced this cache; chat with the cube's "
-                "pinned model (MOSConfig.chat_model), or install the hook with "
-                "on_mismatch='drop' (answer without the cache) or 'rebuild' (re-extract it with "
-                "the chat model).")
-        raise IdentityMismatch(what, mismatches, hint,
-                               finding=UNKNOWN_FINDING if record is None
-                               else "was produced by a different model")
+        policies = ("install the hook with on_mismatch='drop' (answer without the cache) or "
+                    "'rebuild' (re-extract it with the chat model).")
+        if state == "changed":
+            hint, finding = ("It was grown by a direct generation call, or its tensors were "
+                             "replaced, so it is no longer the stored memory; reload the cube "
+                             "or re-extract it."), "changed after cubepack checked it"
+        elif record is None:
+            hint, finding = REGISTER_ADVICE + ".", UNKNOWN_FINDING
+        elif any(m.of_producer for m in mismatches):
+            hint, finding = ("The chat model is not the model that produced this cache; chat "
+                             "with the cube's pinned model (MOSConfig.chat_model), or "
+                             + policies), None  # None: the producer's fields say so
+        else:  # its producer is this model: the cache itself does not fit it
+            hint, finding = USE_ADVICE + ", or " + policies, USE_FINDING
+        raise IdentityMismatch(what, mismatches, hint, finding=finding)
     return fresh_view(cache, model, layers)
 
 

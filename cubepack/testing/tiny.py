@@ -81,9 +81,9 @@ ROPE_SCALINGS = ("yarn", "dynamic", "longrope")
 
 def rope_scaled_config(kind: str, positions: int = 32, factor: float = 4.0) -> Any:
     """A Llama whose RoPE ``kind`` (YaRN, dynamic NTK, LongRoPE) scales ``positions`` by
-    ``factor``: ``max_position_embeddings`` stays ``positions`` (Qwen2.5's documented way to
-    turn YaRN on; what dynamic scaling grows past), so the model's own caches up to
-    ``factor * positions`` are longer than that field."""
+    ``factor``: ``max_position_embeddings`` stays ``positions`` (as Qwen2.5 turns YaRN on: a
+    factor over the pretraining length; what dynamic scaling grows past), so the model's own
+    caches up to ``factor * positions`` are longer than that field."""
     from transformers import LlamaConfig
 
     scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
