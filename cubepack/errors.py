@@ -4,7 +4,7 @@
 
     CubepackError                      3  anything else
     ├── RefusedError                   1  the input exists and was read, but is not what was promised
-    │   ├── IdentityMismatch              a memory belongs to another model (fields named)
+    │   ├── IdentityMismatch              a memory belongs to another model, or does not fit it
     │   ├── IntegrityError                bytes differ from what the lock records
     │   │   ├── VerificationFailed        a cube failed verification (``.report``)
     │   │   └── RecomputationFailed       the producer does not reproduce a cache
