@@ -74,6 +74,12 @@ USER_ASSERTED = {"kind": ASSERTED, "detail": "registered by the user "
 #: The label a merge takes from a part with no record (the weakest; checked_parts refuses such
 #: parts before a merge, so this is a floor, not a path).
 NO_RECORD = {"kind": ASSERTED, "detail": "a part with no producer record"}
+#: The strongest label a merge carries: each part is its producer's (recorded), but the merge is
+#: no prefill of its tokens (its later parts' positions restart at 0 and never attended to the
+#: earlier ones), so a part's ``recomputed`` never passes to it.
+MERGED = {"kind": RECORDED, "detail": "a merge of activations (KVCacheMemory.get_cache): each "
+                                      "part is its producer's; the merge is no prefill of "
+                                      "their tokens"}
 
 
 @dataclass(frozen=True)
@@ -388,7 +394,8 @@ def checked_parts(caches: list[Any], policy: str) -> list[Any]:
 
 def merged(caches: list[Any], result: Any) -> Any:
     """After MemOS's ``_concat_caches``: the merged cache holds its parts (MemOS's merge is
-    empty to transformers >= 4.56 otherwise) and carries their producer.
+    empty to transformers >= 4.56 otherwise) and carries their producer, labelled as its
+    weakest part, at most ``recorded`` (:data:`MERGED`).
 
     Raises:
         IdentityMismatch: the parts were produced by different models (no model's cache).
@@ -413,6 +420,8 @@ def merged(caches: list[Any], result: Any) -> Any:
         ids = tuple(token for record, _ in found for token in record.token_ids)
     weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
+    if STRENGTH.get(weakest.get("kind"), 0) > STRENGTH[RECORDED]:
+        weakest = MERGED
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
                       first.producer, {}, ids, dict(weakest),
                       frozenset().union(*(record.seals for record, _ in known)))
