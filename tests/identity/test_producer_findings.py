@@ -10,6 +10,8 @@ shape against its producer's, mark a difference as the producer's); each site be
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -109,3 +111,65 @@ def test_memos_a_pickled_cache_whose_layers_disagree_is_not_blamed_on_the_model(
         hook.uninstall()
     message = str(refused.value)
     assert ANOTHER not in message and "not the one that produced it" not in message
+
+
+# --- every sentence that blames another model, swept from the source ---------------------------
+
+#: What a message says when it blames another model (or tells the user the model is not the
+#: producer), as a pattern over cubepack's string literals (docstrings and comments aside).
+BLAME = re.compile(r"another model|different models?\b|other model|not the (model|one) that "
+                   r"produced|produced by|model that produced", re.IGNORECASE)
+#: Each place such a sentence is said (module: function), and what keeps it true there. A new
+#: one fails :func:`test_every_sentence_blaming_another_model_is_kept_true` until it is here.
+BLAMES = {
+    "errors.py: IdentityMismatch": "said only when every mismatch is a producer field "
+                                   "(of_producer), else the refusal's own finding",
+    "errors.py: __init__": "IdentityMismatch's default advice, given only when of_producer",
+    "errors.py: VerificationFailed": "a fix for a failed recomputation, not a finding",
+    "memos/_use.py: register_cache": "compare() of the record's producer with the model",
+    "memos/_use.py: checked_add": "compare() of the record's producer with the memory's model",
+    "memos/_use.py: merged": "compare() of two parts' producers",
+    "memos/_use.py: for_use": "only when a mismatch is a producer field (of_producer)",
+    "memos/_activations.py: load_unpacked": "a MemOS producer record contradicts the model",
+    "memos/_activations.py: apply_policy": "only when the mismatch is the producer's",
+    "memos/_activations.py: _add_prompts": "the record names another served model",
+    "memos/_activations.py: _load_prompt_file": "the file or pin names another served model",
+    "memos/_load.py: _pin_models": "config.json names another model than the lock's pin",
+    "ops/_pack.py: _producer_provenance": "a MemOS producer record contradicts the pin",
+    "ops/_pack.py: _activation_entries": "compare() of the header's producer with the pin",
+    "ops/_upgrade.py: _upgrade_file": "format 1's producer fields differ from the model",
+    "testing/tiny.py: (module)": "a line of the tiny tokenizer's training text, no message",
+}
+
+
+def blame_sites() -> dict[str, list[str]]:
+    """(module: innermost function or class) -> the blaming literals said there."""
+    import ast
+    from pathlib import Path
+
+    package = Path(cubepack.__file__).parent
+    found: dict[str, list[str]] = {}
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+    def visit(node, where, docstring):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, scopes):
+                body = child.body
+                first = body[0].value if body and isinstance(body[0], ast.Expr) else None
+                visit(child, f"{module}: {child.name}", first)
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str) \
+                    and child is not docstring and BLAME.search(child.value):
+                found.setdefault(where, []).append(child.value)
+            else:
+                visit(child, where, docstring)
+
+    for path in sorted(package.rglob("*.py")):
+        module = path.relative_to(package).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        first = tree.body[0].value if tree.body and isinstance(tree.body[0], ast.Expr) else None
+        visit(tree, f"{module}: (module)", first)
+    return found
+
+
+def test_every_sentence_blaming_another_model_is_kept_true():
+    assert set(blame_sites()) == set(BLAMES)
