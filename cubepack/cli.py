@@ -67,8 +67,9 @@ _POLICY_CLI: list[tuple[str, Callable[..., Any]]] = [
                                help="Prove each KV cache: the model's prefill must reproduce it.")),
     ("recompute_tokens", click.option(
         "--recompute-tokens", type=click.IntRange(min=1),
-        help="Compare N positions of each cache, drawn at random (implies --recompute; never "
-             "proves 'recomputed').")),
+        help="Compare N positions of each cache, drawn at random (implies --recompute): a "
+             "sample never proves 'recomputed'; N at least the cache's token count compares "
+             "every position, a full check.")),
     ("seed", click.option("--seed", type=int,
                           help="Seed of the verifier's random draws (positions, probes, memories "
                                "re-embedded), to repeat a run; default: fresh, reported.")),

@@ -4,7 +4,7 @@
 
     CubepackError                      3  anything else
     ├── RefusedError                   1  the input exists and was read, but is not what was promised
-    │   ├── IdentityMismatch              a memory belongs to another model (fields named)
+    │   ├── IdentityMismatch              a memory belongs to another model, or does not fit it
     │   ├── IntegrityError                bytes differ from what the lock records
     │   │   ├── VerificationFailed        a cube failed verification (``.report``)
     │   │   └── RecomputationFailed       the producer does not reproduce a cache
@@ -26,6 +26,7 @@ what to do about it.
 """
 
 from dataclasses import dataclass as _dataclass
+from dataclasses import field as _field
 from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
@@ -49,11 +50,18 @@ class RefusedError(CubepackError):
 
 @_dataclass(frozen=True)
 class Mismatch:
-    """One field that differs between what was recorded (expected) and what is here (found)."""
+    """One field that differs between what was recorded (expected) and what is here (found).
+
+    ``of_producer``: the field is part of a producer's identity (two model identities compared,
+    a cache's shape against its producer's geometry), so the difference means another model
+    made it. Set only where that comparison is made; everything else (a length, a batch, ids,
+    bytes against a pin) is refused for what it is.
+    """
 
     field: str
     expected: _Any
     found: _Any
+    of_producer: bool = _field(default=False, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.field}: expected {_show(self.expected)}, found {_show(self.found)}"
@@ -65,25 +73,47 @@ def _show(value: _Any) -> str:
 
 
 class IdentityMismatch(RefusedError):
-    """A KV cache (or pinned model) was produced by a model other than the one offered.
+    """A memory does not match the model (or pin) it is offered to: produced by another model,
+    or unusable by this one (a length, a batch, ids outside its vocabulary).
 
-    ``mismatches`` lists every differing strict field with expected (producer) and found (live)
-    values.
+    ``mismatches`` lists every differing field with expected and found values. The message
+    says the memory "was produced by a different model" only when every mismatch is a field of
+    the producer's identity (:attr:`of_producer`); a caller's ``finding`` replaces it.
     """
 
+    #: The finding when every mismatch is a producer field (and the only one that says so).
+    ANOTHER_MODEL = "was produced by a different model"
+
     def __init__(self, what: str, mismatches: list[Mismatch], advice: str | None = None, *,
-                 finding: str = "was produced by a different model"):
+                 finding: str | None = None):
         self.what = what
         self.mismatches = list(mismatches)
         fields = "; ".join(str(m) for m in self.mismatches)
-        advice = advice or (
+        if finding is None:
+            finding = self.ANOTHER_MODEL if self.of_producer else "does not match"
+        self.finding = finding
+        self.advice = advice or (
             "Load it into the model that produced it, or rebuild the cache with this model."
-        )
-        super().__init__(f"{what} {finding} ({fields}). {advice}")
+            if self.of_producer else
+            "Nothing was loaded from it; use a memory made for this model, as it was made.")
+        super().__init__(f"{what} {finding} ({fields}). {self.advice}")
 
     @property
     def fields(self) -> list[str]:
         return [m.field for m in self.mismatches]
+
+    def about(self, what: str, producer_advice: str) -> "IdentityMismatch":
+        """The same refusal, of ``what``: ``producer_advice`` when it is the producer's (a
+        caller's "give the model that made it" never answers a cache's own faults), else
+        this refusal's own finding and advice."""
+        if self.of_producer:
+            return IdentityMismatch(what, self.mismatches, producer_advice)
+        return IdentityMismatch(what, self.mismatches, self.advice, finding=self.finding)
+
+    @property
+    def of_producer(self) -> bool:
+        """Every mismatch is a field of the producer's identity: another model made it."""
+        return bool(self.mismatches) and all(m.of_producer for m in self.mismatches)
 
 
 class IntegrityError(RefusedError):

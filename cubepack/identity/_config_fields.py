@@ -105,6 +105,45 @@ def geometry_from_config(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def declared_context(config: Any) -> tuple[int | None, str]:
+    """(positions, what declares them): how many positions a model's config (a dict, or a
+    transformers config object) says it attends over; (None, "") when it states no limit.
+
+    ``max_position_embeddings`` (``n_positions``), unless a RoPE scaling extends it: YaRN,
+    dynamic NTK, LongRoPE, linear and Llama 3 scalings run the model past that field, to
+    ``factor x original_max_position_embeddings`` (the original defaulting to
+    ``max_position_embeddings``, as transformers reads it; the larger of the two counts). A
+    scaling with no factor (LongRoPE's Phi-3 form) declares ``max_position_embeddings``.
+    """
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        return None, ""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    declared = _first(text, "max_position_embeddings", "n_positions")
+    if type(declared) is not int or declared <= 0:
+        return None, ""
+    best, how = declared, f"max_position_embeddings {declared}"
+    params = text.get("rope_parameters")
+    nested = isinstance(params, dict) and params and all(isinstance(v, dict)
+                                                        for v in params.values())
+    scalings = list(params.values()) if nested else [_canonical_rope(text)]
+    for scaling in scalings:
+        merged = {**(scaling.get("rope_scaling") or {}), **scaling} \
+            if isinstance(scaling.get("rope_scaling"), dict) else scaling
+        factor = merged.get("factor")
+        original = merged.get("original_max_position_embeddings") or \
+            text.get("original_max_position_embeddings") or declared
+        if isinstance(factor, (int, float)) and type(original) is int and factor > 0:
+            extended = int(factor * original)
+            if extended > best:
+                kind = merged.get("rope_type") or merged.get("type") or "scaled"
+                best, how = extended, (f"{kind} RoPE scaling: factor {factor} x "
+                                       f"{original} positions, past max_position_embeddings "
+                                       f"{declared}")
+    return best, how
+
+
 def _first(config: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         if config.get(key) is not None:

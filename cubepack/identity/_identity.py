@@ -167,13 +167,13 @@ def compare(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
         if name in _KEYED_FIELDS and isinstance(want, dict) and isinstance(have, dict):
             mismatches.extend(compare_keyed(name, want, have))
         elif want != have:
-            mismatches.append(Mismatch(name, want, have))
+            mismatches.append(Mismatch(name, want, have, of_producer=True))
     return mismatches
 
 
 def compare_warnings(expected: ModelIdentity, found: ModelIdentity) -> list[Mismatch]:
     """Fields that differ but do not invalidate a cache (chat template, special tokens)."""
-    return [Mismatch(name, getattr(expected, name), getattr(found, name))
+    return [Mismatch(name, getattr(expected, name), getattr(found, name), of_producer=True)
             for name in WARNING_FIELDS
             if getattr(expected, name) is not None and getattr(expected, name) != getattr(found, name)]
 
@@ -188,7 +188,8 @@ def compare_keyed(name: str, expected: dict[str, Any], found: dict[str, Any]) ->
     order = GEOMETRY_KEYS if name == "geometry" else ()
     keys = [k for k in order if k in expected or k in found]
     keys += sorted((set(expected) | set(found)) - set(keys))
-    return [Mismatch(f"{name}.{key}", expected.get(key, ABSENT), found.get(key, ABSENT))
+    return [Mismatch(f"{name}.{key}", expected.get(key, ABSENT), found.get(key, ABSENT),
+                     of_producer=True)
             for key in keys if expected.get(key, ABSENT) != found.get(key, ABSENT)]
 
 

@@ -229,20 +229,24 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
     """Where a cache's layers contradict its producer's geometry and KV dtype (pure).
 
     One rule for both directions: a file header is refused with it, and a cache about to be
-    written under a producer's name is refused with it.
+    written under a producer's name is refused with it. A contradiction of the producer's
+    geometry or dtype is the producer's (``of_producer``: that model cannot have made it); a
+    rank, a length or a batch its layers disagree on is the cache's own.
     """
     geometry = producer.geometry
     found: list[Mismatch] = []
     if geometry.get("num_layers") is not None and len(layers) != geometry["num_layers"]:
-        return [Mismatch("geometry.num_layers", geometry["num_layers"], len(layers))]
+        return [Mismatch("geometry.num_layers", geometry["num_layers"], len(layers),
+                         of_producer=True)]
     dtypes = sorted({dtype for layer in layers for dtype in (layer.keys_dtype, layer.values_dtype)})
     if dtypes and dtypes != [producer.kv_dtype]:  # one line, not one per layer
-        found.append(Mismatch("kv_dtype", producer.kv_dtype, ", ".join(dtypes)))
+        found.append(Mismatch("kv_dtype", producer.kv_dtype, ", ".join(dtypes), of_producer=True))
     layer_types = geometry.get("layer_types") or []
     for index, layer in enumerate(layers):
         where = f"layers[{index}]"
         if index < len(layer_types) and layer_types[index] != layer.type:
-            found.append(Mismatch(f"{where}.type", layer_types[index], layer.type))
+            found.append(Mismatch(f"{where}.type", layer_types[index], layer.type,
+                                  of_producer=True))
         if len(layer.keys_shape) != 4 or len(layer.values_shape) != 4:
             found.append(Mismatch(f"{where}.rank", 4, len(layer.keys_shape)))
             continue
@@ -251,10 +255,11 @@ def structure_problems(layers: list[StoredLayer], producer: ModelIdentity) -> li
                                   list(layer.values_shape[:3])))
         for key, axis in (("num_kv_heads", 1), ("head_dim", 3)):
             if geometry.get(key) is not None and layer.keys_shape[axis] != geometry[key]:
-                found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis]))
+                found.append(Mismatch(f"{where}.{key}", geometry[key], layer.keys_shape[axis],
+                                      of_producer=True))
         if geometry.get("head_dim") is not None and layer.values_shape[3] != geometry["head_dim"]:
             found.append(Mismatch(f"{where}.values_head_dim", geometry["head_dim"],
-                                  layer.values_shape[3]))
+                                  layer.values_shape[3], of_producer=True))
         found.extend(_length_problems(where, layer, geometry))
     if not found:
         found.extend(_shared_shape_problems(layers))

@@ -473,8 +473,9 @@ def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: st
 
 def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
     """Are the stored layers these, bit for bit: the same layer types, lengths, shapes,
-    dtypes and values (NaN never equals itself, so a NaN is never identical), sign bits
-    included (``==`` calls -0.0 and +0.0 equal: their bytes differ)?"""
+    dtypes and bytes? Bytes, not values: ``==`` calls -0.0 and +0.0 equal, and a process that
+    flushes denormals (``torch.set_flush_denormal``) reads a denormal as 0.0, yet their bytes
+    differ. A NaN is never identical (no prefill is proved by one)."""
     import torch
 
     if len(fresh) != len(stored):
@@ -487,10 +488,20 @@ def identical(fresh: list[tuple], stored: list[tuple]) -> bool:
                     or mine.dtype != theirs.dtype):
                 return False
             theirs = theirs.to(mine.device)
-            if not (torch.equal(mine, theirs)
-                    and torch.equal(torch.signbit(mine), torch.signbit(theirs))):
+            if bool(torch.isnan(mine).any()) or not torch.equal(_bits(mine), _bits(theirs)):
                 return False
     return True
+
+
+#: An integer dtype of each element width: a tensor's bits, compared without float rules.
+_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _bits(tensor: Any) -> Any:
+    """``tensor``'s bytes as integers of its element width (a view where it is contiguous)."""
+    import torch
+
+    return tensor.contiguous().view(getattr(torch, _BITS[tensor.element_size()]))
 
 
 def require_recomputed_here(runtime: Any, info: KVFileInfo,

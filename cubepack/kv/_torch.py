@@ -33,7 +33,65 @@ from ._format import (
     verify_checksums,
 )
 
+#: The transformers layer classes whose whole content is their keys and values (what a KV file
+#: stores), by name; a layer is one of them only if it is that very class of
+#: ``transformers.cache_utils`` (:func:`stored_kind`). Every other layer class may keep its
+#: content elsewhere: a quantized layer in its quantized states beside an emptied residual, a
+#: linear-attention layer in conv and recurrent states, a KV-sharing ``DummyLayer`` in another
+#: layer, a static layer in a preallocated buffer, a modeling file's subclass in more state.
 _SUPPORTED_LAYERS = {"DynamicLayer": FULL, "DynamicSlidingWindowLayer": SLIDING}
+
+
+@functools.cache
+def _stored_classes() -> dict[type, str]:
+    from transformers import cache_utils
+
+    return {getattr(cache_utils, name): kind for name, kind in _SUPPORTED_LAYERS.items()}
+
+
+def stored_kind(layer: Any) -> str | None:
+    """``full_attention`` / ``sliding_attention`` for a layer of exactly transformers'
+    ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` (not a subclass, not a class of that
+    name elsewhere), else None: a layer whose content may not be its keys and values."""
+    return _stored_classes().get(type(layer))
+
+
+def _class_name(layer: Any) -> str:
+    """A layer's class, qualified when it is not transformers' own (so a subclass named
+    ``DynamicLayer`` is never mistaken for it in a message)."""
+    cls = type(layer)
+    own = cls.__module__ == "transformers.cache_utils"
+    return cls.__qualname__ if own else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def layer_classes(cache: Any) -> str:
+    """The classes of ``cache``'s layers, for a message (or the cache's own, with none)."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return type(cache).__qualname__
+    return ", ".join(sorted({_class_name(layer) for layer in layers}))
+
+
+def holds_nothing(cache: Any) -> bool:
+    """True when no layer of ``cache`` holds a position. Only a layer whose whole content is
+    its keys and values (:func:`stored_kind`) can show that; a layer of any other class may
+    keep its content elsewhere (see ``_SUPPORTED_LAYERS``), so a cache holding one is never
+    empty here, whatever its ``keys`` or ``get_seq_length()`` say."""
+    if isinstance(cache, (tuple, list)):
+        return all(pair[0] is None or pair[0].dim() < 2 or int(pair[0].shape[-2]) == 0
+                   for pair in cache)
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return False
+    for layer in layers:
+        if stored_kind(layer) is None:
+            return False
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
+            return False
+        if int(getattr(layer, "cumulative_length", 0) or 0) > 0:  # positions seen, none kept
+            return False
+    return True
 
 
 def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
@@ -58,12 +116,14 @@ def cache_layers(cache: Any) -> list[tuple[str, int, Any, Any]]:
                                "DynamicCache (transformers >= 4.56) or a tuple of (keys, values).")
     layers = []
     for index, layer in enumerate(cache_layer_list):
-        kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
+        kind = stored_kind(layer)
         if kind is None:
             raise UnsupportedError(
-                f"Layer {index} of the cache is a {type(layer).__name__}; cubepack saves only "
-                "DynamicLayer and DynamicSlidingWindowLayer (quantized, static and linear-attention "
-                "caches cannot be stored losslessly as key/value tensors)."
+                f"Layer {index} of the cache is a {_class_name(layer)}; cubepack reads only "
+                "transformers' DynamicLayer and DynamicSlidingWindowLayer, whose content is "
+                "their keys and values (a quantized, static, linear-attention or KV-sharing "
+                "layer keeps it elsewhere, and cannot be checked or stored losslessly as "
+                "key/value tensors). Build the cache as a DynamicCache."
             )
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             raise UnsupportedError(f"Layer {index} of the cache is empty; run the model on the "
@@ -132,9 +192,9 @@ def write_kv_layers(layers: list[tuple[str, int, Any, Any]], path: str | os.Path
     """
     contradictions = structure_problems(live_layers(layers), producer)
     if contradictions:
-        raise IdentityMismatch("This cache", contradictions,
-                               "It was not built by the declared producer; name the model that "
-                               "built it.")
+        raise IdentityMismatch("This cache", contradictions).about(
+            "This cache", "It was not built by the declared producer; name the model that "
+                          "built it.")
     tensors: dict[str, Any] = {}
     entries = []
     for index, (kind, cumulative, keys, values) in enumerate(layers):
@@ -237,10 +297,10 @@ def cache_from_layers(layers: list[tuple[str, int, Any, Any]], config: Any, *, d
                                f"has {len(layers)}.")
     for index, (layer, (stored_type, cumulative, keys, values)) in enumerate(zip(cache.layers,
                                                                               layers)):
-        kind = _SUPPORTED_LAYERS.get(type(layer).__name__)
+        kind = stored_kind(layer)
         if kind != stored_type:
             raise UnsupportedError(f"Layer {index} is {stored_type} in {source} but the model "
-                                   f"builds a {type(layer).__name__}.")
+                                   f"builds a {_class_name(layer)}.")
         if device is not None:
             keys, values = keys.to(device), values.to(device)
         if copy:

@@ -67,7 +67,8 @@ def require_gguf(pinned: dict[str, Any], gguf: str | os.PathLike[str], what: str
                           "GGUF: cubepack import llamacpp FILE --gguf GGUF --model MODEL")
     found = gguf_pin(gguf)
     if found["sha256"] != pinned["sha256"]:
-        raise IdentityMismatch(what, [Mismatch("gguf.sha256", pinned["sha256"], found["sha256"])],
+        raise IdentityMismatch(what, [Mismatch("gguf.sha256", pinned["sha256"], found["sha256"],
+                                               of_producer=True)],
                                f"It was computed with {pinned.get('file', 'another GGUF')}; load "
                                "it into a llama.cpp model loaded from that file.")
 
@@ -116,9 +117,9 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
         return write_kv_layers(layers, target, producer=live, token_ids=info.tokens,
                                metadata=item)
     except IdentityMismatch as exc:
-        raise IdentityMismatch(f"The llama.cpp state {info.path.name}", exc.mismatches,
-                               "Its shapes are not this model's: give the Hugging Face folder "
-                               "the GGUF was converted from.") from None
+        raise exc.about(f"The llama.cpp state {info.path.name}",
+                        "Its shapes are not this model's: give the Hugging Face folder the "
+                        "GGUF was converted from.") from None
 
 
 def session_layers(info: SessionInfo, identity: ModelIdentity) -> list[tuple[str, int, Any, Any]]:
@@ -135,8 +136,9 @@ def session_layers(info: SessionInfo, identity: ModelIdentity) -> list[tuple[str
         if not heads or not dim or layer.row_elements != heads * dim:
             raise IdentityMismatch(f"The llama.cpp state {info.path.name}", [Mismatch(
                 f"layers[{index}].kv_heads * head_dim", (heads or 0) * (dim or 0),
-                layer.row_elements)], "Its shapes are not this model's: give the Hugging Face "
-                                      "folder the GGUF was converted from.")
+                layer.row_elements, of_producer=True)],
+                "Its shapes are not this model's: give the Hugging Face folder the GGUF was "
+                "converted from.")
         parts = []
         for dtype, offset, transposed in ((layer.k_type, layer.k_offset, False),
                                           (layer.v_type, layer.v_offset, info.v_trans)):

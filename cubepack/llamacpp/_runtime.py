@@ -210,7 +210,8 @@ def _load_pinned_session(llm: Any, path: Path, model: Any) -> dict[str, Any]:
     if not isinstance(pin, dict) or found != pin.get("session_sha256"):
         raise IdentityMismatch(what, [Mismatch("session_sha256", pin.get("session_sha256")
                                                if isinstance(pin, dict) else None, found)],
-                               "The state is not the one its pin describes; export it again.")
+                               "The state is not the one its pin describes; export it again.",
+                               finding="is not the state its pin describes")
     require_gguf(pin.get("gguf"), llm.model_path, what)
     if model is not None:
         _require_producer(pin.get("producer") or {}, model, what)

@@ -543,9 +543,9 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
     problems = shape_mismatches(info, shapes)
     if problems:
         raise IdentityMismatch(
-            f"Adapter {info.name!r} ({info.folder}/) does not fit the base {base} "
-            f"({source}): it", problems,
-            "Pass --adapter-base with the model the adapter was trained on.")
+            f"Adapter {info.name!r} ({info.folder}/)", problems,
+            "Pass --adapter-base with the model the adapter was trained on.",
+            finding=f"does not fit the base {base} ({source})")
     name = str(base) if isinstance(base, (str, Path)) else \
         (identity.model_id or getattr(base, "name_or_path", None))
     pin = {"name": name, "strict": True, "repo_id": identity.model_id if identity.revision
@@ -575,9 +575,10 @@ def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live:
         where = f"{pin['repo_id']}@{pin['revision']}" if pin.get("revision") else \
             "a local folder, by weights digest"
         raise IdentityMismatch(
-            f"Adapter {name!r} ({entry['path']}/) is pinned to another base ({where}); it",
-            problems, "Apply it to the base it was packed for (the same weights, in the same "
-            "dtype), or pack it again for this base if it was trained on it.")
+            f"Adapter {name!r} ({entry['path']}/)", problems,
+            "Apply it to the base it was packed for (the same weights, in the same dtype), or "
+            "pack it again for this base if it was trained on it.",
+            finding=f"is pinned to another base ({where})")
 
 
 def describe_entry(entry: dict[str, Any], pin: dict[str, Any] | None) -> str:

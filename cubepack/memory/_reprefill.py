@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import CubepackError, IdentityMismatch, Mismatch, RecomputationFailed
 from ..format._lock import RECOMPUTED
+from ..identity._config_fields import declared_context
 from ..identity._identity import ModelIdentity
 from ..kv._torch import cache_layers, prefill
 from ..memos_format._layout import item_metadata, memos_prompt_ids
@@ -101,12 +102,12 @@ def reprefill(model: Any, item_id: str, *, token_ids: list[int] | None,
                              identity=identity, tokenizer=tokenizer)
     # The ids (or the source text) are the cube's claim, of any length: refuse what the model
     # cannot attend over rather than prefill it (memory grows with the length).
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(limit, int) and len(ids) > limit:
+    limit, how = declared_context(getattr(model, "config", None))
+    if limit is not None and len(ids) > limit:
         raise RecomputationFailed(
             f"Activation {item_id!r} has {len(ids)} tokens, more than the new model attends "
-            f"over (max_position_embeddings {limit}); it cannot be rebuilt by this model. "
-            "Migrate to a model with a longer context, or shorten the memory.")
+            f"over ({limit}: {how}); it cannot be rebuilt by this model. Migrate to a model "
+            "with a longer context, or shorten the memory.")
     started = time.perf_counter()
     device = next(model.parameters()).device
     cache = prefill(model, torch.tensor([ids], device=device))

@@ -58,7 +58,16 @@ from ..memos_format._records import record_conflicts
 from ..ops._verify import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
-from ._use import UNKNOWN, UNKNOWN_FINDING, add_seals, produced, register, use_problems
+from ._use import (
+    UNKNOWN,
+    UNKNOWN_FINDING,
+    USE_ADVICE,
+    USE_FINDING,
+    add_seals,
+    produced,
+    register,
+    use_problems,
+)
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -160,7 +169,8 @@ class _Staged:
         problems = use_problems(layers, model)
         if problems:
             raise IdentityMismatch(f"Activation {item_id!r} of {self.cube_dir}", problems,
-                                   "No model can use it as MemOS does; do not load this cube.")
+                                   USE_ADVICE + "; or do not load this cube.",
+                                   finding=USE_FINDING)
         if self.policy.recompute:  # then MemOS gets the prefill the loading model ran
             provenance, layers = self._prove(item_id, layers, token_ids, header)
         cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
@@ -426,14 +436,18 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
              "on_mismatch='rebuild' (re-extract it from its source text) or 'drop'"
              if unknown else
              "The model MemOS loaded is not the one that produced it; load the cube with its "
-             "pinned model, or pass on_mismatch='drop' or 'rebuild'") +
+             "pinned model, or pass on_mismatch='drop' or 'rebuild'" if mismatch.of_producer
+             else "Its layers are not a cache as a model makes one (they disagree with each "
+             "other or with their lengths); re-extract it from its source text, or pass "
+             "on_mismatch='rebuild' or 'drop'") +
             " (to cubepack.memos.init_from_remote_repo / init_from_dir / install, or set "
             "CUBEPACK_MEMOS_ON_MISMATCH).",
             **({"finding": UNKNOWN_FINDING} if unknown else {})) from None
     if on_mismatch == "drop":
         logger.warning("cubepack: dropped activation %s of %s: %s (%s)", item_id,
                        staged.cube_dir, "its producer is unknown" if unknown
-                       else "produced by another model", ", ".join(mismatch.fields))
+                       else "produced by another model" if mismatch.of_producer
+                       else "not a cache as a model makes one", ", ".join(mismatch.fields))
         staged.report.dropped[item_id] = mismatch.fields
         return
     item = rebuild(staged.act_mem, item_id, metadata, token_ids=token_ids, producer=producer)
@@ -489,7 +503,7 @@ def _add_prompts(act_mem: Any, cube_dir: Path, dump: Any, report: HookReport) ->
             if isinstance(named, str) and named and named != served:
                 raise IdentityMismatch(
                     f"The vLLM prompt {item.id!r} of {cube_dir}",
-                    [Mismatch("record.model_name_or_path", served, named)],
+                    [Mismatch("record.model_name_or_path", served, named, of_producer=True)],
                     "Its producer record names another model than the one MemOS's vLLM server "
                     "serves; configure that model, or re-make the prompts for this one.")
     items = [_prompt_item(item.id, item.prompt, item.metadata, item.records)
@@ -539,7 +553,8 @@ def _load_prompt_file(act_mem: Any, cube_dir: Path, path: Path, pinned: set[str]
         {document["model"]} if isinstance(document.get("model"), str) else None)
     if expected is not None and served not in expected:
         raise IdentityMismatch(
-            f"The vLLM prompts of {cube_dir}", [Mismatch("model", sorted(expected), served)],
+            f"The vLLM prompts of {cube_dir}",
+            [Mismatch("model", sorted(expected), served, of_producer=True)],
             "The vLLM server MemOS is configured for serves another model than the one these "
             "prompts were made for; configure that model.")
     items, seen = [], set()

@@ -40,7 +40,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
         raise IdentityMismatch(f"The textual memories of {cube_dir}", [
             Mismatch("embedder", "the embedder that made the vectors", None)],
             "MemOS built this text memory without an embedder, so its vectors cannot be "
-            "checked; configure the embedder that made them.")
+            "checked; configure the embedder that made them.", finding="cannot be checked")
     checks = embedder_checks(cube_dir, config, lock, embedder.embed,
                              label=type(embedder).__name__, seed=policy.seed,
                              size=SAMPLE_SIZE if policy.embedder_sample is None
@@ -58,7 +58,8 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
         raise IdentityMismatch(
             f"The textual memories of {cube_dir}", problems,
             "Their vectors were made by another embedder than the one MemOS loaded; load the "
-            "cube with the embedder that made them, or pass on_mismatch='drop' or 'rebuild'.")
+            "cube with the embedder that made them, or pass on_mismatch='drop' or 'rebuild'.",
+            finding="were made by another embedder")
     items = text_mem.get_all()
     text_mem.delete_all()
     if policy.on_mismatch == "drop":

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import CubepackError, IdentityMismatch, Mismatch, UnsupportedError
+from ..identity._config_fields import declared_context
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import structure_problems
@@ -53,7 +54,9 @@ from ..kv._torch import (
     cache_from_layers,
     cache_layers,
     content_digest,
+    holds_nothing,
     initialise_assigned_layers,
+    layer_classes,
     live_layers,
 )
 from ..memory._reprefill import reprefill
@@ -71,6 +74,12 @@ USER_ASSERTED = {"kind": ASSERTED, "detail": "registered by the user "
 #: The label a merge takes from a part with no record (the weakest; checked_parts refuses such
 #: parts before a merge, so this is a floor, not a path).
 NO_RECORD = {"kind": ASSERTED, "detail": "a part with no producer record"}
+#: The strongest label a merge carries: each part is its producer's (recorded), but the merge is
+#: no prefill of its tokens (its later parts' positions restart at 0 and never attended to the
+#: earlier ones), so a part's ``recomputed`` never passes to it.
+MERGED = {"kind": RECORDED, "detail": "a merge of activations (KVCacheMemory.get_cache): each "
+                                      "part is its producer's; the merge is no prefill of "
+                                      "their tokens"}
 
 
 @dataclass(frozen=True)
@@ -385,7 +394,8 @@ def checked_parts(caches: list[Any], policy: str) -> list[Any]:
 
 def merged(caches: list[Any], result: Any) -> Any:
     """After MemOS's ``_concat_caches``: the merged cache holds its parts (MemOS's merge is
-    empty to transformers >= 4.56 otherwise) and carries their producer.
+    empty to transformers >= 4.56 otherwise) and carries their producer, labelled as its
+    weakest part, at most ``recorded`` (:data:`MERGED`).
 
     Raises:
         IdentityMismatch: the parts were produced by different models (no model's cache).
@@ -410,6 +420,8 @@ def merged(caches: list[Any], result: Any) -> Any:
         ids = tuple(token for record, _ in found for token in record.token_ids)
     weakest = min((record.provenance if record else NO_RECORD for record, _ in found),
                   key=lambda label: STRENGTH.get(label.get("kind"), 0))
+    if STRENGTH.get(weakest.get("kind"), 0) > STRENGTH[RECORDED]:
+        weakest = MERGED
     record = Produced("+".join(record.item_id if record else "?" for record, _ in found),
                       first.producer, {}, ids, dict(weakest),
                       frozenset().union(*(record.seals for record, _ in known)))
@@ -430,17 +442,26 @@ def _remember_changed(cache: Any, record: Produced) -> None:
             pass
 
 
+#: How a refusal by :func:`use_problems` reads (what, then these): the producer may match.
+USE_FINDING = "cannot be used by this model as MemOS uses a cache"
+USE_ADVICE = ("MemOS generates from one sequence, within the positions the model's config "
+              "declares (max_position_embeddings, or its RoPE scaling's factor x its original "
+              "length); use a model whose context holds it, or a shorter memory")
+
+
 def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
     """What no stored cache may be for a model that generates from it: a batch other than
-    one sequence (MemOS's prompt is one), or more positions than the model was built for."""
+    one sequence (MemOS's prompt is one), or more positions than the model's config declares
+    it attends over (its RoPE scaling included: :func:`declared_context`). Neither is a
+    producer field: the model that made it may be this one."""
     found = []
     batch = {int(keys.shape[0]) for _, _, keys, _ in layers if keys.dim() == 4}
     if batch and batch != {1}:
         found.append(Mismatch("batch", 1, max(batch)))
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limit, how = declared_context(getattr(model, "config", None))
     longest = max((int(cumulative) for _, cumulative, _, _ in layers), default=0)
-    if type(limit) is int and longest > limit:
-        found.append(Mismatch("seq_length", f"<= {limit} (max_position_embeddings)", longest))
+    if limit is not None and longest > limit:
+        found.append(Mismatch("seq_length", f"<= {limit} ({how})", longest))
     return found
 
 
@@ -459,9 +480,12 @@ def for_use(llm: Any, cache: Any, policy: str,
     live = live_identity(model, call)  # a model cubepack cannot read: typed, naming the call
     try:
         layers = cache_layers(cache)
-    except CubepackError as exc:
-        raise IdentityMismatch("A KV cache handed to HFLLM.generate", [],
-                               f"It cannot be used by cubepack's guard: {exc}") from exc
+    except CubepackError as exc:  # a layer keeping its content elsewhere: never read as empty
+        raise IdentityMismatch(
+            "A KV cache handed to HFLLM.generate", [Mismatch(
+                "layers", "transformers' DynamicLayer / DynamicSlidingWindowLayer",
+                layer_classes(cache))], str(exc),
+            finding="cannot be checked by cubepack's guard") from exc
     record, state = lookup(cache, layers)
     name = getattr(model, "name_or_path", "the model")
     if state == "changed":
@@ -491,17 +515,21 @@ def for_use(llm: Any, cache: Any, policy: str,
             logger.warning("cubepack: %s: rebuilt with the consuming model", what)
             register(done.cache, record.item_id, live, record.metadata, done.token_ids)
             return fresh_view(done.cache, model)
-        hint = ("It changed after cubepack checked it (grown by a direct generation call, or "
-                "its tensors replaced), so it is no longer the stored memory; reload the cube "
-                "or re-extract it." if state == "changed" else
-                REGISTER_ADVICE + "." if record is None else
-                "The chat model is not the model that produced this cache; chat with the cube's "
-                "pinned model (MOSConfig.chat_model), or install the hook with "
-                "on_mismatch='drop' (answer without the cache) or 'rebuild' (re-extract it with "
-                "the chat model).")
-        raise IdentityMismatch(what, mismatches, hint,
-                               finding=UNKNOWN_FINDING if record is None
-                               else "was produced by a different model")
+        policies = ("install the hook with on_mismatch='drop' (answer without the cache) or "
+                    "'rebuild' (re-extract it with the chat model).")
+        if state == "changed":
+            hint, finding = ("It was grown by a direct generation call, or its tensors were "
+                             "replaced, so it is no longer the stored memory; reload the cube "
+                             "or re-extract it."), "changed after cubepack checked it"
+        elif record is None:
+            hint, finding = REGISTER_ADVICE + ".", UNKNOWN_FINDING
+        elif any(m.of_producer for m in mismatches):
+            hint, finding = ("The chat model is not the model that produced this cache; chat "
+                             "with the cube's pinned model (MOSConfig.chat_model), or "
+                             + policies), None  # None: the producer's fields say so
+        else:  # its producer is this model: the cache itself does not fit it
+            hint, finding = USE_ADVICE + ", or " + policies, USE_FINDING
+        raise IdentityMismatch(what, mismatches, hint, finding=finding)
     return fresh_view(cache, model, layers)
 
 
@@ -550,15 +578,12 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
 
 
 def _is_empty(cache: Any) -> bool:
-    """True when *every* layer holds no position. ``get_seq_length()`` reads layer 0 only, so
-    a cache with an empty first layer and another model's tensors behind it is not empty:
-    it is checked like any other."""
+    """True when *every* layer holds no position, judged on where each layer keeps its content
+    (:func:`~cubepack.kv._torch.holds_nothing`). ``get_seq_length()`` reads layer 0 only, and a
+    quantized, linear-attention or KV-sharing layer keeps its content beside empty ``keys``: a
+    cache with such a layer, or an empty first layer and another model's tensors behind it, is
+    not empty: it is checked like any other."""
     try:
-        layers = cache if isinstance(cache, (tuple, list)) else cache.layers
-        for layer in layers:
-            keys = layer[0] if isinstance(layer, (tuple, list)) else getattr(layer, "keys", None)
-            if keys is not None and keys.dim() >= 2 and int(keys.shape[-2]) > 0:
-                return False
-        return True
+        return holds_nothing(cache)
     except Exception:  # noqa: BLE001 - not a cache object: for_use reports it
         return False

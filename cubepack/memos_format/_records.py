@@ -35,15 +35,18 @@ def record_conflicts(record: dict[str, Any], pinned: ModelIdentity,
     found = []
     name = record.get("model_name_or_path")
     if isinstance(name, str) and name and not names_agree(name, pinned_name, pinned):
-        found.append(Mismatch("record.model_name_or_path", pinned_name or pinned.model_id, name))
+        found.append(Mismatch("record.model_name_or_path", pinned_name or pinned.model_id, name,
+                              of_producer=True))
     dtype = record.get("torch_dtype")
     if isinstance(dtype, str) and dtype not in ("auto", "") and dtype_name(dtype) != pinned.dtype:
-        found.append(Mismatch("record.torch_dtype", pinned.dtype, dtype_name(dtype)))
+        found.append(Mismatch("record.torch_dtype", pinned.dtype, dtype_name(dtype),
+                              of_producer=True))
     for key, geometry_key in _GEOMETRY_KEYS:
         value = record.get(key)
         expected = pinned.geometry.get(geometry_key)
         if type(value) is int and expected is not None and value != expected:
-            found.append(Mismatch(f"record.{key}", expected, value))
+            found.append(Mismatch(f"record.{key}", expected, value, of_producer=True))
     if "quantization" in record and bool(record["quantization"]) != bool(pinned.quantization):
-        found.append(Mismatch("record.quantization", pinned.quantization, record["quantization"]))
+        found.append(Mismatch("record.quantization", pinned.quantization, record["quantization"],
+                              of_producer=True))
     return found

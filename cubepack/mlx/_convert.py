@@ -165,9 +165,9 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
             return write_kv_layers(layers, target, producer=live, token_ids=ids, metadata=item,
                                    before_rename=check_and_prove)
         except IdentityMismatch as exc:  # the shapes, checked before anything is written
-            raise IdentityMismatch(f"The prompt cache {info.path.name}", exc.mismatches,
-                                   "Its shapes are not this model's: give the model folder MLX "
-                                   "loaded to make it.") from None
+            raise exc.about(f"The prompt cache {info.path.name}",
+                            "Its shapes are not this model's: give the model folder MLX "
+                            "loaded to make it.") from None
 
 
 def claimed_header(info: PromptCacheInfo) -> KVFileInfo | None:

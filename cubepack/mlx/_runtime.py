@@ -386,9 +386,9 @@ def save_prompt_cache(path: str | os.PathLike[str], cache: list[Any], model: Any
                                                dtype, str(v.dtype).removeprefix("mlx.core."))
                                    for k, v in used], identity)
     if problems:
-        raise IdentityMismatch("This prompt cache", problems,
-                               "It was not built by this model; save it with the model that "
-                               "built it.")
+        raise IdentityMismatch("This prompt cache", problems).about(
+            "This prompt cache", "It was not built by this model; save it with the model that "
+                                 "built it.")
     ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
     ids = ids[0] if ids and isinstance(ids[0], list) else ids
     item = {"runtime": runtime_record(), **(metadata or {})}

@@ -133,11 +133,11 @@ def _refuse_peft_layers(name: str, model: Any) -> None:
              if type(module).__module__.split(".")[0] == "peft"]
     if found:
         raise IdentityMismatch(
-            f"Adapter {name!r} applies to its bare base model; the model given holds PEFT "
-            "layers, so it", [
+            f"Adapter {name!r} applies to its bare base model; the model given", [
                 Mismatch(f"module {module_name}", "a base-model module", f"PEFT's {kind}")
                 for module_name, kind in found[:5]],
-            "Pass the base without adapters (load it again, or PeftModel.unload() it).")
+            "Pass the base without adapters (load it again, or PeftModel.unload() it).",
+            finding="holds PEFT layers already")
 
 
 def _check_all_loaded(name: str, entry: dict[str, Any], applied: Any, adapter_name: str,
@@ -156,9 +156,10 @@ def _check_all_loaded(name: str, entry: dict[str, Any], applied: Any, adapter_na
                  for key in sorted(saved - built)]
     if problems:
         raise IdentityMismatch(
-            f"Adapter {name!r} ({entry['path']}/) does not hold what its config makes PEFT "
-            "build on this base: it", problems, "Save the adapter with PEFT's save_pretrained from the "
-            "model it was trained in (target_modules naming exactly the adapted modules).")
+            f"Adapter {name!r} ({entry['path']}/)", problems,
+            "Save the adapter with PEFT's save_pretrained from the model it was trained in "
+            "(target_modules naming exactly the adapted modules).",
+            finding="does not hold what its config makes PEFT build on this base")
 
 
 def _restore(model: Any, had_config: bool) -> None:

@@ -638,7 +638,7 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
                 raise IdentityMismatch(f"The text memory {name}", [
                     Mismatch(f"embedder {c.subject}", "its stored vector", c.detail)
                     for c in failures], "--embedder did not make these vectors; give the "
-                    "embedder that did.")
+                    "embedder that did.", finding="was made by another embedder")
             record["probes"] = probe_vectors(embedder)
         pins[EMBEDDER_ROLE]["vectors"] = record
 
@@ -709,8 +709,8 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
             write_kv_layers(_typed_layers(item.layers, identity), resolve_inside(staging, name),
                             producer=identity, metadata=metadata)
         except IdentityMismatch as exc:
-            raise IdentityMismatch(
-                f"Activation {item.id!r} in {pickle_path.name}", exc.mismatches,
+            raise exc.about(
+                f"Activation {item.id!r} in {pickle_path.name}",
                 "Its tensors contradict the pinned model; pass --model with the model that "
                 "built this cube.") from None
         item.release()  # written: its tensors need not stay in memory
@@ -790,7 +790,7 @@ def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: dic
                                             f"{named}; the pickle records no producer"}
     if not assert_producer:
         raise IdentityMismatch(
-            f"Activation {item.id!r}", [Mismatch("producer", named, str(model))],
+            f"Activation {item.id!r}", [Mismatch("producer", named, str(model), of_producer=True)],
             f"config.json names {named} as the producer and the pickle records none; pack with "
             f"--model {named}, or pass --assert-producer to label these caches as {model}'s "
             "anyway (recorded in the lock and the card as asserted).")

@@ -133,7 +133,7 @@ def _upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:
 def _legacy_mismatches(old: ModelIdentity, live: ModelIdentity, model: str,
                        revision: str | None) -> list[Mismatch]:
     """Every field format 1 recorded that the live model contradicts."""
-    found = [Mismatch(name, getattr(old, name), getattr(live, name))
+    found = [Mismatch(name, getattr(old, name), getattr(live, name), of_producer=True)
              for name in ("weights_digest", "dtype", "kv_dtype", "quantization", "adapters")
              if getattr(old, name) != getattr(live, name)]
     found += compare_keyed("geometry", old.geometry, live.geometry)
@@ -142,7 +142,7 @@ def _legacy_mismatches(old: ModelIdentity, live: ModelIdentity, model: str,
     legacy = (legacy_tokenizer_digest_v1(tokenizer_json.read_text(encoding="utf-8"))
               if tokenizer_json.is_file() else live.tokenizer_digest)
     if old.tokenizer_digest != legacy:
-        found.append(Mismatch("tokenizer_digest", old.tokenizer_digest, legacy))
+        found.append(Mismatch("tokenizer_digest", old.tokenizer_digest, legacy, of_producer=True))
     return found
 
 

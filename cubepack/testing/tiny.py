@@ -75,6 +75,29 @@ def hybrid_config(sliding_window: int = 4) -> Any:
                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=1)
 
 
+#: RoPE scalings whose model attends past ``max_position_embeddings`` (:func:`rope_scaled_config`).
+ROPE_SCALINGS = ("yarn", "dynamic", "longrope")
+
+
+def rope_scaled_config(kind: str, positions: int = 32, factor: float = 4.0) -> Any:
+    """A Llama whose RoPE ``kind`` (YaRN, dynamic NTK, LongRoPE) scales ``positions`` by
+    ``factor``: ``max_position_embeddings`` stays ``positions`` (as Qwen2.5 turns YaRN on: a
+    factor over the pretraining length; what dynamic scaling grows past), so the model's own
+    caches up to ``factor * positions`` are longer than that field."""
+    from transformers import LlamaConfig
+
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
+    if kind == "longrope":  # Phi-3's fields; one factor per rotary frequency (head_dim 16: 8)
+        scaling["original_max_position_embeddings"] = positions
+        scaling["short_factor"] = [1.0] * 8
+        scaling["long_factor"] = [1.0 + index / 2 for index in range(8)]
+    return LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=positions, rope_scaling=scaling,
+                       initializer_range=0.5, tie_word_embeddings=False, bos_token_id=0,
+                       eos_token_id=0, pad_token_id=1)
+
+
 def build_model(folder: str | Path, config: Any, *, seed: int, tokenizer: Any,
                 dtype: Any = None) -> Path:
     """Initialise a causal LM from ``config`` with ``seed`` and save it with its tokenizer."""

@@ -43,7 +43,8 @@ class TrustPolicy:
         recompute: prove every KV cache by the producer's own prefill.
         recompute_tokens: check this many positions per cache, drawn at random by the verifier,
             instead of all (implies ``recompute``; a partial check never proves a cache
-            ``recomputed``).
+            ``recomputed``; at least the cache's token count compares every position, a full
+            check).
         seed: the seed of every random draw the verifier makes (positions and probe tokens of
             a recomputation, the memories an embedder check re-embeds), to repeat a run; None
             draws a fresh one (the report gives it).

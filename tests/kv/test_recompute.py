@@ -528,3 +528,56 @@ def test_a_cache_that_is_the_prefill_bit_for_bit_is_proved_without_the_float32_c
     [check] = checks(report, "recompute")
     assert check.ok and check.found["identical"] is False, check.detail
     assert check.found["referenced"] is True and len(check.found["probes"]) == 8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_bit_for_bit_compares_bytes_even_where_denormals_flush(dtype):
+    """The break: ``identical`` compared values (``torch.equal``); a process that flushes
+    denormals (``torch.set_flush_denormal(True)``, as some serving stacks run) reads a denormal
+    as 0, so a stored cache holding one where the prefill holds 0.0 was "the prefill bit for
+    bit", and proved ``recomputed``, with other bytes. Bytes are compared: -0.0 is not +0.0,
+    and a NaN is never identical, in any mode."""
+    from cubepack.kv._recompute import identical
+
+    floats = getattr(torch, dtype)
+    bits = {2: torch.int16, 4: torch.int32}[floats.itemsize]
+    fresh = torch.zeros(1, 2, 3, 4, dtype=floats)
+    denormal = fresh.clone()
+    denormal.view(bits).view(-1)[5] = 1  # the smallest denormal, written as bits
+
+    def layers(keys):
+        return [("full_attention", 3, keys, fresh.clone())]
+
+    negative = fresh.clone()
+    negative.view(-1)[5] = -0.0
+    nan = fresh.clone()
+    nan.view(-1)[5] = float("nan")
+    flushes = torch.set_flush_denormal(True)
+    try:
+        assert flushes, "this CPU cannot flush denormals: the case cannot arise here"
+        # the flushing process reads float32 and bfloat16 denormals as 0 (float16 is
+        # converted before it is compared, and keeps them)
+        assert torch.equal(fresh, denormal) == (dtype != "float16")
+        assert identical(layers(fresh), layers(fresh.clone()))
+        assert not identical(layers(fresh), layers(denormal))
+        assert not identical(layers(fresh), layers(negative))
+        assert not identical(layers(nan), layers(nan.clone()))
+    finally:
+        torch.set_flush_denormal(False)
+    assert not identical(layers(fresh), layers(denormal))
+
+
+def test_recompute_tokens_at_least_the_token_count_is_a_full_check(tmp_path, zoo, models):
+    """What every page says of ``--recompute-tokens N`` (tests/docs/test_recompute_tokens.py
+    holds them to it): N at least the cache's token count compares every position, a full
+    check, which proves ``recomputed`` for a cache that is the prefill bit for bit; fewer is a
+    sample, which proves ``recorded`` only."""
+    cube = cube_with(tmp_path, zoo, models["a"])
+    for tokens in (len(PROMPT), len(PROMPT) + 5):
+        report = cubepack.verify(cube, model=models["a"], recompute_tokens=tokens,
+                                 require_provenance="recomputed")
+        [check] = checks(report, "recompute")
+        assert check.found["full"] is True and check.found["identical"] is True
+    with pytest.raises(cubepack.VerificationFailed, match="partial"):
+        cubepack.verify(cube, model=models["a"], recompute_tokens=len(PROMPT) - 1,
+                        require_provenance="recomputed")
