@@ -153,8 +153,9 @@ def memory_seals(memory: Any) -> frozenset[Any]:
     private cube's memory keeps its seal, as it keeps its producer)."""
     if memory is None:
         return frozenset()
-    caches = [getattr(item, "memory", None) for item in
-              (getattr(memory, "kv_cache_memories", None) or {}).values()]
+    caches = [cache for item in (getattr(memory, "kv_cache_memories", None) or {}).values()
+              if (cache := getattr(item, "memory", None)) is not None
+              and not isinstance(cache, str)]  # a vLLM memory holds prompt strings
     return seals_of(memory) | cache_seals(caches)
 
 
