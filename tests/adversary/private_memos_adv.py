@@ -17,6 +17,7 @@ def clear_cube(model: Path, folder: Path) -> Path:
     from memos.mem_cube.general import GeneralMemCube
 
     import cubepack.memos as hook
+
     from memos_live import cube_config, llm
 
     hook.uninstall()

@@ -55,6 +55,7 @@ def test_another_spelling_of_a_named_store_is_the_same_sealed_store(zoo, tmp_pat
     from memos.memories.textual.item import TextualMemoryItem
 
     from cubepack.testing.embeddings import EmbeddingServer, build_encoder
+
     from memos_live import cube_config
 
     keys = age_keys(tmp_path, "alice")
