@@ -26,7 +26,7 @@ pytest.importorskip("memos", reason="MemoryOS is installed in the memos environm
 pytest.importorskip("pyrage")
 
 from private_keys import age_keys  # noqa: E402
-from private_memos_adv import OTHER, clear_cube, private_copy  # noqa: E402
+from private_memos_adv import OTHER, clear_cube, private_copy, unique  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -56,7 +56,7 @@ def test_pack_cube_never_replaces_a_private_cube_or_the_users_files(hooked, zoo,
         hook.install(require_pin=False)
     try:
         cube = GeneralMemCube(cube_config(zoo["a"]))
-        cube.act_mem.add([cube.act_mem.extract(OTHER)])
+        cube.act_mem.add([cube.act_mem.extract(unique(OTHER))])
         for folder in (bobs, project):
             try:
                 hook.pack_cube(cube, folder)

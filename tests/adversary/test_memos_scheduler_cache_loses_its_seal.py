@@ -25,7 +25,7 @@ pytest.importorskip("memos", reason="MemoryOS is installed in the memos environm
 pytest.importorskip("pyrage")
 
 from private_keys import age_keys  # noqa: E402
-from private_memos_adv import SECRET, clear_cube, clear_files, private_copy  # noqa: E402
+from private_memos_adv import SECRET, clear_cube, clear_files, private_copy, unique  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -51,7 +51,7 @@ def test_the_schedulers_cache_of_private_memories_keeps_its_seal(zoo, tmp_path, 
     try:
         cube = hook.init_from_dir(private, recipients=[keys["alice"][1]])
         hook.install(require_pin=False)  # nothing named for other memories
-        manager.update_activation_memory([SECRET], "label", "u1", "c1", cube)
+        manager.update_activation_memory([unique(SECRET)], "label", "u1", "c1", cube)
         assert clear_files(tmp_path / "scheduler.kv_cache") == []  # its own dump: private
         [item] = cube.act_mem.get_all()
         other = GeneralMemCube(cube_config(zoo["a"]))

@@ -29,7 +29,7 @@ pytest.importorskip("pyrage")
 pytest.importorskip("qdrant_client")
 
 from private_keys import age_keys  # noqa: E402
-from private_memos_adv import OTHER, SECRET, clear_files, private_copy  # noqa: E402
+from private_memos_adv import OTHER, SECRET, clear_files, private_copy, unique  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -70,7 +70,7 @@ def test_another_spelling_of_a_named_store_is_the_same_sealed_store(zoo, tmp_pat
 
         hook.uninstall()
         cube = cube_on(":memory:")
-        cube.text_mem.add([TextualMemoryItem(memory=text) for text in (SECRET, OTHER)])
+        cube.text_mem.add([TextualMemoryItem(memory=unique(text)) for text in (SECRET, OTHER)])
         clear = hook.pack_cube(cube, tmp_path / "clear")
         private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
         hook.install(require_pin=False, recipients=[keys["alice"][1]],
