@@ -38,6 +38,7 @@ from ._privacy import (
     check_dump_target,
     dump_cube_id,
     recipients_for,
+    remember_dump,
     writing_clear,
 )
 from ._use import (
@@ -251,5 +252,6 @@ def dump_private(write_clear: Callable[[Path], None], target: Path, seals: froze
             atomic.replace_dir(staging / "cube", target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    remember_dump(target, writer)  # its next dump may replace this one, and nothing else
     logger.info("cubepack: %s wrote %s as a private cube (%d recipients)", writer, target,
                 len(recipients))

@@ -54,11 +54,13 @@ from ._privacy import (
     refuse_clear_into_private,
     refuse_persistent,
     seal,
+    instance_store,
+    record_store,
     seals_of,
     set_installed,
-    store_of,
 )
 from ._use import (
+    cache_seals,
     checked_add,
     checked_parts,
     cube_seals,
@@ -140,9 +142,9 @@ def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = Non
             and named != installed_privacy:
         raise UsageError("The hook is installed with other recipients or stores for private "
                          "cubes; they are set once: call cubepack.memos.uninstall() first.")
-    if installed_privacy is None:
-        set_installed(named if (recipients is not None or stores is not None)
-                      else PrivacySettings.from_environment())
+    if installed_privacy is None:  # each field named, else the environment's
+        set_installed(named.over(PrivacySettings.from_environment(),
+                                 (recipients is not None, stores is not None)))
     current: TrustPolicy | None = _STATE["settings"]
     # What the call says: the fields it sets, or gives explicitly even at their default.
     said = set(given.asked()) | {name for name, value in options.items() if value is not None}
@@ -166,10 +168,16 @@ def installed() -> bool:
 
 def uninstall() -> None:
     """Restore MemOS's own methods and forget the settings. A method someone patched again
-    after :func:`install` keeps their patch (restoring MemOS's would silently drop it)."""
+    after :func:`install` keeps their patch (restoring MemOS's would silently drop it).
+
+    A memory that holds a private cube's memories stays sealed: MemOS's writers come back
+    behind a guard (:func:`_residue`) that refuses to dump a sealed memory (MemOS's own dump
+    would write it in clear) and seals a memory a private cache is added to; everything else
+    runs as MemOS's own code."""
     for (owner, name), original in _STATE["originals"].items():
         if owner.__dict__.get(name) is _STATE["replacements"].get((owner, name)):
-            setattr(owner, name, original)
+            residue = _residue(owner, name, original)
+            setattr(owner, name, residue if residue is not None else original)
         else:
             logger.warning("cubepack: %s.%s was replaced after cubepack.memos.install(); "
                            "leaving that replacement in place", owner.__name__, name)
@@ -180,6 +188,7 @@ def uninstall() -> None:
 
 
 def _patch() -> None:
+    from memos.graph_dbs.factory import GraphStoreFactory
     from memos.llms.hf import HFLLM
     from memos.mem_cube.general import GeneralMemCube
     from memos.mem_cube.navie import NaiveMemCube
@@ -194,11 +203,13 @@ def _patch() -> None:
     from memos.memories.textual.naive import NaiveTextMemory
     from memos.memories.textual.preference import PreferenceTextMemory
     from memos.memories.textual.tree import TreeTextMemory
+    from memos.vec_dbs.factory import VecDBFactory
 
     targets = {(GeneralMemCube, "init_from_remote_repo"): staticmethod(_hooked_remote),
                (GeneralMemCube, "init_from_dir"): staticmethod(_hooked_dir),
                (GeneralMemCube, "dump"): _cube_dump(GeneralMemCube),
-               (GeneralMemCube, "load"): _guarded_cube_load,
+               (GeneralMemCube, "load"): _cube_load(GeneralMemCube),
+               (NaiveMemCube, "load"): _cube_load(NaiveMemCube),
                (NaiveMemCube, "dump"): _cube_dump(NaiveMemCube),
                (KVCacheMemory, "load"): _own(_guarded_act_load),
                (VLLMKVCacheMemory, "load"): _own(_guarded_act_load),
@@ -220,13 +231,66 @@ def _patch() -> None:
     for owner in (NaiveTextMemory, GeneralTextMemory, TreeTextMemory, PreferenceTextMemory):
         targets[owner, "dump"] = _text_dump(owner)
         targets[owner, "load"] = _text_load(owner)
+    for factory, kind in ((VecDBFactory, "vector_db"), (GraphStoreFactory, "graph_db")):
+        targets[factory, "from_config"] = _named_store(factory, kind)
     for (owner, name), replacement in targets.items():
         if (owner, name) not in _STATE["originals"]:
-            _STATE["originals"][(owner, name)] = owner.__dict__[name]
+            current = owner.__dict__[name]
+            original = getattr(current, RESIDUE_OF, current)  # MemOS's, under a residue
+            _STATE["originals"][(owner, name)] = original
             if isinstance(replacement, types.FunctionType):  # inspect.unwrap finds MemOS's
-                replacement.__wrapped__ = owner.__dict__[name]
+                replacement.__wrapped__ = original
             _STATE["replacements"][(owner, name)] = replacement
             setattr(owner, name, replacement)
+
+
+#: The attribute a residue guard keeps MemOS's own method in.
+RESIDUE_OF = "_cubepack_residue_of"
+
+
+def _residue(owner: Any, name: str, original: Any) -> Any:
+    """What stays of the hook after :func:`uninstall` at ``owner.name``, or None (MemOS's own
+    method comes back): a sealed memory (or cube holding one) is never dumped by MemOS's own
+    dump, which would write it in clear; a memory a private cache is added to is sealed; the
+    scheduler's update seals the activation memory it fills from a sealed cube. For anything
+    that holds no private cube's memories, MemOS's own method runs as it is."""
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
+    from memos.memories.activation.kv import KVCacheMemory
+
+    cube = owner in (_general_cube(), _naive_cube())
+    if name == "add" and owner is KVCacheMemory:
+        def guard(self: Any, memories: list[Any]) -> Any:
+            seal(self, cache_seals([getattr(m, "memory", None) for m in memories
+                                    if not isinstance(getattr(m, "memory", None), str)]))
+            return original(self, memories)
+    elif name == "update_activation_memory" and owner is ActivationMemoryManager:
+        def guard(self: Any, *args: Any, **kwargs: Any) -> Any:
+            mem_cube = kwargs.get("mem_cube", args[4] if len(args) > 4 else None)
+            seal(getattr(mem_cube, "_act_mem", None), cube_seals(mem_cube))
+            return original(self, *args, **kwargs)
+    elif name == "dump":
+        def guard(self: Any, dir: str, *args: Any, **kwargs: Any) -> Any:
+            if cube:
+                kinds = (args[0] if args else kwargs.get("memory_types")) or MEMORY_KINDS
+                seals = frozenset().union(*(memory_seals(getattr(self, f"_{kind}", None))
+                                            for kind in kinds))
+            else:
+                seals = memory_seals(self)
+            if seals:
+                raise UsageError(
+                    f"{owner.__name__}.dump to {dir}: this memory holds a private cube's "
+                    "memories, and the cubepack hook was uninstalled, so MemOS's own dump "
+                    "would write them in clear. Install the hook again "
+                    "(cubepack.memos.install(recipients=[...])) to dump them as a private "
+                    "cube. Nothing was written.")
+            return original(self, dir, *args, **kwargs)
+    else:
+        return None
+    functools.update_wrapper(guard, original)
+    setattr(guard, RESIDUE_OF, original)
+    return guard
 
 
 def _own(function: Any) -> Any:
@@ -374,25 +438,37 @@ def _guarded_act_load(self: Any, dir: str) -> None:
                 sealed = loaded_seal(folder, opened.manifest, opened.public_lock,
                                      signed_by=verified.signed_by)
                 load_activations(self, opened.folder, opened.lock, report, current,
-                                 frozenset([sealed]))
+                                 seals_of(self) | {sealed})
             # Once loaded (a refused load leaves the memory as it was, unsealed too).
             seal(self, [sealed])
-        else:
-            load_activations(self, folder, verified.lock, report, current)
+        else:  # a sealed memory's caches carry its seals (GeneralMemCube.load of a private
+            # cube seals the memory, then reaches here with the clear cube in a RAM folder)
+            load_activations(self, folder, verified.lock, report, current, seals_of(self))
     else:
         _refuse_unpacked(folder, state, current)
         load_unpacked(self, folder, report, current)
     self.cubepack = report
 
 
+def _cube_load(owner: Any) -> Any:
+    """``GeneralMemCube.load`` / ``NaiveMemCube.load`` under the hook (see
+    :func:`_guarded_cube_load`)."""
+
+    def load(self: Any, dir: str, memory_types: Any = None) -> None:
+        return _guarded_cube_load(owner, self, dir, memory_types)
+
+    load.__doc__ = _guarded_cube_load.__doc__
+    return load
+
+
 @quietly(import_first=("memos",))
-def _guarded_cube_load(self: Any, dir: str, memory_types: Any = None) -> None:
-    """``GeneralMemCube.load`` under the hook (``MOSCore.load`` calls it): MemOS's own load,
-    whose memory loads are hooked; a private cube (which MemOS alone cannot read: its
-    config.json is a ciphertext) is opened in memory first, its persistent stores refused
+def _guarded_cube_load(owner: Any, self: Any, dir: str, memory_types: Any = None) -> None:
+    """A cube's load under the hook (``MOSCore.load`` calls ``GeneralMemCube.load``): MemOS's
+    own load, whose memory loads are hooked; a private cube (which MemOS alone cannot read:
+    its config.json is a ciphertext) is opened in memory first, its persistent stores refused
     unless named, and every memory it loads into sealed before anything is loaded."""
     folder = Path(dir)
-    original = _original(_general_cube(), "load")
+    original = _original(owner, "load")
     if _lock_state(folder) != "file" or already_verified(folder):
         return original(self, dir, memory_types)
     current = _hook_settings()
@@ -407,7 +483,7 @@ def _guarded_cube_load(self: Any, dir: str, memory_types: Any = None) -> None:
     kinds = list(memory_types or MEMORY_KINDS)
     memories = [(kind, getattr(self, f"_{kind}", None)) for kind in kinds]
     refuse_persistent([(kind, store) for kind, memory in memories
-                       if (store := store_of(getattr(memory, "config", None))) is not None],
+                       if (store := instance_store(memory)) is not None],
                       in_force().stores, folder)
     with open_private(folder, identity, public_lock=verified.lock) as opened:
         sealed = loaded_seal(folder, opened.manifest, opened.public_lock,
@@ -487,10 +563,11 @@ def _portable_act_dump(self: Any, dir: str) -> None:
         return
     local = hasattr(self.llm, "model")
     planned = plan_dump(self, on_mismatch) if local else None  # refused before any work
+    served = getattr(getattr(self.llm, "config", None), "model_name_or_path", None)
     dump_private(lambda clear: dump_activations(self, str(clear), on_mismatch=on_mismatch,
                                                 planned=planned),
                  target, seals, writer, named=in_force().recipients,
-                 pack_model=self.llm.model if local else None)
+                 pack_model=self.llm.model if local else served)
 
 
 def _cube_dump(owner: Any) -> Any:
@@ -581,7 +658,7 @@ def _text_load(owner: Any) -> Any:
         if identity is None:
             raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
                              "CUBEPACK_IDENTITY to a key file it is encrypted to.")
-        store = store_of(getattr(self, "config", None))
+        store = instance_store(self)
         if store is not None:
             refuse_persistent([(owner.__name__, store)], in_force().stores, folder)
         with open_private(folder, identity, public_lock=verified.lock) as opened:
@@ -591,6 +668,20 @@ def _text_load(owner: Any) -> Any:
 
     load.__doc__ = _text_load.__doc__
     return load
+
+
+def _named_store(owner: Any, kind: str) -> Any:
+    """``VecDBFactory.from_config`` / ``GraphStoreFactory.from_config`` under the hook: the
+    database client MemOS makes is named with its store as it is now (a relative path names
+    the folder it opens now), so a seal on that store finds it however its memory's config
+    spells the path later."""
+
+    def from_config(cls: Any, config_factory: Any) -> Any:
+        return record_store(_original(owner, "from_config").__func__(cls, config_factory),
+                            config_factory, kind)
+
+    from_config.__doc__ = _named_store.__doc__
+    return classmethod(from_config)
 
 
 def _sealed_update(self: Any, new_memories: Any, label: Any, user_id: Any, mem_cube_id: Any,
@@ -697,6 +788,12 @@ def _kv_memory() -> Any:
     from memos.memories.activation.kv import KVCacheMemory
 
     return KVCacheMemory
+
+
+def _naive_cube() -> Any:
+    from memos.mem_cube.navie import NaiveMemCube
+
+    return NaiveMemCube
 
 
 def _mos_core() -> Any:

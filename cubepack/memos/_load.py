@@ -209,7 +209,8 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
 
     types = memory_types or list(MEMORY_TYPES)
     lock = verified.lock
-    recorded, effective = _configs(cube_dir, lock, default_config)
+    recorded, effective = _configs(cube_dir, lock, default_config,
+                                   shown=Path(verified.cube_dir or cube_dir))
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by,
                         signed=verified.signed)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
@@ -244,18 +245,24 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
 MEMORY_TYPES = ("text_mem", "act_mem", "para_mem", "pref_mem")
 
 
-def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any) -> tuple[Any, Any]:
+def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
+             shown: Path) -> tuple[Any, Any]:
     """(the cube's own config, the effective one), merged as MemOS merges a default_config. A
-    cube without config.json (a text-memory export) takes the default_config, with the lock's
-    cube id."""
+    cube without config.json (a text-memory export, a lone memory's dump) takes the
+    default_config, with the lock's cube id. ``shown``: the folder the user named (a private
+    cube is read from a RAM folder that is gone when a message is read)."""
     from memos.configs.mem_cube import GeneralMemCubeConfig
     from memos.mem_cube.utils import merge_config_with_default
 
     if not (cube_dir / "config.json").is_file():
         if default_config is None:
-            raise UsageError(f"{cube_dir} holds no MemOS config.json (a text-memory export); "
-                             "say how MemOS should hold it: pass default_config=a "
-                             "GeneralMemCubeConfig (its cube_id is taken from the cube).")
+            kind = ("an activation memory's own dump" if lock.get("activations") else
+                    "a text memory's own dump, or a text-memory export")
+            raise UsageError(f"{shown} holds no MemOS config.json ({kind}); say how MemOS "
+                             "should hold it: pass "
+                             "default_config=a GeneralMemCubeConfig (its cube_id is taken from "
+                             "the cube), or load it into a memory of yours (KVCacheMemory.load, "
+                             "a text memory's load).")
         data = default_config.model_dump(mode="json")
         data["cube_id"] = lock.get("cube_id") or data.get("cube_id")
         config = type(default_config).model_validate(data)

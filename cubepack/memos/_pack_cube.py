@@ -8,10 +8,14 @@ from typing import Any
 
 from .._util import atomic
 from .._util.quiet import quietly
+from ..errors import UsageError
 from ._dump import dump_cube, dump_private
 from ._hook import settings
-from ._privacy import in_force
+from ._privacy import in_force, own_dump
 from ._use import cube_seals
+
+
+WRITER = "cubepack.memos.pack_cube"
 
 
 @quietly(import_first=("memos",))
@@ -28,10 +32,17 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
     #2301) is refused. Pins come from the model MemOS loaded. When the model was loaded from a Hub snapshot,
     ``config.json`` names the Hub id again, not the local path. With ``recompute``, the model
     proves every cache (provenance ``recomputed``). Atomic: ``out_dir`` appears complete or not
-    at all. A cube holding a private cube's memories (see :mod:`cubepack.memos._privacy`) is
-    written as a private cube, to trusted recipients, or refused.
+    at all; ``out_dir`` must be new or empty (or hold the private cube this function wrote
+    there last): nothing a folder holds is replaced. A cube holding a private cube's memories
+    (see :mod:`cubepack.memos._privacy`) is written as a private cube, to trusted recipients,
+    or refused.
     """
     out = Path(out_dir)
+    if (out.exists() or out.is_symlink()) and (not out.is_dir() or out.is_symlink() or any(
+            out.iterdir())) and not own_dump(out, WRITER):
+        raise UsageError(f"cubepack.memos.pack_cube: {out} exists and is not an empty folder; "
+                         "pack_cube writes a new cube and never replaces what a folder holds. "
+                         "Pass an empty or new out_dir. Nothing was written.")
     policy = settings()  # the hook's, when installed: it never launders an unknown cache
     on_mismatch = policy.on_mismatch if policy is not None else None
     seals = cube_seals(cube)
@@ -39,7 +50,7 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
         dump_private(lambda clear: dump_cube(cube, clear, license=license,
                                              pretty_name=pretty_name, recompute=recompute,
                                              on_mismatch=on_mismatch),
-                     out, seals, "cubepack.memos.pack_cube", named=in_force().recipients)
+                     out, seals, WRITER, named=in_force().recipients)
         return out
     with atomic.placing(out, elsewhere="pass another out_dir"):
         staging = atomic.staging_dir(out, "pack-cube")

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -35,11 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import atomic, constants
 from ..errors import SignatureError, UsageError
 from ..format import _lock as lockfile
 from ..trust import _age as age
 from ..trust._generation import manifest_names_readers
+
+logger = logging.getLogger("cubepack.memos")
 
 #: The attribute a sealed memory instance (or vector database client) carries.
 SEALS_ATTR = "_cubepack_seals"
@@ -94,6 +98,17 @@ def loaded_seal(source: Any, manifest: dict[str, Any], public_lock: dict[str, An
 _LOCK = threading.Lock()
 #: Persistent store name -> the seals of what was loaded into it (this process).
 _STORE_SEALS: dict[str, frozenset[Seal]] = {}
+#: Whether this process ever sealed anything: until it has, no seal can be found, and the
+#: lookups that hash caches (a seal travels with a cache's content) are skipped.
+_EVER = [False]
+
+
+def ever_sealed() -> bool:
+    return _EVER[0]
+
+
+def note_sealed() -> None:
+    _EVER[0] = True
 
 
 def seal(target: Any, seals: Iterable[Seal]) -> None:
@@ -102,6 +117,7 @@ def seal(target: Any, seals: Iterable[Seal]) -> None:
     seals = frozenset(seals)
     if target is None or not seals:
         return
+    note_sealed()
     with _LOCK:
         current = getattr(target, SEALS_ATTR, frozenset())
         try:
@@ -112,7 +128,7 @@ def seal(target: Any, seals: Iterable[Seal]) -> None:
         for part in _parts(target):
             if part is not target:
                 setattr(part, SEALS_ATTR, getattr(part, SEALS_ATTR, frozenset()) | seals)
-        store = store_of(getattr(target, "config", None))
+        store = instance_store(target)
         if store is not None and store.persistent:
             _STORE_SEALS[store.name] = _STORE_SEALS.get(store.name, frozenset()) | seals
 
@@ -124,7 +140,7 @@ def seals_of(target: Any) -> frozenset[Seal]:
     found = set(getattr(target, SEALS_ATTR, frozenset()))
     for part in _parts(target):
         found |= getattr(part, SEALS_ATTR, frozenset())
-    store = store_of(getattr(target, "config", None))
+    store = instance_store(target)
     if store is not None and store.persistent:
         with _LOCK:
             found |= _STORE_SEALS.get(store.name, frozenset())
@@ -164,6 +180,32 @@ class Store:
 IN_PROCESS = frozenset({"naive_text"})
 
 
+#: The attribute a database client MemOS made under the hook carries: its :class:`Store`,
+#: named when it was made (a relative path means the folder it opened then, whatever the
+#: current folder is later).
+STORE_ATTR = "_cubepack_store"
+
+
+def record_store(client: Any, factory: Any, kind: str) -> Any:
+    """Name the store of ``client``, just made by MemOS's ``kind`` factory (``vector_db`` or
+    ``graph_db``) from its ``factory`` config, as it is now; return the client."""
+    store = store_of(type("_Config", (), {kind: factory})())
+    if store is not None and client is not None:
+        with contextlib.suppress(AttributeError, TypeError):  # a client that takes no mark
+            setattr(client, STORE_ATTR, store)
+    return client
+
+
+def instance_store(memory: Any) -> Store | None:
+    """The store ``memory`` keeps its memories in: the one its database client was named
+    with when it was made (:func:`record_store`), else the one its config names now."""
+    for part in _parts(memory):
+        recorded = getattr(part, STORE_ATTR, None)
+        if isinstance(recorded, Store):
+            return recorded
+    return store_of(getattr(memory, "config", None))
+
+
 def store_of(config: Any) -> Store | None:
     """The store a MemOS text or preference memory's config (its pydantic config, validated,
     so MemOS's defaults are filled in) keeps memories in; None for an activation, parametric
@@ -197,8 +239,8 @@ def _location(settings: Any) -> str:
     if host is not None or port is not None:
         return f"{host or 'localhost'}:{port or ''}"
     path = getattr(settings, "path", None)
-    if path:
-        return str(Path(path).expanduser().absolute())
+    if path:  # resolved: another spelling of the folder (a symlink, "..") is the same store
+        return str(Path(path).expanduser().resolve())
     return "(its default location)"
 
 
@@ -276,6 +318,12 @@ class PrivacySettings:
             raise UsageError(f"{STORES_ENV} must be a JSON list of store names, e.g. "
                              "'[\"qdrant:/srv/qdrant\"]'.") from None
         return cls.build(recipients or None, stores or None)
+
+    def over(self, other: PrivacySettings, given: tuple[bool, bool]) -> PrivacySettings:
+        """These settings where ``given`` (recipients, stores) says they were named, else
+        ``other``'s (the environment's): each field on its own, as the policy's are."""
+        return PrivacySettings(self.recipients if given[0] else other.recipients,
+                               self.stores if given[1] else other.stores)
 
     def merged(self, other: PrivacySettings) -> PrivacySettings:
         """These settings and ``other``'s (a load's own names, over the hook's)."""
@@ -391,18 +439,75 @@ def private_folder(target: Path) -> bool:
         return False
 
 
+def _record_path(target: Path) -> Path:
+    digest = hashlib.sha256(str(target.resolve()).encode("utf-8")).hexdigest()
+    return constants.cache_dir() / "dumps" / f"{digest}.json"
+
+
+def _lock_digest(target: Path) -> str | None:
+    lock = target / constants.LOCK_FILENAME
+    if lock.is_symlink() or not lock.is_file():
+        return None
+    return hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+def own_dump(target: Path, writer: str) -> bool:
+    """Is ``target`` exactly the private dump this user's ``writer`` last wrote there (the
+    record it left in cubepack's cache names the folder, the writer and its lock's sha256)?
+    Only such a folder is replaced by the next dump: never another cube, another memory's
+    dump, or one changed since."""
+    record_path = _record_path(target)
+    try:
+        if record_path.is_symlink() or record_path.stat().st_uid != os.getuid():
+            return False
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(record, dict) and record.get("path") == str(target.resolve())
+            and record.get("writer") == writer and private_folder(target)
+            and record.get("lock_sha256") == _lock_digest(target))
+
+
+def remember_dump(target: Path, writer: str) -> None:
+    """Record, in cubepack's cache, the private dump ``writer`` just placed at ``target`` (so
+    its next dump may replace it); a cache that cannot be written costs only that."""
+    try:
+        atomic.write_text(_record_path(target), json.dumps(
+            {"path": str(target.resolve()), "writer": writer,
+             "lock_sha256": _lock_digest(target)}))
+    except OSError as exc:
+        logger.warning("cubepack: could not record the private dump at %s in %s (%s): its "
+                       "next dump there will be refused; dump to an empty folder instead",
+                       target, constants.cache_dir(), exc)
+
+
 def check_dump_target(target: Path, writer: str) -> None:
-    """A sealed dump writes a whole private cube: into a folder that is absent, empty, or holds
-    a private cube (a previous dump, replaced whole), never beside other files.
+    """A sealed dump writes a whole private cube: into a folder that is absent or empty, or
+    that holds exactly the private dump this user's same writer made there last
+    (:func:`own_dump`, replaced whole); never beside other files, never over another cube.
 
     Raises:
         UsageError: naming the folder and what it holds.
     """
+    for parent in [target, *target.parents]:
+        if parent.exists() or parent.is_symlink():
+            if parent != target and not parent.is_dir():
+                raise UsageError(f"{writer} to {target}: {parent} is not a folder, so nothing "
+                                 "can be dumped under it. Dump to a folder. Nothing was "
+                                 "written.")
+            break
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise UsageError(f"{writer}: {target} is not a folder; a private memory is dumped as a "
                          "private cube folder. Nothing was written.")
-    if not target.exists() or not any(target.iterdir()) or private_folder(target):
+    if not target.exists() or not any(target.iterdir()) or own_dump(target, writer):
         return
+    if private_folder(target):
+        raise UsageError(
+            f"{writer} of a private cube's memories writes a whole private cube, and {target} "
+            f"holds another private cube (not the dump this user's {writer} wrote there last: "
+            "another cube, another memory's dump, or one changed since), which it would "
+            "destroy. Dump to an empty folder (or GeneralMemCube.dump the whole cube). "
+            "Nothing was written.")
     held = sorted(p.name for p in target.iterdir())
     raise UsageError(
         f"{writer} of a private cube's memories writes a whole private cube, and {target} "

@@ -62,7 +62,7 @@ from ..kv._torch import (
 from ..memory._reprefill import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
-from ._privacy import cube_memories, seal, seals_of
+from ._privacy import cube_memories, ever_sealed, note_sealed, seal, seals_of
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -113,6 +113,9 @@ _PRODUCED: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
 #: oldest are forgotten first, and a forgotten copy is only shape-checked).
 _BY_CONTENT: OrderedDict[str, Produced] = OrderedDict()
 MAX_REMEMBERED = 4096
+#: content digest -> record, for content a private cube brought: never forgotten (a copy
+#: made after 4,096 other caches must stay private), and bounded by the private caches loaded.
+_SEALED: dict[str, Produced] = {}
 _LOCK = threading.Lock()
 
 
@@ -124,6 +127,8 @@ def register(cache: Any, item_id: str, producer: ModelIdentity, metadata: dict[s
     ids = tuple(int(t) for t in token_ids) if token_ids is not None else None
     record = Produced(item_id, producer, dict(metadata or {}), ids,
                       dict(provenance or EXTRACTED), frozenset(seals))
+    if seals:
+        note_sealed()
     _remember(cache, cache_layers(cache), record)
     return cache
 
@@ -144,7 +149,8 @@ def add_seals(cache: Any, seals: frozenset[Any]) -> None:
         entry.record = replace(old, seals=old.seals | seals)
         for digest, record in list(_BY_CONTENT.items()):
             if record is old:
-                _BY_CONTENT[digest] = entry.record
+                del _BY_CONTENT[digest]
+                _SEALED[digest] = entry.record
 
 
 def memory_seals(memory: Any) -> frozenset[Any]:
@@ -167,6 +173,8 @@ def cube_seals(cube: Any) -> frozenset[Any]:
 def cache_seals(caches: Any) -> frozenset[Any]:
     """The seals the records of ``caches`` carry (unknown caches carry none)."""
     found: set[Any] = set()
+    if not ever_sealed():  # nothing private was ever loaded here: no cache to hash
+        return frozenset()
     for cache in caches:
         record = produced(cache) if cache is not None else None
         if record is not None:
@@ -183,6 +191,14 @@ def _remember(cache: Any, layers: list[tuple], record: Produced) -> None:
             _PRODUCED[cache] = _Entry(record, refs)
         except TypeError:  # a legacy tuple cache cannot be weakly referenced: by content only
             pass
+        # A content a private cube brought stays private whoever registers it again (an
+        # identical cache is indistinguishable from a copy); the object keeps its own record.
+        earlier = _SEALED.get(digest)
+        if earlier is not None or record.seals:
+            seals = record.seals | (earlier.seals if earlier is not None else frozenset())
+            _SEALED[digest] = replace(record, seals=seals)
+            _BY_CONTENT.pop(digest, None)
+            return
         _BY_CONTENT[digest] = record
         _BY_CONTENT.move_to_end(digest)
         while len(_BY_CONTENT) > MAX_REMEMBERED:
@@ -200,8 +216,9 @@ def lookup(cache: Any, layers: list[tuple] | None = None) -> tuple[Produced | No
         entry = None
     if entry is not None and entry.holds(layers):
         return entry.record, "registered"
+    digest = content_digest(layers)
     with _LOCK:
-        record = _BY_CONTENT.get(content_digest(layers))
+        record = _SEALED.get(digest) or _BY_CONTENT.get(digest)
     if record is not None:
         return record, "copy"
     return (entry.record, "changed") if entry is not None else (None, "unknown")
@@ -310,7 +327,10 @@ def record_extraction(act_mem: Any, item: Any, source: Any) -> Any:
         ids = None
     metadata = {**(item.metadata or {}), "source_text": source} \
         if "source_text" not in (item.metadata or {}) and isinstance(source, str) else item.metadata
-    register(item.memory, item.id, live_identity(model, "KVCacheMemory.extract"), metadata, ids)
+    # A cache a sealed memory makes (the scheduler composes one of the cube's private texts)
+    # is private as the memory is.
+    register(item.memory, item.id, live_identity(model, "KVCacheMemory.extract"), metadata, ids,
+             seals=seals_of(act_mem))
     return item
 
 

@@ -93,6 +93,14 @@ def _one_recipient(text: str, where: str) -> Recipient:
                      "a line (e.g. https://github.com/USER.keys saved to a file).")
 
 
+def _refuse_secret(text: str, where: str) -> None:
+    """A secret key given where a public one belongs is refused without a byte of it echoed."""
+    if text.upper().startswith("AGE-SECRET-KEY-") or "PRIVATE KEY-----" in text:
+        raise UsageError(f"{where} is a secret key (an identity), not a recipient: never pass a "
+                         "secret key as a recipient. Pass its public key (age-keygen -y "
+                         "KEYFILE prints it; for SSH, the .pub file).")
+
+
 def parse_recipients(specs: list[str] | tuple[str, ...]) -> list[Recipient]:
     """Each spec is a recipient, or a file of recipients (one a line, ``#`` comments; SSH key
     types age cannot encrypt to, e.g. ecdsa in a GitHub keys file, are refused by name).
@@ -105,12 +113,20 @@ def parse_recipients(specs: list[str] | tuple[str, ...]) -> list[Recipient]:
             if path.stat().st_size > _MAX_RECIPIENTS_FILE:
                 raise UsageError(f"Recipients file {path} is larger than 1 MiB.")
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            before = len(found)
             for number, line in enumerate(lines, 1):
                 line = line.strip()
                 if line and not line.startswith("#"):
+                    _refuse_secret(line, f"{path} line {number}")
                     one = _one_recipient(line, f"{path} line {number}")
                     found.setdefault(one.text, one)
+            if len(found) == before and not any(
+                    line.strip() and not line.strip().startswith("#") for line in lines):
+                raise UsageError(f"Recipients file {path} names no recipient (it is empty, or "
+                                 "holds only comments): put one age key (age1...) or SSH public "
+                                 "key a line in it.")
         else:
+            _refuse_secret(spec, "A recipient given")
             one = _one_recipient(spec, f"Recipient {spec[:40]!r}")
             found.setdefault(one.text, one)
     if not found:

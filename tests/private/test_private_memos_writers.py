@@ -454,7 +454,7 @@ def test_a_hooked_dump_replaces_the_pickle_and_the_deleted_items(installed, zoo,
     manager = ActivationMemoryManager(str(path), monitor=None, log_func_callback=None,
                                       log_activation_memory_update_func=lambda **_: None)
     cube = GeneralMemCube(cube_config(zoo["a"]))
-    manager.update_activation_memory([SECRET], "label", "u1", "c1", cube)
+    manager.update_activation_memory(["A first update."], "label", "u1", "c1", cube)
     manager.update_activation_memory([OTHER], "label", "u1", "c1", cube)
     fresh = GeneralMemCube(cube_config(zoo["a"]))
     fresh.act_mem.load(str(path))
@@ -463,7 +463,7 @@ def test_a_hooked_dump_replaces_the_pickle_and_the_deleted_items(installed, zoo,
     # An older pickle beside (MemOS's own dump, made without the hook) is replaced by the dump.
     hook.uninstall()
     old = GeneralMemCube(cube_config(zoo["a"]))
-    old.act_mem.add([old.act_mem.extract(SECRET)])
+    old.act_mem.add([old.act_mem.extract("An older memory, dumped by MemOS itself.")])
     old.act_mem.dump(str(tmp_path / "folder"))
     assert (tmp_path / "folder" / "activation_memory.pickle").is_file()
     hook.install(require_pin=False)
