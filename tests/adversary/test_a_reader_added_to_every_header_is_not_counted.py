@@ -18,15 +18,16 @@ from cubepack._util import constants
 from cubepack.format import _lock as lockfile
 
 
-def _secret(identity_file) -> bytes:
+def _secret(identity_file):
+    """The X25519 identity in ``identity_file`` (the native reader's)."""
     from cubepack.trust import _age_stream as stream
 
     line = next(line for line in identity_file.read_text().splitlines()
                 if line.startswith("AGE-SECRET-KEY-"))
-    return stream.bech32_bytes(line)
+    return stream.X25519Identity(stream.bech32_bytes(line, "age-secret-key-"))
 
 
-def add_reader(data: bytes, secret: bytes, recipient: str) -> bytes:
+def add_reader(data: bytes, secret, recipient: str) -> bytes:
     """``data`` (an age file ``secret`` opens) with one more X25519 stanza, for ``recipient``,
     and its header MAC recomputed: what any recipient can do to a file."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -36,7 +37,7 @@ def add_reader(data: bytes, secret: bytes, recipient: str) -> bytes:
 
     stanzas, covered, _, start = stream._parse_header(data, "file")
     file_key = stream._file_key(stanzas, [secret], "file")
-    public = stream.bech32_bytes(recipient)
+    public = stream.bech32_bytes(recipient, "age")
     ephemeral = X25519PrivateKey.generate()
     share = ephemeral.public_key().public_bytes_raw()
     shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(public))
