@@ -1,16 +1,24 @@
 """The demo's two reader models (cubepack.testing.reader): they answer from their context in
 every environment, their prompts are MemOS's, and the training script reproduces the shipped
-weights exactly (with the versions they were trained with)."""
+weights bit for bit under every instruction set torch's CPU kernels use on this machine
+(default, AVX2, AVX-512: none forced by the product), and the other shipped files with the
+versions that wrote them."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from cubepack.testing import reader, tiny
+
+from envs import MEMOS
 
 
 def test_a_conversation_is_the_tokens_memos_prompts_make():
@@ -47,17 +55,63 @@ def test_the_shipped_weights_are_small():
     assert size <= 5 * 2**20
 
 
-def test_the_training_script_reproduces_the_shipped_weights(tmp_path):
+def _retrain(folder: Path, capability: str | None) -> str:
+    """``python -m cubepack.testing.reader FOLDER`` in a process of its own, under
+    ``ATEN_CPU_CAPABILITY=capability`` (None: unset, as a user runs it); the capability torch
+    ran (it falls back to the best the CPU has for one the CPU lacks)."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    script = ("import sys, torch; from cubepack.testing import reader; "
+              "print(torch.backends.cpu.get_cpu_capability(), flush=True); "
+              "sys.exit(reader.main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True,
+                          text=True, timeout=1800, env=env, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split()[0].lower()
+
+
+@pytest.fixture(scope="module")
+def retrained(tmp_path_factory) -> dict[str, Path]:
+    """The models trained again under every capability this CPU offers (each once): first
+    with none forced, then default, avx2, avx512 (a level the CPU lacks runs as another and is
+    not repeated)."""
+    folders: dict[str, Path] = {}
+    for capability in (None, "default", "avx2", "avx512"):
+        if capability is not None and capability in folders:
+            continue
+        folder = tmp_path_factory.mktemp(f"again-{capability or 'unforced'}") / "models"
+        ran = _retrain(folder, capability)
+        if capability is None:
+            folders["unforced"] = folder
+        folders.setdefault(ran, folder)
+    return folders
+
+
+@pytest.mark.skipif(not MEMOS, reason="the demo's models are trained where the demo runs: the "
+                                      "memos environment (its transformers wrote the files)")
+def test_the_training_script_reproduces_the_shipped_tensors_under_every_capability(retrained):
+    assert {"unforced", "default"} <= set(retrained)
+    for capability, folder in retrained.items():
+        for name in reader.SEEDS:
+            shipped, again = (load_file(root / f"model-{name}" / "model.safetensors")
+                              for root in (reader.SHIPPED, folder))
+            assert shipped.keys() == again.keys()
+            differ = [k for k in shipped if not torch.equal(shipped[k], again[k])]
+            assert not differ, (capability, name, differ)
+
+
+@pytest.mark.skipif(not MEMOS, reason="the demo's models are trained where the demo runs: the "
+                                      "memos environment (its transformers wrote the files)")
+def test_the_training_script_reproduces_the_shipped_files(retrained):
     trained_with = json.loads(reader.TRAINED_WITH.read_text())
     if reader.versions() != trained_with:
-        pytest.skip(f"the shipped weights were trained with {trained_with}; this environment "
-                    f"has {reader.versions()} (another release may initialise differently)")
-    assert reader.main([str(tmp_path / "again")]) == 0
-    for name in reader.SEEDS:
-        shipped, again = (load_file(root / f"model-{name}" / "model.safetensors")
-                          for root in (reader.SHIPPED, tmp_path / "again"))
-        assert shipped.keys() == again.keys()
-        assert all(torch.equal(shipped[k], again[k]) for k in shipped), name
-        for file in ("tokenizer.json", "config.json"):
-            assert (reader.SHIPPED / f"model-{name}" / file).read_bytes() == \
-                (tmp_path / "again" / f"model-{name}" / file).read_bytes()
+        pytest.skip(f"the shipped files were written with {trained_with}; this environment "
+                    f"has {reader.versions()} (config.json names the transformers release)")
+    again = retrained["unforced"]
+    assert sorted(p.relative_to(again) for p in again.rglob("*")) == \
+        sorted(p.relative_to(reader.SHIPPED) for p in reader.SHIPPED.rglob("*"))
+    for path in reader.SHIPPED.rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() == (again / path.relative_to(reader.SHIPPED)).read_bytes(), \
+                path
