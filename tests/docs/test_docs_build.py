@@ -76,7 +76,8 @@ def checkout(folder: Path) -> Path:
     return Path(shutil.copytree(ROOT, folder / "checkout", ignore=_COPIED, symlinks=True))
 
 
-def make(repo: Path, venv: Path, *args: str, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
+def make(repo: Path, venv: Path, *args: str,
+         **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
     """``make ARGS`` in ``repo`` with the docs environment above (never rebuilt)."""
     argv = ["make", "-s", "-C", str(repo), f"VENV={venv}", "-o", f"{venv}/docs/.ready", *args]
     if kwargs.pop("background", False):

@@ -205,6 +205,46 @@ def test_the_cli_prints_one_line_and_exits_2(hub, tmp_path, mount):
         f"behind: {parent / 'cube'} is as it was."]
 
 
+def _pull_cli(hub, target: Path, **env: str) -> subprocess.CompletedProcess:
+    """``cubepack pull`` as a user runs it, with the HF cache settings given (others unset)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE")}
+    environ.update(env, HF_ENDPOINT=hub.url)
+    return subprocess.run([sys.executable, "-m", "cubepack", "pull", f"ns/cube@{hub.sha}",
+                           "--local-dir", str(target)], env=environ, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_a_read_only_hf_cache_names_hf_hub_cache_and_setting_it_works(hub, tmp_path, mount):
+    cache = mount(tmp_path / "ro-cache", "ro,size=1m")
+    home = str(tmp_path / "hf-home")
+    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(cache), HF_HOME=home)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): "
+                           "it is on a read-only file system"), line
+    assert "or set HF_HUB_CACHE to a writable folder." in line and "--local-dir" not in line
+    assert not (tmp_path / "cube").exists()
+    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(tmp_path / "writable"),
+                     HF_HOME=home)  # as it says
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("moved", ["HF_HOME", "HF_HUB_CACHE"])
+def test_a_read_only_hf_home_names_both_settings_and_each_works(hub, tmp_path, mount, moved):
+    home = mount(tmp_path / "ro-home", "ro,size=1m")
+    done = _pull_cli(hub, tmp_path / "cube", HF_HOME=str(home))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "(the Hugging Face cache, HF_HUB_CACHE)" in line or \
+        "(the Hugging Face home, HF_HOME)" in line, line
+    assert "HF_HOME" in line and "HF_HUB_CACHE" in line and "--local-dir" not in line, line
+    writable = tmp_path / "writable"
+    fixed = {"HF_HOME": str(writable)} if moved == "HF_HOME" else \
+        {"HF_HOME": str(home), "HF_HUB_CACHE": str(writable)}
+    done = _pull_cli(hub, tmp_path / "cube", **fixed)  # either way the message gives
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # --- every errno, injected where each command places its folder --------------------------------
 
 def _fail_placement(monkeypatch, code: int) -> None:
