@@ -112,7 +112,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                        outcome=f"Nothing was placed: {target} is as it was.")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
-    with atomic.placing(target, elsewhere="pass another --local-dir"):
+    with atomic.placing(target, elsewhere="pass another --local-dir", cache_dir=cache_dir):
         staging = atomic.staging_dir(target, "pull")
         try:
             # Online, each file is copied into the staging folder as soon as it is in the HF cache

@@ -97,6 +97,18 @@ def test_the_hf_cache_is_named_with_the_settings_that_move_it(tmp_path, hf_cache
         assert f"Nothing was left behind: {tmp_path / 'cube'} is as it was." in message
 
 
+def test_a_cache_a_call_was_given_is_named_with_that_argument(tmp_path, hf_cache):
+    hf_cache(tmp_path / "hf-home", tmp_path / "hf-home" / "hub")
+    given = tmp_path / "given"
+    given.mkdir()
+    message = str(raised_in(tmp_path / "cube", OSError(errno.EROFS, "Read-only file system",
+                                                       str(given / "datasets--ns--cube")),
+                            cache_dir=given))
+    assert message.startswith(f"Cannot write {given} (the Hugging Face cache this call was "
+                              "given): "), message
+    assert "or pass another cache_dir." in message, message
+
+
 def test_the_hf_home_outside_its_cache_is_named_as_hf_home(tmp_path, hf_cache):
     home = tmp_path / "hf-home"
     (home / "xet").mkdir(parents=True)
