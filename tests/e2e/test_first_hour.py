@@ -48,7 +48,8 @@ def _fingerprint(tmp_path: Path, name: str, **env: str) -> subprocess.CompletedP
     return cli_in_process(["fingerprint", name], env=_env(tmp_path, **env), cwd=tmp_path)
 
 
-@pytest.mark.parametrize("name", ["missing-model", "org/missing-model", "./missing-model"])
+@pytest.mark.parametrize("name", ["missing-model", "org/missing-model", "./missing-model",
+                                  "my model"])
 def test_a_model_that_is_neither_a_folder_nor_on_the_hub_says_both(tmp_path, hub, name):
     done = _fingerprint(tmp_path, name, HF_ENDPOINT=hub.url)
     assert done.returncode == 2, done.stdout + done.stderr
