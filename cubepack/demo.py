@@ -47,9 +47,38 @@ def cubepack_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "cubepack"]
 
 
+def require_memos() -> None:
+    """The demo drives MemoryOS: where it cannot be imported, say what to install, before
+    anything is made.
+
+    Raises:
+        UnsupportedError: MemoryOS is not installed here (or does not import).
+    """
+    import importlib.metadata
+
+    try:
+        with _silenced():  # MemOS prints as it imports
+            import memos.configs.mem_cube  # noqa: F401
+            import memos.mem_cube.general  # noqa: F401
+    except ImportError as exc:
+        from .errors import UnsupportedError
+
+        try:
+            have = importlib.metadata.version("transformers")
+            have = f"; this environment has transformers {have}"
+        except importlib.metadata.PackageNotFoundError:
+            have = ""
+        raise UnsupportedError(
+            f"The demo runs MemoryOS, which this environment cannot import ({exc}). Run "
+            "`make demo` in a cubepack checkout (it builds an environment with MemoryOS and "
+            "runs the demo there), or pip install 'cubepack[memos]' into an environment of its "
+            f"own: MemoryOS needs transformers < 5{have}.") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     work = Path(argv[0] if argv else "demo-out").resolve()
+    require_memos()
     from ._util import atomic
 
     with atomic.placing(work, elsewhere="name another folder (python -m cubepack.demo FOLDER)",
@@ -133,7 +162,8 @@ def _run(work: Path, env: dict[str, str]) -> int:
     print("  (B reads its own cache well: the wrong answer comes from being handed A's)")
 
     step("4. With cubepack: pin, convert (no pickle), lock, push one commit, pull that commit")
-    _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
+    _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license",
+              "apache-2.0"])
     pushed = _command([*cubepack_command(), "push", str(cube_dir), "demo/tiny_cube", "--tag", "v1"])
     sha = next(line.split()[-1] for line in pushed.splitlines() if line.startswith("commit:"))
     pulled_dir = work / "pulled"
