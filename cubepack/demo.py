@@ -48,31 +48,38 @@ def cubepack_command() -> list[str]:
 
 
 def require_memos() -> None:
-    """The demo drives MemoryOS: where it cannot be imported, say what to install, before
-    anything is made.
+    """The demo drives MemoryOS: where it is not installed, say what to install, before
+    anything is made. Looked up, not imported: importing it imports huggingface_hub, which
+    must first see the demo's own endpoint and cache (set by :func:`main`).
 
     Raises:
-        UnsupportedError: MemoryOS is not installed here (or does not import).
+        UnsupportedError: MemoryOS is not installed here.
     """
-    import importlib.metadata
+    import importlib.util
 
     try:
-        with _silenced():  # MemOS prints as it imports
-            import memos.configs.mem_cube  # noqa: F401
-            import memos.mem_cube.general  # noqa: F401
-    except ImportError as exc:
-        from .errors import UnsupportedError
+        found = importlib.util.find_spec("memos") is not None
+    except ValueError:  # in sys.modules as None: a blocked import
+        found = False
+    if not found:
+        raise _memos_missing("No module named 'memos'")
 
-        try:
-            have = importlib.metadata.version("transformers")
-            have = f"; this environment has transformers {have}"
-        except importlib.metadata.PackageNotFoundError:
-            have = ""
-        raise UnsupportedError(
-            f"The demo runs MemoryOS, which this environment cannot import ({exc}). Run "
-            "`make demo` in a cubepack checkout (it builds an environment with MemoryOS and "
-            "runs the demo there), or pip install 'cubepack[memos]' into an environment of its "
-            f"own: MemoryOS needs transformers < 5{have}.") from exc
+
+def _memos_missing(why: str) -> Exception:
+    """The refusal for a MemoryOS this environment cannot import, naming what to install."""
+    import importlib.metadata
+
+    from .errors import UnsupportedError
+
+    try:
+        have = f"; this environment has transformers {importlib.metadata.version('transformers')}"
+    except importlib.metadata.PackageNotFoundError:
+        have = ""
+    return UnsupportedError(
+        f"The demo runs MemoryOS, which this environment cannot import ({why}). Run `make demo` "
+        "in a cubepack checkout (it builds an environment with MemoryOS and runs the demo "
+        "there), or pip install 'cubepack[memos]' into an environment of its own: MemoryOS "
+        f"needs transformers < 5{have}.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +141,11 @@ def _run(work: Path, env: dict[str, str]) -> int:
     call(f"cube = GeneralMemCube(config)  # act_mem: kv_cache, extractor_llm {snapshot_a}")
     call(f"cube.act_mem.add([cube.act_mem.extract({FACT!r})]); cube.dump({str(cube_dir)!r})")
     with _silenced():
-        from memos.configs.mem_cube import GeneralMemCubeConfig
-        from memos.mem_cube.general import GeneralMemCube
+        try:
+            from memos.configs.mem_cube import GeneralMemCubeConfig
+            from memos.mem_cube.general import GeneralMemCube
+        except ImportError as exc:  # installed, yet it does not import (another transformers)
+            raise _memos_missing(str(exc)) from exc
 
         source = GeneralMemCube(_memos_config(GeneralMemCubeConfig, snapshot_a))
         item = source.act_mem.extract(FACT)
