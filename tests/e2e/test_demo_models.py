@@ -38,6 +38,47 @@ def test_a_conversation_is_the_tokens_memos_prompts_make():
                             skip_special_tokens=True) == "Berlin"
 
 
+def test_a_question_without_memory_is_the_tokens_memos_generate_makes():
+    tokenizer = reader.build_tokenizer()
+    # MemOS's generate without a cache: the question with the generation prompt (hf.py).
+    ask = tokenizer.apply_chat_template(
+        [{"role": "user", "content": reader.question("Alice")}], tokenize=False,
+        add_generation_prompt=True)
+    assert tokenizer.tokenize(ask) + ["<|endoftext|>"] == reader.unanswered("Alice")
+
+
+@pytest.mark.parametrize("name", sorted(reader.SEEDS))
+def test_each_shipped_model_answers_nothing_without_a_memory(name):
+    tokenizer = reader.build_tokenizer()
+    model = tiny.load(reader.SHIPPED / f"model-{name}")
+    rows = torch.tensor([tokenizer.convert_tokens_to_ids(reader.unanswered(n))
+                         for n in reader.NAMES])
+    with torch.no_grad():
+        answers = model(input_ids=rows[:, :-1]).logits[:, -1].argmax(-1)
+    assert tokenizer.convert_ids_to_tokens(answers.tolist()) == ["<|endoftext|>"] * len(rows)
+
+
+def test_the_training_computes_what_transformers_runs():
+    """The exact trainer's forward pass is transformers' LlamaForCausalLM's (within its
+    rounding to 20 bits), on the shipped weights: it trains the model the demo loads."""
+    from safetensors.torch import load_file
+
+    from cubepack.testing import _exact
+
+    tokenizer = reader.build_tokenizer()
+    model = tiny.load(reader.SHIPPED / "model-a")
+    params = {k: v.to(torch.float64)
+              for k, v in load_file(reader.SHIPPED / "model-a" / "model.safetensors").items()}
+    pairs = [(n, c) for n in reader.NAMES[:4] for c in reader.CITIES[:4]]
+    rows = torch.tensor([tokenizer.convert_tokens_to_ids(reader.conversation([pair], 0))
+                         for pair in pairs])
+    positions = list(range(rows.shape[1]))
+    with torch.no_grad():
+        ours = _exact.forward(params, rows, positions).reshape(len(pairs), len(positions), -1)
+        theirs = model.double()(input_ids=rows).logits
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-3), (ours - theirs).abs().max()
+
+
 @pytest.mark.parametrize("name", sorted(reader.SEEDS))
 def test_each_shipped_model_answers_every_name_and_city_from_its_context(name):
     tokenizer = reader.build_tokenizer()
