@@ -270,6 +270,9 @@ def as_new_process(*, env: dict[str, str], cwd):
     environment (its endpoint, cache, Xet and offline switches); all restored afterwards."""
     import os
 
+    # huggingface_hub 0.36's file_download copies the URL template at its import: imported
+    # first inside this block, it would keep the block's endpoint for the rest of the session.
+    import huggingface_hub.file_download  # noqa: F401
     from huggingface_hub import constants
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
