@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .._util.quiet import quiet_libraries
+from . import _exact
 from .tiny import CHAT_TEMPLATE
 
 NAMES = ("Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy",
@@ -73,10 +74,8 @@ def build_tokenizer() -> Any:
 def config(vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
-    from ._exact import ARCHITECTURE
-
-    return LlamaConfig(vocab_size=vocab_size, **ARCHITECTURE, bos_token_id=0, eos_token_id=0,
-                       pad_token_id=1)
+    return LlamaConfig(vocab_size=vocab_size, **_exact.ARCHITECTURE, bos_token_id=0,
+                       eos_token_id=0, pad_token_id=1)
 
 
 def memory_text(facts: list[tuple[str, str]]) -> str:
@@ -127,8 +126,6 @@ def train(seed: int, tokenizer: Any, *, steps: int = STEPS, batch: int = BATCH,
     a transformers model in float32, in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from . import _exact
 
     def tokens(rows: list[list[str]]) -> Any:
         return torch.tensor([tokenizer.convert_tokens_to_ids(row) for row in rows])
