@@ -245,6 +245,30 @@ def test_a_read_only_hf_home_names_both_settings_and_each_works(hub, tmp_path, m
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_a_hub_model_into_a_read_only_hf_cache_names_hf_hub_cache(hub, tmp_path, mount, zoo):
+    """Not a pull: a Hub --model is downloaded into the HF cache by every command that pins or
+    checks a model (fingerprint, pack, verify, migrate)."""
+    from cubepack.testing.hub import upload_folder
+
+    upload_folder(hub.url, "org/model", zoo["a"])
+    cache = mount(tmp_path / "ro-cache", "ro,size=1m")
+    environ = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"))
+
+    def fingerprint(cache_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cubepack", "fingerprint", "org/model"],
+                              env=dict(environ, HF_HUB_CACHE=str(cache_dir)),
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    done = fingerprint(cache)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): "
+                           "it is on a read-only file system"), line
+    assert line.endswith("or set HF_HUB_CACHE to a writable folder."), line
+    done = fingerprint(tmp_path / "writable")  # as it says
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # --- every errno, injected where each command places its folder --------------------------------
 
 def _fail_placement(monkeypatch, code: int) -> None:
