@@ -318,6 +318,28 @@ def target_problem(exc: OSError, target: Path, *, elsewhere: str, whole: bool = 
     return problem
 
 
+def cache_problem(exc: OSError,
+                  cache_dir: str | os.PathLike[str] | None = None) -> UsageError | None:
+    """The :class:`~cubepack.errors.UsageError` for ``exc`` when it is a write the Hugging Face
+    cache (or home) refused outside any target of the user's (a Hub model or a lock downloaded
+    to be read), naming the folder and the setting that moves it; else None."""
+    if exc.errno not in TARGET_ERRNOS:
+        return None
+    cache = _hf_place(exc, None, cache_dir)
+    if cache is None:
+        return None
+    root, what, elsewhere = cache
+    named = Path(os.fsdecode(exc.filename)).absolute() if exc.filename else root
+    where = named if named.is_dir() or not named.parent.exists() else named.parent
+    if where in root.parents:  # the cache is yet to be made: name it, not its parent
+        where = root
+    reason, fix = _diagnose(exc.errno, where, where)
+    problem = UsageError(f"Cannot write {where} ({what}): {reason} "
+                         f"({os.strerror(exc.errno)}). {fix}, or {elsewhere}.")
+    problem.target_cause = exc  # a placing block around it tells it with its target
+    return problem
+
+
 def _user_path(exc: OSError, target: Path) -> Path | None:
     """The path to name: ``target`` for any path of ours beside or inside it (its staging
     folder, its temp file, the folder set aside), a path the user named elsewhere as is, and
@@ -339,7 +361,7 @@ def _user_path(exc: OSError, target: Path) -> Path | None:
     return first if first.is_dir() or not first.parent.exists() else first.parent
 
 
-def _hf_place(exc: OSError, target: Path,
+def _hf_place(exc: OSError, target: Path | None,
               cache_dir: str | os.PathLike[str] | None) -> tuple[Path, str, str] | None:
     """(its folder, what it is, the fix's second half) when ``exc`` names a path in the
     Hugging Face cache or home, outside ``target``: the settings that move it, as
@@ -363,7 +385,7 @@ def _hf_place(exc: OSError, target: Path,
         if not isinstance(name, (str, bytes, os.PathLike)) or not name:
             continue
         path = Path(os.fsdecode(name)).absolute()
-        if path == target or target in path.parents:
+        if target is not None and (path == target or target in path.parents):
             continue
         for root, what, fix in places:
             if path == root or root in path.parents:

@@ -175,8 +175,11 @@ class HubClient:
         except CubepackError:
             raise
         except OSError as exc:
-            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub: the caller names it
-                raise
+            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub
+                problem = atomic.cache_problem(exc)  # the HF cache: the setting that moves it
+                if problem is not None:
+                    raise problem from exc
+                raise  # the caller's target names it
             raise self.error(exc, repo_id, repo_type, revision) from exc
         except Exception as exc:
             raise self.error(exc, repo_id, repo_type, revision) from exc

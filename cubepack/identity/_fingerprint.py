@@ -26,7 +26,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import atomic, canonical, constants
 from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.paths import names_a_path
@@ -176,6 +176,9 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
             "reached (offline: HF_HUB_OFFLINE); download it once online, or pass a model "
             "folder.") from exc
     except (HfHubHTTPError, OSError) as exc:
+        problem = atomic.cache_problem(exc) if isinstance(exc, OSError) else None
+        if problem is not None:  # the HF cache cannot be written: the setting that moves it
+            raise problem from exc
         raise HubError(f"Cannot resolve model {name} (not a folder: {no_folder}): "
                        f"{exc}") from exc
     model_id, commit = hub_origin(folder)

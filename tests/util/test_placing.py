@@ -109,6 +109,26 @@ def test_a_cache_a_call_was_given_is_named_with_that_argument(tmp_path, hf_cache
     assert "or pass another cache_dir." in message, message
 
 
+def test_a_download_with_no_target_names_the_cache_and_a_block_around_it_its_target(
+        tmp_path, hf_cache):
+    """A Hub model or a lock downloaded to be read has no target of the user's: the cache and
+    its setting alone; inside a block (a pull), the block tells it with its target."""
+    cache = tmp_path / "hf-home" / "hub"
+    cache.mkdir(parents=True)
+    hf_cache(tmp_path / "hf-home", cache)
+    exc = OSError(errno.EROFS, "Read-only file system", str(cache / "models--org--model"))
+    problem = atomic.cache_problem(exc)
+    assert str(problem) == (f"Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): it "
+                            "is on a read-only file system (Read-only file system). Remount it "
+                            "read-write, or set HF_HUB_CACHE (or HF_HOME, which holds it as "
+                            "hub/) to a writable folder.")
+    told = raised_in(tmp_path / "cube", problem)
+    assert str(told).endswith(f"Nothing was left behind: {tmp_path / 'cube'} is as it was.")
+    elsewhere = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "other" / "x"))
+    assert atomic.cache_problem(elsewhere) is None
+    assert atomic.cache_problem(OSError(errno.EIO, "Input/output error", str(cache))) is None
+
+
 def test_the_hf_home_outside_its_cache_is_named_as_hf_home(tmp_path, hf_cache):
     home = tmp_path / "hf-home"
     (home / "xet").mkdir(parents=True)
