@@ -341,3 +341,24 @@ def test_every_errno_in_a_single_file_write(tmp_path, monkeypatch, code, models)
             says="or write to another path. Nothing was left behind")
     monkeypatch.setattr(os, "replace", original)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pin_read_from_the_hubs_metadata_into_a_read_only_cache_names_it(monkeypatch):
+    """The small files a pin from the Hub's metadata reads (config.json, the tokenizer's) go
+    through the HF cache too: a refused write there names the cache and its setting."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from cubepack.identity import _hub
+
+    cache = Path(constants.HF_HUB_CACHE)
+
+    def refuse(repo_id, filename, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(cache / "models--org--model"))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+    api = type("Api", (), {"endpoint": "http://127.0.0.1:9", "token": None})()
+    with pytest.raises(UsageError) as caught:
+        _hub._download_inputs(api, "org/model", "0" * 40, ["config.json"])
+    assert "(the Hugging Face cache, HF_HUB_CACHE)" in str(caught.value)
+    assert "to a writable folder." in str(caught.value)
