@@ -89,6 +89,10 @@ def test_a_text_file_over_the_limit_is_refused_in_a_size(tmp_path, packed_cube_f
     message = done.stderr
     assert "64 MiB" in message and f"{MAX_TEXT_BYTES + 1:,} bytes" in message, message
     assert str(MAX_TEXT_BYTES) not in message, message  # a size, not a bare byte count
+    assert "Remove it" in message
+    notes.unlink()  # as it says
+    done = cli_in_process(["pack", cube], env=_env(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_docs_state_the_text_limit_and_every_text_kind():
@@ -126,6 +130,11 @@ def test_the_install_section_says_memoryos_needs_transformers_below_5():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
     assert "MemoryOS" in install and "transformers < 5" in install, install
+    # What the refusal says to install is the extra that brings MemoryOS.
+    tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml: Python 3.11+")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(re.match(r"MemoryOS\b", requirement) for requirement in extras["memos"])
 
 
 @pytest.mark.skipif(not MEMOS, reason="reads the installed MemoryOS's own requirements")
