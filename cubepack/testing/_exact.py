@@ -1,6 +1,7 @@
-"""Training whose result does not depend on the CPU: the demo's reader models, bit for bit
-whatever vector width torch's kernels use (and, by the same argument, on any CPU with IEEE-754
-doubles; the tests run it under each instruction set torch uses on their machine).
+"""Training whose result does not depend on the CPU: the demo's reader models, bit for bit.
+
+Whatever vector width torch's kernels use, and by the same argument on any CPU with IEEE-754
+doubles (the tests run it under each instruction set torch uses on their machine).
 
 Why not torch's own training: a float sum's result depends on its order, and torch's CPU kernels
 order their sums by vector width (AVX-512 adds sixteen float32 lanes at once, AVX2 eight, the
