@@ -28,7 +28,7 @@ class SphinxRoles(griffe.Extension):
         for obj in _objects(pkg):
             if obj.docstring is not None:
                 obj.docstring.value = ROLE.sub(
-                    lambda match: _reference(obj, *match.groups(), public),
+                    lambda match, obj=obj: _reference(obj, *match.groups(), public),
                     obj.docstring.value)
 
 

@@ -378,8 +378,8 @@ def _hf_place(exc: OSError, target: Path | None,
         cache = Path(hub.HF_HUB_CACHE).expanduser().absolute()
         moves = "HF_HUB_CACHE (or HF_HOME, which holds it as hub/)" if cache == home / "hub" \
             else "HF_HUB_CACHE"
-        places += [(cache, "the Hugging Face cache, HF_HUB_CACHE", f"set {moves} to a "
-                    "writable folder"),
+        places += [(cache, "the Hugging Face cache, HF_HUB_CACHE",
+                    f"set {moves} to a writable folder"),
                    (home, "the Hugging Face home, HF_HOME", "set HF_HOME to a writable folder")]
     for name in (exc.filename, exc.filename2):
         if not isinstance(name, (str, bytes, os.PathLike)) or not name:

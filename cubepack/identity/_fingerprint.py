@@ -140,8 +140,8 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
     from huggingface_hub import constants as hub_constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
-        HFValidationError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,

@@ -255,7 +255,7 @@ def forward(params: dict[str, Any], ids: Any, positions: list[int]) -> Any:
         p = f"model.layers.{i}."
         x = rms_norm(h, params[p + "input_layernorm.weight"]).reshape(rows * length, d)
 
-        def split(name, count, x=x):
+        def split(name, count, x=x, p=p):
             return linear(x, params[p + name]).reshape(rows, length, count, head_dim) \
                 .transpose(1, 2)
 

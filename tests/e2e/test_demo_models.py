@@ -108,10 +108,9 @@ def _environment(capability: str | None) -> dict[str, str]:
 def _capability(capability: str | None) -> str:
     """The capability torch runs under ``ATEN_CPU_CAPABILITY=capability``: it falls back to the
     best the CPU has for one the CPU lacks."""
-    done = subprocess.run([sys.executable, "-c", "import torch; "
-                           "print(torch.backends.cpu.get_cpu_capability())"],
-                          capture_output=True, text=True, timeout=300, check=True,
-                          env=_environment(capability))
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=300, check=True, env=_environment(capability))
     return done.stdout.split()[-1].lower()
 
 
