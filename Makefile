@@ -33,7 +33,7 @@ UV_STAMP   := $(VENV)/tools/.attempted
 UV_DEP     := $(if $(filter $(UV_BOOT),$(UV)),| $(UV_STAMP))
 
 .PHONY: fresh-clone test test-latest test-memos test-mlx test-llamacpp setup demo bench hub-compat \
-        memos-own-tests docs clean
+        memos-own-tests docs docs-serve clean
 
 test: setup
 	$(PYTHON) tools/run_suites.py --jobs $(TEST_JOBS) --logs $(VENV) --only mlx=tests/mlx \
@@ -77,16 +77,25 @@ $(VENV)/mlx/.ready: pyproject.toml tools/setup_env.py $(UV_DEP)
 	$(SETUP_ENV) $(VENV)/mlx $(TORCH) -e ".[test,sign,mlx]" "transformers>=5,<6" "huggingface_hub>=1"
 	touch $@
 
-# The docs site (docs/, mkdocs.yml) into site/, with --strict: a broken link, a missing page or a
-# docstring the API reference cannot read fails the build. Its own small environment: the pinned
-# tools of docs/requirements.txt, no torch (docs/hooks.py puts this checkout on sys.path; the CLI
+# The docs site (docs/, mkdocs.yml) into site/, with --strict: a broken link or anchor, a page
+# missing from the nav or a docstring the API reference cannot read fails the build (mkdocs.yml's
+# validation settings make each a WARNING, and --strict fails on any). Not --quiet: it hides the
+# warnings, and strict mode then counts none. Its own small environment: the pinned tools of
+# docs/requirements.txt, no torch (docs/hooks.py puts this checkout on sys.path; the CLI
 # reference imports cubepack.cli, which needs click and PyYAML only).
 $(VENV)/docs/.ready: docs/requirements.txt tools/setup_env.py $(UV_DEP)
 	$(SETUP_ENV) $(VENV)/docs -r docs/requirements.txt
 	touch $@
 
 docs: $(VENV)/docs/.ready
-	NO_MKDOCS_2_WARNING=1 $(VENV)/docs/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/docs/bin/mkdocs build --strict
+
+# The site to read: built as `make docs` builds it and served at http://127.0.0.1:$(DOCS_PORT)/
+# (rebuilt as a page changes). Opened as files, site/ has no search (the browser will not fetch
+# its index from file://) and its folder links show folder listings: serve it.
+DOCS_PORT ?= 8000
+docs-serve: $(VENV)/docs/.ready
+	NO_MKDOCS_2_WARNING=1 $(VENV)/docs/bin/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 demo: $(VENV)/memos/.ready
 	$(VENV)/memos/bin/python -m cubepack.demo

@@ -47,9 +47,45 @@ def cubepack_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "cubepack"]
 
 
+def require_memos() -> None:
+    """The demo drives MemoryOS: where it is not installed, say what to install, before
+    anything is made. Looked up, not imported: importing it imports huggingface_hub, which
+    must first see the demo's own endpoint and cache (set by :func:`main`).
+
+    Raises:
+        UnsupportedError: MemoryOS is not installed here.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("memos") is not None
+    except ValueError:  # in sys.modules as None: a blocked import
+        found = False
+    if not found:
+        raise _memos_missing("No module named 'memos'")
+
+
+def _memos_missing(why: str) -> Exception:
+    """The refusal for a MemoryOS this environment cannot import, naming what to install."""
+    import importlib.metadata
+
+    from .errors import UnsupportedError
+
+    try:
+        have = f"; this environment has transformers {importlib.metadata.version('transformers')}"
+    except importlib.metadata.PackageNotFoundError:
+        have = ""
+    return UnsupportedError(
+        f"The demo runs MemoryOS, which this environment cannot import ({why}). Run `make demo` "
+        "in a cubepack checkout (it builds an environment with MemoryOS and runs the demo "
+        "there), or pip install 'cubepack[memos]' into an environment of its own: MemoryOS "
+        f"needs transformers < 5{have}.")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     work = Path(argv[0] if argv else "demo-out").resolve()
+    require_memos()
     from ._util import atomic
 
     with atomic.placing(work, elsewhere="name another folder (python -m cubepack.demo FOLDER)",
@@ -105,8 +141,11 @@ def _run(work: Path, env: dict[str, str]) -> int:
     call(f"cube = GeneralMemCube(config)  # act_mem: kv_cache, extractor_llm {snapshot_a}")
     call(f"cube.act_mem.add([cube.act_mem.extract({FACT!r})]); cube.dump({str(cube_dir)!r})")
     with _silenced():
-        from memos.configs.mem_cube import GeneralMemCubeConfig
-        from memos.mem_cube.general import GeneralMemCube
+        try:
+            from memos.configs.mem_cube import GeneralMemCubeConfig
+            from memos.mem_cube.general import GeneralMemCube
+        except ImportError as exc:  # installed, yet it does not import (another transformers)
+            raise _memos_missing(str(exc)) from exc
 
         source = GeneralMemCube(_memos_config(GeneralMemCubeConfig, snapshot_a))
         item = source.act_mem.extract(FACT)
@@ -133,7 +172,8 @@ def _run(work: Path, env: dict[str, str]) -> int:
     print("  (B reads its own cache well: the wrong answer comes from being handed A's)")
 
     step("4. With cubepack: pin, convert (no pickle), lock, push one commit, pull that commit")
-    _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license", "apache-2.0"])
+    _command([*cubepack_command(), "pack", str(cube_dir), "--legacy-pickle", "--license",
+              "apache-2.0"])
     pushed = _command([*cubepack_command(), "push", str(cube_dir), "demo/tiny_cube", "--tag", "v1"])
     sha = next(line.split()[-1] for line in pushed.splitlines() if line.startswith("commit:"))
     pulled_dir = work / "pulled"

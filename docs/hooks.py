@@ -8,17 +8,23 @@
   line the first sentence of its own docstring. Read with ``ast``, nothing imported, so the map
   cannot drift from the package and the docs environment needs no torch.
 - In the CLI reference, an option without a default shows none (not click's UNSET sentinel).
+- Include a file of the repository's root into a page (``--8<-- "SECURITY.md"``, where GitHub
+  shows it) with its relative links made relative to the page: written for the root, a link to
+  ``docs/explanation/proof-bound.md`` would lead nowhere from ``explanation/threat-model.md``.
+  Done here, before pymdownx.snippets would include the file as is.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cubepack"
+DOCS = ROOT / "docs"
 MODULE_MAP_MARK = "<!-- module-map -->"
 
 
@@ -39,7 +45,31 @@ def on_page_content(html, page, config, files):
 def on_page_markdown(markdown, page, config, files):
     if MODULE_MAP_MARK in markdown:
         markdown = markdown.replace(MODULE_MAP_MARK, module_map())
-    return markdown
+    return ROOT_INCLUDE.sub(lambda match: root_file(match[1], page.file.src_uri), markdown)
+
+
+ROOT_INCLUDE = re.compile(r'^--8<-- "([^"/]+\.md)"$', re.MULTILINE)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def root_file(name: str, page: str) -> str:
+    """The root file ``name`` as the page ``page`` (relative to docs/) includes it: each link
+    into docs/ made relative to the page (others are left for mkdocs to judge)."""
+    text = (ROOT / name).read_text(encoding="utf-8")
+    folder = (DOCS / page).parent
+
+    def relink(match: re.Match) -> str:
+        target = match[1]
+        path, _, anchor = target.partition("#")
+        if re.match(r"[a-z]+:", target) or not path:
+            return match[0]
+        resolved = (ROOT / path).resolve()
+        if DOCS not in resolved.parents:
+            return match[0]
+        relative = Path(os.path.relpath(resolved, folder)).as_posix()
+        return f"]({relative}{'#' + anchor if anchor else ''})"
+
+    return _LINK.sub(relink, text)
 
 
 def layers() -> list[list[str]]:
@@ -58,7 +88,7 @@ def _summary(path: Path) -> str:
     text = " ".join(doc.split("\n\n")[0].split())
     if ". " in text:
         text = text.split(". ")[0] + "."
-    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?(\w+)`", r"`\1`", text)  # :class:`~a.B` -> `B`
+    text = re.sub(r":\w+:`~?\.*(?:[\w.]+\.)?(\w+)`", r"`\1`", text)  # :class:`~a.B`, :mod:`._b`
     return text.replace("``", "`").replace("|", "\\|")
 
 

@@ -243,8 +243,8 @@ _placing = threading.local()
 
 
 @contextlib.contextmanager
-def placing(target: str | os.PathLike[str], *, elsewhere: str,
-            whole: bool = True) -> Iterator[None]:
+def placing(target: str | os.PathLike[str], *, elsewhere: str, whole: bool = True,
+            cache_dir: str | os.PathLike[str] | None = None) -> Iterator[None]:
     """The one owner of "this target cannot be written": an ``OSError`` raised in the block
     whose errno is one of :data:`TARGET_ERRNOS` (not writable, immutable, read-only file
     system, a mount point that cannot be renamed, disk full) becomes a
@@ -259,6 +259,10 @@ def placing(target: str | os.PathLike[str], *, elsewhere: str,
 
     Blocks nest: only the outermost converts (``upgrade`` packs its staging folder, whose name
     the user never gave), so the message names what the user asked to write.
+
+    A path in the Hugging Face cache (``cache_dir``, the one a call was given, or
+    huggingface_hub's) is named as such, with the setting that moves it instead of
+    ``elsewhere``: another target would meet the same cache.
     """
     target = Path(target).absolute()
     if getattr(_placing, "target", None) is not None:
@@ -270,7 +274,8 @@ def placing(target: str | os.PathLike[str], *, elsewhere: str,
         yield
     except OSError as exc:
         remove_empty(created)
-        problem = target_problem(exc, target, elsewhere=elsewhere, whole=whole)
+        problem = target_problem(exc, target, elsewhere=elsewhere, whole=whole,
+                                 cache_dir=cache_dir)
         if problem is None:
             raise
         raise problem from exc
@@ -278,7 +283,7 @@ def placing(target: str | os.PathLike[str], *, elsewhere: str,
         remove_empty(created)
         cause = getattr(exc, "target_cause", None)  # an inner block's (another thread's)
         problem = None if cause is None else target_problem(cause, target, elsewhere=elsewhere,
-                                                            whole=whole)
+                                                            whole=whole, cache_dir=cache_dir)
         if problem is None:
             raise
         raise problem from cause
@@ -289,8 +294,8 @@ def placing(target: str | os.PathLike[str], *, elsewhere: str,
         _placing.target = None
 
 
-def target_problem(exc: OSError, target: Path, *, elsewhere: str,
-                   whole: bool = True) -> UsageError | None:
+def target_problem(exc: OSError, target: Path, *, elsewhere: str, whole: bool = True,
+                   cache_dir: str | os.PathLike[str] | None = None) -> UsageError | None:
     """The :class:`~cubepack.errors.UsageError` for ``exc`` raised while writing ``target``,
     or None when ``exc`` is not a target problem (another errno, or a path outside it)."""
     if exc.errno not in TARGET_ERRNOS:
@@ -301,9 +306,37 @@ def target_problem(exc: OSError, target: Path, *, elsewhere: str,
         return None
     reason, fix = _diagnose(exc.errno, where, target)
     kept = f" Nothing was left behind: {target} is as it was." if whole else ""
+    cache = _hf_place(exc, target, cache_dir)
+    if cache is not None:  # another target would not help: the setting that moves it does
+        root, what, elsewhere = cache
+        if where in root.parents:  # the cache is yet to be made: name it, not its parent
+            where = root
+        where = f"{where} ({what})"
     problem = UsageError(f"Cannot write {where}: {reason} ({os.strerror(exc.errno)}). {fix}, "
                          f"or {elsewhere}.{kept}")
     problem.target_cause = exc  # an outer block re-tells it of its own target
+    return problem
+
+
+def cache_problem(exc: OSError,
+                  cache_dir: str | os.PathLike[str] | None = None) -> UsageError | None:
+    """The :class:`~cubepack.errors.UsageError` for ``exc`` when it is a write the Hugging Face
+    cache (or home) refused outside any target of the user's (a Hub model or a lock downloaded
+    to be read), naming the folder and the setting that moves it; else None."""
+    if exc.errno not in TARGET_ERRNOS:
+        return None
+    cache = _hf_place(exc, None, cache_dir)
+    if cache is None:
+        return None
+    root, what, elsewhere = cache
+    named = Path(os.fsdecode(exc.filename)).absolute() if exc.filename else root
+    where = named if named.is_dir() or not named.parent.exists() else named.parent
+    if where in root.parents:  # the cache is yet to be made: name it, not its parent
+        where = root
+    reason, fix = _diagnose(exc.errno, where, where)
+    problem = UsageError(f"Cannot write {where} ({what}): {reason} "
+                         f"({os.strerror(exc.errno)}). {fix}, or {elsewhere}.")
+    problem.target_cause = exc  # a placing block around it tells it with its target
     return problem
 
 
@@ -326,6 +359,38 @@ def _user_path(exc: OSError, target: Path) -> Path | None:
                 return target
     first = Path(os.fsdecode(named[0]))
     return first if first.is_dir() or not first.parent.exists() else first.parent
+
+
+def _hf_place(exc: OSError, target: Path | None,
+              cache_dir: str | os.PathLike[str] | None) -> tuple[Path, str, str] | None:
+    """(its folder, what it is, the fix's second half) when ``exc`` names a path in the
+    Hugging Face cache or home, outside ``target``: the settings that move it, as
+    huggingface_hub read them (it is imported whenever something was written there), or the
+    ``cache_dir`` a call was given. HF_HOME moves the cache too while HF_HUB_CACHE is its
+    default, HF_HOME/hub."""
+    places = []
+    if cache_dir is not None:
+        places.append((Path(cache_dir).expanduser().absolute(),
+                       "the Hugging Face cache this call was given", "pass another cache_dir"))
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        home = Path(hub.HF_HOME).expanduser().absolute()
+        cache = Path(hub.HF_HUB_CACHE).expanduser().absolute()
+        moves = "HF_HUB_CACHE (or HF_HOME, which holds it as hub/)" if cache == home / "hub" \
+            else "HF_HUB_CACHE"
+        places += [(cache, "the Hugging Face cache, HF_HUB_CACHE",
+                    f"set {moves} to a writable folder"),
+                   (home, "the Hugging Face home, HF_HOME", "set HF_HOME to a writable folder")]
+    for name in (exc.filename, exc.filename2):
+        if not isinstance(name, (str, bytes, os.PathLike)) or not name:
+            continue
+        path = Path(os.fsdecode(name)).absolute()
+        if target is not None and (path == target or target in path.parents):
+            continue
+        for root, what, fix in places:
+            if path == root or root in path.parents:
+                return root, what, fix
+    return None
 
 
 def _diagnose(code: int, where: Path, target: Path) -> tuple[str, str]:

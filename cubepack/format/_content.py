@@ -33,6 +33,7 @@ JSON_NAMES = (constants.LOCK_FILENAME, constants.SIGNATURE_FILENAME)
 ATTESTATION_NAMES = (constants.ATTESTATION_FILENAME, constants.ANCESTORS_FILENAME)
 TEXT_NAMES = (".gitattributes", ".gitignore")
 TEXT_SUFFIXES = (".md", ".txt", ".jinja", ".adapter", ".metadata")
+#: The largest text file a cube may hold (read whole to check it is UTF-8 with no NUL).
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
 
@@ -211,8 +212,10 @@ def _check_age(path: Path) -> None:
 
 
 def _check_text(path: Path) -> None:
-    if path.stat().st_size > MAX_TEXT_BYTES:
-        raise ValueError(f"larger than {MAX_TEXT_BYTES} bytes")
+    size = path.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise ValueError(f"it is {size:,} bytes, over the {MAX_TEXT_BYTES // 2**20} MiB a text "
+                         "file may hold")
     text = path.read_bytes().decode("utf-8")
     if "\x00" in text:
         raise ValueError("it holds NUL bytes")

@@ -91,15 +91,20 @@ class HubClient:
             a deadline, each request is also judged by the low-speed rule
             (``CUBEPACK_LOW_SPEED_LIMIT`` / ``CUBEPACK_LOW_SPEED_TIME``, see ``_stall``).
         action, outcome: what the deadline bounds and what holds after it, for its message.
+        cached: what this client fetches can come from the HF cache, so an unreachable
+            endpoint's message offers ``HF_HUB_OFFLINE=1`` (a pull, a lock to follow); never
+            for what only the endpoint can do (a push, its metadata).
     """
 
     def __init__(self, endpoint: str | None = None, token: str | bool | None = None, *,
-                 timeout: float | None = None, action: str = "request", outcome: str = ""):
+                 timeout: float | None = None, action: str = "request", outcome: str = "",
+                 cached: bool = False):
         from huggingface_hub import HfApi
         from huggingface_hub import constants as hub_constants
 
         self.endpoint = (endpoint or hub_constants.ENDPOINT).rstrip("/")
         self.token = token
+        self.cached = cached
         self.api = HfApi(endpoint=self.endpoint, token=token)
         # The low-speed rule goes with the deadline: what runs under one is judged by both.
         self.deadline = Deadline(timeout, self.endpoint, action, outcome,
@@ -151,10 +156,11 @@ class HubClient:
                             "with write access (HF_TOKEN or --token).")
         unreachable = _unreachable(exc)
         if unreachable is not None:
+            offline = "; HF_HUB_OFFLINE=1 uses what the HF cache already holds" \
+                if self.cached else ""
             return HubError(f"Cannot reach {where} ({unreachable}) for {repo_id}: check that "
                             "the address is right (HF_ENDPOINT, or endpoint= in Python), that "
-                            "it is serving and that this machine's network reaches it; "
-                            "HF_HUB_OFFLINE=1 uses what the HF cache already holds.")
+                            f"it is serving and that this machine's network reaches it{offline}.")
         text = str(exc).strip()
         first_line = text.splitlines()[0] if text else type(exc).__name__
         return HubError(f"The request for {repo_id}@{revision or 'main'} to {where} failed: "
@@ -169,8 +175,11 @@ class HubClient:
         except CubepackError:
             raise
         except OSError as exc:
-            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub: the caller names it
-                raise
+            if exc.errno in atomic.TARGET_ERRNOS:  # our disk, not the Hub
+                problem = atomic.cache_problem(exc)  # the HF cache: the setting that moves it
+                if problem is not None:
+                    raise problem from exc
+                raise  # the caller's target names it
             raise self.error(exc, repo_id, repo_type, revision) from exc
         except Exception as exc:
             raise self.error(exc, repo_id, repo_type, revision) from exc

@@ -71,8 +71,8 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
     if not follow:
         result.complete = "lineage" not in lock
         return result
-    client = HubClient(endpoint, token, timeout=seconds,
-                       action="lineage --follow", outcome="Nothing was changed.")
+    client = HubClient(endpoint, token, timeout=seconds, action="lineage --follow",
+                       outcome="Nothing was changed.", cached=True)
     child, where = lock, str(cube)
     while "lineage" in child:
         parent = child["lineage"]["parent"]

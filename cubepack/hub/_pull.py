@@ -115,10 +115,10 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
-                       outcome=f"Nothing was placed: {target} is as it was.")
+                       outcome=f"Nothing was placed: {target} is as it was.", cached=True)
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
-    with atomic.placing(target, elsewhere="pass another --local-dir"):
+    with atomic.placing(target, elsewhere="pass another --local-dir", cache_dir=cache_dir):
         staging = atomic.staging_dir(target, "pull")
         try:
             # Online, each file is copied into the staging folder as soon as it is in the HF cache
@@ -408,7 +408,7 @@ def resolve_revision(repo_id: str, revision: str | None, *, repo_type: str = "da
         if is_commit(wanted):
             return wanted
         return _cached_ref(repo_id, wanted, repo_type, cache_dir)
-    client = client or HubClient()
+    client = client or HubClient(cached=True)
     with client.translated(repo_id, repo_type, wanted):
         sha = client.run(client.api.repo_info, repo_id, repo_type=repo_type, revision=wanted).sha
     if not is_commit(sha):

@@ -24,7 +24,7 @@ from ..format import _fileset as fileset
 from ..memos_format import _layout as memos_layout
 from ..ops._verify import verify
 from ..trust._report import VerifyReport
-from ._client import REPO_TYPES, HubClient, lfs_sha256, parse_repo_spec
+from ._client import REPO_TYPES, HubClient, lfs_sha256, offline_requested, parse_repo_spec
 
 
 @dataclass
@@ -80,7 +80,7 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
     Raises:
         VerificationFailed: the cube does not verify.
         UsageError: a local model path in config.json; a bad repo type or timeout; a tag
-            with ``create_pr``.
+            with ``create_pr``; HF_HUB_OFFLINE set.
         HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
             that exists, a branch that keeps moving, the deadline passed).
     """
@@ -98,6 +98,9 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
         raise UsageError("--tag cannot be combined with --create-pr: a pull request's commit is "
                          "not published yet; tag it once the request is merged.")
     seconds = constants.hub_timeout(timeout)
+    if offline_requested():  # huggingface_hub would refuse every request, as unreachable
+        raise UsageError("A push needs its endpoint, and HF_HUB_OFFLINE is set (huggingface_hub "
+                         "then sends no request): unset HF_HUB_OFFLINE to push.")
     cube = Path(cube_dir)
     report = verify(cube, progress=progress)
     if not allow_local_paths:

@@ -26,7 +26,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import atomic, canonical, constants
 from .._util.canonical import digest_of_file_hashes
 from .._util.hashing import HashCache, hash_files, shared_cache
 from .._util.paths import names_a_path
@@ -130,11 +130,18 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
     if path.is_dir():
         model_id, commit = hub_origin(path)
         return path, model_id, commit
+    # Not a folder: say so in every refusal below, since the name may have meant one (a typo,
+    # another working directory) as well as a Hub model.
+    no_folder = f"there is no folder {name} here ({path.absolute()})"
     if names_a_path(name):  # not a folder, yet no Hub id either
-        raise ModelNotFoundError(f"Model folder {name} does not exist.")
+        raise ModelNotFoundError(f"Model {name} is neither a folder ({no_folder}) nor a Hub "
+                                 "model id (name or owner/name). Pass a model folder that "
+                                 "exists, or a Hub id.")
+    from huggingface_hub import constants as hub_constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -142,24 +149,38 @@ def resolve_model_folder(name: str, revision: str | None = None, *,
 
     # HF_HUB_OFFLINE is read by huggingface_hub once, at import; we honour it when set later too.
     local_files_only = local_files_only or constants.hub_offline()
+    endpoint = hub_constants.ENDPOINT
     try:
         folder = Path(snapshot_download(name, revision=revision, repo_type="model",
                                         local_files_only=local_files_only))
+    except HFValidationError as exc:
+        raise ModelNotFoundError(f"Model {name} is neither a folder ({no_folder}) nor a Hub "
+                                 "model id (name or owner/name: letters, digits, '-', '_', "
+                                 "'.'). Pass a model folder that exists, or a Hub id.") from exc
     except RevisionNotFoundError as exc:
         raise ModelNotFoundError(f"Model {name} has no revision {revision!r}.") from exc
     except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"Model {name} was not found on the Hub (or needs a token).") from exc
+        raise ModelNotFoundError(
+            f"Model {name} is neither a folder ({no_folder}) nor a model on the Hub at "
+            f"{endpoint} (or it is private: set HF_TOKEN). Pass a model folder that exists, or "
+            "a Hub id that endpoint has (HF_ENDPOINT names another).") from exc
     except LocalEntryNotFoundError as exc:
         if not local_files_only:  # online, but the endpoint could not be reached
-            raise HubError(f"Model {name} at revision {revision or 'main'} could not be fetched "
-                           f"({exc.__cause__ or exc}) and is not in the Hugging Face cache; check "
-                           "HF_ENDPOINT and the connection, or pass a local folder.") from exc
+            raise HubError(f"Model {name} is not a folder ({no_folder}), and as a Hub model it "
+                           f"could not be fetched from {endpoint} ({exc.__cause__ or exc}) and "
+                           "is not in the Hugging Face cache; check HF_ENDPOINT and the "
+                           "connection, or pass a model folder.") from exc
         raise ModelNotFoundError(
-            f"Model {name} at revision {revision or 'main'} is not in the Hugging Face cache and "
-            "the Hub cannot be reached (offline); download it once online, or pass a local folder."
-        ) from exc
+            f"Model {name} is not a folder ({no_folder}), and as a Hub model at revision "
+            f"{revision or 'main'} it is not in the Hugging Face cache and the Hub cannot be "
+            "reached (offline: HF_HUB_OFFLINE); download it once online, or pass a model "
+            "folder.") from exc
     except (HfHubHTTPError, OSError) as exc:
-        raise HubError(f"Cannot resolve model {name}: {exc}") from exc
+        problem = atomic.cache_problem(exc) if isinstance(exc, OSError) else None
+        if problem is not None:  # the HF cache cannot be written: the setting that moves it
+            raise problem from exc
+        raise HubError(f"Cannot resolve model {name} (not a folder: {no_folder}): "
+                       f"{exc}") from exc
     model_id, commit = hub_origin(folder)
     return folder, model_id or name, commit
 

@@ -18,7 +18,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import atomic, constants
 from .._util.canonical import loads_strict
 from .._util.revision import is_commit
 from .._util.safetensors_header import MAX_HEADER_BYTES, Header, parse_header
@@ -141,6 +141,9 @@ def _download_inputs(api: Any, repo_id: str, sha: str, names: list[str]) -> Path
             path = Path(hf_hub_download(repo_id, name, revision=sha, endpoint=api.endpoint,
                                         token=api.token))
         except Exception as exc:  # the client's HTTP and connection errors
+            problem = atomic.cache_problem(exc) if isinstance(exc, OSError) else None
+            if problem is not None:  # the HF cache cannot be written: the setting that moves it
+                raise problem from exc
             raise HubError(f"Cannot download {name} of {repo_id}@{sha} from {api.endpoint}: "
                            f"{exc}") from exc
         folder = folder or path.parent

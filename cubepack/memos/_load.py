@@ -111,7 +111,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
-                               client=HubClient(endpoint, token))
+                               client=HubClient(endpoint, token, cached=True))
         local_dir = managed_cube_folder(cache_repo_dir(repo_id, repo_type, ".").name, sha,
                                         create_last=False)
         wanted = sha

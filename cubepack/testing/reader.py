@@ -1,23 +1,25 @@
-"""Two tiny models that really answer from context, trained deterministically on CPU.
+"""Two tiny models that really answer from context, trained to the same bits on any CPU.
 
-The demo (``python -m cubepack.demo``, ``make demo``) needs a harm a person can read: model A, given a memory that says
-where someone lives, answers the city; model B, handed A's KV cache, answers something else. A
-random model answers garbage either way, so these models are trained on the one task the demo
-asks of them: MemOS's memory prompt holds one fact (``Alice lives in Berlin.``), the user asks
-``Where does Alice live?``, and the answer is the city the memory gives. Names and cities are
-paired at random in every example, so the city can only come from the memory: nothing about
-Berlin is learned into the weights. (Several facts, where the name must pick the city, did not
-train in any budget we tried: one fact is the honest size of these models.)
+The demo (``python -m cubepack.demo``, ``make demo``) needs a harm a person can read: model A,
+given a memory that says where someone lives, answers the city; model B, handed A's KV cache,
+answers something else. A random model answers garbage either way, so these models are trained
+on the one task the demo asks of them: MemOS's memory prompt holds one fact (``Alice lives in
+Berlin.``), the user asks ``Where does Alice live?``, and the answer is the city the memory
+gives; asked with no memory, they answer nothing. Names and cities are paired at random in
+every example, so the city can only come from the memory: nothing about Berlin is learned into
+the weights. (Several facts, where the name must pick the city, did not train in any budget we
+tried: one fact is the honest size of these models.)
 
 Why the weights ship (``reader_models/``, 0.65 MB) rather than being trained by the demo:
-training both takes about 20 s of CPU each on a busy 2-core machine (400 steps; fewer steps
-left some seeds unable to copy), more than the demo's whole budget; shipped, every machine
-prints the same answers. :func:`main` trains them again (seeded; deterministic algorithms;
-one thread, since a floating-point sum's order depends on how many threads share it), and a
-test checks that it reproduces the shipped tensors exactly with the versions in
-:data:`TRAINED_WITH`. Model B is the same recipe with another seed: the same architecture,
-shapes and tokenizer (so plain MemOS loads A's cache into it without a word), other weights
-(so cubepack's weights digest tells them apart).
+training both takes longer than the demo's whole budget; shipped, every machine prints the same
+answers. :func:`main` trains them again, and a test checks that it reproduces the shipped
+tensors bit for bit under every instruction set torch's CPU kernels use here (default, AVX2,
+AVX-512). That holds because the training is not torch's: every sum in it is exact and every
+other step one IEEE operation (:mod:`cubepack.testing._exact`), so neither the vector width nor
+the thread count nor the torch release changes a bit (trained by torch's own kernels, the
+weights differed between an AVX2 and an AVX-512 machine). Model B is the same recipe with
+another seed: the same architecture, shapes and tokenizer (so plain MemOS loads A's cache into
+it without a word), other weights (so cubepack's weights digest tells them apart).
 
 The tokenizer is word-level: every word the demo's prompts use is one token, so an answer is
 printed as words. The texts are exactly MemOS's (its ``build_kv_cache`` prefix and chat
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .._util.quiet import quiet_libraries
+from . import _exact
 from .tiny import CHAT_TEMPLATE
 
 NAMES = ("Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy",
@@ -42,7 +45,11 @@ MEMOS_PREFIX = "Below is some information about the user."
 WORDS = ("Below", "is", "some", "information", "about", "the", "user", ".", "lives", "in",
          "Where", "does", "live", "?")
 SPECIALS = ("<|endoftext|>", "<|pad|>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>")
-STEPS = 400
+#: The recipe: Adam steps, conversations per step (with a memory; without one), learning rate
+#: (decaying linearly to zero). Both seeds then answer all 324 pairs, and nothing without a
+#: memory. It is near its edge (with 4 questions without a memory, seed 0 missed 54 pairs at
+#: 300 steps): the tests check the shipped models, not the recipe.
+STEPS, BATCH, SILENT, LR = 300, 16, 2, 3e-3
 
 
 def build_tokenizer() -> Any:
@@ -67,10 +74,8 @@ def build_tokenizer() -> Any:
 def config(vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=128, tie_word_embeddings=False,
-                       bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    return LlamaConfig(vocab_size=vocab_size, **_exact.ARCHITECTURE, bos_token_id=0,
+                       eos_token_id=0, pad_token_id=1)
 
 
 def memory_text(facts: list[tuple[str, str]]) -> str:
@@ -94,58 +99,58 @@ def conversation(facts: list[tuple[str, str]], asked: int) -> list[str]:
             "<|endoftext|>"]
 
 
+def unanswered(name: str) -> list[str]:
+    """The tokens of the question asked with no memory (MemOS's ``generate`` without a cache:
+    the question with the generation prompt), then the end of text: with nothing to read the
+    city from, the model says nothing."""
+    return ["<|user|>", *question(name)[:-1].split(), "?", "<|assistant|>", "<|endoftext|>"]
+
+
 @contextlib.contextmanager
-def _deterministic(threads: int = 1) -> Iterator[None]:
+def _one_thread() -> Iterator[None]:
+    """One torch thread while training: the results are the same with any number (every sum
+    is exact), and one is faster for these small tensors on a shared machine."""
     import torch
 
-    was = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads())
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(threads)
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        with torch.random.fork_rng(devices=[]):
-            yield
+        yield
     finally:
-        torch.use_deterministic_algorithms(was[0])
-        torch.set_num_threads(was[1])
+        torch.set_num_threads(was)
 
 
-def train(seed: int, tokenizer: Any, *, steps: int = STEPS, batch: int = 64,
-          lr: float = 3e-3) -> Any:
-    """A 2-layer Llama trained from ``seed`` to answer from its context (see the module)."""
-    import random
-
+def train(seed: int, tokenizer: Any, *, steps: int = STEPS, batch: int = BATCH,
+          lr: float = LR) -> Any:
+    """A 2-layer Llama trained from ``seed`` to answer from its context (see the module), as
+    a transformers model in float32, in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    draw = random.Random(seed)
-    with _deterministic():
-        torch.manual_seed(seed)
-        cfg = config(len(tokenizer))
-        cfg._attn_implementation = "eager"
-        model = AutoModelForCausalLM.from_config(cfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        # Linear decay to zero: large steps early learn fast, small ones late settle.
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / steps)
-        model.train()
-        for _ in range(steps):
-            rows = [tokenizer.convert_tokens_to_ids(conversation(
-                [(draw.choice(NAMES), draw.choice(CITIES))], 0)) for _ in range(batch)]
-            ids = torch.tensor(rows)  # one fact: every conversation has the same length
-            labels = torch.full_like(ids, -100)
-            labels[:, -2:] = ids[:, -2:]  # only the answer and the end of text are learned
-            model(input_ids=ids, labels=labels).loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-        model.eval()
-    return model
+    def tokens(rows: list[list[str]]) -> Any:
+        return torch.tensor([tokenizer.convert_tokens_to_ids(row) for row in rows])
+
+    def conversations(draw: Any) -> list[tuple[Any, int]]:
+        # One fact: every conversation has the same length; the answer and the end of text are
+        # learned. A question without a memory is answered by the end of text alone.
+        answered = [conversation([(draw.choice(NAMES), draw.choice(CITIES))], 0)
+                    for _ in range(batch)]
+        silent = [unanswered(draw.choice(NAMES)) for _ in range(SILENT)]
+        return [(tokens(answered), 2), (tokens(silent), 1)]
+
+    with _one_thread():
+        params = _exact.train(seed, len(tokenizer), conversations, steps=steps, lr=lr)
+    with quiet_libraries(verbose=False, progress=False):
+        model = AutoModelForCausalLM.from_config(config(len(tokenizer)))
+    model.load_state_dict({name: tensor.to(torch.float32) for name, tensor in params.items()})
+    return model.eval()
 
 
 #: The shipped models: ``a`` and ``b``, each a folder ``save_pretrained`` wrote.
 SHIPPED = Path(__file__).with_name("reader_models")
 SEEDS = {"a": 0, "b": 1}
-#: The versions the shipped weights were trained with (:func:`main` writes it): another torch
-#: or transformers may initialise or sum differently, so reproduction is checked only with these.
+#: The versions that wrote the shipped files (:func:`main` records them): the tensors do not
+#: depend on them, but the other files (config.json names the transformers release) do.
 TRAINED_WITH = SHIPPED / "trained_with.json"
 
 
@@ -184,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, seed in SEEDS.items():
         build(staging / f"model-{name}", seed=seed, tokenizer=tokenizer)
     (staging / TRAINED_WITH.name).write_text(json.dumps(versions(), indent=1) + "\n")
+    for path in staging.rglob("*"):  # read by anyone, as a checkout has them (safetensors
+        path.chmod(0o755 if path.is_dir() else 0o644)  # writes its file private)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)  # nothing half-written: the folder appears whole
     print(f"trained {', '.join(SEEDS)} into {target}")

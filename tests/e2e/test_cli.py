@@ -54,7 +54,7 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, capsys):
     code, out, err = run(capsys, "inspect", str(bad))
     assert code == 1 and err.count("\n") == 1 and err.startswith("error: ")
     code, _, err = run(capsys, "fingerprint", str(tmp_path / "nope"))
-    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    assert code == 2 and "is neither a folder" in err and "Traceback" not in err
     code, _, _ = run(capsys, "inspect")
     assert code == 2
     code, _, _ = run(capsys, "no-such-command")

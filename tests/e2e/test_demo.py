@@ -38,6 +38,13 @@ def test_the_demo_shows_why_and_the_fix_and_its_commands_run_as_printed(tmp_path
                      r"found sha256:[0-9a-f]{64}$", out, flags=re.MULTILINE)
     assert "Load it into the model that produced it" in out
     assert answers["the hook loads into A"] == "Berlin"
+    # The tutorial shows this run: the answers and digests it prints are the ones printed here.
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "demo.md").read_text()
+    assert f"plain MemOS hands A's cache to model B: {wrong}\n" in page
+    assert "the answers (`Berlin`, `{}`, `Berlin`, `Berlin`)".format(wrong) in page
+    digests = re.search(r"expected (sha256:[0-9a-f]{8})[0-9a-f]{56}, found "
+                        r"(sha256:[0-9a-f]{8})[0-9a-f]{56}", out).groups()
+    assert "expected {}..., found {}...".format(*digests) in page
     assert out.count("\n>>> ") >= 5               # every Python step shows its call
     commands = re.findall(r"^\$ (.*)$", out, flags=re.MULTILINE)
     script = str(Path(sys.executable).with_name("cubepack"))

@@ -35,6 +35,8 @@ def test_an_unreachable_endpoint_is_one_sentence(tmp_path, endpoint, reason, cal
     message = str(caught.value)
     assert message.startswith(f"Cannot reach {endpoint} ({reason}) for me/cube: "), message
     assert "HF_ENDPOINT" in message and "\n" not in message
+    # The HF cache can stand in for a pull, never for a push.
+    assert ("HF_HUB_OFFLINE=1" in message) == (call == "pull"), message
     for raw in ("MaxRetryError", "HTTPConnectionPool", "NewConnectionError", "Errno"):
         assert raw not in message
     assert not (tmp_path / "cube").exists()

@@ -205,6 +205,70 @@ def test_the_cli_prints_one_line_and_exits_2(hub, tmp_path, mount):
         f"behind: {parent / 'cube'} is as it was."]
 
 
+def _pull_cli(hub, target: Path, **env: str) -> subprocess.CompletedProcess:
+    """``cubepack pull`` as a user runs it, with the HF cache settings given (others unset)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE")}
+    environ.update(env, HF_ENDPOINT=hub.url)
+    return subprocess.run([sys.executable, "-m", "cubepack", "pull", f"ns/cube@{hub.sha}",
+                           "--local-dir", str(target)], env=environ, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_a_read_only_hf_cache_names_hf_hub_cache_and_setting_it_works(hub, tmp_path, mount):
+    cache = mount(tmp_path / "ro-cache", "ro,size=1m")
+    home = str(tmp_path / "hf-home")
+    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(cache), HF_HOME=home)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): "
+                           "it is on a read-only file system"), line
+    assert "or set HF_HUB_CACHE to a writable folder." in line and "--local-dir" not in line
+    assert not (tmp_path / "cube").exists()
+    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(tmp_path / "writable"),
+                     HF_HOME=home)  # as it says
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("moved", ["HF_HOME", "HF_HUB_CACHE"])
+def test_a_read_only_hf_home_names_both_settings_and_each_works(hub, tmp_path, mount, moved):
+    home = mount(tmp_path / "ro-home", "ro,size=1m")
+    done = _pull_cli(hub, tmp_path / "cube", HF_HOME=str(home))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "(the Hugging Face cache, HF_HUB_CACHE)" in line or \
+        "(the Hugging Face home, HF_HOME)" in line, line
+    assert "HF_HOME" in line and "HF_HUB_CACHE" in line and "--local-dir" not in line, line
+    writable = tmp_path / "writable"
+    fixed = {"HF_HOME": str(writable)} if moved == "HF_HOME" else \
+        {"HF_HOME": str(home), "HF_HUB_CACHE": str(writable)}
+    done = _pull_cli(hub, tmp_path / "cube", **fixed)  # either way the message gives
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_hub_model_into_a_read_only_hf_cache_names_hf_hub_cache(hub, tmp_path, mount, zoo):
+    """Not a pull: a Hub --model is downloaded into the HF cache by every command that pins or
+    checks a model (fingerprint, pack, verify, migrate)."""
+    from cubepack.testing.hub import upload_folder
+
+    upload_folder(hub.url, "org/model", zoo["a"])
+    cache = mount(tmp_path / "ro-cache", "ro,size=1m")
+    environ = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"))
+
+    def fingerprint(cache_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cubepack", "fingerprint", "org/model"],
+                              env=dict(environ, HF_HUB_CACHE=str(cache_dir)),
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    done = fingerprint(cache)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): "
+                           "it is on a read-only file system"), line
+    assert line.endswith("or set HF_HUB_CACHE to a writable folder."), line
+    done = fingerprint(tmp_path / "writable")  # as it says
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # --- every errno, injected where each command places its folder --------------------------------
 
 def _fail_placement(monkeypatch, code: int) -> None:
@@ -277,3 +341,24 @@ def test_every_errno_in_a_single_file_write(tmp_path, monkeypatch, code, models)
             says="or write to another path. Nothing was left behind")
     monkeypatch.setattr(os, "replace", original)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pin_read_from_the_hubs_metadata_into_a_read_only_cache_names_it(monkeypatch):
+    """The small files a pin from the Hub's metadata reads (config.json, the tokenizer's) go
+    through the HF cache too: a refused write there names the cache and its setting."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from cubepack.identity import _hub
+
+    cache = Path(constants.HF_HUB_CACHE)
+
+    def refuse(repo_id, filename, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(cache / "models--org--model"))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+    api = type("Api", (), {"endpoint": "http://127.0.0.1:9", "token": None})()
+    with pytest.raises(UsageError) as caught:
+        _hub._download_inputs(api, "org/model", "0" * 40, ["config.json"])
+    assert "(the Hugging Face cache, HF_HUB_CACHE)" in str(caught.value)
+    assert "to a writable folder." in str(caught.value)

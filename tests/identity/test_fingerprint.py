@@ -128,7 +128,7 @@ def test_an_edit_in_place_that_restores_the_mtime_is_seen(zoo, tmp_path):
 
 
 def test_unknown_inputs_are_clear_errors(tmp_path):
-    with pytest.raises(cubepack.ModelNotFoundError, match="does not exist"):
+    with pytest.raises(cubepack.ModelNotFoundError, match="is neither a folder"):
         fingerprint(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(cubepack.FormatError, match="no config.json"):

@@ -64,6 +64,81 @@ def test_a_path_outside_the_target_is_named_as_it_is(tmp_path):
     assert str(error).startswith(f"Cannot write {cache}: it is on a read-only file system")
 
 
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """huggingface_hub's cache settings pointed at folders of this test: ``set(home, cache)``."""
+    from huggingface_hub import constants
+
+    def set_to(home: Path, cache: Path) -> None:
+        monkeypatch.setattr(constants, "HF_HOME", str(home))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+    return set_to
+
+
+@pytest.mark.parametrize("code", sorted(REASONS), ids=errno.errorcode.get)
+def test_the_hf_cache_is_named_with_the_settings_that_move_it(tmp_path, hf_cache, code):
+    """Another --local-dir cannot help when the HF cache cannot be written: the fix names the
+    variables that move it. HF_HOME moves it too when HF_HUB_CACHE is its default, HF_HOME/hub."""
+    home = tmp_path / "hf-home"
+    (home / "hub" / "blobs").mkdir(parents=True)
+    for cache, named in ((home / "hub", "set HF_HUB_CACHE (or HF_HOME, which holds it as hub/)"),
+                         (tmp_path / "elsewhere", "set HF_HUB_CACHE")):
+        (cache / "blobs").mkdir(parents=True, exist_ok=True)
+        hf_cache(home, cache)
+        error = raised_in(tmp_path / "cube", OSError(code, os.strerror(code),
+                                                     str(cache / "blobs" / "x.incomplete")))
+        message = str(error)
+        assert type(error) is UsageError, message
+        assert message.startswith(f"Cannot write {cache / 'blobs'} (the Hugging Face cache, "
+                                  "HF_HUB_CACHE): "), message
+        assert f"or {named} to a writable folder." in message, message
+        assert "--local-dir" not in message, message
+        assert f"Nothing was left behind: {tmp_path / 'cube'} is as it was." in message
+
+
+def test_a_cache_a_call_was_given_is_named_with_that_argument(tmp_path, hf_cache):
+    hf_cache(tmp_path / "hf-home", tmp_path / "hf-home" / "hub")
+    given = tmp_path / "given"
+    given.mkdir()
+    message = str(raised_in(tmp_path / "cube", OSError(errno.EROFS, "Read-only file system",
+                                                       str(given / "datasets--ns--cube")),
+                            cache_dir=given))
+    assert message.startswith(f"Cannot write {given} (the Hugging Face cache this call was "
+                              "given): "), message
+    assert "or pass another cache_dir." in message, message
+
+
+def test_a_download_with_no_target_names_the_cache_and_a_block_around_it_its_target(
+        tmp_path, hf_cache):
+    """A Hub model or a lock downloaded to be read has no target of the user's: the cache and
+    its setting alone; inside a block (a pull), the block tells it with its target."""
+    cache = tmp_path / "hf-home" / "hub"
+    cache.mkdir(parents=True)
+    hf_cache(tmp_path / "hf-home", cache)
+    exc = OSError(errno.EROFS, "Read-only file system", str(cache / "models--org--model"))
+    problem = atomic.cache_problem(exc)
+    assert str(problem) == (f"Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): it "
+                            "is on a read-only file system (Read-only file system). Remount it "
+                            "read-write, or set HF_HUB_CACHE (or HF_HOME, which holds it as "
+                            "hub/) to a writable folder.")
+    told = raised_in(tmp_path / "cube", problem)
+    assert str(told).endswith(f"Nothing was left behind: {tmp_path / 'cube'} is as it was.")
+    elsewhere = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "other" / "x"))
+    assert atomic.cache_problem(elsewhere) is None
+    assert atomic.cache_problem(OSError(errno.EIO, "Input/output error", str(cache))) is None
+
+
+def test_the_hf_home_outside_its_cache_is_named_as_hf_home(tmp_path, hf_cache):
+    home = tmp_path / "hf-home"
+    (home / "xet").mkdir(parents=True)
+    hf_cache(home, tmp_path / "cache")
+    message = str(raised_in(tmp_path / "cube", OSError(errno.EROFS, "Read-only file system",
+                                                       str(home / "xet" / "log"))))
+    assert message.startswith(f"Cannot write {home / 'xet'} (the Hugging Face home, HF_HOME): ")
+    assert "or set HF_HOME to a writable folder." in message, message
+
+
 @pytest.mark.parametrize("exc", [OSError(errno.ENOENT, "No such file or directory", "x"),
                                  OSError(errno.EIO, "Input/output error"),
                                  ValueError("not ours")], ids=str)
