@@ -53,12 +53,10 @@ def add_grease_reader(data: bytes, secret, recipient: str) -> bytes:
 def mallory_reads(data: bytes, identity_file) -> bytes:
     """What mallory decrypts: her ``x-grease`` stanza unwrapped with her X25519 key (what a
     plugin of hers does), then the payload with the file key."""
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
     from cubepack.trust import _age_stream as stream
-
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
     stanzas, _, _, start = stream._parse_header(data, "file")
     [(args, body)] = [(args, body) for args, body in stanzas if args[0] == GREASE]

@@ -6,9 +6,9 @@ private cube or KV file by name: none writes a private memory's plaintext to a f
 The attack: a program loads a private cube's KV cache the documented way
 (``cubepack.load_kv_cache(..., decrypt_with=KEY)``, in memory only) and hands the cache to
 cubepack's own KV writer, ``cubepack.save_kv_cache`` (the README's quick start). The loaded
-cache carries nothing of its privacy: ``save_kv_cache`` writes it to disk in clear, a plain safetensors file whose tensors
-are the private cache's (a KV cache can be inverted back to its prompt: private-cubes.md),
-where the same cache through the MemOS hook's writers is sealed."""
+cache carries nothing of its privacy: ``save_kv_cache`` writes it to disk in clear, a plain
+safetensors file whose tensors are the private cache's (a KV cache can be inverted back to its
+prompt: private-cubes.md), where the same cache through the MemOS hook's writers is sealed."""
 
 from __future__ import annotations
 
