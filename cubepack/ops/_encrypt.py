@@ -116,9 +116,10 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     cube = Path(cube_dir)
     policy = _policy(policy, trusted_keys, "encrypt")
     parsed = age.parse_recipients(list(recipients))
-    previous = _series_of(Path(continue_from)) if continue_from is not None else None
     if sign_key is not None:
         check_key(sign_key, private=True, password=sign_password)
+    previous = _series_of(Path(continue_from), policy, sign_key, sign_password, progress) \
+        if continue_from is not None else None
     report, _ = _signed_by(cube, policy, sign_key, sign_password, progress, resigning=False)
     lock = report.lock or {}
     if is_private(lock):
@@ -131,6 +132,10 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
         seen = generations.newest_seen(generations.of_series(series),
                                        _signers(policy, sign_key, sign_password))
         generation = max(previous[1], seen[1].generation if seen else 0) + 1
+        if generation > lockfile.MAX_GENERATION:
+            raise UsageError(f"--continue {continue_from} is at the last generation "
+                             f"({generation - 1}); encrypt without --continue to start a new "
+                             "series (readers who saw this one refuse a lower generation).")
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     clear = {name: resolve_inside(cube, name) for name in sorted(lock["files"])}
     clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
@@ -158,12 +163,17 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     return result
 
 
-def _series_of(previous: Path) -> tuple[str, int]:
-    """(series, generation) of the private cube at ``previous`` (its public lock: what the
-    new cube continues; a claim, which can only make the new cube's generation higher).
+def _series_of(previous: Path, policy: TrustPolicy, sign_key: str | Path | None,
+               password: str | None, progress: bool | None) -> tuple[str, int]:
+    """(series, generation) of the private cube at ``previous``, which the new cube continues.
+    Read from its public lock only once a key trusted here signed it (``policy``'s trusted
+    keys, or the signing key's own public half): an unsigned lock's series and generation are
+    whoever pushed it last's word, and signing a continuation of them would make that word
+    the owner's (a pusher's own series, on which the owner's signed revisions could replay).
 
     Raises:
         UsageError: not a private cube with a generation.
+        SignatureError: not signed by a trusted key (or the signing key).
     """
     try:
         lock = lockfile.parse((previous / constants.LOCK_FILENAME).read_bytes())
@@ -175,6 +185,22 @@ def _series_of(previous: Path) -> tuple[str, int]:
         raise UsageError(f"--continue {previous} is not a private cube with a generation (a "
                          "clear cube, or one written before generations: rekey it first, then "
                          "continue it).")
+    if sign_key is None and not policy.trusted_keys:
+        raise SignatureError(f"--continue {previous}: its series and generation are read from "
+                             "its lock, which only a signature you trust makes yours; pass "
+                             "--trusted-key PUB.pem of its signer, or --sign-key KEY if you "
+                             "signed it.")
+    try:
+        _, signer = _signed_by(previous, policy, sign_key, password, progress, resigning=True)
+    except (SignatureError, VerificationFailed) as exc:
+        raise SignatureError(f"--continue {previous}: it is not signed by a key trusted here "
+                             f"({exc}), so its series and generation are whoever pushed it "
+                             "last's word; continue only a revision you or a trusted key "
+                             "signed (pull it again, or pass --trusted-key of its signer).") \
+            from None
+    if signer is None:
+        raise SignatureError(f"--continue {previous} is not signed by a key trusted here; "
+                             "continue only a revision you or a trusted key signed.")
     return series, generation
 
 

@@ -379,7 +379,9 @@ def recipient_stanzas(cube: Path,
         FormatError: a file that is not an age file, or a malformed header.
     """
     section = public_lock["encryption"]
-    return {name: age.recipient_stanzas(_header_bytes(resolve_inside(cube, name)), name)
+    grease = section["version"] < 2  # written through the age crate, which adds grease
+    return {name: age.recipient_stanzas(_header_bytes(resolve_inside(cube, name)), name,
+                                        grease=grease)
             for name in [*section["ciphertexts"], section["manifest"]]}
 
 

@@ -360,10 +360,14 @@ RECIPIENT_STANZAS = frozenset({b"X25519", b"ssh-ed25519", b"ssh-rsa"})
 GREASE_SUFFIX = b"-grease"
 
 
-def recipient_stanzas(data: Any, what: str) -> tuple[int, list[str]]:
+def recipient_stanzas(data: Any, what: str, *,
+                      grease: bool = False) -> tuple[int, list[str]]:
     """How many recipient stanzas the age header of the file ``data`` holds (one a recipient
-    per file: age X25519, ssh-ed25519, ssh-rsa), and the types of any other stanza that is not
-    grease (a type cubepack never writes, e.g. a plugin's or a passphrase's), shown quoted.
+    per file: age X25519, ssh-ed25519, ssh-rsa), and the types of any other stanza, shown
+    quoted. ``grease``: the file was written by the age crate (a private cube of encryption
+    version 1, written through pyrage), which adds random ``*-grease`` stanzas, so those are
+    not counted; cubepack's own writer adds none, so in a file it wrote any stanza of another
+    type (grease included: any stanza can wrap a file key for someone) is another reader.
     Read without a key: anyone can count a file's readers (not who they are).
 
     Raises:
@@ -374,7 +378,7 @@ def recipient_stanzas(data: Any, what: str) -> tuple[int, list[str]]:
     stanzas = _stream._parse_header(data, what)[0]
     types = [args[0] if args else b"" for args, _ in stanzas]
     others = [repr(kind.decode("ascii", "replace"))[:40] for kind in types
-              if kind not in RECIPIENT_STANZAS and not kind.endswith(GREASE_SUFFIX)]
+              if kind not in RECIPIENT_STANZAS and not (grease and kind.endswith(GREASE_SUFFIX))]
     return sum(kind in RECIPIENT_STANZAS for kind in types), others
 
 

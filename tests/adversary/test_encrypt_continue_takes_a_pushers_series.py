@@ -21,7 +21,11 @@ series, not the cube it replaces. The pusher then pushes the owner's signed gene
 newer revision of its series, and the old memories load. A pushed lock claiming the last
 generation (2^53 - 1) likewise makes ``encrypt --continue`` write and sign, without a word, a
 cube whose manifest holds generation 2^53: its readers' verify (and the owner's rekey) refuse
-it as "malformed"."""
+it as "malformed".
+
+Fixed: ``--continue`` reads a series and generation only from a revision a key trusted here
+(or the signing key) signed; the forged, unsigned one is refused at the owner's encrypt, before
+anything is written or signed."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from private_keys import age_keys, private_copy
 from test_a_reader_added_to_every_header_is_not_counted import reseal
 
 from cubepack._util import constants
-from cubepack.errors import VerificationFailed
+from cubepack.errors import SignatureError, VerificationFailed
 from cubepack.hub import pull, push
 from cubepack.ops._encrypt import encrypt, rekey
 from cubepack.testing.hub import InstrumentedHub
@@ -86,7 +90,14 @@ def test_continue_follows_the_series_of_the_cube_it_replaces(scene, monkeypatch)
     pull(f"{REPO}@main", local_dir=current, cache_dir=tmp / "owner-hf", **options)
     new = tmp / "new-content"
     shutil.copytree(scene["packed"], new)
-    encrypt(new, [scene["keys"]["alice"][1]], continue_from=current, sign_key=scene["owner"])
+    with pytest.raises(SignatureError, match="not signed by a key trusted here"):
+        encrypt(new, [scene["keys"]["alice"][1]], continue_from=current,
+                sign_key=scene["owner"])
+    assert not (new / constants.LOCK_FILENAME).read_text().count('"encryption"')
+    # The owner continues the revision they signed (pulled at its commit), as the fix says.
+    signed = tmp / "signed-current"
+    shutil.copytree(scene["second"], signed)
+    encrypt(new, [scene["keys"]["alice"][1]], continue_from=signed, sign_key=scene["owner"])
     push(new, REPO, allow_local_paths=True, **options)
     # The pusher pushes back the owner's signed generation 2: the content the new cube replaced.
     push(scene["second"], REPO, allow_local_paths=True, **options)
@@ -113,5 +124,7 @@ def test_a_claimed_last_generation_leaves_a_cube_its_readers_can_open(scene):
     pull(f"{REPO}@main", local_dir=current, cache_dir=tmp / "owner-hf", **options)
     new = tmp / "new-content"
     shutil.copytree(scene["packed"], new)
-    encrypt(new, [scene["keys"]["alice"][1]], continue_from=current, sign_key=scene["owner"])
-    verify(new, trusted_keys=[scene["owner_pub"]], decrypt_with=scene["keys"]["alice"][0])
+    with pytest.raises(SignatureError, match="not signed by a key trusted here"):
+        encrypt(new, [scene["keys"]["alice"][1]], continue_from=current,
+                sign_key=scene["owner"])
+    assert verify(new).ok  # still the clear cube: nothing written, nothing signed
