@@ -329,7 +329,8 @@ def _render_private(data: dict[str, Any]) -> str:
         lines.append(f"  generation{data['unrecorded']}")
     lines.append(f"  signed with {data['signed_with']}" if data["signed_with"] else
                  "  unsigned: anyone who can push can replace an unsigned private cube (age "
-                 "does not authenticate senders); sign it: --sign-key")
+                 "does not authenticate senders); sign it: cubepack sign CUBE --key "
+                 "SIGNING_KEY (it records the generation it signs)")
     return "\n".join(lines)
 
 

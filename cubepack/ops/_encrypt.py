@@ -317,7 +317,8 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         if not kept:
             raise UsageError("Removing every recipient would leave a cube nobody can open; add "
                              "one (--add) in the same rekey.")
-        if set(kept) == set(current) and not rotate:
+        if set(kept) == set(current) and not rotate and manifest["series"]:
+            # (A cube written before generations changes anyway: it gets its series.)
             # Rewriting every file would only re-upload the whole cube on the next push.
             raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
                              "would stay as they are; nothing was written. Pass --rotate to "

@@ -11,17 +11,22 @@ carried) goes to the ``claimed`` block: a claim does not gain strength by being 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from .._util.quiet import terminal_bars
+from ..format import _lock as lockfile
+from ..trust import _generation as generations
 from ..trust._attestation import Proved
 from ..trust._evidence import ASSERTED, PROVED, RECOMPUTED, RECORDED, STRENGTH
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ..trust._signing import check_key, write_signature
 from ._verify import verify
+
+logger = logging.getLogger("cubepack")
 
 
 @terminal_bars
@@ -39,7 +44,21 @@ def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy 
     policy = TrustPolicy.build(policy, **options)
     check_key(key, private=True, password=password)  # fail before any work
     report = verify(cube_dir, policy)
-    return write_signature(cube_dir, key, proved_by(report), password=password)
+    path = write_signature(cube_dir, key, proved_by(report), password=password)
+    lock = report.lock or {}
+    if lockfile.series(lock) is not None and lockfile.generation(lock) is not None:
+        # A private cube's generation this key just signed is one this user has seen signed:
+        # a later rekey (or load) of an older one of its series is a replay.
+        note = generations.record(generations.of_series(lockfile.series(lock)),
+                                  generations.keyid(key, password),
+                                  generations.Known(lockfile.generation(lock), SIGNED_HERE))
+        if note:
+            logger.warning("cubepack: signed %s%s", cube_dir, note)
+    return path
+
+
+#: How a generation ``sign`` signed is recorded as seen.
+SIGNED_HERE = "signed by cubepack sign on this machine"
 
 
 def proved_by(report: VerifyReport) -> Proved:

@@ -290,10 +290,15 @@ def skip_reason(lock: dict[str, Any], key: str | None) -> str | None:
     """Why no generation of the private cube ``lock`` (signed by trusted key ``key``, or None)
     can be compared, or None when it can (then a history is worth walking)."""
     if lockfile.generation(lock) is None or lockfile.series(lock) is None:
+        # The fix that works: a signed cube's rekey keeps its readers; an unsigned one's
+        # recipients are whoever wrote it last's word, so each reader is named (--to).
+        fix = ("cubepack rekey CUBE --identity IDENTITY --rotate --sign-key SIGNING_KEY"
+               if key is not None else  # unsigned: no signature to re-sign, readers named
+               "cubepack rekey CUBE --identity IDENTITY --to RECIPIENT (once for each "
+               "reader), then cubepack sign CUBE --key SIGNING_KEY")
         return ("skipped: written before private cubes had generations (its lock's encryption "
                 "section is version 1), so no revision of it can be told older than another; "
-                "rekey it to give it one (cubepack rekey CUBE --identity KEY --rotate "
-                "--sign-key KEY)")
+                f"rekey it to give it one ({fix})")
     if key is None:
         return (f"skipped: generation {lockfile.generation(lock)} is its signer's word: "
                 "without a signature by a trusted key (--trusted-key PUB.pem) no revision can "

@@ -65,14 +65,21 @@ def test_the_fix_the_replay_skip_prints_gives_the_cube_a_generation(packed, tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     [detail] = [c["detail"] for c in json.loads(done.stdout)["checks"]
                 if c["check"] == "replay"]
-    command = re.search(r"\(cubepack (rekey [^)]*)\)", detail).group(1)
-    assert command == "rekey CUBE --identity KEY --rotate --sign-key KEY", detail
-    # Followed literally: the identity is the age key, the signing key the user's signer.
-    args = command.split()
+    command = re.search(r"\(cubepack (rekey .*--key SIGNING_KEY)\)", detail).group(1)
+    assert command == ("rekey CUBE --identity IDENTITY --to RECIPIENT (once for each reader), "
+                       "then cubepack sign CUBE --key SIGNING_KEY"), detail  # unsigned
+    # Followed literally: the identity is the age key, one reader, then the user's signer.
+    first, second = command.replace(" (once for each reader)", "").split(", then cubepack ")
+    args = first.split()
     args[args.index("CUBE")] = str(cube)
-    args[args.index("--identity") + 1] = str(keys["alice"][0])
-    args[args.index("--sign-key") + 1] = str(signer)
+    args[args.index("IDENTITY")] = str(keys["alice"][0])
+    args[args.index("RECIPIENT")] = keys["alice"][1]
+    signing = second.split()
+    signing[signing.index("CUBE")] = str(cube)
+    signing[signing.index("SIGNING_KEY")] = str(signer)
     fixed = cli_in_process(args, env=env, cwd=tmp_path)
+    assert fixed.returncode == 0, f"the printed fix {command!r} failed:\n{fixed.stderr}"
+    fixed = cli_in_process(signing, env=env, cwd=tmp_path)
     assert fixed.returncode == 0, f"the printed fix {command!r} failed:\n{fixed.stderr}"
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     assert lock["encryption"]["generation"] == 1
