@@ -227,7 +227,45 @@ def anonymous_memory(size: int) -> mmap.mmap | bytearray:
     if size == 0:
         return bytearray()
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    _remember_region(memory, size)
     return _advised(memory, "MADV_HUGEPAGE", "MADV_DONTDUMP")
+
+
+#: (start, end) of each live private anonymous map: plaintext of a private cube, which
+#: cubepack's writers refuse (:func:`holds_plaintext`). Forgotten when the map is freed.
+_REGIONS: dict[int, tuple[int, int]] = {}
+
+
+def _remember_region(memory: mmap.mmap, size: int) -> None:
+    import ctypes
+    import weakref
+
+    try:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    except (TypeError, ValueError):  # a read-only map: not one plaintext is decrypted into
+        return
+    key = id(memory)
+    _REGIONS[key] = (start, start + size)
+    weakref.finalize(memory, _REGIONS.pop, key, None)
+
+
+def holds_plaintext(address: int) -> bool:
+    """Is the byte at ``address`` (a tensor's ``data_ptr``) a private cube's plaintext that
+    cubepack decrypted: in one of its private anonymous maps (:func:`anonymous_memory`), an
+    anonymous memory file it named (:func:`empty_memory_file`), or a file of a RAM folder
+    (:func:`ram_folder`, mapped by a reader)? A copy the program made elsewhere is not seen."""
+    if any(start <= address < end for start, end in list(_REGIONS.values())):
+        return True
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                start, _, end = fields[0].partition("-")
+                if int(start, 16) <= address < int(end, 16):
+                    return len(fields) > 5 and _PREFIX in fields[5]
+    except OSError:  # not Linux: only the maps remembered above are known
+        pass
+    return False
 
 
 def _advised(memory: mmap.mmap, *advice: str) -> mmap.mmap:
@@ -270,7 +308,8 @@ def empty_memory_file(name: str, size: int) -> int:
         raise UnsupportedError("Loading a private file decrypts it to an anonymous memory file "
                                "(memfd_create), which this system lacks; cubepack never writes "
                                "the plaintext to a disk.")
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    # Named for what it holds, so a reader of /proc/self/maps (holds_plaintext) knows it.
+    fd = os.memfd_create(_PREFIX + name, os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
     except BaseException:

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
+from .._util.ramdir import holds_plaintext
 from .._util.safetensors_header import DTYPE_TAGS, FileBytes, read_header, write_safetensors
-from ..errors import CubepackError, IdentityMismatch, UnsupportedError
+from ..errors import CubepackError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from . import _checksum
@@ -163,9 +164,42 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
         UnsupportedError: quantized or otherwise non-dynamic caches.
         CubepackError: the cache contradicts the producer (layer count, dtype, heads).
     """
+    layers = cache_layers(cache)
+    refuse_private(cache, layers, path)
     identity = producer if isinstance(producer, ModelIdentity) else fingerprint(producer)
-    return write_kv_layers(cache_layers(cache), path, producer=identity, token_ids=token_ids,
+    return write_kv_layers(layers, path, producer=identity, token_ids=token_ids,
                            metadata=metadata)
+
+
+#: Checks a higher part registers (the MemOS hook: a cache carrying a private cube's seal):
+#: each takes a cache and returns why it is private, or None.
+PRIVATE_CACHE_CHECKS: list[Callable[[Any], str | None]] = []
+
+
+def refuse_private(cache: Any, layers: list[tuple[str, int, Any, Any]], path: Any) -> None:
+    """A cache whose tensors are a private cube's plaintext (decrypted by cubepack into memory
+    it owns: ``load_kv_cache(decrypt_with=)``, the MemOS hook's private loads), or that a
+    registered check calls private, is never written to a file in clear.
+
+    Raises:
+        UsageError: naming the file and what to do.
+    """
+    import torch
+
+    why = next((reason for check in PRIVATE_CACHE_CHECKS if (reason := check(cache))), None)
+    if why is None:
+        for _, _, keys, values in layers:
+            if any(isinstance(t, torch.Tensor) and holds_plaintext(
+                    t.untyped_storage().data_ptr()) for t in (keys, values)):
+                why = "its tensors are a private cube's plaintext, decrypted in memory"
+                break
+    if why is not None:
+        raise UsageError(
+            f"Refusing to write {path}: this cache is a private cube's memory ({why}), and "
+            "cubepack never writes a private memory's plaintext to a file. Keep it in memory; "
+            "to share it, dump it through the MemOS hook (a private cube, to readers you "
+            "name: cubepack.memos.install(recipients=[...])) or encrypt the cube it belongs "
+            "to (cubepack encrypt / rekey).")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..kv._torch import PRIVATE_CACHE_CHECKS
 from ..ops._private import is_private, open_private
 from ..ops._verify import verify
 from ..trust._age import identity_path
@@ -154,7 +155,18 @@ def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = Non
         updated = current.tightened(given, said)
     _STATE["settings"] = updated
     _patch()
+    if _sealed_cache not in PRIVATE_CACHE_CHECKS:  # cubepack's own KV writer asks it too
+        PRIVATE_CACHE_CHECKS.append(_sealed_cache)
     return updated
+
+
+def _sealed_cache(cache: Any) -> str | None:
+    """Why ``cache`` is a private cube's memory for the hook (it carries a seal), or None.
+    Registered with the KV writer (``save_kv_cache``) by the first install, and kept after
+    :func:`uninstall` (a sealed cache stays sealed)."""
+    if isinstance(cache, str) or not cache_seals([cache]):
+        return None
+    return "it carries the seal of a private cube loaded into MemOS"
 
 
 def settings() -> TrustPolicy | None:

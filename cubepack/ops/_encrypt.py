@@ -287,7 +287,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     seen = generations.newest_seen(generations.scope(public), signers)
     with open_private(cube, identity, public_lock=report.lock) as opened:
         manifest = opened.manifest
-        current = {text: r for text in manifest["recipients"]
+        current = {r.text: r for text in manifest["recipients"]
                    for r in age.parse_recipients([text])}
         generation = (manifest["generation"] or 0) + 1
         if generation > lockfile.MAX_GENERATION:

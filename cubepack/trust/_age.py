@@ -86,11 +86,30 @@ def _one_recipient(text: str, where: str) -> Recipient:
                              "SSH public key (ssh-ed25519 / ssh-rsa).")
         return Recipient(text, _stream.X25519Recipient(public))
     if fields and fields[0] in ("ssh-ed25519", "ssh-rsa") and len(fields) >= 2:
-        canonical_text = f"{fields[0]} {fields[1]}"  # the comment is not the key
-        return Recipient(canonical_text, _ssh.recipient(fields[0], fields[1], where))
+        value = _ssh.recipient(fields[0], fields[1], where)
+        # The key, not its spelling: the comment dropped and the base64 re-encoded from the
+        # key's bytes (unused trailing bits, padding), so one key is one recipient everywhere
+        # (the history, the re-added check, --remove, the stanza count).
+        try:
+            blob = base64.b64decode(fields[1] + "=" * (-len(fields[1]) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            blob = None
+        canonical_text = f"{fields[0]} {base64.b64encode(blob).decode('ascii')}" \
+            if blob else f"{fields[0]} {fields[1]}"
+        return Recipient(canonical_text, value)
     raise UsageError(f"{where} is not an age recipient: expected an age X25519 key (age1...), "
                      "an SSH public key (ssh-ed25519 / ssh-rsa AAAA...), or a file of them, one "
                      "a line (e.g. https://github.com/USER.keys saved to a file).")
+
+
+def canonical_recipient(text: str) -> str:
+    """How cubepack names the recipient ``text`` (an age key, lower case; an SSH key's type and
+    base64 re-encoded from its bytes), or ``text`` as it is when it does not parse: a record
+    written by an older cubepack compares with a key as it is named now."""
+    try:
+        return _one_recipient(text.strip(), "a recorded recipient").text
+    except CubepackError:
+        return text
 
 
 def _refuse_secret(text: str, where: str) -> None:

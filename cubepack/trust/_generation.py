@@ -38,6 +38,7 @@ from .._util import atomic, canonical, constants
 from ..errors import CubepackError, FormatError
 from ..format import _lock as lockfile
 from ..format._envelope import parse_envelope_bytes
+from ._age import canonical_recipient
 from ._attestation import signed_by
 from ._report import Check
 
@@ -230,11 +231,11 @@ def with_entry(history: list[dict[str, Any]], generation: int, added: list[str],
 def removed_at(history: list[dict[str, Any]]) -> dict[str, int]:
     """Each recipient whose last change in ``history`` removed it -> that generation."""
     last: dict[str, int | None] = {}
-    for entry in history:
+    for entry in history:  # by the key, however the record spelled it
         for recipient in entry["added"]:
-            last[recipient] = None
+            last[canonical_recipient(recipient)] = None
         for recipient in entry["removed"]:
-            last[recipient] = entry["generation"]
+            last[canonical_recipient(recipient)] = entry["generation"]
     return {recipient: at for recipient, at in last.items() if at is not None}
 
 
