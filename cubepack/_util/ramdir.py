@@ -204,11 +204,24 @@ def ram_folder() -> Iterator[Path]:
             folder = staging.with_name(
                 f"{_PREFIX}{os.getpid()}{_HELD}{staging.name.rsplit('-', 1)[1]}")
             os.rename(staging, folder)
+            _OPEN.add(folder.resolve())
             yield folder
         finally:
+            _OPEN.discard(folder.resolve())
             shutil.rmtree(folder, ignore_errors=True)
             if lock >= 0:
                 os.close(lock)
+
+
+#: The RAM folders this process holds open (:func:`ram_folder`).
+_OPEN: set[Path] = set()
+
+
+def inside_ram_folder(path: str | os.PathLike[str]) -> bool:
+    """Is ``path`` inside a RAM folder this process holds open: where cubepack itself may write
+    a private cube's plaintext (it is never a disk, and goes with the block)?"""
+    resolved = Path(path).absolute().resolve()
+    return any(resolved == folder or folder in resolved.parents for folder in list(_OPEN))
 
 
 def anonymous_memory(size: int) -> mmap.mmap | bytearray:

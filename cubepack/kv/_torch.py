@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
-from .._util.ramdir import holds_plaintext
+from .._util.ramdir import holds_plaintext, inside_ram_folder
 from .._util.safetensors_header import DTYPE_TAGS, FileBytes, read_header, write_safetensors
 from ..errors import CubepackError, IdentityMismatch, UnsupportedError, UsageError
 from ..identity._fingerprint import fingerprint
@@ -186,6 +186,8 @@ def refuse_private(cache: Any, layers: list[tuple[str, int, Any, Any]], path: An
     """
     import torch
 
+    if inside_ram_folder(Path(path).parent):  # cubepack's own plaintext place (a sealed dump)
+        return
     why = next((reason for check in PRIVATE_CACHE_CHECKS if (reason := check(cache))), None)
     if why is None:
         for _, _, keys, values in layers:

@@ -66,6 +66,7 @@ class Seal:
         source: where the memories were loaded from (a folder, ``repo@commit``), for messages.
         cube_id: the cube's id, used for the dump's own id.
         hidden_names: the cube hid its ciphertext names; a dump of it hides them too.
+        named: the user named the recipients at the load (they decide over the hook's).
     """
 
     recipients: tuple[str, ...]
@@ -73,6 +74,9 @@ class Seal:
     source: str
     cube_id: str | None = None
     hidden_names: bool = False
+    #: the user named these recipients at the load (``init_from_dir(..., recipients=...)``):
+    #: they decide this cube's dumps over the hook's own names
+    named: bool = False
 
     def describe(self) -> str:
         count = len(self.recipients)
@@ -88,7 +92,7 @@ def loaded_seal(source: Any, manifest: dict[str, Any], public_lock: dict[str, An
     cube_id = public_lock.get("cube_id") if isinstance(public_lock.get("cube_id"), str) else None
     if named:
         return Seal(tuple(sorted(named)), True, str(source), cube_id,
-                    bool(encryption.get("hidden_names")))
+                    bool(encryption.get("hidden_names")), named=True)
     return Seal(tuple(sorted(manifest["recipients"])), manifest_names_readers(signed_by),
                 str(source), cube_id, bool(encryption.get("hidden_names")))
 
@@ -359,8 +363,9 @@ def _listed(value: Any, name: str) -> list[Any]:
 def recipients_for(seals: frozenset[Seal], named: tuple[str, ...], writer: str,
                    target: Any) -> tuple[list[str], bool]:
     """(the recipients, hide names) of a dump of memories marked ``seals`` by ``writer``
-    (``KVCacheMemory.dump``...) to ``target``: the ones the user ``named``, else the one set
-    of recipients every seal trusts.
+    (``KVCacheMemory.dump``...) to ``target``: the ones the user named for these cubes at
+    their load (when they all were, the same), else the ones the hook was given (``named``),
+    else the one set of recipients every seal trusts.
 
     Raises:
         UsageError: the memories come from cubes with different recipients, and none were
@@ -368,6 +373,12 @@ def recipients_for(seals: frozenset[Seal], named: tuple[str, ...], writer: str,
         SignatureError: the recipients come from a manifest no trusted key signed.
     """
     hidden = any(s.hidden_names for s in seals)
+    own = {s.recipients for s in seals if s.named}
+    if own and all(s.named for s in seals) and len(own) == 1:
+        # The readers the user named for these very cubes at their load: more particular than
+        # the hook's names for every dump, so they decide (a cube named to alice alone is
+        # never dumped to whoever else the hook names).
+        return list(next(iter(own))), hidden
     if named:
         return list(named), hidden
     sets = sorted({s.recipients for s in seals})
