@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -64,11 +65,23 @@ def no_core_dumps() -> bool:
 
 
 def _mounts() -> dict[str, str]:
+    """Mount point -> file system type. The kernel escapes a mount point's space, tab, newline
+    and backslash as octal (``\\040``...): read as written, a disk mounted at ``.../x y``
+    would be another path, and the tmpfs around it taken for where it is."""
     try:
-        with open("/proc/self/mounts", encoding="utf-8") as handle:
-            return {fields[1]: fields[2] for line in handle if len(fields := line.split()) > 2}
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as handle:
+            mounts = {}
+            for line in handle:  # later lines are mounted over earlier ones: they win
+                fields = line.split()
+                if len(fields) > 2:
+                    mounts[_unescaped(fields[1])] = fields[2]
+            return mounts
     except OSError:
         return {}
+
+
+def _unescaped(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def _is_ram(path: Path) -> bool:

@@ -206,7 +206,7 @@ def unlock_identity(path: str | os.PathLike[str], passphrase: str | bytes) -> No
         raise UsageError(f"Identity file {path} is not an SSH private key: only those take a "
                          "passphrase.")
     secret = passphrase.encode("utf-8") if isinstance(passphrase, str) else bytes(passphrase)
-    if _ssh_key(data, path, None) is not None:
+    if secret and _ssh_key(data, path, None) is not None:
         raise UsageError(f"Identity file {path} is not passphrase-protected: use it as it is.")
     identities = [_ssh_key(data, path, secret)]
     with _UNLOCKING:
@@ -230,6 +230,14 @@ def _ssh_key(data: bytes, path: Path, passphrase: bytes | None) -> Any:
 
     loader = serialization.load_ssh_private_key if b"OPENSSH PRIVATE KEY" in data \
         else serialization.load_pem_private_key
+    if passphrase is not None and not passphrase:
+        # An empty passphrase is no passphrase to the key loader: say what it is, not that
+        # the key is unprotected.
+        if _ssh_key(data, path, None) is None:
+            raise RefusedError(f"An empty passphrase does not open identity file {path}: it is "
+                               f"passphrase-protected. Give its passphrase ({PASSPHRASE_ENV}, "
+                               "cubepack.trust.unlock_identity, or at the prompt).")
+        passphrase = None
     try:
         key = loader(data, password=passphrase)
     except TypeError:
