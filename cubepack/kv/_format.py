@@ -402,6 +402,12 @@ def unchecked_note(info: KVFileInfo, fix: str | None = None) -> str | None:
     the file itself."""
     if info.checksums is not None:
         return None
+    if fix is None and str(info.path).endswith(".age"):
+        # A private file is never upgraded in place (its plaintext is never written to a
+        # file): its owner upgrades the clear source and encrypts it again, continuing it.
+        fix = ("its owner upgrades the cube's clear source (cubepack upgrade SOURCE --model "
+               "MODEL) and encrypts it again, continuing this one (cubepack encrypt SOURCE "
+               "--to RECIPIENT --continue PRIVATE_CUBE --sign-key SIGNING_KEY)")
     fix = fix or upgrade_command(info.path)
     return (f"KV cache {info.path} has no per-tensor checksums (format v{info.version}): its "
             "tensor bytes were not checked at load (a cube's are checked against its lock by "

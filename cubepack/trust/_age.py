@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import stat
 import threading
@@ -39,6 +40,8 @@ from ..errors import CubepackError, FormatError, RefusedError, UnsafeInputError,
 from ..format._content import AGE_MAGIC
 from . import _age_ssh as _ssh
 from . import _age_stream as _stream
+
+logger = logging.getLogger("cubepack")
 
 #: The environment variable naming an identity file when none is given.
 IDENTITY_ENV = "CUBEPACK_IDENTITY"
@@ -97,9 +100,17 @@ def _one_recipient(text: str, where: str) -> Recipient:
         canonical_text = f"{fields[0]} {base64.b64encode(blob).decode('ascii')}" \
             if blob else f"{fields[0]} {fields[1]}"
         return Recipient(canonical_text, value)
+    if fields and (fields[0] in UNSUPPORTED_SSH or fields[0].startswith("sk-")):
+        raise UsageError(f"{where} is an SSH {fields[0]} key, a type age cannot encrypt to: use "
+                         "an ssh-ed25519 or ssh-rsa key, or an age key (age1...).")
     raise UsageError(f"{where} is not an age recipient: expected an age X25519 key (age1...), "
                      "an SSH public key (ssh-ed25519 / ssh-rsa AAAA...), or a file of them, one "
                      "a line (e.g. https://github.com/USER.keys saved to a file).")
+
+
+#: SSH public key types age has no recipient for (a keys file may hold them).
+UNSUPPORTED_SSH = frozenset({"ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                             "ssh-dss"})
 
 
 def canonical_recipient(text: str) -> str:
@@ -121,9 +132,11 @@ def _refuse_secret(text: str, where: str) -> None:
 
 
 def parse_recipients(specs: list[str] | tuple[str, ...]) -> list[Recipient]:
-    """Each spec is a recipient, or a file of recipients (one a line, ``#`` comments; SSH key
-    types age cannot encrypt to, e.g. ecdsa in a GitHub keys file, are refused by name).
-    Duplicates are kept once. Raises UsageError when none is given or one is invalid."""
+    """Each spec is a recipient, or a file of recipients (one a line, ``#`` comments). In a
+    file, an SSH key of a type age cannot encrypt to (ecdsa beside ed25519 in a GitHub keys
+    file) is skipped with one warning naming its line and type, as ``age -R`` does; given
+    alone, it is refused by name. Duplicates (one key however spelled) are kept once.
+    Raises UsageError when none is left or one is invalid."""
     found: dict[str, Recipient] = {}
     for spec in specs:
         spec = str(spec).strip()
@@ -132,18 +145,28 @@ def parse_recipients(specs: list[str] | tuple[str, ...]) -> list[Recipient]:
             if path.stat().st_size > _MAX_RECIPIENTS_FILE:
                 raise UsageError(f"Recipients file {path} is larger than 1 MiB.")
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            before = len(found)
+            before, skipped = len(found), []
             for number, line in enumerate(lines, 1):
                 line = line.strip()
                 if line and not line.startswith("#"):
                     _refuse_secret(line, f"{path} line {number}")
+                    if line.split()[0] in UNSUPPORTED_SSH or line.startswith("sk-"):
+                        # As age -R reads a keys file: a key type age cannot encrypt to is
+                        # skipped, by name (a GitHub user's keys may hold ecdsa beside ed25519).
+                        skipped.append(f"line {number} ({line.split()[0]})")
+                        continue
                     one = _one_recipient(line, f"{path} line {number}")
                     found.setdefault(one.text, one)
-            if len(found) == before and not any(
-                    line.strip() and not line.strip().startswith("#") for line in lines):
-                raise UsageError(f"Recipients file {path} names no recipient (it is empty, or "
-                                 "holds only comments): put one age key (age1...) or SSH public "
-                                 "key a line in it.")
+            if skipped:
+                logger.warning("cubepack: recipients file %s: skipped %s: SSH key types age "
+                               "cannot encrypt to", path, ", ".join(skipped))
+            if len(found) == before:
+                raise UsageError(
+                    f"Recipients file {path} names no recipient age can encrypt to"
+                    + (f" (skipped {', '.join(skipped)}: only ssh-ed25519 and ssh-rsa keys, "
+                       "or age keys)" if skipped else " (it is empty, or holds only comments)")
+                    + ": put one age key (age1...) or ssh-ed25519 / ssh-rsa public key a line "
+                    "in it.")
         else:
             _refuse_secret(spec, "A recipient given")
             one = _one_recipient(spec, f"Recipient {spec[:40]!r}")
