@@ -844,7 +844,13 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
                              "port with --port (or another --host).") from exc
         raise
     open_to_all = "no --token given: anyone who can reach this port may create and push repos"
-    _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens)}, as_json,
+    hidden = [] if tokens else hub.store.private_repos()
+    if hidden:  # a root served with tokens before: its private repos stay private, unserved
+        count = f"{len(hidden)} private repo{'s' if len(hidden) != 1 else ''}"
+        open_to_all += (f"\n{count} in {root} not served: without --token no repo can be "
+                        "private (restart with --token to serve them)")
+    _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens),
+           "private_repos_not_served": len(hidden)}, as_json,
           lambda data: f"serving {root} at {data['url']}  (use: HF_ENDPOINT={data['url']}; "
                        "Ctrl-C stops)" + ("" if tokens else f"\n{open_to_all}"))
     sys.stdout.flush()
@@ -854,6 +860,28 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         hub.serve_forever()
     except KeyboardInterrupt:
         hub.stop()
+
+
+@hub_group.command("gc")
+@click.argument("root", type=click.Path(file_okay=False))
+@_json_option(help="Print one JSON object: removed, freed, expired_uploads, kept.")
+def hub_gc_command(root: str, as_json: bool) -> None:
+    """Remove the blobs no repo of ROOT holds (safe while `cubepack hub serve` runs on it).
+
+    A blob is kept while a commit of any repo names it, or an upload for a repo made it less
+    than a day ago (a push in progress); the records of older uploads are removed first.
+    """
+    from .localhub import collect_garbage
+
+    if not (Path(root) / "blobs").is_dir():
+        raise UsageError(f"{root} is not the root of a local endpoint (it has no blobs folder); "
+                         "name the folder `cubepack hub serve --root` serves.")
+    done = collect_garbage(root)
+    _emit(done.as_dict(), as_json,
+          lambda data: f"removed {data['removed']} blob{'s' if data['removed'] != 1 else ''} "
+                       f"({data['freed']} bytes) no repo holds; kept {data['kept']}; "
+                       f"expired {data['expired_uploads']} abandoned upload record"
+                       f"{'s' if data['expired_uploads'] != 1 else ''}")
 
 
 def _runtime_group(name: str, doc: str) -> Any:

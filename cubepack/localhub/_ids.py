@@ -50,8 +50,7 @@ class RepoRef:
     name: str
 
     def __post_init__(self) -> None:
-        if self.kind not in REPO_TYPES or not is_repo_name(self.namespace) \
-                or not is_repo_name(self.name):
+        if self.kind not in REPO_TYPES or not is_repo_id(self.namespace, self.name):
             raise StoreError(404, f"Repository {shown(self.namespace)}/{shown(self.name)} not "
                                   "found.", "RepoNotFound")
 
@@ -68,6 +67,11 @@ def is_repo_name(value: object) -> bool:
     """True for a namespace or repo name the Hub allows (1-96 characters of ``A-Za-z0-9._-``,
     not starting with a dot or a dash)."""
     return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def is_repo_id(namespace: object, name: object) -> bool:
+    """True for a repo id ``namespace/name`` the Hub allows."""
+    return is_repo_name(namespace) and is_repo_name(name)
 
 
 def is_sha256(value: object) -> bool:

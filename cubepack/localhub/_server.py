@@ -170,8 +170,10 @@ ROUTES = (
     _route("POST", "/api/repos/move", "_move_repo", auth=True, body=bodies.move_repo),
     _route("POST", "/api/validate-yaml", "_validate_yaml", auth=True, body=bodies.validate_yaml),
     _route("GET", "/api/whoami-v2", "_whoami"),
-    _route("PUT", "/lfs/upload/{oid}", "_lfs_upload", body=STREAM, signed=True),
-    _route("POST", "/lfs/verify/{oid}", "_lfs_verify", body=bodies.lfs_verify, signed=True),
+    _route("PUT", "/lfs/upload/{kind}/{namespace}/{name}/{oid}", "_lfs_upload", body=STREAM,
+           signed=True),
+    _route("POST", "/lfs/verify/{kind}/{namespace}/{name}/{oid}", "_lfs_verify",
+           body=bodies.lfs_verify, signed=True),
     _route("POST", _FILES + ".git/info/lfs/objects/batch", "_lfs_batch", "write",
            body=bodies.lfs_batch),
     _route("GET", _REPO + "[/]", "_repo_info", "read"),
@@ -240,7 +242,9 @@ class LocalHub:
 
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
-            when empty, anyone who can reach the port may write (bind to loopback!).
+            when empty, anyone who can reach the port may write (bind to loopback!), and no repo
+            can be private: none is created or made private, and one already private is served
+            to nobody (a made-up token reads no more than no token).
         log: called with one line per request (client, method, path, status) and per dropped
             connection; None: silent.
         user: the account ``whoami`` reports and the namespace of repos created without one.
@@ -310,11 +314,25 @@ class LocalHub:
     def connection_changed(self, delta: int) -> None:
         """Called when a connection starts (+1) or stops (-1) holding a thread."""
 
-    def sign(self, oid: str, size: int) -> str:
-        return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
+    def sign(self, repo: RepoRef, oid: str, size: int) -> str:
+        """The signature of an upload of ``oid`` (``size`` bytes) for ``repo``."""
+        message = f"{repo.kind}/{repo.namespace}/{repo.name}:{oid}:{size}"
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
+
+    def valid_token(self, token: str | None) -> bool:
+        """Whether ``token`` is one of the endpoint's (never, when it has none)."""
+        return token is not None and any(hmac.compare_digest(token.encode("utf-8", "replace"),
+                                                             known.encode())
+                                         for known in self.tokens)
 
     def authorized(self, token: str | None) -> bool:
-        return not self.tokens or token in self.tokens
+        """Whether ``token`` may write: any request when the endpoint has no tokens."""
+        return not self.tokens or self.valid_token(token)
+
+    def may_read(self, repo: RepoRef, token: str | None) -> bool:
+        """Whether a request with ``token`` reads ``repo`` (which exists): a public repo, or a
+        private one with a valid token."""
+        return not self.store.is_private(repo) or self.valid_token(token)
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -643,6 +661,8 @@ class _Handler(BaseHTTPRequestHandler):
             raw = {key: unquote(value) for key, value in match.groupdict().items()
                    if value is not None}
             params: dict[str, Any] = {}
+            if route.signed:  # an upload names its repo in its signed URL, and carries no token
+                signed_for = repo_ref(raw.pop("kind"), raw.pop("namespace"), raw.pop("name"))
             if route.repo is not None:  # the repo first: a missing or private one is all it says
                 kind = raw.pop("kind", None) or ("datasets" if raw.pop("datasets", None)
                                                  else "models")
@@ -650,8 +670,9 @@ class _Handler(BaseHTTPRequestHandler):
                                             write=route.repo == "write")
             # The edge: every id of the path parsed into its type before the handler runs...
             params.update({key: SEGMENTS[key].parse(value) for key, value in raw.items()})
-            if route.signed:  # the signed size is the upload's authorization
-                params["size"] = self._signed(params["oid"])
+            if route.signed:  # the signed size and repo are the upload's authorization
+                params["size"] = self._signed(signed_for, params["oid"])
+                params["repo"] = self._uploading_to(signed_for)
             if callable(route.body):  # ... and the body, into its typed value
                 params["body"] = route.body(self._body(), self.headers.get("Content-Type", ""))
             return getattr(self, route.handler)(**params)
@@ -668,11 +689,38 @@ class _Handler(BaseHTTPRequestHandler):
                              "(pass a token).")
         if not self.hub.store.exists(repo):
             raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
-        # A private repo needs a token (a valid one, when the endpoint has a token list).
-        if self.hub.store.is_private(repo) and (not token or not self.hub.authorized(token)):
-            raise StoreError(401, f"Repository {repo.repo_id} not found (it may be private: "
-                             "pass a token).", "RepoNotFound")
+        # A private repo needs a valid token; without tokens nobody reads one.
+        if not self.hub.may_read(repo, token):
+            raise StoreError(401, f"Repository {repo.repo_id} not found" + (
+                " (it may be private: pass a token)." if self.hub.tokens else "."),
+                "RepoNotFound")
         return repo
+
+    def _uploading_to(self, repo: RepoRef) -> RepoRef:
+        """The repo an upload URL was signed for, as stored: 404 when it is gone."""
+        stored = self.hub.store.find(repo)
+        if not self.hub.store.exists(stored):
+            raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
+        return stored
+
+    def _may_read(self) -> Callable[[RepoRef], bool]:
+        """This request's reach, for a commit that names other repos' objects."""
+        token = self._token()
+
+        def may_read(other: RepoRef) -> bool:
+            try:
+                return self.hub.may_read(other, token)
+            except OSError:  # deleted meanwhile
+                return False
+
+        return may_read
+
+    def _no_private_repos(self) -> None:
+        """A server without tokens keeps no repo private: refuse to make one."""
+        if not self.hub.tokens:
+            raise StoreError(403, "This endpoint was started without --token, so no repo on it "
+                                  "can be private: restart it with --token to keep private "
+                                  "repos, or make this one public.")
 
     # --- account and repos -----------------------------------------------------------------------
     def _validate_yaml(self, body: None) -> None:
@@ -726,6 +774,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_json({})
 
     def _settings(self, repo: RepoRef, body: bool | None) -> None:
+        if body:
+            self._no_private_repos()
         if body is not None:  # the new privacy; None: left as it is
             self.hub.store.set_private(repo, body)
         self.send_json({"private": self.hub.store.is_private(repo)})
@@ -737,6 +787,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.send_json({})
 
     def _create_repo(self, body: bodies.NewRepo) -> None:
+        if body.private:
+            self._no_private_repos()
         namespace = body.namespace or self.hub.user
         repo = self.hub.store.find(new_repo_ref(body.kind, namespace, body.name))
         created = self.hub.store.create(repo, body.private)
@@ -857,32 +909,35 @@ class _Handler(BaseHTTPRequestHandler):
                          if tree else None})
 
     def _lfs_batch(self, repo: RepoRef, body: list[tuple[str, int]]) -> None:
+        """Per repo: an object this repo holds needs no upload; any other (another repo's
+        included) is uploaded, for this repo, by URLs signed for it."""
         objects = []
+        where = f"{repo.kind}/{repo.namespace}/{repo.name}"
         for oid, size in body:
             entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
-            if not self.hub.store.has_blob(oid, size):
-                signature = self.hub.sign(oid, size)
+            if not self.hub.store.holds(repo, oid, size):
+                query = f"size={size}&sig={self.hub.sign(repo, oid, size)}"
                 entry["actions"] = {
-                    "upload": {"href": f"{self._base()}/lfs/upload/{oid}?size={size}&sig={signature}"},
-                    "verify": {"href": f"{self._base()}/lfs/verify/{oid}?size={size}&sig={signature}"},
-                }
+                    action: {"href": f"{self._base()}/lfs/{action}/{where}/{oid}?{query}"}
+                    for action in ("upload", "verify")}
             objects.append(entry)
         self._send(200, json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
                    .encode(), "application/vnd.git-lfs+json")
 
-    def _signed(self, oid: str) -> int:
-        """The size an upload or verify URL was signed for; 403 unless the URL is one this
-        endpoint signed (the query is the client's: a size that is no number, or a signature
-        that is not ASCII, is a bad signature, not a crash)."""
+    def _signed(self, repo: RepoRef, oid: str) -> int:
+        """The size an upload or verify URL was signed for (for ``repo``); 403 unless the URL
+        is one this endpoint signed (the query is the client's: a size that is no number, or a
+        signature that is not ASCII, is a bad signature, not a crash)."""
         size, signature = self.query.get("size", [""])[0], self.query.get("sig", [""])[0]
         if not re.fullmatch(r"[0-9]{1,16}", size) or not hmac.compare_digest(
-                signature.encode("utf-8", "replace"), self.hub.sign(oid, int(size)).encode()):
+                signature.encode("utf-8", "replace"),
+                self.hub.sign(repo, oid, int(size)).encode()):
             raise StoreError(403, "Invalid or missing upload signature.")
         return int(size)
 
-    def _lfs_upload(self, oid: str, size: int) -> None:
+    def _lfs_upload(self, repo: RepoRef, oid: str, size: int) -> None:
         counted = self._counting(self._chunks(size), f"lfs:{oid}")
-        self.hub.store.put_blob(oid, size, counted)
+        self.hub.store.put_blob(repo, oid, size, counted)
         self.send_json({})
 
     def _counting(self, chunks, key: str):
@@ -890,11 +945,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.count_upload(key, len(chunk))
             yield chunk
 
-    def _lfs_verify(self, oid: str, size: int, body: tuple[str, int]) -> None:
+    def _lfs_verify(self, repo: RepoRef, oid: str, size: int, body: tuple[str, int]) -> None:
         if body != (oid, size):
             raise StoreError(400, f"The body names {body[0]} ({body[1]} bytes), not the object "
                                   f"this URL verifies, {oid} ({size} bytes).")
-        if not self.hub.store.has_blob(oid, size):
+        if not self.hub.store.holds(repo, oid, size):
             raise StoreError(404, f"Object {oid} was not uploaded.")
         self.send_json({})
 
@@ -904,7 +959,8 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(operation, AddFile):
                 self.hub.count_upload(f"file:{operation.path}", len(operation.content))
         fields = dict(title=body.summary, message=body.description, parent=body.parent,
-                      operations=body.operations, author=self.hub.user)
+                      operations=body.operations, author=self.hub.user,
+                      may_read=self._may_read())
         number = None
         if create_pr:  # the commit goes to a new refs/pr/N; the branch stays where it is
             commit_id, number = self.hub.store.open_pull_request(repo, revision, **fields)

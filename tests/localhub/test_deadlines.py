@@ -174,7 +174,9 @@ def test_a_malformed_chunk_size_is_refused(hub, size_line):
 def test_an_upload_larger_than_its_signed_size_is_refused_before_it_is_read(hub):
     oid = "a" * 64
     sock = connect(hub)
-    sock.sendall(f"PUT /lfs/upload/{oid}?size=10&sig={hub.sign(oid, 10)} HTTP/1.1\r\nHost: x\r\n"
+    signature = hub.sign(repo_ref("datasets", "ns", "repo"), oid, 10)
+    sock.sendall(f"PUT /lfs/upload/datasets/ns/repo/{oid}?size=10&sig={signature} HTTP/1.1\r\n"
+                 "Host: x\r\n"
                  "Content-Length: 100000000\r\n\r\n".encode())
     assert status_of(sock) == 413
 

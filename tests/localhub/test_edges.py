@@ -489,7 +489,8 @@ def test_upload_urls_with_a_malformed_size_or_signature_are_forbidden(hub, scene
     for query in ("size=x&sig=a", "size=-1&sig=a", "size=1e3&sig=a", f"size={10**40}&sig=a",
                   "size=70000&sig=%E2%82%AC", "size=70000", "sig=a", ""):
         for method, action in (("PUT", "upload"), ("POST", "verify")):
-            status, _, data = client(method, f"/lfs/{action}/{oid}?{query}", b"{}")
+            status, _, data = client(method, f"/lfs/{action}/datasets/ns/repo/{oid}?{query}",
+                                     b"{}")
             assert status == 403, (query, data)
             refused(status, data)
 
