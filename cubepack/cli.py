@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 import threading
 import traceback
@@ -824,10 +825,13 @@ def hub_group() -> None:
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
 @click.option("--user", default="local", show_default=True,
               help="The account whoami reports; the namespace of repos created without one.")
+@click.option("--max-upload-size", "max_upload", default="50G", show_default=True,
+              metavar="SIZE", help="Largest file an upload may announce (bytes, or with K, M, G "
+                                   "or T: powers of 1024); a larger one is refused up front.")
 @_json_option(help="Print one JSON object once listening (url, root); the request log goes "
                    "to stderr.")
 def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
-                      quiet: bool, user: str, as_json: bool) -> None:
+                      quiet: bool, user: str, max_upload: str, as_json: bool) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
@@ -837,7 +841,8 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
 
     try:
         hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
-                       log=None if quiet else log, user=user)
+                       log=None if quiet else log, user=user,
+                       max_upload_bytes=_size(max_upload, "--max-upload-size"))
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another "
@@ -860,6 +865,15 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         hub.serve_forever()
     except KeyboardInterrupt:
         hub.stop()
+
+
+def _size(text: str, option: str) -> int:
+    """A size from the command line: digits, optionally followed by K, M, G or T (x1024)."""
+    match = re.fullmatch(r"\s*([0-9]{1,15})\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise UsageError(f"{option} takes a size in bytes, or with K, M, G or T (e.g. 50G), not "
+                         f"{text!r}.")
+    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
 
 
 @hub_group.command("gc")

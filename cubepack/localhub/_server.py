@@ -21,6 +21,7 @@ import math
 import re
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .._util import constants
 from . import _bodies as bodies
 from ._errors import StoreError, shown
 from ._ids import (
@@ -213,8 +215,25 @@ _REPO_PREFIX = _compile(_REPO + "/{path}")
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
-#: Requests served at once; more wait for a free thread instead of spawning one each.
-MAX_CONNECTIONS = 64
+#: Connections served at once (a thread each); more wait, without a thread, for one to end.
+MAX_CONNECTIONS = 256
+#: Connections one client (an address) is served at once, uploads among them: its others wait
+#: their turn without a thread, so one client cannot take the endpoint's threads, and 64
+#: hostile clients holding one each leave most of them to everyone else. When a thread ends,
+#: the waiting connection of the client served least goes first.
+MAX_CLIENT_CONNECTIONS = 16
+#: Connections waiting for a thread, for one client and in all; beyond, a new one is closed.
+MAX_CLIENT_WAITING = 4 * MAX_CLIENT_CONNECTIONS
+MAX_WAITING = 1024
+#: The rate floor of an upload and of a download (the low-speed rule of cubepack's own client,
+#: curl's --speed-limit/--speed-time): a transfer that moves fewer than LOW_SPEED_LIMIT bytes/s
+#: over a window of LOW_SPEED_TIME seconds is dropped, whatever size it announced (an upload's
+#: deadline once was its size at 1 MiB/s: 12 days for 1 TiB sent a byte a second).
+LOW_SPEED_LIMIT = constants.DEFAULT_LOW_SPEED_LIMIT
+LOW_SPEED_TIME = constants.DEFAULT_LOW_SPEED_TIME
+#: Largest object an upload may announce (the Hub's own limit per file is 50 GB); a larger one
+#: is refused in the LFS batch answer, before any byte is sent.
+MAX_UPLOAD_BYTES = 50 * 1024**3
 #: Seconds a connection has for a request's line and headers (under 8 KiB, which a live client
 #: sends in one packet): a client trickling them cannot hold one of the MAX_CONNECTIONS threads.
 HEAD_TIMEOUT = 10.0
@@ -222,10 +241,13 @@ HEAD_TIMEOUT = 10.0
 #: which huggingface_hub 2.x drops idle connections itself, so it never reuses one we are
 #: closing (0.36 checks a pooled socket before reusing it).
 IDLE_TIMEOUT = 8.0
-#: A body must arrive within BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far
-#: below loopback or a LAN, so holding a thread costs a client a steady 1 MiB/s each.
+#: A body read into memory (a commit's, at most MAX_BODY_BYTES) must arrive within
+#: BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far below loopback or a LAN, so
+#: the memory it takes is held a bounded time. An upload streams to disk under the rate floor.
 BODY_TIMEOUT = 10.0
 MIN_BODY_RATE = 1024 * 1024
+#: Seconds between an idle keep-alive connection's looks at whether connections wait.
+IDLE_CHECK = 0.25
 #: Seconds one write of an answer may block on a client that stopped reading.
 WRITE_TIMEOUT = 60.0
 #: Longest chunk-size or trailer line of a chunked body.
@@ -250,7 +272,12 @@ class LocalHub:
         user: the account ``whoami`` reports and the namespace of repos created without one.
         head_timeout, idle_timeout, body_timeout, min_body_rate, write_timeout: the deadlines
             (see :data:`HEAD_TIMEOUT` and the others); a request that misses one is dropped.
+        low_speed_limit, low_speed_time: the rate floor of uploads and downloads (see
+            :data:`LOW_SPEED_LIMIT`); 0 turns it off.
         max_body_bytes: largest request body read into memory.
+        max_upload_bytes: largest object an upload may announce.
+        max_connections, max_client_connections: connections served at once, in all and for
+            one client address (see :data:`MAX_CONNECTIONS`).
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -258,7 +285,11 @@ class LocalHub:
                  user: str = "local", *, head_timeout: float = HEAD_TIMEOUT,
                  idle_timeout: float = IDLE_TIMEOUT, body_timeout: float = BODY_TIMEOUT,
                  min_body_rate: float = MIN_BODY_RATE, write_timeout: float = WRITE_TIMEOUT,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 low_speed_limit: float = LOW_SPEED_LIMIT,
+                 low_speed_time: float = LOW_SPEED_TIME,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_client_connections: int = MAX_CLIENT_CONNECTIONS):
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
@@ -266,8 +297,11 @@ class LocalHub:
         self.head_timeout, self.idle_timeout = head_timeout, idle_timeout
         self.body_timeout, self.min_body_rate = body_timeout, min_body_rate
         self.write_timeout, self.max_body_bytes = write_timeout, max_body_bytes
+        self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
+        self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
-        self._httpd = _BoundedServer((host, port), _handler_for(self))
+        self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
+                                     max_client_connections)
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -302,8 +336,24 @@ class LocalHub:
 
     def send_file(self, handler: _Handler, handle: Any, offset: int, count: int) -> None:
         """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
-        to the socket (sendfile), no bytes pass through Python."""
-        handler.connection.sendfile(handle, offset=offset, count=count)
+        to the socket (sendfile), no bytes pass through Python; held to the rate floor."""
+        sock, end = handler.connection, offset + count
+        window = self.floor.window() if self.floor else None
+        try:
+            while offset < end:
+                piece = min(end - offset, _READ_SIZE)
+                if window is not None:
+                    sock.settimeout(max(window.left(), 0.001))
+                handle.seek(offset)
+                try:
+                    sent = sock.sendfile(handle, offset=offset, count=piece)
+                except TimeoutError:  # the window ended first: what did it move?
+                    sent = handle.tell() - offset
+                offset += sent
+                if window is not None:
+                    window.moved(sent, "answer")
+        finally:
+            sock.settimeout(self.write_timeout)
 
     def count_upload(self, key: str, size: int) -> None:
         """Called for every uploaded chunk (``lfs:<oid>``, ``file:<path>``, ``path:<path>``)."""
@@ -313,6 +363,10 @@ class LocalHub:
 
     def connection_changed(self, delta: int) -> None:
         """Called when a connection starts (+1) or stops (-1) holding a thread."""
+
+    def waiting_connections(self) -> int:
+        """Connections accepted and waiting for a thread (their client's, or any)."""
+        return self._httpd.waiting_count()
 
     def sign(self, repo: RepoRef, oid: str, size: int) -> str:
         """The signature of an upload of ``oid`` (``size`` bytes) for ``repo``."""
@@ -336,35 +390,157 @@ class LocalHub:
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most :data:`MAX_CONNECTIONS` at once."""
+    """A thread per connection served: at most ``limit`` at once, and ``per_client`` for one
+    client address. A connection beyond either waits, accepted but without a thread, and is
+    served when one ends: first the waiting connection whose client is served least (so a
+    client that holds many waits behind one that holds none), oldest first. Bounded waiting:
+    beyond :data:`MAX_CLIENT_WAITING` for a client or :data:`MAX_WAITING` in all, a new
+    connection is closed at once."""
 
     daemon_threads = True
-    request_queue_size = 2 * MAX_CONNECTIONS  # connections waiting for a thread queue here
+    request_queue_size = 128  # the accept loop never blocks: only bursts queue in the kernel
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    def __init__(self, address: Any, handler: Any, limit: int, per_client: int):
+        super().__init__(address, handler)
+        self.limit, self.per_client = limit, per_client
+        self._guard = threading.Lock()
+        self._served: dict[str, int] = {}
+        self._total = 0
+        self._waiting: dict[str, list[tuple[Any, Any]]] = {}
+        self._waiting_total = 0
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
+        client = client_address[0]
+        with self._guard:
+            if self._total < self.limit and self._served.get(client, 0) < self.per_client:
+                self._start(request, client_address)
+                return
+            queue = self._waiting.setdefault(client, [])
+            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < MAX_WAITING:
+                queue.append((request, client_address))
+                self._waiting_total += 1
+                return
+            if not queue:
+                del self._waiting[client]
+        self.shutdown_request(request)  # too many waiting already: closed, unanswered
+        log = getattr(self.RequestHandlerClass, "hub").log
+        if log is not None:
+            log(f'{client} "-" dropped: too many connections from this client waiting')
+
+    def _start(self, request: Any, client_address: Any) -> None:
+        """Caller holds ``_guard``."""
+        client = client_address[0]
+        self._served[client] = self._served.get(client, 0) + 1
+        self._total += 1
+        thread = threading.Thread(target=self.process_request_thread,
+                                  args=(request, client_address), daemon=True)
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._slots.release()
+            self._ended(client)
+            self.shutdown_request(request)
             raise
+
+    def _ended(self, client: str) -> None:
+        """Caller holds ``_guard``: a connection of ``client`` ended; serve the next waiting."""
+        self._total -= 1
+        self._served[client] -= 1
+        if not self._served[client]:
+            del self._served[client]
+        ready = [other for other, queue in self._waiting.items()
+                 if queue and self._served.get(other, 0) < self.per_client]
+        if ready and self._total < self.limit:
+            chosen = min(ready, key=lambda other: self._served.get(other, 0))
+            queue = self._waiting[chosen]
+            request, address = queue.pop(0)
+            if not queue:
+                del self._waiting[chosen]
+            self._waiting_total -= 1
+            self._start(request, address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._guard:
+                self._ended(client_address[0])
+
+    def waiting_count(self) -> int:
+        with self._guard:
+            return self._waiting_total
+
+    def crowded(self) -> bool:
+        """Whether connections wait for a thread: then an answer closes its connection, so an
+        idle keep-alive connection holds no thread another client waits for."""
+        return self._waiting_total > 0
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What escaped a connection's handler (a client gone while its answer was written):
+        one log line, never a traceback on the console."""
+        error = sys.exc_info()[1]
+        log = getattr(self.RequestHandlerClass, "hub").log
+        if log is not None:
+            log(f'{client_address[0]} "-" dropped: {type(error).__name__}: '
+                f'{shown(str(error), 200)}')
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._guard:
+            waiting = [request for queue in self._waiting.values() for request, _ in queue]
+            self._waiting.clear()
+            self._waiting_total = 0
+        for request in waiting:
+            self.shutdown_request(request)
+
+
+@dataclass
+class _Floor:
+    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall."""
+
+    limit: float
+    seconds: float
+
+    def window(self) -> _Window:
+        return _Window(self)
+
+
+class _Window:
+    """One transfer judged by the floor: a window opens; each time it has moved ``limit *
+    seconds`` bytes a new one opens; a window still open after ``seconds`` has stalled."""
+
+    def __init__(self, floor: _Floor):
+        self.floor = floor
+        self.opened, self.count = time.monotonic(), 0
+
+    def left(self) -> float:
+        """Seconds until the open window is judged."""
+        return self.opened + self.floor.seconds - time.monotonic()
+
+    def moved(self, count: int, phase: str) -> None:
+        """Count ``count`` bytes moved; raise :class:`RequestDeadline` if the window stalled."""
+        self.count += count
+        if self.count >= self.floor.limit * self.floor.seconds:
+            self.opened, self.count = time.monotonic(), 0
+        elif self.left() <= 0:
+            raise RequestDeadline(phase, self.floor.seconds, stalled=(self.count, self.floor))
 
 
 class RequestDeadline(Exception):
-    """A request, or the wait for the next one, missed its deadline: the connection is dropped."""
+    """A request, or the wait for the next one, missed its deadline, or a transfer fell below
+    the rate floor (``stalled``: bytes moved in the window, and the floor), or the client went
+    away mid-request (``gone``): the connection is dropped, with one log line."""
 
-    def __init__(self, phase: str, seconds: float):
-        super().__init__(f"{phase} not received within {seconds:g} s")
+    def __init__(self, phase: str, seconds: float = 0.0,
+                 stalled: tuple[int, _Floor] | None = None, gone: str | None = None):
+        if gone is not None:
+            text = gone
+        elif stalled is not None:
+            count, floor = stalled
+            text = (f"{phase} moved {count} byte{'s' if count != 1 else ''} in "
+                    f"{floor.seconds:g} s (under {floor.limit:g} bytes/s)")
+        else:
+            text = f"{phase} not received within {seconds:g} s"
+        super().__init__(text)
         self.phase = phase
 
 
@@ -378,12 +554,19 @@ class _DeadlineReader(io.RawIOBase):
         self._sock, self._write_timeout = sock, write_timeout
         self.phase, self.seconds, self.deadline = "request head", 0.0, math.inf
         self._then: tuple[str, float] | None = None
+        self._window: _Window | None = None
+        #: Whether connections wait for a thread (the server's): an idle keep-alive connection
+        #: then closes instead of holding its thread for the rest of ``idle_timeout``.
+        self.crowded: Callable[[], bool] | None = None
 
-    def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None) -> None:
+    def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None,
+               floor: _Floor | None = None) -> None:
         """From now, ``phase`` must arrive within ``seconds``; with ``then``, the first byte
-        starts that (phase, seconds) deadline instead (an idle connection's next request)."""
+        starts that (phase, seconds) deadline instead (an idle connection's next request);
+        with ``floor``, each window of it must also move its bytes."""
         self.phase, self.seconds, self._then = phase, seconds, then
         self.deadline = time.monotonic() + seconds
+        self._window = floor.window() if floor is not None else None
 
     def allow(self, seconds: float) -> None:
         """Extend the current deadline (a chunked body, as each chunk's size arrives)."""
@@ -394,16 +577,32 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise RequestDeadline(self.phase, self.seconds)
-        self._sock.settimeout(remaining)
-        try:
-            count = self._sock.recv_into(buffer)
-        except TimeoutError:
-            raise RequestDeadline(self.phase, self.seconds) from None
-        finally:
-            self._sock.settimeout(self._write_timeout)
+        window = self._window
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestDeadline(self.phase, self.seconds)
+            if window is not None:
+                remaining = min(remaining, max(window.left(), 0.001))
+            idle = self.phase == "next request" and self.crowded is not None
+            if idle:  # look up now and then: an idle connection yields to waiting ones
+                remaining = min(remaining, IDLE_CHECK)
+            self._sock.settimeout(remaining)
+            try:
+                count = self._sock.recv_into(buffer)
+                break
+            except TimeoutError:
+                if window is not None and window.left() <= 0:
+                    window.moved(0, self.phase)  # raises: the window stalled
+                if idle and self.crowded():
+                    raise RequestDeadline(self.phase, self.seconds) from None  # closed quietly
+            except ConnectionError as exc:
+                raise RequestDeadline(self.phase, gone=f"{self.phase}: the client went away "
+                                                       f"({type(exc).__name__})") from None
+            finally:
+                self._sock.settimeout(self._write_timeout)
+        if window is not None:
+            window.moved(count, self.phase)
         if count and self._then is not None:
             self.expect(*self._then)
         return count
@@ -426,6 +625,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()  # reads go through the deadline instead
         self._reader = _DeadlineReader(self.connection, self.hub.write_timeout)
+        self._reader.crowded = self.server.crowded
         self.rfile = io.BufferedReader(self._reader)
         self.connection.settimeout(self.hub.write_timeout)
         # An answer goes out as two writes (headers, then body): with Nagle's algorithm the
@@ -504,8 +704,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._declared_length()
             self._route(method, path)
         except StoreError as exc:
-            self._drain()
-            self._send_error(exc.status, str(exc), exc.code)
+            try:
+                self._drain()
+                self._send_error(exc.status, str(exc), exc.code)
+            except OSError:  # the client went away before its answer: logged once, above
+                self.close_connection = True
         except RequestDeadline:
             raise  # dropped by handle_one_request, unanswered
         except (BrokenPipeError, ConnectionResetError):
@@ -516,9 +719,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self.hub.log is not None:
                 self.hub.log(f"{self.client_address[0]} \"{method} {shown(path)}\" failed: "
                              f"{type(exc).__name__}: {shown(str(exc), 300)}")
-            self._drain()
-            self._send_error(500, f"Internal error ({type(exc).__name__}); the endpoint's log "
-                                  "has the details.")
+            try:
+                self._drain()
+                self._send_error(500, f"Internal error ({type(exc).__name__}); the endpoint's "
+                                      "log has the details.")
+            except OSError:
+                self.close_connection = True
 
     def _token(self) -> str | None:
         header = self.headers.get("Authorization", "")
@@ -545,12 +751,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # the rest of the body is never read
         return StoreError(413, f"Request body larger than {limit} bytes.")
 
-    def _chunks(self, limit: int):
+    def _chunks(self, limit: int, *, upload: bool = False):
         """The request body in pieces of at most 1 MiB, never more than ``limit`` bytes in all:
-        a declared length or chunk size beyond what is left is refused before it is read. The
-        body must arrive within ``body_timeout`` + its length / ``min_body_rate``."""
+        a declared length or chunk size beyond what is left is refused before it is read. A
+        body read into memory must arrive within ``body_timeout`` + its length /
+        ``min_body_rate``; an ``upload`` (streamed to disk) is held to the rate floor instead,
+        whatever its size."""
         self._body_read = True
         hub = self.hub
+        if upload:
+            self._reader.expect("upload", math.inf, floor=hub.floor)
+            yield from self._read_exactly(self._upload_length(limit))
+            return
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self._reader.expect("request body", hub.body_timeout)
             left = limit
@@ -573,12 +785,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
         yield from self._read_exactly(length)
 
+    def _upload_length(self, size: int) -> int:
+        """An upload's length: its signed ``size``, declared (not chunked: the clients send a
+        length, and a length is what the floor and the cap are checked against)."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self.close_connection = True
+            raise StoreError(411, "An upload declares its Content-Length.")
+        length = self._declared_length()
+        if length > size:
+            raise self._too_large(size)
+        return length
+
     def _read_exactly(self, count: int):
+        total = count
         while count > 0:
             piece = self.rfile.read(min(count, _READ_SIZE))
-            if not piece:
-                self.close_connection = True
-                raise StoreError(400, "Request body ended early.")
+            if not piece:  # the client closed its side: nobody is waiting for an answer
+                raise RequestDeadline(self._reader.phase, gone=(
+                    f"{self._reader.phase} ended after {total - count} of {total} bytes (the "
+                    "client went away)"))
             count -= len(piece)
             yield piece
 
@@ -629,11 +854,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        self._end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _end_headers(self) -> None:
+        """End an answer's headers, closing its connection when connections wait for a thread
+        (an idle keep-alive connection would hold one)."""
+        if self.server.crowded():
+            self.close_connection = True
         if self.close_connection:  # say so, or the client reuses a socket about to close
             self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
     def send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(data).encode(), "application/json", headers)
@@ -915,7 +1147,12 @@ class _Handler(BaseHTTPRequestHandler):
         where = f"{repo.kind}/{repo.namespace}/{repo.name}"
         for oid, size in body:
             entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
-            if not self.hub.store.holds(repo, oid, size):
+            if size > self.hub.max_upload_bytes:  # refused before a byte is sent
+                entry["error"] = {"code": 422, "message": (
+                    f"Object {oid} is {size} bytes; this endpoint takes uploads of at most "
+                    f"{self.hub.max_upload_bytes} bytes (cubepack hub serve "
+                    "--max-upload-size).")}
+            elif not self.hub.store.holds(repo, oid, size):
                 query = f"size={size}&sig={self.hub.sign(repo, oid, size)}"
                 entry["actions"] = {
                     action: {"href": f"{self._base()}/lfs/{action}/{where}/{oid}?{query}"}
@@ -936,7 +1173,9 @@ class _Handler(BaseHTTPRequestHandler):
         return int(size)
 
     def _lfs_upload(self, repo: RepoRef, oid: str, size: int) -> None:
-        counted = self._counting(self._chunks(size), f"lfs:{oid}")
+        if size > self.hub.max_upload_bytes:  # signed before the maximum was lowered
+            raise self._too_large(self.hub.max_upload_bytes)
+        counted = self._counting(self._chunks(size, upload=True), f"lfs:{oid}")
         self.hub.store.put_blob(repo, oid, size, counted)
         self.send_json({})
 
@@ -1062,7 +1301,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(length))
         for key, value in headers.items():
             self.send_header(key, value)
-        self.end_headers()
+        self._end_headers()
         if self.command == "HEAD":
             return
         self.wfile.flush()

@@ -151,9 +151,9 @@ def scene(hub, api, monkeypatch, tmp_path):
     samples: dict[_server.Route, list[Sample]] = {}
     original = _server._Handler._chunks
 
-    def recording(self, limit):
+    def recording(self, limit, **options):
         chunks = []
-        for chunk in original(self, limit):
+        for chunk in original(self, limit, **options):
             chunks.append(chunk)
             yield chunk
         if self.route is not None:

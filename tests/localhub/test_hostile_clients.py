@@ -71,8 +71,12 @@ def api_for(hub, monkeypatch, token=TOKEN):
     monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
     import huggingface_hub
 
-    if huggingface_hub.__version__.startswith("0."):
+    if huggingface_hub.__version__.startswith("0."):  # 0.36 builds and parses URLs with these
         monkeypatch.setattr(hub_constants, "ENDPOINT", hub.url)
+        from huggingface_hub import file_download
+
+        monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
     return HfApi(endpoint=hub.url, token=token)
 
 
@@ -272,3 +276,30 @@ def test_a_client_is_served_a_bounded_number_of_connections(tmp_path, monkeypatc
         finally:
             for sock in sockets:
                 sock.close()
+
+
+def test_idle_keep_alive_connections_yield_to_a_waiting_one(tmp_path):
+    """A client's idle keep-alive connections hold its threads; when another of its
+    connections waits, they close (each answer says so meanwhile), long before the idle
+    timeout (two minutes here)."""
+    from cubepack.localhub._server import MAX_CLIENT_CONNECTIONS
+
+    with InstrumentedHub(tmp_path / "root", tokens=[TOKEN], idle_timeout=HANG) as hub:
+        seed(hub)
+        address = urlsplit(hub.url)
+        idle = []
+        for _ in range(MAX_CLIENT_CONNECTIONS):
+            connection = http.client.HTTPConnection(address.hostname, address.port,
+                                                    timeout=HANG, source_address=("127.0.0.9", 0))
+            connection.request("GET", "/api/datasets/ns/repo")
+            answer = connection.getresponse()
+            assert answer.status == 200 and answer.getheader("Connection") != "close"
+            answer.read()
+            idle.append(connection)  # kept open, idle: it holds a thread
+        late = connect(hub, "127.0.0.9")
+        late.sendall(b"GET /api/datasets/ns/repo HTTP/1.1\r\nHost: x\r\n\r\n")
+        answered = within(ANSWERED_WITHIN, lambda: late.recv(4096))
+        assert answered.startswith(b"HTTP/1.1 200")
+        for connection in idle:
+            connection.close()
+        late.close()
