@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from .._util import canonical
-from .._util.paths import check_relpath
-from ..errors import UnsafeInputError
 from ._errors import StoreError, bad_request, shown
 from ._ids import (
     Revision,
@@ -34,6 +32,7 @@ from ._ids import (
     new_repo_ref,
     parse_revision,
     repo_name,
+    repo_path,
 )
 from ._store import AddFile, AddLfsFile, DeleteFile, DeleteFolder, Operation, RepoRef
 
@@ -206,15 +205,16 @@ class Fields:
             raise bad_request(f"{self.name(key)} is not valid base64.") from None
 
     def path(self, key: str, *, folder: bool = False) -> str:
-        """A path inside a repo: relative, no ``.``/``..``/empty segment, no backslash or
-        control character (what the Hub stores); ``folder``: a trailing ``/`` is dropped."""
+        """A path inside a repo, as the Hub stores it (:func:`._ids.repo_path`: a 422 naming
+        the field and the rule); ``folder``: a trailing ``/`` is dropped."""
         value = self.text(key, required=True)
         if folder:
             value = value.rstrip("/")
         try:
-            return check_relpath(value, portable=False)
-        except UnsafeInputError as exc:  # its message says which rule
-            raise bad_request(f"{self.name(key)} is not a path inside a repo: {exc}") from None
+            return repo_path(value)
+        except StoreError as exc:  # its message says which rule
+            raise StoreError(exc.status, f"{self.name(key)} is not a path inside a repo: "
+                                         f"{exc}") from None
 
 
 def json_object(parse: Callable[[Fields], T]) -> Callable[[bytes, str], T]:

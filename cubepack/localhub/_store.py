@@ -42,7 +42,6 @@ from typing import Any
 from huggingface_hub.utils.sha import git_hash
 
 from .._util import atomic, canonical
-from .._util.paths import check_relpath
 from .._util.revision import is_commit, new_ref_problem
 from ._errors import StoreError, shown
 from ._ids import (
@@ -52,6 +51,7 @@ from ._ids import (
     Revision,
     is_sha256,
     parse_revision,
+    repo_path,
     repo_ref,
 )
 from ._objects import UPLOAD_GRACE, Collected, Objects, collect_garbage, repo_folders
@@ -678,10 +678,7 @@ class HubStore:
         path = operation.path
         if isinstance(operation, DeleteFolder):
             path = path.rstrip("/")  # the client names folders with a trailing slash
-        try:  # the edge checked it too; the store never trusts a caller with a path
-            check_relpath(path, portable=False)  # what the Hub accepts; pull refuses the rest
-        except Exception as exc:
-            raise StoreError(400, f"Invalid path {shown(path)}: {exc}") from exc
+        repo_path(path)  # the edge checked it too; the store never trusts a caller with a path
         if isinstance(operation, AddFile):
             tree[path] = self._store_blob(operation.content, lfs=False)
         elif isinstance(operation, AddLfsFile):

@@ -22,7 +22,7 @@ import pytest
 from huggingface_hub import CommitOperationAdd
 
 from cubepack.localhub import _server
-from cubepack.localhub._ids import is_repo_name
+from cubepack.localhub._ids import is_repo_id
 from cubepack.localhub._server import ROUTES, SEGMENTS, STREAM
 from cubepack.localhub._store import AddFile, StoreError, repo_ref
 
@@ -407,8 +407,10 @@ NUMBER_IDS = ["-1", "1e3", "01", "0", "+1", "1.0", "1000000000", "9" * 40, "\u06
 def well_formed(placeholder, value):
     """Whether the edge takes ``value`` (as the server unquotes it) in ``placeholder``: then it
     names nothing that exists, and is answered as such; else it must be refused."""
-    if placeholder in ("namespace", "name"):
-        return is_repo_name(value)
+    if placeholder == "namespace":
+        return is_repo_id(value, "repo")
+    if placeholder == "name":
+        return is_repo_id("ns", value)
     if SEGMENTS[placeholder].parse is str:  # kind, ref_kind, path...: their pattern says
         return re.fullmatch(SEGMENTS[placeholder].pattern, value) is not None
     try:

@@ -55,21 +55,23 @@ def endpoint_accepts(namespace: str, name: str) -> bool:
 
 def test_the_endpoint_takes_exactly_the_repo_ids_the_client_takes():
     """Over EDGES in every pairing and 4000 generated ids: the endpoint takes an id if and only
-    if the client's validator does and the id is ASCII (a client that reads \\w as Unicode
-    takes ``café``; the Hub and 2.x do not)."""
+    if the client's validator does, the id is ASCII and its namespace at most 96 characters
+    (0.36 reads \\w as Unicode, taking ``café``, and bounds no namespace; the Hub and 2.x do
+    both)."""
     names = EDGES + corpus(38, 4000)
     pairs = [(namespace, name) for namespace in EDGES for name in EDGES]
     pairs += [("ns", name) for name in names] + [(name, "repo") for name in names]
     taken = 0
     for namespace, name in pairs:
-        expected = client_accepts(namespace, name) and f"{namespace}{name}".isascii()
+        expected = client_accepts(namespace, name) and f"{namespace}{name}".isascii() \
+            and len(namespace) <= 96  # 2.x's bound (and the Hub's), which 0.36 lacks
         assert endpoint_accepts(namespace, name) == expected, (namespace, name)
         taken += expected
         if not expected:  # never looked up either: a malformed id names no repo
             with pytest.raises(StoreError) as missing:
                 repo_ref("models", namespace, name)
             assert missing.value.status == 404 and missing.value.code == "RepoNotFound"
-    assert taken > 1000  # the corpus exercises acceptance too
+    assert taken > 500  # the corpus exercises acceptance too
 
 
 @pytest.mark.parametrize("name", ["a..b", "a-", "x.git", "a--b"])

@@ -34,7 +34,7 @@ def test_store_commits_are_immutable_and_refs_move(tmp_path):
     with pytest.raises(StoreError) as escape:
         store.apply_commit(repo, "main", title="t", message="", parent=None,
                            operations=[add("../x", b"")])
-    assert escape.value.status == 400
+    assert escape.value.status == 422  # the Hub's answer to a path it refuses
     with pytest.raises(StoreError) as unknown:
         store.resolve(repo, "f" * 40)
     assert unknown.value.code == "RevisionNotFound"
