@@ -854,6 +854,13 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         count = f"{len(hidden)} private repo{'s' if len(hidden) != 1 else ''}"
         open_to_all += (f"\n{count} in {root} not served: without --token no repo can be "
                         "private (restart with --token to serve them)")
+    unserved = hub.store.unserved()
+    if unserved:  # made before the endpoint followed the client's rule for ids
+        several = len(unserved) != 1
+        click.echo(f"{len(unserved)} repo folder{'s' if several else ''} under {root}/repos "
+                   f"{'have ids' if several else 'has an id'} huggingface_hub refuses (e.g. "
+                   f"{unserved[0].relative_to(Path(root) / 'repos').as_posix()}): not served; "
+                   "rename them to serve them", err=True)
     _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens),
            "private_repos_not_served": len(hidden)}, as_json,
           lambda data: f"serving {root} at {data['url']}  (use: HF_ENDPOINT={data['url']}; "

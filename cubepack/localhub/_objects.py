@@ -103,13 +103,26 @@ class RootLock:
 
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
     """Every repo of a root and its folder (a stray folder that names no repo is skipped)."""
+    for kind, namespace, name, folder in _stored(root):
+        if is_repo_id(namespace, name):
+            yield RepoRef(kind, namespace, name), folder
+
+
+def unserved_folders(root: Path) -> list[Path]:
+    """Repo folders whose id the client refuses (made before the endpoint followed its rule):
+    not served, but what they hold is kept."""
+    return [folder for _, namespace, name, folder in _stored(root)
+            if not is_repo_id(namespace, name)]
+
+
+def _stored(root: Path) -> Iterator[tuple[str, str, str, Path]]:
     for kind in REPO_TYPES:
         base = root / "repos" / kind
         for namespace in _listing(base):
             for name in _listing(base / namespace):
                 folder = base / namespace / name
-                if is_repo_id(namespace, name) and (folder / "repo.json").is_file():
-                    yield RepoRef(kind, namespace, name), folder
+                if (folder / "repo.json").is_file():
+                    yield kind, namespace, name, folder
 
 
 def _listing(folder: Path) -> list[str]:
@@ -160,7 +173,7 @@ def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = Non
         referenced: set[str] = set()
         expired = 0
         now = time.time()
-        for _, folder in repo_folders(root):
+        for *_, folder in _stored(root):  # every repo folder, served or not: nothing is lost
             referenced |= commit_oids(folder)
             for record in upload_records(folder):
                 with contextlib.suppress(FileNotFoundError):

@@ -54,7 +54,14 @@ from ._ids import (
     repo_path,
     repo_ref,
 )
-from ._objects import UPLOAD_GRACE, Collected, Objects, collect_garbage, repo_folders
+from ._objects import (
+    UPLOAD_GRACE,
+    Collected,
+    Objects,
+    collect_garbage,
+    repo_folders,
+    unserved_folders,
+)
 
 # Re-exported: callers and tests have imported these from the store since before _ids.
 __all__ = ["PR_REF", "REPO_TYPES", "HubStore", "RepoRef", "StoreError", "repo_ref"]
@@ -266,6 +273,11 @@ class HubStore:
     def private_repos(self) -> list[RepoRef]:
         """Every private repo of the root."""
         return [repo for repo, _ in repo_folders(self.root) if self.is_private(repo)]
+
+    def unserved(self) -> list[Path]:
+        """Repo folders whose id the client refuses (made before the endpoint followed its
+        rule): not served; ``cubepack hub gc`` keeps what they hold."""
+        return unserved_folders(self.root)
 
     def create(self, repo: RepoRef, private: bool) -> bool:
         """Create ``repo`` with an initial commit holding ``.gitattributes``; False if it exists."""

@@ -354,3 +354,16 @@ def test_hub_serve_without_tokens_says_private_repos_are_not_served(root, monkey
         server.wait(timeout=60)
     said = said.decode()
     assert "1 private repo" in said and "not served" in said and "--token" in said
+
+
+def test_hub_gc_keeps_what_a_repo_folder_the_endpoint_no_longer_serves_holds(tokened, root,
+                                                                             monkeypatch):
+    """A repo made under an id the client refuses (before the endpoint followed its rule) is
+    not served, but gc keeps its blobs: a rule that tightened loses no data."""
+    api = api_for(tokened, TOKEN, monkeypatch)
+    push_secret(api, "ns/old")
+    folder = root / "repos" / "datasets" / "ns"
+    (folder / "old").rename(folder / "a..b")
+    assert run_gc(root)["removed"] == 0
+    for oid in DIGESTS.values():
+        assert (root / "blobs" / oid).exists()
