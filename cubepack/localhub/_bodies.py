@@ -297,27 +297,37 @@ def move_repo(body: Fields) -> MoveRepo:
                     new_repo_ref(kind, *target.split("/"), what=body.name("toRepo")))
 
 
+@dataclass(frozen=True)
+class RepoSettings:
+    """``PUT .../settings``: the new privacy (None: unchanged), the gating and Xet asked for
+    (None: not asked)."""
+
+    private: bool | None
+    gated: str | bool | None
+    xet: bool | None
+
+
 @json_object
-def repo_settings(body: Fields) -> bool | None:
-    """``{private? (0.36), visibility? (2.x), gated?, xetEnabled?}`` -> the new privacy (None:
-    unchanged). Gating and Xet are not served here: checked, then ignored."""
+def repo_settings(body: Fields) -> RepoSettings:
+    """``{private? (0.36), visibility? (2.x), gated?, xetEnabled?}``."""
     private = body.flag("private", None)
     visibility = body.choice("visibility", ("private", "public", None))
     gated = body.data.get("gated")
     if gated not in (None, False, "auto", "manual"):
         raise bad_request(f"{body.name('gated')} must be false, 'auto' or 'manual', not "
                           f"{shown(gated)}.")
-    body.flag("xetEnabled", None)
+    xet = body.flag("xetEnabled", None)
     if private is None and visibility is not None:
         private = visibility == "private"
-    return private
+    return RepoSettings(private, gated, xet)
 
 
 @json_object
 def new_tag(body: Fields) -> str:
-    """``{tag, message?}`` -> the tag's name (git's rules, no ``refs/``)."""
+    """``{tag, message?}`` -> the tag's name, as sent: the store checks it against git's rules
+    once the revision it tags is found (a missing revision is what the Hub answers first)."""
     body.text("message")
-    return new_ref_name(body.text("tag", required=True), "tag")
+    return body.text("tag", required=True)
 
 
 @json_object
@@ -343,13 +353,23 @@ class PreuploadFile:
     sample: bytes
 
 
+@dataclass(frozen=True)
+class Preupload:
+    """``POST .../preupload/{rev}``: the files, and the ``.gitignore`` the same upload commits
+    (None: it commits none; the repo's own applies)."""
+
+    files: list[PreuploadFile]
+    git_ignore: str | None
+
+
 @json_object
-def preupload(body: Fields) -> list[PreuploadFile]:
-    """``{files: [{path, sample (base64), size}], gitIgnore?}``."""
-    body.text("gitIgnore"), body.text("gitAttributes")
-    return [PreuploadFile(item.text("path", required=True, nonempty=True),
-                          item.integer("size", default=0), item.base64("sample"))
-            for item in body.objects("files")]
+def preupload(body: Fields) -> Preupload:
+    """``{files: [{path, sample (base64), size}], gitIgnore?, gitAttributes?}``."""
+    git_ignore = body.text("gitIgnore")
+    body.text("gitAttributes")
+    return Preupload([PreuploadFile(item.text("path", required=True, nonempty=True),
+                                    item.integer("size", default=0), item.base64("sample"))
+                      for item in body.objects("files")], git_ignore)
 
 
 @json_object

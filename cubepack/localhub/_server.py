@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._util import constants
 from . import _bodies as bodies
@@ -208,8 +208,11 @@ ROUTES = (
     _route("GET|POST|PUT|DELETE", "/api/{kind}/{namespace}[/]", "_no_namespace"),
     _route("GET|HEAD", _FILES + "/resolve/{revision}/{path*}", "_resolve", "read"),
 )
-#: Any path below a repo: a route of a repo that is not here still answers RepoNotFound.
-_REPO_PREFIX = _compile(_REPO + "/{path}")
+#: Any path of a repo (or one named like one: ``/api/models/missing_repo_id/like``): a route
+#: of a repo that is not here still answers RepoNotFound.
+_REPO_PREFIX = _compile(_REPO + "[/{path}]")
+#: A file of a repo id without a namespace (``/gpt2/resolve/main/x``): no such repo here.
+_NO_NAMESPACE_FILE = _compile("/[{datasets}/]{name}/resolve/{path}")
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
 #: stream to disk and are limited by their signed size instead.
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -662,6 +665,11 @@ class _Handler(BaseHTTPRequestHandler):
                         f'dropped: {missed}')
         self._served += 1
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Every answer names a request id, as the Hub's do (the client quotes it in errors)."""
+        super().send_response(code, message)
+        self.send_header("X-Request-Id", secrets.token_hex(12))
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
 
@@ -691,6 +699,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         # One handler serves every request of a keep-alive connection: reset per request.
         self._body_read = False
+        self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
         self.route: Route | None = None
         split = urlsplit(self.path)
@@ -706,7 +715,7 @@ class _Handler(BaseHTTPRequestHandler):
         except StoreError as exc:
             try:
                 self._drain()
-                self._send_error(exc.status, str(exc), exc.code)
+                self._send_error(exc.status, str(exc), exc.code, exc.headers)
             except OSError:  # the client went away before its answer: logged once, above
                 self.close_connection = True
         except RequestDeadline:
@@ -896,6 +905,7 @@ class _Handler(BaseHTTPRequestHandler):
             if route.signed:  # an upload names its repo in its signed URL, and carries no token
                 signed_for = repo_ref(raw.pop("kind"), raw.pop("namespace"), raw.pop("name"))
             if route.repo is not None:  # the repo first: a missing or private one is all it says
+                self._id_span = (match.start("namespace"), match.end("name"))
                 kind = raw.pop("kind", None) or ("datasets" if raw.pop("datasets", None)
                                                  else "models")
                 params["repo"] = self._repo(kind, raw.pop("namespace"), raw.pop("name"),
@@ -910,7 +920,10 @@ class _Handler(BaseHTTPRequestHandler):
             return getattr(self, route.handler)(**params)
         unknown = _REPO_PREFIX.match(path)
         if unknown:  # a route of a repo that is not here (as the Hub answers): typed
+            self._id_span = (unknown.start("namespace"), unknown.end("name"))
             self._repo(unknown["kind"], unquote(unknown["namespace"]), unquote(unknown["name"]))
+        if bare := _NO_NAMESPACE_FILE.match(path):
+            self._no_namespace("models", unquote(bare["name"]))
         raise StoreError(404, f"No route for {method} {shown(path)}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
@@ -920,6 +933,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(401, "You must be authenticated to write to this endpoint "
                              "(pass a token).")
         if not self.hub.store.exists(repo):
+            self._moved(repo, token)
             raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
         # A private repo needs a valid token; without tokens nobody reads one.
         if not self.hub.may_read(repo, token):
@@ -927,6 +941,23 @@ class _Handler(BaseHTTPRequestHandler):
                 " (it may be private: pass a token)." if self.hub.tokens else "."),
                 "RepoNotFound")
         return repo
+
+    def _moved(self, repo: RepoRef, token: str | None) -> None:
+        """A moved repo's old id, to someone who may read the repo now: a read is redirected
+        (307, the path with the new id, as the Hub does), a write told where it went."""
+        target = self.hub.store.moved_to(repo)
+        if target is None or not self.hub.may_read(target, token):
+            return  # as any missing repo (a private repo's new id stays hidden)
+        if self.command in ("GET", "HEAD") and self._id_span is not None:
+            start, end = self._id_span
+            split = urlsplit(self.path)
+            location = (split.path[:start] + f"{quote(target.namespace, safe='')}/"
+                        f"{quote(target.name, safe='')}" + split.path[end:]
+                        + (f"?{split.query}" if split.query else ""))
+            raise StoreError(307, f"Repository {repo.repo_id} was moved to {target.repo_id}.",
+                             headers={"Location": location})
+        raise StoreError(404, f"Repository {repo.repo_id} not found (it was moved to "
+                              f"{target.repo_id}).", "RepoNotFound")
 
     def _uploading_to(self, repo: RepoRef) -> RepoRef:
         """The repo an upload URL was signed for, as stored: 404 when it is gone."""
@@ -1005,11 +1036,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.hub.store.delete_ref(repo, ref_kind, ref)
         self.send_json({})
 
-    def _settings(self, repo: RepoRef, body: bool | None) -> None:
-        if body:
+    def _settings(self, repo: RepoRef, body: bodies.RepoSettings) -> None:
+        """Privacy only: a setting this endpoint does not serve is refused, never answered 200
+        and dropped (asking for what already holds, gated=false or xetEnabled=false, is
+        taken)."""
+        if body.gated:
+            raise StoreError(422, f"This endpoint does not serve gated repos (gated="
+                                  f"{shown(body.gated)} is refused): its repos are public or "
+                                  "private.")
+        if body.xet:
+            raise StoreError(422, "This endpoint does not serve Xet storage (xetEnabled=true "
+                                  "is refused).")
+        if body.private:
             self._no_private_repos()
-        if body is not None:  # the new privacy; None: left as it is
-            self.hub.store.set_private(repo, body)
+        if body.private is not None:  # the new privacy; None: left as it is
+            self.hub.store.set_private(repo, body.private)
         self.send_json({"private": self.hub.store.is_private(repo)})
 
     # --- handlers --------------------------------------------------------------------------------
@@ -1120,15 +1161,16 @@ class _Handler(BaseHTTPRequestHandler):
                             if formatted else {})}
                         for c in self.hub.store.history(repo, revision)])
 
-    def _preupload(self, repo: RepoRef, revision: Revision,
-                   body: list[bodies.PreuploadFile]) -> None:
+    def _preupload(self, repo: RepoRef, revision: Revision, body: bodies.Preupload) -> None:
         try:
             tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
         except StoreError:
             tree = {}
-        ignored = _gitignore_patterns(self.hub.store, tree)
+        # The .gitignore this upload commits, if any, else the repo's (as the Hub honours it).
+        ignored = _patterns(body.git_ignore) if body.git_ignore is not None \
+            else _gitignore_patterns(self.hub.store, tree)
         files = []
-        for item in body:
+        for item in body.files:
             path = item.path
             lfs = _is_lfs(path, item.size, item.sample)
             result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
@@ -1356,7 +1398,12 @@ def _gitignore_patterns(store: HubStore, tree: dict[str, Any]) -> list[str]:
     entry = tree.get(".gitignore")
     if entry is None:
         return []
-    text = store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+    return _patterns(store.blob_path(entry["sha256"]).read_text(encoding="utf-8",
+                                                                errors="replace"))
+
+
+def _patterns(text: str) -> list[str]:
+    """The patterns of a ``.gitignore``'s text (blank lines and comments dropped)."""
     return [line.strip() for line in text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
 

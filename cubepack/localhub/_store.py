@@ -163,6 +163,7 @@ class HubStore:
         self._index: dict[tuple[str, str, str], RepoRef] | None = None
         self._index_guard = threading.Lock()
         self._objects = Objects(self.root)
+        self._moves_guard = threading.Lock()
         # Uploads interrupted by a killed server left their temp files: nothing refers to them.
         for leftover in (self.root / "blobs").glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
@@ -222,6 +223,35 @@ class HubStore:
             self._indexed(target, True)
             self._commits.forget(repo)
             self._objects.moved(repo, target)
+            self._record_move(repo, target)
+
+    def moved_to(self, repo: RepoRef) -> RepoRef | None:
+        """Where ``repo`` (no repo now) was moved, when a repo is there: its old id leads to
+        it, as on the Hub."""
+        with self._moves_guard:
+            moves = self._moves()
+        key = "/".join(_folded(repo))
+        if key not in moves:
+            return None
+        target = self.find(RepoRef(*moves[key].split("/")))
+        return target if self.exists(target) else None
+
+    def _moves(self) -> dict[str, str]:
+        path = self.root / "repos" / "moved.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def _record_move(self, repo: RepoRef, target: RepoRef) -> None:
+        """Caller holds both repos' locks: ``repo``'s old id now leads to ``target``, and so
+        does every id that led to ``repo``; ``target``'s own id is a repo again."""
+        new = "/".join((target.kind, target.namespace, target.name))
+        with self._moves_guard:
+            moves = self._moves()
+            old = "/".join(_folded(repo))
+            moves = {key: new if "/".join(_folded(RepoRef(*value.split("/")))) == old
+                     else value for key, value in moves.items()}
+            moves[old] = new
+            moves.pop("/".join(_folded(target)), None)
+            atomic.write_text(self.root / "repos" / "moved.json", canonical.dumps(moves))
 
     def set_private(self, repo: RepoRef, private: bool) -> None:
         with self._lock(repo):
@@ -355,12 +385,13 @@ class HubStore:
         return commits
 
     def create_ref(self, repo: RepoRef, kind: str, name: str, revision: Revision | str) -> None:
-        """Create tag or branch ``name`` at ``revision``; 409 when it exists."""
-        if problem := new_ref_problem(name):  # git's rules, as the client checks them
-            raise StoreError(400, f"Invalid {kind} name {name!r}: {problem}.")
+        """Create tag or branch ``name`` at ``revision``; 404 when the revision is not there
+        (the Hub's first answer), 400 for a name git refuses, 409 when it exists."""
         with self._lock(repo):
             refs = self.refs(repo)
             target = self.resolve(repo, revision)
+            if problem := new_ref_problem(name):  # git's rules, as the client checks them
+                raise StoreError(400, f"Invalid {kind} name {shown(name)}: {problem}.")
             group = "tags" if kind == "tag" else "branches"
             if name in refs[group]:
                 where = "tags" if kind == "tag" else "heads"
