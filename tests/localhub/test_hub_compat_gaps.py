@@ -104,3 +104,40 @@ def test_a_tag_on_a_missing_revision_names_the_revision(api):
     api.create_repo("ns/repo")
     with pytest.raises(RevisionNotFoundError):
         api.create_tag("ns/repo", tag="invalid tag", revision="foobar")
+
+
+def test_xet_storage_asked_for_in_settings_is_refused(hub, api):
+    """0.36 sends ``xetEnabled``; 2.x has no argument for it: raw HTTP, both."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    api.create_repo("ns/repo")
+    address = urlsplit(hub.url)
+    for asked, status in ((True, 422), (False, 200)):
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+        connection.request("PUT", "/api/models/ns/repo/settings",
+                           json.dumps({"xetEnabled": asked}),
+                           {"Authorization": f"Bearer {TOKEN}",
+                            "Content-Type": "application/json"})
+        assert connection.getresponse().status == status
+        connection.close()
+
+
+def test_a_gitattributes_lfs_pattern_decides_the_upload_mode(api):
+    """huggingface_hub's suite: a repo whose .gitattributes tracks *.png by LFS stores a 10-byte
+    PNG as an LFS file, as the Hub does (the endpoint judged by size and suffix alone)."""
+    api.create_repo("ns/repo")
+    api.upload_file(path_or_fileobj=b"*.png filter=lfs diff=lfs merge=lfs -text\n",
+                    path_in_repo=".gitattributes", repo_id="ns/repo")
+    api.upload_file(path_or_fileobj=b"0123456789", path_in_repo="image.png", repo_id="ns/repo")
+    [sibling] = [s for s in api.model_info("ns/repo", files_metadata=True).siblings
+                 if s.rfilename == "image.png"]
+    assert sibling.lfs is not None
+
+
+def test_auth_check_answers_for_a_readable_repo(api):
+    api.create_repo("ns/repo", repo_type="dataset")
+    api.auth_check("ns/repo", repo_type="dataset")  # no error: readable
+    with pytest.raises(RepositoryNotFoundError):
+        api.auth_check("ns/missing")

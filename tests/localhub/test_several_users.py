@@ -367,3 +367,10 @@ def test_hub_gc_keeps_what_a_repo_folder_the_endpoint_no_longer_serves_holds(tok
     assert run_gc(root)["removed"] == 0
     for oid in DIGESTS.values():
         assert (root / "blobs" / oid).exists()
+
+
+def test_a_private_repo_is_401_and_a_missing_one_404_without_a_token(tokened, monkeypatch):
+    """What the endpoint does not hide (local-hub.md says so): whether an id exists."""
+    push_secret(api_for(tokened, TOKEN, monkeypatch))
+    assert raw(tokened, "GET", "/api/datasets/victim/secret")[0] == 401
+    assert raw(tokened, "GET", "/api/datasets/victim/nothing")[0] == 404
