@@ -355,21 +355,21 @@ class PreuploadFile:
 
 @dataclass(frozen=True)
 class Preupload:
-    """``POST .../preupload/{rev}``: the files, and the ``.gitignore`` the same upload commits
-    (None: it commits none; the repo's own applies)."""
+    """``POST .../preupload/{rev}``: the files, and the ``.gitignore`` and ``.gitattributes``
+    the same upload commits (None: it commits none; the repo's own applies)."""
 
     files: list[PreuploadFile]
     git_ignore: str | None
+    git_attributes: str | None = None
 
 
 @json_object
 def preupload(body: Fields) -> Preupload:
     """``{files: [{path, sample (base64), size}], gitIgnore?, gitAttributes?}``."""
-    git_ignore = body.text("gitIgnore")
-    body.text("gitAttributes")
+    git_ignore, git_attributes = body.text("gitIgnore"), body.text("gitAttributes")
     return Preupload([PreuploadFile(item.text("path", required=True, nonempty=True),
                                     item.integer("size", default=0), item.base64("sample"))
-                      for item in body.objects("files")], git_ignore)
+                      for item in body.objects("files")], git_ignore, git_attributes)
 
 
 @json_object

@@ -204,6 +204,7 @@ ROUTES = (
     _route("POST", _REPO + "/discussions/{num}/comment/{event}/edit", "_edit_comment", "write",
            body=bodies.edited_comment),
     _route("PUT", _REPO + "/settings", "_settings", "write", body=bodies.repo_settings),
+    _route("GET", _REPO + "/auth-check", "_auth_check", "read"),
     _route("GET|POST", _REPO + "/{xet}", "_no_xet", "read"),
     _route("GET|POST|PUT|DELETE", "/api/{kind}/{namespace}[/]", "_no_namespace"),
     _route("GET|HEAD", _FILES + "/resolve/{revision}/{path*}", "_resolve", "read"),
@@ -1013,6 +1014,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _repo_info(self, repo: RepoRef, revision: Revision | str = "main") -> None:
         self.send_json(self._info(repo, revision))
 
+    def _auth_check(self, repo: RepoRef) -> None:
+        """The repo is readable with this request's credentials (the routing checked it)."""
+        self.send_json({})
+
     def _refs(self, repo: RepoRef) -> None:
         refs = self.hub.store.refs(repo)
         self.send_json({
@@ -1169,10 +1174,12 @@ class _Handler(BaseHTTPRequestHandler):
         # The .gitignore this upload commits, if any, else the repo's (as the Hub honours it).
         ignored = _patterns(body.git_ignore) if body.git_ignore is not None \
             else _gitignore_patterns(self.hub.store, tree)
+        tracked = _lfs_patterns(body.git_attributes if body.git_attributes is not None
+                                else _repo_text(self.hub.store, tree, ".gitattributes"))
         files = []
         for item in body.files:
             path = item.path
-            lfs = _is_lfs(path, item.size, item.sample)
+            lfs = _is_lfs(path, item.size, item.sample) or _ignored(path, tracked)
             result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
                       "shouldIgnore": _ignored(path, ignored)}
             if path in tree:
@@ -1395,11 +1402,22 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 
 def _gitignore_patterns(store: HubStore, tree: dict[str, Any]) -> list[str]:
     """The patterns of the repo's ``.gitignore`` at this revision (the Hub honours it)."""
-    entry = tree.get(".gitignore")
+    return _patterns(_repo_text(store, tree, ".gitignore"))
+
+
+def _repo_text(store: HubStore, tree: dict[str, Any], path: str) -> str:
+    """A small text file of the tree (``.gitignore``, ``.gitattributes``); "" when absent."""
+    entry = tree.get(path)
     if entry is None:
-        return []
-    return _patterns(store.blob_path(entry["sha256"]).read_text(encoding="utf-8",
-                                                                errors="replace"))
+        return ""
+    return store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+
+
+def _lfs_patterns(text: str) -> list[str]:
+    """The patterns a ``.gitattributes`` tracks by LFS (``*.png filter=lfs ...``): such files
+    are LFS files whatever their size, as on the Hub."""
+    return [fields[0] for fields in (line.split() for line in text.splitlines())
+            if len(fields) > 1 and not fields[0].startswith("#") and "filter=lfs" in fields[1:]]
 
 
 def _patterns(text: str) -> list[str]:
