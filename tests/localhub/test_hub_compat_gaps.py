@@ -87,6 +87,10 @@ def test_a_moved_repos_old_id_leads_to_the_new_one(api):
         anonymous.repo_info("ns/before")
     api.move_repo("ns/after", "ns/before")  # the old id is a repo again: no redirect
     assert api.repo_info("ns/before").id == "ns/before"
+    api.move_repo("ns/before", "ns/third")
+    api.create_repo("ns/before")  # a new repo at an old id: it leads nowhere else, then or later
+    api.delete_repo("ns/before")
+    assert not api.repo_exists("ns/before")
 
 
 def test_settings_the_endpoint_does_not_serve_are_refused(api):

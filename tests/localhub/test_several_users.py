@@ -374,3 +374,22 @@ def test_a_private_repo_is_401_and_a_missing_one_404_without_a_token(tokened, mo
     push_secret(api_for(tokened, TOKEN, monkeypatch))
     assert raw(tokened, "GET", "/api/datasets/victim/secret")[0] == 401
     assert raw(tokened, "GET", "/api/datasets/victim/nothing")[0] == 404
+
+
+def test_an_upload_record_survives_a_restart(root, monkeypatch):
+    """Uploaded for a repo, then the server restarts before the commit: the object is still the
+    repo's (a push resumed after a restart needs no second upload)."""
+    data = b"uploaded before a restart " * 4000
+    oid = hashlib.sha256(data).hexdigest()
+    with InstrumentedHub(root, tokens=[TOKEN]) as hub:
+        api_for(hub, TOKEN, monkeypatch).create_repo("ns/push", repo_type="dataset")
+        body = json.dumps({"operation": "upload", "objects": [{"oid": oid, "size": len(data)}]})
+        answer = raw(hub, "POST", "/datasets/ns/push.git/info/lfs/objects/batch",
+                     body.encode(), TOKEN)[1]
+        upload = urlsplit(answer["objects"][0]["actions"]["upload"]["href"])
+        assert raw(hub, "PUT", f"{upload.path}?{upload.query}", data)[0] == 200
+    with InstrumentedHub(root, tokens=[TOKEN]) as hub:
+        answer = raw(hub, "POST", "/datasets/ns/push.git/info/lfs/objects/batch",
+                     body.encode(), TOKEN)[1]
+        assert "actions" not in answer["objects"][0]  # already the repo's
+        assert link(hub, "ns/push", "data.bin", oid, TOKEN)[0] == 200
