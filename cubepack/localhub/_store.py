@@ -240,6 +240,13 @@ class HubStore:
         path = self.root / "repos" / "moved.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
+    def _forget_move(self, repo: RepoRef) -> None:
+        """``repo``'s id is a repo now (created there): it leads nowhere else, then or later."""
+        with self._moves_guard:
+            moves = self._moves()
+            if moves.pop("/".join(_folded(repo)), None) is not None:
+                atomic.write_text(self.root / "repos" / "moved.json", canonical.dumps(moves))
+
     def _record_move(self, repo: RepoRef, target: RepoRef) -> None:
         """Caller holds both repos' locks: ``repo``'s old id now leads to ``target``, and so
         does every id that led to ``repo``; ``target``'s own id is a repo again."""
@@ -323,6 +330,7 @@ class HubStore:
                 {"branches": {"main": commit}, "tags": {}}))
             atomic.write_text(folder / "repo.json", canonical.dumps({"private": private}))
             self._indexed(repo, True)
+            self._forget_move(repo)
             return True
 
     def refs(self, repo: RepoRef) -> dict[str, dict[str, str]]:
