@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 import threading
 import traceback
@@ -862,10 +863,13 @@ def hub_group() -> None:
 @click.option("--quiet", is_flag=True, help="No request log (one line per request otherwise).")
 @click.option("--user", default="local", show_default=True,
               help="The account whoami reports; the namespace of repos created without one.")
+@click.option("--max-upload-size", "max_upload", default="50G", show_default=True,
+              metavar="SIZE", help="Largest file an upload may announce (bytes, or with K, M, G "
+                                   "or T: powers of 1024); a larger one is refused up front.")
 @_json_option(help="Print one JSON object once listening (url, root); the request log goes "
                    "to stderr.")
 def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
-                      quiet: bool, user: str, as_json: bool) -> None:
+                      quiet: bool, user: str, max_upload: str, as_json: bool) -> None:
     """Serve a local stand-in for the Hugging Face Hub (not a Hub replacement)."""
     from .localhub import LocalHub
 
@@ -875,14 +879,28 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
 
     try:
         hub = LocalHub(root, host=host, port=port, tokens=list(tokens),
-                       log=None if quiet else log, user=user)
+                       log=None if quiet else log, user=user,
+                       max_upload_bytes=_size(max_upload, "--max-upload-size"))
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another "
                              "port with --port (or another --host).") from exc
         raise
     open_to_all = "no --token given: anyone who can reach this port may create and push repos"
-    _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens)}, as_json,
+    hidden = [] if tokens else hub.store.private_repos()
+    if hidden:  # a root served with tokens before: its private repos stay private, unserved
+        count = f"{len(hidden)} private repo{'s' if len(hidden) != 1 else ''}"
+        open_to_all += (f"\n{count} in {root} not served: without --token no repo can be "
+                        "private (restart with --token to serve them)")
+    unserved = hub.store.unserved()
+    if unserved:  # made before the endpoint followed the client's rule for ids
+        several = len(unserved) != 1
+        click.echo(f"{len(unserved)} repo folder{'s' if several else ''} under {root}/repos "
+                   f"{'have ids' if several else 'has an id'} huggingface_hub refuses (e.g. "
+                   f"{unserved[0].relative_to(Path(root) / 'repos').as_posix()}): not served; "
+                   "rename them to serve them", err=True)
+    _emit({"url": hub.url, "root": os.path.abspath(root), "tokens": len(tokens),
+           "private_repos_not_served": len(hidden)}, as_json,
           lambda data: f"serving {root} at {data['url']}  (use: HF_ENDPOINT={data['url']}; "
                        "Ctrl-C stops)" + ("" if tokens else f"\n{open_to_all}"))
     sys.stdout.flush()
@@ -892,6 +910,37 @@ def hub_serve_command(root: str, host: str, port: int, tokens: tuple[str, ...],
         hub.serve_forever()
     except KeyboardInterrupt:
         hub.stop()
+
+
+def _size(text: str, option: str) -> int:
+    """A size from the command line: digits, optionally followed by K, M, G or T (x1024)."""
+    match = re.fullmatch(r"\s*([0-9]{1,15})\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise UsageError(f"{option} takes a size in bytes, or with K, M, G or T (e.g. 50G), not "
+                         f"{text!r}.")
+    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+
+
+@hub_group.command("gc")
+@click.argument("root", type=click.Path(file_okay=False))
+@_json_option(help="Print one JSON object: removed, freed, expired_uploads, kept.")
+def hub_gc_command(root: str, as_json: bool) -> None:
+    """Remove the blobs no repo of ROOT holds (safe while `cubepack hub serve` runs on it).
+
+    A blob is kept while a commit of any repo names it, or an upload for a repo made it less
+    than a day ago (a push in progress); the records of older uploads are removed first.
+    """
+    from .localhub import collect_garbage
+
+    if not (Path(root) / "blobs").is_dir():
+        raise UsageError(f"{root} is not the root of a local endpoint (it has no blobs folder); "
+                         "name the folder `cubepack hub serve --root` serves.")
+    done = collect_garbage(root)
+    _emit(done.as_dict(), as_json,
+          lambda data: f"removed {data['removed']} blob{'s' if data['removed'] != 1 else ''} "
+                       f"({data['freed']} bytes) no repo holds; kept {data['kept']}; "
+                       f"expired {data['expired_uploads']} abandoned upload record"
+                       f"{'s' if data['expired_uploads'] != 1 else ''}")
 
 
 def _runtime_group(name: str, doc: str) -> Any:

@@ -63,7 +63,7 @@ PUBLIC = {
                      "upgrade", "verify"],
     "cubepack.hub": ["HubClient", "LineageResult", "PullResult", "PushResult", "lineage",
                      "parse_repo_spec", "pull", "push", "resolve_revision", "verify_remote"],
-    "cubepack.localhub": ["HubStore", "LocalHub"],
+    "cubepack.localhub": ["HubStore", "LocalHub", "collect_garbage"],
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
                      "model_identity", "prefill", "save_prompt_cache"],
     "cubepack.llamacpp": ["export_state", "import_state", "load", "load_state", "save_state"],

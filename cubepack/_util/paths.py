@@ -27,7 +27,7 @@ WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
 WINDOWS_FORBIDDEN = frozenset('<>:"|?*')
 
 
-def check_relpath(name: object, *, portable: bool = True) -> str:
+def check_relpath(name: object) -> str:
     """Return ``name`` if it is a safe relative POSIX path inside a cube; else raise.
 
     Safe means: a non-empty string, relative, ``/``-separated, no ``.``/``..``/empty segments,
@@ -35,9 +35,8 @@ def check_relpath(name: object, *, portable: bool = True) -> str:
     every common file system can hold, since a cube is meant to be pulled anywhere: none of
     ``<>:"|?*``, no segment ending in a dot or a space (Windows strips them, so ``a.`` would
     be ``a``), no segment that is a Windows device name (CON, PRN, AUX, NUL, COM0-9, LPT0-9,
-    in any case, with or without an extension). ``portable=False`` keeps only the safety part
-    (the local endpoint stores what the Hub stores: cubepack refuses such names in cubes, not
-    in every repo).
+    in any case, with or without an extension). (A repo on the local endpoint takes what the
+    Hub takes: :func:`cubepack.localhub._ids.repo_path`.)
     """
     if not isinstance(name, str) or not name:
         _refuse(name, "is not a non-empty string", "name the file")
@@ -56,8 +55,6 @@ def check_relpath(name: object, *, portable: bool = True) -> str:
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
         _refuse(name, "has an empty, '.' or '..' segment; it could escape the cube")
-    if not portable:
-        return name
     forbidden = sorted(set(name) & WINDOWS_FORBIDDEN)
     if forbidden:
         _refuse(name, f"contains {''.join(forbidden)!r}, which Windows forbids in file names "

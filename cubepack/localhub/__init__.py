@@ -7,7 +7,8 @@ requests and discussions) and answers the routes the real ``huggingface_hub`` cl
 and download. No Xet, no web UI. It binds to 127.0.0.1 unless told otherwise.
 """
 
+from ._objects import collect_garbage
 from ._server import LocalHub
 from ._store import HubStore
 
-__all__ = ["HubStore", "LocalHub"]
+__all__ = ["HubStore", "LocalHub", "collect_garbage"]

@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from .._util import canonical
-from .._util.paths import check_relpath
-from ..errors import UnsafeInputError
 from ._errors import StoreError, bad_request, shown
 from ._ids import (
     Revision,
@@ -34,6 +32,7 @@ from ._ids import (
     new_repo_ref,
     parse_revision,
     repo_name,
+    repo_path,
 )
 from ._store import AddFile, AddLfsFile, DeleteFile, DeleteFolder, Operation, RepoRef
 
@@ -206,15 +205,16 @@ class Fields:
             raise bad_request(f"{self.name(key)} is not valid base64.") from None
 
     def path(self, key: str, *, folder: bool = False) -> str:
-        """A path inside a repo: relative, no ``.``/``..``/empty segment, no backslash or
-        control character (what the Hub stores); ``folder``: a trailing ``/`` is dropped."""
+        """A path inside a repo, as the Hub stores it (:func:`._ids.repo_path`: a 422 naming
+        the field and the rule); ``folder``: a trailing ``/`` is dropped."""
         value = self.text(key, required=True)
         if folder:
             value = value.rstrip("/")
         try:
-            return check_relpath(value, portable=False)
-        except UnsafeInputError as exc:  # its message says which rule
-            raise bad_request(f"{self.name(key)} is not a path inside a repo: {exc}") from None
+            return repo_path(value)
+        except StoreError as exc:  # its message says which rule
+            raise StoreError(exc.status, f"{self.name(key)} is not a path inside a repo: "
+                                         f"{exc}") from None
 
 
 def json_object(parse: Callable[[Fields], T]) -> Callable[[bytes, str], T]:
@@ -297,27 +297,37 @@ def move_repo(body: Fields) -> MoveRepo:
                     new_repo_ref(kind, *target.split("/"), what=body.name("toRepo")))
 
 
+@dataclass(frozen=True)
+class RepoSettings:
+    """``PUT .../settings``: the new privacy (None: unchanged), the gating and Xet asked for
+    (None: not asked)."""
+
+    private: bool | None
+    gated: str | bool | None
+    xet: bool | None
+
+
 @json_object
-def repo_settings(body: Fields) -> bool | None:
-    """``{private? (0.36), visibility? (2.x), gated?, xetEnabled?}`` -> the new privacy (None:
-    unchanged). Gating and Xet are not served here: checked, then ignored."""
+def repo_settings(body: Fields) -> RepoSettings:
+    """``{private? (0.36), visibility? (2.x), gated?, xetEnabled?}``."""
     private = body.flag("private", None)
     visibility = body.choice("visibility", ("private", "public", None))
     gated = body.data.get("gated")
     if gated not in (None, False, "auto", "manual"):
         raise bad_request(f"{body.name('gated')} must be false, 'auto' or 'manual', not "
                           f"{shown(gated)}.")
-    body.flag("xetEnabled", None)
+    xet = body.flag("xetEnabled", None)
     if private is None and visibility is not None:
         private = visibility == "private"
-    return private
+    return RepoSettings(private, gated, xet)
 
 
 @json_object
 def new_tag(body: Fields) -> str:
-    """``{tag, message?}`` -> the tag's name (git's rules, no ``refs/``)."""
+    """``{tag, message?}`` -> the tag's name, as sent: the store checks it against git's rules
+    once the revision it tags is found (a missing revision is what the Hub answers first)."""
     body.text("message")
-    return new_ref_name(body.text("tag", required=True), "tag")
+    return body.text("tag", required=True)
 
 
 @json_object
@@ -343,13 +353,23 @@ class PreuploadFile:
     sample: bytes
 
 
+@dataclass(frozen=True)
+class Preupload:
+    """``POST .../preupload/{rev}``: the files, and the ``.gitignore`` and ``.gitattributes``
+    the same upload commits (None: it commits none; the repo's own applies)."""
+
+    files: list[PreuploadFile]
+    git_ignore: str | None
+    git_attributes: str | None = None
+
+
 @json_object
-def preupload(body: Fields) -> list[PreuploadFile]:
-    """``{files: [{path, sample (base64), size}], gitIgnore?}``."""
-    body.text("gitIgnore"), body.text("gitAttributes")
-    return [PreuploadFile(item.text("path", required=True, nonempty=True),
-                          item.integer("size", default=0), item.base64("sample"))
-            for item in body.objects("files")]
+def preupload(body: Fields) -> Preupload:
+    """``{files: [{path, sample (base64), size}], gitIgnore?, gitAttributes?}``."""
+    git_ignore, git_attributes = body.text("gitIgnore"), body.text("gitAttributes")
+    return Preupload([PreuploadFile(item.text("path", required=True, nonempty=True),
+                                    item.integer("size", default=0), item.base64("sample"))
+                      for item in body.objects("files")], git_ignore, git_attributes)
 
 
 @json_object

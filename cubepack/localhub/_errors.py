@@ -10,9 +10,10 @@ from __future__ import annotations
 class StoreError(Exception):
     """A request the store refuses; carries the HTTP status and the Hub's X-Error-Code."""
 
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.headers = status, code, headers or {}
 
 
 def bad_request(message: str) -> StoreError:

@@ -4,8 +4,14 @@ A request names repos, revisions, commits, pull requests and discussions, commen
 in its path and in its body. Each becomes a file name or a look-up key of the store, so each is
 parsed here, by one function per kind of id, before any handler or the store sees it:
 
-* a repo (``kind``, ``namespace``, ``name``) -> :class:`RepoRef` (names of 1-96 characters,
-  no leading dot: never ``..``);
+* a repo (``kind``, ``namespace``, ``name``) -> :class:`RepoRef`: an id huggingface_hub's own
+  :func:`~huggingface_hub.utils.validate_repo_id` takes, ASCII, with a namespace of at most 96
+  characters (so never ``..``, ``a-`` or ``x.git``; 0.36's validator reads ``\\w`` as Unicode
+  and bounds no namespace, 2.x's and the Hub's do both). The client's rule is called, not
+  copied: a copy drifted and created ids the client refuses;
+* a path in a repo -> :func:`repo_path`: the Hub's rule (a backslash is part of a name; no
+  ``.``/``..``/empty segment, no leading ``..\\``, no ``.git`` or ``.cache`` folder, which the
+  client refuses to write);
 * a revision -> :class:`Revision`: a 40-hex commit id, ``refs/pr/N``, or a branch or tag name
   that git accepts (optionally ``refs/heads/``- or ``refs/tags/``-prefixed). The store resolves
   it to a commit id by look-ups; its text is never joined into a path;
@@ -23,13 +29,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from .._util.paths import MAX_PATH_LENGTH
 from .._util.revision import is_commit, new_ref_problem, ref_name_problem
 from ._errors import StoreError, bad_request, shown
 
 REPO_TYPES = {"models": "model", "datasets": "dataset"}
-#: A repo's namespace or name, as the Hub allows them; the leading character is never a dot, so
-#: ``.`` and ``..`` are not names.
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
+#: Folders the client refuses to write files under (huggingface_hub's FORBIDDEN_FOLDERS).
+FORBIDDEN_FOLDERS = (".git", ".cache")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
 _EVENT = re.compile(r"[0-9a-f]{24}")
@@ -50,8 +58,7 @@ class RepoRef:
     name: str
 
     def __post_init__(self) -> None:
-        if self.kind not in REPO_TYPES or not is_repo_name(self.namespace) \
-                or not is_repo_name(self.name):
+        if self.kind not in REPO_TYPES or not is_repo_id(self.namespace, self.name):
             raise StoreError(404, f"Repository {shown(self.namespace)}/{shown(self.name)} not "
                                   "found.", "RepoNotFound")
 
@@ -64,10 +71,24 @@ class RepoRef:
         return REPO_TYPES[self.kind]
 
 
-def is_repo_name(value: object) -> bool:
-    """True for a namespace or repo name the Hub allows (1-96 characters of ``A-Za-z0-9._-``,
-    not starting with a dot or a dash)."""
-    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+def repo_id_problem(repo_id: object) -> str | None:
+    """Why the client refuses ``repo_id`` (``name`` or ``namespace/name``), in its own words,
+    or why it is no id here (not ASCII); None when it is one."""
+    if not isinstance(repo_id, str) or not repo_id.isascii():
+        return "a repo id is ASCII: letters, digits, '-', '_' and '.'"
+    if len(repo_id.split("/")[0]) > 96:  # 2.x and the Hub bound a namespace too; 0.36 did not
+        return "a namespace is at most 96 characters"
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as refusal:  # its words, the id quoted as ours are (escaped, cut)
+        return str(refusal).replace(f"'{repo_id}'", shown(repo_id)).replace(repo_id, "the id")
+    return None
+
+
+def is_repo_id(namespace: object, name: object) -> bool:
+    """True for a repo id ``namespace/name`` the client takes."""
+    return isinstance(namespace, str) and isinstance(name, str) and "/" not in namespace \
+        and "/" not in name and repo_id_problem(f"{namespace}/{name}") is None
 
 
 def is_sha256(value: object) -> bool:
@@ -84,10 +105,12 @@ def repo_ref(kind: str, namespace: str, name: str) -> RepoRef:
 
 
 def new_repo_ref(kind: str, namespace: str, name: str, what: str = "The repo id") -> RepoRef:
-    """A repo to create or move to: 400 saying ``what`` is wrong when the Hub allows no repo of
-    that id."""
+    """A repo to create or move to: 400 saying ``what`` is wrong when the client takes no repo
+    of that id (its own message)."""
     for part in (namespace, name):
         repo_name(part, f"{what} {shown(f'{namespace}/{name}')}: each part")
+    if problem := repo_id_problem(f"{namespace}/{name}"):
+        raise bad_request(f"{what} {shown(f'{namespace}/{name}')} is refused: {problem}")
     return RepoRef(kind, namespace, name)
 
 
@@ -164,11 +187,46 @@ def blob_oid(value: object, what: str = "The oid") -> str:
 
 
 def repo_name(value: object, what: str = "The repo name") -> str:
-    """A namespace or repo name to create, or a 400 saying ``what`` must be one."""
-    if not is_repo_name(value):
-        raise bad_request(f"{what} must be 1-96 characters of A-Z a-z 0-9 . _ -, not starting "
-                          f"with '.' or '-', not {shown(value)}.")
+    """A namespace or repo name as a body gives it: one non-empty name without ``/`` (the id it
+    makes is checked whole, by :func:`new_repo_ref`), or a 400 saying ``what`` must be one."""
+    if not isinstance(value, str) or not value or "/" in value:
+        raise bad_request(f"{what} must be one name, without '/', not {shown(value)}.")
+    return value
+
+
+def repo_path(value: object) -> str:
+    """A path in a repo, as the Hub stores it, or a 422 saying what is wrong. A path is only
+    ever a key of a commit's tree here, never a file name; the rule is the Hub's: a backslash is
+    part of a name (``folder/..\\..\\file`` is stored), but a path is not empty, at most
+    1024 characters, without control characters, relative, without an empty, ``.`` or ``..``
+    segment, not starting with ``..\\`` or ``\\`` or a drive (``C:``), and not under a ``.git``
+    or ``.cache`` folder (the client refuses to write there)."""
+    problem = None
+    if not isinstance(value, str) or not value:
+        problem = "a path is a non-empty string"
+    elif not _encodable(value):
+        problem = "it is not valid Unicode (it holds a lone surrogate)"
+    elif len(value) > MAX_PATH_LENGTH:
+        problem = f"it is longer than {MAX_PATH_LENGTH} characters"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        problem = "it holds a control character"
+    elif any(part in ("", ".", "..") for part in value.split("/")):
+        problem = "it has an empty, '.' or '..' segment (or starts or ends with '/')"
+    elif value.split("\\")[0] in ("", "..") or re.match(r"[A-Za-z]:", value):
+        problem = "read on Windows it starts outside the repo ('..\\', '\\' or a drive)"
+    elif any(part in FORBIDDEN_FOLDERS for part in value.split("/")):
+        problem = "the client writes nothing under a '.git' or '.cache' folder"
+    if problem is not None:
+        raise StoreError(422, f"Invalid path {shown(value)}: {problem}.")
     return value  # type: ignore[return-value]
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def discussion_number(value: str) -> int:

@@ -21,6 +21,7 @@ import math
 import re
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +29,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from .._util import constants
 from . import _bodies as bodies
 from ._errors import StoreError, shown
 from ._ids import (
@@ -170,8 +172,10 @@ ROUTES = (
     _route("POST", "/api/repos/move", "_move_repo", auth=True, body=bodies.move_repo),
     _route("POST", "/api/validate-yaml", "_validate_yaml", auth=True, body=bodies.validate_yaml),
     _route("GET", "/api/whoami-v2", "_whoami"),
-    _route("PUT", "/lfs/upload/{oid}", "_lfs_upload", body=STREAM, signed=True),
-    _route("POST", "/lfs/verify/{oid}", "_lfs_verify", body=bodies.lfs_verify, signed=True),
+    _route("PUT", "/lfs/upload/{kind}/{namespace}/{name}/{oid}", "_lfs_upload", body=STREAM,
+           signed=True),
+    _route("POST", "/lfs/verify/{kind}/{namespace}/{name}/{oid}", "_lfs_verify",
+           body=bodies.lfs_verify, signed=True),
     _route("POST", _FILES + ".git/info/lfs/objects/batch", "_lfs_batch", "write",
            body=bodies.lfs_batch),
     _route("GET", _REPO + "[/]", "_repo_info", "read"),
@@ -200,19 +204,40 @@ ROUTES = (
     _route("POST", _REPO + "/discussions/{num}/comment/{event}/edit", "_edit_comment", "write",
            body=bodies.edited_comment),
     _route("PUT", _REPO + "/settings", "_settings", "write", body=bodies.repo_settings),
+    _route("GET", _REPO + "/auth-check", "_auth_check", "read"),
     _route("GET|POST", _REPO + "/{xet}", "_no_xet", "read"),
     _route("GET|POST|PUT|DELETE", "/api/{kind}/{namespace}[/]", "_no_namespace"),
     _route("GET|HEAD", _FILES + "/resolve/{revision}/{path*}", "_resolve", "read"),
 )
-#: Any path below a repo: a route of a repo that is not here still answers RepoNotFound.
-_REPO_PREFIX = _compile(_REPO + "/{path}")
+#: Any path of a repo (or one named like one: ``/api/models/missing_repo_id/like``): a route
+#: of a repo that is not here still answers RepoNotFound.
+_REPO_PREFIX = _compile(_REPO + "[/{path}]")
+#: A file of a repo id without a namespace (``/gpt2/resolve/main/x``): no such repo here.
+_NO_NAMESPACE_FILE = _compile("/[{datasets}/]{name}/resolve/{path}")
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
 #: stream to disk and are limited by their signed size instead.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
-#: Requests served at once; more wait for a free thread instead of spawning one each.
-MAX_CONNECTIONS = 64
+#: Connections served at once (a thread each); more wait, without a thread, for one to end.
+MAX_CONNECTIONS = 256
+#: Connections one client (an address) is served at once, uploads among them: its others wait
+#: their turn without a thread, so one client cannot take the endpoint's threads, and 64
+#: hostile clients holding one each leave most of them to everyone else. When a thread ends,
+#: the waiting connection of the client served least goes first.
+MAX_CLIENT_CONNECTIONS = 16
+#: Connections waiting for a thread, for one client and in all; beyond, a new one is closed.
+MAX_CLIENT_WAITING = 4 * MAX_CLIENT_CONNECTIONS
+MAX_WAITING = 1024
+#: The rate floor of an upload and of a download (the low-speed rule of cubepack's own client,
+#: curl's --speed-limit/--speed-time): a transfer that moves fewer than LOW_SPEED_LIMIT bytes/s
+#: over a window of LOW_SPEED_TIME seconds is dropped, whatever size it announced (an upload's
+#: deadline once was its size at 1 MiB/s: 12 days for 1 TiB sent a byte a second).
+LOW_SPEED_LIMIT = constants.DEFAULT_LOW_SPEED_LIMIT
+LOW_SPEED_TIME = constants.DEFAULT_LOW_SPEED_TIME
+#: Largest object an upload may announce (the Hub's own limit per file is 50 GB); a larger one
+#: is refused in the LFS batch answer, before any byte is sent.
+MAX_UPLOAD_BYTES = 50 * 1024**3
 #: Seconds a connection has for a request's line and headers (under 8 KiB, which a live client
 #: sends in one packet): a client trickling them cannot hold one of the MAX_CONNECTIONS threads.
 HEAD_TIMEOUT = 10.0
@@ -220,10 +245,13 @@ HEAD_TIMEOUT = 10.0
 #: which huggingface_hub 2.x drops idle connections itself, so it never reuses one we are
 #: closing (0.36 checks a pooled socket before reusing it).
 IDLE_TIMEOUT = 8.0
-#: A body must arrive within BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far
-#: below loopback or a LAN, so holding a thread costs a client a steady 1 MiB/s each.
+#: A body read into memory (a commit's, at most MAX_BODY_BYTES) must arrive within
+#: BODY_TIMEOUT + its length / MIN_BODY_RATE seconds: 8 Mbit/s, far below loopback or a LAN, so
+#: the memory it takes is held a bounded time. An upload streams to disk under the rate floor.
 BODY_TIMEOUT = 10.0
 MIN_BODY_RATE = 1024 * 1024
+#: Seconds between an idle keep-alive connection's looks at whether connections wait.
+IDLE_CHECK = 0.25
 #: Seconds one write of an answer may block on a client that stopped reading.
 WRITE_TIMEOUT = 60.0
 #: Longest chunk-size or trailer line of a chunked body.
@@ -240,13 +268,20 @@ class LocalHub:
 
     Args:
         tokens: accepted bearer tokens. When given, writes and private reads need one of them;
-            when empty, anyone who can reach the port may write (bind to loopback!).
+            when empty, anyone who can reach the port may write (bind to loopback!), and no repo
+            can be private: none is created or made private, and one already private is served
+            to nobody (a made-up token reads no more than no token).
         log: called with one line per request (client, method, path, status) and per dropped
             connection; None: silent.
         user: the account ``whoami`` reports and the namespace of repos created without one.
         head_timeout, idle_timeout, body_timeout, min_body_rate, write_timeout: the deadlines
             (see :data:`HEAD_TIMEOUT` and the others); a request that misses one is dropped.
+        low_speed_limit, low_speed_time: the rate floor of uploads and downloads (see
+            :data:`LOW_SPEED_LIMIT`); 0 turns it off.
         max_body_bytes: largest request body read into memory.
+        max_upload_bytes: largest object an upload may announce.
+        max_connections, max_client_connections: connections served at once, in all and for
+            one client address (see :data:`MAX_CONNECTIONS`).
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -254,7 +289,11 @@ class LocalHub:
                  user: str = "local", *, head_timeout: float = HEAD_TIMEOUT,
                  idle_timeout: float = IDLE_TIMEOUT, body_timeout: float = BODY_TIMEOUT,
                  min_body_rate: float = MIN_BODY_RATE, write_timeout: float = WRITE_TIMEOUT,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 low_speed_limit: float = LOW_SPEED_LIMIT,
+                 low_speed_time: float = LOW_SPEED_TIME,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_client_connections: int = MAX_CLIENT_CONNECTIONS):
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
@@ -262,8 +301,11 @@ class LocalHub:
         self.head_timeout, self.idle_timeout = head_timeout, idle_timeout
         self.body_timeout, self.min_body_rate = body_timeout, min_body_rate
         self.write_timeout, self.max_body_bytes = write_timeout, max_body_bytes
+        self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
+        self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
-        self._httpd = _BoundedServer((host, port), _handler_for(self))
+        self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
+                                     max_client_connections)
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -298,8 +340,24 @@ class LocalHub:
 
     def send_file(self, handler: _Handler, handle: Any, offset: int, count: int) -> None:
         """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
-        to the socket (sendfile), no bytes pass through Python."""
-        handler.connection.sendfile(handle, offset=offset, count=count)
+        to the socket (sendfile), no bytes pass through Python; held to the rate floor."""
+        sock, end = handler.connection, offset + count
+        window = self.floor.window() if self.floor else None
+        try:
+            while offset < end:
+                piece = min(end - offset, _READ_SIZE)
+                if window is not None:
+                    sock.settimeout(max(window.left(), 0.001))
+                handle.seek(offset)
+                try:
+                    sent = sock.sendfile(handle, offset=offset, count=piece)
+                except TimeoutError:  # the window ended first: what did it move?
+                    sent = handle.tell() - offset
+                offset += sent
+                if window is not None:
+                    window.moved(sent, "answer")
+        finally:
+            sock.settimeout(self.write_timeout)
 
     def count_upload(self, key: str, size: int) -> None:
         """Called for every uploaded chunk (``lfs:<oid>``, ``file:<path>``, ``path:<path>``)."""
@@ -310,43 +368,183 @@ class LocalHub:
     def connection_changed(self, delta: int) -> None:
         """Called when a connection starts (+1) or stops (-1) holding a thread."""
 
-    def sign(self, oid: str, size: int) -> str:
-        return hmac.new(self._secret, f"{oid}:{size}".encode(), hashlib.sha256).hexdigest()
+    def waiting_connections(self) -> int:
+        """Connections accepted and waiting for a thread (their client's, or any)."""
+        return self._httpd.waiting_count()
+
+    def sign(self, repo: RepoRef, oid: str, size: int) -> str:
+        """The signature of an upload of ``oid`` (``size`` bytes) for ``repo``."""
+        message = f"{repo.kind}/{repo.namespace}/{repo.name}:{oid}:{size}"
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
+
+    def valid_token(self, token: str | None) -> bool:
+        """Whether ``token`` is one of the endpoint's (never, when it has none)."""
+        return token is not None and any(hmac.compare_digest(token.encode("utf-8", "replace"),
+                                                             known.encode())
+                                         for known in self.tokens)
 
     def authorized(self, token: str | None) -> bool:
-        return not self.tokens or token in self.tokens
+        """Whether ``token`` may write: any request when the endpoint has no tokens."""
+        return not self.tokens or self.valid_token(token)
+
+    def may_read(self, repo: RepoRef, token: str | None) -> bool:
+        """Whether a request with ``token`` reads ``repo`` (which exists): a public repo, or a
+        private one with a valid token."""
+        return not self.store.is_private(repo) or self.valid_token(token)
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most :data:`MAX_CONNECTIONS` at once."""
+    """A thread per connection served: at most ``limit`` at once, and ``per_client`` for one
+    client address. A connection beyond either waits, accepted but without a thread, and is
+    served when one ends: first the waiting connection whose client is served least (so a
+    client that holds many waits behind one that holds none), oldest first. Bounded waiting:
+    beyond :data:`MAX_CLIENT_WAITING` for a client or :data:`MAX_WAITING` in all, a new
+    connection is closed at once."""
 
     daemon_threads = True
-    request_queue_size = 2 * MAX_CONNECTIONS  # connections waiting for a thread queue here
+    request_queue_size = 128  # the accept loop never blocks: only bursts queue in the kernel
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    def __init__(self, address: Any, handler: Any, limit: int, per_client: int):
+        super().__init__(address, handler)
+        self.limit, self.per_client = limit, per_client
+        self._guard = threading.Lock()
+        self._served: dict[str, int] = {}
+        self._total = 0
+        self._waiting: dict[str, list[tuple[Any, Any]]] = {}
+        self._waiting_total = 0
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
+        client = client_address[0]
+        with self._guard:
+            if self._total < self.limit and self._served.get(client, 0) < self.per_client:
+                self._start(request, client_address)
+                return
+            queue = self._waiting.setdefault(client, [])
+            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < MAX_WAITING:
+                queue.append((request, client_address))
+                self._waiting_total += 1
+                return
+            if not queue:
+                del self._waiting[client]
+        self.shutdown_request(request)  # too many waiting already: closed, unanswered
+        log = getattr(self.RequestHandlerClass, "hub").log
+        if log is not None:
+            log(f'{client} "-" dropped: too many connections from this client waiting')
+
+    def _start(self, request: Any, client_address: Any) -> None:
+        """Caller holds ``_guard``."""
+        client = client_address[0]
+        self._served[client] = self._served.get(client, 0) + 1
+        self._total += 1
+        thread = threading.Thread(target=self.process_request_thread,
+                                  args=(request, client_address), daemon=True)
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._slots.release()
+            self._ended(client)
+            self.shutdown_request(request)
             raise
+
+    def _ended(self, client: str) -> None:
+        """Caller holds ``_guard``: a connection of ``client`` ended; serve the next waiting."""
+        self._total -= 1
+        self._served[client] -= 1
+        if not self._served[client]:
+            del self._served[client]
+        ready = [other for other, queue in self._waiting.items()
+                 if queue and self._served.get(other, 0) < self.per_client]
+        if ready and self._total < self.limit:
+            chosen = min(ready, key=lambda other: self._served.get(other, 0))
+            queue = self._waiting[chosen]
+            request, address = queue.pop(0)
+            if not queue:
+                del self._waiting[chosen]
+            self._waiting_total -= 1
+            self._start(request, address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._guard:
+                self._ended(client_address[0])
+
+    def waiting_count(self) -> int:
+        with self._guard:
+            return self._waiting_total
+
+    def crowded(self) -> bool:
+        """Whether connections wait for a thread: then an answer closes its connection, so an
+        idle keep-alive connection holds no thread another client waits for."""
+        return self._waiting_total > 0
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What escaped a connection's handler (a client gone while its answer was written):
+        one log line, never a traceback on the console."""
+        error = sys.exc_info()[1]
+        log = getattr(self.RequestHandlerClass, "hub").log
+        if log is not None:
+            log(f'{client_address[0]} "-" dropped: {type(error).__name__}: '
+                f'{shown(str(error), 200)}')
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._guard:
+            waiting = [request for queue in self._waiting.values() for request, _ in queue]
+            self._waiting.clear()
+            self._waiting_total = 0
+        for request in waiting:
+            self.shutdown_request(request)
+
+
+@dataclass
+class _Floor:
+    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall."""
+
+    limit: float
+    seconds: float
+
+    def window(self) -> _Window:
+        return _Window(self)
+
+
+class _Window:
+    """One transfer judged by the floor: a window opens; each time it has moved ``limit *
+    seconds`` bytes a new one opens; a window still open after ``seconds`` has stalled."""
+
+    def __init__(self, floor: _Floor):
+        self.floor = floor
+        self.opened, self.count = time.monotonic(), 0
+
+    def left(self) -> float:
+        """Seconds until the open window is judged."""
+        return self.opened + self.floor.seconds - time.monotonic()
+
+    def moved(self, count: int, phase: str) -> None:
+        """Count ``count`` bytes moved; raise :class:`RequestDeadline` if the window stalled."""
+        self.count += count
+        if self.count >= self.floor.limit * self.floor.seconds:
+            self.opened, self.count = time.monotonic(), 0
+        elif self.left() <= 0:
+            raise RequestDeadline(phase, self.floor.seconds, stalled=(self.count, self.floor))
 
 
 class RequestDeadline(Exception):
-    """A request, or the wait for the next one, missed its deadline: the connection is dropped."""
+    """A request, or the wait for the next one, missed its deadline, or a transfer fell below
+    the rate floor (``stalled``: bytes moved in the window, and the floor), or the client went
+    away mid-request (``gone``): the connection is dropped, with one log line."""
 
-    def __init__(self, phase: str, seconds: float):
-        super().__init__(f"{phase} not received within {seconds:g} s")
+    def __init__(self, phase: str, seconds: float = 0.0,
+                 stalled: tuple[int, _Floor] | None = None, gone: str | None = None):
+        if gone is not None:
+            text = gone
+        elif stalled is not None:
+            count, floor = stalled
+            text = (f"{phase} moved {count} byte{'s' if count != 1 else ''} in "
+                    f"{floor.seconds:g} s (under {floor.limit:g} bytes/s)")
+        else:
+            text = f"{phase} not received within {seconds:g} s"
+        super().__init__(text)
         self.phase = phase
 
 
@@ -360,12 +558,19 @@ class _DeadlineReader(io.RawIOBase):
         self._sock, self._write_timeout = sock, write_timeout
         self.phase, self.seconds, self.deadline = "request head", 0.0, math.inf
         self._then: tuple[str, float] | None = None
+        self._window: _Window | None = None
+        #: Whether connections wait for a thread (the server's): an idle keep-alive connection
+        #: then closes instead of holding its thread for the rest of ``idle_timeout``.
+        self.crowded: Callable[[], bool] | None = None
 
-    def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None) -> None:
+    def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None,
+               floor: _Floor | None = None) -> None:
         """From now, ``phase`` must arrive within ``seconds``; with ``then``, the first byte
-        starts that (phase, seconds) deadline instead (an idle connection's next request)."""
+        starts that (phase, seconds) deadline instead (an idle connection's next request);
+        with ``floor``, each window of it must also move its bytes."""
         self.phase, self.seconds, self._then = phase, seconds, then
         self.deadline = time.monotonic() + seconds
+        self._window = floor.window() if floor is not None else None
 
     def allow(self, seconds: float) -> None:
         """Extend the current deadline (a chunked body, as each chunk's size arrives)."""
@@ -376,16 +581,32 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise RequestDeadline(self.phase, self.seconds)
-        self._sock.settimeout(remaining)
-        try:
-            count = self._sock.recv_into(buffer)
-        except TimeoutError:
-            raise RequestDeadline(self.phase, self.seconds) from None
-        finally:
-            self._sock.settimeout(self._write_timeout)
+        window = self._window
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestDeadline(self.phase, self.seconds)
+            if window is not None:
+                remaining = min(remaining, max(window.left(), 0.001))
+            idle = self.phase == "next request" and self.crowded is not None
+            if idle:  # look up now and then: an idle connection yields to waiting ones
+                remaining = min(remaining, IDLE_CHECK)
+            self._sock.settimeout(remaining)
+            try:
+                count = self._sock.recv_into(buffer)
+                break
+            except TimeoutError:
+                if window is not None and window.left() <= 0:
+                    window.moved(0, self.phase)  # raises: the window stalled
+                if idle and self.crowded():
+                    raise RequestDeadline(self.phase, self.seconds) from None  # closed quietly
+            except ConnectionError as exc:
+                raise RequestDeadline(self.phase, gone=f"{self.phase}: the client went away "
+                                                       f"({type(exc).__name__})") from None
+            finally:
+                self._sock.settimeout(self._write_timeout)
+        if window is not None:
+            window.moved(count, self.phase)
         if count and self._then is not None:
             self.expect(*self._then)
         return count
@@ -408,6 +629,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()  # reads go through the deadline instead
         self._reader = _DeadlineReader(self.connection, self.hub.write_timeout)
+        self._reader.crowded = self.server.crowded
         self.rfile = io.BufferedReader(self._reader)
         self.connection.settimeout(self.hub.write_timeout)
         # An answer goes out as two writes (headers, then body): with Nagle's algorithm the
@@ -444,6 +666,11 @@ class _Handler(BaseHTTPRequestHandler):
                         f'dropped: {missed}')
         self._served += 1
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Every answer names a request id, as the Hub's do (the client quotes it in errors)."""
+        super().send_response(code, message)
+        self.send_header("X-Request-Id", secrets.token_hex(12))
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the stdlib's own lines go to stderr unformatted; we log requests ourselves
 
@@ -473,6 +700,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         # One handler serves every request of a keep-alive connection: reset per request.
         self._body_read = False
+        self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
         self.route: Route | None = None
         split = urlsplit(self.path)
@@ -486,8 +714,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._declared_length()
             self._route(method, path)
         except StoreError as exc:
-            self._drain()
-            self._send_error(exc.status, str(exc), exc.code)
+            try:
+                self._drain()
+                self._send_error(exc.status, str(exc), exc.code, exc.headers)
+            except OSError:  # the client went away before its answer: logged once, above
+                self.close_connection = True
         except RequestDeadline:
             raise  # dropped by handle_one_request, unanswered
         except (BrokenPipeError, ConnectionResetError):
@@ -498,9 +729,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self.hub.log is not None:
                 self.hub.log(f"{self.client_address[0]} \"{method} {shown(path)}\" failed: "
                              f"{type(exc).__name__}: {shown(str(exc), 300)}")
-            self._drain()
-            self._send_error(500, f"Internal error ({type(exc).__name__}); the endpoint's log "
-                                  "has the details.")
+            try:
+                self._drain()
+                self._send_error(500, f"Internal error ({type(exc).__name__}); the endpoint's "
+                                      "log has the details.")
+            except OSError:
+                self.close_connection = True
 
     def _token(self) -> str | None:
         header = self.headers.get("Authorization", "")
@@ -527,12 +761,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # the rest of the body is never read
         return StoreError(413, f"Request body larger than {limit} bytes.")
 
-    def _chunks(self, limit: int):
+    def _chunks(self, limit: int, *, upload: bool = False):
         """The request body in pieces of at most 1 MiB, never more than ``limit`` bytes in all:
-        a declared length or chunk size beyond what is left is refused before it is read. The
-        body must arrive within ``body_timeout`` + its length / ``min_body_rate``."""
+        a declared length or chunk size beyond what is left is refused before it is read. A
+        body read into memory must arrive within ``body_timeout`` + its length /
+        ``min_body_rate``; an ``upload`` (streamed to disk) is held to the rate floor instead,
+        whatever its size."""
         self._body_read = True
         hub = self.hub
+        if upload:
+            self._reader.expect("upload", math.inf, floor=hub.floor)
+            yield from self._read_exactly(self._upload_length(limit))
+            return
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self._reader.expect("request body", hub.body_timeout)
             left = limit
@@ -555,12 +795,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
         yield from self._read_exactly(length)
 
+    def _upload_length(self, size: int) -> int:
+        """An upload's length: its signed ``size``, declared (not chunked: the clients send a
+        length, and a length is what the floor and the cap are checked against)."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self.close_connection = True
+            raise StoreError(411, "An upload declares its Content-Length.")
+        length = self._declared_length()
+        if length > size:
+            raise self._too_large(size)
+        return length
+
     def _read_exactly(self, count: int):
+        total = count
         while count > 0:
             piece = self.rfile.read(min(count, _READ_SIZE))
-            if not piece:
-                self.close_connection = True
-                raise StoreError(400, "Request body ended early.")
+            if not piece:  # the client closed its side: nobody is waiting for an answer
+                raise RequestDeadline(self._reader.phase, gone=(
+                    f"{self._reader.phase} ended after {total - count} of {total} bytes (the "
+                    "client went away)"))
             count -= len(piece)
             yield piece
 
@@ -611,11 +864,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        self._end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _end_headers(self) -> None:
+        """End an answer's headers, closing its connection when connections wait for a thread
+        (an idle keep-alive connection would hold one)."""
+        if self.server.crowded():
+            self.close_connection = True
         if self.close_connection:  # say so, or the client reuses a socket about to close
             self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
     def send_json(self, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(data).encode(), "application/json", headers)
@@ -643,21 +903,28 @@ class _Handler(BaseHTTPRequestHandler):
             raw = {key: unquote(value) for key, value in match.groupdict().items()
                    if value is not None}
             params: dict[str, Any] = {}
+            if route.signed:  # an upload names its repo in its signed URL, and carries no token
+                signed_for = repo_ref(raw.pop("kind"), raw.pop("namespace"), raw.pop("name"))
             if route.repo is not None:  # the repo first: a missing or private one is all it says
+                self._id_span = (match.start("namespace"), match.end("name"))
                 kind = raw.pop("kind", None) or ("datasets" if raw.pop("datasets", None)
                                                  else "models")
                 params["repo"] = self._repo(kind, raw.pop("namespace"), raw.pop("name"),
                                             write=route.repo == "write")
             # The edge: every id of the path parsed into its type before the handler runs...
             params.update({key: SEGMENTS[key].parse(value) for key, value in raw.items()})
-            if route.signed:  # the signed size is the upload's authorization
-                params["size"] = self._signed(params["oid"])
+            if route.signed:  # the signed size and repo are the upload's authorization
+                params["size"] = self._signed(signed_for, params["oid"])
+                params["repo"] = self._uploading_to(signed_for)
             if callable(route.body):  # ... and the body, into its typed value
                 params["body"] = route.body(self._body(), self.headers.get("Content-Type", ""))
             return getattr(self, route.handler)(**params)
         unknown = _REPO_PREFIX.match(path)
         if unknown:  # a route of a repo that is not here (as the Hub answers): typed
+            self._id_span = (unknown.start("namespace"), unknown.end("name"))
             self._repo(unknown["kind"], unquote(unknown["namespace"]), unquote(unknown["name"]))
+        if bare := _NO_NAMESPACE_FILE.match(path):
+            self._no_namespace("models", unquote(bare["name"]))
         raise StoreError(404, f"No route for {method} {shown(path)}.")
 
     def _repo(self, kind: str, namespace: str, name: str, *, write: bool = False) -> RepoRef:
@@ -667,12 +934,57 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(401, "You must be authenticated to write to this endpoint "
                              "(pass a token).")
         if not self.hub.store.exists(repo):
+            self._moved(repo, token)
             raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
-        # A private repo needs a token (a valid one, when the endpoint has a token list).
-        if self.hub.store.is_private(repo) and (not token or not self.hub.authorized(token)):
-            raise StoreError(401, f"Repository {repo.repo_id} not found (it may be private: "
-                             "pass a token).", "RepoNotFound")
+        # A private repo needs a valid token; without tokens nobody reads one.
+        if not self.hub.may_read(repo, token):
+            raise StoreError(401, f"Repository {repo.repo_id} not found" + (
+                " (it may be private: pass a token)." if self.hub.tokens else "."),
+                "RepoNotFound")
         return repo
+
+    def _moved(self, repo: RepoRef, token: str | None) -> None:
+        """A moved repo's old id, to someone who may read the repo now: a read is redirected
+        (307, the path with the new id, as the Hub does), a write told where it went."""
+        target = self.hub.store.moved_to(repo)
+        if target is None or not self.hub.may_read(target, token):
+            return  # as any missing repo (a private repo's new id stays hidden)
+        if self.command in ("GET", "HEAD") and self._id_span is not None:
+            start, end = self._id_span
+            split = urlsplit(self.path)
+            location = (split.path[:start] + f"{quote(target.namespace, safe='')}/"
+                        f"{quote(target.name, safe='')}" + split.path[end:]
+                        + (f"?{split.query}" if split.query else ""))
+            raise StoreError(307, f"Repository {repo.repo_id} was moved to {target.repo_id}.",
+                             headers={"Location": location})
+        raise StoreError(404, f"Repository {repo.repo_id} not found (it was moved to "
+                              f"{target.repo_id}).", "RepoNotFound")
+
+    def _uploading_to(self, repo: RepoRef) -> RepoRef:
+        """The repo an upload URL was signed for, as stored: 404 when it is gone."""
+        stored = self.hub.store.find(repo)
+        if not self.hub.store.exists(stored):
+            raise StoreError(404, f"Repository {repo.repo_id} not found.", "RepoNotFound")
+        return stored
+
+    def _may_read(self) -> Callable[[RepoRef], bool]:
+        """This request's reach, for a commit that names other repos' objects."""
+        token = self._token()
+
+        def may_read(other: RepoRef) -> bool:
+            try:
+                return self.hub.may_read(other, token)
+            except OSError:  # deleted meanwhile
+                return False
+
+        return may_read
+
+    def _no_private_repos(self) -> None:
+        """A server without tokens keeps no repo private: refuse to make one."""
+        if not self.hub.tokens:
+            raise StoreError(403, "This endpoint was started without --token, so no repo on it "
+                                  "can be private: restart it with --token to keep private "
+                                  "repos, or make this one public.")
 
     # --- account and repos -----------------------------------------------------------------------
     def _validate_yaml(self, body: None) -> None:
@@ -702,6 +1014,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _repo_info(self, repo: RepoRef, revision: Revision | str = "main") -> None:
         self.send_json(self._info(repo, revision))
 
+    def _auth_check(self, repo: RepoRef) -> None:
+        """The repo is readable with this request's credentials (the routing checked it)."""
+        self.send_json({})
+
     def _refs(self, repo: RepoRef) -> None:
         refs = self.hub.store.refs(repo)
         self.send_json({
@@ -725,9 +1041,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.hub.store.delete_ref(repo, ref_kind, ref)
         self.send_json({})
 
-    def _settings(self, repo: RepoRef, body: bool | None) -> None:
-        if body is not None:  # the new privacy; None: left as it is
-            self.hub.store.set_private(repo, body)
+    def _settings(self, repo: RepoRef, body: bodies.RepoSettings) -> None:
+        """Privacy only: a setting this endpoint does not serve is refused, never answered 200
+        and dropped (asking for what already holds, gated=false or xetEnabled=false, is
+        taken)."""
+        if body.gated:
+            raise StoreError(422, f"This endpoint does not serve gated repos (gated="
+                                  f"{shown(body.gated)} is refused): its repos are public or "
+                                  "private.")
+        if body.xet:
+            raise StoreError(422, "This endpoint does not serve Xet storage (xetEnabled=true "
+                                  "is refused).")
+        if body.private:
+            self._no_private_repos()
+        if body.private is not None:  # the new privacy; None: left as it is
+            self.hub.store.set_private(repo, body.private)
         self.send_json({"private": self.hub.store.is_private(repo)})
 
     # --- handlers --------------------------------------------------------------------------------
@@ -737,6 +1065,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.send_json({})
 
     def _create_repo(self, body: bodies.NewRepo) -> None:
+        if body.private:
+            self._no_private_repos()
         namespace = body.namespace or self.hub.user
         repo = self.hub.store.find(new_repo_ref(body.kind, namespace, body.name))
         created = self.hub.store.create(repo, body.private)
@@ -836,17 +1166,20 @@ class _Handler(BaseHTTPRequestHandler):
                             if formatted else {})}
                         for c in self.hub.store.history(repo, revision)])
 
-    def _preupload(self, repo: RepoRef, revision: Revision,
-                   body: list[bodies.PreuploadFile]) -> None:
+    def _preupload(self, repo: RepoRef, revision: Revision, body: bodies.Preupload) -> None:
         try:
             tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
         except StoreError:
             tree = {}
-        ignored = _gitignore_patterns(self.hub.store, tree)
+        # The .gitignore this upload commits, if any, else the repo's (as the Hub honours it).
+        ignored = _patterns(body.git_ignore) if body.git_ignore is not None \
+            else _gitignore_patterns(self.hub.store, tree)
+        tracked = _lfs_patterns(body.git_attributes if body.git_attributes is not None
+                                else _repo_text(self.hub.store, tree, ".gitattributes"))
         files = []
-        for item in body:
+        for item in body.files:
             path = item.path
-            lfs = _is_lfs(path, item.size, item.sample)
+            lfs = _is_lfs(path, item.size, item.sample) or _ignored(path, tracked)
             result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
                       "shouldIgnore": _ignored(path, ignored)}
             if path in tree:
@@ -857,32 +1190,42 @@ class _Handler(BaseHTTPRequestHandler):
                          if tree else None})
 
     def _lfs_batch(self, repo: RepoRef, body: list[tuple[str, int]]) -> None:
+        """Per repo: an object this repo holds needs no upload; any other (another repo's
+        included) is uploaded, for this repo, by URLs signed for it."""
         objects = []
+        where = f"{repo.kind}/{repo.namespace}/{repo.name}"
         for oid, size in body:
             entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
-            if not self.hub.store.has_blob(oid, size):
-                signature = self.hub.sign(oid, size)
+            if size > self.hub.max_upload_bytes:  # refused before a byte is sent
+                entry["error"] = {"code": 422, "message": (
+                    f"Object {oid} is {size} bytes; this endpoint takes uploads of at most "
+                    f"{self.hub.max_upload_bytes} bytes (cubepack hub serve "
+                    "--max-upload-size).")}
+            elif not self.hub.store.holds(repo, oid, size):
+                query = f"size={size}&sig={self.hub.sign(repo, oid, size)}"
                 entry["actions"] = {
-                    "upload": {"href": f"{self._base()}/lfs/upload/{oid}?size={size}&sig={signature}"},
-                    "verify": {"href": f"{self._base()}/lfs/verify/{oid}?size={size}&sig={signature}"},
-                }
+                    action: {"href": f"{self._base()}/lfs/{action}/{where}/{oid}?{query}"}
+                    for action in ("upload", "verify")}
             objects.append(entry)
         self._send(200, json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
                    .encode(), "application/vnd.git-lfs+json")
 
-    def _signed(self, oid: str) -> int:
-        """The size an upload or verify URL was signed for; 403 unless the URL is one this
-        endpoint signed (the query is the client's: a size that is no number, or a signature
-        that is not ASCII, is a bad signature, not a crash)."""
+    def _signed(self, repo: RepoRef, oid: str) -> int:
+        """The size an upload or verify URL was signed for (for ``repo``); 403 unless the URL
+        is one this endpoint signed (the query is the client's: a size that is no number, or a
+        signature that is not ASCII, is a bad signature, not a crash)."""
         size, signature = self.query.get("size", [""])[0], self.query.get("sig", [""])[0]
         if not re.fullmatch(r"[0-9]{1,16}", size) or not hmac.compare_digest(
-                signature.encode("utf-8", "replace"), self.hub.sign(oid, int(size)).encode()):
+                signature.encode("utf-8", "replace"),
+                self.hub.sign(repo, oid, int(size)).encode()):
             raise StoreError(403, "Invalid or missing upload signature.")
         return int(size)
 
-    def _lfs_upload(self, oid: str, size: int) -> None:
-        counted = self._counting(self._chunks(size), f"lfs:{oid}")
-        self.hub.store.put_blob(oid, size, counted)
+    def _lfs_upload(self, repo: RepoRef, oid: str, size: int) -> None:
+        if size > self.hub.max_upload_bytes:  # signed before the maximum was lowered
+            raise self._too_large(self.hub.max_upload_bytes)
+        counted = self._counting(self._chunks(size, upload=True), f"lfs:{oid}")
+        self.hub.store.put_blob(repo, oid, size, counted)
         self.send_json({})
 
     def _counting(self, chunks, key: str):
@@ -890,11 +1233,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.count_upload(key, len(chunk))
             yield chunk
 
-    def _lfs_verify(self, oid: str, size: int, body: tuple[str, int]) -> None:
+    def _lfs_verify(self, repo: RepoRef, oid: str, size: int, body: tuple[str, int]) -> None:
         if body != (oid, size):
             raise StoreError(400, f"The body names {body[0]} ({body[1]} bytes), not the object "
                                   f"this URL verifies, {oid} ({size} bytes).")
-        if not self.hub.store.has_blob(oid, size):
+        if not self.hub.store.holds(repo, oid, size):
             raise StoreError(404, f"Object {oid} was not uploaded.")
         self.send_json({})
 
@@ -904,7 +1247,8 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(operation, AddFile):
                 self.hub.count_upload(f"file:{operation.path}", len(operation.content))
         fields = dict(title=body.summary, message=body.description, parent=body.parent,
-                      operations=body.operations, author=self.hub.user)
+                      operations=body.operations, author=self.hub.user,
+                      may_read=self._may_read())
         number = None
         if create_pr:  # the commit goes to a new refs/pr/N; the branch stays where it is
             commit_id, number = self.hub.store.open_pull_request(repo, revision, **fields)
@@ -1006,7 +1350,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(length))
         for key, value in headers.items():
             self.send_header(key, value)
-        self.end_headers()
+        self._end_headers()
         if self.command == "HEAD":
             return
         self.wfile.flush()
@@ -1058,10 +1402,26 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 
 def _gitignore_patterns(store: HubStore, tree: dict[str, Any]) -> list[str]:
     """The patterns of the repo's ``.gitignore`` at this revision (the Hub honours it)."""
-    entry = tree.get(".gitignore")
+    return _patterns(_repo_text(store, tree, ".gitignore"))
+
+
+def _repo_text(store: HubStore, tree: dict[str, Any], path: str) -> str:
+    """A small text file of the tree (``.gitignore``, ``.gitattributes``); "" when absent."""
+    entry = tree.get(path)
     if entry is None:
-        return []
-    text = store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+        return ""
+    return store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+
+
+def _lfs_patterns(text: str) -> list[str]:
+    """The patterns a ``.gitattributes`` tracks by LFS (``*.png filter=lfs ...``): such files
+    are LFS files whatever their size, as on the Hub."""
+    return [fields[0] for fields in (line.split() for line in text.splitlines())
+            if len(fields) > 1 and not fields[0].startswith("#") and "filter=lfs" in fields[1:]]
+
+
+def _patterns(text: str) -> list[str]:
+    """The patterns of a ``.gitignore``'s text (blank lines and comments dropped)."""
     return [line.strip() for line in text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
 

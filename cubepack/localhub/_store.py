@@ -2,12 +2,16 @@
 
 Layout under the root folder::
 
-    blobs/<sha256>                                   file contents, shared by all repos
+    blobs/<sha256>                                   file contents, stored once for all repos
     repos/<models|datasets>/<ns>/<name>/repo.json    {"private": bool}
+    repos/.../uploads/<sha256>                       an object uploaded for this repo
     repos/.../refs.json                              {"branches": {...}, "tags": {...},
                                                       "pulls": {"<N>": commit}}
     repos/.../commits/<40-hex>.json                  parents, title, message, date, tree
     repos/.../discussions.json                       discussions and pull requests, by number
+
+A repo reads only the blobs it holds (its commits name them, or they were uploaded for it);
+:mod:`._objects` owns that rule and the removal of blobs no repo holds.
 
 A commit's tree maps each path to {sha256, size, git_oid, lfs}. Commits are never rewritten;
 a branch move is a new ``refs.json``. Every write is a temp file renamed into place, under a
@@ -27,8 +31,10 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,6 @@ from typing import Any
 from huggingface_hub.utils.sha import git_hash
 
 from .._util import atomic, canonical
-from .._util.paths import check_relpath
 from .._util.revision import is_commit, new_ref_problem
 from ._errors import StoreError, shown
 from ._ids import (
@@ -44,10 +49,18 @@ from ._ids import (
     REPO_TYPES,
     RepoRef,
     Revision,
-    is_repo_name,
     is_sha256,
     parse_revision,
+    repo_path,
     repo_ref,
+)
+from ._objects import (
+    UPLOAD_GRACE,
+    Collected,
+    Objects,
+    collect_garbage,
+    repo_folders,
+    unserved_folders,
 )
 
 # Re-exported: callers and tests have imported these from the store since before _ids.
@@ -97,10 +110,6 @@ class DeleteFolder:
 
 
 Operation = AddFile | AddLfsFile | DeleteFile | DeleteFolder
-
-
-def _listing(folder: Path) -> list[str]:
-    return sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
 
 
 def _folded(repo: RepoRef) -> tuple[str, str, str]:
@@ -153,6 +162,8 @@ class HubStore:
         self._commits = _CommitCache(COMMIT_CACHE_ENTRIES)
         self._index: dict[tuple[str, str, str], RepoRef] | None = None
         self._index_guard = threading.Lock()
+        self._objects = Objects(self.root)
+        self._moves_guard = threading.Lock()
         # Uploads interrupted by a killed server left their temp files: nothing refers to them.
         for leftover in (self.root / "blobs").glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
@@ -168,13 +179,8 @@ class HubStore:
 
     def _scan(self) -> dict[tuple[str, str, str], RepoRef]:
         index = {}
-        for kind in REPO_TYPES:
-            base = self.root / "repos" / kind
-            for namespace in filter(is_repo_name, _listing(base)):  # never a stray folder
-                for name in filter(is_repo_name, _listing(base / namespace)):
-                    repo = RepoRef(kind, namespace, name)
-                    if self.exists(repo):
-                        index.setdefault(_folded(repo), repo)
+        for repo, _ in repo_folders(self.root):  # never a stray folder
+            index.setdefault(_folded(repo), repo)
         return index
 
     def _indexed(self, repo: RepoRef, present: bool) -> None:
@@ -187,12 +193,21 @@ class HubStore:
                 self._index.pop(_folded(repo), None)
 
     def delete(self, repo: RepoRef) -> None:
-        """Delete ``repo`` (its commits and refs; blobs stay, shared and content-addressed)."""
+        """Delete ``repo`` (its commits, refs and upload records), then the blobs it held that
+        no other repo holds."""
         with self._lock(repo):
             self._require(repo)
+            self._objects.ready()  # its holdings are read before its folder goes
             shutil.rmtree(self._dir(repo))
             self._indexed(repo, False)
             self._commits.forget(repo)
+            held = self._objects.forget(repo)
+        self._objects.collect(held, self.blob_path)
+
+    def collect_garbage(self, upload_grace: float = UPLOAD_GRACE) -> Collected:
+        """Remove the blobs no repo holds (see :func:`._objects.collect_garbage`), safely while
+        requests are served."""
+        return collect_garbage(self.root, lock=self._objects.lock, upload_grace=upload_grace)
 
     def move(self, repo: RepoRef, target: RepoRef) -> None:
         """Rename ``repo`` to ``target``; 409 when ``target`` exists."""
@@ -207,6 +222,43 @@ class HubStore:
             self._indexed(repo, False)
             self._indexed(target, True)
             self._commits.forget(repo)
+            self._objects.moved(repo, target)
+            self._record_move(repo, target)
+
+    def moved_to(self, repo: RepoRef) -> RepoRef | None:
+        """Where ``repo`` (no repo now) was moved, when a repo is there: its old id leads to
+        it, as on the Hub."""
+        with self._moves_guard:
+            moves = self._moves()
+        key = "/".join(_folded(repo))
+        if key not in moves:
+            return None
+        target = self.find(RepoRef(*moves[key].split("/")))
+        return target if self.exists(target) else None
+
+    def _moves(self) -> dict[str, str]:
+        path = self.root / "repos" / "moved.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def _forget_move(self, repo: RepoRef) -> None:
+        """``repo``'s id is a repo now (created there): it leads nowhere else, then or later."""
+        with self._moves_guard:
+            moves = self._moves()
+            if moves.pop("/".join(_folded(repo)), None) is not None:
+                atomic.write_text(self.root / "repos" / "moved.json", canonical.dumps(moves))
+
+    def _record_move(self, repo: RepoRef, target: RepoRef) -> None:
+        """Caller holds both repos' locks: ``repo``'s old id now leads to ``target``, and so
+        does every id that led to ``repo``; ``target``'s own id is a repo again."""
+        new = "/".join((target.kind, target.namespace, target.name))
+        with self._moves_guard:
+            moves = self._moves()
+            old = "/".join(_folded(repo))
+            moves = {key: new if "/".join(_folded(RepoRef(*value.split("/")))) == old
+                     else value for key, value in moves.items()}
+            moves[old] = new
+            moves.pop("/".join(_folded(target)), None)
+            atomic.write_text(self.root / "repos" / "moved.json", canonical.dumps(moves))
 
     def set_private(self, repo: RepoRef, private: bool) -> None:
         with self._lock(repo):
@@ -255,9 +307,18 @@ class HubStore:
     def is_private(self, repo: RepoRef) -> bool:
         return bool(json.loads((self._dir(repo) / "repo.json").read_text()).get("private"))
 
+    def private_repos(self) -> list[RepoRef]:
+        """Every private repo of the root."""
+        return [repo for repo, _ in repo_folders(self.root) if self.is_private(repo)]
+
+    def unserved(self) -> list[Path]:
+        """Repo folders whose id the client refuses (made before the endpoint followed its
+        rule): not served; ``cubepack hub gc`` keeps what they hold."""
+        return unserved_folders(self.root)
+
     def create(self, repo: RepoRef, private: bool) -> bool:
         """Create ``repo`` with an initial commit holding ``.gitattributes``; False if it exists."""
-        with self._lock(repo):
+        with self._lock(repo), self._objects.lock.shared():
             if self.exists(repo) or self.exists(self.find(repo)):
                 return False
             folder = self._dir(repo)
@@ -269,6 +330,7 @@ class HubStore:
                 {"branches": {"main": commit}, "tags": {}}))
             atomic.write_text(folder / "repo.json", canonical.dumps({"private": private}))
             self._indexed(repo, True)
+            self._forget_move(repo)
             return True
 
     def refs(self, repo: RepoRef) -> dict[str, dict[str, str]]:
@@ -331,12 +393,13 @@ class HubStore:
         return commits
 
     def create_ref(self, repo: RepoRef, kind: str, name: str, revision: Revision | str) -> None:
-        """Create tag or branch ``name`` at ``revision``; 409 when it exists."""
-        if problem := new_ref_problem(name):  # git's rules, as the client checks them
-            raise StoreError(400, f"Invalid {kind} name {name!r}: {problem}.")
+        """Create tag or branch ``name`` at ``revision``; 404 when the revision is not there
+        (the Hub's first answer), 400 for a name git refuses, 409 when it exists."""
         with self._lock(repo):
             refs = self.refs(repo)
             target = self.resolve(repo, revision)
+            if problem := new_ref_problem(name):  # git's rules, as the client checks them
+                raise StoreError(400, f"Invalid {kind} name {shown(name)}: {problem}.")
             group = "tags" if kind == "tag" else "branches"
             if name in refs[group]:
                 where = "tags" if kind == "tag" else "heads"
@@ -370,17 +433,42 @@ class HubStore:
         path = self.blob_path(sha256)
         return path.is_file() and (size is None or path.stat().st_size == size)
 
-    def put_blob(self, sha256: str, size: int, chunks) -> None:
-        """Store an uploaded blob after checking its sha256 and size."""
-        digest, received = hashlib.sha256(), 0
-        with atomic.atomic_path(self.blob_path(sha256)) as tmp, open(tmp, "wb") as handle:
-            for chunk in chunks:
-                digest.update(chunk)
-                received += len(chunk)
-                handle.write(chunk)
-            handle.flush()
+    def holds(self, repo: RepoRef, sha256: str, size: int) -> bool:
+        """Whether ``repo`` holds blob ``sha256`` of ``size`` bytes (the LFS batch's question:
+        another repo's blob is not this one's)."""
+        with self._objects.lock.shared():
+            return self.has_blob(sha256, size) and \
+                self._objects.holds(repo, self._dir(repo), sha256)
+
+    def put_blob(self, repo: RepoRef, sha256: str, size: int, chunks) -> None:
+        """Store a blob uploaded for ``repo`` after checking its sha256 and size, and record
+        that it was uploaded for ``repo``. The bytes go to a temp file of their own (kept even
+        when the blob is stored already: a collection may remove that one meanwhile); it is
+        placed, or dropped, under the root's lock."""
+        target = self.blob_path(sha256)
+        fd, name = tempfile.mkstemp(prefix=f".{sha256}.", suffix=".tmp", dir=target.parent)
+        tmp = Path(name)
+        try:
+            digest, received = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as handle:
+                for chunk in chunks:
+                    digest.update(chunk)
+                    received += len(chunk)
+                    handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
             if received != size or digest.hexdigest() != sha256:
-                raise StoreError(400, f"Upload does not match its oid/size (got {received} bytes).")
+                raise StoreError(400, f"Upload does not match its oid/size (got {received} "
+                                      "bytes).")
+            with self._lock(repo), self._objects.lock.shared():
+                self._require(repo)  # deleted while the bytes arrived: recorded for nobody
+                if not self.has_blob(sha256, size):
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, target)
+                self._objects.uploaded(repo, self._dir(repo), sha256)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
     def _store_blob(self, data: bytes, *, lfs: bool) -> dict[str, Any]:
         sha256 = hashlib.sha256(data).hexdigest()
@@ -391,9 +479,10 @@ class HubStore:
     # --- commits ---------------------------------------------------------------------------------
     def apply_commit(self, repo: RepoRef, revision: Revision | str, *, title: str, message: str,
                      parent: str | None, operations: list[Operation],
-                     author: str = "") -> str:
+                     author: str = "", may_read: Callable[[RepoRef], bool] | None = None) -> str:
         """Create a commit on branch ``revision``, or on open pull request ``refs/pr/N``, from
-        ``operations``; return its id.
+        ``operations``; return its id. An LFS operation may name only an object ``repo`` holds
+        or one a repo that ``may_read`` admits holds in its history (None: no other repo).
 
         Raises 412 if ``parent`` is given and is not the head (someone pushed first).
         """
@@ -401,7 +490,7 @@ class HubStore:
         if parent is not None and not is_commit(parent):
             raise StoreError(400, f"Invalid parent commit {shown(parent)}: a commit id is 40 "
                                   "lower-case hex digits.")
-        with self._lock(repo):
+        with self._lock(repo), self._objects.lock.shared():
             refs = self.refs(repo)
             group, name = self._moving_ref(repo, refs, revision)
             head = refs[group][name]
@@ -411,7 +500,7 @@ class HubStore:
                                  f"{revision}, {head})")
             tree = dict(self.commit(repo, head)["tree"])
             for operation in operations:
-                self._apply(tree, operation)
+                self._apply(repo, tree, operation, may_read)
             commit = self._write_commit(repo, parents=[head], tree=tree, title=title, message=message)
             refs[group][name] = commit
             atomic.write_text(self._dir(repo) / "refs.json", canonical.dumps(refs))
@@ -440,13 +529,14 @@ class HubStore:
 
     def open_pull_request(self, repo: RepoRef, base: Revision | str, *, title: str,
                           message: str, parent: str | None, operations: list[Operation],
-                          author: str) -> tuple[str, int]:
+                          author: str, may_read: Callable[[RepoRef], bool] | None = None
+                          ) -> tuple[str, int]:
         """Propose ``operations`` to branch ``base``: a commit on top of ``parent`` (default:
         the head of ``base``), the new ref ``refs/pr/N`` pointing at it, and discussion N (its
         first comment is ``message``). ``base`` does not move until the request is merged.
-        Returns (commit id, N)."""
+        Returns (commit id, N); ``may_read`` as for :meth:`apply_commit`."""
         base = parse_revision(base)
-        with self._lock(repo):
+        with self._lock(repo), self._objects.lock.shared():
             refs = self.refs(repo)
             branch = base.branch
             if branch not in refs["branches"]:
@@ -458,7 +548,7 @@ class HubStore:
                 raise StoreError(404, f"Invalid rev id: {start}", "RevisionNotFound")
             tree = dict(self.commit(repo, start)["tree"])
             for operation in operations:
-                self._apply(tree, operation)
+                self._apply(repo, tree, operation, may_read)
             commit = self._write_commit(repo, parents=[start], tree=tree, title=title,
                                         message=message)
             number = self._new_discussion(repo, refs, title=title, description=message,
@@ -633,19 +723,21 @@ class HubStore:
                 todo.extend(self.commit(repo, current)["parents"])
         return seen
 
-    def _apply(self, tree: dict[str, Any], operation: Operation) -> None:
+    def _apply(self, repo: RepoRef, tree: dict[str, Any], operation: Operation,
+               may_read: Callable[[RepoRef], bool] | None) -> None:
+        """Caller holds the repo's lock and the root's lock shared."""
         path = operation.path
         if isinstance(operation, DeleteFolder):
             path = path.rstrip("/")  # the client names folders with a trailing slash
-        try:  # the edge checked it too; the store never trusts a caller with a path
-            check_relpath(path, portable=False)  # what the Hub accepts; pull refuses the rest
-        except Exception as exc:
-            raise StoreError(400, f"Invalid path {shown(path)}: {exc}") from exc
+        repo_path(path)  # the edge checked it too; the store never trusts a caller with a path
         if isinstance(operation, AddFile):
             tree[path] = self._store_blob(operation.content, lfs=False)
         elif isinstance(operation, AddLfsFile):
             oid = operation.oid
-            if not self.has_blob(oid, operation.size):
+            # Never uploaded, or held only by repos the committer cannot read: one answer for
+            # both, so a refusal tells nothing of other repos' objects.
+            if not self.has_blob(oid, operation.size) or not self._objects.linkable(
+                    repo, self._dir(repo), oid, may_read or (lambda other: False)):
                 raise StoreError(400, f"LFS object {oid} for {path} was never uploaded.")
             size = self.blob_path(oid).stat().st_size  # a copy names the oid only
             pointer = lfs_pointer(oid, size)
@@ -674,6 +766,7 @@ class HubStore:
         record["id"] = commit_id
         atomic.write_text(self._commit_file(repo, commit_id), canonical.dumps(record))
         self._commits.put((repo, commit_id), record)  # the next requests ask for the new head
+        self._objects.committed(repo, tree)
         return commit_id
 
 

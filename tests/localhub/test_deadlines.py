@@ -34,9 +34,10 @@ def hub(tmp_path, log):
         yield server
 
 
-def connect(hub) -> socket.socket:
+def connect(hub, address: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``address`` (every 127/8 address is loopback: a client of its own)."""
     host, port = hub.url.rsplit("/", 1)[1].split(":")
-    sock = socket.create_connection((host, int(port)))
+    sock = socket.create_connection((host, int(port)), source_address=(address, 0))
     sock.settimeout(HANG)
     return sock
 
@@ -95,14 +96,20 @@ class Trickle:
             sock.close()
 
 
-def test_trickling_connections_cannot_lock_out_a_real_client(hub, log):
-    sockets = [connect(hub) for _ in range(MAX_CONNECTIONS)]
-    assert hub.wait_for_connections(MAX_CONNECTIONS)  # every thread is held by a trickler
-    head = b"GET /api/whoami-v2 HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
-    with Trickle(sockets, head):
-        api = HfApi(endpoint=hub.url, token=TOKEN)
-        assert api.repo_info("ns/repo", repo_type="dataset").id == "ns/repo"
-    dropped = [line for line in log if "dropped: request head not received within 1 s" in line]
+def test_trickling_connections_cannot_lock_out_a_real_client(tmp_path, log):
+    """As many clients as there are threads (64 here), each from its own address, each
+    trickling a request: every thread is held, and the real client is let in as their deadlines
+    drop them."""
+    with InstrumentedHub(tmp_path / "root", tokens=[TOKEN], log=log.append, head_timeout=3.0,
+                         max_connections=64) as hub:
+        hub.store.create(repo_ref("datasets", "ns", "repo"), False)
+        sockets = [connect(hub, f"127.0.1.{2 + index}") for index in range(64)]
+        head = b"GET /api/whoami-v2 HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+        with Trickle(sockets, head):
+            assert hub.wait_for_connections(64)  # every thread is held by a trickler
+            api = HfApi(endpoint=hub.url, token=TOKEN)
+            assert api.repo_info("ns/repo", repo_type="dataset").id == "ns/repo"
+    dropped = [line for line in log if "dropped: request head not received within 3 s" in line]
     assert dropped  # at least one trickler was dropped to let the client in
 
 
@@ -174,7 +181,9 @@ def test_a_malformed_chunk_size_is_refused(hub, size_line):
 def test_an_upload_larger_than_its_signed_size_is_refused_before_it_is_read(hub):
     oid = "a" * 64
     sock = connect(hub)
-    sock.sendall(f"PUT /lfs/upload/{oid}?size=10&sig={hub.sign(oid, 10)} HTTP/1.1\r\nHost: x\r\n"
+    signature = hub.sign(repo_ref("datasets", "ns", "repo"), oid, 10)
+    sock.sendall(f"PUT /lfs/upload/datasets/ns/repo/{oid}?size=10&sig={signature} HTTP/1.1\r\n"
+                 "Host: x\r\n"
                  "Content-Length: 100000000\r\n\r\n".encode())
     assert status_of(sock) == 413
 
@@ -194,5 +203,7 @@ def test_the_deadlines_and_caps_the_readme_states():
     from cubepack.localhub import _server
 
     assert (_server.HEAD_TIMEOUT, _server.IDLE_TIMEOUT, _server.BODY_TIMEOUT) == (10, 8, 10)
-    assert _server.MIN_BODY_RATE == 1024 * 1024 and MAX_CONNECTIONS == 64
-    assert _server.MAX_BODY_BYTES == 64 * 1024 * 1024
+    assert _server.MIN_BODY_RATE == 1024 * 1024 and MAX_CONNECTIONS == 256
+    assert _server.MAX_CLIENT_CONNECTIONS == 16 and _server.MAX_BODY_BYTES == 64 * 1024 * 1024
+    assert (_server.LOW_SPEED_LIMIT, _server.LOW_SPEED_TIME) == (1024, 30)
+    assert _server.MAX_UPLOAD_BYTES == 50 * 1024**3

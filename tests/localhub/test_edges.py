@@ -22,7 +22,7 @@ import pytest
 from huggingface_hub import CommitOperationAdd
 
 from cubepack.localhub import _server
-from cubepack.localhub._ids import is_repo_name
+from cubepack.localhub._ids import is_repo_id
 from cubepack.localhub._server import ROUTES, SEGMENTS, STREAM
 from cubepack.localhub._store import AddFile, StoreError, repo_ref
 
@@ -151,9 +151,9 @@ def scene(hub, api, monkeypatch, tmp_path):
     samples: dict[_server.Route, list[Sample]] = {}
     original = _server._Handler._chunks
 
-    def recording(self, limit):
+    def recording(self, limit, **options):
         chunks = []
-        for chunk in original(self, limit):
+        for chunk in original(self, limit, **options):
             chunks.append(chunk)
             yield chunk
         if self.route is not None:
@@ -407,8 +407,10 @@ NUMBER_IDS = ["-1", "1e3", "01", "0", "+1", "1.0", "1000000000", "9" * 40, "\u06
 def well_formed(placeholder, value):
     """Whether the edge takes ``value`` (as the server unquotes it) in ``placeholder``: then it
     names nothing that exists, and is answered as such; else it must be refused."""
-    if placeholder in ("namespace", "name"):
-        return is_repo_name(value)
+    if placeholder == "namespace":
+        return is_repo_id(value, "repo")
+    if placeholder == "name":
+        return is_repo_id("ns", value)
     if SEGMENTS[placeholder].parse is str:  # kind, ref_kind, path...: their pattern says
         return re.fullmatch(SEGMENTS[placeholder].pattern, value) is not None
     try:
@@ -489,7 +491,8 @@ def test_upload_urls_with_a_malformed_size_or_signature_are_forbidden(hub, scene
     for query in ("size=x&sig=a", "size=-1&sig=a", "size=1e3&sig=a", f"size={10**40}&sig=a",
                   "size=70000&sig=%E2%82%AC", "size=70000", "sig=a", ""):
         for method, action in (("PUT", "upload"), ("POST", "verify")):
-            status, _, data = client(method, f"/lfs/{action}/{oid}?{query}", b"{}")
+            status, _, data = client(method, f"/lfs/{action}/datasets/ns/repo/{oid}?{query}",
+                                     b"{}")
             assert status == 403, (query, data)
             refused(status, data)
 

@@ -105,9 +105,11 @@ def test_repo_settings_move_and_delete(api, repo):
     assert api.repo_info("ns/repo", repo_type="dataset").private is True
     api.move_repo("ns/repo", "ns/moved", repo_type="dataset")
     assert api.repo_exists("ns/moved", repo_type="dataset")
-    assert not api.repo_exists("ns/repo", repo_type="dataset")
+    # The old id leads to the new one, as on the Hub (a redirect the client follows).
+    assert api.repo_info("ns/repo", repo_type="dataset").id == "ns/moved"
     api.delete_repo("ns/moved", repo_type="dataset")
     assert not api.repo_exists("ns/moved", repo_type="dataset")
+    assert not api.repo_exists("ns/repo", repo_type="dataset")
 
 
 def test_repo_ids_match_case_insensitively(api, repo):

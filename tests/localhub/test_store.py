@@ -34,7 +34,7 @@ def test_store_commits_are_immutable_and_refs_move(tmp_path):
     with pytest.raises(StoreError) as escape:
         store.apply_commit(repo, "main", title="t", message="", parent=None,
                            operations=[add("../x", b"")])
-    assert escape.value.status == 400
+    assert escape.value.status == 422  # the Hub's answer to a path it refuses
     with pytest.raises(StoreError) as unknown:
         store.resolve(repo, "f" * 40)
     assert unknown.value.code == "RevisionNotFound"
@@ -44,17 +44,20 @@ def test_store_refuses_a_blob_that_does_not_match_its_oid(tmp_path):
     import hashlib
 
     from cubepack.localhub import HubStore
-    from cubepack.localhub._store import StoreError
+    from cubepack.localhub._store import StoreError, repo_ref
 
     store = HubStore(tmp_path)
+    repo = repo_ref("models", "ns", "repo")
+    store.create(repo, private=False)
     data = b"payload"
     oid = hashlib.sha256(data).hexdigest()
     with pytest.raises(StoreError):
-        store.put_blob(oid, len(data), [b"other!!"])
+        store.put_blob(repo, oid, len(data), [b"other!!"])
     assert not store.has_blob(oid)
-    store.put_blob(oid, len(data), [data])
-    assert store.has_blob(oid, len(data))
-    assert [p.name for p in (tmp_path / "blobs").iterdir()] == [oid]  # no temp file left
+    store.put_blob(repo, oid, len(data), [data])
+    assert store.has_blob(oid, len(data)) and store.holds(repo, oid, len(data))
+    left = {p.name for p in (tmp_path / "blobs").iterdir()} - {".lock"}  # the root's lock
+    assert oid in left and not [name for name in left if name.endswith(".tmp")]
 
 
 def _counting(monkeypatch, store, method):

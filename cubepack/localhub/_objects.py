@@ -1,0 +1,305 @@
+"""Which repo holds which blob: the rule that lets a shared blob store serve several users.
+
+Blobs are stored once by sha256 for every repo (``blobs/<sha256>``), but a repo reads only what
+it holds. A blob is a repo's when
+
+* a commit of the repo names it (its *history*: every stored commit, reachable or not), or
+* it was uploaded for the repo (``repos/.../uploads/<sha256>``, an empty file written once the
+  bytes of an upload signed for that repo arrived and hashed to their oid).
+
+A commit may name an LFS object only if it is the repo's, or if the committer can read another
+repo whose history holds it (:meth:`Objects.linkable`); anything else is refused in the words
+of an object never uploaded, so a refusal says nothing about other repos. The LFS batch answers
+by the repo's own objects alone.
+
+Blobs no commit of any repo names, and no upload record, are removed (:meth:`Objects.collect`
+when a repo is deleted; :func:`collect_garbage`, ``cubepack hub gc``, for a whole root). An
+upload record older than :data:`UPLOAD_GRACE` belongs to a push that was abandoned, and is
+removed first. Removal is safe while the server runs, even from another process: it holds the
+root's lock exclusively (:class:`RootLock`: ``flock`` on ``blobs/.lock``, and a threads' lock),
+while every step that places a blob or a commit naming one holds it shared, so a collection
+sees either the whole step or none of it. A blob still being uploaded is a temp file, which a
+collection never touches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:  # POSIX: the lock holds across processes (``cubepack hub gc`` beside a running server)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: threads of one process only
+    fcntl = None  # type: ignore[assignment]
+
+from ._ids import REPO_TYPES, RepoRef, is_repo_id
+
+#: Seconds an upload record keeps its blob without a commit naming it: a push uploads, then
+#: commits within minutes; a day later it was abandoned.
+UPLOAD_GRACE = 24 * 3600.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+UPLOADS = "uploads"
+
+
+class RootLock:
+    """Shared for the steps that place blobs and commits, exclusive for a collection: a
+    readers-writer lock between the threads of this process, and ``flock`` on
+    ``blobs/.lock`` between processes (each holder opens its own descriptor, so the lock also
+    orders threads of one process)."""
+
+    def __init__(self, root: Path):
+        self._path = root / "blobs" / ".lock"
+        self._guard = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._guard:
+            self._guard.wait_for(lambda: not self._writer)
+            self._readers += 1
+        try:
+            with self._flock(exclusive=False):
+                yield
+        finally:
+            with self._guard:
+                self._readers -= 1
+                self._guard.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._guard:
+            self._guard.wait_for(lambda: not self._writer)
+            self._writer = True  # no new reader starts; the ones running finish
+            self._guard.wait_for(lambda: self._readers == 0)
+        try:
+            with self._flock(exclusive=True):
+                yield
+        finally:
+            with self._guard:
+                self._writer = False
+                self._guard.notify_all()
+
+    @contextlib.contextmanager
+    def _flock(self, exclusive: bool) -> Iterator[None]:
+        if fcntl is None:
+            yield
+            return
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
+    """Every repo of a root and its folder (a stray folder that names no repo is skipped)."""
+    for kind, namespace, name, folder in _stored(root):
+        if is_repo_id(namespace, name):
+            yield RepoRef(kind, namespace, name), folder
+
+
+def unserved_folders(root: Path) -> list[Path]:
+    """Repo folders whose id the client refuses (made before the endpoint followed its rule):
+    not served, but what they hold is kept."""
+    return [folder for _, namespace, name, folder in _stored(root)
+            if not is_repo_id(namespace, name)]
+
+
+def _stored(root: Path) -> Iterator[tuple[str, str, str, Path]]:
+    for kind in REPO_TYPES:
+        base = root / "repos" / kind
+        for namespace in _listing(base):
+            for name in _listing(base / namespace):
+                folder = base / namespace / name
+                if (folder / "repo.json").is_file():
+                    yield kind, namespace, name, folder
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
+
+
+def commit_oids(folder: Path) -> set[str]:
+    """Every blob the stored commits of the repo at ``folder`` name."""
+    found: set[str] = set()
+    for path in (folder / "commits").glob("*.json"):
+        with contextlib.suppress(FileNotFoundError):  # a repo deleted under a collection
+            found.update(entry["sha256"] for entry in json.loads(path.read_text())["tree"].values())
+    return found
+
+
+def upload_records(folder: Path) -> list[Path]:
+    """The upload records of the repo at ``folder``: one empty file per object, named by it."""
+    base = folder / UPLOADS
+    return [path for path in base.iterdir() if _SHA256.fullmatch(path.name)] \
+        if base.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What a collection removed: ``removed`` blobs (``freed`` bytes), ``expired_uploads``
+    records of abandoned pushes; ``kept`` blobs a repo holds."""
+
+    removed: int
+    freed: int
+    expired_uploads: int
+    kept: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"removed": self.removed, "freed": self.freed,
+                "expired_uploads": self.expired_uploads, "kept": self.kept}
+
+
+def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = None,
+                    upload_grace: float = UPLOAD_GRACE) -> Collected:
+    """Remove every blob of ``root`` that no commit of any repo names and no upload record
+    younger than ``upload_grace`` seconds keeps, after removing the older records. Reads the
+    folders themselves (not a server's memory), under the root's lock held exclusively: a
+    running server's commits and uploads wait for it, and it for them."""
+    root = Path(root)
+    if not (root / "blobs").is_dir():
+        return Collected(0, 0, 0, 0)
+    with (lock or RootLock(root)).exclusive():
+        referenced: set[str] = set()
+        expired = 0
+        now = time.time()
+        for *_, folder in _stored(root):  # every repo folder, served or not: nothing is lost
+            referenced |= commit_oids(folder)
+            for record in upload_records(folder):
+                with contextlib.suppress(FileNotFoundError):
+                    if now - record.stat().st_mtime > upload_grace:
+                        record.unlink()
+                        expired += 1
+                    else:
+                        referenced.add(record.name)
+        removed = freed = kept = 0
+        for blob in (root / "blobs").iterdir():
+            if not _SHA256.fullmatch(blob.name):
+                continue  # the lock, an upload in progress (a temp file)
+            if blob.name in referenced:
+                kept += 1
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                freed += blob.stat().st_size
+                blob.unlink()
+                removed += 1
+        return Collected(removed, freed, expired, kept)
+
+
+class Objects:
+    """The holdings of a running store's repos: for each blob, the repos whose history names it
+    and the repos it was uploaded for, built from the folders on first use and kept by this
+    process's commits, uploads, moves and deletes (one process serves a root)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.lock = RootLock(root)
+        self._guard = threading.Lock()
+        self._history: dict[str, set[RepoRef]] | None = None
+        self._uploads: dict[str, set[RepoRef]] = {}
+        self._by_repo: dict[RepoRef, set[str]] = {}
+
+    def _index(self) -> dict[str, set[RepoRef]]:
+        """Caller holds ``_guard``."""
+        if self._history is None:
+            history: dict[str, set[RepoRef]] = {}
+            for repo, folder in repo_folders(self.root):
+                oids = commit_oids(folder)
+                self._by_repo[repo] = set(oids)
+                for oid in oids:
+                    history.setdefault(oid, set()).add(repo)
+                for record in upload_records(folder):
+                    self._uploads.setdefault(record.name, set()).add(repo)
+            self._history = history
+        return self._history
+
+    def committed(self, repo: RepoRef, tree: dict[str, Any]) -> None:
+        """A commit of ``repo`` with ``tree`` was written: its blobs are in the repo's history."""
+        with self._guard:
+            if self._history is None:
+                return  # the first use reads the folders, this commit among them
+            for entry in tree.values():
+                self._history.setdefault(entry["sha256"], set()).add(repo)
+                self._by_repo.setdefault(repo, set()).add(entry["sha256"])
+
+    def uploaded(self, repo: RepoRef, folder: Path, oid: str) -> None:
+        """Record (or refresh) that ``oid`` was uploaded for ``repo`` (its folder: ``folder``).
+        Caller holds the root's lock shared and has checked that the repo exists."""
+        record = folder / UPLOADS / oid
+        record.parent.mkdir(exist_ok=True)
+        record.touch()
+        with self._guard:
+            self._uploads.setdefault(oid, set()).add(repo)
+
+    def holds(self, repo: RepoRef, folder: Path, oid: str) -> bool:
+        """Whether ``oid`` is ``repo``'s: its history names it, or it was uploaded for it (the
+        record is refreshed: a push that asked about it is in progress)."""
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.utime(folder / UPLOADS / oid)  # never creates one: a record or nothing
+            return True
+        with self._guard:
+            return repo in self._index().get(oid, ())
+
+    def linkable(self, repo: RepoRef, folder: Path, oid: str,
+                 may_read: Callable[[RepoRef], bool]) -> bool:
+        """Whether a commit to ``repo`` may name ``oid``: it is the repo's, or ``may_read``
+        (the committer's reach) admits a repo whose history names it."""
+        if self.holds(repo, folder, oid):
+            return True
+        with self._guard:
+            others = list(self._index().get(oid, ()))
+        return any(may_read(other) for other in others if other != repo)
+
+    def moved(self, repo: RepoRef, target: RepoRef) -> None:
+        with self._guard:
+            if self._history is None:
+                return
+            oids = self._by_repo.pop(repo, set())
+            self._by_repo[target] = oids
+            for index in (self._history, self._uploads):
+                for holders in index.values():
+                    if repo in holders:
+                        holders.discard(repo)
+                        holders.add(target)
+
+    def ready(self) -> None:
+        """Read the folders now if not yet done (before a repo's folder is removed)."""
+        with self._guard:
+            self._index()
+
+    def forget(self, repo: RepoRef) -> set[str]:
+        """``repo`` was deleted (after :meth:`ready`): drop it; return the blobs it held."""
+        with self._guard:
+            self._index()
+            oids = self._by_repo.pop(repo, set())
+            uploads = {oid for oid, holders in self._uploads.items() if repo in holders}
+            for oid in oids:
+                self._history.get(oid, set()).discard(repo)  # type: ignore[union-attr]
+            for oid in uploads:
+                self._uploads[oid].discard(repo)
+            return oids | uploads
+
+    def collect(self, candidates: Iterable[str], blob_path: Callable[[str], Path]) -> int:
+        """Remove each of ``candidates`` that no repo holds any more (after a delete); the
+        number removed. Under the root's lock held exclusively, by this process's holdings."""
+        removed = 0
+        with self.lock.exclusive():
+            with self._guard:
+                index = self._index()
+                orphans = [oid for oid in candidates
+                           if not index.get(oid) and not self._uploads.get(oid)]
+            for oid in orphans:
+                with contextlib.suppress(FileNotFoundError):
+                    blob_path(oid).unlink()
+                    removed += 1
+        return removed
