@@ -1,0 +1,415 @@
+"""Rebuild the compatibility fixtures in ``tests/fixtures/compat/`` (issue #39 item 7).
+
+Each fixture is a folder: ``fixture.json`` (what it is, which cubepack commit wrote it and how,
+and what today's code must do with it: verify, load, open, or refuse naming the command that
+upgrades it), a one-line ``README.md`` saying the same for people, and the artefact itself
+(``cube/``: a cube folder; ``kv/``: KV files). ``tests/format/test_compat_fixtures.py`` sweeps
+the folder. Keys that sign and encrypt fixtures are test keys, committed in ``keys/``.
+
+Usage (from the checkout's root, with its environments)::
+
+    python tools/make_compat_fixtures.py [NAME ...]            # the fixtures this code writes
+    python tools/make_compat_fixtures.py --old [NAME ...]      # those older commits wrote
+
+The first form rebuilds the fixtures the current code writes (all, or those named), in the
+latest environment; ``memos-pickle`` (a dump by MemoryOS itself) needs the memos environment
+and is built only by it. The second exports each older commit's tree (``git archive``) into a
+temporary folder and runs its writer, ``tools/compat_old/<writer>.py``, written against that
+commit's API, with that tree first on ``PYTHONPATH`` (the commit and its environment are in
+:data:`OLD`). Older fixtures never change once committed: rebuild one only to add a fixture.
+
+Inputs are the same on every rebuild: the tiny models of :mod:`cubepack.testing.tiny` (seeded:
+their weights' and tokenizer's digests do not depend on the environment, which the test
+checks), the committed MemOS dump (``memos-pickle/cube``) that every cube with activations is
+packed from, fixed token ids and texts, and a fixed work folder (:data:`WORK`: paths that end up
+in fixtures, such as a pin's model name, are the same on every machine). What is random stays
+random (age file keys, ECDSA signatures, a private cube's series, times in provenance records):
+those fixtures are committed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "compat"
+KEYS = OUT / "keys"
+#: Where inputs are built; fixed, because some of its paths are written into fixtures.
+WORK = Path(tempfile.gettempdir()) / "cubepack-compat-fixtures"
+#: The token ids of lone KV files and bundles (as tests/support/data.py's prompts).
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+BUNDLE = {"handbook": [1, 17, 42, 7, 99, 5], "faq": [3, 4, 5, 6, 200]}
+#: The MemOS dump's activation texts (extracted by MemoryOS through the model's chat template).
+TEXTS = ["The user is a Chinese man.", "He likes green tea."]
+#: The text memories of the vectors fixture, embedded by the tiny encoder ``encoder-e``.
+MEMORIES = ["The user loves the Eiffel Tower.", "The user drinks green tea every morning.",
+            "The user's sister lives in Lyon."]
+
+#: Older writers: fixture names -> (commit, environment, writer script, what the commit wrote).
+OLD = {
+    "lock1": ("4b7ba8221bcc1daa5ef1ad52bc5a4f1a71d2a6c1", "latest", "old_4b7ba82",
+              "lock version 1, KV format 1"),
+    "kv1": ("4b7ba8221bcc1daa5ef1ad52bc5a4f1a71d2a6c1", "latest", "old_4b7ba82",
+            "KV format 1"),
+}
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+def env_name() -> str:
+    import transformers
+
+    return "latest" if int(transformers.__version__.split(".")[0]) >= 5 else "memos"
+
+
+def models() -> dict[str, Path]:
+    """The tiny models fixtures pin, saved by this environment's transformers (a folder saved
+    by transformers 5 has a tokenizer config 4.57 cannot read; the weights are the same)."""
+    from cubepack.testing import embeddings, tiny
+
+    root = WORK / f"models-{env_name()}"
+    folders = {"a": root / "model-a", "b": root / "model-b", "e": root / "encoder-e"}
+    if not all(folder.is_dir() for folder in folders.values()):
+        shutil.rmtree(root, ignore_errors=True)
+        tokenizer = tiny.build_tokenizer()
+        tiny.build_model(folders["a"], tiny.llama_config(), seed=0, tokenizer=tokenizer)
+        tiny.build_model(folders["b"], tiny.llama_config(), seed=1, tokenizer=tokenizer)
+        embeddings.build_encoder(folders["e"], seed=0)
+    return folders
+
+
+def keys() -> dict[str, Path]:
+    """The test keys (made once, then kept: fixtures written by older commits use them too):
+    an ECDSA P-256 signing key, an age X25519 identity and an OpenSSH ed25519 key."""
+    paths = {"sign": KEYS / "signing.pem", "sign_pub": KEYS / "signing.pub.pem",
+             "age": KEYS / "age.key", "age_pub": KEYS / "age.pub",
+             "ssh": KEYS / "ssh_ed25519", "ssh_pub": KEYS / "ssh_ed25519.pub"}
+    KEYS.mkdir(parents=True, exist_ok=True)
+    if not paths["sign"].exists():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        paths["sign"].write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        paths["sign_pub"].write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    if not paths["age"].exists():
+        subprocess.run(["age-keygen", "-o", str(paths["age"])], check=True,
+                       capture_output=True)
+        public = subprocess.run(["age-keygen", "-y", str(paths["age"])], check=True,
+                                capture_output=True, text=True).stdout
+        paths["age_pub"].write_text(public)
+    if not paths["ssh"].exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "compat@fixtures",
+                        "-f", str(paths["ssh"])], check=True)
+    for name in ("sign", "age", "ssh"):  # git keeps no mode; the test sets 0600 too
+        os.chmod(paths[name], 0o600)
+    return paths
+
+
+def memos_dump() -> Path:
+    return OUT / "memos-pickle" / "cube"
+
+
+def describe(name: str, *, what: str, commit: str, how: str, expect: dict) -> None:
+    """Write ``name``'s fixture.json and its README line."""
+    folder = OUT / name
+    spec = {"what": what, "writer": {"commit": commit, "how": how}, **expect}
+    (folder / "fixture.json").write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    (folder / "README.md").write_text(
+        f"# {name}\n\n{what} Written by cubepack commit {commit[:10]}: {how}\n")
+
+
+def fresh(name: str, artefact: str = "cube") -> Path:
+    folder = OUT / name
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder).mkdir(parents=True)
+    return folder / artefact
+
+
+def head() -> str:
+    """The commit whose cubepack code writes the current fixtures: the last one that changed
+    ``cubepack/`` (refused when the package has uncommitted changes: no commit wrote them)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    if git("status", "--porcelain", "--", "cubepack", "templates"):
+        sys.exit("cubepack/ has uncommitted changes: commit them first (a fixture names the "
+                 "commit that wrote it).")
+    return git("log", "-1", "--format=%H", "--", "cubepack", "templates")
+
+
+# --- fixtures the current code writes ---------------------------------------------------------
+
+def build_memos_pickle(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """A cube MemoryOS dumped itself (GeneralMemCube.dump: config.json and the activation
+    pickle of transformers 4.57's DynamicCache); no cubepack code writes any of it."""
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+    from memos.mem_cube.general import GeneralMemCube
+
+    import memos
+
+    cube_dir = fresh("memos-pickle")
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(m["a"]),
+                                                 "max_tokens": 8}}
+    config = GeneralMemCubeConfig.model_validate({
+        "user_id": "u1", "cube_id": "u1/compat_cube", "text_mem": {"backend": "uninitialized"},
+        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
+    cube = GeneralMemCube(config)
+    cube.act_mem.add([cube.act_mem.extract(text) for text in TEXTS])
+    cube.dump(str(cube_dir))
+    version = getattr(memos, "__version__", "?")
+    describe("memos-pickle", what="A MemOS cube as MemoryOS dumps it: config.json and "
+             "activation_memory.pickle (two KV caches of tiny model A, extracted by MemOS).",
+             commit=head(), how=f"MemoryOS {version}'s GeneralMemCube.dump (memos environment, "
+             "tools/make_compat_fixtures.py memos-pickle); cubepack wrote nothing.",
+             expect={"artefact": "memos-dump", "model": "a",
+                     "pack": {"legacy_pickle": True, "recompute": True},
+                     "verify": {"recompute": True, "require_provenance": "recomputed"}})
+
+
+def _pack_dump(name: str, m: dict[str, Path], **options) -> Path:
+    import cubepack
+
+    cube = fresh(name)
+    shutil.copytree(memos_dump(), cube)
+    cubepack.pack(cube, legacy_pickle=True, model=str(m["a"]), **options)
+    return cube
+
+
+def build_lock4(m: dict[str, Path], k: dict[str, Path]) -> None:
+    _pack_dump("lock4", m, recompute=True)
+    describe("lock4", what="The MemOS dump packed: lock version 4, KV format 3, unsigned.",
+             commit=head(), how="cubepack.pack(cube, legacy_pickle=True, model=A, "
+             "recompute=True) on a copy of memos-pickle/cube.",
+             expect={"artefact": "cube", "model": "a",
+                     "verify": {"recompute": True, "require_provenance": "recomputed"},
+                     "load": True})
+
+
+def build_signed(m: dict[str, Path], k: dict[str, Path]) -> None:
+    _pack_dump("attestation3", m, recompute=True, sign_key=str(k["sign"]))
+    describe("attestation3", what="The MemOS dump packed and signed: lock version 4, KV "
+             "format 3, cubepack.sig and an attestation of predicate version 3.",
+             commit=head(), how="cubepack.pack(cube, legacy_pickle=True, model=A, "
+             "recompute=True, sign_key=keys/signing.pem) on a copy of memos-pickle/cube.",
+             expect={"artefact": "cube", "model": "a", "signed": True,
+                     "verify": {"recompute": True, "require_provenance": "recomputed",
+                                "trusted_key": True, "require_signature": True,
+                                "require_lineage": True, "strict_models": True},
+                     "basis": "signed", "load": True})
+
+
+def build_bundle(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """A plain bundle: KV files saved with save_kv_cache and their sources, no MemOS."""
+    import torch
+
+    import cubepack
+    from cubepack.testing import tiny
+
+    cube = fresh("bundle")
+    model = tiny.load(m["a"])
+    (cube / "activations").mkdir(parents=True)
+    (cube / "sources").mkdir()
+    for name, ids in BUNDLE.items():
+        cache = cubepack.prefill(model, torch.tensor([ids]))
+        cubepack.save_kv_cache(cache, cube / "activations" / f"{name}.kv.safetensors",
+                               producer=model, token_ids=ids,
+                               metadata={"source": f"sources/{name}.txt"})
+        (cube / "sources" / f"{name}.txt").write_text(f"the {name} text\n")
+    (cube / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": name, "prompt": f"the {name} text"}) + "\n" for name in BUNDLE))
+    cubepack.pack(cube, cube_id="compat/bundle", model=str(m["a"]), recompute=True)
+    describe("bundle", what="A plain bundle (KV files saved with save_kv_cache, their sources, "
+             "no MemOS config.json): lock version 4, KV format 3.",
+             commit=head(), how="cubepack.save_kv_cache of model A's prefills, then "
+             "cubepack.pack(cube, cube_id='compat/bundle', model=A, recompute=True).",
+             expect={"artefact": "cube", "model": "a",
+                     "verify": {"recompute": True, "require_provenance": "recomputed"},
+                     "load": True})
+
+
+def build_kv3(m: dict[str, Path], k: dict[str, Path]) -> None:
+    import torch
+
+    import cubepack
+    from cubepack.testing import tiny
+
+    folder = fresh("kv3", "kv")
+    folder.mkdir()
+    model = tiny.load(m["a"])
+    ids = torch.tensor([PROMPT])
+    cubepack.save_kv_cache(cubepack.prefill(model, ids), folder / "prompt.kv.safetensors",
+                           producer=model, token_ids=ids, metadata={"note": "compat fixture"})
+    describe("kv3", what="A lone KV file of KV format 3 (per-tensor checksums).",
+             commit=head(), how="cubepack.save_kv_cache(cubepack.prefill(A, PROMPT), ..., "
+             "producer=A, token_ids=PROMPT).",
+             expect={"artefact": "kv", "model": "a", "load": True})
+
+
+def build_adapters(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """A cube holding a LoRA adapter made by peft for model A (random B: it changes logits)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    import cubepack
+    from cubepack.testing import tiny
+
+    cube = fresh("adapters")
+    torch.manual_seed(7)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                        init_lora_weights=False)
+    get_peft_model(tiny.load(m["a"]), config).save_pretrained(str(cube / "parametric" / "lora"))
+    cubepack.pack(cube, cube_id="compat/adapter", adapter_base=str(m["a"]))
+    describe("adapters", what="A cube holding a LoRA adapter (parametric/lora/, made by peft "
+             "for model A): lock version 4 with its adapters section.",
+             commit=head(), how="peft's save_pretrained into parametric/lora, then "
+             "cubepack.pack(cube, cube_id='compat/adapter', adapter_base=A).",
+             expect={"artefact": "cube", "model": "a", "adapter": "lora",
+                     "verify": {}})
+
+
+def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """A MemOS general-text memory whose vectors the tiny encoder made, its embedder pinned."""
+    import uuid
+
+    import cubepack
+    from cubepack.memory._embedder import embed_locally
+
+    cube = fresh("vectors")
+    cube.mkdir(parents=True)
+    vectors = embed_locally(m["e"], MEMORIES)
+    memories = [{"id": str(uuid.UUID(int=i + 1)), "vector": vector, "payload": {"memory": text}}
+                for i, (text, vector) in enumerate(zip(MEMORIES, vectors))]
+    (cube / "textual_memory.json").write_text(json.dumps(memories))
+    config = json.loads((memos_dump() / "config.json").read_text())
+    config["act_mem"] = {"backend": "uninitialized", "config": {"cube_id": None}}
+    config["text_mem"] = {"backend": "general_text", "config": {
+        "memory_filename": "textual_memory.json",
+        "embedder": {"backend": "universal_api", "config": {"model_name_or_path": "tiny"}}}}
+    (cube / "config.json").write_text(json.dumps(config, indent=2))
+    cubepack.pack(cube, embedder=str(m["e"]))
+    describe("vectors", what="A MemOS text memory holding vectors (textual_memory.json, 32 "
+             "dimensions, by the tiny encoder E), its embedder's record and probes in lock "
+             "version 4.", commit=head(),
+             how="cubepack.memory._embedder.embed_locally(E, texts) into textual_memory.json, "
+             "then cubepack.pack(cube, embedder=E).",
+             expect={"artefact": "cube", "embedder": "e", "verify": {}})
+
+
+def build_lineage(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """attestation3 migrated to model B, signed: a lineage section, the parent's attestation
+    in lineage/ancestors.intoto.json, an attestation whose signer derived the lineage."""
+    import cubepack
+
+    out = fresh("lineage")
+    out.parent.mkdir(exist_ok=True)
+    cubepack.migrate(OUT / "attestation3" / "cube", out=out, model=str(m["b"]),
+                     sign_key=str(k["sign"]), trusted_keys=[str(k["sign_pub"])])
+    describe("lineage", what="attestation3 migrated to model B and signed: lock version 4 "
+             "with a lineage section, the parent's attestation in "
+             "lineage/ancestors.intoto.json.", commit=head(),
+             how="cubepack.migrate(attestation3/cube, out=..., model=B, "
+             "sign_key=keys/signing.pem, trusted_keys=[keys/signing.pub.pem]).",
+             expect={"artefact": "cube", "model": "b", "signed": True,
+                     "verify": {"recompute": True, "require_provenance": "recomputed",
+                                "trusted_key": True, "require_lineage": True},
+                     "basis": "signed", "load": True})
+
+
+def _encrypt(name: str, recipient: str, **options) -> Path:
+    import cubepack
+
+    cube = fresh(name)
+    shutil.copytree(OUT / "lock4" / "cube", cube)
+    cubepack.encrypt(cube, [recipient], **options)
+    return cube
+
+
+def build_private(m: dict[str, Path], k: dict[str, Path]) -> None:
+    _encrypt("private2-age", k["age_pub"].read_text().strip(), sign_key=str(k["sign"]))
+    describe("private2-age", what="lock4 encrypted to an age X25519 recipient and signed: "
+             "lock version 5, encryption section version 2, manifest version 2.",
+             commit=head(), how="cubepack.encrypt(copy of lock4/cube, [keys/age.pub], "
+             "sign_key=keys/signing.pem).",
+             expect={"artefact": "cube", "model": "a", "signed": True, "identity": "age",
+                     "verify": {"recompute": True, "trusted_key": True,
+                                "require_signature": True},
+                     "load": True})
+    _encrypt("private2-ssh-hidden", k["ssh_pub"].read_text().strip(), hide_names=True)
+    describe("private2-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
+             "hidden names, unsigned: lock version 5, encryption section version 2, manifest "
+             "version 2.", commit=head(),
+             how="cubepack.encrypt(copy of lock4/cube, [keys/ssh_ed25519.pub], "
+             "hide_names=True).",
+             expect={"artefact": "cube", "model": "a", "identity": "ssh",
+                     "verify": {"recompute": True}, "load": True})
+
+
+#: name -> builder, in the order they depend on each other.
+CURRENT = {
+    "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
+    "bundle": build_bundle, "kv3": build_kv3, "adapters": build_adapters,
+    "vectors": build_vectors, "lineage": build_lineage, "private2": build_private,
+}
+
+
+# --- fixtures older commits wrote ------------------------------------------------------------
+
+def build_old(names: list[str]) -> None:
+    """Run each older commit's writer once, with that commit's tree first on PYTHONPATH."""
+    venvs = ROOT / ".venv"
+    writers: dict[tuple[str, str, str], list[str]] = {}
+    for name in names:
+        commit, env, writer, _ = OLD[name]
+        writers.setdefault((commit, env, writer), []).append(name)
+    for (commit, env, writer), wanted in writers.items():
+        python = Path(os.environ.get(f"CUBEPACK_{env.upper()}_PYTHON",
+                                     venvs / env / "bin" / "python"))
+        with tempfile.TemporaryDirectory(prefix="cubepack-old-") as tree:
+            archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            env_vars = dict(os.environ, PYTHONPATH=tree, CUBEPACK_COMPAT_COMMIT=commit,
+                            CUBEPACK_COMPAT_OUT=str(OUT), CUBEPACK_COMPAT_WORK=str(WORK))
+            print(f"{commit[:10]} ({env}): {writer} -> {', '.join(wanted)}", flush=True)
+            subprocess.run([str(python), str(ROOT / "tools" / "compat_old" / f"{writer}.py"),
+                            *wanted], env=env_vars, check=True, cwd=tree)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="fixtures to rebuild (default: all)")
+    parser.add_argument("--old", action="store_true",
+                        help="rebuild fixtures older commits wrote (tools/compat_old/)")
+    args = parser.parse_args(argv)
+    if args.old:
+        build_old(args.names or list(OLD))
+        return 0
+    k, m = keys(), models()
+    memos_env = env_name() == "memos"
+    for name, build in CURRENT.items():
+        if args.names and name not in args.names:
+            continue
+        if (name == "memos-pickle") != memos_env:
+            if args.names:
+                print(f"{name}: built in the {'memos' if name == 'memos-pickle' else 'latest'}"
+                      " environment only", file=sys.stderr)
+            continue
+        print(name, flush=True)
+        build(m, k)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
