@@ -14,8 +14,8 @@ Usage (from the checkout's root, with its environments)::
 The first form rebuilds the fixtures the current code writes (all, or those named), in the
 latest environment; ``memos-pickle`` (a dump by MemoryOS itself) needs the memos environment
 and is built only by it. The second exports each older commit's tree (``git archive``) into a
-temporary folder and runs its writer, ``tools/compat_old/<writer>.py``, written against that
-commit's API, with that tree first on ``PYTHONPATH`` (the commit and its environment are in
+temporary folder and runs its writer (a function of ``tools/compat_old/writers.py``, written against that
+commit's API) with that tree first on ``PYTHONPATH`` (the commit and its environment are in
 :data:`OLD`). Older fixtures never change once committed: rebuild one only to add a fixture.
 
 Inputs are the same on every rebuild: the tiny models of :mod:`cubepack.testing.tiny` (seeded:
@@ -38,13 +38,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tests" / "fixtures" / "compat"
-KEYS = OUT / "keys"
-#: Where inputs are built; fixed, because some of its paths are written into fixtures.
-WORK = Path(tempfile.gettempdir()) / "cubepack-compat-fixtures"
-#: The token ids of lone KV files and bundles (as tests/support/data.py's prompts).
-PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+sys.path.insert(0, str(Path(__file__).resolve().parent / "compat_old"))
+from _common import (KEYS, MEMOS_DUMP, OUT, PROMPT, ROOT, WORK,  # noqa: E402
+                     describe, env_name, fresh, model_folders)
+
+#: The token ids of the bundle's two KV files.
 BUNDLE = {"handbook": [1, 17, 42, 7, 99, 5], "faq": [3, 4, 5, 6, 200]}
 #: The MemOS dump's activation texts (extracted by MemoryOS through the model's chat template).
 TEXTS = ["The user is a Chinese man.", "He likes green tea."]
@@ -52,37 +50,54 @@ TEXTS = ["The user is a Chinese man.", "He likes green tea."]
 MEMORIES = ["The user loves the Eiffel Tower.", "The user drinks green tea every morning.",
             "The user's sister lives in Lyon."]
 
-#: Older writers: fixture names -> (commit, environment, writer script, what the commit wrote).
-OLD = {
-    "lock1": ("4b7ba8221bcc1daa5ef1ad52bc5a4f1a71d2a6c1", "latest", "old_4b7ba82",
-              "lock version 1, KV format 1"),
-    "kv1": ("4b7ba8221bcc1daa5ef1ad52bc5a4f1a71d2a6c1", "latest", "old_4b7ba82",
-            "KV format 1"),
-}
+#: The fixtures older commits wrote: name -> (commit, environment). Each commit is the last
+#: that wrote a format version (or predicate, or encryption section) later bumped; each
+#: fixture's writer is its function in tools/compat_old/writers.py.
+L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
+                      "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
+                      "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1
+                      "6e1569d1f633fcbbefb14141f1be957bc918681c",  # KV 2, attestation 2
+                      "b8d45850856f471408980a323e99d905c297eac4")  # encryption 1, manifest 1
+OLD = {"lock1": (L1, "latest"), "kv1": (L1, "latest"),
+       "lock2": (L2, "latest"),
+       "attestation1": (L3, "latest"), "lock3-adapters": (L3, "latest"),
+       "lock3-vectors": (L3, "latest"), "lock3-lineage": (L3, "latest"),
+       "attestation2": (L4, "latest"), "kv2": (L4, "latest"),
+       "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest")}
 
 
 # --- inputs ----------------------------------------------------------------------------------
-
-def env_name() -> str:
-    import transformers
-
-    return "latest" if int(transformers.__version__.split(".")[0]) >= 5 else "memos"
-
 
 def models() -> dict[str, Path]:
     """The tiny models fixtures pin, saved by this environment's transformers (a folder saved
     by transformers 5 has a tokenizer config 4.57 cannot read; the weights are the same)."""
     from cubepack.testing import embeddings, tiny
 
-    root = WORK / f"models-{env_name()}"
-    folders = {"a": root / "model-a", "b": root / "model-b", "e": root / "encoder-e"}
+    folders = model_folders()
     if not all(folder.is_dir() for folder in folders.values()):
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(folders["a"].parent, ignore_errors=True)
         tokenizer = tiny.build_tokenizer()
         tiny.build_model(folders["a"], tiny.llama_config(), seed=0, tokenizer=tokenizer)
         tiny.build_model(folders["b"], tiny.llama_config(), seed=1, tokenizer=tokenizer)
         embeddings.build_encoder(folders["e"], seed=0)
     return folders
+
+
+def record_models(m: dict[str, Path]) -> None:
+    """``models.json``: the digests of the tiny models the fixtures pin, which the test
+    compares with its own rebuild before anything else (tiny may never change them)."""
+    import cubepack
+
+    pins = {}
+    for name, folder in sorted(m.items()):
+        identity = cubepack.fingerprint(str(folder))
+        pins[name] = {"weights_digest": identity.weights_digest,
+                      "tokenizer_digest": identity.tokenizer_digest}
+    path = OUT / "models.json"
+    if path.is_file() and json.loads(path.read_text()) != pins:
+        sys.exit(f"cubepack.testing.tiny no longer builds the models {path} records: the "
+                 "fixtures older commits wrote pin those; restore tiny instead.")
+    path.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
 
 
 def keys() -> dict[str, Path]:
@@ -114,26 +129,6 @@ def keys() -> dict[str, Path]:
     for name in ("sign", "age", "ssh"):  # git keeps no mode; the test sets 0600 too
         os.chmod(paths[name], 0o600)
     return paths
-
-
-def memos_dump() -> Path:
-    return OUT / "memos-pickle" / "cube"
-
-
-def describe(name: str, *, what: str, commit: str, how: str, expect: dict) -> None:
-    """Write ``name``'s fixture.json and its README line."""
-    folder = OUT / name
-    spec = {"what": what, "writer": {"commit": commit, "how": how}, **expect}
-    (folder / "fixture.json").write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
-    (folder / "README.md").write_text(
-        f"# {name}\n\n{what} Written by cubepack commit {commit[:10]}: {how}\n")
-
-
-def fresh(name: str, artefact: str = "cube") -> Path:
-    folder = OUT / name
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder).mkdir(parents=True)
-    return folder / artefact
 
 
 def head() -> str:
@@ -182,7 +177,7 @@ def _pack_dump(name: str, m: dict[str, Path], **options) -> Path:
     import cubepack
 
     cube = fresh(name)
-    shutil.copytree(memos_dump(), cube)
+    shutil.copytree(MEMOS_DUMP, cube)
     cubepack.pack(cube, legacy_pickle=True, model=str(m["a"]), **options)
     return cube
 
@@ -292,7 +287,7 @@ def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
     memories = [{"id": str(uuid.UUID(int=i + 1)), "vector": vector, "payload": {"memory": text}}
                 for i, (text, vector) in enumerate(zip(MEMORIES, vectors))]
     (cube / "textual_memory.json").write_text(json.dumps(memories))
-    config = json.loads((memos_dump() / "config.json").read_text())
+    config = json.loads((MEMOS_DUMP / "config.json").read_text())
     config["act_mem"] = {"backend": "uninitialized", "config": {"cube_id": None}}
     config["text_mem"] = {"backend": "general_text", "config": {
         "memory_filename": "textual_memory.json",
@@ -367,24 +362,26 @@ CURRENT = {
 # --- fixtures older commits wrote ------------------------------------------------------------
 
 def build_old(names: list[str]) -> None:
-    """Run each older commit's writer once, with that commit's tree first on PYTHONPATH."""
-    venvs = ROOT / ".venv"
-    writers: dict[tuple[str, str, str], list[str]] = {}
+    """Run each older commit's writer once, with that commit's tree first on PYTHONPATH, in
+    the environment :data:`OLD` names (``CUBEPACK_<ENV>_PYTHON``, else ``.venv/<env>``)."""
+    writers: dict[tuple[str, str], list[str]] = {}
     for name in names:
-        commit, env, writer, _ = OLD[name]
-        writers.setdefault((commit, env, writer), []).append(name)
-    for (commit, env, writer), wanted in writers.items():
-        python = Path(os.environ.get(f"CUBEPACK_{env.upper()}_PYTHON",
-                                     venvs / env / "bin" / "python"))
+        writers.setdefault(OLD[name], []).append(name)
+    for (commit, env), wanted in writers.items():
+        python = os.environ.get(f"CUBEPACK_{env.upper()}_PYTHON",
+                                str(ROOT / ".venv" / env / "bin" / "python"))
+        subprocess.run([python, __file__, "--models"], check=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
         with tempfile.TemporaryDirectory(prefix="cubepack-old-") as tree:
             archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True,
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-            env_vars = dict(os.environ, PYTHONPATH=tree, CUBEPACK_COMPAT_COMMIT=commit,
-                            CUBEPACK_COMPAT_OUT=str(OUT), CUBEPACK_COMPAT_WORK=str(WORK))
-            print(f"{commit[:10]} ({env}): {writer} -> {', '.join(wanted)}", flush=True)
-            subprocess.run([str(python), str(ROOT / "tools" / "compat_old" / f"{writer}.py"),
-                            *wanted], env=env_vars, check=True, cwd=tree)
+            print(f"{commit[:10]} ({env}): {', '.join(wanted)}", flush=True)
+            subprocess.run([python, str(ROOT / "tools" / "compat_old" / "writers.py"),
+                            *wanted], check=True, cwd=tree,
+                           env=dict(os.environ, PYTHONPATH=tree, CUBEPACK_COMPAT_COMMIT=commit,
+                                    CUBEPACK_COMPAT_OUT=str(OUT),
+                                    CUBEPACK_COMPAT_WORK=str(WORK)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,11 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="fixtures to rebuild (default: all)")
     parser.add_argument("--old", action="store_true",
                         help="rebuild fixtures older commits wrote (tools/compat_old/)")
+    parser.add_argument("--models", action="store_true",
+                        help="only build the tiny models, in this environment")
     args = parser.parse_args(argv)
+    if args.models:
+        print(models()["a"].parent)
+        return 0
     if args.old:
         build_old(args.names or list(OLD))
         return 0
     k, m = keys(), models()
+    record_models(m)
     memos_env = env_name() == "memos"
     for name, build in CURRENT.items():
         if args.names and name not in args.names:
