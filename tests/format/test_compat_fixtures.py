@@ -1,0 +1,255 @@
+"""Compatible on purpose (#39 item 7): every artefact cubepack has written, in every format
+version it still reads, is committed in ``tests/fixtures/compat/`` (written by the commit each
+fixture's README names: ``tools/make_compat_fixtures.py``), and today's code reads each one as
+its ``fixture.json`` says: the cube verifies (with its producer, its signer's key, its
+embedder, its recipient's identity), its KV files load into their producer, its adapter onto its
+base, a MemOS dump packs; or it is refused naming the exact command that upgrades it, and that
+command, run on a copy, makes it verify (``fixes``). What an older artefact no longer passes
+under a stronger option (a version-1 attestation's lineage is a claim) is refused naming its
+fix, which is run too (``refusals``).
+
+The folder is swept: a new fixture is tested without editing this file, and a format version
+the code reads with no fixture of it fails :func:`test_every_readable_version_has_a_fixture`.
+The tiny models the fixtures pin are rebuilt, not committed: their digests are checked first
+(:func:`test_the_rebuilt_tiny_models_are_the_ones_the_fixtures_pin`), so a change to
+``cubepack.testing.tiny`` is named as such, not as twenty refusals.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import cubepack
+from cubepack._util import constants
+from cubepack.format import _envelope
+from cubepack.format import _lock as lockfile
+from cubepack.kv._format import read_kv_header
+from cubepack.trust import _age as age
+
+from helpers import cli_in_process
+
+COMPAT = Path(__file__).resolve().parents[1] / "fixtures" / "compat"
+KEYS = COMPAT / "keys"
+#: Every fixture: a folder holding a fixture.json (keys/ and files are not fixtures).
+NAMES = sorted(p.name for p in COMPAT.iterdir() if (p / "fixture.json").is_file())
+#: What a fixture may name as its artefact's folder.
+ARTEFACTS = {"cube": "cube", "memos-dump": "cube", "kv": "kv"}
+SIGNING = importlib.util.find_spec("model_signing") is not None
+#: Placeholders a refusal's command holds, by what they stand for.
+PLACEHOLDERS = {"path": ("CUBE_DIR", "CUBE", "PATH"), "model": ("MODEL",)}
+
+
+def spec(name: str) -> dict:
+    return json.loads((COMPAT / name / "fixture.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def inputs(zoo, tmp_path_factory):
+    """The models (rebuilt), the encoder, and the keys (copied: an identity file must be mode
+    0600, which git does not keep)."""
+    from cubepack.testing.embeddings import build_encoder
+
+    root = tmp_path_factory.mktemp("compat-inputs")
+    keys = root / "keys"
+    shutil.copytree(KEYS, keys)
+    for key in keys.iterdir():
+        os.chmod(key, 0o600)
+    return {"models": {"a": zoo["a"], "b": zoo["b"], "e": build_encoder(root / "e", seed=0)},
+            "keys": {"trusted_key": keys / "signing.pub.pem", "sign": keys / "signing.pem",
+                     "age": keys / "age.key",
+                     "ssh": keys / "ssh_ed25519"}}
+
+
+def options(fixture: dict, inputs: dict, asked: dict) -> dict:
+    """The keyword arguments of verify for ``asked`` (a fixture's ``verify`` object)."""
+    kwargs = {key: value for key, value in asked.items() if key != "trusted_key"}
+    if asked.get("trusted_key"):
+        kwargs["trusted_keys"] = [str(inputs["keys"]["trusted_key"])]
+    if "model" in fixture:
+        kwargs["model"] = str(inputs["models"][fixture["model"]])
+    if "embedder" in fixture:
+        kwargs["embedder"] = str(inputs["models"][fixture["embedder"]])
+    if "identity" in fixture:
+        kwargs["decrypt_with"] = str(inputs["keys"][fixture["identity"]])
+    return kwargs
+
+
+def artefact_copy(name: str, tmp_path: Path) -> Path:
+    source = COMPAT / name / ARTEFACTS[spec(name)["artefact"]]
+    copy = tmp_path / source.name
+    tmp_path.mkdir(exist_ok=True)
+    shutil.copytree(source, copy)
+    return copy
+
+
+def kv_files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob(f"*{constants.KV_SUFFIX}"))
+
+
+def run_fix(fix: dict, fixture: dict, inputs: dict, target: Path, model,
+            tmp_path: Path) -> Path:
+    """One refusal and its fix: the step (a verify under ``fix['verify']``, or a load) is
+    refused naming ``fix['command']`` (``PATH`` filled with the file the load was given, as
+    the refusal shows it); that command, run with the placeholders filled (the artefact, its
+    model, the parent fixture, a new folder, the signing key), succeeds; then the step passes
+    on what it made. Returns the artefact to go on with (``DIR`` when the command made one)."""
+    if "verify" in fix:
+        with pytest.raises(cubepack.VerificationFailed) as refused:
+            cubepack.verify(target, **options(fixture, inputs, fix["verify"]))
+        shown = fix["command"]
+    else:
+        path = kv_files(target)[0]
+        with pytest.raises(cubepack.CubepackError) as refused:
+            cubepack.load_kv_cache(path, model)
+        shown = fix["command"].replace("PATH", str(path))
+    assert shown in str(refused.value), (shown, str(refused.value))
+    made = tmp_path / f"fixed-{len(list(tmp_path.glob('fixed-*')))}"
+    values = {"MODEL": str(inputs["models"].get(fixture.get("model"), "")),
+              "DIR": str(made), "KEY": str(inputs["keys"]["sign"]),
+              **{word: str(target) for word in ("CUBE_DIR", "CUBE")},
+              "PATH": str(kv_files(target)[0]) if fixture["artefact"] == "kv" else ""}
+    if "parent" in fix:
+        values["PARENT"] = str(artefact_copy(fix["parent"], tmp_path / "parent"))
+    words = fix["command"].split()
+    assert words[0] == "cubepack"
+    done = cli_in_process([values.get(word, word) for word in words[1:]], env=dict(os.environ),
+                          cwd=tmp_path)
+    assert done.returncode == 0, (fix["command"], done.stdout, done.stderr)
+    target = made if "DIR" in words else target
+    if "verify" in fix:
+        assert cubepack.verify(target, **options(fixture, inputs, fix["verify"])).ok
+    else:
+        assert cubepack.load_kv_cache(kv_files(target)[0], model).get_seq_length() > 0
+    return target
+
+
+def test_every_fixture_says_what_wrote_it_and_what_it_is():
+    """A folder here is a fixture (fixture.json, a README naming its writer, its artefact),
+    the test keys, or nothing else: a fixture without its spec would go untested."""
+    assert NAMES, "no compatibility fixtures found"
+    others = sorted(p.name for p in COMPAT.iterdir()
+                    if p.name not in NAMES and p.name not in ("keys", "models.json"))
+    assert others == [], f"{others}: not fixtures (no fixture.json) in {COMPAT}"
+    for name in NAMES:
+        fixture = spec(name)
+        commit = fixture["writer"]["commit"]
+        assert len(commit) == 40 and set(commit) <= set("0123456789abcdef"), name
+        assert fixture["artefact"] in ARTEFACTS, name
+        assert (COMPAT / name / ARTEFACTS[fixture["artefact"]]).is_dir(), name
+        readme = (COMPAT / name / "README.md").read_text()
+        assert commit[:10] in readme and fixture["writer"]["how"] in readme, name
+
+
+def test_the_rebuilt_tiny_models_are_the_ones_the_fixtures_pin(inputs):
+    """The fixtures pin tiny models by digest; the tests rebuild them
+    (cubepack.testing.tiny, seeded). Were tiny to change, every fixture would be refused:
+    this names the cause once."""
+    recorded = json.loads((COMPAT / "models.json").read_text())
+    for name, pin in recorded.items():
+        found = cubepack.fingerprint(str(inputs["models"][name]))
+        assert (found.weights_digest, found.tokenizer_digest) == (
+            pin["weights_digest"], pin["tokenizer_digest"]), (
+            f"the tiny model {name!r} rebuilt by cubepack.testing.tiny is not the one the "
+            "compatibility fixtures pin: tiny changed. Restore it (the fixtures of older "
+            "commits cannot be rewritten).")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_fixture_is_read_by_todays_code(name, inputs, models, tmp_path):
+    fixture = spec(name)
+    if fixture.get("signed") and not SIGNING:
+        pytest.skip("a signed fixture: signatures need model_signing (cubepack[sign])")
+    target = artefact_copy(name, tmp_path)
+    model = models[fixture["model"]] if "model" in fixture else None
+    for fix in fixture.get("fixes", []):  # refusals before it verifies, each with its fix
+        target = run_fix(fix, fixture, inputs, target, model, tmp_path)
+    if fixture["artefact"] == "kv":
+        for path in kv_files(target):
+            assert cubepack.load_kv_cache(path, model).get_seq_length() > 0
+        return
+    if fixture["artefact"] == "memos-dump":
+        cubepack.pack(target, model=str(inputs["models"][fixture["model"]]),
+                      **fixture["pack"])
+    report = cubepack.verify(target, **options(fixture, inputs, fixture["verify"]))
+    assert report.ok
+    if "basis" in fixture:  # what a signature backs, without this process recomputing
+        signed = cubepack.verify(target, **options(fixture, inputs, {"trusted_key": True}))
+        assert {entry["basis"] for entry in signed.provenance.values()} == {fixture["basis"]}
+    if fixture.get("load"):
+        check_loads(target, fixture, inputs, model, report)
+    if "adapter" in fixture:
+        from cubepack.testing import tiny
+
+        base = tiny.load(inputs["models"][fixture["model"]])  # PEFT changes the model it wraps
+        adapted = cubepack.load_adapter(base, target, fixture["adapter"])
+        assert isinstance(adapted, pytest.importorskip("peft").PeftModel)
+    for fix in fixture.get("refusals", []):  # what it passes no more, each with its fix
+        target = run_fix(fix, fixture, inputs, target, model, tmp_path)
+
+
+def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> None:
+    """Every activation of the cube loads into its producer (a private cube's from its
+    ciphertext, with the identity)."""
+    if "identity" not in fixture:
+        files = [target / entry["file"] for entry in report.lock["activations"].values()]
+        assert files
+        for path in files:
+            assert cubepack.load_kv_cache(path, model).get_seq_length() > 0
+        return
+    from cubepack.ops._private import open_private
+
+    identity = inputs["keys"][fixture["identity"]]
+    with open_private(target, identity) as opened:
+        clear = {entry["file"] for entry in opened.lock["activations"].values()}
+        names = {clear_name: cipher for cipher, clear_name in opened.manifest["names"].items()}
+    assert clear
+    for name in sorted(clear):
+        cache = cubepack.load_kv_cache(target / names[name], model, decrypt_with=identity)
+        assert cache.get_seq_length() > 0
+
+
+def detected_versions(inputs) -> dict[str, set]:
+    """Every format version the fixtures hold, read from their bytes."""
+    from cubepack.ops._private import open_private
+
+    found: dict[str, set] = {"lock": set(), "kv": set(), "predicate": set(),
+                             "encryption": set(), "manifest": set()}
+    for name in NAMES:
+        fixture = spec(name)
+        folder = COMPAT / name / ARTEFACTS[fixture["artefact"]]
+        for path in kv_files(folder):
+            found["kv"].add(read_kv_header(path).version)
+        lock_path = folder / constants.LOCK_FILENAME
+        if not lock_path.is_file():
+            continue
+        lock = json.loads(lock_path.read_text())
+        found["lock"].add(lock["lock_version"])
+        for envelope in [folder / constants.ATTESTATION_FILENAME,
+                         folder / constants.ANCESTORS_FILENAME]:
+            if envelope.is_file():
+                parsed = (_envelope.read_ancestors(envelope) if envelope.name.startswith(
+                    "ancestors") else [_envelope.read_envelope(envelope)])
+                found["predicate"] |= {e.statement["predicateType"] for e in parsed}
+        if "encryption" in lock:
+            found["encryption"].add(lock["encryption"]["version"])
+            with open_private(folder, inputs["keys"][fixture["identity"]]) as opened:
+                found["manifest"].add(opened.manifest["version"])
+    return found
+
+
+def test_every_readable_version_has_a_fixture(inputs):
+    """Each version today's code reads (locks, KV files, attestation predicates, a private
+    cube's encryption section and manifest) is held by at least one fixture, as the fixtures'
+    own bytes say: a version added to the code without a fixture fails here."""
+    found = detected_versions(inputs)
+    assert found["lock"] == set(lockfile.READABLE_VERSIONS)
+    assert found["kv"] == set(constants.KV_READABLE_VERSIONS)
+    assert found["predicate"] == set(_envelope.PREDICATE_TYPES)
+    assert found["encryption"] == set(lockfile.ENCRYPTION_VERSIONS)
+    assert found["manifest"] == set(age.MANIFEST_VERSIONS)
