@@ -141,8 +141,8 @@ def lock3_lineage() -> None:
                      "basis": "claimed", "load": True,
                      "refusals": [{"verify": {"trusted_key": True, "require_lineage": True},
                                    "parent": "attestation1",
-                                   "command": "cubepack migrate PARENT --out DIR "
-                                              "--sign-key KEY"}]})
+                                   "command": "cubepack migrate PARENT --model MODEL "
+                                              "--out DIR --sign-key KEY"}]})
 
 
 # --- 6e1569d: lock version 4 with KV format 2, attestation predicate version 2 --------------------
