@@ -1,4 +1,4 @@
-"""Rebuild the compatibility fixtures in ``tests/fixtures/compat/`` (issue #39 item 7).
+"""Build the compatibility fixtures in ``tests/fixtures/compat/`` (issue #39 item 7).
 
 Each fixture is a folder: ``fixture.json`` (what it is, which cubepack commit wrote it and how,
 and what today's code must do with it: verify, load, open, or refuse naming the command that
@@ -6,30 +6,34 @@ upgrades it), a one-line ``README.md`` saying the same for people, and the artef
 (``cube/``: a cube folder; ``kv/``: KV files). ``tests/format/test_compat_fixtures.py`` sweeps
 the folder. Keys that sign and encrypt fixtures are test keys, committed in ``keys/``.
 
-Usage (from the checkout's root, with its environments)::
+Usage (from the checkout's root)::
 
-    python tools/make_compat_fixtures.py [NAME ...]            # the fixtures this code writes
-    python tools/make_compat_fixtures.py --old [NAME ...]      # those older commits wrote
+    .venv/latest/bin/python tools/make_compat_fixtures.py [NAME ...]   # what this code writes
+    .venv/memos/bin/python tools/make_compat_fixtures.py memos-pickle  # MemoryOS's own dump
+    .venv/latest/bin/python tools/make_compat_fixtures.py --old [NAME ...]  # older commits'
 
-The first form rebuilds the fixtures the current code writes (all, or those named), in the
-latest environment; ``memos-pickle`` (a dump by MemoryOS itself) needs the memos environment
-and is built only by it. The second exports each older commit's tree (``git archive``) into a
-temporary folder and runs its writer (a function of ``tools/compat_old/writers.py``, written against that
-commit's API) with that tree first on ``PYTHONPATH`` (the commit and its environment are in
-:data:`OLD`). Older fixtures never change once committed: rebuild one only to add a fixture.
+A fixture that exists is kept: fixtures prove that what was written once is still read, so
+one is never rewritten to make a test pass (``--replace`` rebuilds the named ones; say why in
+the commit). The first form builds the fixtures the current code writes, in the latest
+environment; ``memos-pickle``, a cube dumped by MemoryOS itself, is built by the memos
+environment only. ``--old`` exports each older commit's tree (``git archive``) into a temporary
+folder and runs the fixture's writer there (its function in ``tools/compat_old/writers.py``,
+written against that commit's API) with that tree first on ``PYTHONPATH``; :data:`OLD` names
+the commit and the environment.
 
-Inputs are the same on every rebuild: the tiny models of :mod:`cubepack.testing.tiny` (seeded:
-their weights' and tokenizer's digests do not depend on the environment, which the test
-checks), the committed MemOS dump (``memos-pickle/cube``) that every cube with activations is
-packed from, fixed token ids and texts, and a fixed work folder (:data:`WORK`: paths that end up
-in fixtures, such as a pin's model name, are the same on every machine). What is random stays
-random (age file keys, ECDSA signatures, a private cube's series, times in provenance records):
-those fixtures are committed once.
+Inputs are the same on every build: the tiny models of :mod:`cubepack.testing.tiny` (seeded:
+their weights' and tokenizer's digests do not depend on the environment; ``models.json``
+records them and the test checks its rebuild against it), the committed MemOS dump
+(``memos-pickle/cube``) that every cube with activations is packed from, fixed token ids and
+texts, and a fixed work folder (:data:`WORK`: paths written into fixtures, such as a pin's model
+name, are the same on every machine). What is random stays random (age file keys, ECDSA
+signatures, a private cube's series, the times in provenance records).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -131,6 +135,7 @@ def keys() -> dict[str, Path]:
     return paths
 
 
+@functools.cache
 def head() -> str:
     """The commit whose cubepack code writes the current fixtures: the last one that changed
     ``cubepack/`` (refused when the package has uncommitted changes: no commit wrote them)."""
@@ -331,7 +336,7 @@ def _encrypt(name: str, recipient: str, **options) -> Path:
     return cube
 
 
-def build_private(m: dict[str, Path], k: dict[str, Path]) -> None:
+def build_private2_age(m: dict[str, Path], k: dict[str, Path]) -> None:
     _encrypt("private2-age", k["age_pub"].read_text().strip(), sign_key=str(k["sign"]))
     describe("private2-age", what="lock4 encrypted to an age X25519 recipient and signed: "
              "lock version 5, encryption section version 2, manifest version 2.",
@@ -341,6 +346,9 @@ def build_private(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "verify": {"recompute": True, "trusted_key": True,
                                 "require_signature": True},
                      "load": True})
+
+
+def build_private2_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
     _encrypt("private2-ssh-hidden", k["ssh_pub"].read_text().strip(), hide_names=True)
     describe("private2-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
              "hidden names, unsigned: lock version 5, encryption section version 2, manifest "
@@ -355,21 +363,21 @@ def build_private(m: dict[str, Path], k: dict[str, Path]) -> None:
 CURRENT = {
     "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
     "bundle": build_bundle, "kv3": build_kv3, "adapters": build_adapters,
-    "vectors": build_vectors, "lineage": build_lineage, "private2": build_private,
+    "vectors": build_vectors, "lineage": build_lineage, "private2-age": build_private2_age,
+    "private2-ssh-hidden": build_private2_ssh,
 }
 
 
 # --- fixtures older commits wrote ------------------------------------------------------------
 
-def build_old(names: list[str]) -> None:
+def build_old(names: list[str], pythons: dict[str, str]) -> None:
     """Run each older commit's writer once, with that commit's tree first on PYTHONPATH, in
-    the environment :data:`OLD` names (``CUBEPACK_<ENV>_PYTHON``, else ``.venv/<env>``)."""
+    the environment :data:`OLD` names (``pythons[env]``, else ``.venv/<env>/bin/python``)."""
     writers: dict[tuple[str, str], list[str]] = {}
     for name in names:
         writers.setdefault(OLD[name], []).append(name)
     for (commit, env), wanted in writers.items():
-        python = os.environ.get(f"CUBEPACK_{env.upper()}_PYTHON",
-                                str(ROOT / ".venv" / env / "bin" / "python"))
+        python = pythons.get(env, str(ROOT / ".venv" / env / "bin" / "python"))
         subprocess.run([python, __file__, "--models"], check=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
         with tempfile.TemporaryDirectory(prefix="cubepack-old-") as tree:
@@ -377,11 +385,8 @@ def build_old(names: list[str]) -> None:
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
             print(f"{commit[:10]} ({env}): {', '.join(wanted)}", flush=True)
-            subprocess.run([python, str(ROOT / "tools" / "compat_old" / "writers.py"),
-                            *wanted], check=True, cwd=tree,
-                           env=dict(os.environ, PYTHONPATH=tree, CUBEPACK_COMPAT_COMMIT=commit,
-                                    CUBEPACK_COMPAT_OUT=str(OUT),
-                                    CUBEPACK_COMPAT_WORK=str(WORK)))
+            subprocess.run([python, str(ROOT / "tools" / "compat_old" / "writers.py"), commit,
+                            *wanted], check=True, cwd=tree, env=dict(os.environ, PYTHONPATH=tree))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,20 +394,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="fixtures to rebuild (default: all)")
     parser.add_argument("--old", action="store_true",
                         help="rebuild fixtures older commits wrote (tools/compat_old/)")
+    parser.add_argument("--python", action="append", default=[], metavar="ENV=PYTHON",
+                        help="with --old: the interpreter of environment ENV (latest, memos)")
+    parser.add_argument("--replace", action="store_true",
+                        help="rebuild the named fixtures even though they exist")
     parser.add_argument("--models", action="store_true",
                         help="only build the tiny models, in this environment")
     args = parser.parse_args(argv)
     if args.models:
         print(models()["a"].parent)
         return 0
+    if args.replace and not args.names:
+        parser.error("--replace rebuilds the fixtures named, and only those")
+    unknown = sorted(set(args.names) - set(OLD if args.old else CURRENT))
+    if unknown:
+        parser.error(f"no such fixture{' of an older commit' if args.old else ''}: "
+                     f"{', '.join(unknown)}")
+    for name in args.names or (OLD if args.old else CURRENT):
+        if (OUT / name).exists() and not args.replace:
+            print(f"{name}: kept (it exists; --replace {name} rebuilds it)", file=sys.stderr)
+    names = [name for name in args.names or (OLD if args.old else CURRENT)
+             if args.replace or not (OUT / name).exists()]
     if args.old:
-        build_old(args.names or list(OLD))
+        build_old(names, dict(item.split("=", 1) for item in args.python))
         return 0
+    if names:
+        head()  # refuses a changed cubepack/ before any fixture is touched
     k, m = keys(), models()
     record_models(m)
     memos_env = env_name() == "memos"
     for name, build in CURRENT.items():
-        if args.names and name not in args.names:
+        if name not in names:
             continue
         if (name == "memos-pickle") != memos_env:
             if args.names:

@@ -5,18 +5,16 @@ described. No cubepack import: an older writer runs with an older cubepack first
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = Path(os.environ.get("CUBEPACK_COMPAT_OUT", ROOT / "tests" / "fixtures" / "compat"))
+OUT = ROOT / "tests" / "fixtures" / "compat"
 KEYS = OUT / "keys"
 #: Where inputs are built; fixed, because some of its paths are written into fixtures (a pin's
 #: model name, MemOS's config.json).
-WORK = Path(os.environ.get("CUBEPACK_COMPAT_WORK",
-                           Path(tempfile.gettempdir()) / "cubepack-compat-fixtures"))
+WORK = Path(tempfile.gettempdir()) / "cubepack-compat-fixtures"
 #: The token ids of lone KV files (as tests/support/data.py's prompt).
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 #: The MemOS dump every cube with activations is packed from.

@@ -1,14 +1,13 @@
 """Writers of the fixtures older cubepack commits wrote, one function per fixture, each calling
 that commit's public API (``cubepack.pack``, ``save_kv_cache``, ``sign``, ``migrate``,
 ``encrypt``: names that have not moved). Run by ``tools/make_compat_fixtures.py --old [NAME ...]``
-with the commit's tree (``git archive``) first on PYTHONPATH, in its folder; the commit is in
-``CUBEPACK_COMPAT_COMMIT``, and which commit and environment write which fixture is
+with the commit's tree (``git archive``) first on PYTHONPATH, in its folder, as ``writers.py
+COMMIT NAME...``; which commit and environment write which fixture is
 ``make_compat_fixtures.OLD``. Inputs are the current fixtures' own (the MemOS dump, the
 adapter's and the text memory's files) and the tiny models, so only the writer differs."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from transformers import AutoModelForCausalLM
 import cubepack
 from _common import KEYS, MEMOS_DUMP, OUT, PROMPT, describe, fresh, model_folders
 
-COMMIT = os.environ["CUBEPACK_COMPAT_COMMIT"]
+COMMIT = sys.argv[1]
 # The cubepack imported is the commit's, not the checkout's (PYTHONPATH comes first).
 assert Path(cubepack.__file__).resolve().is_relative_to(Path.cwd().resolve()), cubepack.__file__
 MODELS = {name: str(folder) for name, folder in model_folders().items()}
@@ -209,5 +208,5 @@ WRITERS = {"lock1": lock1, "kv1": kv1, "lock2": lock2, "attestation1": attestati
            "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden}
 
 if __name__ == "__main__":
-    for fixture in sys.argv[1:]:
+    for fixture in sys.argv[2:]:
         WRITERS[fixture]()
