@@ -66,7 +66,7 @@ OLD = {"lock1": (L1, "latest"), "kv1": (L1, "latest"),
        "lock2": (L2, "latest"),
        "attestation1": (L3, "latest"), "lock3-adapters": (L3, "latest"),
        "lock3-vectors": (L3, "latest"), "lock3-lineage": (L3, "latest"),
-       "attestation2": (L4, "latest"), "kv2": (L4, "latest"),
+       "attestation2": (L4, "latest"), "kv2": (L4, "latest"), "mlx2": (L4, "latest"),
        "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest")}
 
 
@@ -257,6 +257,22 @@ def build_kv3(m: dict[str, Path], k: dict[str, Path]) -> None:
              expect={"artefact": "kv", "model": "a", "load": True})
 
 
+def build_mlx3(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """kv3's KV file as an MLX-LM prompt cache (written without MLX: its layout is cubepack's
+    to write)."""
+    from cubepack.mlx import export_prompt_cache
+
+    folder = fresh("mlx3", "mlx")
+    folder.mkdir()
+    export_prompt_cache(OUT / "kv3" / "kv" / "prompt.kv.safetensors",
+                        folder / "prompt.safetensors", model=str(m["a"]))
+    describe("mlx3", what="kv3's KV file exported as an MLX-LM prompt cache: its metadata "
+             "carries the KV header (format 3).", commit=head(),
+             how="cubepack.mlx.export_prompt_cache(kv3/kv/prompt.kv.safetensors, ..., "
+             "model=A).",
+             expect={"artefact": "mlx", "model": "a", "source": "kv3"})
+
+
 def build_adapters(m: dict[str, Path], k: dict[str, Path]) -> None:
     """A cube holding a LoRA adapter made by peft for model A (random B: it changes logits)."""
     import torch
@@ -362,7 +378,7 @@ def build_private2_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
 #: name -> builder, in the order they depend on each other.
 CURRENT = {
     "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
-    "bundle": build_bundle, "kv3": build_kv3, "adapters": build_adapters,
+    "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
     "vectors": build_vectors, "lineage": build_lineage, "private2-age": build_private2_age,
     "private2-ssh-hidden": build_private2_ssh,
 }

@@ -25,6 +25,10 @@ MODELS = {name: str(folder) for name, folder in model_folders().items()}
 SIGN, SIGN_PUB = str(KEYS / "signing.pem"), str(KEYS / "signing.pub.pem")
 UPGRADE = "cubepack upgrade CUBE_DIR --model MODEL"
 HERE = "tools/compat_old/writers.py"
+#: An older attestation's recomputed statements are claims: required, they are proved anew.
+PROVE_RECOMPUTED = {"verify": {"trusted_key": True, "require_provenance": "recomputed"},
+                    "command": "cubepack verify CUBE_DIR --recompute --model MODEL "
+                               "--require-provenance recomputed"}
 
 
 def packed_dump(name: str, **options) -> Path:
@@ -99,7 +103,7 @@ def attestation1() -> None:
              expect={"artefact": "cube", "model": "a", "signed": True,
                      "verify": {"recompute": True, "trusted_key": True,
                                 "require_signature": True, "require_lineage": True},
-                     "basis": "claimed", "load": True})
+                     "basis": "claimed", "load": True, "refusals": [PROVE_RECOMPUTED]})
 
 
 def lock3_adapters() -> None:
@@ -157,7 +161,7 @@ def attestation2() -> None:
                      "verify": {"recompute": True, "trusted_key": True,
                                 "require_signature": True, "require_lineage": True,
                                 "strict_models": True},
-                     "basis": "claimed", "load": True})
+                     "basis": "claimed", "load": True, "refusals": [PROVE_RECOMPUTED]})
 
 
 def kv2() -> None:
@@ -166,6 +170,20 @@ def kv2() -> None:
              commit=COMMIT, how=f"cubepack.save_kv_cache(A's prefill of PROMPT, ..., "
              f"producer=A, token_ids=PROMPT) ({HERE}).",
              expect={"artefact": "kv", "model": "a", "load": True})
+
+
+def mlx2() -> None:
+    from cubepack.mlx import export_prompt_cache
+
+    folder = fresh("mlx2", "mlx")
+    folder.mkdir()
+    export_prompt_cache(OUT / "kv2" / "kv" / "prompt.kv.safetensors",
+                        folder / "prompt.safetensors", model=MODELS["a"])
+    describe("mlx2", what="kv2's KV file exported as an MLX-LM prompt cache: its metadata "
+             "carries a KV header of format 2 (no checksums).", commit=COMMIT,
+             how=f"cubepack.mlx.export_prompt_cache(kv2/kv/prompt.kv.safetensors, ..., "
+             f"model=A) ({HERE}).",
+             expect={"artefact": "mlx", "model": "a", "source": "kv2"})
 
 
 # --- b8d4585: encryption section version 1, manifest version 1 -----------------------------------
@@ -204,7 +222,7 @@ def private1_ssh_hidden() -> None:
 
 WRITERS = {"lock1": lock1, "kv1": kv1, "lock2": lock2, "attestation1": attestation1,
            "lock3-adapters": lock3_adapters, "lock3-vectors": lock3_vectors,
-           "lock3-lineage": lock3_lineage, "attestation2": attestation2, "kv2": kv2,
+           "lock3-lineage": lock3_lineage, "attestation2": attestation2, "kv2": kv2, "mlx2": mlx2,
            "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden}
 
 if __name__ == "__main__":
