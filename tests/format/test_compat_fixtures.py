@@ -3,10 +3,12 @@ version it still reads, is committed in ``tests/fixtures/compat/`` (written by t
 fixture's README names: ``tools/make_compat_fixtures.py``), and today's code reads each one as
 its ``fixture.json`` says: the cube verifies (with its producer, its signer's key, its
 embedder, its recipient's identity), its KV files load into their producer, its adapter onto its
-base, a MemOS dump packs; or it is refused naming the exact command that upgrades it, and that
-command, run on a copy, makes it verify (``fixes``). What an older artefact no longer passes
-under a stronger option (a version-1 attestation's lineage is a claim) is refused naming its
-fix, which is run too (``refusals``).
+base, a MemOS dump packs, the MemOS hook loads its activations (memos environment); or it is
+refused naming the exact command that upgrades it, and that command, run on a copy, makes it
+verify (``fixes``). What an older artefact no longer passes under a stronger option (a
+version-1 attestation's lineage, a version-2 attestation's recomputed labels: claims now) is
+refused naming its fix, which is run too (``refusals``). MLX-LM prompt caches are loaded by
+MLX in ``tests/mlx/test_compat_mlx.py`` (the mlx environment); here only their layout is read.
 
 The folder is swept: a new fixture is tested without editing this file, and a format version
 the code reads with no fixture of it fails :func:`test_every_readable_version_has_a_fixture`.
@@ -39,10 +41,10 @@ KEYS = COMPAT / "keys"
 #: Every fixture: a folder holding a fixture.json (keys/ and files are not fixtures).
 NAMES = sorted(p.name for p in COMPAT.iterdir() if (p / "fixture.json").is_file())
 #: What a fixture may name as its artefact's folder.
-ARTEFACTS = {"cube": "cube", "memos-dump": "cube", "kv": "kv"}
+ARTEFACTS = {"cube": "cube", "memos-dump": "cube", "kv": "kv", "mlx": "mlx"}
 SIGNING = importlib.util.find_spec("model_signing") is not None
-#: Placeholders a refusal's command holds, by what they stand for.
-PLACEHOLDERS = {"path": ("CUBE_DIR", "CUBE", "PATH"), "model": ("MODEL",)}
+#: Placeholders a refusal's command holds for the path the refused step was given.
+PLACEHOLDERS = {"path": ("CUBE_DIR", "CUBE", "PATH")}
 
 
 def spec(name: str) -> dict:
@@ -95,34 +97,38 @@ def kv_files(folder: Path) -> list[Path]:
 def run_fix(fix: dict, fixture: dict, inputs: dict, target: Path, model,
             tmp_path: Path) -> Path:
     """One refusal and its fix: the step (a verify under ``fix['verify']``, or a load) is
-    refused naming ``fix['command']`` (``PATH`` filled with the file the load was given, as
-    the refusal shows it); that command, run with the placeholders filled (the artefact, its
-    model, the parent fixture, a new folder, the signing key), succeeds; then the step passes
-    on what it made. Returns the artefact to go on with (``DIR`` when the command made one)."""
+    refused naming ``fix['command']`` (as a template, or with the path it was given in place of
+    ``CUBE_DIR``, ``CUBE`` or ``PATH``); that command, run with the placeholders filled (the
+    artefact, its model, the parent fixture, a new folder, the signing key), succeeds; then the
+    step passes on what it made (a ``cubepack verify`` fix is that step). Returns the artefact
+    to go on with (``DIR`` when the command made one)."""
     if "verify" in fix:
         with pytest.raises(cubepack.VerificationFailed) as refused:
             cubepack.verify(target, **options(fixture, inputs, fix["verify"]))
-        shown = fix["command"]
+        given = target
     else:
-        path = kv_files(target)[0]
+        given = kv_files(target)[0]
         with pytest.raises(cubepack.CubepackError) as refused:
-            cubepack.load_kv_cache(path, model)
-        shown = fix["command"].replace("PATH", str(path))
-    assert shown in str(refused.value), (shown, str(refused.value))
+            cubepack.load_kv_cache(given, model)
+    words = fix["command"].split()
+    shown = [fix["command"], *(" ".join(str(given) if word == placeholder else word
+                                        for word in words)
+                               for placeholder in PLACEHOLDERS["path"])]
+    assert any(text in str(refused.value) for text in shown), (shown, str(refused.value))
     made = tmp_path / f"fixed-{len(list(tmp_path.glob('fixed-*')))}"
     values = {"MODEL": str(inputs["models"].get(fixture.get("model"), "")),
               "DIR": str(made), "KEY": str(inputs["keys"]["sign"]),
-              **{word: str(target) for word in ("CUBE_DIR", "CUBE")},
-              "PATH": str(kv_files(target)[0]) if fixture["artefact"] == "kv" else ""}
+              **{placeholder: str(given) for placeholder in PLACEHOLDERS["path"]}}
     if "parent" in fix:
         values["PARENT"] = str(artefact_copy(fix["parent"], tmp_path / "parent"))
-    words = fix["command"].split()
     assert words[0] == "cubepack"
     done = cli_in_process([values.get(word, word) for word in words[1:]], env=dict(os.environ),
                           cwd=tmp_path)
     assert done.returncode == 0, (fix["command"], done.stdout, done.stderr)
     target = made if "DIR" in words else target
-    if "verify" in fix:
+    if words[1] == "verify":
+        pass  # the command was the step, with what it lacked
+    elif "verify" in fix:
         assert cubepack.verify(target, **options(fixture, inputs, fix["verify"])).ok
     else:
         assert cubepack.load_kv_cache(kv_files(target)[0], model).get_seq_length() > 0
@@ -169,6 +175,15 @@ def test_the_fixture_is_read_by_todays_code(name, inputs, models, tmp_path):
     model = models[fixture["model"]] if "model" in fixture else None
     for fix in fixture.get("fixes", []):  # refusals before it verifies, each with its fix
         target = run_fix(fix, fixture, inputs, target, model, tmp_path)
+    if fixture["artefact"] == "mlx":  # MLX loads it: tests/mlx/test_compat_mlx.py
+        from cubepack.mlx._convert import claimed_header
+        from cubepack.mlx._layout import read_prompt_cache
+
+        source = read_kv_header(next((COMPAT / fixture["source"] / "kv").iterdir()))
+        for path in target.iterdir():  # without MLX: its layout, and the KV header it carries
+            carried = claimed_header(read_prompt_cache(path))
+            assert (carried.version, carried.producer) == (source.version, source.producer)
+        return
     if fixture["artefact"] == "kv":
         for path in kv_files(target):
             assert cubepack.load_kv_cache(path, model).get_seq_length() > 0
@@ -212,6 +227,47 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
     for name in sorted(clear):
         cache = cubepack.load_kv_cache(target / names[name], model, decrypt_with=identity)
         assert cache.get_seq_length() > 0
+
+
+def memos_cube(name: str) -> bool:
+    """Is fixture ``name`` a cube MemOS loads activations from (its config.json's act_mem a
+    KV cache memory; a private cube's config.json is a ciphertext: its public lock counts its
+    activations)?"""
+    fixture = spec(name)
+    folder = COMPAT / name / ARTEFACTS[fixture["artefact"]]
+    if fixture["artefact"] != "cube" or not (folder / constants.LOCK_FILENAME).is_file():
+        return False
+    lock = json.loads((folder / constants.LOCK_FILENAME).read_text())
+    if "encryption" in lock:
+        return lock["encryption"]["counts"]["activations"] > 0
+    config = folder / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("act_mem", {}).get(
+        "backend") == "kv_cache"
+
+
+@pytest.mark.memos
+@pytest.mark.parametrize("name", [name for name in NAMES if memos_cube(name)])
+def test_the_memos_hook_loads_the_fixture(name, inputs, models, tmp_path):
+    """The MemOS hook (memos environment) verifies the fixture, once fixed as its refusals
+    say, and loads every activation into the model MemOS loaded, dropping none."""
+    pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
+    import cubepack.memos as hook
+
+    from memos_live import cube_config
+
+    fixture = spec(name)
+    if fixture.get("signed") and not SIGNING:
+        pytest.skip("a signed fixture: signatures need model_signing (cubepack[sign])")
+    target = artefact_copy(name, tmp_path)
+    model = models[fixture["model"]]
+    for fix in fixture.get("fixes", []):
+        target = run_fix(fix, fixture, inputs, target, model, tmp_path)
+    asked = {key: value for key, value in options(fixture, inputs, fixture["verify"]).items()
+             if key not in ("model", "embedder")}
+    config = cube_config(inputs["models"][fixture["model"]])
+    loaded = hook.init_from_dir(target, default_config=config, **asked)
+    assert loaded.cubepack.loaded and not loaded.cubepack.dropped
+    assert len(loaded.act_mem.get_all()) == len(loaded.cubepack.loaded)
 
 
 def detected_versions(inputs) -> dict[str, set]:
