@@ -229,6 +229,65 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
         assert cache.get_seq_length() > 0
 
 
+@pytest.mark.parametrize("name", [name for name in NAMES if spec(name).get("signed")
+                                  and spec(name)["artefact"] == "cube"
+                                  and "identity" not in spec(name)])
+def test_a_signed_fixture_upgraded_is_signed_again_as_the_upgrade_says(name, inputs, tmp_path):
+    """``cubepack upgrade`` (what a KV file of format 2 asks for at every load) re-packs an
+    older signed cube, so the signature, which signed the old lock, cannot stay: the upgrade
+    says so and names the command that signs it again, which, run, makes the cube verify as
+    it did. A current cube is left as it is, signature and all."""
+    if not SIGNING:
+        pytest.skip("signatures need model_signing (cubepack[sign])")
+    fixture = spec(name)
+    target = artefact_copy(name, tmp_path)
+    model = str(inputs["models"][fixture["model"]])
+    done = cli_in_process(["upgrade", target, "--model", model], env=dict(os.environ),
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    if (target / constants.SIGNATURE_FILENAME).is_file():
+        assert "upgraded 0 file(s)" in done.stdout
+    else:
+        sign = f"cubepack sign {target} --key KEY --model {model}"
+        assert sign in done.stdout, done.stdout
+        again = cli_in_process([inputs["keys"]["sign"] if word == "KEY" else word
+                                for word in sign.split()[1:]], env=dict(os.environ),
+                               cwd=tmp_path)
+        assert again.returncode == 0, again.stdout + again.stderr
+    assert cubepack.verify(target, **options(fixture, inputs, fixture["verify"])).ok
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if "identity" in spec(name)])
+def test_a_private_fixture_rekeys_to_a_new_reader_in_todays_format(name, inputs, tmp_path,
+                                                                  monkeypatch):
+    """A private cube of any encryption section version is rekeyed by today's code (the way
+    an older one reaches today's section): to its reader and a new one, who then opens it."""
+    pyrage = pytest.importorskip("pyrage", reason="a new reader's age key is made by pyrage")
+    fixture = spec(name)
+    if fixture.get("signed") and not SIGNING:
+        pytest.skip("a signed fixture: signatures need model_signing (cubepack[sign])")
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "cache"))  # its generations seen
+    target = artefact_copy(name, tmp_path)
+    before = json.loads((target / constants.LOCK_FILENAME).read_text())["encryption"]
+    new = pyrage.x25519.Identity.generate()
+    reader = tmp_path / "reader.key"
+    reader.write_text(f"{new}\n")
+    os.chmod(reader, 0o600)
+    keys, own = inputs["keys"], inputs["keys"][fixture["identity"]]
+    if fixture.get("signed"):
+        cubepack.rekey(target, own, add=[str(new.to_public())], sign_key=str(keys["sign"]),
+                       trusted_keys=[str(keys["trusted_key"])])
+    else:
+        mine = Path(f"{own}.pub") if fixture["identity"] == "ssh" else KEYS / "age.pub"
+        cubepack.rekey(target, own, to=[mine.read_text().strip(), str(new.to_public())])
+    after = json.loads((target / constants.LOCK_FILENAME).read_text())["encryption"]
+    assert after["version"] == lockfile.ENCRYPTION_VERSION
+    assert after["generation"] == before.get("generation", 0) + 1
+    assert after["hidden_names"] == before["hidden_names"]
+    kwargs = {**options(fixture, inputs, fixture["verify"]), "decrypt_with": str(reader)}
+    assert cubepack.verify(target, **kwargs).ok
+
+
 def memos_cube(name: str) -> bool:
     """Is fixture ``name`` a cube MemOS loads activations from (its config.json's act_mem a
     KV cache memory; a private cube's config.json is a ciphertext: its public lock counts its
