@@ -208,6 +208,34 @@ def test_the_fixture_is_read_by_todays_code(name, inputs, models, tmp_path):
         target = run_fix(fix, fixture, inputs, target, model, tmp_path)
 
 
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from cubepack.testing.hub import InstrumentedHub
+
+    with InstrumentedHub(tmp_path_factory.mktemp("compat-hub")) as server:
+        yield server
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES
+                                  if spec(name)["artefact"] in ("cube", "memos-dump")])
+def test_the_fixture_travels_through_a_hub(name, inputs, hub, tmp_path):
+    """Pushed (as it is, or once fixed or packed as its spec says) to a local endpoint and
+    pulled by the real huggingface_hub client, it verifies there as it did here."""
+    fixture = spec(name)
+    if fixture.get("signed") and not SIGNING:
+        pytest.skip("a signed fixture: signatures need model_signing (cubepack[sign])")
+    target = artefact_copy(name, tmp_path)
+    for fix in fixture.get("fixes", []):
+        target = run_fix(fix, fixture, inputs, target, None, tmp_path)
+    if fixture["artefact"] == "memos-dump":
+        cubepack.pack(target, model=str(inputs["models"][fixture["model"]]), **fixture["pack"])
+    # Fixtures name their tiny models by the local folder they were packed with.
+    cubepack.push(target, f"compat/{name}", endpoint=hub.url, allow_local_paths=True)
+    pulled = cubepack.pull(f"compat/{name}", endpoint=hub.url, local_dir=tmp_path / "pulled",
+                           **options(fixture, inputs, fixture["verify"]))
+    assert pulled.report.ok and len(pulled.commit_sha) == 40
+
+
 def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> None:
     """Every activation of the cube loads into its producer (a private cube's from its
     ciphertext, with the identity)."""
