@@ -567,7 +567,9 @@ def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) 
     result = upgrade(path, model, revision=revision)
     _emit(result.to_dict(), as_json,
           lambda d: f"upgraded {len(d['upgraded'])} file(s), {len(d['current'])} already current: "
-                    f"{d['path']}")
+                    f"{d['path']}" + (f"\n  unsigned: {', '.join(d['unsigned'])} signed the lock "
+                                      f"it replaced and were removed; sign it again: "
+                                      f"{d['sign_again']}" if d["unsigned"] else ""))
 
 
 @cli.command("sign")

@@ -11,11 +11,14 @@ tensors are copied unchanged.
 A cube is verified first, as far as its lock version allows, and refused (untouched) if it
 fails; the upgrade is staged from the files its lock lists only, each reached without
 following a symlink (a folder copy would follow a symlinked folder and link files from
-outside into the cube, which a push then uploads). A current cube is left untouched.
+outside into the cube, which a push then uploads). A current cube is left untouched. An
+upgraded cube has a new lock, which no signature signed: its ``cubepack.sig`` and attestation
+are removed, and the result names them and the command that signs it again.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,7 @@ from .._util import atomic, constants
 from .._util.paths import regular_file, resolve_inside
 from .._util.quiet import terminal_bars
 from ..errors import IdentityMismatch, Mismatch, UsageError
+from ..format import _fileset as fileset
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, compare_keyed
 from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
@@ -42,9 +46,15 @@ class UpgradeResult:
     path: Path
     upgraded: list[str] = field(default_factory=list)
     current: list[str] = field(default_factory=list)
+    #: the signing files (``cubepack.sig``, the attestation) an upgraded cube no longer holds:
+    #: they signed the lock it replaced
+    unsigned: list[str] = field(default_factory=list)
+    #: the command that signs the upgraded cube again, when ``unsigned`` names any
+    sign_again: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current}
+        return {"path": str(self.path), "upgraded": self.upgraded, "current": self.current,
+                "unsigned": self.unsigned, "sign_again": self.sign_again}
 
 
 @terminal_bars
@@ -104,10 +114,15 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                 (result.upgraded if upgraded else result.current).append(name)
             pack(staging, model=str(model), revision=revision,
                  cube_id=None if "config.json" in lock["files"] else lock.get("cube_id"))
+            # The staging folder holds no signing file (nothing signed its new lock).
+            result.unsigned = [name for name in fileset.SIGNING if (cube / name).is_file()]
             atomic.replace_dir(staging, cube)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+    if result.unsigned:  # sign takes no --revision: without --model it checks the HF cache's
+        result.sign_again = (f"cubepack sign {shlex.quote(str(cube))} --key KEY"  # pinned one
+                             + ("" if revision else f" --model {shlex.quote(str(model))}"))
     return result
 
 

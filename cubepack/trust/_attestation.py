@@ -399,7 +399,8 @@ def _carried(subject: str, where: str, link: dict[str, Any]) -> Check:
     return _refusal("lineage", subject, f"{where} names parent {link['lock_digest']} as a claim: "
                     "its signer carried the lineage from the lock (a re-pack, or cubepack sign) "
                     "and did not derive it. A derived cube's lineage is signed by the migrate "
-                    "that made it: cubepack migrate PARENT --out DIR --sign-key KEY",
+                    "that made it: cubepack migrate PARENT --model MODEL --out DIR --sign-key KEY "
+                    "(MODEL, or --embedder EMBEDDER, the one the cube was derived for)",
                     "a parent link its signer derived (migrate)", "a carried claim")
 
 
