@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "compat_old"))
-from _common import (KEYS, MEMOS_DUMP, OUT, PROMPT, ROOT, WORK,  # noqa: E402
+from _compat_common import (KEYS, MEMOS_DUMP, OUT, PROMPT, ROOT, WORK,  # noqa: E402
                      describe, env_name, fresh, model_folders)
 
 #: The token ids of the bundle's two KV files.

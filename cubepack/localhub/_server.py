@@ -405,13 +405,15 @@ class _BoundedServer(ThreadingHTTPServer):
     request_queue_size = 128  # the accept loop never blocks: only bursts queue in the kernel
 
     def __init__(self, address: Any, handler: Any, limit: int, per_client: int):
-        super().__init__(address, handler)
+        # Before the socket is bound: a bind that fails (a port in use) closes the server at
+        # once, and server_close reads these.
         self.limit, self.per_client = limit, per_client
         self._guard = threading.Lock()
         self._served: dict[str, int] = {}
         self._total = 0
         self._waiting: dict[str, list[tuple[Any, Any]]] = {}
         self._waiting_total = 0
+        super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_address[0]

@@ -112,6 +112,7 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["ns/x", "--embedder-sample", "3"], "UsageError"),
                 (["ns/x", "--require-lineage"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
+    ("hub", "gc"): [(["{empty}"], "UsageError")],
 }
 
 

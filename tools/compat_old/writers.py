@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import cubepack
-from _common import KEYS, MEMOS_DUMP, OUT, PROMPT, describe, fresh, model_folders
+from _compat_common import KEYS, MEMOS_DUMP, OUT, PROMPT, describe, fresh, model_folders
 
 COMMIT = sys.argv[1]
 # The cubepack imported is the commit's, not the checkout's (PYTHONPATH comes first).
