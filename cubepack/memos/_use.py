@@ -43,9 +43,16 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import Any
 
-from ..errors import CubepackError, IdentityMismatch, Mismatch, UnsupportedError
+from ..errors import (
+    CubepackError,
+    IdentityMismatch,
+    Mismatch,
+    ModelNotFoundError,
+    UnsupportedError,
+)
 from ..identity._config_fields import declared_context
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
@@ -246,14 +253,19 @@ def live_identity(model: Any, call: str) -> ModelIdentity:
     fingerprint (a test double, a model without weights) is a typed error naming the call."""
     try:
         return fingerprint(model)
+    except ModelNotFoundError as exc:
+        if isinstance(model, (str, PurePath)):  # (a test double claims os.PathLike too)
+            raise  # a name that names no model: its own refusal says so
+        failure: Exception = exc  # a live object that is no model cubepack can read
     except CubepackError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to read the model: one sentence
-        raise UnsupportedError(
-            f"{call}: cubepack cannot fingerprint the model it runs ({type(model).__name__}: "
-            f"{type(exc).__name__}: {str(exc)[:200]}), so a cache it builds or uses cannot be "
-            "tied to its producer. Use a transformers model loaded from a folder or the Hub, "
-            "or call cubepack.memos.uninstall() to run MemOS unguarded.") from exc
+        failure = exc
+    raise UnsupportedError(
+        f"{call}: cubepack cannot fingerprint the model it runs ({type(model).__name__}: "
+        f"{type(failure).__name__}: {str(failure)[:200]}), so a cache it builds or uses cannot "
+        "be tied to its producer. Use a transformers model loaded from a folder or the Hub, "
+        "or call cubepack.memos.uninstall() to run MemOS unguarded.") from failure
 
 
 def register_cache(cache: Any, model: Any, *, item_id: str = "registered",
