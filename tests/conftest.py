@@ -32,6 +32,18 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 from data import EXAMPLES, ITEMS, MODEL_A_COMMIT, PROMPT  # noqa: F401
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_private_state():
+    """Each test module starts as a fresh process would as to private memories: a content a
+    private cube brought stays sealed for the life of a process (so an identical cache built
+    later cannot be dumped in clear), and a pytest worker runs many modules that build the
+    same tiny model's caches, public in one and loaded from a private cube in another."""
+    yield
+    use = sys.modules.get("cubepack.memos._use")
+    if use is not None:
+        use.forget_sealed_content()
+
+
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> dict[str, Path]:
     """Every tiny fixture model (see :func:`cubepack.testing.tiny.build_zoo`)."""

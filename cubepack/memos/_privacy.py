@@ -115,6 +115,15 @@ def note_sealed() -> None:
     _EVER[0] = True
 
 
+def forget_stores() -> None:
+    """Forget which stores and that anything was sealed in this process: for a test runner,
+    whose tests each stand for a fresh process (a seal is process state; in one process it
+    is never forgotten, which is the point)."""
+    with _LOCK:
+        _STORE_SEALS.clear()
+        _EVER[0] = False
+
+
 def seal(target: Any, seals: Iterable[Seal]) -> None:
     """Mark ``target`` (a memory instance, a database client) with ``seals`` (added to any it
     carries), and its store, when it is a persistent one."""

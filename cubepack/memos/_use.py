@@ -69,7 +69,7 @@ from ..kv._torch import (
 from ..memory._reprefill import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
-from ._privacy import cube_memories, ever_sealed, note_sealed, seal, seals_of
+from ._privacy import cube_memories, ever_sealed, forget_stores, note_sealed, seal, seals_of
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -158,6 +158,15 @@ def add_seals(cache: Any, seals: frozenset[Any]) -> None:
             if record is old:
                 del _BY_CONTENT[digest]
                 _SEALED[digest] = entry.record
+
+
+def forget_sealed_content() -> None:
+    """Forget the contents private cubes brought and that this process ever sealed anything
+    (objects keep the marks they carry): for a test runner, whose test modules each stand for
+    a fresh process. Never called by cubepack itself: a sealed content stays sealed."""
+    with _LOCK:
+        _SEALED.clear()
+    forget_stores()
 
 
 def memory_seals(memory: Any) -> frozenset[Any]:

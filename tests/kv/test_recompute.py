@@ -581,3 +581,19 @@ def test_recompute_tokens_at_least_the_token_count_is_a_full_check(tmp_path, zoo
     with pytest.raises(cubepack.VerificationFailed, match="partial"):
         cubepack.verify(cube, model=models["a"], recompute_tokens=len(PROMPT) - 1,
                         require_provenance="recomputed")
+
+
+def test_a_sample_of_fewer_positions_than_the_cache_holds_never_covers_them_all():
+    """``--recompute-tokens N`` below the token count is a sample of N positions (the last
+    among them), whatever the draw: drawn from every position, N = total - 1 once covered all
+    of them and a partial check the user asked for ran, and was reported, full."""
+    import random
+
+    from cubepack.kv._recompute import _positions
+
+    for seed in range(300):
+        for total in (2, 3, 7):
+            for sample in range(1, total):
+                chosen = _positions(total, sample, [], random.Random(seed))
+                assert len(chosen) == sample and total - 1 in chosen
+    assert _positions(5, 5, [], random.Random(0)) is None  # N >= total: every position
