@@ -46,8 +46,14 @@ with ramdir.ram_folder() as folder:
 #: ``cubepack verify --identity`` as the CLI runs it, paused (on stdin) once a check of the
 #: decrypted clear cube begins: it prints the RAM folder's path, then waits.
 PAUSED_VERIFY = r"""
-import sys
+import signal, sys
 from cubepack.ops import _verify
+
+# The dispositions a command started from a terminal has: a runner under nohup (or a CI
+# agent) starts its children with SIGHUP ignored, and an ignored signal ends nothing, so there
+# is nothing to clean up (cubepack leaves a disposition it did not find at the default alone).
+for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1"):
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
 
 real = _verify._check_files
 
