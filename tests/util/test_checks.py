@@ -1,0 +1,47 @@
+"""The check catalogue (``cubepack/_util/checks.py``): one row per check, each complete, and
+the tables it replaces agree with it row for row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cubepack._util.checks import DAMAGE_FIX, Basis, Catalogue
+
+from envs import once
+
+pytestmark = once
+
+
+@pytest.mark.parametrize("entry", list(Catalogue), ids=str)
+def test_each_entry_is_its_name_and_says_what_to_do_when_it_refuses(entry):
+    assert entry == entry.value and str(entry) == f"{entry}" == entry.value
+    assert Catalogue(entry.value) is entry
+    assert hash(entry) == hash(entry.value) and entry.value in {entry}
+    assert json.loads(json.dumps({"check": entry})) == {"check": entry.value}
+    assert isinstance(entry.basis, Basis)
+    assert entry.fix and entry.fix[0].islower() and not entry.fix.endswith(".")
+    assert entry.damage == (entry.fix == DAMAGE_FIX)
+    # A check of who sent the cube, or one needing the plaintext, is never about the bytes.
+    assert not (entry.damage and (entry.trust or entry.plaintext))
+
+
+def test_the_catalogue_agrees_with_the_tables_it_replaces():
+    from cubepack.errors import VerificationFailed
+    from cubepack.hub import _remote
+    from cubepack.memory import _embedder
+    from cubepack.ops import _verify
+    from cubepack.trust import _generation
+    from cubepack.trust._evidence import CHECK_BASIS
+    from cubepack.trust._report import CHECKS, OPTIONAL
+
+    assert list(Catalogue) == list(CHECKS)
+    assert {e for e in Catalogue if e.optional} == set(OPTIONAL)
+    assert {e: e.basis for e in Catalogue} == CHECK_BASIS
+    assert {e for e in Catalogue if e.damage} == VerificationFailed.DAMAGE
+    assert {e: e.fix for e in Catalogue if not e.damage} == VerificationFailed.FIXES
+    assert {e for e in Catalogue if e.public_only} == set(_verify._PUBLIC_ONLY)
+    assert {e for e in Catalogue if e.trust} == set(_verify._TRUST_CHECKS)
+    assert (_remote.CHECK, _generation.CHECK, _embedder.CHECK) == (
+        Catalogue.REMOTE_MODEL, Catalogue.REPLAY, Catalogue.EMBEDDER)
