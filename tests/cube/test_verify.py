@@ -209,10 +209,10 @@ def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
     of the policy names its own fix (it said "see each problem for what to do" and gave none)."""
     from types import SimpleNamespace
 
-    from cubepack.trust._report import CHECKS
+    from cubepack._util.checks import Catalogue
 
-    assert set(CHECKS) == set(VerificationFailed.DAMAGE) | set(VerificationFailed.FIXES)
-    for name in CHECKS:
+    assert set(Catalogue) == set(VerificationFailed.DAMAGE) | set(VerificationFailed.FIXES)
+    for name in Catalogue:
         failed = SimpleNamespace(name=name, __str__=None)
         report = SimpleNamespace(cube_dir="c", failures=[failed])
         message = str(VerificationFailed(report))
