@@ -1,6 +1,6 @@
 """One owner per rule, held by reading the source: a basis ("proved", "signed", "claimed") is
-spelled only by the evidence module (and by the two formats that name a block or field after
-one, each once, as a constant), and the bookkeeping folders (``.cache/...``) only by the
+spelled only by the check catalogue, which declares the vocabulary (and by the two formats
+that name a block or field after one, each once, as a constant), and the bookkeeping folders (``.cache/...``) only by the
 file-set rule. Any other module that needs them imports them from their owner."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ PACKAGE = Path(cubepack.__file__).parent
 BASES = {"proved", "signed", "claimed"}
 #: The owners, and (for the formats that name a part after a basis) how many times each may
 #: spell one: once per constant.
-OWNERS = {"_util/checks.py": None, "trust/_evidence.py": None, "format/_envelope.py": 2,
-          "format/_lock.py": 1}
+OWNERS = {"_util/checks.py": None, "format/_envelope.py": 2, "format/_lock.py": 1}
 
 
 def literals(path: Path) -> list[tuple[int, str]]:
