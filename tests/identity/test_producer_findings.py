@@ -126,7 +126,6 @@ BLAMES = {
     "errors.py: IdentityMismatch": "said only when every mismatch is a producer field "
                                    "(of_producer), else the refusal's own finding",
     "errors.py: __init__": "IdentityMismatch's default advice, given only when of_producer",
-    "errors.py: VerificationFailed": "a fix for a failed recomputation, not a finding",
     "memos/_use.py: register_cache": "compare() of the record's producer with the model",
     "memos/_use.py: checked_add": "compare() of the record's producer with the memory's model",
     "memos/_use.py: merged": "compare() of two parts' producers",

@@ -28,14 +28,11 @@ def test_each_entry_is_its_name_and_says_what_to_do_when_it_refuses(entry):
 
 
 def test_the_catalogue_agrees_with_the_tables_it_replaces():
-    from cubepack.errors import VerificationFailed
     from cubepack.hub import _remote
     from cubepack.memory import _embedder
     from cubepack.ops import _verify
     from cubepack.trust import _generation
 
-    assert {e for e in Catalogue if e.damage} == VerificationFailed.DAMAGE
-    assert {e: e.fix for e in Catalogue if not e.damage} == VerificationFailed.FIXES
     assert {e for e in Catalogue if e.public_only} == set(_verify._PUBLIC_ONLY)
     assert {e for e in Catalogue if e.trust} == set(_verify._TRUST_CHECKS)
     assert (_remote.CHECK, _generation.CHECK, _embedder.CHECK) == (
