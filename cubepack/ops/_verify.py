@@ -134,7 +134,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             if is_private(lock):
                 _check_public_private(report, lock, policy)
             failed_trust = sorted({c.name for c in report.checks
-                                   if c.name in _TRUST_CHECKS and c.ok is False})
+                                   if c.name.trust and c.ok is False})
             if is_private(lock) and decrypt_with is not None and failed_trust:
                 # SECURITY.md: refused before anything is decrypted. The sender the policy
                 # asked to authenticate was not (or sent an older revision, or other
@@ -187,11 +187,6 @@ def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy
     checkpoint("the proofs asked for")
 
 
-#: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
-_PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
-#: Checks of who sent the cube, and which revision to which readers: when one fails, nothing
-#: is decrypted.
-_TRUST_CHECKS = ("signature", "attestation", "lineage", "recipients", generations.CHECK)
 #: How a verify's record of a generation says where it was seen.
 SEEN_HERE = "in a verify or pull on this machine"
 
@@ -268,7 +263,7 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
                "records; the public lock agrees with the private one")
     report.checks[-1].scope = "decrypted"  # heads the checks run on the plaintext
     for check in inner.checks:
-        if check.name in _PUBLIC_ONLY:
+        if check.name.public_only:  # the outer pass ran it on what anyone holds
             continue
         check.detail = check.detail.replace(folder, str(report.cube_dir))
         check.subject = check.subject.replace(folder, str(report.cube_dir))

@@ -30,10 +30,21 @@ def test_each_entry_is_its_name_and_says_what_to_do_when_it_refuses(entry):
 def test_the_catalogue_agrees_with_the_tables_it_replaces():
     from cubepack.hub import _remote
     from cubepack.memory import _embedder
-    from cubepack.ops import _verify
     from cubepack.trust import _generation
 
-    assert {e for e in Catalogue if e.public_only} == set(_verify._PUBLIC_ONLY)
-    assert {e for e in Catalogue if e.trust} == set(_verify._TRUST_CHECKS)
     assert (_remote.CHECK, _generation.CHECK, _embedder.CHECK) == (
         Catalogue.REMOTE_MODEL, Catalogue.REPLAY, Catalogue.EMBEDDER)
+
+
+def test_the_columns_a_private_cube_is_decided_by():
+    """Which checks stop a decryption when they fail (who sent the cube, which revision, to
+    which readers), which the decrypted pass leaves to the public one, and which need the
+    plaintext: pinned, so a change to the catalogue is a decision."""
+    assert {e.value for e in Catalogue if e.trust} == {
+        "signature", "attestation", "lineage", "recipients", "replay"}
+    assert {e.value for e in Catalogue if e.public_only} == {
+        "cube", "signature", "attestation", "lineage"}
+    assert {e.value for e in Catalogue if e.plaintext} == {"recompute", "provenance", "embedder"}
+    assert {e.value for e in Catalogue if e.optional} == {
+        "adapter", "adapter base", "lineage", "recipients", "replay", "private", "remote model",
+        "recompute", "provenance", "embedder"}
