@@ -1,7 +1,8 @@
 """One owner per rule, held by reading the source: a basis ("proved", "signed", "claimed") is
 spelled only by the check catalogue, which declares the vocabulary (and by the two formats
-that name a block or field after one, each once, as a constant), and the bookkeeping folders (``.cache/...``) only by the
-file-set rule. Any other module that needs them imports them from their owner."""
+that name a block or field after one, each once, as a constant), and the bookkeeping folders
+(``.cache/...``) only by the file-set rule. Any other module that needs them imports them
+from their owner."""
 
 from __future__ import annotations
 

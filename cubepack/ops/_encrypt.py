@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import constants
+from .._util.checks import Catalogue
 from .._util.paths import resolve_inside
 from ..errors import (
     FormatError,
@@ -59,7 +60,7 @@ def _signed_by(cube: Path, policy: TrustPolicy, sign_key: str | Path | None,
     if sign_key is None:
         report = verify(cube, policy, progress=progress, raise_on_failure=False)
         # A replay is rekey's own refusal (it names the recipients it would re-add).
-        if any(check.name != generations.CHECK for check in report.failures):
+        if any(check.name != Catalogue.REPLAY for check in report.failures):
             raise VerificationFailed(report)
         return report, report.signed_by
     report = verify(cube, replace(policy, trusted_keys=(), require_signature=False),

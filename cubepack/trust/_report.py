@@ -99,8 +99,9 @@ class VerifyReport:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.ok is False]
 
-    def add(self, name: Catalogue, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
-            found: Any = None, role: str | None = None, basis: Basis | None = None) -> bool:
+    def add(self, name: Catalogue, subject: str, ok: bool | None, detail: str = "",
+            expected: Any = None, found: Any = None, role: str | None = None,
+            basis: Basis | None = None) -> bool:
         self.checks.append(Check(name, subject, ok, detail, expected, found, role, basis))
         return ok is not False
 

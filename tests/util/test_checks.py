@@ -27,15 +27,6 @@ def test_each_entry_is_its_name_and_says_what_to_do_when_it_refuses(entry):
     assert not (entry.damage and (entry.trust or entry.plaintext))
 
 
-def test_the_catalogue_agrees_with_the_tables_it_replaces():
-    from cubepack.hub import _remote
-    from cubepack.memory import _embedder
-    from cubepack.trust import _generation
-
-    assert (_remote.CHECK, _generation.CHECK, _embedder.CHECK) == (
-        Catalogue.REMOTE_MODEL, Catalogue.REPLAY, Catalogue.EMBEDDER)
-
-
 def test_the_columns_a_private_cube_is_decided_by():
     """Which checks stop a decryption when they fail (who sent the cube, which revision, to
     which readers), which the decrypted pass leaves to the public one, and which need the
