@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import atomic, budget, canonical, constants
+from .._util.checks import Catalogue
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
 from .._util.quiet import terminal_bars
@@ -513,17 +514,18 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
     report = VerifyReport(Path(f"{repo_id}@{sha}"))
     lock_path = snapshot / constants.LOCK_FILENAME
     if constants.LOCK_FILENAME not in paths:
-        report.add("lock", constants.LOCK_FILENAME, False,
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False,
                    "missing: this commit was not packed by cubepack (run `cubepack pack`)")
         raise VerificationFailed(report)
     try:
         lock = lockfile.parse(lock_path.read_bytes())
     except CubepackError as exc:
-        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False, str(exc))
         raise VerificationFailed(report) from None
     unlisted = sorted(name for name in set(paths) - set(lock["files"]) if not is_tolerated(name))
     for name in unlisted:
-        report.add("file set", name, False, "not listed in the lock; refused before download",
+        report.add(Catalogue.FILE_SET, name, False,
+                   "not listed in the lock; refused before download",
                    "absent", "present")
     if unlisted:
         raise VerificationFailed(report)
@@ -556,7 +558,7 @@ def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
     """Remove from the HF cache the blobs whose bytes failed the lock, so a retry downloads
     them again (the client would otherwise reuse them: it checks only sizes)."""
     for check in report.failures:
-        if check.name not in ("sha256", "size"):
+        if check.name not in (Catalogue.SHA256, Catalogue.SIZE):
             continue
         link = snapshot / check.subject
         try:
@@ -573,6 +575,6 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
     """Check against Hub metadata the pins whose local model check was skipped (not cached)."""
     if report.lock is None:
         return
-    skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
+    skipped = {c.role for c in report.checks if c.name == Catalogue.MODEL_IDENTITY and c.ok is None}
     models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
     report.extend(client.run(remote_model_checks, models, client, strict=strict))

@@ -47,7 +47,9 @@ class Check:
     scope: str | None = None
 
     def __post_init__(self) -> None:
-        self.name = Catalogue(self.name)
+        if not isinstance(self.name, Catalogue):  # a check is declared once, in the catalogue
+            raise TypeError(f"a check is named by its entry of cubepack._util.checks.Catalogue, "
+                            f"not {self.name!r}")
         if self.basis is None and self.ok is not None:
             self.basis = self.name.basis
 
