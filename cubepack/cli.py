@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from .errors import CubepackError, Terminated, UsageError, VerificationFailed
+from .format._provenance import LEVELS as PROVENANCE_LEVELS
 
 
 class _Context:
@@ -75,7 +76,7 @@ _POLICY_CLI: list[tuple[str, Callable[..., Any]]] = [
                           help="Seed of the verifier's random draws (positions, probes, memories "
                                "re-embedded), to repeat a run; default: fresh, reported.")),
     ("require_provenance", click.option(
-        "--require-provenance", type=click.Choice(["recorded", "recomputed"]),
+        "--require-provenance", type=click.Choice(PROVENANCE_LEVELS),
         help="Refuse activations whose producer label is backed by less.")),
     ("embedder", click.option("--embedder",
                               help="Check the text memory's vectors: a local model folder, "

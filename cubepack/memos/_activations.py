@@ -30,15 +30,8 @@ from ..errors import (
     UnsafeInputError,
     UnsupportedError,
 )
-from ..format._lock import (
-    ASSERTED,
-    KV_HEADER,
-    RECOMPUTED,
-    RECORDED,
-    activation_id_key,
-    check_provenance,
-    duplicate_id,
-)
+from ..format._lock import KV_HEADER, activation_id_key, check_provenance, duplicate_id
+from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import (

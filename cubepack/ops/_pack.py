@@ -39,7 +39,8 @@ from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..format._content import content_error
 from ..format._fileset import is_activation_path
-from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
+from ..format._lock import BASE_CLAIM, KV_HEADER, check_provenance
+from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util.checks import CLAIMED, PROVED, SIGNED, STRONG, Basis, Catalogue
-from ..format._lock import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
+from ..format._provenance import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
 
 __all__ = ["ASSERTED", "CLAIMED", "KINDS", "PROVED", "RECOMPUTED", "RECORDED", "SIGNED",
            "STRENGTH", "STRONG", "Basis", "Signed", "backs_a_pin", "provenance_evidence",

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..format._provenance import LEVELS as PROVENANCE_LEVELS
 
 #: What to do with a memory that does not match the live model: refuse (strictest), skip it,
 #: or rebuild it with the live model.
 POLICIES = ("error", "drop", "rebuild")
-#: Provenance levels ``require_provenance`` accepts, weakest first.
-PROVENANCE_LEVELS = ("recorded", "recomputed")
 
 
 @dataclass(frozen=True)
