@@ -207,7 +207,7 @@ def _refuse_local_model_paths(cube: Path) -> None:
                 "system (the lock pins the base by its fingerprint either way). Set "
                 "base_model_name_or_path to the base's Hub id and pack again, or pass "
                 "--allow-local-paths to push it anyway.")
-    config_path = cube / "config.json"
+    config_path = cube / constants.MEMOS_CONFIG
     if not config_path.is_file():
         return
     config = json.loads(config_path.read_text(encoding="utf-8"))

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
 from ..memory._embedder import vector_sources
 from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
@@ -31,7 +32,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
     config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose
     vectors and record disagree (or whose record was removed) is refused whatever the policy."""
     embedder = getattr(text_mem, "embedder", None)
-    config_path = cube_dir / "config.json"
+    config_path = cube_dir / constants.MEMOS_CONFIG
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     record = (lock["models"].get(ROLE) or {}).get("vectors")
     if not vector_sources(cube_dir, config, list(lock["files"]), record):

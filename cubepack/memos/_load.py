@@ -11,8 +11,8 @@ import contextlib
 import contextvars
 import logging
 import os
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -228,9 +228,9 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
             seal(memory, [private[0]])
     others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
     with verified_folder(cube_dir):
-        if others and (cube_dir / "config.json").is_file():
+        if others and (cube_dir / constants.MEMOS_CONFIG).is_file():
             cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
-        for kind in others if not (cube_dir / "config.json").is_file() else []:
+        for kind in others if not (cube_dir / constants.MEMOS_CONFIG).is_file() else []:
             getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
@@ -254,7 +254,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
     from memos.configs.mem_cube import GeneralMemCubeConfig
     from memos.mem_cube.utils import merge_config_with_default
 
-    if not (cube_dir / "config.json").is_file():
+    if not (cube_dir / constants.MEMOS_CONFIG).is_file():
         if default_config is None:
             kind = ("an activation memory's own dump" if lock.get("activations") else
                     "a text memory's own dump, or a text-memory export")
@@ -268,7 +268,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
         config = type(default_config).model_validate(data)
         return config, config
     refuse_code_settings(cube_dir)
-    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
+    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / constants.MEMOS_CONFIG))
     effective = merge_config_with_default(recorded, default_config) if default_config is not None \
         else recorded
     return recorded, effective
@@ -284,7 +284,7 @@ def refuse_code_settings(cube_dir: Path) -> None:
         UnsafeInputError: naming each setting by its JSON path, and the fix.
         FormatError: config.json is not strict JSON, so it cannot be checked.
     """
-    path = cube_dir / "config.json"
+    path = cube_dir / constants.MEMOS_CONFIG
     if not path.is_file():
         return
     try:

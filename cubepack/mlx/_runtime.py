@@ -147,7 +147,7 @@ def _parameter_kinds(model: Any) -> tuple[set[str], bool]:
 def _quantized_in_folder(folder: Path) -> bool:
     """Whether the folder's config declares quantized weights (mlx_lm's ``quantization``)."""
     try:
-        config = canonical.loads_strict((folder / "config.json").read_bytes())
+        config = canonical.loads_strict((folder / constants.MODEL_CONFIG).read_bytes())
     except (OSError, ValueError):
         return False  # the fingerprint refuses an unreadable config; nothing declared here
     return isinstance(config, dict) and bool(

@@ -372,9 +372,10 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
 
 def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]]) -> dict[str, Any]:
     """MemOS's config.json when present and valid (already checked as JSON), else {}."""
-    if "config.json" not in names or any(name == "config.json" for name, _ in problems):
+    name = constants.MEMOS_CONFIG
+    if name not in names or any(refused == name for refused, _ in problems):
         return {}
-    config = canonical.loads_strict((cube / "config.json").read_bytes())
+    config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     return config if isinstance(config, dict) else {}
 
 
