@@ -16,7 +16,7 @@ import stat
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -103,14 +103,11 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("pull")
     repo_id, wanted = parse_repo_spec(repo, revision)
-    if policy.require_pin and not is_commit(wanted or ""):
-        raise UsageError(f"Refusing {repo_id}@{wanted or 'main'}: a branch or tag can move, and "
-                         "a pinned revision was required (require_pin). Name the 40-hex commit "
-                         f"(cubepack pull {repo_id}@<commit>), as `cubepack push` prints it.")
-    if not verify_cube and policy != TrustPolicy():
-        asked = sorted(k for k, v in policy.to_dict().items() if v != TrustPolicy().to_dict()[k])
+    policy.require_pinned(wanted, f"{repo_id}@{wanted or 'main'}", "Name the 40-hex commit "
+                          f"(cubepack pull {repo_id}@<commit>), as `cubepack push` prints it.")
+    if not verify_cube and policy.asked():
         raise UsageError(f"--no-verify cannot be combined with what must be verified "
-                         f"({', '.join(asked)}); drop one or the other.")
+                         f"({', '.join(sorted(policy.asked()))}); drop one or the other.")
     offline = offline_requested(offline)
     seconds = constants.hub_timeout(timeout)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
@@ -135,18 +132,21 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                 # The deadline covers the checks too: a cube slow to check cannot outlive it.
                 with budget.bounded(client.deadline.check if client.deadline
                                     else lambda step: None):
-                    report = verify(staging, replace(policy, strict_models=False,
-                                                     require_pin=False),
+                    # The pin was applied above; strict models below, once the Hub's
+                    # metadata has checked what the HF cache did not hold.
+                    report = verify(staging, policy.without(Catalogue.MODEL_IDENTITY)
+                                    .honoured_by("verify"),
                                     progress=progress, raise_on_failure=False, hashed=hashed,
                                     decrypt_with=decrypt_with)
-                if not offline and policy.model is None:
-                    _add_remote_model_checks(report, client, policy.strict_models)
+                strict = policy.asks(Catalogue.MODEL_IDENTITY)
+                if not offline and policy.model_given() is None:
+                    _add_remote_model_checks(report, client, strict)
                 if offline:
                     add_skipped(report, "offline, the endpoint's history was not walked")
                 else:
                     add_history_check(report, client, repo_id, repo_type,
-                                      policy.trusted_keys, cache_dir=cache_dir)
-                if policy.strict_models and report.intact:
+                                      policy.trusted(), cache_dir=cache_dir)
+                if strict and report.intact:
                     require_checked_models(report)
                 if report.lock is not None and is_private(report.lock):
                     report.group_scopes()

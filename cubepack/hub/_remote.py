@@ -10,7 +10,6 @@ cube's producer at pack. Returns typed checks; verification decides what to do w
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +96,12 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     signed revisions in its repo's history on the endpoint (the ``replay`` check).
     """
     policy = TrustPolicy.build(policy, **options)
-    report = verify(cube_dir, replace(policy, strict_models=False), progress=progress,
+    report = verify(cube_dir, policy.without(Catalogue.MODEL_IDENTITY), progress=progress,
                     raise_on_failure=False, decrypt_with=decrypt_with)
     if report.lock is not None and report.intact:
         client = HubClient(endpoint, token)
         report.extend(remote_model_checks(report.lock["models"], client, strict=True))
-        if policy.strict_models:
+        if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
         pulled = pulled_repo(Path(cube_dir))
         if pulled is None:
@@ -110,7 +109,7 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                                 "origin record such a pull wrote names its lock), so no "
                                 "repo's history was walked")
         else:
-            add_history_check(report, client, *pulled, policy.trusted_keys)
+            add_history_check(report, client, *pulled, policy.trusted())
     report.finish("not run: the cube's files failed the checks above",
                   [Catalogue.REMOTE_MODEL])
     if report.lock is not None and is_private(report.lock):

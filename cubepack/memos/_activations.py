@@ -164,7 +164,7 @@ class _Staged:
             raise IdentityMismatch(f"Activation {item_id!r} of {self.cube_dir}", problems,
                                    USE_ADVICE + "; or do not load this cube.",
                                    finding=USE_FINDING)
-        if self.policy.recompute:  # then MemOS gets the prefill the loading model ran
+        if self.policy.recomputation().asked:  # then MemOS gets the prefill the model ran
             provenance, layers = self._prove(item_id, layers, token_ids, header)
         cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
         metadata = memos_layout.item_metadata(header)
@@ -185,8 +185,9 @@ class _Staged:
                                       f"{NO_TOKEN_IDS}.")
         model = self.act_mem.llm.model
         kv_dtype = dtype_name(layers[0][2].dtype) if layers else dtype_name(model.dtype)
+        plan = self.policy.recomputation()
         result = recompute_layers(model, layers, kv_dtype, ids, item_id,
-                                  sample=self.policy.recompute_tokens, seed=self.policy.seed)
+                                  sample=plan.sample, seed=plan.seed)
         if not result.ok:
             raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} is not what "
                                       f"the loaded model computes: it {describe(result)}. Do "
@@ -266,7 +267,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
                             producer=stored.producer)
             continue
-        if policy.recompute and not info.token_ids:
+        if policy.recomputation().asked and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
         _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
@@ -274,7 +275,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
     # Here, not only in init_from_dir: MemOS's own load (KVCacheMemory.load, which
     # GeneralMemCube.load, MOSCore.load and the scheduler call) reaches this alone; and before
     # install, so a refusal leaves the memory as it was.
-    require_provenance(lock, report, policy.require_provenance)
+    require_provenance(lock, report, policy.required_provenance())
     staged.install()
 
 
@@ -419,7 +420,7 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                  producer: ModelIdentity | None = None, unknown: bool = False) -> None:
     """``unknown``: nothing records the item's producer (a pickle another process wrote
     without cubepack): it is never taken as the loading model's, whatever its shape."""
-    on_mismatch = staged.policy.on_mismatch
+    on_mismatch = staged.policy.mismatch_action()
     if on_mismatch == "error":
         raise IdentityMismatch(
             f"Activation {item_id!r} of {staged.cube_dir}", mismatch.mismatches,

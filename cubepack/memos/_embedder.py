@@ -17,7 +17,7 @@ from typing import Any
 from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
 from ..memory._embedder import vector_sources
-from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
+from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
 from ..ops._embedder_check import embedder_checks
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport
@@ -42,10 +42,9 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             Mismatch("embedder", "the embedder that made the vectors", None)],
             "MemOS built this text memory without an embedder, so its vectors cannot be "
             "checked; configure the embedder that made them.", finding="cannot be checked")
+    draw = policy.reembedding()  # the embedder is MemOS's; how many memories, the policy's
     checks = embedder_checks(cube_dir, config, lock, embedder.embed,
-                             label=type(embedder).__name__, seed=policy.seed,
-                             size=SAMPLE_SIZE if policy.embedder_sample is None
-                             else policy.embedder_sample)
+                             label=type(embedder).__name__, seed=draw.seed, size=draw.sample)
     problems = [Mismatch(f"vectors[{c.subject}].dimension", c.expected, c.found)
                 if c.expected is not None else
                 Mismatch(f"vectors[{c.subject}].cosine", f">= {COSINE_THRESHOLD}",
@@ -55,7 +54,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
         report.embedder_verified = True
         return
     fields = [problem.field for problem in problems]
-    if policy.on_mismatch == "error":
+    if policy.mismatch_action() == "error":
         raise IdentityMismatch(
             f"The textual memories of {cube_dir}", problems,
             "Their vectors were made by another embedder than the one MemOS loaded; load the "
@@ -63,7 +62,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             finding="were made by another embedder")
     items = text_mem.get_all()
     text_mem.delete_all()
-    if policy.on_mismatch == "drop":
+    if policy.mismatch_action() == "drop":
         logger.warning("cubepack: dropped %d textual memories: their vectors were made by "
                        "another embedder (%s)", len(items), ", ".join(fields))
         report.dropped[ROLE] = fields

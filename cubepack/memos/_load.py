@@ -19,7 +19,6 @@ from typing import Any
 from .._util import atomic, canonical, constants
 from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
-from .._util.revision import is_commit
 from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
@@ -104,10 +103,8 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     policy.require_honoured("the MemOS hook")
     named = PrivacySettings.build(recipients, stores)  # refused before any work
     repo_id, wanted = parse_repo_spec(cube_id, revision)
-    if policy.require_pin and not is_commit(wanted or ""):
-        raise UsageError(f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move, and "
-                         "a pinned revision was required (require_pin). Name it at its 40-hex "
-                         f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
+    policy.require_pinned(wanted, f"unpinned cube id {cube_id!r}", "Name it at its 40-hex "
+                          f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
@@ -237,7 +234,7 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if "act_mem" in types and cube.act_mem is not None:
         load_activations(cube.act_mem, cube_dir, lock, report, policy,
                          frozenset([private[0]]) if private is not None else frozenset())
-    require_provenance_of(lock, report, policy.require_provenance)
+    require_provenance_of(lock, report, policy.required_provenance())
     cube.cubepack = report
     return cube
 

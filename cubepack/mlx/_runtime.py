@@ -504,10 +504,11 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
     if note:
         logger.warning("cubepack: %s", note)
     stored = None
-    if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
+    plan = policy.recomputation()
+    if producer_runtime(info.metadata) != RUNTIME or plan.asked:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
-    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
-                                     sample=policy.recompute_tokens, seed=policy.seed)
+    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=plan.asked,
+                                     sample=plan.sample, seed=plan.seed)
     if proved is not None:  # MLX's own prefill: the stored tensors were only a claim
         layers = [(to_mlx(keys), to_mlx(values), offset)
                   for _, offset, keys, values in proved.layers]

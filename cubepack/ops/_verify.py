@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
-from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
+from ..memory._vectors import EMBEDDER_ROLE
 from ..memos_format._layout import memos_config_problems
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -150,13 +149,10 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
                            "skipped: a version-1 pin records no "
                            "compute config (upgrade checks each KV file against its model)")
             else:
-                _check_models(report, lock, policy.model, recompute=policy.recompute)
+                _check_models(report, lock, policy)
             if not is_private(lock):
                 _check_clear(report, lock, policy)
-    asked = {Catalogue.LINEAGE: policy.require_lineage, Catalogue.RECOMPUTE: policy.recompute,
-             Catalogue.PROVENANCE: bool(policy.require_provenance),
-             Catalogue.EMBEDDER: bool(policy.embedder)}
-    report.finish(reason, [name for name, wanted in asked.items() if wanted])
+    report.finish(reason, policy.asked_checks())
     if lock is not None and is_private(lock):
         report.group_scopes()  # the public pass, then the decrypted one
     if raise_on_failure and not report.ok:
@@ -178,14 +174,16 @@ def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> N
 
 def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
     """What a clear cube's contents prove, once its files are intact and its pins checked."""
-    if policy.strict_models:
+    if policy.asks(Catalogue.MODEL_IDENTITY):
         require_checked_models(report)
     checkpoint("the model checks")
-    recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
+    recomputed = _check_recompute(report, lock, policy) if policy.asks(Catalogue.RECOMPUTE) \
+        else {}
     _record_provenance(report, lock, recomputed)
-    if policy.require_provenance:
-        _check_provenance(report, lock, policy.require_provenance)
-    if policy.embedder:
+    required = policy.required_provenance()
+    if required is not None:
+        _check_provenance(report, lock, required)
+    if policy.asks(Catalogue.EMBEDDER):
         _check_embedder(report, lock, policy)
     checkpoint("the proofs asked for")
 
@@ -224,7 +222,7 @@ def _check_public_private(report: VerifyReport, lock: dict[str, Any],
                        f"{expected} recipient(s), as the public lock counts them (who they "
                        "are is not public for age keys)")
     report.checks.append(generations.seen_check(lock, report.signed_by,
-                                                list(policy.trusted_keys), where=SEEN_HERE))
+                                                list(policy.trusted()), where=SEEN_HERE))
 
 
 def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
@@ -233,12 +231,10 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
     its public pins are checked, and what needs the plaintext is skipped (or refused, when the
     policy asked for it). With one: the cube is decrypted in memory and verified as the clear
     cube it is, every check run (the pins, recomputation, provenance, the embedder...)."""
-    needs_plaintext = [name for name, asked in (
-        (Catalogue.RECOMPUTE, policy.recompute), (Catalogue.PROVENANCE, policy.require_provenance),
-        (Catalogue.EMBEDDER, policy.embedder)) if asked]
+    needs_plaintext = [entry for entry in policy.asked_checks() if entry.plaintext]
     if identity is None:
-        _check_models(report, lock, policy.model, recompute=policy.recompute)
-        if policy.strict_models:
+        _check_models(report, lock, policy)
+        if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
         counts = lock["encryption"]["counts"]
         report.add(Catalogue.PRIVATE, "*", False if needs_plaintext else None,
@@ -252,8 +248,8 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
         return
     try:
         with open_private(report.cube_dir, identity, public_lock=lock) as opened:
-            inner_policy = replace(policy, trusted_keys=(), require_signature=False,
-                                   require_lineage=False)
+            # Who sent the cube was the public pass's to check (it checked the ciphertexts).
+            inner_policy = policy.without(Catalogue.SIGNATURE, Catalogue.LINEAGE)
             # The digests open_private took of the very plaintexts it wrote: not hashed twice.
             inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests),
                             decrypted=True)
@@ -517,8 +513,8 @@ def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) ->
 
 def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
     signed = (report.cube_dir / constants.SIGNATURE_FILENAME).is_file()
-    trusted_keys = list(policy.trusted_keys)
-    if not policy.signature_required:
+    trusted_keys = list(policy.trusted())
+    if not policy.asks(Catalogue.SIGNATURE):
         report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, None,
                    "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
         return
@@ -536,17 +532,18 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
     """The lock's signed attestation, when present and keys are given (required with
     ``require_lineage``), then the chain of its ancestors' attestations when asked."""
     checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
-                                              policy.trusted_keys, policy.require_lineage)
+                                              policy.trusted(),
+                                              policy.asks(Catalogue.LINEAGE))
     report.extend(checks)
     report.attested_by = key
     report.signed = (signed_statements(envelope, key) if envelope is not None and key is not None
                      else None)
-    if policy.require_lineage:
-        report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
+    if policy.asks(Catalogue.LINEAGE):
+        report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted()))
 
 
-def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any, *,
-                  recompute: bool = False) -> None:
+def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    model, recompute = policy.model_given(), policy.asks(Catalogue.RECOMPUTE)
     if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
         report.add(Catalogue.MODEL_IDENTITY, "*", None,
                    "skipped: the cube pins no producer (it holds "
@@ -650,13 +647,14 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
         return {}
     loaded: dict[str, Any] = {}  # each activation by the pin of its own role, loaded once
     reproduced = {}
+    plan = policy.recomputation()
     for item_id, entry in sorted(lock["activations"].items()):
         checkpoint(f"the recomputation of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
         role = entry["model_role"]
         if role not in loaded:
             try:
-                loaded[role] = load_for_recompute(policy.model, lock["models"][role])
+                loaded[role] = load_for_recompute(policy.model_given(), lock["models"][role])
             except CubepackError as exc:
                 loaded[role] = exc
         live = loaded[role]
@@ -668,8 +666,7 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
         if not info.token_ids:
             report.add(Catalogue.RECOMPUTE, subject, False, NO_TOKEN_IDS)
             continue
-        result = recompute_cache(live, info, item_id, sample=policy.recompute_tokens,
-                                 seed=policy.seed)
+        result = recompute_cache(live, info, item_id, sample=plan.sample, seed=plan.seed)
         report.add(Catalogue.RECOMPUTE, subject, result.ok, describe(result),
                    found=result.to_dict())
         if result.ok:
@@ -732,13 +729,13 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
 
 
 def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
-    spec = policy.embedder
+    asked = policy.reembedding()
+    spec = asked.embedder
+    assert spec is not None  # only called when the policy asks for the embedder check
     try:
-        report.extend(embedder_checks(report.cube_dir, _memos_config(report.cube_dir, list(lock["files"]), []),
-                                      lock,
+        config = _memos_config(report.cube_dir, list(lock["files"]), [])
+        report.extend(embedder_checks(report.cube_dir, config, lock,
                                       lambda texts: embed(spec, texts), label=spec,
-                                      seed=policy.seed,
-                                      size=SAMPLE_SIZE if policy.embedder_sample is None
-                                      else policy.embedder_sample))
+                                      seed=asked.seed, size=asked.sample))
     except CubepackError as exc:
         report.add(Catalogue.EMBEDDER, "*", False, str(exc), role=EMBEDDER_ROLE)
