@@ -20,7 +20,7 @@ from .._util import canonical, constants
 from .._util.checks import Catalogue
 from ..errors import HubError
 from ..format._fileset import ORIGIN_FILE
-from ..ops._private import is_private
+from ..ops._seam import is_private
 from ..trust import _generation as generations
 from ..trust._evidence import PROVED
 from ..trust._lineage import pulled_from

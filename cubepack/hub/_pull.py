@@ -29,8 +29,8 @@ from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
 from ..format._fileset import ORIGIN_FILE, is_tolerated
-from ..ops._private import is_private
-from ..ops._verify import require_checked_models, verify
+from ..ops import verify
+from ..ops._seam import is_private, require_checked_models
 from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport

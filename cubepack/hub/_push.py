@@ -22,7 +22,7 @@ from .._util.revision import check_ref_name
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
 from ..memos_format import _layout as memos_layout
-from ..ops._verify import verify
+from ..ops import verify
 from ..trust._report import VerifyReport
 from ._client import REPO_TYPES, HubClient, lfs_sha256, offline_requested, parse_repo_spec
 

@@ -18,8 +18,8 @@ from .._util.quiet import terminal_bars
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._hub import hub_identity
 from ..identity._identity import ModelIdentity, compare
-from ..ops._private import is_private
-from ..ops._verify import require_checked_models, verify
+from ..ops import verify
+from ..ops._seam import is_private, require_checked_models
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ._client import HubClient

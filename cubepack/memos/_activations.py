@@ -48,7 +48,7 @@ from ..memory._reprefill import reprefill
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
 from ..memos_format._records import record_conflicts
-from ..ops._verify import NO_TOKEN_IDS
+from ..ops._seam import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
 from ._use import (

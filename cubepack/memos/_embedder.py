@@ -18,7 +18,7 @@ from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
 from ..memory._embedder import vector_sources
 from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
-from ..ops._embedder_check import embedder_checks
+from ..ops._seam import embedder_checks
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 

@@ -32,8 +32,8 @@ from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
 from ..kv._torch import PRIVATE_CACHE_CHECKS
-from ..ops._private import is_private, open_private
-from ..ops._verify import verify
+from ..ops import verify
+from ..ops._seam import is_private, open_private
 from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked

@@ -23,8 +23,8 @@ from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputErro
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ..memos_format import _layout as memos_layout
-from ..ops._private import is_private, open_private
-from ..ops._verify import verify
+from ..ops import verify
+from ..ops._seam import is_private, open_private
 from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport

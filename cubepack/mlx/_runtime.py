@@ -45,7 +45,7 @@ from ..kv._format import (
     unchecked_note,
 )
 from ..kv._recompute import describe, recompute_layers, require_recomputed_here
-from ..ops._private import decrypted_file
+from ..ops._seam import decrypted_file
 from ..trust._policy import TrustPolicy
 from ._convert import (
     RUNTIME,
