@@ -131,10 +131,71 @@ def test_tightened_never_loosens_a_field():
         assert combined.strict_models
 
 
+#: The policy's own modules: what a field means is decided there.
+POLICY_PART = "trust"
+#: Methods that return a TrustPolicy, wherever they are defined (others are found by their
+#: ``-> TrustPolicy`` annotation).
+POLICY_METHODS = {"build", "for_folder", "tightened", "without", "honoured_by", "TrustPolicy"}
+
+
+def policy_field_reads(tree, returning: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` reads a TrustPolicy field (``policy.recompute``, ``getattr(policy,
+    "seed")``): on a name or attribute called ``*policy*`` or ``*settings*``, a name annotated
+    ``TrustPolicy`` or assigned from a call that returns one, or such a call itself."""
+    import ast
+
+    wanted = {f.name for f in fields(TrustPolicy)}
+    typed = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)
+             and node.annotation is not None and "TrustPolicy" in ast.unparse(node.annotation)}
+    typed |= {node.target.id for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
+              and isinstance(node.target, ast.Name) and "TrustPolicy" in ast.unparse(
+                  node.annotation)}
+
+    def called(node):
+        func = node.func
+        return func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else ""
+
+    def is_policy(node) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in typed or "policy" in node.id.lower()
+        if isinstance(node, ast.Attribute):
+            return "policy" in node.attr.lower() or "settings" in node.attr.lower()
+        return isinstance(node, ast.Call) and called(node) in returning | POLICY_METHODS
+
+    for node in ast.walk(tree):  # current = _hook_settings(): a policy from here on
+        if isinstance(node, ast.Assign) and is_policy(node.value):
+            typed |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    found = [(node.lineno, node.attr) for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+             and node.attr in wanted and is_policy(node.value)]
+    found += [(node.lineno, node.args[1].value) for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and called(node) == "getattr" and len(node.args) > 1
+              and is_policy(node.args[0]) and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value in wanted]
+    return sorted(found)
+
+
 def test_no_consumer_reads_a_policy_field_outside_the_policy_module():
-    """The policy's fields are read by the consumers that honour them; no module copies the
-    policy into a second settings object (the hook's settings are the policy itself)."""
+    """No module outside ``trust/`` reads a TrustPolicy field: a consumer asks the policy
+    (``asks(check)``, ``recomputation()``, ``mismatch_action()``...) or lets it apply itself
+    (``require_pinned``, ``without``), so what a field means is decided once (verify, pull,
+    ``verify --remote``, encrypt, the loads, MLX and the MemOS hook read 78 in 13 modules).
+    The hook's settings are the policy itself, never a second settings object."""
+    import ast
+    from pathlib import Path
+
     import cubepack.memos as memos_face
 
     assert "HookSettings" not in dir(memos_face)
     assert _policy.POLICIES == ("error", "drop", "rebuild")
+    package = Path(cubepack.__file__).parent
+    trees = {path.relative_to(package).as_posix(): ast.parse(path.read_text())
+             for path in sorted(package.rglob("*.py"))}
+    returning = {node.name for tree in trees.values() for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.returns is not None and "TrustPolicy" in ast.unparse(node.returns)}
+    found = {name: reads for name, tree in trees.items()
+             if name.split("/")[0] != POLICY_PART
+             and (reads := policy_field_reads(tree, returning))}
+    assert found == {}
