@@ -49,6 +49,28 @@ def test_a_field_a_consumer_cannot_apply_is_refused_naming_it(consumer, field, t
             policy.require_honoured(consumer)
 
 
+#: The checks each field asks for when set (the others ask for none: they say how, or where).
+ASKS = {"trusted_keys": {"signature"}, "require_signature": {"signature"},
+        "require_lineage": {"signature", "lineage"}, "strict_models": {"model identity"},
+        "recompute": {"recompute"}, "recompute_tokens": {"recompute"},
+        "require_provenance": {"provenance"}, "embedder": {"embedder"}}
+
+
+@pytest.mark.parametrize("field", sorted(f.name for f in fields(TrustPolicy)))
+def test_each_field_asks_for_its_checks_and_without_them_for_none(field, tmp_path):
+    """``asks`` is the one mapping from fields to checks (verify listed it twice, the hook a
+    third time): swept over every field; ``without`` those checks, a policy asks none."""
+    from cubepack._util.checks import Catalogue
+
+    _, public = make_key(tmp_path, "k")
+    policy = policy_setting(field, str(public))
+    asked = policy.asked_checks()
+    assert {entry.value for entry in asked} == ASKS.get(field, set())
+    assert asked == [entry for entry in Catalogue if policy.asks(entry)]
+    assert policy.without(*asked).asked_checks() == []
+    assert TrustPolicy().asked_checks() == []
+
+
 # --- the consumers themselves call the rule, before any work ----------------------------------
 
 def test_load_kv_cache_refuses_what_a_lone_kv_file_cannot_prove(models, prompt_ids, tmp_path):

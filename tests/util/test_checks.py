@@ -39,3 +39,19 @@ def test_the_columns_a_private_cube_is_decided_by():
     assert {e.value for e in Catalogue if e.optional} == {
         "adapter", "adapter base", "lineage", "recipients", "replay", "private", "remote model",
         "recompute", "provenance", "embedder"}
+
+
+def test_a_check_is_made_only_from_its_catalogue_entry(tmp_path):
+    """A report's line names its check by the entry; a plain string (a name spelled again, or
+    mistyped) is refused at once, so no check is declared outside the catalogue."""
+    from cubepack.trust import Check, VerifyReport
+
+    with pytest.raises(TypeError, match="Catalogue"):
+        Check("sha256", "x", True)
+    report = VerifyReport(tmp_path)
+    with pytest.raises(TypeError, match="Catalogue"):
+        report.add("sha 256", "x", False)
+    report.add(Catalogue.SHA256, "x", False)
+    [check] = report.checks
+    assert check.basis is Catalogue.SHA256.basis
+    assert check.to_dict()["check"] == "sha256" and type(check.to_dict()["basis"]) is str
