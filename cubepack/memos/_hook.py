@@ -150,7 +150,7 @@ def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = Non
     # What the call says: the fields it sets, or gives explicitly even at their default.
     said = set(given.asked()) | {name for name, value in options.items() if value is not None}
     if current is None:  # over the environment's and the hook's defaults
-        updated = replace(_from_environment(), **{name: getattr(given, name) for name in said})
+        updated = given.said_over(_from_environment(), said)
     else:
         updated = current.tightened(given, said)
     _STATE["settings"] = updated

@@ -237,6 +237,12 @@ class TrustPolicy:
             embedder=self.embedder or other.embedder,
             seed=self.seed if self.seed is not None else other.seed)
 
+    def said_over(self, base: TrustPolicy, said: Iterable[str]) -> TrustPolicy:
+        """``base`` with the fields ``said`` (names of fields) taken from this policy: what a
+        call says, over the defaults it did not restate (a first ``install`` of the MemOS hook
+        over the environment's settings)."""
+        return replace(base, **{name: getattr(self, name) for name in said})
+
     def for_folder(self) -> TrustPolicy:
         """The part a cube folder is verified against before its model is loaded: for the
         MemOS hook, which applies the rest (recomputation, provenance, the embedder sample, the

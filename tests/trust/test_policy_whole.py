@@ -162,47 +162,74 @@ POLICY_METHODS = {"build", "for_folder", "tightened", "without", "honoured_by", 
 
 def policy_field_reads(tree, returning: set[str]) -> list[tuple[int, str]]:
     """Where ``tree`` reads a TrustPolicy field (``policy.recompute``, ``getattr(policy,
-    "seed")``): on a name or attribute called ``*policy*`` or ``*settings*``, a name annotated
-    ``TrustPolicy`` or assigned from a call that returns one, or such a call itself."""
+    name)``, ``policy.to_dict()["seed"]``) on a policy: a name or attribute called
+    ``*policy*`` or ``*settings*``, a name annotated ``TrustPolicy`` or assigned from a call
+    that returns one (in its function, or an enclosing one), or such a call itself."""
     import ast
 
     wanted = {f.name for f in fields(TrustPolicy)}
-    typed = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)
-             and node.annotation is not None and "TrustPolicy" in ast.unparse(node.annotation)}
-    typed |= {node.target.id for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
-              and isinstance(node.target, ast.Name) and "TrustPolicy" in ast.unparse(
-                  node.annotation)}
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
     def called(node):
         func = node.func
         return func.id if isinstance(func, ast.Name) else \
             func.attr if isinstance(func, ast.Attribute) else ""
 
-    def is_policy(node) -> bool:
-        if isinstance(node, ast.Name):
-            return node.id in typed or "policy" in node.id.lower()
-        if isinstance(node, ast.Attribute):
-            return "policy" in node.attr.lower() or "settings" in node.attr.lower()
-        return isinstance(node, ast.Call) and called(node) in returning | POLICY_METHODS
+    def own(scope):
+        """The nodes of ``scope`` outside the functions it defines."""
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            yield node
+            if not isinstance(node, scopes):
+                todo.extend(ast.iter_child_nodes(node))
 
-    for node in ast.walk(tree):  # current = _hook_settings(): a policy from here on
-        if isinstance(node, ast.Assign) and is_policy(node.value):
-            typed |= {target.id for target in node.targets if isinstance(target, ast.Name)}
-    found = [(node.lineno, node.attr) for node in ast.walk(tree)
-             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
-             and node.attr in wanted and is_policy(node.value)]
-    found += [(node.lineno, node.args[1].value) for node in ast.walk(tree)
-              if isinstance(node, ast.Call) and called(node) == "getattr" and len(node.args) > 1
-              and is_policy(node.args[0]) and isinstance(node.args[1], ast.Constant)
-              and node.args[1].value in wanted]
-    return sorted(found)
+    def reads(scope, typed: set[str]) -> list[tuple[int, str]]:
+        def is_policy(node) -> bool:
+            if isinstance(node, ast.Name):
+                return node.id in typed or "policy" in node.id.lower()
+            if isinstance(node, ast.Attribute):
+                return "policy" in node.attr.lower() or "settings" in node.attr.lower()
+            return isinstance(node, ast.Call) and called(node) in returning | POLICY_METHODS
+
+        nodes = list(own(scope))
+        args = scope.args.args + scope.args.kwonlyargs if isinstance(scope, scopes) else []
+        typed = typed | {arg.arg for arg in args if arg.annotation is not None
+                         and "TrustPolicy" in ast.unparse(arg.annotation)}
+        typed |= {node.target.id for node in nodes if isinstance(node, ast.AnnAssign)
+                  and isinstance(node.target, ast.Name)
+                  and "TrustPolicy" in ast.unparse(node.annotation)}
+        typed |= {target.id for node in nodes if isinstance(node, ast.Assign)
+                  and is_policy(node.value) for target in node.targets
+                  if isinstance(target, ast.Name)}  # current = _hook_settings()
+        found = [(node.lineno, node.attr) for node in nodes
+                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                 and node.attr in wanted and is_policy(node.value)]
+        # getattr(policy, name) reads a field whatever the name; policy.to_dict()["seed"] too.
+        found += [(node.lineno, ast.unparse(node.args[1])) for node in nodes
+                  if isinstance(node, ast.Call) and called(node) == "getattr"
+                  and len(node.args) > 1 and is_policy(node.args[0])
+                  and not (isinstance(node.args[1], ast.Constant)
+                           and node.args[1].value not in wanted)]
+        found += [(node.lineno, node.slice.value) for node in nodes
+                  if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
+                  and called(node.value) == "to_dict"
+                  and isinstance(node.value.func, ast.Attribute)
+                  and is_policy(node.value.func.value) and isinstance(node.slice, ast.Constant)
+                  and node.slice.value in wanted]
+        for node in nodes:
+            if isinstance(node, scopes):
+                found += reads(node, typed)
+        return found
+
+    return sorted(reads(tree, set()))
 
 
 def test_no_consumer_reads_a_policy_field_outside_the_policy_module():
     """No module outside ``trust/`` reads a TrustPolicy field: a consumer asks the policy
     (``asks(check)``, ``recomputation()``, ``mismatch_action()``...) or lets it apply itself
     (``require_pinned``, ``without``), so what a field means is decided once (verify, pull,
-    ``verify --remote``, encrypt, the loads, MLX and the MemOS hook read 78 in 13 modules).
+    ``verify --remote``, encrypt, the loads, MLX and the MemOS hook read 79 in 13 modules).
     The hook's settings are the policy itself, never a second settings object."""
     import ast
     from pathlib import Path
