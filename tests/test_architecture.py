@@ -83,7 +83,9 @@ PUBLIC = {
 SEAMS = {"cubepack.ops": "cubepack.ops._seam"}
 #: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
 #: transformers or MemOS code.
-PURE = ["cubepack.format._lock", "cubepack.kv._format", "cubepack.identity._identity",
+#: (The provenance labels are read by the CLI as it starts: --require-provenance's choices.)
+PURE = ["cubepack._util.checks", "cubepack.format._provenance",
+        "cubepack.format._lock", "cubepack.kv._format", "cubepack.identity._identity",
         "cubepack.mlx._layout",
         "cubepack.llamacpp._layout",
         "cubepack.memos_format._records", "cubepack.memos_format._layout", "cubepack.format._diff",
