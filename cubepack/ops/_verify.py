@@ -145,9 +145,9 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
             elif lock["lock_version"] == 1:
-                report.add(Catalogue.MODEL_IDENTITY, "*", None,
-                           "skipped: a version-1 pin records no "
-                           "compute config (upgrade checks each KV file against its model)")
+                report.add(Catalogue.MODEL_IDENTITY, "*", None, "skipped: a version-1 pin "
+                           "records no compute config (upgrade checks each KV file against its "
+                           "model)")
             else:
                 _check_models(report, lock, policy)
             if not is_private(lock):
@@ -291,8 +291,7 @@ def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] 
         return None
     report.lock_sha256 = hashlib.sha256(data).hexdigest()
     report.add(Catalogue.LOCK, constants.LOCK_FILENAME, True,
-               f"version {lock['lock_version']}, digest "
-               f"{lock['digest']}")
+               f"version {lock['lock_version']}, digest {lock['digest']}")
     return lock
 
 
@@ -325,8 +324,7 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
             to_hash.append(name)
     if len(to_hash) == len(set(listed) & set(on_disk)):
         report.add(Catalogue.SIZE, "*", True,
-                   f"the {len(to_hash)} files listed in the lock have the sizes "
-                   "it records")
+                   f"the {len(to_hash)} files listed in the lock have the sizes it records")
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
                          progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
@@ -339,8 +337,7 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
                        by_name[name])
     if to_hash and not bad:
         report.add(Catalogue.SHA256, "*", True,
-                   f"the {len(to_hash)} files listed in the lock hashed, all "
-                   "match")
+                   f"the {len(to_hash)} files listed in the lock hashed, all match")
     good = {name for name in to_hash if by_name[name] == listed[name]["sha256"]}
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in good or (name not in listed
@@ -427,9 +424,8 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
         report.add(Catalogue.ADAPTER, "*", False, str(exc))
         return
     for name in sorted(set(folders) - set(entries)):
-        report.add(Catalogue.ADAPTER, folders[name], False,
-                   "an adapter folder the lock does not pin to "
-                   "a base (pack the cube again)", "an adapters entry", "none")
+        report.add(Catalogue.ADAPTER, folders[name], False, "an adapter folder the lock does "
+                   "not pin to a base (pack the cube again)", "an adapters entry", "none")
     for name, entry in sorted(entries.items()):
         subject = f"{entry['path']}/ ({name})"
         if not all(entry[key] in good for key in ("config_file", "weights_file")):
@@ -447,8 +443,8 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
                        problem.found)
         if not problems:
             report.add(Catalogue.ADAPTER, subject, True,
-                       "config and LoRA tensor shapes agree with the "
-                       "lock: " + adapters_mod.describe_entry(
+                       "config and LoRA tensor shapes agree with the lock: "
+                       + adapters_mod.describe_entry(
                            entry, lock["models"].get(entry["model_role"])))
 
 
@@ -546,8 +542,7 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolic
     model, recompute = policy.model_given(), policy.asks(Catalogue.RECOMPUTE)
     if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
         report.add(Catalogue.MODEL_IDENTITY, "*", None,
-                   "skipped: the cube pins no producer (it holds "
-                   "no activations)")
+                   "skipped: the cube pins no producer (it holds no activations)")
     for role, pin in sorted(lock["models"].items()):
         if not pin.get("strict") or not pin.get("identity"):
             continue
@@ -612,9 +607,9 @@ def _signed_pin_or_skip(report: VerifyReport, role: str, pin: dict[str, Any], su
     when its attestation states it proved it (signed), else the check is skipped."""
     signed = report.signed
     if signed is not None and role in signed.producers:
-        report.add(Catalogue.MODEL_IDENTITY, subject, True,
-                   f"not checked here ({why}); the pin is the "
-                   f"fingerprint the signer of trusted key {signed.key} took of the model",
+        report.add(Catalogue.MODEL_IDENTITY, subject, True, f"not checked here ({why}); the "
+                   f"pin is the fingerprint the signer of trusted key {signed.key} took of the "
+                   "model",
                    role=role, basis=SIGNED)
     else:
         report.add(Catalogue.MODEL_IDENTITY, subject, None, f"skipped: {why}", role=role)
@@ -629,10 +624,10 @@ def require_checked_models(report: VerifyReport) -> None:
             continue
         if not any(c.role == role and backs_a_pin(c) for c in report.checks):
             report.add(Catalogue.MODEL_IDENTITY, pin_subject(role, pin), False,
-                       "unverified: no model "
-                       "was fingerprinted against the pin, here or by a trusted signer, and "
-                       "strict models were required (pass --model with the producer; the Hub's "
-                       "file metadata is its claim, not a proof)", role=role, basis=PROVED)
+                       "unverified: no model was fingerprinted against the pin, here or by a "
+                       "trusted signer, and strict models were required (pass --model with the "
+                       "producer; the Hub's file metadata is its claim, not a proof)",
+                       role=role, basis=PROVED)
 
 
 def _check_recompute(report: VerifyReport, lock: dict[str, Any],

@@ -352,8 +352,7 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
                              "publisher to sign it (cubepack sign)", "a DSSE envelope signed by a "
                              "trusted key", "absent")], None, None
         return [Check(Catalogue.ATTESTATION, name, None,
-                      "skipped: the cube carries no attestation")], \
-            None, None
+                      "skipped: the cube carries no attestation")], None, None
     if not trusted_keys:
         return [Check(Catalogue.ATTESTATION, name, None,
                       "skipped: no trusted key given")], None, None
@@ -377,8 +376,8 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
         return [_refusal(Catalogue.ATTESTATION, name, str(exc))], None, None
     if differences:
         return [Check(Catalogue.ATTESTATION, f"{name} {field}", False,
-                      f"signed by trusted key {key}, "
-                      "but its predicate disagrees with this lock", expected, found,
+                      f"signed by trusted key {key}, but its predicate disagrees with this lock",
+                      expected, found,
                       basis=SIGNED) for field, expected, found in differences], None, None
     return [Check(Catalogue.ATTESTATION, name, True,
                   f"signed by trusted key {key}: its subject is this "
