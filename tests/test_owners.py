@@ -69,8 +69,8 @@ def test_bookkeeping_folders_are_named_only_by_the_file_set_rule():
 CATALOGUE = "_util/checks.py"
 CHECK_NAMES = {entry.value for entry in Catalogue}
 #: Calls that name a check: a report's line, a refusal, the optional checks a report lists,
-#: and any checker whose name says so (``seen_check``, ``embedder_checks``...).
-CHECK_CALLS = {"Check", "_refusal", "add", "finish"}
+#: what a policy asks, and any checker whose name says so (``seen_check``...).
+CHECK_CALLS = {"Check", "_refusal", "add", "finish", "asks", "without"}
 
 
 def _called(node: ast.Call) -> str:

@@ -258,6 +258,7 @@ class TrustPolicy:
         (``require_signature`` or ``trusted_keys``), ``lineage``, ``model identity``
         (``strict_models``), ``recompute``, ``provenance`` (``require_provenance``),
         ``embedder``."""
+        _require_entry(check)
         asked = {Catalogue.SIGNATURE: self.signature_required,
                  Catalogue.LINEAGE: self.require_lineage,
                  Catalogue.MODEL_IDENTITY: self.strict_models,
@@ -276,6 +277,7 @@ class TrustPolicy:
         and lineage to the public pass)."""
         dropped: dict[str, Any] = {}
         for check in checks:
+            _require_entry(check)
             dropped.update({Catalogue.SIGNATURE: {"trusted_keys": (),
                                                   "require_signature": False},
                             Catalogue.LINEAGE: {"require_lineage": False},
@@ -351,6 +353,13 @@ class TrustPolicy:
         data["model"] = str(data["model"]) if data["model"] is not None else None
         data["trusted_keys"] = list(self.trusted_keys)
         return data
+
+
+def _require_entry(check: Any) -> None:
+    """A check is named by its catalogue entry, never by a string spelled again."""
+    if not isinstance(check, Catalogue):
+        raise TypeError(f"a check is named by its entry of cubepack._util.checks.Catalogue, "
+                        f"not {check!r}")
 
 
 _ALL = frozenset(f.name for f in fields(TrustPolicy))

@@ -69,6 +69,11 @@ def test_each_field_asks_for_its_checks_and_without_them_for_none(field, tmp_pat
     assert asked == [entry for entry in Catalogue if policy.asks(entry)]
     assert policy.without(*asked).asked_checks() == []
     assert TrustPolicy().asked_checks() == []
+    for spelled in ("signature", *ASKS.get(field, ())):  # never by a name spelled again
+        with pytest.raises(TypeError, match="Catalogue"):
+            policy.asks(spelled)
+        with pytest.raises(TypeError, match="Catalogue"):
+            policy.without(spelled)
 
 
 # --- the consumers themselves call the rule, before any work ----------------------------------
