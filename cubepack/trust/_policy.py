@@ -331,7 +331,7 @@ class TrustPolicy:
 
     def mismatch_action(self) -> str:
         """What a load into a live model does with a memory that does not match it:
-        ``error``, ``drop`` or ``rebuild`` (:data:`POLICIES`)."""
+        ``error``, ``drop`` or ``rebuild``."""
         return self.on_mismatch
 
     def require_pinned(self, revision: str | None, named: str, pin_it: str) -> None:
