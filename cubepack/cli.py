@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from .errors import CubepackError, Terminated, UsageError, VerificationFailed
+from .format._provenance import LEVELS as PROVENANCE_LEVELS
 
 
 class _Context:
@@ -75,7 +76,7 @@ _POLICY_CLI: list[tuple[str, Callable[..., Any]]] = [
                           help="Seed of the verifier's random draws (positions, probes, memories "
                                "re-embedded), to repeat a run; default: fresh, reported.")),
     ("require_provenance", click.option(
-        "--require-provenance", type=click.Choice(["recorded", "recomputed"]),
+        "--require-provenance", type=click.Choice(PROVENANCE_LEVELS),
         help="Refuse activations whose producer label is backed by less.")),
     ("embedder", click.option("--embedder",
                               help="Check the text memory's vectors: a local model folder, "
@@ -251,7 +252,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                  cube_id: str | None, adapter_base: str | None, encrypt_to: tuple[str, ...],
                  hide_names: bool, as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
-    from .ops._pack import pack
+    from .ops import pack
 
     if hide_names and not encrypt_to:
         raise UsageError("--hide-names hides a private cube's file names: pass --encrypt-to.")
@@ -268,7 +269,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
     data = result.to_dict()
     if encrypt_to:
         from ._util import constants
-        from .ops._encrypt import encrypt
+        from .ops import encrypt
 
         private = encrypt(cube_dir, list(encrypt_to), hide_names=hide_names, sign_key=sign_key,
                           sign_password=_key_password())
@@ -380,7 +381,7 @@ def encrypt_command(cube_dir: str, recipients: tuple[str, ...], hide_names: bool
                     trusted_keys: tuple[str, ...], as_json: bool) -> None:
     """Verify the packed cube in CUBE_DIR, then encrypt every file to the recipients (age),
     in place and atomically."""
-    from .ops._encrypt import encrypt
+    from .ops import encrypt
 
     result = encrypt(cube_dir, list(recipients), hide_names=hide_names, sign_key=sign_key,
                      sign_password=_key_password(), trusted_keys=list(trusted_keys),
@@ -409,7 +410,7 @@ def rekey_command(cube_dir: str, add: tuple[str, ...], remove: tuple[str, ...],
                   trusted_keys: tuple[str, ...], identity: str | None, as_json: bool) -> None:
     """Change the recipients of the private cube in CUBE_DIR (needs an identity), as its next
     generation; a revision older than one you have seen is refused."""
-    from .ops._encrypt import rekey
+    from .ops import rekey
 
     if identity is None:
         raise UsageError("rekey decrypts the cube in memory: pass --identity KEY (or set "
@@ -437,7 +438,7 @@ def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str
         report = verify_remote(cube_dir, policy, token=token, raise_on_failure=False,
                                decrypt_with=identity)
     else:
-        from .ops._verify import verify
+        from .ops import verify
 
         report = verify(cube_dir, policy, raise_on_failure=False, decrypt_with=identity)
     if not report.ok:
@@ -562,7 +563,7 @@ def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) 
 @_json_option()
 def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
-    from .ops._upgrade import upgrade
+    from .ops import upgrade
 
     result = upgrade(path, model, revision=revision)
     _emit(result.to_dict(), as_json,
@@ -585,7 +586,7 @@ def sign_command(cube_dir: str, key: str, as_json: bool, **options: Any) -> None
     given with --model, caches it recomputed with --recompute); the rest of the lock is signed
     as the claim it is."""
     from ._util.constants import ATTESTATION_FILENAME
-    from .ops._sign import sign
+    from .ops import sign
 
     path = sign(cube_dir, key, _policy(options), password=_key_password())
     _emit({"signature": str(path), "attestation": str(path.with_name(ATTESTATION_FILENAME))},
@@ -604,7 +605,7 @@ def _key_password() -> str | None:
 @_json_option()
 def diff_command(a: str, b: str, as_json: bool) -> None:
     """Show what changed from cube (or lock) A to B."""
-    from .ops._diff import diff
+    from .ops import diff
 
     _emit(diff(a, b), as_json, _render_diff)
 
@@ -652,7 +653,7 @@ def migrate_command(cube_dir: str, model: str | None, revision: str | None,
     if model is None and embedder is None:  # before any import: a usage error does no work
         raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
                          "and/or --embedder E.")
-    from .ops._migrate import migrate
+    from .ops import migrate
 
     result = migrate(cube_dir, _policy(options), out=out, model=model, revision=revision,
                      embedder=embedder, sign_key=sign_key, sign_password=_key_password())

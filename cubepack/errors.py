@@ -130,44 +130,15 @@ class VerificationFailed(IntegrityError):
         shown = "; ".join(str(check) for check in failures[:8])
         more = f"; and {len(failures) - 8} more" if len(failures) > 8 else ""
         plural = "s" if len(failures) != 1 else ""
-        # Damaged bytes are fixed by fetching or packing them again; a policy's refusal (model,
-        # signature, recompute, embedder) names its own fix, which another pull would not be.
-        names = [check.name for check in failures]
-        fixes = ["pull or pack it again"] if set(names) & self.DAMAGE else []
-        fixes += [self.FIXES.get(name, f"fix what the {name} check names")
-                  for name in dict.fromkeys(names) if name not in self.DAMAGE]
+        # Each check carries its entry of the check catalogue (cubepack/_util/checks.py, a
+        # floor above this module): damaged bytes are fixed by fetching or packing them again,
+        # once; a policy's refusal (model, signature, recompute, embedder) names its own fix,
+        # which another pull would not be.
+        entries = list(dict.fromkeys(check.name for check in failures))
+        fixes = [entry.fix for entry in entries if entry.damage][:1]
+        fixes += [entry.fix for entry in entries if not entry.damage]
         super().__init__(f"Cube {report.cube_dir} failed verification ({len(failures)} problem"
                          f"{plural}): {shown}{more}. Do not load it; {'; '.join(fixes)}.")
-
-    #: The checks whose failure means the cube's bytes are not the packed ones.
-    DAMAGE = frozenset({"cube", "lock", "path", "file set", "size", "sha256", "content",
-                        "kv header", "kv checksums", "adapter", "cube config"})
-    #: What to do when a check of the policy (not of the bytes) refused: another pull would
-    #: not help.
-    FIXES = {
-        "signature": "have it signed (cubepack sign) by a key you pass with --trusted-key, or "
-                     "drop --require-signature",
-        "attestation": "sign it again (cubepack sign): its attestation does not match its lock",
-        "lineage": "have each ancestor signed by a trusted key, or drop --require-lineage",
-        "private": "pass an identity the cube is encrypted to (--identity KEY or "
-                   "CUBEPACK_IDENTITY), or drop the checks that need its plaintext",
-        "recipients": "ask the cube's owner for the revision they wrote (signed: cubepack "
-                      "rekey --sign-key): its files name other readers than its lock counts",
-        "replay": "get the newest revision the replay check names (an older one pushed back "
-                  "can still be read by a reader removed since)",
-        "model identity": "load it with the model it was packed for, or rebuild it for this "
-                          "one (cubepack migrate --model)",
-        "adapter base": "load the adapter on the base model it was trained on, or migrate the "
-                        "cube (cubepack migrate --model)",
-        "remote model": "pass the pinned model with --model, or pin it again (cubepack pack "
-                        "--model)",
-        "recompute": "rebuild the caches with the model that produced them (cubepack pack "
-                     "--recompute, or cubepack migrate --model)",
-        "provenance": "prove the caches (cubepack pack --recompute), or ask for less with "
-                      "--require-provenance",
-        "embedder": "re-embed the text memory with this embedder (cubepack migrate --embedder), "
-                    "or pass the embedder that made the vectors",
-    }
 
     @property
     def failures(self) -> list[_Any]:

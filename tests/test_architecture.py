@@ -77,9 +77,15 @@ PUBLIC = {
                         "UsageError", "VerificationFailed"],
     "cubepack.testing": ["free_port"],
 }
+#: Declared seams: the private module of a part that the parts above it may import, beside its
+#: face (what they orchestrate with it that is no user's API). Any other import of the part's
+#: private modules from outside it fails.
+SEAMS = {"cubepack.ops": "cubepack.ops._seam"}
 #: Modules holding pure logic: their imports (followed through cubepack) reach no HTTP, torch,
 #: transformers or MemOS code.
-PURE = ["cubepack.format._lock", "cubepack.kv._format", "cubepack.identity._identity",
+#: (The provenance labels are read by the CLI as it starts: --require-provenance's choices.)
+PURE = ["cubepack._util.checks", "cubepack.format._provenance",
+        "cubepack.format._lock", "cubepack.kv._format", "cubepack.identity._identity",
         "cubepack.mlx._layout",
         "cubepack.llamacpp._layout",
         "cubepack.memos_format._records", "cubepack.memos_format._layout", "cubepack.format._diff",
@@ -220,6 +226,30 @@ def test_runtime_modules_never_import_the_test_machinery():
             continue
         assert not any(t.startswith("cubepack.testing") for t in top[module] | nested[module]), \
             module
+
+
+@pytest.mark.parametrize("part", sorted(SEAMS))
+def test_a_part_with_a_seam_is_reached_only_through_its_face_or_its_seam(part):
+    """From outside ``part``, at import time or lazily, only its face (``cubepack.ops``) and its
+    declared seam are imported, never another of its private modules (the MemOS hook reached
+    four of ``ops``'s, the Hub side and the CLI more)."""
+    top, nested, _ = import_graph()
+    reaching = sorted(f"{module} -> {target}" for module in top
+                      for target in top[module] | nested[module]
+                      if part_of(module) != part and target.startswith(part + ".")
+                      and target != SEAMS[part])
+    assert reaching == []
+
+
+@pytest.mark.parametrize("part", sorted(SEAMS))
+def test_a_seam_passes_on_only_what_its_part_defines(part):
+    seam = importlib.import_module(SEAMS[part])
+    for name in seam.__all__:
+        defined_in = getattr(getattr(seam, name), "__module__", None) or SEAMS[part]  # a constant
+        assert defined_in.startswith(part + "."), name
+    stray = sorted(name for name, value in vars(seam).items() if not name.startswith("_")
+                   and name not in seam.__all__ and not isinstance(value, type(importlib)))
+    assert stray == [], f"{SEAMS[part]} passes on {stray} undeclared"
 
 
 @pytest.mark.parametrize("module", PURE)

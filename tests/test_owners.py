@@ -1,7 +1,12 @@
 """One owner per rule, held by reading the source: a basis ("proved", "signed", "claimed") is
-spelled only by the evidence module (and by the two formats that name a block or field after
-one, each once, as a constant), and the bookkeeping folders (``.cache/...``) only by the
-file-set rule. Any other module that needs them imports them from their owner."""
+spelled only by the check catalogue, which declares the vocabulary (and by the two formats
+that name a block or field after one, each once, as a constant); the bookkeeping folders
+(``.cache/...``) only by the file-set rule; a check's name only by the catalogue
+(``_util/checks.py``); a provenance label only by its enum (``format/_provenance.py``); the
+config files' names only by ``_util/constants.py``. Any other module that needs them imports
+them from their owner. (What a TrustPolicy field means is the policy's:
+``tests/trust/test_policy_whole.py``; which private modules a part may import:
+``tests/test_architecture.py``.)"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import ast
 from pathlib import Path
 
 import cubepack
+from cubepack._util.checks import Catalogue
+from cubepack.format._provenance import KINDS
 
 from envs import once
 
@@ -18,16 +25,19 @@ PACKAGE = Path(cubepack.__file__).parent
 BASES = {"proved", "signed", "claimed"}
 #: The owners, and (for the formats that name a part after a basis) how many times each may
 #: spell one: once per constant.
-OWNERS = {"trust/_evidence.py": None, "format/_envelope.py": 2, "format/_lock.py": 1}
+OWNERS = {"_util/checks.py": None, "format/_envelope.py": 2, "format/_lock.py": 1}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
 
 
 def literals(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef,
-                                       ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = _docstrings(tree)
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and id(node) not in docstrings]
@@ -51,4 +61,135 @@ def test_bookkeeping_folders_are_named_only_by_the_file_set_rule():
              if (hits := [(line, value) for line, value in literals(path)
                           if ".cache/huggingface" in value or ".cache/cubepack" in value])
              and path.name != "_fileset.py"}
+    assert found == {}
+
+
+# --- names declared once: the check catalogue, the provenance labels, the config files --------
+
+CATALOGUE = "_util/checks.py"
+CHECK_NAMES = {entry.value for entry in Catalogue}
+#: Calls that name a check: a report's line, a refusal, the optional checks a report lists,
+#: what a policy asks, and any checker whose name says so (``seen_check``...).
+CHECK_CALLS = {"Check", "_refusal", "add", "finish", "asks", "without"}
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else \
+        func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _strings(node: ast.AST) -> list[ast.Constant]:
+    """The string constants ``node`` is or holds as a collection's elements (a tuple, list or
+    set, or a pair's first element), not those inside expressions."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [found for element in node.elts for found in _strings(element)]
+    return []
+
+
+def _names_a_check(node: ast.AST) -> bool:
+    """``node`` reads a check's name: ``check.name``, ``data["check"]``, ``data.get("check")``."""
+    return (isinstance(node, ast.Attribute) and node.attr == "name") or (
+        isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+        and node.slice.value == "check") or (
+        isinstance(node, ast.Call) and _called(node) == "get" and node.args
+        and isinstance(node.args[0], ast.Constant) and node.args[0].value == "check")
+
+
+def check_names_spelled(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where ``tree`` spells a check's name in a place that names a check: an argument of a
+    call that makes or lists checks, a comparison with a check's name, a report's ``check``
+    key, a constant named after checks, or a table of three or more names and nothing else."""
+    found: list[ast.Constant] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (_called(node) in CHECK_CALLS
+                                           or "check" in _called(node).lower()):
+            found += [c for arg in [*node.args, *(k.value for k in node.keywords)]
+                      for c in _strings(arg)]
+        elif isinstance(node, ast.Compare) and any(
+                _names_a_check(side) for side in [node.left, *node.comparators]):
+            found += [c for side in [node.left, *node.comparators] for c in _strings(side)]
+        elif isinstance(node, ast.Dict):
+            found += [c for key, value in zip(node.keys, node.values)
+                      if isinstance(key, ast.Constant) and key.value == "check"
+                      for c in _strings(value)]
+            keys = [c for key in node.keys if key is not None for c in _strings(key)]
+            if len(keys) >= 3 and len(keys) == len(node.keys):
+                found += keys if all(c.value in CHECK_NAMES for c in keys) else []
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(target, ast.Name) and "check" in target.id.lower()
+                   for target in targets):  # CHECK = "replay", _TRUST_CHECKS = (...)
+                value = node.value
+                found += _strings(value) + ([c for key in value.keys if key is not None
+                                             for c in _strings(key)]
+                                            if isinstance(value, ast.Dict) else [])
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            elements = _strings(node)
+            if len(elements) >= 3 and len(elements) == len(node.elts) \
+                    and all(c.value in CHECK_NAMES for c in elements):
+                found += elements
+    return sorted({(c.lineno, c.value) for c in found if c.value in CHECK_NAMES})
+
+
+def test_a_check_is_named_only_by_the_catalogue():
+    """Every other module names a check by its entry (``Catalogue.SHA256``); a Check refuses
+    a plain string at run time, and this finds one spelled where a check is named even on a
+    path no test runs."""
+    found = {path.relative_to(PACKAGE).as_posix(): hits for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).as_posix() != CATALOGUE
+             and (hits := check_names_spelled(ast.parse(path.read_text())))}
+    assert found == {}
+
+
+LABELS = set(KINDS)
+
+
+def _key_positions(tree: ast.AST) -> set[int]:
+    """The string constants used as a key (a dict's key, a subscript, ``.get``/``.pop``/
+    ``.setdefault``'s key, an element of a set of keys, the left side of ``in``): where a
+    format names a field that happens to share a label's word (``proved.recomputed``)."""
+    keys: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys |= {id(key) for key in node.keys if key is not None}
+        elif isinstance(node, ast.Subscript):
+            keys.add(id(node.slice))
+        elif isinstance(node, ast.Call) and _called(node) in ("get", "pop", "setdefault") \
+                and node.args:
+            keys.add(id(node.args[0]))
+        elif isinstance(node, ast.Set):
+            keys |= {id(element) for element in node.elts}
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            keys.add(id(node.left))
+    return keys
+
+
+def labels_spelled(tree: ast.AST) -> list[tuple[int, str]]:
+    keys = _key_positions(tree)
+    docstrings = _docstrings(tree)
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in LABELS
+                  and id(node) not in keys and id(node) not in docstrings)
+
+
+def test_a_provenance_label_is_spelled_only_by_its_enum():
+    """``asserted``, ``recorded`` and ``recomputed`` as values (a label written, compared,
+    offered as a choice) only in ``format/_provenance.py``, in one order of strength; a key
+    of the same word (an attestation's ``recomputed`` block) is a field's name."""
+    found = {path.relative_to(PACKAGE).as_posix(): hits for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).as_posix() != "format/_provenance.py"
+             and (hits := labels_spelled(ast.parse(path.read_text())))}
+    assert found == {}
+
+
+def test_the_config_files_are_named_in_one_module():
+    """MemOS's ``config.json`` (and a model folder's, another file of one name) and
+    ``cubepack.yaml`` are spelled by ``_util/constants.py`` only."""
+    names = {"config.json", "cubepack.yaml"}
+    found = {path.relative_to(PACKAGE).as_posix(): hits for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).as_posix() != "_util/constants.py"
+             and (hits := [(line, value) for line, value in literals(path) if value in names])}
     assert found == {}

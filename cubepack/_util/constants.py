@@ -40,6 +40,11 @@ LOCK_FILENAME = "cubepack.lock"
 #: Versions 2 and 3 are still read as written (see ``format._lock.SECTIONS``).
 LOCK_VERSION = 4
 CONFIG_FILENAME = "cubepack.yaml"
+#: MemOS's cube config, a cube's ``config.json``: which memories it holds, their backends and
+#: models (read by MemOS's own load; cubepack checks it, never runs what it names).
+MEMOS_CONFIG = "config.json"
+#: A transformers (or MLX) model folder's config: the same name as MemOS's, another file.
+MODEL_CONFIG = "config.json"
 CONFIG_SCHEMA_VERSION = 1
 SIGNATURE_FILENAME = "cubepack.sig"
 #: The cube's signed in-toto attestation (a DSSE envelope whose subject is the lock's digest):

@@ -21,7 +21,8 @@ from typing import Any
 from .._util import canonical, constants
 from .._util.revision import is_commit
 from ..errors import FormatError
-from ._lock import KINDS, PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, RECOMPUTED
+from ._lock import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
+from ._provenance import KINDS, RECOMPUTED
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -34,18 +34,12 @@ from ..errors import FormatError, UsageError
 from ..identity._identity import ModelIdentity
 from . import _fileset as fileset
 from ._fileset import is_activation_path
+from ._provenance import KINDS, RECORDED
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
 
-#: What an activation's producer label says (its ``kind``), as pack writes it:
-#: ``recorded``: the source carried an identity (a KV header; a MemOS pickle's producer record
-#: from MemOS PR #2302 or #2305) that agrees with the pinned model; ``asserted``: the packer's
-#: word only; ``recomputed``: pack (or migrate) ran the producer and it reproduced the cache.
-#: What *backs* a label is :mod:`cubepack.trust._evidence`'s to decide.
-RECORDED, ASSERTED, RECOMPUTED = "recorded", "asserted", "recomputed"
-KINDS = (RECORDED, ASSERTED, RECOMPUTED)
-#: How strong each kind is, for ``--require-provenance``.
-STRENGTH = {ASSERTED: 0, RECORDED: 1, RECOMPUTED: 2}
+# What an activation's producer label says (its ``kind``): ._provenance's labels, in their
+# one order of strength.
 #: The label of an activation whose KV header names a producer that agrees with the pin.
 KV_HEADER = {"kind": RECORDED, "detail": "the KV file's header names its producer"}
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
+from .._util.checks import Catalogue
 from ..errors import HubError
 from ..format._fileset import ORIGIN_FILE
-from ..ops._private import is_private
+from ..ops._seam import is_private
 from ..trust import _generation as generations
 from ..trust._evidence import PROVED
 from ..trust._lineage import pulled_from
@@ -49,7 +50,7 @@ def add_history_check(report: VerifyReport, client: HubClient, repo_id: str, rep
 def add_skipped(report: VerifyReport, why: str) -> None:
     """The history check of a private cube that could not be walked, and why."""
     if report.lock is not None and is_private(report.lock) and report.intact:
-        add_beside(report, Check(generations.CHECK, "history on the endpoint", None,
+        add_beside(report, Check(Catalogue.REPLAY, "history on the endpoint", None,
                                  f"skipped: {why}; {generations.SQUASH}"))
 
 
@@ -67,7 +68,7 @@ def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any],
         return _walked(client, repo_id, repo_type, lock, key, trusted, cache_dir)
     except HubError as exc:  # the deadline is client.run's, raised past this
         # A history that cannot be read hides what it holds: refused, never a pass.
-        return Check(generations.CHECK, f"history of {repo_id} on {client.endpoint}", False,
+        return Check(Catalogue.REPLAY, f"history of {repo_id} on {client.endpoint}", False,
                      f"the branches' history could not be walked: {exc} A folder pulled from "
                      "another endpoint is walked there: set HF_ENDPOINT to it.", basis=PROVED)
 

@@ -16,11 +16,12 @@ import stat
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._util import atomic, budget, canonical, constants
+from .._util.checks import Catalogue
 from .._util.hashing import hash_files, sha256_file
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
 from .._util.quiet import terminal_bars
@@ -28,8 +29,8 @@ from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
 from ..format._fileset import ORIGIN_FILE, is_tolerated
-from ..ops._private import is_private
-from ..ops._verify import require_checked_models, verify
+from ..ops import verify
+from ..ops._seam import is_private, require_checked_models
 from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
@@ -102,14 +103,11 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("pull")
     repo_id, wanted = parse_repo_spec(repo, revision)
-    if policy.require_pin and not is_commit(wanted or ""):
-        raise UsageError(f"Refusing {repo_id}@{wanted or 'main'}: a branch or tag can move, and "
-                         "a pinned revision was required (require_pin). Name the 40-hex commit "
-                         f"(cubepack pull {repo_id}@<commit>), as `cubepack push` prints it.")
-    if not verify_cube and policy != TrustPolicy():
-        asked = sorted(k for k, v in policy.to_dict().items() if v != TrustPolicy().to_dict()[k])
+    policy.require_pinned(wanted, f"{repo_id}@{wanted or 'main'}", "Name the 40-hex commit "
+                          f"(cubepack pull {repo_id}@<commit>), as `cubepack push` prints it.")
+    if not verify_cube and policy.asked():
         raise UsageError(f"--no-verify cannot be combined with what must be verified "
-                         f"({', '.join(asked)}); drop one or the other.")
+                         f"({', '.join(sorted(policy.asked()))}); drop one or the other.")
     offline = offline_requested(offline)
     seconds = constants.hub_timeout(timeout)
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
@@ -134,18 +132,21 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                 # The deadline covers the checks too: a cube slow to check cannot outlive it.
                 with budget.bounded(client.deadline.check if client.deadline
                                     else lambda step: None):
-                    report = verify(staging, replace(policy, strict_models=False,
-                                                     require_pin=False),
+                    # The pin was applied above; strict models below, once the Hub's
+                    # metadata has checked what the HF cache did not hold.
+                    report = verify(staging, policy.without(Catalogue.MODEL_IDENTITY)
+                                    .honoured_by("verify"),
                                     progress=progress, raise_on_failure=False, hashed=hashed,
                                     decrypt_with=decrypt_with)
-                if not offline and policy.model is None:
-                    _add_remote_model_checks(report, client, policy.strict_models)
+                strict = policy.asks(Catalogue.MODEL_IDENTITY)
+                if not offline and policy.model_given() is None:
+                    _add_remote_model_checks(report, client, strict)
                 if offline:
                     add_skipped(report, "offline, the endpoint's history was not walked")
                 else:
                     add_history_check(report, client, repo_id, repo_type,
-                                      policy.trusted_keys, cache_dir=cache_dir)
-                if policy.strict_models and report.intact:
+                                      policy.trusted(), cache_dir=cache_dir)
+                if strict and report.intact:
                     require_checked_models(report)
                 if report.lock is not None and is_private(report.lock):
                     report.group_scopes()
@@ -513,17 +514,18 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
     report = VerifyReport(Path(f"{repo_id}@{sha}"))
     lock_path = snapshot / constants.LOCK_FILENAME
     if constants.LOCK_FILENAME not in paths:
-        report.add("lock", constants.LOCK_FILENAME, False,
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False,
                    "missing: this commit was not packed by cubepack (run `cubepack pack`)")
         raise VerificationFailed(report)
     try:
         lock = lockfile.parse(lock_path.read_bytes())
     except CubepackError as exc:
-        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False, str(exc))
         raise VerificationFailed(report) from None
     unlisted = sorted(name for name in set(paths) - set(lock["files"]) if not is_tolerated(name))
     for name in unlisted:
-        report.add("file set", name, False, "not listed in the lock; refused before download",
+        report.add(Catalogue.FILE_SET, name, False,
+                   "not listed in the lock; refused before download",
                    "absent", "present")
     if unlisted:
         raise VerificationFailed(report)
@@ -556,7 +558,7 @@ def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
     """Remove from the HF cache the blobs whose bytes failed the lock, so a retry downloads
     them again (the client would otherwise reuse them: it checks only sizes)."""
     for check in report.failures:
-        if check.name not in ("sha256", "size"):
+        if check.name not in (Catalogue.SHA256, Catalogue.SIZE):
             continue
         link = snapshot / check.subject
         try:
@@ -573,6 +575,6 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
     """Check against Hub metadata the pins whose local model check was skipped (not cached)."""
     if report.lock is None:
         return
-    skipped = {c.role for c in report.checks if c.name == "model identity" and c.ok is None}
+    skipped = {c.role for c in report.checks if c.name == Catalogue.MODEL_IDENTITY and c.ok is None}
     models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
     report.extend(client.run(remote_model_checks, models, client, strict=strict))

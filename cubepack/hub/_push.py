@@ -22,7 +22,7 @@ from .._util.revision import check_ref_name
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
 from ..memos_format import _layout as memos_layout
-from ..ops._verify import verify
+from ..ops import verify
 from ..trust._report import VerifyReport
 from ._client import REPO_TYPES, HubClient, lfs_sha256, offline_requested, parse_repo_spec
 
@@ -207,7 +207,7 @@ def _refuse_local_model_paths(cube: Path) -> None:
                 "system (the lock pins the base by its fingerprint either way). Set "
                 "base_model_name_or_path to the base's Hub id and pack again, or pass "
                 "--allow-local-paths to push it anyway.")
-    config_path = cube / "config.json"
+    config_path = cube / constants.MEMOS_CONFIG
     if not config_path.is_file():
         return
     config = json.loads(config_path.read_text(encoding="utf-8"))

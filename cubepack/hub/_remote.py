@@ -10,22 +10,23 @@ cube's producer at pack. Returns typed checks; verification decides what to do w
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._util.checks import Catalogue
 from .._util.quiet import terminal_bars
 from ..errors import CubepackError, HubError, VerificationFailed
 from ..identity._hub import hub_identity
 from ..identity._identity import ModelIdentity, compare
-from ..ops._private import is_private
-from ..ops._verify import require_checked_models, verify
+from ..ops import verify
+from ..ops._seam import is_private, require_checked_models
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ._client import HubClient
 from ._history import add_history_check, add_skipped, pulled_repo
 
-CHECK = "remote model"
+#: The checks this module makes.
+_CHECK = Catalogue.REMOTE_MODEL
 
 
 def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient, *,
@@ -46,7 +47,7 @@ def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient, *,
 def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) -> list[Check]:
     subject = pin_subject(role, pin)
     if not pin.get("repo_id") or not pin.get("revision"):
-        return [Check(CHECK, subject, None, "skipped: pinned by weights digest only (no Hub "
+        return [Check(_CHECK, subject, None, "skipped: pinned by weights digest only (no Hub "
                       "revision to check)", role=role)]
     pinned = ModelIdentity.from_dict(pin["identity"])
     repo_id, sha = pin["repo_id"], pin["revision"]
@@ -61,21 +62,21 @@ def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) 
                              "(was its history rewritten or squashed?); the cube cannot be "
                              "checked against its producer.")
         elif not strict:
-            return [Check(CHECK, subject, None, f"unverified: {error} Pass the model with "
+            return [Check(_CHECK, subject, None, f"unverified: {error} Pass the model with "
                           "--model to check it locally (or --strict-models to refuse).",
                           role=role)]
-        return [Check(CHECK, subject, False, str(error), sha, None, role=role)]
+        return [Check(_CHECK, subject, False, str(error), sha, None, role=role)]
     try:  # the identity a download would give, from the Hub's metadata (no weights read)
         found = hub_identity(client.api, repo_id, info, dtype=pinned.dtype)
     except (CubepackError, ValueError) as exc:  # the endpoint's files are read strictly
-        return [Check(CHECK, subject, False, f"the Hub's files at the pinned revision cannot "
+        return [Check(_CHECK, subject, False, f"the Hub's files at the pinned revision cannot "
                       f"be checked: {exc}", role=role)]
     problems = compare(pinned, found)
     if not problems:
-        return [Check(CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry, compute "
+        return [Check(_CHECK, subject, True, "weights (LFS sha256), tokenizer, geometry, compute "
                       "config, quantization and adapters at the pinned revision match the pin",
                       role=role)]
-    return [Check(CHECK, f"{subject} {m.field}", False, "the Hub's files at the pinned revision "
+    return [Check(_CHECK, f"{subject} {m.field}", False, "the Hub's files at the pinned revision "
                   "differ from the pin", m.expected, m.found, role=role)
             for m in problems]
 
@@ -95,12 +96,12 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
     signed revisions in its repo's history on the endpoint (the ``replay`` check).
     """
     policy = TrustPolicy.build(policy, **options)
-    report = verify(cube_dir, replace(policy, strict_models=False), progress=progress,
+    report = verify(cube_dir, policy.without(Catalogue.MODEL_IDENTITY), progress=progress,
                     raise_on_failure=False, decrypt_with=decrypt_with)
     if report.lock is not None and report.intact:
         client = HubClient(endpoint, token)
         report.extend(remote_model_checks(report.lock["models"], client, strict=True))
-        if policy.strict_models:
+        if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
         pulled = pulled_repo(Path(cube_dir))
         if pulled is None:
@@ -108,8 +109,9 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                                 "origin record such a pull wrote names its lock), so no "
                                 "repo's history was walked")
         else:
-            add_history_check(report, client, *pulled, policy.trusted_keys)
-    report.finish("not run: the cube's files failed the checks above", ["remote model"])
+            add_history_check(report, client, *pulled, policy.trusted())
+    report.finish("not run: the cube's files failed the checks above",
+                  [Catalogue.REMOTE_MODEL])
     if report.lock is not None and is_private(report.lock):
         report.group_scopes()
     if raise_on_failure and not report.ok:

@@ -305,7 +305,7 @@ def fingerprint_inputs(names: list[str]) -> list[str]:
               and (name not in SLOW_TOKENIZER_FILES or name in slow)]
     adapters = sorted(name for name in present if "/" not in name
                       and name.startswith(_ADAPTER_PREFIX))
-    return ["config.json", *wanted, *adapters]
+    return [constants.MODEL_CONFIG, *wanted, *adapters]
 
 
 @functools.lru_cache(maxsize=None)
@@ -339,7 +339,7 @@ def adapters_from_folder(folder: Path) -> str | None:
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.json"
+    path = folder / constants.MODEL_CONFIG
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -459,7 +459,7 @@ def _loaded_compute_config(model: Any, folder: Path | None,
     file isolates the load-time changes, so an unchanged load fingerprints exactly like the
     folder does.
     """
-    if folder is None or not (folder / "config.json").is_file():
+    if folder is None or not (folder / constants.MODEL_CONFIG).is_file():
         return live
     on_disk = _read_config(folder)
     try:
@@ -495,7 +495,7 @@ def _memo_key(model: Any, folder: Path, files: list[Path],
               live_compute: dict[str, Any]) -> tuple | None:
     if getattr(model, "_hf_peft_config_loaded", False):
         return None  # adapters can be switched in place; always recompute
-    watched = files + [p for p in (folder / "tokenizer.json", folder / "config.json",
+    watched = files + [p for p in (folder / "tokenizer.json", folder / constants.MODEL_CONFIG,
                                    folder / "tokenizer_config.json",
                                    folder / "chat_template.jinja") if p.exists()]
     return (str(model.dtype), str(folder), canonical.digest(live_compute),

@@ -113,10 +113,10 @@ def hub_identity(api: Any, repo_id: str, info: Any, *, dtype: str | None = None)
     if not entries:
         raise ModelNotFoundError(f"{repo_id}@{sha} holds no weight files (*.safetensors, "
                                  "*.bin, ...).")
-    if "config.json" not in siblings:
+    if constants.MODEL_CONFIG not in siblings:
         raise FormatError(f"{repo_id}@{sha} is not a model: it has no config.json.")
     folder = _download_inputs(api, repo_id, sha, fingerprint_inputs(list(siblings)))
-    raw = (folder / "config.json").read_bytes()
+    raw = (folder / constants.MODEL_CONFIG).read_bytes()
     try:  # the endpoint's files are read as strictly as a cube's
         config = loads_strict(raw)
     except ValueError as exc:

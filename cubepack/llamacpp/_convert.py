@@ -23,6 +23,7 @@ from typing import Any
 from .._util import atomic, canonical, constants
 from .._util.hashing import hash_files, sha256_file, shared_cache
 from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
+from ..format._provenance import ASSERTED
 from ..identity._fingerprint import fingerprint, installed_versions
 from ..identity._identity import ModelIdentity
 from ..kv._format import FULL, read_kv_header, require_checksums
@@ -106,7 +107,7 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
         "runtime": runtime_record(), "gguf": pin,
         "converted_from": {"format": "llama.cpp session", "version": info.version,
                            "file": info.path.name, "v_trans": info.v_trans},
-        "provenance": {"kind": "asserted", "detail": (
+        "provenance": {"kind": ASSERTED, "detail": (
             "cubepack import llamacpp: the GGUF is pinned by digest; the Hugging Face model "
             "given names the folder it was converted from (a GGUF records no source digest)")}}
     if proof is not None:

@@ -26,6 +26,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format._provenance import RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import ModelIdentity, require_same
 from ..kv._format import read_kv_header
@@ -141,7 +142,7 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
             # `recomputed` only for the prefill bit for bit (never, in practice, across two
             # runtimes): within the bound, stored tensors can still steer an answer
             # (docs/explanation/proof-bound.md), so the label is `recorded`, proved.
-            return {"kind": "recomputed" if result.identical else "recorded",
+            return {"kind": RECOMPUTED if result.identical else RECORDED,
                     "detail": f"transformers {describe(result)}"}
     return _import_state(path, gguf, model, out=out, revision=revision, metadata=metadata,
                          proof=proof)

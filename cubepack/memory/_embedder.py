@@ -20,7 +20,6 @@ from ..errors import CubepackError, IntegrityError, UsageError
 from ..memos_format._layout import memory_files
 from ._vectors import PROBES, memory_vectors
 
-CHECK = "embedder"
 #: Texts per embedding call when every memory is re-embedded.
 BATCH = 256
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CubepackError, IdentityMismatch, Mismatch, RecomputationFailed
-from ..format._lock import RECOMPUTED
+from ..format._provenance import RECOMPUTED
 from ..identity._config_fields import declared_context
 from ..identity._identity import ModelIdentity
 from ..kv._torch import cache_layers, prefill

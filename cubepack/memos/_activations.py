@@ -30,15 +30,8 @@ from ..errors import (
     UnsafeInputError,
     UnsupportedError,
 )
-from ..format._lock import (
-    ASSERTED,
-    KV_HEADER,
-    RECOMPUTED,
-    RECORDED,
-    activation_id_key,
-    check_provenance,
-    duplicate_id,
-)
+from ..format._lock import KV_HEADER, activation_id_key, check_provenance, duplicate_id
+from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import (
@@ -55,7 +48,7 @@ from ..memory._reprefill import reprefill
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
 from ..memos_format._records import record_conflicts
-from ..ops._verify import NO_TOKEN_IDS
+from ..ops._seam import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
 from ._use import (
@@ -171,7 +164,7 @@ class _Staged:
             raise IdentityMismatch(f"Activation {item_id!r} of {self.cube_dir}", problems,
                                    USE_ADVICE + "; or do not load this cube.",
                                    finding=USE_FINDING)
-        if self.policy.recompute:  # then MemOS gets the prefill the loading model ran
+        if self.policy.recomputation().asked:  # then MemOS gets the prefill the model ran
             provenance, layers = self._prove(item_id, layers, token_ids, header)
         cache = cache_from_layers(layers, model.config, device=model.device, source=item_id)
         metadata = memos_layout.item_metadata(header)
@@ -192,8 +185,9 @@ class _Staged:
                                       f"{NO_TOKEN_IDS}.")
         model = self.act_mem.llm.model
         kv_dtype = dtype_name(layers[0][2].dtype) if layers else dtype_name(model.dtype)
+        plan = self.policy.recomputation()
         result = recompute_layers(model, layers, kv_dtype, ids, item_id,
-                                  sample=self.policy.recompute_tokens, seed=self.policy.seed)
+                                  sample=plan.sample, seed=plan.seed)
         if not result.ok:
             raise RecomputationFailed(f"Activation {item_id!r} of {self.cube_dir} is not what "
                                       f"the loaded model computes: it {describe(result)}. Do "
@@ -273,7 +267,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
             staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
                             producer=stored.producer)
             continue
-        if policy.recompute and not info.token_ids:
+        if policy.recomputation().asked and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
         _note_unchecked(report, item_id, info)
         staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
@@ -281,7 +275,7 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
     # Here, not only in init_from_dir: MemOS's own load (KVCacheMemory.load, which
     # GeneralMemCube.load, MOSCore.load and the scheduler call) reaches this alone; and before
     # install, so a refusal leaves the memory as it was.
-    require_provenance(lock, report, policy.require_provenance)
+    require_provenance(lock, report, policy.required_provenance())
     staged.install()
 
 
@@ -426,7 +420,7 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
                  producer: ModelIdentity | None = None, unknown: bool = False) -> None:
     """``unknown``: nothing records the item's producer (a pickle another process wrote
     without cubepack): it is never taken as the loading model's, whatever its shape."""
-    on_mismatch = staged.policy.on_mismatch
+    on_mismatch = staged.policy.mismatch_action()
     if on_mismatch == "error":
         raise IdentityMismatch(
             f"Activation {item_id!r} of {staged.cube_dir}", mismatch.mismatches,

@@ -30,8 +30,8 @@ from ..errors import CubepackError, IdentityMismatch, UnsafeInputError, UsageErr
 from ..kv._torch import save_kv_cache
 from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import header_metadata, memos_prompt_ids
-from ..ops._encrypt import encrypt
-from ..ops._pack import activation_filename, pack, write_prompts
+from ..ops import encrypt, pack
+from ..ops._seam import activation_filename, write_prompts
 from ..trust._evidence import ASSERTED
 from ._privacy import (
     Seal,

@@ -14,10 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
 from ..memory._embedder import vector_sources
-from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, SAMPLE_SIZE
-from ..ops._embedder_check import embedder_checks
+from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
+from ..ops._seam import embedder_checks
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 
@@ -31,7 +32,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
     config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose
     vectors and record disagree (or whose record was removed) is refused whatever the policy."""
     embedder = getattr(text_mem, "embedder", None)
-    config_path = cube_dir / "config.json"
+    config_path = cube_dir / constants.MEMOS_CONFIG
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     record = (lock["models"].get(ROLE) or {}).get("vectors")
     if not vector_sources(cube_dir, config, list(lock["files"]), record):
@@ -41,10 +42,9 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             Mismatch("embedder", "the embedder that made the vectors", None)],
             "MemOS built this text memory without an embedder, so its vectors cannot be "
             "checked; configure the embedder that made them.", finding="cannot be checked")
+    draw = policy.reembedding()  # the embedder is MemOS's; how many memories, the policy's
     checks = embedder_checks(cube_dir, config, lock, embedder.embed,
-                             label=type(embedder).__name__, seed=policy.seed,
-                             size=SAMPLE_SIZE if policy.embedder_sample is None
-                             else policy.embedder_sample)
+                             label=type(embedder).__name__, seed=draw.seed, size=draw.sample)
     problems = [Mismatch(f"vectors[{c.subject}].dimension", c.expected, c.found)
                 if c.expected is not None else
                 Mismatch(f"vectors[{c.subject}].cosine", f">= {COSINE_THRESHOLD}",
@@ -54,7 +54,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
         report.embedder_verified = True
         return
     fields = [problem.field for problem in problems]
-    if policy.on_mismatch == "error":
+    if policy.mismatch_action() == "error":
         raise IdentityMismatch(
             f"The textual memories of {cube_dir}", problems,
             "Their vectors were made by another embedder than the one MemOS loaded; load the "
@@ -62,7 +62,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             finding="were made by another embedder")
     items = text_mem.get_all()
     text_mem.delete_all()
-    if policy.on_mismatch == "drop":
+    if policy.mismatch_action() == "drop":
         logger.warning("cubepack: dropped %d textual memories: their vectors were made by "
                        "another embedder (%s)", len(items), ", ".join(fields))
         report.dropped[ROLE] = fields

@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, constants
+from .._util.checks import Catalogue
 from .._util.paths import managed_cube_folder, scan_cube
 from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
 from ..kv._torch import PRIVATE_CACHE_CHECKS
-from ..ops._private import is_private, open_private
-from ..ops._verify import verify
+from ..ops import verify
+from ..ops._seam import is_private, open_private
 from ..trust._age import identity_path
-from ..trust._evidence import RECOMPUTED
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
 from ._dump import dump_activations, dump_cube, dump_private, plan_dump
@@ -51,12 +51,12 @@ from ._privacy import (
     clear_allowed,
     in_force,
     installed_settings,
+    instance_store,
     loaded_seal,
+    record_store,
     refuse_clear_into_private,
     refuse_persistent,
     seal,
-    instance_store,
-    record_store,
     seals_of,
     set_installed,
 )
@@ -150,7 +150,7 @@ def install(require_pin: bool | None = None, *, policy: TrustPolicy | None = Non
     # What the call says: the fields it sets, or gives explicitly even at their default.
     said = set(given.asked()) | {name for name, value in options.items() if value is not None}
     if current is None:  # over the environment's and the hook's defaults
-        updated = replace(_from_environment(), **{name: getattr(given, name) for name in said})
+        updated = given.said_over(_from_environment(), said)
     else:
         updated = current.tightened(given, said)
     _STATE["settings"] = updated
@@ -345,13 +345,11 @@ def _hooked_remote(cube_id: str, base_url: str = DEFAULT_BASE_URL,
     # "owner/../x" would clone outside it. MemOS servers take ids from requests.
     repo, revision = parse_repo_spec(cube_id)
     revision = revision or ""
-    if current.require_pin and not is_commit(revision):
-        what = ("a Hub commit (printed by `cubepack push` and `cubepack pull`)" if kind == "hub"
-                else "a git commit (`git rev-parse HEAD` in that repository)")
-        raise UsageError(
-            f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move. Pin it to {what}: "
-            f"{_CALLER.get()}('{repo}@<40-hex commit>', ...), or call "
-            "cubepack.memos.install(require_pin=False) on a fresh install.")
+    what = ("a Hub commit (printed by `cubepack push` and `cubepack pull`)" if kind == "hub"
+            else "a git commit (`git rev-parse HEAD` in that repository)")
+    current.require_pinned(revision, f"unpinned cube id {cube_id!r}", f"Pin it to {what}: "
+                           f"{_CALLER.get()}('{repo}@<40-hex commit>', ...), or call "
+                           "cubepack.memos.install(require_pin=False) on a fresh install.")
     if kind == "hub":
         return _placeholder(init_from_remote_repo(
             cube_id, endpoint=where, repo_type=repo_type, memory_types=memory_types,
@@ -541,7 +539,7 @@ def _recorded_concat(self: Any, caches: list[Any]) -> Any:
     """MemOS's ``KVCacheMemory._concat_caches`` (``get_cache``'s merge): a part of unknown
     origin is handled by the policy first; the merge carries its parts' common producer, and
     parts of different producers are refused."""
-    kept = checked_parts(caches, _hook_settings().on_mismatch)
+    kept = checked_parts(caches, _hook_settings().mismatch_action())
     if not kept:
         return None
     return merged(kept, _original(_kv_memory(), "_concat_caches")(self, kept))
@@ -558,7 +556,7 @@ def _checked_add(self: Any, memories: list[Any]) -> None:
     """MemOS's ``KVCacheMemory.add``, of the items whose cache's producer is this memory's
     model (the others handled by the policy)."""
     return _original(_kv_memory(), "add")(self, checked_add(self, list(memories),
-                                                             _hook_settings().on_mismatch))
+                                                             _hook_settings().mismatch_action()))
 
 
 def _portable_act_dump(self: Any, dir: str) -> None:
@@ -566,7 +564,7 @@ def _portable_act_dump(self: Any, dir: str) -> None:
     the policy in force (never attributed to the memory's model); a memory holding a private
     cube's caches writes a private cube (:func:`~._dump.dump_private`) or refuses."""
     writer = f"{type(self).__name__}.dump"
-    on_mismatch = _hook_settings().on_mismatch
+    on_mismatch = _hook_settings().mismatch_action()
     seals, target = memory_seals(self), Path(dir)
     if not seals or clear_allowed(target):
         if not seals:
@@ -616,7 +614,7 @@ def _portable_dump(owner: Any, self: Any, dir: str, memory_types: Any = None) ->
             return dump_private(lambda clear: original(self, str(clear), memory_types),
                                 Path(dir), seals, writer, named=in_force().recipients)
         return original(self, dir, memory_types)
-    on_mismatch = _hook_settings().on_mismatch
+    on_mismatch = _hook_settings().mismatch_action()
     if sealed:
         return dump_private(lambda clear: dump_cube(self, clear, memory_types,
                                                     on_mismatch=on_mismatch),
@@ -767,17 +765,16 @@ def _refuse_unpacked(folder: Path, state: str, current: TrustPolicy) -> None:
     if state == "other":
         raise UnsafeInputError(f"{folder / constants.LOCK_FILENAME} is not a regular file; "
                                "refusing the cube (a packed cube's lock is a plain file).")
-    if current.signature_required or current.require_lineage:
+    if current.asks(Catalogue.SIGNATURE) or current.asks(Catalogue.LINEAGE):
         raise SignatureError(f"{folder} holds no cubepack.lock, so it cannot carry a trusted "
                              "signature or attestation, and the hook requires one; pack and "
                              "sign it (cubepack pack --sign-key) or load it with another install.")
     # Recomputing proves what a lock would have: `recomputed` only when every position is
     # (a sampled check, recompute_tokens, proves `recorded`, as it does for a packed cube).
-    provable = current.recompute and (current.require_provenance != RECOMPUTED
-                                      or current.recompute_tokens is None)
     unmet = [name for name, asked in (
-        ("strict_models", current.strict_models),
-        ("require_provenance", current.require_provenance and not provable)) if asked]
+        ("strict_models", current.asks(Catalogue.MODEL_IDENTITY)),
+        ("require_provenance", current.asks(Catalogue.PROVENANCE)
+         and not current.proves_by_recomputing())) if asked]
     if unmet:
         raise RefusedError(f"{folder} holds no cubepack.lock, so it pins no model and records no "
                            f"provenance, and the hook requires {' and '.join(unmet)}; pack it "

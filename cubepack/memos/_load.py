@@ -11,21 +11,20 @@ import contextlib
 import contextvars
 import logging
 import os
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
 from .._util.paths import managed_cube_folder
 from .._util.quiet import quietly
-from .._util.revision import is_commit
 from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ..memos_format import _layout as memos_layout
-from ..ops._private import is_private, open_private
-from ..ops._verify import verify
+from ..ops import verify
+from ..ops._seam import is_private, open_private
 from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
@@ -104,10 +103,8 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     policy.require_honoured("the MemOS hook")
     named = PrivacySettings.build(recipients, stores)  # refused before any work
     repo_id, wanted = parse_repo_spec(cube_id, revision)
-    if policy.require_pin and not is_commit(wanted or ""):
-        raise UsageError(f"Refusing unpinned cube id {cube_id!r}: a branch or tag can move, and "
-                         "a pinned revision was required (require_pin). Name it at its 40-hex "
-                         f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
+    policy.require_pinned(wanted, f"unpinned cube id {cube_id!r}", "Name it at its 40-hex "
+                          f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
@@ -228,16 +225,16 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
             seal(memory, [private[0]])
     others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
     with verified_folder(cube_dir):
-        if others and (cube_dir / "config.json").is_file():
+        if others and (cube_dir / constants.MEMOS_CONFIG).is_file():
             cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
-        for kind in others if not (cube_dir / "config.json").is_file() else []:
+        for kind in others if not (cube_dir / constants.MEMOS_CONFIG).is_file() else []:
             getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
         load_activations(cube.act_mem, cube_dir, lock, report, policy,
                          frozenset([private[0]]) if private is not None else frozenset())
-    require_provenance_of(lock, report, policy.require_provenance)
+    require_provenance_of(lock, report, policy.required_provenance())
     cube.cubepack = report
     return cube
 
@@ -254,7 +251,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
     from memos.configs.mem_cube import GeneralMemCubeConfig
     from memos.mem_cube.utils import merge_config_with_default
 
-    if not (cube_dir / "config.json").is_file():
+    if not (cube_dir / constants.MEMOS_CONFIG).is_file():
         if default_config is None:
             kind = ("an activation memory's own dump" if lock.get("activations") else
                     "a text memory's own dump, or a text-memory export")
@@ -268,7 +265,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
         config = type(default_config).model_validate(data)
         return config, config
     refuse_code_settings(cube_dir)
-    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / "config.json"))
+    recorded = GeneralMemCubeConfig.from_json_file(str(cube_dir / constants.MEMOS_CONFIG))
     effective = merge_config_with_default(recorded, default_config) if default_config is not None \
         else recorded
     return recorded, effective
@@ -284,7 +281,7 @@ def refuse_code_settings(cube_dir: Path) -> None:
         UnsafeInputError: naming each setting by its JSON path, and the fix.
         FormatError: config.json is not strict JSON, so it cannot be checked.
     """
-    path = cube_dir / "config.json"
+    path = cube_dir / constants.MEMOS_CONFIG
     if not path.is_file():
         return
     try:

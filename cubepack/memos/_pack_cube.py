@@ -14,7 +14,6 @@ from ._hook import settings
 from ._privacy import in_force, own_dump
 from ._use import cube_seals
 
-
 WRITER = "cubepack.memos.pack_cube"
 
 
@@ -44,7 +43,7 @@ def pack_cube(cube: Any, out_dir: str | Path, *, license: str | None = None,
                          "pack_cube writes a new cube and never replaces what a folder holds. "
                          "Pass an empty or new out_dir. Nothing was written.")
     policy = settings()  # the hook's, when installed: it never launders an unknown cache
-    on_mismatch = policy.on_mismatch if policy is not None else None
+    on_mismatch = policy.mismatch_action() if policy is not None else None
     seals = cube_seals(cube)
     if seals:
         dump_private(lambda clear: dump_cube(cube, clear, license=license,

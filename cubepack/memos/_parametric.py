@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .._util.checks import Catalogue
 from ..errors import CubepackError, IdentityMismatch
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..memory import _adapters as adapters_mod
@@ -64,14 +65,14 @@ def check_adapters(lock: dict[str, Any], config: dict[str, Any], report: HookRep
             adapters_mod.check_live_base(name, entry, pin, fingerprint(str(folder)),
                                          adapters_mod.folder_shapes(Path(folder)))
         except IdentityMismatch as exc:
-            if policy.on_mismatch != "drop":
+            if policy.mismatch_action() != "drop":
                 raise
             logger.warning("cubepack: dropped adapter %s: %s", name, exc)
             report.dropped.setdefault("para_mem", []).append(name)
             report.adapters[name] = f"dropped: {exc}"
             continue
         except CubepackError as exc:
-            if policy.strict_models:
+            if policy.asks(Catalogue.MODEL_IDENTITY):
                 raise
             report.adapters[name] = (f"not checked: the parametric memory's model {named} is "
                                      f"not available locally ({exc})")

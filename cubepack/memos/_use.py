@@ -599,7 +599,7 @@ def guarded_use(original: Any, unguarded: Any, settings: Any, *, stream: bool = 
     def checked(self: Any, kv: Any) -> Any:
         if kv is not None and _is_empty(kv):
             return kv  # no tokens: nothing to check (MemOS accepts it)
-        return for_use(self, kv, settings().on_mismatch, call) if kv is not None else None
+        return for_use(self, kv, settings().mismatch_action(), call) if kv is not None else None
 
     if stream:
         def use(self: Any, query: Any, kv: Any, **kwargs: Any) -> Any:

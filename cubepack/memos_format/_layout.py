@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .._util import constants
 from .._util.canonical import LimitError, walk_containers
 from ..errors import CubepackError
 
@@ -163,7 +164,8 @@ def memory_files(config: dict[str, Any], files: list[str]) -> dict[str, list[str
     """Which of ``files`` hold which memory kind (config file, textual, parametric...), by the
     path MemOS opens (see :func:`opened_path`)."""
     present = set(files)
-    result: dict[str, list[str]] = {"config": ["config.json"] if "config.json" in present else []}
+    config_file = constants.MEMOS_CONFIG
+    result: dict[str, list[str]] = {"config": [config_file] if config_file in present else []}
     for key, name in named_memory_files(config).items():
         if key == "act_mem":
             continue
@@ -338,11 +340,11 @@ def memos_config_problems(config: dict[str, Any], files: list[str]) -> list[tupl
                          "hold it")
                 for backend, name in pickled_memory_files(config)
                 if (opened := opened_path(name)) in present]
-    problems += [("config.json", f"names the {key} memory file {name!r}, which MemOS would open "
-                                 "outside the cube")
+    problems += [(constants.MEMOS_CONFIG, f"names the {key} memory file {name!r}, which MemOS "
+                  "would open outside the cube")
                  for key, name in escaping_memory_files(config)]
     settings = code_running_settings(config)
     if settings:
-        problems.append(("config.json", code_settings_message(
+        problems.append((constants.MEMOS_CONFIG, code_settings_message(
             settings, "", "pack the cube again (or ask its publisher to)")))
     return problems

@@ -32,6 +32,7 @@ from .._util.safetensors_header import (
     open_regular,
 )
 from ..errors import FormatError, IdentityMismatch, UnsupportedError, UsageError
+from ..format._provenance import ASSERTED
 from ..identity._fingerprint import (
     fingerprint,
     installed_versions,
@@ -137,7 +138,7 @@ def import_prompt_cache(path: str | os.PathLike[str], model: str | os.PathLike[s
         item = {"runtime": runtime_record(),
                 "converted_from": {"format": "mlx-lm prompt cache", "file": info.path.name,
                                    "metadata": dict(info.metadata)},
-                "provenance": {"kind": "asserted", "detail": (
+                "provenance": {"kind": ASSERTED, "detail": (
                     "cubepack import mlx: the model given names the producer; the prompt cache "
                     "records only a name")}}
     item.update(metadata or {})

@@ -45,7 +45,7 @@ from ..kv._format import (
     unchecked_note,
 )
 from ..kv._recompute import describe, recompute_layers, require_recomputed_here
-from ..ops._private import decrypted_file
+from ..ops._seam import decrypted_file
 from ..trust._policy import TrustPolicy
 from ._convert import (
     RUNTIME,
@@ -147,7 +147,7 @@ def _parameter_kinds(model: Any) -> tuple[set[str], bool]:
 def _quantized_in_folder(folder: Path) -> bool:
     """Whether the folder's config declares quantized weights (mlx_lm's ``quantization``)."""
     try:
-        config = canonical.loads_strict((folder / "config.json").read_bytes())
+        config = canonical.loads_strict((folder / constants.MODEL_CONFIG).read_bytes())
     except (OSError, ValueError):
         return False  # the fingerprint refuses an unreadable config; nothing declared here
     return isinstance(config, dict) and bool(
@@ -504,10 +504,11 @@ def load_prompt_cache(path: str | os.PathLike[str], model: Any,
     if note:
         logger.warning("cubepack: %s", note)
     stored = None
-    if producer_runtime(info.metadata) != RUNTIME or policy.recompute:
+    plan = policy.recomputation()
+    if producer_runtime(info.metadata) != RUNTIME or plan.asked:
         stored = [(FULL, offset, to_torch(k), to_torch(v)) for k, v, _ in layers]
-    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=policy.recompute,
-                                     sample=policy.recompute_tokens, seed=policy.seed)
+    proved = require_recomputed_here(MLXRuntime(model), info, stored, always=plan.asked,
+                                     sample=plan.sample, seed=plan.seed)
     if proved is not None:  # MLX's own prefill: the stored tensors were only a claim
         layers = [(to_mlx(keys), to_mlx(values), offset)
                   for _, offset, keys, values in proved.layers]

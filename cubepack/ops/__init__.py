@@ -13,7 +13,9 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
 - :func:`encrypt`, :func:`rekey` (``_encrypt``, ``_private``): private cubes, encrypted to recipients (age),
   opened in memory only;
-- ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share.
+- ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share;
+- ``_seam``: what the parts above (the Hub side, the runtimes, the hook) use of these modules
+  beyond this face, declared once (``tests/test_architecture.py`` holds them to it).
 """
 
 from ._diff import diff

@@ -11,10 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..memory._embedder import BATCH, CHECK, vector_sources
+from .._util.checks import Catalogue
+from ..memory._embedder import BATCH, vector_sources
 from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine
 from ..trust._evidence import CLAIMED
 from ..trust._report import Check
+
+#: The checks this module makes.
+_CHECK = Catalogue.EMBEDDER
 
 
 def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
@@ -32,7 +36,7 @@ def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
     record = (lock["models"].get(EMBEDDER_ROLE) or {}).get("vectors")
     sources = vector_sources(cube, config, list(lock["files"]), record)
     if not sources:
-        return [Check(CHECK, "*", False, "the cube's text memory holds no vectors, so no "
+        return [Check(_CHECK, "*", False, "the cube's text memory holds no vectors, so no "
                       "embedder can be checked against it (drop --embedder)", role=EMBEDDER_ROLE)]
     seed = secrets.randbits(32) if seed is None else seed
     rng = random.Random(seed)
@@ -59,12 +63,12 @@ def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
 def _compare(subject: str, expected: list[float], vector: list[float], label: str,
              scope: str) -> Check:
     if len(vector) != len(expected):
-        return Check(CHECK, subject, False, f"{label} gives {len(vector)}-dimensional vectors; "
+        return Check(_CHECK, subject, False, f"{label} gives {len(vector)}-dimensional vectors; "
                      f"the cube's were made by a {len(expected)}-dimensional embedder",
                      len(expected), len(vector), role=EMBEDDER_ROLE)
     similarity = cosine(expected, vector)
     ok = similarity >= COSINE_THRESHOLD
-    return Check(CHECK, subject, ok, f"cosine {similarity:.6f} with the stored vector ({scope})"
+    return Check(_CHECK, subject, ok, f"cosine {similarity:.6f} with the stored vector ({scope})"
                  + ("" if ok else f" < {COSINE_THRESHOLD}: another embedder made these vectors; "
                     "re-embed the cube's memories with this one or use the embedder that made "
                     "them"), role=EMBEDDER_ROLE)

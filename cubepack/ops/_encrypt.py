@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .._util import constants
+from .._util.checks import Catalogue
 from .._util.paths import resolve_inside
 from ..errors import (
     FormatError,
@@ -59,23 +59,23 @@ def _signed_by(cube: Path, policy: TrustPolicy, sign_key: str | Path | None,
     if sign_key is None:
         report = verify(cube, policy, progress=progress, raise_on_failure=False)
         # A replay is rekey's own refusal (it names the recipients it would re-add).
-        if any(check.name != generations.CHECK for check in report.failures):
+        if any(check.name != Catalogue.REPLAY for check in report.failures):
             raise VerificationFailed(report)
         return report, report.signed_by
-    report = verify(cube, replace(policy, trusted_keys=(), require_signature=False),
+    report = verify(cube, policy.without(Catalogue.SIGNATURE),
                     progress=progress)
     if not resigning and not (cube / constants.SIGNATURE_FILENAME).exists() \
-            and not policy.signature_required:
+            and not policy.asks(Catalogue.SIGNATURE):
         return report, None
     return report, check_resigning(cube, sign_key, password=password,
-                                   trusted_keys=policy.trusted_keys)
+                                   trusted_keys=policy.trusted())
 
 
 def _signers(policy: TrustPolicy, sign_key: str | Path | None,
              password: str | None) -> dict[str, str]:
     """keyid -> key of every key whose signed generations count here: the trusted keys and
     the signing key's own public half."""
-    ids = generations.trusted_ids(list(policy.trusted_keys))
+    ids = generations.trusted_ids(list(policy.trusted()))
     if sign_key is not None:
         ids[generations.keyid(sign_key, password)] = str(sign_key)
     return ids
@@ -185,7 +185,7 @@ def _series_of(previous: Path, policy: TrustPolicy, sign_key: str | Path | None,
         raise UsageError(f"--continue {previous} is not a private cube with a generation (a "
                          "clear cube, or one written before generations: rekey it first, then "
                          "continue it).")
-    if sign_key is None and not policy.trusted_keys:
+    if sign_key is None and not policy.trusted():
         raise SignatureError(f"--continue {previous}: its series and generation are read from "
                              "its lock, which only a signature you trust makes yours; pass "
                              "--trusted-key PUB.pem of its signer, or --sign-key KEY if you "

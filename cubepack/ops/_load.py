@@ -40,12 +40,12 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("load_kv_cache")
+    plan = policy.recomputation()
     if decrypt_with is not None:
         # In anonymous memory, not a memory file: the tensors view the buffer (no path to
         # map), and errors name the file the caller gave.
         return _load_checked(path, model, device=device, copy=copy, identity=identity,
-                             recompute=policy.recompute, sample=policy.recompute_tokens,
-                             seed=policy.seed, data=decrypted_memory(path, decrypt_with))
+                             recompute=plan.asked, sample=plan.sample, seed=plan.seed,
+                             data=decrypted_memory(path, decrypt_with))
     return _load_checked(path, model, device=device, copy=copy, identity=identity,
-                         recompute=policy.recompute, sample=policy.recompute_tokens,
-                         seed=policy.seed)
+                         recompute=plan.asked, sample=plan.sample, seed=plan.seed)

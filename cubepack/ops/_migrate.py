@@ -136,7 +136,7 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
             if target_model is not None:
                 rewritten |= {entry["file"] for entry in lock["activations"].values()}
             textual = _vector_files(cube, config, lock) if embedder else []
-            rewritten |= set(textual) | ({"config.json"} if config is not None else set())
+            rewritten |= set(textual) | ({constants.MEMOS_CONFIG} if config is not None else set())
             # Copied, not linked: the new cube is its user's to edit in place, the old one must not
             # change with it.
             for name in sorted(set(lock["files"]) - rewritten):
@@ -189,11 +189,11 @@ def _check_target(cube: Path, target: Path) -> None:
 
 def _memos_config(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | None:
     """The old cube's config.json (verified, strict JSON), or None for a cube without one."""
-    if "config.json" not in lock["files"]:
+    if constants.MEMOS_CONFIG not in lock["files"]:
         return None
-    config = canonical.loads_strict((cube / "config.json").read_bytes())
+    config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     if not isinstance(config, dict):
-        raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+        raise FormatError(f"{cube / constants.MEMOS_CONFIG} must hold a JSON object.")
     return config
 
 
@@ -366,7 +366,7 @@ def _write_config(staging: Path, config: dict[str, Any], target: _TargetModel | 
             repo_id, _ = hub_origin(Path(embedder).expanduser())
             name = repo_id or embedder
         _rename(inner, name)
-    atomic.write_text(staging / "config.json",
+    atomic.write_text(staging / constants.MEMOS_CONFIG,
                       json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 

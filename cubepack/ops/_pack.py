@@ -39,7 +39,8 @@ from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..format._content import content_error
 from ..format._fileset import is_activation_path
-from ..format._lock import ASSERTED, BASE_CLAIM, KV_HEADER, RECOMPUTED, RECORDED, check_provenance
+from ..format._lock import BASE_CLAIM, KV_HEADER, check_provenance
+from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
@@ -161,13 +162,13 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          "source to change its content.")
     if cube_id is not None and cube_id != (earlier or {}).get("cube_id"):
         lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
-    if cube_id is None and "config.json" not in files and earlier is not None:
+    if cube_id is None and constants.MEMOS_CONFIG not in files and earlier is not None:
         cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
     memos_config = _read_memos_config(cube, files, cube_id)
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
         remembered, pinned_revision = _remembered_pin(earlier, memos_config)
         model, revision = remembered, revision or pinned_revision
-    plain = "config.json" not in files
+    plain = constants.MEMOS_CONFIG not in files
     if plain:
         _refuse_stray_caches(cube, files)
     # Every cube's KV headers say which dtype their producer ran in (a folder does not): a
@@ -201,7 +202,7 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                 # changes nothing, dropped otherwise; bookkeeping is kept in place, never locked.
                 if name in fileset.GENERATED or name == pickle_name or name in fileset.SIGNING:
                     continue
-                if name == "config.json" and renamed is not None:
+                if name == constants.MEMOS_CONFIG and renamed is not None:
                     atomic.write_text(staging / name, json.dumps(renamed, indent=2,
                                                                   ensure_ascii=False) + "\n")
                     continue
@@ -278,35 +279,35 @@ def _read_memos_config(cube: Path, files: list[str], cube_id: str | None) -> dic
     if cube_id is not None and (not isinstance(cube_id, str) or not cube_id.strip()
                                 or any(ord(ch) < 32 for ch in cube_id)):
         raise UsageError(f"--cube-id must be a non-empty name, not {cube_id!r}.")
-    if "config.json" not in files:
+    if constants.MEMOS_CONFIG not in files:
         if cube_id is None:
             raise UsageError(f"{cube} has no config.json, so it names no cube id. Pass one: "
                              f"cubepack pack {cube} --cube-id OWNER/NAME (or dump the cube with "
                              "MemOS, GeneralMemCube.dump, which writes a config.json).")
         return {"cube_id": cube_id}
     try:
-        config = canonical.loads_strict((cube / "config.json").read_bytes())
+        config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     except ValueError as exc:
-        raise FormatError(f"{cube / 'config.json'} is not valid JSON: {exc}") from exc
+        raise FormatError(f"{cube / constants.MEMOS_CONFIG} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
-        raise FormatError(f"{cube / 'config.json'} must hold a JSON object.")
+        raise FormatError(f"{cube / constants.MEMOS_CONFIG} must hold a JSON object.")
     settings = memos_layout.code_running_settings(config)
     if settings:  # before any model is pinned: pinning reads the names those settings sit by
         raise UnsafeInputError(memos_layout.code_settings_message(
-            settings, str(cube / "config.json"), "pack again"))
+            settings, str(cube / constants.MEMOS_CONFIG), "pack again"))
     if "cube_id" not in config and not set(config) & set(memos_layout.MEMORY_KINDS):
         # Some other file of that name (a transformers model's): advice to edit it is wrong.
         model = "model_type" in config or "architectures" in config
         looks = (f" (it looks like a model's config: model_type "
                  f"{config.get('model_type', '?')!r})" if model else "")
         raise UsageError(
-            f"{cube / 'config.json'} is not a MemOS cube config: it has no cube_id and no memory "
-            f"section (text_mem, act_mem, para_mem, pref_mem){looks}. Point pack at a cube "
+            f"{cube / constants.MEMOS_CONFIG} is not a MemOS cube config: it has no cube_id and "
+            f"no memory section (text_mem, act_mem, para_mem, pref_mem){looks}. Point pack at a cube "
             "dumped by MemOS (GeneralMemCube.dump) or at a folder of KV files without a "
             "config.json (with --cube-id); a model folder is passed with --model, not packed.")
     if not isinstance(config.get("cube_id"), str) or not config["cube_id"]:
-        raise UsageError(f"{cube / 'config.json'} has no cube_id; MemOS needs one to load the "
-                         "cube. Add \"cube_id\": \"owner/name\" and pack again.")
+        raise UsageError(f"{cube / constants.MEMOS_CONFIG} has no cube_id; MemOS needs one to "
+                         "load the cube. Add \"cube_id\": \"owner/name\" and pack again.")
     if cube_id is not None and cube_id != config["cube_id"]:
         raise UsageError(f"--cube-id {cube_id} contradicts config.json's cube_id "
                          f"{config['cube_id']}; MemOS reads config.json's, so drop --cube-id or "
@@ -939,7 +940,7 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
     memories["activation"] = [name for name in content if is_activation_path(name)
                               or name == constants.PROMPTS_FILE]
     memories["parametric"] = memories.get("parametric", []) + adapters_mod.memory_files(content)
-    memos = "config.json" in content
+    memos = constants.MEMOS_CONFIG in content
     if not memos:  # a plain bundle: its other files (source texts, prompts) are its sources
         listed = {name for names in memories.values() for name in names}
         memories["source"] = [name for name in content if name not in listed

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._util.checks import Catalogue
 from .._util.quiet import terminal_bars
 from ..format import _lock as lockfile
 from ..trust import _generation as generations
@@ -65,10 +66,10 @@ def proved_by(report: VerifyReport) -> Proved:
     """What a passed verification established itself, as a signer may state it."""
     lock = report.lock or {"activations": {}, "models": {}}
     producers = frozenset(check.role for check in report.checks
-                          if check.name == "model identity" and check.ok is True
+                          if check.name == Catalogue.MODEL_IDENTITY and check.ok is True
                           and check.basis == PROVED and check.role)
     header_ok = {check.subject for check in report.checks
-                 if check.name == "kv header" and check.ok is True}
+                 if check.name == Catalogue.KV_HEADER and check.ok is True}
     items = set()
     for item_id, entry in lock["activations"].items():
         label = (entry.get("provenance") or {}).get("kind", ASSERTED)

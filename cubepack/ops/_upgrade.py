@@ -113,7 +113,7 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                 upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
                 (result.upgraded if upgraded else result.current).append(name)
             pack(staging, model=str(model), revision=revision,
-                 cube_id=None if "config.json" in lock["files"] else lock.get("cube_id"))
+                 cube_id=None if constants.MEMOS_CONFIG in lock["files"] else lock.get("cube_id"))
             # The staging folder holds no signing file (nothing signed its new lock).
             result.unsigned = [name for name in fileset.SIGNING if (cube / name).is_file()]
             atomic.replace_dir(staging, cube)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
 from .._util.budget import checkpoint
+from .._util.checks import Catalogue
 from .._util.hashing import hash_files
 from .._util.paths import hf_snapshot_blobs, resolve_inside, scan_cube
 from .._util.quiet import terminal_bars
@@ -40,7 +40,7 @@ from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..memory import _adapters as adapters_mod
 from ..memory._embedder import embed
-from ..memory._vectors import EMBEDDER_ROLE, SAMPLE_SIZE
+from ..memory._vectors import EMBEDDER_ROLE
 from ..memos_format._layout import memos_config_problems
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -134,26 +134,25 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
             if is_private(lock):
                 _check_public_private(report, lock, policy)
             failed_trust = sorted({c.name for c in report.checks
-                                   if c.name in _TRUST_CHECKS and c.ok is False})
+                                   if c.name.trust and c.ok is False})
             if is_private(lock) and decrypt_with is not None and failed_trust:
                 # SECURITY.md: refused before anything is decrypted. The sender the policy
                 # asked to authenticate was not (or sent an older revision, or other
                 # readers): the reader's key never opens their bytes.
-                report.add("private", "*", None,
+                report.add(Catalogue.PRIVATE, "*", None,
                            f"not decrypted: the {' and '.join(failed_trust)} check failed, so "
                            f"nothing in the cube was opened with {Path(decrypt_with).name}.")
             elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
             elif lock["lock_version"] == 1:
-                report.add("model identity", "*", None, "skipped: a version-1 pin records no "
-                           "compute config (upgrade checks each KV file against its model)")
+                report.add(Catalogue.MODEL_IDENTITY, "*", None, "skipped: a version-1 pin "
+                           "records no compute config (upgrade checks each KV file against its "
+                           "model)")
             else:
-                _check_models(report, lock, policy.model, recompute=policy.recompute)
+                _check_models(report, lock, policy)
             if not is_private(lock):
                 _check_clear(report, lock, policy)
-    asked = {"lineage": policy.require_lineage, "recompute": policy.recompute, "provenance": bool(policy.require_provenance),
-             "embedder": bool(policy.embedder)}
-    report.finish(reason, [name for name, wanted in asked.items() if wanted])
+    report.finish(reason, policy.asked_checks())
     if lock is not None and is_private(lock):
         report.group_scopes()  # the public pass, then the decrypted one
     if raise_on_failure and not report.ok:
@@ -167,7 +166,7 @@ def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> N
     try:
         age.load_identities(identity)
     except (UsageError, UnsafeInputError) as exc:
-        report.add("private", "*", False, f"not decrypted: {exc}")
+        report.add(Catalogue.PRIVATE, "*", False, f"not decrypted: {exc}")
         report.finish(f"not run: the identity file {identity} cannot be used", [])
         exc.report = report  # type: ignore[attr-defined] - the CLI's --json carries it
         raise
@@ -175,23 +174,20 @@ def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> N
 
 def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
     """What a clear cube's contents prove, once its files are intact and its pins checked."""
-    if policy.strict_models:
+    if policy.asks(Catalogue.MODEL_IDENTITY):
         require_checked_models(report)
     checkpoint("the model checks")
-    recomputed = _check_recompute(report, lock, policy) if policy.recompute else {}
+    recomputed = _check_recompute(report, lock, policy) if policy.asks(Catalogue.RECOMPUTE) \
+        else {}
     _record_provenance(report, lock, recomputed)
-    if policy.require_provenance:
-        _check_provenance(report, lock, policy.require_provenance)
-    if policy.embedder:
+    required = policy.required_provenance()
+    if required is not None:
+        _check_provenance(report, lock, required)
+    if policy.asks(Catalogue.EMBEDDER):
         _check_embedder(report, lock, policy)
     checkpoint("the proofs asked for")
 
 
-#: Checks of the clear cube a private cube's verification leaves to the outer (public) pass.
-_PUBLIC_ONLY = ("cube", "signature", "attestation", "lineage")
-#: Checks of who sent the cube, and which revision to which readers: when one fails, nothing
-#: is decrypted.
-_TRUST_CHECKS = ("signature", "attestation", "lineage", "recipients", generations.CHECK)
 #: How a verify's record of a generation says where it was seen.
 SEEN_HERE = "in a verify or pull on this machine"
 
@@ -206,7 +202,7 @@ def _check_public_private(report: VerifyReport, lock: dict[str, Any],
     try:
         stanzas = recipient_stanzas(report.cube_dir, lock)
     except CubepackError as exc:
-        report.add("recipients", "*", False, str(exc))
+        report.add(Catalogue.RECIPIENTS, "*", False, str(exc))
     else:
         wrong: dict[tuple[int, tuple[str, ...]], list[str]] = {}
         for name, (count, others) in sorted(stanzas.items()):
@@ -214,7 +210,7 @@ def _check_public_private(report: VerifyReport, lock: dict[str, Any],
                 wrong.setdefault((count, tuple(others)), []).append(name)
         for (count, others), names in sorted(wrong.items()):
             more = f" and {len(names) - 1} more ciphertext(s)" if len(names) > 1 else ""
-            report.add("recipients", names[0] + more, False,
+            report.add(Catalogue.RECIPIENTS, names[0] + more, False,
                        f"{'their' if more else 'its'} age header names other readers than the "
                        "public lock counts"
                        + (f" (and stanzas of a kind cubepack never writes: "
@@ -222,11 +218,11 @@ def _check_public_private(report: VerifyReport, lock: dict[str, Any],
                        + ": someone added or removed a reader, or changed the count",
                        expected, count)
         if not wrong:
-            report.add("recipients", "*", True, f"every ciphertext's age header names "
+            report.add(Catalogue.RECIPIENTS, "*", True, f"every ciphertext's age header names "
                        f"{expected} recipient(s), as the public lock counts them (who they "
                        "are is not public for age keys)")
     report.checks.append(generations.seen_check(lock, report.signed_by,
-                                                list(policy.trusted_keys), where=SEEN_HERE))
+                                                list(policy.trusted()), where=SEEN_HERE))
 
 
 def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
@@ -235,15 +231,13 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
     its public pins are checked, and what needs the plaintext is skipped (or refused, when the
     policy asked for it). With one: the cube is decrypted in memory and verified as the clear
     cube it is, every check run (the pins, recomputation, provenance, the embedder...)."""
-    needs_plaintext = [name for name, asked in (
-        ("recompute", policy.recompute), ("provenance", policy.require_provenance),
-        ("embedder", policy.embedder)) if asked]
+    needs_plaintext = [entry for entry in policy.asked_checks() if entry.plaintext]
     if identity is None:
-        _check_models(report, lock, policy.model, recompute=policy.recompute)
-        if policy.strict_models:
+        _check_models(report, lock, policy)
+        if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
         counts = lock["encryption"]["counts"]
-        report.add("private", "*", False if needs_plaintext else None,
+        report.add(Catalogue.PRIVATE, "*", False if needs_plaintext else None,
                    f"{'refused' if needs_plaintext else 'skipped'}: a private cube ("
                    f"{counts['files']} files, {counts['activations']} KV caches, encrypted to "
                    f"{counts['recipients']} recipient(s)); its contents "
@@ -254,21 +248,21 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
         return
     try:
         with open_private(report.cube_dir, identity, public_lock=lock) as opened:
-            inner_policy = replace(policy, trusted_keys=(), require_signature=False,
-                                   require_lineage=False)
+            # Who sent the cube was the public pass's to check (it checked the ciphertexts).
+            inner_policy = policy.without(Catalogue.SIGNATURE, Catalogue.LINEAGE)
             # The digests open_private took of the very plaintexts it wrote: not hashed twice.
             inner = _verify(opened.folder, inner_policy, progress, False, dict(opened.digests),
                             decrypted=True)
             folder = str(opened.folder)
     except CubepackError as exc:
-        report.add("private", "*", False, str(exc))
+        report.add(Catalogue.PRIVATE, "*", False, str(exc))
         return
-    report.add("private", "*", True, f"decrypted in memory with {Path(identity).name}: "
+    report.add(Catalogue.PRIVATE, "*", True, f"decrypted in memory with {Path(identity).name}: "
                f"{len(opened.manifest['names'])} ciphertexts, each the plaintext its manifest "
                "records; the public lock agrees with the private one")
     report.checks[-1].scope = "decrypted"  # heads the checks run on the plaintext
     for check in inner.checks:
-        if check.name in _PUBLIC_ONLY:
+        if check.name.public_only:  # the outer pass ran it on what anyone holds
             continue
         check.detail = check.detail.replace(folder, str(report.cube_dir))
         check.subject = check.subject.replace(folder, str(report.cube_dir))
@@ -281,23 +275,23 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
 def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
     path = report.cube_dir / constants.LOCK_FILENAME
     if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
-        report.add("cube", str(report.cube_dir), False, "is not a folder (or is a symlink)")
+        report.add(Catalogue.CUBE, str(report.cube_dir), False, "is not a folder (or is a symlink)")
         return None
     blobs = hf_snapshot_blobs(report.cube_dir)
     cached = path.is_symlink() and blobs is not None and path.resolve().parent == blobs.resolve()
     if (path.is_symlink() and not cached) or not path.is_file():
-        report.add("lock", constants.LOCK_FILENAME, False,
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False,
                    "missing: this folder was not packed by cubepack (run `cubepack pack`)")
         return None
     data = path.read_bytes()
     try:
         lock = lockfile.parse(data, accept_version_1=accept_version_1)
     except CubepackError as exc:
-        report.add("lock", constants.LOCK_FILENAME, False, str(exc))
+        report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False, str(exc))
         return None
     report.lock_sha256 = hashlib.sha256(data).hexdigest()
-    report.add("lock", constants.LOCK_FILENAME, True, f"version {lock['lock_version']}, digest "
-               f"{lock['digest']}")
+    report.add(Catalogue.LOCK, constants.LOCK_FILENAME, True,
+               f"version {lock['lock_version']}, digest {lock['digest']}")
     return lock
 
 
@@ -308,28 +302,29 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     files whose size and sha256 matched)."""
     on_disk, problems = scan_cube(report.cube_dir)
     for where, what in problems:
-        report.add("path", where, False, what)
+        report.add(Catalogue.PATH, where, False, what)
     if not problems:
-        report.add("path", "*", True, "no symlinks, special files or unsafe names")
+        report.add(Catalogue.PATH, "*", True, "no symlinks, special files or unsafe names")
     listed = lock["files"]
     missing = sorted(set(listed) - set(on_disk))
     unlisted = sorted(name for name in set(on_disk) - set(listed) if not is_tolerated(name))
     for name in missing:
-        report.add("file set", name, False, "missing from the cube", "present", "absent")
+        report.add(Catalogue.FILE_SET, name, False, "missing from the cube", "present", "absent")
     for name in unlisted:
-        report.add("file set", name, False, "not listed in the lock", "absent", "present")
+        report.add(Catalogue.FILE_SET, name, False, "not listed in the lock", "absent", "present")
     if not missing and not unlisted and not problems:
-        report.add("file set", "*", True, f"the {len(listed)} files listed in the lock, no other")
+        report.add(Catalogue.FILE_SET, "*", True,
+                   f"the {len(listed)} files listed in the lock, no other")
     to_hash = []
     for name in sorted(set(listed) & set(on_disk)):
         size = resolve_inside(report.cube_dir, name).stat().st_size
         if size != listed[name]["size"]:
-            report.add("size", name, False, "size differs", listed[name]["size"], size)
+            report.add(Catalogue.SIZE, name, False, "size differs", listed[name]["size"], size)
         else:
             to_hash.append(name)
     if len(to_hash) == len(set(listed) & set(on_disk)):
-        report.add("size", "*", True, f"the {len(to_hash)} files listed in the lock have the sizes "
-                   "it records")
+        report.add(Catalogue.SIZE, "*", True,
+                   f"the {len(to_hash)} files listed in the lock have the sizes it records")
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
                          progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
@@ -338,10 +333,11 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     for name in to_hash:
         if by_name[name] != listed[name]["sha256"]:
             bad += 1
-            report.add("sha256", name, False, "content differs", listed[name]["sha256"], by_name[name])
+            report.add(Catalogue.SHA256, name, False, "content differs", listed[name]["sha256"],
+                       by_name[name])
     if to_hash and not bad:
-        report.add("sha256", "*", True, f"the {len(to_hash)} files listed in the lock hashed, all "
-                   "match")
+        report.add(Catalogue.SHA256, "*", True,
+                   f"the {len(to_hash)} files listed in the lock hashed, all match")
     good = {name for name in to_hash if by_name[name] == listed[name]["sha256"]}
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in good or (name not in listed
@@ -358,10 +354,10 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
     config = _memos_config(report.cube_dir, names, problems)
     problems += memos_config_problems(config, names)
     for name, reason in problems:
-        report.add("content", name, False, reason)
+        report.add(Catalogue.CONTENT, name, False, reason)
     if not problems:
         listed = sum(1 for name in names if name in (report.lock or {}).get("files", {}))
-        report.add("content", "*", True, f"the {listed} files listed in the lock and "
+        report.add(Catalogue.CONTENT, "*", True, f"the {listed} files listed in the lock and "
                    f"{len(names) - listed} more it tolerates (the lock, a signature, tool "
                    "bookkeeping) read by a strict parser for their kind; none is or holds a pickle")
     return bool(problems)
@@ -369,19 +365,20 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
 
 def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]]) -> dict[str, Any]:
     """MemOS's config.json when present and valid (already checked as JSON), else {}."""
-    if "config.json" not in names or any(name == "config.json" for name, _ in problems):
+    name = constants.MEMOS_CONFIG
+    if name not in names or any(refused == name for refused, _ in problems):
         return {}
-    config = canonical.loads_strict((cube / "config.json").read_bytes())
+    config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     return config if isinstance(config, dict) else {}
 
 
 def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     if is_private(lock):
-        for name in ("kv header", "kv checksums"):
-            report.add(name, "*", None, "skipped here: a private cube's KV files are "
+        for entry in (Catalogue.KV_HEADER, Catalogue.KV_CHECKSUMS):
+            report.add(entry, "*", None, "skipped here: a private cube's KV files are "
                        "encrypted (with an identity they are checked once decrypted, below)")
     elif not lock["activations"]:
-        report.add("kv header", "*", None, "skipped: the cube holds no activations")
+        report.add(Catalogue.KV_HEADER, "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock["activations"].items()):
         path = resolve_inside(report.cube_dir, entry["file"])
         subject = f"{entry['file']} ({item_id})"
@@ -394,11 +391,11 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
         try:
             info = read_kv_header(path)
         except CubepackError as exc:
-            report.add("kv header", subject, False, str(exc))
+            report.add(Catalogue.KV_HEADER, subject, False, str(exc))
             continue
         checkpoint(f"the tensor checksums of {entry['file']}")
         ok, detail = checksum_verdict(info)
-        report.add("kv checksums", subject, ok, detail)
+        report.add(Catalogue.KV_CHECKSUMS, subject, ok, detail)
         pin = lock["models"][entry["model_role"]]
         pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
         problems = [(f"producer.{m.field}", m.expected, m.found)
@@ -408,11 +405,12 @@ def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str
             if entry[key] != found:
                 problems.append((key, entry[key], found))
         for key, expected, found in problems:
-            report.add("kv header", subject, False,
+            report.add(Catalogue.KV_HEADER, subject, False,
                        f"{key} differs from the lock's pinned {entry['model_role']} model",
                        expected, found)
         if not problems:
-            report.add("kv header", subject, True, "producer and shapes agree with the lock")
+            report.add(Catalogue.KV_HEADER, subject, True,
+                       "producer and shapes agree with the lock")
 
 
 def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
@@ -423,11 +421,11 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
     try:
         folders = adapters_mod.adapter_folders(list(lock["files"]))
     except CubepackError as exc:
-        report.add("adapter", "*", False, str(exc))
+        report.add(Catalogue.ADAPTER, "*", False, str(exc))
         return
     for name in sorted(set(folders) - set(entries)):
-        report.add("adapter", folders[name], False, "an adapter folder the lock does not pin to "
-                   "a base (pack the cube again)", "an adapters entry", "none")
+        report.add(Catalogue.ADAPTER, folders[name], False, "an adapter folder the lock does "
+                   "not pin to a base (pack the cube again)", "an adapters entry", "none")
     for name, entry in sorted(entries.items()):
         subject = f"{entry['path']}/ ({name})"
         if not all(entry[key] in good for key in ("config_file", "weights_file")):
@@ -436,16 +434,17 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
         try:
             info = adapters_mod.read_adapter(report.cube_dir, name)
         except CubepackError as exc:
-            report.add("adapter", subject, False, str(exc))
+            report.add(Catalogue.ADAPTER, subject, False, str(exc))
             continue
         problems = adapters_mod.entry_mismatches(entry, info)
         for problem in problems:
-            report.add("adapter", f"{subject} {problem.field}", False,
+            report.add(Catalogue.ADAPTER, f"{subject} {problem.field}", False,
                        "the adapter's files differ from the lock", problem.expected,
                        problem.found)
         if not problems:
-            report.add("adapter", subject, True, "config and LoRA tensor shapes agree with the "
-                       "lock: " + adapters_mod.describe_entry(
+            report.add(Catalogue.ADAPTER, subject, True,
+                       "config and LoRA tensor shapes agree with the lock: "
+                       + adapters_mod.describe_entry(
                            entry, lock["models"].get(entry["model_role"])))
 
 
@@ -460,18 +459,19 @@ def _check_adapter_base(report: VerifyReport, lock: dict[str, Any], role: str,
             shapes = adapters_mod.folder_shapes(Path(base)) if isinstance(base, (str, Path)) \
                 else adapters_mod.model_shapes(base)
         except CubepackError as exc:
-            report.add("adapter base", f"{entry['path']}/ ({name})", False, str(exc), role=role)
+            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name})", False, str(exc),
+                       role=role)
             continue
         bad = [(module, fit["shape"], list(shapes[module + ".weight"])
                 if module + ".weight" in shapes else "absent")
                for module, fit in sorted(entry["modules"].items())
                if list(shapes.get(module + ".weight", ())) != fit["shape"]]
         for module, expected, found in bad:
-            report.add("adapter base", f"{entry['path']}/ ({name}) module {module}", False,
+            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name}) module {module}", False,
                        "the base's weight has another shape than the adapter was packed "
                        "against", expected, found, role=role)
         if not bad:
-            report.add("adapter base", f"{entry['path']}/ ({name})", True,
+            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name})", True,
                        f"the base's weights have the shapes of all {len(entry['modules'])} "
                        "adapted modules", role=role)
 
@@ -479,16 +479,16 @@ def _check_adapter_base(report: VerifyReport, lock: dict[str, Any], role: str,
 def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
     path = report.cube_dir / constants.CONFIG_FILENAME
     if constants.CONFIG_FILENAME not in lock["files"]:
-        report.add("cube config", "*", None, "skipped: the lock lists no cubepack.yaml")
+        report.add(Catalogue.CUBE_CONFIG, "*", None, "skipped: the lock lists no cubepack.yaml")
         return
     if constants.CONFIG_FILENAME not in good:
-        report.add("cube config", constants.CONFIG_FILENAME, None,
+        report.add(Catalogue.CUBE_CONFIG, constants.CONFIG_FILENAME, None,
                    "not run: the file is missing or not the lock's bytes (reported above)")
         return
     try:
         config = cubeconfig.parse(path.read_text(encoding="utf-8"))
     except (CubepackError, UnicodeDecodeError) as exc:
-        report.add("cube config", constants.CONFIG_FILENAME, False, str(exc))
+        report.add(Catalogue.CUBE_CONFIG, constants.CONFIG_FILENAME, False, str(exc))
         return
     # Every field cubepack.yaml states, as the one view build writes (format/_cubeconfig).
     expected = {"cube_id": lock["cube_id"],
@@ -499,47 +499,50 @@ def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) ->
               "adapters": config.get("adapters") or {}}
     agree = True
     for change in leaves(expected, stated):
-        agree = report.add("cube config", change["field"], False,
+        agree = report.add(Catalogue.CUBE_CONFIG, change["field"], False,
                            "cubepack.yaml disagrees with cubepack.lock", change["old"],
                            change["new"])
     if agree:
-        report.add("cube config", constants.CONFIG_FILENAME, True, "pins agree with the lock")
+        report.add(Catalogue.CUBE_CONFIG, constants.CONFIG_FILENAME, True,
+                   "pins agree with the lock")
 
 
 def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
     signed = (report.cube_dir / constants.SIGNATURE_FILENAME).is_file()
-    trusted_keys = list(policy.trusted_keys)
-    if not policy.signature_required:
-        report.add("signature", constants.SIGNATURE_FILENAME, None,
+    trusted_keys = list(policy.trusted())
+    if not policy.asks(Catalogue.SIGNATURE):
+        report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, None,
                    "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
         return
     try:
         key = verify_signature(report.cube_dir, trusted_keys)
     except CubepackError as exc:  # unsigned or untrusted: nothing trusted stands behind it
-        report.add("signature", constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
+        report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
         return
     report.signed_by = str(key)
-    report.add("signature", constants.SIGNATURE_FILENAME, True, f"signed by trusted key {key}")
+    report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, True,
+               f"signed by trusted key {key}")
 
 
 def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
     """The lock's signed attestation, when present and keys are given (required with
     ``require_lineage``), then the chain of its ancestors' attestations when asked."""
     checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
-                                              policy.trusted_keys, policy.require_lineage)
+                                              policy.trusted(),
+                                              policy.asks(Catalogue.LINEAGE))
     report.extend(checks)
     report.attested_by = key
     report.signed = (signed_statements(envelope, key) if envelope is not None and key is not None
                      else None)
-    if policy.require_lineage:
-        report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted_keys))
+    if policy.asks(Catalogue.LINEAGE):
+        report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted()))
 
 
-def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any, *,
-                  recompute: bool = False) -> None:
+def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+    model, recompute = policy.model_given(), policy.asks(Catalogue.RECOMPUTE)
     if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
-        report.add("model identity", "*", None, "skipped: the cube pins no producer (it holds "
-                   "no activations)")
+        report.add(Catalogue.MODEL_IDENTITY, "*", None,
+                   "skipped: the cube pins no producer (it holds no activations)")
     for role, pin in sorted(lock["models"].items()):
         if not pin.get("strict") or not pin.get("identity"):
             continue
@@ -570,27 +573,28 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], model: Any, *,
             continue
         except CubepackError as exc:
             if model is not None or isinstance(exc, IntegrityError):  # a corrupt cached blob
-                report.add("model identity", subject, False, str(exc), role=role)
+                report.add(Catalogue.MODEL_IDENTITY, subject, False, str(exc), role=role)
             else:
                 _signed_pin_or_skip(report, role, pin, subject, "the pinned revision is not in "
                                     "the HF cache (pass --model, or use verify --remote)")
             continue
         mismatches = compare(pinned, live)
         for mismatch in mismatches:
-            report.add("model identity", f"{subject} {mismatch.field}", False,
+            report.add(Catalogue.MODEL_IDENTITY, f"{subject} {mismatch.field}", False,
                        "the model differs from the pin" + (
                            " (the base this adapter was packed for)"
                            if adapters_mod.is_adapter_role(role) else ""),
                        mismatch.expected, mismatch.found, role=role)
         if not mismatches:
-            report.add("model identity", subject, True, "the model matches the pin", role=role)
+            report.add(Catalogue.MODEL_IDENTITY, subject, True, "the model matches the pin",
+                       role=role)
             if model is None or isinstance(model, (str, Path)):
                 # A folder's bytes were fingerprinted as run in the pinned dtype: what it runs
                 # in is a setting, not in its files, so that field is the pin's own word.
                 advice = ("--recompute ran it in that dtype: see the recompute check"
                           if recompute else "verify with the loaded model, or --recompute, "
                           "which runs it in that dtype")
-                report.add("model identity", f"{subject} dtype", True,
+                report.add(Catalogue.MODEL_IDENTITY, f"{subject} dtype", True,
                            f"not proved: a folder does not say which dtype it runs in; the "
                            f"pin says {pinned.dtype} ({advice})", role=role, basis=CLAIMED)
         if adapters_mod.is_adapter_role(role):
@@ -603,11 +607,12 @@ def _signed_pin_or_skip(report: VerifyReport, role: str, pin: dict[str, Any], su
     when its attestation states it proved it (signed), else the check is skipped."""
     signed = report.signed
     if signed is not None and role in signed.producers:
-        report.add("model identity", subject, True, f"not checked here ({why}); the pin is the "
-                   f"fingerprint the signer of trusted key {signed.key} took of the model",
+        report.add(Catalogue.MODEL_IDENTITY, subject, True, f"not checked here ({why}); the "
+                   f"pin is the fingerprint the signer of trusted key {signed.key} took of the "
+                   "model",
                    role=role, basis=SIGNED)
     else:
-        report.add("model identity", subject, None, f"skipped: {why}", role=role)
+        report.add(Catalogue.MODEL_IDENTITY, subject, None, f"skipped: {why}", role=role)
 
 
 def require_checked_models(report: VerifyReport) -> None:
@@ -618,10 +623,11 @@ def require_checked_models(report: VerifyReport) -> None:
         if not pin.get("strict") or not pin.get("identity"):
             continue
         if not any(c.role == role and backs_a_pin(c) for c in report.checks):
-            report.add("model identity", pin_subject(role, pin), False, "unverified: no model "
-                       "was fingerprinted against the pin, here or by a trusted signer, and "
-                       "strict models were required (pass --model with the producer; the Hub's "
-                       "file metadata is its claim, not a proof)", role=role, basis=PROVED)
+            report.add(Catalogue.MODEL_IDENTITY, pin_subject(role, pin), False,
+                       "unverified: no model was fingerprinted against the pin, here or by a "
+                       "trusted signer, and strict models were required (pass --model with the "
+                       "producer; the Hub's file metadata is its claim, not a proof)",
+                       role=role, basis=PROVED)
 
 
 def _check_recompute(report: VerifyReport, lock: dict[str, Any],
@@ -631,32 +637,33 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
     recomputed (no token ids) is a refusal: recomputation was asked for."""
     if not lock["activations"]:
         return {}
-    if any(c.name == "model identity" and c.ok is False for c in report.checks):
-        report.add("recompute", "*", False, "not run: the model differs from the pin")
+    if any(c.name == Catalogue.MODEL_IDENTITY and c.ok is False for c in report.checks):
+        report.add(Catalogue.RECOMPUTE, "*", False, "not run: the model differs from the pin")
         return {}
     loaded: dict[str, Any] = {}  # each activation by the pin of its own role, loaded once
     reproduced = {}
+    plan = policy.recomputation()
     for item_id, entry in sorted(lock["activations"].items()):
         checkpoint(f"the recomputation of {entry['file']}")
         subject = f"{entry['file']} ({item_id})"
         role = entry["model_role"]
         if role not in loaded:
             try:
-                loaded[role] = load_for_recompute(policy.model, lock["models"][role])
+                loaded[role] = load_for_recompute(policy.model_given(), lock["models"][role])
             except CubepackError as exc:
                 loaded[role] = exc
         live = loaded[role]
         if isinstance(live, CubepackError):
-            report.add("recompute", subject, False, f"cannot load the producer model "
+            report.add(Catalogue.RECOMPUTE, subject, False, f"cannot load the producer model "
                        f"({role}): {live}", role=role)
             continue
         info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
         if not info.token_ids:
-            report.add("recompute", subject, False, NO_TOKEN_IDS)
+            report.add(Catalogue.RECOMPUTE, subject, False, NO_TOKEN_IDS)
             continue
-        result = recompute_cache(live, info, item_id, sample=policy.recompute_tokens,
-                                 seed=policy.seed)
-        report.add("recompute", subject, result.ok, describe(result), found=result.to_dict())
+        result = recompute_cache(live, info, item_id, sample=plan.sample, seed=plan.seed)
+        report.add(Catalogue.RECOMPUTE, subject, result.ok, describe(result),
+                   found=result.to_dict())
         if result.ok:
             # exact: the stored tensors ARE this process's prefill (what `sign` may state as
             # recomputed: inside the bound, a stored cache can still steer an answer).
@@ -707,23 +714,23 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
                "verify a cube whose trusted signer established it (--trusted-key; a signer "
                "establishes what it proved: pack --sign-key, or cubepack sign --model MODEL "
                "--recompute)")
-        report.add("provenance", f"{entry['file']} ({item_id})", ok,
+        report.add(Catalogue.PROVENANCE, f"{entry['file']} ({item_id})", ok,
                    f"provenance is {label}: {backing['detail']}" + ("" if ok else
                    f"; {required} is required, proved now or signed: {fix}"),
                    f"{required}, proved or signed" if not ok else None,
                    label if not ok else None, basis=backing["basis"])
     if not lock["activations"]:
-        report.add("provenance", "*", True, "the cube holds no activations", basis=PROVED)
+        report.add(Catalogue.PROVENANCE, "*", True, "the cube holds no activations", basis=PROVED)
 
 
 def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
-    spec = policy.embedder
+    asked = policy.reembedding()
+    spec = asked.embedder
+    assert spec is not None  # only called when the policy asks for the embedder check
     try:
-        report.extend(embedder_checks(report.cube_dir, _memos_config(report.cube_dir, list(lock["files"]), []),
-                                      lock,
+        config = _memos_config(report.cube_dir, list(lock["files"]), [])
+        report.extend(embedder_checks(report.cube_dir, config, lock,
                                       lambda texts: embed(spec, texts), label=spec,
-                                      seed=policy.seed,
-                                      size=SAMPLE_SIZE if policy.embedder_sample is None
-                                      else policy.embedder_sample))
+                                      seed=asked.seed, size=asked.sample))
     except CubepackError as exc:
-        report.add("embedder", "*", False, str(exc), role=EMBEDDER_ROLE)
+        report.add(Catalogue.EMBEDDER, "*", False, str(exc), role=EMBEDDER_ROLE)

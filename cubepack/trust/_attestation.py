@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import canonical, constants
+from .._util.checks import Catalogue
 from .._version import __version__
 from ..errors import CubepackError, FormatError
 from ..format import _lock as lockfile
@@ -279,7 +280,7 @@ def signed_by(envelope: Envelope, trusted_keys: list[str] | tuple[str, ...]) -> 
     return None
 
 
-def _refusal(name: str, subject: str, detail: str, expected: Any = None,
+def _refusal(name: Catalogue, subject: str, detail: str, expected: Any = None,
              found: Any = None) -> Check:
     """A failed check no trusted signature stands behind (an absent, malformed or untrusted
     envelope, a missing link): its basis is what this process found, never ``signed``."""
@@ -342,41 +343,44 @@ def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
     name = constants.ATTESTATION_FILENAME
     path = cube / name
     if path.is_dir() and not path.is_symlink():  # signing would fail on it, half-way
-        return [_refusal("attestation", name, "a folder sits where the cube's attestation "
+        return [_refusal(Catalogue.ATTESTATION, name, "a folder sits where the cube's attestation "
                          "belongs; remove it", "absent or a regular file", "a folder")], None, None
     if not path.is_file() or path.is_symlink():
         if required:
-            return [_refusal("attestation", name, "missing: the cube carries no signed "
+            return [_refusal(Catalogue.ATTESTATION, name, "missing: the cube carries no signed "
                              "attestation, and lineage is required (--require-lineage); ask its "
                              "publisher to sign it (cubepack sign)", "a DSSE envelope signed by a "
                              "trusted key", "absent")], None, None
-        return [Check("attestation", name, None, "skipped: the cube carries no attestation")], \
-            None, None
+        return [Check(Catalogue.ATTESTATION, name, None,
+                      "skipped: the cube carries no attestation")], None, None
     if not trusted_keys:
-        return [Check("attestation", name, None, "skipped: no trusted key given")], None, None
+        return [Check(Catalogue.ATTESTATION, name, None,
+                      "skipped: no trusted key given")], None, None
     try:
         envelope = read_envelope(path)
     except CubepackError as exc:
-        return [_refusal("attestation", name, str(exc))], None, None
+        return [_refusal(Catalogue.ATTESTATION, name, str(exc))], None, None
     key = signed_by(envelope, trusted_keys)
     if key is None:
         expected, found = _untrusted(envelope, trusted_keys)
-        return [_refusal("attestation", name, "not signed by a trusted key (or its payload "
+        return [_refusal(Catalogue.ATTESTATION, name, "not signed by a trusted key (or its payload "
                          "was changed after signing)", expected, found)], None, None
     if envelope.subject_sha256 != lock_sha256:
-        return [Check("attestation", name, False, f"signed by trusted key {key}, but its "
+        return [Check(Catalogue.ATTESTATION, name, False, f"signed by trusted key {key}, but its "
                       "subject is another lock (moved from another cube, or the lock changed "
                       "after signing)", f"subject sha256 {lock_sha256} (this cubepack.lock)",
                       f"subject sha256 {envelope.subject_sha256}", basis=SIGNED)], None, None
     try:
         differences = predicate_mismatches(envelope, lock)
     except CubepackError as exc:  # a lineage section the predicate cannot state
-        return [_refusal("attestation", name, str(exc))], None, None
+        return [_refusal(Catalogue.ATTESTATION, name, str(exc))], None, None
     if differences:
-        return [Check("attestation", f"{name} {field}", False, f"signed by trusted key {key}, "
-                      "but its predicate disagrees with this lock", expected, found,
+        return [Check(Catalogue.ATTESTATION, f"{name} {field}", False,
+                      f"signed by trusted key {key}, but its predicate disagrees with this lock",
+                      expected, found,
                       basis=SIGNED) for field, expected, found in differences], None, None
-    return [Check("attestation", name, True, f"signed by trusted key {key}: its subject is this "
+    return [Check(Catalogue.ATTESTATION, name, True,
+                  f"signed by trusted key {key}: its subject is this "
                   f"cubepack.lock (sha256 {lock_sha256}) and its predicate agrees with the lock "
                   f"({_what_it_proves(envelope)})", basis=SIGNED)], envelope, key
 
@@ -396,7 +400,8 @@ def _what_it_proves(envelope: Envelope) -> str:
 
 def _carried(subject: str, where: str, link: dict[str, Any]) -> Check:
     """The refusal of a parent link its signer carried instead of deriving."""
-    return _refusal("lineage", subject, f"{where} names parent {link['lock_digest']} as a claim: "
+    return _refusal(Catalogue.LINEAGE, subject,
+                    f"{where} names parent {link['lock_digest']} as a claim: "
                     "its signer carried the lineage from the lock (a re-pack, or cubepack sign) "
                     "and did not derive it. A derived cube's lineage is signed by the migrate "
                     "that made it: cubepack migrate PARENT --model MODEL --out DIR --sign-key KEY "
@@ -412,7 +417,8 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
     the child's parent link records; its own parent links to the next envelope, and so on, to
     a predicate without a parent. Every failure names the link and what differed."""
     if own is None:
-        return [_refusal("lineage", "*", "refused: the cube's own attestation did not verify "
+        return [_refusal(Catalogue.LINEAGE, "*",
+                         "refused: the cube's own attestation did not verify "
                          "with a trusted key (see the attestation check), so no chain can start "
                          "from it", "this cube's attestation, signed by a trusted key",
                          "none verified")]
@@ -421,30 +427,31 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
     listed = constants.ANCESTORS_FILENAME in lock["files"]
     if parent is None:
         if listed:
-            return [_refusal("lineage", constants.ANCESTORS_FILENAME, "the lock names no "
+            return [_refusal(Catalogue.LINEAGE, constants.ANCESTORS_FILENAME, "the lock names no "
                              "parent, yet the cube carries ancestors' attestations",
                              "no ancestors (a root cube)", "an ancestors file")]
-        return [Check("lineage", "this cube", True, "a root: its signed attestation names no "
+        return [Check(Catalogue.LINEAGE, "this cube", True,
+                      "a root: its signed attestation names no "
                       "parent", basis=SIGNED)]
     if not derived:
         return [_carried(f"link 1: this cube -> parent {parent['lock_digest']}",
                          "the cube's own attestation", parent)]
     if not listed or not ancestors.is_file():
-        return [_refusal("lineage", f"link 1: this cube -> parent {parent['lock_digest']}",
+        return [_refusal(Catalogue.LINEAGE, f"link 1: this cube -> parent {parent['lock_digest']}",
                          f"the lock names a parent but the cube carries no "
                          f"{constants.ANCESTORS_FILENAME} (migrate copies it from a parent that "
                          "carries attestations)", "the parent's envelope", "absent")]
     try:
         envelopes = read_ancestors(ancestors)
     except CubepackError as exc:
-        return [_refusal("lineage", constants.ANCESTORS_FILENAME, str(exc))]
+        return [_refusal(Catalogue.LINEAGE, constants.ANCESTORS_FILENAME, str(exc))]
     checks, child, link = [], "this cube", parent
     for index, envelope in enumerate(envelopes):
         subject = f"link {index + 1}: {child} -> parent {link['lock_digest']}"
         key = signed_by(envelope, trusted_keys)
         if key is None:
             expected, found = _untrusted(envelope, trusted_keys)
-            checks.append(_refusal("lineage", subject, f"envelope {index + 1} of "
+            checks.append(_refusal(Catalogue.LINEAGE, subject, f"envelope {index + 1} of "
                                    f"{constants.ANCESTORS_FILENAME} is not signed by a trusted key",
                                    expected, found))
             return checks
@@ -453,13 +460,14 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
         for field in _LINK_KEYS:
             if stated[field] != link[field] and (field != "cube_id" or link[field] is not None):
                 shown = (str if field != "cube_id" else _short)
-                checks.append(Check("lineage", subject, False, f"envelope {index + 1} (signed by "
+                checks.append(Check(Catalogue.LINEAGE, subject, False,
+                                    f"envelope {index + 1} (signed by "
                                     f"{key}) attests another cube than the parent {child}'s "
                                     f"lineage names: its {field} differs",
                                     f"{field} {shown(link[field])}",
                                     f"{field} {shown(stated[field])}", basis=SIGNED))
                 return checks
-        checks.append(Check("lineage", subject, True, f"envelope {index + 1} is signed by "
+        checks.append(Check(Catalogue.LINEAGE, subject, True, f"envelope {index + 1} is signed by "
                             f"trusted key {key} and attests that lock (subject sha256 "
                             f"{envelope.subject_sha256})", basis=SIGNED))
         child, (link, derived) = f"parent {stated['lock_digest'][:12]}", envelope.parent()
@@ -470,11 +478,12 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
             return checks
         if link is None:
             if index + 1 < len(envelopes):
-                checks.append(_refusal("lineage", f"envelope {index + 2}", f"follows the root "
+                checks.append(_refusal(Catalogue.LINEAGE, f"envelope {index + 2}",
+                                       f"follows the root "
                                        f"(envelope {index + 1} names no parent)",
                                        "no more envelopes", f"{len(envelopes) - index - 1} more"))
             return checks
-    checks.append(_refusal("lineage", f"link {len(envelopes) + 1}: {child} -> parent "
+    checks.append(_refusal(Catalogue.LINEAGE, f"link {len(envelopes) + 1}: {child} -> parent "
                            f"{link['lock_digest']}", f"the chain stops before a root: "
                            f"{constants.ANCESTORS_FILENAME} holds {len(envelopes)} envelope(s) and "
                            "the last names a parent", "that parent's envelope", "absent"))

@@ -1,6 +1,8 @@
 """What a statement about a cube rests on: the one place a basis is decided.
 
-Every statement a report makes, a signature carries or a decision reads has a basis:
+Every statement a report makes, a signature carries or a decision reads has a basis
+(:class:`Basis`, the vocabulary, declared with the check catalogue on the floor,
+:mod:`cubepack._util.checks`, which gives each check's):
 
 - :attr:`Basis.PROVED`: this process established it now, from inputs it chose: bytes it hashed,
   a model it fingerprinted, a prefill it ran, vectors it re-embedded;
@@ -16,49 +18,15 @@ Decisions read the basis from here: :func:`satisfies` (``--require-provenance``)
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._lock import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
+from .._util.checks import CLAIMED, PROVED, SIGNED, STRONG, Basis, Catalogue
+from ..format._provenance import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
 
-__all__ = ["ASSERTED", "CHECK_BASIS", "CLAIMED", "KINDS", "PROVED", "RECOMPUTED", "RECORDED",
-           "SIGNED", "STRENGTH", "STRONG", "Basis", "Signed", "backs_a_pin", "check_basis",
-           "provenance_evidence", "satisfies"]
-
-
-class Basis(str, enum.Enum):
-    """What a statement rests on (a ``str``, so reports serialise it as its value)."""
-
-    PROVED = "proved"
-    SIGNED = "signed"
-    CLAIMED = "claimed"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-PROVED, SIGNED, CLAIMED = Basis.PROVED, Basis.SIGNED, Basis.CLAIMED
-#: Bases a decision may rest on: this process's own proof, or a trusted signer's.
-STRONG = (PROVED, SIGNED)
-
-#: The basis of each check of a verification when it passes or fails (a skipped check has
-#: none). A check that is about bytes or models this process read is proved; a check that only
-#: compares two things the cube says (a KV header against the lock's pin, cubepack.yaml against
-#: the lock, the Hub's metadata against a pin) is a claim; a signature check rests on the key.
-CHECK_BASIS = {"cube": PROVED, "lock": PROVED, "path": PROVED, "file set": PROVED,
-               "size": PROVED, "sha256": PROVED, "content": PROVED, "kv header": CLAIMED,
-               "kv checksums": PROVED,
-               "adapter": CLAIMED, "adapter base": PROVED, "cube config": CLAIMED,
-               "signature": SIGNED, "attestation": SIGNED, "lineage": SIGNED,
-               "model identity": PROVED, "remote model": CLAIMED, "recompute": PROVED,
-               "provenance": CLAIMED, "embedder": PROVED, "private": PROVED,
-               "recipients": PROVED, "replay": SIGNED}
-
-
-def check_basis(name: str) -> Basis:
-    """The basis of a check named ``name`` that ran (unknown names: claimed)."""
-    return CHECK_BASIS.get(name, CLAIMED)
+__all__ = ["ASSERTED", "CLAIMED", "KINDS", "PROVED", "RECOMPUTED", "RECORDED", "SIGNED",
+           "STRENGTH", "STRONG", "Basis", "Signed", "backs_a_pin", "provenance_evidence",
+           "satisfies"]
 
 
 # --- provenance: who produced an activation -------------------------------------------------
@@ -130,4 +98,4 @@ def backs_a_pin(check: Any) -> bool:
     """Does a passed check prove (or carry a trusted signer's proof of) a pinned model?
     Only a ``model identity`` check does: a model fingerprinted here, or by a trusted signer;
     the Hub's metadata (``remote model``) is the Hub's claim."""
-    return check.name == "model identity" and check.ok is True and check.basis in STRONG
+    return check.name == Catalogue.MODEL_IDENTITY and check.ok is True and check.basis in STRONG

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic, canonical, constants
+from .._util.checks import Catalogue
 from ..errors import CubepackError, FormatError
 from ..format import _lock as lockfile
 from ..format._envelope import parse_envelope_bytes
@@ -42,13 +43,13 @@ from ._age import canonical_recipient
 from ._attestation import signed_by
 from ._report import Check
 
-__all__ = ["CHECK", "Known", "claimed_generation", "fingerprint", "history_check", "keyid",
+__all__ = ["Known", "claimed_generation", "fingerprint", "history_check", "keyid",
            "new_series", "newest_seen", "of_series", "older", "readded", "record", "remember",
            "scope", "seen_check",
            "signed_generation", "skip_reason", "trusted_ids", "with_entry"]
 
-#: The name of the checks this module makes (a report's ``replay`` lines).
-CHECK = "replay"
+#: The checks this module makes (a report's ``replay`` lines).
+_CHECK = Catalogue.REPLAY
 _FORMAT = "cubepack.seen-generations"
 _VERSION = 1
 _ENTRY_KEYS = frozenset({"generation", "where", "commit", "recorded", "recipients", "removed"})
@@ -331,24 +332,24 @@ def seen_check(lock: dict[str, Any], key: str | None, trusted: list[str], *,
     subject = "generations seen by this client"
     skipped = skip_reason(lock, key)
     if skipped is not None:
-        return Check(CHECK, subject, None, skipped)
+        return Check(_CHECK, subject, None, skipped)
     assert key is not None and generation is not None
     at = scope(lock)
     try:
         seen = newest_seen(at, trusted_ids([*trusted, key]))
     except CubepackError as exc:
-        return Check(CHECK, subject, False, str(exc))
+        return Check(_CHECK, subject, False, str(exc))
     note = record(at, keyid(key), Known(generation, where))
     by, newest = seen if seen is not None else (key, None)
     if newest is not None and newest.generation > generation:
-        return Check(CHECK, subject, False, older(generation, key, newest, by) + note,
+        return Check(_CHECK, subject, False, older(generation, key, newest, by) + note,
                      f"generation {newest.generation} or newer", f"generation {generation}")
     if newest is None:
-        return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key "
+        return Check(_CHECK, subject, True, f"generation {generation}, signed by trusted key "
                      f"{key}: this client had seen no generation of this cube before, so only "
                      "the endpoint's history (walked by pull and verify --remote) can show a "
                      f"newer one, and {SQUASH}{note}")
-    return Check(CHECK, subject, True, f"generation {generation}, signed by trusted key {key}, "
+    return Check(_CHECK, subject, True, f"generation {generation}, signed by trusted key {key}, "
                  f"is the newest this client has seen of this cube (it saw generation "
                  f"{newest.generation} {newest.where}){note}")
 
@@ -364,15 +365,15 @@ def history_check(lock: dict[str, Any], key: str | None, found: list[tuple[int, 
     subject = f"history of {where}"
     skipped = skip_reason(lock, key)
     if skipped is not None:
-        return Check(CHECK, subject, None, skipped)
+        return Check(_CHECK, subject, None, skipped)
     assert key is not None and generation is not None
     newest = max(found, default=None)
     if newest is not None and newest[0] > generation:
         known = Known(newest[0], f"at commit {newest[1]} of {where}", newest[1])
         note = record(scope(lock), keyid(newest[2]), known)
-        return Check(CHECK, subject, False, older(generation, key, known, newest[2]) + note,
+        return Check(_CHECK, subject, False, older(generation, key, known, newest[2]) + note,
                      f"generation {newest[0]} or newer", f"generation {generation}")
-    return Check(CHECK, subject, True, f"generation {generation}: none of the {walked} "
+    return Check(_CHECK, subject, True, f"generation {generation}: none of the {walked} "
                  "commit(s) walked holds a newer generation of this private cube signed by a "
                  f"trusted key; {SQUASH}")
 

@@ -8,6 +8,12 @@ hand. It is validated when it is built (before any work), so a bad value is a
 states the fields it applies (:data:`HONOURED`) and calls :meth:`TrustPolicy.require_honoured`
 first, so a field it cannot apply (a signature asked of a lone KV file, a model handed to the
 MemOS hook, which uses the model MemOS loads) is a UsageError, never silently dropped.
+
+No module outside ``trust/`` reads a field (``tests/test_owners.py``): a consumer asks the
+policy (:meth:`TrustPolicy.asks` a check, :meth:`~TrustPolicy.recomputation`,
+:meth:`~TrustPolicy.reembedding`, :meth:`~TrustPolicy.mismatch_action`...) or lets it apply
+itself (:meth:`~TrustPolicy.require_pinned`, :meth:`~TrustPolicy.without`), so what a field
+means is decided here once.
 """
 
 from __future__ import annotations
@@ -17,13 +23,47 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .._util.checks import Catalogue
+from .._util.revision import is_commit
 from ..errors import UsageError
+from ..format._provenance import LEVELS as PROVENANCE_LEVELS
+from ..format._provenance import RECOMPUTED
+from ..memory._vectors import SAMPLE_SIZE
 
 #: What to do with a memory that does not match the live model: refuse (strictest), skip it,
 #: or rebuild it with the live model.
 POLICIES = ("error", "drop", "rebuild")
-#: Provenance levels ``require_provenance`` accepts, weakest first.
-PROVENANCE_LEVELS = ("recorded", "recomputed")
+
+
+@dataclass(frozen=True)
+class Recomputation:
+    """How a consumer proves KV caches by the producer's own prefill (see
+    :meth:`TrustPolicy.recomputation`)."""
+
+    #: recomputation was asked for
+    asked: bool
+    #: positions compared per cache, drawn at random; None: every position
+    sample: int | None
+    #: the seed of the draws (positions, probe tokens); None: a fresh one, reported
+    seed: int | None
+
+    @property
+    def full(self) -> bool:
+        """Every position is compared: the only recomputation that can prove ``recomputed``."""
+        return self.asked and self.sample is None
+
+
+@dataclass(frozen=True)
+class Reembedding:
+    """How a consumer checks a text memory's vectors by re-embedding memories (see
+    :meth:`TrustPolicy.reembedding`)."""
+
+    #: the embedder spec to check; None: none given (the MemOS hook checks the one MemOS loads)
+    embedder: str | None
+    #: memories re-embedded, drawn at random (0: all)
+    sample: int
+    #: the seed of the draw; None: a fresh one, reported
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -197,12 +237,114 @@ class TrustPolicy:
             embedder=self.embedder or other.embedder,
             seed=self.seed if self.seed is not None else other.seed)
 
+    def said_over(self, base: TrustPolicy, said: Iterable[str]) -> TrustPolicy:
+        """``base`` with the fields ``said`` (names of fields) taken from this policy: what a
+        call says, over the defaults it did not restate (a first ``install`` of the MemOS hook
+        over the environment's settings)."""
+        return replace(base, **{name: getattr(self, name) for name in said})
+
     def for_folder(self) -> TrustPolicy:
         """The part a cube folder is verified against before its model is loaded: for the
         MemOS hook, which applies the rest (recomputation, provenance, the embedder sample, the
         mismatch policy) with the model and embedder MemOS loads."""
         return replace(self, recompute=False, recompute_tokens=None, require_provenance=None,
                        embedder_sample=None, seed=None, on_mismatch="error", require_pin=False)
+
+    # --- what a consumer asks (no module outside trust/ reads a field) ------------------------
+
+    def asks(self, check: Catalogue) -> bool:
+        """Does this policy require ``check`` to run and pass (a skip of it is a refusal)? The
+        one mapping from the policy's fields to the checks they ask for: ``signature``
+        (``require_signature`` or ``trusted_keys``), ``lineage``, ``model identity``
+        (``strict_models``), ``recompute``, ``provenance`` (``require_provenance``),
+        ``embedder``."""
+        _require_entry(check)
+        asked = {Catalogue.SIGNATURE: self.signature_required,
+                 Catalogue.LINEAGE: self.require_lineage,
+                 Catalogue.MODEL_IDENTITY: self.strict_models,
+                 Catalogue.RECOMPUTE: self.recompute,
+                 Catalogue.PROVENANCE: self.require_provenance is not None,
+                 Catalogue.EMBEDDER: self.embedder is not None}
+        return asked.get(check, False)
+
+    def asked_checks(self) -> list[Catalogue]:
+        """The checks this policy asks for (:meth:`asks`), in a report's order."""
+        return [entry for entry in Catalogue if self.asks(entry)]
+
+    def without(self, *checks: Catalogue) -> TrustPolicy:
+        """This policy, no longer asking for ``checks`` (a consumer that applies them itself, or
+        a pass that another one covers: a private cube's decrypted pass leaves the signature
+        and lineage to the public pass)."""
+        dropped: dict[str, Any] = {}
+        for check in checks:
+            _require_entry(check)
+            dropped.update({Catalogue.SIGNATURE: {"trusted_keys": (),
+                                                  "require_signature": False},
+                            Catalogue.LINEAGE: {"require_lineage": False},
+                            Catalogue.MODEL_IDENTITY: {"strict_models": False},
+                            Catalogue.RECOMPUTE: {"recompute": False, "recompute_tokens": None},
+                            Catalogue.PROVENANCE: {"require_provenance": None},
+                            Catalogue.EMBEDDER: {"embedder": None, "embedder_sample": None},
+                            }[check])
+        return replace(self, **dropped)
+
+    def honoured_by(self, consumer: str) -> TrustPolicy:
+        """The part of this policy ``consumer`` (a key of :data:`HONOURED`) applies: what a
+        caller hands on once it applied the rest itself (``pull`` checks ``require_pin`` where
+        the cube is named, then verifies)."""
+        honoured, _ = HONOURED[consumer]
+        default = TrustPolicy()
+        return replace(self, **{name: getattr(default, name) for name in self.asked()
+                                if name not in honoured})
+
+    def model_given(self) -> Any:
+        """The model pins are checked against (a folder, Hub id or loaded model); None: none
+        given (the pinned revision in the HF cache, when it is there)."""
+        return self.model
+
+    def trusted(self) -> tuple[str, ...]:
+        """The public keys (paths) whose signatures this policy trusts; empty: none."""
+        return self.trusted_keys
+
+    def recomputation(self) -> Recomputation:
+        """Whether KV caches are proved by the producer's prefill, on how many positions, and
+        the seed of the draw (``recompute_tokens`` implies ``recompute``)."""
+        return Recomputation(self.recompute, self.recompute_tokens, self.seed)
+
+    def reembedding(self) -> Reembedding:
+        """The embedder to check, how many memories it re-embeds (default
+        :data:`~cubepack.memory._vectors.SAMPLE_SIZE`; 0: all) and the seed of the draw."""
+        sample = SAMPLE_SIZE if self.embedder_sample is None else self.embedder_sample
+        return Reembedding(self.embedder, sample, self.seed)
+
+    def required_provenance(self) -> str | None:
+        """The producer label each activation must be backed by (proved now or signed):
+        ``recorded`` or ``recomputed``; None: none required."""
+        return self.require_provenance
+
+    def proves_by_recomputing(self) -> bool:
+        """Does the recomputation this policy asks for establish the provenance it requires,
+        with no lock to read a label from (an unpacked folder)? ``recomputed`` needs every
+        position; a sampled check proves ``recorded``."""
+        return self.recompute and (self.require_provenance != RECOMPUTED
+                                   or self.recompute_tokens is None)
+
+    def mismatch_action(self) -> str:
+        """What a load into a live model does with a memory that does not match it:
+        ``error``, ``drop`` or ``rebuild``."""
+        return self.on_mismatch
+
+    def require_pinned(self, revision: str | None, named: str, pin_it: str) -> None:
+        """``require_pin``: a cube named at a branch or tag (``revision``, None: the default
+        branch) is refused before any request; ``named`` says what was named, ``pin_it`` how
+        to name the commit instead.
+
+        Raises:
+            UsageError: the revision is not a 40-hex commit and a pin is required.
+        """
+        if self.require_pin and not is_commit(revision or ""):
+            raise UsageError(f"Refusing {named}: a branch or tag can move, and a pinned "
+                             f"revision was required (require_pin). {pin_it}")
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -211,6 +353,13 @@ class TrustPolicy:
         data["model"] = str(data["model"]) if data["model"] is not None else None
         data["trusted_keys"] = list(self.trusted_keys)
         return data
+
+
+def _require_entry(check: Any) -> None:
+    """A check is named by its catalogue entry, never by a string spelled again."""
+    if not isinstance(check, Catalogue):
+        raise TypeError(f"a check is named by its entry of cubepack._util.checks.Catalogue, "
+                        f"not {check!r}")
 
 
 _ALL = frozenset(f.name for f in fields(TrustPolicy))

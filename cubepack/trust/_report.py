@@ -10,18 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trust._evidence import Basis, Signed, check_basis
-
-#: Every check a verification runs, in order; a report lists each (those not run are marked so).
-CHECKS = ("cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
-          "kv checksums", "adapter", "cube config", "signature", "attestation", "lineage",
-          "recipients", "replay", "private", "model identity", "adapter base", "remote model",
-          "recompute", "provenance", "embedder")
-#: Checks that run only when asked for, or only for what a cube holds (``adapter``: a cube with
-#: LoRA adapters; ``adapter base``: and a base model at hand; ``recipients``, ``replay``,
-#: ``private``: a private cube).
-OPTIONAL = ("adapter", "adapter base", "lineage", "recipients", "replay", "private",
-            "remote model", "recompute", "provenance", "embedder")
+from .._util.checks import Catalogue
+from ..trust._evidence import Basis, Signed
 
 
 def pin_subject(role: str, pin: dict[str, Any]) -> str:
@@ -36,11 +26,14 @@ def pin_subject(role: str, pin: dict[str, Any]) -> str:
 @dataclass
 class Check:
     """One check and its outcome: ``ok`` is True (passed), False (failed) or None (skipped or
-    not run, with the reason in ``detail``). ``role`` names the model role a model check is
-    about, so callers never parse ``subject``. ``basis`` says what the outcome rests on
-    (a :class:`~cubepack.trust._evidence.Basis`; None when it did not run)."""
+    not run, with the reason in ``detail``). ``name`` is the check's entry of the catalogue
+    (:class:`~cubepack._util.checks.Catalogue`: a ``str``, its name, carrying its basis and
+    fix). ``role`` names the model role a model check is about, so callers never parse
+    ``subject``. ``basis`` says what the outcome rests on (a
+    :class:`~cubepack._util.checks.Basis`; None when it did not run; by default the
+    catalogue's)."""
 
-    name: str
+    name: Catalogue
     subject: str
     ok: bool | None
     detail: str = ""
@@ -54,8 +47,11 @@ class Check:
     scope: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, Catalogue):  # a check is declared once, in the catalogue
+            raise TypeError(f"a check is named by its entry of cubepack._util.checks.Catalogue, "
+                            f"not {self.name!r}")
         if self.basis is None and self.ok is not None:
-            self.basis = check_basis(self.name)
+            self.basis = self.name.basis
 
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.name, "subject": self.subject, "ok": self.ok, "detail": self.detail,
@@ -105,23 +101,25 @@ class VerifyReport:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.ok is False]
 
-    def add(self, name: str, subject: str, ok: bool | None, detail: str = "", expected: Any = None,
-            found: Any = None, role: str | None = None, basis: Basis | None = None) -> bool:
+    def add(self, name: Catalogue, subject: str, ok: bool | None, detail: str = "",
+            expected: Any = None, found: Any = None, role: str | None = None,
+            basis: Basis | None = None) -> bool:
         self.checks.append(Check(name, subject, ok, detail, expected, found, role, basis))
         return ok is not False
 
     def extend(self, checks: list[Check]) -> None:
         self.checks.extend(checks)
 
-    def finish(self, reason: str, asked: list[str]) -> None:
+    def finish(self, reason: str, asked: list[Catalogue]) -> None:
         """List each check that did not run as ``not run`` (with ``reason``): every mandatory
-        one, and the optional ones in ``asked``; then put the report in :data:`CHECKS` order."""
+        one, and the optional ones in ``asked``; then put the report in the catalogue's
+        order."""
         ran = {check.name for check in self.checks}
-        for name in CHECKS[1:]:
-            if name not in ran and (name not in OPTIONAL or name in asked):
-                self.add(name, "*", None, reason)
-        self.checks.sort(key=lambda check: CHECKS.index(check.name)
-                         if check.name in CHECKS else len(CHECKS))
+        order = list(Catalogue)
+        for entry in order[1:]:  # the first, the folder itself, always runs
+            if entry not in ran and (not entry.optional or entry in asked):
+                self.add(entry, "*", None, reason)
+        self.checks.sort(key=lambda check: order.index(check.name))
 
     def group_scopes(self) -> None:
         """A private cube's report in two parts, each in the checks' own order: what anyone

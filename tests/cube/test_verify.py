@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,19 +207,27 @@ def test_a_memory_file_memos_would_open_outside_the_cube_is_refused(cube, tmp_pa
 
 def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
     """A refusal always says what to do: damaged bytes are pulled or packed again; each check
-    of the policy names its own fix (it said "see each problem for what to do" and gave none)."""
-    from types import SimpleNamespace
+    of the policy names its own fix (it said "see each problem for what to do" and gave none).
+    The fix is the catalogue's, read from the failed check's own entry."""
+    from cubepack._util.checks import Catalogue
+    from cubepack.trust._report import VerifyReport
 
-    from cubepack.trust._report import CHECKS
-
-    assert set(CHECKS) == set(VerificationFailed.DAMAGE) | set(VerificationFailed.FIXES)
-    for name in CHECKS:
-        failed = SimpleNamespace(name=name, __str__=None)
-        report = SimpleNamespace(cube_dir="c", failures=[failed])
+    damage = {"cube", "lock", "path", "file set", "size", "sha256", "content", "kv header",
+              "kv checksums", "adapter", "cube config"}
+    assert {entry for entry in Catalogue if entry.damage} == damage
+    for entry in Catalogue:
+        report = VerifyReport(Path("c"))
+        report.add(entry, "x", False, "broken")
         message = str(VerificationFailed(report))
-        fix = "pull or pack it again" if name in VerificationFailed.DAMAGE \
-            else VerificationFailed.FIXES[name]
+        fix = "pull or pack it again" if entry in damage else entry.fix
         assert message.endswith(f"Do not load it; {fix}."), message
+    report = VerifyReport(Path("c"))
+    for entry in (Catalogue.SIGNATURE, Catalogue.SHA256, Catalogue.SIGNATURE, Catalogue.SIZE,
+                  Catalogue.EMBEDDER):
+        report.add(entry, "x", False, "broken")
+    assert str(VerificationFailed(report)).endswith(  # the bytes' fix first, each fix once
+        f"Do not load it; pull or pack it again; {Catalogue.SIGNATURE.fix}; "
+        f"{Catalogue.EMBEDDER.fix}.")
 
 
 def test_a_model_that_does_not_exist_is_the_callers_mistake_not_the_cubes(cube, tmp_path):

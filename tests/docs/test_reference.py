@@ -28,14 +28,13 @@ def _ticked(cell: str) -> list[str]:
 
 
 def test_the_checks_page_lists_every_check_in_order_with_its_basis():
-    from cubepack.trust._evidence import CHECK_BASIS
-    from cubepack.trust._report import CHECKS
+    from cubepack._util.checks import Catalogue
 
     table = [(_ticked(row[0])[0], _ticked(row[1])[0]) for row in _rows("reference/checks.md")
              if len(row) == 3 and _ticked(row[0]) and _ticked(row[1])
              and _ticked(row[1])[0] in ("proved", "signed", "claimed")]
-    assert [name for name, _ in table] == list(CHECKS)
-    assert dict(table) == {name: str(basis) for name, basis in CHECK_BASIS.items()}
+    assert [name for name, _ in table] == list(Catalogue)
+    assert dict(table) == {entry.value: str(entry.basis) for entry in Catalogue}
 
 
 def test_the_trust_policy_page_states_what_each_consumer_honours():

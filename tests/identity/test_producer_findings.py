@@ -122,10 +122,10 @@ BLAME = re.compile(r"another model|different models?\b|other model|not the (mode
 #: Each place such a sentence is said (module: function), and what keeps it true there. A new
 #: one fails :func:`test_every_sentence_blaming_another_model_is_kept_true` until it is here.
 BLAMES = {
+    "_util/checks.py: Catalogue": "the recompute check's fix, not a finding",
     "errors.py: IdentityMismatch": "said only when every mismatch is a producer field "
                                    "(of_producer), else the refusal's own finding",
     "errors.py: __init__": "IdentityMismatch's default advice, given only when of_producer",
-    "errors.py: VerificationFailed": "a fix for a failed recomputation, not a finding",
     "memos/_use.py: register_cache": "compare() of the record's producer with the model",
     "memos/_use.py: checked_add": "compare() of the record's producer with the memory's model",
     "memos/_use.py: merged": "compare() of two parts' producers",

@@ -49,6 +49,33 @@ def test_a_field_a_consumer_cannot_apply_is_refused_naming_it(consumer, field, t
             policy.require_honoured(consumer)
 
 
+#: The checks each field asks for when set (the others ask for none: they say how, or where).
+ASKS = {"trusted_keys": {"signature"}, "require_signature": {"signature"},
+        "require_lineage": {"signature", "lineage"}, "strict_models": {"model identity"},
+        "recompute": {"recompute"}, "recompute_tokens": {"recompute"},
+        "require_provenance": {"provenance"}, "embedder": {"embedder"}}
+
+
+@pytest.mark.parametrize("field", sorted(f.name for f in fields(TrustPolicy)))
+def test_each_field_asks_for_its_checks_and_without_them_for_none(field, tmp_path):
+    """``asks`` is the one mapping from fields to checks (verify listed it twice, the hook a
+    third time): swept over every field; ``without`` those checks, a policy asks none."""
+    from cubepack._util.checks import Catalogue
+
+    _, public = make_key(tmp_path, "k")
+    policy = policy_setting(field, str(public))
+    asked = policy.asked_checks()
+    assert {entry.value for entry in asked} == ASKS.get(field, set())
+    assert asked == [entry for entry in Catalogue if policy.asks(entry)]
+    assert policy.without(*asked).asked_checks() == []
+    assert TrustPolicy().asked_checks() == []
+    for spelled in ("signature", *ASKS.get(field, ())):  # never by a name spelled again
+        with pytest.raises(TypeError, match="Catalogue"):
+            policy.asks(spelled)
+        with pytest.raises(TypeError, match="Catalogue"):
+            policy.without(spelled)
+
+
 # --- the consumers themselves call the rule, before any work ----------------------------------
 
 def test_load_kv_cache_refuses_what_a_lone_kv_file_cannot_prove(models, prompt_ids, tmp_path):
@@ -131,10 +158,98 @@ def test_tightened_never_loosens_a_field():
         assert combined.strict_models
 
 
+#: The policy's own modules: what a field means is decided there.
+POLICY_PART = "trust"
+#: Methods that return a TrustPolicy, wherever they are defined (others are found by their
+#: ``-> TrustPolicy`` annotation).
+POLICY_METHODS = {"build", "for_folder", "tightened", "without", "honoured_by", "TrustPolicy"}
+
+
+def policy_field_reads(tree, returning: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` reads a TrustPolicy field (``policy.recompute``, ``getattr(policy,
+    name)``, ``policy.to_dict()["seed"]``) on a policy: a name or attribute called
+    ``*policy*`` or ``*settings*``, a name annotated ``TrustPolicy`` or assigned from a call
+    that returns one (in its function, or an enclosing one), or such a call itself."""
+    import ast
+
+    wanted = {f.name for f in fields(TrustPolicy)}
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+    def called(node):
+        func = node.func
+        return func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else ""
+
+    def own(scope):
+        """The nodes of ``scope`` outside the functions it defines."""
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            yield node
+            if not isinstance(node, scopes):
+                todo.extend(ast.iter_child_nodes(node))
+
+    def reads(scope, typed: set[str]) -> list[tuple[int, str]]:
+        def is_policy(node) -> bool:
+            if isinstance(node, ast.Name):
+                return node.id in typed or "policy" in node.id.lower()
+            if isinstance(node, ast.Attribute):
+                return "policy" in node.attr.lower() or "settings" in node.attr.lower()
+            return isinstance(node, ast.Call) and called(node) in returning | POLICY_METHODS
+
+        nodes = list(own(scope))
+        args = scope.args.args + scope.args.kwonlyargs if isinstance(scope, scopes) else []
+        typed = typed | {arg.arg for arg in args if arg.annotation is not None
+                         and "TrustPolicy" in ast.unparse(arg.annotation)}
+        typed |= {node.target.id for node in nodes if isinstance(node, ast.AnnAssign)
+                  and isinstance(node.target, ast.Name)
+                  and "TrustPolicy" in ast.unparse(node.annotation)}
+        typed |= {target.id for node in nodes if isinstance(node, ast.Assign)
+                  and is_policy(node.value) for target in node.targets
+                  if isinstance(target, ast.Name)}  # current = _hook_settings()
+        found = [(node.lineno, node.attr) for node in nodes
+                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                 and node.attr in wanted and is_policy(node.value)]
+        # getattr(policy, name) reads a field whatever the name; policy.to_dict()["seed"] too.
+        found += [(node.lineno, ast.unparse(node.args[1])) for node in nodes
+                  if isinstance(node, ast.Call) and called(node) == "getattr"
+                  and len(node.args) > 1 and is_policy(node.args[0])
+                  and not (isinstance(node.args[1], ast.Constant)
+                           and node.args[1].value not in wanted)]
+        found += [(node.lineno, node.slice.value) for node in nodes
+                  if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
+                  and called(node.value) == "to_dict"
+                  and isinstance(node.value.func, ast.Attribute)
+                  and is_policy(node.value.func.value) and isinstance(node.slice, ast.Constant)
+                  and node.slice.value in wanted]
+        for node in nodes:
+            if isinstance(node, scopes):
+                found += reads(node, typed)
+        return found
+
+    return sorted(reads(tree, set()))
+
+
 def test_no_consumer_reads_a_policy_field_outside_the_policy_module():
-    """The policy's fields are read by the consumers that honour them; no module copies the
-    policy into a second settings object (the hook's settings are the policy itself)."""
+    """No module outside ``trust/`` reads a TrustPolicy field: a consumer asks the policy
+    (``asks(check)``, ``recomputation()``, ``mismatch_action()``...) or lets it apply itself
+    (``require_pinned``, ``without``), so what a field means is decided once (verify, pull,
+    ``verify --remote``, encrypt, the loads, MLX and the MemOS hook read 79 in 13 modules).
+    The hook's settings are the policy itself, never a second settings object."""
+    import ast
+    from pathlib import Path
+
     import cubepack.memos as memos_face
 
     assert "HookSettings" not in dir(memos_face)
     assert _policy.POLICIES == ("error", "drop", "rebuild")
+    package = Path(cubepack.__file__).parent
+    trees = {path.relative_to(package).as_posix(): ast.parse(path.read_text())
+             for path in sorted(package.rglob("*.py"))}
+    returning = {node.name for tree in trees.values() for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.returns is not None and "TrustPolicy" in ast.unparse(node.returns)}
+    found = {name: reads for name, tree in trees.items()
+             if name.split("/")[0] != POLICY_PART
+             and (reads := policy_field_reads(tree, returning))}
+    assert found == {}
