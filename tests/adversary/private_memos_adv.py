@@ -56,3 +56,18 @@ def clear_files(folder: Path) -> list[str]:
     needle = SECRET.encode()
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                   if p.is_file() and needle in p.read_bytes())
+
+
+def alices_private_cube(model: Path, tmp_path: Path, monkeypatch) -> tuple[dict, Path]:
+    """(keys, a private copy of :func:`clear_cube` for alice), with alice's identity in the
+    environment and the MemOS hook installed afresh to dump to her (the caller uninstalls)."""
+    import cubepack.memos as hook
+    from private_keys import age_keys
+
+    keys = age_keys(tmp_path, "alice")
+    clear = clear_cube(model, tmp_path / "clear")
+    private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
+    monkeypatch.setenv("CUBEPACK_IDENTITY", str(keys["alice"][0]))
+    hook.uninstall()
+    hook.install(require_pin=False, recipients=[keys["alice"][1]])
+    return keys, private

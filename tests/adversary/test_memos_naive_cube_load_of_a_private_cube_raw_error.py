@@ -21,8 +21,7 @@ import pytest
 pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 pytest.importorskip("pyrage")
 
-from private_keys import age_keys  # noqa: E402
-from private_memos_adv import clear_cube, private_copy  # noqa: E402
+from private_memos_adv import alices_private_cube  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -34,12 +33,7 @@ def test_naive_mem_cube_load_opens_a_private_cube_or_says_why_not(zoo, tmp_path,
 
     from memos_live import cube_config, llm
 
-    keys = age_keys(tmp_path, "alice")
-    clear = clear_cube(zoo["a"], tmp_path / "clear")
-    private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
-    monkeypatch.setenv("CUBEPACK_IDENTITY", str(keys["alice"][0]))
-    hook.uninstall()
-    hook.install(require_pin=False, recipients=[keys["alice"][1]])
+    _, private = alices_private_cube(zoo["a"], tmp_path, monkeypatch)
     try:
         general = GeneralMemCube(cube_config(zoo["a"], text_mem={
             "backend": "naive_text", "config": {"extractor_llm": llm(zoo["a"])}}))

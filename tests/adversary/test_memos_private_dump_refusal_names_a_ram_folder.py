@@ -22,8 +22,7 @@ import pytest
 pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 pytest.importorskip("pyrage")
 
-from private_keys import age_keys  # noqa: E402
-from private_memos_adv import clear_cube, private_copy  # noqa: E402
+from private_memos_adv import alices_private_cube  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -32,12 +31,7 @@ from cubepack import CubepackError  # noqa: E402
 def test_a_refused_private_dump_is_named_by_its_own_folder(zoo, tmp_path, monkeypatch):
     from memos.mem_cube.general import GeneralMemCube
 
-    keys = age_keys(tmp_path, "alice")
-    clear = clear_cube(zoo["a"], tmp_path / "clear")
-    private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
-    monkeypatch.setenv("CUBEPACK_IDENTITY", str(keys["alice"][0]))
-    hook.uninstall()
-    hook.install(require_pin=False, recipients=[keys["alice"][1]])
+    _, private = alices_private_cube(zoo["a"], tmp_path, monkeypatch)
     messages = {}
     try:
         cube = hook.init_from_dir(private)

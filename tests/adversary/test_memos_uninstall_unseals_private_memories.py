@@ -25,8 +25,7 @@ import pytest
 pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
 pytest.importorskip("pyrage")
 
-from private_keys import age_keys  # noqa: E402
-from private_memos_adv import clear_cube, clear_files, private_copy  # noqa: E402
+from private_memos_adv import alices_private_cube, clear_files  # noqa: E402
 
 import cubepack.memos as hook  # noqa: E402
 from cubepack import CubepackError  # noqa: E402
@@ -34,12 +33,7 @@ from cubepack.memos._privacy import private_folder  # noqa: E402
 
 
 def test_uninstall_never_lets_a_sealed_memory_dump_in_clear(zoo, tmp_path, monkeypatch):
-    keys = age_keys(tmp_path, "alice")
-    clear = clear_cube(zoo["a"], tmp_path / "clear")
-    private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
-    monkeypatch.setenv("CUBEPACK_IDENTITY", str(keys["alice"][0]))
-    hook.uninstall()
-    hook.install(require_pin=False, recipients=[keys["alice"][1]])
+    _, private = alices_private_cube(zoo["a"], tmp_path, monkeypatch)
     cube = None
     try:
         cube = hook.init_from_dir(private)

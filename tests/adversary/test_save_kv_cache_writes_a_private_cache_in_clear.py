@@ -61,16 +61,11 @@ def test_save_kv_cache_refuses_a_sealed_memorys_cache_under_the_memos_hook(zoo, 
     ``KVCacheMemory.add`` of it seals the memory it enters), yet cubepack's own writer takes it
     and writes its tensors, and the secret source text the caller hands with it, in clear."""
     pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
-    from private_memos_adv import SECRET, clear_cube, clear_files, private_copy
+    from private_memos_adv import SECRET, alices_private_cube, clear_files
 
     import cubepack.memos as hook
 
-    keys = age_keys(tmp_path, "alice")
-    clear = clear_cube(zoo["a"], tmp_path / "clear")
-    private = private_copy(clear, tmp_path / "private", [keys["alice"][1]])
-    monkeypatch.setenv("CUBEPACK_IDENTITY", str(keys["alice"][0]))
-    hook.uninstall()
-    hook.install(require_pin=False, recipients=[keys["alice"][1]])
+    keys, private = alices_private_cube(zoo["a"], tmp_path, monkeypatch)
     try:
         cube = hook.init_from_dir(private)
         item = next(item for item in cube.act_mem.get_all()
