@@ -51,11 +51,11 @@ def cli_env():
 class Served:
     """``cubepack hub serve --json`` as a process: its url, what it said, stopped on exit."""
 
-    def __init__(self, root, *args):
+    def __init__(self, root, *args, preexec_fn=None):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cubepack", "hub", "serve", "--root", str(root), "--port",
              "0", "--json", "--quiet", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=cli_env())
+            env=cli_env(), preexec_fn=preexec_fn)
         line = b""  # the JSON object, indented: until its closing brace on a line of its own
         while not line.endswith(b"\n}\n") and select.select([self.process.stdout], [], [],
                                                               60)[0]:
