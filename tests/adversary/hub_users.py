@@ -66,8 +66,12 @@ class Served:
         if not line.endswith(b"}\n"):
             self.stop()
             raise AssertionError(f"hub serve did not start: {self.process.stderr.read()!r}")
-        self.info = json.loads(line)
-        self.url = self.info["url"]
+        try:
+            self.info = json.loads(line)
+            self.url = self.info["url"]
+        except (ValueError, KeyError):
+            self.stop()
+            raise
 
     def stop(self):
         if self.process.poll() is None:
