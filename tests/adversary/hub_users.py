@@ -21,8 +21,12 @@ def api_for(url, token, monkeypatch):
     monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
     import huggingface_hub
 
-    if huggingface_hub.__version__.startswith("0."):  # 0.36 parses returned URLs with it
+    if huggingface_hub.__version__.startswith("0."):  # 0.36 builds and parses URLs with these
+        from huggingface_hub import file_download
+
         monkeypatch.setattr(hub_constants, "ENDPOINT", url)
+        monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            url + "/{repo_id}/resolve/{revision}/{filename}")
     return HfApi(endpoint=url, token=token)
 
 
