@@ -72,10 +72,13 @@ class Served:
             raise AssertionError(f"hub serve did not start: {self.process.stderr.read()!r}")
         try:
             self.info = json.loads(line)
-            self.url = self.info["url"]
-        except (ValueError, KeyError):
+        except ValueError:
             self.stop()
             raise
+        if "url" not in self.info:  # --json's error object: it refused to start
+            self.stop()
+            raise AssertionError(f"hub serve did not start: {self.info}")
+        self.url = self.info["url"]
 
     def stop(self):
         if self.process.poll() is None:
