@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._util import constants
+from ..errors import UsageError
 from . import _bodies as bodies
 from ._errors import StoreError, shown
 from ._ids import (
@@ -294,6 +295,9 @@ class LocalHub:
                  max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  max_connections: int = MAX_CONNECTIONS,
                  max_client_connections: int = MAX_CLIENT_CONNECTIONS):
+        for index, token in enumerate(tokens or [], 1):  # never echoed: it may be a secret
+            if problem := token_problem(token):
+                raise UsageError(f"Token {index} (--token) is refused: {problem}.")
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
@@ -378,8 +382,9 @@ class LocalHub:
         return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
 
     def valid_token(self, token: str | None) -> bool:
-        """Whether ``token`` is one of the endpoint's (never, when it has none)."""
-        return token is not None and any(hmac.compare_digest(token.encode("utf-8", "replace"),
+        """Whether ``token`` is one of the endpoint's (never, when it has none; never an empty
+        one, which no endpoint takes)."""
+        return bool(token) and any(hmac.compare_digest(token.encode("utf-8", "replace"),
                                                              known.encode())
                                          for known in self.tokens)
 
@@ -391,6 +396,19 @@ class LocalHub:
         """Whether a request with ``token`` reads ``repo`` (which exists): a public repo, or a
         private one with a valid token."""
         return not self.store.is_private(repo) or self.valid_token(token)
+
+
+def token_problem(token: object) -> str | None:
+    """Why ``token`` cannot be one of the endpoint's, or None: a bearer token is printable
+    ASCII without spaces (RFC 6750), and never empty, which anyone can send (``Bearer `` with
+    nothing after it) and an unset variable gives (``--token "$UNSET"``)."""
+    if not isinstance(token, str) or not token:
+        return ("it is empty, which anyone can send: give each --token a value (an unset "
+                "variable gives an empty one)")
+    if not all("!" <= ch <= "~" for ch in token):
+        return ("a bearer token is printable ASCII without spaces or control characters: "
+                "choose one that is (e.g. `openssl rand -hex 32`)")
+    return None
 
 
 class _BoundedServer(ThreadingHTTPServer):
