@@ -153,3 +153,41 @@ def test_concurrent_creates_of_one_repo_under_two_spellings_make_one_repo(tmp_pa
     store.move(found, repo_ref("datasets", "other", "Name"))
     assert not store.exists(store.find(repo_ref("datasets", "ns", "cube")))
     assert store.find(repo_ref("datasets", "OTHER", "name")).repo_id == "other/Name"
+
+
+@pytest.mark.parametrize("refs", ["branch", "tag", "both"])
+@pytest.mark.parametrize("qualifier", ["", "refs/heads/", "refs/tags/"])
+def test_a_qualified_ref_names_its_kind_only(tmp_path, refs, qualifier):
+    """Every pairing of which refs are named ``v1`` (a branch, a tag, both) and how a revision
+    names it (bare, ``refs/heads/``, ``refs/tags/``): a qualified name resolves to the ref of
+    its kind or to nothing; a bare one to the branch first, as on the Hub. A write through a
+    qualified tag never moves a branch of its name."""
+    from cubepack.localhub import HubStore
+    from cubepack.localhub._store import AddFile, StoreError, repo_ref
+
+    store = HubStore(tmp_path)
+    repo = repo_ref("datasets", "ns", "cube")
+    store.create(repo, private=False)
+    tagged = store.apply_commit(repo, "main", title="t", message="", parent=None,
+                                operations=[AddFile("a.txt", b"tag")])
+    branched = store.apply_commit(repo, "main", title="b", message="", parent=None,
+                                  operations=[AddFile("a.txt", b"branch")])
+    if refs in ("tag", "both"):
+        store.create_ref(repo, "tag", "v1", tagged)
+    if refs in ("branch", "both"):
+        store.create_ref(repo, "branch", "v1", branched)
+    expected = {"": branched if refs != "tag" else tagged,
+                "refs/heads/": branched if refs != "tag" else None,
+                "refs/tags/": tagged if refs != "branch" else None}[qualifier]
+    if expected is None:
+        with pytest.raises(StoreError) as missing:
+            store.resolve(repo, qualifier + "v1")
+        assert missing.value.code == "RevisionNotFound"
+    else:
+        assert store.resolve(repo, qualifier + "v1") == expected
+    if qualifier == "refs/tags/":
+        with pytest.raises(StoreError) as written:
+            store.apply_commit(repo, qualifier + "v1", title="w", message="", parent=None,
+                               operations=[AddFile("b.txt", b"w")])
+        assert written.value.status == 404
+        assert store.refs(repo)["branches"].get("v1") == (branched if refs != "tag" else None)
