@@ -346,11 +346,9 @@ class HubStore:
         commit id (or a hex prefix of one) reaches the commits folder."""
         revision = parse_revision(revision)
         refs = self.refs(repo)
-        for name in revision.names:
-            if name in refs["branches"]:
-                return refs["branches"][name]
-            if name in refs["tags"]:
-                return refs["tags"][name]
+        for group, name in revision.lookups:
+            if name in refs[group]:
+                return refs[group][name]
         if revision.pull is not None and str(revision.pull) in refs["pulls"]:
             return refs["pulls"][str(revision.pull)]
         if revision.commit is not None and self._commit_file(repo, revision.commit).is_file():
@@ -523,7 +521,7 @@ class HubStore:
                                       "(reopen it, or open a new one).")
             return "pulls", number
         branch = revision.branch
-        if branch not in refs["branches"]:
+        if branch is None or branch not in refs["branches"]:
             raise StoreError(404, f"Branch {revision} not found.", "RevisionNotFound")
         return "branches", branch
 
@@ -539,7 +537,7 @@ class HubStore:
         with self._lock(repo), self._objects.lock.shared():
             refs = self.refs(repo)
             branch = base.branch
-            if branch not in refs["branches"]:
+            if branch is None or branch not in refs["branches"]:
                 raise StoreError(404, f"A pull request targets a branch; {shown(str(base))} is "
                                       "none.", "RevisionNotFound")
             start = parent or refs["branches"][branch]
