@@ -6,9 +6,11 @@ parsed here, by one function per kind of id, before any handler or the store see
 
 * a repo (``kind``, ``namespace``, ``name``) -> :class:`RepoRef`: an id huggingface_hub's own
   :func:`~huggingface_hub.utils.validate_repo_id` takes, ASCII, with a namespace of at most 96
-  characters (so never ``..``, ``a-`` or ``x.git``; 0.36's validator reads ``\\w`` as Unicode
-  and bounds no namespace, 2.x's and the Hub's do both). The client's rule is called, not
-  copied: a copy drifted and created ids the client refuses;
+  characters, and that its own ``REPO_ID_REGEX`` matches in full (so never ``..``, ``a-``,
+  ``x.git`` or ``cube\\n``; 0.36's validator reads ``\\w`` as Unicode, bounds no namespace
+  and lets a final newline through its ``$``, 2.x's and the Hub's do none of it): what either
+  version refuses. The client's rule is called, not copied: a copy drifted and created ids
+  the client refuses;
 * a path in a repo -> :func:`repo_path`: the Hub's rule (a backslash is part of a name; no
   ``.``/``..``/empty segment, no leading ``..\\``, no ``.git`` or ``.cache`` folder, which the
   client refuses to write);
@@ -31,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+from huggingface_hub.utils import _validators as client_validators
 
 from .._util.paths import MAX_PATH_LENGTH
 from .._util.revision import is_commit, new_ref_problem, ref_name_problem
@@ -83,6 +86,12 @@ def repo_id_problem(repo_id: object) -> str | None:
         validate_repo_id(repo_id)
     except HFValidationError as refusal:  # its words, the id quoted as ours are (escaped, cut)
         return str(refusal).replace(f"'{repo_id}'", shown(repo_id)).replace(repo_id, "the id")
+    # The client's own pattern, applied in full as 2.x applies it: 0.36 applies it with .match
+    # and its closing `$` matches before a final newline, so 0.36 takes "ns/cube\n".
+    pattern = getattr(client_validators, "REPO_ID_REGEX", None)
+    if pattern is not None and not pattern.fullmatch(repo_id):
+        return ("Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start "
+                "or end with '-' or '.' and the maximum length is 96")
     return None
 
 
