@@ -17,8 +17,9 @@ when a repo is deleted; :func:`collect_garbage`, ``cubepack hub gc``, for a whol
 upload record older than :data:`UPLOAD_GRACE` belongs to a push that was abandoned, and is
 removed first. Removal is safe while the server runs, even from another process: it holds the
 root's lock exclusively (:class:`RootLock`: ``flock`` on ``blobs/.lock``, and a threads' lock),
-while every step that places a blob or a commit naming one holds it shared, so a collection
-sees either the whole step or none of it. A blob still being uploaded is a temp file, which a
+while every step that places a blob or a commit naming one, or moves a repo's folder, holds it
+shared, so a collection sees either the whole step or none of it (a move between two of its
+listings would hide the repo from both). A blob still being uploaded is a temp file, which a
 collection never touches.
 """
 

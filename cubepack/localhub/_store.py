@@ -210,8 +210,10 @@ class HubStore:
         return collect_garbage(self.root, lock=self._objects.lock, upload_grace=upload_grace)
 
     def move(self, repo: RepoRef, target: RepoRef) -> None:
-        """Rename ``repo`` to ``target``; 409 when ``target`` exists."""
-        with self._locked(repo, target):
+        """Rename ``repo`` to ``target``; 409 when ``target`` exists. Under the root's lock
+        held shared, as a commit: a collection (``hub gc``) lists the repo folders under it held
+        exclusively, and would otherwise list neither the old folder nor the new one."""
+        with self._locked(repo, target), self._objects.lock.shared():
             self._require(repo)
             existing = self.find(target)
             if self.exists(existing) and existing != repo:
