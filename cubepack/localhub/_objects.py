@@ -104,16 +104,24 @@ class RootLock:
 
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
     """Every repo of a root and its folder (a stray folder that names no repo is skipped)."""
+    for holder, folder in holding_folders(root):
+        if isinstance(holder, RepoRef):
+            yield holder, folder
+
+
+def holding_folders(root: Path) -> Iterator[tuple[RepoRef | Path, Path]]:
+    """Every folder of a root whose commits and upload records hold blobs, and who holds them:
+    its repo, or the folder itself when the client refuses its id (not served, but what it
+    holds is kept: a rule that tightened loses no data). The one list of holders: a
+    collection, of a whole root or after a delete, counts every one of them."""
     for kind, namespace, name, folder in _stored(root):
-        if is_repo_id(namespace, name):
-            yield RepoRef(kind, namespace, name), folder
+        yield (RepoRef(kind, namespace, name) if is_repo_id(namespace, name) else folder), folder
 
 
 def unserved_folders(root: Path) -> list[Path]:
     """Repo folders whose id the client refuses (made before the endpoint followed its rule):
     not served, but what they hold is kept."""
-    return [folder for _, namespace, name, folder in _stored(root)
-            if not is_repo_id(namespace, name)]
+    return [folder for holder, folder in holding_folders(root) if isinstance(holder, Path)]
 
 
 def _stored(root: Path) -> Iterator[tuple[str, str, str, Path]]:
@@ -174,7 +182,7 @@ def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = Non
         referenced: set[str] = set()
         expired = 0
         now = time.time()
-        for *_, folder in _stored(root):  # every repo folder, served or not: nothing is lost
+        for _, folder in holding_folders(root):  # served or not: nothing is lost
             referenced |= commit_oids(folder)
             for record in upload_records(folder):
                 with contextlib.suppress(FileNotFoundError):
@@ -199,28 +207,29 @@ def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = Non
 
 class Objects:
     """The holdings of a running store's repos: for each blob, the repos whose history names it
-    and the repos it was uploaded for, built from the folders on first use and kept by this
+    and the repos it was uploaded for, built on first use from every folder that holds blobs
+    (:func:`holding_folders`: unserved folders too, keyed by their path) and kept by this
     process's commits, uploads, moves and deletes (one process serves a root)."""
 
     def __init__(self, root: Path):
         self.root = root
         self.lock = RootLock(root)
         self._guard = threading.Lock()
-        self._history: dict[str, set[RepoRef]] | None = None
-        self._uploads: dict[str, set[RepoRef]] = {}
-        self._by_repo: dict[RepoRef, set[str]] = {}
+        self._history: dict[str, set[RepoRef | Path]] | None = None
+        self._uploads: dict[str, set[RepoRef | Path]] = {}
+        self._by_repo: dict[RepoRef | Path, set[str]] = {}
 
-    def _index(self) -> dict[str, set[RepoRef]]:
+    def _index(self) -> dict[str, set[RepoRef | Path]]:
         """Caller holds ``_guard``."""
         if self._history is None:
-            history: dict[str, set[RepoRef]] = {}
-            for repo, folder in repo_folders(self.root):
+            history: dict[str, set[RepoRef | Path]] = {}
+            for holder, folder in holding_folders(self.root):
                 oids = commit_oids(folder)
-                self._by_repo[repo] = set(oids)
+                self._by_repo[holder] = set(oids)
                 for oid in oids:
-                    history.setdefault(oid, set()).add(repo)
+                    history.setdefault(oid, set()).add(holder)
                 for record in upload_records(folder):
-                    self._uploads.setdefault(record.name, set()).add(repo)
+                    self._uploads.setdefault(record.name, set()).add(holder)
             self._history = history
         return self._history
 
@@ -259,7 +268,8 @@ class Objects:
             return True
         with self._guard:
             others = list(self._index().get(oid, ()))
-        return any(may_read(other) for other in others if other != repo)
+        return any(may_read(other) for other in others  # an unserved folder: nobody reads it
+                   if other != repo and isinstance(other, RepoRef))
 
     def moved(self, repo: RepoRef, target: RepoRef) -> None:
         with self._guard:
