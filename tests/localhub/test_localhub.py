@@ -212,3 +212,21 @@ def test_hub_serve_logs_one_line_per_request(tmp_path):
     finally:
         server.terminate()
         server.wait()
+
+
+def test_one_process_serves_a_root(tmp_path):
+    """A second endpoint on a served root is refused, naming the pid that serves it (it would
+    take the first's uploads in progress for a killed server's leftovers); once the first
+    stops, the root may be served again."""
+    import os
+
+    import pytest
+
+    from cubepack.errors import UsageError
+
+    with InstrumentedHub(tmp_path / "root"):
+        with pytest.raises(UsageError) as second:
+            InstrumentedHub(tmp_path / "root")
+        assert f"pid {os.getpid()}" in str(second.value) and "--root" in str(second.value)
+    with InstrumentedHub(tmp_path / "root"):
+        pass
