@@ -41,6 +41,7 @@ try:  # POSIX: the lock holds across processes (``cubepack hub gc`` beside a run
 except ImportError:  # pragma: no cover - Windows: threads of one process only
     fcntl = None  # type: ignore[assignment]
 
+from ..errors import UsageError
 from ._ids import REPO_TYPES, RepoRef, is_repo_id
 
 #: Seconds an upload record keeps its blob without a commit naming it: a push uploads, then
@@ -100,6 +101,43 @@ class RootLock:
             yield
         finally:
             os.close(fd)  # releases the lock
+
+
+class ServeLock:
+    """The claim of the one process that serves a root: ``flock`` held exclusively on
+    ``server.lock`` for as long as it serves, the file naming its pid. Each server keeps the
+    root's holdings in memory and removes the temp files of uploads at start, so a second one
+    would take the first's uploads in progress for a killed server's leftovers; it is refused
+    instead, naming the first. The kernel releases the lock when its process ends, however it
+    ends, so a killed server never blocks the next."""
+
+    def __init__(self, root: Path):
+        self.path = root / "server.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Claim the root, or raise :class:`~cubepack.errors.UsageError` naming the pid that
+        serves it."""
+        if fcntl is None:  # pragma: no cover - Windows: no claim (one server, by convention)
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise UsageError(
+                f"{self.path.parent} is already served by another `cubepack hub serve` "
+                f"({f'pid {holder}' if holder.isdigit() else 'another process'}): one process "
+                "serves a root. Stop it first, or serve another folder (--root).") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (the next claim reuses it)
+            self._fd = None
 
 
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:

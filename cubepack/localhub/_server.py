@@ -308,8 +308,13 @@ class LocalHub:
         self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
-        self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
-                                     max_client_connections)
+        self.store.serve()  # refused when another process serves the root
+        try:
+            self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
+                                         max_client_connections)
+        except BaseException:
+            self.store.close()
+            raise
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -328,8 +333,11 @@ class LocalHub:
         self._httpd.serve_forever()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        try:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        finally:
+            self.store.close()
 
     def __enter__(self) -> LocalHub:
         return self.start()

@@ -2,6 +2,7 @@
 
 Layout under the root folder::
 
+    server.lock                                      held by the one process serving the root
     blobs/<sha256>                                   file contents, stored once for all repos
     repos/<models|datasets>/<ns>/<name>/repo.json    {"private": bool}
     repos/.../uploads/<sha256>                       an object uploaded for this repo
@@ -58,6 +59,7 @@ from ._objects import (
     UPLOAD_GRACE,
     Collected,
     Objects,
+    ServeLock,
     collect_garbage,
     repo_folders,
     unserved_folders,
@@ -164,9 +166,19 @@ class HubStore:
         self._index_guard = threading.Lock()
         self._objects = Objects(self.root)
         self._moves_guard = threading.Lock()
-        # Uploads interrupted by a killed server left their temp files: nothing refers to them.
+        self._serving = ServeLock(self.root)
+
+    def serve(self) -> None:
+        """Claim the root for this process (:class:`._objects.ServeLock`: a second server on it
+        is refused, naming the first), then remove the temp files of uploads a killed server
+        left: nothing refers to them, and no other server is writing them."""
+        self._serving.acquire()
         for leftover in (self.root / "blobs").glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Give up the claim :meth:`serve` made (the next server may start)."""
+        self._serving.release()
 
     def find(self, repo: RepoRef) -> RepoRef:
         """``repo`` as stored, matched case-insensitively as on the Hub (``NS/Cube`` is
