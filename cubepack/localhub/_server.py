@@ -220,6 +220,16 @@ _NO_NAMESPACE_FILE = _compile("/[{datasets}/]{name}/resolve/{path}")
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
+#: Bytes of bodies read into memory that all requests hold at once, beyond the first
+#: SMALL_BODY_BYTES of each (a commit of small files is never kept waiting): a request holds its
+#: share from the body's first byte until its answer is sent, so bodies never finished hold at
+#: most this much in all (each was once bounded alone: 256 connections could hold 16 GiB). A
+#: body that does not fit waits up to BODY_BUDGET_WAIT seconds for the share others free, then
+#: is refused (503, Retry-After); one client (an address) holds at most MAX_BODY_BYTES of it,
+#: so a second client's large commit is read beside the first's.
+MAX_BODIES_BYTES = 128 * 1024 * 1024
+SMALL_BODY_BYTES = 1024 * 1024
+BODY_BUDGET_WAIT = 10.0
 #: Connections served at once (a thread each); more wait, without a thread, for one to end.
 MAX_CONNECTIONS = 256
 #: Connections one client (an address) is served at once, uploads among them: its others wait
@@ -283,6 +293,8 @@ class LocalHub:
         max_upload_bytes: largest object an upload may announce.
         max_connections, max_client_connections: connections served at once, in all and for
             one client address (see :data:`MAX_CONNECTIONS`).
+        max_bodies_bytes: bytes of bodies read into memory held at once by all requests
+            (see :data:`MAX_BODIES_BYTES`).
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -294,7 +306,8 @@ class LocalHub:
                  low_speed_time: float = LOW_SPEED_TIME,
                  max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  max_connections: int = MAX_CONNECTIONS,
-                 max_client_connections: int = MAX_CLIENT_CONNECTIONS):
+                 max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+                 max_bodies_bytes: int = MAX_BODIES_BYTES):
         for index, token in enumerate(tokens or [], 1):  # never echoed: it may be a secret
             if problem := token_problem(token):
                 raise UsageError(f"Token {index} (--token) is refused: {problem}.")
@@ -306,6 +319,7 @@ class LocalHub:
         self.body_timeout, self.min_body_rate = body_timeout, min_body_rate
         self.write_timeout, self.max_body_bytes = write_timeout, max_body_bytes
         self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
+        self.bodies = _BodyBudget(max(max_bodies_bytes, max_body_bytes), max_body_bytes)
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
         self.store.serve()  # refused when another process serves the root
@@ -525,6 +539,51 @@ class _BoundedServer(ThreadingHTTPServer):
             self.shutdown_request(request)
 
 
+class _BodyBudget:
+    """The memory of bodies read into memory, shared by every request (see
+    :data:`MAX_BODIES_BYTES`): ``total`` bytes in all, ``per_client`` for one address."""
+
+    def __init__(self, total: int, per_client: int):
+        self.total, self.per_client = total, per_client
+        self._guard = threading.Condition()
+        self._held = 0
+        self._by_client: dict[str, int] = {}
+
+    def reserve(self, client: str, count: int, wait: float) -> bool:
+        """Take ``count`` bytes for ``client``, waiting up to ``wait`` seconds for them; False
+        when they never fit (more than a client's share never does)."""
+        if count <= 0:
+            return True
+
+        def fits() -> bool:
+            return (self._held + count <= self.total
+                    and self._by_client.get(client, 0) + count <= self.per_client)
+
+        with self._guard:
+            if self._by_client.get(client, 0) + count > self.per_client or \
+                    not self._guard.wait_for(fits, wait):
+                return False
+            self._held += count
+            self._by_client[client] = self._by_client.get(client, 0) + count
+            return True
+
+    def release(self, client: str, count: int) -> None:
+        if count <= 0:
+            return
+        with self._guard:
+            self._held -= count
+            left = self._by_client.get(client, 0) - count
+            if left > 0:
+                self._by_client[client] = left
+            else:
+                self._by_client.pop(client, None)
+            self._guard.notify_all()
+
+    def held(self) -> int:
+        with self._guard:
+            return self._held
+
+
 @dataclass
 class _Floor:
     """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall."""
@@ -730,12 +789,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = False
         self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
+        self._reserved = 0  # of hub.bodies, released once this request is answered
         self.route: Route | None = None
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         path = split.path
         if not self.hub.before_request(self, method, path):
             return
+        try:
+            self._answer(method, path)
+        finally:
+            self.hub.bodies.release(self.client_address[0], self._reserved)
+            self._reserved = 0
+
+    def _answer(self, method: str, path: str) -> None:
         try:
             # Checked first, on every route (RFC 9112: a 400, the connection's last answer):
             # a route that reads no body would otherwise leave it to be read as a request.
@@ -812,6 +879,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if size > left:
                     raise self._too_large(limit)
                 left -= size
+                self._hold_body(limit - left)
                 self._reader.allow(size / hub.min_body_rate)
                 yield from self._read_exactly(size)
                 if self.rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
@@ -820,8 +888,25 @@ class _Handler(BaseHTTPRequestHandler):
         length = self._declared_length()
         if length > limit:
             raise self._too_large(limit)
+        self._hold_body(length)
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
         yield from self._read_exactly(length)
+
+    def _hold_body(self, length: int) -> None:
+        """Hold this request's share of the bodies' memory for a body of ``length`` bytes so
+        far (the first SMALL_BODY_BYTES are free), before they are read; 503 when it does not
+        fit within BODY_BUDGET_WAIT seconds (the body is never read: the connection closes)."""
+        wanted = max(0, length - SMALL_BODY_BYTES) - self._reserved
+        if wanted <= 0:
+            return
+        if not self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT):
+            self.close_connection = True
+            raise StoreError(503, (
+                f"The endpoint holds {self.hub.bodies.total} bytes of request bodies at most "
+                f"(at most {self.hub.bodies.per_client} for one client) and they are in use: "
+                "retry in a few seconds, or commit large files through LFS uploads, which go "
+                "to disk."), headers={"Retry-After": "5"})
+        self._reserved += wanted
 
     def _upload_length(self, size: int) -> int:
         """An upload's length: its signed ``size``, declared (not chunked: the clients send a
