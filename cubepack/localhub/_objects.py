@@ -49,6 +49,9 @@ from ._ids import REPO_TYPES, RepoRef, is_repo_id
 UPLOAD_GRACE = 24 * 3600.0
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 UPLOADS = "uploads"
+#: Seconds a delete waits for a moment without commits and uploads to remove the blobs only
+#: the deleted repo held; beyond it, a thread removes them at the first such moment.
+COLLECT_WAIT = 2.0
 
 
 class RootLock:
@@ -85,6 +88,29 @@ class RootLock:
         try:
             with self._flock(exclusive=True):
                 yield
+        finally:
+            with self._guard:
+                self._writer = False
+                self._guard.notify_all()
+
+    @contextlib.contextmanager
+    def idle(self, timeout: float | None) -> Iterator[bool]:
+        """Exclusive, but taken only once no holder runs, without stopping new ones meanwhile
+        (``exclusive`` lets no new holder in while it waits: behind one long commit, every
+        commit and upload of the endpoint waited). Yields False, holding nothing, when no
+        moment without holders came within ``timeout`` seconds (None: wait for one)."""
+        with self._guard:
+            if not self._guard.wait_for(lambda: not self._writer and self._readers == 0,
+                                        timeout):
+                got = False
+            else:
+                self._writer = got = True
+        if not got:
+            yield False
+            return
+        try:
+            with self._flock(exclusive=True):
+                yield True
         finally:
             with self._guard:
                 self._writer = False
@@ -256,6 +282,8 @@ class Objects:
         self._history: dict[str, set[RepoRef | Path]] | None = None
         self._uploads: dict[str, set[RepoRef | Path]] = {}
         self._by_repo: dict[RepoRef | Path, set[str]] = {}
+        self._pending: set[str] = set()  # deleted repos' blobs, not yet collected
+        self._collector: threading.Thread | None = None
 
     def _index(self) -> dict[str, set[RepoRef | Path]]:
         """Caller holds ``_guard``."""
@@ -338,17 +366,59 @@ class Objects:
                 self._uploads[oid].discard(repo)
             return oids | uploads
 
-    def collect(self, candidates: Iterable[str], blob_path: Callable[[str], Path]) -> int:
-        """Remove each of ``candidates`` that no repo holds any more (after a delete); the
-        number removed. Under the root's lock held exclusively, by this process's holdings."""
+    def collect(self, candidates: Iterable[str], blob_path: Callable[[str], Path],
+                wait: float = COLLECT_WAIT) -> int:
+        """Remove each of ``candidates`` that no repo holds any more (after a delete), by this
+        process's holdings, under the root's lock held exclusively; the number removed. The
+        lock is taken only once no commit or upload holds it (:meth:`RootLock.idle`), so a
+        delete never stops the endpoint's writes: when no such moment comes within ``wait``
+        seconds, the candidates are left to a thread that removes them at the first one
+        (returns 0)."""
+        with self._guard:
+            self._pending.update(candidates)
+        with self.lock.idle(wait) as got:
+            if got:
+                return self._collect_pending(blob_path)
+        self._collect_later(blob_path)
+        return 0
+
+    def _collect_pending(self, blob_path: Callable[[str], Path]) -> int:
+        """Caller holds the root's lock exclusively."""
         removed = 0
-        with self.lock.exclusive():
-            with self._guard:
-                index = self._index()
-                orphans = [oid for oid in candidates
-                           if not index.get(oid) and not self._uploads.get(oid)]
-            for oid in orphans:
-                with contextlib.suppress(FileNotFoundError):
-                    blob_path(oid).unlink()
-                    removed += 1
+        with self._guard:
+            index = self._index()
+            orphans = [oid for oid in self._pending
+                       if not index.get(oid) and not self._uploads.get(oid)]
+            self._pending.clear()
+        for oid in orphans:
+            with contextlib.suppress(FileNotFoundError):
+                blob_path(oid).unlink()
+                removed += 1
         return removed
+
+    def _collect_later(self, blob_path: Callable[[str], Path]) -> None:
+        with self._guard:
+            if self._collector is not None and self._collector.is_alive():
+                return  # it takes what is pending when it runs
+            self._collector = threading.Thread(target=self._collect_when_idle,
+                                               args=(blob_path,), daemon=True,
+                                               name="cubepack-hub-collect")
+            self._collector.start()
+
+    def _collect_when_idle(self, blob_path: Callable[[str], Path]) -> None:
+        try:
+            while True:
+                with self.lock.idle(None):
+                    self._collect_pending(blob_path)
+                with self._guard:
+                    if not self._pending:
+                        self._collector = None
+                        return
+        except OSError:  # the root went away under a server being stopped: gc's to do
+            with self._guard:
+                self._collector = None
+
+    def pending(self) -> int:
+        """Blobs a delete left to collect once no commit or upload runs."""
+        with self._guard:
+            return len(self._pending)
