@@ -230,3 +230,51 @@ def test_one_process_serves_a_root(tmp_path):
         assert f"pid {os.getpid()}" in str(second.value) and "--root" in str(second.value)
     with InstrumentedHub(tmp_path / "root"):
         pass
+
+
+def test_the_compiled_patterns_match_as_fnmatch_does_pattern_by_pattern():
+    """One expression for all patterns means what one ``fnmatch`` per pattern meant: the path
+    or its name matches, or the path is below a folder a pattern names (a random sweep)."""
+    import fnmatch
+    import random
+
+    from cubepack.localhub._server import _matcher
+
+    def reference(path, patterns):
+        name = path.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatch(path, bare) or fnmatch.fnmatch(name, bare)
+                   or path.startswith(bare + "/")
+                   for bare in (p.rstrip("/").lstrip("/") for p in patterns))
+
+    chooser = random.Random(38)
+    pieces = ["a", "b", "*", "?", "[ab]", "/", ".log", "[!a]"]
+    for _ in range(300):
+        patterns = ["".join(chooser.choice(pieces) for _ in range(chooser.randint(1, 5)))
+                    for _ in range(chooser.randint(0, 6))]
+        match = _matcher(patterns, ".gitignore")
+        for _ in range(20):
+            path = "/".join("".join(chooser.choice("ab.") for _ in range(chooser.randint(1, 3)))
+                            for _ in range(chooser.randint(1, 4)))
+            assert match(path) == reference(path, patterns), (path, patterns)
+
+
+def test_a_preupload_s_matching_work_is_bounded(hub, repo):
+    """More files than MAX_PREUPLOAD_FILES, a .gitignore of more than MAX_PATTERNS_BYTES, or
+    more than MAX_MATCH_WORK pattern x path-character matches: 400, at once."""
+    import json
+
+    from cubepack.localhub import _server
+
+    def preupload(files, ignore):
+        body = json.dumps({"files": [{"path": f"d/f{i}.txt", "size": 1, "sample": ""}
+                                     for i in range(files)], "gitIgnore": ignore}).encode()
+        return raw(hub, "POST", "/api/datasets/ns/repo/preupload/main",
+                   {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+                   body)
+
+    assert preupload(256, "\n".join(f"*x{i}*" for i in range(1000)))[0] == 200
+    assert preupload(_server.MAX_PREUPLOAD_FILES + 1, "")[0] == 400
+    assert preupload(1, "*" * (_server.MAX_PATTERNS_BYTES + 1))[0] == 400
+    status, _, data = preupload(_server.MAX_PREUPLOAD_FILES, "\n".join(
+        f"*x{i}*" for i in range(2000)))
+    assert status == 400 and b"pattern x path-character" in data
