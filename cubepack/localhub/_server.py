@@ -11,6 +11,8 @@ fault injection, bandwidth caps and byte counting.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
 import functools
 import hashlib
@@ -19,6 +21,7 @@ import html
 import io
 import json
 import math
+import os
 import re
 import secrets
 import socket
@@ -250,6 +253,21 @@ MAX_CLIENT_CONNECTIONS = 16
 #: Connections waiting for a thread, for one client and in all; beyond, a new one is closed.
 MAX_CLIENT_WAITING = 4 * MAX_CLIENT_CONNECTIONS
 MAX_WAITING = 1024
+#: Descriptors a served connection may use (its socket, a blob or temp file, the root's lock)
+#: and a waiting one (its socket); DESCRIPTOR_MARGIN are kept for everything else. At start the
+#: soft RLIMIT_NOFILE is raised to the hard one where allowed, and served + waiting connections
+#: are lowered until they fit below it with the margin: connections never exhaust descriptors
+#: (idle ones once took all 1024 of a stock limit; then every `open` failed).
+SERVED_DESCRIPTORS = 3
+DESCRIPTOR_MARGIN = 64
+#: Seconds the accept loop pauses when the process is out of descriptors anyway (EMFILE): it
+#: once retried at once, a core at 100%.
+ACCEPT_PAUSE = 0.1
+#: Seconds a new connection may stay silent (no byte of its first request) while connections
+#: wait for a thread: then it is closed, as an idle keep-alive connection is, so connections
+#: that never send hold no thread a real request waits for (a client sends its request at
+#: once).
+SILENT_WHEN_CROWDED = 1.0
 #: The rate floor of an upload and of a download (the low-speed rule of cubepack's own client,
 #: curl's --speed-limit/--speed-time): a transfer that moves fewer than LOW_SPEED_LIMIT bytes/s
 #: over a window of LOW_SPEED_TIME seconds is dropped, whatever size it announced (an upload's
@@ -333,9 +351,10 @@ class LocalHub:
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
         self.store.serve()  # refused when another process serves the root
+        max_connections, max_waiting = _fit_descriptors(max_connections, MAX_WAITING)
         try:
             self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
-                                         max_client_connections)
+                                         max_client_connections, max_waiting)
         except BaseException:
             self.store.close()
             raise
@@ -430,6 +449,30 @@ class LocalHub:
         return not self.store.is_private(repo) or self.valid_token(token)
 
 
+def _fit_descriptors(served: int, waiting: int) -> tuple[int, int]:
+    """(served, waiting) connections lowered to fit the process's descriptors (see
+    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows: no such limit
+        return served, waiting
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft == resource.RLIM_INFINITY:
+        return served, waiting
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 32
+    free = max(0, soft - in_use - DESCRIPTOR_MARGIN)
+    served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
+    return served, max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+
+
 def token_problem(token: object) -> str | None:
     """Why ``token`` cannot be one of the endpoint's, or None: a bearer token is printable
     ASCII without spaces (RFC 6750), and never empty, which anyone can send (``Bearer `` with
@@ -448,22 +491,31 @@ class _BoundedServer(ThreadingHTTPServer):
     client address. A connection beyond either waits, accepted but without a thread, and is
     served when one ends: first the waiting connection whose client is served least (so a
     client that holds many waits behind one that holds none), oldest first. Bounded waiting:
-    beyond :data:`MAX_CLIENT_WAITING` for a client or :data:`MAX_WAITING` in all, a new
-    connection is closed at once."""
+    beyond :data:`MAX_CLIENT_WAITING` for a client or ``waiting`` in all, a new connection is
+    closed at once; out of descriptors anyway, the accept loop pauses instead of spinning."""
 
     daemon_threads = True
     request_queue_size = 128  # the accept loop never blocks: only bursts queue in the kernel
 
-    def __init__(self, address: Any, handler: Any, limit: int, per_client: int):
+    def __init__(self, address: Any, handler: Any, limit: int, per_client: int,
+                 waiting: int = MAX_WAITING):
         # Before the socket is bound: a bind that fails (a port in use) closes the server at
         # once, and server_close reads these.
-        self.limit, self.per_client = limit, per_client
+        self.limit, self.per_client, self.max_waiting = limit, per_client, waiting
         self._guard = threading.Lock()
         self._served: dict[str, int] = {}
         self._total = 0
         self._waiting: dict[str, list[tuple[Any, Any]]] = {}
         self._waiting_total = 0
         super().__init__(address, handler)
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(ACCEPT_PAUSE)  # the socket stays readable: never spin on it
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_address[0]
@@ -472,7 +524,7 @@ class _BoundedServer(ThreadingHTTPServer):
                 self._start(request, client_address)
                 return
             queue = self._waiting.setdefault(client, [])
-            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < MAX_WAITING:
+            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < self.max_waiting:
                 queue.append((request, client_address))
                 self._waiting_total += 1
                 return
@@ -657,8 +709,11 @@ class _DeadlineReader(io.RawIOBase):
         self._then: tuple[str, float] | None = None
         self._window: _Window | None = None
         #: Whether connections wait for a thread (the server's): an idle keep-alive connection
-        #: then closes instead of holding its thread for the rest of ``idle_timeout``.
+        #: then closes instead of holding its thread for the rest of ``idle_timeout``, and so
+        #: does a new one silent for SILENT_WHEN_CROWDED seconds.
         self.crowded: Callable[[], bool] | None = None
+        #: When a new connection was accepted, until its first byte arrives (None after).
+        self.silent_since: float | None = None
 
     def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None,
                floor: _Floor | None = None) -> None:
@@ -686,7 +741,8 @@ class _DeadlineReader(io.RawIOBase):
             if window is not None:
                 remaining = min(remaining, max(window.left(), 0.001))
             idle = self.phase == "next request" and self.crowded is not None
-            if idle:  # look up now and then: an idle connection yields to waiting ones
+            silent = self.silent_since is not None and self.crowded is not None
+            if idle or silent:  # look up now and then: an idle connection yields to waiting ones
                 remaining = min(remaining, IDLE_CHECK)
             self._sock.settimeout(remaining)
             try:
@@ -697,11 +753,16 @@ class _DeadlineReader(io.RawIOBase):
                     window.moved(0, self.phase)  # raises: the window stalled
                 if idle and self.crowded():
                     raise RequestDeadline(self.phase, self.seconds) from None  # closed quietly
+                if silent and self.crowded() and \
+                        time.monotonic() - self.silent_since >= SILENT_WHEN_CROWDED:
+                    raise RequestDeadline("first request", SILENT_WHEN_CROWDED) from None
             except ConnectionError as exc:
                 raise RequestDeadline(self.phase, gone=f"{self.phase}: the client went away "
                                                        f"({type(exc).__name__})") from None
             finally:
                 self._sock.settimeout(self._write_timeout)
+        if count:
+            self.silent_since = None
         if window is not None:
             window.moved(count, self.phase)
         if count and self._then is not None:
@@ -753,12 +814,13 @@ class _Handler(BaseHTTPRequestHandler):
                                 then=("request head", hub.head_timeout))
         else:
             self._reader.expect("request head", hub.head_timeout)
+            self._reader.silent_since = time.monotonic()
         self.requestline, self.command, self.path = "", None, None  # never the last request's
         try:
             super().handle_one_request()
         except RequestDeadline as missed:
             self.close_connection = True
-            if missed.phase != "next request" and hub.log is not None:
+            if missed.phase not in ("next request", "first request") and hub.log is not None:
                 hub.log(f'{self.client_address[0]} "{_header_text(self.requestline or "-")}" '
                         f'dropped: {missed}')
         self._served += 1

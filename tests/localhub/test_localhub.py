@@ -278,3 +278,34 @@ def test_a_preupload_s_matching_work_is_bounded(hub, repo):
     status, _, data = preupload(_server.MAX_PREUPLOAD_FILES, "\n".join(
         f"*x{i}*" for i in range(2000)))
     assert status == 400 and b"pattern x path-character" in data
+
+
+def test_connections_fit_the_process_s_descriptors(tmp_path):
+    """Under a hard limit of 1024 descriptors (not raisable), served and waiting connections
+    are lowered until they fit below it with the margin; under a raisable one, the soft limit
+    is raised to the hard one and the bounds stay as documented."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, os, resource, sys\n"
+        "soft, hard = (int(x) for x in sys.argv[1:3])\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))\n"
+        "from cubepack.localhub import _server\n"
+        "hub = _server.LocalHub(sys.argv[3])\n"
+        "print(json.dumps([resource.getrlimit(resource.RLIMIT_NOFILE)[0], hub._httpd.limit,\n"
+        "                  hub._httpd.max_waiting, len(os.listdir('/proc/self/fd'))]))\n"
+        "hub._httpd.server_close()\n")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    for soft, hard, expected in ((1024, 1024, None), (1024, 4096, (4096, 256, 1024))):
+        done = subprocess.run([sys.executable, "-c", script, str(soft), str(hard),
+                               str(tmp_path / f"root{hard}")], capture_output=True, text=True,
+                              env=env, timeout=120, check=True)
+        limit, served, waiting, in_use = json.loads(done.stdout)
+        if expected is not None:
+            assert (limit, served, waiting) == expected
+        else:
+            assert limit == 1024 and 0 < served < 256
+            assert 3 * served + waiting + in_use <= 1024 - 32  # most of the margin left
