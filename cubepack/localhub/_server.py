@@ -291,6 +291,8 @@ BODY_TIMEOUT = 10.0
 MIN_BODY_RATE = 1024 * 1024
 #: Seconds between an idle keep-alive connection's looks at whether connections wait.
 IDLE_CHECK = 0.25
+#: Seconds between a download's looks at what its client received, for the rate floor.
+FLOOR_CHECK = 0.25
 #: Seconds one write of an answer may block on a client that stopped reading.
 WRITE_TIMEOUT = 60.0
 #: Longest chunk-size or trailer line of a chunked body.
@@ -398,19 +400,29 @@ class LocalHub:
         to the socket (sendfile), no bytes pass through Python; held to the rate floor."""
         sock, end = handler.connection, offset + count
         window = self.floor.window() if self.floor else None
+        handed = judged = 0  # bytes given to the kernel; bytes the client took of them
         try:
             while offset < end:
                 piece = min(end - offset, _READ_SIZE)
                 if window is not None:
-                    sock.settimeout(max(window.left(), 0.001))
+                    sock.settimeout(min(max(window.left(), 0.001), FLOOR_CHECK))
                 handle.seek(offset)
                 try:
                     sent = sock.sendfile(handle, offset=offset, count=piece)
-                except TimeoutError:  # the window ended first: what did it move?
+                except TimeoutError:  # no room in the send buffer for a while: what moved?
                     sent = handle.tell() - offset
                 offset += sent
+                handed += sent
                 if window is not None:
-                    window.moved(sent, "answer")
+                    # The floor judges what the client received: the kernel takes megabytes
+                    # into a send buffer at once and wakes a sender only when half of it is
+                    # free, so bytes handed to it said nothing of a client reading meanwhile.
+                    taken = handed - _unsent(sock)
+                    if taken > judged:
+                        window.moved(taken - judged, "answer")
+                        judged = taken
+                    else:
+                        window.moved(0, "answer")
         finally:
             sock.settimeout(self.write_timeout)
 
@@ -471,6 +483,20 @@ def _fit_descriptors(served: int, waiting: int) -> tuple[int, int]:
     free = max(0, soft - in_use - DESCRIPTOR_MARGIN)
     served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
     return served, max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s send queue its peer has not acknowledged (SIOCOUTQ); 0 where the
+    system does not say (the floor then judges bytes handed to the kernel)."""
+    try:
+        import fcntl
+        import termios
+
+        queued = bytearray(4)
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)
+        return int.from_bytes(queued, sys.byteorder, signed=True)
+    except (ImportError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 0
 
 
 def token_problem(token: object) -> str | None:
