@@ -399,7 +399,8 @@ class LocalHub:
         """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
         to the socket (sendfile), no bytes pass through Python; held to the rate floor."""
         sock, end = handler.connection, offset + count
-        window = self.floor.window() if self.floor else None
+        window = self.floor.window((handler.client_address[0], "download")) \
+            if self.floor else None
         handed = judged = 0  # bytes given to the kernel; bytes the client took of them
         try:
             while offset < end:
@@ -424,6 +425,8 @@ class LocalHub:
                     else:
                         window.moved(0, "answer")
         finally:
+            if window is not None:
+                window.close()
             sock.settimeout(self.write_timeout)
 
     def count_upload(self, key: str, size: int) -> None:
@@ -672,36 +675,91 @@ class _BodyBudget:
             return self._held
 
 
-@dataclass
 class _Floor:
-    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall."""
+    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall.
+    A client's transfers in one direction (by address: its uploads, its downloads) are judged
+    together, as the client judges a push or a pull whole: its parallel requests share one
+    link, each moving a share of its rate, and a link above the floor never stalls however
+    many share it."""
 
-    limit: float
-    seconds: float
+    def __init__(self, limit: float, seconds: float):
+        self.limit, self.seconds = limit, seconds
+        self._guard = threading.Lock()
+        self._groups: dict[Any, _Group] = {}
 
-    def window(self) -> _Window:
-        return _Window(self)
+    def window(self, key: Any = None) -> _Window:
+        """A transfer's window: in the group of ``key``'s transfers in progress (None: alone).
+        Close it when the transfer ends."""
+        with self._guard:
+            group = self._groups.get(key) if key is not None else None
+            if group is None:
+                group = _Group(self, key)
+                if key is not None:
+                    self._groups[key] = group
+            elif time.monotonic() - group.opened >= self.seconds and \
+                    group.count < self.limit * self.seconds:
+                # Its window stalled, and its transfers are dropped at their next look; this
+                # one starts a new window instead of being judged by one it had no part in.
+                group.stalled, group.count = group.count, 0
+                group.generation += 1
+                group.opened = time.monotonic()
+            group.members += 1
+            return _Window(group)
+
+    def _left(self, group: _Group) -> None:
+        with self._guard:
+            group.members -= 1
+            if not group.members and self._groups.get(group.key) is group:
+                del self._groups[group.key]
+
+
+class _Group:
+    """Transfers judged together: a window opens; each time they have moved ``limit *
+    seconds`` bytes in all a new one opens; a window still open after ``seconds`` has stalled,
+    and every transfer that was in it is dropped (a later one starts a new window)."""
+
+    def __init__(self, floor: _Floor, key: Any):
+        self.floor, self.key = floor, key
+        self.members = 0
+        self.opened, self.count, self.generation = time.monotonic(), 0, 0
+        self.stalled = 0  # bytes the last stalled window moved
 
 
 class _Window:
-    """One transfer judged by the floor: a window opens; each time it has moved ``limit *
-    seconds`` bytes a new one opens; a window still open after ``seconds`` has stalled."""
+    """One transfer's view of its group's window."""
 
-    def __init__(self, floor: _Floor):
-        self.floor = floor
-        self.opened, self.count = time.monotonic(), 0
+    def __init__(self, group: _Group):
+        self._group, self._floor = group, group.floor
+        self._generation = group.generation
+        self._closed = False
 
     def left(self) -> float:
-        """Seconds until the open window is judged."""
-        return self.opened + self.floor.seconds - time.monotonic()
+        """Seconds until the open window is judged (0: it stalled)."""
+        with self._floor._guard:
+            if self._generation != self._group.generation:
+                return 0.0
+            return self._group.opened + self._floor.seconds - time.monotonic()
 
     def moved(self, count: int, phase: str) -> None:
         """Count ``count`` bytes moved; raise :class:`RequestDeadline` if the window stalled."""
-        self.count += count
-        if self.count >= self.floor.limit * self.floor.seconds:
-            self.opened, self.count = time.monotonic(), 0
-        elif self.left() <= 0:
-            raise RequestDeadline(phase, self.floor.seconds, stalled=(self.count, self.floor))
+        floor, group = self._floor, self._group
+        with floor._guard:
+            if self._generation != group.generation:  # judged stalled by another transfer
+                raise RequestDeadline(phase, floor.seconds, stalled=(group.stalled, floor))
+            group.count += count
+            now = time.monotonic()
+            if group.count >= floor.limit * floor.seconds:
+                group.opened, group.count = now, 0
+            elif now - group.opened >= floor.seconds:
+                group.stalled = group.count
+                group.generation += 1
+                group.opened, group.count = now, 0
+                raise RequestDeadline(phase, floor.seconds, stalled=(group.stalled, floor))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._floor._left(self._group)
 
 
 class RequestDeadline(Exception):
@@ -742,13 +800,21 @@ class _DeadlineReader(io.RawIOBase):
         self.silent_since: float | None = None
 
     def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None,
-               floor: _Floor | None = None) -> None:
+               floor: _Floor | None = None, group: Any = None) -> None:
         """From now, ``phase`` must arrive within ``seconds``; with ``then``, the first byte
         starts that (phase, seconds) deadline instead (an idle connection's next request);
-        with ``floor``, each window of it must also move its bytes."""
+        with ``floor``, each window of it must also move its bytes (together with the other
+        transfers of ``group``)."""
         self.phase, self.seconds, self._then = phase, seconds, then
         self.deadline = time.monotonic() + seconds
-        self._window = floor.window() if floor is not None else None
+        self.end_window()
+        self._window = floor.window(group) if floor is not None else None
+
+    def end_window(self) -> None:
+        """The transfer judged by the floor ended: it leaves its group."""
+        if self._window is not None:
+            self._window.close()
+            self._window = None
 
     def allow(self, seconds: float) -> None:
         """Extend the current deadline (a chunked body, as each chunk's size arrives)."""
@@ -897,6 +963,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._answer(method, path)
         finally:
+            self._reader.end_window()
             self.hub.bodies.release(self.client_address[0], self._reserved)
             self._reserved = 0
 
@@ -963,7 +1030,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
         hub = self.hub
         if upload:
-            self._reader.expect("upload", math.inf, floor=hub.floor)
+            self._reader.expect("upload", math.inf, floor=hub.floor,
+                                group=(self.client_address[0], "upload"))
             yield from self._read_exactly(self._upload_length(limit))
             return
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
