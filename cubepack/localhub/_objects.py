@@ -284,6 +284,7 @@ class Objects:
         self._by_repo: dict[RepoRef | Path, set[str]] = {}
         self._pending: set[str] = set()  # deleted repos' blobs, not yet collected
         self._collector: threading.Thread | None = None
+        self._closed = False
 
     def _index(self) -> dict[str, set[RepoRef | Path]]:
         """Caller holds ``_guard``."""
@@ -408,17 +409,19 @@ class Objects:
     def _collect_when_idle(self, blob_path: Callable[[str], Path]) -> None:
         try:
             while True:
-                with self.lock.idle(None):
-                    self._collect_pending(blob_path)
+                with self.lock.idle(COLLECT_WAIT) as got:
+                    if got and not self._closed:
+                        self._collect_pending(blob_path)
                 with self._guard:
-                    if not self._pending:
+                    if not self._pending or self._closed:
                         self._collector = None
                         return
         except OSError:  # the root went away under a server being stopped: gc's to do
             with self._guard:
                 self._collector = None
 
-    def pending(self) -> int:
-        """Blobs a delete left to collect once no commit or upload runs."""
+    def close(self) -> None:
+        """The store stops serving: a collection still waiting never runs (another server may
+        hold the root next, with holdings this process does not know)."""
         with self._guard:
-            return len(self._pending)
+            self._closed = True

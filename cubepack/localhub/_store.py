@@ -263,7 +263,9 @@ class HubStore:
             leftover.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Give up the claim :meth:`serve` made (the next server may start)."""
+        """Give up the claim :meth:`serve` made (the next server may start); blobs a delete
+        left to collect stay for ``hub gc`` (this process's holdings would soon be stale)."""
+        self._objects.close()
         self._serving.release()
 
     def find(self, repo: RepoRef) -> RepoRef:
