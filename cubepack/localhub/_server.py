@@ -1454,9 +1454,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(400, f"A preupload names at most {MAX_PREUPLOAD_FILES} files, not "
                                   f"{len(body.files)} (the client sends 256 at a time).")
         # The .gitignore this upload commits, if any, else the repo's (as the Hub honours it).
-        ignore_patterns = _patterns(body.git_ignore if body.git_ignore is not None
+        ignore_patterns = _patterns(_bounded(body.git_ignore, ".gitignore")
+                                    if body.git_ignore is not None
                                     else _repo_text(self.hub.store, tree, ".gitignore"))
-        lfs_patterns = _lfs_patterns(body.git_attributes if body.git_attributes is not None
+        lfs_patterns = _lfs_patterns(_bounded(body.git_attributes, ".gitattributes")
+                                     if body.git_attributes is not None
                                      else _repo_text(self.hub.store, tree, ".gitattributes"))
         work = (len(ignore_patterns) + len(lfs_patterns)) * sum(len(item.path) + 1
                                                                 for item in body.files)
@@ -1466,8 +1468,7 @@ class _Handler(BaseHTTPRequestHandler):
                 f"({len(ignore_patterns)} .gitignore and {len(lfs_patterns)} .gitattributes "
                 f"patterns, {len(body.files)} paths); this endpoint does at most "
                 f"{MAX_MATCH_WORK:,}: send fewer files at a time or a shorter .gitignore."))
-        ignored = _matcher(ignore_patterns, ".gitignore")
-        tracked = _matcher(lfs_patterns, ".gitattributes")
+        ignored, tracked = _matcher(ignore_patterns), _matcher(lfs_patterns)
         files = []
         for item in body.files:
             path = item.path
@@ -1694,13 +1695,26 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 
 def _repo_text(store: HubStore, tree: dict[str, Any], path: str) -> str:
     """A small text file of the tree (``.gitignore``, ``.gitattributes``); "" when absent.
-    Only its first MAX_PATTERNS_BYTES + 1 bytes are read: a larger one is refused by
-    :func:`_matcher`, never read whole into memory."""
+    One larger than MAX_PATTERNS_BYTES is refused (400), never read into memory, nor cut."""
     entry = tree.get(path)
     if entry is None:
         return ""
+    if entry["size"] > MAX_PATTERNS_BYTES:
+        raise _too_many_patterns(f"The repo's {path}")
     with open(store.blob_path(entry["sha256"]), "rb") as handle:
-        return handle.read(MAX_PATTERNS_BYTES + 1).decode("utf-8", errors="replace")
+        return handle.read(MAX_PATTERNS_BYTES).decode("utf-8", errors="replace")
+
+
+def _bounded(text: str, what: str) -> str:
+    """The ``.gitignore`` or ``.gitattributes`` a preupload sends, at most MAX_PATTERNS_BYTES."""
+    if len(text.encode("utf-8")) > MAX_PATTERNS_BYTES:
+        raise _too_many_patterns(f"The {what} of this upload")
+    return text
+
+
+def _too_many_patterns(subject: str) -> StoreError:
+    return StoreError(400, f"{subject} has more than {MAX_PATTERNS_BYTES} bytes of patterns, "
+                           "more than this endpoint matches.")
 
 
 def _lfs_patterns(text: str) -> list[str]:
@@ -1716,15 +1730,12 @@ def _patterns(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _matcher(patterns: list[str], what: str) -> Callable[[str], bool]:
+def _matcher(patterns: list[str]) -> Callable[[str], bool]:
     """Whether a path matches one of ``patterns`` (a ``.gitignore``'s or a ``.gitattributes``'s):
     the path or its name matches one as ``fnmatch`` does, or the path is below a folder one
     names. The patterns are compiled once into one regular expression, so a path costs one
     match, not one ``fnmatch`` per pattern (1,000 patterns x 40,000 files once held a thread
-    for minutes); at most MAX_PATTERNS_BYTES of them (else 400)."""
-    if sum(len(pattern) + 1 for pattern in patterns) > MAX_PATTERNS_BYTES:
-        raise StoreError(400, f"The {what} of this upload has more than {MAX_PATTERNS_BYTES} "
-                              "bytes of patterns, more than this endpoint matches.")
+    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`)."""
     return _compiled(tuple(pattern.rstrip("/").lstrip("/") for pattern in patterns))
 
 

@@ -251,7 +251,7 @@ def test_the_compiled_patterns_match_as_fnmatch_does_pattern_by_pattern():
     for _ in range(300):
         patterns = ["".join(chooser.choice(pieces) for _ in range(chooser.randint(1, 5)))
                     for _ in range(chooser.randint(0, 6))]
-        match = _matcher(patterns, ".gitignore")
+        match = _matcher(patterns)
         for _ in range(20):
             path = "/".join("".join(chooser.choice("ab.") for _ in range(chooser.randint(1, 3)))
                             for _ in range(chooser.randint(1, 4)))
@@ -260,7 +260,8 @@ def test_the_compiled_patterns_match_as_fnmatch_does_pattern_by_pattern():
 
 def test_a_preupload_s_matching_work_is_bounded(hub, repo):
     """More files than MAX_PREUPLOAD_FILES, a .gitignore of more than MAX_PATTERNS_BYTES, or
-    more than MAX_MATCH_WORK pattern x path-character matches: 400, at once."""
+    more than MAX_MATCH_WORK pattern x path-character matches: 400, at once; and a repo's own
+    .gitignore larger than MAX_PATTERNS_BYTES is refused, never cut."""
     import json
 
     from cubepack.localhub import _server
@@ -278,6 +279,13 @@ def test_a_preupload_s_matching_work_is_bounded(hub, repo):
     status, _, data = preupload(_server.MAX_PREUPLOAD_FILES, "\n".join(
         f"*x{i}*" for i in range(2000)))
     assert status == 400 and b"pattern x path-character" in data
+    from cubepack.localhub._store import AddFile, repo_ref
+
+    hub.store.apply_commit(repo_ref("datasets", "ns", "repo"), "main", title="t", message="",
+                           parent=None, operations=[AddFile(".gitignore", b"#" * (
+                               _server.MAX_PATTERNS_BYTES + 1))])
+    status, _, data = preupload(1, None)  # the repo's own: refused, not cut
+    assert status == 400 and b"repo's .gitignore" in data
 
 
 def test_connections_fit_the_process_s_descriptors(tmp_path):
