@@ -6,15 +6,18 @@ parsed here, by one function per kind of id, before any handler or the store see
 
 * a repo (``kind``, ``namespace``, ``name``) -> :class:`RepoRef`: an id huggingface_hub's own
   :func:`~huggingface_hub.utils.validate_repo_id` takes, ASCII, with a namespace of at most 96
-  characters (so never ``..``, ``a-`` or ``x.git``; 0.36's validator reads ``\\w`` as Unicode
-  and bounds no namespace, 2.x's and the Hub's do both). The client's rule is called, not
-  copied: a copy drifted and created ids the client refuses;
+  characters, and that its own ``REPO_ID_REGEX`` matches in full (so never ``..``, ``a-``,
+  ``x.git`` or ``cube\\n``; 0.36's validator reads ``\\w`` as Unicode, bounds no namespace
+  and lets a final newline through its ``$``, 2.x's and the Hub's do none of it): what either
+  version refuses. The client's rule is called, not copied: a copy drifted and created ids
+  the client refuses;
 * a path in a repo -> :func:`repo_path`: the Hub's rule (a backslash is part of a name; no
   ``.``/``..``/empty segment, no leading ``..\\``, no ``.git`` or ``.cache`` folder, which the
   client refuses to write);
 * a revision -> :class:`Revision`: a 40-hex commit id, ``refs/pr/N``, or a branch or tag name
-  that git accepts (optionally ``refs/heads/``- or ``refs/tags/``-prefixed). The store resolves
-  it to a commit id by look-ups; its text is never joined into a path;
+  that git accepts (optionally qualified: ``refs/heads/x`` names branch ``x`` alone,
+  ``refs/tags/x`` tag ``x`` alone). The store resolves it to a commit id by look-ups; its text
+  is never joined into a path;
 * a commit id (``parentCommit``) -> 40 lower-case hex (:func:`commit_id`);
 * a discussion or pull request number -> int from 1, no sign, exponent or leading zero;
 * a comment (event) id -> 24 lower-case hex; a blob oid -> 64 lower-case hex (sha256).
@@ -30,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+from huggingface_hub.utils import _validators as client_validators
 
 from .._util.paths import MAX_PATH_LENGTH
 from .._util.revision import is_commit, new_ref_problem, ref_name_problem
@@ -82,6 +86,12 @@ def repo_id_problem(repo_id: object) -> str | None:
         validate_repo_id(repo_id)
     except HFValidationError as refusal:  # its words, the id quoted as ours are (escaped, cut)
         return str(refusal).replace(f"'{repo_id}'", shown(repo_id)).replace(repo_id, "the id")
+    # The client's own pattern, applied in full as 2.x applies it: 0.36 applies it with .match
+    # and its closing `$` matches before a final newline, so 0.36 takes "ns/cube\n".
+    pattern = getattr(client_validators, "REPO_ID_REGEX", None)
+    if pattern is not None and not pattern.fullmatch(repo_id):
+        return ("Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start "
+                "or end with '-' or '.' and the maximum length is 96")
     return None
 
 
@@ -114,32 +124,47 @@ def new_repo_ref(kind: str, namespace: str, name: str, what: str = "The repo id"
     return RepoRef(kind, namespace, name)
 
 
+#: The refs a qualified name names: ``refs/heads/x`` is branch ``x`` only, ``refs/tags/x`` tag
+#: ``x`` only, as in git and on the Hub (a bare name is a branch, else a tag).
+QUALIFIERS = {"refs/heads/": "branches", "refs/tags/": "tags"}
+
+
 @dataclass(frozen=True)
 class Revision:
     """A revision as a request names it, parsed: exactly one of ``commit`` (40 hex), ``pull``
-    (the N of ``refs/pr/N``) or a ref name (``text``, a branch or tag, optionally prefixed by
-    ``refs/heads/`` or ``refs/tags/``) is what the store looks up. Build it with
-    :func:`parse_revision`."""
+    (the N of ``refs/pr/N``) or a ref name (``text``, a branch or tag, optionally qualified by
+    ``refs/heads/`` or ``refs/tags/``, which then names that kind of ref only: ``group``) is
+    what the store looks up. Build it with :func:`parse_revision`."""
 
     text: str
     commit: str | None = None
     pull: int | None = None
+    group: str | None = None
 
     def __str__(self) -> str:
         return self.text
 
     @property
-    def names(self) -> tuple[str, ...]:
-        """The branch or tag names this revision may be, in the order the Hub tries them."""
-        if self.commit is not None or self.pull is not None:
-            return (self.text,)  # a branch cannot be named like a commit or a pull request
-        return (self.text, self.text.removeprefix("refs/heads/"),
-                self.text.removeprefix("refs/tags/"))
+    def lookups(self) -> tuple[tuple[str, str], ...]:
+        """The (refs group, name) pairs this revision may be, in the order the Hub tries them:
+        a bare name is a branch, else a tag; a qualified one is the ref of its kind alone."""
+        if self.group is not None:
+            return ((self.group, self.name),)
+        return (("branches", self.text), ("tags", self.text))
 
     @property
-    def branch(self) -> str:
-        """The branch a write to this revision moves (``refs/heads/`` dropped)."""
-        return self.text.removeprefix("refs/heads/")
+    def name(self) -> str:
+        """The ref's name without its qualifier (``refs/tags/v1`` -> ``v1``)."""
+        for prefix, group in QUALIFIERS.items():
+            if self.group == group:
+                return self.text.removeprefix(prefix)
+        return self.text
+
+    @property
+    def branch(self) -> str | None:
+        """The branch a write to this revision moves (``refs/heads/`` dropped); None when the
+        revision names no branch (a tag, qualified: a write never moves one)."""
+        return self.name if self.group in (None, "branches") else None
 
     @property
     def prefix(self) -> str | None:
@@ -158,13 +183,16 @@ def parse_revision(value: object) -> Revision:
     if isinstance(value, str) and (pull := PR_REF.fullmatch(value)):
         return Revision(value, pull=int(pull.group(1)))
     if isinstance(value, str):
-        bare = value
-        for prefix in ("refs/heads/", "refs/tags/"):
-            bare = bare.removeprefix(prefix)
+        bare, group = value, None
+        for prefix, kind in QUALIFIERS.items():
+            if value.startswith(prefix):
+                bare, group = value[len(prefix):], kind
+                break
         problem = ref_name_problem(bare)
         if problem is None and not bare.startswith("refs/"):
-            return Revision(value)
-        problem = problem or "refs/ names a branch (refs/heads/), tag (refs/tags/) or pull request (refs/pr/N)"
+            return Revision(value, group=group)
+        problem = problem or ("refs/ names a branch (refs/heads/), tag (refs/tags/) or pull "
+                              "request (refs/pr/N)")
     else:
         problem = f"a revision is a string, not {type(value).__name__}"
     raise StoreError(404, f"Invalid rev id: {shown(value)} ({problem}).", "RevisionNotFound")

@@ -17,8 +17,9 @@ when a repo is deleted; :func:`collect_garbage`, ``cubepack hub gc``, for a whol
 upload record older than :data:`UPLOAD_GRACE` belongs to a push that was abandoned, and is
 removed first. Removal is safe while the server runs, even from another process: it holds the
 root's lock exclusively (:class:`RootLock`: ``flock`` on ``blobs/.lock``, and a threads' lock),
-while every step that places a blob or a commit naming one holds it shared, so a collection
-sees either the whole step or none of it. A blob still being uploaded is a temp file, which a
+while every step that places a blob or a commit naming one, or moves a repo's folder, holds it
+shared, so a collection sees either the whole step or none of it (a move between two of its
+listings would hide the repo from both). A blob still being uploaded is a temp file, which a
 collection never touches.
 """
 
@@ -40,6 +41,7 @@ try:  # POSIX: the lock holds across processes (``cubepack hub gc`` beside a run
 except ImportError:  # pragma: no cover - Windows: threads of one process only
     fcntl = None  # type: ignore[assignment]
 
+from ..errors import UsageError
 from ._ids import REPO_TYPES, RepoRef, is_repo_id
 
 #: Seconds an upload record keeps its blob without a commit naming it: a push uploads, then
@@ -47,6 +49,9 @@ from ._ids import REPO_TYPES, RepoRef, is_repo_id
 UPLOAD_GRACE = 24 * 3600.0
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 UPLOADS = "uploads"
+#: Seconds a delete waits for a moment without commits and uploads to remove the blobs only
+#: the deleted repo held; beyond it, a thread removes them at the first such moment.
+COLLECT_WAIT = 2.0
 
 
 class RootLock:
@@ -89,6 +94,29 @@ class RootLock:
                 self._guard.notify_all()
 
     @contextlib.contextmanager
+    def idle(self, timeout: float | None) -> Iterator[bool]:
+        """Exclusive, but taken only once no holder runs, without stopping new ones meanwhile
+        (``exclusive`` lets no new holder in while it waits: behind one long commit, every
+        commit and upload of the endpoint waited). Yields False, holding nothing, when no
+        moment without holders came within ``timeout`` seconds (None: wait for one)."""
+        with self._guard:
+            if not self._guard.wait_for(lambda: not self._writer and self._readers == 0,
+                                        timeout):
+                got = False
+            else:
+                self._writer = got = True
+        if not got:
+            yield False
+            return
+        try:
+            with self._flock(exclusive=True):
+                yield True
+        finally:
+            with self._guard:
+                self._writer = False
+                self._guard.notify_all()
+
+    @contextlib.contextmanager
     def _flock(self, exclusive: bool) -> Iterator[None]:
         if fcntl is None:
             yield
@@ -101,18 +129,63 @@ class RootLock:
             os.close(fd)  # releases the lock
 
 
+class ServeLock:
+    """The claim of the one process that serves a root: ``flock`` held exclusively on
+    ``server.lock`` for as long as it serves, the file naming its pid. Each server keeps the
+    root's holdings in memory and removes the temp files of uploads at start, so a second one
+    would take the first's uploads in progress for a killed server's leftovers; it is refused
+    instead, naming the first. The kernel releases the lock when its process ends, however it
+    ends, so a killed server never blocks the next."""
+
+    def __init__(self, root: Path):
+        self.path = root / "server.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Claim the root, or raise :class:`~cubepack.errors.UsageError` naming the pid that
+        serves it."""
+        if fcntl is None:  # pragma: no cover - Windows: no claim (one server, by convention)
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise UsageError(
+                f"{self.path.parent} is already served by another `cubepack hub serve` "
+                f"({f'pid {holder}' if holder.isdigit() else 'another process'}): one process "
+                "serves a root. Stop it first, or serve another folder (--root).") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (the next claim reuses it)
+            self._fd = None
+
+
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
     """Every repo of a root and its folder (a stray folder that names no repo is skipped)."""
+    for holder, folder in holding_folders(root):
+        if isinstance(holder, RepoRef):
+            yield holder, folder
+
+
+def holding_folders(root: Path) -> Iterator[tuple[RepoRef | Path, Path]]:
+    """Every folder of a root whose commits and upload records hold blobs, and who holds them:
+    its repo, or the folder itself when the client refuses its id (not served, but what it
+    holds is kept: a rule that tightened loses no data). The one list of holders: a
+    collection, of a whole root or after a delete, counts every one of them."""
     for kind, namespace, name, folder in _stored(root):
-        if is_repo_id(namespace, name):
-            yield RepoRef(kind, namespace, name), folder
+        yield (RepoRef(kind, namespace, name) if is_repo_id(namespace, name) else folder), folder
 
 
 def unserved_folders(root: Path) -> list[Path]:
     """Repo folders whose id the client refuses (made before the endpoint followed its rule):
     not served, but what they hold is kept."""
-    return [folder for _, namespace, name, folder in _stored(root)
-            if not is_repo_id(namespace, name)]
+    return [folder for holder, folder in holding_folders(root) if isinstance(holder, Path)]
 
 
 def _stored(root: Path) -> Iterator[tuple[str, str, str, Path]]:
@@ -173,7 +246,7 @@ def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = Non
         referenced: set[str] = set()
         expired = 0
         now = time.time()
-        for *_, folder in _stored(root):  # every repo folder, served or not: nothing is lost
+        for _, folder in holding_folders(root):  # served or not: nothing is lost
             referenced |= commit_oids(folder)
             for record in upload_records(folder):
                 with contextlib.suppress(FileNotFoundError):
@@ -198,28 +271,32 @@ def collect_garbage(root: str | os.PathLike[str], *, lock: RootLock | None = Non
 
 class Objects:
     """The holdings of a running store's repos: for each blob, the repos whose history names it
-    and the repos it was uploaded for, built from the folders on first use and kept by this
+    and the repos it was uploaded for, built on first use from every folder that holds blobs
+    (:func:`holding_folders`: unserved folders too, keyed by their path) and kept by this
     process's commits, uploads, moves and deletes (one process serves a root)."""
 
     def __init__(self, root: Path):
         self.root = root
         self.lock = RootLock(root)
         self._guard = threading.Lock()
-        self._history: dict[str, set[RepoRef]] | None = None
-        self._uploads: dict[str, set[RepoRef]] = {}
-        self._by_repo: dict[RepoRef, set[str]] = {}
+        self._history: dict[str, set[RepoRef | Path]] | None = None
+        self._uploads: dict[str, set[RepoRef | Path]] = {}
+        self._by_repo: dict[RepoRef | Path, set[str]] = {}
+        self._pending: set[str] = set()  # deleted repos' blobs, not yet collected
+        self._collector: threading.Thread | None = None
+        self._closed = False
 
-    def _index(self) -> dict[str, set[RepoRef]]:
+    def _index(self) -> dict[str, set[RepoRef | Path]]:
         """Caller holds ``_guard``."""
         if self._history is None:
-            history: dict[str, set[RepoRef]] = {}
-            for repo, folder in repo_folders(self.root):
+            history: dict[str, set[RepoRef | Path]] = {}
+            for holder, folder in holding_folders(self.root):
                 oids = commit_oids(folder)
-                self._by_repo[repo] = set(oids)
+                self._by_repo[holder] = set(oids)
                 for oid in oids:
-                    history.setdefault(oid, set()).add(repo)
+                    history.setdefault(oid, set()).add(holder)
                 for record in upload_records(folder):
-                    self._uploads.setdefault(record.name, set()).add(repo)
+                    self._uploads.setdefault(record.name, set()).add(holder)
             self._history = history
         return self._history
 
@@ -258,7 +335,8 @@ class Objects:
             return True
         with self._guard:
             others = list(self._index().get(oid, ()))
-        return any(may_read(other) for other in others if other != repo)
+        return any(may_read(other) for other in others  # an unserved folder: nobody reads it
+                   if other != repo and isinstance(other, RepoRef))
 
     def moved(self, repo: RepoRef, target: RepoRef) -> None:
         with self._guard:
@@ -289,17 +367,61 @@ class Objects:
                 self._uploads[oid].discard(repo)
             return oids | uploads
 
-    def collect(self, candidates: Iterable[str], blob_path: Callable[[str], Path]) -> int:
-        """Remove each of ``candidates`` that no repo holds any more (after a delete); the
-        number removed. Under the root's lock held exclusively, by this process's holdings."""
+    def collect(self, candidates: Iterable[str], blob_path: Callable[[str], Path],
+                wait: float = COLLECT_WAIT) -> int:
+        """Remove each of ``candidates`` that no repo holds any more (after a delete), by this
+        process's holdings, under the root's lock held exclusively; the number removed. The
+        lock is taken only once no commit or upload holds it (:meth:`RootLock.idle`), so a
+        delete never stops the endpoint's writes: when no such moment comes within ``wait``
+        seconds, the candidates are left to a thread that removes them at the first one
+        (returns 0)."""
+        with self._guard:
+            self._pending.update(candidates)
+        with self.lock.idle(wait) as got:
+            if got:
+                return self._collect_pending(blob_path)
+        self._collect_later(blob_path)
+        return 0
+
+    def _collect_pending(self, blob_path: Callable[[str], Path]) -> int:
+        """Caller holds the root's lock exclusively."""
         removed = 0
-        with self.lock.exclusive():
-            with self._guard:
-                index = self._index()
-                orphans = [oid for oid in candidates
-                           if not index.get(oid) and not self._uploads.get(oid)]
-            for oid in orphans:
-                with contextlib.suppress(FileNotFoundError):
-                    blob_path(oid).unlink()
-                    removed += 1
+        with self._guard:
+            index = self._index()
+            orphans = [oid for oid in self._pending
+                       if not index.get(oid) and not self._uploads.get(oid)]
+            self._pending.clear()
+        for oid in orphans:
+            with contextlib.suppress(FileNotFoundError):
+                blob_path(oid).unlink()
+                removed += 1
         return removed
+
+    def _collect_later(self, blob_path: Callable[[str], Path]) -> None:
+        with self._guard:
+            if self._collector is not None and self._collector.is_alive():
+                return  # it takes what is pending when it runs
+            self._collector = threading.Thread(target=self._collect_when_idle,
+                                               args=(blob_path,), daemon=True,
+                                               name="cubepack-hub-collect")
+            self._collector.start()
+
+    def _collect_when_idle(self, blob_path: Callable[[str], Path]) -> None:
+        try:
+            while True:
+                with self.lock.idle(COLLECT_WAIT) as got:
+                    if got and not self._closed:
+                        self._collect_pending(blob_path)
+                with self._guard:
+                    if not self._pending or self._closed:
+                        self._collector = None
+                        return
+        except OSError:  # the root went away under a server being stopped: gc's to do
+            with self._guard:
+                self._collector = None
+
+    def close(self) -> None:
+        """The store stops serving: a collection still waiting never runs (another server may
+        hold the root next, with holdings this process does not know)."""
+        with self._guard:
+            self._closed = True

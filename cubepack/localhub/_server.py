@@ -11,13 +11,17 @@ fault injection, bandwidth caps and byte counting.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
+import functools
 import hashlib
 import hmac
 import html
 import io
 import json
 import math
+import os
 import re
 import secrets
 import socket
@@ -32,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._util import constants
+from ..errors import UsageError
 from . import _bodies as bodies
 from ._errors import StoreError, shown
 from ._ids import (
@@ -217,8 +222,27 @@ _NO_NAMESPACE_FILE = _compile("/[{datasets}/]{name}/resolve/{path}")
 #: Largest request body read into memory (commits carry regular files, base64); LFS uploads
 #: stream to disk and are limited by their signed size instead.
 MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Most files one preupload request names (both clients send 256 at a time), and most bytes of
+#: patterns a ``.gitignore`` or ``.gitattributes`` it honours may hold: with the patterns
+#: compiled into one expression, a preupload costs at most this many matches of it.
+MAX_PREUPLOAD_FILES = 1_000
+MAX_PATTERNS_BYTES = 64 * 1024
+#: Most (patterns) x (characters of the paths) one preupload matches: about 0.2 s of CPU (a
+#: match scans a path once per pattern); a .gitignore of 1,000 lines and the client's 256 paths
+#: of 60 characters take 15,616,000.
+MAX_MATCH_WORK = 20_000_000
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
+#: Bytes of bodies read into memory that all requests hold at once, beyond the first
+#: SMALL_BODY_BYTES of each (a commit of small files is never kept waiting): a request holds its
+#: share from the body's first byte until its answer is sent, so bodies never finished hold at
+#: most this much in all (each was once bounded alone: 256 connections could hold 16 GiB). A
+#: body that does not fit waits up to BODY_BUDGET_WAIT seconds for the share others free, then
+#: is refused (503, Retry-After); one client (an address) holds at most MAX_BODY_BYTES of it,
+#: so a second client's large commit is read beside the first's.
+MAX_BODIES_BYTES = 128 * 1024 * 1024
+SMALL_BODY_BYTES = 1024 * 1024
+BODY_BUDGET_WAIT = 10.0
 #: Connections served at once (a thread each); more wait, without a thread, for one to end.
 MAX_CONNECTIONS = 256
 #: Connections one client (an address) is served at once, uploads among them: its others wait
@@ -229,6 +253,21 @@ MAX_CLIENT_CONNECTIONS = 16
 #: Connections waiting for a thread, for one client and in all; beyond, a new one is closed.
 MAX_CLIENT_WAITING = 4 * MAX_CLIENT_CONNECTIONS
 MAX_WAITING = 1024
+#: Descriptors a served connection may use (its socket, a blob or temp file, the root's lock)
+#: and a waiting one (its socket); DESCRIPTOR_MARGIN are kept for everything else. At start the
+#: soft RLIMIT_NOFILE is raised to the hard one where allowed, and served + waiting connections
+#: are lowered until they fit below it with the margin: connections never exhaust descriptors
+#: (idle ones once took all 1024 of a stock limit; then every `open` failed).
+SERVED_DESCRIPTORS = 3
+DESCRIPTOR_MARGIN = 64
+#: Seconds the accept loop pauses when the process is out of descriptors anyway (EMFILE): it
+#: once retried at once, a core at 100%.
+ACCEPT_PAUSE = 0.1
+#: Seconds a new connection may stay silent (no byte of its first request) while connections
+#: wait for a thread: then it is closed, as an idle keep-alive connection is, so connections
+#: that never send hold no thread a real request waits for (a client sends its request at
+#: once).
+SILENT_WHEN_CROWDED = 1.0
 #: The rate floor of an upload and of a download (the low-speed rule of cubepack's own client,
 #: curl's --speed-limit/--speed-time): a transfer that moves fewer than LOW_SPEED_LIMIT bytes/s
 #: over a window of LOW_SPEED_TIME seconds is dropped, whatever size it announced (an upload's
@@ -252,6 +291,8 @@ BODY_TIMEOUT = 10.0
 MIN_BODY_RATE = 1024 * 1024
 #: Seconds between an idle keep-alive connection's looks at whether connections wait.
 IDLE_CHECK = 0.25
+#: Seconds between a download's looks at what its client received, for the rate floor.
+FLOOR_CHECK = 0.25
 #: Seconds one write of an answer may block on a client that stopped reading.
 WRITE_TIMEOUT = 60.0
 #: Longest chunk-size or trailer line of a chunked body.
@@ -282,6 +323,8 @@ class LocalHub:
         max_upload_bytes: largest object an upload may announce.
         max_connections, max_client_connections: connections served at once, in all and for
             one client address (see :data:`MAX_CONNECTIONS`).
+        max_bodies_bytes: bytes of bodies read into memory held at once by all requests
+            (see :data:`MAX_BODIES_BYTES`).
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -293,7 +336,11 @@ class LocalHub:
                  low_speed_time: float = LOW_SPEED_TIME,
                  max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  max_connections: int = MAX_CONNECTIONS,
-                 max_client_connections: int = MAX_CLIENT_CONNECTIONS):
+                 max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+                 max_bodies_bytes: int = MAX_BODIES_BYTES):
+        for index, token in enumerate(tokens or [], 1):  # never echoed: it may be a secret
+            if problem := token_problem(token):
+                raise UsageError(f"Token {index} (--token) is refused: {problem}.")
         self.store = HubStore(root)
         self.tokens = set(tokens or [])
         self.log = log
@@ -302,10 +349,17 @@ class LocalHub:
         self.body_timeout, self.min_body_rate = body_timeout, min_body_rate
         self.write_timeout, self.max_body_bytes = write_timeout, max_body_bytes
         self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
+        self.bodies = _BodyBudget(max(max_bodies_bytes, max_body_bytes), max_body_bytes)
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
-        self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
-                                     max_client_connections)
+        self.store.serve()  # refused when another process serves the root
+        max_connections, max_waiting = _fit_descriptors(max_connections, MAX_WAITING)
+        try:
+            self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
+                                         max_client_connections, max_waiting)
+        except BaseException:
+            self.store.close()
+            raise
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -324,8 +378,11 @@ class LocalHub:
         self._httpd.serve_forever()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        try:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        finally:
+            self.store.close()
 
     def __enter__(self) -> LocalHub:
         return self.start()
@@ -342,21 +399,34 @@ class LocalHub:
         """Send ``count`` bytes of an open blob from ``offset``: the kernel copies page cache
         to the socket (sendfile), no bytes pass through Python; held to the rate floor."""
         sock, end = handler.connection, offset + count
-        window = self.floor.window() if self.floor else None
+        window = self.floor.window((handler.client_address[0], "download")) \
+            if self.floor else None
+        handed = judged = 0  # bytes given to the kernel; bytes the client took of them
         try:
             while offset < end:
                 piece = min(end - offset, _READ_SIZE)
                 if window is not None:
-                    sock.settimeout(max(window.left(), 0.001))
+                    sock.settimeout(min(max(window.left(), 0.001), FLOOR_CHECK))
                 handle.seek(offset)
                 try:
                     sent = sock.sendfile(handle, offset=offset, count=piece)
-                except TimeoutError:  # the window ended first: what did it move?
+                except TimeoutError:  # no room in the send buffer for a while: what moved?
                     sent = handle.tell() - offset
                 offset += sent
+                handed += sent
                 if window is not None:
-                    window.moved(sent, "answer")
+                    # The floor judges what the client received: the kernel takes megabytes
+                    # into a send buffer at once and wakes a sender only when half of it is
+                    # free, so bytes handed to it said nothing of a client reading meanwhile.
+                    taken = handed - _unsent(sock)
+                    if taken > judged:
+                        window.moved(taken - judged, "answer")
+                        judged = taken
+                    else:
+                        window.moved(0, "answer")
         finally:
+            if window is not None:
+                window.close()
             sock.settimeout(self.write_timeout)
 
     def count_upload(self, key: str, size: int) -> None:
@@ -378,8 +448,9 @@ class LocalHub:
         return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
 
     def valid_token(self, token: str | None) -> bool:
-        """Whether ``token`` is one of the endpoint's (never, when it has none)."""
-        return token is not None and any(hmac.compare_digest(token.encode("utf-8", "replace"),
+        """Whether ``token`` is one of the endpoint's (never, when it has none; never an empty
+        one, which no endpoint takes)."""
+        return bool(token) and any(hmac.compare_digest(token.encode("utf-8", "replace"),
                                                              known.encode())
                                          for known in self.tokens)
 
@@ -393,27 +464,87 @@ class LocalHub:
         return not self.store.is_private(repo) or self.valid_token(token)
 
 
+def _fit_descriptors(served: int, waiting: int) -> tuple[int, int]:
+    """(served, waiting) connections lowered to fit the process's descriptors (see
+    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows: no such limit
+        return served, waiting
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft == resource.RLIM_INFINITY:
+        return served, waiting
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 32
+    free = max(0, soft - in_use - DESCRIPTOR_MARGIN)
+    served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
+    return served, max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s send queue its peer has not acknowledged (SIOCOUTQ); 0 where the
+    system does not say (the floor then judges bytes handed to the kernel)."""
+    try:
+        import fcntl
+        import termios
+
+        queued = bytearray(4)
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)
+        return int.from_bytes(queued, sys.byteorder, signed=True)
+    except (ImportError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 0
+
+
+def token_problem(token: object) -> str | None:
+    """Why ``token`` cannot be one of the endpoint's, or None: a bearer token is printable
+    ASCII without spaces (RFC 6750), and never empty, which anyone can send (``Bearer `` with
+    nothing after it) and an unset variable gives (``--token "$UNSET"``)."""
+    if not isinstance(token, str) or not token:
+        return ("it is empty, which anyone can send: give each --token a value (an unset "
+                "variable gives an empty one)")
+    if not all("!" <= ch <= "~" for ch in token):
+        return ("a bearer token is printable ASCII without spaces or control characters: "
+                "choose one that is (e.g. `openssl rand -hex 32`)")
+    return None
+
+
 class _BoundedServer(ThreadingHTTPServer):
     """A thread per connection served: at most ``limit`` at once, and ``per_client`` for one
     client address. A connection beyond either waits, accepted but without a thread, and is
     served when one ends: first the waiting connection whose client is served least (so a
     client that holds many waits behind one that holds none), oldest first. Bounded waiting:
-    beyond :data:`MAX_CLIENT_WAITING` for a client or :data:`MAX_WAITING` in all, a new
-    connection is closed at once."""
+    beyond :data:`MAX_CLIENT_WAITING` for a client or ``waiting`` in all, a new connection is
+    closed at once; out of descriptors anyway, the accept loop pauses instead of spinning."""
 
     daemon_threads = True
     request_queue_size = 128  # the accept loop never blocks: only bursts queue in the kernel
 
-    def __init__(self, address: Any, handler: Any, limit: int, per_client: int):
+    def __init__(self, address: Any, handler: Any, limit: int, per_client: int,
+                 waiting: int = MAX_WAITING):
         # Before the socket is bound: a bind that fails (a port in use) closes the server at
         # once, and server_close reads these.
-        self.limit, self.per_client = limit, per_client
+        self.limit, self.per_client, self.max_waiting = limit, per_client, waiting
         self._guard = threading.Lock()
         self._served: dict[str, int] = {}
         self._total = 0
         self._waiting: dict[str, list[tuple[Any, Any]]] = {}
         self._waiting_total = 0
         super().__init__(address, handler)
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(ACCEPT_PAUSE)  # the socket stays readable: never spin on it
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_address[0]
@@ -422,7 +553,7 @@ class _BoundedServer(ThreadingHTTPServer):
                 self._start(request, client_address)
                 return
             queue = self._waiting.setdefault(client, [])
-            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < MAX_WAITING:
+            if len(queue) < MAX_CLIENT_WAITING and self._waiting_total < self.max_waiting:
                 queue.append((request, client_address))
                 self._waiting_total += 1
                 return
@@ -499,36 +630,136 @@ class _BoundedServer(ThreadingHTTPServer):
             self.shutdown_request(request)
 
 
-@dataclass
+class _BodyBudget:
+    """The memory of bodies read into memory, shared by every request (see
+    :data:`MAX_BODIES_BYTES`): ``total`` bytes in all, ``per_client`` for one address."""
+
+    def __init__(self, total: int, per_client: int):
+        self.total, self.per_client = total, per_client
+        self._guard = threading.Condition()
+        self._held = 0
+        self._by_client: dict[str, int] = {}
+
+    def reserve(self, client: str, count: int, wait: float) -> bool:
+        """Take ``count`` bytes for ``client``, waiting up to ``wait`` seconds for them; False
+        when they never fit (more than a client's share never does)."""
+        if count <= 0:
+            return True
+
+        def fits() -> bool:
+            return (self._held + count <= self.total
+                    and self._by_client.get(client, 0) + count <= self.per_client)
+
+        with self._guard:
+            if self._by_client.get(client, 0) + count > self.per_client or \
+                    not self._guard.wait_for(fits, wait):
+                return False
+            self._held += count
+            self._by_client[client] = self._by_client.get(client, 0) + count
+            return True
+
+    def release(self, client: str, count: int) -> None:
+        if count <= 0:
+            return
+        with self._guard:
+            self._held -= count
+            left = self._by_client.get(client, 0) - count
+            if left > 0:
+                self._by_client[client] = left
+            else:
+                self._by_client.pop(client, None)
+            self._guard.notify_all()
+
+    def held(self) -> int:
+        with self._guard:
+            return self._held
+
+
 class _Floor:
-    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall."""
+    """The rate floor: fewer than ``limit`` bytes/s over a window of ``seconds`` is a stall.
+    A client's transfers in one direction (by address: its uploads, its downloads) are judged
+    together, as the client judges a push or a pull whole: its parallel requests share one
+    link, each moving a share of its rate, and a link above the floor never stalls however
+    many share it."""
 
-    limit: float
-    seconds: float
+    def __init__(self, limit: float, seconds: float):
+        self.limit, self.seconds = limit, seconds
+        self._guard = threading.Lock()
+        self._groups: dict[Any, _Group] = {}
 
-    def window(self) -> _Window:
-        return _Window(self)
+    def window(self, key: Any = None) -> _Window:
+        """A transfer's window: in the group of ``key``'s transfers in progress (None: alone).
+        Close it when the transfer ends."""
+        with self._guard:
+            group = self._groups.get(key) if key is not None else None
+            if group is None:
+                group = _Group(self, key)
+                if key is not None:
+                    self._groups[key] = group
+            elif time.monotonic() - group.opened >= self.seconds and \
+                    group.count < self.limit * self.seconds:
+                # Its window stalled, and its transfers are dropped at their next look; this
+                # one starts a new window instead of being judged by one it had no part in.
+                group.stalled, group.count = group.count, 0
+                group.generation += 1
+                group.opened = time.monotonic()
+            group.members += 1
+            return _Window(group)
+
+    def _left(self, group: _Group) -> None:
+        with self._guard:
+            group.members -= 1
+            if not group.members and self._groups.get(group.key) is group:
+                del self._groups[group.key]
+
+
+class _Group:
+    """Transfers judged together: a window opens; each time they have moved ``limit *
+    seconds`` bytes in all a new one opens; a window still open after ``seconds`` has stalled,
+    and every transfer that was in it is dropped (a later one starts a new window)."""
+
+    def __init__(self, floor: _Floor, key: Any):
+        self.floor, self.key = floor, key
+        self.members = 0
+        self.opened, self.count, self.generation = time.monotonic(), 0, 0
+        self.stalled = 0  # bytes the last stalled window moved
 
 
 class _Window:
-    """One transfer judged by the floor: a window opens; each time it has moved ``limit *
-    seconds`` bytes a new one opens; a window still open after ``seconds`` has stalled."""
+    """One transfer's view of its group's window."""
 
-    def __init__(self, floor: _Floor):
-        self.floor = floor
-        self.opened, self.count = time.monotonic(), 0
+    def __init__(self, group: _Group):
+        self._group, self._floor = group, group.floor
+        self._generation = group.generation
+        self._closed = False
 
     def left(self) -> float:
-        """Seconds until the open window is judged."""
-        return self.opened + self.floor.seconds - time.monotonic()
+        """Seconds until the open window is judged (0: it stalled)."""
+        with self._floor._guard:
+            if self._generation != self._group.generation:
+                return 0.0
+            return self._group.opened + self._floor.seconds - time.monotonic()
 
     def moved(self, count: int, phase: str) -> None:
         """Count ``count`` bytes moved; raise :class:`RequestDeadline` if the window stalled."""
-        self.count += count
-        if self.count >= self.floor.limit * self.floor.seconds:
-            self.opened, self.count = time.monotonic(), 0
-        elif self.left() <= 0:
-            raise RequestDeadline(phase, self.floor.seconds, stalled=(self.count, self.floor))
+        floor, group = self._floor, self._group
+        with floor._guard:
+            if self._generation != group.generation:  # judged stalled by another transfer
+                raise RequestDeadline(phase, floor.seconds, stalled=(group.stalled, floor))
+            group.count += count
+            now = time.monotonic()
+            if group.count >= floor.limit * floor.seconds:
+                group.opened, group.count = now, 0
+            elif now - group.opened >= floor.seconds:
+                group.stalled = group.count
+                group.generation += 1
+                group.opened, group.count = now, 0
+                raise RequestDeadline(phase, floor.seconds, stalled=(group.stalled, floor))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._floor._left(self._group)
 
 
 class RequestDeadline(Exception):
@@ -562,17 +793,28 @@ class _DeadlineReader(io.RawIOBase):
         self._then: tuple[str, float] | None = None
         self._window: _Window | None = None
         #: Whether connections wait for a thread (the server's): an idle keep-alive connection
-        #: then closes instead of holding its thread for the rest of ``idle_timeout``.
+        #: then closes instead of holding its thread for the rest of ``idle_timeout``, and so
+        #: does a new one silent for SILENT_WHEN_CROWDED seconds.
         self.crowded: Callable[[], bool] | None = None
+        #: When a new connection was accepted, until its first byte arrives (None after).
+        self.silent_since: float | None = None
 
     def expect(self, phase: str, seconds: float, then: tuple[str, float] | None = None,
-               floor: _Floor | None = None) -> None:
+               floor: _Floor | None = None, group: Any = None) -> None:
         """From now, ``phase`` must arrive within ``seconds``; with ``then``, the first byte
         starts that (phase, seconds) deadline instead (an idle connection's next request);
-        with ``floor``, each window of it must also move its bytes."""
+        with ``floor``, each window of it must also move its bytes (together with the other
+        transfers of ``group``)."""
         self.phase, self.seconds, self._then = phase, seconds, then
         self.deadline = time.monotonic() + seconds
-        self._window = floor.window() if floor is not None else None
+        self.end_window()
+        self._window = floor.window(group) if floor is not None else None
+
+    def end_window(self) -> None:
+        """The transfer judged by the floor ended: it leaves its group."""
+        if self._window is not None:
+            self._window.close()
+            self._window = None
 
     def allow(self, seconds: float) -> None:
         """Extend the current deadline (a chunked body, as each chunk's size arrives)."""
@@ -591,7 +833,8 @@ class _DeadlineReader(io.RawIOBase):
             if window is not None:
                 remaining = min(remaining, max(window.left(), 0.001))
             idle = self.phase == "next request" and self.crowded is not None
-            if idle:  # look up now and then: an idle connection yields to waiting ones
+            silent = self.silent_since is not None and self.crowded is not None
+            if idle or silent:  # look up now and then: an idle connection yields to waiting ones
                 remaining = min(remaining, IDLE_CHECK)
             self._sock.settimeout(remaining)
             try:
@@ -602,11 +845,16 @@ class _DeadlineReader(io.RawIOBase):
                     window.moved(0, self.phase)  # raises: the window stalled
                 if idle and self.crowded():
                     raise RequestDeadline(self.phase, self.seconds) from None  # closed quietly
+                if silent and self.crowded() and \
+                        time.monotonic() - self.silent_since >= SILENT_WHEN_CROWDED:
+                    raise RequestDeadline("first request", SILENT_WHEN_CROWDED) from None
             except ConnectionError as exc:
                 raise RequestDeadline(self.phase, gone=f"{self.phase}: the client went away "
                                                        f"({type(exc).__name__})") from None
             finally:
                 self._sock.settimeout(self._write_timeout)
+        if count:
+            self.silent_since = None
         if window is not None:
             window.moved(count, self.phase)
         if count and self._then is not None:
@@ -658,12 +906,13 @@ class _Handler(BaseHTTPRequestHandler):
                                 then=("request head", hub.head_timeout))
         else:
             self._reader.expect("request head", hub.head_timeout)
+            self._reader.silent_since = time.monotonic()
         self.requestline, self.command, self.path = "", None, None  # never the last request's
         try:
             super().handle_one_request()
         except RequestDeadline as missed:
             self.close_connection = True
-            if missed.phase != "next request" and hub.log is not None:
+            if missed.phase not in ("next request", "first request") and hub.log is not None:
                 hub.log(f'{self.client_address[0]} "{_header_text(self.requestline or "-")}" '
                         f'dropped: {missed}')
         self._served += 1
@@ -704,12 +953,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = False
         self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
+        self._reserved = 0  # of hub.bodies, released once this request is answered
         self.route: Route | None = None
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         path = split.path
         if not self.hub.before_request(self, method, path):
             return
+        try:
+            self._answer(method, path)
+        finally:
+            self._reader.end_window()
+            self.hub.bodies.release(self.client_address[0], self._reserved)
+            self._reserved = 0
+
+    def _answer(self, method: str, path: str) -> None:
         try:
             # Checked first, on every route (RFC 9112: a 400, the connection's last answer):
             # a route that reads no body would otherwise leave it to be read as a request.
@@ -772,7 +1030,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
         hub = self.hub
         if upload:
-            self._reader.expect("upload", math.inf, floor=hub.floor)
+            self._reader.expect("upload", math.inf, floor=hub.floor,
+                                group=(self.client_address[0], "upload"))
             yield from self._read_exactly(self._upload_length(limit))
             return
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -786,6 +1045,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if size > left:
                     raise self._too_large(limit)
                 left -= size
+                self._hold_body(limit - left)
                 self._reader.allow(size / hub.min_body_rate)
                 yield from self._read_exactly(size)
                 if self.rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
@@ -794,8 +1054,25 @@ class _Handler(BaseHTTPRequestHandler):
         length = self._declared_length()
         if length > limit:
             raise self._too_large(limit)
+        self._hold_body(length)
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
         yield from self._read_exactly(length)
+
+    def _hold_body(self, length: int) -> None:
+        """Hold this request's share of the bodies' memory for a body of ``length`` bytes so
+        far (the first SMALL_BODY_BYTES are free), before they are read; 503 when it does not
+        fit within BODY_BUDGET_WAIT seconds (the body is never read: the connection closes)."""
+        wanted = max(0, length - SMALL_BODY_BYTES) - self._reserved
+        if wanted <= 0:
+            return
+        if not self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT):
+            self.close_connection = True
+            raise StoreError(503, (
+                f"The endpoint holds {self.hub.bodies.total} bytes of request bodies at most "
+                f"(at most {self.hub.bodies.per_client} for one client) and they are in use: "
+                "retry in a few seconds, or commit large files through LFS uploads, which go "
+                "to disk."), headers={"Retry-After": "5"})
+        self._reserved += wanted
 
     def _upload_length(self, size: int) -> int:
         """An upload's length: its signed ``size``, declared (not chunked: the clients send a
@@ -1173,17 +1450,31 @@ class _Handler(BaseHTTPRequestHandler):
             tree = self.hub.store.commit(repo, self.hub.store.resolve(repo, revision))["tree"]
         except StoreError:
             tree = {}
+        if len(body.files) > MAX_PREUPLOAD_FILES:
+            raise StoreError(400, f"A preupload names at most {MAX_PREUPLOAD_FILES} files, not "
+                                  f"{len(body.files)} (the client sends 256 at a time).")
         # The .gitignore this upload commits, if any, else the repo's (as the Hub honours it).
-        ignored = _patterns(body.git_ignore) if body.git_ignore is not None \
-            else _gitignore_patterns(self.hub.store, tree)
-        tracked = _lfs_patterns(body.git_attributes if body.git_attributes is not None
-                                else _repo_text(self.hub.store, tree, ".gitattributes"))
+        ignore_patterns = _patterns(_bounded(body.git_ignore, ".gitignore")
+                                    if body.git_ignore is not None
+                                    else _repo_text(self.hub.store, tree, ".gitignore"))
+        lfs_patterns = _lfs_patterns(_bounded(body.git_attributes, ".gitattributes")
+                                     if body.git_attributes is not None
+                                     else _repo_text(self.hub.store, tree, ".gitattributes"))
+        work = (len(ignore_patterns) + len(lfs_patterns)) * sum(len(item.path) + 1
+                                                                for item in body.files)
+        if work > MAX_MATCH_WORK:
+            raise StoreError(400, (
+                f"This preupload asks for {work:,} pattern x path-character matches "
+                f"({len(ignore_patterns)} .gitignore and {len(lfs_patterns)} .gitattributes "
+                f"patterns, {len(body.files)} paths); this endpoint does at most "
+                f"{MAX_MATCH_WORK:,}: send fewer files at a time or a shorter .gitignore."))
+        ignored, tracked = _matcher(ignore_patterns), _matcher(lfs_patterns)
         files = []
         for item in body.files:
             path = item.path
-            lfs = _is_lfs(path, item.size, item.sample) or _ignored(path, tracked)
+            lfs = _is_lfs(path, item.size, item.sample) or tracked(path)
             result = {"path": path, "uploadMode": "lfs" if lfs else "regular",
-                      "shouldIgnore": _ignored(path, ignored)}
+                      "shouldIgnore": ignored(path)}
             if path in tree:
                 existing = tree[path]
                 result["oid"] = existing["sha256"] if lfs else existing["git_oid"]
@@ -1402,17 +1693,28 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _gitignore_patterns(store: HubStore, tree: dict[str, Any]) -> list[str]:
-    """The patterns of the repo's ``.gitignore`` at this revision (the Hub honours it)."""
-    return _patterns(_repo_text(store, tree, ".gitignore"))
-
-
 def _repo_text(store: HubStore, tree: dict[str, Any], path: str) -> str:
-    """A small text file of the tree (``.gitignore``, ``.gitattributes``); "" when absent."""
+    """A small text file of the tree (``.gitignore``, ``.gitattributes``); "" when absent.
+    One larger than MAX_PATTERNS_BYTES is refused (400), never read into memory, nor cut."""
     entry = tree.get(path)
     if entry is None:
         return ""
-    return store.blob_path(entry["sha256"]).read_text(encoding="utf-8", errors="replace")
+    if entry["size"] > MAX_PATTERNS_BYTES:
+        raise _too_many_patterns(f"The repo's {path}")
+    with open(store.blob_path(entry["sha256"]), "rb") as handle:
+        return handle.read(MAX_PATTERNS_BYTES).decode("utf-8", errors="replace")
+
+
+def _bounded(text: str, what: str) -> str:
+    """The ``.gitignore`` or ``.gitattributes`` a preupload sends, at most MAX_PATTERNS_BYTES."""
+    if len(text.encode("utf-8")) > MAX_PATTERNS_BYTES:
+        raise _too_many_patterns(f"The {what} of this upload")
+    return text
+
+
+def _too_many_patterns(subject: str) -> StoreError:
+    return StoreError(400, f"{subject} has more than {MAX_PATTERNS_BYTES} bytes of patterns, "
+                           "more than this endpoint matches.")
 
 
 def _lfs_patterns(text: str) -> list[str]:
@@ -1428,12 +1730,31 @@ def _patterns(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _ignored(path: str, patterns: list[str]) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    for pattern in patterns:
-        bare = pattern.rstrip("/").lstrip("/")
-        if fnmatch.fnmatch(path, bare) or fnmatch.fnmatch(name, bare) or \
-                path.startswith(bare + "/"):
+def _matcher(patterns: list[str]) -> Callable[[str], bool]:
+    """Whether a path matches one of ``patterns`` (a ``.gitignore``'s or a ``.gitattributes``'s):
+    the path or its name matches one as ``fnmatch`` does, or the path is below a folder one
+    names. The patterns are compiled once into one regular expression, so a path costs one
+    match, not one ``fnmatch`` per pattern (1,000 patterns x 40,000 files once held a thread
+    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`)."""
+    return _compiled(tuple(pattern.rstrip("/").lstrip("/") for pattern in patterns))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(bare: tuple[str, ...]) -> Callable[[str], bool]:
+    if not bare:
+        return lambda path: False
+    whole = re.compile("|".join(f"(?:{fnmatch.translate(pattern)})" for pattern in bare))
+    folders = frozenset(bare)
+
+    def matches(path: str) -> bool:
+        if whole.match(path) or whole.match(path.rsplit("/", 1)[-1]):
             return True
-    return False
+        at = path.find("/")
+        while at != -1:  # a folder a pattern names, whole (``build`` for ``build/x.o``)
+            if path[:at] in folders:
+                return True
+            at = path.find("/", at + 1)
+        return False
+
+    return matches
 

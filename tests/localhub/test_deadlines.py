@@ -207,3 +207,34 @@ def test_the_deadlines_and_caps_the_readme_states():
     assert _server.MAX_CLIENT_CONNECTIONS == 16 and _server.MAX_BODY_BYTES == 64 * 1024 * 1024
     assert (_server.LOW_SPEED_LIMIT, _server.LOW_SPEED_TIME) == (1024, 30)
     assert _server.MAX_UPLOAD_BYTES == 50 * 1024**3
+
+
+def test_a_client_s_transfers_are_judged_together_by_the_floor():
+    """Two transfers of one client each under the floor but together above it are kept; once
+    their window stalls, both are dropped, and a transfer that starts then is judged by a new
+    window; another client's transfer is judged alone."""
+    import time
+
+    import pytest
+
+    from cubepack.localhub._server import RequestDeadline, _Floor
+
+    floor = _Floor(1000, 0.2)  # 200 bytes per 0.2 s window
+    first, second = floor.window(("a", "upload")), floor.window(("a", "upload"))
+    other = floor.window(("b", "upload"))
+    first.moved(120, "upload")
+    second.moved(100, "upload")  # 220 together: a new window opens
+    time.sleep(0.1)
+    first.moved(0, "upload")  # within the new window: no judgement yet
+    time.sleep(0.15)
+    with pytest.raises(RequestDeadline):
+        first.moved(0, "upload")
+    with pytest.raises(RequestDeadline):  # the same stalled window
+        second.moved(199, "upload")
+    late = floor.window(("a", "upload"))
+    late.moved(10, "upload")  # a new window, not the stalled one
+    with pytest.raises(RequestDeadline):  # alone, it moved nothing in 0.25 s
+        other.moved(0, "upload")
+    for window in (first, second, late, other):
+        window.close()
+    assert not floor._groups

@@ -303,3 +303,50 @@ def test_idle_keep_alive_connections_yield_to_a_waiting_one(tmp_path):
         for connection in idle:
             connection.close()
         late.close()
+
+
+def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
+    """Beyond the first 1 MiB of each body, bodies read into memory hold at most
+    ``max_bodies_bytes`` in all and one client at most ``max_body_bytes``: a body that does not
+    fit waits (here 0.5 s) for a share, then answers 503 with Retry-After, unread; a small body
+    never waits; once the holder goes, a large body is read again."""
+    from cubepack.localhub import _server
+
+    monkeypatch.setattr(_server, "BODY_BUDGET_WAIT", 0.5)
+    mib = 1 << 20
+    with InstrumentedHub(tmp_path / "root", tokens=[TOKEN], max_body_bytes=4 * mib,
+                         max_bodies_bytes=4 * mib) as hub:
+        seed(hub)
+        path = f"/api/{REPO.kind}/{REPO.namespace}/{REPO.name}/commit/main"
+
+        def start(address, length, sent):
+            sock = connect(hub, address)
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                         f"Content-Type: application/x-ndjson\r\nContent-Length: {length}\r\n"
+                         f"\r\n".encode() + b" " * sent)
+            return sock
+
+        def raw(hub, method, path, body, headers):
+            connection = http.client.HTTPConnection(urlsplit(hub.url).hostname,
+                                                    urlsplit(hub.url).port, timeout=HANG)
+            try:
+                connection.request(method, path, body=body, headers={
+                    "Authorization": f"Bearer {TOKEN}", **headers})
+                response = connection.getresponse()
+                return response.status, response.read()
+            finally:
+                connection.close()
+
+        holder = start("127.0.5.2", 4 * mib, 3 * mib)  # holds 3 MiB of the 4
+        wait_until(lambda: hub.bodies.held() == 3 * mib, "the first body's share")
+        refused = start("127.0.5.3", 3 * mib, 0)  # needs 2 MiB: waits, then 503
+        answer = within(HANG, lambda: refused.recv(4096))
+        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in answer, answer
+        refused.close()
+        small = b'{"key": "header", "value": {"summary": "s"}}\n'
+        status = raw(hub, "POST", path, small, {"Content-Type": "application/x-ndjson"})[0]
+        assert status == 200  # within the free 1 MiB: never waits
+        holder.close()
+        wait_until(lambda: hub.bodies.held() == 0, "the share given back")
+        body = small + b" " * (3 * mib)
+        assert raw(hub, "POST", path, body, {"Content-Type": "application/x-ndjson"})[0] == 200

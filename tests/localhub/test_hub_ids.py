@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
+import huggingface_hub
 import pytest
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -24,8 +26,23 @@ TOKEN = "writer"
 #: Ids a client refuses that the endpoint once created (the issue's), and their neighbours.
 EDGES = ["a..b", "a-", "x.git", "a--b", "-a", ".a", "a.", "_a", "a_", "a" * 96, "a" * 97,
          "A.b-c_d", "a.gi", "git", ".git", "a.GIT", "a.b.c", "1", "-", "_", "ab-", "a b",
-         "caf\u00e9", "\u0661\u0662", "a\u0301", "a/b", "", "a\x00", "\u212a", "ǅ"]
-ALPHABET = "aZ09._-" + "/ \u00e9\u0661+"
+         "caf\u00e9", "\u0661\u0662", "a\u0301", "a/b", "", "a\x00", "\u212a", "ǅ",
+         "a\n", "\na", "a\nb", "a.\n", "a\r", "a\t"]
+ALPHABET = "aZ09._-" + "/ \u00e9\u0661+\n"
+#: Each client version's rule as that version applies it (its REPO_ID_REGEX, then its checks):
+#: 0.36 with ``.match`` (``$`` matches before a final newline), ``\\w`` Unicode, no namespace
+#: bound; 2.x with ``fullmatch``, ASCII, a namespace of at most 96. The endpoint refuses what
+#: either refuses; the installed client is checked to follow its version's rule here.
+RULES = {
+    "0.36": lambda repo_id: re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$").match(repo_id),
+    "2.x": lambda repo_id: re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b",
+                                      re.ASCII).fullmatch(repo_id),
+}
+
+
+def rule_accepts(version: str, repo_id: str) -> bool:
+    return repo_id.count("/") <= 1 and bool(RULES[version](repo_id)) and "--" not in repo_id \
+        and ".." not in repo_id and not repo_id.endswith(".git")
 
 
 def corpus(seed: int, count: int) -> list[str]:
@@ -55,16 +72,19 @@ def endpoint_accepts(namespace: str, name: str) -> bool:
 
 def test_the_endpoint_takes_exactly_the_repo_ids_the_client_takes():
     """Over EDGES in every pairing and 4000 generated ids: the endpoint takes an id if and only
-    if the client's validator does, the id is ASCII and its namespace at most 96 characters
-    (0.36 reads \\w as Unicode, taking ``café``, and bounds no namespace; the Hub and 2.x do
-    both)."""
+    if the installed client's validator does and neither version's rule refuses it (0.36 reads
+    \\w as Unicode, taking ``café``, bounds no namespace and takes ``cube\\n``; the Hub and
+    2.x do none of it): a root written under one version is served under the other."""
     names = EDGES + corpus(38, 4000)
     pairs = [(namespace, name) for namespace in EDGES for name in EDGES]
     pairs += [("ns", name) for name in names] + [(name, "repo") for name in names]
     taken = 0
+    installed = "0.36" if huggingface_hub.__version__.startswith("0.") else "2.x"
     for namespace, name in pairs:
-        expected = client_accepts(namespace, name) and f"{namespace}{name}".isascii() \
-            and len(namespace) <= 96  # 2.x's bound (and the Hub's), which 0.36 lacks
+        repo_id = f"{namespace}/{name}"
+        assert client_accepts(namespace, name) == rule_accepts(installed, repo_id), repo_id
+        expected = client_accepts(namespace, name) and repo_id.isascii() \
+            and len(namespace) <= 96 and all(rule_accepts(v, repo_id) for v in RULES)
         assert endpoint_accepts(namespace, name) == expected, (namespace, name)
         taken += expected
         if not expected:  # never looked up either: a malformed id names no repo

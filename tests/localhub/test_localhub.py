@@ -212,3 +212,108 @@ def test_hub_serve_logs_one_line_per_request(tmp_path):
     finally:
         server.terminate()
         server.wait()
+
+
+def test_one_process_serves_a_root(tmp_path):
+    """A second endpoint on a served root is refused, naming the pid that serves it (it would
+    take the first's uploads in progress for a killed server's leftovers); once the first
+    stops, the root may be served again."""
+    import os
+
+    import pytest
+
+    from cubepack.errors import UsageError
+
+    with InstrumentedHub(tmp_path / "root"):
+        with pytest.raises(UsageError) as second:
+            InstrumentedHub(tmp_path / "root")
+        assert f"pid {os.getpid()}" in str(second.value) and "--root" in str(second.value)
+    with InstrumentedHub(tmp_path / "root"):
+        pass
+
+
+def test_the_compiled_patterns_match_as_fnmatch_does_pattern_by_pattern():
+    """One expression for all patterns means what one ``fnmatch`` per pattern meant: the path
+    or its name matches, or the path is below a folder a pattern names (a random sweep)."""
+    import fnmatch
+    import random
+
+    from cubepack.localhub._server import _matcher
+
+    def reference(path, patterns):
+        name = path.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatch(path, bare) or fnmatch.fnmatch(name, bare)
+                   or path.startswith(bare + "/")
+                   for bare in (p.rstrip("/").lstrip("/") for p in patterns))
+
+    chooser = random.Random(38)
+    pieces = ["a", "b", "*", "?", "[ab]", "/", ".log", "[!a]"]
+    for _ in range(300):
+        patterns = ["".join(chooser.choice(pieces) for _ in range(chooser.randint(1, 5)))
+                    for _ in range(chooser.randint(0, 6))]
+        match = _matcher(patterns)
+        for _ in range(20):
+            path = "/".join("".join(chooser.choice("ab.") for _ in range(chooser.randint(1, 3)))
+                            for _ in range(chooser.randint(1, 4)))
+            assert match(path) == reference(path, patterns), (path, patterns)
+
+
+def test_a_preupload_s_matching_work_is_bounded(hub, repo):
+    """More files than MAX_PREUPLOAD_FILES, a .gitignore of more than MAX_PATTERNS_BYTES, or
+    more than MAX_MATCH_WORK pattern x path-character matches: 400, at once; and a repo's own
+    .gitignore larger than MAX_PATTERNS_BYTES is refused, never cut."""
+    import json
+
+    from cubepack.localhub import _server
+
+    def preupload(files, ignore):
+        body = json.dumps({"files": [{"path": f"d/f{i}.txt", "size": 1, "sample": ""}
+                                     for i in range(files)], "gitIgnore": ignore}).encode()
+        return raw(hub, "POST", "/api/datasets/ns/repo/preupload/main",
+                   {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+                   body)
+
+    assert preupload(256, "\n".join(f"*x{i}*" for i in range(1000)))[0] == 200
+    assert preupload(_server.MAX_PREUPLOAD_FILES + 1, "")[0] == 400
+    assert preupload(1, "*" * (_server.MAX_PATTERNS_BYTES + 1))[0] == 400
+    status, _, data = preupload(_server.MAX_PREUPLOAD_FILES, "\n".join(
+        f"*x{i}*" for i in range(2000)))
+    assert status == 400 and b"pattern x path-character" in data
+    from cubepack.localhub._store import AddFile, repo_ref
+
+    hub.store.apply_commit(repo_ref("datasets", "ns", "repo"), "main", title="t", message="",
+                           parent=None, operations=[AddFile(".gitignore", b"#" * (
+                               _server.MAX_PATTERNS_BYTES + 1))])
+    status, _, data = preupload(1, None)  # the repo's own: refused, not cut
+    assert status == 400 and b"repo's .gitignore" in data
+
+
+def test_connections_fit_the_process_s_descriptors(tmp_path):
+    """Under a hard limit of 1024 descriptors (not raisable), served and waiting connections
+    are lowered until they fit below it with the margin; under a raisable one, the soft limit
+    is raised to the hard one and the bounds stay as documented."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, os, resource, sys\n"
+        "soft, hard = (int(x) for x in sys.argv[1:3])\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))\n"
+        "from cubepack.localhub import _server\n"
+        "hub = _server.LocalHub(sys.argv[3])\n"
+        "print(json.dumps([resource.getrlimit(resource.RLIMIT_NOFILE)[0], hub._httpd.limit,\n"
+        "                  hub._httpd.max_waiting, len(os.listdir('/proc/self/fd'))]))\n"
+        "hub._httpd.server_close()\n")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    for soft, hard, expected in ((1024, 1024, None), (1024, 4096, (4096, 256, 1024))):
+        done = subprocess.run([sys.executable, "-c", script, str(soft), str(hard),
+                               str(tmp_path / f"root{hard}")], capture_output=True, text=True,
+                              env=env, timeout=120, check=True)
+        limit, served, waiting, in_use = json.loads(done.stdout)
+        if expected is not None:
+            assert (limit, served, waiting) == expected
+        else:
+            assert limit == 1024 and 0 < served < 256
+            assert 3 * served + waiting + in_use <= 1024 - 32  # most of the margin left

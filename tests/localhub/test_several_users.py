@@ -20,6 +20,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -294,6 +295,50 @@ def test_removal_races_no_commit_or_upload(tokened, root):
     run_gc(root)
     for repo, own in pushed:
         assert leaked(tokened, repo, "shared.bin", TOKEN) == shared
+
+
+def test_a_delete_waits_for_no_commit_and_holds_no_write_up(tokened):
+    """A commit in progress holds the root's lock shared while it applies (held here, as a long
+    commit holds it); a delete's clean-up once asked for it exclusively and, waiting, let no
+    new commit or upload start. Now the delete and a commit to a third repo are answered while
+    it is held; the deleted repo's blobs are removed once no commit holds it, and one another
+    repo holds is kept (a blob a commit in progress uses is never removed under it: the race
+    test below)."""
+    shared, own = b"kept: another repo holds it " * 3000, b"only the deleted repo's " * 3000
+    push_raw(tokened, "ns/gone", {"shared.bin": shared, "own.bin": own})
+    push_raw(tokened, "ns/keeper", {"shared.bin": shared})
+    push_raw(tokened, "ns/other", {"a.bin": b"a" * 100})
+    held, release = threading.Event(), threading.Event()
+
+    def long_commit():
+        with tokened.store._objects.lock.shared():
+            held.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=long_commit)
+    holder.start()
+    try:
+        assert held.wait(60)
+        answers = {}
+        deleter = threading.Thread(target=lambda: answers.update(delete=raw(
+            tokened, "DELETE", "/api/repos/delete", json.dumps(
+                {"name": "gone", "organization": "ns", "type": "dataset"}).encode(), TOKEN)[0]))
+        deleter.start()
+        deleter.join(20)
+        committer = threading.Thread(target=lambda: answers.update(commit=push_raw(
+            tokened, "ns/third", {"b.bin": b"b" * 100}) or 200))
+        committer.start()
+        committer.join(20)
+        assert answers == {"delete": 200, "commit": 200}, answers
+        assert (tokened.store.root / "blobs" / hashlib.sha256(own).hexdigest()).exists()
+    finally:
+        release.set()
+        holder.join()
+    deadline = time.monotonic() + 20  # removed at the first moment without holders
+    while (tokened.store.root / "blobs" / hashlib.sha256(own).hexdigest()).exists():
+        assert time.monotonic() < deadline, "the deleted repo's blob was never removed"
+        time.sleep(0.05)
+    assert leaked(tokened, "ns/keeper", "shared.bin", TOKEN) == shared
 
 
 # --- authentication that means something ---------------------------------------------------------

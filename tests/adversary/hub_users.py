@@ -1,0 +1,100 @@
+"""Helpers of the adversary tests of the local endpoint as a server for several users (issue
+#38): raw HTTP (where the client would refuse to send the request), the real client pointed at
+an endpoint, and ``cubepack hub serve`` / ``hub gc`` run as the processes a team runs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import select
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+from huggingface_hub import HfApi
+from huggingface_hub import constants as hub_constants
+
+
+def api_for(url, token, monkeypatch):
+    """The real huggingface_hub client (0.36 or 2.x), Xet off, pointed at ``url``."""
+    monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
+    import huggingface_hub
+
+    if huggingface_hub.__version__.startswith("0."):  # 0.36 builds and parses URLs with these
+        from huggingface_hub import file_download
+
+        monkeypatch.setattr(hub_constants, "ENDPOINT", url)
+        monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            url + "/{repo_id}/resolve/{revision}/{filename}")
+    return HfApi(endpoint=url, token=token)
+
+
+def raw(url, method, path, body=b"", token=None, headers=None):
+    """(status, parsed JSON or bytes) of one raw request; ``token`` "" sends ``Bearer `` with
+    nothing after it."""
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    sent = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    try:
+        connection.request(method, path, body=body, headers={**sent, **(headers or {})})
+        response = connection.getresponse()
+        data = response.read()
+    finally:
+        connection.close()
+    if response.getheader("Content-Type", "").startswith(("application/json",
+                                                           "application/vnd.git-lfs+json")):
+        data = json.loads(data) if data else None
+    return response.status, data
+
+
+def cli_env():
+    return dict(os.environ, PYTHONPATH=os.getcwd())
+
+
+class Served:
+    """``cubepack hub serve --json`` as a process: its url, what it said, stopped on exit."""
+
+    def __init__(self, root, *args, preexec_fn=None):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cubepack", "hub", "serve", "--root", str(root), "--port",
+             "0", "--json", "--quiet", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=cli_env(), preexec_fn=preexec_fn)
+        line = b""  # the JSON object, indented: until its closing brace on a line of its own
+        while not line.endswith(b"\n}\n") and select.select([self.process.stdout], [], [],
+                                                              60)[0]:
+            piece = os.read(self.process.stdout.fileno(), 1)
+            if not piece:
+                break
+            line += piece
+        if not line.endswith(b"}\n"):
+            self.stop()
+            raise AssertionError(f"hub serve did not start: {self.process.stderr.read()!r}")
+        try:
+            self.info = json.loads(line)
+        except ValueError:
+            self.stop()
+            raise
+        if "url" not in self.info:  # --json's error object: it refused to start
+            self.stop()
+            raise AssertionError(f"hub serve did not start: {self.info}")
+        self.url = self.info["url"]
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+        return self.process.stderr.read().decode(errors="replace")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def run_gc(root):
+    done = subprocess.run([sys.executable, "-m", "cubepack", "hub", "gc", str(root), "--json"],
+                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
