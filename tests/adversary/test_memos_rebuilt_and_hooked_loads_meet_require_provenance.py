@@ -1,4 +1,5 @@
-"""Adversary round 30e: the exact-prefill rule across runtimes and MemOS.
+"""Attacks on the exact-prefill rule across runtimes and MemOS: a hooked load, and an
+activation the loading model rebuilt, against ``require_provenance``.
 
 Each test is one find; the docstring says what broke.
 """

@@ -1,4 +1,4 @@
-"""Adversary round 30d: the exact-prefill rule (``identical()``) and what rests on it.
+"""Attacks on the exact-prefill rule (``identical()``) and what rests on it.
 
 Each test is one find; the docstring says what broke.
 """
