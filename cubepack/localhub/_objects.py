@@ -338,17 +338,27 @@ class Objects:
         return any(may_read(other) for other in others  # an unserved folder: nobody reads it
                    if other != repo and isinstance(other, RepoRef))
 
-    def moved(self, repo: RepoRef, target: RepoRef) -> None:
+    @contextlib.contextmanager
+    def moving(self, repo: RepoRef, target: RepoRef) -> Iterator[None]:
+        """``repo``'s folder is renamed to ``target``'s in the body: the holdings are read
+        first if not yet done, and the rename happens under their guard, then they are
+        relabelled. A rename during the first read of the holdings once hid the repo from it
+        (listed neither before, in its new namespace, nor after, in its old one), and a later
+        delete removed the blobs only the moved repo still held. Caller holds the root's lock
+        shared and both repos' locks."""
         with self._guard:
-            if self._history is None:
-                return
-            oids = self._by_repo.pop(repo, set())
-            self._by_repo[target] = oids
-            for index in (self._history, self._uploads):
-                for holders in index.values():
-                    if repo in holders:
-                        holders.discard(repo)
-                        holders.add(target)
+            self._index()
+            yield
+            self._moved(repo, target)
+
+    def _moved(self, repo: RepoRef, target: RepoRef) -> None:
+        """Caller holds ``_guard``, and the holdings are read."""
+        self._by_repo[target] = self._by_repo.pop(repo, set())
+        for index in (self._history or {}, self._uploads):
+            for holders in index.values():
+                if repo in holders:
+                    holders.discard(repo)
+                    holders.add(target)
 
     def ready(self) -> None:
         """Read the folders now if not yet done (before a repo's folder is removed)."""
