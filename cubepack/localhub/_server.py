@@ -650,9 +650,8 @@ class _BodyBudget:
             return (self._held + count <= self.total
                     and self._by_client.get(client, 0) + count <= self.per_client)
 
-        with self._guard:
-            if self._by_client.get(client, 0) + count > self.per_client or \
-                    not self._guard.wait_for(fits, wait):
+        with self._guard:  # a client's own share in use waits too: its other body ends
+            if count > self.per_client or not self._guard.wait_for(fits, wait):
                 return False
             self._held += count
             self._by_client[client] = self._by_client.get(client, 0) + count
@@ -1044,28 +1043,41 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if size > left:
                     raise self._too_large(limit)
-                left -= size
-                self._hold_body(limit - left)
                 self._reader.allow(size / hub.min_body_rate)
-                yield from self._read_exactly(size)
+                yield from self._read_held(size, limit - left)
+                left -= size
                 if self.rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
                     self.close_connection = True
                     raise StoreError(400, "Malformed chunked body.")
         length = self._declared_length()
         if length > limit:
             raise self._too_large(limit)
-        self._hold_body(length)
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
-        yield from self._read_exactly(length)
+        yield from self._read_held(length, 0)
+
+    def _read_held(self, count: int, before: int):
+        """``count`` bytes of a body read into memory, ``before`` bytes of it already read:
+        each piece's share of the bodies' memory is held before the piece is read, so a
+        request holds what it was sent (and one piece more), never what it announced."""
+        while count > 0:
+            piece = min(count, _READ_SIZE)
+            self._hold_body(before + piece)
+            yield from self._read_exactly(piece)
+            before += piece
+            count -= piece
 
     def _hold_body(self, length: int) -> None:
         """Hold this request's share of the bodies' memory for a body of ``length`` bytes so
-        far (the first SMALL_BODY_BYTES are free), before they are read; 503 when it does not
-        fit within BODY_BUDGET_WAIT seconds (the body is never read: the connection closes)."""
+        far (the first SMALL_BODY_BYTES are free), before they are read; when it does not fit,
+        wait up to BODY_BUDGET_WAIT seconds for others to free it (the body's deadline moves
+        by the wait), then 503 (the rest is never read: the connection closes)."""
         wanted = max(0, length - SMALL_BODY_BYTES) - self._reserved
         if wanted <= 0:
             return
-        if not self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT):
+        started = time.monotonic()
+        held = self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT)
+        self._reader.allow(time.monotonic() - started)
+        if not held:
             self.close_connection = True
             raise StoreError(503, (
                 f"The endpoint holds {self.hub.bodies.total} bytes of request bodies at most "
