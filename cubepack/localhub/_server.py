@@ -1003,7 +1003,16 @@ class _Handler(BaseHTTPRequestHandler):
         """The request body, at most ``max_body_bytes`` of it (else 413, connection closed)."""
         if getattr(self, "_body_read", False):
             return b""
-        return b"".join(self._chunks(self.hub.max_body_bytes))
+        return b"".join(self._chunks(self._body_limit()))
+
+    def _body_limit(self) -> int:
+        """The largest body this request may have read into memory: on an endpoint with
+        tokens, a request without a valid one (a read of a public repo, an upload's verify)
+        has the free first SMALL_BODY_BYTES, never a share of the budget the team's commits
+        need (two such requests once held it all)."""
+        if self.hub.tokens and not self.hub.valid_token(self._token()):
+            return min(self.hub.max_body_bytes, SMALL_BODY_BYTES)
+        return self.hub.max_body_bytes
 
     def _declared_length(self) -> int:
         """The Content-Length, digits only (``int`` would also take ``-5``, `` 5`` and
