@@ -1764,7 +1764,8 @@ def _matcher(patterns: list[str]) -> Callable[[str], bool]:
     the path or its name matches one as ``fnmatch`` does, or the path is below a folder one
     names. The patterns are compiled once into one regular expression, so a path costs one
     match, not one ``fnmatch`` per pattern (1,000 patterns x 40,000 files once held a thread
-    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`, compiling counted)."""
+    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`,
+    compiling counted)."""
     return _compiled(tuple(pattern.rstrip("/").lstrip("/") for pattern in patterns))
 
 
