@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -126,7 +127,7 @@ class RootLock:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
         finally:
-            os.close(fd)  # releases the lock
+            _unlock(fd)
 
 
 class ServeLock:
@@ -146,7 +147,15 @@ class ServeLock:
         serves it."""
         if fcntl is None:  # pragma: no cover - Windows: no claim (one server, by convention)
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symlink: a planted one once had the pid overwrite its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise self._not_ours(f"it cannot be opened as a file of the root ({exc.strerror})") \
+                from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise self._not_ours("it is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -160,10 +169,26 @@ class ServeLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
+    def _not_ours(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not the endpoint's lock file: {why} (a symlink or "
+                          "anything but a regular file is refused, never written through). "
+                          "Remove it, then serve the root again.")
+
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # releases the lock; the file stays (the next claim reuses it)
+            _unlock(self._fd)  # the file stays (the next claim reuses it)
             self._fd = None
+
+
+def _unlock(fd: int) -> None:
+    """Release a ``flock`` and close its descriptor. Explicitly: the lock belongs to the open
+    file description, which a child forked meanwhile shares (O_CLOEXEC closes it on exec
+    only), so closing this process's descriptor alone once left the root claimed by a worker
+    that serves nothing."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
