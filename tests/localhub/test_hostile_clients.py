@@ -307,8 +307,9 @@ def test_idle_keep_alive_connections_yield_to_a_waiting_one(tmp_path):
 
 def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
     """Beyond the first 1 MiB of each body, bodies read into memory hold at most
-    ``max_bodies_bytes`` in all and one client at most ``max_body_bytes``: a body that does not
-    fit waits (here 0.5 s) for a share, then answers 503 with Retry-After, unread; a small body
+    ``max_bodies_bytes`` in all and one client at most ``max_body_bytes``, held a piece at a
+    time as the bytes arrive: a body that does not fit waits (here 0.5 s) for a share, then
+    answers 503 with Retry-After, its rest unread; a small body
     never waits; once the holder goes, a large body is read again."""
     from cubepack.localhub import _server
 
@@ -339,7 +340,9 @@ def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
 
         holder = start("127.0.5.2", 4 * mib, 3 * mib)  # holds 3 MiB of the 4
         wait_until(lambda: hub.bodies.held() == 3 * mib, "the first body's share")
-        refused = start("127.0.5.3", 3 * mib, 0)  # needs 2 MiB: waits, then 503
+        # Shares are held as bytes arrive (a head alone holds nothing): after 2 MiB sent, its
+        # third needs a second MiB of the budget, where one is left: waits, then 503.
+        refused = start("127.0.5.3", 3 * mib, 2 * mib)
         answer = within(HANG, lambda: refused.recv(4096))
         assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in answer, answer
         refused.close()
