@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -356,11 +357,15 @@ class LocalHub:
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
         self.store.serve()  # refused when another process serves the root
-        max_connections, max_waiting = _fit_descriptors(max_connections, MAX_WAITING)
+        max_connections, max_waiting, claim = _fit_descriptors(max_connections, MAX_WAITING)
+        # What this endpoint's connections may use is the process's until it stops (or is
+        # collected): the endpoints of one process share its descriptors.
+        self._release_descriptors = weakref.finalize(self, _DESCRIPTORS.release, claim)
         try:
             self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
                                          max_client_connections, max_waiting)
         except BaseException:
+            self._release_descriptors()
             self.store.close()
             raise
         self._httpd.daemon_threads = True
@@ -385,6 +390,7 @@ class LocalHub:
             self._httpd.shutdown()
             self._httpd.server_close()
         finally:
+            self._release_descriptors()
             self.store.close()
 
     def __enter__(self) -> LocalHub:
@@ -467,28 +473,51 @@ class LocalHub:
         return not self.store.is_private(repo) or self.valid_token(token)
 
 
-def _fit_descriptors(served: int, waiting: int) -> tuple[int, int]:
+class _Claims:
+    """Descriptors the running endpoints of this process may use for their connections: each
+    endpoint fits its connections to what the others left (two once each sized theirs to
+    everything free, together past the process's limit)."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.claimed = 0
+
+    def release(self, count: int) -> None:
+        with self.guard:
+            self.claimed -= count
+
+
+_DESCRIPTORS = _Claims()
+
+
+def _fit_descriptors(served: int, waiting: int) -> tuple[int, int, int]:
     """(served, waiting) connections lowered to fit the process's descriptors (see
-    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed."""
+    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed,
+    beside what the process's other running endpoints claimed; and the descriptors they claim
+    (released by ``_DESCRIPTORS.release`` when the endpoint stops)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows: no such limit
-        return served, waiting
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
-    if soft == resource.RLIM_INFINITY:
-        return served, waiting
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        in_use = 32
-    free = max(0, soft - in_use - DESCRIPTOR_MARGIN)
-    served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
-    return served, max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+        return served, waiting, 0
+    with _DESCRIPTORS.guard:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                soft = wanted
+        if soft == resource.RLIM_INFINITY:
+            return served, waiting, 0
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            in_use = 32
+        free = max(0, soft - in_use - DESCRIPTOR_MARGIN - _DESCRIPTORS.claimed)
+        served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
+        waiting = max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+        claim = SERVED_DESCRIPTORS * served + waiting
+        _DESCRIPTORS.claimed += claim
+        return served, waiting, claim
 
 
 def _unsent(sock: socket.socket) -> int:
