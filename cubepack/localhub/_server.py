@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import html
 import io
+import itertools
 import json
 import math
 import os
@@ -671,20 +672,41 @@ class _BodyBudget:
         self._guard = threading.Condition()
         self._held = 0
         self._by_client: dict[str, int] = {}
+        self._waiting: dict[str, set[tuple[float, int]]] = {}  # (since, number) of waiters
+        self._numbers = itertools.count()
 
-    def reserve(self, client: str, count: int, wait: float) -> bool:
+    def reserve(self, client: str, count: int, wait: float, since: float = 0.0) -> bool:
         """Take ``count`` bytes for ``client``, waiting up to ``wait`` seconds for them; False
-        when they never fit (more than a client's share never does)."""
+        when they never fit (more than a client's share never does). ``since``: when the
+        request's body began. A request waits for its client's own share only while no older
+        request of that client waits for it too: two bodies of one client, each holding part
+        of its share and waiting for the rest, would wait each other out; the younger gives up
+        (503) and the older is read."""
         if count <= 0:
             return True
+        me = (since, next(self._numbers))
 
         def fits() -> bool:
             return (self._held + count <= self.total
                     and self._by_client.get(client, 0) + count <= self.per_client)
 
-        with self._guard:  # a client's own share in use waits too: its other body ends
-            if count > self.per_client or not self._guard.wait_for(fits, wait):
+        def yields() -> bool:
+            return self._by_client.get(client, 0) + count > self.per_client and any(
+                other < me for other in self._waiting.get(client, ()))
+
+        with self._guard:
+            if count > self.per_client:
                 return False
+            waiting = self._waiting.setdefault(client, set())
+            waiting.add(me)
+            self._guard.notify_all()  # a younger request of this client may now give up
+            try:
+                if not self._guard.wait_for(lambda: fits() or yields(), wait) or not fits():
+                    return False
+            finally:
+                waiting.discard(me)
+                if not waiting:
+                    del self._waiting[client]
             self._held += count
             self._by_client[client] = self._by_client.get(client, 0) + count
             return True
@@ -985,6 +1007,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
         self._reserved = 0  # of hub.bodies, released once this request is answered
+        self._body_since: float | None = None  # when its body's first share was asked for
         self.route: Route | None = None
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
@@ -1116,7 +1139,10 @@ class _Handler(BaseHTTPRequestHandler):
         if wanted <= 0:
             return
         started = time.monotonic()
-        held = self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT)
+        if self._body_since is None:
+            self._body_since = started
+        held = self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT,
+                                       self._body_since)
         self._reader.allow(time.monotonic() - started)
         if not held:
             self.close_connection = True
