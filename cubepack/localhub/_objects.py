@@ -153,9 +153,12 @@ class ServeLock:
         except OSError as exc:
             raise self._not_ours(f"it cannot be opened as a file of the root ({exc.strerror})") \
                 from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise self._not_ours("it is not a regular file")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+            os.close(fd)  # a hard link reaches another file as a symlink does
+            raise self._not_ours("it is not a regular file of its own (a link count of "
+                                 f"{status.st_nlink})" if stat.S_ISREG(status.st_mode)
+                                 else "it is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -170,8 +173,9 @@ class ServeLock:
         self._fd = fd
 
     def _not_ours(self, why: str) -> UsageError:
-        return UsageError(f"{self.path} is not the endpoint's lock file: {why} (a symlink or "
-                          "anything but a regular file is refused, never written through). "
+        return UsageError(f"{self.path} is not the endpoint's lock file: {why} (a symlink, a "
+                          "hard link or anything but a regular file is refused, never written "
+                          "through). "
                           "Remove it, then serve the root again.")
 
     def release(self) -> None:

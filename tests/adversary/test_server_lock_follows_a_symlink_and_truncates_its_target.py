@@ -38,3 +38,26 @@ def test_a_symlinked_server_lock_leaves_its_target_alone(tmp_path):
         pass
     assert victim.read_text() == "a user's notes\n" * 3, (
         f"hub serve wrote through the symlinked server.lock: {victim.read_text()!r}")
+
+
+def test_a_hard_linked_or_special_server_lock_is_refused(tmp_path):
+    """The same attack by a hard link (O_NOFOLLOW does not see it), and by a FIFO (an open
+    that would block): refused, naming the file, the target left as it was."""
+    import pytest
+
+    from cubepack.errors import UsageError
+
+    root = tmp_path / "root"
+    root.mkdir()
+    victim = tmp_path / "notes.txt"
+    victim.write_text("a user's notes\n" * 3)
+    os.link(victim, root / "server.lock")
+    with pytest.raises(UsageError, match="hard link"):
+        LocalHub(root)
+    assert victim.read_text() == "a user's notes\n" * 3
+    (root / "server.lock").unlink()
+    os.mkfifo(root / "server.lock")
+    with pytest.raises(UsageError, match="not a regular file"):
+        LocalHub(root)
+    (root / "server.lock").unlink()
+    LocalHub(root).start().stop()  # the endpoint's own lock file
