@@ -41,6 +41,12 @@ from ._store import AddFile, AddLfsFile, DeleteFile, DeleteFolder, Operation, Re
 MAX_SIZE = 2**53 - 1
 #: Most fields a form-encoded body may have (paths-info asks for up to a few thousand paths).
 MAX_FORM_FIELDS = 100_000
+#: Most values a JSON body may hold, counted before it is parsed (its commas, brackets and
+#: braces, in strings too: a bound from above): a parsed value costs ~60 bytes however short
+#: its text, so 64 MiB of ``"0000001",`` once held 6.7 million strings, ~600 MB, where the
+#: bodies' budget counted 64 MiB. A JSON paths-info names at most MAX_FORM_FIELDS paths, as
+#: its form does.
+MAX_JSON_VALUES = 2 * MAX_FORM_FIELDS
 #: The repo types a body may name, as the URL kinds; a missing type is a model, as on the Hub.
 KINDS = {"dataset": "datasets", "model": "models", None: "models"}
 
@@ -65,6 +71,10 @@ def load_json(raw: bytes, what: str = "The body") -> Any:
     is optional), strictly: UTF-8, no NaN, no number beyond +-2**53, no deep nesting."""
     if not raw.strip():
         return {}
+    if raw.count(b",") + raw.count(b"[") + raw.count(b"{") > MAX_JSON_VALUES:
+        raise bad_request(f"{what} holds more than {MAX_JSON_VALUES} JSON values (counted "
+                          "by its commas, brackets and braces), more than this endpoint "
+                          "parses.")
     try:
         return canonical.loads_strict(raw)
     except UnicodeDecodeError:
@@ -404,7 +414,10 @@ def paths_info(raw: bytes, content_type: str = "") -> PathsInfo:
     (``{"paths": [...], "expand": false}``) is read too."""
     if "json" in content_type:
         body = Fields(load_json(raw))
-        return PathsInfo(body.texts("paths"), bool(body.flag("expand")))
+        paths = body.texts("paths")
+        if len(paths) > MAX_FORM_FIELDS:
+            raise bad_request(f"Field 'paths' names more than {MAX_FORM_FIELDS} paths.")
+        return PathsInfo(paths, bool(body.flag("expand")))
     try:
         form = parse_qs(raw.decode("utf-8"), max_num_fields=MAX_FORM_FIELDS)
     except UnicodeDecodeError:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -126,7 +127,7 @@ class RootLock:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
         finally:
-            os.close(fd)  # releases the lock
+            _unlock(fd)
 
 
 class ServeLock:
@@ -146,7 +147,18 @@ class ServeLock:
         serves it."""
         if fcntl is None:  # pragma: no cover - Windows: no claim (one server, by convention)
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symlink: a planted one once had the pid overwrite its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise self._not_ours(f"it cannot be opened as a file of the root ({exc.strerror})") \
+                from None
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+            os.close(fd)  # a hard link reaches another file as a symlink does
+            raise self._not_ours("it is not a regular file of its own (a link count of "
+                                 f"{status.st_nlink})" if stat.S_ISREG(status.st_mode)
+                                 else "it is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -160,10 +172,27 @@ class ServeLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
+    def _not_ours(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not the endpoint's lock file: {why} (a symlink, a "
+                          "hard link or anything but a regular file is refused, never written "
+                          "through). "
+                          "Remove it, then serve the root again.")
+
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # releases the lock; the file stays (the next claim reuses it)
+            _unlock(self._fd)  # the file stays (the next claim reuses it)
             self._fd = None
+
+
+def _unlock(fd: int) -> None:
+    """Release a ``flock`` and close its descriptor. Explicitly: the lock belongs to the open
+    file description, which a child forked meanwhile shares (O_CLOEXEC closes it on exec
+    only), so closing this process's descriptor alone once left the root claimed by a worker
+    that serves nothing."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def repo_folders(root: Path) -> Iterator[tuple[RepoRef, Path]]:
@@ -338,17 +367,27 @@ class Objects:
         return any(may_read(other) for other in others  # an unserved folder: nobody reads it
                    if other != repo and isinstance(other, RepoRef))
 
-    def moved(self, repo: RepoRef, target: RepoRef) -> None:
+    @contextlib.contextmanager
+    def moving(self, repo: RepoRef, target: RepoRef) -> Iterator[None]:
+        """``repo``'s folder is renamed to ``target``'s in the body: the holdings are read
+        first if not yet done, and the rename happens under their guard, then they are
+        relabelled. A rename during the first read of the holdings once hid the repo from it
+        (listed neither before, in its new namespace, nor after, in its old one), and a later
+        delete removed the blobs only the moved repo still held. Caller holds the root's lock
+        shared and both repos' locks."""
         with self._guard:
-            if self._history is None:
-                return
-            oids = self._by_repo.pop(repo, set())
-            self._by_repo[target] = oids
-            for index in (self._history, self._uploads):
-                for holders in index.values():
-                    if repo in holders:
-                        holders.discard(repo)
-                        holders.add(target)
+            self._index()
+            yield
+            self._moved(repo, target)
+
+    def _moved(self, repo: RepoRef, target: RepoRef) -> None:
+        """Caller holds ``_guard``, and the holdings are read."""
+        self._by_repo[target] = self._by_repo.pop(repo, set())
+        for index in (self._history or {}, self._uploads):
+            for holders in index.values():
+                if repo in holders:
+                    holders.discard(repo)
+                    holders.add(target)
 
     def ready(self) -> None:
         """Read the folders now if not yet done (before a repo's folder is removed)."""

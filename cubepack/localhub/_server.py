@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import html
 import io
+import itertools
 import json
 import math
 import os
@@ -28,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -227,10 +229,13 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 #: compiled into one expression, a preupload costs at most this many matches of it.
 MAX_PREUPLOAD_FILES = 1_000
 MAX_PATTERNS_BYTES = 64 * 1024
-#: Most (patterns) x (characters of the paths) one preupload matches: about 0.2 s of CPU (a
-#: match scans a path once per pattern); a .gitignore of 1,000 lines and the client's 256 paths
-#: of 60 characters take 15,616,000.
-MAX_MATCH_WORK = 20_000_000
+#: Most work one preupload's patterns cost: (patterns) x (characters of the paths), a match
+#: scanning a path once per pattern (~6 ns each), plus PATTERN_CHAR_WORK per character of the
+#: distinct patterns, compiling them (~9 us each, pure Python: 128 KiB of patterns once cost
+#: 1.3 s of CPU uncounted); about 0.3 s of CPU in all. A .gitignore of 1,000 lines (15,000
+#: characters) and the client's 256 paths of 60 characters take 15,616,000 + 22,500,000.
+MAX_MATCH_WORK = 40_000_000
+PATTERN_CHAR_WORK = 1_500
 #: Largest unread body drained to keep a connection; beyond it the connection is closed.
 MAX_DRAIN_BYTES = 1024 * 1024
 #: Bytes of bodies read into memory that all requests hold at once, beyond the first
@@ -353,11 +358,15 @@ class LocalHub:
         self.max_upload_bytes = max_upload_bytes
         self._secret = secrets.token_bytes(32)
         self.store.serve()  # refused when another process serves the root
-        max_connections, max_waiting = _fit_descriptors(max_connections, MAX_WAITING)
+        max_connections, max_waiting, claim = _fit_descriptors(max_connections, MAX_WAITING)
+        # What this endpoint's connections may use is the process's until it stops (or is
+        # collected): the endpoints of one process share its descriptors.
+        self._release_descriptors = weakref.finalize(self, _DESCRIPTORS.release, claim)
         try:
             self._httpd = _BoundedServer((host, port), _handler_for(self), max_connections,
                                          max_client_connections, max_waiting)
         except BaseException:
+            self._release_descriptors()
             self.store.close()
             raise
         self._httpd.daemon_threads = True
@@ -382,6 +391,7 @@ class LocalHub:
             self._httpd.shutdown()
             self._httpd.server_close()
         finally:
+            self._release_descriptors()
             self.store.close()
 
     def __enter__(self) -> LocalHub:
@@ -464,28 +474,51 @@ class LocalHub:
         return not self.store.is_private(repo) or self.valid_token(token)
 
 
-def _fit_descriptors(served: int, waiting: int) -> tuple[int, int]:
+class _Claims:
+    """Descriptors the running endpoints of this process may use for their connections: each
+    endpoint fits its connections to what the others left (two once each sized theirs to
+    everything free, together past the process's limit)."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.claimed = 0
+
+    def release(self, count: int) -> None:
+        with self.guard:
+            self.claimed -= count
+
+
+_DESCRIPTORS = _Claims()
+
+
+def _fit_descriptors(served: int, waiting: int) -> tuple[int, int, int]:
     """(served, waiting) connections lowered to fit the process's descriptors (see
-    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed."""
+    :data:`SERVED_DESCRIPTORS`), after raising the soft limit to the hard one where allowed,
+    beside what the process's other running endpoints claimed; and the descriptors they claim
+    (released by ``_DESCRIPTORS.release`` when the endpoint stops)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows: no such limit
-        return served, waiting
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
-    if soft == resource.RLIM_INFINITY:
-        return served, waiting
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        in_use = 32
-    free = max(0, soft - in_use - DESCRIPTOR_MARGIN)
-    served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
-    return served, max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+        return served, waiting, 0
+    with _DESCRIPTORS.guard:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                soft = wanted
+        if soft == resource.RLIM_INFINITY:
+            return served, waiting, 0
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            in_use = 32
+        free = max(0, soft - in_use - DESCRIPTOR_MARGIN - _DESCRIPTORS.claimed)
+        served = max(1, min(served, free // (SERVED_DESCRIPTORS + 1)))
+        waiting = max(0, min(waiting, free - SERVED_DESCRIPTORS * served))
+        claim = SERVED_DESCRIPTORS * served + waiting
+        _DESCRIPTORS.claimed += claim
+        return served, waiting, claim
 
 
 def _unsent(sock: socket.socket) -> int:
@@ -639,21 +672,41 @@ class _BodyBudget:
         self._guard = threading.Condition()
         self._held = 0
         self._by_client: dict[str, int] = {}
+        self._waiting: dict[str, set[tuple[float, int]]] = {}  # (since, number) of waiters
+        self._numbers = itertools.count()
 
-    def reserve(self, client: str, count: int, wait: float) -> bool:
+    def reserve(self, client: str, count: int, wait: float, since: float = 0.0) -> bool:
         """Take ``count`` bytes for ``client``, waiting up to ``wait`` seconds for them; False
-        when they never fit (more than a client's share never does)."""
+        when they never fit (more than a client's share never does). ``since``: when the
+        request's body began. A request waits for its client's own share only while no older
+        request of that client waits for it too: two bodies of one client, each holding part
+        of its share and waiting for the rest, would wait each other out; the younger gives up
+        (503) and the older is read."""
         if count <= 0:
             return True
+        me = (since, next(self._numbers))
 
         def fits() -> bool:
             return (self._held + count <= self.total
                     and self._by_client.get(client, 0) + count <= self.per_client)
 
+        def yields() -> bool:
+            return self._by_client.get(client, 0) + count > self.per_client and any(
+                other < me for other in self._waiting.get(client, ()))
+
         with self._guard:
-            if self._by_client.get(client, 0) + count > self.per_client or \
-                    not self._guard.wait_for(fits, wait):
+            if count > self.per_client:
                 return False
+            waiting = self._waiting.setdefault(client, set())
+            waiting.add(me)
+            self._guard.notify_all()  # a younger request of this client may now give up
+            try:
+                if not self._guard.wait_for(lambda: fits() or yields(), wait) or not fits():
+                    return False
+            finally:
+                waiting.discard(me)
+                if not waiting:
+                    del self._waiting[client]
             self._held += count
             self._by_client[client] = self._by_client.get(client, 0) + count
             return True
@@ -954,6 +1007,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._id_span: tuple[int, int] | None = None  # where the path names its repo
         self._form_expand = False
         self._reserved = 0  # of hub.bodies, released once this request is answered
+        self._body_since: float | None = None  # when its body's first share was asked for
         self.route: Route | None = None
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
@@ -1004,7 +1058,16 @@ class _Handler(BaseHTTPRequestHandler):
         """The request body, at most ``max_body_bytes`` of it (else 413, connection closed)."""
         if getattr(self, "_body_read", False):
             return b""
-        return b"".join(self._chunks(self.hub.max_body_bytes))
+        return b"".join(self._chunks(self._body_limit()))
+
+    def _body_limit(self) -> int:
+        """The largest body this request may have read into memory: on an endpoint with
+        tokens, a request without a valid one (a read of a public repo, an upload's verify)
+        has the free first SMALL_BODY_BYTES, never a share of the budget the team's commits
+        need (two such requests once held it all)."""
+        if self.hub.tokens and not self.hub.valid_token(self._token()):
+            return min(self.hub.max_body_bytes, SMALL_BODY_BYTES)
+        return self.hub.max_body_bytes
 
     def _declared_length(self) -> int:
         """The Content-Length, digits only (``int`` would also take ``-5``, `` 5`` and
@@ -1044,28 +1107,44 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if size > left:
                     raise self._too_large(limit)
-                left -= size
-                self._hold_body(limit - left)
                 self._reader.allow(size / hub.min_body_rate)
-                yield from self._read_exactly(size)
+                yield from self._read_held(size, limit - left)
+                left -= size
                 if self.rfile.readline(_MAX_CHUNK_LINE) not in (b"\r\n", b"\n"):
                     self.close_connection = True
                     raise StoreError(400, "Malformed chunked body.")
         length = self._declared_length()
         if length > limit:
             raise self._too_large(limit)
-        self._hold_body(length)
         self._reader.expect("request body", hub.body_timeout + length / hub.min_body_rate)
-        yield from self._read_exactly(length)
+        yield from self._read_held(length, 0)
+
+    def _read_held(self, count: int, before: int):
+        """``count`` bytes of a body read into memory, ``before`` bytes of it already read:
+        each piece's share of the bodies' memory is held before the piece is read, so a
+        request holds what it was sent (and one piece more), never what it announced."""
+        while count > 0:
+            piece = min(count, _READ_SIZE)
+            self._hold_body(before + piece)
+            yield from self._read_exactly(piece)
+            before += piece
+            count -= piece
 
     def _hold_body(self, length: int) -> None:
         """Hold this request's share of the bodies' memory for a body of ``length`` bytes so
-        far (the first SMALL_BODY_BYTES are free), before they are read; 503 when it does not
-        fit within BODY_BUDGET_WAIT seconds (the body is never read: the connection closes)."""
+        far (the first SMALL_BODY_BYTES are free), before they are read; when it does not fit,
+        wait up to BODY_BUDGET_WAIT seconds for others to free it (the body's deadline moves
+        by the wait), then 503 (the rest is never read: the connection closes)."""
         wanted = max(0, length - SMALL_BODY_BYTES) - self._reserved
         if wanted <= 0:
             return
-        if not self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT):
+        started = time.monotonic()
+        if self._body_since is None:
+            self._body_since = started
+        held = self.hub.bodies.reserve(self.client_address[0], wanted, BODY_BUDGET_WAIT,
+                                       self._body_since)
+        self._reader.allow(time.monotonic() - started)
+        if not held:
             self.close_connection = True
             raise StoreError(503, (
                 f"The endpoint holds {self.hub.bodies.total} bytes of request bodies at most "
@@ -1460,14 +1539,19 @@ class _Handler(BaseHTTPRequestHandler):
         lfs_patterns = _lfs_patterns(_bounded(body.git_attributes, ".gitattributes")
                                      if body.git_attributes is not None
                                      else _repo_text(self.hub.store, tree, ".gitattributes"))
-        work = (len(ignore_patterns) + len(lfs_patterns)) * sum(len(item.path) + 1
-                                                                for item in body.files)
+        ignore_patterns = list(dict.fromkeys(ignore_patterns))  # each compiled once
+        lfs_patterns = list(dict.fromkeys(lfs_patterns))
+        patterns = ignore_patterns + lfs_patterns
+        work = len(patterns) * sum(len(item.path) + 1 for item in body.files) + \
+            PATTERN_CHAR_WORK * sum(len(pattern) for pattern in patterns)
         if work > MAX_MATCH_WORK:
             raise StoreError(400, (
-                f"This preupload asks for {work:,} pattern x path-character matches "
-                f"({len(ignore_patterns)} .gitignore and {len(lfs_patterns)} .gitattributes "
-                f"patterns, {len(body.files)} paths); this endpoint does at most "
-                f"{MAX_MATCH_WORK:,}: send fewer files at a time or a shorter .gitignore."))
+                f"This preupload asks for {work:,} units of pattern work (pattern x "
+                f"path-character matches, plus {PATTERN_CHAR_WORK:,} per character of the "
+                f"patterns compiled: {len(ignore_patterns)} .gitignore and {len(lfs_patterns)} "
+                f".gitattributes patterns, {len(body.files)} paths); this endpoint does at "
+                f"most {MAX_MATCH_WORK:,}: send fewer files at a time or a shorter "
+                ".gitignore."))
         ignored, tracked = _matcher(ignore_patterns), _matcher(lfs_patterns)
         files = []
         for item in body.files:
@@ -1735,7 +1819,8 @@ def _matcher(patterns: list[str]) -> Callable[[str], bool]:
     the path or its name matches one as ``fnmatch`` does, or the path is below a folder one
     names. The patterns are compiled once into one regular expression, so a path costs one
     match, not one ``fnmatch`` per pattern (1,000 patterns x 40,000 files once held a thread
-    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`)."""
+    for minutes). The caller bounds the patterns (:func:`_bounded`, :data:`MAX_MATCH_WORK`,
+    compiling counted)."""
     return _compiled(tuple(pattern.rstrip("/").lstrip("/") for pattern in patterns))
 
 

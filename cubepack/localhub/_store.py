@@ -320,11 +320,11 @@ class HubStore:
                 raise StoreError(409, f"A {target.repo_type} repository called "
                                       f"{target.repo_id} already exists.")
             self._dir(target).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self._dir(repo), self._dir(target))
+            with self._objects.moving(repo, target):  # never during the holdings' first read
+                os.replace(self._dir(repo), self._dir(target))
             self._indexed(repo, False)
             self._indexed(target, True)
             self._commits.forget(repo)
-            self._objects.moved(repo, target)
             self._record_move(repo, target)
 
     def moved_to(self, repo: RepoRef) -> RepoRef | None:

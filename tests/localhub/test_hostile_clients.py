@@ -307,8 +307,9 @@ def test_idle_keep_alive_connections_yield_to_a_waiting_one(tmp_path):
 
 def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
     """Beyond the first 1 MiB of each body, bodies read into memory hold at most
-    ``max_bodies_bytes`` in all and one client at most ``max_body_bytes``: a body that does not
-    fit waits (here 0.5 s) for a share, then answers 503 with Retry-After, unread; a small body
+    ``max_bodies_bytes`` in all and one client at most ``max_body_bytes``, held a piece at a
+    time as the bytes arrive: a body that does not fit waits (here 0.5 s) for a share, then
+    answers 503 with Retry-After, its rest unread; a small body
     never waits; once the holder goes, a large body is read again."""
     from cubepack.localhub import _server
 
@@ -339,7 +340,9 @@ def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
 
         holder = start("127.0.5.2", 4 * mib, 3 * mib)  # holds 3 MiB of the 4
         wait_until(lambda: hub.bodies.held() == 3 * mib, "the first body's share")
-        refused = start("127.0.5.3", 3 * mib, 0)  # needs 2 MiB: waits, then 503
+        # Shares are held as bytes arrive (a head alone holds nothing): after 2 MiB sent, its
+        # third needs a second MiB of the budget, where one is left: waits, then 503.
+        refused = start("127.0.5.3", 3 * mib, 2 * mib)
         answer = within(HANG, lambda: refused.recv(4096))
         assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in answer, answer
         refused.close()
@@ -350,3 +353,31 @@ def test_bodies_in_memory_share_one_budget(tmp_path, monkeypatch):
         wait_until(lambda: hub.bodies.held() == 0, "the share given back")
         body = small + b" " * (3 * mib)
         assert raw(hub, "POST", path, body, {"Content-Type": "application/x-ndjson"})[0] == 200
+
+
+def test_two_bodies_of_one_client_never_wait_each_other_out():
+    """Two bodies of one client, each holding part of its share and waiting for the rest: the
+    younger gives up at once (503) and the older is read when the younger's share comes back;
+    a body waiting for another client's share still waits."""
+    import threading
+    import time
+
+    from cubepack.localhub._server import _BodyBudget
+
+    budget = _BodyBudget(total=100, per_client=64)
+    assert budget.reserve("a", 40, 1.0, since=1.0)  # the older body
+    assert budget.reserve("a", 20, 1.0, since=2.0)  # the younger
+    outcome: list[bool] = []
+    older = threading.Thread(target=lambda: outcome.append(budget.reserve("a", 20, 5.0, 1.0)))
+    older.start()
+    time.sleep(0.2)  # the older waits for its client's share
+    started = time.monotonic()
+    assert not budget.reserve("a", 10, 5.0, since=2.0)  # the younger gives up, at once
+    assert time.monotonic() - started < 1.0
+    budget.release("a", 20)  # its answer (503) is sent: its share comes back
+    older.join(5)
+    assert outcome == [True] and budget.held() == 60
+    assert budget.reserve("b", 30, 1.0, since=3.0)  # another client: the total's 100
+    started = time.monotonic()
+    assert not budget.reserve("b", 20, 0.3, since=3.0)  # waits its time, then gives up
+    assert time.monotonic() - started >= 0.3
