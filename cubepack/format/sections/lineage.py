@@ -1,0 +1,80 @@
+"""The ``lineage`` section (version 3 on): the cube this one was derived from, and what
+changed (see ``trust/_lineage.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The parent: its lock's digests and id (what a deriving step read), and the Hub repo and
+    commit it was pulled from (both None when it was not pulled)."""
+
+    lock_digest: str
+    content_digest: str
+    cube_id: str | None
+    repo_id: str | None
+    revision: str | None
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    """A model role moved to another model (``from``/``to``: names; their weights digests)."""
+
+    source: str
+    target: str
+    source_weights: str
+    target_weights: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    models: Mapping[str, ModelChange]
+    retokenized: tuple[str, ...]
+    reembedded: int
+    adapters_dropped: tuple[str, ...]
+    #: (from, to) embedder names when the embedder changed, else None.
+    embedder: tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class Lineage:
+    parent: Parent
+    changes: Changes
+    tool: str
+    cubepack_version: str
+    fields: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as the lock stores it (what an attestation's lineage block repeats)."""
+        return _thaw(self.fields)
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _thaw(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_thaw(item) for item in value]
+    return value
+
+
+def parse(value: dict[str, Any]) -> Lineage:
+    """The typed section of a validated ``lineage`` value."""
+    parent, changes = value["parent"], value["changes"]
+    embedder = changes.get("embedder")
+    return Lineage(
+        parent=Parent(parent["lock_digest"], parent["content_digest"], parent["cube_id"],
+                      parent["repo_id"], parent["revision"]),
+        changes=Changes(
+            models=MappingProxyType({role: ModelChange(c["from"], c["to"], c["from_weights"],
+                                                       c["to_weights"])
+                                     for role, c in changes["models"].items()}),
+            retokenized=tuple(changes["retokenized"]), reembedded=changes["reembedded"],
+            adapters_dropped=tuple(changes["adapters_dropped"]),
+            embedder=None if embedder is None else (embedder["from"], embedder["to"])),
+        tool=value["tool"], cubepack_version=value["cubepack_version"],
+        fields=MappingProxyType(value))
