@@ -576,5 +576,5 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
     if report.lock is None:
         return
     skipped = {c.role for c in report.checks if c.name == Catalogue.MODEL_IDENTITY and c.ok is None}
-    models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
+    models = {role: pin for role, pin in report.lock.models.items() if role in skipped}
     report.extend(client.run(remote_model_checks, models, client, strict=strict))

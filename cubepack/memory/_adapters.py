@@ -15,6 +15,7 @@ base never imports torch or peft (:mod:`._load_adapter` applies one).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,6 +25,7 @@ from .._util.budget import checkpoint
 from .._util.canonical import digest_of_file_hashes
 from .._util.paths import resolve_inside
 from .._util.safetensors_header import Header, read_header
+from ..format.sections import Adapter, Pin
 from ..errors import (
     FormatError,
     HubError,
@@ -468,22 +470,37 @@ def scaling(config: dict[str, Any]) -> dict[str, Any]:
             "use_rslora": bool(config.get("use_rslora", False))}
 
 
-def entry_mismatches(entry: dict[str, Any], info: AdapterInfo) -> list[Mismatch]:
+def _plain(value: Any) -> Any:
+    """A typed entry's value as the lock's JSON holds it (a tuple is a list, a mapping a
+    dict), to compare with what a file says and to report."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def entry_mismatches(entry: Adapter, info: AdapterInfo) -> list[Mismatch]:
     """Where the lock's entry disagrees with what the adapter's files say (pure); the scaling
     keys when the entry records them (a version-4 lock)."""
-    problems = [Mismatch(key, entry[key], getattr(info, key))
+    recorded_facts = {"peft_type": entry.peft_type, "rank": entry.rank,
+                      "lora_alpha": entry.lora_alpha, "target_modules": entry.target_modules,
+                      "dtype": entry.dtype, "rank_pattern": entry.rank_pattern,
+                      "alpha_pattern": entry.alpha_pattern, "use_rslora": entry.use_rslora}
+    problems = [Mismatch(key, _plain(recorded_facts[key]), getattr(info, key))
                 for key in ("peft_type", "rank", "lora_alpha", "target_modules", "dtype")
-                if entry[key] != getattr(info, key)]
-    problems += [Mismatch(key, entry[key], value) for key, value in scaling(info.config).items()
-                 if key in entry and entry[key] != value]
-    if sorted(entry["modules"]) != sorted(info.modules):
-        problems.append(Mismatch("modules", sorted(entry["modules"]), sorted(info.modules)))
+                if _plain(recorded_facts[key]) != getattr(info, key)]
+    problems += [Mismatch(key, _plain(recorded_facts[key]), value)
+                 for key, value in scaling(info.config).items()
+                 if recorded_facts[key] is not None and _plain(recorded_facts[key]) != value]
+    if sorted(entry.modules) != sorted(info.modules):
+        problems.append(Mismatch("modules", sorted(entry.modules), sorted(info.modules)))
         return problems
-    for module, recorded in sorted(entry["modules"].items()):
+    for module, fit in sorted(entry.modules.items()):
         live = info.modules[module]
         implied = expected_base_shape(info, live)
-        if (recorded["kind"], recorded["rank"], recorded["shape"]) != (
-                live["kind"], live["rank"], implied):
+        recorded = {"kind": fit.kind, "rank": fit.rank, "shape": list(fit.shape)}
+        if (fit.kind, fit.rank, list(fit.shape)) != (live["kind"], live["rank"], implied):
             problems.append(Mismatch(f"modules.{module}", recorded,
                                      {"kind": live["kind"], "rank": live["rank"],
                                       "shape": implied}))
@@ -581,13 +598,13 @@ def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live:
             finding=f"is pinned to another base ({where})")
 
 
-def describe_entry(entry: dict[str, Any], pin: dict[str, Any] | None) -> str:
+def describe_entry(entry: Adapter, pin: Pin | None) -> str:
     """One line about an adapter: type, rank, targets, base."""
-    base = (f"{pin['repo_id']}@{pin['revision']}" if pin and pin.get("revision")
-            else f"weights {(pin or {}).get('identity', {}).get('weights_digest')}")
-    targets = entry["target_modules"] if isinstance(entry["target_modules"], str) else \
-        ", ".join(entry["target_modules"])
-    return (f"{entry['peft_type']} r={entry['rank']} on {len(entry['modules'])} modules "
+    base = (f"{pin.repo_id}@{pin.revision}" if pin is not None and pin.revision
+            else f"weights {pin.identity.weights_digest if pin and pin.identity else None}")
+    targets = entry.target_modules if isinstance(entry.target_modules, str) else \
+        ", ".join(entry.target_modules)
+    return (f"{entry.peft_type} r={entry.rank} on {len(entry.modules)} modules "
             f"({targets}); base {base}")
 
 

@@ -101,8 +101,8 @@ def require_provenance(lock: dict[str, Any], report: HookReport, required: str |
     """Record what backs each activation's producer label (a recomputation by the loaded model
     is proved; the lock's label is claimed, or signed under a trusted key) and refuse those that
     do not meet ``required`` (the one rule of :func:`cubepack.trust._evidence.satisfies`)."""
-    for item_id, entry in sorted(lock["activations"].items()):
-        backing = provenance_evidence(entry["provenance"],
+    for item_id, entry in sorted(lock.activations.items()):
+        backing = provenance_evidence(entry.provenance,
                                       recomputed=report.recomputed.get(item_id),
                                       signed=report.signed, item=item_id)
         report.provenance[item_id] = backing

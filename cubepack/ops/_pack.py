@@ -41,6 +41,7 @@ from ..format._content import content_error
 from ..format._fileset import is_activation_path
 from ..format._lock import BASE_CLAIM, KV_HEADER, check_provenance
 from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
+from ..format.sections import VectorsRecord
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
@@ -631,8 +632,8 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
                                         "revision": None, "identity": None,
                                         "reason": "config.json names no embedder"})
         if embedder:
-            draft = {"files": {f: {} for f in files}, "models": {EMBEDDER_ROLE: {"vectors": record}}}
-            failures = [c for c in embedder_checks(cube, memos_config, draft,
+            failures = [c for c in embedder_checks(cube, memos_config, files,
+                                                   VectorsRecord.of(record),
                                                    lambda texts: embed(embedder, texts),
                                                    label=embedder) if not c.ok]
             if failures:
@@ -870,7 +871,8 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
     # fingerprinted. Whatever loads must be the pin: what proves a cache is the pinned model.
     source = model if model is not None else (
         None if pin.get("repo_id") and pin.get("revision") else pin.get("name"))
-    live = load_for_recompute(source, pin)
+    live = load_for_recompute(source, pin.get("repo_id"), pin.get("revision"),
+                              (pin.get("identity") or {}).get("dtype"))
     require_same(ModelIdentity.from_dict(pin["identity"]), fingerprint(live),
                  "The model loaded to recompute the caches")
     tokenizer, proven = None, {}

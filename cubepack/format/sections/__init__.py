@@ -57,6 +57,11 @@ class Lock(Mapping[str, Any]):
         """A private cube's (public) lock: its files are age ciphertexts."""
         return self.encryption is not None
 
+    def vectors_record(self, role: str) -> VectorsRecord | None:
+        """The vectors record of the model ``role`` pins (an embedder's), or None."""
+        pin = self.models.get(role)
+        return None if pin is None else pin.vectors
+
     def holds(self, key: str) -> bool:
         """Does the lock hold the section (or field) ``key``?"""
         return key in self.document
