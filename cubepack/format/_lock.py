@@ -44,6 +44,7 @@ from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
 from .sections.adapters import BASE_CLAIM
+from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
 
@@ -552,11 +553,6 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
 #: The lineage section's keys (see ``trust/_lineage.py``), then its parent's and its changes':
 #: every one required but ``changes.embedder``, there only when the embedder changed.
 LINEAGE_KEYS = frozenset({"parent", "changes", "tool", "cubepack_version"})
-#: A parent link: the parent lock's digests and id (what a deriving step read), then the Hub
-#: repo and commit it was pulled from (a pull's origin record). The one definition; the
-#: attestation's link and origin are its two parts.
-PARENT_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
-PARENT_ORIGIN_KEYS = ("repo_id", "revision")
 PARENT_KEYS = frozenset(PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS)
 CHANGE_KEYS = frozenset({"models", "retokenized", "reembedded", "adapters_dropped"})
 MODEL_CHANGE_KEYS = frozenset({"from", "to", "from_weights", "to_weights"})

@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+#: A parent link: the parent lock's digests and id (what a deriving step read), then the Hub
+#: repo and commit it was pulled from (a pull's origin record). The one definition; the
+#: attestation's link and origin are its two parts (:meth:`Parent.link`, :meth:`Parent.origin`).
+PARENT_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
+PARENT_ORIGIN_KEYS = ("repo_id", "revision")
+
 
 @dataclass(frozen=True)
 class Parent:
@@ -19,6 +25,20 @@ class Parent:
     cube_id: str | None
     repo_id: str | None
     revision: str | None
+
+    def link(self) -> dict[str, Any]:
+        """What a deriving step read of its parent, by :data:`PARENT_LINK_KEYS`."""
+        return {"lock_digest": self.lock_digest, "content_digest": self.content_digest,
+                "cube_id": self.cube_id}
+
+    def origin(self) -> dict[str, Any]:
+        """Where the parent was pulled from, by :data:`PARENT_ORIGIN_KEYS` (both None: it
+        was not pulled)."""
+        return {"repo_id": self.repo_id, "revision": self.revision}
+
+    @property
+    def pulled(self) -> bool:
+        return self.repo_id is not None or self.revision is not None
 
 
 @dataclass(frozen=True)
