@@ -306,18 +306,10 @@ LOCK_READS_LEFT = {
     "hub/_pull.py": 4,
     "hub/_push.py": 3,
     "llamacpp/_runtime.py": 1,
-    "memory/_adapters.py": 4,
     "memos/_activations.py": 14,
     "memos/_load.py": 26,
-    "memos/_parametric.py": 5,
     "memos/_privacy.py": 5,
-    "ops/_encrypt.py": 5,
-    "ops/_load_adapter.py": 6,
     "ops/_pack.py": 42,
-    "ops/_private.py": 36,
-    "ops/_sign.py": 5,
-    "ops/_upgrade.py": 6,
-    "trust/_signing.py": 2,
 }
 
 

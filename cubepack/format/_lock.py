@@ -634,14 +634,19 @@ COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
 MAX_GENERATION = 2 ** 53 - 1
 
 
-def generation(lock: dict[str, Any]) -> int | None:
+def generation(lock: Lock | dict[str, Any]) -> int | None:
     """A private cube's generation (its public lock's ``encryption.generation``), or None: a
-    clear cube, or a private one written before generations (section version 1)."""
+    clear cube, or a private one written before generations (section version 1). ``lock``:
+    parsed, or a lock document as written."""
+    if isinstance(lock, Lock):
+        return None if lock.encryption is None else lock.encryption.generation
     return (lock.get("encryption") or {}).get("generation")
 
 
-def series(lock: dict[str, Any]) -> str | None:
+def series(lock: Lock | dict[str, Any]) -> str | None:
     """A private cube's series (``encryption.series``), or None (as :func:`generation`)."""
+    if isinstance(lock, Lock):
+        return None if lock.encryption is None else lock.encryption.series
     return (lock.get("encryption") or {}).get("series")
 
 

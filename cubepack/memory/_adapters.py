@@ -38,7 +38,7 @@ from ..errors import (
 from ..format._fileset import is_bookkeeping
 from ..format._lock import BASE_CLAIM
 from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
-from ..identity._identity import ModelIdentity, compare
+from ..identity._identity import compare
 
 #: The lock's model role of an adapter's base: ``adapter.<name>``.
 ROLE_PREFIX = "adapter."
@@ -572,7 +572,7 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
     return pin, base_shapes, how
 
 
-def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live: Any,
+def check_live_base(name: str, entry: Adapter, pin: Pin, live: Any,
                     shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse a base (``live``: its identity; ``shapes``: its weight shapes) the adapter was
     not pinned to, naming every differing field: the pin's strict fields (weights digest,
@@ -581,18 +581,18 @@ def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live:
     Raises:
         IdentityMismatch: the base is not the pinned one.
     """
-    pinned = ModelIdentity.from_dict(pin["identity"])
-    problems = compare(pinned, live)
-    for module, recorded in sorted(entry["modules"].items()):
+    assert pin.identity is not None  # an adapter's base is a strict pin (the lock's rule)
+    problems = compare(pin.identity, live)
+    for module, fit in sorted(entry.modules.items()):
         found = shapes.get(module + ".weight")
-        if found is None or list(found) != recorded["shape"]:
-            problems.append(Mismatch(f"module {module}", recorded["shape"],
+        if found is None or list(found) != list(fit.shape):
+            problems.append(Mismatch(f"module {module}", list(fit.shape),
                                      list(found) if found is not None else "absent"))
     if problems:
-        where = f"{pin['repo_id']}@{pin['revision']}" if pin.get("revision") else \
+        where = f"{pin.repo_id}@{pin.revision}" if pin.revision else \
             "a local folder, by weights digest"
         raise IdentityMismatch(
-            f"Adapter {name!r} ({entry['path']}/)", problems,
+            f"Adapter {name!r} ({entry.path}/)", problems,
             "Apply it to the base it was packed for (the same weights, in the same dtype), or "
             "pack it again for this base if it was trained on it.",
             finding=f"is pinned to another base ({where})")

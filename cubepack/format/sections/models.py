@@ -3,6 +3,7 @@ for an embedder, the record of the vectors it made."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,6 +47,13 @@ class Pin:
     reason: str | None
     vectors: VectorsRecord | None
     identity_fields: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    fields: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self, *, vectors: bool = True) -> dict[str, Any]:
+        """The pin as the lock stores it, key for key (``vectors=False``: without its vectors
+        record, as a private cube's public lock states it)."""
+        return {key: copy.deepcopy(value) for key, value in self.fields.items()
+                if vectors or key != "vectors"}
 
     @property
     def pinned(self) -> bool:
@@ -77,5 +85,6 @@ def parse(value: dict[str, Any], version: int) -> Mapping[str, Pin]:
                       else ModelIdentity.from_dict(identity, legacy=version == 1)),
             reason=pin.get("reason"),
             vectors=VectorsRecord.of(pin["vectors"]) if "vectors" in pin else None,
-            identity_fields=None if identity is None else MappingProxyType(identity))
+            identity_fields=None if identity is None else MappingProxyType(identity),
+            fields=MappingProxyType(pin))
     return MappingProxyType(pins)
