@@ -36,7 +36,7 @@ from ..identity._identity import ModelIdentity
 from . import _fileset as fileset
 from ._fileset import is_activation_path
 from ._provenance import KINDS, RECORDED
-from .sections import Lock
+from .sections import Lock, Pin
 from .sections import activations as _activations
 from .sections import adapters as _adapters
 from .sections import encryption as _encryption
@@ -306,6 +306,11 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> Lock:
         raise FormatError(f"cubepack.lock content_digest mismatch: expected {recomputed}, found "
                           f"{lock['content_digest']}.")
     return typed(lock)
+
+
+def typed_pin(role: str, pin: dict[str, Any]) -> Pin:
+    """The frozen value of one pin as a writer builds it (pack, before its lock is whole)."""
+    return _models.parse({role: pin}, constants.LOCK_VERSION)[role]
 
 
 def typed(document: dict[str, Any]) -> Lock:

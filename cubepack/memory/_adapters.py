@@ -509,7 +509,7 @@ def entry_mismatches(entry: Adapter, info: AdapterInfo) -> list[Mismatch]:
 
 # --- pinning the base at pack ----------------------------------------------------------------
 
-def resolve_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
+def resolve_base(info: AdapterInfo, given: Any, remembered: Pin | None
                  ) -> tuple[Any, str | None, str]:
     """(the base to fingerprint, its revision, how it was chosen): ``given`` (pack's
     ``adapter_base``), else the pin the cube's last pack recorded, else the config's claim.
@@ -522,15 +522,15 @@ def resolve_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | Non
         if isinstance(given, str) and not Path(given).expanduser().exists() and "@" in given:
             given, revision = given.rsplit("@", 1)
         return given, revision, source
-    if remembered and remembered.get("repo_id") and remembered.get("revision"):
-        return remembered["repo_id"], remembered["revision"], "the last pack's pin"
+    if remembered is not None and remembered.repo_id and remembered.revision:
+        return remembered.repo_id, remembered.revision, "the last pack's pin"
     if info.claimed_base:
         return info.claimed_base, None, "adapter_config.json's base_model_name_or_path"
     raise UsageError(f"Adapter {info.name!r}'s {constants.ADAPTER_CONFIG} names no base model; "
                      "say which model it adapts: cubepack pack CUBE --adapter-base MODEL.")
 
 
-def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
+def pin_base(info: AdapterInfo, given: Any, remembered: Pin | None
              ) -> tuple[dict[str, Any], dict[str, list[int]], dict[str, Any]]:
     """Fingerprint the adapter's base and check the adapter against it: (the pin, the base
     shapes of the adapted modules, how the base was found).

@@ -135,7 +135,7 @@ def predicate_for(lock: Lock, proved: Proved) -> dict[str, Any]:
         if block == PROVED_BLOCK and kind == RECOMPUTED:  # by the pin it names, which it made
             blocks[PROVED_BLOCK]["recomputed"][item_id] = _recomputed(lock, entry)
     if lineage is not None:
-        section = {"parent": lineage.parent.link(), "changes": lineage.to_dict()["changes"]}
+        section = {"parent": lineage.parent.link(), "changes": lineage.changes_fields()}
         blocks[PROVED_BLOCK if proved.lineage else CLAIMED_BLOCK]["lineage"] = section
         if lineage.parent.pulled:
             blocks[CLAIMED_BLOCK]["origin"] = lineage.parent.origin()

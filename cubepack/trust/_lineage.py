@@ -191,8 +191,7 @@ def describe(lock: Lock) -> dict[str, Any]:
     if lineage is not None:
         # What the lock says of its parent is its writer's claim until a parent lock with
         # those digests is fetched at the commit it names (``lineage --follow``).
-        document = lineage.to_dict()
-        entry.update(parent=document.pop("parent"), changes=document.pop("changes"),
+        entry.update(parent=lineage.parent_fields(), changes=lineage.changes_fields(),
                      tool=lineage.tool, cubepack_version=lineage.cubepack_version,
                      parent_basis=CLAIMED)
     return entry

@@ -116,3 +116,43 @@ def test_an_index_outside_the_lock_is_checked_before_it_is_parsed():
         with pytest.raises(FormatError, match="index.json"):
             index.load(locator, lambda where, tampered=tampered: tampered)
     assert parsed == [data]
+
+
+def test_each_registered_section_has_its_module_and_its_lock_field():
+    """The architecture page: a section is its entry in SECTIONS, its module
+    format/sections/<key>.py (whose parse the entry calls) and a Lock field of its key."""
+    import importlib
+
+    fields = {field.name for field in dataclasses.fields(Lock)}
+    for section in lockfile.SECTIONS:
+        module = importlib.import_module(f"cubepack.format.sections.{section.key}")
+        assert callable(module.parse), section.key
+        assert {"_" + section.key, "parse"} <= set(section.parse.__code__.co_names), section.key
+        assert section.key in fields, section.key
+    lock, _ = _parsed(FIXTURES / "lock4" / "cube" / "cubepack.lock")
+    for section in lockfile.SECTIONS:
+        if not lock.holds(section.key):
+            assert getattr(lock, section.key) == section.absent
+
+
+def test_a_lock_is_read_by_its_fields_never_by_key():
+    """The architecture page: a Lock is no mapping (a read by key fails when it runs)."""
+    lock, _ = _parsed(FIXTURES / "lock4" / "cube" / "cubepack.lock")
+    with pytest.raises(TypeError):
+        lock["files"]  # noqa: B018
+    with pytest.raises(AttributeError):
+        lock.get("files")  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        "files" in lock  # noqa: B015
+
+
+def test_an_index_is_declared_once():
+    from cubepack.format.sections import locator
+
+    index = Index("test-index-once", lambda data, where: data)
+    try:
+        assert locator.register_index(index) is index
+        with pytest.raises(ValueError, match="already declared"):
+            locator.register_index(Index("test-index-once", lambda data, where: None))
+    finally:
+        locator.INDEXES.pop("test-index-once", None)

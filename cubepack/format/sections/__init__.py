@@ -12,7 +12,7 @@ reader outside ``format/`` reads these values, never the lock's JSON by key.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,14 +29,14 @@ __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage
 
 
 @dataclass(frozen=True, eq=False)
-class Lock(Mapping[str, Any]):
+class Lock:
     """A parsed, validated ``cubepack.lock``: its fields and its sections as frozen values.
     An optional section the lock does not hold is empty (``adapters``) or None (``lineage``,
     ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
 
     The lock document (its JSON, key for key) is :meth:`to_dict`'s, for writers and JSON
-    outputs. Reading it by key (``lock["files"]``, kept for code not yet migrated) is what
-    ``tests/test_owners.py`` counts and forbids outside ``format/``.
+    outputs; a lock is not read by key outside ``format/`` (``tests/test_owners.py``): a
+    section's keys are its module's.
     """
 
     version: int
@@ -70,21 +70,9 @@ class Lock(Mapping[str, Any]):
         """The lock document, a copy of its JSON key for key (what ``dumps`` writes)."""
         return copy.deepcopy(dict(self.document))
 
-    # A read-only mapping over the document, for readers not yet migrated to the fields.
-    def __getitem__(self, key: str) -> Any:
-        return self.document[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.document)
-
-    def __len__(self) -> int:
-        return len(self.document)
-
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Lock):
             return self.document == other.document
-        if isinstance(other, Mapping):
-            return dict(self.document) == dict(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

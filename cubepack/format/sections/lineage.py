@@ -70,8 +70,17 @@ class Lineage:
     fields: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The section as the lock stores it (what an attestation's lineage block repeats)."""
+        """The section as the lock stores it, key for key."""
         return _thaw(self.fields)
+
+    def parent_fields(self) -> dict[str, Any]:
+        """Its parent as the lock stores it (what ``cubepack lineage`` shows)."""
+        return _thaw(self.fields["parent"])
+
+    def changes_fields(self) -> dict[str, Any]:
+        """What changed, as the lock stores it (what an attestation's lineage block and
+        ``cubepack lineage`` repeat, key for key)."""
+        return _thaw(self.fields["changes"])
 
 
 def _thaw(value: Any) -> Any:
