@@ -290,14 +290,14 @@ def _render_pack(data: dict[str, Any]) -> str:
              f"  files:       {data['files']} (listed in the lock, the lock itself aside)",
              f"  activations: {len(data['activations'])}"
              + (f" ({len(data['converted'])} converted from the MemOS pickle)" if data["converted"] else "")]
-    for role, pin in data["models"].items():
-        if pin["revision"]:
-            where = f"{pin['repo_id']}@{pin['revision']}"
-        elif pin.get("pinned"):
-            where = f"{pin['name']} (a local folder: pinned by weights digest, no Hub revision)"
+    for role, shown in data["models"].items():  # pack's JSON output, not a lock
+        if shown["revision"]:
+            where = f"{shown['repo_id']}@{shown['revision']}"
+        elif shown.get("pinned"):
+            where = f"{shown['name']} (a local folder: pinned by weights digest, no Hub revision)"
         else:
-            where = (f"{pin['name'] or '(no model named)'}: not pinned "
-                     f"({pin.get('reason') or 'unavailable'})")
+            where = (f"{shown['name'] or '(no model named)'}: not pinned "
+                     f"({shown.get('reason') or 'unavailable'})")
         was = data.get("moved_from", {}).get(role)
         lines.append(f"  model {role}: {where}" + (f" (moved: was {was})" if was else ""))
     for item, proof in sorted(data.get("recomputed", {}).items()):

@@ -93,12 +93,17 @@ def _summary(path: Path) -> str:
 
 
 def _modules(part: str) -> list[tuple[str, Path]]:
-    """(dotted name, file) of a part: a subpackage's modules, or one module."""
+    """(dotted name, file) of a part: a subpackage's modules (its own subpackages' too, such
+    as ``format.sections``), or one module."""
     name = part.removeprefix("cubepack").lstrip(".")
     folder = PACKAGE / name if name else None
     if folder is not None and folder.is_dir():
-        return [(f"{part}.{path.stem}" if path.stem != "__init__" else part, path)
-                for path in sorted(folder.glob("*.py"))]
+        found = []
+        for path in sorted(folder.rglob("*.py")):
+            inner = path.relative_to(folder).with_suffix("").parts
+            found.append((".".join([part, *(inner[:-1] if inner[-1] == "__init__" else inner)]),
+                          path))
+        return found
     path = PACKAGE / f"{name}.py" if name else PACKAGE / "__init__.py"
     return [(part, path)] if path.is_file() else []
 

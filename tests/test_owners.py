@@ -11,10 +11,14 @@ them from their owner. (What a TrustPolicy field means is the policy's:
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 import cubepack
 from cubepack._util.checks import Catalogue
+from cubepack.format import _lock as lockfile
 from cubepack.format._provenance import KINDS
 
 from envs import once
@@ -25,7 +29,8 @@ PACKAGE = Path(cubepack.__file__).parent
 BASES = {"proved", "signed", "claimed"}
 #: The owners, and (for the formats that name a part after a basis) how many times each may
 #: spell one: once per constant.
-OWNERS = {"_util/checks.py": None, "format/_envelope.py": 2, "format/_lock.py": 1}
+OWNERS = {"_util/checks.py": None, "format/_envelope.py": 2,
+          "format/sections/adapters.py": 1}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -193,3 +198,130 @@ def test_the_config_files_are_named_in_one_module():
              if path.relative_to(PACKAGE).as_posix() != "_util/constants.py"
              and (hits := [(line, value) for line, value in literals(path) if value in names])}
     assert found == {}
+
+
+# --- the lock is read through its typed values (format/sections/), never by key ----------------
+
+#: Every key the lock's JSON defines, at every version: its fields, its sections and their
+#: entries' keys (a file's, a pin's, its identity's and vectors record's, an activation's and its
+#: provenance's, an adapter's, the lineage's, the encryption section's).
+LOCK_KEYS = (set(lockfile.FIELDS) | set(lockfile.SECTION_KEYS) | {"sha256", "size"}
+             | lockfile.PIN_KEYS | lockfile.IDENTITY_KEYS | lockfile.VECTOR_RECORD_KEYS
+             | lockfile.ACTIVATION_KEYS | lockfile.PROVENANCE_KEYS | lockfile.ADAPTER_KEYS
+             | lockfile.ADAPTER_SCALING_KEYS | lockfile.LINEAGE_KEYS | lockfile.PARENT_KEYS
+             | lockfile.CHANGE_KEYS | {"embedder"} | lockfile.MODEL_CHANGE_KEYS
+             | lockfile.ENCRYPTION_KEYS | lockfile.COUNT_KEYS)
+#: A name or attribute that holds a lock (``lock``, ``public_lock``, ``report.lock``...), or
+#: one of its sections or a pin by its usual name.
+_LOCK_NAME = re.compile(r"(^|_)lock$")
+_SECTION_NAMES = set(lockfile.SECTION_KEYS) | {"pin"}
+
+
+def _key_read(node: ast.AST) -> tuple[ast.AST, str] | None:
+    """(what is read, the key) of ``x["key"]`` or ``x.get("key", ...)`` with a lock key."""
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) \
+            and isinstance(node.slice, ast.Constant) and node.slice.value in LOCK_KEYS:
+        return node.value, node.slice.value
+    if isinstance(node, ast.Call) and _called(node) == "get" and node.args \
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value in LOCK_KEYS:
+        return node.func.value, node.args[0].value
+    return None
+
+
+def _outside_functions(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of a module outside its functions (a name bound in one function is not the
+    same name in another)."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        todo += [child for child in ast.iter_child_nodes(node) if not isinstance(
+            child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    return found
+
+
+def lock_field_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """The string-key reads of a lock field on a lock, a section or an entry: within each
+    function, a name is a lock's part when it holds one (by name), is read from one by key,
+    or is bound by a loop over one's ``.items()``/``.values()``."""
+    found: dict[int, tuple[int, str]] = {}
+    scopes = [node for node in ast.walk(tree)
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    for scope in [*scopes, tree]:
+        held: set[str] = set()
+        nodes = list(ast.walk(scope)) if scope is not tree else _outside_functions(tree)
+
+        def holds(node: ast.AST) -> bool:
+            if isinstance(node, ast.Name):
+                return node.id in held or node.id in _SECTION_NAMES or \
+                    bool(_LOCK_NAME.search(node.id))
+            if isinstance(node, ast.Attribute):
+                return bool(_LOCK_NAME.search(node.attr))
+            if isinstance(node, ast.BoolOp):
+                return any(holds(value) for value in node.values)
+            read = _key_read(node)
+            if read:
+                return holds(read[0])
+            if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+                return holds(node.value)  # an entry of a section, by its id or path
+            return isinstance(node, ast.Call) and _called(node) in ("items", "values", "to_dict") \
+                and holds(node.func.value)
+
+        def bind_loop(target: ast.AST, iterated: ast.AST) -> None:
+            if isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name) \
+                    and iterated.func.id == "sorted" and iterated.args:
+                iterated = iterated.args[0]
+            if not (isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Attribute)
+                    and holds(iterated.func.value)):
+                return
+            if iterated.func.attr == "items" and isinstance(target, ast.Tuple) \
+                    and len(target.elts) == 2 and isinstance(target.elts[1], ast.Name):
+                held.add(target.elts[1].id)
+            elif iterated.func.attr == "values" and isinstance(target, ast.Name):
+                held.add(target.id)
+
+        for _ in range(3):  # a name held through a chain of bindings
+            for node in nodes:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                        and isinstance(node.targets[0], ast.Name) and holds(node.value):
+                    held.add(node.targets[0].id)
+                elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None \
+                        and isinstance(node.target, ast.Name) and holds(node.value):
+                    held.add(node.target.id)
+                elif isinstance(node, (ast.For, ast.comprehension)):
+                    bind_loop(node.target, node.iter)
+        for node in nodes:
+            read = _key_read(node)
+            if read and holds(read[0]):
+                found[id(node)] = (node.lineno, read[1])
+    return sorted(found.values())
+
+
+def lock_reads_by_module() -> dict[str, list[tuple[int, str]]]:
+    """module -> its reads by key (line, key), for each module outside ``format/``."""
+    return {name: reads for path in sorted(PACKAGE.rglob("*.py"))
+            if not (name := path.relative_to(PACKAGE).as_posix()).startswith("format/")
+            and (reads := lock_field_reads(ast.parse(path.read_text())))}
+
+
+def test_no_string_key_read_of_a_lock_field_outside_the_format():
+    """Readers outside ``format/`` read the lock's frozen values (``lock.files[path].sha256``,
+    ``pin.identity``, ``activation.locator``), never its JSON by key: a section's keys are its
+    section module's, so a format change is made in one place. (A parsed :class:`Lock` is no
+    mapping either: a read by key this walk cannot see fails when it runs.)"""
+    assert lock_reads_by_module() == {}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ('def f(report):\n    return report.lock["files"]\n', [(2, "files")]),
+    ('def f(lock):\n    for item, entry in lock["activations"].items():\n'
+     '        yield entry["file"], entry.get("provenance")\n',
+     [(2, "activations"), (3, "file"), (3, "provenance")]),
+    ('def f(path):\n    pin = (lockfile.parse(path.read_bytes()) or {})\n'
+     '    return pin["identity"]["weights_digest"]\n', [(3, "identity"), (3, "weights_digest")]),
+    ('def f(lock):\n    return lock.files[p].sha256, lock.encryption.series\n', []),
+    ('def f(report):\n    return report.lock.to_dict()["files"]\n', [(2, "files")]),
+    ('def f(rows):\n    return rows["file"]\n', []),
+])
+def test_the_lock_read_finder_finds_reads_by_key(source, expected):
+    assert lock_field_reads(ast.parse(source)) == expected

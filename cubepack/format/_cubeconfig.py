@@ -15,11 +15,18 @@ import yaml
 
 from .._util import canonical, constants
 from ..errors import FormatError
+from .sections import Adapter, Pin
 
 
-def pin_view(pin: dict[str, Any]) -> dict[str, Any]:
-    """What ``cubepack.yaml`` states of one lock pin: the one definition build writes and
-    verify compares, field for field."""
+def pin_view(pin: dict[str, Any] | Pin) -> dict[str, Any]:
+    """What ``cubepack.yaml`` states of one lock pin (as pack builds it, or as a lock was
+    read): the one definition build writes and verify compares, field for field."""
+    if isinstance(pin, Pin):
+        identity = pin.identity
+        return {"repo_id": pin.repo_id, "revision": pin.revision, "strict": pin.strict,
+                "dtype": identity and identity.dtype, "kv_dtype": identity and identity.kv_dtype,
+                "quantization": identity and identity.quantization,
+                "weights_digest": identity and identity.weights_digest}
     identity = pin.get("identity") or {}
     return {"repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
             "strict": bool(pin.get("strict")), "dtype": identity.get("dtype"),
@@ -31,7 +38,12 @@ def pin_view(pin: dict[str, Any]) -> dict[str, Any]:
 ADAPTER_VIEW = ("path", "digest", "peft_type", "rank", "target_modules", "model_role")
 
 
-def adapter_view(entry: dict[str, Any]) -> dict[str, Any]:
+def adapter_view(entry: dict[str, Any] | Adapter) -> dict[str, Any]:
+    if isinstance(entry, Adapter):
+        targets = entry.target_modules
+        return {"path": entry.path, "digest": entry.digest, "peft_type": entry.peft_type,
+                "rank": entry.rank, "model_role": entry.model_role,
+                "target_modules": targets if isinstance(targets, str) else list(targets)}
     return {key: entry[key] for key in ADAPTER_VIEW}
 
 

@@ -18,7 +18,8 @@ from . import _lock as lockfile
 
 
 def load_lock(path: str | Path) -> dict[str, Any]:
-    """A validated lock from a cube folder or a ``cubepack.lock`` file.
+    """A validated lock's document (diff compares the JSON the registry's sections describe)
+    from a cube folder or a ``cubepack.lock`` file.
 
     Raises:
         UsageError: the path is neither a packed cube nor a lock file.
@@ -30,7 +31,7 @@ def load_lock(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path.parent if path.name == constants.LOCK_FILENAME else path} is not "
                          "a packed cube (it has no cubepack.lock) nor a lock file; pack it "
                          "first (cubepack pack).")
-    return lockfile.parse(path.read_bytes())
+    return lockfile.parse(path.read_bytes()).to_dict()
 
 
 def leaves(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:

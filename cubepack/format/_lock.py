@@ -25,6 +25,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
 from .._util import canonical, constants
@@ -35,6 +36,15 @@ from ..identity._identity import ModelIdentity
 from . import _fileset as fileset
 from ._fileset import is_activation_path
 from ._provenance import KINDS, RECORDED
+from .sections import Lock, Pin
+from .sections import activations as _activations
+from .sections import adapters as _adapters
+from .sections import encryption as _encryption
+from .sections import files as _files
+from .sections import lineage as _lineage
+from .sections import models as _models
+from .sections.adapters import BASE_CLAIM
+from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
 
@@ -110,7 +120,10 @@ class Section:
     - ``entries(value)``: id -> entry, what ``diff`` compares entry by entry;
     - ``describe(entry_id, entry)``: one line naming an entry, for diff and reports;
     - ``attest``: the attestation statement block its entries become (``producers``,
-      ``provenance``, ``lineage``), or None when the lock's digests alone state it.
+      ``provenance``, ``lineage``), or None when the lock's digests alone state it;
+    - ``parse(value, typed, version)``: the section's frozen value (``format/sections/``),
+      from its validated JSON (``typed``: the sections parsed before it, by key);
+    - ``absent``: its value in a lock that does not hold it (an optional section).
     """
 
     key: str
@@ -121,6 +134,8 @@ class Section:
     entries: Callable[[Any], dict[str, Any]]
     describe: Callable[[str, Any], str]
     attest: str | None
+    parse: Callable[[Any, dict[str, Any], int], Any]
+    absent: Any = None
 
 
 def _by_key(value: Any) -> dict[str, Any]:
@@ -144,10 +159,11 @@ SECTIONS: tuple[Section, ...] = (
             _files_digested, _by_key,
             lambda path, entry: (f"file {path}: sha256 {entry.get('sha256')}, "
                                  f"{entry.get('size')} bytes"),
-            None),
+            None, lambda value, typed, version: _files.parse(value)),
     Section("models", 1, True,
             lambda value, lock, version: _check_models(value, version),
-            lambda value: value, _by_key, _describe_pin, "producers"),
+            lambda value: value, _by_key, _describe_pin, "producers",
+            lambda value, typed, version: _models.parse(value, version)),
     Section("activations", 1, True,
             lambda value, lock, version: _check_activations(value, lock["files"],
                                                             lock["models"], version),
@@ -156,21 +172,24 @@ SECTIONS: tuple[Section, ...] = (
                                  f"{entry.get('token_count')} tokens, {entry.get('kv_dtype')}, "
                                  f"by {entry.get('model_role')} "
                                  f"({(entry.get('provenance') or {}).get('kind', 'unlabelled')})"),
-            "provenance"),
+            "provenance",
+            lambda value, typed, version: _activations.parse(value, typed["files"])),
     Section("adapters", 3, False,
             lambda value, lock, version: _check_adapters(value, lock["files"], lock["models"],
                                                          version),
             lambda value: value, _by_key,
             lambda name, entry: (f"adapter {name}: {entry.get('digest')}, rank "
                                  f"{entry.get('rank')}, base {entry.get('model_role')}"),
-            None),  # its base is a pin (models): stated there
+            None,  # its base is a pin (models): stated there
+            lambda value, typed, version: _adapters.parse(value, typed["files"]),
+            MappingProxyType({})),
     Section("lineage", 3, False,
             lambda value, lock, version: _check_lineage(value, version),
             lambda value: value, lambda value: {"parent": value},
             lambda _, lineage: (f"lineage: parent lock "
                                 f"{(lineage.get('parent') or {}).get('lock_digest')} "
                                 f"({lineage.get('tool')})"),
-            "lineage"),
+            "lineage", lambda value, typed, version: _lineage.parse(value)),
     Section("encryption", 5, False,
             lambda value, lock, version: _check_encryption(value, lock),
             lambda value: value, lambda value: {"encryption": value},
@@ -178,7 +197,8 @@ SECTIONS: tuple[Section, ...] = (
                               f"ciphertexts, version {value.get('version')}"
                               + (f", series {value['series']} generation "
                                  f"{value['generation']}" if "generation" in value else "")),
-            None),  # the ciphertexts' digests are the lock's files: stated there
+            None,  # the ciphertexts' digests are the lock's files: stated there
+            lambda value, typed, version: _encryption.parse(value)),
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
 
@@ -217,12 +237,14 @@ def sections(lock: dict[str, Any]) -> dict[str, Any]:
             if not section.required and section.key in lock}
 
 
-def dumps(lock: dict[str, Any]) -> str:
-    return canonical.dumps(lock)
+def dumps(lock: dict[str, Any] | Lock) -> str:
+    """The lock's bytes, canonical (a parsed :class:`Lock` gives the bytes it was read from)."""
+    return canonical.dumps(lock.to_dict() if isinstance(lock, Lock) else lock)
 
 
-def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
-    """Parse and fully validate lock bytes; return the lock document.
+def parse(data: bytes, *, accept_version_1: bool = False) -> Lock:
+    """Parse and fully validate lock bytes; return the lock, its sections as frozen values
+    (parsed once, here, after every check passed).
 
     Checks: size, UTF-8 JSON without duplicate keys, known version, every section of the
     registry (its keys, closed from version 4 on; its types; safe paths; no case-folding
@@ -283,7 +305,25 @@ def parse(data: bytes, *, accept_version_1: bool = False) -> dict[str, Any]:
     if lock["content_digest"] != recomputed:
         raise FormatError(f"cubepack.lock content_digest mismatch: expected {recomputed}, found "
                           f"{lock['content_digest']}.")
-    return lock
+    return typed(lock)
+
+
+def typed_pin(role: str, pin: dict[str, Any]) -> Pin:
+    """The frozen value of one pin as a writer builds it (pack, before its lock is whole)."""
+    return _models.parse({role: pin}, constants.LOCK_VERSION)[role]
+
+
+def typed(document: dict[str, Any]) -> Lock:
+    """The :class:`Lock` of a lock document already validated (by :func:`parse`) or built (by
+    :func:`build_lock`): each registered section parsed into its frozen value."""
+    version = document["lock_version"]
+    values: dict[str, Any] = {}
+    for section in SECTIONS:
+        values[section.key] = (section.parse(document[section.key], values, version)
+                               if section.key in document else section.absent)
+    return Lock(version=version, cubepack_version=document["cubepack_version"],
+                cube_id=document["cube_id"], content_digest=document["content_digest"],
+                digest=document["digest"], document=MappingProxyType(document), **values)
 
 
 def _closed(value: dict[str, Any], allowed: set[str] | frozenset[str], where: str,
@@ -437,9 +477,6 @@ def _check_activation_entries(activations: Any, files: dict[str, Any],
 #: The keys of an ``adapters`` entry (see ``memory/_adapters.py``), exactly.
 ADAPTER_KEYS = {"path", "config_file", "weights_file", "digest", "peft_type", "rank",
                 "lora_alpha", "target_modules", "dtype", "model_role", "modules", "base"}
-#: An adapter entry's ``base``: how pack found the base (``source``) and the name the adapter's
-#: config claims for it (this key), a claim only.
-BASE_CLAIM = "claimed"
 #: Version 4 records what else scales the deltas (see ``memory/_adapters.scaling``).
 ADAPTER_SCALING_KEYS = {"rank_pattern", "alpha_pattern", "use_rslora"}
 _ADAPTER_NAME = re.compile(constants.ADAPTER_NAME_PATTERN)
@@ -518,17 +555,12 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
                               "strict pin with an identity; an adapter's base always is.")
 
 
-#: The lineage section's keys (see ``trust/_lineage.py``): every one required but
-#: ``changes.embedder``, which is there only when the embedder changed.
-_LINEAGE_KEYS = {"parent", "changes", "tool", "cubepack_version"}
-#: A parent link: the parent lock's digests and id (what a deriving step read), then the Hub
-#: repo and commit it was pulled from (a pull's origin record). The one definition; the
-#: attestation's link and origin are its two parts.
-PARENT_LINK_KEYS = ("lock_digest", "content_digest", "cube_id")
-PARENT_ORIGIN_KEYS = ("repo_id", "revision")
-_PARENT_KEYS = set(PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS)
-_CHANGE_KEYS = {"models", "retokenized", "reembedded", "adapters_dropped"}
-_MODEL_CHANGE_KEYS = {"from", "to", "from_weights", "to_weights"}
+#: The lineage section's keys (see ``trust/_lineage.py``), then its parent's and its changes':
+#: every one required but ``changes.embedder``, there only when the embedder changed.
+LINEAGE_KEYS = frozenset({"parent", "changes", "tool", "cubepack_version"})
+PARENT_KEYS = frozenset(PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS)
+CHANGE_KEYS = frozenset({"models", "retokenized", "reembedded", "adapters_dropped"})
+MODEL_CHANGE_KEYS = frozenset({"from", "to", "from_weights", "to_weights"})
 
 
 def _check_lineage(lineage: Any, version: int) -> None:
@@ -550,9 +582,9 @@ def _check_lineage(lineage: Any, version: int) -> None:
         if not ((null and value is None) or (isinstance(value, str) and value)):
             refuse(f"{where} must be a non-empty string" + (" or null" if null else ""))
 
-    exact_keys(lineage, "", _LINEAGE_KEYS)
+    exact_keys(lineage, "", set(LINEAGE_KEYS))
     parent = lineage["parent"]
-    exact_keys(parent, "parent", _PARENT_KEYS)
+    exact_keys(parent, "parent", set(PARENT_KEYS))
     for key in ("lock_digest", "content_digest"):
         if not (isinstance(parent[key], str) and _HEX64.fullmatch(parent[key])):
             refuse(f"parent.{key} must be 64 lowercase hex digits")
@@ -564,12 +596,12 @@ def _check_lineage(lineage: Any, version: int) -> None:
     if (parent["repo_id"] is None) != (parent["revision"] is None):
         refuse("parent.repo_id and parent.revision must be given together (or both null)")
     changes = lineage["changes"]
-    exact_keys(changes, "changes", _CHANGE_KEYS, frozenset({"embedder"}))
+    exact_keys(changes, "changes", set(CHANGE_KEYS), frozenset({"embedder"}))
     if not isinstance(changes["models"], dict):
         refuse("changes.models must be an object")
     for role, change in changes["models"].items():
-        exact_keys(change, f"changes.models.{role}", _MODEL_CHANGE_KEYS)
-        for key in sorted(_MODEL_CHANGE_KEYS):
+        exact_keys(change, f"changes.models.{role}", set(MODEL_CHANGE_KEYS))
+        for key in sorted(MODEL_CHANGE_KEYS):
             text(change[key], f"changes.models.{role}.{key}")
     if "embedder" in changes:
         exact_keys(changes["embedder"], "changes.embedder", {"from", "to"})
@@ -607,14 +639,19 @@ COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
 MAX_GENERATION = 2 ** 53 - 1
 
 
-def generation(lock: dict[str, Any]) -> int | None:
+def generation(lock: Lock | dict[str, Any]) -> int | None:
     """A private cube's generation (its public lock's ``encryption.generation``), or None: a
-    clear cube, or a private one written before generations (section version 1)."""
+    clear cube, or a private one written before generations (section version 1). ``lock``:
+    parsed, or a lock document as written."""
+    if isinstance(lock, Lock):
+        return None if lock.encryption is None else lock.encryption.generation
     return (lock.get("encryption") or {}).get("generation")
 
 
-def series(lock: dict[str, Any]) -> str | None:
+def series(lock: Lock | dict[str, Any]) -> str | None:
     """A private cube's series (``encryption.series``), or None (as :func:`generation`)."""
+    if isinstance(lock, Lock):
+        return None if lock.encryption is None else lock.encryption.series
     return (lock.get("encryption") or {}).get("series")
 
 

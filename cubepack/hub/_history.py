@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from .._util import canonical, constants
 from .._util.checks import Catalogue
 from ..errors import HubError
+from ..format import _lock as lockfile
 from ..format._fileset import ORIGIN_FILE
+from ..format.sections import Lock
 from ..ops._seam import is_private
 from ..trust import _generation as generations
 from ..trust._evidence import PROVED
@@ -62,7 +63,7 @@ def add_beside(report: VerifyReport, check: Check) -> None:
     report.checks.insert(at, check)
 
 
-def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any], key: str,
+def _walk(client: HubClient, repo_id: str, repo_type: str, lock: Lock, key: str,
           trusted: tuple[str, ...], cache_dir: str | Path | None) -> Check:
     try:
         return _walked(client, repo_id, repo_type, lock, key, trusted, cache_dir)
@@ -73,7 +74,7 @@ def _walk(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any],
                      "another endpoint is walked there: set HF_ENDPOINT to it.", basis=PROVED)
 
 
-def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any], key: str,
+def _walked(client: HubClient, repo_id: str, repo_type: str, lock: Lock, key: str,
             trusted: tuple[str, ...], cache_dir: str | Path | None) -> Check:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
@@ -86,7 +87,7 @@ def _walked(client: HubClient, repo_id: str, repo_type: str, lock: dict[str, Any
             for commit in api.list_repo_commits(repo_id, repo_type=repo_type, revision=branch):
                 commits.setdefault(commit.commit_id)
 
-        current, series = lock["encryption"]["generation"], lock["encryption"]["series"]
+        current, series = lockfile.generation(lock), lockfile.series(lock)
 
         def read(sha: str, name: str) -> bytes | None:
             try:

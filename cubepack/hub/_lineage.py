@@ -23,6 +23,7 @@ from .._util.quiet import terminal_bars
 from ..errors import FormatError, IntegrityError
 from ..format import _lock as lockfile
 from ..format._lock import PARENT_LINK_KEYS
+from ..format.sections import Lock
 from ..trust import _lineage as lineage_format
 from ..trust._evidence import PROVED
 from ._client import HubClient
@@ -69,41 +70,46 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
     lock = lockfile.parse(path.read_bytes())
     result = LineageResult(cube, [lineage_format.describe(lock)], followed=follow)
     if not follow:
-        result.complete = "lineage" not in lock
+        result.complete = lock.lineage is None
         return result
     client = HubClient(endpoint, token, timeout=seconds, action="lineage --follow",
                        outcome="Nothing was changed.", cached=True)
     child, where = lock, str(cube)
-    while "lineage" in child:
-        parent = child["lineage"]["parent"]
-        if parent["repo_id"] is None:
-            result.stopped = (f"the parent of {where} (lock {parent['lock_digest']}) was not "
+    while child.lineage is not None:
+        parent = child.lineage.parent
+        if parent.repo_id is None or parent.revision is None:
+            result.stopped = (f"the parent of {where} (lock {parent.lock_digest}) was not "
                               "pulled from a Hub, so no commit of it is recorded to follow")
             return result
         if len(result.chain) > MAX_DEPTH:
             raise FormatError(f"The lineage of {cube} is longer than {MAX_DEPTH} links; refusing "
                               "to follow it further.")
-        spec = f"{parent['repo_id']}@{parent['revision']}"
-        fetched = _fetch_lock(client, parent["repo_id"], parent["revision"], repo_type)
-        for key in PARENT_LINK_KEYS:  # the one definition of what a parent link names
-            found = fetched["digest" if key == "lock_digest" else key]
-            if found != parent[key] and (key != "cube_id" or parent[key] is not None):
+        spec = f"{parent.repo_id}@{parent.revision}"
+        fetched = _fetch_lock(client, parent.repo_id, parent.revision, repo_type)
+        # The one definition of what a parent link names (Parent.link), met by the lock the
+        # commit holds: its own digest, content digest and id.
+        recorded = parent.link()
+        holds = {"lock_digest": fetched.digest, "content_digest": fetched.content_digest,
+                 "cube_id": fetched.cube_id}
+        for key in PARENT_LINK_KEYS:
+            found = holds[key]
+            if found != recorded[key] and (key != "cube_id" or recorded[key] is not None):
                 raise IntegrityError(
                     f"Tampered parent link: {where} records its parent as {spec} with "
-                    f"{key.replace('_', ' ')} {parent[key]}, but the cubepack.lock that commit "
+                    f"{key.replace('_', ' ')} {recorded[key]}, but the cubepack.lock that commit "
                     f"holds has {found}. The lineage does not lead to the cube it names; do not "
                     "trust it (ask the cube's publisher which parent it was derived from).")
         result.chain[-1]["parent_basis"] = PROVED  # fetched now: its digests are the recorded
         entry = lineage_format.describe(fetched)
-        entry.update(repo_id=parent["repo_id"], revision=parent["revision"],
-                     ref=_ref_of(client, parent["repo_id"], parent["revision"], repo_type))
+        entry.update(repo_id=parent.repo_id, revision=parent.revision,
+                     ref=_ref_of(client, parent.repo_id, parent.revision, repo_type))
         result.chain.append(entry)
         child, where = fetched, spec
     result.complete = True
     return result
 
 
-def _fetch_lock(client: HubClient, repo_id: str, revision: str, repo_type: str) -> dict[str, Any]:
+def _fetch_lock(client: HubClient, repo_id: str, revision: str, repo_type: str) -> Lock:
     """Only the lock of one exact commit, parsed strictly."""
     with client.translated(repo_id, repo_type, revision):
         local = client.run(client.download, repo_id, constants.LOCK_FILENAME,

@@ -295,15 +295,15 @@ def _entries(folder: Path) -> tuple[list[str], list[str], list[str]]:
 def _placed_files(origin: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     """The record of what a pull placed, or None when the origin holds none (older cubepack)
     or a malformed one: either way, nothing it says can prove a file unchanged."""
-    files = origin.get("files")
-    if not isinstance(files, dict):
+    placed = origin.get("files")  # the origin record's (what a pull placed), not the lock's
+    if not isinstance(placed, dict):
         return None
-    for entry in files.values():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("stat"), (list, type(None)))):
+    for record in placed.values():
+        if not (isinstance(record, dict) and isinstance(record.get("sha256"), str)
+                and isinstance(record.get("size"), int)
+                and isinstance(record.get("stat"), (list, type(None)))):
             return None
-    return files
+    return placed
 
 
 def _stat_key(st: os.stat_result) -> list[str]:
@@ -371,8 +371,8 @@ def _placed_digests(staging: Path, names: list[str], hashed: dict[str, str],
                     report: VerifyReport | None) -> dict[str, str]:
     """sha256 of every placed file: hashed as downloaded, else as verified against the lock,
     else hashed now (offline without verification, or files the lock does not list)."""
-    locked = report.lock["files"] if report is not None and report.ok and report.lock else {}
-    digests = {name: hashed.get(name) or (locked.get(name) or {}).get("sha256")
+    locked = report.lock.files if report is not None and report.ok and report.lock else {}
+    digests = {name: hashed.get(name) or (locked[name].sha256 if name in locked else None)
                for name in names if name != ORIGIN_FILE}
     missing = [name for name, digest in digests.items() if not digest]
     if missing:
@@ -522,7 +522,7 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
     except CubepackError as exc:
         report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False, str(exc))
         raise VerificationFailed(report) from None
-    unlisted = sorted(name for name in set(paths) - set(lock["files"]) if not is_tolerated(name))
+    unlisted = sorted(name for name in set(paths) - set(lock.files) if not is_tolerated(name))
     for name in unlisted:
         report.add(Catalogue.FILE_SET, name, False,
                    "not listed in the lock; refused before download",
@@ -576,5 +576,5 @@ def _add_remote_model_checks(report: VerifyReport, client: HubClient, strict: bo
     if report.lock is None:
         return
     skipped = {c.role for c in report.checks if c.name == Catalogue.MODEL_IDENTITY and c.ok is None}
-    models = {role: pin for role, pin in report.lock["models"].items() if role in skipped}
+    models = {role: pin for role, pin in report.lock.models.items() if role in skipped}
     report.extend(client.run(remote_model_checks, models, client, strict=strict))

@@ -112,7 +112,7 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
                                "unchanged cube makes no second commit).")
     for path, sha256 in local.items():
         client.deadline.name(sha256, path)  # LFS upload URLs carry the file's sha256
-    message = commit_message or f"cubepack push (lock {report.lock['digest'][:12]})"
+    message = commit_message or f"cubepack push (lock {report.lock.digest[:12]})"
     with client.translated(repo_id, repo_type, branch):
         return client.run(_push_commit, client, cube, local, repo_id, repo_type=repo_type,
                           private=private, branch=branch, tag=tag, message=message,
@@ -227,8 +227,8 @@ def _refuse_local_model_paths(cube: Path) -> None:
 def _local_files(cube: Path, report: VerifyReport) -> dict[str, str]:
     """path -> sha256 of everything a push sends: the locked files, the lock, a signature and
     the lock's attestation."""
-    locked = report.lock["files"]
-    files = {path: entry["sha256"] for path, entry in locked.items()}
+    locked = report.lock.files
+    files = {path: entry.sha256 for path, entry in locked.items()}
     for extra in fileset.uploaded(list(locked))[len(locked):]:
         if (cube / extra).is_file():
             files[extra] = sha256_file(cube / extra)

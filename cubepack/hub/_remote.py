@@ -10,14 +10,16 @@ cube's producer at pack. Returns typed checks; verification decides what to do w
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .._util.checks import Catalogue
 from .._util.quiet import terminal_bars
 from ..errors import CubepackError, HubError, VerificationFailed
+from ..format.sections import Pin
 from ..identity._hub import hub_identity
-from ..identity._identity import ModelIdentity, compare
+from ..identity._identity import compare
 from ..ops import verify
 from ..ops._seam import is_private, require_checked_models
 from ..trust._policy import TrustPolicy
@@ -29,7 +31,7 @@ from ._history import add_history_check, add_skipped, pulled_repo
 _CHECK = Catalogue.REMOTE_MODEL
 
 
-def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient, *,
+def remote_model_checks(models: Mapping[str, Pin], client: HubClient, *,
                         strict: bool = True) -> list[Check]:
     """One or more checks per strict pin in ``models`` (role -> pin, as in the lock).
 
@@ -39,18 +41,18 @@ def remote_model_checks(models: dict[str, dict[str, Any]], client: HubClient, *,
     """
     checks: list[Check] = []
     for role, pin in sorted(models.items()):
-        if pin.get("strict") and pin.get("identity"):
+        if pin.strict and pin.identity is not None:
             checks.extend(_check_pin(role, pin, client, strict))
     return checks
 
 
-def _check_pin(role: str, pin: dict[str, Any], client: HubClient, strict: bool) -> list[Check]:
+def _check_pin(role: str, pin: Pin, client: HubClient, strict: bool) -> list[Check]:
     subject = pin_subject(role, pin)
-    if not pin.get("repo_id") or not pin.get("revision"):
+    if not pin.repo_id or not pin.revision:
         return [Check(_CHECK, subject, None, "skipped: pinned by weights digest only (no Hub "
                       "revision to check)", role=role)]
-    pinned = ModelIdentity.from_dict(pin["identity"])
-    repo_id, sha = pin["repo_id"], pin["revision"]
+    pinned = pin.identity
+    repo_id, sha = pin.repo_id, pin.revision
     try:
         info = client.api.model_info(repo_id, revision=sha, files_metadata=True)
     except Exception as exc:  # noqa: BLE001 - translated below
@@ -100,7 +102,7 @@ def verify_remote(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
                     raise_on_failure=False, decrypt_with=decrypt_with)
     if report.lock is not None and report.intact:
         client = HubClient(endpoint, token)
-        report.extend(remote_model_checks(report.lock["models"], client, strict=True))
+        report.extend(remote_model_checks(report.lock.models, client, strict=True))
         if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
         pulled = pulled_repo(Path(cube_dir))

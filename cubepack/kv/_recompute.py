@@ -769,21 +769,22 @@ def describe(result: Recomputation) -> str:
             + (f"; {result.detail}" if result.detail else ""))
 
 
-def load_for_recompute(model: Any, pin: dict[str, Any]) -> Any:
+def load_for_recompute(model: Any, repo_id: str | None, revision: str | None,
+                       dtype: str | None) -> Any:
     """A loaded model to recompute with: ``model`` itself when loaded, else loaded from the
-    folder or Hub id given, or from the pinned revision in the HF cache, in the pinned dtype.
-    Never from a path the cube names: that would let the cube choose what proves it."""
+    folder or Hub id given, or from the pin's revision (``repo_id@revision``) in the HF cache,
+    in the pinned ``dtype``. Never from a path the cube names: that would let the cube choose
+    what proves it."""
     if model is not None and not isinstance(model, (str, Path)):
         return model
-    identity = pin.get("identity") or {}
     if model is not None:
         folder, _, _ = resolve_model_folder(str(model))
-    elif pin.get("repo_id") and pin.get("revision"):
-        folder, _, _ = resolve_model_folder(pin["repo_id"], pin["revision"], local_files_only=True)
+    elif repo_id and revision:
+        folder, _, _ = resolve_model_folder(repo_id, revision, local_files_only=True)
     else:
         raise CubepackError("recomputation needs the producer model: pass --model (the pin "
                             "names no Hub revision to find it in the HF cache)")
-    return load_model(folder, identity.get("dtype"))
+    return load_model(folder, dtype)
 
 
 def load_model(folder: Path, dtype: str | None) -> Any:

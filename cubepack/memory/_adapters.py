@@ -15,6 +15,7 @@ base never imports torch or peft (:mod:`._load_adapter` applies one).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,6 +25,7 @@ from .._util.budget import checkpoint
 from .._util.canonical import digest_of_file_hashes
 from .._util.paths import resolve_inside
 from .._util.safetensors_header import Header, read_header
+from ..format.sections import Adapter, Pin
 from ..errors import (
     FormatError,
     HubError,
@@ -36,7 +38,7 @@ from ..errors import (
 from ..format._fileset import is_bookkeeping
 from ..format._lock import BASE_CLAIM
 from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
-from ..identity._identity import ModelIdentity, compare
+from ..identity._identity import compare
 
 #: The lock's model role of an adapter's base: ``adapter.<name>``.
 ROLE_PREFIX = "adapter."
@@ -468,22 +470,37 @@ def scaling(config: dict[str, Any]) -> dict[str, Any]:
             "use_rslora": bool(config.get("use_rslora", False))}
 
 
-def entry_mismatches(entry: dict[str, Any], info: AdapterInfo) -> list[Mismatch]:
+def _plain(value: Any) -> Any:
+    """A typed entry's value as the lock's JSON holds it (a tuple is a list, a mapping a
+    dict), to compare with what a file says and to report."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def entry_mismatches(entry: Adapter, info: AdapterInfo) -> list[Mismatch]:
     """Where the lock's entry disagrees with what the adapter's files say (pure); the scaling
     keys when the entry records them (a version-4 lock)."""
-    problems = [Mismatch(key, entry[key], getattr(info, key))
+    recorded_facts = {"peft_type": entry.peft_type, "rank": entry.rank,
+                      "lora_alpha": entry.lora_alpha, "target_modules": entry.target_modules,
+                      "dtype": entry.dtype, "rank_pattern": entry.rank_pattern,
+                      "alpha_pattern": entry.alpha_pattern, "use_rslora": entry.use_rslora}
+    problems = [Mismatch(key, _plain(recorded_facts[key]), getattr(info, key))
                 for key in ("peft_type", "rank", "lora_alpha", "target_modules", "dtype")
-                if entry[key] != getattr(info, key)]
-    problems += [Mismatch(key, entry[key], value) for key, value in scaling(info.config).items()
-                 if key in entry and entry[key] != value]
-    if sorted(entry["modules"]) != sorted(info.modules):
-        problems.append(Mismatch("modules", sorted(entry["modules"]), sorted(info.modules)))
+                if _plain(recorded_facts[key]) != getattr(info, key)]
+    problems += [Mismatch(key, _plain(recorded_facts[key]), value)
+                 for key, value in scaling(info.config).items()
+                 if recorded_facts[key] is not None and _plain(recorded_facts[key]) != value]
+    if sorted(entry.modules) != sorted(info.modules):
+        problems.append(Mismatch("modules", sorted(entry.modules), sorted(info.modules)))
         return problems
-    for module, recorded in sorted(entry["modules"].items()):
+    for module, fit in sorted(entry.modules.items()):
         live = info.modules[module]
         implied = expected_base_shape(info, live)
-        if (recorded["kind"], recorded["rank"], recorded["shape"]) != (
-                live["kind"], live["rank"], implied):
+        recorded = {"kind": fit.kind, "rank": fit.rank, "shape": list(fit.shape)}
+        if (fit.kind, fit.rank, list(fit.shape)) != (live["kind"], live["rank"], implied):
             problems.append(Mismatch(f"modules.{module}", recorded,
                                      {"kind": live["kind"], "rank": live["rank"],
                                       "shape": implied}))
@@ -492,7 +509,7 @@ def entry_mismatches(entry: dict[str, Any], info: AdapterInfo) -> list[Mismatch]
 
 # --- pinning the base at pack ----------------------------------------------------------------
 
-def resolve_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
+def resolve_base(info: AdapterInfo, given: Any, remembered: Pin | None
                  ) -> tuple[Any, str | None, str]:
     """(the base to fingerprint, its revision, how it was chosen): ``given`` (pack's
     ``adapter_base``), else the pin the cube's last pack recorded, else the config's claim.
@@ -505,15 +522,15 @@ def resolve_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | Non
         if isinstance(given, str) and not Path(given).expanduser().exists() and "@" in given:
             given, revision = given.rsplit("@", 1)
         return given, revision, source
-    if remembered and remembered.get("repo_id") and remembered.get("revision"):
-        return remembered["repo_id"], remembered["revision"], "the last pack's pin"
+    if remembered is not None and remembered.repo_id and remembered.revision:
+        return remembered.repo_id, remembered.revision, "the last pack's pin"
     if info.claimed_base:
         return info.claimed_base, None, "adapter_config.json's base_model_name_or_path"
     raise UsageError(f"Adapter {info.name!r}'s {constants.ADAPTER_CONFIG} names no base model; "
                      "say which model it adapts: cubepack pack CUBE --adapter-base MODEL.")
 
 
-def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
+def pin_base(info: AdapterInfo, given: Any, remembered: Pin | None
              ) -> tuple[dict[str, Any], dict[str, list[int]], dict[str, Any]]:
     """Fingerprint the adapter's base and check the adapter against it: (the pin, the base
     shapes of the adapted modules, how the base was found).
@@ -555,7 +572,7 @@ def pin_base(info: AdapterInfo, given: Any, remembered: dict[str, Any] | None
     return pin, base_shapes, how
 
 
-def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live: Any,
+def check_live_base(name: str, entry: Adapter, pin: Pin, live: Any,
                     shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse a base (``live``: its identity; ``shapes``: its weight shapes) the adapter was
     not pinned to, naming every differing field: the pin's strict fields (weights digest,
@@ -564,30 +581,30 @@ def check_live_base(name: str, entry: dict[str, Any], pin: dict[str, Any], live:
     Raises:
         IdentityMismatch: the base is not the pinned one.
     """
-    pinned = ModelIdentity.from_dict(pin["identity"])
-    problems = compare(pinned, live)
-    for module, recorded in sorted(entry["modules"].items()):
+    assert pin.identity is not None  # an adapter's base is a strict pin (the lock's rule)
+    problems = compare(pin.identity, live)
+    for module, fit in sorted(entry.modules.items()):
         found = shapes.get(module + ".weight")
-        if found is None or list(found) != recorded["shape"]:
-            problems.append(Mismatch(f"module {module}", recorded["shape"],
+        if found is None or list(found) != list(fit.shape):
+            problems.append(Mismatch(f"module {module}", list(fit.shape),
                                      list(found) if found is not None else "absent"))
     if problems:
-        where = f"{pin['repo_id']}@{pin['revision']}" if pin.get("revision") else \
+        where = f"{pin.repo_id}@{pin.revision}" if pin.revision else \
             "a local folder, by weights digest"
         raise IdentityMismatch(
-            f"Adapter {name!r} ({entry['path']}/)", problems,
+            f"Adapter {name!r} ({entry.path}/)", problems,
             "Apply it to the base it was packed for (the same weights, in the same dtype), or "
             "pack it again for this base if it was trained on it.",
             finding=f"is pinned to another base ({where})")
 
 
-def describe_entry(entry: dict[str, Any], pin: dict[str, Any] | None) -> str:
+def describe_entry(entry: Adapter, pin: Pin | None) -> str:
     """One line about an adapter: type, rank, targets, base."""
-    base = (f"{pin['repo_id']}@{pin['revision']}" if pin and pin.get("revision")
-            else f"weights {(pin or {}).get('identity', {}).get('weights_digest')}")
-    targets = entry["target_modules"] if isinstance(entry["target_modules"], str) else \
-        ", ".join(entry["target_modules"])
-    return (f"{entry['peft_type']} r={entry['rank']} on {len(entry['modules'])} modules "
+    base = (f"{pin.repo_id}@{pin.revision}" if pin is not None and pin.revision
+            else f"weights {pin.identity.weights_digest if pin and pin.identity else None}")
+    targets = entry.target_modules if isinstance(entry.target_modules, str) else \
+        ", ".join(entry.target_modules)
+    return (f"{entry.peft_type} r={entry.rank} on {len(entry.modules)} modules "
             f"({targets}); base {base}")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from .._util.models import load_encoder
 from .._util.paths import resolve_inside
 from ..errors import CubepackError, IntegrityError, UsageError
+from ..format.sections import VectorsRecord
 from ..memos_format._layout import memory_files
 from ._vectors import PROBES, memory_vectors
 
@@ -30,7 +31,7 @@ def probe_vectors(spec: str) -> list[list[float]]:
 
 
 def vector_sources(cube: Path, config: dict[str, Any], lock_files: list[str],
-                   record: dict[str, Any] | None) -> list[tuple[str, list[tuple]]]:
+                   record: VectorsRecord | None) -> list[tuple[str, list[tuple]]]:
     """The text memories MemOS loads that hold vectors: (file, memories) for each file the
     cube's ``config.json`` names (never a path from the lock), read through the path rule (a
     listed, verified regular file inside the cube). They must agree with the lock's record.
@@ -52,17 +53,17 @@ def vector_sources(cube: Path, config: dict[str, Any], lock_files: list[str],
         raise IntegrityError(f"{named[0]} holds {len(sources[0][1])} vectors but the lock records "
                              "no embedder for them (a packed cube always does: was the record "
                              "removed?); re-pack the cube with cubepack pack.")
-    if record is not None and record["file"] not in named:
-        raise IntegrityError(f"The lock records vectors for {record['file']}, but the text "
+    if record is not None and record.file not in named:
+        raise IntegrityError(f"The lock records vectors for {record.file}, but the text "
                              f"memory config.json names ({', '.join(named) or 'none'}) holds "
                              "other or no vectors.")
     for name, memories in sources:
         dimensions = sorted({len(vector) for _, _, vector in memories})
-        if record is not None and name == record["file"] and (
-                len(memories) != record["count"] or dimensions != [record["dimension"]]):
+        if record is not None and name == record.file and (
+                len(memories) != record.count or dimensions != [record.dimension]):
             raise IntegrityError(f"{name} holds {len(memories)} vectors of dimension "
                                  f"{', '.join(map(str, dimensions))}; the lock records "
-                                 f"{record['count']} of dimension {record['dimension']}.")
+                                 f"{record.count} of dimension {record.dimension}.")
     return sources
 
 

@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..format._lock import KV_HEADER, activation_id_key, check_provenance, duplicate_id
 from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
+from ..format.sections import Lock
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, dtype_name
 from ..kv._format import (
@@ -97,12 +98,12 @@ class HookReport:
     unchecksummed: list[str] = field(default_factory=list)
 
 
-def require_provenance(lock: dict[str, Any], report: HookReport, required: str | None) -> None:
+def require_provenance(lock: Lock, report: HookReport, required: str | None) -> None:
     """Record what backs each activation's producer label (a recomputation by the loaded model
     is proved; the lock's label is claimed, or signed under a trusted key) and refuse those that
     do not meet ``required`` (the one rule of :func:`cubepack.trust._evidence.satisfies`)."""
-    for item_id, entry in sorted(lock["activations"].items()):
-        backing = provenance_evidence(entry["provenance"],
+    for item_id, entry in sorted(lock.activations.items()):
+        backing = provenance_evidence(entry.provenance,
                                       recomputed=report.recomputed.get(item_id),
                                       signed=report.signed, item=item_id)
         report.provenance[item_id] = backing
@@ -226,19 +227,19 @@ class _Staged:
             self.act_mem.add(self.items)
 
 
-def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
+def load_activations(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
                      policy: TrustPolicy, seals: frozenset[Any] = frozenset()) -> None:
     """Install a verified cube's activation memory into ``act_mem``: KV caches into a memory
     whose LLM runs here, a vLLM cube's prompts into one whose LLM is a server; either into the
     other kind is refused (it would leave the memory silently empty)."""
     local = hasattr(act_mem.llm, "model")
-    prompts = constants.PROMPTS_FILE in lock["files"]
-    if local and prompts and not lock["activations"]:
+    prompts = constants.PROMPTS_FILE in lock.files
+    if local and prompts and not lock.activations:
         raise UnsupportedError(f"{cube_dir} holds vLLM prompts ({constants.PROMPTS_FILE}), but "
                                f"{type(act_mem).__name__}'s LLM runs here and takes KV caches; "
                                "load it into a VLLMKVCacheMemory (act_mem backend "
                                "vllm_kv_cache).")
-    if not local and lock["activations"]:
+    if not local and lock.activations:
         raise UnsupportedError(f"{cube_dir} holds KV caches, but {type(act_mem).__name__} "
                                "holds prompt strings for a vLLM server; load it into a "
                                "KVCacheMemory.")
@@ -248,18 +249,19 @@ def load_activations(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report:
         load_prompts(act_mem, cube_dir, lock, report)
 
 
-def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
+def load_packed(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
                 policy: TrustPolicy, seals: frozenset[Any] = frozenset()) -> None:
     """Install a verified cube's activations, each checked against the live model (and, with
     ``recompute``, reproduced by it: see :mod:`cubepack.kv._recompute`)."""
-    pinned = (lock["models"].get(memos_layout.ACT_ROLE) or {}).get("identity")
-    if not lock["activations"]:
+    pin = lock.models.get(memos_layout.ACT_ROLE)
+    pinned = pin.identity if pin is not None else None
+    if not lock.activations:
         return
-    llm = llm_in_dtype(act_mem, pinned["dtype"] if pinned else None)
+    llm = llm_in_dtype(act_mem, pinned.dtype if pinned else None)
     live = fingerprint(llm.model)
     staged = _Staged(act_mem, cube_dir, report, policy, seals)
-    for item_id, entry in sorted(lock["activations"].items()):
-        path = resolve_inside(cube_dir, entry["file"])
+    for item_id, entry in sorted(lock.activations.items()):
+        path = resolve_inside(cube_dir, entry.file)
         try:
             info = check_kv_file(path, live)
         except IdentityMismatch as mismatch:
@@ -270,7 +272,8 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: Hook
         if policy.recomputation().asked and not info.token_ids:
             raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
         _note_unchecked(report, item_id, info)
-        staged.add(item_id, mapped_layers(info), info.metadata, info.producer, entry["provenance"],
+        staged.add(item_id, mapped_layers(info), info.metadata, info.producer,
+                   entry.provenance.to_dict() if entry.provenance is not None else None,
                    info.token_ids)
     # Here, not only in init_from_dir: MemOS's own load (KVCacheMemory.load, which
     # GeneralMemCube.load, MOSCore.load and the scheduler call) reaches this alone; and before
@@ -521,15 +524,16 @@ def _install_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None
     report.loaded.extend(item.id for item in items)
 
 
-def load_prompts(act_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport) -> None:
+def load_prompts(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport) -> None:
     """Install a verified vLLM cube's prompts into a ``VLLMKVCacheMemory``, once the vLLM model
     MemOS will send them to is the pinned one (by Hub id or name: the weights sit on the vLLM
     server, where cubepack cannot fingerprint them)."""
-    if constants.PROMPTS_FILE not in lock["files"]:
+    if constants.PROMPTS_FILE not in lock.files:
         return
-    pin = lock["models"].get(memos_layout.ACT_ROLE) or {}
-    pinned = {name for name in (pin.get("repo_id"), pin.get("name"),
-                                (pin.get("identity") or {}).get("model_id")) if name}
+    pin = lock.models.get(memos_layout.ACT_ROLE)
+    pinned = set() if pin is None else {
+        name for name in (pin.repo_id, pin.name, pin.identity.model_id if pin.identity else None)
+        if name}
     _load_prompt_file(act_mem, cube_dir, resolve_inside(cube_dir, constants.PROMPTS_FILE),
                       pinned, report)
 

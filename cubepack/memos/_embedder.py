@@ -16,6 +16,7 @@ from typing import Any
 
 from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
+from ..format.sections import Lock
 from ..memory._embedder import vector_sources
 from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
 from ..ops._seam import embedder_checks
@@ -26,7 +27,7 @@ logger = logging.getLogger("cubepack.memos")
 ROLE = EMBEDDER_ROLE
 
 
-def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], report: HookReport,
+def check_text_vectors(text_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
                        policy: TrustPolicy) -> None:
     """Re-embed memories drawn at random from the text memory MemOS loaded (the file its
     config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose
@@ -34,8 +35,8 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
     embedder = getattr(text_mem, "embedder", None)
     config_path = cube_dir / constants.MEMOS_CONFIG
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    record = (lock["models"].get(ROLE) or {}).get("vectors")
-    if not vector_sources(cube_dir, config, list(lock["files"]), record):
+    record = lock.vectors_record(ROLE)
+    if not vector_sources(cube_dir, config, list(lock.files), record):
         return  # no vectors: nothing an embedder could be checked against
     if embedder is None:
         raise IdentityMismatch(f"The textual memories of {cube_dir}", [
@@ -43,7 +44,7 @@ def check_text_vectors(text_mem: Any, cube_dir: Path, lock: dict[str, Any], repo
             "MemOS built this text memory without an embedder, so its vectors cannot be "
             "checked; configure the embedder that made them.", finding="cannot be checked")
     draw = policy.reembedding()  # the embedder is MemOS's; how many memories, the policy's
-    checks = embedder_checks(cube_dir, config, lock, embedder.embed,
+    checks = embedder_checks(cube_dir, config, list(lock.files), record, embedder.embed,
                              label=type(embedder).__name__, seed=draw.seed, size=draw.sample)
     problems = [Mismatch(f"vectors[{c.subject}].dimension", c.expected, c.found)
                 if c.expected is not None else

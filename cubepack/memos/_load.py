@@ -22,6 +22,7 @@ from .._util.quiet import quietly
 from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputError, UsageError
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
+from ..format.sections import Lock
 from ..memos_format import _layout as memos_layout
 from ..ops import verify
 from ..ops._seam import is_private, open_private
@@ -169,7 +170,8 @@ def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
                       **options)
     cube.cubepack.cube_dir = cube_dir
     cube.cubepack.private_recipients = list(opened.manifest["recipients"])
-    cube.cubepack.private_hidden_names = bool(opened.public_lock["encryption"]["hidden_names"])
+    encryption = opened.public_lock.encryption
+    cube.cubepack.private_hidden_names = encryption is not None and encryption.hidden_names
     return cube
 
 
@@ -211,7 +213,7 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by,
                         signed=verified.signed)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
-    if lock.get("adapters"):  # before MemOS builds anything
+    if lock.adapters:  # before MemOS builds anything
         check_adapters(lock, effective.model_dump(mode="json") if "para_mem" in types else {},
                        report, policy)
     config = _only(effective, types)
@@ -242,7 +244,7 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
 MEMORY_TYPES = ("text_mem", "act_mem", "para_mem", "pref_mem")
 
 
-def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
+def _configs(cube_dir: Path, lock: Lock, default_config: Any, *,
              shown: Path) -> tuple[Any, Any]:
     """(the cube's own config, the effective one), merged as MemOS merges a default_config. A
     cube without config.json (a text-memory export, a lone memory's dump) takes the
@@ -253,7 +255,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
 
     if not (cube_dir / constants.MEMOS_CONFIG).is_file():
         if default_config is None:
-            kind = ("an activation memory's own dump" if lock.get("activations") else
+            kind = ("an activation memory's own dump" if lock.activations else
                     "a text memory's own dump, or a text-memory export")
             raise UsageError(f"{shown} holds no MemOS config.json ({kind}); say how MemOS "
                              "should hold it: pass "
@@ -261,7 +263,7 @@ def _configs(cube_dir: Path, lock: dict[str, Any], default_config: Any, *,
                              "the cube), or load it into a memory of yours (KVCacheMemory.load, "
                              "a text memory's load).")
         data = default_config.model_dump(mode="json")
-        data["cube_id"] = lock.get("cube_id") or data.get("cube_id")
+        data["cube_id"] = lock.cube_id or data.get("cube_id")
         config = type(default_config).model_validate(data)
         return config, config
     refuse_code_settings(cube_dir)
@@ -305,7 +307,7 @@ def _only(config: Any, types: list[str]) -> Any:
     return type(config).model_validate(data)
 
 
-def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: HookReport, *,
+def _pin_models(recorded: Any, effective: Any, lock: Lock, report: HookReport, *,
                 endpoint: str | None, token: str | None) -> Any:
     """Point each producer at its pinned snapshot, when the effective config still names the
     model the cube was packed with. A ``default_config`` that swapped the model keeps its own
@@ -314,7 +316,7 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
 
     recorded_dict = recorded.model_dump(mode="json")
     effective_dict = effective.model_dump(mode="json")
-    for role, pin in lock["models"].items():
+    for role, pin in lock.models.items():
         original = memos_layout.llm_config(recorded_dict, role)
         current = memos_layout.llm_config(effective_dict, role)
         if current is None or original is None:
@@ -324,34 +326,34 @@ def _pin_models(recorded: Any, effective: Any, lock: dict[str, Any], report: Hoo
                         original.get("model_name_or_path"), current.get("model_name_or_path"))
             continue
         named = original.get("model_name_or_path")
-        if pin.get("repo_id") and named not in (pin["repo_id"], pin.get("name")):
+        if pin.repo_id and named not in (pin.repo_id, pin.name):
             # The lock is a claim: it may pin the model config.json names, never choose another.
             raise IntegrityError(
-                f"The lock pins the {role} model {pin['repo_id']}@{pin.get('revision')}, but "
+                f"The lock pins the {role} model {pin.repo_id}@{pin.revision}, but "
                 f"config.json names {named}: the pin would make MemOS run another model than the "
                 "one the cube (and any default_config) names. Refusing the cube; re-pack it.")
         backend = memos_layout.role_backend(recorded_dict, role)
-        if pin.get("repo_id") and pin.get("revision") and backend not in memos_layout.LOCAL_BACKENDS:
+        if pin.where is not None and backend not in memos_layout.LOCAL_BACKENDS:
             # A server (vLLM...) holds these weights and MemOS sends it the name: a local
             # snapshot would be downloaded for nothing and the server sent a path it lacks.
             logger.info("cubepack: the %s model %s@%s is served by its %s backend; MemOS sends "
-                        "the name, nothing is downloaded", role, pin["repo_id"], pin["revision"],
+                        "the name, nothing is downloaded", role, pin.repo_id, pin.revision,
                         backend)
-            report.models[role] = f"{pin['repo_id']}@{pin['revision']} (served by {backend})"
+            report.models[role] = f"{pin.where} (served by {backend})"
             continue
-        if pin.get("repo_id") and pin.get("revision"):
+        if pin.repo_id and pin.revision:
             try:
-                folder = snapshot_download(pin["repo_id"], revision=pin["revision"],
+                folder = snapshot_download(pin.repo_id, revision=pin.revision,
                                            endpoint=endpoint, token=token)
             except Exception as exc:
-                if not pin.get("strict"):
+                if not pin.strict:
                     # Only the activation producer must match bit for bit; a helper model
                     # (extractor, embedder) falls back to its name, and the user is told.
                     logger.warning("cubepack: the pinned %s model %s@%s cannot be downloaded "
-                                   "(%s); MemOS will load %s by name", role, pin["repo_id"],
-                                   pin["revision"], exc, original.get("model_name_or_path"))
+                                   "(%s); MemOS will load %s by name", role, pin.repo_id,
+                                   pin.revision, exc, original.get("model_name_or_path"))
                     continue
-                raise CubepackError(f"The pinned {role} model {pin['repo_id']}@{pin['revision']} "
+                raise CubepackError(f"The pinned {role} model {pin.where} "
                                     f"cannot be downloaded: {exc}. Use an endpoint that hosts "
                                     f"that commit (and a token that can read it), or put the "
                                     f"commit in the HF cache first.") from exc

@@ -19,6 +19,7 @@ from typing import Any
 
 from .._util.checks import Catalogue
 from ..errors import CubepackError, IdentityMismatch
+from ..format.sections import Lock
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..memory import _adapters as adapters_mod
 from ..trust._policy import TrustPolicy
@@ -43,7 +44,7 @@ def para_base_name(config: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def check_adapters(lock: dict[str, Any], config: dict[str, Any], report: HookReport,
+def check_adapters(lock: Lock, config: dict[str, Any], report: HookReport,
                    policy: TrustPolicy) -> None:
     """Check every adapter of a verified cube against the base its MemOS ``config`` names for
     the parametric memory; record the outcome in ``report.adapters``.
@@ -54,12 +55,12 @@ def check_adapters(lock: dict[str, Any], config: dict[str, Any], report: HookRep
         CubepackError: the base cannot be found locally and ``strict_models`` is set.
     """
     named = para_base_name(config)
-    for name, entry in sorted((lock.get("adapters") or {}).items()):
-        pin = lock["models"][entry["model_role"]]
+    for name, entry in sorted(lock.adapters.items()):
+        pin = lock.models[entry.model_role]
         if named is None:
             report.adapters[name] = NOT_APPLIED
             continue
-        revision = pin.get("revision") if named == pin.get("repo_id") else None
+        revision = pin.revision if named == pin.repo_id else None
         try:
             folder, _, _ = resolve_model_folder(named, revision, local_files_only=True)
             adapters_mod.check_live_base(name, entry, pin, fingerprint(str(folder)),

@@ -40,6 +40,7 @@ from typing import Any
 from .._util import atomic, constants
 from ..errors import SignatureError, UsageError
 from ..format import _lock as lockfile
+from ..format.sections import Lock
 from ..trust import _age as age
 from ..trust._generation import manifest_names_readers
 
@@ -83,18 +84,17 @@ class Seal:
         return f"{self.source} ({count} recipient{'s' if count != 1 else ''})"
 
 
-def loaded_seal(source: Any, manifest: dict[str, Any], public_lock: dict[str, Any], *,
+def loaded_seal(source: Any, manifest: dict[str, Any], public_lock: Lock, *,
                 signed_by: str | None, named: tuple[str, ...] = ()) -> Seal:
     """The seal of a private cube just opened: its manifest's recipients, trusted only when a
     trusted key's signature covered the cube (``signed_by``: the signature covers the public
     lock, which pins the manifest's ciphertext), else the recipients the user ``named``."""
-    encryption = public_lock.get("encryption") or {}
-    cube_id = public_lock.get("cube_id") if isinstance(public_lock.get("cube_id"), str) else None
+    hidden = public_lock.encryption is not None and public_lock.encryption.hidden_names
+    cube_id = public_lock.cube_id
     if named:
-        return Seal(tuple(sorted(named)), True, str(source), cube_id,
-                    bool(encryption.get("hidden_names")), named=True)
+        return Seal(tuple(sorted(named)), True, str(source), cube_id, hidden, named=True)
     return Seal(tuple(sorted(manifest["recipients"])), manifest_names_readers(signed_by),
-                str(source), cube_id, bool(encryption.get("hidden_names")))
+                str(source), cube_id, hidden)
 
 
 # --- marks on memory instances and stores -------------------------------------------------------
@@ -454,7 +454,7 @@ def private_folder(target: Path) -> bool:
     if not lock.is_file() or lock.is_symlink():
         return False
     try:
-        return "encryption" in lockfile.parse(lock.read_bytes())
+        return lockfile.parse(lock.read_bytes()).private
     except Exception:  # noqa: BLE001 - a damaged lock is not one cubepack may replace
         return False
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util.checks import Catalogue
+from ..format.sections import VectorsRecord
 from ..memory._embedder import BATCH, vector_sources
 from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine
 from ..trust._evidence import CLAIMED
@@ -21,7 +22,8 @@ from ..trust._report import Check
 _CHECK = Catalogue.EMBEDDER
 
 
-def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
+def embedder_checks(cube: Path, config: dict[str, Any], files: list[str],
+                    record: VectorsRecord | None,
                     embed_texts: Callable[[list[str]], list[list[float]]], *, label: str,
                     seed: int | None = None, size: int | None = SAMPLE_SIZE) -> list[Check]:
     """Re-embed memories drawn at random (by this process: ``seed``, reported) from each text
@@ -33,8 +35,7 @@ def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
     Raises:
         IntegrityError: see :func:`vector_sources`.
     """
-    record = (lock["models"].get(EMBEDDER_ROLE) or {}).get("vectors")
-    sources = vector_sources(cube, config, list(lock["files"]), record)
+    sources = vector_sources(cube, config, files, record)
     if not sources:
         return [Check(_CHECK, "*", False, "the cube's text memory holds no vectors, so no "
                       "embedder can be checked against it (drop --embedder)", role=EMBEDDER_ROLE)]
@@ -51,9 +52,9 @@ def embedder_checks(cube: Path, config: dict[str, Any], lock: dict[str, Any],
                  "sample cannot find a few foreign vectors: --embedder-sample 0 checks all")
         checks += [_compare(f"{name} ({memory_id})", stored, vector, label, scope)
                    for (memory_id, _, stored), vector in zip(drawn, fresh)]
-    if record.get("probes"):
+    if record is not None and record.probes:
         fresh = embed_texts(list(PROBES))
-        for index, (expected, vector) in enumerate(zip(record["probes"], fresh)):
+        for index, (expected, vector) in enumerate(zip(record.probes, fresh)):
             check = _compare(f"probe {index}", expected, vector, label, "the lock's probe vectors")
             check.basis = CLAIMED  # the expected vectors are the packer's word, not the memories
             checks.append(check)

@@ -121,7 +121,8 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     previous = _series_of(Path(continue_from), policy, sign_key, sign_password, progress) \
         if continue_from is not None else None
     report, _ = _signed_by(cube, policy, sign_key, sign_password, progress, resigning=False)
-    lock = report.lock or {}
+    lock = report.lock
+    assert lock is not None  # verified, or _signed_by raised
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
                          "cubepack rekey.")
@@ -137,14 +138,14 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
                              f"({generation - 1}); encrypt without --continue to start a new "
                              "series (readers who saw this one refuse a lower generation).")
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
-    clear = {name: resolve_inside(cube, name) for name in sorted(lock["files"])}
+    clear = {name: resolve_inside(cube, name) for name in sorted(lock.files)}
     clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
     names = {fileset.ciphertext_name(name, secrets.token_hex(16) if hide_names else None): name
              for name in clear}
 
     def read(name: str) -> bytes:
         data = clear[name].read_bytes()
-        expected = (lock["files"].get(name) or {}).get("sha256") if name in lock["files"] \
+        expected = lock.files[name].sha256 if name in lock.files \
             else hashlib.sha256(lock_bytes).hexdigest()
         if hashlib.sha256(data).hexdigest() != expected:
             raise IntegrityError(f"{name} changed after the cube was verified; nothing was "
@@ -282,7 +283,8 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     removed = {r.text for r in age.parse_recipients(list(remove))} if remove else set()
     # Intact ciphertexts (and the signature the policy asks for) before anything is decrypted.
     report, signer = _signed_by(cube, policy, sign_key, sign_password, resigning=True)
-    public = report.lock or {}
+    public = report.lock
+    assert public is not None  # verified, or _signed_by raised
     signers = _signers(policy, sign_key, sign_password) if signer is not None else {}
     seen = generations.newest_seen(generations.scope(public), signers)
     with open_private(cube, identity, public_lock=report.lock) as opened:
@@ -335,7 +337,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         result = write_private(cube, opened.lock, manifest["lock"], names,
                                lambda name: mapped_plaintext(resolve_inside(folder, name)),
                                list(kept.values()),
-                               hidden=opened.public_lock["encryption"]["hidden_names"],
+                               hidden=opened.public_lock.encryption.hidden_names,
                                series=series, generation=generation, history=history)
     result.added = gained
     result.removed = lost

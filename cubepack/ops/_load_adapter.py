@@ -30,6 +30,7 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
+from ..format.sections import Adapter, Lock
 from ..identity._fingerprint import fingerprint
 from ..memory import _adapters as adapters_mod
 from ..trust._policy import TrustPolicy
@@ -76,15 +77,16 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
             return _apply(model, opened.folder, opened.lock, name, adapter_name, Path(private),
                           str(cube_dir))
     with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
-        return _apply(model, Path(cube_dir), report.lock or {}, name, adapter_name,
+        assert report.lock is not None  # verified (verify raised otherwise)
+        return _apply(model, Path(cube_dir), report.lock, name, adapter_name,
                       Path(private), str(cube_dir))
 
 
-def _apply(model: Any, cube_dir: Path, lock: dict[str, Any], name: str | None,
+def _apply(model: Any, cube_dir: Path, lock: Lock, name: str | None,
            adapter_name: str, private: Path, where: str) -> Any:
     """Check ``model`` against the adapter's base pin, then let PEFT apply the adapter from a
     private copy (in ``private``) of the bytes just checked against ``lock``."""
-    adapters = lock.get("adapters") or {}
+    adapters = lock.adapters
     if name is None and len(adapters) == 1:
         name = next(iter(adapters))
     if name not in adapters:
@@ -92,14 +94,14 @@ def _apply(model: Any, cube_dir: Path, lock: dict[str, Any], name: str | None,
                          f"{sorted(adapters) or 'none'}. Pass one of them as name.")
     entry = adapters[name]
     _refuse_peft_layers(name, model)
-    adapters_mod.check_live_base(name, entry, lock["models"][entry["model_role"]],
+    adapters_mod.check_live_base(name, entry, lock.models[entry.model_role],
                                  fingerprint(model), adapters_mod.model_shapes(model))
-    for key, filename in (("config_file", constants.ADAPTER_CONFIG),
-                          ("weights_file", constants.ADAPTER_WEIGHTS)):
-        data = resolve_inside(cube_dir, entry[key]).read_bytes()
-        expected = lock["files"][entry[key]]["sha256"]
+    for locator, filename in ((entry.config, constants.ADAPTER_CONFIG),
+                              (entry.weights, constants.ADAPTER_WEIGHTS)):
+        data = resolve_inside(cube_dir, locator.path).read_bytes()
+        expected = locator.sha256
         if hashlib.sha256(data).hexdigest() != expected:
-            raise IntegrityError(f"{entry[key]} changed after it was verified (its sha256 is "
+            raise IntegrityError(f"{locator.path} changed after it was verified (its sha256 is "
                                  f"no longer {expected}); refusing to apply it.")
         if filename == constants.ADAPTER_CONFIG:  # patterns resolved by the bounded matcher
             data = json.dumps(adapters_mod.literal_config(
@@ -119,7 +121,7 @@ def _apply(model: Any, cube_dir: Path, lock: dict[str, Any], name: str | None,
         raise
     except Exception as exc:
         _restore(model, had_config)
-        raise UnsupportedError(f"PEFT could not apply adapter {name!r} ({entry['path']}/) "
+        raise UnsupportedError(f"PEFT could not apply adapter {name!r} ({entry.path}/) "
                                f"to this model: {type(exc).__name__}: {exc}") from exc
     return applied
 
@@ -140,7 +142,7 @@ def _refuse_peft_layers(name: str, model: Any) -> None:
             finding="holds PEFT layers already")
 
 
-def _check_all_loaded(name: str, entry: dict[str, Any], applied: Any, adapter_name: str,
+def _check_all_loaded(name: str, entry: Adapter, applied: Any, adapter_name: str,
                       weights: Path) -> None:
     """Every adapter tensor PEFT built came from the file, and every tensor of the file was
     used: PEFT initialises afresh (randomly, with init_lora_weights false) whatever the file
@@ -156,7 +158,7 @@ def _check_all_loaded(name: str, entry: dict[str, Any], applied: Any, adapter_na
                  for key in sorted(saved - built)]
     if problems:
         raise IdentityMismatch(
-            f"Adapter {name!r} ({entry['path']}/)", problems,
+            f"Adapter {name!r} ({entry.path}/)", problems,
             "Save the adapter with PEFT's save_pretrained from the model it was trained in "
             "(target_modules naming exactly the adapted modules).",
             finding="does not hold what its config makes PEFT build on this base")

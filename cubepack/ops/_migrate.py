@@ -30,6 +30,7 @@ from .._util import atomic, canonical, constants
 from .._util.paths import resolve_inside
 from .._util.quiet import terminal_bars
 from ..errors import FormatError, UsageError
+from ..format.sections import Lock
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..kv._format import read_kv_header
 from ..kv._recompute import load_model
@@ -134,21 +135,21 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
             rewritten = {constants.ANCESTORS_FILENAME, constants.SIGNATURE_FILENAME}
             rewritten |= {path for paths in dropped.values() for path in paths}
             if target_model is not None:
-                rewritten |= {entry["file"] for entry in lock["activations"].values()}
+                rewritten |= {entry.file for entry in lock.activations.values()}
             textual = _vector_files(cube, config, lock) if embedder else []
             rewritten |= set(textual) | ({constants.MEMOS_CONFIG} if config is not None else set())
             # Copied, not linked: the new cube is its user's to edit in place, the old one must not
             # change with it.
-            for name in sorted(set(lock["files"]) - rewritten):
+            for name in sorted(set(lock.files) - rewritten):
                 atomic.copy_file(resolve_inside(cube, name), resolve_inside(staging, name))
             # The old lock too, so pack keeps what a re-pack keeps (a pin it need not move).
             atomic.copy_file(cube / constants.LOCK_FILENAME, staging / constants.LOCK_FILENAME)
             if ancestors is not None:
                 atomic.write_text(resolve_inside(staging, constants.ANCESTORS_FILENAME),
                                   canonical.dumps(ancestors))
-            activations, proven = {}, {}
+            reprefilled, proven = {}, {}
             if target_model is not None:
-                activations, proven = _reprefill_all(cube, staging, lock, target_model)
+                reprefilled, proven = _reprefill_all(cube, staging, lock, target_model)
             reembedded = sum(_reembed(cube, staging, name, embedder, progress)
                              for name in textual) if embedder else 0
             if config is not None:
@@ -157,11 +158,11 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
                 lineage.parent_link(cube, lock, lock_bytes),
                 models=_model_changes(lock, target_model),
                 embedder=_embedder_change(lock, embedder),
-                retokenized=[item for item, entry in activations.items() if entry["retokenized"]],
+                retokenized=[item for item, done in reprefilled.items() if done["retokenized"]],
                 reembedded=reembedded, adapters_dropped=list(dropped))
             packed = pack(staging, model=target_model.source if target_model else None,
                           revision=revision, embedder=embedder, progress=progress,
-                          cube_id=lock.get("cube_id") if config is None else None,
+                          cube_id=lock.cube_id if config is None else None,
                           sign_key=sign_key, sign_password=sign_password,
                           _derived={"lineage": section, "provenance": proven})
             atomic.replace_dir(staging, target)
@@ -170,7 +171,7 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
             atomic.remove_empty(created)
             raise
     return MigrateResult(cube_dir=target, parent_dir=cube, digest=packed.digest,
-                         content_digest=packed.content_digest, activations=activations,
+                         content_digest=packed.content_digest, activations=reprefilled,
                          reembedded=reembedded, adapters_dropped=dropped, lineage=section)
 
 
@@ -187,9 +188,9 @@ def _check_target(cube: Path, target: Path) -> None:
                          "untouched; give a path outside it (--out).")
 
 
-def _memos_config(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | None:
+def _memos_config(cube: Path, lock: Lock) -> dict[str, Any] | None:
     """The old cube's config.json (verified, strict JSON), or None for a cube without one."""
-    if constants.MEMOS_CONFIG not in lock["files"]:
+    if constants.MEMOS_CONFIG not in lock.files:
         return None
     config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     if not isinstance(config, dict):
@@ -236,41 +237,42 @@ class _TargetModel:
         return f"{identity.model_id}@{identity.revision}" if identity.revision else self.name
 
 
-def _reprefill_all(cube: Path, staging: Path, lock: dict[str, Any], target: _TargetModel
+def _reprefill_all(cube: Path, staging: Path, lock: Lock, target: _TargetModel
                    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Re-prefill every activation with the new model into ``staging``; return what each one
     was built from and its ``recomputed`` label."""
-    activations, proven = {}, {}
-    for item_id, entry in sorted(lock["activations"].items()):
-        info = read_kv_header(resolve_inside(cube, entry["file"]))
+    reprefilled, proven = {}, {}
+    for item_id, entry in sorted(lock.activations.items()):
+        info = read_kv_header(resolve_inside(cube, entry.file))
         done = reprefill(target.live, item_id, token_ids=info.token_ids, metadata=info.metadata,
                          producer=info.producer, identity=target.identity,
                          tokenizer=target.tokenizer)
         label = provenance(done, target.identity, f"{BY} ({target.label})")
-        write_kv_layers(done.layers, resolve_inside(staging, entry["file"]),
+        write_kv_layers(done.layers, resolve_inside(staging, entry.file),
                         producer=target.identity, token_ids=done.token_ids,
                         metadata={**info.metadata, "provenance": label})
-        activations[item_id] = {"tokens": len(done.token_ids), "retokenized": done.retokenized}
-        proven[entry["file"]] = label  # the file this migrate wrote: what its label is of
-    return activations, proven
+        reprefilled[item_id] = {"tokens": len(done.token_ids), "retokenized": done.retokenized}
+        proven[entry.file] = label  # the file this migrate wrote: what its label is of
+    return reprefilled, proven
 
 
-def _model_changes(lock: dict[str, Any], target: _TargetModel | None) -> dict[str, Any]:
+def _model_changes(lock: Lock, target: _TargetModel | None) -> dict[str, Any]:
     if target is None:
         return {}
-    old = lock["models"].get(memos_layout.ACT_ROLE) or {}
+    old = lock.models.get(memos_layout.ACT_ROLE)
+    weights = old.identity.weights_digest if old is not None and old.identity else None
     return {memos_layout.ACT_ROLE: {
         "from": lineage.pin_label(old),
         "to": target.label,
-        "from_weights": str((old.get("identity") or {}).get("weights_digest") or "unpinned"),
+        "from_weights": str(weights or "unpinned"),
         "to_weights": target.identity.weights_digest}}
 
 
 # --- text memories ----------------------------------------------------------------------------
 
-def _vector_files(cube: Path, config: dict[str, Any] | None, lock: dict[str, Any]) -> list[str]:
+def _vector_files(cube: Path, config: dict[str, Any] | None, lock: Lock) -> list[str]:
     """The text memories (named by config.json, or MemOS's default name) holding vectors."""
-    names = memos_layout.memory_files(config or {}, list(lock["files"])).get("textual", [])
+    names = memos_layout.memory_files(config or {}, list(lock.files)).get("textual", [])
     return [name for name in names if memory_vectors(resolve_inside(cube, name))]
 
 
@@ -338,11 +340,11 @@ def embedder_label(spec: str) -> str:
     return spec
 
 
-def _embedder_change(lock: dict[str, Any], spec: str | None) -> dict[str, str] | None:
+def _embedder_change(lock: Lock, spec: str | None) -> dict[str, str] | None:
     if spec is None:
         return None
-    old = lock["models"].get(EMBEDDER_ROLE)
-    return {"from": lineage.pin_label(old) if old and old.get("name") else
+    old = lock.models.get(EMBEDDER_ROLE)
+    return {"from": lineage.pin_label(old) if old is not None and old.name else
             "unnamed (config.json names no embedder)", "to": embedder_label(spec)}
 
 

@@ -39,8 +39,9 @@ from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..format._content import content_error
 from ..format._fileset import is_activation_path
-from ..format._lock import BASE_CLAIM, KV_HEADER, check_provenance
+from ..format._lock import KV_HEADER, check_provenance
 from ..format._provenance import ASSERTED, RECOMPUTED, RECORDED
+from ..format.sections import Lock, Pin, VectorsRecord
 from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folder
 from ..identity._hub import fingerprint_hub
 from ..identity._identity import ModelIdentity, compare, require_same
@@ -88,10 +89,10 @@ class PackResult:
         return {
             "cube_dir": str(self.cube_dir), "digest": self.digest,
             "content_digest": self.content_digest, "files": self.files,
-            "models": {role: {**{k: pin.get(k) for k in ("repo_id", "revision", "strict", "name",
-                                                          "reason")},
-                              "pinned": pin.get("identity") is not None}
-                       for role, pin in self.models.items()},
+            "models": {role: {"repo_id": made.repo_id, "revision": made.revision,
+                              "strict": made.strict, "name": made.name, "reason": made.reason,
+                              "pinned": made.pinned}
+                       for role in self.models if (made := _made(self.models, role))},
             "activations": self.activations, "converted": self.converted,
             "recomputed": self.recomputed, "changed": self.changed,
             "moved_from": self.moved_from, "adapters": self.adapters,
@@ -156,14 +157,14 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")
     earlier = _previous_lock(cube, files)
-    if earlier is not None and "encryption" in earlier:
+    if earlier is not None and earlier.private:
         raise UsageError(f"{cube} is a private cube (its files are encrypted): it is packed "
                          "already. Change its recipients with cubepack rekey; pack its clear "
                          "source to change its content.")
-    if cube_id is not None and cube_id != (earlier or {}).get("cube_id"):
+    if cube_id is not None and cube_id != (earlier.cube_id if earlier is not None else None):
         lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
     if cube_id is None and constants.MEMOS_CONFIG not in files and earlier is not None:
-        cube_id = earlier.get("cube_id")  # a re-pack keeps the id its last pack was given
+        cube_id = earlier.cube_id  # a re-pack keeps the id its last pack was given
     memos_config = _read_memos_config(cube, files, cube_id)
     if model is None:  # keep the recorded pin; --revision alone moves it to that revision
         remembered, pinned_revision = _remembered_pin(earlier, memos_config)
@@ -223,7 +224,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
             proven.update((_derived or {}).get("provenance") or {})
             recomputed = _prove_activations(staging, pins, model) if recompute else {}
             proven.update(recomputed)
-            lineage = (_derived or {}).get("lineage") or (earlier or {}).get("lineage")
+            lineage = (_derived or {}).get("lineage") or (
+                earlier.lineage.to_dict() if earlier is not None and earlier.lineage else None)
             result = _write_metadata(
                 staging, memos_config, pins, proven, fitted,
                 license=license or previous_card.license,
@@ -232,8 +234,8 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
                 progress=progress, previous_card=previous_card, lineage=lineage,
                 vouched=vouched, cube=cube)
             # Labels were kept by file (what pack or migrate wrote); results name items.
-            item_of = {entry["file"]: item for item, entry in lockfile.parse(
-                (staging / constants.LOCK_FILENAME).read_bytes())["activations"].items()}
+            item_of = {entry.file: item for item, entry in lockfile.parse(
+                (staging / constants.LOCK_FILENAME).read_bytes()).activations.items()}
             result.converted = [item_of.get(name, name) for name in converted]
             result.moved_from = _moved_pins(earlier, pins)
             result.recomputed = {item_of.get(name, name): entry["detail"]
@@ -340,11 +342,15 @@ def _public_names(pins: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``pins`` as the cube shows them: a model named by a local path that is a snapshot of a
     Hub repo (its pin has the repo id and commit) is named by its repo id, as config.json is
     (:func:`hub_names_for_snapshots`); the path means nothing to whoever pulls the cube."""
-    return {role: {**pin, "name": pin["repo_id"]} if pin.get("repo_id") and pin.get("revision")
-            and names_a_path(pin.get("name")) else pin for role, pin in pins.items()}
+    shown = {}
+    for role, pin in pins.items():
+        made = lockfile.typed_pin(role, pin)
+        shown[role] = ({**pin, "name": made.repo_id}
+                       if made.where is not None and names_a_path(made.name) else pin)
+    return shown
 
 
-def _remembered_pin(previous: dict[str, Any] | None,
+def _remembered_pin(previous: Lock | None,
                     config: dict[str, Any]) -> tuple[str | None, str | None]:
     """The Hub model and commit the cube's last pack pinned, when config.json still names it, so
     a re-pack without ``--model`` (to sign it, say) keeps the pin instead of re-resolving the
@@ -353,40 +359,46 @@ def _remembered_pin(previous: dict[str, Any] | None,
     Raises:
         UsageError: config.json now names another model than the pin: say which with --model.
     """
-    pin = ((previous or {}).get("models") or {}).get(memos_layout.ACT_ROLE) or {}
-    if not pin.get("identity"):
+    pin = previous.models.get(memos_layout.ACT_ROLE) if previous is not None else None
+    if pin is None or pin.identity is None:
         return None, None
-    if not pin.get("repo_id") or not pin.get("revision"):
+    if not pin.repo_id or not pin.revision:
         # A folder pin: the folder it named, when it is still here (fingerprinted again: the
         # pin is what this pack computes, never the old lock's word).
-        name = pin.get("name")
+        name = pin.name
         named = memos_layout.act_model_name(config)
         if isinstance(name, str) and names_a_path(name) and Path(name).expanduser().is_dir() \
                 and named in (None, name):
             return name, None
         return None, None
     named = memos_layout.act_model_name(config)
-    if named not in (None, pin["repo_id"], pin.get("name")):
+    if named not in (None, pin.repo_id, pin.name):
         raise UsageError(f"config.json names the producer {named}, but the cube was packed "
-                         f"with {pin['repo_id']}@{pin['revision']}: a changed pin must be said. "
-                         f"Pass --model {named} to pin it, or --model {pin['repo_id']} "
-                         f"--revision {pin['revision']} to keep the old one.")
-    return pin["repo_id"], pin["revision"]
+                         f"with {pin.repo_id}@{pin.revision}: a changed pin must be said. "
+                         f"Pass --model {named} to pin it, or --model {pin.repo_id} "
+                         f"--revision {pin.revision} to keep the old one.")
+    return pin.repo_id, pin.revision
 
 
-def _moved_pins(earlier: dict[str, Any] | None,
-               pins: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """role -> ``repo@revision`` the last pack pinned, for each role whose pin moved."""
+def _moved_pins(earlier: Lock | None, pins: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """role -> ``repo@revision`` the last pack pinned, for each role whose pin moved (``pins``:
+    this pack's, as it writes them)."""
     moved = {}
-    for role, old in ((earlier or {}).get("models") or {}).items():
-        new = pins.get(role) or {}
-        if old.get("revision") and (old.get("repo_id"), old.get("revision")) != (
-                new.get("repo_id"), new.get("revision")):
-            moved[role] = f"{old.get('repo_id')}@{old['revision']}"
+    for role, old in (earlier.models.items() if earlier is not None else ()):
+        made = _made(pins, role)
+        if old.revision and (old.repo_id, old.revision) != (
+                (made.repo_id, made.revision) if made is not None else (None, None)):
+            moved[role] = f"{old.repo_id}@{old.revision}"
     return moved
 
 
-def _previous_lock(cube: Path, files: list[str]) -> dict[str, Any] | None:
+def _made(pins: dict[str, dict[str, Any]], role: str) -> Pin | None:
+    """The pin this pack made for ``role`` (``pins``: as it will write them), as the frozen
+    value a reader of its lock would get; None when it made none."""
+    return lockfile.typed_pin(role, pins[role]) if role in pins else None
+
+
+def _previous_lock(cube: Path, files: list[str]) -> Lock | None:
     """The cube's current lock, when it has a readable one (only to remember its pins)."""
     if constants.LOCK_FILENAME not in files:
         return None
@@ -415,7 +427,7 @@ def _header_claims(cube: Path, files: list[str]) -> list[tuple[str, ModelIdentit
             for name in files if is_activation_path(name)]
 
 
-def _vouched_by_lock(cube: Path, files: list[str], earlier: dict[str, Any] | None,
+def _vouched_by_lock(cube: Path, files: list[str], earlier: Lock | None,
                      recompute: bool) -> dict[str, str]:
     """name -> sha256 for each activation older than KV format 3, checked now against the
     cube's last lock: a checksum never seals bytes nothing checked. A format-3 file carries
@@ -428,14 +440,14 @@ def _vouched_by_lock(cube: Path, files: list[str], earlier: dict[str, Any] | Non
         FormatError: a format-2 file no lock lists, without ``recompute``.
     """
     vouched = {}
-    listed = ((earlier or {}).get("files") or {}) if isinstance(earlier, dict) else {}
+    listed = earlier.files if earlier is not None else {}
     for name in files:
         if not is_activation_path(name):
             continue
         info = read_kv_header(resolve_inside(cube, name))
         if info.checksums is not None:
             continue
-        expected = (listed.get(name) or {}).get("sha256")
+        expected = listed[name].sha256 if name in listed else None
         if expected is None and recompute:
             continue  # rewritten from this pack's own prefill before anything is sealed
         _require_vouched(cube / name, info.version, expected, sha256_file(cube / name),
@@ -472,10 +484,10 @@ def _upgrade_notes(cube: Path, staging: Path, item_of: dict[str, str], vouched: 
                    pins: dict[str, dict[str, Any]]) -> dict[str, str]:
     """item -> the command that upgrades its format-2 file (still format 2 in ``staging``:
     a recomputation rewrote the others), naming the producer this pack pinned."""
-    pin = pins.get(memos_layout.ACT_ROLE) or {}
-    command = (upgrade_command(cube, pin["repo_id"], pin["revision"])
-               if pin.get("repo_id") and pin.get("revision") else
-               upgrade_command(cube, pin["name"]) if isinstance(pin.get("name"), str)
+    pin = _made(pins, memos_layout.ACT_ROLE)
+    command = (upgrade_command(cube, pin.repo_id, pin.revision)
+               if pin is not None and pin.where is not None else
+               upgrade_command(cube, pin.name) if pin is not None and pin.name is not None
                else upgrade_command(cube))
     notes = {}
     for name in sorted(vouched):
@@ -631,8 +643,8 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
                                         "revision": None, "identity": None,
                                         "reason": "config.json names no embedder"})
         if embedder:
-            draft = {"files": {f: {} for f in files}, "models": {EMBEDDER_ROLE: {"vectors": record}}}
-            failures = [c for c in embedder_checks(cube, memos_config, draft,
+            failures = [c for c in embedder_checks(cube, memos_config, files,
+                                                   VectorsRecord.of(record),
                                                    lambda texts: embed(embedder, texts),
                                                    label=embedder) if not c.ok]
             if failures:
@@ -645,7 +657,7 @@ def _record_vectors(cube: Path, files: list[str], memos_config: dict[str, Any],
 
 
 def _pin_adapters(cube: Path, names: dict[str, str], pins: dict[str, dict[str, Any]],
-                  earlier: dict[str, Any] | None, adapter_base: Any) -> dict[str, tuple[Any, ...]]:
+                  earlier: Lock | None, adapter_base: Any) -> dict[str, tuple[Any, ...]]:
     """Pin each adapter's base (a strict role ``adapter.<name>`` in ``pins``) and check the
     adapter's tensors against the base's weight shapes; name -> (info, base shapes, how the
     base was found)."""
@@ -659,7 +671,7 @@ def _pin_adapters(cube: Path, names: dict[str, str], pins: dict[str, dict[str, A
         info = adapters_mod.read_adapter(cube, name)
         given = adapter_base.get(name) if isinstance(adapter_base, dict) else adapter_base
         role = adapters_mod.role(name)
-        remembered = ((earlier or {}).get("models") or {}).get(role)
+        remembered = earlier.models.get(role) if earlier is not None else None
         pin, shapes, how = adapters_mod.pin_base(info, given, remembered)
         pins[role] = pin
         fitted[name] = (info, shapes, how)
@@ -679,11 +691,11 @@ def _convert_pickle(pickle_path: Path, staging: Path, pins: dict[str, dict[str, 
                     assert_producer: bool) -> dict[str, dict[str, Any]]:
     """Convert a MemOS pickle's caches to KV files; return each item's provenance (what pack
     established for its producer label just now)."""
-    pin = pins.get(memos_layout.ACT_ROLE)
-    if pin is None or pin.get("identity") is None:
+    pin = _made(pins, memos_layout.ACT_ROLE)
+    if pin is None or pin.identity is None:
         raise CubepackError(f"{pickle_path.name} holds activations but the cube names no "
                             "producer model; pass --model with the model that built them.")
-    identity = ModelIdentity.from_dict(pin["identity"])
+    identity = pin.identity
     source = {"file": pickle_path.name, "sha256": sha256_file(pickle_path)}
     with open(pickle_path, "rb") as handle:  # read as a stream: never all its bytes twice
         dump = read_memos_pickle(handle, name=str(pickle_path))
@@ -762,7 +774,7 @@ def _typed_layers(layers: list[tuple[str, int, Any, Any]],
     return typed
 
 
-def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: dict[str, Any],
+def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: Pin,
                          memos_config: dict[str, Any], *, model: Any,
                          assert_producer: bool) -> dict[str, Any]:
     """Check the producer claims a pickle carries; say where the label comes from.
@@ -775,7 +787,7 @@ def _producer_provenance(item: Any, dump: Any, identity: ModelIdentity, pin: dic
         (item.producer_record, "MemOS #2305 metadata.producer"),
         (dump.model_identity, "MemOS #2302 model_identity")) if record]
     for record, source in records:
-        conflicts = record_conflicts(record, identity, pin.get("name"))
+        conflicts = record_conflicts(record, identity, pin.name)
         if conflicts:
             raise IdentityMismatch(
                 f"Activation {item.id!r}: its producer record ({source})", conflicts,
@@ -819,7 +831,7 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
     metadata is a claim, so it may lower the label (``asserted``) but never raise it."""
     entries: dict[str, dict[str, Any]] = {}
     ids: dict[str, str] = {}  # activation_id_key -> the id that has it
-    producer_pin = pins.get(memos_layout.ACT_ROLE)
+    producer_pin = _made(pins, memos_layout.ACT_ROLE)
     for name in files:
         if not is_activation_path(name):
             continue
@@ -827,10 +839,10 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         verify_checksums(info)  # never seal bytes that are not the ones the file records
         if info.checksums is None:  # the bytes sealed are the ones checked against the lock
             _require_vouched(cube / name, info.version, vouched.get(name), digests[name])
-        if producer_pin is None or producer_pin.get("identity") is None:
+        if producer_pin is None or producer_pin.identity is None:
             raise CubepackError(f"{name} is an activation but the cube names no producer model; "
                                 "pass --model.")
-        pinned = ModelIdentity.from_dict(producer_pin["identity"])
+        pinned = producer_pin.identity
         mismatches = compare(pinned, info.producer)
         if mismatches:
             raise IdentityMismatch(f"Activation file {name}", mismatches,
@@ -864,15 +876,16 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
     rewrite each with its token ids; return each one's ``recomputed`` provenance, or refuse."""
     import datetime
 
-    pin = pins.get(memos_layout.ACT_ROLE) or {}
+    pin = _made(pins, memos_layout.ACT_ROLE)
+    if pin is None or pin.identity is None:
+        raise CubepackError("--recompute needs the producer pinned: pass --model with the "
+                            "model that built the caches.")
     # The packer's own producer: --model, else the pin this pack just made: its Hub commit
     # (never the name config.json gives, which may resolve elsewhere), else the folder it
     # fingerprinted. Whatever loads must be the pin: what proves a cache is the pinned model.
-    source = model if model is not None else (
-        None if pin.get("repo_id") and pin.get("revision") else pin.get("name"))
-    live = load_for_recompute(source, pin)
-    require_same(ModelIdentity.from_dict(pin["identity"]), fingerprint(live),
-                 "The model loaded to recompute the caches")
+    source = model if model is not None else (None if pin.where is not None else pin.name)
+    live = load_for_recompute(source, pin.repo_id, pin.revision, pin.identity.dtype)
+    require_same(pin.identity, fingerprint(live), "The model loaded to recompute the caches")
     tokenizer, proven = None, {}
     for path in sorted((staging / constants.ACTIVATIONS_DIR).glob("*" + constants.KV_SUFFIX)):
         info = read_kv_header(path)
@@ -893,7 +906,7 @@ def _prove_activations(staging: Path, pins: dict[str, dict[str, Any]],
                                       f"{describe(result)}. Pass --model with its producer.")
         provenance = {"kind": RECOMPUTED,
                       "detail": f"{describe(result)}; written from this prefill",
-                      "model": pin["identity"]["weights_digest"], "tokens": result.positions,
+                      "model": pin.identity.weights_digest, "tokens": result.positions,
                       "max_error": 0.0,  # the file written is the prefill itself
                       "at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                           timespec="seconds")}
@@ -978,9 +991,11 @@ def _write_metadata(staging: Path, memos_config: dict[str, Any], pins: dict[str,
                                cubepack_version=__version__, adapters=adapters,
                                lineage=lineage)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(lock))
-    return PackResult(cube_dir=staging, digest=lock["digest"], content_digest=lock["content_digest"],
+    written = lockfile.typed(lock)
+    return PackResult(cube_dir=staging, digest=written.digest,
+                      content_digest=written.content_digest,
                       files=len(files), models=pins, activations=sorted(activations),
-                      adapters={name: {"digest": entry["digest"], "model_role": entry["model_role"],
-                                       "base_source": entry["base"]["source"],
-                                       "claimed_base": entry["base"][BASE_CLAIM]}
-                                for name, entry in adapters.items()})
+                      adapters={name: {"digest": entry.digest, "model_role": entry.model_role,
+                                       "base_source": entry.base_source,
+                                       "claimed_base": entry.base_claimed}
+                                for name, entry in written.adapters.items()})

@@ -23,6 +23,7 @@ does not authenticate senders: anyone who can push can replace an unsigned priva
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import mmap
 import os
@@ -43,6 +44,7 @@ from ..format import _card as card
 from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
+from ..format.sections import Lock
 from ..trust import _age as age
 
 __all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "decrypted_memory", "is_private",
@@ -86,12 +88,12 @@ class EncryptResult:
                 "unrecorded": self.unrecorded}
 
 
-def is_private(lock: dict[str, Any] | None) -> bool:
+def is_private(lock: Lock | None) -> bool:
     """Is ``lock`` (a parsed lock) a private cube's?"""
-    return bool(lock) and "encryption" in lock
+    return lock is not None and lock.private
 
 
-def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[str, str],
+def write_private(cube: Path, lock: Lock, lock_text: str, names: dict[str, str],
                    read: Any, recipients: list[age.Recipient], *, hidden: bool,
                    series: str, generation: int,
                    history: list[dict[str, Any]]) -> EncryptResult:
@@ -121,41 +123,36 @@ def write_private(cube: Path, lock: dict[str, Any], lock_text: str, names: dict[
                          series=series, generation=generation)
 
 
-def _public_lock(staging: Path, lock: dict[str, Any], names: dict[str, str],
+def _public_lock(staging: Path, lock: Lock, names: dict[str, str],
                  recipients: list[age.Recipient], *, hidden: bool, series: str,
                  generation: int) -> dict[str, Any]:
     """The public files of a private cube: cubepack.yaml (pins, and which ciphertext holds
     which kind of memory), the card and the version-5 lock. Nothing here is a plaintext's
     digest, text, id (beyond the names when they are not hidden) or vector."""
     cipher_of = {clear: cipher for cipher, clear in names.items()}
-    models = {role: {key: value for key, value in pin.items() if key != "vectors"}
-              for role, pin in lock["models"].items()}
+    models = {role: pin.to_dict(vectors=False) for role, pin in lock.models.items()}
     memories = _memory_kinds(lock, cipher_of)
-    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=lock["cube_id"], models=models,
+    config_text = cubeconfig.dumps(cubeconfig.build(cube_id=lock.cube_id, models=models,
                                                     memories=memories))
     atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)
     files = {name: _entry(staging / name) for name in
              [*sorted(names), fileset.PRIVATE_MANIFEST, constants.CONFIG_FILENAME]}
     encryption = {"version": lockfile.ENCRYPTION_VERSION, "scheme": lockfile.ENCRYPTION_SCHEME,
                   "manifest": fileset.PRIVATE_MANIFEST, "ciphertexts": sorted(names),
-                  "counts": {"files": len(lock["files"]),
-                             "activations": len(lock["activations"]),
-                             "adapters": len(lock.get("adapters") or {}),
-                             "recipients": len(recipients)},
+                  "counts": _counts(lock, len(recipients)),
                   "hidden_names": hidden, "series": series, "generation": generation}
-    draft = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
+    draft = lockfile.build_lock(cube_id=lock.cube_id, files=files, models=models,
                                 activations={}, cubepack_version=__version__,
                                 encryption=encryption)
-    title = lock["cube_id"] if isinstance(lock["cube_id"], str) and lock["cube_id"] else \
-        "private cube"
+    title = lock.cube_id or "private cube"
     text = card.render(lock=draft, memories=memories, pretty_name=title, license=None,
                        repo_id=title if "/" in title else "OWNER/CUBE",
                        cubepack_version=__version__, memos=True)
-    text += PRIVATE_CARD.format(files=len(lock["files"]), activations=len(lock["activations"]),
+    text += PRIVATE_CARD.format(files=len(lock.files), activations=len(lock.activations),
                                 recipients=len(recipients))
     atomic.write_text(staging / constants.CARD_FILENAME, text)
     files[constants.CARD_FILENAME] = _entry(staging / constants.CARD_FILENAME)
-    public = lockfile.build_lock(cube_id=lock["cube_id"], files=files, models=models,
+    public = lockfile.build_lock(cube_id=lock.cube_id, files=files, models=models,
                                  activations={}, cubepack_version=__version__,
                                  encryption=encryption)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(public))
@@ -173,12 +170,18 @@ memory only: `cubepack pull REPO --identity KEY` (or `CUBEPACK_IDENTITY`).
 """
 
 
-def _memory_kinds(lock: dict[str, Any], cipher_of: dict[str, str]) -> dict[str, list[str]]:
+def _counts(lock: Lock, recipients: int) -> dict[str, int]:
+    """What a private cube's public lock counts of its clear lock (and its readers)."""
+    return {"files": len(lock.files), "activations": len(lock.activations),
+            "adapters": len(lock.adapters), "recipients": recipients}
+
+
+def _memory_kinds(lock: Lock, cipher_of: dict[str, str]) -> dict[str, list[str]]:
     """Which ciphertexts hold activations, parametric memory, and the rest, by the clear
     lock's own sections (the clear cubepack.yaml is itself encrypted)."""
-    activations = {entry["file"] for entry in lock["activations"].values()}
-    adapters = {entry[key] for entry in (lock.get("adapters") or {}).values()
-                for key in ("config_file", "weights_file")}
+    activations = {entry.file for entry in lock.activations.values()}
+    adapters = {locator.path for entry in lock.adapters.values()
+                for locator in entry.locators}
     kinds: dict[str, list[str]] = {"activation": [], "parametric": [], "other": []}
     for clear, cipher in sorted(cipher_of.items()):
         kind = "activation" if clear in activations else "parametric" if clear in adapters \
@@ -302,7 +305,7 @@ class PrivateCube:
 
 @contextlib.contextmanager
 def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
-                 public_lock: dict[str, Any] | None = None) -> Iterator[PrivateCube]:
+                 public_lock: Lock | None = None) -> Iterator[PrivateCube]:
     """Decrypt the private cube at ``cube_dir`` with the identity file ``identity`` into a RAM
     folder (never a disk) for the block's duration. Each ciphertext must be the public lock's
     bytes (its sha256) before it is decrypted; each plaintext must be the manifest's (its
@@ -322,16 +325,18 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
         public_lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
     if not is_private(public_lock):
         raise UsageError(f"{cube} is not a private cube (its lock has no encryption section).")
-    files = public_lock["files"]
+    files = public_lock.files
+    encryption = public_lock.encryption
+    assert encryption is not None  # is_private
 
     def ciphertext(name: str) -> bytes:
         data = resolve_inside(cube, name).read_bytes()
-        if hashlib.sha256(data).hexdigest() != files[name]["sha256"]:
+        if hashlib.sha256(data).hexdigest() != files[name].sha256:
             raise IntegrityError(f"{name} is not the ciphertext the cube's lock records (its "
                                  "sha256 differs); refusing to decrypt it. Pull the cube again.")
         return data
 
-    manifest_name = public_lock["encryption"]["manifest"]
+    manifest_name = encryption.manifest
     plain = age.decrypt(ciphertext(manifest_name), identities, manifest_name)
     try:
         manifest = age.parse_manifest(plain)
@@ -343,12 +348,12 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
     except CubepackError as exc:
         raise FormatError(f"The private manifest's lock is refused: {exc}") from None
     names = manifest["names"]
-    expected = {fileset.ciphertext_name(name) for name in [*lock["files"],
+    expected = {fileset.ciphertext_name(name) for name in [*lock.files,
                                                             constants.LOCK_FILENAME]}
-    ciphers = set(public_lock["encryption"]["ciphertexts"])
+    ciphers = set(encryption.ciphertexts)
     clear_names = set(names.values())
-    if set(names) != ciphers or clear_names != set(lock["files"]) | {constants.LOCK_FILENAME} \
-            or (not public_lock["encryption"]["hidden_names"] and set(names) != expected):
+    if set(names) != ciphers or clear_names != set(lock.files) | {constants.LOCK_FILENAME} \
+            or (not encryption.hidden_names and set(names) != expected):
         raise FormatError("The private manifest and the public lock disagree on the "
                           "ciphertexts (the manifest maps each ciphertext to one clear file of "
                           "its lock, and the lock lists exactly those).")
@@ -360,7 +365,7 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
             target.parent.mkdir(parents=True, exist_ok=True)
             digest = _decrypt_into_file(ciphertext(cipher), identities, cipher, target)
             wanted = hashlib.sha256(lock_text.encode("utf-8")).hexdigest() \
-                if name == constants.LOCK_FILENAME else lock["files"][name]["sha256"]
+                if name == constants.LOCK_FILENAME else lock.files[name].sha256
             if digest != wanted:
                 raise IntegrityError(f"{cipher} decrypts to other bytes than the manifest "
                                      "records for it; refusing the cube.")
@@ -370,7 +375,7 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
 
 
 def recipient_stanzas(cube: Path,
-                      public_lock: dict[str, Any]) -> dict[str, tuple[int, list[str]]]:
+                      public_lock: Lock) -> dict[str, tuple[int, list[str]]]:
     """Each ciphertext of the private cube at ``cube`` (the manifest included) -> how many
     recipient stanzas its age header holds, and the types of any other stanza that is not
     grease (see :func:`cubepack.trust._age.recipient_stanzas`). Read without a key.
@@ -378,11 +383,12 @@ def recipient_stanzas(cube: Path,
     Raises:
         FormatError: a file that is not an age file, or a malformed header.
     """
-    section = public_lock["encryption"]
-    grease = section["version"] < 2  # written through the age crate, which adds grease
+    section = public_lock.encryption
+    assert section is not None
+    grease = section.version < 2  # written through the age crate, which adds grease
     return {name: age.recipient_stanzas(_header_bytes(resolve_inside(cube, name)), name,
                                         grease=grease)
-            for name in [*section["ciphertexts"], section["manifest"]]}
+            for name in [*section.ciphertexts, section.manifest]}
 
 
 #: The most of a ciphertext read looking for its age header (~98 bytes a recipient: a
@@ -434,20 +440,19 @@ def _decrypt_into_file(data: bytes, identities: list[Any], what: str, target: Pa
         os.close(fd)
 
 
-def _agree(public: dict[str, Any], lock: dict[str, Any], manifest: dict[str, Any]) -> None:
+def _agree(public: Lock, lock: Lock, manifest: dict[str, Any]) -> None:
     """The public lock says of the clear cube only what the clear lock says: the cube id, the
     pins (without vectors records), the counts."""
     problems = []
-    if public["cube_id"] != lock["cube_id"]:
+    if public.cube_id != lock.cube_id:
         problems.append("cube_id")
-    models = {role: {k: v for k, v in pin.items() if k != "vectors"}
-              for role, pin in lock["models"].items()}
-    if canonical.dumps(models) != canonical.dumps(public["models"]):
+    models = {role: pin.to_dict(vectors=False) for role, pin in lock.models.items()}
+    if canonical.dumps(models) != canonical.dumps({role: pin.to_dict()
+                                                   for role, pin in public.models.items()}):
         problems.append("models")
-    counts = public["encryption"]["counts"]
-    if counts != {"files": len(lock["files"]), "activations": len(lock["activations"]),
-                  "adapters": len(lock.get("adapters") or {}),
-                  "recipients": len(manifest["recipients"])}:
+    assert public.encryption is not None
+    if dataclasses.asdict(public.encryption.counts) != _counts(lock,
+                                                               len(manifest["recipients"])):
         problems.append("counts")
     # A version-1 manifest has neither, and only a version-1 public lock may say none.
     if lockfile.series(public) != manifest["series"]:

@@ -46,8 +46,9 @@ def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy 
     check_key(key, private=True, password=password)  # fail before any work
     report = verify(cube_dir, policy)
     path = write_signature(cube_dir, key, proved_by(report), password=password)
-    lock = report.lock or {}
-    if lockfile.series(lock) is not None and lockfile.generation(lock) is not None:
+    lock = report.lock
+    if lock is not None and lockfile.series(lock) is not None \
+            and lockfile.generation(lock) is not None:
         # A private cube's generation this key just signed is one this user has seen signed:
         # a later rekey (or load) of an older one of its series is a replay.
         note = generations.record(generations.of_series(lockfile.series(lock)),
@@ -64,15 +65,15 @@ SIGNED_HERE = "signed by cubepack sign on this machine"
 
 def proved_by(report: VerifyReport) -> Proved:
     """What a passed verification established itself, as a signer may state it."""
-    lock = report.lock or {"activations": {}, "models": {}}
+    activations = report.lock.activations if report.lock is not None else {}
     producers = frozenset(check.role for check in report.checks
                           if check.name == Catalogue.MODEL_IDENTITY and check.ok is True
                           and check.basis == PROVED and check.role)
     header_ok = {check.subject for check in report.checks
                  if check.name == Catalogue.KV_HEADER and check.ok is True}
     items = set()
-    for item_id, entry in lock["activations"].items():
-        label = (entry.get("provenance") or {}).get("kind", ASSERTED)
+    for item_id, entry in activations.items():
+        label = entry.label or ASSERTED  # a version-1 lock recorded none
         backing = report.provenance.get(item_id) or {}
         if backing.get("basis") == PROVED and backing.get("kind") == RECOMPUTED \
                 and backing.get("full") and backing.get("exact"):
@@ -80,7 +81,7 @@ def proved_by(report: VerifyReport) -> Proved:
             # bound could still steer an answer, and a signature must not carry that as proved
             # (`pack --recompute` writes the prefill itself, then signs it as recomputed).
             established = RECOMPUTED
-        elif entry["model_role"] in producers and f"{entry['file']} ({item_id})" in header_ok:
+        elif entry.model_role in producers and f"{entry.file} ({item_id})" in header_ok:
             established = RECORDED  # its header names the pin this run fingerprinted
         else:
             continue

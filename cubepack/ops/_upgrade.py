@@ -93,8 +93,8 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                          "cube's are ciphertexts, whose plaintext cubepack never writes to a "
                          "file. Upgrade its clear source (cubepack upgrade SOURCE --model "
                          "MODEL), then encrypt it again (cubepack encrypt SOURCE --to ...).")
-    kv_files = sorted(entry["file"] for entry in lock["activations"].values())
-    if lock["lock_version"] == constants.LOCK_VERSION and all(
+    kv_files = sorted(entry.file for entry in lock.activations.values())
+    if lock.version == constants.LOCK_VERSION and all(
             read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION
             for name in kv_files):
         result.current = kv_files
@@ -102,7 +102,7 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
     with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
         staging = atomic.staging_dir(cube, "upgrade")
         try:
-            for name in sorted(lock["files"]):  # not the folder: nothing unlisted, nothing linked
+            for name in sorted(lock.files):  # not the folder: nothing unlisted, nothing linked
                 atomic.link_or_copy(regular_file(cube, name), resolve_inside(staging, name))
             # The lock too, so pack keeps what a re-pack keeps (its lineage, adapter pins); a
             # version-1 lock it cannot read, so the cube id of a bundle without MemOS's
@@ -113,7 +113,7 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                 upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
                 (result.upgraded if upgraded else result.current).append(name)
             pack(staging, model=str(model), revision=revision,
-                 cube_id=None if constants.MEMOS_CONFIG in lock["files"] else lock.get("cube_id"))
+                 cube_id=None if constants.MEMOS_CONFIG in lock.files else lock.cube_id)
             # The staging folder holds no signing file (nothing signed its new lock).
             result.unsigned = [name for name in fileset.SIGNING if (cube / name).is_file()]
             atomic.replace_dir(staging, cube)

@@ -33,8 +33,9 @@ from ..format import _lock as lockfile
 from ..format._content import file_problem
 from ..format._diff import leaves
 from ..format._fileset import is_tolerated
+from ..format.sections import Lock, Pin, Provenance
 from ..identity._fingerprint import fingerprint, resolve_model_folder
-from ..identity._identity import ModelIdentity, compare
+from ..identity._identity import compare
 from ..kv._format import checksum_verdict, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
@@ -144,7 +145,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
                            f"nothing in the cube was opened with {Path(decrypt_with).name}.")
             elif is_private(lock):
                 _check_private(report, lock, policy, progress, decrypt_with)
-            elif lock["lock_version"] == 1:
+            elif lock.version == 1:
                 report.add(Catalogue.MODEL_IDENTITY, "*", None, "skipped: a version-1 pin "
                            "records no compute config (upgrade checks each KV file against its "
                            "model)")
@@ -172,7 +173,7 @@ def _check_identity(report: VerifyReport, identity: str | os.PathLike[str]) -> N
         raise
 
 
-def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+def _check_clear(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
     """What a clear cube's contents prove, once its files are intact and its pins checked."""
     if policy.asks(Catalogue.MODEL_IDENTITY):
         require_checked_models(report)
@@ -192,13 +193,13 @@ def _check_clear(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy
 SEEN_HERE = "in a verify or pull on this machine"
 
 
-def _check_public_private(report: VerifyReport, lock: dict[str, Any],
+def _check_public_private(report: VerifyReport, lock: Lock,
                           policy: TrustPolicy) -> None:
     """What anyone can check of a private cube's readers and revision, without a key: every
     ciphertext's age header names as many recipients as the public lock counts (a reader
     added to, or removed from, the files is seen), and its signed generation is not older
     than one this user has seen (a replay)."""
-    expected = lock["encryption"]["counts"]["recipients"]
+    expected = lock.encryption.counts.recipients
     try:
         stanzas = recipient_stanzas(report.cube_dir, lock)
     except CubepackError as exc:
@@ -225,7 +226,7 @@ def _check_public_private(report: VerifyReport, lock: dict[str, Any],
                                                 list(policy.trusted()), where=SEEN_HERE))
 
 
-def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy,
+def _check_private(report: VerifyReport, lock: Lock, policy: TrustPolicy,
                    progress: bool | None, identity: str | os.PathLike[str] | None) -> None:
     """A private cube, its ciphertexts intact and its signature checked. Without an identity:
     its public pins are checked, and what needs the plaintext is skipped (or refused, when the
@@ -236,11 +237,11 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
         _check_models(report, lock, policy)
         if policy.asks(Catalogue.MODEL_IDENTITY):
             require_checked_models(report)
-        counts = lock["encryption"]["counts"]
+        counts = lock.encryption.counts
         report.add(Catalogue.PRIVATE, "*", False if needs_plaintext else None,
                    f"{'refused' if needs_plaintext else 'skipped'}: a private cube ("
-                   f"{counts['files']} files, {counts['activations']} KV caches, encrypted to "
-                   f"{counts['recipients']} recipient(s)); its contents "
+                   f"{counts.files} files, {counts.activations} KV caches, encrypted to "
+                   f"{counts.recipients} recipient(s)); its contents "
                    + (f"are needed for {', '.join(needs_plaintext)}, which was asked for"
                       if needs_plaintext else "were not checked")
                    + ". Pass an identity (--identity KEY or CUBEPACK_IDENTITY) to decrypt them "
@@ -272,7 +273,7 @@ def _check_private(report: VerifyReport, lock: dict[str, Any], policy: TrustPoli
     report.private_lock = inner.lock
 
 
-def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] | None:
+def _check_lock(report: VerifyReport, accept_version_1: bool) -> Lock | None:
     path = report.cube_dir / constants.LOCK_FILENAME
     if not report.cube_dir.is_dir() or report.cube_dir.is_symlink():
         report.add(Catalogue.CUBE, str(report.cube_dir), False, "is not a folder (or is a symlink)")
@@ -291,11 +292,11 @@ def _check_lock(report: VerifyReport, accept_version_1: bool) -> dict[str, Any] 
         return None
     report.lock_sha256 = hashlib.sha256(data).hexdigest()
     report.add(Catalogue.LOCK, constants.LOCK_FILENAME, True,
-               f"version {lock['lock_version']}, digest {lock['digest']}")
+               f"version {lock.version}, digest {lock.digest}")
     return lock
 
 
-def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | None,
+def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
                  hashed: dict[str, str]) -> tuple[bool, set[str]]:
     """File set, then sizes, then sha256 (parallel), then each file's content parser (only
     files whose bytes are the lock's, and the tolerated ones). (every file intact, the listed
@@ -305,7 +306,7 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
         report.add(Catalogue.PATH, where, False, what)
     if not problems:
         report.add(Catalogue.PATH, "*", True, "no symlinks, special files or unsafe names")
-    listed = lock["files"]
+    listed = lock.files
     missing = sorted(set(listed) - set(on_disk))
     unlisted = sorted(name for name in set(on_disk) - set(listed) if not is_tolerated(name))
     for name in missing:
@@ -318,8 +319,8 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     to_hash = []
     for name in sorted(set(listed) & set(on_disk)):
         size = resolve_inside(report.cube_dir, name).stat().st_size
-        if size != listed[name]["size"]:
-            report.add(Catalogue.SIZE, name, False, "size differs", listed[name]["size"], size)
+        if size != listed[name].size:
+            report.add(Catalogue.SIZE, name, False, "size differs", listed[name].size, size)
         else:
             to_hash.append(name)
     if len(to_hash) == len(set(listed) & set(on_disk)):
@@ -331,14 +332,14 @@ def _check_files(report: VerifyReport, lock: dict[str, Any], progress: bool | No
     by_name.update({name: hashed[name] for name in to_hash if name in hashed})
     bad = 0
     for name in to_hash:
-        if by_name[name] != listed[name]["sha256"]:
+        if by_name[name] != listed[name].sha256:
             bad += 1
-            report.add(Catalogue.SHA256, name, False, "content differs", listed[name]["sha256"],
+            report.add(Catalogue.SHA256, name, False, "content differs", listed[name].sha256,
                        by_name[name])
     if to_hash and not bad:
         report.add(Catalogue.SHA256, "*", True,
                    f"the {len(to_hash)} files listed in the lock hashed, all match")
-    good = {name for name in to_hash if by_name[name] == listed[name]["sha256"]}
+    good = {name for name in to_hash if by_name[name] == listed[name].sha256}
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in good or (name not in listed
                                                                 and is_tolerated(name))))
@@ -356,7 +357,8 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
     for name, reason in problems:
         report.add(Catalogue.CONTENT, name, False, reason)
     if not problems:
-        listed = sum(1 for name in names if name in (report.lock or {}).get("files", {}))
+        listed = sum(1 for name in names
+                     if report.lock is not None and name in report.lock.files)
         report.add(Catalogue.CONTENT, "*", True, f"the {listed} files listed in the lock and "
                    f"{len(names) - listed} more it tolerates (the lock, a signature, tool "
                    "bookkeeping) read by a strict parser for their kind; none is or holds a pickle")
@@ -372,54 +374,54 @@ def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]])
     return config if isinstance(config, dict) else {}
 
 
-def _check_activations(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
+def _check_activations(report: VerifyReport, lock: Lock, good: set[str]) -> None:
     if is_private(lock):
         for entry in (Catalogue.KV_HEADER, Catalogue.KV_CHECKSUMS):
             report.add(entry, "*", None, "skipped here: a private cube's KV files are "
                        "encrypted (with an identity they are checked once decrypted, below)")
-    elif not lock["activations"]:
+    elif not lock.activations:
         report.add(Catalogue.KV_HEADER, "*", None, "skipped: the cube holds no activations")
-    for item_id, entry in sorted(lock["activations"].items()):
-        path = resolve_inside(report.cube_dir, entry["file"])
-        subject = f"{entry['file']} ({item_id})"
-        if entry["file"] not in good:
+    for item_id, entry in sorted(lock.activations.items()):
+        path = resolve_inside(report.cube_dir, entry.file)
+        subject = f"{entry.file} ({item_id})"
+        if entry.file not in good:
             # Missing or not the lock's bytes: reported by the file checks, and never parsed
             # (a file whose hash failed is whoever changed it's input; load_kv_cache names the
             # tensor that changed, for a file the user chooses to open anyway).
             continue
-        checkpoint(f"the KV header of {entry['file']}")
+        checkpoint(f"the KV header of {entry.file}")
         try:
             info = read_kv_header(path)
         except CubepackError as exc:
             report.add(Catalogue.KV_HEADER, subject, False, str(exc))
             continue
-        checkpoint(f"the tensor checksums of {entry['file']}")
+        checkpoint(f"the tensor checksums of {entry.file}")
         ok, detail = checksum_verdict(info)
         report.add(Catalogue.KV_CHECKSUMS, subject, ok, detail)
-        pin = lock["models"][entry["model_role"]]
-        pinned = ModelIdentity.from_dict(pin["identity"], legacy=lock["lock_version"] == 1)
+        pinned = lock.models[entry.model_role].identity
         problems = [(f"producer.{m.field}", m.expected, m.found)
                     for m in compare(pinned, info.producer)]
-        for key, found in (("token_count", info.token_count), ("kv_dtype", info.kv_dtype),
-                           ("num_layers", info.num_layers)):
-            if entry[key] != found:
-                problems.append((key, entry[key], found))
+        for key, expected, found in (("token_count", entry.token_count, info.token_count),
+                                     ("kv_dtype", entry.kv_dtype, info.kv_dtype),
+                                     ("num_layers", entry.num_layers, info.num_layers)):
+            if expected != found:
+                problems.append((key, expected, found))
         for key, expected, found in problems:
             report.add(Catalogue.KV_HEADER, subject, False,
-                       f"{key} differs from the lock's pinned {entry['model_role']} model",
+                       f"{key} differs from the lock's pinned {entry.model_role} model",
                        expected, found)
         if not problems:
             report.add(Catalogue.KV_HEADER, subject, True,
                        "producer and shapes agree with the lock")
 
 
-def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
+def _check_adapters(report: VerifyReport, lock: Lock, good: set[str]) -> None:
     """Each adapter's files say what the lock says (type, rank, targets, dtype, the base shape
     each LoRA module implies), and no adapter folder ships without an entry. Headers and JSON
     only: no base model is needed (the ``adapter base`` check compares a base)."""
-    entries = lock.get("adapters") or {}
+    entries = lock.adapters
     try:
-        folders = adapters_mod.adapter_folders(list(lock["files"]))
+        folders = adapters_mod.adapter_folders(list(lock.files))
     except CubepackError as exc:
         report.add(Catalogue.ADAPTER, "*", False, str(exc))
         return
@@ -427,8 +429,8 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
         report.add(Catalogue.ADAPTER, folders[name], False, "an adapter folder the lock does "
                    "not pin to a base (pack the cube again)", "an adapters entry", "none")
     for name, entry in sorted(entries.items()):
-        subject = f"{entry['path']}/ ({name})"
-        if not all(entry[key] in good for key in ("config_file", "weights_file")):
+        subject = f"{entry.path}/ ({name})"
+        if not all(locator.path in good for locator in entry.locators):
             continue  # missing or not the lock's bytes: reported by the file checks
         checkpoint(f"adapter {name}")
         try:
@@ -445,40 +447,40 @@ def _check_adapters(report: VerifyReport, lock: dict[str, Any], good: set[str]) 
             report.add(Catalogue.ADAPTER, subject, True,
                        "config and LoRA tensor shapes agree with the lock: "
                        + adapters_mod.describe_entry(
-                           entry, lock["models"].get(entry["model_role"])))
+                           entry, lock.models.get(entry.model_role)))
 
 
-def _check_adapter_base(report: VerifyReport, lock: dict[str, Any], role: str,
+def _check_adapter_base(report: VerifyReport, lock: Lock, role: str,
                         base: Any) -> None:
     """The base at hand (a folder, or a loaded model) has the weight shapes each LoRA module
     of the adapter pinned to ``role`` was packed against, read from its own files now."""
-    for name, entry in sorted((lock.get("adapters") or {}).items()):
-        if entry["model_role"] != role:
+    for name, entry in sorted(lock.adapters.items()):
+        if entry.model_role != role:
             continue
         try:
             shapes = adapters_mod.folder_shapes(Path(base)) if isinstance(base, (str, Path)) \
                 else adapters_mod.model_shapes(base)
         except CubepackError as exc:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name})", False, str(exc),
+            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name})", False, str(exc),
                        role=role)
             continue
-        bad = [(module, fit["shape"], list(shapes[module + ".weight"])
+        bad = [(module, list(fit.shape), list(shapes[module + ".weight"])
                 if module + ".weight" in shapes else "absent")
-               for module, fit in sorted(entry["modules"].items())
-               if list(shapes.get(module + ".weight", ())) != fit["shape"]]
+               for module, fit in sorted(entry.modules.items())
+               if list(shapes.get(module + ".weight", ())) != list(fit.shape)]
         for module, expected, found in bad:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name}) module {module}", False,
+            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name}) module {module}", False,
                        "the base's weight has another shape than the adapter was packed "
                        "against", expected, found, role=role)
         if not bad:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry['path']}/ ({name})", True,
-                       f"the base's weights have the shapes of all {len(entry['modules'])} "
+            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name})", True,
+                       f"the base's weights have the shapes of all {len(entry.modules)} "
                        "adapted modules", role=role)
 
 
-def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) -> None:
+def _check_config(report: VerifyReport, lock: Lock, good: set[str]) -> None:
     path = report.cube_dir / constants.CONFIG_FILENAME
-    if constants.CONFIG_FILENAME not in lock["files"]:
+    if constants.CONFIG_FILENAME not in lock.files:
         report.add(Catalogue.CUBE_CONFIG, "*", None, "skipped: the lock lists no cubepack.yaml")
         return
     if constants.CONFIG_FILENAME not in good:
@@ -491,10 +493,10 @@ def _check_config(report: VerifyReport, lock: dict[str, Any], good: set[str]) ->
         report.add(Catalogue.CUBE_CONFIG, constants.CONFIG_FILENAME, False, str(exc))
         return
     # Every field cubepack.yaml states, as the one view build writes (format/_cubeconfig).
-    expected = {"cube_id": lock["cube_id"],
-                "models": {role: cubeconfig.pin_view(pin) for role, pin in lock["models"].items()},
+    expected = {"cube_id": lock.cube_id,
+                "models": {role: cubeconfig.pin_view(pin) for role, pin in lock.models.items()},
                 "adapters": {name: cubeconfig.adapter_view(entry)
-                             for name, entry in (lock.get("adapters") or {}).items()}}
+                             for name, entry in lock.adapters.items()}}
     stated = {"cube_id": config.get("cube_id"), "models": config.get("models") or {},
               "adapters": config.get("adapters") or {}}
     agree = True
@@ -524,7 +526,7 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
                f"signed by trusted key {key}")
 
 
-def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+def _check_attestation(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
     """The lock's signed attestation, when present and keys are given (required with
     ``require_lineage``), then the chain of its ancestors' attestations when asked."""
     checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
@@ -538,15 +540,15 @@ def _check_attestation(report: VerifyReport, lock: dict[str, Any], policy: Trust
         report.extend(chain_checks(report.cube_dir, lock, envelope, policy.trusted()))
 
 
-def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+def _check_models(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
     model, recompute = policy.model_given(), policy.asks(Catalogue.RECOMPUTE)
-    if not any(pin.get("strict") and pin.get("identity") for pin in lock["models"].values()):
+    if not any(pin.strict and pin.pinned for pin in lock.models.values()):
         report.add(Catalogue.MODEL_IDENTITY, "*", None,
                    "skipped: the cube pins no producer (it holds no activations)")
-    for role, pin in sorted(lock["models"].items()):
-        if not pin.get("strict") or not pin.get("identity"):
+    for role, pin in sorted(lock.models.items()):
+        if not pin.strict or pin.identity is None:
             continue
-        pinned = ModelIdentity.from_dict(pin["identity"])
+        pinned = pin.identity
         subject = pin_subject(role, pin)
         try:
             if model is not None:
@@ -556,8 +558,8 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolic
                     else fingerprint(str(model), revision=None, dtype=pinned.dtype)
                 base = model if not isinstance(model, (str, Path)) \
                     else resolve_model_folder(str(model))[0]
-            elif pin.get("repo_id") and pin.get("revision"):
-                folder, _, _ = resolve_model_folder(pin["repo_id"], pin["revision"],
+            elif pin.repo_id and pin.revision:
+                folder, _, _ = resolve_model_folder(pin.repo_id, pin.revision,
                                                     local_files_only=True)
                 live = fingerprint(folder, dtype=pinned.dtype)
                 base = folder
@@ -601,7 +603,7 @@ def _check_models(report: VerifyReport, lock: dict[str, Any], policy: TrustPolic
             _check_adapter_base(report, lock, role, base)
 
 
-def _signed_pin_or_skip(report: VerifyReport, role: str, pin: dict[str, Any], subject: str,
+def _signed_pin_or_skip(report: VerifyReport, role: str, pin: Pin, subject: str,
                         why: str) -> None:
     """No model here to fingerprint: the pin is backed by a trusted signer's own fingerprint
     when its attestation states it proved it (signed), else the check is skipped."""
@@ -619,8 +621,8 @@ def require_checked_models(report: VerifyReport) -> None:
     """``strict_models``: a pinned producer that no model was fingerprinted against (here, or
     by a trusted signer) is a refusal, not a skip. The Hub's file metadata (``remote model``)
     is the Hub's claim and does not satisfy it."""
-    for role, pin in sorted((report.lock or {}).get("models", {}).items()):
-        if not pin.get("strict") or not pin.get("identity"):
+    for role, pin in sorted(report.lock.models.items() if report.lock is not None else ()):
+        if not pin.strict or pin.identity is None:
             continue
         if not any(c.role == role and backs_a_pin(c) for c in report.checks):
             report.add(Catalogue.MODEL_IDENTITY, pin_subject(role, pin), False,
@@ -630,12 +632,12 @@ def require_checked_models(report: VerifyReport) -> None:
                        role=role, basis=PROVED)
 
 
-def _check_recompute(report: VerifyReport, lock: dict[str, Any],
+def _check_recompute(report: VerifyReport, lock: Lock,
                      policy: TrustPolicy) -> dict[str, dict[str, Any]]:
     """Recompute every activation with its producer; return what each full or sampled
     recomputation covered, for the activations it reproduced. An activation that cannot be
     recomputed (no token ids) is a refusal: recomputation was asked for."""
-    if not lock["activations"]:
+    if not lock.activations:
         return {}
     if any(c.name == Catalogue.MODEL_IDENTITY and c.ok is False for c in report.checks):
         report.add(Catalogue.RECOMPUTE, "*", False, "not run: the model differs from the pin")
@@ -643,13 +645,15 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
     loaded: dict[str, Any] = {}  # each activation by the pin of its own role, loaded once
     reproduced = {}
     plan = policy.recomputation()
-    for item_id, entry in sorted(lock["activations"].items()):
-        checkpoint(f"the recomputation of {entry['file']}")
-        subject = f"{entry['file']} ({item_id})"
-        role = entry["model_role"]
+    for item_id, entry in sorted(lock.activations.items()):
+        checkpoint(f"the recomputation of {entry.file}")
+        subject = f"{entry.file} ({item_id})"
+        role = entry.model_role
         if role not in loaded:
+            pin = lock.models[role]
             try:
-                loaded[role] = load_for_recompute(policy.model_given(), lock["models"][role])
+                loaded[role] = load_for_recompute(policy.model_given(), pin.repo_id,
+                                                  pin.revision, pin.identity.dtype)
             except CubepackError as exc:
                 loaded[role] = exc
         live = loaded[role]
@@ -657,7 +661,7 @@ def _check_recompute(report: VerifyReport, lock: dict[str, Any],
             report.add(Catalogue.RECOMPUTE, subject, False, f"cannot load the producer model "
                        f"({role}): {live}", role=role)
             continue
-        info = read_kv_header(resolve_inside(report.cube_dir, entry["file"]))
+        info = read_kv_header(resolve_inside(report.cube_dir, entry.file))
         if not info.token_ids:
             report.add(Catalogue.RECOMPUTE, subject, False, NO_TOKEN_IDS)
             continue
@@ -680,17 +684,17 @@ NO_TOKEN_IDS = ("records no token_ids, so it cannot be recomputed, and recomputa
                 "without --recompute to accept it unproven")
 
 
-def _record_provenance(report: VerifyReport, lock: dict[str, Any],
+def _record_provenance(report: VerifyReport, lock: Lock,
                        recomputed: dict[str, dict[str, Any]]) -> None:
-    for item_id, entry in sorted(lock["activations"].items()):
-        claimed = entry.get("provenance") or {"kind": ASSERTED,  # lock version 1 had none
-                                               "detail": "a version-1 lock records none"}
+    for item_id, entry in sorted(lock.activations.items()):
+        claimed = entry.provenance or Provenance(ASSERTED,  # lock version 1 had none
+                                                 "a version-1 lock records none")
         report.provenance[item_id] = provenance_evidence(
             claimed, recomputed=recomputed.get(item_id), signed=report.signed, item=item_id)
 
 
-def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str) -> None:
-    for item_id, entry in sorted(lock["activations"].items()):
+def _check_provenance(report: VerifyReport, lock: Lock, required: str) -> None:
+    for item_id, entry in sorted(lock.activations.items()):
         backing = report.provenance[item_id]
         ok = satisfies(backing, required)
         near = (backing["basis"] == PROVED and backing["kind"] == RECOMPUTED
@@ -714,22 +718,23 @@ def _check_provenance(report: VerifyReport, lock: dict[str, Any], required: str)
                "verify a cube whose trusted signer established it (--trusted-key; a signer "
                "establishes what it proved: pack --sign-key, or cubepack sign --model MODEL "
                "--recompute)")
-        report.add(Catalogue.PROVENANCE, f"{entry['file']} ({item_id})", ok,
+        report.add(Catalogue.PROVENANCE, f"{entry.file} ({item_id})", ok,
                    f"provenance is {label}: {backing['detail']}" + ("" if ok else
                    f"; {required} is required, proved now or signed: {fix}"),
                    f"{required}, proved or signed" if not ok else None,
                    label if not ok else None, basis=backing["basis"])
-    if not lock["activations"]:
+    if not lock.activations:
         report.add(Catalogue.PROVENANCE, "*", True, "the cube holds no activations", basis=PROVED)
 
 
-def _check_embedder(report: VerifyReport, lock: dict[str, Any], policy: TrustPolicy) -> None:
+def _check_embedder(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
     asked = policy.reembedding()
     spec = asked.embedder
     assert spec is not None  # only called when the policy asks for the embedder check
     try:
-        config = _memos_config(report.cube_dir, list(lock["files"]), [])
-        report.extend(embedder_checks(report.cube_dir, config, lock,
+        config = _memos_config(report.cube_dir, list(lock.files), [])
+        report.extend(embedder_checks(report.cube_dir, config, list(lock.files),
+                                      lock.vectors_record(EMBEDDER_ROLE),
                                       lambda texts: embed(spec, texts), label=spec,
                                       seed=asked.seed, size=asked.sample))
     except CubepackError as exc:

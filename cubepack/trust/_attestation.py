@@ -46,10 +46,9 @@ from .._util.checks import Catalogue
 from .._version import __version__
 from ..errors import CubepackError, FormatError
 from ..format import _lock as lockfile
+from ..format.sections import Activation, Lock, Pin
 from ..format._envelope import (
     _LINK_KEYS,
-    _ORIGIN_KEYS,
-    _PARENT_KEYS,
     CLAIMED_BLOCK,
     DERIVING_STEP,
     PAYLOAD_TYPE,
@@ -90,62 +89,58 @@ class Proved:
     lineage: bool = False
 
     @classmethod
-    def everything_of(cls, lock: dict[str, Any], step: str, *, lineage: bool) -> Proved:
+    def everything_of(cls, lock: Lock, step: str, *, lineage: bool) -> Proved:
         """A step that made every pin and label of ``lock`` itself (pack, migrate)."""
-        return cls(step, frozenset(role for role, pin in lock["models"].items()
-                                   if isinstance(pin.get("identity"), dict)),
-                   frozenset(lock["activations"]), lineage)
+        return cls(step, frozenset(role for role, pin in lock.models.items() if pin.pinned),
+                   frozenset(lock.activations), lineage)
 
 
-def predicate_for(lock: dict[str, Any], proved: Proved) -> dict[str, Any]:
+def _producer(pin: Pin) -> dict[str, Any]:
+    """What an attestation states of a pinned model."""
+    assert pin.identity is not None
+    return {"repo_id": pin.repo_id, "revision": pin.revision,
+            "weights_digest": pin.identity.weights_digest, "dtype": pin.identity.dtype}
+
+
+def _cube(lock: Lock) -> dict[str, Any]:
+    return {"cube_id": lock.cube_id, "lock_digest": lock.digest,
+            "content_digest": lock.content_digest}
+
+
+def predicate_for(lock: Lock, proved: Proved) -> dict[str, Any]:
     """The predicate a signing step gives the (parsed) lock ``lock``: each statement of the
     lock in ``proved`` when the step established it, else in ``claimed``.
 
     Raises:
-        FormatError: the lock's lineage section cannot be stated (not the shared format), or
-            ``proved`` says a step other than migrate derived a lineage.
+        FormatError: a step not in the shared format's steps, or ``proved`` says a step other
+            than migrate derived a lineage.
     """
     if proved.step not in STEPS:
         raise FormatError(f"an attestation is written by {', '.join(STEPS)}, not {proved.step!r}.")
     if proved.lineage and proved.step != DERIVING_STEP:
         raise FormatError(f"only {DERIVING_STEP} derives a lineage; {proved.step} carries it as "
                           "a claim.")
-    lineage = lock.get("lineage")
-    if lineage is not None and not (isinstance(lineage, dict)
-                                    and isinstance(lineage.get("parent"), dict)
-                                    and isinstance(lineage.get("changes"), dict)):
-        raise FormatError("cubepack.lock lineage must hold a parent object and a changes "
-                          "object; the attestation cannot state it otherwise.")
+    lineage = lock.lineage
     blocks: dict[str, dict[str, Any]] = {
         PROVED_BLOCK: {"producers": {}, "provenance": {}, "recomputed": {}, "lineage": None},
         CLAIMED_BLOCK: {"producers": {}, "provenance": {}, "lineage": None, "origin": None}}
-    for role, pin in sorted(lock["models"].items()):
-        identity = pin.get("identity")
-        if isinstance(identity, dict):
+    for role, pin in sorted(lock.models.items()):
+        if pin.pinned:
             block = PROVED_BLOCK if role in proved.producers else CLAIMED_BLOCK
-            blocks[block]["producers"][role] = {
-                "repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
-                "weights_digest": identity.get("weights_digest"), "dtype": identity.get("dtype")}
-    for item_id, entry in sorted(lock["activations"].items()):
-        kind = (entry.get("provenance") or {}).get("kind")
+            blocks[block]["producers"][role] = _producer(pin)
+    for item_id, entry in sorted(lock.activations.items()):
+        kind = entry.label
         block = PROVED_BLOCK if item_id in proved.provenance else CLAIMED_BLOCK
         blocks[block]["provenance"][item_id] = kind
         if block == PROVED_BLOCK and kind == RECOMPUTED:  # by the pin it names, which it made
-            pin = lock["models"][entry["model_role"]]
-            blocks[PROVED_BLOCK]["recomputed"][item_id] = {
-                "model_role": entry["model_role"],
-                "weights_digest": pin["identity"]["weights_digest"],
-                "tokens": entry["token_count"]}
+            blocks[PROVED_BLOCK]["recomputed"][item_id] = _recomputed(lock, entry)
     if lineage is not None:
-        parent = lineage["parent"]
-        section = {"parent": {key: parent.get(key) for key in _LINK_KEYS},
-                   "changes": lineage["changes"]}
+        section = {"parent": lineage.parent.link(), "changes": lineage.changes_fields()}
         blocks[PROVED_BLOCK if proved.lineage else CLAIMED_BLOCK]["lineage"] = section
-        if any(parent.get(key) is not None for key in _ORIGIN_KEYS):
-            blocks[CLAIMED_BLOCK]["origin"] = {key: parent.get(key) for key in _ORIGIN_KEYS}
+        if lineage.parent.pulled:
+            blocks[CLAIMED_BLOCK]["origin"] = lineage.parent.origin()
     predicate = {
-        "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
-                 "content_digest": lock["content_digest"]},
+        "cube": _cube(lock),
         **blocks,
         "signer": {"step": proved.step, "cubepack_version": __version__},
     }
@@ -153,42 +148,42 @@ def predicate_for(lock: dict[str, Any], proved: Proved) -> dict[str, Any]:
     return predicate
 
 
-def _predicate_v1(lock: dict[str, Any]) -> dict[str, Any]:
+def _recomputed(lock: Lock, entry: Activation) -> dict[str, Any]:
+    """What an attestation states of a recomputed activation: by the pin it names."""
+    identity = lock.models[entry.model_role].identity
+    assert identity is not None  # an activation's producer always has one (the lock's rule)
+    return {"model_role": entry.model_role, "weights_digest": identity.weights_digest,
+            "tokens": entry.token_count}
+
+
+def _predicate_v1(lock: Lock) -> dict[str, Any]:
     """What a version-1 attestation of ``lock`` said: the lock's labels, lineage and pins, all
     under "proved", whatever its signer proved. Only to check an old envelope names this lock
     (its statements are then read as claims)."""
-    lineage = lock.get("lineage") or {}
-    changes = lineage.get("changes") or {}
-    producers = {role: {"repo_id": pin.get("repo_id"), "revision": pin.get("revision"),
-                        "weights_digest": pin["identity"].get("weights_digest"),
-                        "dtype": pin["identity"].get("dtype")}
-                 for role, pin in sorted(lock["models"].items())
-                 if isinstance(pin.get("identity"), dict)}
+    lineage = lock.lineage
+    producers = {role: _producer(pin) for role, pin in sorted(lock.models.items())
+                 if pin.pinned}
     provenance, recomputed = {}, {}
-    for item_id, entry in sorted(lock["activations"].items()):
-        provenance[item_id] = (entry.get("provenance") or {}).get("kind")
+    for item_id, entry in sorted(lock.activations.items()):
+        provenance[item_id] = entry.label
         if provenance[item_id] == RECOMPUTED:
-            recomputed[item_id] = {"model_role": entry["model_role"],
-                                   "weights_digest": lock["models"][entry["model_role"]]
-                                   ["identity"]["weights_digest"],
-                                   "tokens": entry["token_count"]}
-    parent = lineage.get("parent")
-    embedder = changes.get("embedder")
+            recomputed[item_id] = _recomputed(lock, entry)
+    changes = lineage.changes if lineage is not None else None
+    embedder = changes.embedder if changes is not None else None
     return {
-        "cube": {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
-                 "content_digest": lock["content_digest"]},
+        "cube": _cube(lock),
         "producers": producers,
-        "parent": {key: parent.get(key) for key in _PARENT_KEYS}
-        if isinstance(parent, dict) else None,
+        "parent": (lineage.parent.link() | lineage.parent.origin()
+                   if lineage is not None else None),
         PROVED_BLOCK: {"provenance": provenance, "recomputed": recomputed,
-                   "retokenized": sorted(changes.get("retokenized") or []),
-                   "reembedded": changes.get("reembedded") or 0,
-                   "embedder": {"from": embedder.get("from"), "to": embedder.get("to")}
-                   if isinstance(embedder, dict) else None},
+                   "retokenized": sorted(changes.retokenized) if changes else [],
+                   "reembedded": changes.reembedded if changes else 0,
+                   "embedder": {"from": embedder[0], "to": embedder[1]}
+                   if embedder is not None else None},
     }
 
 
-def statement_for(lock: dict[str, Any], lock_bytes: bytes, proved: Proved) -> dict[str, Any]:
+def statement_for(lock: Lock, lock_bytes: bytes, proved: Proved) -> dict[str, Any]:
     """The in-toto Statement for the lock ``lock`` parsed from ``lock_bytes``."""
     return {"_type": STATEMENT_TYPE,
             "subject": [{"name": SUBJECT_NAME,
@@ -297,7 +292,7 @@ def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, 
 
 
 def predicate_mismatches(envelope: Envelope,
-                         lock: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+                         lock: Lock) -> list[tuple[str, Any, Any]]:
     """(field, what the lock gives, what the predicate says) for each field that differs.
 
     Version 2: the predicate must be exactly what :func:`predicate_for` gives this lock for the
@@ -331,7 +326,7 @@ def _differences(expected: Any, found: Any, path: str = "") -> list[tuple[str, A
     return [] if expected == found else [(path, expected, found)]
 
 
-def attestation_check(cube: Path, lock: dict[str, Any], lock_sha256: str,
+def attestation_check(cube: Path, lock: Lock, lock_sha256: str,
                       trusted_keys: tuple[str, ...], required: bool
                       ) -> tuple[list[Check], Envelope | None, str | None]:
     """The ``attestation`` checks of one cube, the envelope when it verified, and its key.
@@ -409,7 +404,7 @@ def _carried(subject: str, where: str, link: dict[str, Any]) -> Check:
                     "a parent link its signer derived (migrate)", "a carried claim")
 
 
-def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
+def chain_checks(cube: Path, lock: Lock, own: Envelope | None,
                  trusted_keys: tuple[str, ...]) -> list[Check]:
     """The ``lineage`` checks of ``--require-lineage``: the cube's own attestation verified
     (``own``), then each link up to a root: the next envelope of the ancestors' file must be
@@ -424,7 +419,7 @@ def chain_checks(cube: Path, lock: dict[str, Any], own: Envelope | None,
                          "none verified")]
     parent, derived = own.parent()
     ancestors = cube / constants.ANCESTORS_FILENAME
-    listed = constants.ANCESTORS_FILENAME in lock["files"]
+    listed = constants.ANCESTORS_FILENAME in lock.files
     if parent is None:
         if listed:
             return [_refusal(Catalogue.LINEAGE, constants.ANCESTORS_FILENAME, "the lock names no "

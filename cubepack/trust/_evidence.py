@@ -23,6 +23,7 @@ from typing import Any
 
 from .._util.checks import CLAIMED, PROVED, SIGNED, STRONG, Basis, Catalogue
 from ..format._provenance import ASSERTED, KINDS, RECOMPUTED, RECORDED, STRENGTH
+from ..format.sections import Provenance
 
 __all__ = ["ASSERTED", "CLAIMED", "KINDS", "PROVED", "RECOMPUTED", "RECORDED", "SIGNED",
            "STRENGTH", "STRONG", "Basis", "Signed", "backs_a_pin", "provenance_evidence",
@@ -49,7 +50,7 @@ class Signed:
     lineage: dict[str, Any] | None = None
 
 
-def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] | None = None,
+def provenance_evidence(claimed: Provenance, *, recomputed: dict[str, Any] | None = None,
                         signed: Signed | None = None, item: str | None = None
                         ) -> dict[str, Any]:
     """What backs an activation's producer label ``claimed`` (the lock's): a recomputation run
@@ -68,15 +69,15 @@ def provenance_evidence(claimed: dict[str, Any], *, recomputed: dict[str, Any] |
         return {"kind": RECOMPUTED, "basis": PROVED, "full": recomputed["full"], "exact": exact,
                 "detail": f"recomputed now by the producer: {scope}, "
                           + ("bit for bit" if exact else "within the dtype's noise")}
-    kind = claimed["kind"]
+    kind = claimed.kind
     if signed is not None and item is not None and signed.provenance.get(item) == kind:
         return {"kind": kind, "basis": SIGNED, "full": kind == RECOMPUTED,
-                "detail": claimed.get("detail", "") + f" (established by the signer of "
-                                                       f"trusted key {signed.key})"}
+                "detail": claimed.detail + f" (established by the signer of "
+                                           f"trusted key {signed.key})"}
     carried = (f" (the lock says so; trusted key {signed.key} signed it as a claim, not as "
                "proved)" if signed is not None else " (the lock says so)")
     return {"kind": kind, "basis": CLAIMED, "full": kind == RECOMPUTED,
-            "detail": claimed.get("detail", "") + carried}
+            "detail": claimed.detail + carried}
 
 
 def satisfies(backing: dict[str, Any], required: str) -> bool:

@@ -32,6 +32,7 @@ from .._util.revision import is_commit
 from .._version import __version__
 from ..errors import FormatError, UnsafeInputError
 from ..format._fileset import ORIGIN_FILE
+from ..format.sections import Lock, Pin
 from ..trust._evidence import CLAIMED
 
 TOOL = "cubepack migrate"
@@ -110,11 +111,11 @@ def pulled_from(cube: Path, lock_bytes: bytes) -> tuple[str | None, str | None]:
     return repo_id, sha
 
 
-def parent_link(cube: Path, lock: dict[str, Any], lock_bytes: bytes) -> dict[str, Any]:
+def parent_link(cube: Path, lock: Lock, lock_bytes: bytes) -> dict[str, Any]:
     """The ``lineage.parent`` of a cube derived from ``cube`` (whose parsed lock is ``lock``)."""
     repo_id, revision = pulled_from(cube, lock_bytes)
-    return {"lock_digest": lock["digest"], "content_digest": lock["content_digest"],
-            "cube_id": lock.get("cube_id") or None, "repo_id": repo_id, "revision": revision}
+    return {"lock_digest": lock.digest, "content_digest": lock.content_digest,
+            "cube_id": lock.cube_id or None, "repo_id": repo_id, "revision": revision}
 
 
 def build(parent: dict[str, Any], *, models: dict[str, dict[str, str]],
@@ -128,16 +129,16 @@ def build(parent: dict[str, Any], *, models: dict[str, dict[str, str]],
     return {"parent": parent, "changes": changes, "tool": TOOL, "cubepack_version": __version__}
 
 
-def pin_label(pin: dict[str, Any] | None) -> str:
+def pin_label(pin: Pin | None) -> str:
     """``repo@revision`` of a pin, else the name it was given (a folder), else its model id."""
-    pin = pin or {}
-    if pin.get("repo_id") and pin.get("revision"):
-        return f"{pin['repo_id']}@{pin['revision']}"
-    identity = pin.get("identity") or {}
-    return str(pin.get("name") or identity.get("model_id") or "unnamed")
+    if pin is None:
+        return "unnamed"
+    if pin.where is not None:
+        return pin.where
+    return str(pin.name or (pin.identity.model_id if pin.identity else None) or "unnamed")
 
 
-def ancestors_document(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | None:
+def ancestors_document(cube: Path, lock: Lock) -> dict[str, Any] | None:
     """What a cube derived from ``cube`` holds at ``ANCESTORS_FILENAME``: the parent's own
     attestation envelope, then each of the parent's ancestors' envelopes, in order; None when
     the parent carries no attestation of its own. Read as strict JSON only (their signatures
@@ -151,7 +152,7 @@ def ancestors_document(cube: Path, lock: dict[str, Any]) -> dict[str, Any] | Non
     if own.is_symlink() or not own.is_file():
         return None
     envelopes = [_json_object(own, constants.ATTESTATION_FILENAME)]
-    if constants.ANCESTORS_FILENAME in lock["files"]:
+    if constants.ANCESTORS_FILENAME in lock.files:
         path = resolve_inside(cube, constants.ANCESTORS_FILENAME)
         document = _json_object(path, constants.ANCESTORS_FILENAME)
         listed = document.get("envelopes")
@@ -173,25 +174,24 @@ def _json_object(path: Path, name: str) -> dict[str, Any]:
     return value
 
 
-def adapters_in(lock: dict[str, Any]) -> dict[str, list[str]]:
+def adapters_in(lock: Lock) -> dict[str, list[str]]:
     """Adapter name -> the cube files in its folder (``parametric/NAME/``: PEFT's two files and
     whatever PEFT saved beside them, its README), from the lock's ``adapters`` section; pack
     refuses PEFT files anywhere else, so every adapter has an entry."""
-    return {str(name): sorted(path for path in lock["files"]
-                              if path.startswith(entry["path"] + "/"))
-            for name, entry in sorted((lock.get("adapters") or {}).items())}
+    return {str(name): sorted(path for path in lock.files if path.startswith(entry.path + "/"))
+            for name, entry in sorted(lock.adapters.items())}
 
 
-def describe(lock: dict[str, Any]) -> dict[str, Any]:
+def describe(lock: Lock) -> dict[str, Any]:
     """One link of a chain, as ``cubepack lineage`` shows it: this cube's digests and what its
     lineage says (its parent and what changed), or ``root`` when it records none."""
-    lineage = lock.get("lineage")
-    entry: dict[str, Any] = {"lock_digest": lock["digest"],
-                             "content_digest": lock["content_digest"],
-                             "cube_id": lock.get("cube_id"), "root": lineage is None}
+    lineage = lock.lineage
+    entry: dict[str, Any] = {"lock_digest": lock.digest, "content_digest": lock.content_digest,
+                             "cube_id": lock.cube_id, "root": lineage is None}
     if lineage is not None:
         # What the lock says of its parent is its writer's claim until a parent lock with
         # those digests is fetched at the commit it names (``lineage --follow``).
-        entry.update(parent=lineage["parent"], changes=lineage["changes"], tool=lineage["tool"],
-                     cubepack_version=lineage["cubepack_version"], parent_basis=CLAIMED)
+        entry.update(parent=lineage.parent_fields(), changes=lineage.changes_fields(),
+                     tool=lineage.tool, cubepack_version=lineage.cubepack_version,
+                     parent_basis=CLAIMED)
     return entry

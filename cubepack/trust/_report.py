@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from .._util.checks import Catalogue
+from ..format.sections import Lock, Pin
 from ..trust._evidence import Basis, Signed
 
 
-def pin_subject(role: str, pin: dict[str, Any]) -> str:
+def pin_subject(role: str, pin: Pin) -> str:
     """How a report names a pinned model: ``act_mem (owner/model@<sha>)`` or a local folder."""
-    if pin.get("repo_id") and pin.get("revision"):
-        return f"{role} ({pin['repo_id']}@{pin['revision']})"
+    if pin.where is not None:
+        return f"{role} ({pin.where})"
     return f"{role} (local folder, pinned by weights digest)"
 
 
@@ -71,7 +72,8 @@ class VerifyReport:
 
     cube_dir: Path
     checks: list[Check] = field(default_factory=list)
-    lock: dict[str, Any] | None = None
+    #: The cube's lock, parsed (its sections as frozen values), once its bytes were read.
+    lock: Lock | None = None
     #: True once every file is proven intact (file set, sizes, sha256, content).
     intact: bool = False
     #: The trusted key whose valid signature covers the cube's files (cubepack.sig): who
@@ -88,7 +90,7 @@ class VerifyReport:
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: A private cube opened with an identity: its clear lock (from the decrypted manifest).
     #: Never serialised by ``to_dict``: it is the plaintext's description.
-    private_lock: dict[str, Any] | None = None
+    private_lock: Lock | None = None
     #: This report is the decrypted pass over a private cube's plaintext (its fixes must say
     #: what works for a private cube: pack refuses one).
     decrypted: bool = False
@@ -130,7 +132,8 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cube_dir": str(self.cube_dir), "ok": self.ok,
-                "digest": (self.lock or {}).get("digest"), "signed_by": self.signed_by,
+                "digest": None if self.lock is None else self.lock.digest,
+                "signed_by": self.signed_by,
                 "attested_by": self.attested_by,
                 "checks": [c.to_dict() for c in self.checks],
                 "provenance": {item: {**entry, "basis": str(entry["basis"])}

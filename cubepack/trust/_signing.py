@@ -15,7 +15,6 @@ stock ``model_signing verify`` still accepts the folder.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 from .._util import atomic, constants
 from ..errors import CubepackError, SignatureError, UnsafeInputError
 from ..format import _fileset as fileset
+from ..format import _lock as lockfile
 from ._attestation import Proved, attest
 from ._keys import check_key
 
@@ -125,8 +125,8 @@ def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
     # The digest value type has no public constructor path; this is the only private import.
     from model_signing._hashing.hashing import Digest
 
-    lock = json.loads(lock_bytes)
-    digests = {path: entry["sha256"] for path, entry in lock["files"].items()
+    lock = lockfile.parse(lock_bytes)
+    digests = {path: entry.sha256 for path, entry in lock.files.items()
                if fileset.signature_covers(path)}
     digests[constants.LOCK_FILENAME] = hashlib.sha256(lock_bytes).hexdigest()
     digests.update(extra)

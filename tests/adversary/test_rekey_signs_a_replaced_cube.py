@@ -50,4 +50,4 @@ def test_rekey_does_not_sign_an_attackers_replacement(packed_cube_factory, tmp_p
     report = cubepack.verify(cube, trusted_keys=[owner_pub], decrypt_with=keys["alice"][0],
                              raise_on_failure=False)
     assert not report.ok, ("rekey signed the attacker's memories with the owner's key: "
-                           f"{sorted(report.private_lock['activations'])}")
+                           f"{sorted(report.private_lock.activations)}")

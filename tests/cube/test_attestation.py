@@ -42,6 +42,11 @@ def keys(tmp_path_factory):
 
 
 def read_lock(cube: Path) -> dict:
+    """The cube's lock document (what these tests edit and compare, key for key)."""
+    return lockfile.parse((cube / LOCK).read_bytes()).to_dict()
+
+
+def parsed_lock(cube: Path) -> lockfile.Lock:
     return lockfile.parse((cube / LOCK).read_bytes())
 
 
@@ -87,7 +92,7 @@ def relock(cube: Path, **change) -> None:
 def sign_derived(cube: Path, key: Path) -> None:
     """Sign a cube :func:`derive` made as ``migrate --sign-key`` signs the cube it derives:
     every pin, label and the lineage stated as established by the signing step."""
-    write_signature(cube, key, attestation.Proved.everything_of(read_lock(cube), "migrate",
+    write_signature(cube, key, attestation.Proved.everything_of(parsed_lock(cube), "migrate",
                                                                 lineage=True))
 
 
@@ -216,7 +221,7 @@ def test_a_signed_predicate_that_disagrees_with_the_lock_is_refused(cube, keys):
     """Signed by a trusted key, naming this lock, but claiming other pins: refused, by field."""
     cubepack.sign(cube, keys["alice"][0])
     lock_bytes = (cube / LOCK).read_bytes()
-    statement = attestation.statement_for(read_lock(cube), lock_bytes,
+    statement = attestation.statement_for(parsed_lock(cube), lock_bytes,
                                           attestation.Proved("sign"))
     statement["predicate"]["claimed"]["producers"]["act_mem"]["dtype"] = "bfloat16"
     envelope = attestation.sign_statement(statement, keys["alice"][0])

@@ -33,8 +33,8 @@ ANC = constants.ANCESTORS_FILENAME
 def write_signature(cube, key):
     """Sign ``cube`` as the step that made it would: pack (a root) or migrate (a cube whose
     lock names a parent), every pin and label stated as its own."""
-    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
-    derived = "lineage" in lock
+    lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    derived = lock.lineage is not None
     _write_signature(cube, key, Proved.everything_of(lock, "migrate" if derived else "pack",
                                                      lineage=derived))
 

@@ -46,7 +46,7 @@ def cube(tmp_path, zoo, models):
 
 
 def lock_of(cube):
-    return lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    return lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes()).to_dict()
 
 
 def test_migrate_a_to_b_verifies_by_recomputation_against_b_and_leaves_a_untouched(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from cubepack._util import constants, hashing
 from cubepack.hub import pull, push
 from cubepack.testing.hub import InstrumentedHub
 from cubepack.trust._attestation import Proved
+from cubepack.format import _lock as lockfile
 from cubepack.trust._signing import verify_signature
 from cubepack.trust._signing import write_signature as _write_signature
 
@@ -28,8 +28,8 @@ from helpers import build_cache, make_key, reseal_lock, tree_bytes
 def write_signature(cube, key):
     """Sign ``cube`` as the step that made it would: pack (a root) or migrate (a cube whose
     lock names a parent), every pin and label stated as its own."""
-    lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
-    derived = "lineage" in lock
+    lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    derived = lock.lineage is not None
     _write_signature(cube, key, Proved.everything_of(lock, "migrate" if derived else "pack",
                                                      lineage=derived))
 

@@ -60,7 +60,7 @@ def test_an_honest_version_1_cube_verifies_as_far_as_version_1_allows_then_upgra
     with pytest.raises(VerificationFailed, match=r"cubepack upgrade CUBE_DIR --model"):
         cubepack.verify(v1_cube)
     report = verify_for_upgrade(v1_cube)
-    assert report.ok and report.lock["lock_version"] == 1
+    assert report.ok and report.lock.version == 1
     ran = {c.name: c for c in report.checks}
     assert all(ran[name].ok for name in ("lock", "path", "file set", "size", "sha256", "content",
                                          "kv header", "cube config"))

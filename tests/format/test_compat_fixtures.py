@@ -290,7 +290,7 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
     """Every activation of the cube loads into its producer (a private cube's from its
     ciphertext, with the identity)."""
     if "identity" not in fixture:
-        files = [target / entry["file"] for entry in report.lock["activations"].values()]
+        files = [target / entry.file for entry in report.lock.activations.values()]
         assert files
         for path in files:
             assert cubepack.load_kv_cache(path, model).get_seq_length() > 0
@@ -299,7 +299,7 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
 
     identity = inputs["keys"][fixture["identity"]]
     with open_private(target, identity) as opened:
-        clear = {entry["file"] for entry in opened.lock["activations"].values()}
+        clear = {entry.file for entry in opened.lock.activations.values()}
         names = {clear_name: cipher for cipher, clear_name in opened.manifest["names"].items()}
     assert clear
     for name in sorted(clear):

@@ -41,7 +41,7 @@ def make_lock(**changes):
 def test_lock_round_trips_canonically():
     lock = make_lock()
     text = lockfile.dumps(lock)
-    assert lockfile.parse(text.encode()) == lock
+    assert lockfile.parse(text.encode()).to_dict() == lock
     assert lockfile.dumps(lockfile.parse(text.encode())) == text  # byte-identical
     assert text.endswith("\n") and json.loads(text) == lock
 
@@ -191,7 +191,7 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
         lock["digest"] = canonical.digest(lock)
         return json.dumps(lock).encode()
 
-    assert lockfile.parse(version_1(), accept_version_1=True)["lock_version"] == 1
+    assert lockfile.parse(version_1(), accept_version_1=True).version == 1
     with pytest.raises(FormatError, match="cubepack upgrade CUBE_DIR --model MODEL"):
         lockfile.parse(version_1())
     bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
@@ -215,7 +215,7 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
         lock["digest"] = canonical.digest(lock)
         return json.dumps(lock).encode()
 
-    assert lockfile.parse(as_version(2))["lock_version"] == 2
+    assert lockfile.parse(as_version(2)).version == 2
     assert make_lock()["lock_version"] == constants.LOCK_VERSION == 4
     with pytest.raises(FormatError, match=r"unexpected keys \['lineage'\]"):
         lockfile.parse(as_version(2, lineage={"parent": None}))
@@ -226,7 +226,7 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
                            "adapters_dropped": []},
                "tool": "cubepack migrate", "cubepack_version": "0.1.0"}
     lock = json.loads(as_version(3, lineage=lineage))
-    assert lockfile.parse(json.dumps(lock).encode())["lineage"] == lineage
+    assert lockfile.parse(json.dumps(lock).encode()).lineage.to_dict() == lineage
     lock["lineage"]["changes"]["reembedded"] = 1
     lock.pop("digest")
     lock["digest"] = canonical.digest(lock)

@@ -47,7 +47,7 @@ def test_memos_writes_a_placeholder_which_stays_accepted_as_text(lora_cube, zoo)
     cube = lora_cube(zoo["a"])
     assert (cube / "parametric_memory.adapter").read_bytes() == b"Placeholder"
     lock = cubepack.verify(cube).lock
-    assert "parametric_memory.adapter" in lock["files"] and "lora" in lock["adapters"]
+    assert "parametric_memory.adapter" in lock.files and "lora" in lock.adapters
     import yaml
 
     memories = yaml.safe_load((cube / "cubepack.yaml").read_text())["memories"]["parametric"]

@@ -71,7 +71,7 @@ def test_verify_with_a_key_runs_every_clear_check(packed, tmp_path, agekeys, zoo
     names = lambda r: sorted({(c.name, str(c.ok)) for c in r.checks if c.name not in (  # noqa: E731
         "private", "signature", "attestation")})
     assert set(names(clear)) <= set(names(report)) and ("kv header", "True") in names(report)
-    assert report.private_lock["digest"] == json.loads(
+    assert report.private_lock.digest == json.loads(
         (packed / constants.LOCK_FILENAME).read_text())["digest"]
 
 
@@ -227,7 +227,7 @@ def test_a_private_lock_holds_nothing_private_in_clear():
                   "hidden_names": False}
     good = lockfile.build_lock(cube_id="x/y", files=files, models={}, activations={},
                                cubepack_version="t", encryption=encryption)
-    assert lockfile.parse(lockfile.dumps(good).encode())["lock_version"] == 5
+    assert lockfile.parse(lockfile.dumps(good).encode()).version == 5
     vectors = {"e": {"name": "e", "vectors": {"file": "v", "dimension": 1, "count": 1,
                                               "sample": ["secret-id"]}}}
     for bad in (dict(models=vectors), dict(lineage={"parent": {}}),

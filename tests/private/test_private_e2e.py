@@ -232,7 +232,7 @@ def test_token_ids_and_header_metadata_of_a_plain_bundle_stay_private(models, zo
     assert done.returncode == 0 and MARKER not in done.stdout and ids not in done.stdout
     report = cubepack.verify(cube, decrypt_with=agekeys["alice"][0], model=str(zoo["a"]),
                              recompute=True, require_provenance="recomputed")
-    assert report.private_lock["activations"][ITEM]["token_count"] == len(SECRET_IDS)
+    assert report.private_lock.activations[ITEM].token_count == len(SECRET_IDS)
     assert [c.ok for c in report.checks if c.name == "recompute"] == [True]
     assert "private_lock" not in report.to_dict()
 

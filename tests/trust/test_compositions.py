@@ -130,7 +130,7 @@ def test_no_claim_leaves_stronger_than_it_entered(world, sequence, tmp_path):
         folder = OPERATIONS[name](world, folder, tmp_path)
     trusted = [world["public"]]
     report = cubepack.verify(folder, trusted_keys=trusted, raise_on_failure=False)
-    lock = report.lock
+    lock = report.lock.to_dict()
     assert lock is not None
     for item, backing in report.provenance.items():
         if backing["kind"] == "recomputed":  # the pusher's label, wherever it went
