@@ -63,6 +63,7 @@ from .._util.models import load_causal_lm
 from ..errors import CubepackError, RecomputationFailed
 from ..identity._fingerprint import resolve_model_folder
 from ._format import SLIDING, KVFileInfo, producer_runtime
+from ._runtime import Incremental, ProvingRuntime, Runtime
 from ._torch import cache_from_layers, cache_layers, forward, mapped_layers, output_cache
 
 #: The layer-wide tensor tolerance (``max |Δ| / max |recomputed|`` per layer) a runtime that
@@ -361,7 +362,7 @@ class TorchRuntime:
 
 def recompute_layers(model: Any, stored: list[tuple], kv_dtype: str, ids: list[int] | None,
                      item_id: str, *, sample: int | None = None, seed: int | None = None,
-                     runtime: Any = None) -> Recomputation:
+                     runtime: ProvingRuntime | None = None) -> Recomputation:
     """:func:`recompute` for layers already in memory ((type, cumulative_length, keys,
     values) as torch tensors, e.g. read from a MemOS pickle): the same prefills and the same
     comparisons. ``runtime``: the runtime that recomputes (default :class:`TorchRuntime` of
@@ -396,7 +397,7 @@ class Prefill:
     pending: Any = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, runtime: Any, ids: list[int], *, lazy: bool = False) -> "Prefill":
+    def of(cls, runtime: ProvingRuntime, ids: list[int], *, lazy: bool = False) -> "Prefill":
         """``lazy``: the float32 reference prefill is made only when a check needs it
         (:meth:`ensure_reference`): a stored cache that is this prefill bit for bit needs
         none, and for half precision it is the larger part of the cost."""
@@ -408,7 +409,7 @@ class Prefill:
 
     def ensure_reference(self) -> None:
         runtime, self.pending = self.pending, None
-        if runtime is None or not hasattr(runtime, "reference"):
+        if not isinstance(runtime, ProvingRuntime):
             return
         self.reference = runtime.reference()
         self.reference_skipped = getattr(runtime, "reference_skipped", None)
@@ -416,7 +417,7 @@ class Prefill:
             self.reference_layers, self.reference_logits = self.reference.prefill(self.ids)
 
 
-def check_layers(runtime: Any, fresh: Prefill, stored: list[tuple], kv_dtype: str,
+def check_layers(runtime: ProvingRuntime, fresh: Prefill, stored: list[tuple], kv_dtype: str,
                  item_id: str, *, sample: int | None = None,
                  seed: int | None = None) -> Recomputation:
     """Compare ``stored`` with a :class:`Prefill` of its ids (tensors position by position,
@@ -504,7 +505,7 @@ def _bits(tensor: Any) -> Any:
     return tensor.contiguous().view(getattr(torch, _BITS[tensor.element_size()]))
 
 
-def require_recomputed_here(runtime: Any, info: KVFileInfo,
+def require_recomputed_here(runtime: ProvingRuntime, info: KVFileInfo,
                             stored: list[tuple] | None = None, *, always: bool = False,
                             sample: int | None = None,
                             seed: int | None = None) -> Recomputation | None:
@@ -656,7 +657,7 @@ def compare_layer_wide(index: int, fresh: tuple, stored: tuple, tolerance: float
                                 "position": start + int(bad.nonzero()[0])}
 
 
-def _compare_behaviour(runtime: Any, stored: list[tuple], fresh: Prefill, rng: random.Random,
+def _compare_behaviour(runtime: ProvingRuntime, stored: list[tuple], fresh: Prefill, rng: random.Random,
                        kv_dtype: str, result: Recomputation) -> None:
     """Continue the stored and the recomputed cache with the same tokens: random probes (one
     sequence, so each cache is extended once) and the greedy continuation; their logits at
@@ -727,13 +728,13 @@ def _continue(runner: Any, caches: list[list[tuple]], tokens: list[int], batch: 
     return list(runner.probe_logits(merged, tokens, len(caches)).split(len(tokens)))
 
 
-def _greedy(runtime: Any, layers: list[tuple], last_logits: Any, batch: int) -> list[int]:
+def _greedy(runtime: Runtime, layers: list[tuple], last_logits: Any, batch: int) -> list[int]:
     """The cache's own greedy continuation, :data:`GREEDY` tokens (of its first sequence):
     what a user of this cache would be answered."""
     if last_logits is None or GREEDY <= 0:
         return []
     tokens = [int(last_logits[0].argmax())]
-    if hasattr(runtime, "greedy"):  # incremental: a token a step, not the prefix again
+    if isinstance(runtime, Incremental):  # a token a step, not the prefix again
         return runtime.greedy(layers, tokens[0], GREEDY, batch)
     while len(tokens) < GREEDY:
         logits = runtime.probe_logits(layers, tokens, batch)
