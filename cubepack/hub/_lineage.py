@@ -59,6 +59,17 @@ def lineage(cube_dir: str | Path, *, follow: bool = False, repo_type: str = "dat
         FormatError: the cube's lock (or a fetched parent's) is malformed.
         IntegrityError: a fetched parent lock's digests are not those its child recorded.
         HubError: a parent's lock could not be downloaded.
+
+    Returns:
+        a ``LineageResult``: the chain of ancestors (each a claim unless a trusted key
+        signed it), whether it was followed on the Hub, and where and why it stopped.
+
+    Example:
+        ```python
+        result = cubepack.lineage("my-cube", follow=True)
+        for link in result.chain:
+            print(link)
+        ```
     """
     cube = Path(cube_dir)
     seconds = constants.hub_timeout(timeout)  # a bad --timeout is refused before any work

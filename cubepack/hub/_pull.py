@@ -99,6 +99,16 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
             deadline passed.
         VerificationFailed: the downloaded commit does not match its lock or pins.
         UsageError: a folder the pull would lose files from, a bad repo id, revision or timeout.
+
+    Returns:
+        a ``PullResult``: the repo, the revision asked and the commit it resolved to, the
+        folder it placed, and the verification report of what was placed.
+
+    Example:
+        ```python
+        result = cubepack.pull("org/my-cube", revision="v1", model="org/model-a")
+        print(result.commit_sha, result.local_dir)
+        ```
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("pull")

@@ -83,6 +83,16 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
             with ``create_pr``; HF_HUB_OFFLINE set.
         HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
             that exists, a branch that keeps moving, the deadline passed).
+
+    Returns:
+        a ``PushResult``: the repo, the branch and commit written (and its URL), what
+        changed and was uploaded or deleted, and the tag or pull request made.
+
+    Example:
+        ```python
+        result = cubepack.push("my-cube", "org/my-cube", tag="v1")
+        print(result.commit_sha)
+        ```
     """
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")

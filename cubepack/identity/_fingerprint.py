@@ -96,6 +96,12 @@ def fingerprint(model_or_path: Any, *, revision: str | None = None, tokenizer: A
     Raises:
         ModelNotFoundError: the folder or Hub id cannot be found (offline: not in the cache).
         FormatError: the folder has no readable ``config.json``.
+
+    Example:
+        ```python
+        identity = cubepack.fingerprint("org/model-a", revision="main")
+        print(identity.revision, identity.weights_digest)
+        ```
     """
     if isinstance(model_or_path, (str, os.PathLike)):
         folder, model_id, resolved_revision = resolve_model_folder(

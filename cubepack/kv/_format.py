@@ -114,6 +114,16 @@ def read_kv_header(path: str | os.PathLike[str], *, data: Any = None) -> KVFileI
     Raises:
         FormatError: not a cubepack KV file, an unknown format version, or a header whose
             tensors contradict its own metadata (count, dtype, shapes, lengths).
+
+    Returns:
+        a ``KVFileInfo``: the file's format version, producer, dtype, layers, token count
+        and ids, metadata and checksums, read from its header alone (no tensor is read).
+
+    Example:
+        ```python
+        info = cubepack.read_kv_header("my-cube/activations/item-1.kv.safetensors")
+        print(info.producer, info.token_count)
+        ```
     """
     path = Path(path)
     header = read_header(path, data=data)

@@ -163,6 +163,16 @@ def save_kv_cache(cache: Any, path: str | os.PathLike[str], *, producer: Any,
     Raises:
         UnsupportedError: quantized or otherwise non-dynamic caches.
         CubepackError: the cache contradicts the producer (layer count, dtype, heads).
+
+    Returns:
+        the path written.
+
+    Example:
+        ```python
+        cache = cubepack.prefill(model, input_ids)
+        cubepack.save_kv_cache(cache, "my-cube/activations/item-1.kv.safetensors",
+                               producer=model, token_ids=input_ids[0])
+        ```
     """
     layers = cache_layers(cache)
     refuse_private(cache, layers, path)
@@ -450,7 +460,16 @@ def forward(model: Any, input_ids: Any, cache: Any = None, **kwargs: Any) -> Any
 
 def prefill(model: Any, input_ids: Any) -> Any:
     """The KV cache ``model`` builds for ``input_ids`` (no gradients), with whichever keyword
-    the installed transformers uses for caches."""
+    the installed transformers uses for caches.
+
+    Returns:
+        the cache (a ``DynamicCache``) the model built, for ``cubepack.save_kv_cache``.
+
+    Example:
+        ```python
+        cache = cubepack.prefill(model, tokenizer("Hello", return_tensors="pt").input_ids)
+        ```
+    """
     import torch
 
     with torch.no_grad():

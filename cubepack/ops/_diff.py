@@ -14,7 +14,18 @@ from ..trust._evidence import CLAIMED
 
 def diff(a: str | Path, b: str | Path) -> dict[str, Any]:
     """Compare two cubes or lock files, section by section; each pin added or changed is
-    marked ``claimed`` (its evidence is the lock's word until verified against a model)."""
+    marked ``claimed`` (its evidence is the lock's word until verified against a model).
+
+    Returns:
+        a dict whose ``sections`` hold the differences, section by section (files, models,
+        activations, adapters, lineage, encryption), each pin change marked ``claimed``.
+
+    Example:
+        ```python
+        changes = cubepack.diff("cube-v1", "cube-v2")
+        print(changes["sections"].get("activations"))
+        ```
+    """
     result = diff_locks(load_lock(a), load_lock(b))
     for section in lockfile.SECTIONS:
         entry = result["sections"].get(section.key)

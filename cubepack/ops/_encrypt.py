@@ -112,6 +112,16 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
             generation.
         SignatureError: ``sign_key`` given and the cube's existing signature does not verify
             under it (or ``trusted_keys``).
+
+    Returns:
+        an ``EncryptResult``: the cube, its new lock digest, its recipients, the
+        ciphertexts written, its series and generation, and the key that signed it (if any).
+
+    Example:
+        ```python
+        result = cubepack.encrypt("my-cube", ["age1..."], sign_key="signing.pem")
+        print(result.recipients, result.generation)
+        ```
     """
     cube = Path(cube_dir)
     policy = _policy(policy, trusted_keys, "encrypt")
@@ -265,6 +275,16 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
             it (or ``trusted_keys``), nothing decrypted or written; no trusted signature and
             no ``to``.
         VerificationFailed: ``trusted_keys`` given and no valid signature by one of them.
+
+    Returns:
+        an ``EncryptResult``: the recipients now, those added, removed and re-added, and
+        the new generation.
+
+    Example:
+        ```python
+        result = cubepack.rekey("my-cube", "me.key", remove=["age1..."], sign_key="signing.pem")
+        print(result.removed, result.generation)
+        ```
     """
     cube = Path(cube_dir)
     if to and (add or remove):

@@ -37,6 +37,16 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     file (``*.kv.safetensors.age``): it is decrypted into anonymous memory (one thread a core)
     and its tensors view it there, never written to a disk. (``identity`` names the live
     model's identity.)
+
+    Returns:
+        the cache, a transformers ``DynamicCache`` on ``device`` whose tensors view the checked
+        file (refused, never returned, when a check fails).
+
+    Example:
+        ```python
+        cache = cubepack.load_kv_cache("my-cube/activations/item-1.kv.safetensors", model)
+        output = model.generate(input_ids, past_key_values=cache)
+        ```
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("load_kv_cache")

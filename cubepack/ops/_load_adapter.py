@@ -64,6 +64,12 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
         IdentityMismatch: ``model`` is not the pinned base (the fields named: weights digest,
             dtype, geometry..., and each LoRA module whose shape differs); peft is not
             imported.
+
+    Example:
+        ```python
+        model = cubepack.load_adapter(model, "my-cube", "style")
+        print(model.peft_config)
+        ```
     """
     given = TrustPolicy.build(policy, **options)
     given.require_honoured("load_adapter")

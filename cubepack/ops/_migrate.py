@@ -104,6 +104,16 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
         VerificationFailed: the old cube does not verify.
         RecomputationFailed: an activation the new model's tokenizer cannot reproduce (its ids
             are another tokenizer's and it records no source text to re-tokenise).
+
+    Returns:
+        a ``MigrateResult``: the new cube, its parent, its digests, the activations it re-
+        prefilled, the vectors it re-embedded, and the lineage it records.
+
+    Example:
+        ```python
+        result = cubepack.migrate("my-cube", out="my-cube-for-b", model="org/model-b")
+        print(result.activations)
+        ```
     """
     if model is None and embedder is None:
         raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "

@@ -148,6 +148,16 @@ def pack(cube_dir: str | Path, *, model: Any = None, revision: str | None = None
         IdentityMismatch: an activation contradicts the pinned model's geometry or dtype; an
             adapter's tensors do not fit its base (a module absent, or other shapes).
         ModelNotFoundError: the producer model (or an adapter's base) cannot be found.
+
+    Returns:
+        a ``PackResult``: the cube, its lock digest and content digest, the files, pinned
+        models and activations it locked, and what it converted or recomputed.
+
+    Example:
+        ```python
+        result = cubepack.pack("my-cube", model="org/model-a")
+        print(result.digest, len(result.activations))
+        ```
     """
     cube = Path(cube_dir)
     files = list_cube_files(cube)

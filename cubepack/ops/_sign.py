@@ -41,6 +41,14 @@ def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy 
     Raises:
         VerificationFailed: the cube does not verify (nothing is written).
         UsageError: the key is unreadable or not ECDSA P-256/P-384; a bad policy.
+
+    Returns:
+        the path of the signature written (``cubepack.sig`` in the cube).
+
+    Example:
+        ```python
+        cubepack.sign("my-cube", "signing.pem", model="org/model-a")
+        ```
     """
     policy = TrustPolicy.build(policy, **options)
     check_key(key, private=True, password=password)  # fail before any work

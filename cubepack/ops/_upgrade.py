@@ -71,6 +71,16 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
         VerificationFailed: the cube does not verify (edited after packing, unlisted files,
             symlinks...); nothing is changed.
         IdentityMismatch: a file was not produced by ``model`` (naming every field).
+
+    Returns:
+        an ``UpgradeResult``: what was upgraded, what was already current, and whether the
+        cube must be signed again.
+
+    Example:
+        ```python
+        result = cubepack.upgrade("my-cube", model="org/model-a")
+        print(result.upgraded, result.sign_again)
+        ```
     """
     path = Path(path)
     if not path.exists():

@@ -88,6 +88,18 @@ def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
             digests and signature are checked, and what needs its plaintext is reported so.
 
     Checks against a Hub's file metadata are :func:`cubepack.hub.verify_remote`'s.
+
+    Returns:
+        a ``VerifyReport``: every check with its outcome and basis (proved, signed or
+        claimed), the signer, and what backs each activation's producer label. With
+        ``raise_on_failure`` (the default) a failed check raises instead.
+
+    Example:
+        ```python
+        report = cubepack.verify("my-cube", model="org/model-a", recompute=True)
+        for check in report.checks:
+            print(check.name, check.ok)
+        ```
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("verify")
