@@ -70,6 +70,7 @@ def main() -> None:
 def _embedder_cost(root: Path, repeats: int) -> None:
     import json
 
+    from cubepack.format.sections import VectorsRecord
     from cubepack.memory._embedder import embed, probe_vectors
     from cubepack.memory._vectors import vector_record
     from cubepack.ops._embedder_check import embedder_checks
@@ -88,13 +89,13 @@ def _embedder_cost(root: Path, repeats: int) -> None:
         record["probes"] = probe_vectors(server.spec)
         config = {"text_mem": {"backend": "general_text",
                                "config": {"memory_filename": "textual_memory.json"}}}
-        lock = {"files": {"textual_memory.json": {}},
-                "models": {"text_mem.embedder": {"vectors": record}}}
+        pinned = VectorsRecord.of(record)  # as the lock's models section parses it
         sample = texts[:16]  # one plain call of as many texts as the check re-embeds
         plain = best_of(lambda: embed(server.spec, sample), repeats)
         server.calls = 0
         checked = best_of(lambda: embedder_checks(
-            cube, config, lock, lambda batch: embed(server.spec, batch), label="e"), repeats)
+            cube, config, ["textual_memory.json"], pinned,
+            lambda batch: embed(server.spec, batch), label="e"), repeats)
         calls = server.calls // repeats
     print(f"embedder check: {calls} batched calls (target <= 2); {checked * 1e3:.1f} ms vs "
           f"{plain * 1e3:.1f} ms for one plain call of the sample: {checked / plain:.2f}x")

@@ -69,7 +69,7 @@ def test_every_load_of_ours_works_where_a_plain_load_wants_missing_kernels(zoo, 
         pytest.skip(f"transformers {transformers.__version__} loads without Hub kernels by "
                     "default (5.25+ does, and fails where the kernels package is missing)")
     model = tiny.load(zoo["a"])  # the demo's and the tests' loads
-    recomputer = load_for_recompute(str(zoo["a"]), {"identity": {"dtype": "float32"}})
+    recomputer = load_for_recompute(str(zoo["a"]), None, None, "float32")
     cache = cubepack.prefill(recomputer, prompt_ids)
     assert cache.get_seq_length() == prompt_ids.shape[1]
     assert torch.allclose(model(prompt_ids).logits, recomputer(prompt_ids).logits, atol=1e-4)
