@@ -371,6 +371,7 @@ class LocalHub:
             raise
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self._serving = False
 
     @property
     def url(self) -> str:
@@ -378,17 +379,22 @@ class LocalHub:
         return f"http://{host}:{port}"
 
     def start(self) -> LocalHub:
+        self._serving = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="cubepack-hub",
                                         daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
+        self._serving = True
         self._httpd.serve_forever()
 
     def stop(self) -> None:
         try:
-            self._httpd.shutdown()
+            # shutdown() waits for the serving loop to end: an endpoint never started has
+            # none, and its stop() waited forever.
+            if self._serving:
+                self._httpd.shutdown()
             self._httpd.server_close()
         finally:
             self._release_descriptors()

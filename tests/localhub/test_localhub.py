@@ -232,6 +232,18 @@ def test_one_process_serves_a_root(tmp_path):
         pass
 
 
+def test_an_endpoint_never_started_stops_and_frees_its_root(tmp_path):
+    """``stop()`` of an endpoint made but never started returns (it waited forever for a
+    serving loop that never ran) and frees the root for the next one."""
+    hub = InstrumentedHub(tmp_path / "root")
+    stopping = threading.Thread(target=hub.stop, daemon=True)
+    stopping.start()
+    stopping.join(60)  # a guard against hanging the suite, not a synchronisation
+    assert not stopping.is_alive(), "stop() of an endpoint never started never returned"
+    with InstrumentedHub(tmp_path / "root"):
+        pass
+
+
 def test_the_compiled_patterns_match_as_fnmatch_does_pattern_by_pattern():
     """One expression for all patterns means what one ``fnmatch`` per pattern meant: the path
     or its name matches, or the path is below a folder a pattern names (a random sweep)."""
