@@ -98,3 +98,41 @@ def run_gc(root):
                           capture_output=True, text=True, env=cli_env(), timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def heads_only(url, first_address, head):
+    """Two connections from two addresses (``first_address`` and the next), each sending the
+    request ``head`` (bytes) and not one byte of its body; the caller closes them."""
+    import socket
+
+    port = int(url.rsplit(":", 1)[1])
+    prefix, last = first_address.rsplit(".", 1)
+    held = []
+    for index in range(2):
+        sock = socket.socket()
+        sock.bind((f"{prefix}.{int(last) + index}", 0))
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(head)
+        held.append(sock)
+    return held
+
+
+def honest_commit(api, repo_id="ns/repo"):
+    """(outcome, seconds) of a commit of 48 regular files of 59 KB each (under the 64 KiB LFS
+    threshold: 2.8 MB of body): "200", or the HTTP status (the error's type) it met."""
+    import time
+
+    from huggingface_hub import CommitOperationAdd
+
+    line = b"an honest line of a cube's notes\n"
+    notes = [CommitOperationAdd(f"notes/{index:02d}.txt", line * 1800 + bytes([index]))
+             for index in range(48)]
+    started = time.monotonic()
+    try:
+        api.create_commit(repo_id, repo_type="dataset", commit_message="honest",
+                          operations=notes)
+        outcome = "200"
+    except Exception as error:  # noqa: BLE001 - the client's typed HTTP error
+        response = getattr(error, "response", None)
+        outcome = str(getattr(response, "status_code", type(error).__name__))
+    return outcome, time.monotonic() - started
