@@ -5,6 +5,7 @@ or keyword-only parameter, a missing argument, fails here, not in a reader's ses
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 
@@ -30,10 +31,13 @@ def test_each_public_verb_says_what_it_returns_and_shows_an_example(name):
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and isinstance(node.func.value, ast.Name) and node.func.value.id == "cubepack"]
     assert name in {call.func.attr for call in calls}, f"cubepack.{name}'s example calls it not"
+    fields = {field.name for field in dataclasses.fields(cubepack.TrustPolicy)}
     for call in calls:
         # Every argument is a placeholder: what is checked is that the call fits.
-        inspect.signature(getattr(cubepack, call.func.attr)).bind(
-            *[None] * len(call.args), **{kw.arg: None for kw in call.keywords})
+        signature = inspect.signature(getattr(cubepack, call.func.attr))
+        bound = signature.bind(*[None] * len(call.args), **{kw.arg: None for kw in call.keywords})
+        # A verb's **options are a trust policy's fields (TrustPolicy.build refuses others).
+        assert set(bound.kwargs.get("options", {})) <= fields, (call.func.attr, bound.kwargs)
 
 
 def test_the_example_check_can_fail():
