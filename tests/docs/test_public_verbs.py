@@ -37,7 +37,7 @@ def test_each_public_verb_says_what_it_returns_and_shows_an_example(name):
         signature = inspect.signature(getattr(cubepack, call.func.attr))
         bound = signature.bind(*[None] * len(call.args), **{kw.arg: None for kw in call.keywords})
         # A verb's **options are a trust policy's fields (TrustPolicy.build refuses others).
-        assert set(bound.kwargs.get("options", {})) <= fields, (call.func.attr, bound.kwargs)
+        assert set(bound.arguments.get("options", {})) <= fields, (call.func.attr, bound.arguments)
 
 
 def test_the_example_check_can_fail():
