@@ -27,8 +27,10 @@ from ..errors import CubepackError, HubError, SignatureError, UsageError
 from ..format import _lock as lockfile
 from ..format._card import PLAIN_TAGS, weights_tag
 from ..format.sections import Lock, Pin
+from ..identity._fingerprint import fingerprint
 from ..identity._hub import hub_identity, hub_weight_hashes
 from ..identity._identity import ModelIdentity, compare
+from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
 #: Candidates read when no limit is given.
@@ -109,8 +111,6 @@ class _Model:
         if _DIGEST.fullmatch(spec):
             self.kind, self.weights_digest = "digest", spec
         elif Path(spec).is_dir():
-            from ..identity._fingerprint import fingerprint
-
             self.kind, self.folder = "folder", Path(spec)
             self.weights_digest = fingerprint(spec).weights_digest
         elif Path(spec).exists():
@@ -148,8 +148,6 @@ class _Model:
     def identity(self, dtype: str) -> ModelIdentity:
         if dtype not in self._identities:
             if self.kind == "folder":
-                from ..identity._fingerprint import fingerprint
-
                 self._identities[dtype] = fingerprint(str(self.folder), dtype=dtype)
             else:
                 client = self.client
@@ -298,8 +296,6 @@ def _read(client: HubClient, subject: _Model, kind: str, info: Any,
             attestation = (_fetch(client, repo_id, kind, sha, constants.ATTESTATION_FILENAME)
                            if constants.ATTESTATION_FILENAME in names else None)
             signature = _fetch(client, repo_id, kind, sha, constants.SIGNATURE_FILENAME)
-            from ..trust._signing import verify_lock_signature
-
             candidate.signed_by = verify_lock_signature(lock_bytes, signature, attestation,
                                                         trusted_keys)
         except SignatureError as exc:

@@ -253,3 +253,9 @@ def test_the_cli_prints_json_for_a_match_and_for_an_error(hub, cube_a, zoo, caps
     assert main(["search", "--model", "sha256:abc", "--json"]) == 2
     error = json.loads(capsys.readouterr().out)
     assert error["ok"] is False and error["error"]["type"] == "UsageError"
+
+
+def test_no_match_is_said_and_exits_0(hub, cube_a, zoo, capsys):
+    publish(hub, cube_a, "ns/cube-a")
+    assert main(["search", "--model", str(zoo["b"])]) == 0
+    assert "no cube matches" in capsys.readouterr().out

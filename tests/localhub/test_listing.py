@@ -187,3 +187,35 @@ def test_card_tags_sweep_every_key_each_kind_turns_into_a_tag():
             assert card_tags(kind, {key: "x"}) == ["x"]
     assert card_tags("datasets", {"base_model": "org/m"}) == []  # a dataset's: not a tag
     assert card_tags("models", {"tags": ["a", "a"], "license": "a"}) == ["a", "license:a"]
+
+
+def test_sorts_by_date_and_id_largest_first_unless_direction_is_1(hub, api):
+    make(api, "ns/b")
+    make(api, "ns/a")
+    api.upload_file(path_or_fileobj=CARD, path_in_repo="README.md", repo_id="ns/b",
+                    repo_type="dataset")
+
+    def ids(query):
+        with urllib.request.urlopen(f"{hub.url}/api/datasets?{query}") as answer:
+            return [r["id"] for r in json.loads(answer.read())]
+
+    assert ids("sort=id") == ["ns/b", "ns/a"]
+    assert ids("sort=id&direction=1") == ["ns/a", "ns/b"]
+    assert ids("sort=lastModified")[0] == "ns/b"  # changed last
+    assert ids("sort=createdAt&direction=1")[0] in ("ns/b", "ns/a")
+    assert [r.id for r in api.list_datasets(sort="created_at", expand=["createdAt"])] == \
+        ids("sort=createdAt")
+    assert [r.downloads for r in api.list_datasets(sort="downloads")] == [0, 0]
+
+
+def test_an_official_property_without_a_value_here_is_left_out(hub, api):
+    make(api, "ns/model", "model")
+    [entry] = api.list_models(expand=["safetensors", "gguf", "author"])
+    assert entry.author == "ns" and entry.safetensors is None and entry.gguf is None
+
+
+def test_a_card_larger_than_1_mib_lists_without_tags(hub, api):
+    big = CARD + b"x" * (1024 * 1024)
+    make(api, "ns/big", card=big)
+    [entry] = api.list_datasets(full=True)
+    assert entry.tags == []
