@@ -245,10 +245,13 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
     for kind in kinds:
         lister: Callable[..., Any] = (client.api.list_datasets if kind == "dataset"
                                       else client.api.list_models)
-        with client.translated(f"the {kind} list", kind, None):
-            # One more than the limit: whether more were listed than read.
+        try:  # one more than the limit: whether more were listed than read
             found = client.run(lambda: list(lister(filter=[hint], expand=["sha", "siblings"],
                                                    limit=limit + 1)))
+        except CubepackError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one sentence for any way the list fails
+            raise _list_error(client, kind, exc) from exc
         listed += [(kind, info) for info in found]
     result.listed = len(listed)
     result.truncated = len(listed) > limit
@@ -311,6 +314,19 @@ def _read(client: HubClient, subject: _Model, kind: str, info: Any,
         candidate.signature = f"signed by {candidate.signed_by}"
     candidate.match = True
     return candidate
+
+
+def _list_error(client: HubClient, kind: str, exc: Exception) -> HubError:
+    """Why the list API failed, naming the route: an unreachable endpoint as any request's,
+    anything else (an endpoint without the list API answers 404) as the list's."""
+    error = client.error(exc, f"the {kind} list", kind, None)
+    if error.args and str(error.args[0]).startswith("Cannot reach"):
+        return error
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return HubError(f"{client.endpoint} did not answer the Hub's list API (GET /api/{kind}s"
+                    f"{f', {status}' if status else ''}: {text}); search needs an endpoint that "
+                    "lists repos (the Hub, or cubepack hub serve).")
 
 
 def _fetch(client: HubClient, repo_id: str, kind: str, sha: str, name: str) -> bytes:

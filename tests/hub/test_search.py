@@ -259,3 +259,10 @@ def test_no_match_is_said_and_exits_0(hub, cube_a, zoo, capsys):
     publish(hub, cube_a, "ns/cube-a")
     assert main(["search", "--model", str(zoo["b"])]) == 0
     assert "no cube matches" in capsys.readouterr().out
+
+
+def test_an_endpoint_without_the_list_api_is_named(hub, zoo):
+    hub.add_fault("404", path="^/api/datasets$", method="GET")
+    with pytest.raises(HubError, match=r"did not answer the Hub's list API \(GET /api/datasets, "
+                                       r"404"):
+        search(digest_of(zoo), repo_type="dataset")
