@@ -3,8 +3,8 @@
 ``DatasetCard.from_template`` validates the YAML front matter the Hub reads: tags (``memcube``,
 ``memos``, ``kv-cache``, and ``cubepack-weights-<16 hex>`` per pinned model: the hint
 ``cubepack search`` filters the Hub's list on), ``base_model`` (the pinned models' repo ids),
-``pretty_name`` and the license when given. The card carries no timestamp, so packing an unchanged cube re-renders it
-byte-identically.
+``pretty_name`` and the license when given. The card carries no timestamp, so packing an
+unchanged cube re-renders it byte-identically.
 
 A README cubepack did not write (MemOS writes a one-line one into every cube) is never lost:
 its text goes into the card under its own heading, between markers so a re-pack finds it

@@ -266,3 +266,10 @@ def test_an_endpoint_without_the_list_api_is_named(hub, zoo):
     with pytest.raises(HubError, match=r"did not answer the Hub's list API \(GET /api/datasets, "
                                        r"404"):
         search(digest_of(zoo), repo_type="dataset")
+
+
+def test_hf_token_from_the_environment_reads_private_cubes(hub, cube_a, zoo, monkeypatch):
+    publish(hub, cube_a, "ns/secret", private=True)
+    assert search(digest_of(zoo)).matches == []
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert [c.repo_id for c in search(digest_of(zoo)).matches] == ["ns/secret"]
