@@ -1,7 +1,8 @@
 """Sharing cubes through a Hub at exact revisions: :func:`push` (one commit) and :func:`pull`
 (one commit, verified before it is placed), through one :class:`HubClient` carrying endpoint
-and token, pins checked against the Hub's file metadata (``_remote``), and a cube's lineage
-followed to its root (:func:`lineage`, ``_lineage``).
+and token, pins checked against the Hub's file metadata (``_remote``), a cube's lineage
+followed to its root (:func:`lineage`, ``_lineage``), and the cubes whose pins match a model
+found through the Hub's list API (:func:`search`, ``_search``).
 
 Works with huggingface_hub 0.36 and 2.x, against the Hub or any compatible endpoint (such as
 ``cubepack hub serve``); ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and ``HF_HUB_CACHE``
@@ -13,6 +14,7 @@ from ._lineage import LineageResult, lineage
 from ._pull import PullResult, pull, resolve_revision
 from ._push import PushResult, push
 from ._remote import verify_remote
+from ._search import SearchResult, search
 
-__all__ = ["HubClient", "LineageResult", "PullResult", "PushResult", "lineage", "parse_repo_spec",
-           "pull", "push", "resolve_revision", "verify_remote"]
+__all__ = ["HubClient", "LineageResult", "PullResult", "PushResult", "SearchResult", "lineage",
+           "parse_repo_spec", "pull", "push", "resolve_revision", "search", "verify_remote"]

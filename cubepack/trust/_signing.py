@@ -28,7 +28,8 @@ from ..format import _lock as lockfile
 from ._attestation import Proved, attest
 from ._keys import check_key
 
-__all__ = ["check_key", "check_resigning", "verify_signature", "write_signature"]
+__all__ = ["check_key", "check_resigning", "verify_lock_signature", "verify_signature",
+           "write_signature"]
 
 def _model_signing() -> Any:
     try:
@@ -110,6 +111,9 @@ class _Precomputed:
     def hash(self, model_path: Any, **_: Any) -> Any:
         return self._manifest
 
+    def add_ignored_paths(self, **_: Any) -> None:
+        """Verifying passes the signature's ignored paths on: the manifest already left them."""
+
 
 def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
                         extra: dict[str, str]) -> Any:
@@ -172,6 +176,42 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
                              "The cube changed after it was signed.")
     names = ", ".join(str(k) for k in trusted_keys)
     raise SignatureError(f"The cube is signed by a key that is not trusted (trusted: {names}).")
+
+
+def verify_lock_signature(lock_bytes: bytes, signature: bytes, attestation: bytes | None,
+                          trusted_keys: list[str | os.PathLike[str]] | tuple) -> str:
+    """Check a signature against a lock alone (a remote cube's, fetched without its other
+    files): the manifest a cubepack signature signs is built from the lock's digests, the lock's
+    own sha256 and the attestation's, so a signature that verifies under a trusted key over
+    that manifest proves the key signed exactly this lock. Return the key that verified.
+
+    Raises:
+        SignatureError: signed by none of ``trusted_keys``, or over another lock.
+    """
+    hashing, _, verifying = _model_signing()
+    extra = {} if attestation is None else {
+        constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()}
+    content_errors = []
+    with tempfile.TemporaryDirectory(prefix="cubepack-sig.") as folder:
+        cube = Path(folder) / "cube"
+        cube.mkdir()
+        path = Path(folder) / constants.SIGNATURE_FILENAME
+        path.write_bytes(signature)  # model_signing reads a signature by path
+        manifest = _manifest_from_lock(cube, hashing, lock_bytes, extra)
+        for key in trusted_keys:
+            check_key(key, private=False)
+            try:
+                (verifying.Config().use_elliptic_key_verifier(public_key=str(key))
+                 .set_hashing_config(_Precomputed(manifest)).verify(cube, path))
+                return str(key)
+            except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and others
+                message = str(exc)
+                if "key mismatch" in message.lower() or "public key" in message.lower():
+                    continue
+                content_errors.append(_describe_content_error(message))
+    if content_errors:
+        raise SignatureError(f"The signature does not cover this lock: {content_errors[0]}.")
+    raise SignatureError("Signed by a key that is not trusted.")
 
 
 def check_resigning(cube_dir: str | Path, key: str | os.PathLike[str], *,
