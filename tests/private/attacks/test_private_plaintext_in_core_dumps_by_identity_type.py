@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from coredump import shift
+from places import ROOT, SUPPORT
 
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/smaps is Linux's"),
               pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="needs ssh-keygen")]
@@ -179,10 +180,8 @@ def test_no_marker_in_a_dumpable_core_after_each_load_and_release(kind, clear, z
         shutil.copytree(clear[name], tmp_path / name)
         encrypt(tmp_path / name, [recipient])
         args[name] = str(tmp_path / name)
-    support = Path(__file__).resolve().parents[1] / "support"
-    root = Path(__file__).resolve().parents[2]
     env = {key: value for key, value in os.environ.items() if not key.startswith("CUBEPACK_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(support), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(SUPPORT), env.get("PYTHONPATH", "")])
     if TYPES[kind][1]:
         env["CUBEPACK_IDENTITY_PASSPHRASE"] = TYPES[kind][1]
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], env=env,

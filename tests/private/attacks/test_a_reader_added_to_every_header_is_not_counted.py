@@ -11,20 +11,10 @@ import hmac
 import json
 
 import pytest
-from private_keys import age_keys, private_copy
+from private_keys import age_keys, private_copy, reseal_private, x25519_secret
 
 import cubepack
 from cubepack._util import constants
-from cubepack.format import _lock as lockfile
-
-
-def _secret(identity_file):
-    """The X25519 identity in ``identity_file`` (the native reader's)."""
-    from cubepack.trust import _age_stream as stream
-
-    line = next(line for line in identity_file.read_text().splitlines()
-                if line.startswith("AGE-SECRET-KEY-"))
-    return stream.X25519Identity(stream.bech32_bytes(line, "age-secret-key-"))
 
 
 def add_reader(data: bytes, secret, recipient: str) -> bytes:
@@ -49,19 +39,6 @@ def add_reader(data: bytes, secret, recipient: str) -> bytes:
     return header + b" " + stream._b64(mac) + b"\n" + bytes(data[start:])
 
 
-def reseal(cube, change=lambda lock: None) -> None:
-    """The public lock re-sealed over the files as they are now (an unsigned cube: anyone can)."""
-    path = cube / constants.LOCK_FILENAME
-    lock = json.loads(path.read_text())
-    for name in lock["files"]:
-        data = (cube / name).read_bytes()
-        lock["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    change(lock)
-    path.write_text(lockfile.dumps(lockfile.build_lock(
-        cube_id=lock["cube_id"], files=lock["files"], models=lock["models"], activations={},
-        cubepack_version=lock["cubepack_version"], encryption=lock["encryption"])))
-
-
 def test_a_stanza_added_for_another_reader_is_refused_by_a_keyless_verify(packed, tmp_path):
     pytest.importorskip("pyrage")
     keys = age_keys(tmp_path, "alice", "bob", "mallory")
@@ -69,9 +46,9 @@ def test_a_stanza_added_for_another_reader_is_refused_by_a_keyless_verify(packed
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     for name in [*lock["encryption"]["ciphertexts"], lock["encryption"]["manifest"]]:
         path = cube / name
-        path.write_bytes(add_reader(path.read_bytes(), _secret(keys["bob"][0]),
+        path.write_bytes(add_reader(path.read_bytes(), x25519_secret(keys["bob"][0]),
                                     keys["mallory"][1]))
-    reseal(cube)
+    reseal_private(cube)
     from cubepack.trust import _age as age
 
     manifest = lock["encryption"]["manifest"]  # mallory reads it now, and every other file
@@ -87,7 +64,7 @@ def test_a_count_changed_alone_is_refused(packed, tmp_path):
     pytest.importorskip("pyrage")
     keys = age_keys(tmp_path, "alice")
     cube = private_copy(packed, tmp_path / "cube", [keys["alice"][1]])
-    reseal(cube, lambda lock: lock["encryption"]["counts"].update(recipients=3))
+    reseal_private(cube, lambda lock: lock["encryption"]["counts"].update(recipients=3))
     report = cubepack.verify(cube, raise_on_failure=False)
     assert [(c.expected, c.found) for c in report.failures if c.name == "recipients"], \
         report.checks

@@ -14,12 +14,10 @@ import hashlib
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from places import ROOT
 from private_keys import private_copy
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def key_tag(public_line: str) -> bytes:

@@ -1,5 +1,5 @@
-"""Helpers of the adversary tests of the local endpoint as a server for several users (issue
-#38): raw HTTP (where the client would refuse to send the request), the real client pointed at
+"""Helpers of the attack reproductions of the local endpoint as a server for several users
+(tests/localhub/attacks/, issue #38): raw HTTP (where the client would refuse to send the request), the real client pointed at
 an endpoint, and ``cubepack hub serve`` / ``hub gc`` run as the processes a team runs."""
 
 from __future__ import annotations

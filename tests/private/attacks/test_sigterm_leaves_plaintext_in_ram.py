@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from places import ROOT
 from private_keys import age_keys, private_copy
 
 #: ``cubepack verify --identity`` as the CLI runs it, paused (on stdin) once a check of the
@@ -45,8 +46,7 @@ def test_a_terminated_verify_leaves_no_plaintext_in_ram(packed, tmp_path):
     keys = age_keys(tmp_path, "alice")
     cube = private_copy(packed, tmp_path / "cube", [keys["alice"][1]])
     env = {k: v for k, v in os.environ.items() if k != "CUBEPACK_IDENTITY"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     process = subprocess.Popen([sys.executable, "-c", SCRIPT, "verify", str(cube),
                                 "--identity", str(keys["alice"][0])], env=env,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

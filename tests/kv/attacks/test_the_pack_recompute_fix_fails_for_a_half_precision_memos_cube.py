@@ -9,13 +9,14 @@ model's. Pass --model with its producer" - the producer it had been passed."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
 import cubepack
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+from places import TESTS
+
+sys.path.insert(0, str(TESTS / "kv"))
 
 from test_recompute import near_cube  # noqa: E402
 

@@ -8,11 +8,12 @@ that was run. Every position the cache holds was compared: nothing was skipped."
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import cubepack
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+from places import TESTS
+
+sys.path.insert(0, str(TESTS / "kv"))
 
 from test_recompute import cube_with  # noqa: E402
 

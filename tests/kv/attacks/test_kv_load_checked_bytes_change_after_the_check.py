@@ -18,7 +18,6 @@ in-place-edited file refuses it."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +26,9 @@ import cubepack
 from cubepack._util.safetensors_header import read_header
 
 from helpers import build_cache
+from places import ROOT
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "kv-checksums.md"
+DOCS = ROOT / "docs" / "reference" / "kv-checksums.md"
 
 
 def _saved(model, prompt_ids, path, ids=None):

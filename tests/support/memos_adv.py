@@ -1,4 +1,4 @@
-"""Shared by the round-30 MemOS adversary tests: a real MemOS activation memory of a tiny model
+"""Shared by the MemOS hook's attack reproductions (tests/memos/attacks/): a real MemOS activation memory of a tiny model
 and one chat question."""
 
 from __future__ import annotations

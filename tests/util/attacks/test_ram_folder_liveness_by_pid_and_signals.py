@@ -24,12 +24,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from places import ROOT
 from private_keys import age_keys, private_copy
 
 from cubepack._util import ramdir
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
-ROOT = Path(__file__).resolve().parents[2]
 
 #: Holds a RAM folder whose name records ``argv[1]`` as its pid (a pid that is no process
 #: here), prints its path, waits on stdin.

@@ -19,8 +19,7 @@ import hmac
 import json
 
 import pytest
-from private_keys import age_keys, private_copy
-from test_a_reader_added_to_every_header_is_not_counted import _secret, reseal
+from private_keys import age_keys, private_copy, reseal_private, x25519_secret
 
 import cubepack
 from cubepack._util import constants
@@ -103,9 +102,9 @@ def test_a_reader_added_under_a_grease_type_is_refused_by_a_keyless_verify(packe
     names = [*lock["encryption"]["ciphertexts"], lock["encryption"]["manifest"]]
     for name in names:
         path = cube / name
-        path.write_bytes(add_grease_reader(path.read_bytes(), _secret(keys["bob"][0]),
+        path.write_bytes(add_grease_reader(path.read_bytes(), x25519_secret(keys["bob"][0]),
                                            keys["mallory"][1]))
-    reseal(cube)
+    reseal_private(cube)
     # Mallory opens every file; alice (a recipient) still does too, the files are valid age.
     manifest = (cube / lock["encryption"]["manifest"]).read_bytes()
     assert mallory_reads(manifest, keys["mallory"][0]).startswith(b"{")

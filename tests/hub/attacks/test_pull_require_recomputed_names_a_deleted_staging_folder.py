@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,9 @@ import cubepack
 from cubepack.hub import pull, push
 from cubepack.testing.hub import InstrumentedHub
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "kv"))
+from places import TESTS
+
+sys.path.insert(0, str(TESTS / "kv"))
 
 from test_recompute import near_cube  # noqa: E402
 

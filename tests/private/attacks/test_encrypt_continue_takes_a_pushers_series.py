@@ -34,8 +34,7 @@ import secrets
 import shutil
 
 import pytest
-from private_keys import age_keys, private_copy
-from test_a_reader_added_to_every_header_is_not_counted import reseal
+from private_keys import age_keys, private_copy, reseal_private
 
 from cubepack._util import constants
 from cubepack.errors import SignatureError, VerificationFailed
@@ -78,7 +77,7 @@ def tampered_push(scene, change) -> None:
     forged = scene["tmp"] / "forged"
     shutil.copytree(scene["second"], forged)
     drop_signature(forged)
-    reseal(forged, change)
+    reseal_private(forged, change)
     push(forged, REPO, allow_local_paths=True, **scene["options"])
 
 
