@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 from hub_users import Served, raw
@@ -41,6 +42,13 @@ def rss_mib(pid):
     with open(f"/proc/{pid}/status") as status:
         line = next(line for line in status if line.startswith("VmRSS:"))
     return int(line.split()[1]) // 1024
+
+
+def _all_but_the_last_byte(sock, body):
+    try:
+        sock.sendall(memoryview(body)[:-1])
+    except (TimeoutError, BrokenPipeError, ConnectionResetError):
+        pass  # not read: it waits for its share of the bodies' memory, or was refused
 
 
 def test_unfinished_commit_bodies_hold_bounded_memory_in_all(tmp_path):
@@ -62,10 +70,16 @@ def test_unfinished_commit_bodies_hold_bounded_memory_in_all(tmp_path):
                              f"application/x-ndjson\r\nContent-Length: {SIZE}\r\n\r\n".encode())
                 sockets.append(sock)
                 sock.settimeout(3)
-                try:  # all but the last byte
-                    sock.sendall(memoryview(body)[:-1])
-                except (TimeoutError, BrokenPipeError, ConnectionResetError):
-                    pass  # not read: it waits for its share of the bodies' memory, or was refused
+            # The clients send at once (as hostile clients do), each for at most 3 s: a body
+            # the endpoint does not read waits for its share of the bodies' memory, or is
+            # refused. The endpoint's memory is sampled all along.
+            senders = [threading.Thread(target=_all_but_the_last_byte, args=(sock, body))
+                       for sock in sockets]
+            for sender in senders:
+                sender.start()
+            while any(sender.is_alive() for sender in senders):
+                peak = max(peak, rss_mib(served.process.pid))
+                time.sleep(0.1)
             for _ in range(50):  # the endpoint reads what was sent: its peak within ~5 s
                 peak = max(peak, rss_mib(served.process.pid))
                 time.sleep(0.1)
