@@ -24,7 +24,7 @@ from test_recompute import near_cube  # noqa: E402
 from data import HUB_TOKEN  # noqa: E402
 
 
-def test_pull_require_recomputed_names_a_deleted_staging_folder(tmp_path, zoo, models):
+def test_a_pull_refusals_fix_names_the_folder_asked_for_not_its_staging(tmp_path, zoo, models):
 
     bf16 = models["a_as_bf16"]
     cube = near_cube(tmp_path, zoo, bf16)

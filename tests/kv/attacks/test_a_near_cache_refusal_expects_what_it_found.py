@@ -18,7 +18,7 @@ sys.path.insert(0, str(TESTS / "kv"))
 from test_recompute import near_cube  # noqa: E402
 
 
-def test_a_near_cache_refusal_expects_what_it_found(tmp_path, zoo, models):
+def test_a_near_cache_refusal_says_the_cache_was_not_bit_for_bit(tmp_path, zoo, models):
 
     bf16 = models["a_as_bf16"]
     cube = near_cube(tmp_path, zoo, bf16)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(TESTS / "kv"))
 from test_recompute import cube_with  # noqa: E402
 
 
-def test_an_all_sliding_model_can_never_prove_recomputed(tmp_path, zoo):
+def test_an_all_sliding_models_own_prefill_proves_recomputed(tmp_path, zoo):
     from cubepack.testing import tiny
 
     config = tiny.hybrid_config()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(TESTS / "kv"))
 from test_recompute import near_cube  # noqa: E402
 
 
-def test_the_pack_recompute_fix_fails_for_a_half_precision_memos_cube(tmp_path, zoo, models):
+def test_the_pack_recompute_fix_works_for_a_half_precision_memos_cube(tmp_path, zoo, models):
 
     bf16, folder = models["a_as_bf16"], str(zoo["a"])
     cube = near_cube(tmp_path, zoo, bf16)

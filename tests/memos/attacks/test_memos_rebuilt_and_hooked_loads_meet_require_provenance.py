@@ -11,7 +11,7 @@ import pytest
 import cubepack
 
 
-def test_hooked_memory_load_of_a_packed_cube_ignores_require_provenance(packed, zoo):
+def test_memos_own_load_of_a_packed_cube_applies_require_provenance(packed, zoo):
     """``install(require_provenance="recomputed")`` refuses a packed cube whose producer label is
     only the lock's claim through ``init_from_dir`` / ``init_from_remote_repo``, but MemOS's own
     entry points (``KVCacheMemory.load``, hence ``GeneralMemCube.load``, ``MOSCore.load``, the
@@ -34,7 +34,7 @@ def test_hooked_memory_load_of_a_packed_cube_ignores_require_provenance(packed, 
         hook.uninstall()
 
 
-def test_a_rebuilt_activation_can_never_meet_require_provenance(packed, zoo):
+def test_a_rebuilt_activation_meets_require_provenance(packed, zoo):
     """``on_mismatch="rebuild"`` replaces another model's cache with the loading model's own
     prefill (labelled ``recomputed`` by construction), yet ``require_provenance`` judges the
     replaced cube item's lock label: every rebuilt item is refused, and the refusal's fix

@@ -21,7 +21,7 @@ sys.path.insert(0, str(TESTS / "kv"))
 from test_recompute import near_cube  # noqa: E402
 
 
-def test_a_private_cube_near_refusal_fix_is_refused_by_pack(tmp_path, zoo, models):
+def test_a_private_cube_near_refusal_names_a_fix_through_its_clear_source(tmp_path, zoo, models):
     pyrage = pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
     from cubepack.ops._encrypt import encrypt
 

@@ -27,7 +27,7 @@ from test_recompute import near_cube_claiming_recomputed  # noqa: E402
 from helpers import make_key  # noqa: E402
 
 
-def test_a_v2_signature_from_before_the_exact_rule_still_proves_recomputed(
+def test_a_v2_signatures_recomputed_is_read_as_a_claim(
         tmp_path, zoo, models, monkeypatch):
     pytest.importorskip("model_signing", reason="signing needs cubepack[sign]")
     from cubepack.ops._sign import proved_by
