@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 from urllib.parse import urlsplit
@@ -103,8 +104,6 @@ def run_gc(root):
 def heads_only(url, first_address, head):
     """Two connections from two addresses (``first_address`` and the next), each sending the
     request ``head`` (bytes) and not one byte of its body; the caller closes them."""
-    import socket
-
     port = int(url.rsplit(":", 1)[1])
     prefix, last = first_address.rsplit(".", 1)
     held = []
@@ -115,6 +114,41 @@ def heads_only(url, first_address, head):
         sock.sendall(head)
         held.append(sock)
     return held
+
+
+def _tcp_queues(local, remote):
+    """(send queue, receive queue) in bytes of the IPv4 TCP socket from ``local`` to ``remote``
+    (each (address, port)) as /proc/net/tcp lists it, or None when it lists none."""
+    def hexed(address):
+        host, port = address
+        return "%08X:%04X" % (int.from_bytes(socket.inet_aton(host), "little"), port)
+
+    wanted = (hexed(local), hexed(remote))
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == wanted:
+                sent, received = fields[4].split(":")
+                return int(sent, 16), int(received, 16)
+    return None
+
+
+def read_by_the_endpoint(sock, timeout=30.0):
+    """Wait until the endpoint has read every byte ``sock`` sent it: nothing left in this side's
+    send queue nor in the endpoint's receive queue (/proc/net/tcp). The event an attack waits
+    for before the honest request it would deny, instead of a guess at how long the endpoint
+    takes to read it."""
+    import time
+
+    client, endpoint = sock.getsockname(), sock.getpeername()
+    deadline = time.monotonic() + timeout
+    while True:
+        mine, theirs = _tcp_queues(client, endpoint), _tcp_queues(endpoint, client)
+        if mine is not None and theirs is not None and mine[0] == 0 and theirs[1] == 0:
+            return
+        assert time.monotonic() < deadline, (
+            f"the endpoint did not read what {client} sent within {timeout} s: {mine}, {theirs}")
+        time.sleep(0.01)
 
 
 def honest_commit(api, repo_id="ns/repo"):
