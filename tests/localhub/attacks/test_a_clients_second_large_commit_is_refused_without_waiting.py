@@ -24,13 +24,13 @@ import socket
 import threading
 import time
 
-from hub_users import Served, api_for, raw
+from hub_users import Served, api_for, raw, read_by_the_endpoint
 
 TOKEN = "writer"
 FIRST = 40 << 20
 
 
-def _slow_commit(port, done):
+def _slow_commit(port, done, arriving):
     body = b'{"key": "header", "value": {"summary": "first"}}\n'
     body += b" " * (FIRST - len(body))
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -40,7 +40,10 @@ def _slow_commit(port, done):
         step = 1 << 20
         for start in range(0, FIRST, step):  # ~8 MiB/s: 5 s in all
             sock.sendall(body[start:start + step])
-            time.sleep(1 / 8)
+            if start == step:  # its head read, its share taken, its body arriving
+                read_by_the_endpoint(sock)
+                arriving.set()
+            time.sleep(1 / 8)  # the pace of a slow link, not a synchronisation
         sock.settimeout(60)
         done.append(sock.recv(64).split(b"\r\n", 1)[0].decode())
 
@@ -59,9 +62,10 @@ def test_a_second_commit_waits_for_the_clients_share(tmp_path, monkeypatch):
         files = [CommitOperationAdd(f"notes/{index:03d}.txt", line * 1800 + str(index).encode())
                  for index in range(600)]
         first: list[str] = []
-        sender = threading.Thread(target=_slow_commit, args=(port, first))
+        arriving = threading.Event()
+        sender = threading.Thread(target=_slow_commit, args=(port, first, arriving))
         sender.start()
-        time.sleep(1.0)  # A's head is read, its share taken, its body arriving
+        assert arriving.wait(60), "the endpoint read nothing of the first commit's body"
         started = time.monotonic()
         try:
             api.create_commit("ns/other", repo_type="dataset", commit_message="second",

@@ -26,12 +26,14 @@ asks that the moved repo's file still download.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
 from hub_users import Served, raw
 
@@ -53,7 +55,7 @@ def _batch(url, repo, oid, size):
     return answer["objects"][0].get("actions", {})
 
 
-def _push_lfs(url, repo, data):
+def _push_lfs(url, repo, data, path="weights.bin"):
     oid = hashlib.sha256(data).hexdigest()
     actions = _batch(url, repo, oid, len(data))
     if "upload" in actions:
@@ -61,24 +63,37 @@ def _push_lfs(url, repo, data):
         assert raw(url, "PUT", href[href.index("/lfs/"):], data)[0] == 200
     commit = "\n".join(json.dumps(line) for line in [
         {"key": "header", "value": {"summary": "add"}},
-        {"key": "lfsFile", "value": {"path": "weights.bin", "algo": "sha256", "oid": oid,
+        {"key": "lfsFile", "value": {"path": path, "algo": "sha256", "oid": oid,
                                      "size": len(data)}}]).encode()
     status, answer = raw(url, "POST", f"/api/datasets/{repo}/commit/main", commit, TOKEN,
                          {"Content-Type": "application/x-ndjson"})
     assert status == 200, answer
 
 
+def _open_under(pid, folder):
+    """Whether process ``pid`` has a file or folder under ``folder`` open (/proc/PID/fd)."""
+    prefix = f"{folder}/"
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(fd).startswith(prefix):
+                return True
+    return False
+
+
 def test_a_repo_moved_during_the_first_holdings_read_keeps_its_blobs(tmp_path):
     root = tmp_path / "root"
     data = os.urandom(256 * 1024)
+    only_the_copys = os.urandom(1024)  # a blob the delete removes: its collection has run
     with Served(root, "--token", TOKEN) as served:
         for namespace, name in (("zz", "cube"), ("dd", "copy"), ("mm", "filler")):
             _create(served.url, namespace, name)
         _push_lfs(served.url, "zz/cube", data)
         _push_lfs(served.url, "dd/copy", data)
+        _push_lfs(served.url, "dd/copy", only_the_copys, "notes.bin")
     fillers = root / "repos" / "datasets" / "mm"
     for index in range(FILLERS):  # a root of many repos: reading its holdings takes a while
-        shutil.copytree(fillers / "filler", fillers / f"filler{index:04d}")
+        shutil.copytree(fillers / "filler", fillers / f"filler{index:04d}",
+                        copy_function=os.link)
     with Served(root, "--token", TOKEN) as served:
         read_took: list[float] = []
 
@@ -92,14 +107,29 @@ def test_a_repo_moved_during_the_first_holdings_read_keeps_its_blobs(tmp_path):
         assert raw(served.url, "GET", "/api/datasets/mm/filler", token=TOKEN)[0] == 200
         reader = threading.Thread(target=first_read)
         reader.start()
-        time.sleep(0.3)
+        # The move comes while the read is in mm/ (after it listed the namespaces, before zz/).
+        while not _open_under(served.process.pid, fillers) and reader.is_alive():
+            time.sleep(0.001)
+        assert reader.is_alive(), "the first holdings read ended before the move could be sent"
         moved = raw(served.url, "POST", "/api/repos/move", json.dumps(
             {"fromRepo": "zz/cube", "toRepo": "aa/cube", "type": "dataset"}).encode(), TOKEN)
         reader.join(120)
         assert moved[0] == 200, moved
         assert raw(served.url, "DELETE", "/api/repos/delete", json.dumps(
             {"name": "copy", "organization": "dd", "type": "dataset"}).encode(), TOKEN)[0] == 200
-        time.sleep(3.0)  # the delete's collection: at once, or within a few seconds
+        # The delete's collection ran (at once, or at the root's first idle moment): the copy's
+        # own blob is gone; a commit, which holds the root's lock shared, waits for the rest.
+        gone = root / "blobs" / hashlib.sha256(only_the_copys).hexdigest()
+        deadline = time.monotonic() + 60
+        while gone.exists():
+            assert time.monotonic() < deadline, "the delete's collection never ran"
+            time.sleep(0.01)
+        assert raw(served.url, "POST", "/api/datasets/mm/filler/commit/main", b"\n".join(
+            json.dumps(line).encode() for line in [
+                {"key": "header", "value": {"summary": "after"}},
+                {"key": "file", "value": {"path": "after.txt", "content": "YQ==",
+                                          "encoding": "base64"}}]), TOKEN,
+            {"Content-Type": "application/x-ndjson"})[0] == 200
         status, body = raw(served.url, "GET", "/datasets/aa/cube/resolve/main/weights.bin",
                            token=TOKEN)
     assert (status, body == data) == (200, True), (
