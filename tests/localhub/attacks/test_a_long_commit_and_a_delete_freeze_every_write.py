@@ -48,7 +48,8 @@ def create(url, name):
         {"name": name, "organization": "ns", "type": "dataset"}).encode(), TOKEN)[0] == 200
 
 
-def test_a_normal_commit_is_answered_while_a_slow_commit_and_a_delete_run(tmp_path):
+def test_a_normal_commit_is_answered_while_a_slow_commit_and_a_delete_run(tmp_path,
+                                                                         monkeypatch):
     with InstrumentedHub(tmp_path / "root", tokens=[TOKEN]) as hub:
         for name in ("big", "gone", "other"):
             create(hub.url, name)
@@ -67,12 +68,27 @@ def test_a_normal_commit_is_answered_while_a_slow_commit_and_a_delete_run(tmp_pa
             answers["delete"] = raw(hub.url, "DELETE", "/api/repos/delete", json.dumps(
                 {"name": "gone", "organization": "ns", "type": "dataset"}).encode(), TOKEN)[0]
 
+        # Events, not sleeps: the store's own calls, seen from inside this process's endpoint.
+        applying, deleting = threading.Event(), threading.Event()
+        apply, collect = hub.store._apply, hub.store._objects.collect
+
+        def applied(*args, **kwargs):
+            applying.set()
+            return apply(*args, **kwargs)
+
+        def collecting(*args, **kwargs):  # the delete's collection, under the root's lock
+            deleting.set()
+            return collect(*args, **kwargs)
+
+        monkeypatch.setattr(hub.store, "_apply", applied)
+        monkeypatch.setattr(hub.store._objects, "collect", collecting)
         slow_thread = threading.Thread(target=slow)
         slow_thread.start()
-        time.sleep(1.5)  # the slow commit holds its locks: it has its body and is applying it
+        # The slow commit holds its locks: it has its body and is applying it.
+        assert applying.wait(120), f"the slow commit applied nothing: {answers}"
         delete_thread = threading.Thread(target=delete)
         delete_thread.start()
-        time.sleep(0.5)
+        assert deleting.wait(120), f"the delete never collected: {answers}"
         started = time.monotonic()
         status = commit(hub.url, "ns/other", [{"key": "file", "value": {
             "path": "normal.txt", "content": one, "encoding": "base64"}}])[0]
