@@ -64,7 +64,7 @@ model = tiny.load(args["model"])
 import cubepack
 from cubepack.ops._private import decrypted_file, open_private
 
-found["before"] = any(coredump.holds(s) for s in args["shifted"].values())
+found["before"] = coredump.holds_any(list(args["shifted"].values()))
 
 cache = cubepack.load_kv_cache(args["kv"], model, decrypt_with=args["identity"])
 assert cache.get_seq_length() > 0
