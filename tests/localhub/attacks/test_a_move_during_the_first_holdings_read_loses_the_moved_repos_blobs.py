@@ -35,7 +35,12 @@ import threading
 import time
 from pathlib import Path
 
+from envs import once
 from hub_users import Served, raw
+
+# The endpoint's own code over raw HTTP or in process, no Hub client: the same in both
+# environments (huggingface_hub only validates its ids, fixed valid ones here).
+pytestmark = once
 
 TOKEN = "writer"
 FILLERS = 8000

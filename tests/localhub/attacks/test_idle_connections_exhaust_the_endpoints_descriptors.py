@@ -28,7 +28,12 @@ import socket
 import time
 import urllib.request
 
+from envs import once
 from hub_users import Served
+
+# The endpoint's own code over raw HTTP or in process, no Hub client: the same in both
+# environments (huggingface_hub only validates its ids, fixed valid ones here).
+pytestmark = once
 
 CLIENTS = 20
 PER_CLIENT = 80  # 16 served + 64 waiting: the endpoint's own per-client bounds

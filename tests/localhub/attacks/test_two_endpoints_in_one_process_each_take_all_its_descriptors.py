@@ -25,6 +25,12 @@ import subprocess
 import sys
 import textwrap
 
+from envs import once
+
+# The endpoint's own code over raw HTTP or in process, no Hub client: the same in both
+# environments (huggingface_hub only validates its ids, fixed valid ones here).
+pytestmark = once
+
 SCRIPT = textwrap.dedent("""
     import os, resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))

@@ -30,7 +30,12 @@ import socket
 import threading
 import time
 
+from envs import once
 from hub_users import Served, raw
+
+# The endpoint's own code over raw HTTP or in process, no Hub client: the same in both
+# environments (huggingface_hub only validates its ids, fixed valid ones here).
+pytestmark = once
 
 TOKEN = "writer"
 CLIENTS = 8
