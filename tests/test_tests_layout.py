@@ -14,6 +14,9 @@ import pytest
 from envs import once
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+#: A test file or folder named in prose (``tests/kv/attacks/test_x.py``), less its full stop.
+NAMED = re.compile(r"\btests/[\w/.-]*[\w/]")
 
 #: Folder names that file tests by who found them or when, not by what they hold.
 #: (a number of its own: ``30``, ``issue_37``, ``adv30``, ``r2``; ``e2e`` is a word).
@@ -75,3 +78,14 @@ def test_every_attacks_folder_sits_in_a_parts_test_folder():
         assert part.parent == TESTS, f"{folder.relative_to(TESTS)}: not tests/<part>/attacks/"
         assert any(part.glob("test_*.py")) or (part / "conftest.py").exists(), \
             f"{folder.relative_to(TESTS)}: its part folder holds no other test"
+
+
+@once
+def test_every_test_the_docs_name_exists():
+    """SECURITY.md, the README and the docs name tests as the evidence of a sentence: each
+    named test file or folder exists, so a test that moves takes its mentions with it."""
+    pages = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = {f"{page.relative_to(ROOT)}: {name}" for page in pages
+               for name in NAMED.findall(page.read_text(encoding="utf-8"))
+               if not (ROOT / name).exists()}
+    assert missing == set()
