@@ -14,6 +14,13 @@ import pytest
 
 from cubepack.trust import _age as age
 
+from envs import once
+
+# cubepack's own age reader and writer against pyrage and the age CLI: no Hub client,
+# transformers or MemOS code path, the same in both environments (pyrage's decrypt of the
+# 801-stanza header alone takes 12-16 s here).
+pytestmark = once
+
 pyrage = pytest.importorskip("pyrage")
 pytest.importorskip("cryptography")
 
