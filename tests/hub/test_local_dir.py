@@ -38,7 +38,7 @@ def make_cube(folder: Path, *, changed: bool = False) -> Path:
     block = random.Random(0).randbytes(MIB)  # v1 and v2 share every file but CHANGED
     for index in range(PARTS):
         seed = index + (100 if changed and f"data/part-{index}.safetensors" == CHANGED else 0)
-        write_safetensors_blob(folder / "data" / f"part-{index}.safetensors", 4 * MIB,
+        write_safetensors_blob(folder / "data" / f"part-{index}.safetensors", 8 * MIB,
                                seed=seed, block=block)
     (folder / "config.json").write_text('{"cube_id": "ns/big"}')
     cubepack.pack(folder, progress=False)
