@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,231 @@ def test_an_update_downloads_and_writes_only_what_changed(hub, tmp_path):
         st = os.stat(target / name)
         assert st.st_ino == inode and st.st_nlink == 1
     assert cubepack.verify(target).ok
+
+
+def tree_inodes(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_nlink)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def leftovers(tmp_path) -> list[str]:
+    return [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+# --- offline: the folder's own bookkeeping, else the HF cache ------------------------------------
+
+def test_an_offline_pull_is_served_from_the_folder_it_updates(hub, tmp_path):
+    """HF_HUB_OFFLINE=1 pull of REPO@REV into the folder an earlier pull of that commit placed:
+    zero requests, no cube byte written, every file hashed and verified again."""
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    before = tree_bytes(target)
+    hub.stats.reset()
+    start = write_bytes()
+    result = do_pull(hub, target, hub.v1, tmp_path, offline=True)
+    written = write_bytes() - start
+    assert result.report.ok and result.commit_sha == hub.v1
+    assert sum(hub.stats.requests.values()) == 0
+    assert written <= 0.02 * hub.size, written
+    def kept(files):  # huggingface_hub's records stay; its empty lock files come and go
+        return {name: data for name, data in files.items()
+                if name != ".cache/cubepack/origin.json" and not name.endswith(".lock")}
+
+    assert kept(tree_bytes(target)) == kept(before) and cached_files(tmp_path) == []
+
+
+def test_an_offline_pull_hashes_the_folder_whatever_its_records_say(hub, tmp_path):
+    """A file edited in the folder, and its origin record rewritten to match the edit (stat key
+    and sha256): the lock still refuses it, and the folder stays as it was."""
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    name = "data/part-2.safetensors"
+    with open(target / name, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"\x01")
+    forge_origin(target, name)
+    before = tree_bytes(target)
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        do_pull(hub, target, hub.v1, tmp_path, offline=True)
+    assert [(f.name, f.subject) for f in caught.value.failures] == [("sha256", name)]
+    assert tree_bytes(target) == before and not leftovers(tmp_path)
+
+
+def test_an_offline_pull_into_another_folder_needs_the_hf_cache_and_the_fix_works(hub, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    do_pull(hub, tmp_path / "out", hub.v1, tmp_path)
+    with pytest.raises(cubepack.HubError) as caught:
+        do_pull(hub, tmp_path / "other", hub.v1, tmp_path, offline=True)
+    message = str(caught.value)
+    assert f"neither at {tmp_path / 'other'}" in message and "nor in the HF cache" in message
+    assert f"hf download ns/big --repo-type dataset --revision {hub.v1}" in message
+    assert not (tmp_path / "other").exists()
+    # As it says (the hf CLI's download into the HF cache is snapshot_download's).
+    snapshot_download("ns/big", repo_type="dataset", revision=hub.v1, endpoint=hub.url,
+                      cache_dir=tmp_path / "hf-cache")
+    hub.stats.reset()
+    assert do_pull(hub, tmp_path / "other", hub.v1, tmp_path, offline=True).report.ok
+    assert sum(hub.stats.requests.values()) == 0
+
+
+def forge_origin(target: Path, name: str, sha256: str | None = None) -> None:
+    """Rewrite the origin record's entry for ``name`` to claim ``sha256`` (default: the file's
+    digest now) with the file's current stat key: the record then vouches for whatever it is."""
+    import json
+
+    from cubepack._util import hashing
+    from cubepack.hub import _pull
+
+    path = target / ".cache/cubepack/origin.json"
+    origin = json.loads(path.read_text())
+    st = os.lstat(target / name)
+    origin["files"][name] = {"sha256": sha256 or hashing.sha256_file(target / name),
+                             "size": st.st_size, "stat": _pull._stat_key(st)}
+    path.write_text(json.dumps(origin))
+
+
+# --- records are claims: hashed before they count -------------------------------------------------
+
+def locked_sha256(hub, sha: str, name: str, tmp_path) -> str:
+    from huggingface_hub import hf_hub_download
+
+    from cubepack.format import _lock
+
+    lock = hf_hub_download("ns/big", "cubepack.lock", repo_type="dataset", revision=sha,
+                           endpoint=hub.url, local_dir=tmp_path / f"lock-{sha[:8]}")
+    return _lock.parse(Path(lock).read_bytes()).files[name].sha256
+
+
+def test_an_origin_record_claiming_the_new_bytes_is_hashed_before_it_counts(hub, tmp_path):
+    """The earlier pull's record says part-2 already holds what v2 wants, and matches the file's
+    stat key (so the folder check believes it unchanged): the pull hashes it and finds
+    otherwise; the file is downloaded, never reused."""
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    name = "data/part-2.safetensors"
+    with open(target / name, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"\x01")
+    forge_origin(target, name, locked_sha256(hub, hub.v2, name, tmp_path))
+    hub.stats.reset()
+    before = tree_bytes(target)
+    # Hashed, the file is not what its record says: an edit the stat key did not show, so
+    # the pull will not replace it unasked, and places nothing.
+    with pytest.raises(cubepack.UsageError, match=re.escape(f"{name} (changed)")):
+        do_pull(hub, target, hub.v2, tmp_path)
+    assert tree_bytes(target) == before and not leftovers(tmp_path)
+    hub.stats.reset()
+    assert do_pull(hub, target, hub.v2, tmp_path, force=True).report.ok
+    assert gets(hub, name) == 1 and gets(hub, "part-0.safetensors") == 0
+    assert cubepack.verify(target).ok
+
+
+def test_huggingface_hub_records_are_claims_too(hub, tmp_path):
+    """A folder ``hf download --local-dir`` made, pulled into with --force: its records' LFS
+    sha256 name the files worth hashing; a record lying about an edited file is caught by the
+    hash and that file downloaded; the others are not downloaded again."""
+    from huggingface_hub import snapshot_download
+
+    target = tmp_path / "out"
+    snapshot_download("ns/big", repo_type="dataset", revision=hub.v1, endpoint=hub.url,
+                      local_dir=target)
+    name = "data/part-0.safetensors"
+    with open(target / name, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"\x01")
+    record = target / ".cache/huggingface/download" / f"{name}.metadata"
+    lines = record.read_text().splitlines()
+    record.write_text(f"{lines[0]}\n{lines[1]}\n9999999999.0\n")  # "current", says the record
+    hub.stats.reset()
+    assert do_pull(hub, target, hub.v1, tmp_path, force=True).report.ok
+    assert gets(hub, name) == 1
+    assert gets(hub, "part-1.safetensors") == 0 and gets(hub, "part-2.safetensors") == 0
+    assert cubepack.verify(target).ok
+
+
+def test_hf_download_on_a_pulled_folder_downloads_nothing_and_a_later_pull_still_updates(
+        hub, tmp_path):
+    """The records a pull leaves are huggingface_hub's own: ``hf download --local-dir`` finds
+    the folder current; what it adds there (its tree listing) loses nothing to a later pull."""
+    from huggingface_hub import snapshot_download
+
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    hub.stats.reset()
+    snapshot_download("ns/big", repo_type="dataset", revision=hub.v1, endpoint=hub.url,
+                      local_dir=target)
+    assert not [key for key in hub.stats.requests if "/resolve/" in key]
+    assert do_pull(hub, target, hub.v2, tmp_path).report.ok
+
+
+# --- a failed update leaves the folder as it was ----------------------------------------------------
+
+def test_a_failed_update_leaves_the_folder_and_its_files_as_they_were(hub, tmp_path):
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    before, inodes = tree_bytes(target), tree_inodes(target)
+    fault = hub.add_fault("corrupt", path=rf"/resolve/.*{CHANGED}", method="GET")
+    with pytest.raises(cubepack.VerificationFailed) as caught:
+        do_pull(hub, target, hub.v2, tmp_path)
+    assert fault.hits == 1
+    assert [(f.name, f.subject) for f in caught.value.failures] == [("sha256", CHANGED)]
+    assert tree_bytes(target) == before and tree_inodes(target) == inodes  # nlink 1 again
+    assert not leftovers(tmp_path) and cached_files(tmp_path) == []
+    assert do_pull(hub, target, hub.v2, tmp_path).report.ok
+
+
+def test_an_edit_to_a_reused_file_during_the_update_is_refused_and_kept(hub, tmp_path):
+    """An unchanged file is linked into the staging folder (the same inode): an edit made to it
+    in the folder while the pull downloads is seen before anything is placed, refused, and the
+    user's bytes stay."""
+    import threading
+
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    hold = hub.add_fault("hold", path=rf"/resolve/.*{CHANGED}", method="GET")
+    outcome = {}
+
+    def run():
+        try:
+            do_pull(hub, target, hub.v2, tmp_path)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert hub.wait_for_request(rf"^GET .*/resolve/.*{CHANGED}")
+        with open(target / "data/part-0.safetensors", "r+b") as handle:
+            handle.write(b"mine")
+        edited = (target / "data/part-0.safetensors").read_bytes()
+    finally:
+        hold.release()
+        thread.join()
+    error = outcome.get("error")
+    assert isinstance(error, cubepack.UsageError), error
+    assert "data/part-0.safetensors (changed)" in str(error)
+    assert (target / "data/part-0.safetensors").read_bytes() == edited
+    assert os.stat(target / "data/part-0.safetensors").st_nlink == 1 and not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("planted", [".cache/huggingface/download/config.json.metadata",
+                                     ".cache/cubepack/origin.json"])
+def test_a_commit_holding_bookkeeping_paths_is_refused_before_any_download(hub, tmp_path,
+                                                                          planted):
+    """A commit that ships a download's records (``.cache/huggingface/download/*.metadata``,
+    an origin record) would write where the pull keeps its own, and vouch for files: refused
+    before any download, naming the path. Neither the client nor the endpoint uploads such
+    paths, so the commit is forged in the store, as a hostile endpoint would serve it."""
+    from cubepack.localhub._store import repo_ref
+
+    repo = repo_ref("datasets", "ns", "big")
+    tree = dict(hub.store.commit(repo, hub.v1)["tree"])
+    tree[planted] = tree["config.json"]
+    forged = hub.store._write_commit(repo, parents=[hub.v1], tree=tree, title="forged",
+                                     message="")
+    hub.stats.reset()
+    with pytest.raises(cubepack.UnsafeInputError, match=re.escape(planted)):
+        do_pull(hub, tmp_path / "out", forged, tmp_path)
+    assert not [key for key in hub.stats.requests if "/resolve/" in key]
+    assert not (tmp_path / "out").exists()
