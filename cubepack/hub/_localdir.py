@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,6 +33,20 @@ _RECORD_LIMIT = 4096
 def _hex64(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and \
         all(ch in "0123456789abcdef" for ch in value)
+
+
+#: huggingface_hub's own files in a local dir: its records of downloads and uploads (with
+#: their locks and partial downloads), its tree listings, its .gitignore and CACHEDIR.TAG.
+_HF_RECORDS = re.compile(
+    r"\.cache/huggingface/(?:\.gitignore(?:\.lock)?|CACHEDIR\.TAG"
+    r"|(?:download|upload)/.+\.(?:metadata|lock|incomplete)|trees/[0-9a-f]{40}\.json)")
+
+
+def is_hf_record(name: str) -> bool:
+    """Is ``name`` (relative to a pulled folder) a file huggingface_hub keeps there for its
+    own downloads (``hf download --local-dir`` run on the folder writes them)? Replacing one
+    loses nothing: a pull writes its own."""
+    return _HF_RECORDS.fullmatch(name) is not None
 
 
 def claims(target: Path, repo_id: str, repo_type: str) -> dict[str, str]:
@@ -135,23 +150,36 @@ def record(staging: Path, name: str, sha: str, etag: str) -> None:
     write_download_metadata(local_dir=staging, filename=name, commit_hash=sha, etag=etag)
 
 
-def carry_record(target: Path, staging: Path, name: str, sha: str) -> None:
-    """Link huggingface_hub's record of ``name`` from ``target`` into ``staging`` when it names
-    commit ``sha`` (offline: no listing to write it afresh)."""
-    relative = f"{DOWNLOAD_RECORDS}/{name}.metadata"
-    try:
-        source = regular_file(target, relative)
-    except (OSError, UnsafeInputError):
-        return
-    found = _read_record(source)
-    if found is None or found[0] != sha:
-        return
-    destination = resolve_inside(staging, relative)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, destination, follow_symlinks=False)
-    except OSError:
-        atomic.clone_file(source, destination)
+def carry_records(target: Path, staging: Path, sha: str) -> None:
+    """Link huggingface_hub's records of commit ``sha`` from ``target`` into ``staging``
+    (offline: no listing to write them afresh): each file's record naming that commit, that
+    commit's tree listing, the folder's .gitignore and CACHEDIR.TAG; never a lock or a partial
+    download."""
+    root = target / HF_LOCAL_DIR
+    for directory, _, names in os.walk(root):
+        for name in names:
+            relative = (Path(directory) / name).relative_to(target).as_posix()
+            if not is_hf_record(relative) or relative.endswith((".lock", ".incomplete")):
+                continue
+            if relative.startswith(f"{HF_LOCAL_DIR}/upload/"):
+                continue
+            if relative.startswith(f"{HF_LOCAL_DIR}/trees/") and \
+                    relative != f"{HF_LOCAL_DIR}/trees/{sha}.json":
+                continue
+            try:
+                source = regular_file(target, relative)
+            except (OSError, UnsafeInputError):
+                continue
+            if relative.endswith(".metadata"):
+                found = _read_record(source)
+                if found is None or found[0] != sha:
+                    continue
+            destination = resolve_inside(staging, relative)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, destination, follow_symlinks=False)
+            except OSError:
+                atomic.clone_file(source, destination)
 
 
 def require_commit(staging: Path, name: str, sha: str, local: str | os.PathLike[str]) -> None:

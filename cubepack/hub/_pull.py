@@ -268,8 +268,8 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str,
     changed = [f"{name} (unreadable)" for name in unreadable]
     to_hash: list[str] = []
     for name in names:
-        if name == ORIGIN_FILE:
-            continue
+        if name == ORIGIN_FILE or _localdir.is_hf_record(name):
+            continue  # huggingface_hub's records (hf download on the folder): ours replace them
         entry = record.get(name)
         if entry is None:
             changed.append(f"{name} (added)")
@@ -570,13 +570,14 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
         if name in in_folder:
             found = _localdir.reuse(target, name, staging, None)
             if found is not None:
-                _localdir.carry_record(target, staging, name, sha)
                 reused[name] = _stat_key(found[1])
                 return name, found[0]
         if name in cached:
             return name, _place(snapshot, name, staging)
         return name, None  # gone from both: verification names it
 
+    if in_folder:
+        _localdir.carry_records(target, staging, sha)
     names = sorted(set(in_folder) | set(cached))
     with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
         placed = dict(pool.map(place, names))
