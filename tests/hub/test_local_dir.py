@@ -331,3 +331,86 @@ def test_a_commit_holding_bookkeeping_paths_is_refused_before_any_download(hub, 
         do_pull(hub, tmp_path / "out", forged, tmp_path)
     assert not [key for key in hub.stats.requests if "/resolve/" in key]
     assert not (tmp_path / "out").exists()
+
+
+# --- the CLI (--json) and private cubes keep every guarantee ---------------------------------------
+
+CLI = ("import sys\nfrom cubepack.cli import main\ncode = main(sys.argv[1:])\n"
+       "sys.stderr.write(open('/proc/self/io').read())\nsys.exit(code)\n")
+
+
+def cli(hub, tmp_path, *args, **env):
+    """``cubepack ARGS`` in a process of its own (the client alone: the endpoint runs in this
+    one), which reports its own write_bytes last."""
+    import json
+    import subprocess
+    import sys
+
+    environ = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   HF_HUB_DISABLE_PROGRESS_BARS="1", **env)
+    done = subprocess.run([sys.executable, "-c", CLI, *map(str, args)], env=environ,
+                          capture_output=True, text=True, timeout=300, check=False)
+    written = int(done.stderr.rsplit("write_bytes: ", 1)[1].split()[0])
+    return done.returncode, json.loads(done.stdout) if done.returncode == 0 else None, written
+
+
+def test_the_cli_pulls_updates_and_pulls_offline_with_json_each_byte_once(hub, tmp_path):
+    target = tmp_path / "out"
+    code, first, written = cli(hub, tmp_path, "pull", f"ns/big@{hub.v1}", "--local-dir", target,
+                               "--json")
+    assert code == 0 and first["commit_sha"] == hub.v1 and first["verified"]
+    assert written <= 1.02 * hub.size, written
+    code, second, written = cli(hub, tmp_path, "pull", f"ns/big@{hub.v2}", "--local-dir",
+                                target, "--json")
+    assert code == 0 and second["commit_sha"] == hub.v2 and second["verified"]
+    assert written <= os.stat(target / CHANGED).st_size + 0.02 * hub.size, written
+    hub.stats.reset()
+    code, offline, written = cli(hub, tmp_path, "pull", f"ns/big@{hub.v2}", "--local-dir",
+                                 target, "--json", HF_HUB_OFFLINE="1")
+    assert code == 0 and offline["commit_sha"] == hub.v2 and offline["verified"]
+    assert written <= 0.02 * hub.size and sum(hub.stats.requests.values()) == 0
+    assert cached_files(tmp_path) == []
+
+
+def test_a_private_cube_is_updated_in_place_and_pulled_offline_with_its_key(
+        tmp_path, packed_cube_factory):
+    """A private repo holding an encrypted cube: pulled with a token and an identity, pulled
+    again (no ciphertext downloaded again: each hashed where it is), then offline from the
+    folder, each time decrypted in memory and verified; without a token it is not found."""
+    import shutil
+
+    pyrage = pytest.importorskip("pyrage", reason="private cubes need cubepack[private]")
+    from cubepack.ops._encrypt import encrypt
+
+    from data import HUB_TOKEN
+
+    identity = pyrage.x25519.Identity.generate()
+    key = tmp_path / "alice.key"
+    key.write_text(f"{identity}\n")
+    os.chmod(key, 0o600)
+    cube = tmp_path / "private"
+    shutil.copytree(packed_cube_factory(), cube)
+    encrypt(cube, [str(identity.to_public())])
+    target = tmp_path / "out"
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as hub:
+        sha = push(cube, "ns/secret", endpoint=hub.url, private=True, allow_local_paths=True,
+                   token=HUB_TOKEN).commit_sha
+
+        def pull_private(token=HUB_TOKEN, **kwargs):
+            return pull(f"ns/secret@{sha}", endpoint=hub.url, token=token, local_dir=target,
+                        cache_dir=tmp_path / "hf-cache", decrypt_with=key, progress=False,
+                        **kwargs)
+
+        first = pull_private()
+        assert first.report.ok and any(c.name == "kv header" and c.ok
+                                       for c in first.report.checks)
+        hub.stats.reset()
+        assert pull_private().report.ok
+        assert [k for k in hub.stats.requests if k.startswith("GET ") and "/resolve/" in k]
+        assert not [k for k in hub.stats.requests if k.startswith("GET ") and k.endswith(".age")]
+        hub.stats.reset()
+        assert pull_private(offline=True).report.ok and sum(hub.stats.requests.values()) == 0
+        with pytest.raises(cubepack.HubError, match="private and no valid token"):
+            pull(f"ns/secret@{sha}", endpoint=hub.url, token=False, local_dir=tmp_path / "x",
+                 cache_dir=tmp_path / "hf-cache")
+    assert cached_files(tmp_path) == []
