@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -121,11 +122,16 @@ def reuse(target: Path, name: str, staging: Path,
         source = regular_file(target, name)  # never through a link the user planted
         before = os.lstat(source)
         destination.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, destination, follow_symlinks=False)
-        except OSError:  # a file system without hard links: a local copy still saves a download
+        if before.st_nlink > 1:  # linked elsewhere too: the placed file must be the folder's own
             atomic.clone_file(source, destination)
+        else:
+            try:
+                os.link(source, destination, follow_symlinks=False)
+            except OSError:  # no hard links here: a local copy still saves the download
+                atomic.clone_file(source, destination)
         linked = os.lstat(destination)
+        if not stat.S_ISREG(linked.st_mode):  # swapped for a link since it was looked at
+            raise UnsafeInputError(f"{source} changed into a link while it was reused")
         digest = sha256_file(destination)
         after = os.lstat(destination)
     except (OSError, UnsafeInputError):

@@ -1,10 +1,13 @@
 """``cubepack pull``: one exact commit, downloaded, verified, then placed.
 
-A branch or tag is resolved to its 40-hex commit first; that commit is downloaded into the
-HF cache, each file copied into a staging folder as its download completes (a reflink or a
-kernel copy, never a hard link: the pulled folder is its user's to edit, and shares no inode
-with the cache or another pull) and hashed there, verified against its lock, and only then
-swapped into the target folder. A pull never replaces files it would lose.
+A branch or tag is resolved to its 40-hex commit first; that commit is downloaded into a
+staging folder beside the target, each byte once, as ``hf download --local-dir`` does
+(huggingface_hub's local-dir mode; nothing goes into the HF cache), each file hashed there as
+it arrives, verified against its lock, and only then swapped into the target folder. An
+earlier pull at the target is updated: its unchanged files are linked into the staging folder
+and hashed, not downloaded (:mod:`._localdir`); offline, the commit comes from the target's
+own earlier pull of it, or the HF cache. The pulled folder is its user's to edit: it shares no
+inode with the cache or another pull. A pull never replaces files it would lose.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import shutil
 import stat
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -41,10 +44,12 @@ from ._remote import remote_model_checks
 
 logger = logging.getLogger("cubepack")
 
-#: Parallel downloads in ``pull``. Each file is copied into the staging folder and hashed there
-#: by the thread that downloaded it, so nothing is left to hash once the last arrives. Four,
-#: not snapshot_download's 8: on 2 cores bench/pull.py measured less CPU, and less time, with 4.
+#: Parallel downloads in ``pull``. Four, not snapshot_download's 8: on 2 cores bench/pull.py
+#: measured less CPU, and less time, with 4.
 _DOWNLOAD_WORKERS = 4
+#: Threads hashing what arrived (or what an earlier pull left), apart from the downloads: a
+#: download thread that hashed its own file would leave the link idle meanwhile.
+_HASH_WORKERS = min(4, os.cpu_count() or 2)
 
 
 @dataclass
@@ -491,11 +496,14 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
     claimed = _localdir.claims(target, repo_id, repo_type)
     reused: dict[str, list[str]] = {}
 
-    def fetch(path: str) -> tuple[str, str]:
+    def fetch(path: str) -> str:
         local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
                                 cache_dir=cache_dir, local_dir=staging)
         _localdir.require_commit(staging, path, sha, local)
-        return path, sha256_file(resolve_inside(staging, path))
+        return path
+
+    def digest_of(path: str) -> str:
+        return sha256_file(resolve_inside(staging, path))
 
     def fetch_all() -> tuple[list[str], dict[str, str]]:
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
@@ -512,25 +520,43 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         lock = None
         if lock_first:
             if constants.LOCK_FILENAME in paths:
-                path, digest = fetch(constants.LOCK_FILENAME)
-                hashed[path] = digest
+                hashed[constants.LOCK_FILENAME] = digest_of(fetch(constants.LOCK_FILENAME))
             lock = _refuse_unlisted(repo_id, sha, staging, paths)
 
-        def place(path: str) -> tuple[str, str]:
-            entry = entries[path]
-            wanted = lock.files[path].sha256 if lock is not None and path in lock.files \
-                else lfs_sha256(entry)
-            if wanted is not None and claimed.get(path) == wanted:
-                found = _localdir.reuse(target, path, staging, wanted)
-                if found is not None:
-                    _localdir.record(staging, path, sha, lfs_sha256(entry) or entry.blob_id)
-                    reused[path] = _stat_key(found[1])
-                    return path, found[0]
-            return fetch(path)
+        def wanted(path: str) -> str | None:
+            if lock is not None and path in lock.files:
+                return lock.files[path].sha256
+            return lfs_sha256(entries[path])
 
         todo = [path for path in paths if path not in hashed]
-        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
-            hashed.update(pool.map(client.bind(place), todo))
+        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool, \
+                ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="cubepack-hash") as hasher:
+            # Each answer is a digest, or the future of one (a file handed on to be hashed, or
+            # to be downloaded after all): followed to its digest below.
+            def download(path: str) -> Future[str]:
+                return hasher.submit(digest_of, fetch(path))
+
+            def reuse(path: str) -> str | Future[Any]:
+                found = _localdir.reuse(target, path, staging, wanted(path))
+                if found is None:
+                    return pool.submit(client.bind(download), path)
+                entry = entries[path]
+                _localdir.record(staging, path, sha, lfs_sha256(entry) or entry.blob_id)
+                reused[path] = _stat_key(found[1])
+                return found[0]
+
+            answers = {path: hasher.submit(reuse, path)
+                       if wanted(path) is not None and claimed.get(path) == wanted(path)
+                       else pool.submit(client.bind(download), path) for path in todo}
+            try:
+                for path, answer in answers.items():
+                    while isinstance(answer, Future):
+                        answer = answer.result()
+                    hashed[path] = answer
+            except BaseException:  # the pull failed: start nothing more
+                pool.shutdown(wait=False, cancel_futures=True)
+                hasher.shutdown(wait=False, cancel_futures=True)
+                raise
         return paths, hashed
 
     with client.translated(repo_id, repo_type, sha):
