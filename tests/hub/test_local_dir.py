@@ -414,3 +414,19 @@ def test_a_private_cube_is_updated_in_place_and_pulled_offline_with_its_key(
             pull(f"ns/secret@{sha}", endpoint=hub.url, token=False, local_dir=tmp_path / "x",
                  cache_dir=tmp_path / "hf-cache")
     assert cached_files(tmp_path) == []
+
+
+def test_a_reused_file_the_user_hard_linked_elsewhere_is_placed_as_the_folders_own(hub, tmp_path):
+    """``ln out/data/part-0.safetensors backup``: the update must not leave the placed file
+    sharing its inode with the user's other name (an edit of one would change the other)."""
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    backup = tmp_path / "backup.safetensors"
+    os.link(target / "data/part-0.safetensors", backup)
+    kept = backup.read_bytes()
+    assert do_pull(hub, target, hub.v2, tmp_path).report.ok
+    placed = os.stat(target / "data/part-0.safetensors")
+    assert placed.st_ino != os.stat(backup).st_ino and placed.st_nlink == 1
+    with open(target / "data/part-0.safetensors", "r+b") as handle:
+        handle.write(b"edit")
+    assert backup.read_bytes() == kept
