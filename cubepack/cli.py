@@ -818,7 +818,7 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--local-dir", type=click.Path(file_okay=False),
               help="Where to place the cube (default: ./<name>). Replaced only after "
                    "verification. Each byte is on disk once, as with hf download --local-dir "
-                   "(records in DIR/.cache/huggingface/; nothing in the HF cache); an earlier "
+                   "(huggingface_hub's records inside DIR; nothing in the HF cache); an earlier "
                    "pull there is updated: unchanged files are hashed, not downloaded.")
 @click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
               help="Verify the downloaded commit before placing it.")

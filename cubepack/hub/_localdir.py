@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,7 +22,7 @@ from .._util.hashing import sha256_file
 from .._util.paths import regular_file, resolve_inside
 from .._util.revision import is_commit
 from ..errors import HubError, UnsafeInputError
-from ..format._fileset import HF_LOCAL_DIR, ORIGIN_FILE, is_bookkeeping
+from ..format._fileset import HF_LOCAL_DIR, ORIGIN_FILE, is_bookkeeping, is_hf_record
 
 #: huggingface_hub's local-dir records of downloads (``_local_folder.get_local_download_paths``).
 DOWNLOAD_RECORDS = f"{HF_LOCAL_DIR}/download"
@@ -34,20 +33,6 @@ _RECORD_LIMIT = 4096
 def _hex64(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and \
         all(ch in "0123456789abcdef" for ch in value)
-
-
-#: huggingface_hub's own files in a local dir: its records of downloads and uploads (with
-#: their locks and partial downloads), its tree listings, its .gitignore and CACHEDIR.TAG.
-_HF_RECORDS = re.compile(
-    r"\.cache/huggingface/(?:\.gitignore(?:\.lock)?|CACHEDIR\.TAG"
-    r"|(?:download|upload)/.+\.(?:metadata|lock|incomplete)|trees/[0-9a-f]{40}\.json)")
-
-
-def is_hf_record(name: str) -> bool:
-    """Is ``name`` (relative to a pulled folder) a file huggingface_hub keeps there for its
-    own downloads (``hf download --local-dir`` run on the folder writes them)? Replacing one
-    loses nothing: a pull writes its own."""
-    return _HF_RECORDS.fullmatch(name) is not None
 
 
 def claims(target: Path, repo_id: str, repo_type: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
-from ..format._fileset import ORIGIN_FILE, is_bookkeeping, is_tolerated
+from ..format._fileset import ORIGIN_FILE, is_bookkeeping, is_hf_record, is_tolerated
 from ..ops import verify
 from ..ops._seam import is_private, require_checked_models
 from ..trust._lineage import record_pull
@@ -273,7 +273,7 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str,
     changed = [f"{name} (unreadable)" for name in unreadable]
     to_hash: list[str] = []
     for name in names:
-        if name == ORIGIN_FILE or _localdir.is_hf_record(name):
+        if name == ORIGIN_FILE or is_hf_record(name):
             continue  # huggingface_hub's records (hf download on the folder): ours replace them
         entry = record.get(name)
         if entry is None:
