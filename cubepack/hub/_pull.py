@@ -533,8 +533,10 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
                 ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="cubepack-hash") as hasher:
             # Each answer is a digest, or the future of one (a file handed on to be hashed, or
             # to be downloaded after all): followed to its digest below.
+            # Hashing is bound to the deadline too: once it passed, no new file is started
+            # (nor linked into the staging folder the failed pull removes).
             def download(path: str) -> Future[str]:
-                return hasher.submit(digest_of, fetch(path))
+                return hasher.submit(client.bind(digest_of), fetch(path))
 
             def reuse(path: str) -> str | Future[Any]:
                 found = _localdir.reuse(target, path, staging, wanted(path))
@@ -545,7 +547,7 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
                 reused[path] = _stat_key(found[1])
                 return found[0]
 
-            answers = {path: hasher.submit(reuse, path)
+            answers = {path: hasher.submit(client.bind(reuse), path)
                        if wanted(path) is not None and claimed.get(path) == wanted(path)
                        else pool.submit(client.bind(download), path) for path in todo}
             try:

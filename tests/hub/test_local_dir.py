@@ -430,3 +430,17 @@ def test_a_reused_file_the_user_hard_linked_elsewhere_is_placed_as_the_folders_o
     with open(target / "data/part-0.safetensors", "r+b") as handle:
         handle.write(b"edit")
     assert backup.read_bytes() == kept
+
+
+def test_an_update_past_its_deadline_leaves_the_folder_and_no_staging_behind(hub, tmp_path):
+    target = tmp_path / "out"
+    do_pull(hub, target, hub.v1, tmp_path)
+    before, inodes = tree_bytes(target), tree_inodes(target)
+    hold = hub.add_fault("hold", path=rf"/resolve/.*{CHANGED}", method="GET")
+    try:
+        with pytest.raises(cubepack.HubError, match="deadline|timeout|seconds"):
+            do_pull(hub, target, hub.v2, tmp_path, timeout=3)
+    finally:
+        hold.release()
+    assert tree_bytes(target) == before and tree_inodes(target) == inodes
+    assert not leftovers(tmp_path)
