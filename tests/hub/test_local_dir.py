@@ -261,7 +261,7 @@ def test_hf_download_on_a_pulled_folder_downloads_nothing_and_a_later_pull_still
     assert do_pull(hub, target, hub.v2, tmp_path).report.ok
 
 
-# --- a failed update leaves the folder as it was ----------------------------------------------------
+# --- a failed update leaves the folder as it was --------------------------------------------------
 
 def test_a_failed_update_leaves_the_folder_and_its_files_as_they_were(hub, tmp_path):
     target = tmp_path / "out"
@@ -333,7 +333,7 @@ def test_a_commit_holding_bookkeeping_paths_is_refused_before_any_download(hub, 
     assert not (tmp_path / "out").exists()
 
 
-# --- the CLI (--json) and private cubes keep every guarantee ---------------------------------------
+# --- the CLI (--json) and private cubes keep every guarantee --------------------------------------
 
 CLI = ("import sys\nfrom cubepack.cli import main\ncode = main(sys.argv[1:])\n"
        "sys.stderr.write(open('/proc/self/io').read())\nsys.exit(code)\n")
