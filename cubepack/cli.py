@@ -816,10 +816,16 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
               show_default=True)
 @click.option("--local-dir", type=click.Path(file_okay=False),
-              help="Where to place the cube (default: ./<name>). Replaced only after verification.")
+              help="Where to place the cube (default: ./<name>). Replaced only after "
+                   "verification. Each byte is on disk once, as with hf download --local-dir "
+                   "(huggingface_hub's records inside DIR; nothing in the HF cache); an earlier "
+                   "pull there is updated: unchanged files are hashed, not downloaded.")
 @click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
               help="Verify the downloaded commit before placing it.")
-@click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
+@click.option("--offline", is_flag=True,
+              help="No request (also: HF_HUB_OFFLINE=1): served from --local-dir when an earlier "
+                   "pull placed that commit there (hashed and verified again), else from the HF "
+                   "cache.")
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
