@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import constants
 from .._util.budget import checkpoint
 from .._util.checks import Catalogue
 from .._util.hashing import hash_files
@@ -33,27 +33,15 @@ from ..format import _lock as lockfile
 from ..format._content import file_problem
 from ..format._diff import leaves
 from ..format._fileset import is_tolerated
-from ..format.sections import Lock, Pin, Provenance
+from ..format.sections import Lock, Pin
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
-from ..kv._format import checksum_verdict, read_kv_header
-from ..kv._recompute import describe, load_for_recompute
-from ..kv._recompute import recompute as recompute_cache
 from ..kinds import KINDS
 from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
-from ..trust._evidence import (
-    ASSERTED,
-    CLAIMED,
-    PROVED,
-    RECOMPUTED,
-    SIGNED,
-    backs_a_pin,
-    provenance_evidence,
-    satisfies,
-)
+from ..trust._evidence import CLAIMED, PROVED, SIGNED, backs_a_pin
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature

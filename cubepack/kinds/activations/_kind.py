@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .._kind import Kind
 from . import _verify
@@ -27,3 +26,6 @@ class Activations(Kind):
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         _verify.check_proofs(report, lock, policy)
+
+    def established(self, report: VerifyReport) -> frozenset[str]:
+        return _verify.established(report)

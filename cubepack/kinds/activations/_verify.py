@@ -16,7 +16,15 @@ from ...identity._identity import compare
 from ...kv._format import checksum_verdict, read_kv_header
 from ...kv._recompute import describe, load_for_recompute
 from ...kv._recompute import recompute as recompute_cache
-from ...trust._evidence import ASSERTED, PROVED, RECOMPUTED, provenance_evidence, satisfies
+from ...trust._evidence import (
+    ASSERTED,
+    PROVED,
+    RECOMPUTED,
+    RECORDED,
+    STRENGTH,
+    provenance_evidence,
+    satisfies,
+)
 from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
 
@@ -165,3 +173,32 @@ def _check_provenance(report: VerifyReport, lock: Lock, required: str) -> None:
                    label if not ok else None, basis=backing["basis"])
     if not lock.activations:
         report.add(Catalogue.PROVENANCE, "*", True, "the cube holds no activations", basis=PROVED)
+
+
+def established(report: VerifyReport) -> frozenset[str]:
+    """The activations whose lock labels a passed verification proved (what ``sign`` may
+    state as proved): a cache recomputed bit for bit, or one whose header names a pin this
+    run fingerprinted; never a label stronger than what was established."""
+    activations = report.lock.activations if report.lock is not None else {}
+    producers = report.proved_roles
+    header_ok = {check.subject for check in report.checks
+                 if check.name == Catalogue.KV_HEADER and check.ok is True}
+    items = set()
+    for item_id, entry in activations.items():
+        label = entry.label or ASSERTED  # a version-1 lock recorded none
+        backing = report.provenance.get(item_id) or {}
+        if backing.get("basis") == PROVED and backing.get("kind") == RECOMPUTED \
+                and backing.get("full") and backing.get("exact"):
+            # Only a cache that IS the signer's prefill, bit for bit: one within the proof's
+            # bound could still steer an answer, and a signature must not carry that as proved
+            # (`pack --recompute` writes the prefill itself, then signs it as recomputed).
+            established = RECOMPUTED
+        elif entry.model_role in producers and f"{entry.file} ({item_id})" in header_ok:
+            established = RECORDED  # its header names the pin this run fingerprinted
+        else:
+            continue
+        # The lock's own label is what gets signed: proved when this run established at least
+        # as much; the packer's word (asserted) is never this run's to prove.
+        if label != ASSERTED and STRENGTH[established] >= STRENGTH[label]:
+            items.add(item_id)
+    return frozenset(items)
