@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind, PackJob
-from . import _pack, _verify
+from .._kind import Kind, MigrateJob, PackJob
+from . import _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -49,3 +49,9 @@ class Activations(Kind):
 
     def established(self, report: VerifyReport) -> frozenset[str]:
         return _verify.established(report)
+
+    def rewrites(self, job: MigrateJob) -> set[str]:
+        return _migrate.rewrites(job)
+
+    def migrate(self, job: MigrateJob) -> None:
+        _migrate.migrate(job)
