@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._kind import Kind, MigrateJob, PackJob, PackOptions
-from . import _lora, _migrate, _pack, _verify
+from . import _load, _lora, _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -53,3 +53,9 @@ class Adapters(Kind):
 
     def migrate(self, job: MigrateJob) -> None:
         _migrate.migrate(job)
+
+    def load(self, model: Any, cube: Path, lock: Lock, name: str | None, adapter_name: str,
+             private: Path, where: str) -> Any:
+        """Check ``model`` against the adapter's base pin, then let PEFT apply the adapter
+        from a private copy (in ``private``) of the bytes just verified against ``lock``."""
+        return _load.apply(model, cube, lock, name, adapter_name, private, where)
