@@ -210,14 +210,15 @@ def content_digest(lock: dict[str, Any]) -> str:
 
 
 def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
-               models: dict[str, dict[str, Any]], activations: dict[str, dict[str, Any]],
-               cubepack_version: str, adapters: dict[str, Any] | None = None,
+               models: dict[str, dict[str, Any]], cubepack_version: str,
+               activations: dict[str, dict[str, Any]] | None = None,
+               adapters: dict[str, Any] | None = None,
                lineage: dict[str, Any] | None = None,
                encryption: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble a lock document and compute its digests. An empty optional section (no
     ``adapters``, a None ``lineage``) is left out (a cube without that section). The version
     is the lowest that holds every section present (``encryption``: 5)."""
-    given = {"files": files, "models": models, "activations": activations,
+    given = {"files": files, "models": models, "activations": activations or {},
              "adapters": adapters, "lineage": lineage, "encryption": encryption}
     body: dict[str, Any] = {"lock_version": constants.LOCK_VERSION,
                             "cubepack_version": cubepack_version, "cube_id": cube_id}

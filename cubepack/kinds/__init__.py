@@ -17,6 +17,8 @@ checked before anything is parsed, trust decided before anything is decrypted or
 ``ops``'s. Adding a kind: ``docs/how-to/add-a-memory-kind.md``.
 """
 
+from collections.abc import Mapping
+
 from ._kind import Kind, MigrateJob, PackJob, PackOptions, made_pin
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
@@ -27,10 +29,17 @@ from .vectors import KIND as _VECTORS
 KINDS: tuple[Kind, ...] = (_ACTIVATIONS, _ADAPTERS, _VECTORS)
 
 
+def counted(files: int, counts: Mapping[str, int]) -> str:
+    """``"N files, M KV caches"``: a private cube's files and each named kind's memories, as
+    its public card and a report say them (``counts``: the kinds' ``counts``)."""
+    return ", ".join([f"{files} files"] + [f"{counts.get(kind.section, 0)} {kind.noun}"
+                                          for kind in KINDS if kind.noun and kind.section])
+
+
 def serving(verb: str) -> Kind:
     """The kind whose own load the public verb ``verb`` ends with."""
     return next(kind for kind in KINDS if kind.serves == verb)
 
 
 __all__ = ["KINDS", "Kind", "MigrateJob", "MigrateResult", "PackJob", "PackOptions",
-           "PackResult", "made_pin", "serving"]
+           "PackResult", "counted", "made_pin", "serving"]

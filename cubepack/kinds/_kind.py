@@ -21,8 +21,8 @@ verify             ``check_proofs``    AFTER trust, clear cubes: recompute, prov
 sign               ``established``     what a passed verification proved of the kind's items
 migrate            ``rewrites``        before the copy: the files the kind writes anew
 migrate            ``migrate``         in the staging folder, before pack locks it
-upgrade            ``outdated``        which of the kind's files an upgrade must rewrite
-upgrade            ``upgrade``         rewrites one such file in the staging folder
+upgrade            ``upgradable``      which of the kind's files upgrade looks at (outdated?)
+upgrade            ``upgrade``         rewrites one such file (staged, or a lone file)
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
 =================  ==================  ====================================================
@@ -163,6 +163,9 @@ class Kind(Protocol):
     in_config: ClassVar[bool] = False
     #: the public load verb this kind serves (``load_kv_cache``, ``load_adapter``), or None
     serves: ClassVar[str | None] = None
+    #: how a private cube's card and report name the memories its ``counts`` count
+    #: (``"KV caches"``), or None to leave them unnamed
+    noun: ClassVar[str | None] = None
 
     # --- pack ----------------------------------------------------------------------------
 
@@ -246,15 +249,16 @@ class Kind(Protocol):
 
     # --- upgrade ---------------------------------------------------------------------------
 
-    def outdated(self, cube: Path, lock: Lock) -> list[str]:
-        """The kind's files ``upgrade`` rewrites (``[]``: the kind needs no upgrade); the
-        current ones are not listed."""
-        return []
+    def upgradable(self, cube: Path, lock: Lock) -> dict[str, bool]:
+        """The kind's files ``upgrade`` looks at (the lock's, read in ``cube``), each with
+        whether it is in an older format (``upgrade`` rewrites it); {}: none."""
+        return {}
 
-    def upgrade(self, path: Path, model: str | Path, revision: str | None) -> bool:
-        """Rewrite the file ``path`` (in a staging folder, or a lone file) in the current
-        format against ``model``; False when it is current already."""
-        return False
+    def upgrade(self, path: Path, model: str | Path, revision: str | None) -> bool | None:
+        """Rewrite the file ``path`` (in a staging folder, or a lone file given to
+        ``cubepack upgrade``) in the current format, proved against ``model``: True when
+        rewritten, False when it is current already, None when it is no file of this kind."""
+        return None
 
     # --- encrypt ---------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from ..format._fileset import is_tolerated
 from ..format.sections import Lock, Pin
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
-from ..kinds import KINDS
+from ..kinds import KINDS, counted
 from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -231,7 +231,7 @@ def _check_private(report: VerifyReport, lock: Lock, policy: TrustPolicy,
         counts = lock.encryption.counts
         report.add(Catalogue.PRIVATE, "*", False if needs_plaintext else None,
                    f"{'refused' if needs_plaintext else 'skipped'}: a private cube ("
-                   f"{counts.files} files, {counts.activations} KV caches, encrypted to "
+                   f"{counted(counts.files, counts.to_dict())}, encrypted to "
                    f"{counts.recipients} recipient(s)); its contents "
                    + (f"are needed for {', '.join(needs_plaintext)}, which was asked for"
                       if needs_plaintext else "were not checked")

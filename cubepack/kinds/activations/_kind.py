@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...kv._load import load_kv_cache
 from .._kind import Kind, MigrateJob, PackJob
-from . import _migrate, _pack, _verify
+from . import _migrate, _pack, _upgrade, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -22,6 +22,13 @@ class Activations(Kind):
     section: ClassVar[str | None] = "activations"
     memory: ClassVar[str | None] = "activation"
     serves: ClassVar[str | None] = "load_kv_cache"
+    noun: ClassVar[str | None] = "KV caches"
+
+    def counts(self, lock: Lock) -> dict[str, int]:
+        return {"activations": len(lock.activations)}
+
+    def files(self, lock: Lock) -> set[str]:
+        return {entry.file for entry in lock.activations.values()}
 
     def pin(self, job: PackJob) -> None:
         _pack.pin(job)
@@ -56,6 +63,12 @@ class Activations(Kind):
 
     def migrate(self, job: MigrateJob) -> None:
         _migrate.migrate(job)
+
+    def upgradable(self, cube: Path, lock: Lock) -> dict[str, bool]:
+        return _upgrade.upgradable(cube, lock)
+
+    def upgrade(self, path: Path, model: str | Path, revision: str | None) -> bool | None:
+        return _upgrade.upgrade_file(path, model, revision)
 
     def load(self, path: Any, model: Any, plan: Recomputation, *, device: Any = None,
              copy: bool = False, identity: Any = None, data: Any = None) -> Any:

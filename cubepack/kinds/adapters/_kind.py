@@ -22,6 +22,12 @@ class Adapters(Kind):
     in_config: ClassVar[bool] = True
     serves: ClassVar[str | None] = "load_adapter"
 
+    def counts(self, lock: Lock) -> dict[str, int]:
+        return {"adapters": len(lock.adapters)}
+
+    def files(self, lock: Lock) -> set[str]:
+        return {locator.path for entry in lock.adapters.values() for locator in entry.locators}
+
     def refuse(self, cube: Path, files: list[str], options: PackOptions) -> None:
         _pack.refuse(cube, files, options)
 
