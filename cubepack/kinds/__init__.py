@@ -19,7 +19,7 @@ checked before anything is parsed, trust decided before anything is decrypted or
 
 from collections.abc import Mapping
 
-from ._kind import Kind, MigrateJob, PackJob, PackOptions, made_pin
+from ._kind import Kind, MigrateJob, MigrateOptions, PackJob, PackOptions, made_pin
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
 from .adapters import KIND as _ADAPTERS
@@ -41,5 +41,6 @@ def serving(verb: str) -> Kind:
     return next(kind for kind in KINDS if kind.serves == verb)
 
 
-__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateResult", "PackJob", "PackOptions",
+__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateOptions", "MigrateResult", "PackJob",
+           "PackOptions",
            "PackResult", "counted", "made_pin", "serving"]

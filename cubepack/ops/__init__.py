@@ -17,9 +17,9 @@ cache, as transformers does) when a model is fingerprinted.
   beyond this face, declared once (``tests/test_architecture.py`` holds them to it).
 """
 
-from ..kinds import MigrateResult, PackResult
+from ..kinds import MigrateOptions, MigrateResult, PackOptions, PackResult
 from ._diff import diff
-from ._encrypt import encrypt, rekey
+from ._encrypt import EncryptOptions, RekeyOptions, encrypt, rekey
 from ._load import load_adapter, load_kv_cache
 from ._migrate import migrate
 from ._pack import pack
@@ -27,5 +27,6 @@ from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt", "load_adapter",
-           "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade", "verify"]
+__all__ = ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
+           "RekeyOptions", "UpgradeResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
+           "migrate", "pack", "rekey", "sign", "upgrade", "verify"]
