@@ -89,7 +89,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, options: PullOptions | No
          **fields: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
-    ``options`` (a :class:`PullOptions`: ``revision``, ``local_dir``, ``force``, ``timeout``...)
+    ``options`` (a ``PullOptions``: ``revision``, ``local_dir``, ``force``, ``timeout``...)
     may be given as ``fields`` too, set over it. ``repo`` may carry the revision
     (``owner/name@rev``). The revision is resolved to its
     40-hex commit first; that commit is downloaded (offline: served from the HF cache) and

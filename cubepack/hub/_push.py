@@ -79,7 +79,7 @@ def push(cube_dir: str | Path, repo_id: str, options: PushOptions | None = None,
          **fields: Any) -> PushResult:
     """Push a packed cube as exactly one commit (or none when nothing changed).
 
-    ``options`` (a :class:`PushOptions`: ``revision``, ``tag``, ``create_pr``, ``token``...)
+    ``options`` (a ``PushOptions``: ``revision``, ``tag``, ``create_pr``, ``token``...)
     may be given as ``fields`` too, set over it. The cube is verified first: an unpacked or
     failing cube is refused before any network
     call, and so is one whose ``config.json`` names a model by a local path (unless

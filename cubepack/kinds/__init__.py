@@ -9,7 +9,7 @@
 - ``vectors``: a text memory's vectors and the embedder that makes them, proved by
   re-embedding, re-embedded by migrate;
 - ``_kind``: the :class:`Kind` protocol (its phases), the jobs its phases are handed
-  (:class:`PackJob`, :class:`MigrateJob`) and pack's options (:class:`PackOptions`);
+  (:class:`PackJob`, :class:`MigrateJob`) and pack's options (``PackOptions``);
 - ``_results``: what ``pack`` and ``migrate`` return (each kind fills its fields).
 
 A kind's rules are its own; what a verb does with them (the order of the phases: bytes

@@ -127,7 +127,7 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...],
     ``sign_key``'s public half or one of ``trusted_keys`` (a signature is never moved onto
     content its signer did not sign).
 
-    The settings are an :class:`EncryptOptions` (``options``), or its fields as ``fields``.
+    The settings are an ``EncryptOptions`` (``options``), or its fields as ``fields``.
     ``trusted_keys`` (or ``policy``, a :class:`TrustPolicy` of which encrypt applies
     ``trusted_keys`` and ``require_signature``): the clear cube must be signed by one of them
     (with ``sign_key``: by one of them or by the signing key itself).
@@ -280,7 +280,7 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str],
     every file again encrypted to the new set, in place and atomically, with the same clear
     content and the same ciphertext names, as the next generation (one above the cube's).
 
-    The settings are a :class:`RekeyOptions` (``options``), or its fields as ``fields``.
+    The settings are a ``RekeyOptions`` (``options``), or its fields as ``fields``.
     The new set is ``to`` (every recipient named: the whole set), or the cube's recipients
     with ``add`` and without ``remove``. The cube's own recipient list is kept only when a
     trusted key signed it (``trusted_keys``, or ``policy``'s, or ``sign_key``'s own public

@@ -40,18 +40,20 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None,
     ``cube_dir`` (see the module docstring).
 
     Args:
-        options: a :class:`MigrateOptions`; ``fields`` are its fields (set over it), and a
-            trust policy's (``policy``'s, for convenience):
-        out: where the new cube goes: a path that does not exist, or an empty folder.
-        model: the new activation producer (folder, Hub id or loaded model).
-        revision: branch, tag or commit of a Hub ``model``.
-        embedder: the new embedder (a spec, as for ``verify --embedder``).
-        progress: a progress bar while re-embedding (default: only on a terminal).
         policy: what the old cube must prove before anything is derived from it (a
             :class:`TrustPolicy`, or its fields among ``fields``: ``trusted_keys``,
             ``require_signature``, ``require_lineage``, ``require_provenance``,
             ``strict_models``, ...; ``model`` and ``embedder`` are migrate's: the old
             cube's producer is ``policy``'s ``model``).
+        options: a ``MigrateOptions``: the settings below.
+        fields: the same settings by keyword, set over ``options``, and the policy's fields.
+
+    Options:
+        out: where the new cube goes: a path that does not exist, or an empty folder.
+        model: the new activation producer (folder, Hub id or loaded model).
+        revision: branch, tag or commit of a Hub ``model``.
+        embedder: the new embedder (a spec, as for ``verify --embedder``).
+        progress: a progress bar while re-embedding (default: only on a terminal).
         sign_key: sign the new cube (ECDSA P-256/P-384 private key, PEM): its attestation
             states the lineage as derived by this migrate, the only step that can; a later
             ``cubepack sign`` or ``pack --sign-key`` carries it as a claim.

@@ -39,8 +39,11 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
-        options: a :class:`PackOptions`; ``fields`` are its fields, for convenience
-            (``pack(cube, model=..., recompute=True)``), set over ``options``:
+        options: a ``PackOptions``: the settings below (its defaults without it).
+        fields: the same settings by keyword, set over ``options``
+            (``pack(cube, model=..., recompute=True)``); an unknown one is a UsageError.
+
+    Options:
         model: the activation producer (folder, Hub id or loaded model), overriding the
             ``act_mem`` extractor named in ``config.json``.
         revision: branch, tag or commit of a Hub ``model`` to pin.
