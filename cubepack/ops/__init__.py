@@ -1,6 +1,8 @@
-"""The verbs on a packed cube: orchestration only. Each step calls the owners of the rules
-below it (the file-set rule, the lock's sections, the evidence, the policy) and holds none of
-its own. Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
+"""The verbs on a packed cube: orchestration only. Each verb keeps the order of its phases
+(bytes checked before anything is parsed, trust decided before anything is decrypted or
+loaded) and runs each phase for every memory kind (``cubepack.kinds.KINDS``); each step calls
+the owners of the rules below it (the file-set rule, the lock's sections, the evidence, the
+policy, the kinds) and holds none of its own (``tests/kinds/test_ops_holds_no_kind.py``). Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
 cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``): pin, lock and card a cube folder, in place and atomically;
