@@ -13,9 +13,11 @@ pack               ``refuse``          before anything is read but the file list
 pack               ``pin``             before staging: pins the models the kind needs
 pack               ``stage``           in the staging folder, after the copy: conversions
 pack               ``prove``           ``pack --recompute`` only, after every ``stage``
+pack               ``memories``        its files, listed in ``cubepack.yaml``
 pack               ``entries``         after hashing: the kind's lock section
 pack               ``finish``          the lock written: the kind's fields of the result
 verify             ``check_bytes``     files hashed; BEFORE trust (only intact files parsed)
+verify             ``model_note``      a pinned model failed: say whose pin it is
 verify             ``check_base``      a pinned model matched: does it fit the kind's entries
 verify             ``check_proofs``    AFTER trust, clear cubes: recompute, provenance...
 sign               ``established``     what a passed verification proved of the kind's items
@@ -25,6 +27,7 @@ upgrade            ``upgradable``      which of the kind's files upgrade looks a
 upgrade            ``upgrade``         rewrites one such file (staged, or a lone file)
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
+(its load verb)    ``load``            after the policy is honoured and the cube verified
 =================  ==================  ====================================================
 
 Every phase has a do-nothing default here, so a kind implements the phases it needs and
@@ -42,7 +45,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .._util.options import Options
 from ..errors import UnsupportedError, UsageError
-
 from ..format import _lock as lockfile
 
 if TYPE_CHECKING:  # types only: the phases' arguments
