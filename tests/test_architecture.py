@@ -31,8 +31,8 @@ LAYERS = [
     {"cubepack.kv"},
     {"cubepack.format"},
     {"cubepack.memos_format"},
-    {"cubepack.memory"},
     {"cubepack.trust"},
+    {"cubepack.kinds"},
     {"cubepack.ops"},
     {"cubepack.hub", "cubepack.mlx", "cubepack.llamacpp"},
     {"cubepack.memos"},
@@ -47,9 +47,11 @@ LAZY_BY_DESIGN = {"cubepack.__main__", "cubepack.cli", "cubepack.demo"}
 #: Each face's public names, exactly: the surface changes only on purpose.
 PUBLIC = {
     "cubepack": [
-        "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
-        "KVFileInfo", "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError",
-        "PackResult", "PullResult", "PushResult", "RecomputationFailed", "RefusedError",
+        "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
+        "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch",
+        "ModelIdentity", "ModelNotFoundError", "PackOptions", "PackResult", "PullOptions",
+        "PullResult", "PushOptions", "PushResult", "RecomputationFailed", "RefusedError",
+        "RekeyOptions",
         "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
         "VerificationFailed", "VerifyReport", "__version__", "diff", "encrypt", "fingerprint",
         "lineage", "load_adapter", "load_kv_cache", "migrate", "pack", "pull", "prefill", "push",
@@ -58,12 +60,13 @@ PUBLIC = {
                           "fingerprint", "require_same"],
     "cubepack.kv": ["KVFileInfo", "check_kv_file", "prefill", "read_kv_header", "save_kv_cache"],
     "cubepack.trust": ["POLICIES", "Check", "TrustPolicy", "VerifyReport", "unlock_identity"],
-    "cubepack.ops": ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt",
+    "cubepack.ops": ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions",
+                     "PackResult", "RekeyOptions", "UpgradeResult", "diff", "encrypt",
                      "load_adapter", "load_kv_cache", "migrate", "pack", "rekey", "sign",
                      "upgrade", "verify"],
-    "cubepack.hub": ["HubClient", "LineageResult", "PullResult", "PushResult", "SearchResult",
-                     "lineage", "parse_repo_spec", "pull", "push", "resolve_revision", "search",
-                     "verify_remote"],
+    "cubepack.hub": ["HubClient", "LineageResult", "PullOptions", "PullResult", "PushOptions",
+                     "PushResult", "SearchResult", "lineage", "parse_repo_spec", "pull", "push",
+                     "resolve_revision", "search", "verify_remote"],
     "cubepack.localhub": ["HubStore", "LocalHub", "collect_garbage"],
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
                      "model_identity", "prefill", "save_prompt_cache"],
@@ -280,7 +283,7 @@ def test_subpackages_and_private_modules():
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(part.split(".")[1] for layer in LAYERS for part in layer
                              if part.count(".") == 1 and (PACKAGE / part.split(".")[1]).is_dir())
-    for part in ("identity", "kv", "format", "memos_format", "memory", "trust", "ops", "hub",
+    for part in ("identity", "kv", "format", "memos_format", "trust", "kinds", "ops", "hub",
                  "localhub", "memos", "mlx", "llamacpp"):
         names = [path.stem for path in (PACKAGE / part).glob("*.py") if path.stem != "__init__"]
         assert names and all(name.startswith("_") for name in names), (part, names)
@@ -305,7 +308,10 @@ def test_a_face_exports_only_names_its_own_part_defines(face):
     defined in that part (or is a shared constant of the layer below it, as POLICIES is for the
     hook, and named so in PUBLIC)."""
     module = __import__(face, fromlist=["_"])
-    borrowed = {"cubepack.memos": {"POLICIES"}}
+    borrowed = {"cubepack.memos": {"POLICIES"},
+                # what pack and migrate take and return holds each memory kind's fields
+                "cubepack.ops": {"MigrateOptions", "MigrateResult", "PackOptions",
+                                 "PackResult"}}
     for name in module.__all__:
         defined_in = getattr(getattr(module, name), "__module__", face) or face
         if name in borrowed.get(face, ()):

@@ -11,10 +11,11 @@ are honoured through huggingface_hub itself.
 
 from ._client import HubClient, parse_repo_spec
 from ._lineage import LineageResult, lineage
-from ._pull import PullResult, pull, resolve_revision
-from ._push import PushResult, push
+from ._pull import PullOptions, PullResult, pull, resolve_revision
+from ._push import PushOptions, PushResult, push
 from ._remote import verify_remote
 from ._search import SearchResult, search
 
-__all__ = ["HubClient", "LineageResult", "PullResult", "PushResult", "SearchResult", "lineage",
-           "parse_repo_spec", "pull", "push", "resolve_revision", "search", "verify_remote"]
+__all__ = ["HubClient", "LineageResult", "PullOptions", "PullResult", "PushOptions", "PushResult",
+           "SearchResult", "lineage", "parse_repo_spec", "pull", "push", "resolve_revision",
+           "search", "verify_remote"]

@@ -1,6 +1,8 @@
-"""The verbs on a packed cube: orchestration only. Each step calls the owners of the rules
-below it (the file-set rule, the lock's sections, the evidence, the policy) and holds none of
-its own. Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
+"""The verbs on a packed cube: orchestration only. Each verb keeps the order of its phases
+(bytes checked before anything is parsed, trust decided before anything is decrypted or
+loaded) and runs each phase for every memory kind (``cubepack.kinds.KINDS``); each step calls
+the owners of the rules below it (the file-set rule, the lock's sections, the evidence, the
+policy, the kinds) and holds none of its own (``tests/kinds/test_ops_holds_no_kind.py``). Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
 cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``): pin, lock and card a cube folder, in place and atomically;
@@ -9,24 +11,24 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`migrate` (``_migrate``): a new cube for a new model or embedder, its lineage derived;
 - :func:`upgrade` (``_upgrade``): older formats brought to the current one;
 - :func:`diff` (``_diff``): every change between two locks, with what backs each pin;
-- :func:`load_kv_cache` (``_load``): one KV file into a live model, under a policy;
-- :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
+- :func:`load_kv_cache`, :func:`load_adapter` (``_load``): one KV file into a live model, a
+  cube's LoRA adapter applied to its pinned base, under a policy (the kind's own load last);
 - :func:`encrypt`, :func:`rekey` (``_encrypt``, ``_private``): private cubes, encrypted to recipients (age),
   opened in memory only;
-- ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share;
 - ``_seam``: what the parts above (the Hub side, the runtimes, the hook) use of these modules
   beyond this face, declared once (``tests/test_architecture.py`` holds them to it).
 """
 
+from ..kinds import MigrateOptions, MigrateResult, PackOptions, PackResult
 from ._diff import diff
-from ._encrypt import encrypt, rekey
-from ._load import load_kv_cache
-from ._load_adapter import load_adapter
-from ._migrate import MigrateResult, migrate
-from ._pack import PackResult, pack
+from ._encrypt import EncryptOptions, RekeyOptions, encrypt, rekey
+from ._load import load_adapter, load_kv_cache
+from ._migrate import migrate
+from ._pack import pack
 from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt", "load_adapter",
-           "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade", "verify"]
+__all__ = ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
+           "RekeyOptions", "UpgradeResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
+           "migrate", "pack", "rekey", "sign", "upgrade", "verify"]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .._util import constants
 from .._util.checks import Catalogue
+from .._util.options import Options
 from .._util.paths import resolve_inside
 from ..errors import (
     FormatError,
@@ -81,11 +83,41 @@ def _signers(policy: TrustPolicy, sign_key: str | Path | None,
     return ids
 
 
-def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
-            hide_names: bool = False, sign_key: str | Path | None = None,
-            sign_password: str | None = None, progress: bool | None = None,
-            trusted_keys: list[str | Path] | tuple = (), policy: TrustPolicy | None = None,
-            continue_from: str | Path | None = None) -> EncryptResult:
+@dataclass(frozen=True)
+class EncryptOptions(Options):
+    """How ``encrypt`` writes a private cube (``cubepack.encrypt``'s keyword arguments; see
+    its docstring for each)."""
+
+    VERB: ClassVar[str] = "encrypt"
+
+    hide_names: bool = False
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    progress: bool | None = None
+    trusted_keys: list[str | Path] | tuple = ()
+    policy: TrustPolicy | None = None
+    continue_from: str | Path | None = None
+
+
+@dataclass(frozen=True)
+class RekeyOptions(Options):
+    """How ``rekey`` changes a private cube's readers (``cubepack.rekey``'s keyword arguments;
+    see its docstring for each)."""
+
+    VERB: ClassVar[str] = "rekey"
+
+    add: list[str] | tuple[str, ...] = ()
+    remove: list[str] | tuple[str, ...] = ()
+    to: list[str] | tuple[str, ...] = ()
+    rotate: bool = False
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    trusted_keys: list[str | Path] | tuple = ()
+    policy: TrustPolicy | None = None
+
+
+def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...],
+            options: EncryptOptions | None = None, **fields: Any) -> EncryptResult:
     """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
     ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
     first (a cube that does not verify is never encrypted), then written whole beside itself and
@@ -95,6 +127,7 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     ``sign_key``'s public half or one of ``trusted_keys`` (a signature is never moved onto
     content its signer did not sign).
 
+    The settings are an ``EncryptOptions`` (``options``), or its fields as ``fields``.
     ``trusted_keys`` (or ``policy``, a :class:`TrustPolicy` of which encrypt applies
     ``trusted_keys`` and ``require_signature``): the clear cube must be signed by one of them
     (with ``sign_key``: by one of them or by the signing key itself).
@@ -123,7 +156,15 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
         print(result.recipients, result.generation)
         ```
     """
-    cube = Path(cube_dir)
+    return _encrypt(Path(cube_dir), recipients, EncryptOptions.build(options, **fields))
+
+
+def _encrypt(cube: Path, recipients: list[str] | tuple[str, ...],
+             options: EncryptOptions) -> EncryptResult:
+    hide_names, sign_key, sign_password = (options.hide_names, options.sign_key,
+                                           options.sign_password)
+    progress, trusted_keys, policy = options.progress, options.trusted_keys, options.policy
+    continue_from = options.continue_from
     policy = _policy(policy, trusted_keys, "encrypt")
     parsed = age.parse_recipients(list(recipients))
     if sign_key is not None:
@@ -233,16 +274,13 @@ def _remember(series: str, key: str | Path, password: str | None, generation: in
                               known)
 
 
-def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
-          add: list[str] | tuple[str, ...] = (), remove: list[str] | tuple[str, ...] = (),
-          to: list[str] | tuple[str, ...] = (), rotate: bool = False,
-          sign_key: str | Path | None = None, sign_password: str | None = None,
-          trusted_keys: list[str | Path] | tuple = (),
-          policy: TrustPolicy | None = None) -> EncryptResult:
+def rekey(cube_dir: str | Path, identity: str | os.PathLike[str],
+          options: RekeyOptions | None = None, **fields: Any) -> EncryptResult:
     """Change a private cube's recipients: decrypt it in memory with ``identity``, then write
     every file again encrypted to the new set, in place and atomically, with the same clear
     content and the same ciphertext names, as the next generation (one above the cube's).
 
+    The settings are a ``RekeyOptions`` (``options``), or its fields as ``fields``.
     The new set is ``to`` (every recipient named: the whole set), or the cube's recipients
     with ``add`` and without ``remove``. The cube's own recipient list is kept only when a
     trusted key signed it (``trusted_keys``, or ``policy``'s, or ``sign_key``'s own public
@@ -286,7 +324,13 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         print(result.removed, result.generation)
         ```
     """
-    cube = Path(cube_dir)
+    return _rekey(Path(cube_dir), identity, RekeyOptions.build(options, **fields))
+
+
+def _rekey(cube: Path, identity: str | os.PathLike[str], options: RekeyOptions) -> EncryptResult:
+    add, remove, to, rotate = options.add, options.remove, options.to, options.rotate
+    sign_key, sign_password = options.sign_key, options.sign_password
+    trusted_keys, policy = options.trusted_keys, options.policy
     if to and (add or remove):
         raise UsageError("--to names every recipient of the rekeyed cube; it cannot be "
                          "combined with --add or --remove (name the whole set with --to, or "
@@ -309,42 +353,8 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
     seen = generations.newest_seen(generations.scope(public), signers)
     with open_private(cube, identity, public_lock=report.lock) as opened:
         manifest = opened.manifest
-        current = {r.text: r for text in manifest["recipients"]
-                   for r in age.parse_recipients([text])}
-        generation = (manifest["generation"] or 0) + 1
-        if generation > lockfile.MAX_GENERATION:
-            raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
-                             "its clear source afresh to start again (readers who saw it "
-                             "refuse a lower one).")
-        if seen is not None and seen[1].generation >= generation:
-            raise _replay(cube, manifest, seen, signer)
-        if not generations.manifest_names_readers(signer) and named is None:
-            raise SignatureError(
-                f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
-                "key, so its recipient list is the word of whoever wrote it last, and would "
-                f"choose who reads the rekeyed cube (its {len(current)} recipient(s) now: "
-                f"{', '.join(sorted(current))}). Fix: pass --trusted-key PUB.pem of its "
-                "signer (or --sign-key KEY, if you signed it), or name every recipient the "
-                "rekeyed cube must have: --to RECIPIENT, once for each.")
-        unknown = sorted(removed - set(current))
-        if unknown:
-            raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
-                             f"cube (its recipients: {len(current)}).")
-        if named is not None:
-            kept = {r.text: r for r in named}
-        else:
-            kept = {text: r for text, r in current.items() if text not in removed}
-            for r in added:
-                kept.setdefault(r.text, r)
-        if not kept:
-            raise UsageError("Removing every recipient would leave a cube nobody can open; add "
-                             "one (--add) in the same rekey.")
-        if set(kept) == set(current) and not rotate and manifest["series"]:
-            # (A cube written before generations changes anyway: it gets its series.)
-            # Rewriting every file would only re-upload the whole cube on the next push.
-            raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
-                             "would stay as they are; nothing was written. Pass --rotate to "
-                             "re-encrypt to them under new file keys.")
+        current, kept, generation = _readers(cube, manifest, named, added, removed, rotate,
+                                             signer, seen)
         gained = sorted(set(kept) - set(current))
         lost = sorted(set(current) - set(kept))
         history = generations.with_entry(manifest["history"], generation, gained, lost)
@@ -369,6 +379,51 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         result.unrecorded = _remember(series, sign_key, sign_password, generation,
                                       sorted(kept), history) or None
     return result
+
+
+def _readers(cube: Path, manifest: dict[str, Any], named: list[Any] | None, added: list[Any],
+             removed: set[str], rotate: bool, signer: Any,
+             seen: tuple[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(the recipients now, the recipients of the rekeyed cube, its generation): the new set
+    as asked, refused when it replays a revision seen, keeps a list no trusted key signed,
+    removes a stranger or everyone, or changes nothing."""
+    current = {r.text: r for text in manifest["recipients"]
+               for r in age.parse_recipients([text])}
+    generation = (manifest["generation"] or 0) + 1
+    if generation > lockfile.MAX_GENERATION:
+        raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
+                         "its clear source afresh to start again (readers who saw it "
+                         "refuse a lower one).")
+    if seen is not None and seen[1].generation >= generation:
+        raise _replay(cube, manifest, seen, signer)
+    if not generations.manifest_names_readers(signer) and named is None:
+        raise SignatureError(
+            f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
+            "key, so its recipient list is the word of whoever wrote it last, and would "
+            f"choose who reads the rekeyed cube (its {len(current)} recipient(s) now: "
+            f"{', '.join(sorted(current))}). Fix: pass --trusted-key PUB.pem of its "
+            "signer (or --sign-key KEY, if you signed it), or name every recipient the "
+            "rekeyed cube must have: --to RECIPIENT, once for each.")
+    unknown = sorted(removed - set(current))
+    if unknown:
+        raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
+                         f"cube (its recipients: {len(current)}).")
+    if named is not None:
+        kept = {r.text: r for r in named}
+    else:
+        kept = {text: r for text, r in current.items() if text not in removed}
+        for r in added:
+            kept.setdefault(r.text, r)
+    if not kept:
+        raise UsageError("Removing every recipient would leave a cube nobody can open; add "
+                         "one (--add) in the same rekey.")
+    if set(kept) == set(current) and not rotate and manifest["series"]:
+        # (A cube written before generations changes anyway: it gets its series.)
+        # Rewriting every file would only re-upload the whole cube on the next push.
+        raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
+                         "would stay as they are; nothing was written. Pass --rotate to "
+                         "re-encrypt to them under new file keys.")
+    return current, kept, generation
 
 
 def _replay(cube: Path, manifest: dict[str, Any], seen: tuple[str, Any],

@@ -45,6 +45,7 @@ from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
 from ..format.sections import Lock
+from ..kinds import KINDS, counted
 from ..trust import _age as age
 
 __all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "decrypted_memory", "is_private",
@@ -142,18 +143,18 @@ def _public_lock(staging: Path, lock: Lock, names: dict[str, str],
                   "counts": _counts(lock, len(recipients)),
                   "hidden_names": hidden, "series": series, "generation": generation}
     draft = lockfile.build_lock(cube_id=lock.cube_id, files=files, models=models,
-                                activations={}, cubepack_version=__version__,
+                                cubepack_version=__version__,
                                 encryption=encryption)
     title = lock.cube_id or "private cube"
     text = card.render(lock=draft, memories=memories, pretty_name=title, license=None,
                        repo_id=title if "/" in title else "OWNER/CUBE",
                        cubepack_version=__version__, memos=True)
-    text += PRIVATE_CARD.format(files=len(lock.files), activations=len(lock.activations),
+    text += PRIVATE_CARD.format(counted=counted(len(lock.files), _counts(lock, 0)),
                                 recipients=len(recipients))
     atomic.write_text(staging / constants.CARD_FILENAME, text)
     files[constants.CARD_FILENAME] = _entry(staging / constants.CARD_FILENAME)
     public = lockfile.build_lock(cube_id=lock.cube_id, files=files, models=models,
-                                 activations={}, cubepack_version=__version__,
+                                 cubepack_version=__version__,
                                  encryption=encryption)
     atomic.write_text(staging / constants.LOCK_FILENAME, lockfile.dumps(public))
     return public
@@ -163,7 +164,7 @@ def _public_lock(staging: Path, lock: Lock, names: dict[str, str],
 PRIVATE_CARD = """
 ## Private cube
 
-Every file of this cube ({files} files, {activations} KV caches) is encrypted with
+Every file of this cube ({counted}) is encrypted with
 [age](https://age-encryption.org) to {recipients} recipient(s); its lock lists the
 ciphertexts. Anyone can check it without a key (`cubepack verify`); a recipient opens it in
 memory only: `cubepack pull REPO --identity KEY` (or `CUBEPACK_IDENTITY`).
@@ -172,21 +173,21 @@ memory only: `cubepack pull REPO --identity KEY` (or `CUBEPACK_IDENTITY`).
 
 def _counts(lock: Lock, recipients: int) -> dict[str, int]:
     """What a private cube's public lock counts of its clear lock (and its readers)."""
-    return {"files": len(lock.files), "activations": len(lock.activations),
-            "adapters": len(lock.adapters), "recipients": recipients}
+    counts = {"files": len(lock.files)}
+    for kind in KINDS:
+        counts.update(kind.counts(lock))
+    return {**counts, "recipients": recipients}
 
 
 def _memory_kinds(lock: Lock, cipher_of: dict[str, str]) -> dict[str, list[str]]:
-    """Which ciphertexts hold activations, parametric memory, and the rest, by the clear
-    lock's own sections (the clear cubepack.yaml is itself encrypted)."""
-    activations = {entry.file for entry in lock.activations.values()}
-    adapters = {locator.path for entry in lock.adapters.values()
-                for locator in entry.locators}
-    kinds: dict[str, list[str]] = {"activation": [], "parametric": [], "other": []}
+    """Which ciphertexts hold each kind's memories (activations, parametric memory...), and
+    the rest, by the clear lock's own sections (the clear cubepack.yaml is itself encrypted)."""
+    held = [(kind.memory, kind.files(lock)) for kind in KINDS if kind.memory is not None]
+    kinds: dict[str, list[str]] = {memory: [] for memory, _ in held}
+    kinds["other"] = []
     for clear, cipher in sorted(cipher_of.items()):
-        kind = "activation" if clear in activations else "parametric" if clear in adapters \
-            else "other"
-        kinds[kind].append(cipher)
+        memory = next((memory for memory, files in held if clear in files), "other")
+        kinds[memory].append(cipher)
     # Listed in the ciphertext names' own order: with hidden names, the clear names' order
     # would tell how the hidden item ids sort (and which file is the lock or the config).
     return {kind: sorted(names) for kind, names in kinds.items() if names}

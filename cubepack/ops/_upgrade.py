@@ -1,12 +1,6 @@
-"""``cubepack upgrade``: bring KV files and cubes written by an older cubepack to the current
-formats, proving each against its producer first.
-
-KV format 1 (and lock version 1) did not record a model's compute config, and hashed only the
-tokenizer's structure. Such a file cannot be checked against a live model, so it is never
-loaded; upgrading re-fingerprints the producer model you name, requires every field format 1
-*did* record to match it (weights, geometry, dtypes, quantization, adapters, and the format-1
-tokenizer digest), and only then rewrites the header with the full current identity. The
-tensors are copied unchanged.
+"""``cubepack upgrade``: bring memory files and cubes written by an older cubepack to the
+current formats, proving each against its producer first (each file by the memory kind it
+belongs to: ``upgradable``, ``upgrade``; KV files: ``kinds/activations/_upgrade``).
 
 A cube is verified first, as far as its lock version allows, and refused (untouched) if it
 fails; the upgrade is staged from the files its lock lists only, each reached without
@@ -27,13 +21,9 @@ from typing import Any
 from .._util import atomic, constants
 from .._util.paths import regular_file, resolve_inside
 from .._util.quiet import terminal_bars
-from ..errors import IdentityMismatch, Mismatch, UsageError
+from ..errors import UsageError
 from ..format import _fileset as fileset
-from ..identity._fingerprint import fingerprint, resolve_model_folder
-from ..identity._identity import ModelIdentity, compare_keyed
-from ..identity._tokenizer_fields import legacy_tokenizer_digest_v1
-from ..kv._format import KVFileInfo, check_kv_info, read_kv_header
-from ..kv._torch import mapped_layers, write_kv_layers
+from ..kinds import KINDS
 from ._pack import pack
 from ._private import is_private
 from ._verify import verify_for_upgrade
@@ -88,7 +78,11 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
     if path.is_dir():
         return _upgrade_cube(path, model, revision)
     result = UpgradeResult(path)
-    (result.upgraded if _upgrade_file(path, model, revision) else result.current).append(path.name)
+    done = next((done for kind in KINDS
+                 if (done := kind.upgrade(path, model, revision)) is not None), None)
+    if done is None:
+        raise UsageError(f"{path} is no file cubepack upgrades; give a KV file or a cube.")
+    (result.upgraded if done else result.current).append(path.name)
     return result
 
 
@@ -103,11 +97,10 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                          "cube's are ciphertexts, whose plaintext cubepack never writes to a "
                          "file. Upgrade its clear source (cubepack upgrade SOURCE --model "
                          "MODEL), then encrypt it again (cubepack encrypt SOURCE --to ...).")
-    kv_files = sorted(entry.file for entry in lock.activations.values())
-    if lock.version == constants.LOCK_VERSION and all(
-            read_kv_header(resolve_inside(cube, name)).version == constants.KV_FORMAT_VERSION
-            for name in kv_files):
-        result.current = kv_files
+    held = {name: (kind, outdated) for kind in KINDS
+            for name, outdated in kind.upgradable(cube, lock).items()}
+    if lock.version == constants.LOCK_VERSION and not any(old for _, old in held.values()):
+        result.current = sorted(held)
         return result
     with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
         staging = atomic.staging_dir(cube, "upgrade")
@@ -119,8 +112,8 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
             # config.json is passed as well: without it, the staging folder named no id.
             atomic.link_or_copy(regular_file(cube, constants.LOCK_FILENAME),
                                 staging / constants.LOCK_FILENAME)
-            for name in kv_files:
-                upgraded = _upgrade_file(resolve_inside(staging, name), model, revision)
+            for name, (kind, _) in sorted(held.items()):
+                upgraded = kind.upgrade(resolve_inside(staging, name), model, revision)
                 (result.upgraded if upgraded else result.current).append(name)
             pack(staging, model=str(model), revision=revision,
                  cube_id=None if constants.MEMOS_CONFIG in lock.files else lock.cube_id)
@@ -136,42 +129,4 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
     return result
 
 
-def _upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:
-    info = read_kv_header(path)
-    if info.version == constants.KV_FORMAT_VERSION:
-        return False
-    live = fingerprint(str(model), revision=revision, dtype=info.producer.dtype)
-    if info.version >= constants.KV_CHECKABLE_VERSION:
-        # Format 2 pins the full identity: the model must be its producer, which is kept as
-        # recorded; the rewrite adds the tensors' checksums (of the bytes as they are now).
-        check_kv_info(info, live)
-        _rewrite(info, info.producer)
-        return True
-    mismatches = _legacy_mismatches(info.producer, live, str(model), revision)
-    if mismatches:
-        raise IdentityMismatch(f"KV cache {path.name} (KV format {info.version})", mismatches,
-                               "It was not produced by this model; upgrade it with its producer.")
-    _rewrite(info, live)
-    return True
 
-
-def _legacy_mismatches(old: ModelIdentity, live: ModelIdentity, model: str,
-                       revision: str | None) -> list[Mismatch]:
-    """Every field format 1 recorded that the live model contradicts."""
-    found = [Mismatch(name, getattr(old, name), getattr(live, name), of_producer=True)
-             for name in ("weights_digest", "dtype", "kv_dtype", "quantization", "adapters")
-             if getattr(old, name) != getattr(live, name)]
-    found += compare_keyed("geometry", old.geometry, live.geometry)
-    folder, _, _ = resolve_model_folder(model, revision)
-    tokenizer_json = folder / "tokenizer.json"
-    legacy = (legacy_tokenizer_digest_v1(tokenizer_json.read_text(encoding="utf-8"))
-              if tokenizer_json.is_file() else live.tokenizer_digest)
-    if old.tokenizer_digest != legacy:
-        found.append(Mismatch("tokenizer_digest", old.tokenizer_digest, legacy, of_producer=True))
-    return found
-
-
-def _rewrite(info: KVFileInfo, live: ModelIdentity) -> None:
-    layers = mapped_layers(info, copy=True)  # copied: the file is replaced under the mapping
-    write_kv_layers(layers, info.path, producer=live, token_ids=info.token_ids,
-                    metadata=info.metadata)

@@ -51,7 +51,7 @@ def test_a_cache_shape_against_its_producers_geometry_is_the_producers(models):
 def test_ids_outside_the_vocabulary_are_not_another_models(models):
     """The break: re-prefilling ids past the vocabulary said the activation "was produced by a
     different model" although its producer is the model (same tokenizer)."""
-    from cubepack.memory._reprefill import reprefill
+    from cubepack.kinds.activations._reprefill import reprefill
 
     identity = cubepack.fingerprint(models["a"])
     with pytest.raises(IdentityMismatch) as refused:
@@ -135,9 +135,12 @@ BLAMES = {
     "memos/_activations.py: _add_prompts": "the record names another served model",
     "memos/_activations.py: _load_prompt_file": "the file or pin names another served model",
     "memos/_load.py: _pin_models": "config.json names another model than the lock's pin",
-    "ops/_pack.py: _producer_provenance": "a MemOS producer record contradicts the pin",
-    "ops/_pack.py: _activation_entries": "compare() of the header's producer with the pin",
-    "ops/_upgrade.py: _upgrade_file": "format 1's producer fields differ from the model",
+    "kinds/activations/_pack.py: _producer_provenance": "a MemOS producer record contradicts "
+                                                        "the pin",
+    "kinds/activations/_pack.py: _activation_entries": "compare() of the header's producer "
+                                                       "with the pin",
+    "kinds/activations/_upgrade.py: upgrade_file": "format 1's producer fields differ from the "
+                                                   "model",
     "testing/tiny.py: (module)": "a line of the tiny tokenizer's training text, no message",
 }
 

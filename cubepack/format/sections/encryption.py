@@ -16,6 +16,11 @@ class Counts:
     adapters: int
     recipients: int
 
+    def to_dict(self) -> dict[str, int]:
+        """The counts as the lock stores them (a memory kind's under its section's key)."""
+        return {"files": self.files, "activations": self.activations,
+                "adapters": self.adapters, "recipients": self.recipients}
+
 
 @dataclass(frozen=True)
 class Encryption:
@@ -37,8 +42,7 @@ class Encryption:
         value: dict[str, Any] = {
             "version": self.version, "scheme": self.scheme, "manifest": self.manifest,
             "ciphertexts": list(self.ciphertexts), "hidden_names": self.hidden_names,
-            "counts": {"files": self.counts.files, "activations": self.counts.activations,
-                       "adapters": self.counts.adapters, "recipients": self.counts.recipients}}
+            "counts": self.counts.to_dict()}
         if self.version >= 2:
             value |= {"series": self.series, "generation": self.generation}
         return value
