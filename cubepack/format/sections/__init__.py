@@ -5,8 +5,8 @@ reader outside ``format/`` reads these values, never the lock's JSON by key.
 
 - ``locator``: where a memory's bytes are (:class:`Locator`), and the indexes a section may
   keep outside the lock, each fetched on its own (:class:`Index`);
-- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``: each
-  section's entries.
+- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``,
+  ``preferences``: each section's entries.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from .files import FileEntry
 from .lineage import Lineage
 from .locator import Index, Locator
 from .models import Pin, VectorsRecord
+from .preferences import Preferences
 
 __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage", "Lock",
-           "Locator", "Pin", "Provenance", "VectorsRecord"]
+           "Locator", "Pin", "Preferences", "Provenance", "VectorsRecord"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +51,7 @@ class Lock:
     adapters: Mapping[str, Adapter]
     lineage: Lineage | None
     encryption: Encryption | None
+    preferences: Preferences | None
     document: Mapping[str, Any] = field(repr=False)
 
     @property
