@@ -27,7 +27,7 @@ from _common import llama_config, timed
 
 import cubepack
 from cubepack.kv._torch import forward, output_cache
-from cubepack.memory._embedder import embed
+from cubepack.kinds.vectors._embedder import embed
 from cubepack.testing import tiny
 from cubepack.testing.embeddings import build_encoder
 

@@ -71,9 +71,9 @@ def _embedder_cost(root: Path, repeats: int) -> None:
     import json
 
     from cubepack.format.sections import VectorsRecord
-    from cubepack.memory._embedder import embed, probe_vectors
-    from cubepack.memory._vectors import vector_record
-    from cubepack.ops._embedder_check import embedder_checks
+    from cubepack.kinds.vectors._embedder import embed, probe_vectors
+    from cubepack.kinds.vectors._vectors import vector_record
+    from cubepack.kinds.vectors._check import embedder_checks
     from cubepack.testing.embeddings import EmbeddingServer, build_encoder
 
     encoder = build_encoder(root / "encoder", seed=0, hidden=384)

@@ -300,7 +300,7 @@ def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
     import uuid
 
     import cubepack
-    from cubepack.memory._embedder import embed_locally
+    from cubepack.kinds.vectors._embedder import embed_locally
 
     cube = fresh("vectors")
     cube.mkdir(parents=True)
@@ -318,7 +318,7 @@ def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
     describe("vectors", what="A MemOS text memory holding vectors (textual_memory.json, 32 "
              "dimensions, by the tiny encoder E), its embedder's record and probes in lock "
              "version 4.", commit=head(),
-             how="cubepack.memory._embedder.embed_locally(E, texts) into textual_memory.json, "
+             how="cubepack.kinds.vectors._embedder.embed_locally(E, texts) into textual_memory.json, "
              "then cubepack.pack(cube, embedder=E).",
              expect={"artefact": "cube", "embedder": "e", "verify": {}})
 

@@ -44,8 +44,8 @@ from ..kv._format import (
 )
 from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
-from ..memory._reprefill import provenance as reprefill_provenance
-from ..memory._reprefill import reprefill
+from ..kinds.activations._reprefill import provenance as reprefill_provenance
+from ..kinds.activations._reprefill import reprefill
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
 from ..memos_format._records import record_conflicts
@@ -462,7 +462,7 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
 def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any], *,
             token_ids: list[int] | None = None, producer: ModelIdentity | None = None) -> Any:
     """Rebuild an item with the live model by the re-prefill ``cubepack migrate`` uses
-    (:func:`cubepack.memory._reprefill.reprefill`): its stored token ids when the live tokenizer
+    (:func:`cubepack.kinds.activations._reprefill.reprefill`): its stored token ids when the live tokenizer
     is its producer's, else its ``source_text`` (a string, a list of strings or chat messages)
     through the chat template, as MemOS's ``extract`` builds it.
 

@@ -1,6 +1,6 @@
 """Checking a MemOS text memory's vectors against the embedder MemOS loaded, at load time.
 
-The same test as ``verify --embedder`` (see :mod:`cubepack.memory._embedder`), run with the live
+The same test as ``verify --embedder`` (see :mod:`cubepack.kinds.vectors._embedder`), run with the live
 embedder of the cube MemOS built: it re-embeds memories it draws at random from the file MemOS
 loaded, in one batched call. On a mismatch the policy decides: ``error`` raises, ``drop`` removes the textual memories (a vector
 store holds no memory without its vector), ``rebuild`` re-embeds every textual memory with the
@@ -17,9 +17,9 @@ from typing import Any
 from .._util import constants
 from ..errors import IdentityMismatch, Mismatch
 from ..format.sections import Lock
-from ..memory._embedder import vector_sources
-from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
-from ..ops._seam import embedder_checks
+from ..kinds.vectors._check import embedder_checks
+from ..kinds.vectors._embedder import vector_sources
+from ..kinds.vectors._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 

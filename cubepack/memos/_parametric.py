@@ -21,7 +21,7 @@ from .._util.checks import Catalogue
 from ..errors import CubepackError, IdentityMismatch
 from ..format.sections import Lock
 from ..identity._fingerprint import fingerprint, resolve_model_folder
-from ..memory import _adapters as adapters_mod
+from ..kinds.adapters import _lora as adapters_mod
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport
 

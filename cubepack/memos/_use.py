@@ -66,7 +66,7 @@ from ..kv._torch import (
     layer_classes,
     live_layers,
 )
-from ..memory._reprefill import reprefill
+from ..kinds.activations._reprefill import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
 from ._privacy import cube_memories, ever_sealed, forget_stores, note_sealed, seal, seals_of

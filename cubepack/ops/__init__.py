@@ -13,17 +13,17 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
 - :func:`encrypt`, :func:`rekey` (``_encrypt``, ``_private``): private cubes, encrypted to recipients (age),
   opened in memory only;
-- ``_embedder_check``: the re-embedding check pack, verify and the MemOS hook share;
 - ``_seam``: what the parts above (the Hub side, the runtimes, the hook) use of these modules
   beyond this face, declared once (``tests/test_architecture.py`` holds them to it).
 """
 
+from ..kinds import MigrateResult, PackResult
 from ._diff import diff
 from ._encrypt import encrypt, rekey
 from ._load import load_kv_cache
 from ._load_adapter import load_adapter
-from ._migrate import MigrateResult, migrate
-from ._pack import PackResult, pack
+from ._migrate import migrate
+from ._pack import pack
 from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify

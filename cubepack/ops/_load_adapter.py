@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..format.sections import Adapter, Lock
 from ..identity._fingerprint import fingerprint
-from ..memory import _adapters as adapters_mod
+from ..kinds.adapters import _lora as adapters_mod
 from ..trust._policy import TrustPolicy
 from ._private import is_private, open_private
 from ._verify import verify

@@ -5,7 +5,7 @@ The old cube is verified first and never written to. The new one is built in a s
 beside ``out`` and renamed into place only once it is packed, so ``out`` either does not change
 or holds the whole new cube:
 
-- each activation is re-prefilled by the new model (:mod:`~cubepack.memory._reprefill`: from its
+- each activation is re-prefilled by the new model (:mod:`~cubepack.kinds.activations._reprefill`: from its
   stored token ids, or re-tokenised from its source text, which the result says), so its
   provenance is ``recomputed`` by construction;
 - every textual memory that holds a vector is re-embedded by the new embedder, in batches, and
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,10 @@ from ..identity._fingerprint import fingerprint, hub_origin, resolve_model_folde
 from ..kv._format import read_kv_header
 from ..kv._recompute import load_model
 from ..kv._torch import write_kv_layers
-from ..memory._embedder import BATCH, embed
-from ..memory._reprefill import provenance, reprefill
-from ..memory._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
+from ..kinds.vectors._embedder import BATCH, embed
+from ..kinds import MigrateResult
+from ..kinds.activations._reprefill import provenance, reprefill
+from ..kinds.vectors._vectors import EMBEDDER_ROLE, memory_vectors, with_vectors
 from ..memos_format import _layout as memos_layout
 from ..trust import _lineage as lineage
 from ..trust._policy import TrustPolicy
@@ -47,33 +47,6 @@ from ._private import is_private
 from ._verify import verify
 
 BY = "cubepack migrate"
-
-
-@dataclass
-class MigrateResult:
-    """What ``migrate`` built: the new cube, its lock digests, and what changed."""
-
-    cube_dir: Path
-    parent_dir: Path
-    digest: str
-    content_digest: str
-    #: item -> {"tokens": n, "retokenized": why, or None when its stored ids were prefilled}
-    activations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    reembedded: int = 0
-    #: adapter name -> the files left out of the new cube
-    adapters_dropped: dict[str, list[str]] = field(default_factory=dict)
-    lineage: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def retokenized(self) -> list[str]:
-        return sorted(item for item, entry in self.activations.items() if entry["retokenized"])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cube_dir": str(self.cube_dir), "parent_dir": str(self.parent_dir),
-                "digest": self.digest, "content_digest": self.content_digest,
-                "activations": self.activations, "retokenized": self.retokenized,
-                "reembedded": self.reembedded, "adapters_dropped": self.adapters_dropped,
-                "lineage": self.lineage}
 
 
 @terminal_bars

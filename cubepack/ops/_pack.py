@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,55 +49,19 @@ from ..kv._format import FULL, SLIDING, read_kv_header, upgrade_command, verify_
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
 from ..kv._torch import write_kv_layers
-from ..memory import _adapters as adapters_mod
-from ..memory._embedder import embed, probe_vectors
-from ..memory._vectors import EMBEDDER_ROLE, vector_record
+from ..kinds import PackResult
+from ..kinds.adapters import _lora as adapters_mod
+from ..kinds.vectors._embedder import embed, probe_vectors
+from ..kinds.vectors._vectors import EMBEDDER_ROLE, vector_record
 from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import memos_config_problems, memos_prompt_ids
 from ..memos_format._pickle import read_memos_pickle
 from ..memos_format._records import record_conflicts
 from ..trust._attestation import Proved
 from ..trust._signing import check_key, write_signature
-from ._embedder_check import embedder_checks
+from ..kinds.vectors._check import embedder_checks
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-@dataclass
-class PackResult:
-    """What ``pack`` did: where, the lock's digests, the pins and the activations."""
-
-    cube_dir: Path
-    digest: str
-    content_digest: str
-    files: int
-    models: dict[str, dict[str, Any]]
-    activations: list[str]
-    converted: list[str] = field(default_factory=list)
-    #: item -> what ``pack --recompute`` proved (positions, errors, the behavioural check)
-    recomputed: dict[str, str] = field(default_factory=dict)
-    changed: bool = True
-    #: role -> the pin the cube's last pack recorded, for each pin this pack moved
-    moved_from: dict[str, str] = field(default_factory=dict)
-    #: adapter name -> its digest, its base's role and how pack found the base
-    adapters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: item -> the command that adds per-tensor checksums, for each KV file of format 2 this
-    #: pack sealed (its bytes checked against the cube's last lock)
-    unchecksummed: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cube_dir": str(self.cube_dir), "digest": self.digest,
-            "content_digest": self.content_digest, "files": self.files,
-            "models": {role: {"repo_id": made.repo_id, "revision": made.revision,
-                              "strict": made.strict, "name": made.name, "reason": made.reason,
-                              "pinned": made.pinned}
-                       for role in self.models if (made := _made(self.models, role))},
-            "activations": self.activations, "converted": self.converted,
-            "recomputed": self.recomputed, "changed": self.changed,
-            "moved_from": self.moved_from, "adapters": self.adapters,
-            "unchecksummed": self.unchecksummed,
-        }
 
 
 @terminal_bars

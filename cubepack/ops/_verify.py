@@ -39,9 +39,9 @@ from ..identity._identity import compare
 from ..kv._format import checksum_verdict, read_kv_header
 from ..kv._recompute import describe, load_for_recompute
 from ..kv._recompute import recompute as recompute_cache
-from ..memory import _adapters as adapters_mod
-from ..memory._embedder import embed
-from ..memory._vectors import EMBEDDER_ROLE
+from ..kinds.adapters import _lora as adapters_mod
+from ..kinds.vectors._embedder import embed
+from ..kinds.vectors._vectors import EMBEDDER_ROLE
 from ..memos_format._layout import memos_config_problems
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -59,7 +59,7 @@ from ..trust._evidence import (
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
-from ._embedder_check import embedder_checks
+from ..kinds.vectors._check import embedder_checks
 from ._private import is_private, open_private, recipient_stanzas
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util.quiet import quiet_libraries
-from ..memory._embedder import embed_locally
+from ..kinds.vectors._embedder import embed_locally
 from .tiny import VOCAB_SIZE, build_tokenizer
 
 

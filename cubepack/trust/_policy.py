@@ -28,11 +28,13 @@ from .._util.revision import is_commit
 from ..errors import UsageError
 from ..format._provenance import LEVELS as PROVENANCE_LEVELS
 from ..format._provenance import RECOMPUTED
-from ..memory._vectors import SAMPLE_SIZE
 
 #: What to do with a memory that does not match the live model: refuse (strictest), skip it,
 #: or rebuild it with the live model.
 POLICIES = ("error", "drop", "rebuild")
+#: Memories a re-embedding check draws (all, when the file holds fewer), at random by the
+#: verifier: the policy's default (``embedder_sample``), so it lives with the policy.
+SAMPLE_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class TrustPolicy:
 
     def reembedding(self) -> Reembedding:
         """The embedder to check, how many memories it re-embeds (default
-        :data:`~cubepack.memory._vectors.SAMPLE_SIZE`; 0: all) and the seed of the draw."""
+        :data:`SAMPLE_SIZE`; 0: all) and the seed of the draw."""
         sample = SAMPLE_SIZE if self.embedder_sample is None else self.embedder_sample
         return Reembedding(self.embedder, sample, self.seed)
 

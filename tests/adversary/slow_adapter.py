@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import cubepack
 from cubepack._util.hashing import sha256_file
-from cubepack.memory._adapters import adapter_digest
+from cubepack.kinds.adapters._lora import adapter_digest
 
 from helpers import make_adapter, reseal_lock
 

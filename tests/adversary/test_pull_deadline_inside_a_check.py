@@ -12,7 +12,7 @@ from slow_adapter import slow_adapter_cube
 
 import cubepack
 from cubepack.hub import _deadline
-from cubepack.memory import _adapters
+from cubepack.kinds.adapters import _lora as _adapters
 from cubepack.testing.hub import InstrumentedHub, upload_folder
 
 

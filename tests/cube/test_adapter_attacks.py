@@ -210,7 +210,7 @@ def test_verify_of_a_resealed_cube_with_a_hanging_pattern_refuses_it(cube_with, 
 
     def reseal(lock):
         from cubepack._util.hashing import sha256_file
-        from cubepack.memory._adapters import adapter_digest
+        from cubepack.kinds.adapters._lora import adapter_digest
 
         files = lock["files"]
         files["parametric/lora/adapter_config.json"] = {
@@ -230,7 +230,7 @@ def test_verify_of_a_resealed_cube_with_a_hanging_pattern_refuses_it(cube_with, 
 
 
 def test_an_adapter_whose_hash_failed_is_never_parsed(cube_with, monkeypatch):
-    from cubepack.memory import _adapters
+    from cubepack.kinds.adapters import _lora as _adapters
 
     cube = cube_with()
     pack(cube)

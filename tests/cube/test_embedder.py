@@ -34,7 +34,7 @@ def embed_with_memos_or_server(server, texts):
         from memos.configs.embedder import EmbedderConfigFactory
         from memos.embedders.factory import EmbedderFactory
     except ImportError:
-        from cubepack.memory._embedder import embed
+        from cubepack.kinds.vectors._embedder import embed
 
         return embed(server.spec, texts)
     embedder = EmbedderFactory.from_config(EmbedderConfigFactory.model_validate({
@@ -177,7 +177,7 @@ def test_the_hook_checks_the_loaded_embedder_and_applies_the_policy(text_cube, e
             assert loaded.text_mem.get_all() == [] and "text_mem.embedder" in loaded.cubepack.dropped
             return
         assert "text_mem.embedder" in loaded.cubepack.rebuilt
-        from cubepack.memory._vectors import cosine
+        from cubepack.kinds.vectors._vectors import cosine
 
         [vector] = loaded.text_mem.embedder.embed([TEXTS[0]])
         stored = {item.payload["memory"]: item.vector
@@ -304,7 +304,7 @@ def test_another_spelling_of_the_memory_file_cannot_hide_its_vectors(cube, encod
     """config.json naming './textual_memory.json' opens the same file in MemOS: its vectors
     are that file's, so a removed record is still refused (whatever the spelling)."""
     from cubepack._util import hashing
-    from cubepack.memory._embedder import vector_sources
+    from cubepack.kinds.vectors._embedder import vector_sources
 
     from helpers import reseal_lock
 

@@ -15,7 +15,7 @@ import torch
 import cubepack
 from cubepack._util import constants
 from cubepack.format import _lock as lockfile
-from cubepack.memory._reprefill import NO_IDS, OTHER_TOKENIZER
+from cubepack.kinds.activations._reprefill import NO_IDS, OTHER_TOKENIZER
 from cubepack.ops import _migrate
 from cubepack.testing.embeddings import EmbeddingServer, build_encoder
 
@@ -280,7 +280,7 @@ def encoders(tmp_path_factory):
 @pytest.fixture
 def text_cube(tmp_path, encoders, zoo):
     """A cube whose general text memory holds vectors the encoder ``e`` made."""
-    from cubepack.memory._embedder import embed
+    from cubepack.kinds.vectors._embedder import embed
 
     cube = tmp_path / "text-cube"
     cube.mkdir()
@@ -309,8 +309,8 @@ def top_k(query, texts_and_vectors, k=5):
 
 def test_a_migrated_embedder_retrieves_what_embedding_from_scratch_retrieves(
         text_cube, encoders, tmp_path, monkeypatch):
-    from cubepack.memory._embedder import embed
-    from cubepack.memory._vectors import memory_vectors
+    from cubepack.kinds.vectors._embedder import embed
+    from cubepack.kinds.vectors._vectors import memory_vectors
 
     monkeypatch.setattr(_migrate, "BATCH", 7)  # 25 memories: four batches
     before = tree_bytes(text_cube)

@@ -96,7 +96,7 @@ def _general_text(path: Path, count: int) -> None:
 def test_reembed_refuses_batches_that_do_not_answer_their_own_texts(tmp_path, monkeypatch):
     """An embedder answering one batch with one vector too many and the next with one too few
     gives as many vectors as texts, every one beside the wrong memory."""
-    from cubepack.memory._embedder import BATCH
+    from cubepack.kinds.vectors._embedder import BATCH
     from cubepack.ops import _migrate
 
     old, staging = tmp_path / "old", tmp_path / "staging"

@@ -171,7 +171,7 @@ def proof(tmp_path_factory, zoo, models):
     write_kv_layers(cache_layers(build_cache(models["a"], ids)), cube / ITEM,
                     producer=cubepack.fingerprint(models["a"]), token_ids=ids,
                     metadata={"id": "item-1", "source_text": "The user likes tea."})
-    from cubepack.memory._embedder import embed
+    from cubepack.kinds.vectors._embedder import embed
 
     vectors = embed(str(encoder), TEXTS)
     (cube / "textual_memory.json").write_text(json.dumps([

@@ -51,7 +51,7 @@ def test_a_cache_shape_against_its_producers_geometry_is_the_producers(models):
 def test_ids_outside_the_vocabulary_are_not_another_models(models):
     """The break: re-prefilling ids past the vocabulary said the activation "was produced by a
     different model" although its producer is the model (same tokenizer)."""
-    from cubepack.memory._reprefill import reprefill
+    from cubepack.kinds.activations._reprefill import reprefill
 
     identity = cubepack.fingerprint(models["a"])
     with pytest.raises(IdentityMismatch) as refused:

@@ -78,7 +78,7 @@ def test_past_the_declared_context_the_refusal_names_it_and_no_other_model(scale
 def test_a_rope_scaled_model_rebuilds_a_long_activation(scaled, kind):
     """Re-prefill (migrate, the hook's rebuild) refused 60 ids as more than the model attends
     over (``max_position_embeddings`` 32)."""
-    from cubepack.memory._reprefill import reprefill
+    from cubepack.kinds.activations._reprefill import reprefill
 
     _, model = scaled[kind]
     identity = cubepack.fingerprint(model)

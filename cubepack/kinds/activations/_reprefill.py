@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CubepackError, IdentityMismatch, Mismatch, RecomputationFailed
-from ..format._provenance import RECOMPUTED
-from ..identity._config_fields import declared_context
-from ..identity._identity import ModelIdentity
-from ..kv._torch import cache_layers, prefill
-from ..memos_format._layout import item_metadata, memos_prompt_ids
+from ...errors import CubepackError, IdentityMismatch, Mismatch, RecomputationFailed
+from ...format._provenance import RECOMPUTED
+from ...identity._config_fields import declared_context
+from ...identity._identity import ModelIdentity
+from ...kv._torch import cache_layers, prefill
+from ...memos_format._layout import item_metadata, memos_prompt_ids
 
 #: Why an item was re-tokenised from its source text.
 NO_IDS = "it records no token ids"

@@ -3,7 +3,7 @@
 A vector is only meaningful for the embedder that made it: another embedder of the same
 dimension silently garbles retrieval, another dimension crashes the vector store. ``pack``
 records, for a text memory that holds vectors, its dimension, count and a sample of its
-memories; the embedder check (:mod:`cubepack.memory._embedder`) re-embeds them. Cosine >= 0.999:
+memories; the embedder check (:mod:`cubepack.kinds.vectors._embedder`) re-embeds them. Cosine >= 0.999:
 the same embedder elsewhere differs by rounding (~1e-6), another model falls far below.
 """
 
@@ -13,15 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical
-from ..errors import CubepackError, FormatError
-from ..format._lock import VECTOR_PROBES
+from ..._util import canonical
+from ...errors import CubepackError, FormatError
+from ...format._lock import VECTOR_PROBES
+from ...trust._policy import SAMPLE_SIZE
 
 COSINE_THRESHOLD = 0.999
 
 
-#: Memories a check re-embeds (all, when the file holds fewer), drawn at random by the verifier.
-SAMPLE_SIZE = 16
 #: The lock's model role whose pin carries the vectors record.
 EMBEDDER_ROLE = "text_mem.embedder"
 

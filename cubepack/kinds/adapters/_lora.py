@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .._util import canonical, constants, patterns
-from .._util.budget import checkpoint
-from .._util.canonical import digest_of_file_hashes
-from .._util.paths import resolve_inside
-from .._util.safetensors_header import Header, read_header
-from ..format.sections import Adapter, Pin
-from ..errors import (
+from ..._util import canonical, constants, patterns
+from ..._util.budget import checkpoint
+from ..._util.canonical import digest_of_file_hashes
+from ..._util.paths import resolve_inside
+from ..._util.safetensors_header import Header, read_header
+from ...format.sections import Adapter, Pin
+from ...errors import (
     FormatError,
     HubError,
     IdentityMismatch,
@@ -35,10 +35,10 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ..format._fileset import is_bookkeeping
-from ..format._lock import BASE_CLAIM
-from ..identity._fingerprint import fingerprint, resolve_model_folder, weight_files
-from ..identity._identity import compare
+from ...format._fileset import is_bookkeeping
+from ...format._lock import BASE_CLAIM
+from ...identity._fingerprint import fingerprint, resolve_model_folder, weight_files
+from ...identity._identity import compare
 
 #: The lock's model role of an adapter's base: ``adapter.<name>``.
 ROLE_PREFIX = "adapter."

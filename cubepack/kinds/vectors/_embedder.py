@@ -14,11 +14,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .._util.models import load_encoder
-from .._util.paths import resolve_inside
-from ..errors import CubepackError, IntegrityError, UsageError
-from ..format.sections import VectorsRecord
-from ..memos_format._layout import memory_files
+from ..._util.models import load_encoder
+from ..._util.paths import resolve_inside
+from ...errors import CubepackError, IntegrityError, UsageError
+from ...format.sections import VectorsRecord
+from ...memos_format._layout import memory_files
 from ._vectors import PROBES, memory_vectors
 
 #: Texts per embedding call when every memory is re-embedded.

@@ -1,6 +1,6 @@
 """The embedder check pack, verify and the MemOS hook share: memories drawn at random by this
 process re-embedded by the live embedder and compared with the vectors the cube stores (and
-the probe vectors the lock records). Turns what :mod:`cubepack.memory._embedder` computes into
+the probe vectors the lock records). Turns what :mod:`cubepack.kinds.vectors._embedder` computes into
 report checks."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._util.checks import Catalogue
-from ..format.sections import VectorsRecord
-from ..memory._embedder import BATCH, vector_sources
-from ..memory._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, SAMPLE_SIZE, cosine
-from ..trust._evidence import CLAIMED
-from ..trust._report import Check
+from ..._util.checks import Catalogue
+from ...format.sections import VectorsRecord
+from ...trust._evidence import CLAIMED
+from ...trust._policy import SAMPLE_SIZE
+from ...trust._report import Check
+from ._embedder import BATCH, vector_sources
+from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, cosine
 
 #: The checks this module makes.
 _CHECK = Catalogue.EMBEDDER

@@ -1,0 +1,36 @@
+"""The memory kinds a cube holds, one folder each, behind one declared interface
+(:class:`Kind`, in ``_kind``) that the verbs in ``ops`` iterate, in :data:`KINDS`' order.
+
+- ``activations``: KV caches (``activations/*.kv.safetensors``), pinned to their producer,
+  proved by recomputation, re-prefilled by migrate, loaded by ``load_kv_cache``;
+- ``adapters``: parametric memory, LoRA adapters in PEFT's layout, checked against PEFT's
+  own rules (an allow-list, bounded), pinned to their base's weight shapes, loaded by
+  ``load_adapter``;
+- ``vectors``: a text memory's vectors and the embedder that makes them, proved by
+  re-embedding, re-embedded by migrate;
+- ``_kind``: the :class:`Kind` protocol (its phases), the jobs its phases are handed
+  (:class:`PackJob`, :class:`MigrateJob`) and pack's options (:class:`PackOptions`);
+- ``_results``: what ``pack`` and ``migrate`` return (each kind fills its fields).
+
+A kind's rules are its own; what a verb does with them (the order of the phases: bytes
+checked before anything is parsed, trust decided before anything is decrypted or loaded) is
+``ops``'s. Adding a kind: ``docs/how-to/add-a-memory-kind.md``.
+"""
+
+from ._kind import Kind, MigrateJob, PackJob, PackOptions
+from ._results import MigrateResult, PackResult
+from .activations import KIND as _ACTIVATIONS
+from .adapters import KIND as _ADAPTERS
+from .vectors import KIND as _VECTORS
+
+#: Every memory kind, in the order the verbs run their phases (and a report lists checks).
+KINDS: tuple[Kind, ...] = (_ACTIVATIONS, _ADAPTERS, _VECTORS)
+
+
+def serving(verb: str) -> Kind:
+    """The kind whose own load the public verb ``verb`` ends with."""
+    return next(kind for kind in KINDS if kind.serves == verb)
+
+
+__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateResult", "PackJob", "PackOptions",
+           "PackResult", "serving"]

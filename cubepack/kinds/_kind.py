@@ -1,0 +1,270 @@
+"""The one declared interface of a memory kind, and the jobs its phases are handed.
+
+A memory kind (activations, adapters, a text memory's vectors...) owns everything about its
+memories: how they are pinned, staged and proved by ``pack``; checked by ``verify``, first
+their bytes, then their proofs; carried over by ``migrate`` and ``upgrade``; counted by a
+private cube's public lock; loaded into a live model. The verbs in ``ops/`` own only the
+ORDER of those phases, the same for every kind, and iterate :data:`cubepack.kinds.KINDS`:
+
+=================  ==================  ====================================================
+verb               phase               runs
+=================  ==================  ====================================================
+pack               ``refuse``          before anything is read but the file list
+pack               ``pin``             before staging: pins the models the kind needs
+pack               ``stage``           in the staging folder, after the copy: conversions
+pack               ``prove``           ``pack --recompute`` only, after every ``stage``
+pack               ``entries``         after hashing: the kind's lock section
+pack               ``finish``          the lock written: the kind's fields of the result
+verify             ``check_bytes``     files hashed; BEFORE trust (only intact files parsed)
+verify             ``check_base``      a pinned model matched: does it fit the kind's entries
+verify             ``check_proofs``    AFTER trust, clear cubes: recompute, provenance...
+sign               ``established``     what a passed verification proved of the kind's items
+migrate            ``rewrites``        before the copy: the files the kind writes anew
+migrate            ``migrate``         in the staging folder, before pack locks it
+upgrade            ``outdated``        which of the kind's files an upgrade must rewrite
+upgrade            ``upgrade``         rewrites one such file in the staging folder
+encrypt            ``counts``          what a private cube's public lock counts
+encrypt            ``files``           which clear files hold the kind's memories
+=================  ==================  ====================================================
+
+Every phase has a do-nothing default here, so a kind implements the phases it needs and
+inherits the rest (``class MyKind(Kind)``). Each phase is handed a job (:class:`PackJob`,
+:class:`MigrateJob`): the verb's inputs and what earlier phases made, never a long list of
+parameters. What a kind keeps between its own phases it keeps in ``job.state[kind.name]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..errors import UnsupportedError, UsageError
+
+if TYPE_CHECKING:  # types only: the phases' arguments
+    from ..format.sections import Lock
+    from ..trust._policy import TrustPolicy
+    from ..trust._report import VerifyReport
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """What ``pack`` is asked to do beyond packing the folder as it is (``cubepack.pack``'s
+    keyword arguments; see its docstring for each). Built once, by :meth:`build`."""
+
+    model: Any = None
+    revision: str | None = None
+    legacy_pickle: bool = False
+    license: str | None = None
+    pretty_name: str | None = None
+    progress: bool | None = None
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    assert_producer: bool = False
+    recompute: bool = False
+    embedder: str | None = None
+    cube_id: str | None = None
+    adapter_base: Any = None
+    #: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``
+    derived: Mapping[str, Any] | None = None
+
+    @classmethod
+    def build(cls, options: PackOptions | None = None, **fields_: Any) -> PackOptions:
+        """``options`` with ``fields_`` set (the keyword arguments ``pack`` takes).
+
+        Raises:
+            UsageError: a name that is no option (a typo is never ignored).
+        """
+        names = {entry.name for entry in fields(cls)}
+        unknown = sorted(set(fields_) - names)
+        if unknown:
+            raise UsageError(f"pack takes no option {', '.join(unknown)}; its options: "
+                             f"{', '.join(sorted(names - {'derived'}))}.")
+        base = options if options is not None else cls()
+        return cls(**{**{name: getattr(base, name) for name in names}, **fields_})
+
+
+@dataclass(frozen=True)
+class PackJob:
+    """One ``pack`` of one folder: its inputs, and what the phases make (the pins, the labels
+    established, each kind's own state). Frozen: its fields are not reassigned, the mappings
+    in them are filled by the phases."""
+
+    #: the folder being packed (read only: everything is written in a staging folder)
+    cube: Path
+    #: its files (relative POSIX paths), as listed before anything was read
+    files: list[str]
+    options: PackOptions
+    #: MemOS's config.json (or ``{"cube_id": ...}`` for a folder without one)
+    config: dict[str, Any]
+    #: the cube's last lock, when it has a readable one (what a re-pack keeps)
+    earlier: Lock | None
+    #: role -> the pin this pack makes (as the lock will hold it); kinds add theirs in ``pin``
+    pins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: file -> the provenance label this pack established for it (a conversion, a proof)
+    proven: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: files of the cube a kind writes anew in ``stage`` instead of having them copied
+    replaced: set[str] = field(default_factory=set)
+    #: roles pinned from a Hub's file metadata: the Hub's claim, never signed as proved
+    claimed_roles: set[str] = field(default_factory=set)
+    #: kind name -> what the kind keeps between its phases
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigrateJob:
+    """One ``migrate`` of a verified cube into a staging folder: its inputs, and what the
+    kinds record for the lineage, the result and ``pack``."""
+
+    cube: Path
+    staging: Path
+    lock: Lock
+    #: the old cube's config.json, or None; the kinds edit the copy the new cube gets
+    config: dict[str, Any] | None
+    #: the new producer model (folder, Hub id or loaded model), or None
+    model: Any
+    revision: str | None
+    #: the new embedder spec, or None
+    embedder: str | None
+    progress: bool | None
+    #: what the new cube's lineage section states (``trust._lineage.build``'s keywords)
+    lineage: dict[str, Any] = field(default_factory=dict)
+    #: the result's fields (``MigrateResult``'s keywords)
+    result: dict[str, Any] = field(default_factory=dict)
+    #: file -> the provenance label the migrate established (handed to ``pack``)
+    proven: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: kind name -> what the kind keeps between its phases
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Kind(Protocol):
+    """A memory kind: its name, its lock section, and its phases (the module docstring's
+    table). Subclass it (``class Adapters(Kind)``) to inherit the defaults, which do
+    nothing."""
+
+    #: the kind's name, its folder under ``cubepack/kinds/``
+    name: ClassVar[str]
+    #: the lock section holding its entries (``format/sections/<section>.py``), or None when
+    #: its record lives in another section (a text memory's vectors: the embedder's pin)
+    section: ClassVar[str | None] = None
+    #: the key its files are listed under in ``cubepack.yaml``'s ``memories`` (and a
+    #: private cube's public config), or None
+    memory: ClassVar[str | None] = None
+    #: does ``cubepack.yaml`` state its section's entries (``format._cubeconfig``'s view)?
+    in_config: ClassVar[bool] = False
+    #: the public load verb this kind serves (``load_kv_cache``, ``load_adapter``), or None
+    serves: ClassVar[str | None] = None
+
+    # --- pack ----------------------------------------------------------------------------
+
+    def refuse(self, cube: Path, files: list[str], options: PackOptions) -> None:
+        """Refuse options the folder cannot use, before anything in it is read.
+
+        Raises:
+            UsageError: e.g. a base named for adapters the folder does not hold.
+        """
+
+    def pin(self, job: PackJob) -> None:
+        """Pin the models the kind's memories need (``job.pins``), check what must hold
+        before staging, and say which files ``stage`` writes anew (``job.replaced``). Runs in
+        the registry's order: a later kind sees the pins of an earlier one."""
+
+    def stage(self, job: PackJob, staging: Path) -> list[str]:
+        """Convert what the kind converts into ``staging`` (the cube's other files are
+        copied there already), recording the labels it established (``job.proven``). Returns
+        the files it converted (``PackResult.converted``)."""
+        return []
+
+    def prove(self, job: PackJob, staging: Path) -> dict[str, dict[str, Any]]:
+        """``pack --recompute``: prove every memory of the kind by recomputing it, rewriting
+        each with the proof; file -> the label established (added to ``job.proven``)."""
+        return {}
+
+    def memories(self, content: list[str]) -> list[str]:
+        """The files of ``content`` (the staged cube's lockable files) holding the kind's
+        memories, listed under :attr:`memory` in ``cubepack.yaml``."""
+        return []
+
+    def entries(self, job: PackJob, staging: Path, digests: dict[str, str],
+                pins: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The kind's lock section (entry name -> entry, as the lock's JSON), from the staged
+        files and their ``digests``; ``pins``: as the lock will hold them. Reads only files
+        this pack hashed; refuses what must not be sealed."""
+        return {}
+
+    def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
+        """The lock is written: set the kind's fields of ``result`` (a ``PackResult``)."""
+
+    # --- verify ----------------------------------------------------------------------------
+
+    def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
+        """BEFORE trust: the kind's files against the lock, headers and structure only, with
+        no model. Only files in ``intact`` (their size and sha256 the lock's) are parsed: a
+        file whose bytes are not the lock's is never read further."""
+
+    def model_note(self, role: str) -> str:
+        """Words added to a model-identity failure of the pin ``role`` when the kind owns it
+        (``" (the base this adapter was packed for)"``); "" otherwise."""
+        return ""
+
+    def check_base(self, report: VerifyReport, lock: Lock, role: str, base: Any) -> None:
+        """The model pinned to ``role`` matched its pin (``base``: its folder, or the loaded
+        model): check it fits the kind's entries pinned to that role."""
+
+    def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
+        """AFTER trust, on a clear cube whose files are intact and pins checked: the proofs
+        ``policy`` asks of the kind (recomputation, provenance, re-embedding); record what
+        backs each memory's label (``report.provenance``)."""
+
+    # --- sign ------------------------------------------------------------------------------
+
+    def established(self, report: VerifyReport) -> frozenset[str]:
+        """The items whose lock labels a passed verification (``report``) proved, which a
+        signer may state as proved."""
+        return frozenset()
+
+    # --- migrate ---------------------------------------------------------------------------
+
+    def rewrites(self, job: MigrateJob) -> set[str]:
+        """Files of the old cube the kind writes anew (or leaves out) in the new one; the
+        rest are copied."""
+        return set()
+
+    def migrate(self, job: MigrateJob) -> None:
+        """Write the kind's memories for the new model or embedder into ``job.staging``,
+        edit ``job.config``, and record ``job.lineage``, ``job.result`` and ``job.proven``."""
+
+    # --- upgrade ---------------------------------------------------------------------------
+
+    def outdated(self, cube: Path, lock: Lock) -> list[str]:
+        """The kind's files ``upgrade`` rewrites (``[]``: the kind needs no upgrade); the
+        current ones are not listed."""
+        return []
+
+    def upgrade(self, path: Path, model: str | Path, revision: str | None) -> bool:
+        """Rewrite the file ``path`` (in a staging folder, or a lone file) in the current
+        format against ``model``; False when it is current already."""
+        return False
+
+    # --- encrypt ---------------------------------------------------------------------------
+
+    def counts(self, lock: Lock) -> dict[str, int]:
+        """What a private cube's public lock counts of the kind (``{section: n}``)."""
+        return {}
+
+    def files(self, lock: Lock) -> set[str]:
+        """The clear files holding the kind's memories (their ciphertexts are listed under
+        :attr:`memory` in a private cube's public config)."""
+        return set()
+
+    # --- load ------------------------------------------------------------------------------
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        """The kind's own load into a live model, called by the public verb :attr:`serves`
+        once the policy is honoured (and a cube verified); its arguments are the kind's.
+
+        Raises:
+            UnsupportedError: the kind serves no load verb.
+        """
+        raise UnsupportedError(f"cubepack loads no {self.name} memory by itself.")
