@@ -206,9 +206,10 @@ SECTIONS: tuple[Section, ...] = (
             lambda value, typed, version: _encryption.parse(value)),
     Section(_preferences.KEY, _preferences.SINCE, False,
             lambda value, lock, version: _preferences.validate(value, lock, len(VECTOR_PROBES)),
-            lambda value: value, lambda value: {_preferences.KEY: value}, _preferences.describe,
+            lambda value: value, _by_key, _preferences.describe,
             None,  # its embedder is a pin (models): stated there
-            lambda value, typed, version: _preferences.parse(value, typed["files"])),
+            lambda value, typed, version: _preferences.parse(value, typed["files"]),
+            MappingProxyType({})),
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
 

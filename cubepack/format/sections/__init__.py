@@ -32,8 +32,8 @@ __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage
 @dataclass(frozen=True, eq=False)
 class Lock:
     """A parsed, validated ``cubepack.lock``: its fields and its sections as frozen values.
-    An optional section the lock does not hold is empty (``adapters``) or None (``lineage``,
-    ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
+    An optional section the lock does not hold is empty (``adapters``, ``preferences``) or
+    None (``lineage``, ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
 
     The lock document (its JSON, key for key) is :meth:`to_dict`'s, for writers and JSON
     outputs; a lock is not read by key outside ``format/`` (``tests/test_owners.py``): a
@@ -51,7 +51,7 @@ class Lock:
     adapters: Mapping[str, Adapter]
     lineage: Lineage | None
     encryption: Encryption | None
-    preferences: Preferences | None
+    preferences: Mapping[str, Preferences]
     document: Mapping[str, Any] = field(repr=False)
 
     @property

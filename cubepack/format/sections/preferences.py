@@ -1,7 +1,7 @@
 """The ``preferences`` section (version 6 on): MemOS's preference memory (``pref_mem``), its
 dense vectors pinned to the embedder that made them.
 
-One entry for the cube's preference memory: the file MemOS's config names for it, the model
+One entry for the cube's preference memory, by the file MemOS's config names for it: the model
 role of its embedder (a pin of the ``models`` section, ``pref_mem.embedder``), each
 collection's item count and their sum, the vectors' dimension, a sample of items by
 ``collection/id`` (what a report names), and, when pack was given the embedder, its vectors
@@ -27,15 +27,15 @@ KEY = "preferences"
 #: The lock version that added the section (a lock holding it is written at this version, so
 #: an older cubepack refuses it by its version instead of half-reading it).
 SINCE = 6
-REQUIRED_KEYS = frozenset({"file", "embedder", "collections", "count", "dimension", "sample"})
+REQUIRED_KEYS = frozenset({"embedder", "collections", "count", "dimension", "sample"})
 OPTIONAL_KEYS = frozenset({"probes"})
 
 
 @dataclass(frozen=True)
 class Preferences:
-    """The cube's preference memory: its file's locator, its embedder's model role, each
-    collection's count, the vectors' dimension, a sample of item names, the probe vectors
-    (None without ``pack --embedder``)."""
+    """A preference memory: its file (the entry's name) and its locator, its embedder's model
+    role, each collection's count, the vectors' dimension, a sample of item names, the probe
+    vectors (None without ``pack --embedder``)."""
 
     file: str
     embedder: str
@@ -53,20 +53,29 @@ class Preferences:
 
 
 def validate(value: Any, lock: Mapping[str, Any], probe_count: int) -> None:
-    """Raise :class:`FormatError` naming what is wrong with a ``preferences`` value of the lock
-    document ``lock`` (``probe_count``: how many probe texts the lock's format defines)."""
+    """Raise :class:`FormatError` naming what is wrong with a ``preferences`` value (file ->
+    entry) of the lock document ``lock`` (``probe_count``: how many probe texts the lock's
+    format defines)."""
+    if not isinstance(value, dict) or not value:
+        raise FormatError("cubepack.lock preferences must be a non-empty object (file -> entry).")
+    if "encryption" in lock:
+        raise FormatError("cubepack.lock preferences cannot sit in a private cube's public lock "
+                          "(its sample names memories): a private cube keeps it in its "
+                          "encrypted manifest.")
+    for name, entry in value.items():
+        _validate_entry(name, entry, lock, probe_count)
+
+
+def _validate_entry(name: str, value: Any, lock: Mapping[str, Any], probe_count: int) -> None:
     def refuse(what: str) -> None:
-        raise FormatError(f"cubepack.lock preferences {what}.")
+        raise FormatError(f"cubepack.lock preferences {name!r} {what}.")
 
     if not isinstance(value, dict) or not REQUIRED_KEYS <= set(value) \
             or not set(value) <= REQUIRED_KEYS | OPTIONAL_KEYS:
         refuse(f"must hold the keys {sorted(REQUIRED_KEYS)} (and optionally "
                f"{sorted(OPTIONAL_KEYS)})")
-    if "encryption" in lock:
-        refuse("cannot sit in a private cube's public lock (its sample names memories): a "
-               "private cube keeps it in its encrypted manifest")
-    if not isinstance(value["file"], str) or value["file"] not in lock.get("files", {}):
-        refuse(f"names the file {value['file']!r}, which the lock's file list does not hold")
+    if name not in lock.get("files", {}):
+        refuse("is not a file the lock's file list holds")
     if not isinstance(value["embedder"], str) or value["embedder"] not in lock.get("models", {}):
         refuse(f"names the embedder role {value['embedder']!r}, which the lock's models do not "
                "pin")
@@ -75,8 +84,8 @@ def validate(value: Any, lock: Mapping[str, Any], probe_count: int) -> None:
             refuse(f"{key} must be a positive integer")
     collections = value["collections"]
     if not (isinstance(collections, dict) and collections
-            and all(isinstance(name, str) and name and type(n) is int and n > 0
-                    for name, n in collections.items())):
+            and all(isinstance(collection, str) and collection and type(n) is int and n > 0
+                    for collection, n in collections.items())):
         refuse("collections must map each collection's name to its positive item count")
     if sum(collections.values()) != value["count"]:
         refuse(f"count {value['count']} is not the sum of its collections' counts "
@@ -84,8 +93,8 @@ def validate(value: Any, lock: Mapping[str, Any], probe_count: int) -> None:
     sample = value["sample"]
     if not (isinstance(sample, list) and sample and len(set(sample)) == len(sample)
             and len(sample) <= value["count"]
-            and all(isinstance(name, str) and name.partition("/")[0] in collections
-                    and name.partition("/")[2] for name in sample)):
+            and all(isinstance(item, str) and item.partition("/")[0] in collections
+                    and item.partition("/")[2] for item in sample)):
         refuse("sample must list distinct collection/id names of its collections")
     probes = value.get("probes")
     if probes is not None and not (
@@ -96,20 +105,23 @@ def validate(value: Any, lock: Mapping[str, Any], probe_count: int) -> None:
                "absent")
 
 
-def describe(_: str, value: Mapping[str, Any]) -> str:
-    """One line naming the section, for diff and reports."""
+def describe(name: str, value: Mapping[str, Any]) -> str:
+    """One line naming an entry, for diff and reports."""
     collections = value.get("collections") or {}
-    return (f"preferences {value.get('file')}: {value.get('count')} items "
+    return (f"preferences {name}: {value.get('count')} items "
             f"({', '.join(f'{name} {n}' for name, n in sorted(collections.items()))}), "
             f"dimension {value.get('dimension')}, embedder {value.get('embedder')}")
 
 
-def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Preferences:
-    """The typed section of a validated ``preferences`` value."""
-    probes = value.get("probes")
-    return Preferences(
-        file=value["file"], embedder=value["embedder"],
-        collections=MappingProxyType(dict(value["collections"])), count=value["count"],
-        dimension=value["dimension"], sample=tuple(value["sample"]),
-        probes=None if probes is None else tuple(tuple(v) for v in probes),
-        locator=files[value["file"]].locator)
+def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Mapping[str, Preferences]:
+    """The typed section of a validated ``preferences`` value: file -> entry."""
+    parsed = {}
+    for name, entry in value.items():
+        probes = entry.get("probes")
+        parsed[name] = Preferences(
+            file=name, embedder=entry["embedder"],
+            collections=MappingProxyType(dict(entry["collections"])), count=entry["count"],
+            dimension=entry["dimension"], sample=tuple(entry["sample"]),
+            probes=None if probes is None else tuple(tuple(v) for v in probes),
+            locator=files[name].locator)
+    return MappingProxyType(parsed)
