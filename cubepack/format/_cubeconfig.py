@@ -9,6 +9,7 @@ identities; ``verify`` checks the two agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -47,6 +48,16 @@ def adapter_view(entry: dict[str, Any] | Adapter) -> dict[str, Any]:
     return {key: entry[key] for key in ADAPTER_VIEW}
 
 
+#: Each lock section ``cubepack.yaml`` states, and how it shows an entry.
+SECTION_VIEWS = {"adapters": adapter_view}
+
+
+def section_view(key: str, entries: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``cubepack.yaml`` states of the section ``key`` (a memory kind's), entry by entry
+    (typed entries or the lock's JSON)."""
+    return {name: SECTION_VIEWS[key](entry) for name, entry in sorted(entries.items())}
+
+
 def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
           memories: dict[str, list[str]],
           adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -57,8 +68,7 @@ def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
         "memories": {kind: paths for kind, paths in sorted(memories.items()) if paths},
     }
     if adapters:  # parametric memory: each adapter's folder, digest, LoRA facts and base role
-        config["adapters"] = {name: adapter_view(entry)
-                              for name, entry in sorted(adapters.items())}
+        config["adapters"] = section_view("adapters", adapters)
     return config
 
 

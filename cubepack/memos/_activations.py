@@ -46,10 +46,10 @@ from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
 from ..kinds.activations._reprefill import provenance as reprefill_provenance
 from ..kinds.activations._reprefill import reprefill
+from ..kinds.activations._verify import NO_TOKEN_IDS
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
 from ..memos_format._records import record_conflicts
-from ..ops._seam import NO_TOKEN_IDS
 from ..trust._evidence import Signed, provenance_evidence, satisfies
 from ..trust._policy import TrustPolicy
 from ._use import (

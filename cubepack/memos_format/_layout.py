@@ -12,10 +12,11 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .._util import constants
-from .._util.canonical import LimitError, walk_containers
+from .._util.canonical import LimitError, loads_strict, walk_containers
 from ..errors import CubepackError
 
 #: Model roles, as the lock and cubepack.yaml name them: ``act_mem``, the activation producer
@@ -348,3 +349,12 @@ def memos_config_problems(config: dict[str, Any], files: list[str]) -> list[tupl
         problems.append((constants.MEMOS_CONFIG, code_settings_message(
             settings, "", "pack the cube again (or ask its publisher to)")))
     return problems
+
+
+def read_config(cube: Path, names: list[str]) -> dict[str, Any]:
+    """MemOS's ``config.json`` of a cube whose files were checked already (``names``: the ones
+    that may be read), as strict JSON; {} when it holds none or it is not an object."""
+    if constants.MEMOS_CONFIG not in names:
+        return {}
+    config = loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
+    return config if isinstance(config, dict) else {}

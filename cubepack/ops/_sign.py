@@ -16,12 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._util.checks import Catalogue
 from .._util.quiet import terminal_bars
 from ..format import _lock as lockfile
+from ..kinds import KINDS
 from ..trust import _generation as generations
 from ..trust._attestation import Proved
-from ..trust._evidence import ASSERTED, PROVED, RECOMPUTED, RECORDED, STRENGTH
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ..trust._signing import check_key, write_signature
@@ -72,29 +71,7 @@ SIGNED_HERE = "signed by cubepack sign on this machine"
 
 
 def proved_by(report: VerifyReport) -> Proved:
-    """What a passed verification established itself, as a signer may state it."""
-    activations = report.lock.activations if report.lock is not None else {}
-    producers = frozenset(check.role for check in report.checks
-                          if check.name == Catalogue.MODEL_IDENTITY and check.ok is True
-                          and check.basis == PROVED and check.role)
-    header_ok = {check.subject for check in report.checks
-                 if check.name == Catalogue.KV_HEADER and check.ok is True}
-    items = set()
-    for item_id, entry in activations.items():
-        label = entry.label or ASSERTED  # a version-1 lock recorded none
-        backing = report.provenance.get(item_id) or {}
-        if backing.get("basis") == PROVED and backing.get("kind") == RECOMPUTED \
-                and backing.get("full") and backing.get("exact"):
-            # Only a cache that IS the signer's prefill, bit for bit: one within the proof's
-            # bound could still steer an answer, and a signature must not carry that as proved
-            # (`pack --recompute` writes the prefill itself, then signs it as recomputed).
-            established = RECOMPUTED
-        elif entry.model_role in producers and f"{entry.file} ({item_id})" in header_ok:
-            established = RECORDED  # its header names the pin this run fingerprinted
-        else:
-            continue
-        # The lock's own label is what gets signed: proved when this run established at least
-        # as much; the packer's word (asserted) is never this run's to prove.
-        if label != ASSERTED and STRENGTH[established] >= STRENGTH[label]:
-            items.add(item_id)
-    return Proved("sign", producers, frozenset(items), lineage=False)
+    """What a passed verification established itself, as a signer may state it: the pins it
+    fingerprinted, and each memory kind's items it proved."""
+    items = frozenset().union(*(kind.established(report) for kind in KINDS))
+    return Proved("sign", report.proved_roles, items, lineage=False)

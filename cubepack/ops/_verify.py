@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
+from .._util import constants
 from .._util.budget import checkpoint
 from .._util.checks import Catalogue
 from .._util.hashing import hash_files
@@ -33,33 +33,18 @@ from ..format import _lock as lockfile
 from ..format._content import file_problem
 from ..format._diff import leaves
 from ..format._fileset import is_tolerated
-from ..format.sections import Lock, Pin, Provenance
+from ..format.sections import Lock, Pin
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
-from ..kv._format import checksum_verdict, read_kv_header
-from ..kv._recompute import describe, load_for_recompute
-from ..kv._recompute import recompute as recompute_cache
-from ..kinds.adapters import _lora as adapters_mod
-from ..kinds.vectors._embedder import embed
-from ..kinds.vectors._vectors import EMBEDDER_ROLE
-from ..memos_format._layout import memos_config_problems
+from ..kinds import KINDS
+from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
 from ..trust._attestation import attestation_check, chain_checks, signed_statements
-from ..trust._evidence import (
-    ASSERTED,
-    CLAIMED,
-    PROVED,
-    RECOMPUTED,
-    SIGNED,
-    backs_a_pin,
-    provenance_evidence,
-    satisfies,
-)
+from ..trust._evidence import CLAIMED, PROVED, SIGNED, backs_a_pin
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
-from ..kinds.vectors._check import embedder_checks
 from ._private import is_private, open_private, recipient_stanzas
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
@@ -135,8 +120,8 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
         report.intact, good = _check_files(report, lock, progress, hashed)
         # A file whose bytes are not the lock's is attacker input: never parsed further.
         checkpoint("the files' hashes")
-        _check_activations(report, lock, good)
-        _check_adapters(report, lock, good)
+        for kind in KINDS:
+            kind.check_bytes(report, lock, good)
         _check_config(report, lock, good)
         checkpoint("the KV headers, adapters and cubepack.yaml")
         reason = "not run: the cube's files failed the checks above"
@@ -190,14 +175,8 @@ def _check_clear(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
     if policy.asks(Catalogue.MODEL_IDENTITY):
         require_checked_models(report)
     checkpoint("the model checks")
-    recomputed = _check_recompute(report, lock, policy) if policy.asks(Catalogue.RECOMPUTE) \
-        else {}
-    _record_provenance(report, lock, recomputed)
-    required = policy.required_provenance()
-    if required is not None:
-        _check_provenance(report, lock, required)
-    if policy.asks(Catalogue.EMBEDDER):
-        _check_embedder(report, lock, policy)
+    for kind in KINDS:
+        kind.check_proofs(report, lock, policy)
     checkpoint("the proofs asked for")
 
 
@@ -379,115 +358,11 @@ def _check_content(report: VerifyReport, names: list[str]) -> bool:
 
 def _memos_config(cube: Path, names: list[str], problems: list[tuple[str, str]]) -> dict[str, Any]:
     """MemOS's config.json when present and valid (already checked as JSON), else {}."""
-    name = constants.MEMOS_CONFIG
-    if name not in names or any(refused == name for refused, _ in problems):
+    if any(refused == constants.MEMOS_CONFIG for refused, _ in problems):
         return {}
-    config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
-    return config if isinstance(config, dict) else {}
+    return read_config(cube, names)
 
 
-def _check_activations(report: VerifyReport, lock: Lock, good: set[str]) -> None:
-    if is_private(lock):
-        for entry in (Catalogue.KV_HEADER, Catalogue.KV_CHECKSUMS):
-            report.add(entry, "*", None, "skipped here: a private cube's KV files are "
-                       "encrypted (with an identity they are checked once decrypted, below)")
-    elif not lock.activations:
-        report.add(Catalogue.KV_HEADER, "*", None, "skipped: the cube holds no activations")
-    for item_id, entry in sorted(lock.activations.items()):
-        path = resolve_inside(report.cube_dir, entry.file)
-        subject = f"{entry.file} ({item_id})"
-        if entry.file not in good:
-            # Missing or not the lock's bytes: reported by the file checks, and never parsed
-            # (a file whose hash failed is whoever changed it's input; load_kv_cache names the
-            # tensor that changed, for a file the user chooses to open anyway).
-            continue
-        checkpoint(f"the KV header of {entry.file}")
-        try:
-            info = read_kv_header(path)
-        except CubepackError as exc:
-            report.add(Catalogue.KV_HEADER, subject, False, str(exc))
-            continue
-        checkpoint(f"the tensor checksums of {entry.file}")
-        ok, detail = checksum_verdict(info)
-        report.add(Catalogue.KV_CHECKSUMS, subject, ok, detail)
-        pinned = lock.models[entry.model_role].identity
-        problems = [(f"producer.{m.field}", m.expected, m.found)
-                    for m in compare(pinned, info.producer)]
-        for key, expected, found in (("token_count", entry.token_count, info.token_count),
-                                     ("kv_dtype", entry.kv_dtype, info.kv_dtype),
-                                     ("num_layers", entry.num_layers, info.num_layers)):
-            if expected != found:
-                problems.append((key, expected, found))
-        for key, expected, found in problems:
-            report.add(Catalogue.KV_HEADER, subject, False,
-                       f"{key} differs from the lock's pinned {entry.model_role} model",
-                       expected, found)
-        if not problems:
-            report.add(Catalogue.KV_HEADER, subject, True,
-                       "producer and shapes agree with the lock")
-
-
-def _check_adapters(report: VerifyReport, lock: Lock, good: set[str]) -> None:
-    """Each adapter's files say what the lock says (type, rank, targets, dtype, the base shape
-    each LoRA module implies), and no adapter folder ships without an entry. Headers and JSON
-    only: no base model is needed (the ``adapter base`` check compares a base)."""
-    entries = lock.adapters
-    try:
-        folders = adapters_mod.adapter_folders(list(lock.files))
-    except CubepackError as exc:
-        report.add(Catalogue.ADAPTER, "*", False, str(exc))
-        return
-    for name in sorted(set(folders) - set(entries)):
-        report.add(Catalogue.ADAPTER, folders[name], False, "an adapter folder the lock does "
-                   "not pin to a base (pack the cube again)", "an adapters entry", "none")
-    for name, entry in sorted(entries.items()):
-        subject = f"{entry.path}/ ({name})"
-        if not all(locator.path in good for locator in entry.locators):
-            continue  # missing or not the lock's bytes: reported by the file checks
-        checkpoint(f"adapter {name}")
-        try:
-            info = adapters_mod.read_adapter(report.cube_dir, name)
-        except CubepackError as exc:
-            report.add(Catalogue.ADAPTER, subject, False, str(exc))
-            continue
-        problems = adapters_mod.entry_mismatches(entry, info)
-        for problem in problems:
-            report.add(Catalogue.ADAPTER, f"{subject} {problem.field}", False,
-                       "the adapter's files differ from the lock", problem.expected,
-                       problem.found)
-        if not problems:
-            report.add(Catalogue.ADAPTER, subject, True,
-                       "config and LoRA tensor shapes agree with the lock: "
-                       + adapters_mod.describe_entry(
-                           entry, lock.models.get(entry.model_role)))
-
-
-def _check_adapter_base(report: VerifyReport, lock: Lock, role: str,
-                        base: Any) -> None:
-    """The base at hand (a folder, or a loaded model) has the weight shapes each LoRA module
-    of the adapter pinned to ``role`` was packed against, read from its own files now."""
-    for name, entry in sorted(lock.adapters.items()):
-        if entry.model_role != role:
-            continue
-        try:
-            shapes = adapters_mod.folder_shapes(Path(base)) if isinstance(base, (str, Path)) \
-                else adapters_mod.model_shapes(base)
-        except CubepackError as exc:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name})", False, str(exc),
-                       role=role)
-            continue
-        bad = [(module, list(fit.shape), list(shapes[module + ".weight"])
-                if module + ".weight" in shapes else "absent")
-               for module, fit in sorted(entry.modules.items())
-               if list(shapes.get(module + ".weight", ())) != list(fit.shape)]
-        for module, expected, found in bad:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name}) module {module}", False,
-                       "the base's weight has another shape than the adapter was packed "
-                       "against", expected, found, role=role)
-        if not bad:
-            report.add(Catalogue.ADAPTER_BASE, f"{entry.path}/ ({name})", True,
-                       f"the base's weights have the shapes of all {len(entry.modules)} "
-                       "adapted modules", role=role)
 
 
 def _check_config(report: VerifyReport, lock: Lock, good: set[str]) -> None:
@@ -507,10 +382,11 @@ def _check_config(report: VerifyReport, lock: Lock, good: set[str]) -> None:
     # Every field cubepack.yaml states, as the one view build writes (format/_cubeconfig).
     expected = {"cube_id": lock.cube_id,
                 "models": {role: cubeconfig.pin_view(pin) for role, pin in lock.models.items()},
-                "adapters": {name: cubeconfig.adapter_view(entry)
-                             for name, entry in lock.adapters.items()}}
+                **{kind.section: cubeconfig.section_view(kind.section, lock.entries(kind.section))
+                   for kind in KINDS if kind.in_config and kind.section}}
     stated = {"cube_id": config.get("cube_id"), "models": config.get("models") or {},
-              "adapters": config.get("adapters") or {}}
+              **{key: config.get(key) or {} for key in expected if key not in ("cube_id",
+                                                                             "models")}}
     agree = True
     for change in leaves(expected, stated):
         agree = report.add(Catalogue.CUBE_CONFIG, change["field"], False,
@@ -595,9 +471,8 @@ def _check_models(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None
         mismatches = compare(pinned, live)
         for mismatch in mismatches:
             report.add(Catalogue.MODEL_IDENTITY, f"{subject} {mismatch.field}", False,
-                       "the model differs from the pin" + (
-                           " (the base this adapter was packed for)"
-                           if adapters_mod.is_adapter_role(role) else ""),
+                       "the model differs from the pin"
+                       + "".join(kind.model_note(role) for kind in KINDS),
                        mismatch.expected, mismatch.found, role=role)
         if not mismatches:
             report.add(Catalogue.MODEL_IDENTITY, subject, True, "the model matches the pin",
@@ -611,8 +486,8 @@ def _check_models(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None
                 report.add(Catalogue.MODEL_IDENTITY, f"{subject} dtype", True,
                            f"not proved: a folder does not say which dtype it runs in; the "
                            f"pin says {pinned.dtype} ({advice})", role=role, basis=CLAIMED)
-        if adapters_mod.is_adapter_role(role):
-            _check_adapter_base(report, lock, role, base)
+        for kind in KINDS:
+            kind.check_base(report, lock, role, base)
 
 
 def _signed_pin_or_skip(report: VerifyReport, role: str, pin: Pin, subject: str,
@@ -644,110 +519,4 @@ def require_checked_models(report: VerifyReport) -> None:
                        role=role, basis=PROVED)
 
 
-def _check_recompute(report: VerifyReport, lock: Lock,
-                     policy: TrustPolicy) -> dict[str, dict[str, Any]]:
-    """Recompute every activation with its producer; return what each full or sampled
-    recomputation covered, for the activations it reproduced. An activation that cannot be
-    recomputed (no token ids) is a refusal: recomputation was asked for."""
-    if not lock.activations:
-        return {}
-    if any(c.name == Catalogue.MODEL_IDENTITY and c.ok is False for c in report.checks):
-        report.add(Catalogue.RECOMPUTE, "*", False, "not run: the model differs from the pin")
-        return {}
-    loaded: dict[str, Any] = {}  # each activation by the pin of its own role, loaded once
-    reproduced = {}
-    plan = policy.recomputation()
-    for item_id, entry in sorted(lock.activations.items()):
-        checkpoint(f"the recomputation of {entry.file}")
-        subject = f"{entry.file} ({item_id})"
-        role = entry.model_role
-        if role not in loaded:
-            pin = lock.models[role]
-            try:
-                loaded[role] = load_for_recompute(policy.model_given(), pin.repo_id,
-                                                  pin.revision, pin.identity.dtype)
-            except CubepackError as exc:
-                loaded[role] = exc
-        live = loaded[role]
-        if isinstance(live, CubepackError):
-            report.add(Catalogue.RECOMPUTE, subject, False, f"cannot load the producer model "
-                       f"({role}): {live}", role=role)
-            continue
-        info = read_kv_header(resolve_inside(report.cube_dir, entry.file))
-        if not info.token_ids:
-            report.add(Catalogue.RECOMPUTE, subject, False, NO_TOKEN_IDS)
-            continue
-        result = recompute_cache(live, info, item_id, sample=plan.sample, seed=plan.seed)
-        report.add(Catalogue.RECOMPUTE, subject, result.ok, describe(result),
-                   found=result.to_dict())
-        if result.ok:
-            # exact: the stored tensors ARE this process's prefill (what `sign` may state as
-            # recomputed: inside the bound, a stored cache can still steer an answer).
-            reproduced[item_id] = {"full": result.full, "positions": result.positions,
-                                   "total": result.total, "seed": result.seed,
-                                   "exact": result.full and result.identical}
-    return reproduced
 
-
-#: Why an activation without token ids is refused under recomputation, and the fix.
-NO_TOKEN_IDS = ("records no token_ids, so it cannot be recomputed, and recomputation was asked "
-                "for; re-pack it with `cubepack pack CUBE --recompute --model MODEL` (for MemOS "
-                "caches the prompt ids are recovered through its chat template), or verify "
-                "without --recompute to accept it unproven")
-
-
-def _record_provenance(report: VerifyReport, lock: Lock,
-                       recomputed: dict[str, dict[str, Any]]) -> None:
-    for item_id, entry in sorted(lock.activations.items()):
-        claimed = entry.provenance or Provenance(ASSERTED,  # lock version 1 had none
-                                                 "a version-1 lock records none")
-        report.provenance[item_id] = provenance_evidence(
-            claimed, recomputed=recomputed.get(item_id), signed=report.signed, item=item_id)
-
-
-def _check_provenance(report: VerifyReport, lock: Lock, required: str) -> None:
-    for item_id, entry in sorted(lock.activations.items()):
-        backing = report.provenance[item_id]
-        ok = satisfies(backing, required)
-        near = (backing["basis"] == PROVED and backing["kind"] == RECOMPUTED
-                and backing["full"] and not backing.get("exact"))
-        # "found recomputed (proved)" against "expected recomputed, proved" read as a pass:
-        # say what fell short (not every position; not the prefill bit for bit).
-        label = f"{backing['kind']} ({backing['basis']}" + \
-            (", partial" if not backing["full"] and backing["kind"] == RECOMPUTED else
-             ", within the dtype's noise, not bit for bit" if near else "") + ")"
-        fix = ("the stored tensors are within the dtype's noise of the model's prefill, not "
-               "that prefill (inside the bound a cache can still steer an answer): write the "
-               + ("prefill into its clear source with `cubepack pack SOURCE --model MODEL "
-                  "--recompute`, "
-                  "then `cubepack encrypt` it again (pack refuses a private cube)"
-                  if report.decrypted else
-                  f"prefill with `cubepack pack {report.cube_dir} --model MODEL --recompute`")
-               + ", or load with recompute=True (a recomputing load uses its own prefill)"
-               if near else
-               f"prove it with `cubepack verify {report.cube_dir} --recompute --model MODEL "
-               f"--require-provenance {required}` (MODEL: the producer; every position), or "
-               "verify a cube whose trusted signer established it (--trusted-key; a signer "
-               "establishes what it proved: pack --sign-key, or cubepack sign --model MODEL "
-               "--recompute)")
-        report.add(Catalogue.PROVENANCE, f"{entry.file} ({item_id})", ok,
-                   f"provenance is {label}: {backing['detail']}" + ("" if ok else
-                   f"; {required} is required, proved now or signed: {fix}"),
-                   f"{required}, proved or signed" if not ok else None,
-                   label if not ok else None, basis=backing["basis"])
-    if not lock.activations:
-        report.add(Catalogue.PROVENANCE, "*", True, "the cube holds no activations", basis=PROVED)
-
-
-def _check_embedder(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
-    asked = policy.reembedding()
-    spec = asked.embedder
-    assert spec is not None  # only called when the policy asks for the embedder check
-    try:
-        config = _memos_config(report.cube_dir, list(lock.files), [])
-        report.extend(embedder_checks(report.cube_dir, config, list(lock.files),
-                                      lock.vectors_record(EMBEDDER_ROLE),
-                                      lambda texts: embed(spec, texts), label=spec,
-                                      seed=asked.seed, size=asked.sample))
-    except CubepackError as exc:
-        report.add(Catalogue.EMBEDDER, "*", False, str(exc), role=EMBEDDER_ROLE)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._util.checks import Catalogue
 from ..format.sections import Lock, Pin
-from ..trust._evidence import Basis, Signed
+from ..trust._evidence import PROVED, Basis, Signed
 
 
 def pin_subject(role: str, pin: Pin) -> str:
@@ -102,6 +102,14 @@ class VerifyReport:
     @property
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.ok is False]
+
+    @property
+    def proved_roles(self) -> frozenset[str]:
+        """The roles whose pinned model this verification fingerprinted itself, and found the
+        pin's (what a signer may state as proved)."""
+        return frozenset(check.role for check in self.checks
+                         if check.name == Catalogue.MODEL_IDENTITY and check.ok is True
+                         and check.basis == PROVED and check.role)
 
     def add(self, name: Catalogue, subject: str, ok: bool | None, detail: str = "",
             expected: Any = None, found: Any = None, role: str | None = None,

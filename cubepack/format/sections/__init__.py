@@ -29,6 +29,10 @@ __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage
            "Locator", "Pin", "Preferences", "Provenance", "VectorsRecord"]
 
 
+#: The sections holding memories' entries, each a memory kind's (``Lock.entries``).
+MEMORY_SECTIONS = ("activations", "adapters")
+
+
 @dataclass(frozen=True, eq=False)
 class Lock:
     """A parsed, validated ``cubepack.lock``: its fields and its sections as frozen values.
@@ -63,6 +67,13 @@ class Lock:
         """The vectors record of the model ``role`` pins (an embedder's), or None."""
         pin = self.models.get(role)
         return None if pin is None else pin.vectors
+
+    def entries(self, key: str) -> Mapping[str, Any]:
+        """The entries of the memory section ``key`` (``activations``, ``adapters``...): what
+        a memory kind names its section by (its ``section``)."""
+        if key not in MEMORY_SECTIONS:
+            raise KeyError(f"{key!r} is not a memory section of the lock")
+        return getattr(self, key)
 
     def holds(self, key: str) -> bool:
         """Does the lock hold the section (or field) ``key``?"""

@@ -1,10 +1,15 @@
-"""The adapters kind's phases."""
+"""The adapters kind's phases: each delegates to the module owning its rule."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._kind import Kind
+from . import _lora, _verify
+
+if TYPE_CHECKING:
+    from ...format.sections import Lock
+    from ...trust._report import VerifyReport
 
 
 class Adapters(Kind):
@@ -15,3 +20,13 @@ class Adapters(Kind):
     memory: ClassVar[str | None] = "parametric"
     in_config: ClassVar[bool] = True
     serves: ClassVar[str | None] = "load_adapter"
+
+    def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
+        _verify.check_files(report, lock, intact)
+
+    def model_note(self, role: str) -> str:
+        return " (the base this adapter was packed for)" if _lora.is_adapter_role(role) else ""
+
+    def check_base(self, report: VerifyReport, lock: Lock, role: str, base: Any) -> None:
+        if _lora.is_adapter_role(role):
+            _verify.check_base(report, lock, role, base)

@@ -1,13 +1,22 @@
-"""The vectors kind's phases."""
+"""The vectors kind's phases: each delegates to the module owning its rule."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .._kind import Kind
+from . import _verify
+
+if TYPE_CHECKING:
+    from ...format.sections import Lock
+    from ...trust._policy import TrustPolicy
+    from ...trust._report import VerifyReport
 
 
 class Vectors(Kind):
     """A text memory's vectors: recorded on the embedder's pin (the ``models`` section)."""
 
     name: ClassVar[str] = "vectors"
+
+    def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
+        _verify.check_proofs(report, lock, policy)
