@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..._util import atomic, canonical, constants
+from ..._util import atomic, constants
 from ..._util.checks import Catalogue
 from ..._util.paths import resolve_inside
 from ...errors import CubepackError, FormatError, IdentityMismatch, IntegrityError, Mismatch
@@ -16,7 +16,7 @@ from ...errors import UsageError
 from ...format.sections import Lock
 from ...format.sections import preferences as _section
 from ...format.sections.locator import Locator
-from ...memos_format._layout import opened_path
+from ...memos_format._layout import opened_path, read_config
 from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
 from .._kind import Kind, MigrateJob, PackJob
@@ -42,17 +42,6 @@ def preference_file(config: dict[str, Any], files: list[str]) -> str | None:
     name = _dump.filename(config)
     opened = opened_path(name) if name is not None else None
     return opened if opened in set(files) else None
-
-
-def _config(cube: Path, files: list[str]) -> dict[str, Any]:
-    """The cube's config.json (strict JSON), or {} for a folder without one."""
-    if constants.MEMOS_CONFIG not in files:
-        return {}
-    try:
-        config = canonical.loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
-    except ValueError as exc:
-        raise FormatError(f"{constants.MEMOS_CONFIG} is not valid JSON: {exc}") from exc
-    return config if isinstance(config, dict) else {}
 
 
 class Preferences(Kind):
@@ -131,9 +120,9 @@ class Preferences(Kind):
         if constants.MEMOS_CONFIG not in intact or lock.private:
             return
         try:
-            name = preference_file(_config(cube, list(lock.files)), sorted(intact))
+            name = preference_file(read_config(cube, sorted(intact)), sorted(intact))
             holds = name is not None and bool(_check.read_items(cube, name))
-        except CubepackError as exc:
+        except (CubepackError, ValueError) as exc:
             report.add(Catalogue.PREFERENCES, "*", False, str(exc))
             return
         if holds and name not in lock.preferences:
