@@ -43,3 +43,13 @@ def named_dump(tmp_path, pref_server):
     memos_or_skip()
     return dump_cube(tmp_path / "cube", pref_server, memory_filename="preference_memory.json",
                      text_mem=naive_text_mem())
+
+
+@pytest.fixture
+def installed():
+    """The hook installed (no pin required) for one test, and removed after it."""
+    import cubepack.memos as hook
+
+    hook.uninstall()
+    yield hook.install(require_pin=False)
+    hook.uninstall()
