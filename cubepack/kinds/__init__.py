@@ -19,7 +19,7 @@ checked before anything is parsed, trust decided before anything is decrypted or
 ``ops``'s. Adding a kind: ``docs/how-to/add-a-memory-kind.md``.
 """
 
-from ._kind import Kind, MigrateJob, PackJob, PackOptions
+from ._kind import Kind, MigrateJob, PackJob, PackOptions, made_pin
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
 from .adapters import KIND as _ADAPTERS
@@ -36,4 +36,4 @@ def serving(verb: str) -> Kind:
 
 
 __all__ = ["KINDS", "Kind", "MigrateJob", "MigrateResult", "PackJob", "PackOptions",
-           "PackResult", "serving"]
+           "PackResult", "made_pin", "serving"]

@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import UnsupportedError, UsageError
 
+from ..format import _lock as lockfile
+
 if TYPE_CHECKING:  # types only: the phases' arguments
-    from ..format.sections import Lock
+    from ..format.sections import Lock, Pin
     from ..trust._policy import TrustPolicy
     from ..trust._report import VerifyReport
 
@@ -138,6 +140,12 @@ class MigrateJob:
     state: dict[str, Any] = field(default_factory=dict)
 
 
+def made_pin(pins: dict[str, dict[str, Any]], role: str) -> Pin | None:
+    """The pin a pack made for ``role`` (``pins``: as it will write them), as the frozen value
+    a reader of its lock would get; None when it made none."""
+    return lockfile.typed_pin(role, pins[role]) if role in pins else None
+
+
 class Kind(Protocol):
     """A memory kind: its name, its lock section, and its phases (the module docstring's
     table). Subclass it (``class Adapters(Kind)``) to inherit the defaults, which do
@@ -181,9 +189,10 @@ class Kind(Protocol):
         each with the proof; file -> the label established (added to ``job.proven``)."""
         return {}
 
-    def memories(self, content: list[str]) -> list[str]:
+    def memories(self, job: PackJob, content: list[str]) -> list[str]:
         """The files of ``content`` (the staged cube's lockable files) holding the kind's
-        memories, listed under :attr:`memory` in ``cubepack.yaml``."""
+        memories, listed under :attr:`memory` in ``cubepack.yaml`` (in place of what
+        MemOS's config.json lists there: ``memos_format``'s ``memory_files`` gives that)."""
         return []
 
     def entries(self, job: PackJob, staging: Path, digests: dict[str, str],

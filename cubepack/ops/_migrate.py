@@ -147,7 +147,7 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
                           revision=revision, embedder=embedder, progress=progress,
                           cube_id=lock.cube_id if config is None else None,
                           sign_key=sign_key, sign_password=sign_password,
-                          _derived={"lineage": section, "provenance": proven})
+                          derived={"lineage": section, "provenance": proven})
             atomic.replace_dir(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

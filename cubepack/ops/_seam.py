@@ -3,14 +3,11 @@ declared seam into its private modules.
 
 The Hub side, the runtimes and the MemOS hook orchestrate verbs too: they ask whether a lock is
 a private cube's and open one in memory, decrypt a KV file, require the pinned models were
-checked, place a memory's files as pack names them. Those helpers are reached here, each a decision: a
-part above that imports any other private module of ``ops`` fails
-``tests/test_architecture.py``, which lists this seam.
+checked. Those helpers are reached here, each a decision: a part above that imports any other
+private module of ``ops`` fails ``tests/test_architecture.py``, which lists this seam.
 """
 
-from ._pack import activation_filename, write_prompts
 from ._private import decrypted_file, is_private, open_private
 from ._verify import require_checked_models
 
-__all__ = ["activation_filename", "decrypted_file",
-           "is_private", "open_private", "require_checked_models", "write_prompts"]
+__all__ = ["decrypted_file", "is_private", "open_private", "require_checked_models"]

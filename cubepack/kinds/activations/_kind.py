@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind
-from . import _verify
+from .._kind import Kind, PackJob
+from . import _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -20,6 +21,25 @@ class Activations(Kind):
     section: ClassVar[str | None] = "activations"
     memory: ClassVar[str | None] = "activation"
     serves: ClassVar[str | None] = "load_kv_cache"
+
+    def pin(self, job: PackJob) -> None:
+        _pack.pin(job)
+
+    def stage(self, job: PackJob, staging: Path) -> list[str]:
+        return _pack.stage(job, staging)
+
+    def prove(self, job: PackJob, staging: Path) -> dict[str, dict[str, Any]]:
+        return _pack.prove(job, staging)
+
+    def memories(self, job: PackJob, content: list[str]) -> list[str]:
+        return _pack.memories(content)
+
+    def entries(self, job: PackJob, staging: Path, digests: dict[str, str],
+                pins: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return _pack.entries(job, staging, digests, pins)
+
+    def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
+        _pack.finish(job, staging, written, result)
 
     def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
         _verify.check_headers(report, lock, intact)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind
-from . import _lora, _verify
+from .._kind import Kind, PackJob, PackOptions
+from . import _lora, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -20,6 +21,22 @@ class Adapters(Kind):
     memory: ClassVar[str | None] = "parametric"
     in_config: ClassVar[bool] = True
     serves: ClassVar[str | None] = "load_adapter"
+
+    def refuse(self, cube: Path, files: list[str], options: PackOptions) -> None:
+        _pack.refuse(cube, files, options)
+
+    def pin(self, job: PackJob) -> None:
+        _pack.pin(job)
+
+    def memories(self, job: PackJob, content: list[str]) -> list[str]:
+        return _pack.memories(job, content)
+
+    def entries(self, job: PackJob, staging: Path, digests: dict[str, str],
+                pins: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return _pack.entries(job, digests)
+
+    def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
+        _pack.finish(written, result)
 
     def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
         _verify.check_files(report, lock, intact)

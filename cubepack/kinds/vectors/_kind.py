@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from .._kind import Kind
-from . import _verify
+from .._kind import Kind, PackJob
+from . import _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -17,6 +17,9 @@ class Vectors(Kind):
     """A text memory's vectors: recorded on the embedder's pin (the ``models`` section)."""
 
     name: ClassVar[str] = "vectors"
+
+    def pin(self, job: PackJob) -> None:
+        _pack.pin(job)
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         _verify.check_proofs(report, lock, policy)
