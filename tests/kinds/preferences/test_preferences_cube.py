@@ -130,7 +130,7 @@ def test_migrate_re_embeds_every_preference_and_diff_names_the_change(default_du
                                                                       pref_server,
                                                                       other_server):
     cubepack.pack(default_dump, embedder=pref_server.spec)
-    result = cubepack.migrate(default_dump, tmp_path / "moved", embedder=other_server.spec)
+    result = cubepack.migrate(default_dump, out=tmp_path / "moved", embedder=other_server.spec)
     moved = tmp_path / "moved"
     assert result.reembedded >= 4 and _lock(moved).lineage.to_dict()["changes"]["reembedded"] >= 4
     cubepack.verify(moved, embedder=other_server.spec, embedder_sample=0)
@@ -168,8 +168,13 @@ def test_a_private_cube_keeps_the_section_in_its_manifest(default_dump, agekey, 
     assert public.private and not public.holds("preferences")
     report = cubepack.verify(default_dump, decrypt_with=agekey[0])
     assert [c.ok for c in _checks(report, "preferences")] == [True]
+    store = tmp_path / "p.db"  # Milvus Lite persists: a private cube's store must be named
+    with pytest.raises(UsageError, match="persists them beyond this process"):
+        hook.init_from_dir(default_dump, memory_types=["pref_mem"], decrypt_with=agekey[0],
+                           default_config=cube_config(store, pref_server))
     cube = hook.init_from_dir(default_dump, memory_types=["pref_mem"], decrypt_with=agekey[0],
-                              default_config=cube_config(tmp_path / "p.db", pref_server))
+                              default_config=cube_config(store, pref_server),
+                              stores=[f"milvus:{store}"])
     assert sum(len(cube.pref_mem.vector_db.get_all(c)) for c in
                ("explicit_preference", "implicit_preference")) == 4
 
