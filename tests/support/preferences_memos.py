@@ -108,6 +108,7 @@ def add_preferences(pref_mem, preferences=PREFERENCES) -> list[str]:
 def dump_cube(folder: Path, server, *, memory_filename: str | None = None,
               text_mem: dict | None = None, preferences=PREFERENCES) -> Path:
     """A cube folder written by ``GeneralMemCube.dump``, its preferences added by MemOS."""
+    memos_or_skip()
     from memos.mem_cube.general import GeneralMemCube
 
     cube = GeneralMemCube(cube_config(folder.parent / f"{folder.name}-milvus.db", server,
