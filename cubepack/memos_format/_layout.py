@@ -358,3 +358,13 @@ def read_config(cube: Path, names: list[str]) -> dict[str, Any]:
         return {}
     config = loads_strict((cube / constants.MEMOS_CONFIG).read_bytes())
     return config if isinstance(config, dict) else {}
+
+
+def rename_model(inner: dict[str, Any] | None, name: str) -> None:
+    """Name ``name`` as the model of a role's settings ``inner`` (``llm_config``'s), under the
+    key MemOS reads there (``model`` where only that is set, else ``model_name_or_path``)."""
+    if inner is None:
+        return
+    key = "model" if "model" in inner and "model_name_or_path" not in inner \
+        else "model_name_or_path"
+    inner[key] = name

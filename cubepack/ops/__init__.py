@@ -9,8 +9,8 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`migrate` (``_migrate``): a new cube for a new model or embedder, its lineage derived;
 - :func:`upgrade` (``_upgrade``): older formats brought to the current one;
 - :func:`diff` (``_diff``): every change between two locks, with what backs each pin;
-- :func:`load_kv_cache` (``_load``): one KV file into a live model, under a policy;
-- :func:`load_adapter` (``_load_adapter``): a cube's LoRA adapter applied to its pinned base;
+- :func:`load_kv_cache`, :func:`load_adapter` (``_load``): one KV file into a live model, a
+  cube's LoRA adapter applied to its pinned base, under a policy (the kind's own load last);
 - :func:`encrypt`, :func:`rekey` (``_encrypt``, ``_private``): private cubes, encrypted to recipients (age),
   opened in memory only;
 - ``_seam``: what the parts above (the Hub side, the runtimes, the hook) use of these modules
@@ -20,8 +20,7 @@ cache, as transformers does) when a model is fingerprinted.
 from ..kinds import MigrateResult, PackResult
 from ._diff import diff
 from ._encrypt import encrypt, rekey
-from ._load import load_kv_cache
-from ._load_adapter import load_adapter
+from ._load import load_adapter, load_kv_cache
 from ._migrate import migrate
 from ._pack import pack
 from ._sign import sign

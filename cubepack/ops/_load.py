@@ -1,18 +1,30 @@
-"""``cubepack.load_kv_cache``: one KV file into a live transformers model under a
-:class:`~cubepack.trust.TrustPolicy`, honoured whole: the fields a lone KV file can satisfy
-(``recompute``, ``recompute_tokens``, ``seed``: proved with the model given) are applied;
-any other (a signature, lineage, pins, provenance: things a cube carries) is a UsageError
-saying to verify the cube first."""
+"""The load verbs: each honours its :class:`~cubepack.trust.TrustPolicy` whole (and verifies
+the cube it loads from, decrypting a private one in memory only once it verified), then ends
+with the load of the memory kind that serves it (``kinds.serving``).
+
+- ``cubepack.load_kv_cache``: one KV file into a live transformers model: the fields a lone
+  KV file can satisfy (``recompute``, ``recompute_tokens``, ``seed``: proved with the model
+  given) are applied; any other (a signature, lineage, pins, provenance: things a cube
+  carries) is a UsageError saying to verify the cube first;
+- ``cubepack.load_adapter``: a cube's LoRA adapter applied to a live model, only if the model
+  is the base the adapter was pinned to: the cube is verified (files, digests, the adapter's
+  config and shapes against the lock) before the kind checks the model and PEFT applies it.
+"""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from .._util.ramdir import ram_folder
+from ..errors import UsageError
 from ..identity._identity import ModelIdentity
-from ..kv._load import load_kv_cache as _load_checked
+from ..kinds import serving
 from ..trust._policy import TrustPolicy
-from ._private import decrypted_memory
+from ._private import decrypted_memory, is_private, open_private
+from ._verify import verify
 
 
 def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy | None = None,
@@ -50,12 +62,63 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     """
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("load_kv_cache")
-    plan = policy.recomputation()
+    kind = serving("load_kv_cache")
     if decrypt_with is not None:
         # In anonymous memory, not a memory file: the tensors view the buffer (no path to
         # map), and errors name the file the caller gave.
-        return _load_checked(path, model, device=device, copy=copy, identity=identity,
-                             recompute=plan.asked, sample=plan.sample, seed=plan.seed,
-                             data=decrypted_memory(path, decrypt_with))
-    return _load_checked(path, model, device=device, copy=copy, identity=identity,
-                         recompute=plan.asked, sample=plan.sample, seed=plan.seed)
+        return kind.load(path, model, policy.recomputation(), device=device, copy=copy,
+                         identity=identity, data=decrypted_memory(path, decrypt_with))
+    return kind.load(path, model, policy.recomputation(), device=device, copy=copy,
+                     identity=identity)
+
+
+def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
+                 policy: TrustPolicy | None = None, *, adapter_name: str = "default",
+                 decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> Any:
+    """Verify the cube, check ``model`` is the adapter's pinned base, then apply the adapter.
+
+    Args:
+        model: a loaded transformers model (the base, as it will run: its dtype counts).
+        cube_dir: a packed cube holding the adapter in ``parametric/<name>/``.
+        name: the adapter's name (may be left out when the cube holds one adapter).
+        policy: what the cube must prove (a :class:`TrustPolicy`, or its fields as
+            ``options``), applied whole by :func:`verify`: trusted keys, a signature, lineage,
+            strict models, recomputation and provenance of its activations...; the check of
+            ``model`` against the adapter's pinned base is this function's own.
+        adapter_name: the name PEFT gives the adapter inside the returned model.
+        decrypt_with: the identity file opening a private cube: the adapter is decrypted in
+            memory (PEFT reads it from a RAM folder, never a disk).
+
+    Returns:
+        ``peft.PeftModel.from_pretrained(model, <the adapter>, is_trainable=False)``.
+
+    Raises:
+        VerificationFailed: the cube is not what was packed (a tampered adapter file...).
+        UsageError: the cube holds no adapter of that name.
+        IdentityMismatch: ``model`` is not the pinned base (the fields named: weights digest,
+            dtype, geometry..., and each LoRA module whose shape differs); peft is not
+            imported.
+
+    Example:
+        ```python
+        model = cubepack.load_adapter(model, "my-cube", "style")
+        print(model.peft_config)
+        ```
+    """
+    given = TrustPolicy.build(policy, **options)
+    given.require_honoured("load_adapter")
+    kind = serving("load_adapter")
+    report = verify(cube_dir, given, decrypt_with=decrypt_with)
+    if is_private(report.lock):
+        if decrypt_with is None:
+            raise UsageError(f"{cube_dir} is a private cube; applying its adapter needs an "
+                             "identity: pass decrypt_with=KEY_FILE.")
+        with open_private(cube_dir, decrypt_with, public_lock=report.lock) as opened, \
+                ram_folder() as private:
+            return kind.load(model, opened.folder, opened.lock, name, adapter_name,
+                             Path(private), str(cube_dir))
+    with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
+        assert report.lock is not None  # verified (verify raised otherwise)
+        return kind.load(model, Path(cube_dir), report.lock, name, adapter_name,
+                         Path(private), str(cube_dir))
+

@@ -16,7 +16,7 @@ import cubepack
 from cubepack._util import constants
 from cubepack.format import _lock as lockfile
 from cubepack.kinds.activations._reprefill import NO_IDS, OTHER_TOKENIZER
-from cubepack.ops import _migrate
+from cubepack.kinds.vectors import _migrate
 from cubepack.testing.embeddings import EmbeddingServer, build_encoder
 
 from helpers import build_cache, reseal_lock, tree_bytes

@@ -57,7 +57,7 @@ def test_bad_out_is_a_usage_error_and_changes_nothing(cube, tmp_path, zoo, capsy
 
 def test_interrupted_migration_leaves_no_staging_and_no_new_parent_folders(
         cube, tmp_path, zoo, monkeypatch):
-    from cubepack.ops import _migrate
+    from cubepack.kinds.activations import _migrate
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -97,7 +97,7 @@ def test_reembed_refuses_batches_that_do_not_answer_their_own_texts(tmp_path, mo
     """An embedder answering one batch with one vector too many and the next with one too few
     gives as many vectors as texts, every one beside the wrong memory."""
     from cubepack.kinds.vectors._embedder import BATCH
-    from cubepack.ops import _migrate
+    from cubepack.kinds.vectors import _migrate
 
     old, staging = tmp_path / "old", tmp_path / "staging"
     old.mkdir(), staging.mkdir()
@@ -123,7 +123,7 @@ def test_reembed_refuses_batches_that_do_not_answer_their_own_texts(tmp_path, mo
     [[1.0, 0.0], 7],                       # a vector that is not a list
 ])
 def test_reembed_refuses_malformed_vectors_with_a_format_error(tmp_path, monkeypatch, answer):
-    from cubepack.ops import _migrate
+    from cubepack.kinds.vectors import _migrate
 
     old, staging = tmp_path / "old", tmp_path / "staging"
     old.mkdir(), staging.mkdir()

@@ -88,7 +88,7 @@ def test_the_attack_benchmark_counts_what_the_product_decides(monkeypatch, capsy
 
     from cubepack.kv import _load
     from cubepack.kv._torch import mapped_layers
-    from cubepack.ops import _verify
+    from cubepack.kinds.activations import _verify
     from cubepack.testing import tiny
 
     bench = Path(__file__).resolve().parents[2] / "bench"

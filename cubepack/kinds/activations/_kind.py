@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind, PackJob
-from . import _pack, _verify
+from ...kv._load import load_kv_cache
+from .._kind import Kind, MigrateJob, PackJob
+from . import _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
-    from ...trust._policy import TrustPolicy
+    from ...trust._policy import Recomputation, TrustPolicy
     from ...trust._report import VerifyReport
 
 
@@ -49,3 +50,17 @@ class Activations(Kind):
 
     def established(self, report: VerifyReport) -> frozenset[str]:
         return _verify.established(report)
+
+    def rewrites(self, job: MigrateJob) -> set[str]:
+        return _migrate.rewrites(job)
+
+    def migrate(self, job: MigrateJob) -> None:
+        _migrate.migrate(job)
+
+    def load(self, path: Any, model: Any, plan: Recomputation, *, device: Any = None,
+             copy: bool = False, identity: Any = None, data: Any = None) -> Any:
+        """One KV file into a ``DynamicCache`` for ``model``, refusing any other producer, and
+        proved with ``model`` when ``plan`` asks (:func:`cubepack.kv._load.load_kv_cache`);
+        ``data``: the file's bytes, decrypted in memory."""
+        return load_kv_cache(path, model, device=device, copy=copy, identity=identity,
+                             recompute=plan.asked, sample=plan.sample, seed=plan.seed, data=data)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind, PackJob, PackOptions
-from . import _lora, _pack, _verify
+from .._kind import Kind, MigrateJob, PackJob, PackOptions
+from . import _load, _lora, _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -47,3 +47,15 @@ class Adapters(Kind):
     def check_base(self, report: VerifyReport, lock: Lock, role: str, base: Any) -> None:
         if _lora.is_adapter_role(role):
             _verify.check_base(report, lock, role, base)
+
+    def rewrites(self, job: MigrateJob) -> set[str]:
+        return _migrate.rewrites(job)
+
+    def migrate(self, job: MigrateJob) -> None:
+        _migrate.migrate(job)
+
+    def load(self, model: Any, cube: Path, lock: Lock, name: str | None, adapter_name: str,
+             private: Path, where: str) -> Any:
+        """Check ``model`` against the adapter's base pin, then let PEFT apply the adapter
+        from a private copy (in ``private``) of the bytes just verified against ``lock``."""
+        return _load.apply(model, cube, lock, name, adapter_name, private, where)

@@ -9,7 +9,7 @@ base's weight shapes, read from its safetensors headers (no torch): ``lora_A`` i
 ``(r, in_features)`` and ``lora_B`` ``(out_features, r)`` for a target weight ``(out, in)``.
 
 Everything here reads JSON and safetensors headers only: deciding whether an adapter fits a
-base never imports torch or peft (:mod:`._load_adapter` applies one).
+base never imports torch or peft (:mod:`._load` applies one).
 """
 
 from __future__ import annotations

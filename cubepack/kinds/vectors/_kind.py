@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from .._kind import Kind, PackJob
-from . import _pack, _verify
+from .._kind import Kind, MigrateJob, PackJob
+from . import _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -23,3 +23,9 @@ class Vectors(Kind):
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         _verify.check_proofs(report, lock, policy)
+
+    def rewrites(self, job: MigrateJob) -> set[str]:
+        return _migrate.rewrites(job)
+
+    def migrate(self, job: MigrateJob) -> None:
+        _migrate.migrate(job)

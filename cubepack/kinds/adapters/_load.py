@@ -1,8 +1,8 @@
-"""``cubepack.load_adapter``: apply a cube's LoRA adapter to a live model, only if the model is
-the base the adapter was pinned to.
+"""The adapters kind's load (``cubepack.load_adapter``'s last step, once the cube is
+verified): apply a cube's LoRA adapter to a live model, only if the model is the base the
+adapter was pinned to.
 
-Order matters: the cube is verified (files, digests, the adapter's config and shapes against
-the lock), then the live model is fingerprinted and compared with the adapter's base pin, and
+Order matters: the live model is fingerprinted and compared with the adapter's base pin, and
 its parameter shapes with the adapter's, and only then is peft imported. PEFT reads a private
 copy of the bytes this process just hashed against the lock, so a file changed after the check
 is never the one applied.
@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
-from .._util.paths import resolve_inside
-from .._util.quiet import quiet_libraries
-from .._util.ramdir import ram_folder
-from .._util.safetensors_header import read_header
-from ..errors import (
+from ..._util import constants
+from ..._util.paths import resolve_inside
+from ..._util.quiet import quiet_libraries
+from ..._util.safetensors_header import read_header
+from ...errors import (
     CubepackError,
     IdentityMismatch,
     IntegrityError,
@@ -30,65 +27,12 @@ from ..errors import (
     UnsupportedError,
     UsageError,
 )
-from ..format.sections import Adapter, Lock
-from ..identity._fingerprint import fingerprint
-from ..kinds.adapters import _lora as adapters_mod
-from ..trust._policy import TrustPolicy
-from ._private import is_private, open_private
-from ._verify import verify
+from ...format.sections import Adapter, Lock
+from ...identity._fingerprint import fingerprint
+from . import _lora as adapters_mod
 
 
-def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
-                 policy: TrustPolicy | None = None, *, adapter_name: str = "default",
-                 decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> Any:
-    """Verify the cube, check ``model`` is the adapter's pinned base, then apply the adapter.
-
-    Args:
-        model: a loaded transformers model (the base, as it will run: its dtype counts).
-        cube_dir: a packed cube holding the adapter in ``parametric/<name>/``.
-        name: the adapter's name (may be left out when the cube holds one adapter).
-        policy: what the cube must prove (a :class:`TrustPolicy`, or its fields as
-            ``options``), applied whole by :func:`verify`: trusted keys, a signature, lineage,
-            strict models, recomputation and provenance of its activations...; the check of
-            ``model`` against the adapter's pinned base is this function's own.
-        adapter_name: the name PEFT gives the adapter inside the returned model.
-        decrypt_with: the identity file opening a private cube: the adapter is decrypted in
-            memory (PEFT reads it from a RAM folder, never a disk).
-
-    Returns:
-        ``peft.PeftModel.from_pretrained(model, <the adapter>, is_trainable=False)``.
-
-    Raises:
-        VerificationFailed: the cube is not what was packed (a tampered adapter file...).
-        UsageError: the cube holds no adapter of that name.
-        IdentityMismatch: ``model`` is not the pinned base (the fields named: weights digest,
-            dtype, geometry..., and each LoRA module whose shape differs); peft is not
-            imported.
-
-    Example:
-        ```python
-        model = cubepack.load_adapter(model, "my-cube", "style")
-        print(model.peft_config)
-        ```
-    """
-    given = TrustPolicy.build(policy, **options)
-    given.require_honoured("load_adapter")
-    report = verify(cube_dir, given, decrypt_with=decrypt_with)
-    if is_private(report.lock):
-        if decrypt_with is None:
-            raise UsageError(f"{cube_dir} is a private cube; applying its adapter needs an "
-                             "identity: pass decrypt_with=KEY_FILE.")
-        with open_private(cube_dir, decrypt_with, public_lock=report.lock) as opened, \
-                ram_folder() as private:
-            return _apply(model, opened.folder, opened.lock, name, adapter_name, Path(private),
-                          str(cube_dir))
-    with tempfile.TemporaryDirectory(prefix="cubepack-adapter-") as private:
-        assert report.lock is not None  # verified (verify raised otherwise)
-        return _apply(model, Path(cube_dir), report.lock, name, adapter_name,
-                      Path(private), str(cube_dir))
-
-
-def _apply(model: Any, cube_dir: Path, lock: Lock, name: str | None,
+def apply(model: Any, cube_dir: Path, lock: Lock, name: str | None,
            adapter_name: str, private: Path, where: str) -> Any:
     """Check ``model`` against the adapter's base pin, then let PEFT apply the adapter from a
     private copy (in ``private``) of the bytes just checked against ``lock``."""
