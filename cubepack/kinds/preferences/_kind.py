@@ -21,6 +21,7 @@ from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
 from .._kind import Kind, MigrateJob, PackJob
 from ..vectors._embedder import BATCH, embed, probe_vectors
+from ..vectors._migrate import rename_embedder
 from . import _check, _dump
 
 #: What pack pins for the embedder when config.json names none (an informational pin).
@@ -179,8 +180,12 @@ class Preferences(Kind):
             atomic.write_text(resolve_inside(job.staging, name),
                               json.dumps(document, ensure_ascii=False, indent=4) + "\n")
             done += len(fresh)
+        if job.config is not None:
+            rename_embedder(job.config, spec, _dump.EMBEDDER_ROLE)
         job.state[self.name] = done
+        # Added to what the vectors kind (before this one in KINDS) re-embedded.
         job.lineage["reembedded"] = job.lineage.get("reembedded", 0) + done
+        job.result["reembedded"] = job.result.get("reembedded", 0) + done
 
     # --- encrypt ---------------------------------------------------------------------------
 

@@ -52,8 +52,8 @@ def test_memos_own_load_of_its_dump_loads_nothing_and_says_nothing(default_dump,
 
 
 def test_the_vector_embeds_the_items_memory_text(default_dump, pref_server):
-    from cubepack.memory._embedder import embed
-    from cubepack.memory._vectors import cosine
+    from cubepack.kinds.vectors._embedder import embed
+    from cubepack.kinds.vectors._vectors import cosine
 
     found = _dump.items(read_dump(default_dump), "textual_memory.json")
     fresh = embed(pref_server.spec, [item.memory for item in found])
