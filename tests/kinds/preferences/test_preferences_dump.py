@@ -155,3 +155,13 @@ def test_memos_overwrites_the_text_memory_when_both_keep_their_default(tmp_path,
     config = json.loads((folder / "config.json").read_text())
     assert _dump.filename_collision(config, opened_path) is not None
     assert set(read_dump(folder)) == set(_dump.COLLECTIONS)  # the preferences, not a list
+
+
+def test_a_collection_named_twice_is_refused(tmp_path):
+    """A dump naming one collection twice is ambiguous (JSON readers keep one or the other):
+    refused, never read as whichever came last."""
+    first, second = json.dumps([_item()]), json.dumps([_item(), _item()])
+    path = tmp_path / "p.json"
+    path.write_text(f'{{"explicit_preference": {first}, "explicit_preference": {second}}}')
+    with pytest.raises(FormatError, match="explicit_preference"):
+        _dump.read(path)
