@@ -71,10 +71,12 @@ def read(path: Path) -> dict[str, Any]:
     :func:`items`.
 
     Raises:
-        FormatError: not strict JSON, or not a preference memory's dump.
+        FormatError: not strict JSON (a key named twice included), or not a preference
+            memory's dump.
     """
-    try:
-        data = canonical.loads_strict(path.read_bytes())
+    try:  # a key named twice is ambiguous (readers keep one or the other): refused
+        data = canonical.loads_strict(path.read_bytes(),
+                                      object_pairs_hook=canonical.unique_pairs)
     except ValueError as exc:
         raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
     items(data, path.name)
