@@ -243,3 +243,26 @@ def test_the_hook_refuses_a_store_that_does_not_hold_every_item(default_dump, tm
     with pytest.raises(cubepack.IntegrityError, match="holds 2 of the 4 preferences"):
         hook.init_from_dir(default_dump, default_config=cube_config(tmp_path / "s.db",
                                                                     pref_server))
+
+
+def test_the_hooks_load_reads_only_the_bytes_the_lock_records(default_dump, tmp_path,
+                                                              pref_server):
+    """The file is read once and checked against its locator before it is parsed: a file
+    changed after verify (here, between the lock being read and the load) is refused, never
+    loaded."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    from cubepack.kinds.preferences import load_preferences
+    from cubepack.memos._activations import HookReport
+    from cubepack.trust import TrustPolicy
+
+    cubepack.pack(default_dump)
+    lock = _lock(default_dump)
+    data = read_dump(default_dump)
+    data["explicit_preference"][0]["payload"]["preference"] = "no tea, ever"  # vectors intact
+    (default_dump / FILE).write_text(json.dumps(data))
+    cube = GeneralMemCube(cube_config(tmp_path / "t.db", pref_server))
+    with pytest.raises(cubepack.CubepackError, match="hashes to"):
+        load_preferences(cube.pref_mem, default_dump, lock, HookReport(cube_dir=default_dump),
+                         TrustPolicy())
+    assert _held(cube.pref_mem) == []
