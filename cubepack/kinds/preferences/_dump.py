@@ -67,20 +67,24 @@ class Item:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The dump at ``path`` as strict JSON (``{collection: [item]}``), its shape checked by
-    :func:`items`.
+    """The dump at ``path`` (see :func:`parse`)."""
+    return parse(path.read_bytes(), path.name)
+
+
+def parse(data: bytes, name: str) -> dict[str, Any]:
+    """The dump ``data`` (the file ``name``) as strict JSON (``{collection: [item]}``), its
+    shape checked by :func:`items`.
 
     Raises:
         FormatError: not strict JSON (a key named twice included), or not a preference
             memory's dump.
     """
     try:  # a key named twice is ambiguous (readers keep one or the other): refused
-        data = canonical.loads_strict(path.read_bytes(),
-                                      object_pairs_hook=canonical.unique_pairs)
+        parsed = canonical.loads_strict(data, object_pairs_hook=canonical.unique_pairs)
     except ValueError as exc:
-        raise FormatError(f"{path.name} is not valid JSON: {exc}") from exc
-    items(data, path.name)
-    return data
+        raise FormatError(f"{name} is not valid JSON: {exc}") from exc
+    items(parsed, name)
+    return parsed
 
 
 def items(data: Any, name: str) -> list[Item]:

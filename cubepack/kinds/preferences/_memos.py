@@ -1,6 +1,6 @@
 """The MemOS hook's load of a verified cube's preference memory into a live
-``PreferenceTextMemory``: the items read strictly from the file the lock records, counted
-against the lock, their vectors re-embedded by the embedder MemOS built (the policy decides
+``PreferenceTextMemory``: the items read once from the file the lock records, checked against
+its locator (length and sha256) before they are parsed, strictly, and counted against the lock, their vectors re-embedded by the embedder MemOS built (the policy decides
 what a mismatch does), then added to the memory's store collection by collection and counted
 there again. MemOS's own ``load`` is never called: it validates each item as a ``VecDBItem``,
 which refuses the ``memory`` and ``original_text`` its own dump writes, logs the error and
@@ -47,7 +47,12 @@ def load_preferences(memory: Any, cube_dir: Path, lock: Lock, report: Any,
                          f"are in {', '.join(sorted(lock.preferences))}; set its "
                          "memory_filename to that file.")
     entry = lock.preferences[named]
-    data = _dump.read(cube_dir / named)
+    # Read once and checked against the lock's locator before it is parsed: the file verify
+    # hashed may have changed since, and only the bytes the lock records are loaded.
+    path = cube_dir / named
+    if path.is_symlink() or not path.is_file():
+        raise IntegrityError(f"The preference memory {named} is not a regular file in the cube.")
+    data = _dump.parse(entry.locator.check(path.read_bytes()), named)
     found = _dump.items(data, named)
     _check.require_agreement(found, entry)
     role = entry.embedder
