@@ -266,3 +266,16 @@ def test_the_hooks_load_reads_only_the_bytes_the_lock_records(default_dump, tmp_
         load_preferences(cube.pref_mem, default_dump, lock, HookReport(cube_dir=default_dump),
                          TrustPolicy())
     assert _held(cube.pref_mem) == []
+
+
+def test_the_store_computes_the_sparse_vectors_the_cube_does_not_carry(default_dump):
+    """Sparse (BM25) vectors are no part of a cube: MemOS's Milvus store computes them from each
+    item's memory text as the hook adds the items, so a text search finds them."""
+    import cubepack.memos as hook
+
+    cubepack.pack(default_dump)
+    cube = hook.init_from_dir(default_dump)
+    hits = cube.pref_mem.vector_db.search(query_vector=[0.0] * 32, query="green tea morning",
+                                          collection_name="explicit_preference", top_k=1,
+                                          search_type="sparse")
+    assert [hit.memory for hit in hits] == [PREFERENCES[0][1]]

@@ -165,3 +165,24 @@ def test_a_collection_named_twice_is_refused(tmp_path):
     path.write_text(f'{{"explicit_preference": {first}, "explicit_preference": {second}}}')
     with pytest.raises(FormatError, match="explicit_preference"):
         _dump.read(path)
+
+
+def test_memos_preference_memory_cannot_dump_from_qdrant(tmp_path, pref_server):
+    """Why the test cubes use Milvus Lite: MemOS's preference memory hands its store the list
+    of collections its config names, which MemOS's Qdrant store (one collection, a string)
+    cannot serve; its dump fails."""
+    pytest.importorskip("qdrant_client")
+    from memos.configs.memory import MemoryConfigFactory
+    from memos.memories.factory import MemoryFactory
+
+    from preferences_memos import memos_or_skip, pref_mem_config
+
+    memos_or_skip()
+    config = pref_mem_config(tmp_path / "unused.db", pref_server)
+    config["vector_db"] = {"backend": "qdrant", "config": {
+        "collection_name": "explicit_preference", "vector_dimension": 32,
+        "distance_metric": "cosine", "path": str(tmp_path / "qdrant")}}
+    memory = MemoryFactory.from_config(MemoryConfigFactory.model_validate(
+        {"backend": "pref_text", "config": config}))
+    with pytest.raises(Exception):  # noqa: B017 - whatever MemOS raises: it does not dump
+        memory.dump(str(tmp_path / "out"))
