@@ -121,9 +121,13 @@ class Preferences(Kind):
         if constants.MEMOS_CONFIG not in intact or lock.private:
             return
         try:
-            name = preference_file(read_config(cube, sorted(intact)), sorted(intact))
+            config = read_config(cube, sorted(intact))
+        except ValueError:
+            return  # not strict JSON: the content check reports it
+        try:
+            name = preference_file(config, sorted(intact))
             holds = name is not None and bool(_check.read_items(cube, name))
-        except (CubepackError, ValueError) as exc:
+        except CubepackError as exc:
             report.add(Catalogue.PREFERENCES, "*", False, str(exc))
             return
         if holds and name not in lock.preferences:
