@@ -32,6 +32,7 @@ from typing import Any
 
 from ..._util import canonical
 from ...errors import FormatError
+from ...memos_format._layout import DEFAULT_FILENAMES
 
 #: The memory key of MemOS's cube config, and its model role for the embedder (as
 #: ``memos_format._layout.roles`` names it).
@@ -40,7 +41,7 @@ EMBEDDER_ROLE = "pref_mem.embedder"
 #: The collections MemOS's own preference memory configuration names.
 COLLECTIONS = ("explicit_preference", "implicit_preference")
 #: MemOS 2.0.x's default ``memory_filename`` of a preference memory: the text memory's.
-DEFAULT_FILENAME = "textual_memory.json"
+DEFAULT_FILENAME = DEFAULT_FILENAMES[MEMORY_KEY]
 #: The name a cube should give its preference memory (what the collision's fix sets).
 SUGGESTED_FILENAME = "preference_memory.json"
 #: An item's keys as MemOS's ``MilvusVecDBItem.to_dict()`` writes them: each required but
@@ -231,7 +232,7 @@ def filename_collision(config: Mapping[str, Any], opened: Any) -> str | None:
     if pref is None or text_inner is None:
         return None
     text = text_inner.get("memory_filename")
-    text = text if isinstance(text, str) and text else DEFAULT_FILENAME
+    text = text if isinstance(text, str) and text else DEFAULT_FILENAMES["text_mem"]
     if opened(pref) is None or opened(pref) != opened(text):
         return None
     return (f"config.json gives the preference memory (pref_mem) and the text memory (text_mem) "
