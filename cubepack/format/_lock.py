@@ -17,6 +17,10 @@ Version 5 adds ``encryption`` (a private cube, issue #32): the lock of a cube wh
 age ciphertexts. Only a private cube's lock is version 5 (a lock is written at the lowest
 version that holds its sections), so a clear cube stays readable by older cubepacks and a
 private one is refused by them by its version, never half-read.
+
+Version 6 adds ``preferences`` (MemOS's preference memory, issue #39: its file, its embedder's
+role, counts, dimension, a sample, probe vectors; see ``sections/preferences.py``), written
+only by a cube that holds one, for the same reason.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .sections import encryption as _encryption
 from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
+from .sections import preferences as _preferences
 from .sections.adapters import BASE_CLAIM
 from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
@@ -103,7 +108,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: The lock's own fields (not sections): every lock holds each.
 FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")
 #: The versions this cubepack reads; keys are closed (nothing unknown, anywhere) from 4 on.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 CLOSED_SINCE = 4
 
 
@@ -199,6 +204,12 @@ SECTIONS: tuple[Section, ...] = (
                                  f"{value['generation']}" if "generation" in value else "")),
             None,  # the ciphertexts' digests are the lock's files: stated there
             lambda value, typed, version: _encryption.parse(value)),
+    Section(_preferences.KEY, _preferences.SINCE, False,
+            lambda value, lock, version: _preferences.validate(value, lock, len(VECTOR_PROBES)),
+            lambda value: value, _by_key, _preferences.describe,
+            None,  # its embedder is a pin (models): stated there
+            lambda value, typed, version: _preferences.parse(value, typed["files"]),
+            MappingProxyType({})),
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
 

@@ -5,8 +5,8 @@ reader outside ``format/`` reads these values, never the lock's JSON by key.
 
 - ``locator``: where a memory's bytes are (:class:`Locator`), and the indexes a section may
   keep outside the lock, each fetched on its own (:class:`Index`);
-- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``: each
-  section's entries.
+- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``,
+  ``preferences``: each section's entries.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from .files import FileEntry
 from .lineage import Lineage
 from .locator import Index, Locator
 from .models import Pin, VectorsRecord
+from .preferences import Preferences
 
 __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage", "Lock",
-           "Locator", "Pin", "Provenance", "VectorsRecord"]
+           "Locator", "Pin", "Preferences", "Provenance", "VectorsRecord"]
 
 
 #: The sections holding memories' entries, each a memory kind's (``Lock.entries``).
@@ -35,8 +36,8 @@ MEMORY_SECTIONS = ("activations", "adapters")
 @dataclass(frozen=True, eq=False)
 class Lock:
     """A parsed, validated ``cubepack.lock``: its fields and its sections as frozen values.
-    An optional section the lock does not hold is empty (``adapters``) or None (``lineage``,
-    ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
+    An optional section the lock does not hold is empty (``adapters``, ``preferences``) or
+    None (``lineage``, ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
 
     The lock document (its JSON, key for key) is :meth:`to_dict`'s, for writers and JSON
     outputs; a lock is not read by key outside ``format/`` (``tests/test_owners.py``): a
@@ -54,6 +55,7 @@ class Lock:
     adapters: Mapping[str, Adapter]
     lineage: Lineage | None
     encryption: Encryption | None
+    preferences: Mapping[str, Preferences]
     document: Mapping[str, Any] = field(repr=False)
 
     @property
