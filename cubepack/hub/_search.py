@@ -30,6 +30,8 @@ from ..format.sections import Lock, Pin
 from ..identity._fingerprint import fingerprint
 from ..identity._hub import hub_identity, hub_weight_hashes
 from ..identity._identity import ModelIdentity, compare
+from ..trust._keys import check_key
+from ..trust._policy import key_paths
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
@@ -192,7 +194,8 @@ class _Model:
 
 
 def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIMIT,
-           trusted_keys: list[str | os.PathLike[str]] | tuple = (), every_cube: bool = False,
+           trusted_keys: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple = (),
+           every_cube: bool = False,
            endpoint: str | None = None, token: str | bool | None = None,
            offline: bool | None = None, timeout: float | None = None) -> SearchResult:
     """The cubes on the endpoint whose pins match ``model``.
@@ -209,7 +212,8 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
     (``truncated`` says more were listed).
 
     Raises:
-        UsageError: ``model`` is none of the three, a bad limit or repo type.
+        UsageError: ``model`` is none of the three, a bad limit or repo type, a trusted key
+            that is missing or no public key cube signing takes (before any request).
         HubError: offline (``HF_HUB_OFFLINE``), the endpoint unreachable or refusing the list,
             the Hub model unknown, the deadline passed.
 
@@ -229,6 +233,11 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
         raise UsageError(f"repo_type {repo_type!r}: dataset, model, or None for both.")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise UsageError(f"limit {limit!r}: read at least one candidate (a positive integer).")
+    # The user's keys are checked as verify reads them, before any request: a bad key is the
+    # user's to fix, never a property of each signed cube it fails on.
+    keys = key_paths(trusted_keys)
+    for key in keys:
+        check_key(key, private=False)
     if offline_requested(offline):
         raise HubError("search asks the endpoint which repos it holds, which the HF cache "
                        "cannot answer offline (HF_HUB_OFFLINE is set): unset HF_HUB_OFFLINE "
@@ -256,7 +265,7 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
     result.listed = len(listed)
     result.truncated = len(listed) > limit
     for kind, info in listed[:limit]:
-        candidate = _read(client, subject, kind, info, list(trusted_keys))
+        candidate = _read(client, subject, kind, info, list(keys))
         (result.matches if candidate.match else result.others).append(candidate)
     return result
 
