@@ -41,9 +41,14 @@ TOKEN = "writer-token"
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     from huggingface_hub import constants as hub_constants
+    from huggingface_hub import file_download
 
     with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
         monkeypatch.setattr(hub_constants, "ENDPOINT", server.url)
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
+        for module in (hub_constants, file_download):
+            if hasattr(module, "HUGGINGFACE_CO_URL_TEMPLATE"):
+                monkeypatch.setattr(module, "HUGGINGFACE_CO_URL_TEMPLATE", template)
         monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -88,5 +93,7 @@ def test_the_cli_says_it_in_json_with_exit_2(hub, signed, tmp_path, capsys):
 def test_one_key_path_is_taken_as_verify_takes_it(hub, signed):
     _, public, digest = signed
     for keys in (public, str(public), (public,)):
-        [match] = search(digest, repo_type="dataset", trusted_keys=keys).matches
+        result = search(digest, repo_type="dataset", trusted_keys=keys)
+        assert result.matches, (keys, [(c.repo_id, c.reason) for c in result.others])
+        [match] = result.matches
         assert match.signed_by == str(public)
