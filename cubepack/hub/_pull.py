@@ -85,10 +85,11 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
     does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
     only when everything passed: a failed or interrupted pull leaves it as it was.
 
-    ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
-    repo in which no file was changed or added since (its origin record lists each file it
-    placed); anything else is refused before any download, and again before placing, naming
-    the files that would be lost, unless ``force``. Even with ``force``, a folder that holds
+    ``local_dir`` (default ``./<repo name>``; a link to a folder: the folder it names, the link
+    left as it is) must be absent, empty, or an earlier pull of this repo in which no file was
+    changed or added since (its origin record lists each file it placed); anything else is
+    refused before any download, and again before placing, naming the files that would be
+    lost, unless ``force``. Even with ``force``, a folder that holds
     the current directory or the home folder, or that is, holds or sits inside the HF cache or
     ``$CUBEPACK_CACHE``, is never replaced.
 
@@ -126,7 +127,11 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
                          f"({', '.join(sorted(policy.asked()))}); drop one or the other.")
     offline = offline_requested(offline)
     seconds = constants.hub_timeout(timeout)
-    target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    given = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    # A link to a folder is the folder it names: staged beside that one (on its file system)
+    # and swapped there, the link left naming it. Swapping the link itself would put the cube
+    # on the link's disk and leave the link beside it, named as a staging folder.
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
     check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
                        outcome=f"Nothing was placed: {target} is as it was.",
@@ -196,7 +201,7 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return PullResult(repo_id=repo_id, repo_type=repo_type, revision=wanted, commit_sha=sha,
-                      local_dir=target, report=report)
+                      local_dir=given, report=report)
 
 
 def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
