@@ -590,13 +590,13 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
         raise
     except Exception:  # noqa: BLE001 - a cache miss: the folder may still hold the commit
         cached = []
+    fixes = (f"pull it online into {target} once (an offline pull into that folder is then "
+             f"served from it), or put it in the HF cache with `hf download {repo_id} "
+             f"--repo-type {repo_type} --revision {sha}`.")
     if not in_folder and not cached:
         raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is neither "
                        f"at {target} (an earlier pull of that commit) nor in the HF cache "
-                       f"({snapshot.parent.parent}): pull it online into {target} once (an "
-                       "offline pull into that folder is then served from it), or put it in "
-                       f"the HF cache with `hf download {repo_id} --repo-type {repo_type} "
-                       f"--revision {sha}`.")
+                       f"({snapshot.parent.parent}): {fixes}")
     reused: dict[str, list[str]] = {}
 
     def place(name: str) -> tuple[str, str | None]:
@@ -615,7 +615,28 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
     with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
         placed = dict(pool.map(place, names))
     hashed = {name: digest for name, digest in placed.items() if digest is not None}
+    _require_whole(staging, hashed, f"Offline, commit {sha} of the {repo_type} repo {repo_id} "
+                   f"is only partly on disk (one file of it fetched alone: by search, verify "
+                   f"--remote or hf download): {{}} neither at {target} nor in the HF cache "
+                   f"({snapshot.parent.parent}): {fixes}")
     return snapshot, sorted(hashed), hashed, reused
+
+
+def _require_whole(staging: Path, placed: dict[str, str], message: str) -> None:
+    """Offline: the files the placed lock lists that nothing on disk held are a cache miss
+    (``message``, its ``{}`` the files), not a cube that fails verification. A lock that does
+    not parse is left to verification, which says so."""
+    if constants.LOCK_FILENAME not in placed:
+        return
+    try:
+        lock = lockfile.parse((staging / constants.LOCK_FILENAME).read_bytes())
+    except (CubepackError, OSError):
+        return
+    missing = sorted(set(lock.files) - set(placed))
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more"
+                                          if len(missing) > 3 else "")
+        raise HubError(message.format(f"{shown} {'is' if len(missing) == 1 else 'are'}"))
 
 
 def _refuse_bookkeeping(repo_id: str, sha: str, paths: list[str]) -> None:

@@ -61,7 +61,7 @@ def test_an_offline_pull_of_a_commit_search_read_is_a_cache_miss(hub, packed_cub
     with pytest.raises(HubError, match="Offline") as raised:
         pull(spec, local_dir=tmp_path / "off", offline=True, progress=False)
     message = str(raised.value)
-    assert "config.json" in message and "hf download ns/cube" in message
+    assert "README.md" in message and "hf download ns/cube" in message
     assert not (tmp_path / "off").exists()
     assert main(["pull", spec, "--local-dir", str(tmp_path / "off"), "--offline"]) == 3
     assert "Do not load it" not in capsys.readouterr().err
