@@ -616,8 +616,8 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
         placed = dict(pool.map(place, names))
     hashed = {name: digest for name, digest in placed.items() if digest is not None}
     _require_whole(staging, hashed, f"Offline, commit {sha} of the {repo_type} repo {repo_id} "
-                   f"is only partly on disk (one file of it fetched alone: by search, verify "
-                   f"--remote or hf download): {{}} neither at {target} nor in the HF cache "
+                   f"is only partly on disk (a file of it fetched alone, as search fetches its "
+                   f"lock): {{}} neither at {target} nor in the HF cache "
                    f"({snapshot.parent.parent}): {fixes}")
     return snapshot, sorted(hashed), hashed, reused
 
