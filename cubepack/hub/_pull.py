@@ -105,10 +105,11 @@ def pull(repo: str, policy: TrustPolicy | None = None, options: PullOptions | No
     does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
     only when everything passed: a failed or interrupted pull leaves it as it was.
 
-    ``local_dir`` (default ``./<repo name>``) must be absent, empty, or an earlier pull of this
-    repo in which no file was changed or added since (its origin record lists each file it
-    placed); anything else is refused before any download, and again before placing, naming
-    the files that would be lost, unless ``force``. Even with ``force``, a folder that holds
+    ``local_dir`` (default ``./<repo name>``; a link to a folder: the folder it names, the link
+    left as it is) must be absent, empty, or an earlier pull of this repo in which no file was
+    changed or added since (its origin record lists each file it placed); anything else is
+    refused before any download, and again before placing, naming the files that would be
+    lost, unless ``force``. Even with ``force``, a folder that holds
     the current directory or the home folder, or that is, holds or sits inside the HF cache or
     ``$CUBEPACK_CACHE``, is never replaced.
 
@@ -154,7 +155,11 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
                          f"({', '.join(sorted(policy.asked()))}); drop one or the other.")
     offline = offline_requested(offline)
     seconds = constants.hub_timeout(timeout)
-    target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    given = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
+    # A link to a folder is the folder it names: staged beside that one (on its file system)
+    # and swapped there, the link left naming it. Swapping the link itself would put the cube
+    # on the link's disk and leave the link beside it, named as a staging folder.
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
     check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
                        outcome=f"Nothing was placed: {target} is as it was.",
@@ -224,7 +229,7 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return PullResult(repo_id=repo_id, repo_type=repo_type, revision=wanted, commit_sha=sha,
-                      local_dir=target, report=report)
+                      local_dir=given, report=report)
 
 
 def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
@@ -613,13 +618,13 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
         raise
     except Exception:  # noqa: BLE001 - a cache miss: the folder may still hold the commit
         cached = []
+    fixes = (f"pull it online into {target} once (an offline pull into that folder is then "
+             f"served from it), or put it in the HF cache with `hf download {repo_id} "
+             f"--repo-type {repo_type} --revision {sha}`.")
     if not in_folder and not cached:
         raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is neither "
                        f"at {target} (an earlier pull of that commit) nor in the HF cache "
-                       f"({snapshot.parent.parent}): pull it online into {target} once (an "
-                       "offline pull into that folder is then served from it), or put it in "
-                       f"the HF cache with `hf download {repo_id} --repo-type {repo_type} "
-                       f"--revision {sha}`.")
+                       f"({snapshot.parent.parent}): {fixes}")
     reused: dict[str, list[str]] = {}
 
     def place(name: str) -> tuple[str, str | None]:
@@ -638,7 +643,28 @@ def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: 
     with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
         placed = dict(pool.map(place, names))
     hashed = {name: digest for name, digest in placed.items() if digest is not None}
+    _require_whole(staging, hashed, f"Offline, commit {sha} of the {repo_type} repo {repo_id} "
+                   f"is only partly on disk (a file of it fetched alone, as search fetches its "
+                   f"lock): {{}} neither at {target} nor in the HF cache "
+                   f"({snapshot.parent.parent}): {fixes}")
     return snapshot, sorted(hashed), hashed, reused
+
+
+def _require_whole(staging: Path, placed: dict[str, str], message: str) -> None:
+    """Offline: the files the placed lock lists that nothing on disk held are a cache miss
+    (``message``, its ``{}`` the files), not a cube that fails verification. A lock that does
+    not parse is left to verification, which says so."""
+    if constants.LOCK_FILENAME not in placed:
+        return
+    try:
+        lock = lockfile.parse((staging / constants.LOCK_FILENAME).read_bytes())
+    except (CubepackError, OSError):
+        return
+    missing = sorted(set(lock.files) - set(placed))
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more"
+                                          if len(missing) > 3 else "")
+        raise HubError(message.format(f"{shown} {'is' if len(missing) == 1 else 'are'}"))
 
 
 def _refuse_bookkeeping(repo_id: str, sha: str, paths: list[str]) -> None:

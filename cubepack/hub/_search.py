@@ -2,20 +2,21 @@
 
 M is a weights digest (``sha256:<hex>``), a local model folder, or a Hub model id
 (``owner/name[@rev]``, resolved once to its commit). Candidates come from the Hub's list API
-(``list_datasets`` / ``list_models``, every page followed), filtered on the tag the card of a
-cube packed with M's weights carries (:func:`cubepack.format._card.weights_tag`; ``every_cube``:
-on the ``cubepack`` tag alone). A tag is a hint, never evidence: each candidate's lock is read
-at the commit the list names (one download, two requests: its HEAD and GET), parsed strictly,
-and its pins compared with M role by role; only a pin that matches makes the cube a match.
-With trusted keys, its signature (and attestation) is fetched too and must verify over that
-lock under one of them, or the cube is not a match. At most ``limit`` candidates are read.
+(what ``list_datasets`` / ``list_models`` send, every page followed, each repo once; a page
+that lists nothing new yet links to another is refused as a loop), filtered on the tag the
+card of a cube packed with M's weights carries (:func:`cubepack.format._card.weights_tag`;
+``every_cube``: on the ``cubepack`` tag alone). A tag is a hint, never evidence: each
+candidate's lock is read at the commit the list names (one download, two requests: its HEAD
+and GET), parsed strictly, and its pins compared with M role by role; only a pin that
+matches makes the cube a match. With trusted keys, its signature (and attestation) is fetched
+too and must verify over that lock under one of them, or the cube is not a match. At most
+``limit`` candidates are read.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from ..format.sections import Lock, Pin
 from ..identity._fingerprint import fingerprint
 from ..identity._hub import hub_identity, hub_weight_hashes
 from ..identity._identity import ModelIdentity, compare
+from ..trust._keys import check_key
+from ..trust._policy import key_paths
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
@@ -192,7 +195,8 @@ class _Model:
 
 
 def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIMIT,
-           trusted_keys: list[str | os.PathLike[str]] | tuple = (), every_cube: bool = False,
+           trusted_keys: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple = (),
+           every_cube: bool = False,
            endpoint: str | None = None, token: str | bool | None = None,
            offline: bool | None = None, timeout: float | None = None) -> SearchResult:
     """The cubes on the endpoint whose pins match ``model``.
@@ -209,7 +213,8 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
     (``truncated`` says more were listed).
 
     Raises:
-        UsageError: ``model`` is none of the three, a bad limit or repo type.
+        UsageError: ``model`` is none of the three, a bad limit or repo type, a trusted key
+            that is missing or no public key cube signing takes (before any request).
         HubError: offline (``HF_HUB_OFFLINE``), the endpoint unreachable or refusing the list,
             the Hub model unknown, the deadline passed.
 
@@ -229,6 +234,11 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
         raise UsageError(f"repo_type {repo_type!r}: dataset, model, or None for both.")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise UsageError(f"limit {limit!r}: read at least one candidate (a positive integer).")
+    # The user's keys are checked as verify reads them, before any request: a bad key is the
+    # user's to fix, never a property of each signed cube it fails on.
+    keys = key_paths(trusted_keys)
+    for key in keys:
+        check_key(key, private=False)
     if offline_requested(offline):
         raise HubError("search asks the endpoint which repos it holds, which the HF cache "
                        "cannot answer offline (HF_HUB_OFFLINE is set): unset HF_HUB_OFFLINE "
@@ -243,11 +253,8 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
                           hint=hint, limit=limit)
     listed: list[tuple[str, Any]] = []
     for kind in kinds:
-        lister: Callable[..., Any] = (client.api.list_datasets if kind == "dataset"
-                                      else client.api.list_models)
         try:  # one more than the limit: whether more were listed than read
-            found = client.run(lambda: list(lister(filter=[hint], expand=["sha", "siblings"],
-                                                   limit=limit + 1)))
+            found = client.run(_list, client, kind, hint, limit + 1)
         except CubepackError:
             raise
         except Exception as exc:  # noqa: BLE001 - one sentence for any way the list fails
@@ -256,7 +263,7 @@ def search(model: str, *, repo_type: str | None = None, limit: int = DEFAULT_LIM
     result.listed = len(listed)
     result.truncated = len(listed) > limit
     for kind, info in listed[:limit]:
-        candidate = _read(client, subject, kind, info, list(trusted_keys))
+        candidate = _read(client, subject, kind, info, list(keys))
         (result.matches if candidate.match else result.others).append(candidate)
     return result
 
@@ -314,6 +321,41 @@ def _read(client: HubClient, subject: _Model, kind: str, info: Any,
         candidate.signature = f"signed by {candidate.signed_by}"
     candidate.match = True
     return candidate
+
+
+def _list(client: HubClient, kind: str, hint: str, wanted: int) -> list[Any]:
+    """The first ``wanted`` repos of ``kind`` tagged ``hint``, each once, as ``list_datasets``
+    / ``list_models(filter=[hint], expand=["sha", "siblings"], limit=wanted)`` sends and reads
+    them (huggingface_hub's session, headers, retries and info classes), walking the pages
+    here rather than in the client: its pagination follows any next link, so an endpoint
+    whose pages loop (or list nothing, each linking to another) would hold search until its
+    deadline. A page that lists no repo not listed before yet links to another is refused."""
+    from huggingface_hub.hf_api import DatasetInfo, ModelInfo
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
+
+    info_of = DatasetInfo if kind == "dataset" else ModelInfo
+    headers = build_hf_headers(token=client.token)
+    url: str | None = f"{client.endpoint}/api/{kind}s"
+    params: dict[str, Any] | None = {"filter": [hint], "expand": ["sha", "siblings"],
+                                     "limit": wanted}
+    found: dict[str, Any] = {}
+    pages = 0
+    while url is not None and len(found) < wanted:
+        response = http_backoff("GET", url, params=params, headers=headers)
+        hf_raise_for_status(response)
+        pages, params, before = pages + 1, None, len(found)  # a next link holds its query
+        for item in response.json():
+            if len(found) < wanted and item["id"] not in found:
+                item.setdefault("siblings", None)
+                found[item["id"]] = info_of(**item)
+        url = response.links.get("next", {}).get("url")
+        if url is not None and len(found) == before and len(found) < wanted:
+            raise HubError(f"{client.endpoint}'s list API (GET /api/{kind}s) answered page "
+                           f"{pages} with no repo it had not listed and a link to another "
+                           f"page ({url}): its pages loop or list nothing. Search stopped "
+                           "there instead of following it; tell whoever runs the endpoint, "
+                           "or search another one.")
+    return list(found.values())
 
 
 def _list_error(client: HubClient, kind: str, exc: Exception) -> HubError:

@@ -15,7 +15,9 @@ route reads by.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -176,7 +178,31 @@ def card_metadata(text: bytes) -> dict[str, Any]:
         data = canonical.load_yaml_strict(block.group(2))
     except ValueError:  # a limit (LimitError) or a syntax error: no card data, as on the Hub
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    try:  # answered as JSON: a date as its ISO text, anything else JSON cannot hold: none
+        return _as_json(data)
+    except ValueError:
+        return {}
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as JSON holds it: a date or a time (what safe YAML reads ``2024-01-01`` as)
+    as its ISO 8601 text. Raises ValueError for what JSON cannot hold (bytes, a set, a key
+    that is no string, a float that is not finite)."""
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise ValueError("a key that is not a string")
+        return {key: _as_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_json(item) for item in value]
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a float that is not finite")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ValueError(f"a {type(value).__name__}")
 
 
 def _strings(value: Any) -> list[str]:
