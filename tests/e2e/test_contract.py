@@ -113,6 +113,8 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                 (["ns/x", "--require-lineage"], "UsageError")],
     ("hub", "serve"): [(["--port", "{busy}", "--root", "r"], "UsageError")],
     ("hub", "gc"): [(["{empty}"], "UsageError")],
+    ("search",): [(["--model", "./missing"], "UsageError"),
+                  (["--model", "sha256:" + "0" * 64, "--trusted-key", "{text}"], "UsageError")],
 }
 
 
