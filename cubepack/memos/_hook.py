@@ -45,6 +45,7 @@ from ._load import (
     init_from_remote_repo,
     refuse_code_settings,
     verified_folder,
+    verified_lock,
 )
 from ._parametric import check_adapters
 from ._privacy import (
@@ -486,7 +487,7 @@ def _guarded_cube_load(owner: Any, self: Any, dir: str, memory_types: Any = None
     identity = identity_path(None)
     verified = verify(folder, current.for_folder(), decrypt_with=identity)
     if not is_private(verified.lock):
-        with verified_folder(folder):
+        with verified_folder(folder, verified.lock):
             return original(self, dir, memory_types)
     if identity is None:
         raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
@@ -501,7 +502,7 @@ def _guarded_cube_load(owner: Any, self: Any, dir: str, memory_types: Any = None
                              signed_by=verified.signed_by)
         for _, memory in memories:
             seal(memory, [sealed])
-        with verified_folder(opened.folder):
+        with verified_folder(opened.folder, opened.lock):
             return original(self, str(opened.folder), memory_types)
 
 
@@ -659,12 +660,22 @@ def _text_load(owner: Any) -> Any:
         state = _lock_state(folder)
         if state == "other":
             _refuse_unpacked(folder, state, _hook_settings())
-        if state != "file" or already_verified(folder):
+        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
+        if state == "file" and already_verified(folder):
+            # A cube load (GeneralMemCube.load, MOSCore.load) verified the folder: its
+            # preferences are still the kind's to load, by the lock it verified (MemOS's own
+            # load of them loads nothing and says nothing).
+            lock = verified_lock(folder)
+            if own and lock is not None and lock.preferences:
+                self.cubepack = HookReport(cube_dir=folder, verified=True)
+                load_preferences(self, folder, lock, self.cubepack, _hook_settings())
+                return None
+            return original(self, dir, *args, **kwargs)
+        if state != "file":
             return original(self, dir, *args, **kwargs)
         current = _hook_settings()
         identity = identity_path(None)
         verified = verify(folder, current.for_folder(), decrypt_with=identity)
-        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
         if not is_private(verified.lock):
             if own and verified.lock.preferences:
                 self.cubepack = HookReport(cube_dir=folder, verified=True)
