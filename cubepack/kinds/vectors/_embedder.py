@@ -12,6 +12,7 @@ import math
 import threading
 import urllib.request
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def vectors_of(embedder: str, vectors: Any, count: int) -> list[list[float]]:
         CubepackError: not ``count`` non-empty lists of finite numbers of one dimension.
     """
     def refuse(what: str) -> CubepackError:
-        return CubepackError(f"The embedder at {embedder} answered {what} for {count} texts; "
+        return CubepackError(f"The embedder {embedder} answered {what} for {count} texts; "
                              "an embedder answers one vector (a non-empty list of finite "
                              "numbers) per text. Nothing was checked or written with it.")
 
@@ -134,6 +135,19 @@ def vectors_of(embedder: str, vectors: Any, count: int) -> list[list[float]]:
     if len({len(vector) for vector in vectors}) > 1:
         raise refuse(f"vectors of dimensions {sorted({len(v) for v in vectors})}")
     return [[float(x) for x in vector] for vector in vectors]
+
+
+def answered(embed_texts: Callable[[list[str]], Any], texts: list[str],
+             label: str) -> list[list[float]]:
+    """A live embedder's vectors for ``texts`` (``embed_texts``: MemOS's ``embedder.embed``,
+    or :func:`embed` of a spec; ``label`` names it), one a text (:func:`vectors_of`): a check
+    zips them with the memories it drew, so a short answer would leave some unchecked and
+    the check pass.
+
+    Raises:
+        CubepackError: any other answer.
+    """
+    return vectors_of(label, embed_texts(texts), len(texts))
 
 
 def _problem(exc: Exception) -> str:
