@@ -132,10 +132,17 @@ class Preferences(Kind):
             report.add(Catalogue.PREFERENCES, "*", False, str(exc))
             return
         if holds and name not in lock.preferences:
-            report.add(Catalogue.PREFERENCES, name, False, "config.json names this preference "
-                       "memory but the lock records none of it (a packed cube always does: "
-                       "was the record removed?); pack the cube again", "a preferences entry",
-                       "none")
+            fix = (f"pack the cube again (cubepack pack {cube}) to record it, and sign it "
+                   "again if it was signed (cubepack sign)")
+            report.add(Catalogue.PREFERENCES, name, False, (
+                f"config.json names this preference memory but the lock, version "
+                f"{lock.version}, was written before cubepack recorded preference memories "
+                f"(lock version {_section.SINCE}): its vectors are pinned to no embedder, and "
+                f"MemOS's own load of them loads nothing; {fix}")
+                if lock.version < _section.SINCE else (
+                "config.json names this preference memory but the lock records none of it (a "
+                f"packed cube always does: was the record removed?); {fix}"),
+                "a preferences entry", "none")
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         """``verify --embedder``: the embedder re-embeds a sample of each preference memory."""
