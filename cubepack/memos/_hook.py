@@ -49,6 +49,7 @@ from ._load import (
 )
 from ._parametric import check_adapters
 from ._privacy import (
+    SEAL_LISTENERS,
     PrivacySettings,
     clear_allowed,
     in_force,
@@ -295,8 +296,8 @@ def _residue(owner: Any, name: str, original: Any) -> Any:
             if seals:
                 raise UsageError(
                     f"{owner.__name__}.dump to {dir}: this memory holds a private cube's "
-                    "memories, and the cubepack hook was uninstalled, so MemOS's own dump "
-                    "would write them in clear. Install the hook again "
+                    "memories, and the cubepack hook is not installed, so MemOS's own dump "
+                    "would write them in clear. Install the hook "
                     "(cubepack.memos.install(recipients=[...])) to dump them as a private "
                     "cube. Nothing was written.")
             return original(self, dir, *args, **kwargs)
@@ -305,6 +306,44 @@ def _residue(owner: Any, name: str, original: Any) -> Any:
     functools.update_wrapper(guard, original)
     setattr(guard, RESIDUE_OF, original)
     return guard
+
+
+def _guard_sealed() -> None:
+    """Something was sealed: unless the hook is installed (its writers then seal), MemOS's
+    writers get the guard :func:`uninstall` leaves (:func:`_residue`), so a sealed memory
+    loaded by ``init_from_dir`` in a process that never installed the hook is never dumped in
+    clear by MemOS's own dump."""
+    if installed():
+        return
+    for owner, name in _guarded_writers():
+        current = owner.__dict__.get(name)
+        if current is None or hasattr(current, RESIDUE_OF):
+            continue
+        residue = _residue(owner, name, current)
+        if residue is not None:
+            setattr(owner, name, residue)
+
+
+def _guarded_writers() -> list[tuple[Any, str]]:
+    """The MemOS methods a residue guards (see :func:`_residue`)."""
+    from memos.mem_cube.navie import NaiveMemCube
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
+    from memos.memories.activation.kv import KVCacheMemory
+    from memos.memories.activation.vllmkv import VLLMKVCacheMemory
+    from memos.memories.textual.general import GeneralTextMemory
+    from memos.memories.textual.naive import NaiveTextMemory
+    from memos.memories.textual.preference import PreferenceTextMemory
+    from memos.memories.textual.tree import TreeTextMemory
+
+    return [*((owner, "dump") for owner in (
+        _general_cube(), NaiveMemCube, KVCacheMemory, VLLMKVCacheMemory, NaiveTextMemory,
+        GeneralTextMemory, TreeTextMemory, PreferenceTextMemory)),
+        (KVCacheMemory, "add"), (ActivationMemoryManager, "update_activation_memory")]
+
+
+SEAL_LISTENERS.append(_guard_sealed)
 
 
 def _own(function: Any) -> Any:
