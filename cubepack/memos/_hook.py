@@ -45,9 +45,11 @@ from ._load import (
     init_from_remote_repo,
     refuse_code_settings,
     verified_folder,
+    verified_lock,
 )
 from ._parametric import check_adapters
 from ._privacy import (
+    SEAL_LISTENERS,
     PrivacySettings,
     clear_allowed,
     in_force,
@@ -294,8 +296,8 @@ def _residue(owner: Any, name: str, original: Any) -> Any:
             if seals:
                 raise UsageError(
                     f"{owner.__name__}.dump to {dir}: this memory holds a private cube's "
-                    "memories, and the cubepack hook was uninstalled, so MemOS's own dump "
-                    "would write them in clear. Install the hook again "
+                    "memories, and the cubepack hook is not installed, so MemOS's own dump "
+                    "would write them in clear. Install the hook "
                     "(cubepack.memos.install(recipients=[...])) to dump them as a private "
                     "cube. Nothing was written.")
             return original(self, dir, *args, **kwargs)
@@ -304,6 +306,44 @@ def _residue(owner: Any, name: str, original: Any) -> Any:
     functools.update_wrapper(guard, original)
     setattr(guard, RESIDUE_OF, original)
     return guard
+
+
+def _guard_sealed() -> None:
+    """Something was sealed: unless the hook is installed (its writers then seal), MemOS's
+    writers get the guard :func:`uninstall` leaves (:func:`_residue`), so a sealed memory
+    loaded by ``init_from_dir`` in a process that never installed the hook is never dumped in
+    clear by MemOS's own dump."""
+    if installed():
+        return
+    for owner, name in _guarded_writers():
+        current = owner.__dict__.get(name)
+        if current is None or hasattr(current, RESIDUE_OF):
+            continue
+        residue = _residue(owner, name, current)
+        if residue is not None:
+            setattr(owner, name, residue)
+
+
+def _guarded_writers() -> list[tuple[Any, str]]:
+    """The MemOS methods a residue guards (see :func:`_residue`)."""
+    from memos.mem_cube.navie import NaiveMemCube
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
+    from memos.memories.activation.kv import KVCacheMemory
+    from memos.memories.activation.vllmkv import VLLMKVCacheMemory
+    from memos.memories.textual.general import GeneralTextMemory
+    from memos.memories.textual.naive import NaiveTextMemory
+    from memos.memories.textual.preference import PreferenceTextMemory
+    from memos.memories.textual.tree import TreeTextMemory
+
+    return [*((owner, "dump") for owner in (
+        _general_cube(), NaiveMemCube, KVCacheMemory, VLLMKVCacheMemory, NaiveTextMemory,
+        GeneralTextMemory, TreeTextMemory, PreferenceTextMemory)),
+        (KVCacheMemory, "add"), (ActivationMemoryManager, "update_activation_memory")]
+
+
+SEAL_LISTENERS.append(_guard_sealed)
 
 
 def _own(function: Any) -> Any:
@@ -486,7 +526,7 @@ def _guarded_cube_load(owner: Any, self: Any, dir: str, memory_types: Any = None
     identity = identity_path(None)
     verified = verify(folder, current.for_folder(), decrypt_with=identity)
     if not is_private(verified.lock):
-        with verified_folder(folder):
+        with verified_folder(folder, verified.lock):
             return original(self, dir, memory_types)
     if identity is None:
         raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
@@ -501,7 +541,7 @@ def _guarded_cube_load(owner: Any, self: Any, dir: str, memory_types: Any = None
                              signed_by=verified.signed_by)
         for _, memory in memories:
             seal(memory, [sealed])
-        with verified_folder(opened.folder):
+        with verified_folder(opened.folder, opened.lock):
             return original(self, str(opened.folder), memory_types)
 
 
@@ -659,12 +699,22 @@ def _text_load(owner: Any) -> Any:
         state = _lock_state(folder)
         if state == "other":
             _refuse_unpacked(folder, state, _hook_settings())
-        if state != "file" or already_verified(folder):
+        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
+        if state == "file" and already_verified(folder):
+            # A cube load (GeneralMemCube.load, MOSCore.load) verified the folder: its
+            # preferences are still the kind's to load, by the lock it verified (MemOS's own
+            # load of them loads nothing and says nothing).
+            lock = verified_lock(folder)
+            if own and lock is not None and lock.preferences:
+                self.cubepack = HookReport(cube_dir=folder, verified=True)
+                load_preferences(self, folder, lock, self.cubepack, _hook_settings())
+                return None
+            return original(self, dir, *args, **kwargs)
+        if state != "file":
             return original(self, dir, *args, **kwargs)
         current = _hook_settings()
         identity = identity_path(None)
         verified = verify(folder, current.for_folder(), decrypt_with=identity)
-        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
         if not is_private(verified.lock):
             if own and verified.lock.preferences:
                 self.cubepack = HookReport(cube_dir=folder, verified=True)

@@ -176,21 +176,30 @@ def _build_any(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy,
     return cube
 
 
-#: The folder :func:`_build` has verified and is loading from: MemOS's text and preference
-#: memory loads (hooked) read it without verifying it again.
-_VERIFIED: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+#: The folder :func:`_build` (or a hooked cube load) has verified and is loading from, and
+#: the lock it verified: MemOS's text and preference memory loads (hooked) read it without
+#: verifying it again, and a preference memory loads its items by that lock (MemOS's own load
+#: of them loads nothing).
+_VERIFIED: contextvars.ContextVar[tuple[Path, Lock | None] | None] = contextvars.ContextVar(
     "cubepack_memos_verified", default=None)
 
 
 def already_verified(folder: Path) -> bool:
     current = _VERIFIED.get()
-    return current is not None and Path(folder).resolve() == current
+    return current is not None and Path(folder).resolve() == current[0]
+
+
+def verified_lock(folder: Path) -> Lock | None:
+    """The lock verified for ``folder`` in the enclosing :func:`verified_folder` block, if any."""
+    current = _VERIFIED.get()
+    return current[1] if current is not None and Path(folder).resolve() == current[0] else None
 
 
 @contextlib.contextmanager
-def verified_folder(folder: Path) -> Iterator[None]:
-    """Within the block, ``folder`` counts as verified (see :func:`already_verified`)."""
-    token = _VERIFIED.set(Path(folder).resolve())
+def verified_folder(folder: Path, lock: Lock | None = None) -> Iterator[None]:
+    """Within the block, ``folder`` counts as verified (see :func:`already_verified`), with
+    ``lock``, the lock that verification read (see :func:`verified_lock`)."""
+    token = _VERIFIED.set((Path(folder).resolve(), lock))
     try:
         yield
     finally:
@@ -231,7 +240,7 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     # load of its dump swallows a validation error and loads nothing.
     preferences = "pref_mem" in others and bool(lock.preferences)
     others = [kind for kind in others if not (preferences and kind == "pref_mem")]
-    with verified_folder(cube_dir):
+    with verified_folder(cube_dir, lock):
         if others and (cube_dir / constants.MEMOS_CONFIG).is_file():
             cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
         for kind in others if not (cube_dir / constants.MEMOS_CONFIG).is_file() else []:

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,16 @@ def ever_sealed() -> bool:
     return _EVER[0]
 
 
+#: Called, without arguments, whenever something is sealed: the hook's module places the
+#: guard that keeps a sealed memory from MemOS's own dumps when the hook is not installed (a
+#: process may load a private cube with ``init_from_dir`` and never install it).
+SEAL_LISTENERS: list[Callable[[], None]] = []
+
+
 def note_sealed() -> None:
     _EVER[0] = True
+    for listener in list(SEAL_LISTENERS):
+        listener()
 
 
 def forget_stores() -> None:

@@ -1,5 +1,5 @@
 """Preference cubes written by MemOS's own dump (memos environment), generated per test
-(the fixtures are in ``tests/kinds/preferences/conftest.py``).
+(the fixtures are in ``tests/kinds/conftest.py``).
 
 MemOS 2.0.x's preference memory (``pref_mem``, backend ``pref_text``) runs only on Milvus:
 it calls ``vector_db.add(collection, items)`` and ``get_all(collection)`` over the list of

@@ -18,7 +18,7 @@ from ..._util.paths import resolve_inside
 from ...errors import IntegrityError
 from ...format.sections import Preferences
 from ...trust._report import Check
-from ..vectors._embedder import BATCH
+from ..vectors._embedder import BATCH, answered
 from ..vectors._vectors import COSINE_THRESHOLD, PROBES, cosine
 from . import _dump
 
@@ -86,15 +86,16 @@ def embedder_checks(cube: Path, entry: Preferences,
     every = not size or size >= len(found)
     drawn = list(found) if every else random.Random(seed).sample(found, size)
     fresh = [vector for start in range(0, len(drawn), BATCH)
-             for vector in embed_texts([item.memory for item in drawn[start:start + BATCH]])]
+             for vector in answered(embed_texts, [item.memory for item in
+                                                  drawn[start:start + BATCH]], label)]
     scope = (f"all {len(drawn)} preferences" if every else
              f"{len(drawn)} of {len(found)} preferences drawn at random (seed {seed}); "
              "--embedder-sample 0 checks all")
     checks = [compare(f"{entry.file} ({item.key})", list(item.vector), vector, label, scope,
                       entry.embedder) for item, vector in zip(drawn, fresh)]
     if entry.probes:
-        for index, (expected, vector) in enumerate(zip(entry.probes,
-                                                       embed_texts(list(PROBES)))):
+        for index, (expected, vector) in enumerate(zip(entry.probes, answered(
+                embed_texts, list(PROBES), label))):
             check = compare(f"{entry.file} probe {index}", list(expected), vector, label,
                             "the lock's probe vectors", entry.embedder)
             check.basis = CLAIMED  # the expected vectors are the packer's word

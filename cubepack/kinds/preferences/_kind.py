@@ -17,11 +17,12 @@ from ...format.sections import Lock
 from ...format.sections import preferences as _section
 from ...format.sections.locator import Locator
 from ...memos_format._layout import opened_path, read_config
+from ...trust._lineage import pin_label
 from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
 from .._kind import Kind, MigrateJob, PackJob
 from ..vectors._embedder import BATCH, embed, probe_vectors
-from ..vectors._migrate import rename_embedder
+from ..vectors._migrate import embedder_label, rename_embedder
 from . import _check, _dump
 
 #: What pack pins for the embedder when config.json names none (an informational pin).
@@ -131,10 +132,17 @@ class Preferences(Kind):
             report.add(Catalogue.PREFERENCES, "*", False, str(exc))
             return
         if holds and name not in lock.preferences:
-            report.add(Catalogue.PREFERENCES, name, False, "config.json names this preference "
-                       "memory but the lock records none of it (a packed cube always does: "
-                       "was the record removed?); pack the cube again", "a preferences entry",
-                       "none")
+            fix = (f"pack the cube again (cubepack pack {cube}) to record it, and sign it "
+                   "again if it was signed (cubepack sign)")
+            report.add(Catalogue.PREFERENCES, name, False, (
+                f"config.json names this preference memory but the lock, version "
+                f"{lock.version}, was written before cubepack recorded preference memories "
+                f"(lock version {_section.SINCE}): its vectors are pinned to no embedder, and "
+                f"MemOS's own load of them loads nothing; {fix}")
+                if lock.version < _section.SINCE else (
+                "config.json names this preference memory but the lock records none of it (a "
+                f"packed cube always does: was the record removed?); {fix}"),
+                "a preferences entry", "none")
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         """``verify --embedder``: the embedder re-embeds a sample of each preference memory."""
@@ -187,6 +195,12 @@ class Preferences(Kind):
         if job.config is not None:
             rename_embedder(job.config, spec, _dump.EMBEDDER_ROLE)
         job.state[self.name] = done
+        if done and not job.lineage.get("reembedded"):
+            # The vectors kind (before this one in KINDS) stated the text memory's embedder,
+            # and re-embedded nothing: the change is this memory's, from the embedder it pins.
+            job.lineage["embedder"] = {
+                "from": pin_label(job.lock.models.get(_dump.EMBEDDER_ROLE)),
+                "to": embedder_label(spec)}
         # Added to what the vectors kind (before this one in KINDS) re-embedded.
         job.lineage["reembedded"] = job.lineage.get("reembedded", 0) + done
         job.result["reembedded"] = job.result.get("reembedded", 0) + done

@@ -20,6 +20,7 @@ from ...errors import IdentityMismatch, IntegrityError, Mismatch, UsageError
 from ...format.sections import Lock
 from ...memos_format._layout import opened_path
 from ...trust._policy import TrustPolicy
+from ..vectors._embedder import BATCH, answered
 from ..vectors._vectors import COSINE_THRESHOLD
 from . import _check, _dump
 
@@ -85,8 +86,9 @@ def load_preferences(memory: Any, cube_dir: Path, lock: Lock, report: Any,
                            "another embedder (%s)", len(found), ", ".join(fields))
             report.dropped[role] = fields
             return 0
-        fresh = [vector for start in range(0, len(found), 256)
-                 for vector in embedder.embed([item.memory for item in found[start:start + 256]])]
+        fresh = [vector for start in range(0, len(found), BATCH)
+                 for vector in answered(embedder.embed, [
+                     item.memory for item in found[start:start + BATCH]], type(embedder).__name__)]
         data = _dump.with_vectors(data, {item.key: list(vector)
                                          for item, vector in zip(found, fresh)})
         logger.warning("cubepack: re-embedded %d preferences with the loaded embedder",

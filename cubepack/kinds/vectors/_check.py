@@ -16,7 +16,7 @@ from ...format.sections import VectorsRecord
 from ...trust._evidence import CLAIMED
 from ...trust._policy import SAMPLE_SIZE
 from ...trust._report import Check
-from ._embedder import BATCH, vector_sources
+from ._embedder import BATCH, answered, vector_sources
 from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE, PROBES, cosine
 
 #: The checks this module makes.
@@ -52,14 +52,15 @@ def embedder_checks(cube: Path, config: dict[str, Any], files: list[str],
         every = not size or size >= len(memories)
         drawn = list(memories) if every else rng.sample(memories, size)
         fresh = [vector for start in range(0, len(drawn), BATCH)
-                 for vector in embed_texts([text for _, text, _ in drawn[start:start + BATCH]])]
+                 for vector in answered(embed_texts, [text for _, text, _ in
+                                                       drawn[start:start + BATCH]], label)]
         scope = (f"all {len(drawn)} memories" if every else
                  f"{len(drawn)} of {len(memories)} memories drawn at random (seed {seed}); a "
                  "sample cannot find a few foreign vectors: --embedder-sample 0 checks all")
         checks += [_compare(f"{name} ({memory_id})", stored, vector, label, scope)
                    for (memory_id, _, stored), vector in zip(drawn, fresh)]
     if record is not None and record.probes:
-        fresh = embed_texts(list(PROBES))
+        fresh = answered(embed_texts, list(PROBES), label)
         for index, (expected, vector) in enumerate(zip(record.probes, fresh)):
             check = _compare(f"probe {index}", expected, vector, label, "the lock's probe vectors")
             check.basis = CLAIMED  # the expected vectors are the packer's word, not the memories

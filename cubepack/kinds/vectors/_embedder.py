@@ -8,9 +8,11 @@ sentence-transformers pools), ``openai:<base url>#<model>`` for any OpenAI-compa
 from __future__ import annotations
 
 import json
+import math
 import threading
 import urllib.request
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,20 +70,94 @@ def vector_sources(cube: Path, config: dict[str, Any], lock_files: list[str],
 
 
 def embed(spec: str, texts: list[str]) -> list[list[float]]:
-    """Embed ``texts`` with the embedder ``spec``, in one batched call."""
+    """Embed ``texts`` with the embedder ``spec``, in one batched call: one vector per text, in
+    order, each a non-empty list of finite floats (:func:`vectors_of`), whatever the embedder
+    answered.
+
+    Raises:
+        CubepackError: the embedder cannot be reached, or answered something else than that
+            (naming it and what it answered).
+        UsageError: ``spec`` names no embedder.
+    """
     kind, _, rest = spec.partition(":")
     if kind in ("openai", "ollama") and "#" in rest:
         base, _, model = rest.rpartition("#")
         if kind == "openai":
-            answer = _post(f"{base.rstrip('/')}/embeddings", {"model": model, "input": texts})
-            return [item["embedding"] for item in sorted(answer["data"],
-                                                         key=lambda item: item["index"])]
-        return _post(f"{base.rstrip('/')}/api/embed", {"model": model, "input": texts})["embeddings"]
+            url = f"{base.rstrip('/')}/embeddings"
+            answer = _post(url, {"model": model, "input": texts})
+            try:  # OpenAI's answer: {"data": [{"index": i, "embedding": [...]}, ...]}
+                indexes = sorted(item["index"] for item in answer["data"])
+                if indexes != list(range(len(indexes))):  # a text twice, another never
+                    raise ValueError(f"indexes {indexes[:8]}, not 0 to n-1 once each")
+                vectors = [item["embedding"] for item in sorted(
+                    answer["data"], key=lambda item: item["index"])]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CubepackError(f"The embedder at {url} answered no OpenAI embeddings list "
+                                    f"({_problem(exc)}): {_shown(answer)}. Check the embedder "
+                                    "spec (openai:<base url>#<model>).") from exc
+            return vectors_of(url, vectors, len(texts))
+        url = f"{base.rstrip('/')}/api/embed"
+        answer = _post(url, {"model": model, "input": texts})
+        try:
+            vectors = answer["embeddings"]
+        except (KeyError, TypeError) as exc:
+            raise CubepackError(f"The embedder at {url} answered no Ollama embeddings list "
+                                f"({_problem(exc)}): {_shown(answer)}. Check the embedder spec "
+                                "(ollama:<base url>#<model>).") from exc
+        return vectors_of(url, vectors, len(texts))
     folder = Path(spec).expanduser()
     if folder.is_dir():
-        return embed_locally(folder, texts)
+        return vectors_of(str(folder), embed_locally(folder, texts), len(texts))
     raise UsageError(f"Unknown embedder {spec!r}: give a local model folder, "
                      "openai:<base url>#<model> or ollama:<base url>#<model>.")
+
+
+def vectors_of(embedder: str, vectors: Any, count: int) -> list[list[float]]:
+    """``vectors``, the answer of ``embedder`` for ``count`` texts, as lists of floats: the one
+    rule of what an embedder's answer must be (a vector short of its texts would leave items
+    unchecked by a check that zips them; a NaN or a string compares as nothing).
+
+    Raises:
+        CubepackError: not ``count`` non-empty lists of finite numbers of one dimension.
+    """
+    def refuse(what: str) -> CubepackError:
+        return CubepackError(f"The embedder {embedder} answered {what} for {count} texts; "
+                             "an embedder answers one vector (a non-empty list of finite "
+                             "numbers) per text. Nothing was checked or written with it.")
+
+    if not isinstance(vectors, list) or len(vectors) != count:
+        raise refuse(f"{len(vectors)} vectors" if isinstance(vectors, list) else
+                     f"{type(vectors).__name__}, not a list of vectors")
+    for index, vector in enumerate(vectors):
+        if not (isinstance(vector, list) and vector and all(
+                type(x) in (int, float) and math.isfinite(x) for x in vector)):
+            raise refuse(f"{_shown(vector)} as vector {index}")
+    if len({len(vector) for vector in vectors}) > 1:
+        raise refuse(f"vectors of dimensions {sorted({len(v) for v in vectors})}")
+    return [[float(x) for x in vector] for vector in vectors]
+
+
+def answered(embed_texts: Callable[[list[str]], Any], texts: list[str],
+             label: str) -> list[list[float]]:
+    """A live embedder's vectors for ``texts`` (``embed_texts``: MemOS's ``embedder.embed``,
+    or :func:`embed` of a spec; ``label`` names it), one a text (:func:`vectors_of`): a check
+    zips them with the memories it drew, so a short answer would leave some unchecked and
+    the check pass.
+
+    Raises:
+        CubepackError: any other answer.
+    """
+    return vectors_of(label, embed_texts(texts), len(texts))
+
+
+def _problem(exc: Exception) -> str:
+    return f"no key {exc}" if isinstance(exc, KeyError) else str(exc)
+
+
+def _shown(value: Any) -> str:
+    """A value an embedder sent, short enough for a message."""
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def embed_locally(folder: Path, texts: list[str]) -> list[list[float]]:
@@ -134,6 +210,13 @@ def _post(url: str, body: dict[str, Any]) -> Any:
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
-            return json.loads(response.read())
+            body = response.read()
     except OSError as exc:
         raise CubepackError(f"The embedder at {url} cannot be reached: {exc}") from exc
+    try:
+        return json.loads(body)
+    except ValueError as exc:  # an HTML error page from a proxy, a truncated body...
+        raise CubepackError(f"The embedder at {url} answered what is not JSON ({exc}): "
+                            f"{_shown(body.decode('utf-8', 'replace'))}. Check the embedder "
+                            "spec (openai:<base url>#<model> or ollama:<base url>#<model>) "
+                            "and that the server is an embeddings API.") from exc

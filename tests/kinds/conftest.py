@@ -1,5 +1,6 @@
-"""Fixtures for the preference kind's tests: tiny encoders, loopback embedding servers, and
-cube folders written by MemOS's own dump (see ``preferences_memos.py``)."""
+"""Fixtures for the memory kinds' tests (the preference kind's, and the attacks on it): tiny
+encoders, loopback embedding servers, and cube folders written by MemOS's own dump (see
+``preferences_memos.py``)."""
 
 from __future__ import annotations
 
