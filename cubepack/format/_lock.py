@@ -17,6 +17,9 @@ Version 5 adds ``encryption`` (a private cube, issue #32): the lock of a cube wh
 age ciphertexts. Only a private cube's lock is version 5 (a lock is written at the lowest
 version that holds its sections), so a clear cube stays readable by older cubepacks and a
 private one is refused by them by its version, never half-read.
+
+Version 6 adds ``shards`` (issue #40): activation memories many to a file, each shard with an
+index of its own (``format/sections/shards.py``). Only a sharded cube's lock is version 6.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from .sections import encryption as _encryption
 from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
+from .sections import shards as _shards
+from .sections.activations import PROVENANCE_KEYS
 from .sections.adapters import BASE_CLAIM
 from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
@@ -103,7 +108,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: The lock's own fields (not sections): every lock holds each.
 FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")
 #: The versions this cubepack reads; keys are closed (nothing unknown, anywhere) from 4 on.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 CLOSED_SINCE = 4
 
 
@@ -165,8 +170,9 @@ SECTIONS: tuple[Section, ...] = (
             lambda value: value, _by_key, _describe_pin, "producers",
             lambda value, typed, version: _models.parse(value, version)),
     Section("activations", 1, True,
-            lambda value, lock, version: _check_activations(value, lock["files"],
-                                                            lock["models"], version),
+            lambda value, lock, version: (
+                _check_activations(value, lock["files"], lock["models"], version),
+                _shards.check_listed(lock["files"], lock.get("shards"))),
             lambda value: value, _by_key,
             lambda item, entry: (f"activation {item}: {entry.get('file')}, "
                                  f"{entry.get('token_count')} tokens, {entry.get('kv_dtype')}, "
@@ -199,6 +205,12 @@ SECTIONS: tuple[Section, ...] = (
                                  f"{value['generation']}" if "generation" in value else "")),
             None,  # the ciphertexts' digests are the lock's files: stated there
             lambda value, typed, version: _encryption.parse(value)),
+    Section("shards", 6, False,
+            lambda value, lock, version: _shards.check_section(value, lock["files"]),
+            lambda value: value, _by_key, _shards.describe,
+            None,  # the shards and indexes are files: their digests state them
+            lambda value, typed, version: _shards.parse(value, typed["files"]),
+            MappingProxyType({})),
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)
 
@@ -214,12 +226,14 @@ def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
                activations: dict[str, dict[str, Any]] | None = None,
                adapters: dict[str, Any] | None = None,
                lineage: dict[str, Any] | None = None,
-               encryption: dict[str, Any] | None = None) -> dict[str, Any]:
+               encryption: dict[str, Any] | None = None,
+               shards: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble a lock document and compute its digests. An empty optional section (no
     ``adapters``, a None ``lineage``) is left out (a cube without that section). The version
     is the lowest that holds every section present (``encryption``: 5)."""
     given = {"files": files, "models": models, "activations": activations or {},
-             "adapters": adapters, "lineage": lineage, "encryption": encryption}
+             "adapters": adapters, "lineage": lineage, "encryption": encryption,
+             "shards": shards}
     body: dict[str, Any] = {"lock_version": constants.LOCK_VERSION,
                             "cubepack_version": cubepack_version, "cube_id": cube_id}
     for section in SECTIONS:
@@ -362,8 +376,6 @@ VECTOR_RECORD_KEYS = frozenset({"file", "dimension", "count", "sample", "probes"
 #: ``max_error``, ``at``, ``retokenized``: what a recomputation or re-prefill measured).
 ACTIVATION_KEYS = frozenset({"file", "model_role", "token_count", "kv_dtype", "num_layers",
                              "sha256", "provenance"})
-PROVENANCE_KEYS = frozenset({"kind", "detail", "model", "tokens", "max_error", "at",
-                             "retokenized"})
 
 
 def _check_models(models: Any, version: int) -> None:
@@ -700,9 +712,9 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
         refuse(f"counts must map {sorted(COUNT_KEYS)} to non-negative integers")
     if not isinstance(value["hidden_names"], bool):
         refuse("hidden_names must be true or false")
-    if lock["activations"] or "adapters" in lock or "lineage" in lock:
-        refuse("cannot sit beside activation entries, adapters or lineage in clear: a private "
-               "cube keeps them in its encrypted manifest")
+    if lock["activations"] or "adapters" in lock or "lineage" in lock or "shards" in lock:
+        refuse("cannot sit beside activation entries, shards, adapters or lineage in clear: a "
+               "private cube keeps them in its encrypted manifest")
     for role, pin in lock["models"].items():
         if isinstance(pin, dict) and "vectors" in pin:
             refuse(f"cannot sit beside model {role!r}'s vectors record in clear (its sample "

@@ -348,6 +348,22 @@ def _write_metadata(job: PackJob, staging: Path, *, license: str | None, pretty_
     pins = _public_names(job.pins)
     sections = {kind.section: kind.entries(job, staging, digests, pins)
                 for kind in KINDS if kind.section is not None}
+    stored: dict[str, Any] = {}
+    for kind in KINDS:
+        stored.update(kind.store(job, staging, sections))
+    if stored:  # the kinds laid files out anew (shards): list, check and hash what is there
+        sections.update(stored)
+        content = fileset.lockable(list_cube_files(staging))
+        for kind in KINDS:
+            if kind.memory is not None:
+                memories[kind.memory] = kind.memories(job, content)
+        fresh = [name for name in content if name not in digests]
+        _refuse_unshippable(staging, fresh, {})
+        digests = {name: digest for name, digest in digests.items() if name in content}
+        digests.update({path.relative_to(staging).as_posix(): digest for path, digest in
+                        hash_files([resolve_inside(staging, name) for name in fresh],
+                                   progress=job.options.progress,
+                                   description="hashing shards").items()})
     config_text = cubeconfig.dumps(cubeconfig.build(
         cube_id=cube_id, models=pins, memories=memories,
         **{kind.section: sections[kind.section] for kind in KINDS

@@ -55,7 +55,7 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l.update(lock_version=6), "version 6"),
+    (lambda l: l.update(lock_version=7), "version 7"),
     (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
     (lambda l: l.update(extra=1), "unexpected keys"),
     (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
@@ -143,6 +143,9 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
     base["models"]["act_mem"]["vectors"] = {"file": "vectors.json", "dimension": 8}
     base["encryption"] = {"version": 1, "ciphertexts": ["a.age"], "counts": {"files": 1},
                           "hidden_names": False}
+    base["shards"] = {"shards/activations-00000.kvshard": {
+        "index": "shards/activations-00000.index.json", "first": "a", "last": "b",
+        "memories": 2}}
     swept = 0
     for key in lockfile.SECTION_KEYS:
         for path in _every_leaf(base[key]):
@@ -159,7 +162,8 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
             assert named == [where], (key, path, named)
             swept += 1
     assert swept >= 30
-    for key in ("adapters", "lineage", "encryption"):  # a whole section added (a pull request) or removed
+    # a whole section added (a pull request) or removed
+    for key in ("adapters", "lineage", "encryption", "shards"):
         without = {k: v for k, v in base.items() if k != key}
         assert diff_locks(without, base)["sections"][key]["added"]
         assert diff_locks(base, without)["sections"][key]["removed"]
@@ -172,7 +176,8 @@ def test_every_registered_section_implements_all_its_rules():
             assert callable(getattr(section, rule)), (section.key, rule)
         assert section.attest in (None, "producers", "provenance", "lineage")
     assert set(lockfile.SECTION_KEYS) | set(lockfile.FIELDS) == {
-        "files", "models", "activations", "adapters", "lineage", "encryption", "lock_version",
+        "files", "models", "activations", "adapters", "lineage", "encryption", "shards",
+        "lock_version",
         "cubepack_version", "cube_id", "content_digest", "digest"}
 
 
@@ -197,8 +202,8 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
     bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
     with pytest.raises(UnsafeInputError, match="'..' segment"):
         lockfile.parse(version_1(files=bad_path), accept_version_1=True)
-    with pytest.raises(FormatError, match="version 6"):
-        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 6}).encode(),
+    with pytest.raises(FormatError, match="version 7"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 7}).encode(),
                        accept_version_1=True)
 
 

@@ -60,7 +60,8 @@ def reseal_lock(cube, change) -> None:
     resealed = lockfile.build_lock(cube_id=lock["cube_id"], files=lock["files"],
                                    models=lock["models"], activations=lock["activations"],
                                    cubepack_version=lock["cubepack_version"],
-                                   adapters=lock.get("adapters"), lineage=lock.get("lineage"))
+                                   adapters=lock.get("adapters"), lineage=lock.get("lineage"),
+                                   shards=lock.get("shards"))
     path.write_text(lockfile.dumps(resealed))
 
 

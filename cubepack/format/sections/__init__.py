@@ -5,8 +5,9 @@ reader outside ``format/`` reads these values, never the lock's JSON by key.
 
 - ``locator``: where a memory's bytes are (:class:`Locator`), and the indexes a section may
   keep outside the lock, each fetched on its own (:class:`Index`);
-- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``: each
-  section's entries.
+- ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``,
+  ``shards``: each section's entries (``shards``: activation memories many to a file, each
+  shard's index kept outside the lock).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from .files import FileEntry
 from .lineage import Lineage
 from .locator import Index, Locator
 from .models import Pin, VectorsRecord
+from .shards import Shard, ShardIndex
 
 __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage", "Lock",
-           "Locator", "Pin", "Provenance", "VectorsRecord"]
+           "Locator", "Pin", "Provenance", "Shard", "ShardIndex", "VectorsRecord"]
 
 
 #: The sections holding memories' entries, each a memory kind's (``Lock.entries``).
@@ -54,6 +56,10 @@ class Lock:
     adapters: Mapping[str, Adapter]
     lineage: Lineage | None
     encryption: Encryption | None
+    #: The shards holding activation memories (lock version 6), by shard path, in their ids'
+    #: order; their memories are in their indexes, not in ``activations``, until the lock is
+    #: :func:`~cubepack.format.sections.shards.resolved`.
+    shards: Mapping[str, Shard]
     document: Mapping[str, Any] = field(repr=False)
 
     @property

@@ -12,6 +12,12 @@ from .files import FileEntry
 from .locator import Locator
 
 
+#: A provenance record's keys (``model``, ``tokens``, ``max_error``, ``at``, ``retokenized``:
+#: what a recomputation or re-prefill measured).
+PROVENANCE_KEYS = frozenset({"kind", "detail", "model", "tokens", "max_error", "at",
+                             "retokenized"})
+
+
 @dataclass(frozen=True)
 class Provenance:
     """How an activation's producer is known: ``kind`` (a label of ``format/_provenance``)
@@ -53,6 +59,9 @@ class Activation:
     sha256: str
     provenance: Provenance | None
     locator: Locator
+    #: The KV header's checksum record as a shard's index states it (the header's own must
+    #: equal it at load); None for a memory that is a whole file (its lock records none).
+    checksums: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str | None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...kv._load import load_kv_cache
 from .._kind import Kind, MigrateJob, PackJob
-from . import _migrate, _pack, _upgrade, _verify
+from . import _migrate, _pack, _shards, _upgrade, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -34,20 +34,25 @@ class Activations(Kind):
         _pack.pin(job)
 
     def stage(self, job: PackJob, staging: Path) -> list[str]:
+        _shards.unshard(job, staging)
         return _pack.stage(job, staging)
 
     def prove(self, job: PackJob, staging: Path) -> dict[str, dict[str, Any]]:
         return _pack.prove(job, staging)
 
     def memories(self, job: PackJob, content: list[str]) -> list[str]:
-        return _pack.memories(content)
+        return _pack.memories(content) + _shards.shard_files(content)
 
     def entries(self, job: PackJob, staging: Path, digests: dict[str, str],
                 pins: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return _pack.entries(job, staging, digests, pins)
 
+    def store(self, job: PackJob, staging: Path,
+              sections: dict[str, Any]) -> dict[str, Any]:
+        return _shards.store(job, staging, sections["activations"])
+
     def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
-        _pack.finish(job, staging, written, result)
+        _pack.finish(job, staging, _shards.resolved(written, staging), result)
 
     def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
         _verify.check_headers(report, lock, intact)
