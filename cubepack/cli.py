@@ -585,12 +585,19 @@ def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) 
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--model", required=True, help="The producer model (folder or Hub id).")
 @click.option("--revision", help="Branch, tag or commit of a Hub --model.")
+@click.option("--shards/--no-shards", "shards", default=None,
+              help="A cube: store its activation memories many to a file (converts a cube of "
+                   "one file a memory), or one a file; default: as pack decides.")
+@click.option("--shard-size", metavar="SIZE", callback=lambda ctx, param, value:
+              None if value is None else _byte_size(value),
+              help="A shard's bound, as for pack (implies --shards).")
 @_json_option()
-def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
+def upgrade_command(path: str, model: str, revision: str | None, shards: bool | None,
+                    shard_size: int | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
     from .ops import upgrade
 
-    result = upgrade(path, model, revision=revision)
+    result = upgrade(path, model, revision=revision, shards=shards, shard_size=shard_size)
     _emit(result.to_dict(), as_json,
           lambda d: f"upgraded {len(d['upgraded'])} file(s), {len(d['current'])} already current: "
                     f"{d['path']}" + (f"\n  unsigned: {', '.join(d['unsigned'])} signed the lock "

@@ -205,7 +205,7 @@ SECTIONS: tuple[Section, ...] = (
                                  f"{value['generation']}" if "generation" in value else "")),
             None,  # the ciphertexts' digests are the lock's files: stated there
             lambda value, typed, version: _encryption.parse(value)),
-    Section("shards", 6, False,
+    Section("shards", constants.SHARDED_LOCK_VERSION, False,
             lambda value, lock, version: _shards.check_section(value, lock["files"]),
             lambda value: value, _by_key, _shards.describe,
             None,  # the shards and indexes are files: their digests state them

@@ -46,6 +46,7 @@ from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
 from ..kinds.activations._reprefill import provenance as reprefill_provenance
 from ..kinds.activations._reprefill import reprefill
+from ..kinds.activations._shards import memory_bytes
 from ..kinds.activations._verify import NO_TOKEN_IDS
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
@@ -261,11 +262,14 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
     live = fingerprint(llm.model)
     staged = _Staged(act_mem, cube_dir, report, policy, seals)
     for item_id, entry in sorted(lock.activations.items()):
-        path = resolve_inside(cube_dir, entry.file)
+        # A shard's range: checked against its index (sha256, checksums) before it is read.
+        data = memory_bytes(cube_dir, entry)
+        path = resolve_inside(cube_dir, entry.file) if data is None else \
+            f"{entry.file}#{item_id}"
         try:
-            info = check_kv_file(path, live)
+            info = check_kv_file(path, live, data=data)
         except IdentityMismatch as mismatch:
-            stored = read_kv_header(path)
+            stored = read_kv_header(path, data=data)
             staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
                             producer=stored.producer)
             continue

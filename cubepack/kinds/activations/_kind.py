@@ -76,9 +76,14 @@ class Activations(Kind):
         return _upgrade.upgrade_file(path, model, revision)
 
     def load(self, path: Any, model: Any, plan: Recomputation, *, device: Any = None,
-             copy: bool = False, identity: Any = None, data: Any = None) -> Any:
+             copy: bool = False, identity: Any = None, data: Any = None,
+             item: str | None = None) -> Any:
         """One KV file into a ``DynamicCache`` for ``model``, refusing any other producer, and
         proved with ``model`` when ``plan`` asks (:func:`cubepack.kv._load.load_kv_cache`);
-        ``data``: the file's bytes, decrypted in memory."""
+        ``data``: the file's bytes, decrypted in memory; ``item``: ``path`` is a cube folder,
+        and the memory is its item (a shard's range or a whole file, checked against its
+        index or lock first: :func:`~cubepack.kinds.activations._shards.open_memory`)."""
+        if item is not None:
+            path, data = _shards.open_memory(Path(path), item)
         return load_kv_cache(path, model, device=device, copy=copy, identity=identity,
                              recompute=plan.asked, sample=plan.sample, seed=plan.seed, data=data)

@@ -25,6 +25,7 @@ from ..._util import atomic, canonical, constants
 from ..._util.paths import resolve_inside
 from ...errors import FormatError, IntegrityError, UsageError
 from ...format._fileset import is_activation_path
+from ...format import _lock as lockfile
 from ...format.sections import Activation, FileEntry, Lock
 from ...format.sections import shards as shardformat
 from ...kv._format import KVFileInfo, read_kv_header
@@ -73,6 +74,12 @@ def checked_range(entry: Activation, data: Any) -> Any:
     records the checksums the index states; else an IntegrityError naming the memory."""
     locator = entry.locator
     found = hashlib.sha256(data).hexdigest() if len(data) == locator.length else None
+    if entry.checksums is None:  # a whole KV file: its lock's sha256, and its own checksums
+        if found != locator.sha256:
+            raise IntegrityError(f"memory {entry.item_id!r} ({locator.path}) hashes to "
+                                 f"{found}, its lock says {locator.sha256}; nothing was "
+                                 "loaded. Pull the cube again.")
+        return data
     if found != locator.sha256:
         raise IntegrityError(
             f"memory {entry.item_id!r} ({locator.path} [{locator.offset}:{locator.end}]) is "
@@ -95,6 +102,40 @@ def read_header(cube: Path, entry: Activation) -> KVFileInfo:
     if data is None:
         return read_kv_header(resolve_inside(cube, entry.file))
     return read_kv_header(f"{entry.file}#{entry.item_id}", data=data)
+
+
+def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
+    """The memory ``item_id`` of the cube folder ``cube``, found through its lock (read and
+    its digests checked) and, when sharded, its shard's index (checked against the lock):
+    ``(name, bytes)``, the bytes checked against the lock's or the index's sha256 (and the
+    index's checksums) before anything reads them.
+
+    Raises:
+        UsageError: the cube holds no memory of that id (its ids' range named).
+        IntegrityError: the memory's bytes are not the ones its lock commits to.
+        FormatError: the lock or the index is malformed, or disagrees with the lock.
+    """
+    lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    entry = lock.activations.get(item_id)
+    shard = shardformat.shard_of(lock.shards, item_id)
+    if entry is None and shard is not None:
+        index = shardformat.load_index(shard, shardformat.local_fetch(cube), lock.models)
+        entry = index.memories.get(item_id)
+    if entry is None:
+        raise UsageError(f"{cube} holds no activation memory {item_id!r} ("
+                         + (f"{len(lock.activations)} in its lock" if lock.activations else "")
+                         + (", " if lock.activations and lock.shards else "")
+                         + (f"{sum(s.memories for s in lock.shards.values())} in "
+                            f"{len(lock.shards)} shard(s)" if lock.shards else "")
+                         + "); list them with cubepack inspect or verify.")
+    data = memory_bytes(cube, entry)
+    name = f"{cube.name}/{entry.file}#{item_id}"
+    if data is None:
+        path = resolve_inside(cube, entry.file)
+        with open(path, "rb") as handle:
+            data = bytearray(handle.read())
+        checked_range(entry, data)
+    return name, data
 
 
 def wanted(job: PackJob, count: int) -> bool:
@@ -173,6 +214,9 @@ def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> di
         shards[name] = shardformat.lock_entry(name, items)
     for entry in whole.values():
         resolve_inside(staging, entry.file).unlink()
+    folder = staging / constants.ACTIVATIONS_DIR
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
     return {"activations": {item: value for item, value in section.items() if item not in whole},
             "shards": shards}
 
