@@ -11,6 +11,8 @@ from cubepack._util import constants
 from cubepack.format import _lock as lockfile
 from cubepack.format.sections import shards as shardformat
 
+from helpers import without_kv_id
+
 
 def test_pack_shards_and_verifies(bundle, zoo):
     cube = bundle(5)
@@ -59,27 +61,13 @@ def test_pack_shards_only_above_100_memories_unasked(bundle, zoo, tmp_path):
         for index in range(count):  # one cache under many names: ids from the file names
             data = template.read_bytes()
             (many / "activations" / f"m{index:03d}.kv.safetensors").write_bytes(
-                _without_id(data))
+                without_kv_id(data))
         for stale in ("cubepack.lock", "cubepack.yaml", "README.md"):
             (many / stale).unlink(missing_ok=True)
         shutil.rmtree(many / "shards", ignore_errors=True)
         cubepack.pack(many, cube_id="me/many", model=str(zoo["a"]))
         lock = lockfile.parse((many / constants.LOCK_FILENAME).read_bytes())
         assert (lock.version, len(lock.shards)) == ((4, 0) if count == 100 else (6, 1))
-
-
-def _without_id(data: bytes) -> bytes:
-    """A KV file's bytes with its metadata id dropped (its header resealed)."""
-    import tempfile
-    from pathlib import Path
-
-    from helpers import rewrite_kv_metadata
-
-    with tempfile.TemporaryDirectory() as tmp:
-        source, target = Path(tmp) / "a.kv.safetensors", Path(tmp) / "b.kv.safetensors"
-        source.write_bytes(data)
-        rewrite_kv_metadata(source, target, lambda meta: meta["metadata"].pop("id"))
-        return target.read_bytes()
 
 
 def test_a_memory_above_the_bound_gets_a_shard_of_its_own(bundle_factory, zoo, tmp_path):
