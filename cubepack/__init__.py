@@ -48,11 +48,13 @@ from .errors import (
 #: the parts takes a second or more, and the command line must be running (its Ctrl-C handled,
 #: ``--help`` answered) before that. ``from cubepack import pull`` works as ever.
 _PARTS = {
-    "hub": ("PullResult", "PushResult", "RemoteCube", "lineage", "open_cube", "pull", "push"),
+    "hub": ("PullOptions", "PullResult", "PushOptions", "PushResult", "RemoteCube", "lineage",
+            "open_cube", "pull", "push"),
     "identity": ("ModelIdentity", "fingerprint"),
     "kv": ("KVFileInfo", "prefill", "read_kv_header", "save_kv_cache"),
-    "ops": ("MigrateResult", "PackResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
-            "migrate", "pack", "rekey", "sign", "upgrade", "verify"),
+    "ops": ("EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
+            "RekeyOptions", "diff", "encrypt", "load_adapter", "load_kv_cache", "migrate", "pack",
+            "rekey", "sign", "upgrade", "verify"),
     "trust": ("TrustPolicy", "VerifyReport"),
 }
 _PART_OF = {name: part for part, names in _PARTS.items() for name in names}
@@ -82,13 +84,18 @@ def __dir__() -> list[str]:
 
 
 if _TYPE_CHECKING:  # what type checkers and documentation tools read
-    from .hub import PullResult, PushResult, RemoteCube, lineage, open_cube, pull, push
+    from .hub import (PullOptions, PullResult, PushOptions, PushResult, RemoteCube, lineage,
+                      open_cube, pull, push)
     open = open_cube  # noqa: A001 - cubepack.open
     from .identity import ModelIdentity, fingerprint
     from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
     from .ops import (
+        EncryptOptions,
+        MigrateOptions,
         MigrateResult,
+        PackOptions,
         PackResult,
+        RekeyOptions,
         diff,
         encrypt,
         load_adapter,
@@ -105,11 +112,12 @@ if _TYPE_CHECKING:  # what type checkers and documentation tools read
 #: ``cubepack.open`` is no name of ``__all__``: ``from cubepack import *`` must not shadow the
 #: builtin; ``open_cube`` is the same function.
 __all__ = [
-    "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError", "KVFileInfo",
-    "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackResult", "PullResult",
-    "PushResult", "RecomputationFailed", "RefusedError", "RemoteCube", "SignatureError",
-    "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed",
-    "VerifyReport", "__version__", "diff", "encrypt", "fingerprint", "lineage", "load_adapter",
-    "load_kv_cache", "migrate", "open_cube", "pack", "prefill", "pull", "push", "read_kv_header",
-    "rekey", "save_kv_cache", "sign", "upgrade", "verify",
+    "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
+    "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch", "ModelIdentity",
+    "ModelNotFoundError", "PackOptions", "PackResult", "PullOptions", "PullResult", "PushOptions",
+    "PushResult", "RecomputationFailed", "RefusedError", "RekeyOptions", "RemoteCube",
+    "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
+    "VerificationFailed", "VerifyReport", "__version__", "diff", "encrypt", "fingerprint",
+    "lineage", "load_adapter", "load_kv_cache", "migrate", "open_cube", "pack", "prefill", "pull",
+    "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade", "verify",
 ]

@@ -47,10 +47,12 @@ LAZY_BY_DESIGN = {"cubepack.__main__", "cubepack.cli", "cubepack.demo"}
 #: Each face's public names, exactly: the surface changes only on purpose.
 PUBLIC = {
     "cubepack": [
-        "CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
-        "KVFileInfo", "MigrateResult", "Mismatch", "ModelIdentity", "ModelNotFoundError",
-        "PackResult", "PullResult", "PushResult", "RecomputationFailed", "RefusedError",
-        "RemoteCube", "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
+        "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
+        "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch",
+        "ModelIdentity", "ModelNotFoundError", "PackOptions", "PackResult", "PullOptions",
+        "PullResult", "PushOptions", "PushResult", "RecomputationFailed", "RefusedError",
+        "RekeyOptions", "RemoteCube",
+        "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
         "VerificationFailed", "VerifyReport", "__version__", "diff", "encrypt", "fingerprint",
         "lineage", "load_adapter", "load_kv_cache", "migrate", "open_cube", "pack", "pull",
         "prefill", "push",
@@ -59,11 +61,13 @@ PUBLIC = {
                           "fingerprint", "require_same"],
     "cubepack.kv": ["KVFileInfo", "check_kv_file", "prefill", "read_kv_header", "save_kv_cache"],
     "cubepack.trust": ["POLICIES", "Check", "TrustPolicy", "VerifyReport", "unlock_identity"],
-    "cubepack.ops": ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt",
+    "cubepack.ops": ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions",
+                     "PackResult", "RekeyOptions", "UpgradeResult", "diff", "encrypt",
                      "load_adapter", "load_kv_cache", "migrate", "pack", "rekey", "sign",
                      "upgrade", "verify"],
-    "cubepack.hub": ["HubClient", "LineageResult", "PullResult", "PushResult", "RemoteCube",
-                     "lineage", "open_cube", "parse_repo_spec", "pull", "push",
+    "cubepack.hub": ["HubClient", "LineageResult", "PullOptions", "PullResult", "PushOptions",
+                     "PushResult", "RemoteCube", "lineage", "open_cube", "parse_repo_spec",
+                     "pull", "push",
                      "resolve_revision", "verify_remote"],
     "cubepack.localhub": ["HubStore", "LocalHub", "collect_garbage"],
     "cubepack.mlx": ["export_prompt_cache", "import_prompt_cache", "load", "load_prompt_cache",
@@ -307,8 +311,9 @@ def test_a_face_exports_only_names_its_own_part_defines(face):
     hook, and named so in PUBLIC)."""
     module = __import__(face, fromlist=["_"])
     borrowed = {"cubepack.memos": {"POLICIES"},
-                # what pack and migrate return holds each memory kind's fields
-                "cubepack.ops": {"MigrateResult", "PackResult"}}
+                # what pack and migrate take and return holds each memory kind's fields
+                "cubepack.ops": {"MigrateOptions", "MigrateResult", "PackOptions",
+                                 "PackResult"}}
     for name in module.__all__:
         defined_in = getattr(getattr(module, name), "__module__", face) or face
         if name in borrowed.get(face, ()):

@@ -318,8 +318,8 @@ def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
     describe("vectors", what="A MemOS text memory holding vectors (textual_memory.json, 32 "
              "dimensions, by the tiny encoder E), its embedder's record and probes in lock "
              "version 4.", commit=head(),
-             how="cubepack.kinds.vectors._embedder.embed_locally(E, texts) into textual_memory.json, "
-             "then cubepack.pack(cube, embedder=E).",
+             how="cubepack.kinds.vectors._embedder.embed_locally(E, texts) into "
+                 "textual_memory.json, then cubepack.pack(cube, embedder=E).",
              expect={"artefact": "cube", "embedder": "e", "verify": {}})
 
 

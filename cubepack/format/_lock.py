@@ -223,21 +223,29 @@ def content_digest(lock: dict[str, Any]) -> str:
 
 def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
                models: dict[str, dict[str, Any]], cubepack_version: str,
-               activations: dict[str, dict[str, Any]] | None = None,
-               adapters: dict[str, Any] | None = None,
                lineage: dict[str, Any] | None = None,
                encryption: dict[str, Any] | None = None,
-               shards: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Assemble a lock document and compute its digests. An empty optional section (no
-    ``adapters``, a None ``lineage``) is left out (a cube without that section). The version
-    is the lowest that holds every section present (``encryption``: 5)."""
-    given = {"files": files, "models": models, "activations": activations or {},
-             "adapters": adapters, "lineage": lineage, "encryption": encryption,
-             "shards": shards}
+               **memories: dict[str, Any] | None) -> dict[str, Any]:
+    """Assemble a lock document and compute its digests. ``memories``: each memory kind's
+    section by its key (``activations``, ``adapters``...: ``SECTIONS`` names them). An empty
+    optional section (no ``adapters``, a None ``lineage``) is left out (a cube without that
+    section); a required one absent is empty. The version is the lowest that holds every
+    section present (``encryption``: 5).
+
+    Raises:
+        TypeError: a section ``SECTIONS`` does not declare.
+    """
+    unknown = sorted(set(memories) - set(SECTION_KEYS))
+    if unknown:
+        raise TypeError(f"build_lock: no lock section {', '.join(unknown)}")
+    given = {"files": files, "models": models, "lineage": lineage, "encryption": encryption,
+             **memories}
     body: dict[str, Any] = {"lock_version": constants.LOCK_VERSION,
                             "cubepack_version": cubepack_version, "cube_id": cube_id}
     for section in SECTIONS:
-        value = given[section.key]
+        value = given.get(section.key)
+        if section.required and value is None:
+            value = {}
         if section.required or value:
             body[section.key] = value
             body["lock_version"] = max(body["lock_version"], section.since)

@@ -13,9 +13,10 @@ are honoured through huggingface_hub itself.
 from ._client import HubClient, parse_repo_spec
 from ._lineage import LineageResult, lineage
 from ._open import RemoteCube, open_cube
-from ._pull import PullResult, pull, resolve_revision
-from ._push import PushResult, push
+from ._pull import PullOptions, PullResult, pull, resolve_revision
+from ._push import PushOptions, PushResult, push
 from ._remote import verify_remote
 
-__all__ = ["HubClient", "LineageResult", "PullResult", "PushResult", "RemoteCube", "lineage",
-           "open_cube", "parse_repo_spec", "pull", "push", "resolve_revision", "verify_remote"]
+__all__ = ["HubClient", "LineageResult", "PullOptions", "PullResult", "PushOptions", "PushResult",
+           "RemoteCube", "lineage", "open_cube", "parse_repo_spec", "pull", "push",
+           "resolve_revision", "verify_remote"]

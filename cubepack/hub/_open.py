@@ -144,7 +144,7 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
 
     Example:
         ```python
-        cube = cubepack.open("alice/travel-notes@main", endpoint="http://127.0.0.1:8999")
+        cube = cubepack.open_cube("alice/travel-notes@main")  # cubepack.open is the same
         cache = cube.load("item-1", model)
         ```
     """

@@ -18,11 +18,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ClassVar
 
 from .._util import atomic, budget, canonical, constants
 from .._util.checks import Catalogue
 from .._util.hashing import hash_files, sha256_file
+from .._util.options import Options
 from .._util.paths import check_no_collisions, check_relpath, resolve_inside
 from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
@@ -62,19 +63,38 @@ class PullResult:
                 "report": self.report.to_dict() if self.report else None}
 
 
+@dataclass(frozen=True)
+class PullOptions(Options):
+    """Which commit ``pull`` takes, from where, and where it places it (``cubepack.pull``'s
+    keyword arguments besides a trust policy's fields; see its docstring for each)."""
+
+    VERB: ClassVar[str] = "pull"
+
+    revision: str | None = None
+    repo_type: str = "dataset"
+    local_dir: str | Path | None = None
+    verify_cube: bool = True
+    offline: bool | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    cache_dir: str | Path | None = None
+    progress: bool | None = None
+    force: bool = False
+    timeout: float | None = None
+    decrypt_with: str | os.PathLike[str] | None = None
+
+
 @terminal_bars
-def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None = None,
-         repo_type: str = "dataset", local_dir: str | Path | None = None,
-         verify_cube: bool = True, offline: bool | None = None, token: str | None = None,
-         endpoint: str | None = None, cache_dir: str | Path | None = None,
-         progress: bool | None = None, force: bool = False, timeout: float | None = None,
-         decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> PullResult:
+def pull(repo: str, policy: TrustPolicy | None = None, options: PullOptions | None = None,
+         **fields: Any) -> PullResult:
     """Pull exactly one commit of a cube repo, verify it, then place it at ``local_dir``.
 
-    ``repo`` may carry the revision (``owner/name@rev``). The revision is resolved to its
+    ``options`` (a ``PullOptions``: ``revision``, ``local_dir``, ``force``, ``timeout``...)
+    may be given as ``fields`` too, set over it. ``repo`` may carry the revision
+    (``owner/name@rev``). The revision is resolved to its
     40-hex commit first; that commit is downloaded (offline: served from the HF cache) and
     verified against its lock and ``policy`` (a :class:`~cubepack.trust.TrustPolicy`, or its
-    fields as ``options``), with the pinned model checked too (the policy's ``model``, the
+    fields among ``fields``), with the pinned model checked too (the policy's ``model``, the
     pinned revision in the HF cache, or the Hub's file metadata; a pinned model the endpoint
     does not host is reported as unverified unless ``strict_models``). ``local_dir`` changes
     only when everything passed: a failed or interrupted pull leaves it as it was.
@@ -110,7 +130,15 @@ def pull(repo: str, policy: TrustPolicy | None = None, *, revision: str | None =
         print(result.commit_sha, result.local_dir)
         ```
     """
-    policy = TrustPolicy.build(policy, **options)
+    options, rest = PullOptions.take(options, fields)
+    return _pull(repo, TrustPolicy.build(policy, **rest), options)
+
+
+def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
+    revision, repo_type, local_dir = options.revision, options.repo_type, options.local_dir
+    verify_cube, offline, token = options.verify_cube, options.offline, options.token
+    endpoint, cache_dir, progress = options.endpoint, options.cache_dir, options.progress
+    force, timeout, decrypt_with = options.force, options.timeout, options.decrypt_with
     policy.require_honoured("pull")
     repo_id, wanted = parse_repo_spec(repo, revision)
     policy.require_pinned(wanted, f"{repo_id}@{wanted or 'main'}", "Name the 40-hex commit "

@@ -12,10 +12,11 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .._util import constants
 from .._util.hashing import sha256_file
+from .._util.options import Options
 from .._util.paths import names_a_path
 from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name
@@ -53,15 +54,34 @@ RETRY_BASE = 0.05
 RETRY_CAP = 5.0
 
 
+@dataclass(frozen=True)
+class PushOptions(Options):
+    """Where and how ``push`` commits (``cubepack.push``'s keyword arguments; see its
+    docstring for each)."""
+
+    VERB: ClassVar[str] = "push"
+
+    repo_type: str = "dataset"
+    private: bool = False
+    revision: str | None = None
+    tag: str | None = None
+    commit_message: str | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    progress: bool | None = None
+    allow_local_paths: bool = False
+    timeout: float | None = None
+    create_pr: bool = False
+
+
 @terminal_bars
-def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", private: bool = False,
-         revision: str | None = None, tag: str | None = None, commit_message: str | None = None,
-         token: str | None = None, endpoint: str | None = None,
-         progress: bool | None = None, allow_local_paths: bool = False,
-         timeout: float | None = None, create_pr: bool = False) -> PushResult:
+def push(cube_dir: str | Path, repo_id: str, options: PushOptions | None = None,
+         **fields: Any) -> PushResult:
     """Push a packed cube as exactly one commit (or none when nothing changed).
 
-    The cube is verified first: an unpacked or failing cube is refused before any network
+    ``options`` (a ``PushOptions``: ``revision``, ``tag``, ``create_pr``, ``token``...)
+    may be given as ``fields`` too, set over it. The cube is verified first: an unpacked or
+    failing cube is refused before any network
     call, and so is one whose ``config.json`` names a model by a local path (unless
     ``allow_local_paths``). Only files whose content differs from the branch head are
     uploaded; files the cube no longer has are deleted in the same commit. A ``tag`` that
@@ -94,6 +114,15 @@ def push(cube_dir: str | Path, repo_id: str, *, repo_type: str = "dataset", priv
         print(result.commit_sha)
         ```
     """
+    return _push(Path(cube_dir), repo_id, PushOptions.build(options, **fields))
+
+
+def _push(cube_dir: Path, repo_id: str, options: PushOptions) -> PushResult:
+    repo_type, private, revision = options.repo_type, options.private, options.revision
+    tag, commit_message, token = options.tag, options.commit_message, options.token
+    endpoint, progress = options.endpoint, options.progress
+    allow_local_paths, timeout, create_pr = (options.allow_local_paths, options.timeout,
+                                             options.create_pr)
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
     # Every argument is checked before the cube is hashed or the endpoint asked anything.

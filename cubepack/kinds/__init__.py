@@ -9,7 +9,7 @@
 - ``vectors``: a text memory's vectors and the embedder that makes them, proved by
   re-embedding, re-embedded by migrate;
 - ``_kind``: the :class:`Kind` protocol (its phases), the jobs its phases are handed
-  (:class:`PackJob`, :class:`MigrateJob`) and pack's options (:class:`PackOptions`);
+  (:class:`PackJob`, :class:`MigrateJob`) and pack's options (``PackOptions``);
 - ``_results``: what ``pack`` and ``migrate`` return (each kind fills its fields).
 
 A kind's rules are its own; what a verb does with them (the order of the phases: bytes
@@ -19,7 +19,7 @@ checked before anything is parsed, trust decided before anything is decrypted or
 
 from collections.abc import Mapping
 
-from ._kind import Kind, MigrateJob, PackJob, PackOptions, made_pin
+from ._kind import Kind, MigrateJob, MigrateOptions, PackJob, PackOptions, made_pin
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
 from .adapters import KIND as _ADAPTERS
@@ -41,5 +41,6 @@ def serving(verb: str) -> Kind:
     return next(kind for kind in KINDS if kind.serves == verb)
 
 
-__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateResult", "PackJob", "PackOptions",
+__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateOptions", "MigrateResult", "PackJob",
+           "PackOptions",
            "PackResult", "counted", "made_pin", "serving"]

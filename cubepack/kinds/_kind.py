@@ -13,10 +13,12 @@ pack               ``refuse``          before anything is read but the file list
 pack               ``pin``             before staging: pins the models the kind needs
 pack               ``stage``           in the staging folder, after the copy: conversions
 pack               ``prove``           ``pack --recompute`` only, after every ``stage``
+pack               ``memories``        its files, listed in ``cubepack.yaml``
 pack               ``entries``         after hashing: the kind's lock section
 pack               ``store``           after every ``entries``: the files as stored (shards)
 pack               ``finish``          the lock written: the kind's fields of the result
 verify             ``check_bytes``     files hashed; BEFORE trust (only intact files parsed)
+verify             ``model_note``      a pinned model failed: say whose pin it is
 verify             ``check_base``      a pinned model matched: does it fit the kind's entries
 verify             ``check_proofs``    AFTER trust, clear cubes: recompute, provenance...
 sign               ``established``     what a passed verification proved of the kind's items
@@ -26,6 +28,7 @@ upgrade            ``upgradable``      which of the kind's files upgrade looks a
 upgrade            ``upgrade``         rewrites one such file (staged, or a lone file)
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
+(its load verb)    ``load``            after the policy is honoured and the cube verified
 =================  ==================  ====================================================
 
 Every phase has a do-nothing default here, so a kind implements the phases it needs and
@@ -37,12 +40,12 @@ parameters. What a kind keeps between its own phases it keeps in ``job.state[kin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from .._util.options import Options
 from ..errors import UnsupportedError, UsageError
-
 from ..format import _lock as lockfile
 
 if TYPE_CHECKING:  # types only: the phases' arguments
@@ -52,9 +55,11 @@ if TYPE_CHECKING:  # types only: the phases' arguments
 
 
 @dataclass(frozen=True)
-class PackOptions:
+class PackOptions(Options):
     """What ``pack`` is asked to do beyond packing the folder as it is (``cubepack.pack``'s
-    keyword arguments; see its docstring for each). Built once, by :meth:`build`."""
+    keyword arguments; see its docstring for each)."""
+
+    VERB: ClassVar[str] = "pack"
 
     model: Any = None
     revision: str | None = None
@@ -77,20 +82,44 @@ class PackOptions:
     #: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``
     derived: Mapping[str, Any] | None = None
 
-    @classmethod
-    def build(cls, options: PackOptions | None = None, **fields_: Any) -> PackOptions:
-        """``options`` with ``fields_`` set (the keyword arguments ``pack`` takes).
+
+@dataclass(frozen=True)
+class MigrateOptions(Options):
+    """What ``migrate`` builds (``cubepack.migrate``'s keyword arguments; see its docstring):
+    where, for which new model and/or embedder, signed how. A name a trust policy has too
+    (``model``, ``embedder``) is migrate's: the old cube's policy goes in ``policy``."""
+
+    VERB: ClassVar[str] = "migrate"
+
+    out: str | Path | None = None
+    model: Any = None
+    revision: str | None = None
+    embedder: str | None = None
+    progress: bool | None = None
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+
+    def check(self) -> None:
+        """Refuse a migrate that names nothing to migrate to, or nowhere to put it.
 
         Raises:
-            UsageError: a name that is no option (a typo is never ignored).
+            UsageError: no ``out``; neither ``model`` nor ``embedder``; ``revision`` alone.
         """
-        names = {entry.name for entry in fields(cls)}
-        unknown = sorted(set(fields_) - names)
-        if unknown:
-            raise UsageError(f"pack takes no option {', '.join(unknown)}; its options: "
-                             f"{', '.join(sorted(names - {'derived'}))}.")
-        base = options if options is not None else cls()
-        return cls(**{**{name: getattr(base, name) for name in names}, **fields_})
+        if self.out is None:
+            raise UsageError("migrate needs out=, where the new cube goes (--out).")
+        if self.model is None and self.embedder is None:
+            raise UsageError("migrate needs a new model, a new embedder or both: pass "
+                             "--model M and/or --embedder E.")
+        if self.revision is not None and self.model is None:
+            raise UsageError("--revision picks a revision of --model; pass --model too.")
+
+    def packing(self, **fields: Any) -> PackOptions:
+        """How ``pack`` locks the cube migrate built: for the new model and embedder, signed
+        as asked, with ``fields`` (its cube id, the lineage and labels migrate derived)."""
+        return PackOptions.build(model=self.model, revision=self.revision,
+                                 embedder=self.embedder, progress=self.progress,
+                                 sign_key=self.sign_key, sign_password=self.sign_password,
+                                 **fields)
 
 
 @dataclass(frozen=True)
@@ -144,6 +173,13 @@ class MigrateJob:
     proven: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: kind name -> what the kind keeps between its phases
     state: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cube: Path, staging: Path, lock: Lock, config: dict[str, Any] | None,
+           options: MigrateOptions) -> MigrateJob:
+        """The job of a migrate of ``cube`` asked as ``options``."""
+        return cls(cube, staging, lock, config, options.model, options.revision,
+                   options.embedder, options.progress)
 
 
 def made_pin(pins: dict[str, dict[str, Any]], role: str) -> Pin | None:

@@ -466,9 +466,9 @@ def apply_policy(staged: _Staged, item_id: str, mismatch: IdentityMismatch,
 def rebuild(act_mem: Any, item_id: str, metadata: dict[str, Any], *,
             token_ids: list[int] | None = None, producer: ModelIdentity | None = None) -> Any:
     """Rebuild an item with the live model by the re-prefill ``cubepack migrate`` uses
-    (:func:`cubepack.kinds.activations._reprefill.reprefill`): its stored token ids when the live tokenizer
-    is its producer's, else its ``source_text`` (a string, a list of strings or chat messages)
-    through the chat template, as MemOS's ``extract`` builds it.
+    (:func:`cubepack.kinds.activations._reprefill.reprefill`): its stored token ids when the
+    live tokenizer is its producer's, else its ``source_text`` (a string, a list of strings or
+    chat messages) through the chat template, as MemOS's ``extract`` builds it.
 
     Raises:
         RecomputationFailed: neither usable ids nor a source_text to re-tokenise.

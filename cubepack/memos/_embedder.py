@@ -1,10 +1,11 @@
 """Checking a MemOS text memory's vectors against the embedder MemOS loaded, at load time.
 
-The same test as ``verify --embedder`` (see :mod:`cubepack.kinds.vectors._embedder`), run with the live
-embedder of the cube MemOS built: it re-embeds memories it draws at random from the file MemOS
-loaded, in one batched call. On a mismatch the policy decides: ``error`` raises, ``drop`` removes the textual memories (a vector
-store holds no memory without its vector), ``rebuild`` re-embeds every textual memory with the
-live embedder (MemOS's own ``add`` embeds them).
+The same test as ``verify --embedder`` (see :mod:`cubepack.kinds.vectors._embedder`), run
+with the live embedder of the cube MemOS built: it re-embeds memories it draws at random
+from the file MemOS loaded, in one batched call. On a mismatch the policy decides: ``error``
+raises, ``drop`` removes the textual memories (a vector store holds no memory without its
+vector), ``rebuild`` re-embeds every textual memory with the live embedder (MemOS's own
+``add`` embeds them).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The verbs on a packed cube: orchestration only. Each step calls the owners of the rules
-below it (the file-set rule, the lock's sections, the evidence, the policy) and holds none of
-its own. Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
+"""The verbs on a packed cube: orchestration only. Each verb keeps the order of its phases
+(bytes checked before anything is parsed, trust decided before anything is decrypted or
+loaded) and runs each phase for every memory kind (``cubepack.kinds.KINDS``); each step calls
+the owners of the rules below it (the file-set rule, the lock's sections, the evidence, the
+policy, the kinds) and holds none of its own (``tests/kinds/test_ops_holds_no_kind.py``). Nothing here pushes or pulls: a Hub id is only resolved to a folder (through the HF
 cache, as transformers does) when a model is fingerprinted.
 
 - :func:`pack` (``_pack``): pin, lock and card a cube folder, in place and atomically;
@@ -17,9 +19,9 @@ cache, as transformers does) when a model is fingerprinted.
   beyond this face, declared once (``tests/test_architecture.py`` holds them to it).
 """
 
-from ..kinds import MigrateResult, PackResult
+from ..kinds import MigrateOptions, MigrateResult, PackOptions, PackResult
 from ._diff import diff
-from ._encrypt import encrypt, rekey
+from ._encrypt import EncryptOptions, RekeyOptions, encrypt, rekey
 from ._load import load_adapter, load_kv_cache
 from ._migrate import migrate
 from ._pack import pack
@@ -27,5 +29,6 @@ from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["MigrateResult", "PackResult", "UpgradeResult", "diff", "encrypt", "load_adapter",
-           "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade", "verify"]
+__all__ = ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
+           "RekeyOptions", "UpgradeResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
+           "migrate", "pack", "rekey", "sign", "upgrade", "verify"]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .._util import constants
 from .._util.checks import Catalogue
+from .._util.options import Options
 from .._util.paths import resolve_inside
 from ..errors import (
     FormatError,
@@ -81,11 +83,41 @@ def _signers(policy: TrustPolicy, sign_key: str | Path | None,
     return ids
 
 
-def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
-            hide_names: bool = False, sign_key: str | Path | None = None,
-            sign_password: str | None = None, progress: bool | None = None,
-            trusted_keys: list[str | Path] | tuple = (), policy: TrustPolicy | None = None,
-            continue_from: str | Path | None = None) -> EncryptResult:
+@dataclass(frozen=True)
+class EncryptOptions(Options):
+    """How ``encrypt`` writes a private cube (``cubepack.encrypt``'s keyword arguments; see
+    its docstring for each)."""
+
+    VERB: ClassVar[str] = "encrypt"
+
+    hide_names: bool = False
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    progress: bool | None = None
+    trusted_keys: list[str | Path] | tuple = ()
+    policy: TrustPolicy | None = None
+    continue_from: str | Path | None = None
+
+
+@dataclass(frozen=True)
+class RekeyOptions(Options):
+    """How ``rekey`` changes a private cube's readers (``cubepack.rekey``'s keyword arguments;
+    see its docstring for each)."""
+
+    VERB: ClassVar[str] = "rekey"
+
+    add: list[str] | tuple[str, ...] = ()
+    remove: list[str] | tuple[str, ...] = ()
+    to: list[str] | tuple[str, ...] = ()
+    rotate: bool = False
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    trusted_keys: list[str | Path] | tuple = ()
+    policy: TrustPolicy | None = None
+
+
+def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...],
+            options: EncryptOptions | None = None, **fields: Any) -> EncryptResult:
     """Encrypt the packed cube at ``cube_dir`` to ``recipients`` (age X25519 keys, SSH
     ed25519/RSA public keys, or files of them), in place and atomically: the cube is verified
     first (a cube that does not verify is never encrypted), then written whole beside itself and
@@ -95,6 +127,7 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
     ``sign_key``'s public half or one of ``trusted_keys`` (a signature is never moved onto
     content its signer did not sign).
 
+    The settings are an ``EncryptOptions`` (``options``), or its fields as ``fields``.
     ``trusted_keys`` (or ``policy``, a :class:`TrustPolicy` of which encrypt applies
     ``trusted_keys`` and ``require_signature``): the clear cube must be signed by one of them
     (with ``sign_key``: by one of them or by the signing key itself).
@@ -123,7 +156,15 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...], *,
         print(result.recipients, result.generation)
         ```
     """
-    cube = Path(cube_dir)
+    return _encrypt(Path(cube_dir), recipients, EncryptOptions.build(options, **fields))
+
+
+def _encrypt(cube: Path, recipients: list[str] | tuple[str, ...],
+             options: EncryptOptions) -> EncryptResult:
+    hide_names, sign_key, sign_password = (options.hide_names, options.sign_key,
+                                           options.sign_password)
+    progress, trusted_keys, policy = options.progress, options.trusted_keys, options.policy
+    continue_from = options.continue_from
     policy = _policy(policy, trusted_keys, "encrypt")
     parsed = age.parse_recipients(list(recipients))
     if sign_key is not None:
@@ -233,16 +274,13 @@ def _remember(series: str, key: str | Path, password: str | None, generation: in
                               known)
 
 
-def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
-          add: list[str] | tuple[str, ...] = (), remove: list[str] | tuple[str, ...] = (),
-          to: list[str] | tuple[str, ...] = (), rotate: bool = False,
-          sign_key: str | Path | None = None, sign_password: str | None = None,
-          trusted_keys: list[str | Path] | tuple = (),
-          policy: TrustPolicy | None = None) -> EncryptResult:
+def rekey(cube_dir: str | Path, identity: str | os.PathLike[str],
+          options: RekeyOptions | None = None, **fields: Any) -> EncryptResult:
     """Change a private cube's recipients: decrypt it in memory with ``identity``, then write
     every file again encrypted to the new set, in place and atomically, with the same clear
     content and the same ciphertext names, as the next generation (one above the cube's).
 
+    The settings are a ``RekeyOptions`` (``options``), or its fields as ``fields``.
     The new set is ``to`` (every recipient named: the whole set), or the cube's recipients
     with ``add`` and without ``remove``. The cube's own recipient list is kept only when a
     trusted key signed it (``trusted_keys``, or ``policy``'s, or ``sign_key``'s own public
@@ -286,7 +324,13 @@ def rekey(cube_dir: str | Path, identity: str | os.PathLike[str], *,
         print(result.removed, result.generation)
         ```
     """
-    cube = Path(cube_dir)
+    return _rekey(Path(cube_dir), identity, RekeyOptions.build(options, **fields))
+
+
+def _rekey(cube: Path, identity: str | os.PathLike[str], options: RekeyOptions) -> EncryptResult:
+    add, remove, to, rotate = options.add, options.remove, options.to, options.rotate
+    sign_key, sign_password = options.sign_key, options.sign_password
+    trusted_keys, policy = options.trusted_keys, options.policy
     if to and (add or remove):
         raise UsageError("--to names every recipient of the rekeyed cube; it cannot be "
                          "combined with --add or --remove (name the whole set with --to, or "

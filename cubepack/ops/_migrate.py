@@ -24,7 +24,7 @@ from .._util.paths import resolve_inside
 from .._util.quiet import terminal_bars
 from ..errors import FormatError, UsageError
 from ..format.sections import Lock
-from ..kinds import KINDS, MigrateJob, MigrateResult
+from ..kinds import KINDS, MigrateJob, MigrateOptions, MigrateResult
 from ..trust import _lineage as lineage
 from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key
@@ -34,23 +34,26 @@ from ._verify import verify
 
 
 @terminal_bars
-def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str | Path,
-            model: Any = None, revision: str | None = None, embedder: str | None = None,
-            progress: bool | None = None, sign_key: str | Path | None = None,
-            sign_password: str | None = None, **options: Any) -> MigrateResult:
+def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None,
+            options: MigrateOptions | None = None, **fields: Any) -> MigrateResult:
     """Build at ``out`` a packed cube for ``model`` and/or ``embedder`` from the cube at
     ``cube_dir`` (see the module docstring).
 
     Args:
+        policy: what the old cube must prove before anything is derived from it (a
+            :class:`TrustPolicy`, or its fields among ``fields``: ``trusted_keys``,
+            ``require_signature``, ``require_lineage``, ``require_provenance``,
+            ``strict_models``, ...; ``model`` and ``embedder`` are migrate's: the old
+            cube's producer is ``policy``'s ``model``).
+        options: a ``MigrateOptions``: the settings below.
+        fields: the same settings by keyword, set over ``options``, and the policy's fields.
+
+    Options:
         out: where the new cube goes: a path that does not exist, or an empty folder.
         model: the new activation producer (folder, Hub id or loaded model).
         revision: branch, tag or commit of a Hub ``model``.
         embedder: the new embedder (a spec, as for ``verify --embedder``).
         progress: a progress bar while re-embedding (default: only on a terminal).
-        policy: what the old cube must prove before anything is derived from it (a
-            :class:`TrustPolicy`, or its fields as ``options``: ``trusted_keys``,
-            ``require_signature``, ``require_lineage``, ``require_provenance``,
-            ``strict_models``, ...; its ``model`` is the *old* cube's producer).
         sign_key: sign the new cube (ECDSA P-256/P-384 private key, PEM): its attestation
             states the lineage as derived by this migrate, the only step that can; a later
             ``cubepack sign`` or ``pack --sign-key`` carries it as a claim.
@@ -72,19 +75,16 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
         print(result.activations)
         ```
     """
-    if model is None and embedder is None:
-        raise UsageError("migrate needs a new model, a new embedder or both: pass --model M "
-                         "and/or --embedder E.")
-    if revision is not None and model is None:
-        raise UsageError("--revision picks a revision of --model; pass --model too.")
-    policy = TrustPolicy.build(policy, **options)
+    options, rest = MigrateOptions.take(options, fields)
+    options.check()
+    policy = TrustPolicy.build(policy, **rest)
     policy.require_honoured("migrate")
-    cube, target = Path(cube_dir), Path(out)
+    cube, target = Path(cube_dir), Path(options.out)
     _check_target(cube, target)
-    if sign_key is not None:
-        check_key(sign_key, private=True, password=sign_password)  # fail before any work
+    if options.sign_key is not None:  # fail before any work
+        check_key(options.sign_key, private=True, password=options.sign_password)
     # The whole policy, before anything is written (raises VerificationFailed).
-    report = verify(cube, policy, progress=progress)
+    report = verify(cube, policy, progress=options.progress)
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
     lock = report.lock
     if is_private(lock):  # its memories are encrypted: migrate would rebuild ciphertexts
@@ -96,12 +96,11 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None, *, out: str
         created = atomic.missing_parents(target)
         staging = atomic.staging_dir(target, "migrate")
         try:
-            job = MigrateJob(cube, staging, lock, config, model, revision, embedder, progress)
+            job = MigrateJob.of(cube, staging, lock, config, options)
             section = _derive(job, ancestors, lock_bytes)
-            packed = pack(staging, model=model, revision=revision, embedder=embedder,
-                          progress=progress, cube_id=lock.cube_id if job.config is None else None,
-                          sign_key=sign_key, sign_password=sign_password,
-                          derived={"lineage": section, "provenance": job.proven})
+            packed = pack(staging, options.packing(
+                cube_id=lock.cube_id if job.config is None else None,
+                derived={"lineage": section, "provenance": job.proven}))
             atomic.replace_dir(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

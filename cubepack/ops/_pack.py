@@ -39,8 +39,11 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
     """Pack the cube folder ``cube_dir`` in place.
 
     Args:
-        options: a :class:`PackOptions`; ``fields`` are its fields, for convenience
-            (``pack(cube, model=..., recompute=True)``), set over ``options``:
+        options: a ``PackOptions``: the settings below (its defaults without it).
+        fields: the same settings by keyword, set over ``options``
+            (``pack(cube, model=..., recompute=True)``); an unknown one is a UsageError.
+
+    Options:
         model: the activation producer (folder, Hub id or loaded model), overriding the
             ``act_mem`` extractor named in ``config.json``.
         revision: branch, tag or commit of a Hub ``model`` to pin.
@@ -68,6 +71,11 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
             adapter name -> base. Without it each adapter's base is the one the last pack
             pinned, else the name its adapter_config.json claims (used to find the base only:
             the pin is the base's own fingerprint).
+        shards: store the activation memories many to a file (shards, each with its index:
+            lock version 6, docs/reference/shards.md), True; one a file, False; None (the
+            default): shards above 100 memories, or when the cube is sharded already.
+        shard_size: a shard's bound in bytes (implies ``shards``; default 2 GiB); a memory
+            larger than it gets a shard of its own.
         derived: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``,
             the lineage of the cube it builds and the activations it re-prefilled itself.
             Without it, a cube's recorded lineage is kept (a re-pack to sign it, say).

@@ -89,7 +89,8 @@ def satisfies(backing: dict[str, Any], required: str) -> bool:
     if required == RECOMPUTED:
         # Proved now: the stored tensors must BE this process's prefill (a cache within the
         # proof's bound can still steer an answer; docs/explanation/proof-bound.md). Signed:
-        # a signer states `recomputed` only under that same rule (kinds/activations/_verify.established).
+        # a signer states `recomputed` only under that same rule
+        # (kinds/activations/_verify.established).
         return backing["kind"] == RECOMPUTED and backing["full"] and (
             backing["basis"] != PROVED or bool(backing.get("exact")))
     return STRENGTH[backing["kind"]] >= STRENGTH[required]

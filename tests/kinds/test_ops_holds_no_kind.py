@@ -10,7 +10,10 @@ The rule an AST can check: an ``ops`` module
   an import): no word of :data:`KIND_WORDS` in it, split at ``_`` and case. Exempt: the
   public verbs' names (``load_adapter``, pinned by ``tests/test_architecture.py``) and their
   own parameters (``migrate(embedder=...)``: their signatures are public, kept as they were),
-  used inside that verb. Strings and comments are words to a reader, not code: free.
+  used inside that verb;
+- names no kind by a key: no string that is a kind's name, lock section or ``cubepack.yaml``
+  key (``lock.entries("adapters")`` is a kind's code spelled as data). Other strings and
+  comments are words to a reader, not code: free.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 
 import cubepack
 import cubepack.ops
+from cubepack.kinds import KINDS
 
 OPS = Path(cubepack.__file__).parent / "ops"
 #: The words that name a memory kind or what only one kind holds.
@@ -30,6 +34,8 @@ KIND_WORDS = {"activation", "activations", "adapter", "adapters", "embedder", "e
               "vector", "vectors", "kv", "lora", "peft", "prompt", "prompts", "reprefill",
               "reembed", "parametric", "textual", "act"}
 PUBLIC_VERBS = set(cubepack.ops.__all__)
+#: The keys the registry knows each kind by.
+KIND_KEYS = {key for kind in KINDS for key in (kind.name, kind.section, kind.memory) if key}
 
 
 def _words(identifier: str) -> set[str]:
@@ -76,6 +82,8 @@ def kind_code(source: str, module: str = "cubepack.ops._x") -> list[tuple[int, s
             names = [node.name]
         elif isinstance(node, ast.arg):
             names = [node.arg]
+        elif isinstance(node, ast.Constant) and node.value in KIND_KEYS:
+            found.append((node.lineno, f"names {node.value!r}"))
         found += [(node.lineno, name) for name in names
                   if _spelled(name) and name not in exempt]
     return found
@@ -100,6 +108,8 @@ def test_an_ops_module_holds_no_memory_kind_s_code(path):
      [(1, "imports cubepack.kv._format"), (1, "read_kv_header")]),
     ("def g(x):\n    return x.vectorsRecord\n", [(2, "vectorsRecord")]),
     ("def f(reembed=None):\n    pass\n", [(1, "reembed")]),
+    ("def f(lock):\n    return lock.entries('adapters')\n", [(2, "names 'adapters'")]),
+    ("x = {'parametric': []}\n", [(1, "names 'parametric'")]),
     # free: the face, a public verb and its own parameters, words in strings
     ("from ..kinds import KINDS\nfor kind in KINDS:\n    kind.check_bytes(r, l, g)\n", []),
     ("def migrate(cube, *, embedder=None):\n    return embedder\n", []),

@@ -375,7 +375,8 @@ def _pin_from_hub(name: str, revision: str | None) -> tuple[ModelIdentity, bool]
 
 def activation_filename(item_id: str) -> str:
     """A safe file name for an item id (ids that are not plain names are hashed)."""
-    stem = item_id if _SAFE_ID.match(item_id) else "item-" + hashlib.sha256(item_id.encode()).hexdigest()[:16]
+    stem = item_id if _SAFE_ID.match(item_id) \
+        else "item-" + hashlib.sha256(item_id.encode()).hexdigest()[:16]
     return f"{constants.ACTIVATIONS_DIR}/{stem}{constants.KV_SUFFIX}"
 
 

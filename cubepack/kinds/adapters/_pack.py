@@ -18,8 +18,10 @@ NAME = "adapters"
 
 
 def refuse(cube: Path, files: list[str], options: PackOptions) -> None:
-    """A base named for adapters the folder does not hold is a mistake, said at once."""
-    if options.adapter_base is not None and not adapters_mod.adapter_folders(files):
+    """PEFT files outside an adapter's folder, and a base named for adapters the folder does
+    not hold, are refused at once, before any model is pinned."""
+    names = adapters_mod.adapter_folders(files)  # raises on PEFT files outside parametric/
+    if options.adapter_base is not None and not names:
         raise UsageError(f"--adapter-base names a base for LoRA adapters, but {cube} holds none "
                          f"(an adapter is a folder {constants.PARAMETRIC_DIR}/NAME/ with "
                          f"{constants.ADAPTER_CONFIG} and {constants.ADAPTER_WEIGHTS}).")

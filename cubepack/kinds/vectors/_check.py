@@ -1,7 +1,7 @@
 """The embedder check pack, verify and the MemOS hook share: memories drawn at random by this
 process re-embedded by the live embedder and compared with the vectors the cube stores (and
-the probe vectors the lock records). Turns what :mod:`cubepack.kinds.vectors._embedder` computes into
-report checks."""
+the probe vectors the lock records). Turns what :mod:`cubepack.kinds.vectors._embedder`
+computes into report checks."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 A vector is only meaningful for the embedder that made it: another embedder of the same
 dimension silently garbles retrieval, another dimension crashes the vector store. ``pack``
 records, for a text memory that holds vectors, its dimension, count and a sample of its
-memories; the embedder check (:mod:`cubepack.kinds.vectors._embedder`) re-embeds them. Cosine >= 0.999:
+memories; the embedder check (:mod:`cubepack.kinds.vectors._embedder`) re-embeds them.
+Cosine >= 0.999:
 the same embedder elsewhere differs by rounding (~1e-6), another model falls far below.
 """
 
