@@ -167,3 +167,50 @@ def test_memories_swapped_inside_a_shard(cube, zoo):
                                 shardformat.local_fetch(cube))
     with pytest.raises(IntegrityError, match="memory 'item-000'.*its index says"):
         memory_bytes(cube, lock.activations["item-000"])
+
+
+def test_ids_one_once_normalised_across_shards(cube, zoo):
+    """Shard 2's memory renamed item-00３ (a fullwidth digit): NFKC makes it item-003, which
+    shard 1 holds. The ranges stay disjoint (code points), so only the id rule refuses it."""
+    odd = "item-00\uff13"
+    edit_index(cube, "shards/activations-00002.index.json",
+               lambda index: index["memories"].__setitem__(odd,
+                                                           index["memories"].pop("item-004")))
+    reseal_lock(cube, lambda lock: lock["shards"]["shards/activations-00002.kvshard"].update(
+        first=odd, last=odd))
+    assert "differ only by Unicode normalisation" in refusal(cube, zoo)
+
+
+def test_an_index_too_large_is_never_fetched(cube):
+    """The lock says the index is above the limit: refused before a byte is fetched."""
+    lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    shard = next(iter(lock.shards.values()))
+    big = shardformat.Shard(shard.path, shard.index, shard.first, shard.last, shard.memories,
+                            shard.locator, shardformat.Locator(
+                                shard.index, 0, shardformat.MAX_INDEX_BYTES + 1, "0" * 64))
+    fetched = []
+    with pytest.raises(FormatError, match="above the .*-byte limit of an index"):
+        shardformat.load_index(big, lambda locator: fetched.append(locator) or b"",
+                               lock.models)
+    assert fetched == []
+
+
+def test_a_lock_counting_more_memories_than_a_shard_holds(cube):
+    reseal_lock(cube, lambda lock: lock["shards"][SHARD0].update(memories=1001))
+    with pytest.raises(FormatError, match="memories must be an integer from 1 to 1000"):
+        lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+
+
+def test_a_stray_shard_in_an_unsharded_folder_is_refused_by_pack(bundle, zoo, sharded):
+    """A shard file no lock lists (copied in from another cube) is never sealed as this
+    cube's: pack refuses it, naming it, and the folder is left as it was."""
+    from helpers import tree_bytes
+
+    folder = bundle(3)
+    (folder / "shards").mkdir()
+    shutil.copy(sharded / SHARD0, folder / SHARD0)
+    before = tree_bytes(folder)
+    with pytest.raises(cubepack.UsageError, match="activations-00000.kvshard is a shard .* "
+                       "that no lock of this cube lists"):
+        cubepack.pack(folder, cube_id="me/stray", model=str(zoo["a"]))
+    assert tree_bytes(folder) == before
