@@ -25,7 +25,6 @@ index of its own (``format/sections/shards.py``). Only a sharded cube's lock is 
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -47,7 +46,7 @@ from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
 from .sections import shards as _shards
-from .sections.activations import PROVENANCE_KEYS
+from .sections.activations import PROVENANCE_KEYS, activation_id_key, duplicate_id
 from .sections.adapters import BASE_CLAIM
 from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
@@ -411,22 +410,6 @@ def _check_models(models: Any, version: int) -> None:
             raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
         _closed(identity, IDENTITY_KEYS, f"model {role!r} identity", version)
         ModelIdentity.from_dict(identity, legacy=legacy)
-
-
-def activation_id_key(item_id: str) -> str:
-    """An activation id as Unicode normalises it (NFKC, which NFC and NFD forms share): two
-    ids with one key are one name to a normalising file system (macOS) and to whoever types
-    it, and look alike anywhere, so a cube holds at most one of them."""
-    return unicodedata.normalize("NFKC", item_id)
-
-
-def duplicate_id(first: str, second: str) -> str:
-    """Why two activation ids with one :func:`activation_id_key` cannot both be a cube's."""
-    if first == second:
-        return f"both carry the id {first!r}"
-    return (f"carry the ids {first!r} and {second!r}, which differ only by Unicode "
-            f"normalisation (both {activation_id_key(first)!r} in NFKC): one name on a "
-            "normalising file system (macOS), and alike to whoever reads them")
 
 
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],

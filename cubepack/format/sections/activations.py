@@ -3,6 +3,7 @@ producer role, shape facts and the label of how its producer is known (provenanc
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -80,3 +81,19 @@ def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Mapping[str,
             provenance=(Provenance.of(entry["provenance"]) if "provenance" in entry else None),
             locator=Locator.whole(entry["file"], files[entry["file"]].size, entry["sha256"]))
         for item, entry in value.items()})
+
+
+def activation_id_key(item_id: str) -> str:
+    """An activation id as Unicode normalises it (NFKC, which NFC and NFD forms share): two
+    ids with one key are one name to a normalising file system (macOS) and to whoever types
+    it, and look alike anywhere, so a cube holds at most one of them."""
+    return unicodedata.normalize("NFKC", item_id)
+
+
+def duplicate_id(first: str, second: str) -> str:
+    """Why two activation ids with one :func:`activation_id_key` cannot both be a cube's."""
+    if first == second:
+        return f"both carry the id {first!r}"
+    return (f"carry the ids {first!r} and {second!r}, which differ only by Unicode "
+            f"normalisation (both {activation_id_key(first)!r} in NFKC): one name on a "
+            "normalising file system (macOS), and alike to whoever reads them")

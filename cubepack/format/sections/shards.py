@@ -34,7 +34,7 @@ from ..._util import canonical
 from ..._util.paths import check_relpath, resolve_inside
 from ...errors import FormatError
 from .._provenance import KINDS
-from .activations import PROVENANCE_KEYS, Activation, Provenance
+from .activations import PROVENANCE_KEYS, Activation, Provenance, activation_id_key, duplicate_id
 from .activations import parse as parse_activations
 from .files import FileEntry
 from .locator import Index, Locator, register_index
@@ -65,6 +65,9 @@ DEFAULT_SHARD_SIZE = 2 * 1024 ** 3
 #: half a MiB, so loading one memory on demand never fetches a large index, and a cube of
 #: 100k small memories has 100 shards (a lock of tens of KB).
 MAX_SHARD_MEMORIES = 1000
+#: The largest index read (a shard of at most MAX_SHARD_MEMORIES memories needs far less: its
+#: checksums grow with the layers, ~40 bytes a tensor): as the lock's own parse limit.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -172,8 +175,9 @@ def check_section(value: Any, files: dict[str, Any]) -> None:
         if not (isinstance(entry["first"], str) and isinstance(entry["last"], str)
                 and entry["first"] and entry["first"] <= entry["last"]):
             _refuse(where, "first and last must be item ids, first <= last")
-        if type(entry["memories"]) is not int or entry["memories"] < 1:
-            _refuse(where, "memories must be a positive integer")
+        if type(entry["memories"]) is not int or not 1 <= entry["memories"] \
+                <= MAX_SHARD_MEMORIES:
+            _refuse(where, f"memories must be an integer from 1 to {MAX_SHARD_MEMORIES}")
         if entry["first"] == entry["last"] and entry["memories"] != 1:
             _refuse(where, "holds one id (first == last) but counts more memories")
         if previous is not None and entry["first"] <= previous[1]:
@@ -343,7 +347,12 @@ def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
 def load_index(shard: Shard, fetch: Callable[[Locator], bytes],
                lock_models: Mapping[str, Any]) -> ShardIndex:
     """Fetch ``shard``'s index, check its bytes against the lock's locator, parse it, check it
-    against the lock entry."""
+    against the lock entry. An index larger than :data:`MAX_INDEX_BYTES` (by the lock's own
+    record of its size) is refused before any byte of it is fetched."""
+    if shard.index_locator.length > MAX_INDEX_BYTES:
+        raise FormatError(f"shard index {shard.index} is {shard.index_locator.length} bytes by "
+                          f"the lock, above the {MAX_INDEX_BYTES}-byte limit of an index "
+                          f"({MAX_SHARD_MEMORIES} memories a shard); nothing was fetched.")
     index = INDEX.load(shard.index_locator, fetch)
     check_index(index, shard, lock_models)
     return index
@@ -386,12 +395,18 @@ def resolved(lock: Any, fetch: Callable[[Locator], bytes]) -> Any:
 def add_memories(held: dict[str, Activation], index: ShardIndex, lock: Any) -> None:
     """Add ``index``'s memories to ``held`` (the memories of the lock's other shards read so
     far); a memory listed twice (there, or in the lock's own activations) is refused."""
+    names = {activation_id_key(item): item for item in (*held, *lock.activations)}
     for item_id in index.memories:
         other = held.get(item_id) or lock.activations.get(item_id)
         if other is not None:
             raise FormatError(f"shard index {index_name(index.shard)} lists memory "
                               f"{item_id!r}, which {other.file} holds too: a memory is "
                               "listed once.")
+        first = names.setdefault(activation_id_key(item_id), item_id)
+        if first != item_id:
+            raise FormatError(f"shard index {index_name(index.shard)}: memories "
+                              f"{duplicate_id(first, item_id)}; each memory has an id of its "
+                              "own: pack the cube again with one of them renamed.")
     held.update(index.memories)
 
 

@@ -163,6 +163,16 @@ def unshard(job: PackJob, staging: Path) -> None:
     indexes removed there), each range checked against its index first; pack then seals
     them as any cube's, and :func:`store` shards them again when asked."""
     earlier = job.earlier
+    listed = {name for shard in (earlier.shards.values() if earlier is not None else ())
+              for name in (shard.path, shard.index)}
+    stray = sorted(name for name in job.files if name.startswith(shardformat.SHARD_DIR + "/")
+                   and name.endswith((shardformat.SHARD_SUFFIX, shardformat.INDEX_SUFFIX))
+                   and name not in listed)
+    if stray:
+        raise UsageError(f"{job.cube / stray[0]} is a shard (or a shard's index) that no lock "
+                         f"of this cube lists{f' ({len(stray) - 1} more)' if stray[1:] else ''}"
+                         ": pack seals only the shards it wrote. Remove it, or pack the cube it "
+                         "came from.")
     if earlier is None or not earlier.shards:
         return
     lock = resolved(earlier, job.cube)
