@@ -25,6 +25,7 @@ from .._util import atomic, constants
 from ..errors import CubepackError, SignatureError, UnsafeInputError
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
+from ..format.sections import shards as shardformat
 from ._attestation import Proved, attest
 from ._keys import check_key
 
@@ -70,7 +71,8 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], proved: P
                                    "Remove it and sign again.")
     hashing, signing, _ = _model_signing()
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
-    attestation = attest(lock_bytes, key, proved, password=password)
+    attestation = attest(lock_bytes, key, proved, password=password,
+                         fetch=shardformat.local_fetch(cube))
     manifest = _manifest_from_lock(cube, hashing, lock_bytes, {
         constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()})
     target = cube / constants.SIGNATURE_FILENAME

@@ -173,8 +173,8 @@ def unshard(job: PackJob, staging: Path) -> None:
                          f"of this cube lists{f' ({len(stray) - 1} more)' if stray[1:] else ''}"
                          ": pack seals only the shards it wrote. Remove it, or pack the cube it "
                          "came from.")
-    if earlier is None or not earlier.shards:
-        return
+    if earlier is None or not listed & set(job.files):
+        return  # nothing sharded here (a migrate writes its memories one a file)
     lock = resolved(earlier, job.cube)
     for item_id, entry in lock.activations.items():
         if entry.checksums is None:
