@@ -75,3 +75,14 @@ def test_the_hook_refuses_a_changed_range_even_resealed(sharded, zoo):
     with pytest.raises(IntegrityError, match="hashes to"):
         fresh.load(str(folder))
     assert fresh.get_all() == []
+
+
+def test_a_sharded_cube_without_its_lock_is_refused_not_empty(sharded, zoo):
+    """Its lock removed, a sharded cube's memories cannot be checked: the hook refuses it
+    (naming the shards) instead of loading nothing, as a folder without a memory file would."""
+    folder, _ = sharded
+    (folder / constants.LOCK_FILENAME).unlink()
+    fresh = _cube(zoo["a"]).act_mem
+    with pytest.raises(cubepack.CubepackError, match="shards/activations-00000.kvshard"):
+        fresh.load(str(folder))
+    assert fresh.get_all() == []
