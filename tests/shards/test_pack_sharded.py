@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 import cubepack
 from cubepack._util import constants
 from cubepack.format import _lock as lockfile
@@ -130,3 +132,26 @@ def test_a_shard_holds_at_most_max_memories(bundle, zoo, monkeypatch):
     assert [s.memories for s in lock.shards.values()] == [2, 2, 1]
     monkeypatch.undo()
     assert shardformat.MAX_SHARD_MEMORIES == 1000
+
+
+def test_a_kv_file_beside_the_shard_holding_its_item_is_refused(bundle, zoo):
+    """A sharded cube with a KV file added under the name of an item a shard holds: pack
+    neither keeps the shard's nor silently takes the new one; it refuses, naming both, and
+    the folder is left as it was."""
+    from helpers import tree_bytes
+
+    cube = bundle(3)
+    spare = (cube / "activations" / "item-001.kv.safetensors").read_bytes()
+    cubepack.pack(cube, cube_id="me/both", model=str(zoo["a"]), shards=True)
+    (cube / "activations").mkdir(exist_ok=True)
+    (cube / "activations" / "item-001.kv.safetensors").write_bytes(spare)
+    before = tree_bytes(cube)
+    with pytest.raises(cubepack.UsageError, match="item-001.*both"):
+        cubepack.pack(cube, model=str(zoo["a"]))
+    assert tree_bytes(cube) == before
+
+
+def test_shard_size_with_no_shards_is_a_contradiction(bundle, zoo):
+    cube = bundle(3)
+    with pytest.raises(cubepack.UsageError, match="shard_size"):
+        cubepack.pack(cube, cube_id="me/x", model=str(zoo["a"]), shards=False, shard_size=4096)
