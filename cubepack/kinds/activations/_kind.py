@@ -30,6 +30,9 @@ class Activations(Kind):
     def files(self, lock: Lock) -> set[str]:
         return {entry.file for entry in lock.activations.values()}
 
+    def refuse(self, cube: Path, files: list[str], options: Any) -> None:
+        _shards.refuse(options)
+
     def pin(self, job: PackJob) -> None:
         _pack.pin(job)
 

@@ -138,9 +138,29 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
     return name, data
 
 
+def refuse(options: Any) -> None:
+    """Refuse layout options that contradict each other, before anything is read.
+
+    Raises:
+        UsageError: a ``shard_size`` with ``shards=False``, or one that is not a positive
+            number of bytes.
+    """
+    if options.shards is False and options.shard_size is not None:
+        raise UsageError("shard_size (--shard-size) bounds shards, and shards=False "
+                         "(--no-shards) asks for none: give one of them.")
+    size = options.shard_size
+    if size is not None and (type(size) is not int or size < 1):
+        raise UsageError(f"shard_size must be a positive number of bytes, not {size!r}.")
+
+
 def wanted(job: PackJob, count: int) -> bool:
-    """Does this pack shard the cube's ``count`` activation memories?"""
+    """Does this pack shard the cube's ``count`` activation memories?
+
+    Raises:
+        UsageError: a ``shard_size`` with ``shards=False``.
+    """
     asked = job.options.shards
+    refuse(job.options)
     if asked is not None:
         return asked
     if job.options.shard_size is not None:
@@ -179,8 +199,13 @@ def unshard(job: PackJob, staging: Path) -> None:
     for item_id, entry in lock.activations.items():
         if entry.checksums is None:
             continue
-        data = memory_bytes(staging, entry)
         name = activation_filename(item_id)
+        if name in job.files:
+            raise UsageError(f"{job.cube / name} and {entry.file} both hold memory "
+                             f"{item_id!r}: pack would have to drop one. Remove the file to "
+                             "keep the shard's, or store the cube one file a memory first "
+                             "(pack --no-shards, before adding it) to replace it.")
+        data = memory_bytes(staging, entry)
         atomic.write_bytes(resolve_inside(staging, name), bytes(data))
         del data
     for shard in earlier.shards.values():
