@@ -8,9 +8,9 @@ URL at that commit (each answer must be ``206`` with the ``Content-Range`` asked
 the range's sha256 and its KV header's checksums against the index before any tensor is built,
 and hands it to the activations kind's load, which checks its producer against the model.
 
-What the lock says is the claim of whoever pushed last (the lock's digests bind it to the
-shards and indexes, not to a person): ``trusted_key`` asks for the cube's signature over the
-lock (not written yet: see the report), as ``verify`` would.
+What the lock says is the claim of whoever pushed last: its digests bind the shards and
+indexes to the lock, not the lock to a person. ``open`` checks no signature yet; to rest a load
+on a signer, pull the cube and verify it with ``--trusted-key``.
 """
 
 from __future__ import annotations

@@ -163,3 +163,23 @@ def test_opening_a_10k_memory_cube_takes_two_requests_and_its_lock(hub, zoo, mod
     assert opened.load("m07777", models["a"]).get_seq_length() == 4
     # two more: the index (at most about half a MiB), then the memory's bytes
     assert _requests(hub) == 2 and hub.stats.sent_bytes < 600 * 1024
+
+
+def test_a_cube_of_one_file_a_memory_opens_too(hub, bundle, zoo, models):
+    cube = bundle(3)
+    cubepack.pack(cube, cube_id="me/plain", model=str(zoo["a"]))
+    _push(hub, cube, "me/plain")
+    opened = cubepack.open("me/plain", endpoint=hub.url, token=HUB_TOKEN)
+    hub.stats.reset()
+    assert opened.load("item-001", models["a"]).get_seq_length() == 4
+    size = (cube / "activations" / "item-001.kv.safetensors").stat().st_size
+    assert (_requests(hub), hub.stats.sent_bytes) == (1, size)
+
+
+def test_a_private_cube_is_refused_by_open(hub, bundle, zoo):
+    cube = bundle(3)
+    cubepack.pack(cube, cube_id="me/secret", model=str(zoo["a"]))
+    cubepack.encrypt(cube, ["age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"])
+    _push(hub, cube, "me/secret")
+    with pytest.raises(cubepack.UnsupportedError, match="private cube"):
+        cubepack.open("me/secret", endpoint=hub.url, token=HUB_TOKEN)
