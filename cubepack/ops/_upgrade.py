@@ -54,9 +54,10 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None,
 
     Args:
         model: the producer (a folder or Hub id, as for ``pack --model``).
-        shards, shard_size: a cube's layout, as for ``pack``: ``shards=True`` (or a
-            ``shard_size``) converts a cube of one file a memory to shards, ``False`` back
-            (docs/reference/shards.md); None keeps what ``pack`` decides.
+        shards: a cube's layout, as for ``pack``: True converts a cube of one file a memory
+            to shards, False back (docs/reference/shards.md); None keeps what ``pack``
+            decides.
+        shard_size: a shard's bound in bytes, as for ``pack`` (implies ``shards``).
 
     A cube is verified first, as ``verify`` would (a version-1 lock as far as version 1
     allows), and staged from its verified, listed regular files only.
