@@ -9,8 +9,11 @@ the range's sha256 and its KV header's checksums against the index before any te
 and hands it to the activations kind's load, which checks its producer against the model.
 
 What the lock says is the claim of whoever pushed last: its digests bind the shards and
-indexes to the lock, not the lock to a person. ``open`` checks no signature yet; to rest a load
-on a signer, pull the cube and verify it with ``--trusted-key``.
+indexes to the lock, not the lock to a person. With ``trusted_keys``, ``open`` also fetches the
+signature and its attestation at the commit and checks the signature over the lock (its
+manifest rebuilt from the lock's digests: :func:`~cubepack.trust._signing.verify_lock_signature`)
+before any memory is fetched; the attestation's statements are not read here (pull and verify
+for the labels a signer proved).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..format.sections import shards as shardformat
 from ..kinds import serving
 from ..kinds.activations._shards import checked_range
 from ..trust._policy import TrustPolicy
+from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, parse_repo_spec
 
 #: The largest lock ``open`` fetches: the lock's own parse limit.
@@ -44,6 +48,8 @@ class RemoteCube:
     commit: str
     lock: Lock
     client: HubClient = field(repr=False)
+    #: the trusted key whose signature over the lock verified (``trusted_keys``), or None
+    signed_by: str | None = None
     #: shard path -> its index, fetched and checked once
     indexes: dict[str, ShardIndex] = field(default_factory=dict, repr=False)
 
@@ -128,13 +134,18 @@ class RemoteCube:
 
 
 def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
-              endpoint: str | None = None, token: str | bool | None = None) -> RemoteCube:
+              endpoint: str | None = None, token: str | bool | None = None,
+              trusted_keys: list[str] | None = None) -> RemoteCube:
     """Open the cube ``repo`` (``owner/name[@revision]``) on a Hub without downloading it:
     its revision resolved once to a commit (every later fetch uses that commit), its lock
     fetched at that commit and checked (size, strict JSON, version, sections, digests).
-    Memories are loaded one at a time with :meth:`RemoteCube.load`.
+    Memories are loaded one at a time with :meth:`RemoteCube.load`. ``trusted_keys``: public
+    keys (PEM), one of which must have signed this lock (its signature and attestation fetched
+    at the commit: two more requests).
 
     Raises:
+        SignatureError: ``trusted_keys`` given and the cube unsigned, signed by another key, or
+            signed over another lock.
         HubError: the repo, the revision or its lock cannot be fetched.
         FormatError: the lock is malformed, too large, or its digests do not match.
         UnsupportedError: a private cube (its memories are encrypted: pull it).
@@ -168,13 +179,24 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         raise UnsupportedError(f"{repo_id}@{commit[:12]} is a private cube: its memories are "
                                "encrypted, and open fetches clear memories only. Pull it: "
                                f"cubepack pull {repo_id} --revision {commit}.")
-    return RemoteCube(repo_id, repo_type, commit, lock, client)
+    signed_by = None
+    if trusted_keys is not None:
+        signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
+                             {}, missing_ok=True)
+        attestation = None if signature is None else _request(
+            client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {},
+            missing_ok=True)
+        signed_by = verify_lock_signature(
+            data, None if signature is None else signature.content,
+            None if attestation is None else attestation.content, list(trusted_keys))
+    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by)
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,
-             headers: dict[str, str], *, head: bool = False) -> Any:
+             headers: dict[str, str], *, head: bool = False, missing_ok: bool = False) -> Any:
     """One request for ``path`` of ``repo_id`` at ``revision`` through huggingface_hub's own
-    session (requests in 0.x, httpx in 1.x and 2.x), its errors turned into HubError."""
+    session (requests in 0.x, httpx in 1.x and 2.x), its errors turned into HubError
+    (``missing_ok``: None for a file the commit does not hold)."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -188,5 +210,8 @@ def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, pat
             response = client.run(method, url, headers=sent, follow_redirects=not head)
         except TypeError:
             response = client.run(method, url, headers=sent, allow_redirects=not head)
+        if missing_ok and response.status_code == 404 \
+                and response.headers.get("X-Error-Code") == "EntryNotFound":
+            return None
         hf_raise_for_status(response)
     return response

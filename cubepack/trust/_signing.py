@@ -29,7 +29,8 @@ from ..format.sections import shards as shardformat
 from ._attestation import Proved, attest
 from ._keys import check_key
 
-__all__ = ["check_key", "check_resigning", "verify_signature", "write_signature"]
+__all__ = ["check_key", "check_resigning", "verify_lock_signature", "verify_signature",
+           "write_signature"]
 
 def _model_signing() -> Any:
     try:
@@ -112,6 +113,9 @@ class _Precomputed:
     def hash(self, model_path: Any, **_: Any) -> Any:
         return self._manifest
 
+    def add_ignored_paths(self, **_: Any) -> None:
+        """What a verifier asks of a hashing config; the manifest held already ignores them."""
+
 
 def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
                         extra: dict[str, str]) -> Any:
@@ -157,12 +161,52 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
         raise SignatureError("A signature is required but no trusted key was given "
                              "(--trusted-key PUB.pem).")
     hashing, _, verifying = _model_signing()
+    return _verified_by(trusted_keys, cube, signature, lambda: _hashing_config(hashing),
+                        verifying)
+
+
+def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
+                          attestation: bytes | None,
+                          trusted_keys: list[str | os.PathLike[str]]) -> str:
+    """A cube's signature checked over its lock alone, its files not at hand (a remote cube
+    opened on demand): the manifest the signer signed is rebuilt from the lock's digests, the
+    lock's own sha256 and the attestation's (as :func:`write_signature` built it), so the
+    signature binds this lock, whose digests bind every file. Returns the key that verified.
+
+    Raises:
+        SignatureError: no signature; signed by a key not in ``trusted_keys``; or a signature
+            over another lock (or attestation).
+    """
+    if signature is None:
+        raise SignatureError(f"The cube is unsigned: it has no {constants.SIGNATURE_FILENAME}. "
+                             "Ask its publisher to sign it (cubepack sign), or do not require "
+                             "a signature.")
+    if not trusted_keys:
+        raise SignatureError("A signature is required but no trusted key was given "
+                             "(--trusted-key PUB.pem).")
+    hashing, _, verifying = _model_signing()
+    with tempfile.TemporaryDirectory(prefix="cubepack-signed-") as tmp:
+        folder = Path(tmp) / "cube"  # empty: the manifest is the lock's, nothing is hashed
+        folder.mkdir()
+        extra = {} if attestation is None else {
+            constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()}
+        manifest = _manifest_from_lock(folder, hashing, lock_bytes, extra)
+        path = Path(tmp) / constants.SIGNATURE_FILENAME
+        path.write_bytes(signature)
+        return _verified_by(trusted_keys, folder, path, lambda: _Precomputed(manifest),
+                            verifying)
+
+
+def _verified_by(trusted_keys: list[str | os.PathLike[str]], cube: Path, signature: Path,
+                 config: Any, verifying: Any) -> str:
+    """The first of ``trusted_keys`` whose signature over ``cube`` (hashed by ``config()``)
+    verifies; else a SignatureError saying whether the content or the key differs."""
     content_errors = []
     for key in trusted_keys:
         check_key(key, private=False)
         try:
             (verifying.Config().use_elliptic_key_verifier(public_key=str(key))
-             .set_hashing_config(_hashing_config(hashing)).verify(cube, signature))
+             .set_hashing_config(config()).verify(cube, signature))
             return str(key)
         except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and others
             message = str(exc)

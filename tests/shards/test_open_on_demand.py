@@ -183,3 +183,43 @@ def test_a_private_cube_is_refused_by_open(hub, bundle, zoo):
     _push(hub, cube, "me/secret")
     with pytest.raises(cubepack.UnsupportedError, match="private cube"):
         cubepack.open("me/secret", endpoint=hub.url, token=HUB_TOKEN)
+
+
+def test_open_checks_the_signature_when_asked(hub, sharded, zoo, models, tmp_path):
+    """trusted_keys: the signature and its attestation fetched at the commit too (two more
+    requests), checked over the lock's digests; an unsigned cube, another key, or a lock that
+    is not the one signed is refused before any memory is fetched."""
+    pytest.importorskip("model_signing")
+    from helpers import make_key, reseal_lock
+
+    cube = tmp_path / "signed"
+    shutil.copytree(sharded, cube)
+    private, public = make_key(tmp_path, "signer")
+    _, other = make_key(tmp_path, "other")
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    _push(hub, cube, "me/signed")
+    hub.stats.reset()
+    opened = cubepack.open("me/signed", endpoint=hub.url, token=HUB_TOKEN,
+                           trusted_keys=[str(public)])
+    assert opened.signed_by == str(public) and _requests(hub) == 4
+    assert opened.load("item-001", models["a"]).get_seq_length() == 4
+    with pytest.raises(cubepack.SignatureError, match="not trusted"):
+        cubepack.open("me/signed", endpoint=hub.url, token=HUB_TOKEN, trusted_keys=[str(other)])
+    _push(hub, sharded, "me/unsigned")
+    with pytest.raises(cubepack.SignatureError, match="unsigned"):
+        cubepack.open("me/unsigned", endpoint=hub.url, token=HUB_TOKEN,
+                      trusted_keys=[str(public)])
+    # the lock changed after signing (resealed, uploaded by someone not using cubepack): the
+    # signature refuses it
+    reseal_lock(cube, lambda lock: lock.update(cubepack_version="9.9.9"))
+    from huggingface_hub import CommitOperationAdd
+
+    from cubepack.hub import HubClient
+
+    HubClient(hub.url, HUB_TOKEN).create_commit(
+        "me/signed", [CommitOperationAdd(constants.LOCK_FILENAME,
+                                         (cube / constants.LOCK_FILENAME).read_bytes())],
+        repo_type="dataset", branch="main", message="a lock resealed after signing")
+    with pytest.raises(cubepack.SignatureError, match="does not cover"):
+        cubepack.open("me/signed", endpoint=hub.url, token=HUB_TOKEN,
+                      trusted_keys=[str(public)])
