@@ -223,3 +223,10 @@ def test_open_checks_the_signature_when_asked(hub, sharded, zoo, models, tmp_pat
     with pytest.raises(cubepack.SignatureError, match="does not cover"):
         cubepack.open("me/signed", endpoint=hub.url, token=HUB_TOKEN,
                       trusted_keys=[str(public)])
+
+
+def test_a_remote_memory_can_be_proved_by_recomputation(hub, sharded, models):
+    _push(hub, sharded)
+    cube = cubepack.open("me/cube", endpoint=hub.url, token=HUB_TOKEN)
+    cache = cube.load("item-001", models["a"], recompute=True)
+    assert cache.get_seq_length() == 4
