@@ -359,42 +359,8 @@ def _rekey(cube: Path, identity: str | os.PathLike[str], options: RekeyOptions) 
     seen = generations.newest_seen(generations.scope(public), signers)
     with open_private(cube, identity, public_lock=report.lock) as opened:
         manifest = opened.manifest
-        current = {r.text: r for text in manifest["recipients"]
-                   for r in age.parse_recipients([text])}
-        generation = (manifest["generation"] or 0) + 1
-        if generation > lockfile.MAX_GENERATION:
-            raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
-                             "its clear source afresh to start again (readers who saw it "
-                             "refuse a lower one).")
-        if seen is not None and seen[1].generation >= generation:
-            raise _replay(cube, manifest, seen, signer)
-        if not generations.manifest_names_readers(signer) and named is None:
-            raise SignatureError(
-                f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
-                "key, so its recipient list is the word of whoever wrote it last, and would "
-                f"choose who reads the rekeyed cube (its {len(current)} recipient(s) now: "
-                f"{', '.join(sorted(current))}). Fix: pass --trusted-key PUB.pem of its "
-                "signer (or --sign-key KEY, if you signed it), or name every recipient the "
-                "rekeyed cube must have: --to RECIPIENT, once for each.")
-        unknown = sorted(removed - set(current))
-        if unknown:
-            raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
-                             f"cube (its recipients: {len(current)}).")
-        if named is not None:
-            kept = {r.text: r for r in named}
-        else:
-            kept = {text: r for text, r in current.items() if text not in removed}
-            for r in added:
-                kept.setdefault(r.text, r)
-        if not kept:
-            raise UsageError("Removing every recipient would leave a cube nobody can open; add "
-                             "one (--add) in the same rekey.")
-        if set(kept) == set(current) and not rotate and manifest["series"]:
-            # (A cube written before generations changes anyway: it gets its series.)
-            # Rewriting every file would only re-upload the whole cube on the next push.
-            raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
-                             "would stay as they are; nothing was written. Pass --rotate to "
-                             "re-encrypt to them under new file keys.")
+        current, kept, generation = _readers(cube, manifest, named, added, removed, rotate,
+                                             signer, seen)
         gained = sorted(set(kept) - set(current))
         lost = sorted(set(current) - set(kept))
         history = generations.with_entry(manifest["history"], generation, gained, lost)
@@ -419,6 +385,51 @@ def _rekey(cube: Path, identity: str | os.PathLike[str], options: RekeyOptions) 
         result.unrecorded = _remember(series, sign_key, sign_password, generation,
                                       sorted(kept), history) or None
     return result
+
+
+def _readers(cube: Path, manifest: dict[str, Any], named: list[Any] | None, added: list[Any],
+             removed: set[str], rotate: bool, signer: Any,
+             seen: tuple[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(the recipients now, the recipients of the rekeyed cube, its generation): the new set
+    as asked, refused when it replays a revision seen, keeps a list no trusted key signed,
+    removes a stranger or everyone, or changes nothing."""
+    current = {r.text: r for text in manifest["recipients"]
+               for r in age.parse_recipients([text])}
+    generation = (manifest["generation"] or 0) + 1
+    if generation > lockfile.MAX_GENERATION:
+        raise UsageError(f"{cube} is at the last generation ({generation - 1}); encrypt "
+                         "its clear source afresh to start again (readers who saw it "
+                         "refuse a lower one).")
+    if seen is not None and seen[1].generation >= generation:
+        raise _replay(cube, manifest, seen, signer)
+    if not generations.manifest_names_readers(signer) and named is None:
+        raise SignatureError(
+            f"Refusing to keep the recipients of {cube}: it is not signed by a trusted "
+            "key, so its recipient list is the word of whoever wrote it last, and would "
+            f"choose who reads the rekeyed cube (its {len(current)} recipient(s) now: "
+            f"{', '.join(sorted(current))}). Fix: pass --trusted-key PUB.pem of its "
+            "signer (or --sign-key KEY, if you signed it), or name every recipient the "
+            "rekeyed cube must have: --to RECIPIENT, once for each.")
+    unknown = sorted(removed - set(current))
+    if unknown:
+        raise UsageError(f"Cannot remove {unknown[0][:60]}: it is not a recipient of this "
+                         f"cube (its recipients: {len(current)}).")
+    if named is not None:
+        kept = {r.text: r for r in named}
+    else:
+        kept = {text: r for text, r in current.items() if text not in removed}
+        for r in added:
+            kept.setdefault(r.text, r)
+    if not kept:
+        raise UsageError("Removing every recipient would leave a cube nobody can open; add "
+                         "one (--add) in the same rekey.")
+    if set(kept) == set(current) and not rotate and manifest["series"]:
+        # (A cube written before generations changes anyway: it gets its series.)
+        # Rewriting every file would only re-upload the whole cube on the next push.
+        raise UsageError(f"Nothing to change: the cube's {len(current)} recipient(s) "
+                         "would stay as they are; nothing was written. Pass --rotate to "
+                         "re-encrypt to them under new file keys.")
+    return current, kept, generation
 
 
 def _replay(cube: Path, manifest: dict[str, Any], seen: tuple[str, Any],

@@ -135,9 +135,12 @@ BLAMES = {
     "memos/_activations.py: _add_prompts": "the record names another served model",
     "memos/_activations.py: _load_prompt_file": "the file or pin names another served model",
     "memos/_load.py: _pin_models": "config.json names another model than the lock's pin",
-    "ops/_pack.py: _producer_provenance": "a MemOS producer record contradicts the pin",
-    "ops/_pack.py: _activation_entries": "compare() of the header's producer with the pin",
-    "ops/_upgrade.py: _upgrade_file": "format 1's producer fields differ from the model",
+    "kinds/activations/_pack.py: _producer_provenance": "a MemOS producer record contradicts "
+                                                        "the pin",
+    "kinds/activations/_pack.py: _activation_entries": "compare() of the header's producer "
+                                                       "with the pin",
+    "kinds/activations/_upgrade.py: upgrade_file": "format 1's producer fields differ from the "
+                                                   "model",
     "testing/tiny.py: (module)": "a line of the tiny tokenizer's training text, no message",
 }
 
