@@ -5,7 +5,8 @@ Builds a plain bundle of N copies of one small KV file (a 2-layer tiny Llama's 4
 (``--shards``), and prints the lock's bytes and the largest index's for each N. The lock of a
 sharded cube grows with its shards, not its memories. Not a test.
 
-Run: .venv/latest/bin/python bench/shard_lock.py [--sizes 1000 10000] [--no-unsharded-above N]
+Run: .venv/latest/bin/python bench/shard_lock.py [--sizes 1000 10000] [--unsharded-up-to N]
+[--smoke]
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--unsharded-up-to", type=int, default=1000)
+    parser.add_argument("--smoke", action="store_true", help="150 memories (CI's smoke run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.unsharded_up_to = [150], 150
     import torch
 
     import cubepack
@@ -40,6 +44,7 @@ def main() -> None:
         cubepack.save_kv_cache(cache, template, producer=cubepack.fingerprint(model_dir),
                                token_ids=ids)
         for count in args.sizes:
+            locks = {}
             for shards in (False, True):
                 if not shards and count > args.unsharded_up_to:
                     continue
@@ -60,6 +65,10 @@ def main() -> None:
                       f"index(es), largest {largest:,} bytes ({largest / count:5.1f} a "
                       f"memory); pack {took:.1f} s", flush=True)
                 shutil.rmtree(cube)
+                locks[shards] = lock
+            if len(locks) == 2:
+                print(f"{count:>6} memories: lock bytes ratio, one file a memory / sharded: "
+                      f"{locks[False] / locks[True]:.1f}x", flush=True)
 
 
 if __name__ == "__main__":
