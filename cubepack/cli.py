@@ -848,10 +848,16 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--repo-type", type=click.Choice(["dataset", "model"]), default="dataset",
               show_default=True)
 @click.option("--local-dir", type=click.Path(file_okay=False),
-              help="Where to place the cube (default: ./<name>). Replaced only after verification.")
+              help="Where to place the cube (default: ./<name>). Replaced only after "
+                   "verification. Each byte is on disk once, as with hf download --local-dir "
+                   "(huggingface_hub's records inside DIR; nothing in the HF cache); an earlier "
+                   "pull there is updated: unchanged files are hashed, not downloaded.")
 @click.option("--verify/--no-verify", "verify_cube", default=True, show_default=True,
               help="Verify the downloaded commit before placing it.")
-@click.option("--offline", is_flag=True, help="Use only the HF cache (also: HF_HUB_OFFLINE=1).")
+@click.option("--offline", is_flag=True,
+              help="No request (also: HF_HUB_OFFLINE=1): served from --local-dir when an earlier "
+                   "pull placed that commit there (hashed and verified again), else from the HF "
+                   "cache.")
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
@@ -879,6 +885,70 @@ def _render_pull(data: dict[str, Any]) -> str:
         lines.append(_render_report(data["report"]))
     else:
         lines.append("not verified (--no-verify): run `cubepack verify` before loading it")
+    return "\n".join(lines)
+
+
+@cli.command("search")
+@click.option("--model", "model", required=True,
+              help="The model: a Hub id owner/name[@rev], a local folder, or a weights digest "
+                   "sha256:<hex>.")
+@click.option("--repo-type", type=click.Choice(["dataset", "model", "both"]), default="both",
+              show_default=True, help="Which repos to list.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Candidates whose lock is read, at most (each one or two requests).")
+@click.option("--all-cubes", "every_cube", is_flag=True,
+              help="List every repo tagged cubepack, not only those whose card names the "
+                   "model's weights (cubes packed before the tag).")
+@click.option("--trusted-key", "trusted_keys", multiple=True,
+              type=click.Path(dir_okay=False, exists=True),
+              help="Public key (PEM): a match must be signed by one (repeatable).")
+@click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
+@_timeout_option("search")
+@_json_option()
+def search_command(model: str, repo_type: str, limit: int, every_cube: bool,
+                   trusted_keys: tuple[str, ...], token: str | None, timeout: float | None,
+                   as_json: bool) -> None:
+    """List the cubes on the endpoint (HF_ENDPOINT) whose pins match --model.
+
+    The card's tags only narrow the list: a cube is a match once its lock, read at the commit
+    the list names, pins the model (and, with --trusted-key, a trusted key signed that lock).
+    """
+    from .hub._search import search
+
+    result = search(model, repo_type=None if repo_type == "both" else repo_type, limit=limit,
+                    trusted_keys=list(trusted_keys), every_cube=every_cube, token=token,
+                    timeout=timeout)
+    _emit(result.to_dict(), as_json, _render_search)
+
+
+def _render_search(data: dict[str, Any]) -> str:
+    model = data["model"]
+    where = f" ({model['repo_id']}@{model['revision']})" if model["repo_id"] else ""
+    lines = [f"model {model['spec']}{where}: weights {model['weights_digest']}",
+             f"  identity: {model['basis']}",
+             f"listed {data['listed']} candidate{'s' if data['listed'] != 1 else ''} tagged "
+             f"{data['hint']} at {data['endpoint']}; read {data['read']} (--limit "
+             f"{data['limit']})" + ("; more were listed: raise --limit" if data["truncated"]
+                                    else "")]
+    for cube in data["matches"]:
+        lines.append(f"match {cube['repo_id']}@{cube['revision']} ({cube['repo_type']}): "
+                     f"{cube['memory_count']} memor{'ies' if cube['memory_count'] != 1 else 'y'}"
+                     f", {cube['signature']}")
+        for row in cube["roles"]:
+            if row["match"]:
+                state = "matches"
+            elif row["match"] is None:
+                state = row.get("note") or "not compared"
+            else:
+                state = "differs: " + "; ".join(
+                    f"{d['field']} pinned {d['expected']}, model {d['found']}"
+                    for d in row["differences"])
+            lines.append(f"  {row['role']}: {state}")
+    if not data["matches"]:
+        lines.append("no cube matches")
+    for cube in data["others"]:
+        lines.append(f"not a match: {cube['repo_id']}@{cube['revision']} ({cube['repo_type']}):"
+                     f" {cube['reason']}")
     return "\n".join(lines)
 
 

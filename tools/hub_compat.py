@@ -170,7 +170,6 @@ REASONS = (
     (r"TestActivityApi|likes", "likes and activity: not served"),
     (r"[Ss]quash", "history squashing (super_squash_history): not served"),
     (r"lfs_files", "listing and permanently deleting a repo's LFS files: not served"),
-    (r"list_private_models", "search and listing (/api/models?search=...): not served"),
     (r"inference_catalog", "needs the production Hub"),
     (r"private_by_default", "organisation defaults (an Enterprise org whose repos are private "
                             "by default): not served"),

@@ -10,6 +10,7 @@ Usage (from the checkout's root)::
 
     .venv/latest/bin/python tools/make_compat_fixtures.py [NAME ...]   # what this code writes
     .venv/memos/bin/python tools/make_compat_fixtures.py memos-pickle  # MemoryOS's own dump
+    .venv/memos/bin/python tools/make_compat_fixtures.py preferences   # its preference memory
     .venv/latest/bin/python tools/make_compat_fixtures.py --old [NAME ...]  # older commits'
 
 A fixture that exists is kept: fixtures prove that what was written once is still read, so
@@ -53,6 +54,12 @@ TEXTS = ["The user is a Chinese man.", "He likes green tea."]
 #: The text memories of the vectors fixture, embedded by the tiny encoder ``encoder-e``.
 MEMORIES = ["The user loves the Eiffel Tower.", "The user drinks green tea every morning.",
             "The user's sister lives in Lyon."]
+#: The preferences of the preferences fixture (collection, context summary).
+PREFERENCES = [("explicit_preference", "The user likes green tea in the morning."),
+               ("explicit_preference", "The user wants every answer in French."),
+               ("implicit_preference", "The user seems to prefer short answers.")]
+#: The fixtures only MemoryOS can write (built in the memos environment).
+MEMOS_ONLY = ("memos-pickle", "preferences")
 
 #: The fixtures older commits wrote: name -> (commit, environment). Each commit is the last
 #: that wrote a format version (or predicate, or encryption section) later bumped; each
@@ -343,6 +350,73 @@ def build_vectors(m: dict[str, Path], k: dict[str, Path]) -> None:
              expect={"artefact": "cube", "embedder": "e", "verify": {}})
 
 
+def build_preferences(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """A MemOS preference memory dumped by MemoryOS itself at its own preference configuration
+    (Milvus Lite, MemOS's universal_api embedder on a loopback server running the tiny encoder
+    E, preferences added through MemOS's adder), packed with E: lock version 6."""
+    import tempfile
+    import uuid
+    from datetime import datetime
+
+    import cubepack
+    from cubepack.testing.embeddings import EmbeddingServer
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+    from memos.mem_cube.general import GeneralMemCube
+    from memos.memories.textual.item import PreferenceTextualMemoryMetadata, TextualMemoryItem
+    from memos.memories.textual.prefer_text_memory import spliter
+
+    import memos
+
+    defaults = list(spliter.Splitter.__init__.__defaults__)
+    defaults[4] = "character"  # its chunker's gpt2 tokenizer is fetched from the Hub
+    spliter.Splitter.__init__.__defaults__ = tuple(defaults)
+    cube_dir = fresh("preferences")
+    with EmbeddingServer(m["e"]) as server, tempfile.TemporaryDirectory() as store:
+        config = GeneralMemCubeConfig.model_validate({
+            "user_id": "u1", "cube_id": "u1/compat_preferences",
+            "pref_mem": {"backend": "pref_text", "config": {
+                "extractor_llm": {"backend": "openai", "config": {
+                    "model_name_or_path": "unused", "api_key": "x",
+                    "api_base": "http://127.0.0.1:9/v1"}},
+                "vector_db": {"backend": "milvus", "config": {
+                    "collection_name": ["explicit_preference", "implicit_preference"],
+                    "vector_dimension": 32, "distance_metric": "cosine",
+                    "uri": str(Path(store) / "milvus.db")}},
+                "embedder": {"backend": "universal_api", "config": {
+                    "provider": "openai", "api_key": "x", "base_url": server.url,
+                    "model_name_or_path": server.model_name}},
+                "extractor": {"backend": "naive", "config": {}},
+                "adder": {"backend": "naive", "config": {}},
+                "retriever": {"backend": "naive", "config": {}}}}})
+        cube = GeneralMemCube(config)
+        items = []
+        for kind, summary in PREFERENCES:
+            metadata = PreferenceTextualMemoryMetadata(
+                type="chat", preference_type=kind, dialog_id=str(uuid.uuid4()),
+                original_text=f"user: {summary}", preference=summary,
+                embedding=cube.pref_mem.embedder.embed([summary])[0],
+                created_at=datetime.now().isoformat(), user_id="u1", session_id="s",
+                mem_cube_id="u1/compat_preferences")
+            items.append(TextualMemoryItem(id=str(uuid.uuid4()), memory=summary,
+                                           metadata=metadata))
+        cube.pref_mem.add(items)
+        cube.dump(str(cube_dir))
+        # The loopback server's URL means nothing later: name the embedder as the vectors
+        # fixture does (a verifier passes E itself).
+        written = json.loads((cube_dir / "config.json").read_text())
+        written["pref_mem"]["config"]["embedder"]["config"]["base_url"] = "http://127.0.0.1:9/v1"
+        (cube_dir / "config.json").write_text(json.dumps(written, indent=4))
+    cubepack.pack(cube_dir, embedder=str(m["e"]))
+    version = getattr(memos, "__version__", "?")
+    describe("preferences", what="A MemOS preference memory (textual_memory.json, MemOS's "
+             "default name: explicit and implicit preferences, 32-dimensional vectors by the "
+             "tiny encoder E) and its preferences section with probes, in lock version 6.",
+             commit=head(), how=f"MemoryOS {version}'s GeneralMemCube.dump of a pref_text "
+             "memory on Milvus Lite (memos environment, tools/make_compat_fixtures.py "
+             "preferences), then cubepack.pack(cube, embedder=E).",
+             expect={"artefact": "cube", "embedder": "e", "verify": {}})
+
+
 def build_lineage(m: dict[str, Path], k: dict[str, Path]) -> None:
     """attestation3 migrated to model B, signed: a lineage section, the parent's attestation
     in lineage/ancestors.intoto.json, an attestation whose signer derived the lineage."""
@@ -401,6 +475,7 @@ CURRENT = {
     "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
     "vectors": build_vectors, "lineage": build_lineage, "private2-age": build_private2_age,
     "private2-ssh-hidden": build_private2_ssh, "lock6-shards": build_lock6_shards,
+    "preferences": build_preferences,
 }
 
 
@@ -462,9 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in CURRENT.items():
         if name not in names:
             continue
-        if (name == "memos-pickle") != memos_env:
+        if (name in MEMOS_ONLY) != memos_env:
             if args.names:
-                print(f"{name}: built in the {'memos' if name == 'memos-pickle' else 'latest'}"
+                print(f"{name}: built in the {'memos' if name in MEMOS_ONLY else 'latest'}"
                       " environment only", file=sys.stderr)
             continue
         print(name, flush=True)

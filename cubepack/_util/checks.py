@@ -67,8 +67,8 @@ class _Row(NamedTuple):
     #: pull would not be.
     fix: str = DAMAGE_FIX
     #: listed only when asked for, or only for what a cube holds (``adapter``: a cube with
-    #: LoRA adapters; ``adapter base``: and a base model at hand; ``recipients``, ``replay``,
-    #: ``private``: a private cube).
+    #: LoRA adapters; ``preferences``: a preference memory; ``adapter base``: and a base
+    #: model at hand; ``recipients``, ``replay``, ``private``: a private cube).
     optional: bool = False
     #: of the clear cube, but a private cube's verification leaves it to the outer (public)
     #: pass: its decrypted pass does not repeat it.
@@ -128,6 +128,7 @@ class Catalogue(str, enum.Enum):
     KV_HEADER = _Row("kv header", CLAIMED)
     KV_CHECKSUMS = _Row("kv checksums", PROVED)
     ADAPTER = _Row("adapter", CLAIMED, optional=True)
+    PREFERENCES = _Row("preferences", PROVED, optional=True)
     CUBE_CONFIG = _Row("cube config", CLAIMED)
     SIGNATURE = _Row(
         "signature", SIGNED, public_only=True, trust=True,
@@ -172,5 +173,5 @@ class Catalogue(str, enum.Enum):
             "--require-provenance")
     EMBEDDER = _Row(
         "embedder", PROVED, optional=True, plaintext=True,
-        fix="re-embed the text memory with this embedder (cubepack migrate --embedder), or "
-            "pass the embedder that made the vectors")
+        fix="re-embed the memory's vectors (text or preferences) with this embedder "
+            "(cubepack migrate --embedder), or pass the embedder that made them")

@@ -1,9 +1,10 @@
 """The cube's model card (``README.md``), rendered from ``templates/`` with huggingface_hub.
 
 ``DatasetCard.from_template`` validates the YAML front matter the Hub reads: tags (``memcube``,
-``memos``, ``kv-cache``), ``base_model`` (the pinned models' repo ids), ``pretty_name`` and the
-license when given. The card carries no timestamp, so packing an unchanged cube re-renders it
-byte-identically.
+``memos``, ``kv-cache``, and ``cubepack-weights-<16 hex>`` per pinned model: the hint
+``cubepack search`` filters the Hub's list on), ``base_model`` (the pinned models' repo ids),
+``pretty_name`` and the license when given. The card carries no timestamp, so packing an
+unchanged cube re-renders it byte-identically.
 
 A README cubepack did not write (MemOS writes a one-line one into every cube) is never lost:
 its text goes into the card under its own heading, between markers so a re-pack finds it
@@ -26,6 +27,10 @@ PLAIN_TAGS = ["kv-cache", "cubepack"]
 MARKER = "<!-- cubepack:card"
 KEPT_START = "<!-- cubepack:kept-readme (the README this cube had before cubepack; kept as is) -->"
 KEPT_END = "<!-- /cubepack:kept-readme -->"
+#: The tag naming a pinned model's weights (its digest's first 16 hex digits): a hint the Hub's
+#: list API filters on (``cubepack search --model``), never evidence: a match is decided by the
+#: pins read from the lock.
+WEIGHTS_TAG_PREFIX = "cubepack-weights-"
 #: Front-matter keys cubepack writes itself (a kept README's values for them are replaced).
 OWN_KEYS = ("pretty_name", "tags", "base_model", "license")
 
@@ -69,7 +74,8 @@ def read_previous(text: str | None) -> PreviousCard:
         metadata, body = {}, text
     previous = PreviousCard(
         metadata={k: v for k, v in metadata.items() if k not in OWN_KEYS},
-        tags=[t for t in metadata.get("tags") or [] if isinstance(t, str) and t not in TAGS],
+        tags=[t for t in metadata.get("tags") or [] if isinstance(t, str) and t not in TAGS
+              and not t.startswith(WEIGHTS_TAG_PREFIX)],  # the pins' tags are made anew
         license=metadata.get("license") if isinstance(metadata.get("license"), str) else None,
         pretty_name=metadata.get("pretty_name") if isinstance(metadata.get("pretty_name"), str)
         else None)
@@ -80,6 +86,12 @@ def read_previous(text: str | None) -> PreviousCard:
         previous.kept_text = body.strip("\n") or None
         previous.pretty_name = None  # another tool's title is not a setting the user gave us
     return previous
+
+
+def weights_tag(weights_digest: str) -> str:
+    """The card tag of a model whose weights digest is ``weights_digest`` (``sha256:<hex>``
+    or ``state-dict-sha256:<hex>``)."""
+    return WEIGHTS_TAG_PREFIX + weights_digest.rpartition(":")[2][:16].lower()
 
 
 def template_path() -> Path:
@@ -118,8 +130,11 @@ def render(*, lock: dict[str, Any], memories: dict[str, list[str]], pretty_name:
     files = lock["files"]
     base_models = sorted({pin["repo_id"] for pin in lock["models"].values()
                           if pin.get("repo_id") and pin.get("identity")})
+    weights = sorted({weights_tag(pin["identity"]["weights_digest"])
+                      for pin in lock["models"].values() if pin.get("identity")})
     metadata: dict[str, Any] = {**previous.metadata, "pretty_name": pretty_name,
-                                "tags": (TAGS if memos else PLAIN_TAGS) + previous.tags}
+                                "tags": (TAGS if memos else PLAIN_TAGS) + weights
+                                + previous.tags}
     if license:
         metadata["license"] = license
     if base_models:

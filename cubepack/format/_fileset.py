@@ -29,6 +29,8 @@ through the lock it signs. Tolerated files are still read by a strict parser for
 
 from __future__ import annotations
 
+import re
+
 from .._util import constants
 
 GENERATED = (constants.LOCK_FILENAME, constants.CONFIG_FILENAME, constants.CARD_FILENAME)
@@ -76,6 +78,21 @@ def is_activation_path(name: str) -> bool:
 def is_bookkeeping(name: str) -> bool:
     """Is ``name`` (a relative POSIX path) a download's bookkeeping?"""
     return any(name == folder or name.startswith(folder + "/") for folder in BOOKKEEPING)
+
+
+#: huggingface_hub's own files in a local dir (``hf download --local-dir``): its records of
+#: downloads and uploads (with their locks and partial downloads), its tree listings, its
+#: .gitignore and CACHEDIR.TAG.
+_HF_RECORDS = re.compile(
+    re.escape(HF_LOCAL_DIR) + r"/(?:\.gitignore(?:\.lock)?|CACHEDIR\.TAG"
+    r"|(?:download|upload)/.+\.(?:metadata|lock|incomplete)|trees/[0-9a-f]{40}\.json)")
+
+
+def is_hf_record(name: str) -> bool:
+    """Is ``name`` (a relative POSIX path in a downloaded folder) one of the files
+    huggingface_hub keeps there for its own downloads? (A pull replaces them with its own:
+    losing one loses nothing.)"""
+    return _HF_RECORDS.fullmatch(name) is not None
 
 
 def is_tolerated(name: str) -> bool:

@@ -18,8 +18,11 @@ age ciphertexts. Only a private cube's lock is version 5 (a lock is written at t
 version that holds its sections), so a clear cube stays readable by older cubepacks and a
 private one is refused by them by its version, never half-read.
 
-Version 6 adds ``shards`` (issue #40): activation memories many to a file, each shard with an
-index of its own (``format/sections/shards.py``). Only a sharded cube's lock is version 6.
+Version 6 adds two optional sections, each written only by a cube that holds it, for the same
+reason: ``preferences`` (MemOS's preference memory, issue #39: its file, its embedder's role,
+counts, dimension, a sample, probe vectors; see ``sections/preferences.py``) and ``shards``
+(issue #40: activation memories many to a file, each shard with an index of its own; see
+``sections/shards.py``). A version 6 reader reads both.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .sections import encryption as _encryption
 from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
+from .sections import preferences as _preferences
 from .sections import shards as _shards
 from .sections.activations import PROVENANCE_KEYS, activation_id_key, duplicate_id
 from .sections.adapters import BASE_CLAIM
@@ -209,6 +213,12 @@ SECTIONS: tuple[Section, ...] = (
             lambda value: value, _by_key, _shards.describe,
             None,  # the shards and indexes are files: their digests state them
             lambda value, typed, version: _shards.parse(value, typed["files"]),
+            MappingProxyType({})),
+    Section(_preferences.KEY, _preferences.SINCE, False,
+            lambda value, lock, version: _preferences.validate(value, lock, len(VECTOR_PROBES)),
+            lambda value: value, _by_key, _preferences.describe,
+            None,  # its embedder is a pin (models): stated there
+            lambda value, typed, version: _preferences.parse(value, typed["files"]),
             MappingProxyType({})),
 )
 SECTION_KEYS = tuple(section.key for section in SECTIONS)

@@ -91,14 +91,15 @@ class HubClient:
             a deadline, each request is also judged by the low-speed rule
             (``CUBEPACK_LOW_SPEED_LIMIT`` / ``CUBEPACK_LOW_SPEED_TIME``, see ``_stall``).
         action, outcome: what the deadline bounds and what holds after it, for its message.
-        cached: what this client fetches can come from the HF cache, so an unreachable
-            endpoint's message offers ``HF_HUB_OFFLINE=1`` (a pull, a lock to follow); never
-            for what only the endpoint can do (a push, its metadata).
+        cached: what this client fetches can come from disk, so an unreachable endpoint's
+            message offers ``HF_HUB_OFFLINE=1`` (a pull, a lock to follow): True for the HF
+            cache, or the words naming where (a pull: its folder or the HF cache); never for
+            what only the endpoint can do (a push, its metadata).
     """
 
     def __init__(self, endpoint: str | None = None, token: str | bool | None = None, *,
                  timeout: float | None = None, action: str = "request", outcome: str = "",
-                 cached: bool = False):
+                 cached: bool | str = False):
         from huggingface_hub import HfApi
         from huggingface_hub import constants as hub_constants
 
@@ -156,7 +157,8 @@ class HubClient:
                             "with write access (HF_TOKEN or --token).")
         unreachable = _unreachable(exc)
         if unreachable is not None:
-            offline = "; HF_HUB_OFFLINE=1 uses what the HF cache already holds" \
+            where_cached = self.cached if isinstance(self.cached, str) else "the HF cache"
+            offline = f"; HF_HUB_OFFLINE=1 uses what {where_cached} already holds" \
                 if self.cached else ""
             return HubError(f"Cannot reach {where} ({unreachable}) for {repo_id}: check that "
                             "the address is right (HF_ENDPOINT, or endpoint= in Python), that "
@@ -247,13 +249,17 @@ class HubClient:
 
     # --- downloads -------------------------------------------------------------------------------
     def download(self, repo_id: str, filename: str, *, repo_type: str, revision: str,
-                 cache_dir: str | Path | None = None) -> Path:
-        """One file of one revision, through the HF cache."""
+                 cache_dir: str | Path | None = None,
+                 local_dir: str | Path | None = None) -> Path:
+        """One file of one revision: through the HF cache, or with ``local_dir`` into that
+        folder only (huggingface_hub's local-dir mode, as ``hf download --local-dir``: its
+        records in ``local_dir/.cache/huggingface/``; a file the HF cache already holds is
+        copied from it)."""
         from huggingface_hub import hf_hub_download
 
         return Path(hf_hub_download(repo_id, filename, repo_type=repo_type, revision=revision,
                                     token=self.token, endpoint=self.endpoint,
-                                    cache_dir=cache_dir))
+                                    cache_dir=cache_dir, local_dir=local_dir))
 
 
 #: The connection failures of the HTTP libraries huggingface_hub uses (requests/urllib3 in

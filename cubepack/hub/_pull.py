@@ -1,10 +1,13 @@
 """``cubepack pull``: one exact commit, downloaded, verified, then placed.
 
-A branch or tag is resolved to its 40-hex commit first; that commit is downloaded into the
-HF cache, each file copied into a staging folder as its download completes (a reflink or a
-kernel copy, never a hard link: the pulled folder is its user's to edit, and shares no inode
-with the cache or another pull) and hashed there, verified against its lock, and only then
-swapped into the target folder. A pull never replaces files it would lose.
+A branch or tag is resolved to its 40-hex commit first; that commit is downloaded into a
+staging folder beside the target, each byte once, as ``hf download --local-dir`` does
+(huggingface_hub's local-dir mode; nothing goes into the HF cache), each file hashed there as
+it arrives, verified against its lock, and only then swapped into the target folder. An
+earlier pull at the target is updated: its unchanged files are linked into the staging folder
+and hashed, not downloaded (:mod:`._localdir`); offline, the commit comes from the target's
+own earlier pull of it, or the HF cache. The pulled folder is its user's to edit: it shares no
+inode with the cache or another pull. A pull never replaces files it would lose.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import shutil
 import stat
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -29,22 +32,25 @@ from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name, is_commit, looks_like_commit
 from ..errors import CubepackError, HubError, UnsafeInputError, UsageError, VerificationFailed
 from ..format import _lock as lockfile
-from ..format._fileset import ORIGIN_FILE, is_tolerated
+from ..format._fileset import ORIGIN_FILE, is_bookkeeping, is_hf_record, is_tolerated
 from ..ops import verify
 from ..ops._seam import is_private, require_checked_models
 from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
-from ._client import HubClient, cache_repo_dir, offline_requested, parse_repo_spec
+from . import _localdir
+from ._client import HubClient, cache_repo_dir, lfs_sha256, offline_requested, parse_repo_spec
 from ._history import add_history_check, add_skipped
 from ._remote import remote_model_checks
 
 logger = logging.getLogger("cubepack")
 
-#: Parallel downloads in ``pull``. Each file is copied into the staging folder and hashed there
-#: by the thread that downloaded it, so nothing is left to hash once the last arrives. Four,
-#: not snapshot_download's 8: on 2 cores bench/pull.py measured less CPU, and less time, with 4.
+#: Parallel downloads in ``pull``. Four, not snapshot_download's 8: on 2 cores bench/pull.py
+#: measured less CPU, and less time, with 4.
 _DOWNLOAD_WORKERS = 4
+#: Threads hashing what arrived (or what an earlier pull left), apart from the downloads: a
+#: download thread that hashed its own file would leave the link idle meanwhile.
+_HASH_WORKERS = min(4, os.cpu_count() or 2)
 
 
 @dataclass
@@ -151,20 +157,24 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
     target = Path(local_dir) if local_dir else Path.cwd() / repo_id.split("/")[1]
     check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
     client = HubClient(endpoint, token, timeout=seconds, action=f"pull of {repo_id}",
-                       outcome=f"Nothing was placed: {target} is as it was.", cached=True)
+                       outcome=f"Nothing was placed: {target} is as it was.",
+                       cached=f"{target} or the HF cache")
     sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline, client=client,
                            cache_dir=cache_dir)
     with atomic.placing(target, elsewhere="pass another --local-dir", cache_dir=cache_dir):
         staging = atomic.staging_dir(target, "pull")
         try:
-            # Online, each file is copied into the staging folder as soon as it is in the HF cache
-            # (overlapping the other downloads) and hashed there: the digests verify trusts are of
-            # the very bytes placed. Offline, the cached snapshot is copied the same way.
-            snapshot, placed, hashed = _download(client, repo_id, sha, repo_type=repo_type,
-                                                 offline=offline, cache_dir=cache_dir,
-                                                 lock_first=verify_cube, staging=staging)
+            # Each file is downloaded into the staging folder (or linked there from an earlier
+            # pull at the target) and hashed there: the digests verify trusts are of the very
+            # bytes placed, and each byte is on disk once.
+            snapshot, placed, hashed, reused = _download(
+                client, repo_id, sha, repo_type=repo_type, offline=offline, cache_dir=cache_dir,
+                lock_first=verify_cube, staging=staging, target=target)
             # The download took a while: what the target holds now is what must not be lost.
-            check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir)
+            # The files linked from it were hashed just now: their digests stand while their
+            # stat keys do.
+            check_target(target, repo_id, repo_type, force=force, cache_dir=cache_dir,
+                          fresh={name: (key, hashed[name]) for name, key in reused.items()})
             report = None
             if verify_cube:
                 # The deadline covers the checks too: a cube slow to check cannot outlive it.
@@ -200,12 +210,16 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
                     _evict_corrupt_files(report, snapshot)
                     raise VerificationFailed(report)
                 report.cube_dir = target
+            placed += _localdir.bookkeeping_files(staging)
             _write_origin(staging, repo_id, repo_type, sha,
                           _placed_digests(staging, placed, hashed, report))
             _record_pull(staging, repo_id, repo_type, sha)
-            atomic.replace_dir(staging, target)
             if wanted and not is_commit(wanted) and not offline:
+                # The one thing a pull writes in the HF cache: what a later offline pull by
+                # this name resolves. Before placing: a cache that cannot take it fails the
+                # pull whole, naming the setting that moves the cache.
                 _record_ref(repo_id, repo_type, wanted, sha, cache_dir)
+            atomic.replace_dir(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -214,13 +228,16 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
 
 
 def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
-                 cache_dir: str | Path | None = None) -> None:
+                 cache_dir: str | Path | None = None,
+                 fresh: dict[str, tuple[list[str], str]] | None = None) -> None:
     """Refuse a ``--local-dir`` whose files a pull would lose (see :func:`pull`).
 
     Never (not even with ``force``): a folder that is or holds the current directory or the
     home folder, nor one that is, holds or sits inside the HF cache or ``$CUBEPACK_CACHE``.
     Without ``force``: anything but an absent or empty folder, or an earlier pull of this repo
     whose every file is as that pull placed it (files removed since lose nothing: allowed).
+    ``fresh``: {path: (stat key, sha256)} of files this process hashed just now, which stand
+    for a file whose stat key is still that one.
     """
     resolved = target.resolve()
     if resolved.exists() and not resolved.is_dir():
@@ -242,7 +259,7 @@ def check_target(target: Path, repo_id: str, repo_type: str, *, force: bool,
                              "folder (--local-dir).")
     if not resolved.exists() or force or not any(resolved.iterdir()):
         return
-    kept, why = _files_a_pull_would_lose(resolved, repo_id, repo_type)
+    kept, why = _files_a_pull_would_lose(resolved, repo_id, repo_type, fresh or {})
     if kept:
         shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
         raise UsageError(f"--local-dir {target} {why} ({shown}); pulling would replace them. "
@@ -262,13 +279,14 @@ def _caches(cache_dir: str | Path | None) -> list[tuple[Path, str]]:
     return [(path.expanduser().resolve(), what) for path, what in caches]
 
 
-def _files_a_pull_would_lose(folder: Path, repo_id: str,
-                             repo_type: str) -> tuple[list[str], str]:
+def _files_a_pull_would_lose(folder: Path, repo_id: str, repo_type: str,
+                             fresh: dict[str, tuple[list[str], str]]) -> tuple[list[str], str]:
     """The files of ``folder`` a pull would lose, and why (for the message): everything, when
     it is not an earlier pull of this repo or its record cannot prove its files unchanged;
     else each file changed or added since that pull (its record is the one exempt file)."""
     names, empty_folders, unreadable = _entries(folder)
-    everything = sorted((set(names) - {ORIGIN_FILE}) | set(empty_folders) | set(unreadable))
+    everything = sorted((set(names) - {ORIGIN_FILE}) | set(empty_folders) | set(unreadable),
+                        key=_shown_first)
     try:
         origin = _read_origin(folder / ORIGIN_FILE)
     except (OSError, ValueError):
@@ -283,8 +301,8 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str,
     changed = [f"{name} (unreadable)" for name in unreadable]
     to_hash: list[str] = []
     for name in names:
-        if name == ORIGIN_FILE:
-            continue
+        if name == ORIGIN_FILE or is_hf_record(name):
+            continue  # huggingface_hub's records (hf download on the folder): ours replace them
         entry = record.get(name)
         if entry is None:
             changed.append(f"{name} (added)")
@@ -296,6 +314,9 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str,
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
             changed.append(f"{name} (changed)")
+        elif name in fresh and fresh[name][0] == _stat_key(st):
+            if fresh[name][1] != entry["sha256"]:  # hashed by this pull, as it is now
+                changed.append(f"{name} (changed)")
         elif _stat_key(st) != entry["stat"]:
             to_hash.append(name)  # touched, maybe edited: only its bytes can tell
     if to_hash:
@@ -305,7 +326,13 @@ def _files_a_pull_would_lose(folder: Path, repo_id: str,
     expected = {str(parent) for name in (*record, ORIGIN_FILE)
                 for parent in PurePosixPath(name).parents}
     changed += [f"{name} (added)" for name in empty_folders if name.rstrip("/") not in expected]
-    return sorted(changed), f"holds files changed or added since it was pulled from {repo_id}"
+    return sorted(changed, key=_shown_first), \
+        f"holds files changed or added since it was pulled from {repo_id}"
+
+
+def _shown_first(name: str) -> tuple[bool, str]:
+    """A refusal names the cube's files before a download's bookkeeping."""
+    return is_bookkeeping(name), name
 
 
 def _entries(folder: Path) -> tuple[list[str], list[str], list[str]]:
@@ -477,80 +504,171 @@ def _cached_ref(repo_id: str, name: str, repo_type: str, cache_dir: str | Path |
 
 
 def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offline: bool,
-              cache_dir: str | Path | None, lock_first: bool,
-              staging: Path) -> tuple[Path, list[str], dict[str, str]]:
-    """Download commit ``sha`` into the HF cache (which stays filled: a later ``--offline``
-    pull is served from it) and place a copy of each file in ``staging``.
+              cache_dir: str | Path | None, lock_first: bool, staging: Path,
+              target: Path) -> tuple[Path, list[str], dict[str, str], dict[str, list[str]]]:
+    """Put commit ``sha`` in ``staging``, each file once, as ``hf download --local-dir`` does.
 
-    Returns (``<cache>/<repo>/snapshots/<sha>``, the paths placed, {path: sha256 of the placed
-    copy}). Every remote path is checked before anything is downloaded; with ``lock_first``
-    the lock is fetched and parsed first and files it does not list are refused before they
-    are downloaded. Each file is copied into ``staging`` as soon as its download completes
-    (:func:`cubepack._util.atomic.clone_file`: a reflink where the file system has them, else
-    a kernel copy; never a hard link, so the placed folder shares no inode with the cache or
-    another pull) and hashed there, overlapping the other downloads. Offline, the snapshot is
-    served from the cache (zero requests) and copied the same way.
+    Returns (``<cache>/<repo>/snapshots/<sha>``, the paths placed, {path: sha256 of the
+    placed file}, {path: stat key} of the files taken from ``target``). Every remote path is
+    checked before anything is downloaded; with ``lock_first`` the lock is fetched and parsed
+    first and files it does not list are refused before they are downloaded. A file an earlier
+    pull at ``target`` claims to hold with the bytes wanted (the lock's sha256, else the Hub's
+    LFS sha256) is linked into ``staging`` and hashed (:func:`._localdir.reuse`); any other is
+    downloaded into ``staging`` in huggingface_hub's local-dir mode (never into the HF cache;
+    it copies a file the HF cache already holds) and hashed there, overlapping the other
+    downloads. Offline, see :func:`_from_disk`.
     """
-    from huggingface_hub import snapshot_download
-
     snapshot = cache_repo_dir(repo_id, repo_type, cache_dir) / "snapshots" / sha
     if offline:
-        try:
-            found = Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha,
-                                           cache_dir=cache_dir, local_files_only=True))
-        except Exception as exc:  # any cache miss is one sentence
-            raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is not in "
-                           f"the HF cache ({snapshot.parent.parent}); pull it once online.") from exc
-        _require_snapshot(found, snapshot, ".")
-        names = list_cube_files_following_links(snapshot)
-        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
-            return snapshot, names, dict(pool.map(lambda name: (name, _place(
-                snapshot, name, staging)), names))
+        return _from_disk(repo_id, repo_type, sha, snapshot, staging, target, cache_dir)
+    claimed = _localdir.claims(target, repo_id, repo_type)
+    reused: dict[str, list[str]] = {}
 
-    def fetch(path: str) -> tuple[str, str]:
+    def fetch(path: str) -> str:
         local = client.download(repo_id, path, repo_type=repo_type, revision=sha,
-                                cache_dir=cache_dir)
-        _require_snapshot(local, snapshot, path)
-        return path, _place(snapshot, path, staging)
+                                cache_dir=cache_dir, local_dir=staging)
+        _localdir.require_commit(staging, path, sha, local)
+        return path
+
+    def digest_of(path: str) -> str:
+        return sha256_file(resolve_inside(staging, path))
 
     def fetch_all() -> tuple[list[str], dict[str, str]]:
         tree = client.api.list_repo_tree(repo_id, repo_type=repo_type, revision=sha,
                                          recursive=True)
-        paths = sorted(entry.path for entry in tree if not hasattr(entry, "tree_id"))
+        entries = {entry.path: entry for entry in tree if not hasattr(entry, "tree_id")}
+        paths = sorted(entries)
         for path in paths:  # a hostile listing is refused before any download
             check_relpath(path)
         check_no_collisions(paths)
         if not paths:
             raise HubError(f"Commit {sha} of {repo_id} holds no files.")
+        _refuse_bookkeeping(repo_id, sha, paths)
         hashed: dict[str, str] = {}
+        lock = None
         if lock_first:
             if constants.LOCK_FILENAME in paths:
-                path, digest = fetch(constants.LOCK_FILENAME)
-                hashed[path] = digest
-            _refuse_unlisted(repo_id, sha, snapshot, paths)
+                hashed[constants.LOCK_FILENAME] = digest_of(fetch(constants.LOCK_FILENAME))
+            lock = _refuse_unlisted(repo_id, sha, staging, paths)
+
+        def wanted(path: str) -> str | None:
+            if lock is not None and path in lock.files:
+                return lock.files[path].sha256
+            return lfs_sha256(entries[path])
+
         todo = [path for path in paths if path not in hashed]
-        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool:
-            hashed.update(pool.map(client.bind(fetch), todo))
+        with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-pull") as pool, \
+                ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="cubepack-hash") as hasher:
+            # Each answer is a digest, or the future of one (a file handed on to be hashed, or
+            # to be downloaded after all): followed to its digest below.
+            # Hashing is bound to the deadline too: once it passed, no new file is started
+            # (nor linked into the staging folder the failed pull removes).
+            def download(path: str) -> Future[str]:
+                return hasher.submit(client.bind(digest_of), fetch(path))
+
+            def reuse(path: str) -> str | Future[Any]:
+                found = _localdir.reuse(target, path, staging, wanted(path))
+                if found is None:
+                    return pool.submit(client.bind(download), path)
+                entry = entries[path]
+                _localdir.record(staging, path, sha, lfs_sha256(entry) or entry.blob_id)
+                reused[path] = _stat_key(found[1])
+                return found[0]
+
+            answers = {path: hasher.submit(client.bind(reuse), path)
+                       if wanted(path) is not None and claimed.get(path) == wanted(path)
+                       else pool.submit(client.bind(download), path) for path in todo}
+            try:
+                for path, answer in answers.items():
+                    while isinstance(answer, Future):
+                        answer = answer.result()
+                    hashed[path] = answer
+            except BaseException:  # the pull failed: start nothing more
+                pool.shutdown(wait=False, cancel_futures=True)
+                hasher.shutdown(wait=False, cancel_futures=True)
+                raise
         return paths, hashed
 
     with client.translated(repo_id, repo_type, sha):
         paths, hashed = client.run(fetch_all)
-    return snapshot, paths, hashed
+    return snapshot, paths, hashed, reused
+
+
+def _from_disk(repo_id: str, repo_type: str, sha: str, snapshot: Path, staging: Path,
+               target: Path, cache_dir: str | Path | None
+               ) -> tuple[Path, list[str], dict[str, str], dict[str, list[str]]]:
+    """Offline: commit ``sha`` from what is on disk, with zero requests. ``target`` first,
+    when it is an earlier pull of that very commit (each file linked into ``staging`` and
+    hashed); else, or for a file it no longer has, the HF cache (a copy of the cached file,
+    hashed: what ``hf download`` without ``--local-dir`` put there). Verification decides."""
+    from huggingface_hub import snapshot_download
+
+    in_folder = _localdir.held(target, repo_id, repo_type, sha)
+    try:
+        found = Path(snapshot_download(repo_id, repo_type=repo_type, revision=sha,
+                                       cache_dir=cache_dir, local_files_only=True))
+        _require_snapshot(found, snapshot, ".")
+        cached = list_cube_files_following_links(snapshot)
+    except CubepackError:
+        raise
+    except Exception:  # noqa: BLE001 - a cache miss: the folder may still hold the commit
+        cached = []
+    if not in_folder and not cached:
+        raise HubError(f"Offline, commit {sha} of the {repo_type} repo {repo_id} is neither "
+                       f"at {target} (an earlier pull of that commit) nor in the HF cache "
+                       f"({snapshot.parent.parent}): pull it online into {target} once (an "
+                       "offline pull into that folder is then served from it), or put it in "
+                       f"the HF cache with `hf download {repo_id} --repo-type {repo_type} "
+                       f"--revision {sha}`.")
+    reused: dict[str, list[str]] = {}
+
+    def place(name: str) -> tuple[str, str | None]:
+        if name in in_folder:
+            found = _localdir.reuse(target, name, staging, None)
+            if found is not None:
+                reused[name] = _stat_key(found[1])
+                return name, found[0]
+        if name in cached:
+            return name, _place(snapshot, name, staging)
+        return name, None  # gone from both: verification names it
+
+    if in_folder:
+        _localdir.carry_records(target, staging, sha)
+    names = sorted(set(in_folder) | set(cached))
+    with ThreadPoolExecutor(_DOWNLOAD_WORKERS, thread_name_prefix="cubepack-place") as pool:
+        placed = dict(pool.map(place, names))
+    hashed = {name: digest for name, digest in placed.items() if digest is not None}
+    return snapshot, sorted(hashed), hashed, reused
+
+
+def _refuse_bookkeeping(repo_id: str, sha: str, paths: list[str]) -> None:
+    """A commit holding a download's bookkeeping (``.cache/huggingface/``,
+    ``.cache/cubepack/``) is refused before any download: its files would land where the
+    pull keeps its own records, which nothing a cube holds may be."""
+    planted = [path for path in paths if is_bookkeeping(path)]
+    if planted:
+        shown = ", ".join(planted[:3]) + (f" and {len(planted) - 3} more"
+                                          if len(planted) > 3 else "")
+        raise UnsafeInputError(f"Commit {sha} of {repo_id} holds {shown}: a download's own "
+                               "bookkeeping, where this pull keeps its records. Refusing it "
+                               "before any download; no cube holds such paths (push never "
+                               "uploads them).")
 
 
 def _require_snapshot(local: Path, snapshot: Path, path: str) -> None:
-    """A downloaded file must sit at ``snapshots/<sha>/<path>``: the client names the snapshot
-    folder after the commit the server says it served, so another folder means another commit."""
+    """A snapshot served from the HF cache must be ``snapshots/<sha>``: the client names the
+    snapshot folder after the commit the server said it served."""
     expected = snapshot / path if path != "." else snapshot
     if os.path.abspath(local) != os.path.abspath(expected):
-        raise HubError(f"The endpoint served {path} from another commit than {snapshot.name} "
-                       f"(it landed in {local}); refusing it.")
+        raise HubError(f"The HF cache served {path} from another commit than {snapshot.name} "
+                       f"(it is in {local}); refusing it.")
 
 
-def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -> None:
-    """With the lock downloaded, refuse (before downloading them) files it does not list."""
+def _refuse_unlisted(repo_id: str, sha: str, staging: Path, paths: list[str]) -> lockfile.Lock:
+    """With the lock downloaded, refuse (before downloading them) files it does not list.
+    Returns the parsed lock."""
     report = VerifyReport(Path(f"{repo_id}@{sha}"))
-    lock_path = snapshot / constants.LOCK_FILENAME
+    lock_path = staging / constants.LOCK_FILENAME
     if constants.LOCK_FILENAME not in paths:
         report.add(Catalogue.LOCK, constants.LOCK_FILENAME, False,
                    "missing: this commit was not packed by cubepack (run `cubepack pack`)")
@@ -567,6 +685,7 @@ def _refuse_unlisted(repo_id: str, sha: str, snapshot: Path, paths: list[str]) -
                    "absent", "present")
     if unlisted:
         raise VerificationFailed(report)
+    return lock
 
 
 def _place(snapshot: Path, name: str, staging: Path) -> str:
@@ -594,11 +713,13 @@ def list_cube_files_following_links(snapshot: Path) -> list[str]:
 
 def _evict_corrupt_files(report: VerifyReport, snapshot: Path) -> None:
     """Remove from the HF cache the blobs whose bytes failed the lock, so a retry downloads
-    them again (the client would otherwise reuse them: it checks only sizes)."""
+    them again (the client would otherwise copy them again: it checks only sizes)."""
     for check in report.failures:
         if check.name not in (Catalogue.SHA256, Catalogue.SIZE):
             continue
         link = snapshot / check.subject
+        if not os.path.lexists(link):
+            continue  # downloaded, not copied from the HF cache: gone with the staging folder
         try:
             blob = Path(os.path.realpath(link))
             if blob.parent.name == "blobs":

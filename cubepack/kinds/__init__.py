@@ -8,6 +8,8 @@
   ``load_adapter``;
 - ``vectors``: a text memory's vectors and the embedder that makes them, proved by
   re-embedding, re-embedded by migrate;
+- ``preferences``: MemOS's preference memory, its vectors pinned to their embedder as the
+  text memory's are, its items loaded by the MemOS hook itself;
 - ``_kind``: the :class:`Kind` protocol (its phases), the jobs its phases are handed
   (:class:`PackJob`, :class:`MigrateJob`) and pack's options (``PackOptions``);
 - ``_results``: what ``pack`` and ``migrate`` return (each kind fills its fields).
@@ -23,10 +25,11 @@ from ._kind import Kind, MigrateJob, MigrateOptions, PackJob, PackOptions, made_
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
 from .adapters import KIND as _ADAPTERS
+from .preferences import KIND as _PREFERENCES
 from .vectors import KIND as _VECTORS
 
 #: Every memory kind, in the order the verbs run their phases (and a report lists checks).
-KINDS: tuple[Kind, ...] = (_ACTIVATIONS, _ADAPTERS, _VECTORS)
+KINDS: tuple[Kind, ...] = (_ACTIVATIONS, _ADAPTERS, _VECTORS, _PREFERENCES)
 
 
 def counted(files: int, counts: Mapping[str, int]) -> str:

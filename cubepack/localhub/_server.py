@@ -41,6 +41,7 @@ from .._util import constants
 from ..errors import UsageError
 from . import _bodies as bodies
 from ._errors import StoreError, shown
+from ._listing import PAGE_SIZE, ListQuery, card_tags, page, selected
 from ._ids import (
     RepoRef,
     Revision,
@@ -179,6 +180,7 @@ ROUTES = (
     _route("POST", "/api/repos/move", "_move_repo", auth=True, body=bodies.move_repo),
     _route("POST", "/api/validate-yaml", "_validate_yaml", auth=True, body=bodies.validate_yaml),
     _route("GET", "/api/whoami-v2", "_whoami"),
+    _route("GET", "/api/{kind}", "_list_repos"),
     _route("PUT", "/lfs/upload/{kind}/{namespace}/{name}/{oid}", "_lfs_upload", body=STREAM,
            signed=True),
     _route("POST", "/lfs/verify/{kind}/{namespace}/{name}/{oid}", "_lfs_verify",
@@ -330,6 +332,8 @@ class LocalHub:
             one client address (see :data:`MAX_CONNECTIONS`).
         max_bodies_bytes: bytes of bodies read into memory held at once by all requests
             (see :data:`MAX_BODIES_BYTES`).
+        list_page_size: repos one page of the list API holds (the Hub's 1,000; tests page
+            with fewer).
     """
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -342,7 +346,7 @@ class LocalHub:
                  max_body_bytes: int = MAX_BODY_BYTES, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  max_connections: int = MAX_CONNECTIONS,
                  max_client_connections: int = MAX_CLIENT_CONNECTIONS,
-                 max_bodies_bytes: int = MAX_BODIES_BYTES):
+                 max_bodies_bytes: int = MAX_BODIES_BYTES, list_page_size: int = PAGE_SIZE):
         for index, token in enumerate(tokens or [], 1):  # never echoed: it may be a secret
             if problem := token_problem(token):
                 raise UsageError(f"Token {index} (--token) is refused: {problem}.")
@@ -356,6 +360,7 @@ class LocalHub:
         self.floor = _Floor(low_speed_limit, low_speed_time) if low_speed_limit > 0 else None
         self.bodies = _BodyBudget(max(max_bodies_bytes, max_body_bytes), max_body_bytes)
         self.max_upload_bytes = max_upload_bytes
+        self.list_page_size = list_page_size
         self._secret = secrets.token_bytes(32)
         self.store.serve()  # refused when another process serves the root
         max_connections, max_waiting, claim = _fit_descriptors(max_connections, MAX_WAITING)
@@ -1378,6 +1383,25 @@ class _Handler(BaseHTTPRequestHandler):
     def _repo_info(self, repo: RepoRef, revision: Revision | str = "main") -> None:
         self.send_json(self._info(repo, revision))
 
+    def _list_repos(self, kind: str) -> None:
+        """``list_models(...)`` / ``list_datasets(...)``: the repos of ``kind`` this request
+        may read (a private one only with a valid token, as every route), filtered, sorted and
+        paged as :mod:`._listing` says; a page's ``Link`` header names the next."""
+        query = ListQuery.parse(kind, self.query)
+        token, store = self._token(), self.hub.store
+
+        def readable():
+            for repo in store.repos(kind):
+                try:
+                    if self.hub.may_read(repo, token):
+                        yield store.listed(repo)
+                except (OSError, StoreError):  # deleted or moved meanwhile: not listed
+                    continue
+
+        entries, link = page(query, selected(query, readable()), self.hub.list_page_size,
+                             f"{self._base()}/api/{kind}", self.query)
+        self.send_json(entries, headers={"Link": link} if link else None)
+
     def _auth_check(self, repo: RepoRef) -> None:
         """The repo is readable with this request's credentials (the routing checked it)."""
         self.send_json({})
@@ -1478,10 +1502,12 @@ class _Handler(BaseHTTPRequestHandler):
                     sibling["lfs"] = {"sha256": entry["sha256"], "size": entry["size"],
                                       "pointerSize": entry.get("pointer_size", 134)}
             siblings.append(sibling)
+        card = self.hub.store.card(repo, commit_id)
         return {"_id": repo.repo_id, "id": repo.repo_id, "sha": commit_id,
                 "private": self.hub.store.is_private(repo), "disabled": False, "gated": False,
-                "lastModified": commit["date"], "siblings": siblings, "tags": [],
-                "downloads": 0, "likes": 0, "author": repo.namespace, "cardData": {}}
+                "lastModified": commit["date"], "siblings": siblings,
+                "tags": card_tags(repo.kind, card), "downloads": 0, "likes": 0,
+                "author": repo.namespace, "cardData": card}
 
     def _tree(self, repo: RepoRef, revision: Revision, path: str = "") -> None:
         prefix = path

@@ -55,6 +55,7 @@ from ._ids import (
     repo_path,
     repo_ref,
 )
+from ._listing import MAX_CARD_BYTES, Listed, card_metadata
 from ._objects import (
     UPLOAD_GRACE,
     Collected,
@@ -70,6 +71,11 @@ __all__ = ["PR_REF", "REPO_TYPES", "HubStore", "RepoRef", "StoreError", "repo_re
 #: Tree entries of parsed commits kept in memory, over every repo of the store (a 10,000-file
 #: commit is 2.6 MB of JSON; parsing it for every download made a pull quadratic).
 COMMIT_CACHE_ENTRIES = 250_000
+#: Cards' parsed front matter kept in memory, by the sha256 of the README's blob (content
+#: addressed: an entry never goes stale), for the list API, which reads every repo's card.
+CARD_CACHE_ENTRIES = 10_000
+#: The card the Hub reads a repo's metadata and tags from.
+CARD_PATH = "README.md"
 GITATTRIBUTES = (b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
                  b"*.bin filter=lfs diff=lfs merge=lfs -text\n")
 
@@ -253,6 +259,8 @@ class HubStore:
         self._objects = Objects(self.root)
         self._moves_guard = threading.Lock()
         self._serving = ServeLock(self.root)
+        self._cards: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._cards_guard = threading.Lock()
 
     def serve(self) -> None:
         """Claim the root for this process (:class:`._objects.ServeLock`: a second server on it
@@ -276,6 +284,46 @@ class HubStore:
             if self._index is None:
                 self._index = self._scan()
             return self._index.get(_folded(repo), repo)
+
+    def repos(self, kind: str) -> list[RepoRef]:
+        """Every repo of ``kind`` (``models`` or ``datasets``) served from the root."""
+        with self._index_guard:
+            if self._index is None:
+                self._index = self._scan()
+            return [repo for repo in self._index.values() if repo.kind == kind]
+
+    def card(self, repo: RepoRef, commit_id: str) -> dict[str, Any]:
+        """The YAML front matter of ``README.md`` at ``commit_id`` ({} without one): what the
+        Hub reads a repo's tags and card data from."""
+        entry = self.commit(repo, commit_id)["tree"].get(CARD_PATH)
+        if entry is None or entry["size"] > MAX_CARD_BYTES:
+            return {}
+        with self._cards_guard:
+            cached = self._cards.get(entry["sha256"])
+            if cached is not None:
+                self._cards.move_to_end(entry["sha256"])
+                return cached
+        metadata = card_metadata(self.blob_path(entry["sha256"]).read_bytes())
+        with self._cards_guard:
+            self._cards[entry["sha256"]] = metadata
+            while len(self._cards) > CARD_CACHE_ENTRIES:
+                self._cards.popitem(last=False)
+        return metadata
+
+    def listed(self, repo: RepoRef) -> Listed:
+        """``repo`` as the list API answers it, at the head of ``main``."""
+        head = self.resolve(repo, "main")
+        commit = self.commit(repo, head)
+
+        def created() -> str:
+            return self.history(repo, head)[-1]["date"]
+
+        def siblings() -> list[dict[str, Any]]:
+            return [{"rfilename": path} for path in sorted(commit["tree"])]
+
+        return Listed(repo=repo, private=self.is_private(repo), sha=head,
+                      last_modified=commit["date"], created_at=created, siblings=siblings,
+                      metadata=self.card(repo, head))
 
     def _scan(self) -> dict[tuple[str, str, str], RepoRef]:
         index = {}

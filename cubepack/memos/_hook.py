@@ -31,6 +31,7 @@ from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
+from ..kinds.preferences import load_preferences
 from ..kv._torch import PRIVATE_CACHE_CHECKS
 from ..ops import verify
 from ..ops._seam import is_private, open_private
@@ -663,7 +664,12 @@ def _text_load(owner: Any) -> Any:
         current = _hook_settings()
         identity = identity_path(None)
         verified = verify(folder, current.for_folder(), decrypt_with=identity)
+        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
         if not is_private(verified.lock):
+            if own and verified.lock.preferences:
+                self.cubepack = HookReport(cube_dir=folder, verified=True)
+                load_preferences(self, folder, verified.lock, self.cubepack, current)
+                return None
             return original(self, dir, *args, **kwargs)
         if identity is None:
             raise UsageError(f"{folder} is a private cube; loading it needs an identity: set "
@@ -674,6 +680,10 @@ def _text_load(owner: Any) -> Any:
         with open_private(folder, identity, public_lock=verified.lock) as opened:
             seal(self, [loaded_seal(folder, opened.manifest, opened.public_lock,
                                     signed_by=verified.signed_by)])
+            if own and opened.lock.preferences:
+                self.cubepack = HookReport(cube_dir=folder, verified=True)
+                load_preferences(self, opened.folder, opened.lock, self.cubepack, current)
+                return None
             return original(self, str(opened.folder), *args, **kwargs)
 
     load.__doc__ = _text_load.__doc__

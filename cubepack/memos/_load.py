@@ -23,6 +23,7 @@ from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputErro
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ..format.sections import Lock
+from ..kinds.preferences import load_preferences
 from ..memos_format import _layout as memos_layout
 from ..ops import verify
 from ..ops._seam import is_private, open_private
@@ -226,11 +227,17 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
         for memory in cube_memories(cube):
             seal(memory, [private[0]])
     others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
+    # A cube's preferences are loaded by their kind, item by item and counted: MemOS's own
+    # load of its dump swallows a validation error and loads nothing.
+    preferences = "pref_mem" in others and bool(lock.preferences)
+    others = [kind for kind in others if not (preferences and kind == "pref_mem")]
     with verified_folder(cube_dir):
         if others and (cube_dir / constants.MEMOS_CONFIG).is_file():
             cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
         for kind in others if not (cube_dir / constants.MEMOS_CONFIG).is_file() else []:
             getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
+    if preferences:
+        load_preferences(cube.pref_mem, cube_dir, lock, report, policy)
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:

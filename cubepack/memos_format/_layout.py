@@ -29,7 +29,10 @@ DEFAULT_FILENAMES = {
     "text_mem": "textual_memory.json",
     "act_mem": "activation_memory.pickle",
     "para_mem": "parametric_memory.adapter",
-    "pref_mem": "preference_memory.json",
+    # MemOS 2.0.x's preference memory inherits the text memory's default name (its config
+    # class is a text memory config): two memories at their defaults write one file, which
+    # the preference kind refuses (kinds/preferences/_dump.filename_collision).
+    "pref_mem": "textual_memory.json",
 }
 MEMORY_KINDS = {"text_mem": "textual", "act_mem": "activation", "para_mem": "parametric",
                 "pref_mem": "preference"}

@@ -114,7 +114,7 @@ class _Precomputed:
         return self._manifest
 
     def add_ignored_paths(self, **_: Any) -> None:
-        """What a verifier asks of a hashing config; the manifest held already ignores them."""
+        """Verifying passes the signature's ignored paths on: the manifest already left them."""
 
 
 def _manifest_from_lock(cube: Path, hashing: Any, lock_bytes: bytes,
@@ -167,7 +167,7 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
 
 def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
                           attestation: bytes | None,
-                          trusted_keys: list[str | os.PathLike[str]]) -> str:
+                          trusted_keys: list[str | os.PathLike[str]] | tuple) -> str:
     """A cube's signature checked over its lock alone, its files not at hand (a remote cube
     opened on demand): the manifest the signer signed is rebuilt from the lock's digests, the
     lock's own sha256 and the attestation's (as :func:`write_signature` built it), so the
@@ -194,13 +194,15 @@ def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
         path = Path(tmp) / constants.SIGNATURE_FILENAME
         path.write_bytes(signature)
         return _verified_by(trusted_keys, folder, path, lambda: _Precomputed(manifest),
-                            verifying)
+                            verifying, covered="this lock")
 
 
-def _verified_by(trusted_keys: list[str | os.PathLike[str]], cube: Path, signature: Path,
-                 config: Any, verifying: Any) -> str:
+def _verified_by(trusted_keys: list[str | os.PathLike[str]] | tuple, cube: Path,
+                 signature: Path, config: Any, verifying: Any, *,
+                 covered: str = "this content") -> str:
     """The first of ``trusted_keys`` whose signature over ``cube`` (hashed by ``config()``)
-    verifies; else a SignatureError saying whether the content or the key differs."""
+    verifies; else a SignatureError saying whether the content (``covered``: a cube's files,
+    or a lock alone) or the key differs."""
     content_errors = []
     for key in trusted_keys:
         check_key(key, private=False)
@@ -214,7 +216,7 @@ def _verified_by(trusted_keys: list[str | os.PathLike[str]], cube: Path, signatu
                 continue
             content_errors.append(_describe_content_error(message))
     if content_errors:
-        raise SignatureError(f"The signature does not cover this content: {content_errors[0]}. "
+        raise SignatureError(f"The signature does not cover {covered}: {content_errors[0]}. "
                              "The cube changed after it was signed.")
     names = ", ".join(str(k) for k in trusted_keys)
     raise SignatureError(f"The cube is signed by a key that is not trusted (trusted: {names}).")

@@ -105,33 +105,48 @@ def _environment(capability: str | None) -> dict[str, str]:
     return env
 
 
-def _capability(capability: str | None) -> str:
-    """The capability torch runs under ``ATEN_CPU_CAPABILITY=capability``: it falls back to the
-    best the CPU has for one the CPU lacks."""
-    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=300, check=True, env=_environment(capability))
-    return done.stdout.split()[-1].lower()
+def _started(argv: list[str], capability: str | None) -> subprocess.Popen:
+    """``python ARGV`` under ``ATEN_CPU_CAPABILITY=capability``, started (output kept)."""
+    return subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_environment(capability))
+
+
+def _finished(processes: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each process's standard output once all have ended (each must exit 0); any still
+    running when one fails or times out is killed."""
+    try:
+        outputs = []
+        for process in processes:
+            output, errors = process.communicate(timeout=timeout)
+            assert process.returncode == 0, output + errors
+            outputs.append(output)
+        return outputs
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 @pytest.fixture(scope="module")
 def retrained(tmp_path_factory) -> dict[str, Path]:
     """``python -m cubepack.testing.reader FOLDER`` in a process of its own under every
     capability this CPU offers (default, avx2, avx512; each once), with none forced first: the
-    folder each trained, by the capability torch ran, and "unforced"."""
+    folder each trained, by the capability torch ran, and "unforced". The probes (which
+    capability torch runs when one is asked for: it falls back to the best the CPU has for one
+    the CPU lacks), then the trainings, run at once: independent processes, each the run it
+    would be alone, so a second core shortens the wait instead of idling."""
+    asked = (None, "default", "avx2", "avx512")
+    probe = ["-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]
+    probed = _finished([_started(probe, capability) for capability in asked], timeout=300)
     runs: dict[str, str | None] = {}
-    for capability in (None, "default", "avx2", "avx512"):
-        runs.setdefault(_capability(capability), capability)
-    folders: dict[str, Path] = {}
-    for ran, capability in runs.items():
-        folder = tmp_path_factory.mktemp(f"again-{ran}") / "models"
-        done = subprocess.run([sys.executable, "-m", "cubepack.testing.reader", str(folder)],
-                              capture_output=True, text=True, timeout=1800, check=False,
-                              env=_environment(capability))
-        assert done.returncode == 0, done.stdout + done.stderr
-        folders[ran] = folder
-        if capability is None:
-            folders["unforced"] = folder
+    for capability, output in zip(asked, probed):
+        runs.setdefault(output.split()[-1].lower(), capability)
+    folders = {ran: tmp_path_factory.mktemp(f"again-{ran}") / "models" for ran in runs}
+    _finished([_started(["-m", "cubepack.testing.reader", str(folders[ran])], capability)
+               for ran, capability in runs.items()], timeout=1800)
+    folders["unforced"] = folders[next(ran for ran, capability in runs.items()
+                                       if capability is None)]
     return folders
 
 

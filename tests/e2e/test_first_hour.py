@@ -171,17 +171,18 @@ def test_a_push_with_offline_mode_set_says_to_unset_it_and_then_pushes(tmp_path,
 
 
 @chain_once
-def test_a_pull_that_cannot_reach_its_endpoint_still_offers_the_hf_cache(tmp_path, cube, hub):
+def test_a_pull_that_cannot_reach_its_endpoint_offers_what_is_on_disk(tmp_path, cube, hub):
     env = _env(tmp_path, HF_ENDPOINT=hub.url)
     pushed = cli_in_process(PUSH + [cube, "me/cube"], env=env, cwd=tmp_path)
     sha = re.search(r"commit: ([0-9a-f]{40})", pushed.stdout)[1]
     assert cli_in_process(["pull", f"me/cube@{sha}", "--local-dir", "first"], env=env,
                           cwd=tmp_path).returncode == 0
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
-    done = cli_in_process(["pull", f"me/cube@{sha}", "--local-dir", "again"], env=env,
+    done = cli_in_process(["pull", f"me/cube@{sha}", "--local-dir", "first"], env=env,
                           cwd=tmp_path)
     assert done.returncode != 0 and "HF_HUB_OFFLINE=1" in done.stderr, done.stderr
-    env["HF_HUB_OFFLINE"] = "1"  # as it says: the HF cache holds that commit
-    done = cli_in_process(["pull", f"me/cube@{sha}", "--local-dir", "again"], env=env,
+    assert "first or the HF cache" in done.stderr, done.stderr
+    env["HF_HUB_OFFLINE"] = "1"  # as it says: the folder holds that commit
+    done = cli_in_process(["pull", f"me/cube@{sha}", "--local-dir", "first"], env=env,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -115,7 +115,7 @@ def test_an_offline_pull_by_tag_works_after_an_online_pull_by_that_tag(hub, cube
     sha = published(hub, cube)
     pull("ns/cube@v1", endpoint=hub.url, local_dir=tmp_path / "online", cache_dir=tmp_path / "c")
     hub.stats.reset()
-    result = pull("ns/cube@v1", endpoint=hub.url, local_dir=tmp_path / "offline",
+    result = pull("ns/cube@v1", endpoint=hub.url, local_dir=tmp_path / "online",
                   cache_dir=tmp_path / "c", offline=True)
     assert result.commit_sha == sha and result.report.ok
     assert sum(hub.stats.requests.values()) == 0

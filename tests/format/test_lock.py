@@ -146,6 +146,8 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
     base["shards"] = {"shards/activations-00000.kvshard": {
         "index": "shards/activations-00000.index.json", "first": "a", "last": "b",
         "memories": 2}}
+    base["preferences"] = {"prefs.json": {"embedder": "pref_mem.embedder", "count": 3,
+                                          "collections": {"explicit_preference": 3}}}
     swept = 0
     for key in lockfile.SECTION_KEYS:
         for path in _every_leaf(base[key]):
@@ -163,7 +165,7 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
             swept += 1
     assert swept >= 30
     # a whole section added (a pull request) or removed
-    for key in ("adapters", "lineage", "encryption", "shards"):
+    for key in ("adapters", "lineage", "encryption", "shards", "preferences"):
         without = {k: v for k, v in base.items() if k != key}
         assert diff_locks(without, base)["sections"][key]["added"]
         assert diff_locks(base, without)["sections"][key]["removed"]
@@ -177,7 +179,7 @@ def test_every_registered_section_implements_all_its_rules():
         assert section.attest in (None, "producers", "provenance", "lineage")
     assert set(lockfile.SECTION_KEYS) | set(lockfile.FIELDS) == {
         "files", "models", "activations", "adapters", "lineage", "encryption", "shards",
-        "lock_version",
+        "preferences", "lock_version",
         "cubepack_version", "cube_id", "content_digest", "digest"}
 
 

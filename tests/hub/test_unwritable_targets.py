@@ -205,26 +205,40 @@ def test_the_cli_prints_one_line_and_exits_2(hub, tmp_path, mount):
         f"behind: {parent / 'cube'} is as it was."]
 
 
-def _pull_cli(hub, target: Path, **env: str) -> subprocess.CompletedProcess:
+def _pull_cli(hub, target: Path, revision: str | None = None,
+              **env: str) -> subprocess.CompletedProcess:
     """``cubepack pull`` as a user runs it, with the HF cache settings given (others unset)."""
     environ = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE")}
     environ.update(env, HF_ENDPOINT=hub.url)
-    return subprocess.run([sys.executable, "-m", "cubepack", "pull", f"ns/cube@{hub.sha}",
-                           "--local-dir", str(target)], env=environ, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return subprocess.run([sys.executable, "-m", "cubepack", "pull",
+                           f"ns/cube@{revision or hub.sha}", "--local-dir", str(target)],
+                          env=environ, capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_a_read_only_hf_cache_names_hf_hub_cache_and_setting_it_works(hub, tmp_path, mount):
+def test_a_pull_by_commit_writes_nothing_in_the_hf_cache_so_a_read_only_one_is_no_obstacle(
+        hub, tmp_path, mount):
+    """One copy on disk (issue #40 item 5): the files go to --local-dir only."""
+    cache = mount(tmp_path / "ro-cache", "ro,size=1m")
+    home = mount(tmp_path / "ro-home", "ro,size=1m")
+    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(cache), HF_HOME=str(home))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert cubepack.verify(tmp_path / "cube").ok
+
+
+def test_a_pull_by_name_into_a_read_only_hf_cache_names_hf_hub_cache_and_setting_it_works(
+        hub, tmp_path, mount):
+    """A pull by branch or tag records the name in the HF cache (for an offline pull by that
+    name), before placing: a cache that cannot take it fails the pull, placing nothing."""
     cache = mount(tmp_path / "ro-cache", "ro,size=1m")
     home = str(tmp_path / "hf-home")
-    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(cache), HF_HOME=home)
+    done = _pull_cli(hub, tmp_path / "cube", "main", HF_HUB_CACHE=str(cache), HF_HOME=home)
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"error: Cannot write {cache} (the Hugging Face cache, HF_HUB_CACHE): "
                            "it is on a read-only file system"), line
     assert "or set HF_HUB_CACHE to a writable folder." in line and "--local-dir" not in line
     assert not (tmp_path / "cube").exists()
-    done = _pull_cli(hub, tmp_path / "cube", HF_HUB_CACHE=str(tmp_path / "writable"),
+    done = _pull_cli(hub, tmp_path / "cube", "main", HF_HUB_CACHE=str(tmp_path / "writable"),
                      HF_HOME=home)  # as it says
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -232,7 +246,7 @@ def test_a_read_only_hf_cache_names_hf_hub_cache_and_setting_it_works(hub, tmp_p
 @pytest.mark.parametrize("moved", ["HF_HOME", "HF_HUB_CACHE"])
 def test_a_read_only_hf_home_names_both_settings_and_each_works(hub, tmp_path, mount, moved):
     home = mount(tmp_path / "ro-home", "ro,size=1m")
-    done = _pull_cli(hub, tmp_path / "cube", HF_HOME=str(home))
+    done = _pull_cli(hub, tmp_path / "cube", "main", HF_HOME=str(home))
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "(the Hugging Face cache, HF_HUB_CACHE)" in line or \
@@ -241,7 +255,7 @@ def test_a_read_only_hf_home_names_both_settings_and_each_works(hub, tmp_path, m
     writable = tmp_path / "writable"
     fixed = {"HF_HOME": str(writable)} if moved == "HF_HOME" else \
         {"HF_HOME": str(home), "HF_HUB_CACHE": str(writable)}
-    done = _pull_cli(hub, tmp_path / "cube", **fixed)  # either way the message gives
+    done = _pull_cli(hub, tmp_path / "cube", "main", **fixed)  # either way the message gives
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -19,7 +19,7 @@ from cubepack.testing import tiny
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 CONVERTER = os.environ.get("CUBEPACK_LLAMACPP_CONVERT", "")
-collect_ignore_glob = [] if HAS_LLAMA_CPP else ["test_llamacpp.py"]
+collect_ignore_glob = [] if HAS_LLAMA_CPP else ["test_llamacpp.py", "attacks/test_*.py"]
 
 
 @pytest.fixture(scope="session")

@@ -370,7 +370,13 @@ def test_two_bodies_of_one_client_never_wait_each_other_out():
     outcome: list[bool] = []
     older = threading.Thread(target=lambda: outcome.append(budget.reserve("a", 20, 5.0, 1.0)))
     older.start()
-    time.sleep(0.2)  # the older waits for its client's share
+    deadline = time.monotonic() + 30
+    while True:  # the older waits for its client's share: it is listed as a waiter
+        with budget._guard:
+            if budget._waiting.get("a"):
+                break
+        assert time.monotonic() < deadline, "the older body never waited"
+        time.sleep(0.001)
     started = time.monotonic()
     assert not budget.reserve("a", 10, 5.0, since=2.0)  # the younger gives up, at once
     assert time.monotonic() - started < 1.0

@@ -73,7 +73,7 @@ def cubes(tmp_path_factory, zoo, models):
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     made = {
         # A valid dump records its producer (MemOS #2305): one without a record is of unknown
-        # origin, refused under the hook by default (issue #30; tests/adversary, the
+        # origin, refused under the hook by default (issue #30; tests/memos/attacks, the
         # lockless-pickle test), whatever its shape.
         "valid": write_cube(root / "valid", str(zoo["a"]), {"item-1": build_cache(models["a"], ids)},
                             producer={"model_name_or_path": str(zoo["a"])}),

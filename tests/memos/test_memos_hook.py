@@ -195,6 +195,9 @@ def test_a_tampered_cube_is_refused_before_memos_builds_anything(hub, published,
     from memos.mem_cube import general
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "fresh-cache"))
+    # A fresh managed folder too: an earlier load's folder of this commit would be reused (its
+    # files hashed, not downloaded), and the tampered bytes never fetched.
+    monkeypatch.setenv("CUBEPACK_CACHE", str(tmp_path / "fresh-cubepack-cache"))
 
     tampered = tmp_path / "tampered"
     shutil.copytree(published["packed"], tampered)

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 HAS_MLX = all(importlib.util.find_spec(name) is not None for name in ("mlx", "mlx_lm"))
-collect_ignore_glob = [] if HAS_MLX else ["test_*.py"]
+collect_ignore_glob = [] if HAS_MLX else ["test_*.py", "attacks/test_*.py"]
 
 
 @pytest.fixture(scope="session")

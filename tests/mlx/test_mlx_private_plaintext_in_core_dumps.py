@@ -1,6 +1,6 @@
 """Issue #37 item 2 on the MLX path: ``cubepack.mlx.load_prompt_cache(decrypt_with=)``
 decrypts into an anonymous memory file kept out of core dumps (tested for every identity type
-in tests/adversary/test_private_plaintext_in_core_dumps_by_identity_type.py), but MLX then
+in tests/private/attacks/test_private_plaintext_in_core_dumps_by_identity_type.py), but MLX then
 reads the tensors into arrays of its own allocator, and their freed buffers still hold the
 plaintext after the cache is released and ``mx.clear_cache()`` runs: MLX has no array over
 memory it does not own, so cubepack cannot hand it memory it can clear. Kept as an open break

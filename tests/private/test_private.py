@@ -252,7 +252,7 @@ CLI_WRITERS = {
     "encrypt": "refuses", "rekey": "encrypted", "push": "encrypted", "pull": "encrypted",
     "sign": "no memory", "verify": "no memory", "inspect": "no memory", "fingerprint":
     "no memory", "diff": "no memory", "lineage": "no memory", "hub serve": "no memory",
-    "hub gc": "no memory",
+    "hub gc": "no memory", "search": "no memory",
 }
 
 

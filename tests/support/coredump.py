@@ -52,14 +52,22 @@ def dumped_regions() -> Iterator[tuple[int, int]]:
 def holds(shifted: str) -> bool:
     """Does any region a core dump would hold contain the marker whose shifted form is
     ``shifted``?"""
-    wanted = shifted.encode("latin-1")
+    return holds_any([shifted])
+
+
+def holds_any(shifted: list[str]) -> bool:
+    """Does any region a core dump would hold contain any of the markers whose shifted forms
+    are ``shifted``? One scan for them all (a scan reads every dumped region: hundreds of
+    MB once torch is loaded)."""
+    wanted = [marker.encode("latin-1") for marker in shifted]
     with open("/proc/self/mem", "rb", buffering=0) as memory:
         for begin, end in list(dumped_regions()):
             try:
                 data = os.pread(memory.fileno(), end - begin, begin)
             except OSError:  # a guard page, a region gone since smaps was read
                 continue
-            if data.translate(_PLUS_ONE).find(wanted) >= 0:
+            data = data.translate(_PLUS_ONE)
+            if any(data.find(marker) >= 0 for marker in wanted):
                 return True
             del data
     return False

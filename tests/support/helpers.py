@@ -47,6 +47,15 @@ def tree_bytes(folder) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def pulled_files(folder) -> dict:
+    """:func:`tree_bytes` of a pulled folder without its downloads' bookkeeping (cubepack's
+    origin record, huggingface_hub's local-dir records): the files the commit holds."""
+    from cubepack.format._fileset import is_bookkeeping
+
+    return {name: data for name, data in tree_bytes(folder).items()
+            if not is_bookkeeping(name)}
+
+
 def reseal_lock(cube, change) -> None:
     """Edit a cube's lock and recompute its digests, as an attacker with write access could."""
     import json
@@ -61,7 +70,8 @@ def reseal_lock(cube, change) -> None:
                                    models=lock["models"], activations=lock["activations"],
                                    cubepack_version=lock["cubepack_version"],
                                    adapters=lock.get("adapters"), lineage=lock.get("lineage"),
-                                   shards=lock.get("shards"))
+                                   shards=lock.get("shards"),
+                                   preferences=lock.get("preferences"))
     path.write_text(lockfile.dumps(resealed))
 
 

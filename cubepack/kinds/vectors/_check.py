@@ -26,17 +26,22 @@ _CHECK = Catalogue.EMBEDDER
 def embedder_checks(cube: Path, config: dict[str, Any], files: list[str],
                     record: VectorsRecord | None,
                     embed_texts: Callable[[list[str]], list[list[float]]], *, label: str,
-                    seed: int | None = None, size: int | None = SAMPLE_SIZE) -> list[Check]:
+                    seed: int | None = None, size: int | None = SAMPLE_SIZE,
+                    alone: bool = True) -> list[Check]:
     """Re-embed memories drawn at random (by this process: ``seed``, reported) from each text
     memory that holds vectors (``size`` of them; 0 or None: all, in batches), in one batched
     call, and compare with the stored vectors; then
     the recorded probe vectors, if any, in a second call. ``embed_texts`` is the live embedder
-    (``label`` names it in messages). One check per memory, and one per probe.
+    (``label`` names it in messages). One check per memory, and one per probe. A text memory
+    without vectors fails the check when it is the only memory that could hold them
+    (``alone``); beside a preference memory (which its own kind checks), it is no check.
 
     Raises:
         IntegrityError: see :func:`vector_sources`.
     """
     sources = vector_sources(cube, config, files, record)
+    if not sources and not alone:
+        return []
     if not sources:
         return [Check(_CHECK, "*", False, "the cube's text memory holds no vectors, so no "
                       "embedder can be checked against it (drop --embedder)", role=EMBEDDER_ROLE)]

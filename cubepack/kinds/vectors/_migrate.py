@@ -36,16 +36,17 @@ def migrate(job: MigrateJob) -> None:
     reembedded = sum(_reembed(job.cube, job.staging, name, spec, job.progress)
                      for name in job.state[NAME]) if spec else 0
     if spec is not None and job.config is not None:
-        _rename_embedder(job.config, spec)
+        rename_embedder(job.config, spec)
     job.lineage["embedder"] = _embedder_change(job.lock, spec)
     job.lineage["reembedded"] = reembedded
     job.result["reembedded"] = reembedded
 
 
-def _rename_embedder(config: dict[str, Any], embedder: str) -> None:
-    """config.json naming the new embedder (by Hub id when it has one; an OpenAI-compatible
-    or Ollama spec by its model, its URL as the base)."""
-    inner = memos_layout.llm_config(config, EMBEDDER_ROLE)
+def rename_embedder(config: dict[str, Any], embedder: str, role: str = EMBEDDER_ROLE) -> None:
+    """config.json naming the new embedder for ``role`` (by Hub id when it has one; an
+    OpenAI-compatible or Ollama spec by its model, its URL as the base). The preference kind
+    names its own embedder (``pref_mem.embedder``) through this too."""
+    inner = memos_layout.llm_config(config, role)
     kind, _, rest = embedder.partition(":")
     if kind in ("openai", "ollama") and "#" in rest:
         base, _, name = rest.rpartition("#")

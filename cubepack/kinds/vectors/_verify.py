@@ -29,6 +29,7 @@ def _check_embedder(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> No
         report.extend(embedder_checks(report.cube_dir, config, list(lock.files),
                                       lock.vectors_record(EMBEDDER_ROLE),
                                       lambda texts: embed(spec, texts), label=spec,
-                                      seed=asked.seed, size=asked.sample))
+                                      seed=asked.seed, size=asked.sample,
+                                      alone=not lock.preferences))
     except CubepackError as exc:
         report.add(Catalogue.EMBEDDER, "*", False, str(exc), role=EMBEDDER_ROLE)
