@@ -56,7 +56,7 @@ class RemoteCube:
     @property
     def memories(self) -> int:
         """How many activation memories the cube holds (its lock's count: no index fetched)."""
-        return len(self.lock.activations) + sum(s.memories for s in self.lock.shards.values())
+        return shardformat.activation_count(self.lock)
 
     def entry(self, item_id: str) -> Activation:
         """The memory ``item_id``'s entry: the lock's, or its shard index's (fetched once).

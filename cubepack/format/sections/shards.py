@@ -336,6 +336,12 @@ def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any])
                     "is not a strict pin with an identity")
 
 
+def activation_count(lock: Any) -> int:
+    """How many activation memories ``lock`` holds: its own activation entries and those its
+    shards' entries count (the lock's word: no index is read)."""
+    return len(lock.activations) + sum(shard.memories for shard in lock.shards.values())
+
+
 def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
     """The shard whose range holds ``item_id`` (None: no shard may hold it)."""
     for shard in shards.values():
