@@ -239,3 +239,27 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
     lock["digest"] = canonical.digest(lock)
     with pytest.raises(FormatError, match="content_digest mismatch"):
         lockfile.parse(json.dumps(lock).encode())
+
+
+def test_version_6_holds_preferences_and_shards_either_or_both():
+    """Lock version 6 added two optional sections (issue #39's preferences, issue #40's
+    shards): a lock holding either, or both, is version 6 and reads each typed."""
+    shard, index = "shards/activations-00000.kvshard", "shards/activations-00000.index.json"
+    files = {"preferences": {"prefs.json": {"sha256": SHA, "size": 10}},
+             "shards": {shard: {"sha256": SHA, "size": 4096}, index: {"sha256": SHA, "size": 500}}}
+    models = make_lock()["models"] | {"pref_mem.embedder": {
+        "name": "e", "strict": False, "repo_id": None, "revision": None, "identity": None,
+        "reason": "none"}}
+    sections = {
+        "preferences": {"prefs.json": {"embedder": "pref_mem.embedder", "count": 1,
+                                       "collections": {"explicit_preference": 1},
+                                       "dimension": 4, "sample": ["explicit_preference/x"]}},
+        "shards": {shard: {"index": index, "first": "b", "last": "c", "memories": 2}}}
+    for held in (["preferences"], ["shards"], ["preferences", "shards"]):
+        listed = make_lock()["files"] | {n: e for key in held for n, e in files[key].items()}
+        lock = lockfile.parse(lockfile.dumps(make_lock(
+            files=listed, models=models, **{key: sections[key] for key in held})).encode())
+        assert lock.version == 6
+        assert [key for key in ("preferences", "shards") if lock.holds(key)] == held
+    assert lock.preferences["prefs.json"].count == 1
+    assert lock.shards[shard].memories == 2
