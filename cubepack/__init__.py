@@ -14,7 +14,7 @@ face, layered one way (each imports only those above it in this list)::
     trust       evidence (proved / signed / claimed), TrustPolicy, the report, keys,
                 signatures, attestations, lineage
     ops         pack, verify, sign, migrate, upgrade, load_adapter: orchestration only
-    hub         push, pull, verify_remote, lineage (one client carrying endpoint and token)
+    hub         push, pull, verify_remote, lineage, open (one client: endpoint and token)
     memos       the MemOS hook: init_from_remote_repo, install, pack_cube
     cli, demo   the command line and ``make demo``
 
@@ -48,7 +48,8 @@ from .errors import (
 #: the parts takes a second or more, and the command line must be running (its Ctrl-C handled,
 #: ``--help`` answered) before that. ``from cubepack import pull`` works as ever.
 _PARTS = {
-    "hub": ("PullOptions", "PullResult", "PushOptions", "PushResult", "lineage", "pull", "push"),
+    "hub": ("PullOptions", "PullResult", "PushOptions", "PushResult", "RemoteCube", "lineage",
+            "open_cube", "pull", "push"),
     "identity": ("ModelIdentity", "fingerprint"),
     "kv": ("KVFileInfo", "prefill", "read_kv_header", "save_kv_cache"),
     "ops": ("EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
@@ -59,7 +60,15 @@ _PARTS = {
 _PART_OF = {name: part for part, names in _PARTS.items() for name in names}
 
 
+#: ``cubepack.open("owner/cube@REV")``: the hub's ``open_cube`` (the builtin's name only here).
+_ALIASES = {"open": "open_cube"}
+
+
 def __getattr__(name: str) -> object:
+    if name in _ALIASES:
+        value = __getattr__(_ALIASES[name])
+        globals()[name] = value
+        return value
     part = _PART_OF.get(name)
     if part is None:
         raise AttributeError(f"module 'cubepack' has no attribute {name!r}")
@@ -71,11 +80,13 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PART_OF))
+    return sorted(set(globals()) | set(_PART_OF) | set(_ALIASES))
 
 
 if _TYPE_CHECKING:  # what type checkers and documentation tools read
-    from .hub import PullOptions, PullResult, PushOptions, PushResult, lineage, pull, push
+    from .hub import (PullOptions, PullResult, PushOptions, PushResult, RemoteCube, lineage,
+                      open_cube, pull, push)
+    open = open_cube  # noqa: A001 - cubepack.open
     from .identity import ModelIdentity, fingerprint
     from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
     from .ops import (
@@ -98,14 +109,15 @@ if _TYPE_CHECKING:  # what type checkers and documentation tools read
     )
     from .trust import TrustPolicy, VerifyReport
 
+#: ``cubepack.open`` is no name of ``__all__``: ``from cubepack import *`` must not shadow the
+#: builtin; ``open_cube`` is the same function.
 __all__ = [
     "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
     "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch", "ModelIdentity",
     "ModelNotFoundError", "PackOptions", "PackResult", "PullOptions", "PullResult", "PushOptions",
-    "PushResult", "RecomputationFailed", "RefusedError", "RekeyOptions", "SignatureError",
-    "TrustPolicy",
-    "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed", "VerifyReport",
-    "__version__", "diff", "encrypt", "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate",
-    "pack", "prefill", "pull", "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade",
-    "verify",
+    "PushResult", "RecomputationFailed", "RefusedError", "RekeyOptions", "RemoteCube",
+    "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
+    "VerificationFailed", "VerifyReport", "__version__", "diff", "encrypt", "fingerprint",
+    "lineage", "load_adapter", "load_kv_cache", "migrate", "open_cube", "pack", "prefill", "pull",
+    "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade", "verify",
 ]

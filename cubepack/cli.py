@@ -219,6 +219,22 @@ def _render_kv(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10,
+               "mib": 2**20, "gib": 2**30}
+
+
+def _byte_size(text: str) -> int:
+    """A size as a flag gives it: ``1000``, ``64MiB``, ``2GB``."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS or int(match.group(1)) < 1:
+        raise click.BadParameter(f"{text!r} is no size: give a positive number of bytes, or "
+                                 "one with KB, MB, GB, KiB, MiB or GiB (e.g. 512MiB).")
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
 @cli.command("pack")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--model", help="Producer model (folder or Hub id); overrides config.json's act_mem LLM.")
@@ -245,12 +261,21 @@ def _render_kv(data: dict[str, Any]) -> str:
                    "of them; repeatable): a private cube.")
 @click.option("--hide-names", is_flag=True,
               help="With --encrypt-to: name ciphertexts private/<random>.age (no item ids).")
+@click.option("--shards/--no-shards", "shards", default=None,
+              help="Store the activation memories many to a file (shards, each with its "
+                   "index), or one a file; default: shards above 100 memories, or when the "
+                   "cube is sharded already.")
+@click.option("--shard-size", metavar="SIZE", callback=lambda ctx, param, value:
+              None if value is None else _byte_size(value),
+              help="A shard's bound (bytes, or with KB/MB/GB/KiB/MiB/GiB; implies --shards; "
+                   "default 2GiB). A memory larger than it gets a shard of its own.")
 @_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
                  cube_id: str | None, adapter_base: str | None, encrypt_to: tuple[str, ...],
-                 hide_names: bool, as_json: bool) -> None:
+                 hide_names: bool, shards: bool | None, shard_size: int | None,
+                 as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .ops import pack
 
@@ -265,7 +290,7 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                   sign_key=None if encrypt_to else sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
                   recompute=recompute, embedder=embedder, cube_id=cube_id,
-                  adapter_base=adapter_base)
+                  adapter_base=adapter_base, shards=shards, shard_size=shard_size)
     data = result.to_dict()
     if encrypt_to:
         from ._util import constants
@@ -560,12 +585,19 @@ def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) 
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--model", required=True, help="The producer model (folder or Hub id).")
 @click.option("--revision", help="Branch, tag or commit of a Hub --model.")
+@click.option("--shards/--no-shards", "shards", default=None,
+              help="A cube: store its activation memories many to a file (converts a cube of "
+                   "one file a memory), or one a file; default: as pack decides.")
+@click.option("--shard-size", metavar="SIZE", callback=lambda ctx, param, value:
+              None if value is None else _byte_size(value),
+              help="A shard's bound, as for pack (implies --shards).")
 @_json_option()
-def upgrade_command(path: str, model: str, revision: str | None, as_json: bool) -> None:
+def upgrade_command(path: str, model: str, revision: str | None, shards: bool | None,
+                    shard_size: int | None, as_json: bool) -> None:
     """Upgrade a KV file or a cube from an older format, checked against its producer MODEL."""
     from .ops import upgrade
 
-    result = upgrade(path, model, revision=revision)
+    result = upgrade(path, model, revision=revision, shards=shards, shard_size=shard_size)
     _emit(result.to_dict(), as_json,
           lambda d: f"upgraded {len(d['upgraded'])} file(s), {len(d['current'])} already current: "
                     f"{d['path']}" + (f"\n  unsigned: {', '.join(d['unsigned'])} signed the lock "

@@ -246,6 +246,26 @@ def build_bundle(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "load": True})
 
 
+def build_lock6_shards(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """The plain bundle's KV files and sources, packed sharded (lock version 6)."""
+    import cubepack
+
+    cube = fresh("lock6-shards")
+    shutil.copytree(OUT / "bundle" / "cube", cube)
+    for name in ("cubepack.lock", "cubepack.yaml", "README.md"):
+        (cube / name).unlink()
+    cubepack.pack(cube, cube_id="compat/shards", model=str(m["a"]), recompute=True,
+                  shard_size=1024)
+    describe("lock6-shards", what="The plain bundle packed sharded: lock version 6, index "
+             "version 1, each memory larger than the 1 KiB bound in a shard of its own.",
+             commit=head(), how="a copy of bundle/cube without its lock, cubepack.yaml and "
+             "card, then cubepack.pack(cube, cube_id='compat/shards', model=A, recompute=True, "
+             "shard_size=1024).",
+             expect={"artefact": "cube", "model": "a",
+                     "verify": {"recompute": True, "require_provenance": "recomputed"},
+                     "load": True})
+
+
 def build_kv3(m: dict[str, Path], k: dict[str, Path]) -> None:
     import torch
 
@@ -454,7 +474,8 @@ CURRENT = {
     "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
     "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
     "vectors": build_vectors, "lineage": build_lineage, "private2-age": build_private2_age,
-    "private2-ssh-hidden": build_private2_ssh, "preferences": build_preferences,
+    "private2-ssh-hidden": build_private2_ssh, "lock6-shards": build_lock6_shards,
+    "preferences": build_preferences,
 }
 
 

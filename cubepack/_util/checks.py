@@ -124,6 +124,7 @@ class Catalogue(str, enum.Enum):
     SIZE = _Row("size", PROVED)
     SHA256 = _Row("sha256", PROVED)
     CONTENT = _Row("content", PROVED)
+    SHARDS = _Row("shards", PROVED, optional=True)
     KV_HEADER = _Row("kv header", CLAIMED)
     KV_CHECKSUMS = _Row("kv checksums", PROVED)
     ADAPTER = _Row("adapter", CLAIMED, optional=True)

@@ -39,6 +39,8 @@ LOCK_FILENAME = "cubepack.lock"
 #: version 4 closes every key set (a key the format does not define is refused, not ignored).
 #: Versions 2 and 3 are still read as written (see ``format._lock.SECTIONS``).
 LOCK_VERSION = 4
+#: The lock version of a sharded cube (its ``shards`` section: format/sections/shards.py).
+SHARDED_LOCK_VERSION = 6
 CONFIG_FILENAME = "cubepack.yaml"
 #: MemOS's cube config, a cube's ``config.json``: which memories it holds, their backends and
 #: models (read by MemOS's own load; cubepack checks it, never runs what it names).

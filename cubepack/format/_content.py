@@ -25,6 +25,7 @@ from ..kv._format import read_kv_header
 from . import _fileset as fileset
 from ._envelope import check_file as check_attestation_file
 from ._fileset import is_activation_path
+from .sections import shards
 
 #: File suffixes of pickle-based formats (torch.save checkpoints are zips of pickles).
 PICKLE_SUFFIXES = (".pickle", ".pkl", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
@@ -56,6 +57,8 @@ def file_kind(name: str) -> str | None:
         return "yaml"
     if is_activation_path(name):
         return "kv"
+    if shards.is_shard_path(name):
+        return "kvshard"
     if lower.endswith(".safetensors"):
         return "safetensors"
     if base in TEXT_NAMES or lower.endswith(TEXT_SUFFIXES):
@@ -190,6 +193,46 @@ def _check_kv(path: Path) -> None:
     read_kv_header(path)
 
 
+def _check_kvshard(path: Path) -> None:
+    """A shard (``format/sections/shards.py``): KV files end to end, each at the alignment
+    boundary after the one before, zeros between them, each read by the KV reader; the
+    index's ranges are checked against this same layout."""
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError("a shard holds at least one memory")
+    with open(path, "rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            at = 0
+            while at < size:
+                length = _safetensors_length(view, at, size)
+                read_kv_header(f"{path} at byte {at}", data=view[at:at + length])
+                end = at + length
+                at = min(shards.aligned(end), size)
+                if any(view[end:at]):
+                    raise ValueError(f"bytes {end} to {at} are not the zero padding")
+        finally:
+            view.release()
+
+
+def _safetensors_length(view: memoryview, at: int, size: int) -> int:
+    """The length of the safetensors file starting at ``at`` (its header's, read strictly):
+    8 bytes, the header, its tensors' data to the largest end offset."""
+    if at + 8 > size:
+        raise ValueError(f"byte {at}: {size - at} bytes left, no safetensors header")
+    length = int.from_bytes(view[at:at + 8], "little")
+    if length > 100 * 1024 * 1024 or at + 8 + length > size:
+        raise ValueError(f"byte {at}: a header of {length} bytes does not fit the shard")
+    header = canonical.loads_strict(bytes(view[at + 8:at + 8 + length]),
+                                    object_pairs_hook=canonical.unique_pairs)
+    ends = [entry.get("data_offsets", [0, 0])[1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict)]
+    if not all(type(end) is int and end >= 0 for end in ends):
+        raise ValueError(f"byte {at}: malformed data offsets")
+    return 8 + length + max(ends, default=0)
+
+
 def _check_safetensors(path: Path) -> None:
     read_header(path)
 
@@ -222,4 +265,5 @@ def _check_text(path: Path) -> None:
 
 
 _CHECKS = {"json": _check_json, "jsonl": _check_jsonl, "yaml": _check_yaml, "kv": _check_kv,
+           "kvshard": _check_kvshard,
            "safetensors": _check_safetensors, "text": _check_text, "age": _check_age}

@@ -18,15 +18,16 @@ age ciphertexts. Only a private cube's lock is version 5 (a lock is written at t
 version that holds its sections), so a clear cube stays readable by older cubepacks and a
 private one is refused by them by its version, never half-read.
 
-Version 6 adds ``preferences`` (MemOS's preference memory, issue #39: its file, its embedder's
-role, counts, dimension, a sample, probe vectors; see ``sections/preferences.py``), written
-only by a cube that holds one, for the same reason.
+Version 6 adds two optional sections, each written only by a cube that holds it, for the same
+reason: ``preferences`` (MemOS's preference memory, issue #39: its file, its embedder's role,
+counts, dimension, a sample, probe vectors; see ``sections/preferences.py``) and ``shards``
+(issue #40: activation memories many to a file, each shard with an index of its own; see
+``sections/shards.py``). A version 6 reader reads both.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -48,6 +49,8 @@ from .sections import files as _files
 from .sections import lineage as _lineage
 from .sections import models as _models
 from .sections import preferences as _preferences
+from .sections import shards as _shards
+from .sections.activations import PROVENANCE_KEYS, activation_id_key, duplicate_id
 from .sections.adapters import BASE_CLAIM
 from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
 
@@ -170,8 +173,9 @@ SECTIONS: tuple[Section, ...] = (
             lambda value: value, _by_key, _describe_pin, "producers",
             lambda value, typed, version: _models.parse(value, version)),
     Section("activations", 1, True,
-            lambda value, lock, version: _check_activations(value, lock["files"],
-                                                            lock["models"], version),
+            lambda value, lock, version: (
+                _check_activations(value, lock["files"], lock["models"], version),
+                _shards.check_listed(lock["files"], lock.get("shards"))),
             lambda value: value, _by_key,
             lambda item, entry: (f"activation {item}: {entry.get('file')}, "
                                  f"{entry.get('token_count')} tokens, {entry.get('kv_dtype')}, "
@@ -204,6 +208,12 @@ SECTIONS: tuple[Section, ...] = (
                                  f"{value['generation']}" if "generation" in value else "")),
             None,  # the ciphertexts' digests are the lock's files: stated there
             lambda value, typed, version: _encryption.parse(value)),
+    Section("shards", constants.SHARDED_LOCK_VERSION, False,
+            lambda value, lock, version: _shards.check_section(value, lock["files"]),
+            lambda value: value, _by_key, _shards.describe,
+            None,  # the shards and indexes are files: their digests state them
+            lambda value, typed, version: _shards.parse(value, typed["files"]),
+            MappingProxyType({})),
     Section(_preferences.KEY, _preferences.SINCE, False,
             lambda value, lock, version: _preferences.validate(value, lock, len(VECTOR_PROBES)),
             lambda value: value, _by_key, _preferences.describe,
@@ -383,8 +393,6 @@ VECTOR_RECORD_KEYS = frozenset({"file", "dimension", "count", "sample", "probes"
 #: ``max_error``, ``at``, ``retokenized``: what a recomputation or re-prefill measured).
 ACTIVATION_KEYS = frozenset({"file", "model_role", "token_count", "kv_dtype", "num_layers",
                              "sha256", "provenance"})
-PROVENANCE_KEYS = frozenset({"kind", "detail", "model", "tokens", "max_error", "at",
-                             "retokenized"})
 
 
 def _check_models(models: Any, version: int) -> None:
@@ -412,22 +420,6 @@ def _check_models(models: Any, version: int) -> None:
             raise FormatError(f"cubepack.lock model {role!r} lacks its identity.")
         _closed(identity, IDENTITY_KEYS, f"model {role!r} identity", version)
         ModelIdentity.from_dict(identity, legacy=legacy)
-
-
-def activation_id_key(item_id: str) -> str:
-    """An activation id as Unicode normalises it (NFKC, which NFC and NFD forms share): two
-    ids with one key are one name to a normalising file system (macOS) and to whoever types
-    it, and look alike anywhere, so a cube holds at most one of them."""
-    return unicodedata.normalize("NFKC", item_id)
-
-
-def duplicate_id(first: str, second: str) -> str:
-    """Why two activation ids with one :func:`activation_id_key` cannot both be a cube's."""
-    if first == second:
-        return f"both carry the id {first!r}"
-    return (f"carry the ids {first!r} and {second!r}, which differ only by Unicode "
-            f"normalisation (both {activation_id_key(first)!r} in NFKC): one name on a "
-            "normalising file system (macOS), and alike to whoever reads them")
 
 
 def _check_activations(activations: Any, files: dict[str, Any], models: dict[str, Any],
@@ -721,9 +713,9 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
         refuse(f"counts must map {sorted(COUNT_KEYS)} to non-negative integers")
     if not isinstance(value["hidden_names"], bool):
         refuse("hidden_names must be true or false")
-    if lock["activations"] or "adapters" in lock or "lineage" in lock:
-        refuse("cannot sit beside activation entries, adapters or lineage in clear: a private "
-               "cube keeps them in its encrypted manifest")
+    if lock["activations"] or "adapters" in lock or "lineage" in lock or "shards" in lock:
+        refuse("cannot sit beside activation entries, shards, adapters or lineage in clear: a "
+               "private cube keeps them in its encrypted manifest")
     for role, pin in lock["models"].items():
         if isinstance(pin, dict) and "vectors" in pin:
             refuse(f"cannot sit beside model {role!r}'s vectors record in clear (its sample "

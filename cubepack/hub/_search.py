@@ -28,6 +28,7 @@ from ..errors import CubepackError, HubError, SignatureError, UsageError
 from ..format import _lock as lockfile
 from ..format._card import PLAIN_TAGS, weights_tag
 from ..format.sections import Lock, Pin
+from ..format.sections import shards as shardformat
 from ..identity._fingerprint import fingerprint
 from ..identity._hub import hub_identity, hub_weight_hashes
 from ..identity._identity import ModelIdentity, compare
@@ -382,7 +383,8 @@ def _fetch(client: HubClient, repo_id: str, kind: str, sha: str, name: str) -> b
 
 
 def _memories(lock: Lock) -> dict[str, int]:
-    counts = {"activations": len(lock.activations), "adapters": len(lock.adapters)}
+    # A sharded cube's activation memories are counted by its shards' entries.
+    counts = {"activations": shardformat.activation_count(lock), "adapters": len(lock.adapters)}
     return {kind: count for kind, count in counts.items() if count}
 
 

@@ -15,6 +15,7 @@ pack               ``stage``           in the staging folder, after the copy: co
 pack               ``prove``           ``pack --recompute`` only, after every ``stage``
 pack               ``memories``        its files, listed in ``cubepack.yaml``
 pack               ``entries``         after hashing: the kind's lock section
+pack               ``store``           after every ``entries``: the files as stored (shards)
 pack               ``finish``          the lock written: the kind's fields of the result
 verify             ``check_bytes``     files hashed; BEFORE trust (only intact files parsed)
 verify             ``model_note``      a pinned model failed: say whose pin it is
@@ -73,6 +74,11 @@ class PackOptions(Options):
     embedder: str | None = None
     cube_id: str | None = None
     adapter_base: Any = None
+    #: store the activation memories many to a file (True), one a file (False), or decide
+    #: by their count (None: ``kinds/activations/_shards.py``)
+    shards: bool | None = None
+    #: a shard's bound in bytes (implies ``shards``; None: the format's default, 2 GiB)
+    shard_size: int | None = None
     #: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``
     derived: Mapping[str, Any] | None = None
 
@@ -239,6 +245,13 @@ class Kind(Protocol):
         """The kind's lock section (entry name -> entry, as the lock's JSON), from the staged
         files and their ``digests``; ``pins``: as the lock will hold them. Reads only files
         this pack hashed; refuses what must not be sealed."""
+        return {}
+
+    def store(self, job: PackJob, staging: Path,
+              sections: dict[str, Any]) -> dict[str, Any]:
+        """After ``entries``: lay the kind's files out as the cube stores them (activations:
+        many to a shard, :mod:`cubepack.kinds.activations._shards`), rewriting ``staging``;
+        the lock sections that replace or join ``sections`` ({}: stored as staged)."""
         return {}
 
     def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:

@@ -369,9 +369,17 @@ def verify_checksums(info: KVFileInfo) -> None:
     Raises:
         IntegrityError: a tensor's bytes differ from its checksum (the tensor named).
     """
-    header = info.header or read_header(info.path)
-    _checksum.verify_file(info.path, info.checksums,
-                          _checksum.kv_file_pieces(header, info.tensor_names))
+    header = info.header or read_header(info.path, data=info.data)
+    pieces = _checksum.kv_file_pieces(header, info.tensor_names)
+    if info.data is not None:  # bytes in memory (a shard's range, a decrypted file)
+        if info.checksums is None:
+            return
+        view = memoryview(info.data).cast("B")
+        _checksum.verify_buffers(info.path, info.checksums, {
+            name: [view[at:at + length] for at, length in ranges]
+            for name, ranges in pieces.items()})
+        return
+    _checksum.verify_file(info.path, info.checksums, pieces)
 
 
 def upgrade_command(target: str | os.PathLike[str], model: str = "MODEL",

@@ -46,6 +46,8 @@ from ..kv._recompute import describe, recompute_layers
 from ..kv._torch import cache_from_layers, live_layers, mapped_layers
 from ..kinds.activations._reprefill import provenance as reprefill_provenance
 from ..kinds.activations._reprefill import reprefill
+from ..format.sections import shards as shardformat
+from ..kinds.activations._shards import memory_bytes
 from ..kinds.activations._verify import NO_TOKEN_IDS
 from ..memos_format import _layout as memos_layout
 from ..memos_format._pickle import read_memos_pickle
@@ -261,11 +263,14 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
     live = fingerprint(llm.model)
     staged = _Staged(act_mem, cube_dir, report, policy, seals)
     for item_id, entry in sorted(lock.activations.items()):
-        path = resolve_inside(cube_dir, entry.file)
+        # A shard's range: checked against its index (sha256, checksums) before it is read.
+        data = memory_bytes(cube_dir, entry)
+        path = resolve_inside(cube_dir, entry.file) if data is None else \
+            f"{entry.file}#{item_id}"
         try:
-            info = check_kv_file(path, live)
+            info = check_kv_file(path, live, data=data)
         except IdentityMismatch as mismatch:
-            stored = read_kv_header(path)
+            stored = read_kv_header(path, data=data)
             staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
                             producer=stored.producer)
             continue
@@ -291,6 +296,15 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: Trus
     goes to the policy, and ``recompute`` proves each cache with the live model. Only regular
     files inside the folder are read. Unverified (nothing proves the folder's bytes): one
     warning says so and how to pack it."""
+    folder = cube_dir / shardformat.SHARD_DIR
+    shards = sorted(p.name for p in folder.iterdir()
+                    if p.name.endswith(shardformat.SHARD_SUFFIX)) if folder.is_dir() else []
+    if shards:  # never an empty memory for a cube whose memories cannot be read
+        raise FormatError(f"{cube_dir} holds shards ({shardformat.SHARD_DIR}/{shards[0]}"
+                          + (f" and {len(shards) - 1} more" if shards[1:] else "")
+                          + f") but no {constants.LOCK_FILENAME}: a shard's memories are read "
+                          "only through its lock and index. Pull the cube again, or restore "
+                          "its lock.")
     path = _lockless_file(cube_dir, act_mem.config.memory_filename)
     kv_files, prompts = _hooked_dump_files(cube_dir)
     if path is None and not kv_files and prompts is None:

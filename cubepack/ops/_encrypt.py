@@ -19,6 +19,7 @@ from ..errors import (
     IntegrityError,
     RefusedError,
     SignatureError,
+    UnsupportedError,
     UsageError,
     VerificationFailed,
 )
@@ -177,6 +178,11 @@ def _encrypt(cube: Path, recipients: list[str] | tuple[str, ...],
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
                          "cubepack rekey.")
+    if lock.shards:  # issue #40: private sharded cubes are not written yet
+        raise UnsupportedError(f"{cube} is sharded (its memories many to a file), and a "
+                               "private cube of shards is not supported yet: store its "
+                               f"memories one a file first (cubepack pack {cube} --no-shards), "
+                               "then encrypt it.")
     if previous is None:
         series, generation = generations.new_series(), 1
     else:

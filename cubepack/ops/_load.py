@@ -30,7 +30,8 @@ from ._verify import verify
 def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy | None = None,
                   *, device: Any = None, copy: bool = False,
                   identity: ModelIdentity | None = None,
-                  decrypt_with: str | os.PathLike[str] | None = None, **options: Any) -> Any:
+                  decrypt_with: str | os.PathLike[str] | None = None,
+                  item: str | None = None, **options: Any) -> Any:
     """Load a KV file into a ``DynamicCache`` for ``model``, refusing any other producer (see
     :func:`cubepack.kv._load.load_kv_cache`), and proving it with ``model`` when the policy
     asks (``recompute=True``; ``recompute_tokens=N`` samples N positions, ``seed`` repeats a
@@ -44,6 +45,12 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
             records (the tensor named).
         FormatError: the file is corrupt, truncated or of an unknown version.
         RefusedError: ``decrypt_with`` is not a recipient of the (age-encrypted) file.
+
+    ``item``: ``path`` is a cube folder and the memory is its item ``item``, found through
+    its lock (its digests checked) and, in a sharded cube, its shard's index (checked against
+    the lock); its bytes (a shard's range, or a whole file) are checked against the sha256 the
+    index or lock records, and the index's checksums, before any tensor is built. The rest of
+    the cube is not verified (run ``cubepack.verify`` for that, or a signature).
 
     ``decrypt_with``: an identity file (age or OpenSSH private key) for a private cube's KV
     file (``*.kv.safetensors.age``): it is decrypted into anonymous memory (one thread a core)
@@ -63,6 +70,13 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     policy = TrustPolicy.build(policy, **options)
     policy.require_honoured("load_kv_cache")
     kind = serving("load_kv_cache")
+    if item is not None:
+        if decrypt_with is not None:
+            raise UsageError("item= reads a memory of a clear cube folder; for a private "
+                             "cube, pass its KV file (*.kv.safetensors.age) as path, with "
+                             "decrypt_with.")
+        return kind.load(path, model, policy.recomputation(), device=device, copy=copy,
+                         identity=identity, item=item)
     if decrypt_with is not None:
         # In anonymous memory, not a memory file: the tensors view the buffer (no path to
         # map), and errors name the file the caller gave.

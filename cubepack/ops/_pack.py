@@ -71,6 +71,11 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
             adapter name -> base. Without it each adapter's base is the one the last pack
             pinned, else the name its adapter_config.json claims (used to find the base only:
             the pin is the base's own fingerprint).
+        shards: store the activation memories many to a file (shards, each with its index:
+            lock version 6, docs/reference/shards.md), True; one a file, False; None (the
+            default): shards above 100 memories, or when the cube is sharded already.
+        shard_size: a shard's bound in bytes (implies ``shards``; default 2 GiB); a memory
+            larger than it gets a shard of its own.
         derived: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``,
             the lineage of the cube it builds and the activations it re-prefilled itself.
             Without it, a cube's recorded lineage is kept (a re-pack to sign it, say).
@@ -351,6 +356,22 @@ def _write_metadata(job: PackJob, staging: Path, *, license: str | None, pretty_
     pins = _public_names(job.pins)
     sections = {kind.section: kind.entries(job, staging, digests, pins)
                 for kind in KINDS if kind.section is not None}
+    stored: dict[str, Any] = {}
+    for kind in KINDS:
+        stored.update(kind.store(job, staging, sections))
+    if stored:  # the kinds laid files out anew (shards): list, check and hash what is there
+        sections.update(stored)
+        content = fileset.lockable(list_cube_files(staging))
+        for kind in KINDS:
+            if kind.memory is not None:
+                memories[kind.memory] = kind.memories(job, content)
+        fresh = [name for name in content if name not in digests]
+        _refuse_unshippable(staging, fresh, {})
+        digests = {name: digest for name, digest in digests.items() if name in content}
+        digests.update({path.relative_to(staging).as_posix(): digest for path, digest in
+                        hash_files([resolve_inside(staging, name) for name in fresh],
+                                   progress=job.options.progress,
+                                   description="hashing shards").items()})
     config_text = cubeconfig.dumps(cubeconfig.build(
         cube_id=cube_id, models=pins, memories=memories,
         **{kind.section: sections[kind.section] for kind in KINDS

@@ -48,11 +48,16 @@ class UpgradeResult:
 
 
 @terminal_bars
-def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None) -> UpgradeResult:
+def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None,
+            shards: bool | None = None, shard_size: int | None = None) -> UpgradeResult:
     """Upgrade a KV file, or every KV file of a cube and then the cube itself (re-packed).
 
     Args:
         model: the producer (a folder or Hub id, as for ``pack --model``).
+        shards: a cube's layout, as for ``pack``: True converts a cube of one file a memory
+            to shards, False back (docs/reference/shards.md); None keeps what ``pack``
+            decides.
+        shard_size: a shard's bound in bytes, as for ``pack`` (implies ``shards``).
 
     A cube is verified first, as ``verify`` would (a version-1 lock as far as version 1
     allows), and staged from its verified, listed regular files only.
@@ -76,7 +81,9 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
     if path.is_dir():
-        return _upgrade_cube(path, model, revision)
+        return _upgrade_cube(path, model, revision, shards, shard_size)
+    if shards is not None or shard_size is not None:
+        raise UsageError(f"{path} is a file: shards are a cube's layout; upgrade its cube.")
     result = UpgradeResult(path)
     done = next((done for kind in KINDS
                  if (done := kind.upgrade(path, model, revision)) is not None), None)
@@ -86,7 +93,8 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None)
     return result
 
 
-def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> UpgradeResult:
+def _upgrade_cube(cube: Path, model: str | Path, revision: str | None, shards: bool | None,
+                  shard_size: int | None) -> UpgradeResult:
     """Verify first (a cube edited after packing is refused, untouched); stage only the
     verified files the lock lists, each reached without following a symlink; upgrade the
     format-1 KV files there against ``model``; re-pack; swap. A current cube is left as is."""
@@ -99,7 +107,12 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                          "MODEL), then encrypt it again (cubepack encrypt SOURCE --to ...).")
     held = {name: (kind, outdated) for kind in KINDS
             for name, outdated in kind.upgradable(cube, lock).items()}
-    if lock.version == constants.LOCK_VERSION and not any(old for _, old in held.values()):
+    # Current: written by this cubepack (4, or 6 when sharded), nothing outdated, and laid
+    # out as asked (a layout change is a re-pack).
+    sharded = bool(lock.shards)
+    laid_out = (shards is None or shards == sharded) and (shard_size is None or sharded)
+    if lock.version in (constants.LOCK_VERSION, constants.SHARDED_LOCK_VERSION) and laid_out \
+            and not any(old for _, old in held.values()):
         result.current = sorted(held)
         return result
     with atomic.placing(cube, elsewhere="copy the cube to a writable folder and upgrade the copy"):
@@ -116,7 +129,8 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None) -> Upgrad
                 upgraded = kind.upgrade(resolve_inside(staging, name), model, revision)
                 (result.upgraded if upgraded else result.current).append(name)
             pack(staging, model=str(model), revision=revision,
-                 cube_id=None if constants.MEMOS_CONFIG in lock.files else lock.cube_id)
+                 cube_id=None if constants.MEMOS_CONFIG in lock.files else lock.cube_id,
+                 shards=shards, shard_size=shard_size)
             # The staging folder holds no signing file (nothing signed its new lock).
             result.unsigned = [name for name in fileset.SIGNING if (cube / name).is_file()]
             atomic.replace_dir(staging, cube)

@@ -33,7 +33,7 @@ from ..format import _lock as lockfile
 from ..format._content import file_problem
 from ..format._diff import leaves
 from ..format._fileset import is_tolerated
-from ..format.sections import Lock, Pin
+from ..format.sections import Lock, Pin, shards
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
 from ..kinds import KINDS, counted
@@ -118,6 +118,7 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
     if lock is not None:
         report.lock = lock
         report.intact, good = _check_files(report, lock, progress, hashed)
+        lock = report.lock = _check_shards(report, lock, good)
         # A file whose bytes are not the lock's is attacker input: never parsed further.
         checkpoint("the files' hashes")
         for kind in KINDS:
@@ -336,6 +337,37 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
                                                                 and is_tolerated(name))))
     return not (missing or unlisted or problems or bad or pickles
                 or len(to_hash) != len(set(listed) & set(on_disk))), good
+
+
+def _check_shards(report: VerifyReport, lock: Lock, good: set[str]) -> Lock:
+    """A sharded cube: each index (its bytes and its shard's the lock's) checked against the
+    lock and its shard, each memory's range against its sha256; the lock returned with the
+    memories of every shard that passed (what the kinds' checks then read)."""
+    if not lock.shards:
+        return lock
+    fetch = shards.local_fetch(report.cube_dir)
+    held: dict[str, Any] = {}
+    failed = False
+    for shard in lock.shards.values():
+        subject = f"{shard.index} ({shard.path})"
+        if shard.path not in good or shard.index not in good:
+            report.add(Catalogue.SHARDS, subject, None, "not run: the shard or its index is "
+                       "missing or not the lock's bytes (reported above)")
+            continue
+        try:
+            index = shards.load_index(shard, fetch, lock.models)
+            shards.check_memories(index, fetch)
+            shards.add_memories(held, index, lock)
+        except CubepackError as exc:
+            report.add(Catalogue.SHARDS, subject, False, str(exc))
+            failed = True
+            continue
+        report.add(Catalogue.SHARDS, subject, True,
+                   f"{len(index.memories)} memories: the index agrees with the lock and its "
+                   "shard, every range inside it, in order, each hashing to its sha256")
+    if failed:
+        report.intact = False
+    return shards.with_memories(lock, held)
 
 
 def _check_content(report: VerifyReport, names: list[str]) -> bool:

@@ -78,11 +78,14 @@ class Stats:
     uploaded_bytes: Counter = field(default_factory=Counter)
     commits: int = 0
     requests: Counter = field(default_factory=Counter)
+    #: the bytes of file bodies the endpoint sent (downloads, whole or by range)
+    sent_bytes: int = 0
 
     def reset(self) -> None:
         self.uploaded_bytes.clear()
         self.requests.clear()
         self.commits = 0
+        self.sent_bytes = 0
 
 
 class Link:
@@ -238,6 +241,7 @@ class InstrumentedHub(LocalHub):
             self._connections_changed.notify_all()
 
     def send_file(self, handler: Any, handle: Any, offset: int, count: int) -> None:
+        self.stats.sent_bytes += count
         trickle = getattr(handler, "trickle", None)
         if trickle is not None:
             handler.close_connection = True

@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ from .._util.checks import Catalogue
 from .._version import __version__
 from ..errors import CubepackError, FormatError
 from ..format import _lock as lockfile
-from ..format.sections import Activation, Lock, Pin
+from ..format.sections import Activation, Lock, Locator, Pin
+from ..format.sections import shards as shardformat
 from ..format._envelope import (
     _LINK_KEYS,
     CLAIMED_BLOCK,
@@ -208,13 +210,16 @@ def sign_statement(statement: dict[str, Any], key: str | os.PathLike[str], *,
 
 
 def attest(lock_bytes: bytes, key: str | os.PathLike[str], proved: Proved | None = None, *,
-           password: str | None = None) -> bytes:
+           password: str | None = None, fetch: Callable[[Locator], bytes] | None = None) -> bytes:
     """The bytes of ``cubepack.intoto.json`` for the lock file ``lock_bytes``, signed by
     ``key``, stating ``proved`` (what the signing step established; None: nothing, every
     statement a claim); parsed back before they are returned (nothing is written that would
-    not read)."""
-    statement = statement_for(lockfile.parse(lock_bytes), lock_bytes,
-                              proved or Proved("sign"))
+    not read). ``fetch``: reads the cube's files, for a sharded cube, whose memories (and
+    their labels) are in its shards' indexes: the statement names every memory."""
+    lock = lockfile.parse(lock_bytes)
+    if fetch is not None:
+        lock = shardformat.resolved(lock, fetch)
+    statement = statement_for(lock, lock_bytes, proved or Proved("sign"))
     data = envelope_bytes(sign_statement(statement, key, password=password))
     parse_envelope_bytes(data, constants.ATTESTATION_FILENAME)
     return data

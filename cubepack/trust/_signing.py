@@ -25,6 +25,7 @@ from .._util import atomic, constants
 from ..errors import CubepackError, SignatureError, UnsafeInputError
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
+from ..format.sections import shards as shardformat
 from ._attestation import Proved, attest
 from ._keys import check_key
 
@@ -71,7 +72,8 @@ def write_signature(cube_dir: str | Path, key: str | os.PathLike[str], proved: P
                                    "Remove it and sign again.")
     hashing, signing, _ = _model_signing()
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
-    attestation = attest(lock_bytes, key, proved, password=password)
+    attestation = attest(lock_bytes, key, proved, password=password,
+                         fetch=shardformat.local_fetch(cube))
     manifest = _manifest_from_lock(cube, hashing, lock_bytes, {
         constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()})
     target = cube / constants.SIGNATURE_FILENAME
@@ -159,12 +161,54 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
         raise SignatureError("A signature is required but no trusted key was given "
                              "(--trusted-key PUB.pem).")
     hashing, _, verifying = _model_signing()
+    return _verified_by(trusted_keys, cube, signature, lambda: _hashing_config(hashing),
+                        verifying)
+
+
+def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
+                          attestation: bytes | None,
+                          trusted_keys: list[str | os.PathLike[str]] | tuple) -> str:
+    """A cube's signature checked over its lock alone, its files not at hand (a remote cube
+    opened on demand): the manifest the signer signed is rebuilt from the lock's digests, the
+    lock's own sha256 and the attestation's (as :func:`write_signature` built it), so the
+    signature binds this lock, whose digests bind every file. Returns the key that verified.
+
+    Raises:
+        SignatureError: no signature; signed by a key not in ``trusted_keys``; or a signature
+            over another lock (or attestation).
+    """
+    if signature is None:
+        raise SignatureError(f"The cube is unsigned: it has no {constants.SIGNATURE_FILENAME}. "
+                             "Ask its publisher to sign it (cubepack sign), or do not require "
+                             "a signature.")
+    if not trusted_keys:
+        raise SignatureError("A signature is required but no trusted key was given "
+                             "(--trusted-key PUB.pem).")
+    hashing, _, verifying = _model_signing()
+    with tempfile.TemporaryDirectory(prefix="cubepack-signed-") as tmp:
+        folder = Path(tmp) / "cube"  # empty: the manifest is the lock's, nothing is hashed
+        folder.mkdir()
+        extra = {} if attestation is None else {
+            constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()}
+        manifest = _manifest_from_lock(folder, hashing, lock_bytes, extra)
+        path = Path(tmp) / constants.SIGNATURE_FILENAME
+        path.write_bytes(signature)
+        return _verified_by(trusted_keys, folder, path, lambda: _Precomputed(manifest),
+                            verifying, covered="this lock")
+
+
+def _verified_by(trusted_keys: list[str | os.PathLike[str]] | tuple, cube: Path,
+                 signature: Path, config: Any, verifying: Any, *,
+                 covered: str = "this content") -> str:
+    """The first of ``trusted_keys`` whose signature over ``cube`` (hashed by ``config()``)
+    verifies; else a SignatureError saying whether the content (``covered``: a cube's files,
+    or a lock alone) or the key differs."""
     content_errors = []
     for key in trusted_keys:
         check_key(key, private=False)
         try:
             (verifying.Config().use_elliptic_key_verifier(public_key=str(key))
-             .set_hashing_config(_hashing_config(hashing)).verify(cube, signature))
+             .set_hashing_config(config()).verify(cube, signature))
             return str(key)
         except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and others
             message = str(exc)
@@ -172,46 +216,10 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
                 continue
             content_errors.append(_describe_content_error(message))
     if content_errors:
-        raise SignatureError(f"The signature does not cover this content: {content_errors[0]}. "
+        raise SignatureError(f"The signature does not cover {covered}: {content_errors[0]}. "
                              "The cube changed after it was signed.")
     names = ", ".join(str(k) for k in trusted_keys)
     raise SignatureError(f"The cube is signed by a key that is not trusted (trusted: {names}).")
-
-
-def verify_lock_signature(lock_bytes: bytes, signature: bytes, attestation: bytes | None,
-                          trusted_keys: list[str | os.PathLike[str]] | tuple) -> str:
-    """Check a signature against a lock alone (a remote cube's, fetched without its other
-    files): the manifest a cubepack signature signs is built from the lock's digests, the lock's
-    own sha256 and the attestation's, so a signature that verifies under a trusted key over
-    that manifest proves the key signed exactly this lock. Return the key that verified.
-
-    Raises:
-        SignatureError: signed by none of ``trusted_keys``, or over another lock.
-    """
-    hashing, _, verifying = _model_signing()
-    extra = {} if attestation is None else {
-        constants.ATTESTATION_FILENAME: hashlib.sha256(attestation).hexdigest()}
-    content_errors = []
-    with tempfile.TemporaryDirectory(prefix="cubepack-sig.") as folder:
-        cube = Path(folder) / "cube"
-        cube.mkdir()
-        path = Path(folder) / constants.SIGNATURE_FILENAME
-        path.write_bytes(signature)  # model_signing reads a signature by path
-        manifest = _manifest_from_lock(cube, hashing, lock_bytes, extra)
-        for key in trusted_keys:
-            check_key(key, private=False)
-            try:
-                (verifying.Config().use_elliptic_key_verifier(public_key=str(key))
-                 .set_hashing_config(_Precomputed(manifest)).verify(cube, path))
-                return str(key)
-            except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and others
-                message = str(exc)
-                if "key mismatch" in message.lower() or "public key" in message.lower():
-                    continue
-                content_errors.append(_describe_content_error(message))
-    if content_errors:
-        raise SignatureError(f"The signature does not cover this lock: {content_errors[0]}.")
-    raise SignatureError("Signed by a key that is not trusted.")
 
 
 def check_resigning(cube_dir: str | Path, key: str | os.PathLike[str], *,

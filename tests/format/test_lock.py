@@ -143,6 +143,9 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
     base["models"]["act_mem"]["vectors"] = {"file": "vectors.json", "dimension": 8}
     base["encryption"] = {"version": 1, "ciphertexts": ["a.age"], "counts": {"files": 1},
                           "hidden_names": False}
+    base["shards"] = {"shards/activations-00000.kvshard": {
+        "index": "shards/activations-00000.index.json", "first": "a", "last": "b",
+        "memories": 2}}
     base["preferences"] = {"prefs.json": {"embedder": "pref_mem.embedder", "count": 3,
                                           "collections": {"explicit_preference": 3}}}
     swept = 0
@@ -161,7 +164,8 @@ def test_diff_names_every_leaf_of_every_section_that_moves_a_digest():
             assert named == [where], (key, path, named)
             swept += 1
     assert swept >= 30
-    for key in ("adapters", "lineage", "encryption", "preferences"):  # a whole section added (a pull request) or removed
+    # a whole section added (a pull request) or removed
+    for key in ("adapters", "lineage", "encryption", "shards", "preferences"):
         without = {k: v for k, v in base.items() if k != key}
         assert diff_locks(without, base)["sections"][key]["added"]
         assert diff_locks(base, without)["sections"][key]["removed"]
@@ -174,8 +178,8 @@ def test_every_registered_section_implements_all_its_rules():
             assert callable(getattr(section, rule)), (section.key, rule)
         assert section.attest in (None, "producers", "provenance", "lineage")
     assert set(lockfile.SECTION_KEYS) | set(lockfile.FIELDS) == {
-        "files", "models", "activations", "adapters", "lineage", "encryption", "preferences",
-        "lock_version",
+        "files", "models", "activations", "adapters", "lineage", "encryption", "shards",
+        "preferences", "lock_version",
         "cubepack_version", "cube_id", "content_digest", "digest"}
 
 
@@ -235,3 +239,27 @@ def test_version_2_locks_are_still_read_and_hold_no_version_3_sections():
     lock["digest"] = canonical.digest(lock)
     with pytest.raises(FormatError, match="content_digest mismatch"):
         lockfile.parse(json.dumps(lock).encode())
+
+
+def test_version_6_holds_preferences_and_shards_either_or_both():
+    """Lock version 6 added two optional sections (issue #39's preferences, issue #40's
+    shards): a lock holding either, or both, is version 6 and reads each typed."""
+    shard, index = "shards/activations-00000.kvshard", "shards/activations-00000.index.json"
+    files = {"preferences": {"prefs.json": {"sha256": SHA, "size": 10}},
+             "shards": {shard: {"sha256": SHA, "size": 4096}, index: {"sha256": SHA, "size": 500}}}
+    models = make_lock()["models"] | {"pref_mem.embedder": {
+        "name": "e", "strict": False, "repo_id": None, "revision": None, "identity": None,
+        "reason": "none"}}
+    sections = {
+        "preferences": {"prefs.json": {"embedder": "pref_mem.embedder", "count": 1,
+                                       "collections": {"explicit_preference": 1},
+                                       "dimension": 4, "sample": ["explicit_preference/x"]}},
+        "shards": {shard: {"index": index, "first": "b", "last": "c", "memories": 2}}}
+    for held in (["preferences"], ["shards"], ["preferences", "shards"]):
+        listed = make_lock()["files"] | {n: e for key in held for n, e in files[key].items()}
+        lock = lockfile.parse(lockfile.dumps(make_lock(
+            files=listed, models=models, **{key: sections[key] for key in held})).encode())
+        assert lock.version == 6
+        assert [key for key in ("preferences", "shards") if lock.holds(key)] == held
+    assert lock.preferences["prefs.json"].count == 1
+    assert lock.shards[shard].memories == 2

@@ -99,6 +99,18 @@ def test_every_kind_of_model_finds_the_cube_its_pins_match(hub, cube_a, cube_b, 
     assert sum(file_requests(hub).values()) == 2
 
 
+def test_a_sharded_cube_counts_the_memories_its_shards_hold(hub, cube_a, zoo, tmp_path):
+    """A sharded cube's memories are in its shards' indexes, not its lock's activations: the
+    lock's shard entries count them (no index is fetched)."""
+    cube = copy_of(cube_a, tmp_path)
+    cubepack.pack(cube, shards=True)
+    publish(hub, cube, "ns/sharded")
+    hub.stats.reset()
+    [match] = search(digest_of(zoo), repo_type="dataset").matches
+    assert match.memories == {"activations": 2} and match.memory_count == 2
+    assert sum(file_requests(hub).values()) == 2  # the lock: a HEAD and a GET, no index
+
+
 def test_a_card_that_lies_about_its_pins_is_listed_as_not_matching(hub, cube_a, cube_b, zoo):
     publish(hub, cube_a, "ns/cube-a")
     publish(hub, cube_b, "ns/liar")

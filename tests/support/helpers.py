@@ -70,6 +70,7 @@ def reseal_lock(cube, change) -> None:
                                    models=lock["models"], activations=lock["activations"],
                                    cubepack_version=lock["cubepack_version"],
                                    adapters=lock.get("adapters"), lineage=lock.get("lineage"),
+                                   shards=lock.get("shards"),
                                    preferences=lock.get("preferences"))
     path.write_text(lockfile.dumps(resealed))
 
@@ -352,3 +353,16 @@ def cli_in_process(args, *, env: dict[str, str], cwd):
         _dumpable(dumpable)
     return subprocess.CompletedProcess(["cubepack", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
+
+
+def without_kv_id(data: bytes) -> bytes:
+    """A KV file's bytes with its metadata id dropped (its header resealed): copies of it take
+    their ids from their file names."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "a.kv.safetensors", Path(tmp) / "b.kv.safetensors"
+        source.write_bytes(data)
+        rewrite_kv_metadata(source, target, lambda meta: meta["metadata"].pop("id"))
+        return target.read_bytes()

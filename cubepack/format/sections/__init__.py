@@ -6,7 +6,8 @@ reader outside ``format/`` reads these values, never the lock's JSON by key.
 - ``locator``: where a memory's bytes are (:class:`Locator`), and the indexes a section may
   keep outside the lock, each fetched on its own (:class:`Index`);
 - ``files``, ``models``, ``activations``, ``adapters``, ``lineage``, ``encryption``,
-  ``preferences``: each section's entries.
+  ``preferences``, ``shards``: each section's entries (``shards``: activation memories many
+  to a file, each shard's index kept outside the lock).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from .lineage import Lineage
 from .locator import Index, Locator
 from .models import Pin, VectorsRecord
 from .preferences import Preferences
+from .shards import Shard, ShardIndex
 
 __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage", "Lock",
-           "Locator", "Pin", "Preferences", "Provenance", "VectorsRecord"]
+           "Locator", "Pin", "Preferences", "Provenance", "Shard", "ShardIndex", "VectorsRecord"]
 
 
 #: The sections holding memories' entries, each a memory kind's (``Lock.entries``).
@@ -36,8 +38,9 @@ MEMORY_SECTIONS = ("activations", "adapters")
 @dataclass(frozen=True, eq=False)
 class Lock:
     """A parsed, validated ``cubepack.lock``: its fields and its sections as frozen values.
-    An optional section the lock does not hold is empty (``adapters``, ``preferences``) or
-    None (``lineage``, ``encryption``); :meth:`holds` tells a section's absence from its emptiness.
+    An optional section the lock does not hold is empty (``adapters``, ``preferences``,
+    ``shards``) or None (``lineage``, ``encryption``); :meth:`holds` tells a section's absence
+    from its emptiness.
 
     The lock document (its JSON, key for key) is :meth:`to_dict`'s, for writers and JSON
     outputs; a lock is not read by key outside ``format/`` (``tests/test_owners.py``): a
@@ -55,6 +58,10 @@ class Lock:
     adapters: Mapping[str, Adapter]
     lineage: Lineage | None
     encryption: Encryption | None
+    #: The shards holding activation memories (lock version 6), by shard path, in their ids'
+    #: order; their memories are in their indexes, not in ``activations``, until the lock is
+    #: :func:`~cubepack.format.sections.shards.resolved`.
+    shards: Mapping[str, Shard]
     preferences: Mapping[str, Preferences]
     document: Mapping[str, Any] = field(repr=False)
 

@@ -3,6 +3,7 @@ producer role, shape facts and the label of how its producer is known (provenanc
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -10,6 +11,12 @@ from typing import Any
 
 from .files import FileEntry
 from .locator import Locator
+
+
+#: A provenance record's keys (``model``, ``tokens``, ``max_error``, ``at``, ``retokenized``:
+#: what a recomputation or re-prefill measured).
+PROVENANCE_KEYS = frozenset({"kind", "detail", "model", "tokens", "max_error", "at",
+                             "retokenized"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class Activation:
     sha256: str
     provenance: Provenance | None
     locator: Locator
+    #: The KV header's checksum record as a shard's index states it (the header's own must
+    #: equal it at load); None for a memory that is a whole file (its lock records none).
+    checksums: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str | None:
@@ -71,3 +81,19 @@ def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Mapping[str,
             provenance=(Provenance.of(entry["provenance"]) if "provenance" in entry else None),
             locator=Locator.whole(entry["file"], files[entry["file"]].size, entry["sha256"]))
         for item, entry in value.items()})
+
+
+def activation_id_key(item_id: str) -> str:
+    """An activation id as Unicode normalises it (NFKC, which NFC and NFD forms share): two
+    ids with one key are one name to a normalising file system (macOS) and to whoever types
+    it, and look alike anywhere, so a cube holds at most one of them."""
+    return unicodedata.normalize("NFKC", item_id)
+
+
+def duplicate_id(first: str, second: str) -> str:
+    """Why two activation ids with one :func:`activation_id_key` cannot both be a cube's."""
+    if first == second:
+        return f"both carry the id {first!r}"
+    return (f"carry the ids {first!r} and {second!r}, which differ only by Unicode "
+            f"normalisation (both {activation_id_key(first)!r} in NFKC): one name on a "
+            "normalising file system (macOS), and alike to whoever reads them")

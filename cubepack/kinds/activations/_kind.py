@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...kv._load import load_kv_cache
 from .._kind import Kind, MigrateJob, PackJob
-from . import _migrate, _pack, _upgrade, _verify
+from . import _migrate, _pack, _shards, _upgrade, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -30,24 +30,32 @@ class Activations(Kind):
     def files(self, lock: Lock) -> set[str]:
         return {entry.file for entry in lock.activations.values()}
 
+    def refuse(self, cube: Path, files: list[str], options: Any) -> None:
+        _shards.refuse(options)
+
     def pin(self, job: PackJob) -> None:
         _pack.pin(job)
 
     def stage(self, job: PackJob, staging: Path) -> list[str]:
+        _shards.unshard(job, staging)
         return _pack.stage(job, staging)
 
     def prove(self, job: PackJob, staging: Path) -> dict[str, dict[str, Any]]:
         return _pack.prove(job, staging)
 
     def memories(self, job: PackJob, content: list[str]) -> list[str]:
-        return _pack.memories(content)
+        return _pack.memories(content) + _shards.shard_files(content)
 
     def entries(self, job: PackJob, staging: Path, digests: dict[str, str],
                 pins: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return _pack.entries(job, staging, digests, pins)
 
+    def store(self, job: PackJob, staging: Path,
+              sections: dict[str, Any]) -> dict[str, Any]:
+        return _shards.store(job, staging, sections["activations"])
+
     def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
-        _pack.finish(job, staging, written, result)
+        _pack.finish(job, staging, _shards.resolved(written, staging), result)
 
     def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
         _verify.check_headers(report, lock, intact)
@@ -71,9 +79,14 @@ class Activations(Kind):
         return _upgrade.upgrade_file(path, model, revision)
 
     def load(self, path: Any, model: Any, plan: Recomputation, *, device: Any = None,
-             copy: bool = False, identity: Any = None, data: Any = None) -> Any:
+             copy: bool = False, identity: Any = None, data: Any = None,
+             item: str | None = None) -> Any:
         """One KV file into a ``DynamicCache`` for ``model``, refusing any other producer, and
         proved with ``model`` when ``plan`` asks (:func:`cubepack.kv._load.load_kv_cache`);
-        ``data``: the file's bytes, decrypted in memory."""
+        ``data``: the file's bytes, decrypted in memory; ``item``: ``path`` is a cube folder,
+        and the memory is its item (a shard's range or a whole file, checked against its
+        index or lock first: :func:`~cubepack.kinds.activations._shards.open_memory`)."""
+        if item is not None:
+            path, data = _shards.open_memory(Path(path), item)
         return load_kv_cache(path, model, device=device, copy=copy, identity=identity,
                              recompute=plan.asked, sample=plan.sample, seed=plan.seed, data=data)

@@ -11,12 +11,14 @@ from typing import Any
 from ..._util.paths import resolve_inside
 from ...format.sections import Lock
 from ...identity._fingerprint import fingerprint, resolve_model_folder
-from ...kv._format import read_kv_header
 from ...kv._recompute import load_model
 from ...kv._torch import write_kv_layers
 from ...memos_format import _layout as memos_layout
 from ...trust import _lineage as lineage
+from ...format.sections import shards as shardformat
 from .._kind import MigrateJob
+from . import _shards
+from ._pack import activation_filename
 from ._reprefill import provenance, reprefill
 
 NAME = "activations"
@@ -30,7 +32,11 @@ def rewrites(job: MigrateJob) -> set[str]:
         job.state[NAME] = None
         return set()
     job.state[NAME] = _TargetModel(job.model, job.revision)
-    return {entry.file for entry in job.lock.activations.values()}
+    # A sharded memory's shard and its index: the new cube's memories are written one a file,
+    # then sharded again by pack (the old lock was sharded).
+    return {name for entry in job.lock.activations.values()
+            for name in ((entry.file,) if entry.checksums is None
+                         else (entry.file, shardformat.index_name(entry.file)))}
 
 
 def migrate(job: MigrateJob) -> None:
@@ -92,16 +98,17 @@ def _reprefill_all(cube: Path, staging: Path, lock: Lock, target: _TargetModel
     was built from and its ``recomputed`` label."""
     reprefilled, proven = {}, {}
     for item_id, entry in sorted(lock.activations.items()):
-        info = read_kv_header(resolve_inside(cube, entry.file))
+        info = _shards.read_header(cube, entry)
+        name = entry.file if entry.checksums is None else activation_filename(item_id)
         done = reprefill(target.live, item_id, token_ids=info.token_ids, metadata=info.metadata,
                          producer=info.producer, identity=target.identity,
                          tokenizer=target.tokenizer)
         label = provenance(done, target.identity, f"{BY} ({target.label})")
-        write_kv_layers(done.layers, resolve_inside(staging, entry.file),
+        write_kv_layers(done.layers, resolve_inside(staging, name),
                         producer=target.identity, token_ids=done.token_ids,
                         metadata={**info.metadata, "provenance": label})
         reprefilled[item_id] = {"tokens": len(done.token_ids), "retokenized": done.retokenized}
-        proven[entry.file] = label  # the file this migrate wrote: what its label is of
+        proven[name] = label  # the file this migrate wrote: what its label is of
     return reprefilled, proven
 
 

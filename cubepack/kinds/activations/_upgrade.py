@@ -22,10 +22,12 @@ from ...kv._torch import mapped_layers, write_kv_layers
 
 
 def upgradable(cube: Path, lock: Lock) -> dict[str, bool]:
-    """Every KV file the lock lists, and whether its format is older than the current one."""
+    """Every KV file the lock lists, and whether its format is older than the current one (a
+    shard holds current files only: none of its memories is outdated)."""
     return {name: read_kv_header(resolve_inside(cube, name)).version
             != constants.KV_FORMAT_VERSION
-            for name in sorted(entry.file for entry in lock.activations.values())}
+            for name in sorted(entry.file for entry in lock.activations.values()
+                               if entry.checksums is None)}
 
 
 def upgrade_file(path: Path, model: str | Path, revision: str | None) -> bool:

@@ -27,6 +27,7 @@ from ...trust._evidence import (
 )
 from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
+from . import _shards
 
 
 def check_proofs(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
@@ -47,7 +48,6 @@ def check_headers(report: VerifyReport, lock: Lock, good: set[str]) -> None:
     elif not lock.activations:
         report.add(Catalogue.KV_HEADER, "*", None, "skipped: the cube holds no activations")
     for item_id, entry in sorted(lock.activations.items()):
-        path = resolve_inside(report.cube_dir, entry.file)
         subject = f"{entry.file} ({item_id})"
         if entry.file not in good:
             # Missing or not the lock's bytes: reported by the file checks, and never parsed
@@ -56,7 +56,7 @@ def check_headers(report: VerifyReport, lock: Lock, good: set[str]) -> None:
             continue
         checkpoint(f"the KV header of {entry.file}")
         try:
-            info = read_kv_header(path)
+            info = _shards.read_header(report.cube_dir, entry)
         except CubepackError as exc:
             report.add(Catalogue.KV_HEADER, subject, False, str(exc))
             continue
@@ -109,7 +109,7 @@ def _check_recompute(report: VerifyReport, lock: Lock,
             report.add(Catalogue.RECOMPUTE, subject, False, f"cannot load the producer model "
                        f"({role}): {live}", role=role)
             continue
-        info = read_kv_header(resolve_inside(report.cube_dir, entry.file))
+        info = _shards.read_header(report.cube_dir, entry)
         if not info.token_ids:
             report.add(Catalogue.RECOMPUTE, subject, False, NO_TOKEN_IDS)
             continue

@@ -1,0 +1,422 @@
+"""The ``shards`` section (lock version 6, issue #40): activation memories stored many to a
+file, each shard with an index of its own, fetched on its own.
+
+A **shard** (``shards/activations-NNNNN.kvshard``) is KV files laid end to end, each starting
+at a multiple of :data:`ALIGN` bytes (zero padding between them, none after the last): each
+memory's bytes are one whole KV file, so its tensors are contiguous and its range alone builds
+its cache. Its **index** (``shards/activations-NNNNN.index.json``, canonical JSON) names the
+shard (path, sha256, size) and, for each memory, its range (offset, length), the range's
+sha256, its lock facts (producer role, token count, KV dtype, layers, provenance) and the
+KV header's checksum record (per-tensor XXH3-64), which the header's own must equal at load.
+
+The lock's ``shards`` section maps each shard's path to its index's path, the first and last
+item id it holds and its memory count; the lock's ``files`` hold both files' sha256 and size,
+so the lock commits to every shard and every index by digest and grows with the shards, not the
+memories. Shards hold item ids in order, and their ``[first, last]`` ranges are disjoint, so a
+reader finds an item's shard from the lock alone (:func:`shard_of`).
+
+An index is refused (:class:`FormatError`) when it is not its lock entry's bytes (sha256,
+size), names another shard or other digests, points outside its shard, overlaps two memories,
+leaves anything but the alignment padding between them, lists a memory twice (or in two
+shards, or beside the lock's own activations), holds an id outside its lock range, or a count
+its lock entry does not state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+from ..._util import canonical
+from ..._util.paths import check_relpath, resolve_inside
+from ...errors import FormatError
+from .._provenance import KINDS
+from .activations import PROVENANCE_KEYS, Activation, Provenance, activation_id_key, duplicate_id
+from .activations import parse as parse_activations
+from .files import FileEntry
+from .locator import Index, Locator, register_index
+
+#: The folder of the shards and their indexes, and their names' pattern.
+SHARD_DIR = "shards"
+SHARD_SUFFIX = ".kvshard"
+INDEX_SUFFIX = ".index.json"
+SHARD_NAME = re.compile(rf"{SHARD_DIR}/activations-(\d{{5,}})\{SHARD_SUFFIX}")
+#: Each memory of a shard starts at a multiple of this (its tensors keep their alignment when
+#: the shard is mapped whole); the gap before it is zeros.
+ALIGN = 64
+#: The index's format name and version (``version`` 1: this module).
+INDEX_FORMAT = "cubepack.kvshard.index"
+INDEX_VERSION = 1
+INDEX_KEYS = frozenset({"format", "version", "shard", "memories"})
+#: The index's record of its shard: the shard as the lock's files section records a file.
+INDEX_SHARD_KEYS = frozenset(FileEntry.__dataclass_fields__)
+MEMORY_KEYS = frozenset({"offset", "length", "sha256", "model_role", "token_count", "kv_dtype",
+                         "num_layers", "provenance", "checksums"})
+#: A lock ``shards`` entry's keys.
+ENTRY_KEYS = frozenset({"index", "first", "last", "memories"})
+#: The default bound of a shard (``pack --shard-size``): 2 GiB, a tenth of the Hub's
+#: recommended largest file (20 GB) and far under its hard limit (50 GB); a memory larger
+#: than the bound gets a shard of its own.
+DEFAULT_SHARD_SIZE = 2 * 1024 ** 3
+#: The most memories a shard holds: its index (about 500 bytes a small memory) stays near
+#: half a MiB, so loading one memory on demand never fetches a large index, and a cube of
+#: 100k small memories has 100 shards (a lock of tens of KB).
+MAX_SHARD_MEMORIES = 1000
+#: The largest index read (a shard of at most MAX_SHARD_MEMORIES memories needs far less: its
+#: checksums grow with the layers, ~40 bytes a tensor): as the lock's own parse limit.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+
+
+def shard_name(number: int) -> str:
+    return f"{SHARD_DIR}/activations-{number:05d}{SHARD_SUFFIX}"
+
+
+def index_name(shard: str) -> str:
+    """The index path of the shard ``shard`` (beside it, its suffix replaced)."""
+    return shard[:-len(SHARD_SUFFIX)] + INDEX_SUFFIX
+
+
+def is_shard_path(name: str) -> bool:
+    return bool(SHARD_NAME.fullmatch(name))
+
+
+def aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One lock ``shards`` entry: the shard and its index (each by the lock's locator of the
+    whole file), the first and last item id it holds and how many."""
+
+    path: str
+    index: str
+    first: str
+    last: str
+    memories: int
+    locator: Locator
+    index_locator: Locator
+
+    def holds(self, item_id: str) -> bool:
+        return self.first <= item_id <= self.last
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A shard's index, parsed and checked on its own (its shard's facts as it states them,
+    its memories as the lock's activation entries, each with its shard range)."""
+
+    shard: str
+    shard_sha256: str
+    shard_size: int
+    memories: Mapping[str, Activation]
+
+
+def _refuse(where: str, what: str) -> None:
+    raise FormatError(f"{where} {what}.")
+
+
+def staged(section: Mapping[str, Any], size_of: Callable[[str], int]) -> dict[str, Activation]:
+    """A writer's ``activations`` section (as pack builds it, each memory a whole file) as
+    frozen entries; ``size_of(path)``: a file's size."""
+    files = {entry["file"]: FileEntry(entry["file"], entry["sha256"], size_of(entry["file"]))
+             for entry in section.values()}
+    return dict(parse_activations(dict(section), files))
+
+
+def memory_record(entry: Activation, offset: int, checksums: Mapping[str, Any]) -> dict[str, Any]:
+    """A memory's record in its shard's index: ``entry`` (a whole file's) laid at ``offset``,
+    with its KV header's checksum record."""
+    return {"offset": offset, "length": entry.locator.length, "sha256": entry.sha256,
+            "model_role": entry.model_role, "token_count": entry.token_count,
+            "kv_dtype": entry.kv_dtype, "num_layers": entry.num_layers,
+            "provenance": entry.provenance.to_dict() if entry.provenance else None,
+            "checksums": dict(checksums)}
+
+
+def index_document(shard: FileEntry, memories: Mapping[str, Any]) -> str:
+    """The bytes (canonical compact JSON) of the index of ``shard`` holding ``memories``
+    (id -> :func:`memory_record`)."""
+    return canonical.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION,
+                            "shard": dict(path=shard.path, **shard.to_dict()),
+                            "memories": dict(memories)}, compact=True)
+
+
+def lock_entry(shard: str, memories: list[str]) -> dict[str, Any]:
+    """The lock's entry of the shard ``shard`` holding ``memories`` (ids, in order)."""
+    return {"index": index_name(shard), "first": memories[0], "last": memories[-1],
+            "memories": len(memories)}
+
+
+def check_section(value: Any, files: dict[str, Any]) -> None:
+    """Validate a lock's ``shards`` value against its ``files`` (the JSON, before parsing)."""
+    if not isinstance(value, dict) or not value:
+        raise FormatError("cubepack.lock 'shards' must be a non-empty object.")
+    previous: tuple[str, str] | None = None
+    for path in sorted(value, key=lambda p: (value[p] or {}).get("first", "")
+                       if isinstance(value[p], dict) else ""):
+        entry = value[path]
+        where = f"cubepack.lock shard {path!r}"
+        check_relpath(path)
+        if not is_shard_path(path):
+            _refuse(where, f"is not named {SHARD_DIR}/activations-NNNNN{SHARD_SUFFIX}")
+        if not isinstance(entry, dict) or set(entry) != ENTRY_KEYS:
+            _refuse(where, f"must hold exactly the keys {sorted(ENTRY_KEYS)}")
+        if entry["index"] != index_name(path):
+            _refuse(where, f"must name its index {index_name(path)!r}, found {entry['index']!r}")
+        for name in (path, entry["index"]):
+            if name not in files:
+                _refuse(where, f"names {name!r}, which the lock's file list does not hold")
+        if not (isinstance(entry["first"], str) and isinstance(entry["last"], str)
+                and entry["first"] and entry["first"] <= entry["last"]):
+            _refuse(where, "first and last must be item ids, first <= last")
+        if type(entry["memories"]) is not int or not 1 <= entry["memories"] \
+                <= MAX_SHARD_MEMORIES:
+            _refuse(where, f"memories must be an integer from 1 to {MAX_SHARD_MEMORIES}")
+        if entry["first"] == entry["last"] and entry["memories"] != 1:
+            _refuse(where, "holds one id (first == last) but counts more memories")
+        if previous is not None and entry["first"] <= previous[1]:
+            _refuse(where, f"holds ids from {entry['first']!r}, inside shard {previous[0]!r}'s "
+                    f"range (to {previous[1]!r}): shards hold disjoint ranges of ids")
+        previous = (path, entry["last"])
+
+
+def check_listed(files: dict[str, Any], value: Any) -> None:
+    """Every file named as a shard or a shard's index is one the ``shards`` section lists
+    (a shard left out would hold memories no check reaches)."""
+    listed = set()
+    if isinstance(value, dict):
+        listed = {name for path, entry in value.items()
+                  for name in (path, (entry or {}).get("index") if isinstance(entry, dict)
+                               else None)}
+    for name in sorted(files):
+        if name.startswith(SHARD_DIR + "/") and (name.endswith((SHARD_SUFFIX, INDEX_SUFFIX))) \
+                and name not in listed:
+            raise FormatError(f"cubepack.lock lists {name!r} as a file but not in its shards "
+                              "section: a shard's memories are always checked; pack the cube "
+                              "again.")
+
+
+def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Mapping[str, Shard]:
+    """The typed section of a validated ``shards`` value, in the order of their ids."""
+    return MappingProxyType({
+        path: Shard(path, entry["index"], entry["first"], entry["last"], entry["memories"],
+                    files[path].locator, files[entry["index"]].locator)
+        for path, entry in sorted(value.items(), key=lambda item: item[1]["first"])})
+
+
+def describe(path: str, entry: Any) -> str:
+    return (f"shard {path}: {entry.get('memories')} memories, {entry.get('first')!r} to "
+            f"{entry.get('last')!r}, index {entry.get('index')}")
+
+
+def parse_index(data: bytes, locator: Locator) -> ShardIndex:
+    """An index's bytes (already checked against ``locator``) as its frozen value; every
+    check that needs only the index itself: its keys, its ranges inside its shard, in order,
+    without overlap, separated only by the alignment padding, each id once."""
+    where = f"shard index {locator.path}"
+    try:
+        doc = canonical.loads_strict(data.decode("utf-8"),
+                                     object_pairs_hook=canonical.unique_pairs)
+    except canonical.DuplicateKey as exc:
+        raise FormatError(f"{where} {exc}: an index lists each memory once.") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FormatError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
+        _refuse(where, f"is not a {INDEX_FORMAT} document")
+    if type(doc.get("version")) is not int or doc["version"] != INDEX_VERSION:
+        _refuse(where, f"is version {doc.get('version')!r}; this cubepack reads version "
+                f"{INDEX_VERSION}. Upgrade cubepack")
+    if set(doc) != INDEX_KEYS:
+        _refuse(where, f"must hold exactly the keys {sorted(INDEX_KEYS)}")
+    shard = doc["shard"]
+    if not (isinstance(shard, dict) and set(shard) == INDEX_SHARD_KEYS
+            and isinstance(shard["path"], str) and isinstance(shard["sha256"], str)
+            and _HEX64.fullmatch(shard["sha256"]) and type(shard["size"]) is int
+            and shard["size"] >= 0):
+        _refuse(where, "shard must be {path, sha256: 64 hex, size: int}")
+    if shard["path"] != locator.path[:-len(INDEX_SUFFIX)] + SHARD_SUFFIX:
+        _refuse(where, f"names the shard {shard['path']!r}; it is the index of "
+                f"{locator.path[:-len(INDEX_SUFFIX)] + SHARD_SUFFIX!r}")
+    memories = doc["memories"]
+    if not isinstance(memories, dict) or not memories:
+        _refuse(where, "memories must be a non-empty object")
+    entries: dict[str, Activation] = {}
+    for item_id, entry in memories.items():
+        what = f"{where} memory {item_id!r}"
+        if not isinstance(entry, dict) or set(entry) != MEMORY_KEYS:
+            _refuse(what, f"must hold exactly the keys {sorted(MEMORY_KEYS)}")
+        if not (all(type(entry[key]) is int and entry[key] >= 0
+                    for key in ("offset", "length", "token_count", "num_layers"))
+                and isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
+                and isinstance(entry["model_role"], str) and isinstance(entry["kv_dtype"], str)
+                and isinstance(entry["provenance"], dict)
+                and entry["provenance"].get("kind") in KINDS
+                and isinstance(entry["provenance"].get("detail", ""), str)
+                and set(entry["provenance"]) <= PROVENANCE_KEYS):
+            _refuse(what, "is malformed (offset, length: int; sha256: 64 hex; model_role, "
+                    "kv_dtype: str; token_count, num_layers: int; provenance: a label's record)")
+        _check_checksums(what, entry["checksums"])
+        if entry["length"] == 0 or entry["offset"] + entry["length"] > shard["size"]:
+            _refuse(what, f"points outside its shard: bytes [{entry['offset']}:"
+                    f"{entry['offset'] + entry['length']}] of a {shard['size']}-byte shard")
+        entries[item_id] = Activation(
+            item_id=item_id, file=shard["path"], model_role=entry["model_role"],
+            token_count=entry["token_count"], kv_dtype=entry["kv_dtype"],
+            num_layers=entry["num_layers"], sha256=entry["sha256"],
+            provenance=Provenance.of(entry["provenance"]),
+            locator=Locator(shard["path"], entry["offset"], entry["length"], entry["sha256"]),
+            checksums=MappingProxyType(entry["checksums"]))
+    _check_layout(where, entries, shard["size"])
+    return ShardIndex(shard["path"], shard["sha256"], shard["size"],
+                      MappingProxyType(dict(sorted(entries.items()))))
+
+
+def _check_checksums(what: str, record: Any) -> None:
+    if not (isinstance(record, dict) and set(record) == {"algorithm", "header", "tensors"}
+            and record["algorithm"] == "xxh3-64" and isinstance(record["header"], str)
+            and _HEX16.fullmatch(record["header"]) and isinstance(record["tensors"], dict)
+            and record["tensors"]
+            and all(isinstance(v, str) and _HEX16.fullmatch(v)
+                    for v in record["tensors"].values())):
+        _refuse(what, "checksums must be the KV header's record {algorithm: xxh3-64, header, "
+                "tensors}")
+
+
+def _check_layout(where: str, entries: dict[str, Activation], size: int) -> None:
+    """The memories tile the shard in order: each at the aligned end of the one before (the
+    first at 0), the last ending at the shard's end; no overlap, no hidden bytes."""
+    end, before = 0, None
+    for item_id, entry in sorted(entries.items(), key=lambda item: item[1].locator.offset):
+        at = entry.locator.offset
+        if before is not None and at < end:
+            _refuse(where, f"lets memory {item_id!r} (from byte {at}) overlap memory "
+                    f"{before!r} (to byte {end})")
+        if at != aligned(end):
+            _refuse(where, f"places memory {item_id!r} at byte {at}; the layout puts it at "
+                    f"{aligned(end)} (each memory at the {ALIGN}-byte boundary after the one "
+                    "before, the first at 0)")
+        end, before = entry.locator.end, item_id
+    if end != size:
+        _refuse(where, f"ends its last memory at byte {end}, but the shard is {size} bytes")
+    order = sorted(entries)
+    by_offset = [item for item, _ in sorted(entries.items(), key=lambda i: i[1].locator.offset)]
+    if order != by_offset:
+        _refuse(where, "lays its memories out of their ids' order")
+
+
+INDEX = register_index(Index("shards", parse_index))
+
+
+def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any]) -> None:
+    """An index (parsed) against its lock entry: the same shard, the shard's sha256 and size
+    the lock's, its ids inside the entry's range and as many, each role a strict pin."""
+    where = f"shard index {shard.index}"
+    if index.shard != shard.path:
+        _refuse(where, f"names the shard {index.shard!r}, the lock {shard.path!r}")
+    if (index.shard_sha256, index.shard_size) != (shard.locator.sha256, shard.locator.length):
+        _refuse(where, f"disagrees with the lock on its shard: it says sha256 "
+                f"{index.shard_sha256}, {index.shard_size} bytes; the lock "
+                f"{shard.locator.sha256}, {shard.locator.length} bytes")
+    if len(index.memories) != shard.memories:
+        _refuse(where, f"lists {len(index.memories)} memories; the lock counts {shard.memories}")
+    ids = list(index.memories)
+    if ids[0] != shard.first or ids[-1] != shard.last:
+        _refuse(where, f"holds ids {ids[0]!r} to {ids[-1]!r}; the lock says {shard.first!r} "
+                f"to {shard.last!r}")
+    for item_id, entry in index.memories.items():
+        pin = lock_models.get(entry.model_role)
+        if pin is None or not pin.strict or pin.identity is None:
+            _refuse(where, f"memory {item_id!r} names model role {entry.model_role!r}, which "
+                    "is not a strict pin with an identity")
+
+
+def activation_count(lock: Any) -> int:
+    """How many activation memories ``lock`` holds: its own activation entries and those its
+    shards' entries count (the lock's word: no index is read)."""
+    return len(lock.activations) + sum(shard.memories for shard in lock.shards.values())
+
+
+def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
+    """The shard whose range holds ``item_id`` (None: no shard may hold it)."""
+    for shard in shards.values():
+        if shard.holds(item_id):
+            return shard
+    return None
+
+
+def load_index(shard: Shard, fetch: Callable[[Locator], bytes],
+               lock_models: Mapping[str, Any]) -> ShardIndex:
+    """Fetch ``shard``'s index, check its bytes against the lock's locator, parse it, check it
+    against the lock entry. An index larger than :data:`MAX_INDEX_BYTES` (by the lock's own
+    record of its size) is refused before any byte of it is fetched."""
+    if shard.index_locator.length > MAX_INDEX_BYTES:
+        raise FormatError(f"shard index {shard.index} is {shard.index_locator.length} bytes by "
+                          f"the lock, above the {MAX_INDEX_BYTES}-byte limit of an index "
+                          f"({MAX_SHARD_MEMORIES} memories a shard); nothing was fetched.")
+    index = INDEX.load(shard.index_locator, fetch)
+    check_index(index, shard, lock_models)
+    return index
+
+
+def local_fetch(cube: Any) -> Callable[[Locator], bytes]:
+    """A fetch of a locator's bytes from the cube folder ``cube`` (regular files inside it
+    only: the path rule's)."""
+    def fetch(locator: Locator) -> bytes:
+        with open(resolve_inside(cube, locator.path), "rb") as handle:
+            handle.seek(locator.offset)
+            return handle.read(locator.length)
+    return fetch
+
+
+def check_memories(index: ShardIndex, fetch: Callable[[Locator], bytes]) -> None:
+    """Each memory's byte range hashes to the sha256 its index records (FormatError naming
+    the memory otherwise)."""
+    for item_id, entry in index.memories.items():
+        try:
+            entry.locator.check(fetch(entry.locator))
+        except FormatError as exc:
+            raise FormatError(f"memory {item_id!r}: {exc} Its index and its bytes disagree; "
+                              "pull or pack the cube again.") from exc
+
+
+def resolved(lock: Any, fetch: Callable[[Locator], bytes]) -> Any:
+    """``lock`` with its sharded memories among its ``activations`` (each index fetched,
+    checked and parsed): what every reader of a whole cube reads. A memory listed twice (in
+    two indexes, or in an index and the lock) is refused. A lock without shards is returned
+    as it is."""
+    if not lock.shards:
+        return lock
+    held: dict[str, Activation] = {}
+    for shard in lock.shards.values():
+        add_memories(held, load_index(shard, fetch, lock.models), lock)
+    return with_memories(lock, held)
+
+
+def add_memories(held: dict[str, Activation], index: ShardIndex, lock: Any) -> None:
+    """Add ``index``'s memories to ``held`` (the memories of the lock's other shards read so
+    far); a memory listed twice (there, or in the lock's own activations) is refused."""
+    names = {activation_id_key(item): item for item in (*held, *lock.activations)}
+    for item_id in index.memories:
+        other = held.get(item_id) or lock.activations.get(item_id)
+        if other is not None:
+            raise FormatError(f"shard index {index_name(index.shard)} lists memory "
+                              f"{item_id!r}, which {other.file} holds too: a memory is "
+                              "listed once.")
+        first = names.setdefault(activation_id_key(item_id), item_id)
+        if first != item_id:
+            raise FormatError(f"shard index {index_name(index.shard)}: memories "
+                              f"{duplicate_id(first, item_id)}; each memory has an id of its "
+                              "own: pack the cube again with one of them renamed.")
+    held.update(index.memories)
+
+
+def with_memories(lock: Any, memories: Mapping[str, Activation]) -> Any:
+    """``lock`` whose activations are its own and ``memories`` (its shards' memories)."""
+    merged = {**lock.activations, **memories}
+    return replace(lock, activations=MappingProxyType(dict(sorted(merged.items()))))

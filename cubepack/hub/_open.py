@@ -1,0 +1,217 @@
+"""Memories on demand (issue #40): :func:`open_cube` (``cubepack.open("owner/cube@REV")``)
+resolves the revision to its commit once, with one HEAD of the lock, then fetches the lock at
+that commit and checks it (its size, strict JSON, version, sections, both digests): two
+requests, the lock's bytes and no more. :meth:`RemoteCube.load` then fetches the memory's
+shard index (once a shard; checked against the lock's sha256 and size before it is parsed, and
+against the lock's entry after) and the memory's byte range, both by HTTP Range on the resolve
+URL at that commit (each answer must be ``206`` with the ``Content-Range`` asked for), checks
+the range's sha256 and its KV header's checksums against the index before any tensor is built,
+and hands it to the activations kind's load, which checks its producer against the model.
+
+What the lock says is the claim of whoever pushed last: its digests bind the shards and
+indexes to the lock, not the lock to a person. With ``trusted_keys``, ``open`` also fetches the
+signature and its attestation at the commit and checks the signature over the lock (its
+manifest rebuilt from the lock's digests: :func:`~cubepack.trust._signing.verify_lock_signature`)
+before any memory is fetched; the attestation's statements are not read here (pull and verify
+for the labels a signer proved).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._util import constants
+from ..errors import FormatError, HubError, UnsupportedError, UsageError
+from ..format import _lock as lockfile
+from ..format.sections import Activation, Lock, Locator, ShardIndex
+from ..format.sections import shards as shardformat
+from ..kinds import serving
+from ..kinds.activations._shards import checked_range
+from ..trust._policy import TrustPolicy
+from ..trust._signing import verify_lock_signature
+from ._client import REPO_TYPES, HubClient, parse_repo_spec
+
+#: The largest lock ``open`` fetches: the lock's own parse limit.
+MAX_LOCK_BYTES = lockfile.MAX_LOCK_BYTES
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+@dataclass
+class RemoteCube:
+    """A cube on a Hub, opened at one commit: its lock (checked), and its memories loaded one
+    at a time (:meth:`load`), each fetched by range and checked before it is built."""
+
+    repo_id: str
+    repo_type: str
+    commit: str
+    lock: Lock
+    client: HubClient = field(repr=False)
+    #: the trusted key whose signature over the lock verified (``trusted_keys``), or None
+    signed_by: str | None = None
+    #: shard path -> its index, fetched and checked once
+    indexes: dict[str, ShardIndex] = field(default_factory=dict, repr=False)
+
+    @property
+    def memories(self) -> int:
+        """How many activation memories the cube holds (its lock's count: no index fetched)."""
+        return shardformat.activation_count(self.lock)
+
+    def entry(self, item_id: str) -> Activation:
+        """The memory ``item_id``'s entry: the lock's, or its shard index's (fetched once).
+
+        Raises:
+            UsageError: the cube holds no memory of that id.
+            FormatError: its shard's index is not the lock's, or disagrees with it.
+        """
+        entry = self.lock.activations.get(item_id)
+        if entry is not None:
+            return entry
+        shard = shardformat.shard_of(self.lock.shards, item_id)
+        if shard is not None:
+            if shard.path not in self.indexes:
+                self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
+                                                                  self.lock.models)
+            entry = self.indexes[shard.path].memories.get(item_id)
+        if entry is None:
+            raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
+                             f"{item_id!r} ({self.memories} memories).")
+        return entry
+
+    def load(self, item_id: str, model: Any, policy: TrustPolicy | None = None, *,
+             device: Any = None, copy: bool = False, identity: Any = None,
+             **options: Any) -> Any:
+        """The memory ``item_id`` as a ``DynamicCache`` for ``model``: its index and its byte
+        range fetched at the opened commit, its sha256 and checksums checked against its
+        index (the index against the lock) before any tensor is built, its producer against
+        ``model`` (``IdentityMismatch`` otherwise); ``policy``/``options`` as for
+        ``cubepack.load_kv_cache`` (``recompute=True`` proves it with ``model``).
+
+        Raises:
+            IntegrityError: the range's bytes are not the ones the index records.
+            IdentityMismatch: another model produced it.
+            HubError: the endpoint did not answer the range as asked.
+        """
+        policy = TrustPolicy.build(policy, **options)
+        policy.require_honoured("load_kv_cache")
+        entry = self.entry(item_id)
+        data = checked_range(entry, bytearray(self.fetch(entry.locator)))
+        name = f"{self.repo_id}@{self.commit[:12]}/{entry.file}#{item_id}"
+        return serving("load_kv_cache").load(name, model, policy.recomputation(), device=device,
+                                             copy=copy, identity=identity, data=data)
+
+    def fetch(self, locator: Locator) -> bytes:
+        """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused
+        unless the answer is 206 with exactly the ``Content-Range`` asked for (the file's size
+        the lock's) and as many bytes."""
+        listed = self.lock.files.get(locator.path)
+        if listed is None:
+            raise FormatError(f"{locator.path} is not a file of the lock of "
+                              f"{self.repo_id}@{self.commit}.")
+        first, last = locator.offset, locator.end - 1
+        response = self._get(locator.path, {"Range": f"bytes={first}-{last}"})
+        where = f"{self.client.endpoint} for {self.repo_id}@{self.commit[:12]}/{locator.path}"
+        if response.status_code != 206:
+            raise HubError(f"{where} answered a byte range with {response.status_code}, not "
+                           "206 Partial Content: the endpoint does not serve ranges, so one "
+                           "memory cannot be fetched alone; pull the cube instead.")
+        stated = response.headers.get("Content-Range", "")
+        found = _CONTENT_RANGE.fullmatch(stated.strip())
+        if found is None or tuple(map(int, found.groups())) != (first, last, listed.size):
+            raise HubError(f"{where} answered the range bytes {first}-{last} of "
+                           f"{listed.size} with Content-Range {stated!r}: not the range asked "
+                           "for; nothing was loaded.")
+        body = response.content
+        if len(body) != locator.length:
+            raise HubError(f"{where} sent {len(body)} bytes for a {locator.length}-byte range; "
+                           "nothing was loaded.")
+        return body
+
+    def _get(self, path: str, headers: dict[str, str], *, head: bool = False) -> Any:
+        return _request(self.client, self.repo_id, self.repo_type, self.commit, path, headers,
+                        head=head)
+
+
+def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "dataset",
+              endpoint: str | None = None, token: str | bool | None = None,
+              trusted_keys: list[str] | None = None) -> RemoteCube:
+    """Open the cube ``repo`` (``owner/name[@revision]``) on a Hub without downloading it:
+    its revision resolved once to a commit (every later fetch uses that commit), its lock
+    fetched at that commit and checked (size, strict JSON, version, sections, digests).
+    Memories are loaded one at a time with :meth:`RemoteCube.load`. ``trusted_keys``: public
+    keys (PEM), one of which must have signed this lock (its signature and attestation fetched
+    at the commit: two more requests).
+
+    Raises:
+        SignatureError: ``trusted_keys`` given and the cube unsigned, signed by another key, or
+            signed over another lock.
+        HubError: the repo, the revision or its lock cannot be fetched.
+        FormatError: the lock is malformed, too large, or its digests do not match.
+        UnsupportedError: a private cube (its memories are encrypted: pull it).
+
+    Returns:
+        a :class:`RemoteCube`.
+
+    Example:
+        ```python
+        cube = cubepack.open_cube("alice/travel-notes@main")  # cubepack.open is the same
+        cache = cube.load("item-1", model)
+        ```
+    """
+    repo_id, wanted = parse_repo_spec(repo, revision)
+    if repo_type not in REPO_TYPES:
+        raise UsageError(f"repo_type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
+    client = HubClient(endpoint, token)
+    head = _request(client, repo_id, repo_type, wanted or "main", constants.LOCK_FILENAME, {},
+                    head=True)
+    commit = head.headers.get("X-Repo-Commit", "")
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
+                       f"{wanted or 'main'}: it cannot be pinned to one; nothing was fetched.")
+    response = _request(client, repo_id, repo_type, commit, constants.LOCK_FILENAME, {})
+    data = response.content
+    if len(data) > MAX_LOCK_BYTES:
+        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {len(data)} bytes, above "
+                          f"the {MAX_LOCK_BYTES}-byte limit.")
+    lock = lockfile.parse(data)
+    if lock.private:
+        raise UnsupportedError(f"{repo_id}@{commit[:12]} is a private cube: its memories are "
+                               "encrypted, and open fetches clear memories only. Pull it: "
+                               f"cubepack pull {repo_id} --revision {commit}.")
+    signed_by = None
+    if trusted_keys is not None:
+        signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
+                             {}, missing_ok=True)
+        attestation = None if signature is None else _request(
+            client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {},
+            missing_ok=True)
+        signed_by = verify_lock_signature(
+            data, None if signature is None else signature.content,
+            None if attestation is None else attestation.content, list(trusted_keys))
+    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by)
+
+
+def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,
+             headers: dict[str, str], *, head: bool = False, missing_ok: bool = False) -> Any:
+    """One request for ``path`` of ``repo_id`` at ``revision`` through huggingface_hub's own
+    session (requests in 0.x, httpx in 1.x and 2.x), its errors turned into HubError
+    (``missing_ok``: None for a file the commit does not hold)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
+                     endpoint=client.endpoint)
+    sent = {**build_hf_headers(token=client.token), **headers}
+    session = get_session()
+    with client.translated(repo_id, repo_type, revision):
+        method = session.head if head else session.get
+        try:  # httpx follows no redirect unless asked; requests takes no such keyword
+            response = client.run(method, url, headers=sent, follow_redirects=not head)
+        except TypeError:
+            response = client.run(method, url, headers=sent, allow_redirects=not head)
+        if missing_ok and response.status_code == 404 \
+                and response.headers.get("X-Error-Code") == "EntryNotFound":
+            return None
+        hf_raise_for_status(response)
+    return response

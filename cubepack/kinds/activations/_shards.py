@@ -1,0 +1,300 @@
+"""Activation memories many to a file (issue #40; the format is
+``format/sections/shards.py``'s): ``pack`` lays a cube's KV files out in shards, each with its
+index (:func:`store`), and takes a sharded cube apart again before it packs it anew
+(:func:`unshard`); a reader reads one memory's range and checks it before any tensor is built
+(:func:`memory_bytes`).
+
+When pack shards: asked (``shards=True``, ``--shards``, or a ``--shard-size``), or, unasked,
+when the cube holds more than :data:`SHARD_ABOVE` activation memories or was sharded already.
+Below that bound one file a memory stays within every Hub recommendation and keeps a cube
+readable by cubepacks before lock version 6; above it, the Hub's per-file cost (100 files a
+commit, 10k entries a folder) and a lock growing by each memory's entry are what sharding
+removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..._util import atomic, canonical, constants
+from ..._util.paths import resolve_inside
+from ...errors import FormatError, IntegrityError, UsageError
+from ...format._fileset import is_activation_path
+from ...format import _lock as lockfile
+from ...format.sections import Activation, FileEntry, Lock
+from ...format.sections import shards as shardformat
+from ...kv._format import KVFileInfo, read_kv_header
+from .._kind import PackJob
+from ._pack import activation_filename
+
+#: Unasked, pack shards a cube holding more activation memories than this (the Hub's
+#: recommended most files a commit).
+SHARD_ABOVE = 100
+_CHUNK = 8 * 1024 * 1024
+
+
+def resolved(lock: Lock, cube: Path) -> Lock:
+    """``lock`` with the memories of its shards (their indexes read from ``cube``, each
+    checked against the lock) among its activations."""
+    return shardformat.resolved(lock, shardformat.local_fetch(cube))
+
+
+def memory_bytes(cube: Path, entry: Activation) -> Any:
+    """The bytes of the memory ``entry`` (a range of its shard), checked before anything
+    reads them: their length and sha256 the index's, then the KV header's checksum record
+    the index's. A copy-on-write view of the shard (tensors built on it never reach the
+    file); None for a memory that is a whole file (read from its path as always).
+
+    Raises:
+        IntegrityError: the range's bytes, or its header's checksums, differ from the
+            index's (a swapped or damaged memory).
+    """
+    locator = entry.locator
+    if entry.checksums is None:
+        return None
+    path = resolve_inside(cube, locator.path)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if locator.end > size:
+            raise IntegrityError(f"{locator.path} is {size} bytes; memory {entry.item_id!r} "
+                                 f"lies at [{locator.offset}:{locator.end}]: the shard is "
+                                 "truncated. Pull or restore the cube.")
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)[locator.offset:locator.end]
+    return checked_range(entry, view)
+
+
+def checked_range(entry: Activation, data: Any) -> Any:
+    """``data`` if it is the memory ``entry``'s bytes (length, sha256) and its KV header
+    records the checksums the index states; else an IntegrityError naming the memory."""
+    locator = entry.locator
+    found = hashlib.sha256(data).hexdigest() if len(data) == locator.length else None
+    if entry.checksums is None:  # a whole KV file: its lock's sha256, and its own checksums
+        if found != locator.sha256:
+            raise IntegrityError(f"memory {entry.item_id!r} ({locator.path}) hashes to "
+                                 f"{found}, its lock says {locator.sha256}; nothing was "
+                                 "loaded. Pull the cube again.")
+        return data
+    if found != locator.sha256:
+        raise IntegrityError(
+            f"memory {entry.item_id!r} ({locator.path} [{locator.offset}:{locator.end}]) is "
+            + (f"{len(data)} bytes, expected {locator.length}" if found is None else
+               f"sha256 {found}, its index says {locator.sha256}")
+            + ": its bytes are not the ones the cube's lock commits to; nothing was loaded. "
+            "Pull the cube again.")
+    header = read_kv_header(f"{locator.path}#{entry.item_id}", data=data).header
+    meta = canonical.loads_strict(header.metadata[constants.KV_METADATA_KEY])
+    if meta.get("checksums") != dict(entry.checksums or {}):
+        raise IntegrityError(f"memory {entry.item_id!r} in {locator.path}: its KV header's "
+                             "checksums differ from its index's; nothing was loaded.")
+    return data
+
+
+def read_header(cube: Path, entry: Activation) -> KVFileInfo:
+    """The KV header of the memory ``entry`` of the cube ``cube``: its file's, or its shard
+    range's once that range is checked (:func:`memory_bytes`)."""
+    data = memory_bytes(cube, entry)
+    if data is None:
+        return read_kv_header(resolve_inside(cube, entry.file))
+    return read_kv_header(f"{entry.file}#{entry.item_id}", data=data)
+
+
+def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
+    """The memory ``item_id`` of the cube folder ``cube``, found through its lock (read and
+    its digests checked) and, when sharded, its shard's index (checked against the lock):
+    ``(name, bytes)``, the bytes checked against the lock's or the index's sha256 (and the
+    index's checksums) before anything reads them.
+
+    Raises:
+        UsageError: the cube holds no memory of that id (its ids' range named).
+        IntegrityError: the memory's bytes are not the ones its lock commits to.
+        FormatError: the lock or the index is malformed, or disagrees with the lock.
+    """
+    lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    entry = lock.activations.get(item_id)
+    shard = shardformat.shard_of(lock.shards, item_id)
+    if entry is None and shard is not None:
+        index = shardformat.load_index(shard, shardformat.local_fetch(cube), lock.models)
+        entry = index.memories.get(item_id)
+    if entry is None:
+        raise UsageError(f"{cube} holds no activation memory {item_id!r} ("
+                         + (f"{len(lock.activations)} in its lock" if lock.activations else "")
+                         + (", " if lock.activations and lock.shards else "")
+                         + (f"{sum(s.memories for s in lock.shards.values())} in "
+                            f"{len(lock.shards)} shard(s)" if lock.shards else "")
+                         + "); list them with cubepack inspect or verify.")
+    data = memory_bytes(cube, entry)
+    name = f"{cube.name}/{entry.file}#{item_id}"
+    if data is None:
+        path = resolve_inside(cube, entry.file)
+        with open(path, "rb") as handle:
+            data = bytearray(handle.read())
+        checked_range(entry, data)
+    return name, data
+
+
+def refuse(options: Any) -> None:
+    """Refuse layout options that contradict each other, before anything is read.
+
+    Raises:
+        UsageError: a ``shard_size`` with ``shards=False``, or one that is not a positive
+            number of bytes.
+    """
+    if options.shards is False and options.shard_size is not None:
+        raise UsageError("shard_size (--shard-size) bounds shards, and shards=False "
+                         "(--no-shards) asks for none: give one of them.")
+    size = options.shard_size
+    if size is not None and (type(size) is not int or size < 1):
+        raise UsageError(f"shard_size must be a positive number of bytes, not {size!r}.")
+
+
+def wanted(job: PackJob, count: int) -> bool:
+    """Does this pack shard the cube's ``count`` activation memories?
+
+    Raises:
+        UsageError: a ``shard_size`` with ``shards=False``.
+    """
+    asked = job.options.shards
+    refuse(job.options)
+    if asked is not None:
+        return asked
+    if job.options.shard_size is not None:
+        return True
+    earlier = job.earlier is not None and bool(job.earlier.shards)
+    return earlier or count > SHARD_ABOVE
+
+
+def shard_size(job: PackJob) -> int:
+    size = job.options.shard_size
+    if size is None:
+        return shardformat.DEFAULT_SHARD_SIZE
+    if type(size) is not int or size < 1:
+        raise UsageError(f"shard_size must be a positive number of bytes, not {size!r}.")
+    return size
+
+
+def unshard(job: PackJob, staging: Path) -> None:
+    """A sharded cube's memories back to one KV file each in ``staging`` (its shards and
+    indexes removed there), each range checked against its index first; pack then seals
+    them as any cube's, and :func:`store` shards them again when asked."""
+    earlier = job.earlier
+    listed = {name for shard in (earlier.shards.values() if earlier is not None else ())
+              for name in (shard.path, shard.index)}
+    stray = sorted(name for name in job.files if name.startswith(shardformat.SHARD_DIR + "/")
+                   and name.endswith((shardformat.SHARD_SUFFIX, shardformat.INDEX_SUFFIX))
+                   and name not in listed)
+    if stray:
+        raise UsageError(f"{job.cube / stray[0]} is a shard (or a shard's index) that no lock "
+                         f"of this cube lists{f' ({len(stray) - 1} more)' if stray[1:] else ''}"
+                         ": pack seals only the shards it wrote. Remove it, or pack the cube it "
+                         "came from.")
+    if earlier is None or not listed & set(job.files):
+        return  # nothing sharded here (a migrate writes its memories one a file)
+    lock = resolved(earlier, job.cube)
+    for item_id, entry in lock.activations.items():
+        if entry.checksums is None:
+            continue
+        name = activation_filename(item_id)
+        if name in job.files:
+            raise UsageError(f"{job.cube / name} and {entry.file} both hold memory "
+                             f"{item_id!r}: pack would have to drop one. Remove the file to "
+                             "keep the shard's, or store the cube one file a memory first "
+                             "(pack --no-shards, before adding it) to replace it.")
+        data = memory_bytes(staging, entry)
+        atomic.write_bytes(resolve_inside(staging, name), bytes(data))
+        del data
+    for shard in earlier.shards.values():
+        for name in (shard.path, shard.index):
+            resolve_inside(staging, name).unlink()
+    folder = staging / shardformat.SHARD_DIR
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Lay the cube's KV files out in shards when this pack shards: ``{"activations": ...,
+    "shards": ...}`` for the lock (the memories' entries move to the indexes), {} otherwise.
+    Memories go in their ids' order, each shard filled to ``shard_size`` bytes or
+    :data:`~cubepack.format.sections.shards.MAX_SHARD_MEMORIES` memories; a memory larger
+    than the bound gets a shard of its own.
+
+    Raises:
+        FormatError: a KV file older than format 3 (no per-tensor checksums for its index):
+            upgrade it first.
+    """
+    entries = shardformat.staged(section, lambda name: resolve_inside(staging, name).stat().st_size)
+    whole = {item: entry for item, entry in entries.items() if is_activation_path(entry.file)}
+    if not whole or not wanted(job, len(whole)):
+        return {}
+    bound = shard_size(job)
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for item_id in sorted(whole):
+        at = shardformat.aligned(filled)
+        if groups[-1] and (at + whole[item_id].locator.length > bound
+                           or len(groups[-1]) == shardformat.MAX_SHARD_MEMORIES):
+            groups.append([])
+            at = 0
+        groups[-1].append(item_id)
+        filled = at + whole[item_id].locator.length
+    shards = {}
+    for number, items in enumerate(groups):
+        name = shardformat.shard_name(number)
+        _write_shard(staging, name, [whole[item] for item in items])
+        shards[name] = shardformat.lock_entry(name, items)
+    for entry in whole.values():
+        resolve_inside(staging, entry.file).unlink()
+    folder = staging / constants.ACTIVATIONS_DIR
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+    return {"activations": {item: value for item, value in section.items() if item not in whole},
+            "shards": shards}
+
+
+def _write_shard(staging: Path, name: str, entries: list[Activation]) -> None:
+    """Write the shard ``name`` holding ``entries`` (each a whole KV file in ``staging``),
+    then its index."""
+    memories: dict[str, Any] = {}
+    digest = hashlib.sha256()
+    target = resolve_inside(staging, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic.atomic_path(target) as temporary, open(temporary, "wb") as out:
+        offset = 0
+        for entry in entries:
+            source = resolve_inside(staging, entry.file)
+            info = read_kv_header(source)
+            if info.checksums is None:
+                raise FormatError(f"{entry.file} is KV format {info.version}, without the "
+                                  "per-tensor checksums a shard's index records; upgrade it "
+                                  "first: cubepack upgrade CUBE --model MODEL.")
+            meta = canonical.loads_strict(info.header.metadata[constants.KV_METADATA_KEY])
+            pad = b"\0" * (shardformat.aligned(offset) - offset)
+            out.write(pad)
+            digest.update(pad)
+            offset += len(pad)
+            memory = hashlib.sha256()
+            with open(source, "rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    memory.update(chunk)
+            if memory.hexdigest() != entry.sha256:
+                raise IntegrityError(f"{entry.file} changed while it was sharded (sha256 "
+                                     f"{memory.hexdigest()}, hashed {entry.sha256}); pack "
+                                     "again.")
+            memories[entry.item_id] = shardformat.memory_record(entry, offset,
+                                                                meta["checksums"])
+            offset += entry.locator.length
+    atomic.write_text(resolve_inside(staging, shardformat.index_name(name)),
+                      shardformat.index_document(
+                          FileEntry(name, digest.hexdigest(), offset), memories))
+
+
+def shard_files(content: list[str]) -> list[str]:
+    """The shards among ``content`` (a cube's files)."""
+    return [name for name in content if shardformat.is_shard_path(name)]

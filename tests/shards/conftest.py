@@ -1,0 +1,45 @@
+"""Sharded cubes (issue #40): a plain bundle of N small KV files of model A, built once."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def bundle_factory(tmp_path_factory, zoo, models):
+    """``make(count, *, tokens=4)`` -> a folder of ``count`` KV files (not packed), built once
+    per session per request: copy it before changing it."""
+    import torch
+
+    import cubepack
+    from helpers import build_cache
+
+    built = {}
+
+    def make(count: int, *, tokens: int = 4):
+        if (count, tokens) not in built:
+            folder = tmp_path_factory.mktemp("bundle") / "cube"
+            (folder / "activations").mkdir(parents=True)
+            identity = cubepack.fingerprint(zoo["a"])
+            for index in range(count):
+                ids = [(index * 7 + k) % 50 + 1 for k in range(tokens)]
+                cache = build_cache(models["a"], torch.tensor([ids]))
+                name = f"item-{index:03d}.kv.safetensors"
+                cubepack.save_kv_cache(cache, folder / "activations" / name, producer=identity,
+                                       token_ids=ids, metadata={"id": f"item-{index:03d}"})
+            built[(count, tokens)] = folder
+        return built[(count, tokens)]
+
+    return make
+
+
+@pytest.fixture
+def bundle(bundle_factory, tmp_path):
+    """A fresh copy of a 5-memory bundle."""
+    def copy(count: int = 5, **kwargs):
+        target = tmp_path / f"cube-{count}"
+        shutil.copytree(bundle_factory(count, **kwargs), target)
+        return target
+    return copy
