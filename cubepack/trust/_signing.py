@@ -153,16 +153,21 @@ def verify_signature(cube_dir: str | Path, trusted_keys: list[str | os.PathLike[
     """
     cube = Path(cube_dir)
     signature = cube / constants.SIGNATURE_FILENAME
-    if not signature.is_file() or signature.is_symlink():
+    _require_signed(signature.is_file() and not signature.is_symlink(), trusted_keys)
+    hashing, _, verifying = _model_signing()
+    return _verified_by(trusted_keys, cube, signature, lambda: _hashing_config(hashing),
+                        verifying)
+
+
+def _require_signed(signed: bool, trusted_keys: Any) -> None:
+    """The two refusals before any signature is read: none there, or no key to check it with."""
+    if not signed:
         raise SignatureError(f"The cube is unsigned: it has no {constants.SIGNATURE_FILENAME}. "
                              "Ask its publisher to sign it (cubepack sign), or do not require "
                              "a signature.")
     if not trusted_keys:
         raise SignatureError("A signature is required but no trusted key was given "
                              "(--trusted-key PUB.pem).")
-    hashing, _, verifying = _model_signing()
-    return _verified_by(trusted_keys, cube, signature, lambda: _hashing_config(hashing),
-                        verifying)
 
 
 def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
@@ -177,13 +182,7 @@ def verify_lock_signature(lock_bytes: bytes, signature: bytes | None,
         SignatureError: no signature; signed by a key not in ``trusted_keys``; or a signature
             over another lock (or attestation).
     """
-    if signature is None:
-        raise SignatureError(f"The cube is unsigned: it has no {constants.SIGNATURE_FILENAME}. "
-                             "Ask its publisher to sign it (cubepack sign), or do not require "
-                             "a signature.")
-    if not trusted_keys:
-        raise SignatureError("A signature is required but no trusted key was given "
-                             "(--trusted-key PUB.pem).")
+    _require_signed(signature is not None, trusted_keys)
     hashing, _, verifying = _model_signing()
     with tempfile.TemporaryDirectory(prefix="cubepack-signed-") as tmp:
         folder = Path(tmp) / "cube"  # empty: the manifest is the lock's, nothing is hashed
