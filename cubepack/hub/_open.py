@@ -62,22 +62,21 @@ class RemoteCube:
         """The memory ``item_id``'s entry: the lock's, or its shard index's (fetched once).
 
         Raises:
-            UsageError: the cube holds no memory of that id.
-            FormatError: its shard's index is not the lock's, or disagrees with it.
+            UsageError: the cube holds no memory of that id (or ``item_id`` is no string).
+            FormatError: its shard's index is not the lock's, or disagrees with it, or lists
+                a memory the lock lists too.
         """
-        entry = self.lock.activations.get(item_id)
-        if entry is not None:
-            return entry
-        shard = shardformat.shard_of(self.lock.shards, item_id)
-        if shard is not None:
-            if shard.path not in self.indexes:
-                self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
-                                                                  self.lock.models)
-            entry = self.indexes[shard.path].memories.get(item_id)
+        entry = shardformat.find_memory(self.lock, item_id, self._index)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
         return entry
+
+    def _index(self, shard: shardformat.Shard) -> ShardIndex:
+        if shard.path not in self.indexes:
+            self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
+                                                              self.lock.models)
+        return self.indexes[shard.path]
 
     def load(self, item_id: str, model: Any, policy: TrustPolicy | None = None, *,
              device: Any = None, copy: bool = False, identity: Any = None,

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..._util import canonical
 from ..._util.paths import check_relpath, resolve_inside
-from ...errors import FormatError
+from ...errors import FormatError, UsageError
 from .._provenance import KINDS
 from .activations import PROVENANCE_KEYS, Activation, Provenance, activation_id_key, duplicate_id
 from .activations import parse as parse_activations
@@ -348,6 +348,31 @@ def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
         if shard.holds(item_id):
             return shard
     return None
+
+
+def find_memory(lock: Any, item_id: Any,
+                index_of: Callable[[Shard], ShardIndex]) -> Activation | None:
+    """The entry of the memory ``item_id`` of ``lock`` (None: the cube holds none), for a
+    reader of one memory: the lock's own, or its shard's index's (``index_of(shard)``, read
+    only when a shard's range holds the id). When a shard's range holds it, that index is read
+    even if the lock lists it too, and refused if it lists the memory again (in the lock's own
+    activations, or an id equal once normalised): a memory listed twice is refused by one
+    memory's load as by verify, whichever of its two entries the load would have picked.
+
+    Raises:
+        UsageError: ``item_id`` is not a string (no memory's id).
+        FormatError: the memory is listed twice.
+    """
+    if not isinstance(item_id, str):
+        raise UsageError(f"an activation memory's id is a string, not {item_id!r} "
+                         f"({type(item_id).__name__}).")
+    entry = lock.activations.get(item_id)
+    shard = shard_of(lock.shards, item_id)
+    if shard is None:
+        return entry
+    index = index_of(shard)
+    add_memories({}, index, lock)
+    return entry or index.memories.get(item_id)
 
 
 def load_index(shard: Shard, fetch: Callable[[Locator], bytes],
