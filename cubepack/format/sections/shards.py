@@ -68,6 +68,11 @@ MAX_SHARD_MEMORIES = 1000
 #: The largest index read (a shard of at most MAX_SHARD_MEMORIES memories needs far less: its
 #: checksums grow with the layers, ~40 bytes a tensor): as the lock's own parse limit.
 MAX_INDEX_BYTES = 64 * 1024 * 1024
+#: The most JSON values an index may hold, counted before it is parsed: a memory's record is
+#: about 25 values and two a layer (its tensors' checksums), so 1,000 memories of a model of
+#: 400 layers fit; a document of tiny values (``[{},{},...]``: Python holds ~26 bytes a byte
+#: of it) is refused before it is built, so an index costs at most a few times its bytes.
+MAX_INDEX_VALUES = 1_000_000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -220,6 +225,10 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
     check that needs only the index itself: its keys, its ranges inside its shard, in order,
     without overlap, separated only by the alignment padding, each id once."""
     where = f"shard index {locator.path}"
+    values = canonical.count_values(data)
+    if values > MAX_INDEX_VALUES:
+        _refuse(where, f"holds {values} JSON values, above the {MAX_INDEX_VALUES} an index "
+                f"of {MAX_SHARD_MEMORIES} memories may hold; it was not parsed")
     try:
         doc = canonical.loads_strict(data.decode("utf-8"),
                                      object_pairs_hook=canonical.unique_pairs)
