@@ -47,6 +47,7 @@ MAX_NUMBER_CHARS = 32
 #: a run can never extend it), found without keeping backtracking state.
 _STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"' if sys.version_info >= (3, 11)
                      else r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BYTES_STRING = re.compile(_STRING.pattern.encode(), re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _ONLY_BRACKETS = str.maketrans({chr(code): None for code in range(128) if chr(code) not in "[]{}"})
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -62,6 +63,18 @@ _NUMBER_AS_ZEROS = str.maketrans({chr(code): "0" if chr(code) in "0123456789.eE+
 #: An exponent of three digits or more: only such a literal (of at most MAX_NUMBER_CHARS
 #: characters, so below 10**(32 + 99) otherwise) can overflow to infinity.
 _LARGE_EXPONENT = re.compile(r"[eE][+-]?[0-9]{3}")
+
+
+def count_values(text: str | bytes) -> int:
+    """At least as many as the JSON values in ``text`` (its commas and containers outside
+    strings, and one), counted without parsing it: a reader bounds what a document of tiny
+    values (``[{},{},...]``, about 26 bytes of Python a byte) would build before building it.
+    Bytes are scanned as they are (the parse refuses those that are not UTF-8 after)."""
+    if isinstance(text, str):
+        structure = _STRING.sub("", text)
+        return structure.count(",") + structure.count("[") + structure.count("{") + 1
+    found = _BYTES_STRING.sub(b"", text)  # bytes as they are: no decoded copy
+    return found.count(b",") + found.count(b"[") + found.count(b"{") + 1
 
 
 def loads_strict(text: str | bytes, **kwargs: Any) -> Any:

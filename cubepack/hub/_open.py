@@ -62,22 +62,21 @@ class RemoteCube:
         """The memory ``item_id``'s entry: the lock's, or its shard index's (fetched once).
 
         Raises:
-            UsageError: the cube holds no memory of that id.
-            FormatError: its shard's index is not the lock's, or disagrees with it.
+            UsageError: the cube holds no memory of that id (or ``item_id`` is no string).
+            FormatError: its shard's index is not the lock's, or disagrees with it, or lists
+                a memory the lock lists too.
         """
-        entry = self.lock.activations.get(item_id)
-        if entry is not None:
-            return entry
-        shard = shardformat.shard_of(self.lock.shards, item_id)
-        if shard is not None:
-            if shard.path not in self.indexes:
-                self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
-                                                                  self.lock.models)
-            entry = self.indexes[shard.path].memories.get(item_id)
+        entry = shardformat.find_memory(self.lock, item_id, self._index)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
         return entry
+
+    def _index(self, shard: shardformat.Shard) -> ShardIndex:
+        if shard.path not in self.indexes:
+            self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
+                                                              self.lock.models)
+        return self.indexes[shard.path]
 
     def load(self, item_id: str, model: Any, policy: TrustPolicy | None = None, *,
              device: Any = None, copy: bool = False, identity: Any = None,
@@ -169,7 +168,19 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
                        f"{wanted or 'main'}: it cannot be pinned to one; nothing was fetched.")
-    response = _request(client, repo_id, repo_type, commit, constants.LOCK_FILENAME, {})
+    if wanted is not None and re.fullmatch(r"[0-9a-f]{40}", wanted) and commit != wanted:
+        raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with commit {commit}: "
+                       "not the commit asked for; nothing was fetched. Check the endpoint.")
+    # The size the HEAD states (an LFS file's X-Linked-Size: its redirect is not followed),
+    # so a lock above the limit is refused before a byte of it is fetched; the GET then asks
+    # for no more than the limit and one byte (an endpoint that sent more is refused below).
+    stated = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length") or ""
+    if stated.isdigit() and int(stated) > MAX_LOCK_BYTES:
+        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {int(stated)} bytes by its "
+                          f"endpoint, above the {MAX_LOCK_BYTES}-byte limit; nothing was "
+                          "fetched.")
+    response = _request(client, repo_id, repo_type, commit, constants.LOCK_FILENAME,
+                        {"Range": f"bytes=0-{MAX_LOCK_BYTES}"})
     data = response.content
     if len(data) > MAX_LOCK_BYTES:
         raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {len(data)} bytes, above "

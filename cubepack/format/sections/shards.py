@@ -32,7 +32,7 @@ from typing import Any
 
 from ..._util import canonical
 from ..._util.paths import check_relpath, resolve_inside
-from ...errors import FormatError
+from ...errors import FormatError, UsageError
 from .._provenance import KINDS
 from .activations import PROVENANCE_KEYS, Activation, Provenance, activation_id_key, duplicate_id
 from .activations import parse as parse_activations
@@ -68,6 +68,11 @@ MAX_SHARD_MEMORIES = 1000
 #: The largest index read (a shard of at most MAX_SHARD_MEMORIES memories needs far less: its
 #: checksums grow with the layers, ~40 bytes a tensor): as the lock's own parse limit.
 MAX_INDEX_BYTES = 64 * 1024 * 1024
+#: The most JSON values an index may hold, counted before it is parsed: a memory's record is
+#: about 25 values and two a layer (its tensors' checksums), so 1,000 memories of a model of
+#: 400 layers fit; a document of tiny values (``[{},{},...]``: Python holds ~26 bytes a byte
+#: of it) is refused before it is built, so an index costs at most a few times its bytes.
+MAX_INDEX_VALUES = 1_000_000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -220,6 +225,10 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
     check that needs only the index itself: its keys, its ranges inside its shard, in order,
     without overlap, separated only by the alignment padding, each id once."""
     where = f"shard index {locator.path}"
+    values = canonical.count_values(data)
+    if values > MAX_INDEX_VALUES:
+        _refuse(where, f"holds {values} JSON values, above the {MAX_INDEX_VALUES} an index "
+                f"of {MAX_SHARD_MEMORIES} memories may hold; it was not parsed")
     try:
         doc = canonical.loads_strict(data.decode("utf-8"),
                                      object_pairs_hook=canonical.unique_pairs)
@@ -348,6 +357,31 @@ def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
         if shard.holds(item_id):
             return shard
     return None
+
+
+def find_memory(lock: Any, item_id: Any,
+                index_of: Callable[[Shard], ShardIndex]) -> Activation | None:
+    """The entry of the memory ``item_id`` of ``lock`` (None: the cube holds none), for a
+    reader of one memory: the lock's own, or its shard's index's (``index_of(shard)``, read
+    only when a shard's range holds the id). When a shard's range holds it, that index is read
+    even if the lock lists it too, and refused if it lists the memory again (in the lock's own
+    activations, or an id equal once normalised): a memory listed twice is refused by one
+    memory's load as by verify, whichever of its two entries the load would have picked.
+
+    Raises:
+        UsageError: ``item_id`` is not a string (no memory's id).
+        FormatError: the memory is listed twice.
+    """
+    if not isinstance(item_id, str):
+        raise UsageError(f"an activation memory's id is a string, not {item_id!r} "
+                         f"({type(item_id).__name__}).")
+    entry = lock.activations.get(item_id)
+    shard = shard_of(lock.shards, item_id)
+    if shard is None:
+        return entry
+    index = index_of(shard)
+    add_memories({}, index, lock)
+    return entry or index.memories.get(item_id)
 
 
 def load_index(shard: Shard, fetch: Callable[[Locator], bytes],

@@ -111,16 +111,15 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
     index's checksums) before anything reads them.
 
     Raises:
-        UsageError: the cube holds no memory of that id (its ids' range named).
+        UsageError: the cube holds no memory of that id (its ids' range named), or
+            ``item_id`` is no string.
         IntegrityError: the memory's bytes are not the ones its lock commits to.
-        FormatError: the lock or the index is malformed, or disagrees with the lock.
+        FormatError: the lock or the index is malformed, disagrees with the lock, or lists
+            a memory the lock lists too.
     """
     lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
-    entry = lock.activations.get(item_id)
-    shard = shardformat.shard_of(lock.shards, item_id)
-    if entry is None and shard is not None:
-        index = shardformat.load_index(shard, shardformat.local_fetch(cube), lock.models)
-        entry = index.memories.get(item_id)
+    entry = shardformat.find_memory(lock, item_id, lambda shard: shardformat.load_index(
+        shard, shardformat.local_fetch(cube), lock.models))
     if entry is None:
         raise UsageError(f"{cube} holds no activation memory {item_id!r} ("
                          + (f"{len(lock.activations)} in its lock" if lock.activations else "")
