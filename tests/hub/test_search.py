@@ -18,7 +18,7 @@ from cubepack.format._card import weights_tag
 from cubepack.hub import push, search
 from cubepack.testing.hub import InstrumentedHub, upload_folder
 
-from helpers import build_cache, copy_of, make_key
+from helpers import build_cache, copy_of, make_key, point_hub_client_at
 from memos_format import write_cube
 
 TOKEN = "writer-token"
@@ -29,18 +29,8 @@ MODEL_REPO = "tiny-org/model-a"
 def hub(tmp_path, monkeypatch):
     """An endpoint paging lists two repos at a time, as the Hub (HF_ENDPOINT set before
     huggingface_hub derives its constants), and a fresh HF cache."""
-    from huggingface_hub import constants as hub_constants
-    from huggingface_hub import file_download
-
     with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN], list_page_size=2) as server:
-        monkeypatch.setattr(hub_constants, "ENDPOINT", server.url)
-        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
-        for module in (hub_constants, file_download):
-            if hasattr(module, "HUGGINGFACE_CO_URL_TEMPLATE"):
-                monkeypatch.setattr(module, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        point_hub_client_at(monkeypatch, server.url, tmp_path / "hf-cache")
         yield server
 
 

@@ -1,4 +1,5 @@
-"""Sharded cubes (issue #40): a plain bundle of N small KV files of model A, built once."""
+"""Sharded cubes (issue #40): a plain bundle of N small KV files of model A, built once; the
+same 5 memories packed two a shard; a loopback endpoint that counts requests and bytes."""
 
 from __future__ import annotations
 
@@ -43,3 +44,26 @@ def bundle(bundle_factory, tmp_path):
         shutil.copytree(bundle_factory(count, **kwargs), target)
         return target
     return copy
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A fresh instrumented endpoint (it counts requests and the bytes it sends)."""
+    from cubepack.testing.hub import InstrumentedHub
+    from data import HUB_TOKEN
+
+    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sharded(bundle_factory, zoo, tmp_path_factory):
+    """5 memories packed two a shard (shards 0, 1, 2), once per module: copy it before changing
+    it (a module may define its own ``sharded``, packed otherwise)."""
+    import cubepack
+
+    cube = tmp_path_factory.mktemp("sharded") / "cube"
+    shutil.copytree(bundle_factory(5), cube)
+    size = next((cube / "activations").iterdir()).stat().st_size
+    cubepack.pack(cube, cube_id="me/sharded", model=str(zoo["a"]), shard_size=2 * size + 100)
+    return cube

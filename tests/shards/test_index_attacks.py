@@ -23,15 +23,6 @@ INDEX1 = "shards/activations-00001.index.json"
 SHARD0 = "shards/activations-00000.kvshard"
 
 
-@pytest.fixture(scope="module")
-def sharded(bundle_factory, zoo, tmp_path_factory):
-    cube = tmp_path_factory.mktemp("sharded") / "cube"
-    shutil.copytree(bundle_factory(5), cube)
-    size = next((cube / "activations").iterdir()).stat().st_size
-    cubepack.pack(cube, cube_id="me/sharded", model=str(zoo["a"]), shard_size=2 * size + 100)
-    return cube
-
-
 @pytest.fixture
 def cube(sharded, tmp_path):
     target = tmp_path / "cube"

@@ -14,25 +14,9 @@ import torch
 import cubepack
 from cubepack._util import constants
 from cubepack.errors import HubError, IdentityMismatch, IntegrityError, UsageError
-from cubepack.testing.hub import InstrumentedHub
 
 from data import HUB_TOKEN
 from helpers import without_kv_id
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sharded(bundle_factory, zoo, tmp_path_factory):
-    cube = tmp_path_factory.mktemp("sharded") / "cube"
-    shutil.copytree(bundle_factory(5), cube)
-    size = next((cube / "activations").iterdir()).stat().st_size
-    cubepack.pack(cube, cube_id="me/sharded", model=str(zoo["a"]), shard_size=2 * size + 100)
-    return cube
 
 
 def _push(hub, cube, repo="me/cube"):

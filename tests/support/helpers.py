@@ -274,6 +274,24 @@ _HUB_SETTINGS = {"HF_ENDPOINT": "ENDPOINT", "HF_HUB_CACHE": "HF_HUB_CACHE",
                  "HF_HUB_DISABLE_XET": "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE": "HF_HUB_OFFLINE"}
 
 
+def point_hub_client_at(monkeypatch, url: str, cache) -> None:
+    """Point this process's huggingface_hub at the endpoint ``url`` and the HF cache ``cache``,
+    as a process started with HF_ENDPOINT and HF_HUB_CACHE set would be (its constants and the
+    0.36 file_download's own copy of the URL template), online; ``monkeypatch`` undoes it."""
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub import file_download
+
+    monkeypatch.setattr(hub_constants, "ENDPOINT", url)
+    template = url + "/{repo_id}/resolve/{revision}/{filename}"
+    for module in (hub_constants, file_download):
+        if hasattr(module, "HUGGINGFACE_CO_URL_TEMPLATE"):
+            monkeypatch.setattr(module, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
 @contextlib.contextmanager
 def as_new_process(*, env: dict[str, str], cwd):
     """Run the ``with`` body with ``env`` and ``cwd`` as a new process would have them: the

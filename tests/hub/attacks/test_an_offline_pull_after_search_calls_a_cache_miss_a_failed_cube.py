@@ -29,26 +29,17 @@ from cubepack import HubError
 from cubepack.cli import main
 from cubepack.hub import pull, push, search
 
+from helpers import point_hub_client_at
+
 TOKEN = "writer-token"
 
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    from huggingface_hub import constants as hub_constants
-    from huggingface_hub import file_download
-
     from cubepack.testing.hub import InstrumentedHub
 
     with InstrumentedHub(tmp_path / "hub-root", tokens=[TOKEN]) as server:
-        monkeypatch.setattr(hub_constants, "ENDPOINT", server.url)
-        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
-        for module in (hub_constants, file_download):
-            if hasattr(module, "HUGGINGFACE_CO_URL_TEMPLATE"):
-                monkeypatch.setattr(module, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        point_hub_client_at(monkeypatch, server.url, tmp_path / "hf-cache")
         yield server
 
 

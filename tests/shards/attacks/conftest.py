@@ -12,7 +12,6 @@ import pytest
 
 import cubepack
 from cubepack._util import canonical
-from cubepack.testing.hub import InstrumentedHub
 
 from data import HUB_TOKEN
 from helpers import reseal_lock
@@ -24,25 +23,9 @@ SHARD1 = "shards/activations-00001.kvshard"
 
 
 @pytest.fixture
-def hub(tmp_path):
-    with InstrumentedHub(tmp_path / "hub-root", tokens=[HUB_TOKEN]) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sharded_template(bundle_factory, zoo, tmp_path_factory):
-    """5 memories, two a shard (shards 0, 1, 2)."""
-    cube = tmp_path_factory.mktemp("sharded") / "cube"
-    shutil.copytree(bundle_factory(5), cube)
-    size = next((cube / "activations").iterdir()).stat().st_size
-    cubepack.pack(cube, cube_id="me/sharded", model=str(zoo["a"]), shard_size=2 * size + 100)
-    return cube
-
-
-@pytest.fixture
-def cube(sharded_template, tmp_path):
+def cube(sharded, tmp_path):
     target = tmp_path / "cube"
-    shutil.copytree(sharded_template, target)
+    shutil.copytree(sharded, target)
     return target
 
 
