@@ -13,6 +13,7 @@ listed: refused); a memory file the marker names no memory of must be absent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -21,7 +22,9 @@ from .._util.paths import resolve_inside
 from ..errors import CubepackError
 from ..format import _partial as partialformat
 from ..format.sections import Lock, shards
+from .._util import constants
 from ..trust._report import VerifyReport
+from ..trust._signing import verify_lock_signature as _verify_lock_signature
 
 
 @dataclass
@@ -131,7 +134,8 @@ def summary(report: VerifyReport, lock: Lock, partial: Plan, asked: list[Any]) -
     checked = len(marker.memories)
     applied = [str(check) for check in asked]  # what the policy asked: run on those here
     report.partial = {"checked": checked, "memories": total, "repo_id": marker.repo_id,
-                      "commit_sha": marker.commit_sha, "include": list(marker.include)}
+                      "commit_sha": marker.commit_sha, "include": list(marker.include),
+                      "present": sorted(marker.memories)}
     report.add(Catalogue.PARTIAL, "*", None,
                f"{checked} of {total} memories checked: a partial pull of {marker.repo_id}@"
                f"{marker.commit_sha[:12]} (--include {' '.join(marker.include)}); the other "
@@ -139,3 +143,20 @@ def summary(report: VerifyReport, lock: Lock, partial: Plan, asked: list[Any]) -
                + (f"; {', '.join(applied)} applied to the {checked} memories present"
                   if applied else "")
                + f". Pull it whole to check them: {marker.whole_pull}")
+
+
+def present(report: VerifyReport) -> frozenset[str] | None:
+    """The memories a partial cube holds (its marker's), or None for a whole cube."""
+    return None if report.partial is None else frozenset(report.partial["present"])
+
+
+def verify_lock_signature(cube: Path, trusted_keys: list[str]) -> str:
+    """The signature of a partial cube, checked over its lock (and attestation): the key that
+    verified (SignatureError otherwise)."""
+    def read(name: str) -> bytes | None:
+        path = cube / name
+        return path.read_bytes() if path.is_file() and not path.is_symlink() else None
+
+    return _verify_lock_signature(read(constants.LOCK_FILENAME) or b"",
+                                  read(constants.SIGNATURE_FILENAME),
+                                  read(constants.ATTESTATION_FILENAME), trusted_keys)

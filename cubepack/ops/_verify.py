@@ -478,7 +478,11 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
                    "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
         return
     try:
-        key = verify_signature(report.cube_dir, trusted_keys)
+        # A partial cube's files are not the signed ones (its sparse shards): the signature is
+        # checked over its lock, whose digests bind every file, each byte here checked against
+        # them (ops/_partial.py).
+        key = verify_signature(report.cube_dir, trusted_keys) if report.partial is None \
+            else _partial.verify_lock_signature(report.cube_dir, trusted_keys)
     except CubepackError as exc:  # unsigned or untrusted: nothing trusted stands behind it
         report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
         return
@@ -492,7 +496,8 @@ def _check_attestation(report: VerifyReport, lock: Lock, policy: TrustPolicy) ->
     ``require_lineage``), then the chain of its ancestors' attestations when asked."""
     checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
                                               policy.trusted(),
-                                              policy.asks(Catalogue.LINEAGE))
+                                              policy.asks(Catalogue.LINEAGE),
+                                              _partial.present(report))
     report.extend(checks)
     report.attested_by = key
     report.signed = (signed_statements(envelope, key) if envelope is not None and key is not None
