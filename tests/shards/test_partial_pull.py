@@ -188,3 +188,29 @@ def test_verbs_that_need_the_cube_whole_refuse_a_partial_one(hub, sharded, tmp_p
         calls[verb]()
     assert sorted((p.relative_to(cube).as_posix(), p.stat().st_mtime_ns)
                   for p in cube.rglob("*")) == before
+
+
+def test_the_pull_an_absent_memory_names_works_in_the_same_folder(hub, sharded, tmp_path,
+                                                                   models, monkeypatch, capsys):
+    """The refusal's suggestion, run as printed (the CLI, --local-dir the partial folder):
+    the folder then holds both memories, and the whole pull it names makes it whole."""
+    import shlex
+
+    from helpers import point_hub_client_at
+
+    _push(hub, sharded)
+    target = tmp_path / "p"
+    _pull(hub, target, "item-002")
+    with pytest.raises(PartialCube) as caught:
+        cubepack.load_kv_cache(target, models["a"], item="item-004")
+    more, whole = caught.value.args[0].split("Pull it too: ")[1].split(", or the whole cube: ")
+    point_hub_client_at(monkeypatch, hub.url, tmp_path / "hf-cache")
+    argv = shlex.split(more.replace("<this folder>", str(target)))[1:]
+    assert main([*argv, "--token", HUB_TOKEN]) == 0
+    assert set(partialformat.read(target).memories) == {"item-002", "item-004"}
+    cubepack.load_kv_cache(target, models["a"], item="item-004")
+    argv = shlex.split(whole.rstrip(".").replace("<this folder>", str(target)))[1:]
+    assert main([*argv, "--token", HUB_TOKEN]) == 0
+    assert partialformat.read(target) is None
+    assert cubepack.verify(target).partial is None
+    assert main(["verify", str(target)]) == 0
