@@ -214,3 +214,23 @@ def test_the_pull_an_absent_memory_names_works_in_the_same_folder(hub, sharded, 
     assert partialformat.read(target) is None
     assert cubepack.verify(target).partial is None
     assert main(["verify", str(target)]) == 0
+
+
+def test_adjacent_memories_of_a_shard_come_in_one_range(hub, bundle, zoo, tmp_path):
+    cube = bundle(5)
+    size = next((cube / "activations").iterdir()).stat().st_size
+    cubepack.pack(cube, cube_id="me/three", model=str(zoo["a"]), shard_size=3 * size + 200)
+    _push(hub, cube)
+    hub.stats.reset()
+    result = _pull(hub, tmp_path / "p", "item-000", "item-001")  # of item-000..002
+    assert result.report.partial["checked"] == 2
+    assert _shard_requests(hub) == {
+        "GET /datasets/me/cube/resolve/<oid>/shards/activations-00000.kvshard": 1}
+
+
+def test_include_offline_is_refused_before_anything(hub, sharded, tmp_path):
+    _push(hub, sharded)
+    hub.stats.reset()
+    with pytest.raises(UsageError, match="offline"):
+        _pull(hub, tmp_path / "p", "item-002", offline=True)
+    assert sum(hub.stats.requests.values()) == 0 and not (tmp_path / "p").exists()
