@@ -125,11 +125,13 @@ def _indexes(remote: RemoteCube, lock: Lock, patterns: list[str],
               or any(shard.holds(pattern) for pattern in patterns)]
     found: dict[str, ShardIndex] = {}
     seen: dict[str, Any] = {}
+    def fetch(locator: Locator) -> bytes:  # called by load_index once the lock's size passed
+        raw[locator.path] = remote.fetch(locator)
+        return raw[locator.path]
+
     for shard in needed:
-        data = remote.fetch(shard.index_locator)
-        index = shardformat.load_index(shard, lambda _locator, data=data: data, lock.models)
+        index = shardformat.load_index(shard, fetch, lock.models)
         shardformat.add_memories(seen, index, lock)
-        raw[shard.index] = data
         found[shard.path] = index
     return found
 
