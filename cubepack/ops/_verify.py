@@ -322,7 +322,10 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
         report.add(Catalogue.FILE_SET, name, False, "not listed in the lock", "absent", "present")
     if not missing and not unlisted and not problems:
         report.add(Catalogue.FILE_SET, "*", True,
-                   f"the {len(listed)} files listed in the lock, no other")
+                   f"the {len(listed)} files listed in the lock, no other" if not absent else
+                   f"the {len(set(listed) - absent)} of the lock's {len(listed)} files a "
+                   f"partial cube holds ({len(absent)} memory files absent, as its marker "
+                   "says), no other")
     to_hash = []
     here = (set(listed) & set(on_disk)) - absent
     for name in sorted(here):
