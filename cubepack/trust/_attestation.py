@@ -324,7 +324,7 @@ def predicate_mismatches(envelope: Envelope, lock: Lock,
 def _about_a_memory_not_here(path: str, present: Collection[str]) -> bool:
     parts = path.split(".", 2)
     return len(parts) == 3 and parts[0] in (PROVED_BLOCK, CLAIMED_BLOCK) \
-        and parts[1] in ("provenance", "recomputed") and parts[2] not in present
+        and parts[1] in {"provenance", "recomputed"} and parts[2] not in present
 
 
 def _differences(expected: Any, found: Any, path: str = "") -> list[tuple[str, Any, Any]]:
