@@ -7,7 +7,6 @@ through the real huggingface_hub client. The cube here: 5 memories, two a shard 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 import cubepack
 from cubepack._util import constants
 from cubepack.cli import main
-from cubepack.errors import PartialCube, UsageError, VerificationFailed
+from cubepack.errors import PartialCube, UsageError
 from cubepack.format import _lock as lockfile
 from cubepack.format import _partial as partialformat
 

@@ -37,10 +37,9 @@ def test_without_its_marker_a_partial_cube_is_refused(hub, sharded, tmp_path, ca
 
 
 def test_every_memory_asked_is_still_not_a_whole_cube(hub, sharded, tmp_path, capsys):
-    """--include '*' selects every memory: the folder holds the whole cube's bytes, yet it is
-    what was asked, a pull with --include; verify says 5 of 5 and still exits 4? No: every
-    memory is here, every shard whole and hashed: it is reported as 5 of 5, exit 4, so a
-    script never mistakes a partial pull for a whole one, and the whole pull is named."""
+    """--include '*' selects every memory: the folder holds every byte of the cube, each shard
+    whole and hashed, yet it is what was asked, a partial pull: verify says 5 of 5 and exits 4,
+    so a script never takes a pull with --include for a whole one."""
     target = _partial(hub, sharded, tmp_path, "*")
     for shard in sorted((sharded / "shards").iterdir()):
         assert (target / "shards" / shard.name).read_bytes() == shard.read_bytes()
