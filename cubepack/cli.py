@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .errors import CubepackError, Terminated, UsageError, VerificationFailed
+from .errors import CubepackError, PartialCube, Terminated, UsageError, VerificationFailed
 from .format._provenance import LEVELS as PROVENANCE_LEVELS
 
 
@@ -146,7 +146,8 @@ def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]]
 def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """cubepack: pin, lock, verify and share LLM memory cubes and KV caches.
 
-    Exit codes: 0 ok, 1 verification refused, 2 usage error, 3 other error.
+    Exit codes: 0 ok, 1 verification refused, 2 usage error, 3 other error, 4 a partial
+    cube (pulled with --include): verified as far as it goes, or refused by a verb.
     """
     _Context.debug = debug
     from ._util.quiet import quiet_libraries
@@ -468,7 +469,15 @@ def verify_command(cube_dir: str, remote: bool, identity: str | None, token: str
         report = verify(cube_dir, policy, raise_on_failure=False, decrypt_with=identity)
     if not report.ok:
         raise VerificationFailed(report)  # main() prints the report and the error
+    if report.partial is not None:  # never reported as a complete cube: its own exit code
+        raise PartialCube(_partial_line(report.partial), report)
     _emit(report.to_dict(), as_json, _render_report)
+
+
+def _partial_line(partial: dict[str, Any]) -> str:
+    return (f"{partial['checked']} of {partial['memories']} memories checked: a partial pull "
+            f"of {partial['repo_id']}@{partial['commit_sha'][:12]}, not the whole cube (pull "
+            "it whole to check the others)")
 
 
 #: A private cube's report in two parts, so a check on ciphertexts never reads as one on
@@ -495,7 +504,10 @@ def _render_report(data: dict[str, Any]) -> str:
     for item, backing in sorted((data.get("provenance") or {}).items()):
         lines.append(f"provenance {item}: {backing['kind']} [{backing['basis']}] "
                      f"{backing['detail']}")
-    if data["ok"]:
+    if data["ok"] and data.get("partial"):
+        lines.append("PARTIAL: " + _partial_line(data["partial"]) + "; every byte present is "
+                     "the one the lock records")
+    elif data["ok"]:
         lines.append("verified: every file is the one the lock records; " + (
             f"the lock is signed by trusted key {data['signed_by']}" if data.get("signed_by")
             else "the lock and what it says are the cube author's claims (no trusted "
@@ -861,19 +873,23 @@ def _render_push(data: dict[str, Any]) -> str:
 @click.option("--force", is_flag=True,
               help="Replace --local-dir even if it holds changed or other files (never your "
                    "cwd or home, nor a cache).")
+@click.option("--include", "include", multiple=True, metavar="ITEM_OR_PATTERN",
+              help="Pull only these memories (repeatable): a memory id, a cube path, or an "
+                   "fnmatch pattern of either; a partial cube (verify: N of M memories "
+                   "checked). A sharded cube's memories are fetched by byte range.")
 @_timeout_option("pull")
 @_identity_option()
 @_policy_options()
 def pull_command(repo: str, revision: str | None, repo_type: str, local_dir: str | None,
-                 verify_cube: bool, offline: bool, force: bool, timeout: float | None,
-                 identity: str | None, token: str | None, as_json: bool,
-                 **options: Any) -> None:
+                 verify_cube: bool, offline: bool, force: bool, include: tuple[str, ...],
+                 timeout: float | None, identity: str | None, token: str | None,
+                 as_json: bool, **options: Any) -> None:
     """Pull REPO[@REV] at its exact commit, verify it, then place it at --local-dir."""
     from .hub._pull import pull
 
     result = pull(repo, _policy(options), revision=revision, repo_type=repo_type,
                   local_dir=local_dir, verify_cube=verify_cube, offline=offline, token=token,
-                  force=force, timeout=timeout, decrypt_with=identity)
+                  force=force, timeout=timeout, decrypt_with=identity, include=include)
     _emit(result.to_dict(), as_json, _render_pull)
 
 

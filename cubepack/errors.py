@@ -14,7 +14,9 @@
     ├── UsageError (ValueError)        2  the request is wrong: bad arguments, a malformed id
     │   └── ModelNotFoundError (FileNotFoundError)   a model folder or Hub id that is not there
     ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
-    └── HubError                       3  the Hub (or endpoint) refused or failed
+    ├── HubError                       3  the Hub (or endpoint) refused or failed
+    └── PartialCube                    4  a partial pull (``--include``): verified as far as it
+                                          goes, or refused by a verb that needs the cube whole
 
 Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated`` (a ``BaseException``), raised by
 the SIGTERM handler a RAM folder of plaintext (and the CLI) installs, so ``finally`` blocks
@@ -30,7 +32,7 @@ from dataclasses import field as _field
 from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
-           "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
+           "Mismatch", "ModelNotFoundError", "PartialCube", "RecomputationFailed", "RefusedError",
            "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError", "UsageError",
            "VerificationFailed"]
 
@@ -187,6 +189,20 @@ class HubError(CubepackError):
     #: What a script may read besides the message (``--json`` prints it as ``error.details``),
     #: e.g. ``{"stall": {...}}``: the stalled request, its bytes and rate. None: nothing more.
     details: dict[str, _Any] | None = None
+
+
+class PartialCube(CubepackError):
+    """The cube is a partial pull (``cubepack pull --include``): only some of its memories are
+    here. ``verify`` of one whose present memories all check out ends with this error, saying
+    "N of M memories checked" (``report``: the report; never a complete cube's exit 0); ``pack``,
+    ``push``, ``upgrade``, ``sign``, ``migrate``, ``encrypt`` and ``rekey`` refuse one, naming the
+    pull that makes it whole. The CLI exits with 4."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, report: _Any = None):
+        super().__init__(message)
+        self.report = report
 
 
 class Terminated(BaseException):

@@ -49,7 +49,8 @@ PUBLIC = {
     "cubepack": [
         "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
         "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch",
-        "ModelIdentity", "ModelNotFoundError", "PackOptions", "PackResult", "PullOptions",
+        "ModelIdentity", "ModelNotFoundError", "PackOptions", "PackResult", "PartialCube",
+        "PullOptions",
         "PullResult", "PushOptions", "PushResult", "RecomputationFailed", "RefusedError",
         "RekeyOptions", "RemoteCube",
         "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError",
@@ -77,7 +78,8 @@ PUBLIC = {
                        "init_from_remote_repo", "install", "installed", "pack_cube", "settings",
                        "uninstall"],
     "cubepack.errors": ["CubepackError", "FormatError", "HubError", "IdentityMismatch",
-                        "IntegrityError", "Mismatch", "ModelNotFoundError", "RecomputationFailed",
+                        "IntegrityError", "Mismatch", "ModelNotFoundError", "PartialCube",
+                        "RecomputationFailed",
                         "RefusedError", "SignatureError", "Terminated", "UnsafeInputError",
                         "UnsupportedError",
                         "UsageError", "VerificationFailed"],
@@ -344,7 +346,8 @@ def _error_classes() -> list[type]:
 @pytest.mark.parametrize("cls", _error_classes(), ids=lambda cls: cls.__name__)
 def test_the_error_tree_decides_the_exit_code(cls):
     expected = 1 if issubclass(cls, errors.RefusedError) else \
-        2 if issubclass(cls, errors.UsageError) else 3
+        2 if issubclass(cls, errors.UsageError) else \
+        4 if issubclass(cls, errors.PartialCube) else 3
     assert cls.exit_code == expected
     assert cls.__doc__, f"{cls.__name__} says when it is raised"
 

@@ -125,6 +125,7 @@ class Catalogue(str, enum.Enum):
     SHA256 = _Row("sha256", PROVED)
     CONTENT = _Row("content", PROVED)
     SHARDS = _Row("shards", PROVED, optional=True)
+    PARTIAL = _Row("partial", PROVED, optional=True)
     KV_HEADER = _Row("kv header", CLAIMED)
     KV_CHECKSUMS = _Row("kv checksums", PROVED)
     ADAPTER = _Row("adapter", CLAIMED, optional=True)

@@ -38,7 +38,7 @@ from ..ops._seam import is_private, require_checked_models
 from ..trust._lineage import record_pull
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
-from . import _localdir
+from . import _localdir, _partial
 from ._client import HubClient, cache_repo_dir, lfs_sha256, offline_requested, parse_repo_spec
 from ._history import add_history_check, add_skipped
 from ._remote import remote_model_checks
@@ -66,6 +66,7 @@ class PullResult:
         return {"repo_id": self.repo_id, "repo_type": self.repo_type, "revision": self.revision,
                 "commit_sha": self.commit_sha, "local_dir": str(self.local_dir),
                 "verified": self.report is not None and self.report.ok,
+                "partial": self.report.partial if self.report is not None else None,
                 "report": self.report.to_dict() if self.report else None}
 
 
@@ -88,6 +89,9 @@ class PullOptions(Options):
     force: bool = False
     timeout: float | None = None
     decrypt_with: str | os.PathLike[str] | None = None
+    #: memory ids, cube paths or fnmatch patterns of either: a partial cube of those memories
+    #: (:mod:`._partial`); empty: the whole cube
+    include: tuple[str, ...] = ()
 
 
 @terminal_bars
@@ -146,6 +150,10 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
     verify_cube, offline, token = options.verify_cube, options.offline, options.token
     endpoint, cache_dir, progress = options.endpoint, options.cache_dir, options.progress
     force, timeout, decrypt_with = options.force, options.timeout, options.decrypt_with
+    include = (options.include,) if isinstance(options.include, str) else tuple(options.include)
+    if include and offline:
+        raise UsageError("--include fetches the memories asked for from the endpoint; offline, "
+                         "pull the whole cube (drop --include).")
     policy.require_honoured("pull")
     repo_id, wanted = parse_repo_spec(repo, revision)
     policy.require_pinned(wanted, f"{repo_id}@{wanted or 'main'}", "Name the 40-hex commit "
@@ -174,7 +182,7 @@ def _pull(repo: str, policy: TrustPolicy, options: PullOptions) -> PullResult:
             # bytes placed, and each byte is on disk once.
             snapshot, placed, hashed, reused = _download(
                 client, repo_id, sha, repo_type=repo_type, offline=offline, cache_dir=cache_dir,
-                lock_first=verify_cube, staging=staging, target=target)
+                lock_first=verify_cube, staging=staging, target=target, include=include)
             # The download took a while: what the target holds now is what must not be lost.
             # The files linked from it were hashed just now: their digests stand while their
             # stat keys do.
@@ -510,7 +518,8 @@ def _cached_ref(repo_id: str, name: str, repo_type: str, cache_dir: str | Path |
 
 def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offline: bool,
               cache_dir: str | Path | None, lock_first: bool, staging: Path,
-              target: Path) -> tuple[Path, list[str], dict[str, str], dict[str, list[str]]]:
+              target: Path, include: tuple[str, ...] = ()
+              ) -> tuple[Path, list[str], dict[str, str], dict[str, list[str]]]:
     """Put commit ``sha`` in ``staging``, each file once, as ``hf download --local-dir`` does.
 
     Returns (``<cache>/<repo>/snapshots/<sha>``, the paths placed, {path: sha256 of the
@@ -551,10 +560,13 @@ def _download(client: HubClient, repo_id: str, sha: str, *, repo_type: str, offl
         _refuse_bookkeeping(repo_id, sha, paths)
         hashed: dict[str, str] = {}
         lock = None
-        if lock_first:
+        if lock_first or include:
             if constants.LOCK_FILENAME in paths:
                 hashed[constants.LOCK_FILENAME] = digest_of(fetch(constants.LOCK_FILENAME))
             lock = _refuse_unlisted(repo_id, sha, staging, paths)
+        if include:  # a partial cube: the memories asked for, and what loading them needs
+            return _partial.place(client, repo_id, repo_type, sha, lock, paths, include,
+                                  staging, hashed), hashed
 
         def wanted(path: str) -> str | None:
             if lock is not None and path in lock.files:

@@ -22,6 +22,7 @@ from .._util.quiet import terminal_bars
 from .._util.revision import check_ref_name
 from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
+from ..format import _partial as partialformat
 from ..memos_format import _layout as memos_layout
 from ..ops import verify
 from ..trust._report import VerifyReport
@@ -126,6 +127,7 @@ def _push(cube_dir: Path, repo_id: str, options: PushOptions) -> PushResult:
     if repo_type not in REPO_TYPES:
         raise UsageError(f"--repo-type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
     # Every argument is checked before the cube is hashed or the endpoint asked anything.
+    partialformat.refuse(cube_dir, "push", "would publish a cube without the memories it lacks")
     repo_id, at_revision = parse_repo_spec(repo_id)
     if at_revision:
         raise UsageError(f"Push to a branch with --revision, not {repo_id}@{at_revision}.")

@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
+from ..format import _partial as partialformat
 from ..trust import _age as age
 from ..trust import _generation as generations
 from ..trust._policy import TrustPolicy
@@ -157,6 +158,8 @@ def encrypt(cube_dir: str | Path, recipients: list[str] | tuple[str, ...],
         print(result.recipients, result.generation)
         ```
     """
+    partialformat.refuse(cube_dir, "encrypt", "encrypts every file of the cube, memories "
+                         "included")
     return _encrypt(Path(cube_dir), recipients, EncryptOptions.build(options, **fields))
 
 

@@ -24,6 +24,7 @@ from .._util.paths import resolve_inside
 from .._util.quiet import terminal_bars
 from ..errors import FormatError, UsageError
 from ..format.sections import Lock
+from ..format import _partial as partialformat
 from ..kinds import KINDS, MigrateJob, MigrateOptions, MigrateResult
 from ..trust import _lineage as lineage
 from ..trust._policy import TrustPolicy
@@ -80,6 +81,7 @@ def migrate(cube_dir: str | Path, policy: TrustPolicy | None = None,
     policy = TrustPolicy.build(policy, **rest)
     policy.require_honoured("migrate")
     cube, target = Path(cube_dir), Path(options.out)
+    partialformat.refuse(cube, "migrate", "rewrites every memory for the new model")
     _check_target(cube, target)
     if options.sign_key is not None:  # fail before any work
         check_key(options.sign_key, private=True, password=options.sign_password)

@@ -24,6 +24,7 @@ from ..format import _card as card
 from ..format import _cubeconfig as cubeconfig
 from ..format import _fileset as fileset
 from ..format import _lock as lockfile
+from ..format import _partial as partialformat
 from ..format._content import content_error
 from ..format.sections import Lock
 from ..identity._fingerprint import hub_origin
@@ -103,6 +104,8 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
 def _pack(cube: Path, options: PackOptions) -> PackResult:
     """Pin (every kind, in order), then stage, prove and lock in a staging folder swapped in
     whole; the cube is exactly as it was if anything fails."""
+    partialformat.refuse(cube, "pack", "would lock only the memories here, or fail on those "
+                         "it lacks")
     files = list_cube_files(cube)
     for kind in KINDS:
         kind.refuse(cube, files, options)

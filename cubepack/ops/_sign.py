@@ -18,6 +18,7 @@ from typing import Any
 
 from .._util.quiet import terminal_bars
 from ..format import _lock as lockfile
+from ..format import _partial as partialformat
 from ..kinds import KINDS
 from ..trust import _generation as generations
 from ..trust._attestation import Proved
@@ -50,6 +51,8 @@ def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy 
         ```
     """
     policy = TrustPolicy.build(policy, **options)
+    partialformat.refuse(cube_dir, "sign", "would sign a lock committing to memories this "
+                         "signer never checked")
     check_key(key, private=True, password=password)  # fail before any work
     report = verify(cube_dir, policy)
     path = write_signature(cube_dir, key, proved_by(report), password=password)

@@ -23,6 +23,7 @@ from .._util.paths import regular_file, resolve_inside
 from .._util.quiet import terminal_bars
 from ..errors import UsageError
 from ..format import _fileset as fileset
+from ..format import _partial as partialformat
 from ..kinds import KINDS
 from ._pack import pack
 from ._private import is_private
@@ -81,6 +82,7 @@ def upgrade(path: str | Path, model: str | Path, *, revision: str | None = None,
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
     if path.is_dir():
+        partialformat.refuse(path, "upgrade", "rewrites the cube's files, memories included")
         return _upgrade_cube(path, model, revision, shards, shard_size)
     if shards is not None or shard_size is not None:
         raise UsageError(f"{path} is a file: shards are a cube's layout; upgrade its cube.")

@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..format import _cubeconfig as cubeconfig
 from ..format import _lock as lockfile
+from ..format import _partial as partialformat
 from ..format._content import file_problem
 from ..format._diff import leaves
 from ..format._fileset import is_tolerated
@@ -45,6 +46,7 @@ from ..trust._evidence import CLAIMED, PROVED, SIGNED, backs_a_pin
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
 from ..trust._signing import verify_signature
+from . import _partial
 from ._private import is_private, open_private, recipient_stanzas
 
 __all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
@@ -117,8 +119,16 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
         _check_identity(report, decrypt_with)
     if lock is not None:
         report.lock = lock
-        report.intact, good = _check_files(report, lock, progress, hashed)
-        lock = report.lock = _check_shards(report, lock, good)
+        # A partial pull (its marker): the memories it lacks are absent by design, and every
+        # byte it holds is checked as a whole cube's (ops/_partial.py).
+        partial = None if decrypted else _partial.plan(report, lock)
+        report.intact, good = _check_files(report, lock, progress, hashed, partial)
+        parsed, lock = lock, _check_shards(report, lock, good, partial)
+        report.lock = lock
+        if partial is not None:
+            report.intact = report.intact and not partial.failed
+            if not partial.failed:
+                _partial.summary(report, parsed, partial, policy.asked_checks())
         # A file whose bytes are not the lock's is attacker input: never parsed further.
         checkpoint("the files' hashes")
         for kind in KINDS:
@@ -289,7 +299,8 @@ def _check_lock(report: VerifyReport, accept_version_1: bool) -> Lock | None:
 
 
 def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
-                 hashed: dict[str, str]) -> tuple[bool, set[str]]:
+                 hashed: dict[str, str],
+                 partial: _partial.Plan | None = None) -> tuple[bool, set[str]]:
     """File set, then sizes, then sha256 (parallel), then each file's content parser (only
     files whose bytes are the lock's, and the tolerated ones). (every file intact, the listed
     files whose size and sha256 matched)."""
@@ -299,7 +310,11 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
     if not problems:
         report.add(Catalogue.PATH, "*", True, "no symlinks, special files or unsafe names")
     listed = lock.files
-    missing = sorted(set(listed) - set(on_disk))
+    absent = partial.absent if partial is not None else set()
+    sparse = partial.sparse if partial is not None else set()
+    if partial is not None:
+        _partial.check_present(report, partial, set(on_disk))
+    missing = sorted(set(listed) - set(on_disk) - absent)
     unlisted = sorted(name for name in set(on_disk) - set(listed) if not is_tolerated(name))
     for name in missing:
         report.add(Catalogue.FILE_SET, name, False, "missing from the cube", "present", "absent")
@@ -307,15 +322,22 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
         report.add(Catalogue.FILE_SET, name, False, "not listed in the lock", "absent", "present")
     if not missing and not unlisted and not problems:
         report.add(Catalogue.FILE_SET, "*", True,
-                   f"the {len(listed)} files listed in the lock, no other")
+                   f"the {len(listed)} files listed in the lock, no other" if not absent else
+                   f"the {len(set(listed) - absent)} of the lock's {len(listed)} files a "
+                   f"partial cube holds ({len(absent)} memory files absent, as its marker "
+                   "says), no other")
     to_hash = []
-    for name in sorted(set(listed) & set(on_disk)):
+    here = (set(listed) & set(on_disk)) - absent
+    for name in sorted(here):
         size = resolve_inside(report.cube_dir, name).stat().st_size
         if size != listed[name].size:
             report.add(Catalogue.SIZE, name, False, "size differs", listed[name].size, size)
         else:
             to_hash.append(name)
-    if len(to_hash) == len(set(listed) & set(on_disk)):
+    sized = len(to_hash) == len(here)
+    sparse_here = sparse & set(to_hash)  # of the lock's size: their ranges are checked below
+    to_hash = [name for name in to_hash if name not in sparse]  # their ranges: _check_shards
+    if sized:
         report.add(Catalogue.SIZE, "*", True,
                    f"the {len(to_hash)} files listed in the lock have the sizes it records")
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
@@ -335,21 +357,42 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in good or (name not in listed
                                                                 and is_tolerated(name))))
-    return not (missing or unlisted or problems or bad or pickles
-                or len(to_hash) != len(set(listed) & set(on_disk))), good
+    good |= sparse_here
+    return not (missing or unlisted or problems or bad or pickles or not sized), good
 
 
-def _check_shards(report: VerifyReport, lock: Lock, good: set[str]) -> Lock:
+def _check_shards(report: VerifyReport, lock: Lock, good: set[str],
+                  partial: _partial.Plan | None = None) -> Lock:
     """A sharded cube: each index (its bytes and its shard's the lock's) checked against the
     lock and its shard, each memory's range against its sha256; the lock returned with the
-    memories of every shard that passed (what the kinds' checks then read)."""
+    memories of every shard that passed (what the kinds' checks then read). A partial cube:
+    its absent shards skipped, its sparse ones checked range by range (``_partial``), and
+    the lock returned with the memories present only."""
+    own = lock if partial is None else partialformat.present(lock, partial.marker)
     if not lock.shards:
-        return lock
+        return own
     fetch = shards.local_fetch(report.cube_dir)
     held: dict[str, Any] = {}
+    seen: dict[str, Any] = {}  # every memory of the indexes read: each listed once
     failed = False
     for shard in lock.shards.values():
         subject = f"{shard.index} ({shard.path})"
+        if partial is not None and shard.path in partial.absent:
+            continue  # not pulled: neither it nor its index is here (checked above)
+        if partial is not None and shard.path in partial.sparse:
+            if shard.path not in good or shard.index not in good:
+                report.add(Catalogue.PARTIAL, f"{shard.path} (partial)", None, "not run: the "
+                           "shard or its index is missing or not the lock's (reported above)")
+                continue
+            try:
+                index = shards.load_index(shard, fetch, lock.models)
+                shards.add_memories(seen, index, lock)
+            except CubepackError as exc:
+                report.add(Catalogue.SHARDS, subject, False, str(exc))
+                failed = True
+                continue
+            held.update(_partial.check_sparse(report, lock, partial, shard, index))
+            continue
         if shard.path not in good or shard.index not in good:
             report.add(Catalogue.SHARDS, subject, None, "not run: the shard or its index is "
                        "missing or not the lock's bytes (reported above)")
@@ -357,7 +400,8 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str]) -> Lock:
         try:
             index = shards.load_index(shard, fetch, lock.models)
             shards.check_memories(index, fetch)
-            shards.add_memories(held, index, lock)
+            shards.add_memories(seen, index, lock)
+            held.update(index.memories)
         except CubepackError as exc:
             report.add(Catalogue.SHARDS, subject, False, str(exc))
             failed = True
@@ -367,7 +411,7 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str]) -> Lock:
                    "shard, every range inside it, in order, each hashing to its sha256")
     if failed:
         report.intact = False
-    return shards.with_memories(lock, held)
+    return shards.with_memories(own, held)
 
 
 def _check_content(report: VerifyReport, names: list[str]) -> bool:
@@ -437,7 +481,11 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
                    "skipped: no trusted key given" if signed else "skipped: the cube is unsigned")
         return
     try:
-        key = verify_signature(report.cube_dir, trusted_keys)
+        # A partial cube's files are not the signed ones (its sparse shards): the signature is
+        # checked over its lock, whose digests bind every file, each byte here checked against
+        # them (ops/_partial.py).
+        key = verify_signature(report.cube_dir, trusted_keys) if report.partial is None \
+            else _partial.verify_lock_signature(report.cube_dir, trusted_keys)
     except CubepackError as exc:  # unsigned or untrusted: nothing trusted stands behind it
         report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
         return
@@ -451,7 +499,8 @@ def _check_attestation(report: VerifyReport, lock: Lock, policy: TrustPolicy) ->
     ``require_lineage``), then the chain of its ancestors' attestations when asked."""
     checks, envelope, key = attestation_check(report.cube_dir, lock, report.lock_sha256 or "",
                                               policy.trusted(),
-                                              policy.asks(Catalogue.LINEAGE))
+                                              policy.asks(Catalogue.LINEAGE),
+                                              _partial.present(report))
     report.extend(checks)
     report.attested_by = key
     report.signed = (signed_statements(envelope, key) if envelope is not None and key is not None

@@ -37,7 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,13 +296,15 @@ def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, 
             f"signatures by keyid {keyids}, none valid under a trusted key")
 
 
-def predicate_mismatches(envelope: Envelope,
-                         lock: Lock) -> list[tuple[str, Any, Any]]:
+def predicate_mismatches(envelope: Envelope, lock: Lock,
+                         present: Collection[str] | None = None) -> list[tuple[str, Any, Any]]:
     """(field, what the lock gives, what the predicate says) for each field that differs.
 
     Version 2: the predicate must be exactly what :func:`predicate_for` gives this lock for the
     split its signer states (which statements it proved), so no statement can say other than
-    the lock. Version 1: what that version gave. The signer's cubepack version is theirs."""
+    the lock. Version 1: what that version gave. The signer's cubepack version is theirs.
+    ``present``: a partial cube's memories (``lock`` holds their entries only): a statement
+    about a memory not here has no entry to disagree with, and is left unread."""
     predicate = envelope.predicate
     if envelope.version == 1:
         expected, stated = _predicate_v1(lock), dict(predicate)
@@ -315,7 +317,14 @@ def predicate_mismatches(envelope: Envelope,
         expected["signer"].pop("cubepack_version")
         stated = {**predicate, "signer": {"step": predicate["signer"]["step"]}}
     return [(f"predicate.{path}", want, found) for path, want, found in _differences(
-        expected, stated)]
+        expected, stated) if present is None or want is not None
+        or not _about_a_memory_not_here(path, present)]
+
+
+def _about_a_memory_not_here(path: str, present: Collection[str]) -> bool:
+    parts = path.split(".", 2)
+    return len(parts) == 3 and parts[0] in (PROVED_BLOCK, CLAIMED_BLOCK) \
+        and parts[1] in {"provenance", "recomputed"} and parts[2] not in present
 
 
 def _differences(expected: Any, found: Any, path: str = "") -> list[tuple[str, Any, Any]]:
@@ -332,7 +341,8 @@ def _differences(expected: Any, found: Any, path: str = "") -> list[tuple[str, A
 
 
 def attestation_check(cube: Path, lock: Lock, lock_sha256: str,
-                      trusted_keys: tuple[str, ...], required: bool
+                      trusted_keys: tuple[str, ...], required: bool,
+                      present: Collection[str] | None = None
                       ) -> tuple[list[Check], Envelope | None, str | None]:
     """The ``attestation`` checks of one cube, the envelope when it verified, and its key.
 
@@ -371,7 +381,7 @@ def attestation_check(cube: Path, lock: Lock, lock_sha256: str,
                       "after signing)", f"subject sha256 {lock_sha256} (this cubepack.lock)",
                       f"subject sha256 {envelope.subject_sha256}", basis=SIGNED)], None, None
     try:
-        differences = predicate_mismatches(envelope, lock)
+        differences = predicate_mismatches(envelope, lock, present)
     except CubepackError as exc:  # a lineage section the predicate cannot state
         return [_refusal(Catalogue.ATTESTATION, name, str(exc))], None, None
     if differences:

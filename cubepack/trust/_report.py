@@ -94,6 +94,10 @@ class VerifyReport:
     #: This report is the decrypted pass over a private cube's plaintext (its fixes must say
     #: what works for a private cube: pack refuses one).
     decrypted: bool = False
+    #: A partial pull (``pull --include``): ``{"checked": N, "memories": M, "repo_id",
+    #: "commit_sha", "include"}``, the N memories present checked of the M the cube holds;
+    #: None for a whole cube. A report with it is never the report of a complete cube.
+    partial: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -143,6 +147,7 @@ class VerifyReport:
                 "digest": None if self.lock is None else self.lock.digest,
                 "signed_by": self.signed_by,
                 "attested_by": self.attested_by,
+                "partial": self.partial,
                 "checks": [c.to_dict() for c in self.checks],
                 "provenance": {item: {**entry, "basis": str(entry["basis"])}
                                for item, entry in self.provenance.items()}}

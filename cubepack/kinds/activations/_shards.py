@@ -23,9 +23,10 @@ from typing import Any
 
 from ..._util import atomic, canonical, constants
 from ..._util.paths import resolve_inside
-from ...errors import FormatError, IntegrityError, UsageError
+from ...errors import FormatError, IntegrityError, PartialCube, UsageError
 from ...format._fileset import is_activation_path
 from ...format import _lock as lockfile
+from ...format import _partial as partialformat
 from ...format.sections import Activation, FileEntry, Lock
 from ...format.sections import shards as shardformat
 from ...kv._format import KVFileInfo, read_kv_header
@@ -118,6 +119,16 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
             a memory the lock lists too.
     """
     lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    partial = partialformat.read(cube)
+    if partial is not None and item_id not in partial.memories:
+        where = partialformat.owner(lock, item_id) if isinstance(item_id, str) else None
+        raise PartialCube(f"{cube} is a partial pull of {partial.repo_id}@"
+                          f"{partial.commit_sha[:12]} ({len(partial.memories)} of "
+                          f"{partial.total} memories); memory {item_id!r} is not here"
+                          + (f" (the cube holds it, in {where})" if where else
+                             " (nor does the cube hold it)")
+                          + f". Pull it too: {partial.with_more([item_id])}, or the whole "
+                          f"cube: {partial.whole_pull}.")
     entry = shardformat.find_memory(lock, item_id, lambda shard: shardformat.load_index(
         shard, shardformat.local_fetch(cube), lock.models))
     if entry is None:
