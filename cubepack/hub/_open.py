@@ -52,6 +52,8 @@ class RemoteCube:
     signed_by: str | None = None
     #: shard path -> its index, fetched and checked once
     indexes: dict[str, ShardIndex] = field(default_factory=dict, repr=False)
+    #: the lock's bytes as fetched and checked (what a reader that verifies a folder writes)
+    lock_bytes: bytes = field(default=b"", repr=False)
 
     @property
     def memories(self) -> int:
@@ -71,6 +73,14 @@ class RemoteCube:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
         return entry
+
+    def ids(self) -> list[str]:
+        """Every activation memory's id, in order: the lock's, and each shard index's (each
+        index fetched once, checked against the lock; no memory's bytes are fetched)."""
+        held: dict[str, Activation] = {}
+        for shard in self.lock.shards.values():
+            shardformat.add_memories(held, self._index(shard), self.lock)
+        return sorted({*self.lock.activations, *held})
 
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
         if shard.path not in self.indexes:
@@ -200,7 +210,7 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         signed_by = verify_lock_signature(
             data, None if signature is None else signature.content,
             None if attestation is None else attestation.content, list(trusted_keys))
-    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by)
+    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,

@@ -267,24 +267,32 @@ def load_packed(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
         data = memory_bytes(cube_dir, entry)
         path = resolve_inside(cube_dir, entry.file) if data is None else \
             f"{entry.file}#{item_id}"
-        try:
-            info = check_kv_file(path, live, data=data)
-        except IdentityMismatch as mismatch:
-            stored = read_kv_header(path, data=data)
-            staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
-                            producer=stored.producer)
-            continue
-        if policy.recomputation().asked and not info.token_ids:
-            raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
-        _note_unchecked(report, item_id, info)
-        staged.add(item_id, mapped_layers(info), info.metadata, info.producer,
-                   entry.provenance.to_dict() if entry.provenance is not None else None,
-                   info.token_ids)
+        stage_packed(staged, item_id, entry, path, data, live)
     # Here, not only in init_from_dir: MemOS's own load (KVCacheMemory.load, which
     # GeneralMemCube.load, MOSCore.load and the scheduler call) reaches this alone; and before
     # install, so a refusal leaves the memory as it was.
     require_provenance(lock, report, policy.required_provenance())
     staged.install()
+
+
+def stage_packed(staged: _Staged, item_id: str, entry: Any, path: Any, data: Any,
+                 live: ModelIdentity) -> None:
+    """Stage one packed memory whose bytes are checked (``data``, or the file ``path``): its
+    producer against ``live`` (a mismatch handled by the policy), then :meth:`_Staged.add`.
+    Shared by a whole load and a load on first use (:mod:`._ondemand`)."""
+    try:
+        info = check_kv_file(path, live, data=data)
+    except IdentityMismatch as mismatch:
+        stored = read_kv_header(path, data=data)
+        staged.mismatch(item_id, mismatch, stored.metadata, token_ids=stored.token_ids,
+                        producer=stored.producer)
+        return
+    if staged.policy.recomputation().asked and not info.token_ids:
+        raise RecomputationFailed(f"Activation {item_id!r} {NO_TOKEN_IDS}.")
+    _note_unchecked(staged.report, item_id, info)
+    staged.add(item_id, mapped_layers(info), info.metadata, info.producer,
+               entry.provenance.to_dict() if entry.provenance is not None else None,
+               info.token_ids)
 
 
 def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: TrustPolicy) -> None:

@@ -33,6 +33,7 @@ from ..trust._report import VerifyReport
 from ._activations import HookReport, load_activations
 from ._activations import require_provenance as require_provenance_of
 from ._embedder import check_text_vectors
+from ._ondemand import opened
 from ._parametric import check_adapters
 from ._privacy import (
     PrivacySettings,
@@ -55,7 +56,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
                           local_dir: str | Path | None = None,
                           decrypt_with: str | os.PathLike[str] | None = None,
                           recipients: Any = None, stores: Any = None,
-                          **options: Any) -> Any:
+                          on_demand: bool = False, **options: Any) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
     Args:
@@ -89,6 +90,11 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
             private cube's text and preference memories may be loaded into; any other
             persistent store is refused (an in-memory one, Qdrant's ``":memory:"``, needs no
             name).
+        on_demand: fetch no activation memory now: the cube is opened at its commit (its
+            lock, and its signature under ``trusted_keys``), its other files fetched and
+            verified, and each activation memory fetched and checked when MemOS first uses it,
+            a failure then raising a typed error naming it (:mod:`cubepack.memos._ondemand`;
+            a clear cube only).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
@@ -107,6 +113,17 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     policy.require_pinned(wanted, f"unpinned cube id {cube_id!r}", "Name it at its 40-hex "
                           f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
+    if on_demand:
+        if local_dir is not None or decrypt_with is not None:
+            raise UsageError("on_demand places nothing (local_dir) and opens clear cubes only "
+                             "(decrypt_with): pass one or the other.")
+        with opened(repo_id, wanted, policy, endpoint=endpoint, token=token,
+                    repo_type=repo_type) as (folder, verified, install, commit):
+            cube = _build(folder, verified, policy, memory_types=memory_types,
+                          default_config=default_config, endpoint=endpoint, token=token,
+                          activations=install)
+        cube.cubepack.commit_sha = commit
+        return cube
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
@@ -208,12 +225,15 @@ def verified_folder(folder: Path, lock: Lock | None = None) -> Iterator[None]:
 
 def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
            memory_types: list[str] | None, default_config: Any, endpoint: str | None,
-           token: str | None, private: tuple[Any, tuple[str, ...]] | None = None) -> Any:
+           token: str | None, private: tuple[Any, tuple[str, ...]] | None = None,
+           activations: Any = None) -> Any:
     """Build the GeneralMemCube: only the memory types asked for (the others are not even
     constructed, as MemOS would construct every configured one), pinned models, the
     non-activation memories loaded by MemOS, the activations by cubepack. ``private``: (the
     seal, the stores named): a persistent store is refused before MemOS builds anything, and
-    every memory is sealed before anything is loaded into it."""
+    every memory is sealed before anything is loaded into it. ``activations``: what installs
+    the activation memory in place of :func:`load_activations` (its arguments; a load on first
+    use, :mod:`._ondemand`)."""
     from memos.mem_cube.general import GeneralMemCube
 
     types = memory_types or list(MEMORY_TYPES)
@@ -250,8 +270,9 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if "text_mem" in types and cube.text_mem is not None:
         check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
     if "act_mem" in types and cube.act_mem is not None:
-        load_activations(cube.act_mem, cube_dir, lock, report, policy,
-                         frozenset([private[0]]) if private is not None else frozenset())
+        (activations or load_activations)(
+            cube.act_mem, cube_dir, lock, report, policy,
+            frozenset([private[0]]) if private is not None else frozenset())
     require_provenance_of(lock, report, policy.required_provenance())
     cube.cubepack = report
     return cube

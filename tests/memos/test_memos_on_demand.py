@@ -1,0 +1,150 @@
+"""The MemOS hook loads a remote cube's activations on first use (issue #40 item 2), with the
+real MemoryOS package and the real huggingface_hub client against the local endpoint:
+``init_from_remote_repo(..., on_demand=True)`` fetches the lock and the cube's other files, no
+memory; each memory is fetched (its index once a shard, its range) when MemOS first uses it,
+and checked as a whole load checks it. Requests and bytes are counted at the endpoint."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+
+import pytest
+
+memos = pytest.importorskip("memos", reason="MemoryOS is installed in the memos environment only")
+
+import cubepack
+import cubepack.memos as hook
+from cubepack import HubError, IdentityMismatch, IntegrityError, UsageError
+from cubepack._util import canonical, constants
+from cubepack.format import _lock as lockfile
+from cubepack.hub import push
+from cubepack.testing.hub import InstrumentedHub, upload_folder
+
+from helpers import all_equal, continue_greedy
+
+TEXTS = ["The user likes green tea.", "He walks every morning.", "Paris is lovely in May.",
+         "Her cat is called Miso.", "They met in Lyon."]
+QUESTION = [{"role": "user", "content": "What does the user drink?"}]
+
+
+def memos_config(model_path, *, cube_id="u1/tiny_cube"):
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(model_path),
+                                                 "max_tokens": 6}}
+    return GeneralMemCubeConfig.model_validate({
+        "user_id": "u1", "cube_id": cube_id, "text_mem": {"backend": "uninitialized"},
+        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    with InstrumentedHub(tmp_path_factory.mktemp("hub-root")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def published(hub, zoo, tmp_path_factory):
+    """Model A on the endpoint; a MemOS cube of 5 memories built from its snapshot, packed
+    two a shard (shards 0, 1, 2) and pushed; the same cube one file a memory, pushed too."""
+    from huggingface_hub import snapshot_download
+    from memos.mem_cube.general import GeneralMemCube
+
+    hook.uninstall()
+    hook.install(require_pin=False)
+    model_commit = upload_folder(hub.url, "tiny-org/model-a", zoo["a"])
+    snapshot = snapshot_download("tiny-org/model-a", revision=model_commit, endpoint=hub.url)
+    cube = GeneralMemCube(memos_config(snapshot))
+    items = [cube.act_mem.extract(text) for text in TEXTS]
+    for number, item in enumerate(items):
+        item.id = f"item-{number}"
+    cube.act_mem.add(items)
+    plain = hook.pack_cube(cube, tmp_path_factory.mktemp("plain") / "cube")
+    sharded = tmp_path_factory.mktemp("sharded") / "cube"
+    shutil.copytree(plain, sharded)
+    largest = max(path.stat().st_size for path in (plain / "activations").iterdir())
+    cubepack.pack(sharded, shard_size=2 * largest + 200)
+    lock = lockfile.parse((sharded / constants.LOCK_FILENAME).read_bytes())
+    assert len(lock.shards) == 3
+    yield {"cube": cube, "items": {item.id: item for item in items}, "sharded": sharded,
+           "plain": plain, "sha": push(sharded, "ns/cube", endpoint=hub.url).commit_sha,
+           "plain_sha": push(plain, "ns/plain", endpoint=hub.url).commit_sha}
+    hook.uninstall()
+
+
+def _requests(hub, part: str = "") -> int:
+    return sum(count for key, count in hub.stats.requests.items() if part in key)
+
+
+def _open(hub, published, repo="ns/cube", sha=None, **options):
+    return hook.init_from_remote_repo(f"{repo}@{sha or published['sha']}", endpoint=hub.url,
+                                      on_demand=True, **options)
+
+
+def _size(folder, name):
+    return (folder / name).stat().st_size
+
+
+def test_opening_fetches_no_memory_and_a_get_fetches_its_index_and_range(hub, published):
+    folder = published["sharded"]
+    hub.stats.reset()
+    loaded = _open(hub, published)
+    lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
+    others = [name for name in lock.files if not name.startswith("shards/")]
+    # the lock (HEAD, GET) and each other file (config.json, cubepack.yaml...): no shard
+    # byte; and, as a whole load, the pinned model's snapshot (its revision asked of the API)
+    assert _requests(hub, "/ns/cube/") == 2 + len(others)
+    assert _requests(hub) == 3 + len(others) and not _requests(hub, "shards/")
+    expected = _size(folder, constants.LOCK_FILENAME) + sum(_size(folder, name)
+                                                            for name in others)
+    assert expected <= hub.stats.sent_bytes < expected + 4096  # + the model API's answer
+    assert loaded.cubepack.loaded == [] and loaded.cubepack.commit_sha == published["sha"]
+    assert len(loaded.act_mem.kv_cache_memories) == 5  # the lock's count: nothing fetched
+    assert _requests(hub) == 3 + len(others)
+
+    hub.stats.reset()
+    item = loaded.act_mem.get("item-2")
+    shard = lock.shards["shards/activations-00001.kvshard"]
+    index = json.loads((folder / shard.index).read_text())
+    assert _requests(hub) == 2  # its shard's index, its range
+    assert hub.stats.sent_bytes == _size(folder, shard.index) + \
+        index["memories"]["item-2"]["length"]
+    assert loaded.cubepack.loaded == ["item-2"]
+    original = published["items"]["item-2"]
+    model = loaded.act_mem.llm.model
+    assert all_equal(continue_greedy(published["cube"].act_mem.llm.model, original.memory, 40, 4),
+                     continue_greedy(model, item.memory, 40, 4))
+    hub.stats.reset()
+    assert loaded.act_mem.get("item-2") is item  # used once, fetched once
+    loaded.act_mem.get("item-3")  # the same shard: its index is not fetched again
+    assert _requests(hub) == 1
+    assert loaded.act_mem.get("item-9") is None and _requests(hub) == 1  # not in any range
+
+
+def test_every_use_path_of_memos_fetches_and_checks(hub, published):
+    """get, get_by_ids, get_cache, get_all and the dict MemOS's chat reads directly."""
+    loaded = _open(hub, published)
+    memory = loaded.act_mem
+    assert memory.get_by_ids(["item-0", "nope"])[1] is None
+    assert loaded.cubepack.loaded == ["item-0"]
+    merged = memory.get_cache(["item-0", "item-1"])
+    assert merged is not None and loaded.cubepack.loaded == ["item-0", "item-1"]
+    first = next(iter(memory.kv_cache_memories.values()))  # SimpleMemChat's read
+    assert first.id == "item-0"
+    assert sorted(item.id for item in memory.get_all()) == sorted(published["items"])
+    assert sorted(loaded.cubepack.loaded) == sorted(published["items"])
+    answer = memory.llm.generate(QUESTION, past_key_values=copy.deepcopy(
+        memory.get("item-0").memory))
+    assert isinstance(answer, str)
+
+
+def test_a_cube_of_one_file_a_memory_loads_on_demand_too(hub, published):
+    loaded = _open(hub, published, repo="ns/plain", sha=published["plain_sha"])
+    hub.stats.reset()
+    loaded.act_mem.get("item-4")
+    assert _requests(hub) == 1  # its file's range
+    assert hub.stats.sent_bytes == _size(published["plain"],
+                                         "activations/item-4.kv.safetensors")
