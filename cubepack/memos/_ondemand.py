@@ -222,7 +222,7 @@ class OnDemandMemories(MutableMapping):
 
     def __setitem__(self, item_id: Any, item: Any) -> None:
         with self._lock:
-            remote = self._remote_entry(item_id) is not None and not self._cleared
+            remote = not self._cleared and self._remote_entry(item_id) is not None
             self._held[item_id] = item
             self._gone.discard(item_id)
             if not remote:

@@ -148,3 +148,165 @@ def test_a_cube_of_one_file_a_memory_loads_on_demand_too(hub, published):
     assert _requests(hub) == 1  # its file's range
     assert hub.stats.sent_bytes == _size(published["plain"],
                                          "activations/item-4.kv.safetensors")
+
+
+# --- attacks ---------------------------------------------------------------------------------
+
+def _blob(hub, folder, name):
+    """The endpoint's stored blob of the cube file ``name`` (its sha256's)."""
+    digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    path = hub.store.root / "blobs" / digest
+    assert path.is_file(), name
+    return path
+
+
+@pytest.fixture
+def restore(hub, published):
+    """Blobs changed on the endpoint by a test, put back after it."""
+    saved = []
+
+    def flip(name, at):
+        path = _blob(hub, published["sharded"], name)
+        data = path.read_bytes()
+        saved.append((path, data))
+        changed = bytearray(data)
+        changed[at] ^= 0x01
+        path.chmod(0o644)
+        path.write_bytes(bytes(changed))
+
+    yield flip
+    for path, data in saved:
+        path.write_bytes(data)
+
+
+def test_a_first_use_offline_names_the_memory_and_leaves_it_absent(hub, published,
+                                                                   monkeypatch):
+    loaded = _open(hub, published)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.stats.reset()
+    with pytest.raises(HubError, match="'item-1' of ns/cube@.*HF_HUB_OFFLINE"):
+        loaded.act_mem.get("item-1")
+    assert _requests(hub) == 0 and loaded.cubepack.loaded == []
+    assert "item-1" in loaded.act_mem.kv_cache_memories  # absent, never empty or dropped
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert loaded.act_mem.get("item-1").id == "item-1"
+
+
+@pytest.mark.parametrize("fault", ["drop", "403", "500"])
+def test_a_network_failure_or_refusal_on_first_use_names_the_memory(hub, published, fault):
+    loaded = _open(hub, published)
+    loaded.act_mem.get("item-0")  # shard 0's index is fetched
+    hub.add_fault(fault, path=r".*activations-00000\.kvshard", method="GET", times=9)
+    try:
+        with pytest.raises(HubError, match="activation memory 'item-1' of ns/cube@"):
+            loaded.act_mem.get("item-1")
+    finally:
+        hub.faults.clear()
+    assert loaded.cubepack.loaded == ["item-0"]
+    assert loaded.act_mem.get("item-1").id == "item-1"  # a later use tries again
+
+
+def test_a_range_swapped_on_the_remote_after_open_is_refused(hub, published, restore):
+    """The endpoint serves other bytes for the opened commit after open (as one that swapped
+    a blob would): the memory's sha256 in its index refuses it, by name, every time."""
+    loaded = _open(hub, published)
+    index = json.loads((published["sharded"] / "shards/activations-00001.index.json").read_text())
+    restore("shards/activations-00001.kvshard", index["memories"]["item-3"]["offset"] + 100)
+    for _ in range(2):
+        with pytest.raises(IntegrityError, match="memory 'item-3'"):
+            loaded.act_mem.get("item-3")
+    assert loaded.act_mem.get("item-2").id == "item-2"  # its neighbour's bytes are intact
+    assert loaded.cubepack.loaded == ["item-2"]
+    with pytest.raises(IntegrityError, match="memory 'item-3'"):
+        loaded.act_mem.get_all()
+
+
+def test_an_index_swapped_on_the_remote_after_open_is_refused(hub, published, restore):
+    loaded = _open(hub, published)
+    restore("shards/activations-00002.index.json", 40)
+    with pytest.raises(cubepack.FormatError, match="'item-4' of ns/cube@"):
+        loaded.act_mem.get("item-4")
+    assert loaded.cubepack.loaded == []
+
+
+def test_main_moved_after_open_changes_nothing(hub, published, tmp_path):
+    """Every first use reads the commit opened, whatever main names since."""
+    loaded = _open(hub, published, sha="main")
+    other = tmp_path / "other"
+    shutil.copytree(published["sharded"], other)
+    cubepack.pack(other, shards=False)
+    push(other, "ns/cube", endpoint=hub.url)
+    hub.stats.reset()
+    loaded.act_mem.get("item-1")
+    assert all(published["sha"] in line for line in hub._seen[-2:])
+
+
+def test_another_model_is_refused_on_first_use_by_name(hub, published, zoo):
+    other = memos_config(zoo["b"])
+    loaded = _open(hub, published, default_config=other)
+    with pytest.raises(IdentityMismatch, match="'item-0'"):
+        loaded.act_mem.get("item-0")
+    dropped = _open(hub, published, default_config=other, on_mismatch="drop")
+    assert dropped.act_mem.get("item-0") is None and "item-0" in dropped.cubepack.dropped
+    assert "item-0" not in dropped.act_mem.kv_cache_memories
+
+
+def test_a_first_use_through_the_scheduler(hub, published, tmp_path):
+    """MemOS's scheduler reads every memory (get_all), deletes them, adds its own and dumps:
+    each memory is fetched and checked on the way; offline, it logs the typed error and the
+    memory is left as it was, never emptied."""
+    from memos.mem_scheduler.memory_manage_modules.activation_memory_manager import (
+        ActivationMemoryManager,
+    )
+
+    def manager(path):
+        return ActivationMemoryManager(str(path), None, None, lambda **kwargs: None)
+
+    loaded = _open(hub, published)
+    import os
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        manager(tmp_path / "offline").update_activation_memory(
+            ["The user drinks tea."], "label", "u1", "u1/tiny_cube", loaded)
+    finally:
+        del os.environ["HF_HUB_OFFLINE"]
+    assert len(loaded.act_mem.kv_cache_memories) == 5 and loaded.cubepack.loaded == []
+    assert not (tmp_path / "offline").exists()
+    manager(tmp_path / "dump").update_activation_memory(
+        ["The user drinks tea."], "label", "u1", "u1/tiny_cube", loaded)
+    assert sorted(loaded.cubepack.loaded) == sorted(published["items"])  # all read first
+    held = loaded.act_mem.get_all()
+    assert len(held) == 1 and held[0].id not in published["items"]
+    assert len(list((tmp_path / "dump" / "activations").iterdir())) == 1
+
+
+def test_a_dump_after_partial_first_use_writes_every_memory_checked(hub, published, tmp_path,
+                                                                   monkeypatch):
+    loaded = _open(hub, published)
+    loaded.act_mem.get("item-0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError, match="'item-1'"):
+        loaded.act_mem.dump(str(tmp_path / "refused"))
+    assert not (tmp_path / "refused" / "activations").exists()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    loaded.act_mem.dump(str(tmp_path / "dumped"))
+    written = sorted(path.name for path in (tmp_path / "dumped" / "activations").iterdir())
+    assert written == [f"item-{n}.kv.safetensors" for n in range(5)]
+    model = loaded.act_mem.llm.model
+    for item_id, item in published["items"].items():
+        cache = cubepack.load_kv_cache(tmp_path / "dumped" / "activations" /
+                                       f"{item_id}.kv.safetensors", model)
+        assert all_equal(continue_greedy(model, item.memory, 40, 2),
+                         continue_greedy(model, cache, 40, 2))
+    loaded.cube_dump = tmp_path / "cube"
+    loaded.dump(str(tmp_path / "cube"))
+    assert cubepack.verify(tmp_path / "cube").ok
+
+
+def test_what_cannot_be_checked_on_demand_is_refused(hub, published):
+    with pytest.raises(UsageError, match="model identity"):
+        _open(hub, published, strict_models=True)
+    with pytest.raises(UsageError, match="trusted_keys"):
+        _open(hub, published, require_signature=True)
+    with pytest.raises(UsageError, match="local_dir"):
+        _open(hub, published, local_dir="somewhere")
