@@ -175,7 +175,11 @@ def memory_seals(memory: Any) -> frozenset[Any]:
     private cube's memory keeps its seal, as it keeps its producer)."""
     if memory is None:
         return frozenset()
-    caches = [cache for item in (getattr(memory, "kv_cache_memories", None) or {}).values()
+    items = getattr(memory, "kv_cache_memories", None) or {}
+    # An on-demand memory (._ondemand) answers with what it holds: the memories it has not
+    # fetched are a clear cube's (no seal), and reading them here would fetch them all.
+    held = getattr(items, "held", None)
+    caches = [cache for item in (held() if callable(held) else items.values())
               if (cache := getattr(item, "memory", None)) is not None
               and not isinstance(cache, str)]  # a vLLM memory holds prompt strings
     return seals_of(memory) | cache_seals(caches)
