@@ -31,7 +31,7 @@ from ..kinds import serving
 from ..kinds.activations._shards import checked_range
 from ..trust._policy import TrustPolicy
 from ..trust._signing import verify_lock_signature
-from ._client import REPO_TYPES, HubClient, parse_repo_spec
+from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
 #: The largest lock ``open`` fetches: the lock's own parse limit.
 MAX_LOCK_BYTES = lockfile.MAX_LOCK_BYTES
@@ -76,10 +76,17 @@ class RemoteCube:
 
     def ids(self) -> list[str]:
         """Every activation memory's id, in order: the lock's, and each shard index's (each
-        index fetched once, checked against the lock; no memory's bytes are fetched)."""
+        index fetched once, checked against the lock; no memory's bytes are fetched). A shard
+        whose index cannot be fetched or is refused names its range of memories."""
         held: dict[str, Activation] = {}
         for shard in self.lock.shards.values():
-            shardformat.add_memories(held, self._index(shard), self.lock)
+            try:
+                index = self._index(shard)
+            except (HubError, FormatError) as exc:  # name the memories it would have listed
+                raise type(exc)(f"the memories {shard.first!r} to {shard.last!r} of "
+                                f"{self.repo_id}@{self.commit[:12]} cannot be listed: "
+                                f"{exc}") from exc
+            shardformat.add_memories(held, index, self.lock)
         return sorted({*self.lock.activations, *held})
 
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
@@ -113,7 +120,12 @@ class RemoteCube:
     def fetch(self, locator: Locator) -> bytes:
         """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused
         unless the answer is 206 with exactly the ``Content-Range`` asked for (the file's size
-        the lock's) and as many bytes."""
+        the lock's) and as many bytes; refused without a request under ``HF_HUB_OFFLINE``."""
+        if offline_requested():  # the session may predate HF_HUB_OFFLINE: asked here
+            raise HubError(f"HF_HUB_OFFLINE is set: {locator.path} of {self.repo_id}@"
+                           f"{self.commit[:12]} is not here and was not fetched; go online, "
+                           f"or pull the cube while online (cubepack pull {self.repo_id} "
+                           f"--revision {self.commit}).")
         listed = self.lock.files.get(locator.path)
         if listed is None:
             raise FormatError(f"{locator.path} is not a file of the lock of "

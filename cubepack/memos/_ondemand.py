@@ -50,7 +50,6 @@ from ..errors import FormatError, HubError, UsageError, VerificationFailed
 from ..format._fileset import is_activation_path
 from ..format.sections import Lock, Locator
 from ..format.sections import shards as shardformat
-from ..hub._client import offline_requested
 from ..hub._open import RemoteCube, open_cube
 from ..identity._fingerprint import fingerprint
 from ..kinds.activations._shards import checked_range
@@ -184,9 +183,23 @@ class OnDemandMemories(MutableMapping):
 
     # --- what is pending ----------------------------------------------------------------
     def _remote_entry(self, item_id: Any) -> Any:
+        """The remote's entry of ``item_id`` (its shard's index fetched once), or None; a
+        failure (offline, the network, an index that is not the lock's) names the memory."""
         if not isinstance(item_id, str):
             return None
-        return shardformat.find_memory(self.remote.lock, item_id, self.remote._index)
+        try:
+            return shardformat.find_memory(self.remote.lock, item_id, self.remote._index)
+        except (HubError, FormatError) as exc:
+            raise type(exc)(f"{self._where(item_id)}, looked up on first use: {exc}") from exc
+
+    def _where(self, item_id: str) -> str:
+        return f"activation memory {item_id!r} of {self.name}"
+
+    def held(self) -> list[Any]:
+        """The items fetched or added so far (what a seal check reads: the memories still to
+        fetch are a clear cube's, with no seal), fetching nothing."""
+        with self._lock:
+            return list(self._held.values())
 
     def _pending(self, item_id: Any) -> Any:
         """The remote entry of ``item_id`` when it is still to be fetched, else None."""
@@ -275,11 +288,7 @@ class OnDemandMemories(MutableMapping):
             IntegrityError, FormatError: its bytes or its index are not the lock's.
             IdentityMismatch, RecomputationFailed: as a whole load.
         """
-        where = f"activation memory {item_id!r} of {self.name}"
-        if offline_requested():
-            raise HubError(f"{where} is loaded on first use and is not here, and HF_HUB_OFFLINE "
-                           "is set: nothing was loaded. Go online, or load the cube whole "
-                           "(on_demand=False) while online.")
+        where = self._where(item_id)
         try:
             data = checked_range(entry, bytearray(self.remote.fetch(entry.locator)))
         except (HubError, FormatError) as exc:

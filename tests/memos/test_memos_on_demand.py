@@ -184,10 +184,12 @@ def test_a_first_use_offline_names_the_memory_and_leaves_it_absent(hub, publishe
     loaded = _open(hub, published)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.stats.reset()
-    with pytest.raises(HubError, match="'item-1' of ns/cube@.*HF_HUB_OFFLINE"):
+    with pytest.raises(HubError, match="'item-1' of ns/cube@.*HF_HUB_OFFLINE is set"):
         loaded.act_mem.get("item-1")
     assert _requests(hub) == 0 and loaded.cubepack.loaded == []
-    assert "item-1" in loaded.act_mem.kv_cache_memories  # absent, never empty or dropped
+    assert len(loaded.act_mem.kv_cache_memories) == 5  # absent, never empty or dropped
+    with pytest.raises(HubError, match="'item-1'"):  # whether it is there needs its index
+        "item-1" in loaded.act_mem.kv_cache_memories
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert loaded.act_mem.get("item-1").id == "item-1"
 
@@ -285,8 +287,8 @@ def test_a_dump_after_partial_first_use_writes_every_memory_checked(hub, publish
     loaded = _open(hub, published)
     loaded.act_mem.get("item-0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubError, match="'item-1'"):
-        loaded.act_mem.dump(str(tmp_path / "refused"))
+    with pytest.raises(HubError, match="'item-2' to 'item-3' of ns/cube@.*HF_HUB_OFFLINE"):
+        loaded.act_mem.dump(str(tmp_path / "refused"))  # item-1's index is held: the next
     assert not (tmp_path / "refused" / "activations").exists()
     monkeypatch.delenv("HF_HUB_OFFLINE")
     loaded.act_mem.dump(str(tmp_path / "dumped"))
