@@ -28,7 +28,7 @@ from ..format.sections import Lock
 from ..format.sections import shards as shardformat
 from ..identity._fingerprint import fingerprint
 from ..kinds import LoadJob
-from ..kinds.activations._memos import UNKNOWN, Checking, LoadedCache, note_unchecked
+from ..kinds._seam import UNKNOWN, Checking, LoadedCache, note_unchecked
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
 from ..kv._torch import live_layers, mapped_layers
 from ..memos_format import _layout as memos_layout

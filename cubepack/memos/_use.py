@@ -65,14 +65,14 @@ from ..kv._torch import (
     layer_classes,
     live_layers,
 )
-from ..kinds.activations._memos import (  # noqa: F401  (the hook's names for them)
+from ..kinds._seam import (  # noqa: F401  (the hook's names for them)
     UNKNOWN,
     UNKNOWN_FINDING,
     USE_ADVICE,
     USE_FINDING,
     use_problems,
 )
-from ..kinds.activations._reprefill import reprefill
+from ..kinds._seam import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
 from ._privacy import cube_memories, ever_sealed, forget_stores, note_sealed, seal, seals_of
