@@ -112,10 +112,16 @@ class RemoteCube:
         policy = TrustPolicy.build(policy, **options)
         policy.require_honoured("load_kv_cache")
         entry = self.entry(item_id)
-        data = checked_range(entry, bytearray(self.fetch(entry.locator)))
+        data = self.memory_bytes(entry)
         name = f"{self.repo_id}@{self.commit[:12]}/{entry.file}#{item_id}"
         return serving("load_kv_cache").load(name, model, policy.recomputation(), device=device,
                                              copy=copy, identity=identity, data=data)
+
+    def memory_bytes(self, entry: Activation) -> bytearray:
+        """The memory ``entry``'s bytes at the opened commit (its range, or its whole file),
+        checked against its index's (or lock's) sha256 and checksums before anything reads
+        them (IntegrityError otherwise, naming the memory)."""
+        return checked_range(entry, bytearray(self.fetch(entry.locator)))
 
     def fetch(self, locator: Locator) -> bytes:
         """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused

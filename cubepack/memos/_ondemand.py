@@ -51,20 +51,13 @@ from ..format._fileset import is_activation_path
 from ..format.sections import Lock, Locator
 from ..format.sections import shards as shardformat
 from ..hub._open import RemoteCube, open_cube
-from ..identity._fingerprint import fingerprint
-from ..kinds.activations._shards import checked_range
+from ..kinds import LoadJob
+from ..kinds._seam import LoadedCache
 from ..ops import verify
+from ..ops._seam import load_verified
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
-from ._activations import (
-    HookReport,
-    _Staged,
-    llm_in_dtype,
-    load_activations,
-    require_provenance,
-    stage_packed,
-)
-from ..memos_format import _layout as memos_layout
+from ._activations import HookReport, install_loaded, item
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -85,10 +78,10 @@ def activation_data(lock: Lock) -> set[str]:
 def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint: str | None,
            token: str | None,
            repo_type: str) -> Iterator[tuple[Path, VerifyReport, Callable, str]]:
-    """``(folder, report, install, commit)``: the cube ``repo_id@revision`` opened at one
+    """``(folder, report, place, commit)``: the cube ``repo_id@revision`` opened at one
     commit, its files but its activation memories fetched into a RAM folder (gone on exit:
-    MemOS holds what it loaded) and verified; ``install`` puts an on-demand activation memory
-    in place of :func:`~._activations.load_activations`.
+    MemOS holds what it loaded) and verified; ``place`` puts an on-demand activation memory
+    in place of :func:`~._activations.install_loaded`.
 
     Raises:
         UsageError: a check asked for that cannot run before first use (``strict_models``,
@@ -120,14 +113,14 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
         lock = replace(report.lock, activations=MappingProxyType({}))
         clear = replace(report, lock=lock)
 
-        def install(act_mem: Any, cube_dir: Path, lock: Lock, hook: HookReport,
-                    policy: TrustPolicy, seals: frozenset[Any]) -> None:
+        def place(act_mem: Any, loaded: tuple[Any, ...], cube_dir: Path, lock: Lock,
+                  hook: HookReport) -> None:
             if not hasattr(act_mem.llm, "model"):  # vLLM prompts: fetched with the folder
-                load_activations(act_mem, cube_dir, lock, hook, policy, seals)
+                install_loaded(act_mem, loaded, cube_dir, lock, hook)
                 return
-            install_on_demand(act_mem, remote, hook, policy)
+            act_mem.kv_cache_memories = OnDemandMemories(act_mem, remote, hook, policy)
 
-        yield folder, clear, install, remote.commit
+        yield folder, clear, place, remote.commit
 
 
 def _fetch_file(remote: RemoteCube, folder: Path, name: str, listed: Any) -> None:
@@ -155,15 +148,6 @@ def _verified(report: VerifyReport, absent: set[str]) -> VerifyReport:
     return kept
 
 
-def install_on_demand(act_mem: Any, remote: RemoteCube, report: HookReport,
-                      policy: TrustPolicy) -> None:
-    """Make ``act_mem``'s memories :class:`OnDemandMemories` of ``remote``."""
-    pin = remote.lock.models.get(memos_layout.ACT_ROLE)
-    llm = llm_in_dtype(act_mem, pin.identity.dtype if pin is not None and pin.identity else None)
-    act_mem.kv_cache_memories = OnDemandMemories(act_mem, remote, report, policy,
-                                                 fingerprint(llm.model))
-
-
 class OnDemandMemories(MutableMapping):
     """A ``KVCacheMemory``'s ``kv_cache_memories`` whose items are a remote cube's memories,
     each fetched and checked when first read (``[id]``, ``get``, ``values``, ``items``).
@@ -171,9 +155,8 @@ class OnDemandMemories(MutableMapping):
     lock alone. Items MemOS adds or deletes change it as they change a dict."""
 
     def __init__(self, act_mem: Any, remote: RemoteCube, report: HookReport,
-                 policy: TrustPolicy, live: Any):
+                 policy: TrustPolicy):
         self.act_mem, self.remote, self.report, self.policy = act_mem, remote, report, policy
-        self.live = live
         self.name = f"{remote.repo_id}@{remote.commit[:12]}"
         self._held: dict[str, Any] = {}  # used (fetched and checked) or added by MemOS
         self._gone: set[str] = set()  # the remote's memories MemOS deleted (or dropped)
@@ -288,17 +271,18 @@ class OnDemandMemories(MutableMapping):
             IntegrityError, FormatError: its bytes or its index are not the lock's.
             IdentityMismatch, RecomputationFailed: as a whole load.
         """
-        where = self._where(item_id)
-        try:
-            data = checked_range(entry, bytearray(self.remote.fetch(entry.locator)))
-        except (HubError, FormatError) as exc:
-            raise type(exc)(f"{where}, fetched on first use: {exc}") from exc
-        staged = _Staged(self.act_mem, Path(self.name), self.report, self.policy)
-        stage_packed(staged, item_id, entry, f"{entry.file}#{item_id}", data, self.live)
         lock = replace(self.remote.lock, activations=MappingProxyType({item_id: entry}))
-        require_provenance(lock, self.report, self.policy.required_provenance())
-        if not staged.items:
+        loaded = load_verified(LoadJob(Path(self.name), lock, self.policy,
+                                       {"act_mem": self.act_mem}, self.report,
+                                       fetch=lambda found: self._bytes(item_id, found)))
+        caches = [one for one in loaded if isinstance(one, LoadedCache)]
+        if not caches:
             return None
-        logger.info("cubepack: %s fetched and checked on first use", where)
-        return staged.items[0]
+        logger.info("cubepack: %s fetched and checked on first use", self._where(item_id))
+        return item(caches[0])
 
+    def _bytes(self, item_id: str, entry: Any) -> Any:
+        try:
+            return self.remote.memory_bytes(entry)
+        except (HubError, FormatError) as exc:
+            raise type(exc)(f"{self._where(item_id)}, fetched on first use: {exc}") from exc
