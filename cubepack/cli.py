@@ -657,6 +657,13 @@ def _render_diff(data: dict[str, Any]) -> str:
                       for change in changes]
     lines += [f"lock {change['field']}: {change['old']} -> {change['new']}"
               for change in data["lock"]]
+    memories = data.get("memories") or {}
+    for kind in ("added", "removed"):
+        lines += [f"memory {kind}: {name}" for name in memories.get(kind, [])]
+    for name, changes in memories.get("changed", {}).items():
+        lines.append(f"memory changed: {name}")
+        lines += [f"  {change['field']}: {change['old']} -> {change['new']}"
+                  for change in changes]
     if data["content_digest"]["old"] == data["content_digest"]["new"]:
         lines.append("content digest unchanged (only the card or lock fields differ)")
     return "\n".join(lines)
