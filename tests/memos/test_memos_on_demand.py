@@ -300,8 +300,7 @@ def test_a_dump_after_partial_first_use_writes_every_memory_checked(hub, publish
                                        f"{item_id}.kv.safetensors", model)
         assert all_equal(continue_greedy(model, item.memory, 40, 2),
                          continue_greedy(model, cache, 40, 2))
-    loaded.cube_dump = tmp_path / "cube"
-    loaded.dump(str(tmp_path / "cube"))
+    loaded.dump(str(tmp_path / "cube"))  # GeneralMemCube.dump: a packed cube
     assert cubepack.verify(tmp_path / "cube").ok
 
 
@@ -312,3 +311,19 @@ def test_what_cannot_be_checked_on_demand_is_refused(hub, published):
         _open(hub, published, require_signature=True)
     with pytest.raises(UsageError, match="local_dir"):
         _open(hub, published, local_dir="somewhere")
+
+
+def test_provenance_and_recomputation_apply_on_first_use(hub, published):
+    """Unsigned, a label is the lock's claim: required provenance refuses the memory at its
+    first use, by name, as a whole load refuses the cube; recompute proves it there."""
+    claimed = _open(hub, published, require_provenance="recorded")
+    with pytest.raises(cubepack.RecomputationFailed, match="'item-2'"):
+        claimed.act_mem.get("item-2")
+    assert claimed.cubepack.loaded == []
+    with pytest.raises(cubepack.RecomputationFailed, match="required"):
+        hook.init_from_remote_repo(f"ns/cube@{published['sha']}", endpoint=hub.url,
+                                   require_provenance="recorded")
+    proved = _open(hub, published, require_provenance="recorded", recompute=True)
+    assert proved.act_mem.get("item-2").id == "item-2"
+    assert proved.cubepack.recomputed["item-2"]["full"]
+    assert proved.cubepack.provenance["item-2"]["basis"] == "proved"
