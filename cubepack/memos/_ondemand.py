@@ -272,9 +272,18 @@ class OnDemandMemories(MutableMapping):
             IdentityMismatch, RecomputationFailed: as a whole load.
         """
         lock = replace(self.remote.lock, activations=MappingProxyType({item_id: entry}))
-        loaded = load_verified(LoadJob(Path(self.name), lock, self.policy,
-                                       {"act_mem": self.act_mem}, self.report,
-                                       fetch=lambda found: self._bytes(item_id, found)))
+        try:
+            loaded = load_verified(LoadJob(Path(self.name), lock, self.policy,
+                                           {"act_mem": self.act_mem}, self.report,
+                                           fetch=lambda found: self._bytes(item_id, found)))
+        except BaseException:
+            # A refusal leaves the report as it was: the memory was not loaded (the checks
+            # record it as they pass, before the last one refuses).
+            report = self.report
+            report.loaded[:] = [one for one in report.loaded if one != item_id]
+            for record in (report.recomputed, report.provenance, report.rebuilt):
+                record.pop(item_id, None)
+            raise
         caches = [one for one in loaded if isinstance(one, LoadedCache)]
         if not caches:
             return None
