@@ -199,7 +199,8 @@ class MigrateJob:
     #: the new embedder spec, or None
     embedder: str | None
     progress: bool | None
-    #: what the new cube's lineage section states (``trust._lineage.build``'s keywords)
+    #: what the new cube's lineage section states changed: key -> value, each key declared
+    #: by a lock section (``format.sections.lineage.register_change``; the rest: defaults)
     lineage: dict[str, Any] = field(default_factory=dict)
     #: the result's fields (``MigrateResult``'s keywords)
     result: dict[str, Any] = field(default_factory=dict)
