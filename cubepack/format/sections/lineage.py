@@ -54,7 +54,8 @@ class ChangeKey:
     key: str
     #: the lock version that added it: required from it on (unless optional), refused before
     since: int
-    #: None when ``value`` is well-formed, else what it must be ("must be ...")
+    #: None when ``value`` is well-formed, else what it must be ("must be ...", or
+    #: ".inner.path must be ..." for a part of it)
     check: Callable[[Any], str | None]
     #: what a lineage states when the kind changed nothing (None: optional, then left out)
     default: Any = None
@@ -97,9 +98,16 @@ MODEL_CHANGE_KEYS = ("from", "to", "from_weights", "to_weights")
 
 
 def _models(value: Any) -> str | None:
-    if isinstance(value, dict) and all(_texts(c, MODEL_CHANGE_KEYS) for c in value.values()):
-        return None
-    return f"must map each role to exactly {sorted(MODEL_CHANGE_KEYS)}, non-empty strings"
+    if not isinstance(value, dict):
+        return "must be an object"
+    for role, change in value.items():
+        if not isinstance(change, dict) or set(change) != set(MODEL_CHANGE_KEYS):
+            return (f".{role} must hold the keys {sorted(MODEL_CHANGE_KEYS)}, found "
+                    f"{sorted(change) if isinstance(change, dict) else type(change).__name__}")
+        for key in MODEL_CHANGE_KEYS:
+            if not (isinstance(change[key], str) and change[key]):
+                return f".{role}.{key} must be a non-empty string"
+    return None
 
 
 # The keys of lock version 3, when lineage came (the activations', adapters' and vectors'
@@ -130,7 +138,7 @@ def change_problem(version: int, changes: Any) -> str | None:
     for key in sorted(changes):
         problem = known[key].check(changes[key])
         if problem:
-            return f"changes.{key} {problem}"
+            return f"changes.{key}{'' if problem.startswith('.') else ' '}{problem}"
     return None
 
 
