@@ -29,6 +29,8 @@ upgrade            ``upgrade``         rewrites one such file (staged, or a lone
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
 (its load verb)    ``load``            after the policy is honoured and the cube verified
+(the MemOS hook)   ``check_memos_``    before MemOS builds anything: what its config decides
+                   ``config``
 (the MemOS hook)   ``load_memos``      the cube verified (and decrypted): every check of the
                                        kind's memories for the live MemOS memory, its
                                        memories placed or handed back to the hook to place
@@ -177,6 +179,10 @@ class LoadJob:
     #: the whole cube is loaded (``init_from_dir``...): a kind whose memory is not asked
     #: still refuses what the policy refuses of the cube (a required provenance)
     whole: bool = False
+    #: False: MemOS has built nothing yet (``memories`` is empty, or holds memories not yet
+    #: loaded): only the kinds' ``check_memos_config`` runs, on ``config``; True: MemOS built
+    #: the memories and loaded what it loads itself: the kinds' ``load_memos`` runs
+    built: bool = True
 
     def memory(self, kind: Kind) -> Any:
         """The live MemOS memory ``kind`` loads into in this load, or None."""
@@ -378,6 +384,12 @@ class Kind(Protocol):
         """Does the kind load the cube's memories into its MemOS memory itself (``load_memos``),
         so that MemOS's own load of that memory is not called?"""
         return False
+
+    def check_memos_config(self, job: LoadJob) -> None:
+        """Before MemOS builds anything (``job.built`` False): refuse what the MemOS config
+        (``job.config``) decides of the kind's memories, so a refusal leaves nothing built
+        or loaded (the adapters' bases: MemOS applies no adapter, its config names the
+        base)."""
 
     def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
         """The cube is verified (and a private one decrypted): check the kind's memories
