@@ -41,7 +41,7 @@ from ..identity._identity import ModelIdentity
 from . import _fileset as fileset
 from ._fileset import is_activation_path
 from ._provenance import KINDS, RECORDED
-from .sections import Lock, Pin
+from .sections import MEMORY_SECTIONS, Lock, Pin
 from .sections import activations as _activations
 from .sections import adapters as _adapters
 from .sections import encryption as _encryption
@@ -630,7 +630,7 @@ def _check_lineage(lineage: Any, version: int) -> None:
 #: signed with the lock, so anyone holding two signed revisions of a series can tell the newer
 #: (a replay of an older one is told apart without a key). Version 1 is still read: a cube of
 #: it has no generation to compare. Version 3 counts each memory kind under its lock
-#: section's key (any section of ``SECTIONS``: a new kind's counts need no format change);
+#: section's key (any of ``MEMORY_SECTIONS``: a new kind's counts need no format change);
 #: versions 1 and 2 count exactly ``COUNT_KEYS``, and are still read.
 ENCRYPTION_VERSION = 3
 ENCRYPTION_VERSIONS = (1, 2, 3)
@@ -707,10 +707,10 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
         refuse("counts must map names to non-negative integers")
     if version < 3 and set(counts) != COUNT_KEYS:
         refuse(f"version {version}'s counts must map exactly {sorted(COUNT_KEYS)}")
-    sections = set(SECTION_KEYS) - {"files", "encryption"}
+    sections = set(MEMORY_SECTIONS)
     if version >= 3 and not (COUNT_BASE_KEYS <= set(counts) <= COUNT_BASE_KEYS | sections):
-        refuse(f"counts must hold {sorted(COUNT_BASE_KEYS)}, and beside them only lock sections "
-               f"({', '.join(sorted(sections))}), found {sorted(counts)}")
+        refuse(f"counts must hold {sorted(COUNT_BASE_KEYS)}, and beside them only memory "
+               f"sections ({', '.join(sorted(sections))}), found {sorted(counts)}")
     if not isinstance(value["hidden_names"], bool):
         refuse("hidden_names must be true or false")
     if lock["activations"] or "adapters" in lock or "lineage" in lock or "shards" in lock:
