@@ -29,6 +29,8 @@ upgrade            ``upgrade``         rewrites one such file (staged, or a lone
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
 (its load verb)    ``load``            after the policy is honoured and the cube verified
+(the MemOS hook)   ``check_memos_``    before MemOS builds anything: what its config decides
+                   ``config``
 (the MemOS hook)   ``load_memos``      the cube verified (and decrypted): every check of the
                                        kind's memories for the live MemOS memory, its
                                        memories placed or handed back to the hook to place
@@ -177,6 +179,10 @@ class LoadJob:
     #: the whole cube is loaded (``init_from_dir``...): a kind whose memory is not asked
     #: still refuses what the policy refuses of the cube (a required provenance)
     whole: bool = False
+    #: False: MemOS has built nothing yet (``memories`` is empty, or holds memories not yet
+    #: loaded): only the kinds' ``check_memos_config`` runs, on ``config``; True: MemOS built
+    #: the memories and loaded what it loads itself: the kinds' ``load_memos`` runs
+    built: bool = True
     #: a memory's bytes, checked against its lock or index entry, for a load whose memories
     #: are not in ``cube`` (a remote cube's, fetched on first use: ``memos/_ondemand.py``)
     fetch: Callable[[Any], Any] | None = None
@@ -202,7 +208,8 @@ class MigrateJob:
     #: the new embedder spec, or None
     embedder: str | None
     progress: bool | None
-    #: what the new cube's lineage section states (``trust._lineage.build``'s keywords)
+    #: what the new cube's lineage section states changed: key -> value, each key declared
+    #: by a lock section (``format.sections.lineage.register_change``; the rest: defaults)
     lineage: dict[str, Any] = field(default_factory=dict)
     #: the result's fields (``MigrateResult``'s keywords)
     result: dict[str, Any] = field(default_factory=dict)
@@ -380,6 +387,12 @@ class Kind(Protocol):
         """Does the kind load the cube's memories into its MemOS memory itself (``load_memos``),
         so that MemOS's own load of that memory is not called?"""
         return False
+
+    def check_memos_config(self, job: LoadJob) -> None:
+        """Before MemOS builds anything (``job.built`` False): refuse what the MemOS config
+        (``job.config``) decides of the kind's memories, so a refusal leaves nothing built
+        or loaded (the adapters' bases: MemOS applies no adapter, its config names the
+        base)."""
 
     def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
         """The cube is verified (and a private one decrypted): check the kind's memories

@@ -559,7 +559,8 @@ def _guarded_para_load(self: Any, dir: str) -> None:
                             signed=verified.signed)
         load_verified(LoadJob(folder, verified.lock, current, {"para_mem": self}, report,
                               config={"para_mem": {"backend": "lora", "config":
-                                                   self.config.model_dump(mode="json")}}))
+                                                   self.config.model_dump(mode="json")}},
+                              built=False))  # before MemOS's own load
         self.cubepack = report
     return _original(LoRAMemory, "load")(self, dir)
 

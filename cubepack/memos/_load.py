@@ -240,6 +240,11 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by,
                         signed=verified.signed)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
+    seals = frozenset([private[0]]) if private is not None else frozenset()
+    # What the config decides of the memories (an adapter's base) is refused before MemOS
+    # builds anything; the rest once it built them.
+    load_verified(LoadJob(cube_dir, lock, policy, {}, report, config=effective.model_dump(
+        mode="json") if "para_mem" in types else {}, seals=seals, whole=True, built=False))
     config = _only(effective, types)
     if private is not None:
         refuse_persistent([(kind, store) for kind in types
@@ -261,10 +266,8 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     # keeps none); what they hand back, the hook places.
     memories = {kind: memory for kind in types
                 if (memory := getattr(cube, kind, None)) is not None}
-    loaded = load_verified(LoadJob(
-        cube_dir, lock, policy, memories, report,
-        config=effective.model_dump(mode="json") if "para_mem" in types else {},
-        seals=frozenset([private[0]]) if private is not None else frozenset(), whole=True))
+    loaded = load_verified(LoadJob(cube_dir, lock, policy, memories, report, seals=seals,
+                                   whole=True))
     if "act_mem" in memories:
         (place or install_loaded)(cube.act_mem, loaded, cube_dir, lock, report)
     cube.cubepack = report

@@ -148,10 +148,16 @@ def load_verified(job: LoadJob) -> tuple[Any, ...]:
     (the MemOS hook) to place; a refusal raises before anything was handed back.
 
     The caller decided trust and opened a private cube before: this runs only on a cube that
-    verified under the policy (its files the lock's, its signature and pins checked).
+    verified under the policy (its files the lock's, its signature and pins checked). Called
+    with ``job.built`` False before MemOS builds anything, it runs the kinds'
+    ``check_memos_config`` on ``job.config`` instead, and hands back nothing.
 
     Example::
 
         placed = load_verified(LoadJob(folder, report.lock, policy, {"act_mem": memory}, hook))
     """
+    if not job.built:  # before MemOS builds anything: what its config decides, refused
+        for kind in KINDS:
+            kind.check_memos_config(job)
+        return ()
     return tuple(loaded for kind in KINDS for loaded in kind.load_memos(job))

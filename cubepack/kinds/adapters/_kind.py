@@ -23,13 +23,11 @@ class Adapters(Kind):
     serves: ClassVar[str | None] = "load_adapter"
     memos_memory: ClassVar[str | None] = "para_mem"
 
-    def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
+    def check_memos_config(self, job: LoadJob) -> None:
         # MemOS 2.0.33 applies no adapter: each is checked against the base its config names
-        # for the parametric memory (none named, or that memory not loaded: not applied).
+        # for the parametric memory (none named, or that memory not asked: not applied).
         if job.lock.adapters and (job.whole or job.memory(self) is not None):
-            config = job.config if job.memory(self) is not None else {}
-            _memos.check_adapters(job.lock, dict(config), job.report, job.policy)
-        return ()
+            _memos.check_adapters(job.lock, dict(job.config), job.report, job.policy)
 
     def counts(self, lock: Lock) -> dict[str, int]:
         return {"adapters": len(lock.adapters)}
