@@ -327,3 +327,22 @@ def test_provenance_and_recomputation_apply_on_first_use(hub, published):
     assert proved.act_mem.get("item-2").id == "item-2"
     assert proved.cubepack.recomputed["item-2"]["full"]
     assert proved.cubepack.provenance["item-2"]["basis"] == "proved"
+
+
+def test_listing_the_ids_fetches_the_indexes_only(hub, published):
+    loaded = _open(hub, published)
+    hub.stats.reset()
+    assert list(loaded.act_mem.kv_cache_memories) == sorted(published["items"])
+    assert _requests(hub) == 3 and _requests(hub, ".index.json") == 3  # one a shard
+    assert "item-4" in loaded.act_mem.kv_cache_memories and _requests(hub) == 3
+    assert loaded.cubepack.loaded == []
+    del loaded.act_mem.kv_cache_memories["item-3"]  # a memory never used: nothing fetched
+    assert _requests(hub) == 3 and len(loaded.act_mem.kv_cache_memories) == 4
+    # MemOS's delete pops it, and a pop returns the memory: fetched (checked) as a dict's would
+    loaded.act_mem.delete(["item-4"])
+    assert _requests(hub) == 4 and len(loaded.act_mem.kv_cache_memories) == 3
+    assert "item-4" not in loaded.act_mem.kv_cache_memories
+    assert loaded.act_mem.get("item-4") is None and loaded.act_mem.get("item-3") is None
+    assert _requests(hub) == 4
+    assert sorted(item.id for item in loaded.act_mem.get_all()) == ["item-0", "item-1",
+                                                                    "item-2"]
