@@ -8,8 +8,9 @@ activation memory whose items are fetched when MemOS first uses them.
 Each first use (``KVCacheMemory.get``, ``get_by_ids``, ``get_cache``, ``get_all``, the
 dictionary itself, as ``SimpleMemChat``, ``MOSCore`` and the scheduler's activation manager
 read it) fetches that memory's shard index (once a shard) and its byte range at the opened
-commit, and applies every check a full load applies, in the same code
-(:func:`~._activations.stage_packed`): the range's sha256 and its KV header's checksums against
+commit, and applies every check a full load applies, in the same code (the activations kind's
+load, through ``ops._seam.load_verified``, handed the memory's bytes by ``LoadJob.fetch``): the
+range's sha256 and its KV header's checksums against
 the index (the index against the lock) before any tensor is built, the producer against the
 model MemOS loaded (the mismatch policy), recomputation and provenance when asked. A failure
 (offline, the network, a refusal) raises a typed error naming the memory, never an empty
