@@ -579,17 +579,35 @@ def export_group() -> None:
     """Write a cubepack KV file in another runtime's cache format."""
 
 
+def _item_option() -> Any:
+    return click.option("--item", help="KVFILE is a cube folder: export its memory ITEM (a "
+                                       "shard's range or its own file, checked first).")
+
+
+def _export_source(kvfile: str, item: str | None) -> None:
+    """A folder needs --item (which memory), a file takes none: refused before any work."""
+    if Path(kvfile).is_dir() and item is None:
+        raise UsageError(f"{kvfile} is a folder: name the memory to export with --item ID "
+                         "(cubepack inspect lists them).")
+    if not Path(kvfile).is_dir() and item is not None:
+        raise UsageError(f"--item names a memory of a cube folder; {kvfile} is a file.")
+
+
 @export_group.command("mlx")
-@click.argument("kvfile", type=click.Path(dir_okay=False, exists=True))
+@click.argument("kvfile", type=click.Path(exists=True))
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="The MLX-LM prompt cache to write (mlx_lm's load_prompt_cache reads it).")
 @click.option("--model", help="Refuse unless the KV file's producer is this model.")
+@_item_option()
 @_json_option()
-def export_mlx_command(kvfile: str, out: str, model: str | None, as_json: bool) -> None:
-    """Write KVFILE as an MLX-LM prompt cache that carries its producer."""
+def export_mlx_command(kvfile: str, out: str, model: str | None, item: str | None,
+                       as_json: bool) -> None:
+    """Write KVFILE (or a cube's memory --item) as an MLX-LM prompt cache that carries its
+    producer."""
+    _export_source(kvfile, item)
     from .mlx import export_prompt_cache
 
-    path = export_prompt_cache(kvfile, out, model=model)
+    path = export_prompt_cache(kvfile, out, model=model, item=item)
     _emit({"path": str(path)}, as_json, lambda d: f"exported to {d['path']}")
 
 
@@ -669,6 +687,13 @@ def _render_diff(data: dict[str, Any]) -> str:
                       for change in changes]
     lines += [f"lock {change['field']}: {change['old']} -> {change['new']}"
               for change in data["lock"]]
+    memories = data.get("memories") or {}
+    for kind in ("added", "removed"):
+        lines += [f"memory {kind}: {name}" for name in memories.get(kind, [])]
+    for name, changes in memories.get("changed", {}).items():
+        lines.append(f"memory changed: {name}")
+        lines += [f"  {change['field']}: {change['old']} -> {change['new']}"
+                  for change in changes]
     if data["content_digest"]["old"] == data["content_digest"]["new"]:
         lines.append("content digest unchanged (only the card or lock fields differ)")
     return "\n".join(lines)
@@ -1104,22 +1129,25 @@ def import_llamacpp_command(file: str, gguf: str, model: str, revision: str | No
 
 @_runtime_group("export", "Write a cubepack KV file in another runtime's cache format.").command(
     "llamacpp")
-@click.argument("kvfile", type=click.Path(dir_okay=False, exists=True))
+@click.argument("kvfile", type=click.Path(exists=True))
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="The llama.cpp session file to write (its pin goes beside it, "
                    "FILE.cubepack.json).")
+@_item_option()
 @click.option("--gguf", type=click.Path(dir_okay=False, exists=True),
               help="Refuse unless KVFILE pins this GGUF.")
 @click.option("--flash-attn", is_flag=True, help="For a llama.cpp context with flash attention "
                                                  "(values not transposed).")
 @_json_option()
-def export_llamacpp_command(kvfile: str, out: str, gguf: str | None, flash_attn: bool,
-                            as_json: bool) -> None:
-    """Write KVFILE as a llama.cpp session file, pinned to the GGUF it records."""
+def export_llamacpp_command(kvfile: str, out: str, item: str | None, gguf: str | None,
+                            flash_attn: bool, as_json: bool) -> None:
+    """Write KVFILE (or a cube's memory --item) as a llama.cpp session file, pinned to the
+    GGUF it records."""
+    _export_source(kvfile, item)
     from .llamacpp import export_state
     from .llamacpp._convert import pin_path
 
-    path = export_state(kvfile, out, gguf=gguf, v_trans=not flash_attn)
+    path = export_state(kvfile, out, gguf=gguf, v_trans=not flash_attn, item=item)
     _emit({"path": str(path), "pin": str(pin_path(path))}, as_json,
           lambda d: f"exported to {d['path']} (pin: {d['pin']})")
 

@@ -64,6 +64,7 @@ MEMOS_ONLY = ("memos-pickle", "preferences")
 #: The fixtures older commits wrote: name -> (commit, environment). Each commit is the last
 #: that wrote a format version (or predicate, or encryption section) later bumped; each
 #: fixture's writer is its function in tools/compat_old/writers.py.
+P2 = "7a731c8bf61ce3cdeeeb736f5e9655e2e7f988ef"  # encryption 2, manifest 2
 L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
                       "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
                       "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1
@@ -74,7 +75,8 @@ OLD = {"lock1": (L1, "latest"), "kv1": (L1, "latest"),
        "attestation1": (L3, "latest"), "lock3-adapters": (L3, "latest"),
        "lock3-vectors": (L3, "latest"), "lock3-lineage": (L3, "latest"),
        "attestation2": (L4, "latest"), "kv2": (L4, "latest"), "mlx2": (L4, "latest"),
-       "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest")}
+       "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest"),
+       "private2-age": (P2, "latest"), "private2-ssh-hidden": (P2, "latest")}
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -446,10 +448,11 @@ def _encrypt(name: str, recipient: str, **options) -> Path:
     return cube
 
 
-def build_private2_age(m: dict[str, Path], k: dict[str, Path]) -> None:
-    _encrypt("private2-age", k["age_pub"].read_text().strip(), sign_key=str(k["sign"]))
-    describe("private2-age", what="lock4 encrypted to an age X25519 recipient and signed: "
-             "lock version 5, encryption section version 2, manifest version 2.",
+def build_private3_age(m: dict[str, Path], k: dict[str, Path]) -> None:
+    _encrypt("private3-age", k["age_pub"].read_text().strip(), sign_key=str(k["sign"]))
+    describe("private3-age", what="lock4 encrypted to an age X25519 recipient and signed: "
+             "lock version 5, encryption section version 3 (counts by memory section), "
+             "manifest version 2.",
              commit=head(), how="cubepack.encrypt(copy of lock4/cube, [keys/age.pub], "
              "sign_key=keys/signing.pem).",
              expect={"artefact": "cube", "model": "a", "signed": True, "identity": "age",
@@ -458,10 +461,10 @@ def build_private2_age(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "load": True})
 
 
-def build_private2_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
-    _encrypt("private2-ssh-hidden", k["ssh_pub"].read_text().strip(), hide_names=True)
-    describe("private2-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
-             "hidden names, unsigned: lock version 5, encryption section version 2, manifest "
+def build_private3_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
+    _encrypt("private3-ssh-hidden", k["ssh_pub"].read_text().strip(), hide_names=True)
+    describe("private3-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
+             "hidden names, unsigned: lock version 5, encryption section version 3, manifest "
              "version 2.", commit=head(),
              how="cubepack.encrypt(copy of lock4/cube, [keys/ssh_ed25519.pub], "
              "hide_names=True).",
@@ -473,8 +476,8 @@ def build_private2_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
 CURRENT = {
     "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
     "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
-    "vectors": build_vectors, "lineage": build_lineage, "private2-age": build_private2_age,
-    "private2-ssh-hidden": build_private2_ssh, "lock6-shards": build_lock6_shards,
+    "vectors": build_vectors, "lineage": build_lineage, "private3-age": build_private3_age,
+    "private3-ssh-hidden": build_private3_ssh, "lock6-shards": build_lock6_shards,
     "preferences": build_preferences,
 }
 

@@ -41,7 +41,7 @@ from ..identity._identity import ModelIdentity
 from . import _fileset as fileset
 from ._fileset import is_activation_path
 from ._provenance import KINDS, RECORDED
-from .sections import Lock, Pin
+from .sections import MEMORY_SECTIONS, Lock, Pin
 from .sections import activations as _activations
 from .sections import adapters as _adapters
 from .sections import encryption as _encryption
@@ -52,7 +52,7 @@ from .sections import preferences as _preferences
 from .sections import shards as _shards
 from .sections.activations import PROVENANCE_KEYS, activation_id_key, duplicate_id
 from .sections.adapters import BASE_CLAIM
-from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
+from .sections.lineage import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, change_problem
 
 # --- the provenance record of an activation (``activations[item].provenance``) ---------------
 
@@ -239,7 +239,7 @@ def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
     section by its key (``activations``, ``adapters``...: ``SECTIONS`` names them). An empty
     optional section (no ``adapters``, a None ``lineage``) is left out (a cube without that
     section); a required one absent is empty. The version is the lowest that holds every
-    section present (``encryption``: 5).
+    section present (``encryption``: 5), and every lineage change stated (its declaration's).
 
     Raises:
         TypeError: a section ``SECTIONS`` does not declare.
@@ -258,6 +258,10 @@ def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
         if section.required or value:
             body[section.key] = value
             body["lock_version"] = max(body["lock_version"], section.since)
+    if lineage:  # a change a later kind declared is held from its version on
+        body["lock_version"] = max([body["lock_version"]] + [
+            _lineage.CHANGES[key].since for key in lineage.get("changes", {})
+            if key in _lineage.CHANGES])
     body["content_digest"] = content_digest(body)
     body["digest"] = canonical.digest(body)
     return body
@@ -573,8 +577,9 @@ def _check_adapters(adapters: Any, files: dict[str, Any], models: dict[str, Any]
 #: every one required but ``changes.embedder``, there only when the embedder changed.
 LINEAGE_KEYS = frozenset({"parent", "changes", "tool", "cubepack_version"})
 PARENT_KEYS = frozenset(PARENT_LINK_KEYS + PARENT_ORIGIN_KEYS)
+#: The changes of lock version 3 (every version's: ``sections.lineage.CHANGES``).
 CHANGE_KEYS = frozenset({"models", "retokenized", "reembedded", "adapters_dropped"})
-MODEL_CHANGE_KEYS = frozenset({"from", "to", "from_weights", "to_weights"})
+MODEL_CHANGE_KEYS = frozenset(_lineage.MODEL_CHANGE_KEYS)
 
 
 def _check_lineage(lineage: Any, version: int) -> None:
@@ -609,25 +614,10 @@ def _check_lineage(lineage: Any, version: int) -> None:
         refuse("parent.revision must be a 40-hex commit or null")
     if (parent["repo_id"] is None) != (parent["revision"] is None):
         refuse("parent.repo_id and parent.revision must be given together (or both null)")
-    changes = lineage["changes"]
-    exact_keys(changes, "changes", set(CHANGE_KEYS), frozenset({"embedder"}))
-    if not isinstance(changes["models"], dict):
-        refuse("changes.models must be an object")
-    for role, change in changes["models"].items():
-        exact_keys(change, f"changes.models.{role}", set(MODEL_CHANGE_KEYS))
-        for key in sorted(MODEL_CHANGE_KEYS):
-            text(change[key], f"changes.models.{role}.{key}")
-    if "embedder" in changes:
-        exact_keys(changes["embedder"], "changes.embedder", {"from", "to"})
-        for key in ("from", "to"):
-            text(changes["embedder"][key], f"changes.embedder.{key}")
-    for key in ("retokenized", "adapters_dropped"):
-        names = changes[key]
-        if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)
-                and len(set(names)) == len(names)):
-            refuse(f"changes.{key} must be a list of distinct non-empty strings")
-    if type(changes["reembedded"]) is not int or changes["reembedded"] < 0:
-        refuse("changes.reembedded must be a non-negative integer")
+    # Each kind's changes are declared by its section (``sections.lineage.register_change``).
+    problem = change_problem(version, lineage["changes"])
+    if problem:
+        refuse(problem)
     text(lineage["tool"], "tool")
     text(lineage["cubepack_version"], "cubepack_version")
 
@@ -639,9 +629,11 @@ def _check_lineage(lineage: Any, version: int) -> None:
 #: and ``generation`` (its write count: encrypt starts it, each rekey adds one), public and
 #: signed with the lock, so anyone holding two signed revisions of a series can tell the newer
 #: (a replay of an older one is told apart without a key). Version 1 is still read: a cube of
-#: it has no generation to compare.
-ENCRYPTION_VERSION = 2
-ENCRYPTION_VERSIONS = (1, 2)
+#: it has no generation to compare. Version 3 counts each memory kind under its lock
+#: section's key (any of ``MEMORY_SECTIONS``: a new kind's counts need no format change);
+#: versions 1 and 2 count exactly ``COUNT_KEYS``, and are still read.
+ENCRYPTION_VERSION = 3
+ENCRYPTION_VERSIONS = (1, 2, 3)
 ENCRYPTION_SCHEME = "age-encryption.org/v1"
 ENCRYPTION_KEYS_V1 = frozenset({"version", "scheme", "manifest", "ciphertexts", "counts",
                                 "hidden_names"})
@@ -649,6 +641,8 @@ ENCRYPTION_KEYS = ENCRYPTION_KEYS_V1 | {"series", "generation"}
 #: A series: 32 lowercase hex digits (128 random bits), drawn by encrypt, kept by rekey.
 _SERIES = re.compile(r"[0-9a-f]{32}")
 COUNT_KEYS = frozenset({"files", "activations", "adapters", "recipients"})
+#: What every version's counts hold; from version 3, beside a count per memory section.
+COUNT_BASE_KEYS = frozenset({"files", "recipients"})
 #: The largest generation: inside the integers strict JSON reads exactly (+-2**53).
 MAX_GENERATION = 2 ** 53 - 1
 
@@ -708,9 +702,15 @@ def _check_encryption(value: Any, lock: dict[str, Any]) -> None:
     if not set(ciphertexts) <= set(files):
         refuse("names a ciphertext the lock's files do not hold")
     counts = value["counts"]
-    if not (isinstance(counts, dict) and set(counts) == COUNT_KEYS
+    if not (isinstance(counts, dict)
             and all(type(n) is int and n >= 0 for n in counts.values())):
-        refuse(f"counts must map {sorted(COUNT_KEYS)} to non-negative integers")
+        refuse("counts must map names to non-negative integers")
+    if version < 3 and set(counts) != COUNT_KEYS:
+        refuse(f"version {version}'s counts must map exactly {sorted(COUNT_KEYS)}")
+    sections = set(MEMORY_SECTIONS)
+    if version >= 3 and not (COUNT_BASE_KEYS <= set(counts) <= COUNT_BASE_KEYS | sections):
+        refuse(f"counts must hold {sorted(COUNT_BASE_KEYS)}, and beside them only memory "
+               f"sections ({', '.join(sorted(sections))}), found {sorted(counts)}")
     if not isinstance(value["hidden_names"], bool):
         refuse("hidden_names must be true or false")
     if lock["activations"] or "adapters" in lock or "lineage" in lock or "shards" in lock:

@@ -31,7 +31,7 @@ from ..kinds import serving
 from ..kinds.activations._shards import checked_range
 from ..trust._policy import TrustPolicy
 from ..trust._signing import verify_lock_signature
-from ._client import REPO_TYPES, HubClient, parse_repo_spec
+from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
 #: The largest lock ``open`` fetches: the lock's own parse limit.
 MAX_LOCK_BYTES = lockfile.MAX_LOCK_BYTES
@@ -52,6 +52,8 @@ class RemoteCube:
     signed_by: str | None = None
     #: shard path -> its index, fetched and checked once
     indexes: dict[str, ShardIndex] = field(default_factory=dict, repr=False)
+    #: the lock's bytes as fetched and checked (what a reader that verifies a folder writes)
+    lock_bytes: bytes = field(default=b"", repr=False)
 
     @property
     def memories(self) -> int:
@@ -71,6 +73,21 @@ class RemoteCube:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
         return entry
+
+    def ids(self) -> list[str]:
+        """Every activation memory's id, in order: the lock's, and each shard index's (each
+        index fetched once, checked against the lock; no memory's bytes are fetched). A shard
+        whose index cannot be fetched or is refused names its range of memories."""
+        held: dict[str, Activation] = {}
+        for shard in self.lock.shards.values():
+            try:
+                index = self._index(shard)
+            except (HubError, FormatError) as exc:  # name the memories it would have listed
+                raise type(exc)(f"the memories {shard.first!r} to {shard.last!r} of "
+                                f"{self.repo_id}@{self.commit[:12]} cannot be listed: "
+                                f"{exc}") from exc
+            shardformat.add_memories(held, index, self.lock)
+        return sorted({*self.lock.activations, *held})
 
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
         if shard.path not in self.indexes:
@@ -95,15 +112,26 @@ class RemoteCube:
         policy = TrustPolicy.build(policy, **options)
         policy.require_honoured("load_kv_cache")
         entry = self.entry(item_id)
-        data = checked_range(entry, bytearray(self.fetch(entry.locator)))
+        data = self.memory_bytes(entry)
         name = f"{self.repo_id}@{self.commit[:12]}/{entry.file}#{item_id}"
         return serving("load_kv_cache").load(name, model, policy.recomputation(), device=device,
                                              copy=copy, identity=identity, data=data)
 
+    def memory_bytes(self, entry: Activation) -> bytearray:
+        """The memory ``entry``'s bytes at the opened commit (its range, or its whole file),
+        checked against its index's (or lock's) sha256 and checksums before anything reads
+        them (IntegrityError otherwise, naming the memory)."""
+        return checked_range(entry, bytearray(self.fetch(entry.locator)))
+
     def fetch(self, locator: Locator) -> bytes:
         """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused
         unless the answer is 206 with exactly the ``Content-Range`` asked for (the file's size
-        the lock's) and as many bytes."""
+        the lock's) and as many bytes; refused without a request under ``HF_HUB_OFFLINE``."""
+        if offline_requested():  # the session may predate HF_HUB_OFFLINE: asked here
+            raise HubError(f"HF_HUB_OFFLINE is set: {locator.path} of {self.repo_id}@"
+                           f"{self.commit[:12]} is not here and was not fetched; go online, "
+                           f"or pull the cube while online (cubepack pull {self.repo_id} "
+                           f"--revision {self.commit}).")
         listed = self.lock.files.get(locator.path)
         if listed is None:
             raise FormatError(f"{locator.path} is not a file of the lock of "
@@ -200,7 +228,7 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         signed_by = verify_lock_signature(
             data, None if signature is None else signature.content,
             None if attestation is None else attestation.content, list(trusted_keys))
-    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by)
+    return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,

@@ -21,7 +21,9 @@ checked before anything is parsed, trust decided before anything is decrypted or
 
 from collections.abc import Mapping
 
-from ._kind import Kind, MigrateJob, MigrateOptions, PackJob, PackOptions, made_pin
+from ..format.sections import Lock
+
+from ._kind import Kind, LoadJob, MigrateJob, MigrateOptions, PackJob, PackOptions, made_pin
 from ._results import MigrateResult, PackResult
 from .activations import KIND as _ACTIVATIONS
 from .adapters import KIND as _ADAPTERS
@@ -39,11 +41,25 @@ def counted(files: int, counts: Mapping[str, int]) -> str:
                                           for kind in KINDS if kind.noun and kind.section])
 
 
+def memos_owned(lock: Lock, memory: str) -> bool:
+    """Does a kind load the MemOS memory ``memory`` (``pref_mem``...) of a cube locked by
+    ``lock`` itself, so that MemOS's own load of it is never called?"""
+    return any(kind.memos_memory == memory and kind.memos_own(lock) for kind in KINDS)
+
+
+def memos_owner(lock: Lock, memory_class: str) -> Kind | None:
+    """The kind whose ``load_memos`` replaces the MemOS memory class ``memory_class``'s own
+    load for the cube locked by ``lock`` (``PreferenceTextMemory``, for a cube holding
+    preferences), or None: MemOS's own load runs."""
+    return next((kind for kind in KINDS if memory_class in kind.memos_classes
+                 and kind.memos_own(lock)), None)
+
+
 def serving(verb: str) -> Kind:
     """The kind whose own load the public verb ``verb`` ends with."""
     return next(kind for kind in KINDS if kind.serves == verb)
 
 
-__all__ = ["KINDS", "Kind", "MigrateJob", "MigrateOptions", "MigrateResult", "PackJob",
+__all__ = ["KINDS", "Kind", "LoadJob", "MigrateJob", "MigrateOptions", "MigrateResult", "PackJob",
            "PackOptions",
-           "PackResult", "counted", "made_pin", "serving"]
+           "PackResult", "counted", "made_pin", "memos_owned", "memos_owner", "serving"]

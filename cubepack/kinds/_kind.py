@@ -29,6 +29,11 @@ upgrade            ``upgrade``         rewrites one such file (staged, or a lone
 encrypt            ``counts``          what a private cube's public lock counts
 encrypt            ``files``           which clear files hold the kind's memories
 (its load verb)    ``load``            after the policy is honoured and the cube verified
+(the MemOS hook)   ``check_memos_``    before MemOS builds anything: what its config decides
+                   ``config``
+(the MemOS hook)   ``load_memos``      the cube verified (and decrypted): every check of the
+                                       kind's memories for the live MemOS memory, its
+                                       memories placed or handed back to the hook to place
 =================  ==================  ====================================================
 
 Every phase has a do-nothing default here, so a kind implements the phases it needs and
@@ -39,7 +44,7 @@ parameters. What a kind keeps between its own phases it keeps in ``job.state[kin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -150,6 +155,44 @@ class PackJob:
 
 
 @dataclass(frozen=True)
+class LoadJob:
+    """One load of a verified cube's memories into live MemOS memories (the MemOS hook's):
+    what every kind's ``load_memos`` is handed. The hook decided trust and opened a private
+    cube before this; the kinds run every check of their memories against the live models
+    here, and the hook keeps none."""
+
+    #: the verified cube folder (a private cube's clear files, in a RAM folder)
+    cube: Path
+    #: the lock that verification read
+    lock: Lock
+    policy: TrustPolicy
+    #: MemOS memory name (``act_mem``, ``pref_mem``...) -> the live memory to load into, for
+    #: the memories this load fills (a name absent: not loaded here)
+    memories: Mapping[str, Any]
+    #: the hook's report (``cubepack.memos.HookReport``): a kind records there what it loaded,
+    #: dropped, rebuilt, recomputed and what backs each label
+    report: Any
+    #: the MemOS config the memories were built from, as JSON ({}: none)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    #: the private cubes the memories come from: every memory loaded carries them
+    seals: frozenset[Any] = frozenset()
+    #: the whole cube is loaded (``init_from_dir``...): a kind whose memory is not asked
+    #: still refuses what the policy refuses of the cube (a required provenance)
+    whole: bool = False
+    #: False: MemOS has built nothing yet (``memories`` is empty, or holds memories not yet
+    #: loaded): only the kinds' ``check_memos_config`` runs, on ``config``; True: MemOS built
+    #: the memories and loaded what it loads itself: the kinds' ``load_memos`` runs
+    built: bool = True
+    #: a memory's bytes, checked against its lock or index entry, for a load whose memories
+    #: are not in ``cube`` (a remote cube's, fetched on first use: ``memos/_ondemand.py``)
+    fetch: Callable[[Any], Any] | None = None
+
+    def memory(self, kind: Kind) -> Any:
+        """The live MemOS memory ``kind`` loads into in this load, or None."""
+        return self.memories.get(kind.memos_memory) if kind.memos_memory else None
+
+
+@dataclass(frozen=True)
 class MigrateJob:
     """One ``migrate`` of a verified cube into a staging folder: its inputs, and what the
     kinds record for the lineage, the result and ``pack``."""
@@ -165,7 +208,8 @@ class MigrateJob:
     #: the new embedder spec, or None
     embedder: str | None
     progress: bool | None
-    #: what the new cube's lineage section states (``trust._lineage.build``'s keywords)
+    #: what the new cube's lineage section states changed: key -> value, each key declared
+    #: by a lock section (``format.sections.lineage.register_change``; the rest: defaults)
     lineage: dict[str, Any] = field(default_factory=dict)
     #: the result's fields (``MigrateResult``'s keywords)
     result: dict[str, Any] = field(default_factory=dict)
@@ -208,6 +252,12 @@ class Kind(Protocol):
     #: how a private cube's card and report name the memories its ``counts`` count
     #: (``"KV caches"``), or None to leave them unnamed
     noun: ClassVar[str | None] = None
+    #: the MemOS memory its memories load into (``GeneralMemCube``'s attribute, ``act_mem``),
+    #: or None when MemOS holds none of them
+    memos_memory: ClassVar[str | None] = None
+    #: the MemOS memory classes whose own ``load`` the kind replaces when a cube holds its
+    #: memories (``PreferenceTextMemory``: MemOS's own load of a dump loads nothing)
+    memos_classes: ClassVar[tuple[str, ...]] = ()
 
     # --- pack ----------------------------------------------------------------------------
 
@@ -330,3 +380,26 @@ class Kind(Protocol):
             UnsupportedError: the kind serves no load verb.
         """
         raise UnsupportedError(f"cubepack loads no {self.name} memory by itself.")
+
+    # --- the MemOS hook ----------------------------------------------------------------------
+
+    def memos_own(self, lock: Lock) -> bool:
+        """Does the kind load the cube's memories into its MemOS memory itself (``load_memos``),
+        so that MemOS's own load of that memory is not called?"""
+        return False
+
+    def check_memos_config(self, job: LoadJob) -> None:
+        """Before MemOS builds anything (``job.built`` False): refuse what the MemOS config
+        (``job.config``) decides of the kind's memories, so a refusal leaves nothing built
+        or loaded (the adapters' bases: MemOS applies no adapter, its config names the
+        base)."""
+
+    def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
+        """The cube is verified (and a private one decrypted): check the kind's memories
+        against the live memory ``job.memory(self)`` (None: that memory is not loaded here)
+        and its models, as ``job.policy`` asks (a mismatch: error, drop or rebuild), record
+        the outcome in ``job.report``, and place them into the memory, or return them typed
+        (each carrying its producer, its provenance label and its seals) for the hook to
+        place where only it can (its registry of producers). Nothing is placed when a check
+        refuses."""
+        return ()

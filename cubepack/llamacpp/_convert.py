@@ -26,6 +26,7 @@ from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from ..format._provenance import ASSERTED
 from ..identity._fingerprint import fingerprint, installed_versions
 from ..identity._identity import ModelIdentity
+from ..kinds.activations._shards import memory_file
 from ..kv._format import FULL, read_kv_header, require_checksums
 from ..kv._torch import mapped_layers, write_kv_layers
 from ._layout import SessionInfo, read_session, session_bytes
@@ -199,7 +200,8 @@ def _bytes(tensor: Any) -> bytes:
 
 
 def export_state(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                 gguf: str | os.PathLike[str] | None = None, v_trans: bool = True) -> Path:
+                 gguf: str | os.PathLike[str] | None = None, v_trans: bool = True,
+                 item: str | None = None) -> Path:
     """Write the KV file at ``path`` as a llama.cpp session file at ``out`` and its pin at
     ``out`` + ``.cubepack.json`` (both atomically; the pin last).
 
@@ -207,11 +209,17 @@ def export_state(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
         gguf: when given, refuse unless it is the GGUF the KV file pins.
         v_trans: values transposed, as a llama.cpp context without flash attention (the
             llama-cpp-python default) stores them; False for one with flash attention.
+        item: ``path`` is a cube folder and the memory is its item ``item`` (a shard's range
+            or its own file), checked against the cube's lock and its shard's index first.
 
     Raises:
         IdentityMismatch: ``gguf`` is not the pinned GGUF.
         FormatError: the KV file pins no GGUF or records no token ids.
+        UsageError, IntegrityError: ``item`` is not a memory of the cube, or not its bytes.
     """
+    if item is not None:
+        with memory_file(Path(path), item) as memory:
+            return export_state(memory, out, gguf=gguf, v_trans=v_trans)
     info = read_kv_header(path)
     # The pin seals the session's bytes (session_sha256), which a later import writes as
     # format 3: a format-2 file's bytes were never checked.

@@ -27,7 +27,7 @@ from .._util import atomic, constants
 from .._util.canonical import json_safe
 from .._util.ramdir import ram_folder
 from ..errors import CubepackError, IdentityMismatch, UnsafeInputError, UsageError
-from ..kinds.activations._pack import activation_filename, write_prompts
+from ..kinds._seam import activation_filename, write_prompts
 from ..kv._torch import save_kv_cache
 from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import header_metadata, memos_prompt_ids

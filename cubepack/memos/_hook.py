@@ -31,10 +31,10 @@ from .._util.quiet import quietly
 from .._util.revision import check_ref_name, is_commit
 from ..errors import HubError, RefusedError, SignatureError, UnsafeInputError, UsageError
 from ..hub._client import parse_repo_spec
-from ..kinds.preferences import load_preferences
+from ..kinds import LoadJob, memos_owner
 from ..kv._torch import PRIVATE_CACHE_CHECKS
 from ..ops import verify
-from ..ops._seam import is_private, open_private
+from ..ops._seam import is_private, load_verified, open_private
 from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ._activations import HookReport, load_activations, load_unpacked
@@ -47,7 +47,6 @@ from ._load import (
     verified_folder,
     verified_lock,
 )
-from ._parametric import check_adapters
 from ._privacy import (
     SEAL_LISTENERS,
     PrivacySettings,
@@ -558,9 +557,10 @@ def _guarded_para_load(self: Any, dir: str) -> None:
         verified = verify(folder, current.for_folder())
         report = HookReport(cube_dir=folder, verified=True, signed_by=verified.signed_by,
                             signed=verified.signed)
-        check_adapters(verified.lock, {"para_mem": {"backend": "lora", "config":
-                                                    self.config.model_dump(mode="json")}},
-                       report, current)
+        load_verified(LoadJob(folder, verified.lock, current, {"para_mem": self}, report,
+                              config={"para_mem": {"backend": "lora", "config":
+                                                   self.config.model_dump(mode="json")}},
+                              built=False))  # before MemOS's own load
         self.cubepack = report
     return _original(LoRAMemory, "load")(self, dir)
 
@@ -699,15 +699,13 @@ def _text_load(owner: Any) -> Any:
         state = _lock_state(folder)
         if state == "other":
             _refuse_unpacked(folder, state, _hook_settings())
-        own = owner.__name__ == "PreferenceTextMemory"  # its kind loads a cube's preferences
+        name = owner.__name__  # a kind may load a cube's memories of this class itself
         if state == "file" and already_verified(folder):
             # A cube load (GeneralMemCube.load, MOSCore.load) verified the folder: its
             # preferences are still the kind's to load, by the lock it verified (MemOS's own
             # load of them loads nothing and says nothing).
             lock = verified_lock(folder)
-            if own and lock is not None and lock.preferences:
-                self.cubepack = HookReport(cube_dir=folder, verified=True)
-                load_preferences(self, folder, lock, self.cubepack, _hook_settings())
+            if lock is not None and _kind_loads(self, name, folder, lock, _hook_settings()):
                 return None
             return original(self, dir, *args, **kwargs)
         if state != "file":
@@ -716,9 +714,7 @@ def _text_load(owner: Any) -> Any:
         identity = identity_path(None)
         verified = verify(folder, current.for_folder(), decrypt_with=identity)
         if not is_private(verified.lock):
-            if own and verified.lock.preferences:
-                self.cubepack = HookReport(cube_dir=folder, verified=True)
-                load_preferences(self, folder, verified.lock, self.cubepack, current)
+            if _kind_loads(self, name, folder, verified.lock, current):
                 return None
             return original(self, dir, *args, **kwargs)
         if identity is None:
@@ -730,14 +726,27 @@ def _text_load(owner: Any) -> Any:
         with open_private(folder, identity, public_lock=verified.lock) as opened:
             seal(self, [loaded_seal(folder, opened.manifest, opened.public_lock,
                                     signed_by=verified.signed_by)])
-            if own and opened.lock.preferences:
-                self.cubepack = HookReport(cube_dir=folder, verified=True)
-                load_preferences(self, opened.folder, opened.lock, self.cubepack, current)
+            if _kind_loads(self, name, opened.folder, opened.lock, current,
+                           shown=folder):
                 return None
             return original(self, str(opened.folder), *args, **kwargs)
 
     load.__doc__ = _text_load.__doc__
     return load
+
+
+def _kind_loads(memory: Any, name: str, folder: Path, lock: Any, policy: Any, *,
+                shown: Path | None = None) -> bool:
+    """Load ``memory`` (of the MemOS class ``name``) by the kind that replaces that class's own
+    load for this cube (``kinds.memos_owner``), checked by it; False: none does, MemOS's own
+    load runs."""
+    kind = memos_owner(lock, name)
+    if kind is None:
+        return False
+    memory.cubepack = HookReport(cube_dir=shown or folder, verified=True)
+    load_verified(LoadJob(folder, lock, policy, {kind.memos_memory: memory}, memory.cubepack,
+                          seals=seals_of(memory)))
+    return True
 
 
 def _named_store(owner: Any, kind: str) -> Any:

@@ -23,17 +23,15 @@ from ..errors import CubepackError, FormatError, IntegrityError, UnsafeInputErro
 from ..hub._client import HubClient, cache_repo_dir, offline_requested
 from ..hub._pull import parse_repo_spec, pull, resolve_revision
 from ..format.sections import Lock
-from ..kinds.preferences import load_preferences
+from ..kinds import LoadJob, memos_owned
 from ..memos_format import _layout as memos_layout
 from ..ops import verify
-from ..ops._seam import is_private, open_private
+from ..ops._seam import is_private, load_verified, open_private
 from ..trust._age import identity_path
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
-from ._activations import HookReport, load_activations
-from ._activations import require_provenance as require_provenance_of
-from ._embedder import check_text_vectors
-from ._parametric import check_adapters
+from ._activations import HookReport, install_loaded
+from ._ondemand import opened
 from ._privacy import (
     PrivacySettings,
     cube_memories,
@@ -55,7 +53,7 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
                           local_dir: str | Path | None = None,
                           decrypt_with: str | os.PathLike[str] | None = None,
                           recipients: Any = None, stores: Any = None,
-                          **options: Any) -> Any:
+                          on_demand: bool = False, **options: Any) -> Any:
     """Pull, verify and load a cube as a MemOS ``GeneralMemCube``.
 
     Args:
@@ -89,6 +87,11 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
             private cube's text and preference memories may be loaded into; any other
             persistent store is refused (an in-memory one, Qdrant's ``":memory:"``, needs no
             name).
+        on_demand: fetch no activation memory now: the cube is opened at its commit (its
+            lock, and its signature under ``trusted_keys``), its other files fetched and
+            verified, and each activation memory fetched and checked when MemOS first uses it,
+            a failure then raising a typed error naming it (:mod:`cubepack.memos._ondemand`;
+            a clear cube only).
 
     Raises:
         HubError, VerificationFailed: the cube could not be pulled, or is not what was packed
@@ -107,6 +110,17 @@ def init_from_remote_repo(cube_id: str, policy: TrustPolicy | None = None, *,
     repo_id, wanted = parse_repo_spec(cube_id, revision)
     policy.require_pinned(wanted, f"unpinned cube id {cube_id!r}", "Name it at its 40-hex "
                           f"commit: '{repo_id}@<commit>' (printed by `cubepack push`).")
+    if on_demand:
+        if local_dir is not None or decrypt_with is not None:
+            raise UsageError("on_demand places nothing (local_dir) and opens clear cubes only "
+                             "(decrypt_with): pass one or the other.")
+        with opened(repo_id, wanted, policy, endpoint=endpoint, token=token,
+                    repo_type=repo_type) as (folder, verified, place, commit):
+            cube = _build(folder, verified, policy, memory_types=memory_types,
+                          default_config=default_config, endpoint=endpoint, token=token,
+                          place=place)
+        cube.cubepack.commit_sha = commit
+        return cube
     managed = local_dir is None
     if managed:  # one folder per repo and commit, cubepack's own: a later load replaces it
         sha = resolve_revision(repo_id, wanted, repo_type=repo_type, offline=offline_requested(),
@@ -208,12 +222,15 @@ def verified_folder(folder: Path, lock: Lock | None = None) -> Iterator[None]:
 
 def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
            memory_types: list[str] | None, default_config: Any, endpoint: str | None,
-           token: str | None, private: tuple[Any, tuple[str, ...]] | None = None) -> Any:
+           token: str | None, private: tuple[Any, tuple[str, ...]] | None = None,
+           place: Any = None) -> Any:
     """Build the GeneralMemCube: only the memory types asked for (the others are not even
     constructed, as MemOS would construct every configured one), pinned models, the
     non-activation memories loaded by MemOS, the activations by cubepack. ``private``: (the
     seal, the stores named): a persistent store is refused before MemOS builds anything, and
-    every memory is sealed before anything is loaded into it."""
+    every memory is sealed before anything is loaded into it. ``place``: what places the
+    activation memory in place of :func:`install_loaded` (its arguments; a load on first use,
+    :mod:`._ondemand`)."""
     from memos.mem_cube.general import GeneralMemCube
 
     types = memory_types or list(MEMORY_TYPES)
@@ -223,9 +240,11 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     report = HookReport(cube_dir=cube_dir, verified=True, signed_by=verified.signed_by,
                         signed=verified.signed)
     effective = _pin_models(recorded, effective, lock, report, endpoint=endpoint, token=token)
-    if lock.adapters:  # before MemOS builds anything
-        check_adapters(lock, effective.model_dump(mode="json") if "para_mem" in types else {},
-                       report, policy)
+    seals = frozenset([private[0]]) if private is not None else frozenset()
+    # What the config decides of the memories (an adapter's base) is refused before MemOS
+    # builds anything; the rest once it built them.
+    load_verified(LoadJob(cube_dir, lock, policy, {}, report, config=effective.model_dump(
+        mode="json") if "para_mem" in types else {}, seals=seals, whole=True, built=False))
     config = _only(effective, types)
     if private is not None:
         refuse_persistent([(kind, store) for kind in types
@@ -235,24 +254,22 @@ def _build(cube_dir: Path, verified: VerifyReport, policy: TrustPolicy, *,
     if private is not None:
         for memory in cube_memories(cube):
             seal(memory, [private[0]])
-    others = [kind for kind in types if kind != "act_mem" and getattr(cube, kind, None)]
-    # A cube's preferences are loaded by their kind, item by item and counted: MemOS's own
-    # load of its dump swallows a validation error and loads nothing.
-    preferences = "pref_mem" in others and bool(lock.preferences)
-    others = [kind for kind in others if not (preferences and kind == "pref_mem")]
+    # MemOS loads the memories no kind loads itself (a text memory); the kinds the rest.
+    others = [kind for kind in types if getattr(cube, kind, None) is not None
+              and not memos_owned(lock, kind)]
     with verified_folder(cube_dir, lock):
         if others and (cube_dir / constants.MEMOS_CONFIG).is_file():
-            cube.load(str(cube_dir), others)  # MemOS loads these; act_mem is ours (verified)
+            cube.load(str(cube_dir), others)
         for kind in others if not (cube_dir / constants.MEMOS_CONFIG).is_file() else []:
             getattr(cube, kind).load(str(cube_dir))  # a cube without config.json: each memory
-    if preferences:
-        load_preferences(cube.pref_mem, cube_dir, lock, report, policy)
-    if "text_mem" in types and cube.text_mem is not None:
-        check_text_vectors(cube.text_mem, cube_dir, lock, report, policy)
-    if "act_mem" in types and cube.act_mem is not None:
-        load_activations(cube.act_mem, cube_dir, lock, report, policy,
-                         frozenset([private[0]]) if private is not None else frozenset())
-    require_provenance_of(lock, report, policy.required_provenance())
+    # Every check of the memories against the models MemOS loaded is the kinds' (the hook
+    # keeps none); what they hand back, the hook places.
+    memories = {kind: memory for kind in types
+                if (memory := getattr(cube, kind, None)) is not None}
+    loaded = load_verified(LoadJob(cube_dir, lock, policy, memories, report, seals=seals,
+                                   whole=True))
+    if "act_mem" in memories:
+        (place or install_loaded)(cube.act_mem, loaded, cube_dir, lock, report)
     cube.cubepack = report
     return cube
 

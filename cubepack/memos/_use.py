@@ -53,7 +53,6 @@ from ..errors import (
     ModelNotFoundError,
     UnsupportedError,
 )
-from ..identity._config_fields import declared_context
 from ..identity._fingerprint import fingerprint
 from ..identity._identity import ModelIdentity, compare
 from ..kv._format import structure_problems
@@ -66,7 +65,14 @@ from ..kv._torch import (
     layer_classes,
     live_layers,
 )
-from ..kinds.activations._reprefill import reprefill
+from ..kinds._seam import (  # noqa: F401  (the hook's names for them)
+    UNKNOWN,
+    UNKNOWN_FINDING,
+    USE_ADVICE,
+    USE_FINDING,
+    use_problems,
+)
+from ..kinds._seam import reprefill
 from ..memos_format._layout import memos_prompt_ids
 from ..trust._evidence import ASSERTED, RECORDED, STRENGTH
 from ._privacy import cube_memories, ever_sealed, forget_stores, note_sealed, seal, seals_of
@@ -175,7 +181,11 @@ def memory_seals(memory: Any) -> frozenset[Any]:
     private cube's memory keeps its seal, as it keeps its producer)."""
     if memory is None:
         return frozenset()
-    caches = [cache for item in (getattr(memory, "kv_cache_memories", None) or {}).values()
+    items = getattr(memory, "kv_cache_memories", None) or {}
+    # An on-demand memory (._ondemand) answers with what it holds: the memories it has not
+    # fetched are a clear cube's (no seal), and reading them here would fetch them all.
+    held = getattr(items, "held", None)
+    caches = [cache for item in (held() if callable(held) else items.values())
               if (cache := getattr(item, "memory", None)) is not None
               and not isinstance(cache, str)]  # a vLLM memory holds prompt strings
     return seals_of(memory) | cache_seals(caches)
@@ -252,9 +262,6 @@ REGISTER_ADVICE = ("Build the cache with HFLLM.build_kv_cache (or KVCacheMemory.
                    "cubepack.memos.register(cache, model); or install the hook with "
                    "on_mismatch='drop' (go on without it) or 'rebuild' (re-extract it from its "
                    "source text)")
-UNKNOWN = Mismatch("producer", "a model cubepack saw build, load or register the cache",
-                   "unknown")
-UNKNOWN_FINDING = "is of unknown origin, so it is not used"
 
 
 def live_identity(model: Any, call: str) -> ModelIdentity:
@@ -482,29 +489,6 @@ def _remember_changed(cache: Any, record: Produced) -> None:
             _PRODUCED[cache] = _Entry(record, ())
         except TypeError:
             pass
-
-
-#: How a refusal by :func:`use_problems` reads (what, then these): the producer may match.
-USE_FINDING = "cannot be used by this model as MemOS uses a cache"
-USE_ADVICE = ("MemOS generates from one sequence, within the positions the model's config "
-              "declares (max_position_embeddings, or its RoPE scaling's factor x its original "
-              "length); use a model whose context holds it, or a shorter memory")
-
-
-def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
-    """What no stored cache may be for a model that generates from it: a batch other than
-    one sequence (MemOS's prompt is one), or more positions than the model's config declares
-    it attends over (its RoPE scaling included: :func:`declared_context`). Neither is a
-    producer field: the model that made it may be this one."""
-    found = []
-    batch = {int(keys.shape[0]) for _, _, keys, _ in layers if keys.dim() == 4}
-    if batch and batch != {1}:
-        found.append(Mismatch("batch", 1, max(batch)))
-    limit, how = declared_context(getattr(model, "config", None))
-    longest = max((int(cumulative) for _, cumulative, _, _ in layers), default=0)
-    if limit is not None and longest > limit:
-        found.append(Mismatch("seq_length", f"<= {limit} ({how})", longest))
-    return found
 
 
 def for_use(llm: Any, cache: Any, policy: str,

@@ -39,6 +39,7 @@ from ..identity._fingerprint import (
     resolve_model_folder,
 )
 from ..identity._identity import ModelIdentity
+from ..kinds.activations._shards import memory_file
 from ..kv import _checksum
 from ..kv._format import (
     FULL,
@@ -255,18 +256,25 @@ def _changed(path: Path, what: str) -> FormatError:
 
 
 def export_prompt_cache(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                        model: str | os.PathLike[str] | None = None) -> Path:
+                        model: str | os.PathLike[str] | None = None,
+                        item: str | None = None) -> Path:
     """Write the KV file at ``path`` as an MLX-LM prompt cache at ``out`` (atomically), which
     mlx_lm's ``load_prompt_cache`` reads; its metadata carries the KV file's (``cubepack``) and
     the producer's Hub id (``model``, as mlx_lm's ``cache_prompt`` records).
 
     Args:
         model: when given, the KV file's producer must be this model (refused otherwise).
+        item: ``path`` is a cube folder and the memory is its item ``item`` (a shard's range
+            or its own file), checked against the cube's lock and its shard's index first.
 
     Raises:
         IdentityMismatch: ``model`` is not the producer.
         UnsupportedError: a sliding-window layer (MLX keeps those in a RotatingKVCache).
+        UsageError, IntegrityError: ``item`` is not a memory of the cube, or not its bytes.
     """
+    if item is not None:
+        with memory_file(Path(path), item) as memory:
+            return export_prompt_cache(memory, out, model=model)
     info = read_kv_header(path)
     # The prompt cache is the first half of a round trip whose import writes format 3.
     require_checksums(info, "cubepack export mlx (whose import writes format 3)")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..format import _lock as lockfile
-from ..format._diff import diff_locks, load_lock
+from ..format._diff import diff_locks, load_lock, memory_diff
 from ..trust._evidence import CLAIMED
 
 
@@ -18,7 +18,10 @@ def diff(a: str | Path, b: str | Path) -> dict[str, Any]:
 
     Returns:
         a dict whose ``sections`` hold the differences, section by section (files, models,
-        activations, adapters, lineage, encryption), each pin change marked ``claimed``.
+        activations, adapters, lineage, encryption), each pin change marked ``claimed``;
+        ``memories``: two cube folders' KV memories added, removed and changed by digest,
+        however they are stored (read from the shard indexes, never the shards; None for a
+        lock file).
 
     Example:
         ```python
@@ -27,6 +30,7 @@ def diff(a: str | Path, b: str | Path) -> dict[str, Any]:
         ```
     """
     result = diff_locks(load_lock(a), load_lock(b))
+    result["memories"] = memory_diff(a, b)
     for section in lockfile.SECTIONS:
         entry = result["sections"].get(section.key)
         if entry is not None and section.attest == "producers":

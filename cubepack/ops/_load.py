@@ -8,7 +8,9 @@ with the load of the memory kind that serves it (``kinds.serving``).
   carries) is a UsageError saying to verify the cube first;
 - ``cubepack.load_adapter``: a cube's LoRA adapter applied to a live model, only if the model
   is the base the adapter was pinned to: the cube is verified (files, digests, the adapter's
-  config and shapes against the lock) before the kind checks the model and PEFT applies it.
+  config and shapes against the lock) before the kind checks the model and PEFT applies it;
+- :func:`load_verified` (through ``_seam``): a verified cube's memories into live MemOS
+  memories, every check each kind runs of them done there (the hook only places them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from .._util.ramdir import ram_folder
 from ..errors import UsageError
 from ..identity._identity import ModelIdentity
-from ..kinds import serving
+from ..kinds import KINDS, LoadJob, serving
 from ..trust._policy import TrustPolicy
 from ._private import decrypted_memory, is_private, open_private
 from ._verify import verify
@@ -136,3 +138,26 @@ def load_adapter(model: Any, cube_dir: str | Path, name: str | None = None,
         return kind.load(model, Path(cube_dir), report.lock, name, adapter_name,
                          Path(private), str(cube_dir))
 
+
+
+def load_verified(job: LoadJob) -> tuple[Any, ...]:
+    """Every kind's memories of the verified cube ``job.cube`` for the live MemOS memories in
+    ``job.memories``: each kind, in the registry's order, checks its memories against them as
+    ``job.policy`` asks and places them, or hands them back typed (each carrying its producer,
+    its provenance label and its seals). Returns what the kinds handed back, for the caller
+    (the MemOS hook) to place; a refusal raises before anything was handed back.
+
+    The caller decided trust and opened a private cube before: this runs only on a cube that
+    verified under the policy (its files the lock's, its signature and pins checked). Called
+    with ``job.built`` False before MemOS builds anything, it runs the kinds'
+    ``check_memos_config`` on ``job.config`` instead, and hands back nothing.
+
+    Example::
+
+        placed = load_verified(LoadJob(folder, report.lock, policy, {"act_mem": memory}, hook))
+    """
+    if not job.built:  # before MemOS builds anything: what its config decides, refused
+        for kind in KINDS:
+            kind.check_memos_config(job)
+        return ()
+    return tuple(loaded for kind in KINDS for loaded in kind.load_memos(job))

@@ -136,7 +136,7 @@ def _derive(job: MigrateJob, ancestors: dict[str, Any] | None,
     if job.config is not None:  # as the kinds renamed its models
         atomic.write_text(staging / constants.MEMOS_CONFIG,
                           json.dumps(job.config, indent=2, ensure_ascii=False) + "\n")
-    return lineage.build(lineage.parent_link(cube, lock, lock_bytes), **job.lineage)
+    return lineage.build(lineage.parent_link(cube, lock, lock_bytes), job.lineage)
 
 
 def _check_target(cube: Path, target: Path) -> None:

@@ -23,7 +23,6 @@ does not authenticate senders: anyone who can push can replace an unsigned priva
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import mmap
 import os
@@ -452,8 +451,7 @@ def _agree(public: Lock, lock: Lock, manifest: dict[str, Any]) -> None:
                                                    for role, pin in public.models.items()}):
         problems.append("models")
     assert public.encryption is not None
-    if dataclasses.asdict(public.encryption.counts) != _counts(lock,
-                                                               len(manifest["recipients"])):
+    if public.encryption.counts.to_dict() != _counts(lock, len(manifest["recipients"])):
         problems.append("counts")
     # A version-1 manifest has neither, and only a version-1 public lock may say none.
     if lockfile.series(public) != manifest["series"]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from .._version import __version__
 from ..errors import FormatError, UnsafeInputError
 from ..format._fileset import ORIGIN_FILE
 from ..format.sections import Lock, Pin
+from ..format.sections.lineage import stated_changes
 from ..trust._evidence import CLAIMED
 
 TOOL = "cubepack migrate"
@@ -118,15 +120,17 @@ def parent_link(cube: Path, lock: Lock, lock_bytes: bytes) -> dict[str, Any]:
             "cube_id": lock.cube_id or None, "repo_id": repo_id, "revision": revision}
 
 
-def build(parent: dict[str, Any], *, models: dict[str, dict[str, str]],
-          embedder: dict[str, str] | None, retokenized: list[str], reembedded: int,
-          adapters_dropped: list[str]) -> dict[str, Any]:
-    changes: dict[str, Any] = {"models": models, "retokenized": sorted(retokenized),
-                               "reembedded": reembedded,
-                               "adapters_dropped": sorted(adapters_dropped)}
-    if embedder is not None:
-        changes["embedder"] = embedder
-    return {"parent": parent, "changes": changes, "tool": TOOL, "cubepack_version": __version__}
+def build(parent: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The lineage section of a cube derived from ``parent`` (:func:`parent_link`): what the
+    kinds' migrate phases recorded (``changes``: key -> value, each key declared by a lock
+    section, ``format.sections.lineage.register_change``), every other declared key at its
+    default (nothing of that kind changed).
+
+    Raises:
+        ValueError: a change no section declares.
+    """
+    return {"parent": parent, "changes": stated_changes(changes),
+            "tool": TOOL, "cubepack_version": __version__}
 
 
 def pin_label(pin: Pin | None) -> str:

@@ -105,3 +105,24 @@ def test_a_cube_whose_config_names_no_parametric_model_says_the_adapter_is_not_a
     cubepack.pack(cube, adapter_base=str(zoo["a"]))
     loaded = hook.init_from_dir(cube)
     assert "MemOS 2.0.33 loads no adapter" in loaded.cubepack.adapters["lora"]
+
+
+def test_an_adapter_on_another_base_is_refused_before_memos_builds_anything(lora_cube, zoo,
+                                                                            monkeypatch):
+    """The refusal comes before MemOS builds the cube (nothing is loaded into any store): the
+    adapters' check is a check of the config, run before ``GeneralMemCube(config)``."""
+    from memos.mem_cube.general import GeneralMemCube
+
+    built = []
+    original = GeneralMemCube.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GeneralMemCube, "__init__", counting)
+    cube = lora_cube(zoo["b"], "other")
+    built.clear()
+    with pytest.raises(IdentityMismatch):
+        hook.init_from_dir(cube)
+    assert built == []

@@ -33,7 +33,7 @@ def test_every_file_becomes_a_ciphertext_and_the_lock_lists_them(packed, tmp_pat
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
     assert lock["lock_version"] == 5 and lock["activations"] == {}
     section = lock["encryption"]
-    assert section["version"] == 2 and section["counts"]["activations"] == len(
+    assert section["version"] == 3 and section["counts"]["activations"] == len(
         clear_lock["activations"])
     assert section["generation"] == 1  # encrypt starts it; each rekey adds one
     assert len(section["series"]) == 32  # which private cube this is: encrypt draws it
@@ -342,7 +342,7 @@ def test_a_private_cube_from_before_generations_is_still_read_and_rekeyed_into_o
     result = rekey(cube, agekeys["alice"][0], to=[agekeys["alice"][1], agekeys["bob"][1]])
     assert result.generation == 1 and result.added == [agekeys["bob"][1]]
     lock = json.loads((cube / constants.LOCK_FILENAME).read_text())
-    assert lock["encryption"]["version"] == 2 and lock["encryption"]["generation"] == 1
+    assert lock["encryption"]["version"] == 3 and lock["encryption"]["generation"] == 1
     with open_private(cube, agekeys["bob"][0]) as opened:
         assert opened.manifest["history"] == [{"generation": 1, "added": [agekeys["bob"][1]],
                                                "removed": []}]

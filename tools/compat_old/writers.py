@@ -220,10 +220,43 @@ def private1_ssh_hidden() -> None:
                      "verify": {"recompute": True}, "load": True})
 
 
+# --- 7a731c8: encryption section version 2, manifest version 2 -----------------------------------
+
+def private2(name: str, recipient: Path, **options) -> Path:
+    cube = fresh(name)
+    shutil.copytree(OUT / "lock4" / "cube", cube)
+    cubepack.encrypt(cube, [recipient.read_text().strip()], **options)
+    return cube
+
+
+def private2_age() -> None:
+    private2("private2-age", KEYS / "age.pub", sign_key=SIGN)
+    describe("private2-age", what="lock4 encrypted to an age X25519 recipient and signed: "
+             "lock version 5, encryption section version 2, manifest version 2.",
+             commit=COMMIT, how=f"cubepack.encrypt(copy of lock4/cube, [keys/age.pub], "
+             f"sign_key=keys/signing.pem) ({HERE}).",
+             expect={"artefact": "cube", "model": "a", "signed": True, "identity": "age",
+                     "verify": {"recompute": True, "trusted_key": True,
+                                "require_signature": True},
+                     "load": True})
+
+
+def private2_ssh_hidden() -> None:
+    private2("private2-ssh-hidden", KEYS / "ssh_ed25519.pub", hide_names=True)
+    describe("private2-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
+             "hidden names, unsigned: lock version 5, encryption section version 2, manifest "
+             "version 2.", commit=COMMIT,
+             how=f"cubepack.encrypt(copy of lock4/cube, [keys/ssh_ed25519.pub], "
+             f"hide_names=True) ({HERE}).",
+             expect={"artefact": "cube", "model": "a", "identity": "ssh",
+                     "verify": {"recompute": True}, "load": True})
+
+
 WRITERS = {"lock1": lock1, "kv1": kv1, "lock2": lock2, "attestation1": attestation1,
            "lock3-adapters": lock3_adapters, "lock3-vectors": lock3_vectors,
            "lock3-lineage": lock3_lineage, "attestation2": attestation2, "kv2": kv2, "mlx2": mlx2,
-           "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden}
+           "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden,
+           "private2-age": private2_age, "private2-ssh-hidden": private2_ssh_hidden}
 
 if __name__ == "__main__":
     for fixture in sys.argv[2:]:

@@ -32,7 +32,7 @@ __all__ = ["Activation", "Adapter", "Encryption", "FileEntry", "Index", "Lineage
 
 
 #: The sections holding memories' entries, each a memory kind's (``Lock.entries``).
-MEMORY_SECTIONS = ("activations", "adapters")
+MEMORY_SECTIONS = ("activations", "adapters", "preferences")
 
 
 @dataclass(frozen=True, eq=False)

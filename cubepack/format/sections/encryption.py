@@ -3,23 +3,32 @@ ciphertexts (see ``ops/_encrypt.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Counts:
-    """The public counts of a private cube (what anyone may know of it)."""
+    """The public counts of a private cube (what anyone may know of it): its files, its
+    recipients, and each memory kind's count under its lock section's key (``memories``:
+    ``{"activations": 2, "adapters": 1}``, whatever kinds the writer counted)."""
 
     files: int
-    activations: int
-    adapters: int
     recipients: int
+    memories: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memories", MappingProxyType(dict(self.memories)))
+
+    def of(self, section: str) -> int:
+        """The count of the memories in lock section ``section`` (0: none counted)."""
+        return self.memories.get(section, 0)
 
     def to_dict(self) -> dict[str, int]:
         """The counts as the lock stores them (a memory kind's under its section's key)."""
-        return {"files": self.files, "activations": self.activations,
-                "adapters": self.adapters, "recipients": self.recipients}
+        return {"files": self.files, **self.memories, "recipients": self.recipients}
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ def parse(value: dict[str, Any]) -> Encryption:
     return Encryption(
         version=value["version"], scheme=value["scheme"], manifest=value["manifest"],
         ciphertexts=tuple(value["ciphertexts"]),
-        counts=Counts(counts["files"], counts["activations"], counts["adapters"],
-                      counts["recipients"]),
+        counts=Counts(counts["files"], counts["recipients"],
+                      {key: n for key, n in counts.items() if key not in ("files", "recipients")}),
         hidden_names=value["hidden_names"], series=value.get("series"),
         generation=value.get("generation"))

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...kv._load import load_kv_cache
-from .._kind import Kind, MigrateJob, PackJob
-from . import _migrate, _pack, _shards, _upgrade, _verify
+from .._kind import Kind, LoadJob, MigrateJob, PackJob
+from . import _memos, _migrate, _pack, _shards, _upgrade, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -23,6 +23,20 @@ class Activations(Kind):
     memory: ClassVar[str | None] = "activation"
     serves: ClassVar[str | None] = "load_kv_cache"
     noun: ClassVar[str | None] = "KV caches"
+    memos_memory: ClassVar[str | None] = "act_mem"
+
+    def memos_own(self, lock: Lock) -> bool:
+        return True  # MemOS's own load unpickles: a cube's activations are always ours
+
+    def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
+        memory = job.memory(self)
+        if memory is None:  # still refused by the policy when the whole cube is loaded
+            if job.whole:
+                _memos.require_provenance(job.lock, job.report,
+                                          job.policy.required_provenance())
+            return ()
+        return _memos.load_memos(memory, job.cube, job.lock, job.report, job.policy,
+                                 job.seals, fetch=job.fetch)
 
     def counts(self, lock: Lock) -> dict[str, int]:
         return {"activations": len(lock.activations)}

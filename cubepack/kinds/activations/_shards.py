@@ -14,10 +14,12 @@ removes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,25 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
             data = bytearray(handle.read())
         checked_range(entry, data)
     return name, data
+
+
+@contextlib.contextmanager
+def memory_file(cube: Path, item_id: str) -> Iterator[Path]:
+    """The memory ``item_id`` of the cube folder ``cube`` as a KV file of its own, for a reader
+    of KV files (the other runtimes' export): its bytes, checked against its lock (and its
+    shard's index) by :func:`open_memory`, copied into a private temporary folder removed on
+    exit, so the bytes read are the ones checked, from a shard's range or a whole file alike.
+
+    Raises:
+        UsageError, IntegrityError, FormatError: as :func:`open_memory`.
+    """
+    _, data = open_memory(Path(cube), item_id)
+    with tempfile.TemporaryDirectory(prefix="cubepack-memory-") as folder:
+        path = Path(folder) / Path(activation_filename(item_id)).name
+        with open(path, "wb") as handle:
+            handle.write(data)
+        del data
+        yield path
 
 
 def refuse(options: Any) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind, MigrateJob, PackJob, PackOptions
-from . import _load, _lora, _migrate, _pack, _verify
+from .._kind import Kind, LoadJob, MigrateJob, PackJob, PackOptions
+from . import _load, _memos, _lora, _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -21,6 +21,13 @@ class Adapters(Kind):
     memory: ClassVar[str | None] = "parametric"
     in_config: ClassVar[bool] = True
     serves: ClassVar[str | None] = "load_adapter"
+    memos_memory: ClassVar[str | None] = "para_mem"
+
+    def check_memos_config(self, job: LoadJob) -> None:
+        # MemOS 2.0.33 applies no adapter: each is checked against the base its config names
+        # for the parametric memory (none named, or that memory not asked: not applied).
+        if job.lock.adapters and (job.whole or job.memory(self) is not None):
+            _memos.check_adapters(job.lock, dict(job.config), job.report, job.policy)
 
     def counts(self, lock: Lock) -> dict[str, int]:
         return {"adapters": len(lock.adapters)}

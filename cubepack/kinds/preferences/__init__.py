@@ -7,12 +7,11 @@ which swallows its validation error and loads nothing).
 - ``_dump``: MemOS's dump read strictly; sparse vectors refused; the file-name collision with
   the text memory;
 - ``_check``: the file against its lock entry, and the re-embedding check;
-- ``_memos``: the hook's load of the items into a live preference memory.
+- ``_memos``: the load of the items into a live preference memory (its ``load_memos``).
 """
 
 from ._kind import Preferences, preference_file
-from ._memos import load_preferences
 
 KIND = Preferences()
 
-__all__ = ["KIND", "Preferences", "load_preferences", "preference_file"]
+__all__ = ["KIND", "Preferences", "preference_file"]

@@ -20,10 +20,10 @@ from ...memos_format._layout import opened_path, read_config
 from ...trust._lineage import pin_label
 from ...trust._policy import TrustPolicy
 from ...trust._report import VerifyReport
-from .._kind import Kind, MigrateJob, PackJob
+from .._kind import Kind, LoadJob, MigrateJob, PackJob
 from ..vectors._embedder import BATCH, embed, probe_vectors
 from ..vectors._migrate import embedder_label, rename_embedder
-from . import _check, _dump
+from . import _check, _dump, _memos
 
 #: What pack pins for the embedder when config.json names none (an informational pin).
 _UNNAMED_PIN = {"name": None, "strict": False, "repo_id": None, "revision": None,
@@ -52,6 +52,21 @@ class Preferences(Kind):
 
     name: ClassVar[str] = "preferences"
     section: ClassVar[str | None] = "preferences"
+    memos_memory: ClassVar[str | None] = "pref_mem"
+    memos_classes: ClassVar[tuple[str, ...]] = ("PreferenceTextMemory",)
+
+    # --- the MemOS hook --------------------------------------------------------------------
+
+    def memos_own(self, lock: Lock) -> bool:
+        """A cube's preferences are loaded here, item by item and counted: MemOS's own load
+        of its dump swallows a validation error and loads nothing."""
+        return bool(lock.preferences)
+
+    def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
+        memory = job.memory(self)
+        if memory is not None and job.lock.preferences:
+            _memos.load_preferences(memory, job.cube, job.lock, job.report, job.policy)
+        return ()
 
     # --- pack ------------------------------------------------------------------------------
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._kind import Kind, MigrateJob, PackJob
-from . import _migrate, _pack, _verify
+from .._kind import Kind, LoadJob, MigrateJob, PackJob
+from . import _memos, _migrate, _pack, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -17,6 +17,13 @@ class Vectors(Kind):
     """A text memory's vectors: recorded on the embedder's pin (the ``models`` section)."""
 
     name: ClassVar[str] = "vectors"
+    memos_memory: ClassVar[str | None] = "text_mem"
+
+    def load_memos(self, job: LoadJob) -> tuple[Any, ...]:
+        memory = job.memory(self)  # MemOS loaded it: its vectors are checked with its embedder
+        if memory is not None:
+            _memos.check_text_vectors(memory, job.cube, job.lock, job.report, job.policy)
+        return ()
 
     def pin(self, job: PackJob) -> None:
         _pack.pin(job)

@@ -63,10 +63,11 @@ def test_a_lock_whose_activation_ids_are_one_once_normalised_is_refused(cube, on
 
 
 def test_the_memos_hooks_lockless_load_refuses_them_too():
-    from cubepack.memos._activations import HookReport, _Staged
+    from cubepack.kinds.activations._memos import Checking
+    from cubepack.memos._activations import HookReport
     from cubepack.trust._policy import TrustPolicy
 
-    staged = _Staged(None, Path("dump"), HookReport(Path("dump")), TrustPolicy())
+    staged = Checking(None, Path("dump"), HookReport(Path("dump")), TrustPolicy())
     staged.claim(COMPOSED, "a.kv.safetensors")
     with pytest.raises(FormatError, match="Unicode normalisation"):
         staged.claim(DECOMPOSED, "b.kv.safetensors")

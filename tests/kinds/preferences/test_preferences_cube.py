@@ -252,7 +252,7 @@ def test_the_hooks_load_reads_only_the_bytes_the_lock_records(default_dump, tmp_
     loaded."""
     from memos.mem_cube.general import GeneralMemCube
 
-    from cubepack.kinds.preferences import load_preferences
+    from cubepack.kinds.preferences._memos import load_preferences
     from cubepack.memos._activations import HookReport
     from cubepack.trust import TrustPolicy
 

@@ -1,5 +1,5 @@
-"""A packed cube's LoRA adapters under MemOS: each checked against the base MemOS would pair it
-with, before MemOS builds anything.
+"""The adapters kind's load check under MemOS (``Adapters.load_memos``): each of a packed
+cube's LoRA adapters checked against the base MemOS would pair it with.
 
 MemOS 2.0.33's parametric memory (``LoRAMemory``, backend ``lora``) is a placeholder: its
 ``load`` reads nothing, its ``dump`` writes the 11 bytes ``Placeholder`` to
@@ -17,13 +17,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .._util.checks import Catalogue
-from ..errors import CubepackError, IdentityMismatch
-from ..format.sections import Lock
-from ..identity._fingerprint import fingerprint, resolve_model_folder
-from ..kinds.adapters import _lora as adapters_mod
-from ..trust._policy import TrustPolicy
-from ._activations import HookReport
+from ..._util.checks import Catalogue
+from ...errors import CubepackError, IdentityMismatch
+from ...format.sections import Lock
+from ...identity._fingerprint import fingerprint, resolve_model_folder
+from ...trust._policy import TrustPolicy
+from . import _lora as adapters_mod
 
 logger = logging.getLogger("cubepack.memos")
 
@@ -44,7 +43,7 @@ def para_base_name(config: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def check_adapters(lock: Lock, config: dict[str, Any], report: HookReport,
+def check_adapters(lock: Lock, config: dict[str, Any], report: Any,
                    policy: TrustPolicy) -> None:
     """Check every adapter of a verified cube against the base its MemOS ``config`` names for
     the parametric memory; record the outcome in ``report.adapters``.

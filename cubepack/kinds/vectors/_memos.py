@@ -1,4 +1,5 @@
-"""Checking a MemOS text memory's vectors against the embedder MemOS loaded, at load time.
+"""The vectors kind's load check: a MemOS text memory's vectors against the embedder MemOS
+loaded, once MemOS loaded the memory (``Vectors.load_memos``).
 
 The same test as ``verify --embedder`` (see :mod:`cubepack.kinds.vectors._embedder`), run
 with the live embedder of the cube MemOS built: it re-embeds memories it draws at random
@@ -15,20 +16,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .._util import constants
-from ..errors import IdentityMismatch, Mismatch
-from ..format.sections import Lock
-from ..kinds.vectors._check import embedder_checks
-from ..kinds.vectors._embedder import vector_sources
-from ..kinds.vectors._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
-from ..trust._policy import TrustPolicy
-from ._activations import HookReport
+from ..._util import constants
+from ...errors import IdentityMismatch, Mismatch
+from ...format.sections import Lock
+from ...trust._policy import TrustPolicy
+from ._check import embedder_checks
+from ._embedder import vector_sources
+from ._vectors import COSINE_THRESHOLD, EMBEDDER_ROLE
 
 logger = logging.getLogger("cubepack.memos")
 ROLE = EMBEDDER_ROLE
 
 
-def check_text_vectors(text_mem: Any, cube_dir: Path, lock: Lock, report: HookReport,
+def check_text_vectors(text_mem: Any, cube_dir: Path, lock: Lock, report: Any,
                        policy: TrustPolicy) -> None:
     """Re-embed memories drawn at random from the text memory MemOS loaded (the file its
     config.json names) with MemOS's own embedder; on a mismatch apply the policy. A cube whose

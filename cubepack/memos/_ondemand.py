@@ -1,0 +1,298 @@
+"""The MemOS hook's load on first use (issue #40 item 2): ``init_from_remote_repo(...,
+on_demand=True)`` opens a remote cube with :func:`cubepack.hub.open_cube` (its lock fetched at
+one commit and checked; its signature too, under ``trusted_keys``), fetches every file but its
+activation memories (config.json, cubepack.yaml, text and preference memories, adapters: each
+checked against the lock's sha256), verifies that folder as a full load does, and installs an
+activation memory whose items are fetched when MemOS first uses them.
+
+Each first use (``KVCacheMemory.get``, ``get_by_ids``, ``get_cache``, ``get_all``, the
+dictionary itself, as ``SimpleMemChat``, ``MOSCore`` and the scheduler's activation manager
+read it) fetches that memory's shard index (once a shard) and its byte range at the opened
+commit, and applies every check a full load applies, in the same code (the activations kind's
+load, through ``ops._seam.load_verified``, handed the memory's bytes by ``LoadJob.fetch``): the
+range's sha256 and its KV header's checksums against
+the index (the index against the lock) before any tensor is built, the producer against the
+model MemOS loaded (the mismatch policy), recomputation and provenance when asked. A failure
+(offline, the network, a refusal) raises a typed error naming the memory, never an empty
+memory; the memory stays absent and a later use tries again.
+
+Why opt-in: a whole load refuses a bad memory before MemOS builds anything; on demand that
+refusal moves to the first use, where MemOS's scheduler logs and swallows exceptions. A user
+asks for that trade.
+
+What a load on first use does not do: open a private cube (``open`` refuses one: pull it), or
+read the attestation's statements (a producer label is then ``claimed``, so
+``require_provenance`` needs ``recompute=True``), or compare the pins with the Hub's file
+metadata before first use (each memory's producer is compared with the live model instead):
+``strict_models`` and ``require_lineage`` are refused rather than reported as not run.
+
+A dump (``KVCacheMemory.dump``, ``GeneralMemCube.dump``, the scheduler's) writes what the
+memory holds: every memory not yet used is fetched and checked first, or the dump is refused
+before anything is written; an absent memory is never written as an empty one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .._util import atomic, constants
+from .._util.checks import Catalogue
+from .._util.paths import resolve_inside
+from .._util.ramdir import ram_folder
+from ..errors import FormatError, HubError, UsageError, VerificationFailed
+from ..format._fileset import is_activation_path
+from ..format.sections import Lock, Locator
+from ..format.sections import shards as shardformat
+from ..hub._open import RemoteCube, open_cube
+from ..kinds import LoadJob
+from ..kinds._seam import LoadedCache
+from ..ops import verify
+from ..ops._seam import load_verified
+from ..trust._policy import TrustPolicy
+from ..trust._report import VerifyReport
+from ._activations import HookReport, install_loaded, item
+
+logger = logging.getLogger("cubepack.memos")
+
+#: Checks a load on first use cannot run before first use (they need every file): asked, they
+#: are refused, never reported as not run.
+_NOT_ON_DEMAND = (Catalogue.MODEL_IDENTITY, Catalogue.LINEAGE)
+
+
+def activation_data(lock: Lock) -> set[str]:
+    """The files of ``lock`` that hold activation memories (shards, their indexes, one KV file
+    a memory): what a load on first use does not fetch up front."""
+    indexes = {shard.index for shard in lock.shards.values()}
+    return {name for name in lock.files
+            if shardformat.is_shard_path(name) or name in indexes or is_activation_path(name)}
+
+
+@contextlib.contextmanager
+def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint: str | None,
+           token: str | None,
+           repo_type: str) -> Iterator[tuple[Path, VerifyReport, Callable, str]]:
+    """``(folder, report, place, commit)``: the cube ``repo_id@revision`` opened at one
+    commit, its files but its activation memories fetched into a RAM folder (gone on exit:
+    MemOS holds what it loaded) and verified; ``place`` puts an on-demand activation memory
+    in place of :func:`~._activations.install_loaded`.
+
+    Raises:
+        UsageError: a check asked for that cannot run before first use (``strict_models``,
+            ``require_lineage``), or ``require_signature`` without ``trusted_keys``.
+        SignatureError, HubError, FormatError, UnsupportedError: as :func:`open_cube` (a
+            private cube is refused).
+        VerificationFailed: a file fetched is not the lock's, or the folder fails a check.
+    """
+    refused = [str(check) for check in _NOT_ON_DEMAND if policy.asks(check)]
+    if refused:
+        raise UsageError(f"{' and '.join(refused)} cannot be checked by a load on first use "
+                         "(it needs the whole cube before anything is loaded); load the cube "
+                         "whole (on_demand=False), or drop the option.")
+    keys = list(policy.trusted())
+    if policy.signature_required and not keys:
+        raise UsageError("require_signature on demand needs the keys to check it against: "
+                         "pass trusted_keys=[PUB.pem], or load the cube whole.")
+    remote = open_cube(repo_id, revision=revision or None, repo_type=repo_type,
+                       endpoint=endpoint, token=token, trusted_keys=keys or None)
+    absent = activation_data(remote.lock)
+    with ram_folder() as folder:
+        atomic.write_bytes(folder / constants.LOCK_FILENAME, remote.lock_bytes)
+        for name, listed in sorted(remote.lock.files.items()):
+            if name not in absent:
+                _fetch_file(remote, folder, name, listed)
+        checked = policy.for_folder().without(Catalogue.SIGNATURE)  # open checked it
+        report = _verified(verify(folder, checked, raise_on_failure=False), absent)
+        report.signed_by = remote.signed_by
+        lock = replace(report.lock, activations=MappingProxyType({}))
+        clear = replace(report, lock=lock)
+
+        def place(act_mem: Any, loaded: tuple[Any, ...], cube_dir: Path, lock: Lock,
+                  hook: HookReport) -> None:
+            if not hasattr(act_mem.llm, "model"):  # vLLM prompts: fetched with the folder
+                install_loaded(act_mem, loaded, cube_dir, lock, hook)
+                return
+            act_mem.kv_cache_memories = OnDemandMemories(act_mem, remote, hook, policy)
+
+        yield folder, clear, place, remote.commit
+
+
+def _fetch_file(remote: RemoteCube, folder: Path, name: str, listed: Any) -> None:
+    """``name`` at the opened commit into ``folder``, its bytes the lock's (sha256, size)."""
+    data = remote.fetch(Locator(name, 0, listed.size, listed.sha256)) if listed.size else b""
+    found = hashlib.sha256(data).hexdigest()
+    if found != listed.sha256:
+        raise FormatError(f"{name} of {remote.repo_id}@{remote.commit[:12]} hashes to {found}, "
+                          f"its lock says {listed.sha256}; nothing was loaded.")
+    target = resolve_inside(folder, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_bytes(target, data)
+
+
+def _verified(report: VerifyReport, absent: set[str]) -> VerifyReport:
+    """``report`` with the absence of the activation files (fetched on first use) said so, not
+    failed; raises VerificationFailed if anything else failed."""
+    checks = [replace(check, ok=None, detail="not fetched: an activation memory's file, "
+                      "fetched and checked on first use")
+              if check.name is Catalogue.FILE_SET and check.ok is False
+              and check.subject in absent else check for check in report.checks]
+    kept = replace(report, checks=checks)
+    if not kept.ok:
+        raise VerificationFailed(kept)
+    return kept
+
+
+class OnDemandMemories(MutableMapping):
+    """A ``KVCacheMemory``'s ``kv_cache_memories`` whose items are a remote cube's memories,
+    each fetched and checked when first read (``[id]``, ``get``, ``values``, ``items``).
+    Listing ids (``keys``, ``in``, iteration) fetches shard indexes only; ``len`` reads the
+    lock alone. Items MemOS adds or deletes change it as they change a dict."""
+
+    def __init__(self, act_mem: Any, remote: RemoteCube, report: HookReport,
+                 policy: TrustPolicy):
+        self.act_mem, self.remote, self.report, self.policy = act_mem, remote, report, policy
+        self.name = f"{remote.repo_id}@{remote.commit[:12]}"
+        self._held: dict[str, Any] = {}  # used (fetched and checked) or added by MemOS
+        self._gone: set[str] = set()  # the remote's memories MemOS deleted (or dropped)
+        self._extra: set[str] = set()  # ids MemOS added that the remote does not hold
+        self._cleared = False  # every remote memory deleted (delete_all)
+        self._lock = threading.RLock()
+
+    # --- what is pending ----------------------------------------------------------------
+    def _remote_entry(self, item_id: Any) -> Any:
+        """The remote's entry of ``item_id`` (its shard's index fetched once), or None; a
+        failure (offline, the network, an index that is not the lock's) names the memory."""
+        if not isinstance(item_id, str):
+            return None
+        try:
+            return shardformat.find_memory(self.remote.lock, item_id, self.remote._index)
+        except (HubError, FormatError) as exc:
+            raise type(exc)(f"{self._where(item_id)}, looked up on first use: {exc}") from exc
+
+    def _where(self, item_id: str) -> str:
+        return f"activation memory {item_id!r} of {self.name}"
+
+    def held(self) -> list[Any]:
+        """The items fetched or added so far (what a seal check reads: the memories still to
+        fetch are a clear cube's, with no seal), fetching nothing."""
+        with self._lock:
+            return list(self._held.values())
+
+    def _pending(self, item_id: Any) -> Any:
+        """The remote entry of ``item_id`` when it is still to be fetched, else None."""
+        if self._cleared or item_id in self._held or item_id in self._gone:
+            return None
+        return self._remote_entry(item_id)
+
+    @property
+    def pending(self) -> list[str]:
+        """The ids of the memories not fetched yet (fetches the shard indexes)."""
+        with self._lock:
+            return [item for item in self._remote_ids() if item not in self._held]
+
+    def _remote_ids(self) -> list[str]:
+        if self._cleared:
+            return []
+        return [item for item in self.remote.ids() if item not in self._gone]
+
+    # --- the mapping ----------------------------------------------------------------------
+    def __getitem__(self, item_id: Any) -> Any:
+        with self._lock:
+            if item_id in self._held:
+                return self._held[item_id]
+            entry = self._pending(item_id)
+            if entry is None:
+                raise KeyError(item_id)
+            item = self._load(item_id, entry)
+            if item is None:  # dropped by the mismatch policy (logged, in report.dropped)
+                self._gone.add(item_id)
+                raise KeyError(item_id)
+            self._held[item_id] = item
+            return item
+
+    def __setitem__(self, item_id: Any, item: Any) -> None:
+        with self._lock:
+            remote = not self._cleared and self._remote_entry(item_id) is not None
+            self._held[item_id] = item
+            self._gone.discard(item_id)
+            if not remote:
+                self._extra.add(item_id)
+
+    def __delitem__(self, item_id: Any) -> None:
+        with self._lock:
+            found = self._held.pop(item_id, None) is not None
+            self._extra.discard(item_id)
+            if self._pending(item_id) is not None or (found and not self._cleared
+                                                      and self._remote_entry(item_id)):
+                self._gone.add(item_id)
+                found = True
+            if not found:
+                raise KeyError(item_id)
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            remote = self._remote_ids()
+            added = [item for item in self._held if item not in set(remote)]
+        return iter(remote + added)
+
+    def __len__(self) -> int:
+        with self._lock:
+            remote = 0 if self._cleared else self.remote.memories - len(self._gone)
+            return remote + len(self._extra)
+
+    def __contains__(self, item_id: Any) -> bool:
+        with self._lock:
+            return item_id in self._held or self._pending(item_id) is not None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self._extra.clear()
+            self._gone.clear()
+            self._cleared = True
+
+    def __repr__(self) -> str:
+        return (f"<OnDemandMemories of {self.name}: {len(self._held)} held, "
+                f"{self.remote.memories} in the cube>")
+
+    # --- a first use -------------------------------------------------------------------------
+    def _load(self, item_id: str, entry: Any) -> Any:
+        """The memory ``item_id`` as a KVCacheItem, checked as a whole load checks it; None if
+        the mismatch policy dropped it.
+
+        Raises:
+            HubError: offline, or the endpoint failed or refused the fetch (naming the memory).
+            IntegrityError, FormatError: its bytes or its index are not the lock's.
+            IdentityMismatch, RecomputationFailed: as a whole load.
+        """
+        lock = replace(self.remote.lock, activations=MappingProxyType({item_id: entry}))
+        try:
+            loaded = load_verified(LoadJob(Path(self.name), lock, self.policy,
+                                           {"act_mem": self.act_mem}, self.report,
+                                           fetch=lambda found: self._bytes(item_id, found)))
+        except BaseException:
+            # A refusal leaves the report as it was: the memory was not loaded (the checks
+            # record it as they pass, before the last one refuses).
+            report = self.report
+            report.loaded[:] = [one for one in report.loaded if one != item_id]
+            for record in (report.recomputed, report.provenance, report.rebuilt):
+                record.pop(item_id, None)
+            raise
+        caches = [one for one in loaded if isinstance(one, LoadedCache)]
+        if not caches:
+            return None
+        logger.info("cubepack: %s fetched and checked on first use", self._where(item_id))
+        return item(caches[0])
+
+    def _bytes(self, item_id: str, entry: Any) -> Any:
+        try:
+            return self.remote.memory_bytes(entry)
+        except (HubError, FormatError) as exc:
+            raise type(exc)(f"{self._where(item_id)}, fetched on first use: {exc}") from exc
