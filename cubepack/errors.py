@@ -15,6 +15,7 @@
     │   └── ModelNotFoundError (FileNotFoundError)   a model folder or Hub id that is not there
     ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
     └── HubError                       3  the Hub (or endpoint) refused or failed
+        └── PushConflict                  another push landed a different cube first
 
 Outside the tree, as ``KeyboardInterrupt`` is: ``Terminated`` (a ``BaseException``), raised by
 the SIGTERM handler a RAM folder of plaintext (and the CLI) installs, so ``finally`` blocks
@@ -30,9 +31,9 @@ from dataclasses import field as _field
 from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
-           "Mismatch", "ModelNotFoundError", "RecomputationFailed", "RefusedError",
-           "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError", "UsageError",
-           "VerificationFailed"]
+           "Mismatch", "ModelNotFoundError", "PushConflict", "RecomputationFailed",
+           "RefusedError", "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError",
+           "UsageError", "VerificationFailed"]
 
 
 class CubepackError(Exception):
@@ -187,6 +188,12 @@ class HubError(CubepackError):
     #: What a script may read besides the message (``--json`` prints it as ``error.details``),
     #: e.g. ``{"stall": {...}}``: the stalled request, its bytes and rate. None: nothing more.
     details: dict[str, _Any] | None = None
+
+
+class PushConflict(HubError):
+    """A push's branch moved to another cube while it pushed (its parent commit went stale and
+    the branch's lock changed): nothing of it is presented as the cube. Pull, re-pack the
+    changes onto the new cube, push again."""
 
 
 class Terminated(BaseException):

@@ -92,3 +92,94 @@ def test_a_removed_memory_leaves_its_index_and_is_not_loadable(pushed, hub, zoo,
     with pytest.raises(UsageError):
         remote.load("item-002", models["a"])
     remote.load("item-003", models["a"])
+
+
+def test_a_replaced_memory_goes_to_a_new_shard_and_its_old_bytes_die(pushed, zoo, models,
+                                                                     bundle_factory, tmp_path):
+    cube, size = pushed
+    other = bundle_factory(8, tokens=5)  # item-003 of 5 tokens: other bytes, same id
+    _add(cube, other, "item-003")
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), remove=("item-003",))
+    lock = _lock(cube)
+    holder = [name for name, entry in lock["shards"].items()
+              if entry["first"] <= "item-003" <= entry["last"]]
+    assert holder == ["shards/activations-00004.kvshard"]  # its old shard's range shrank
+    old = lock["shards"]["shards/activations-00001.kvshard"]
+    assert (old["first"], old["last"], old["memories"], old["dead"]) == \
+        ("item-002", "item-002", 1, size)
+    cache = cubepack.load_kv_cache(cube, models["a"], item="item-003")
+    assert cache.get_seq_length() == 5  # the new memory, never the old bytes
+
+
+def test_pack_refuses_a_file_beside_its_shards_memory_without_remove(pushed, zoo,
+                                                                     bundle_factory):
+    cube, _ = pushed
+    _add(cube, bundle_factory(8, tokens=5), "item-003")
+    before = (cube / constants.LOCK_FILENAME).read_bytes()
+    with pytest.raises(UsageError, match="--remove item-003"):
+        cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]))
+    assert (cube / constants.LOCK_FILENAME).read_bytes() == before
+
+
+def test_remove_of_a_memory_no_shard_holds_is_refused(pushed, zoo):
+    cube, _ = pushed
+    before = (cube / constants.LOCK_FILENAME).read_bytes()
+    with pytest.raises(UsageError, match="item-099"):
+        cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), remove=("item-099",))
+    assert (cube / constants.LOCK_FILENAME).read_bytes() == before
+
+
+def test_compact_rewrites_dead_and_overlapping_shards_only(pushed, zoo, bundle_factory, hub):
+    cube, size = pushed
+    _add(cube, bundle_factory(8), "item-005")
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), remove=("item-000",))
+    before = _lock(cube)
+    assert before["lock_version"] == 7
+    _push(hub, cube)
+    hub.stats.reset()
+    result = cubepack.compact(cube)
+    after = _lock(cube)
+    # shard 0 (item-000 dead: half its bytes), shard 2 (item-004, item-006) and shard 4
+    # (item-005, inside shard 2's range) are laid out anew; shards 1 and 3 stay.
+    assert result.removed == ["shards/activations-00000.kvshard",
+                              "shards/activations-00002.kvshard",
+                              "shards/activations-00004.kvshard"]
+    for name in ("shards/activations-00001.kvshard", "shards/activations-00003.kvshard"):
+        assert after["files"][name] == before["files"][name]
+    assert result.dead_after == 0 and after["lock_version"] == 6  # disjoint, nothing dead
+    firsts = sorted((e["first"], e["last"]) for e in after["shards"].values())
+    assert all(b[0] > a[1] for a, b in zip(firsts, firsts[1:]))
+    assert cubepack.verify(cube).ok
+    assert cubepack.compact(cube).changed is False  # nothing left to do
+    pushed_result = _push(hub, cube)
+    assert "shards/activations-00001.kvshard" not in pushed_result.uploaded
+    assert sorted(p for p in pushed_result.deleted if p.endswith(".kvshard")) == \
+        result.removed
+
+
+def test_compact_keeps_shards_under_the_bound(pushed, zoo):
+    cube, _ = pushed
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), remove=("item-000",))
+    before = (cube / constants.LOCK_FILENAME).read_bytes()
+    result = cubepack.compact(cube, above=0.9)  # half of shard 0 is dead: under 0.9
+    assert result.changed is False and (cube / constants.LOCK_FILENAME).read_bytes() == before
+    with pytest.raises(UsageError):
+        cubepack.compact(cube, above=1.5)
+
+
+def test_an_interrupted_compact_leaves_the_cube_as_it_was(pushed, zoo, monkeypatch):
+    from cubepack.kinds.activations import _shards
+
+    cube, _ = pushed
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), remove=("item-000",))
+    listing = sorted((p.relative_to(cube).as_posix(), p.read_bytes())
+                     for p in cube.rglob("*") if p.is_file())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_shards, "_write_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cubepack.compact(cube)
+    assert sorted((p.relative_to(cube).as_posix(), p.read_bytes())
+                  for p in cube.rglob("*") if p.is_file()) == listing

@@ -47,6 +47,13 @@ class Kept:
     next_number: int = 0
     #: the last lock was an appended layout (version 7)
     appended: bool = False
+    #: compacting: the ranges of the shards kept, which a new shard's range must not cross
+    fences: list[tuple[str, str]] = field(default_factory=list)
+
+    def fenced(self, before: str, item_id: str) -> bool:
+        """Compacting: does a kept shard's range start after ``before`` and at or before
+        ``item_id`` (so a new shard holding both would overlap it)?"""
+        return any(before < first <= item_id for first, _ in self.fences)
 
 
 def same_memory(new: Activation, old: Activation) -> bool:
@@ -76,7 +83,11 @@ def keep(job: PackJob, staging: Path, whole: dict[str, Activation],
     numbers = [int(m.group(1)) for m in map(shardformat.SHARD_NAME.fullmatch, earlier.shards)
                if m is not None]
     kept.next_number = max(numbers) + 1 if numbers else 0
+    present = set(job.files)
+    rewritten = overlapping(earlier.shards) if compact_above is not None else set()
     for path, shard in earlier.shards.items():
+        if path in rewritten or not {path, shard.index} <= present:
+            continue  # laid out anew (compacting), or not in this folder (a migrate's)
         index = shardformat.load_index(shard, fetch, earlier.models)
         live = [item for item, old in index.memories.items()
                 if item in whole and same_memory(whole[item], old)]
@@ -99,7 +110,25 @@ def keep(job: PackJob, staging: Path, whole: dict[str, Activation],
         kept.entries[path] = shardformat.lock_entry(path, live)
         kept.dead[path] = sum(length for _, length in dead)
         kept.ids.update(live)
+    if compact_above is not None:
+        kept.fences = sorted((earlier.shards[path].first, earlier.shards[path].last)
+                             for path in kept.entries)
     return kept
+
+
+def overlapping(shards: Any) -> set[str]:
+    """The shards a compaction lays out anew so that every range is disjoint again: each shard
+    whose id range meets the span from the first to the last id of the shards whose ranges
+    overlap (their memories, laid out in order, fill that span and nothing outside it)."""
+    ranges = sorted((shard.first, shard.last, path) for path, shard in shards.items())
+    # Two ranges overlap only if some range overlaps the next one by first id.
+    crossing = {path for before, after in zip(ranges, ranges[1:]) if after[0] <= before[1]
+                for path in (before[2], after[2])}
+    if not crossing:
+        return set()
+    low = min(shards[path].first for path in crossing)
+    high = max(shards[path].last for path in crossing)
+    return {path for path, shard in shards.items() if shard.first <= high and low <= shard.last}
 
 
 def appended_layout(kept: Kept, entries: dict[str, dict[str, Any]]) -> bool:

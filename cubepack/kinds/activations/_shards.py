@@ -252,7 +252,8 @@ def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> di
     for item_id in sorted(item for item in whole if item not in kept.ids):
         at = shardformat.aligned(filled)
         if groups[-1] and (at + whole[item_id].locator.length > bound
-                           or len(groups[-1]) == shardformat.MAX_SHARD_MEMORIES):
+                           or len(groups[-1]) == shardformat.MAX_SHARD_MEMORIES
+                           or kept.fenced(groups[-1][-1], item_id)):
             groups.append([])
             at = 0
         groups[-1].append(item_id)
