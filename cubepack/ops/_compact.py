@@ -54,7 +54,7 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
     place and atomically (a ``pack`` of the same memories and pins).
 
     Raises:
-        UsageError: ``above`` is not a share from 0 to 1.
+        UsageError: ``above`` is not a share from 0 to 1; the folder holds no lock.
         FormatError: the cube's lock is unreadable.
 
     Returns:
@@ -70,6 +70,9 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
         raise UsageError(f"compact's bound is a share of a shard's bytes, from 0 to 1, not "
                          f"{above!r}.")
     cube = Path(cube_dir)
+    if not (cube / constants.LOCK_FILENAME).is_file():
+        raise UsageError(f"{cube} holds no {constants.LOCK_FILENAME}: compact rewrites the "
+                         f"shards of a packed cube; pack it first (cubepack pack {cube}).")
     before = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
     result = CompactResult(str(cube), False, float(above),
                            dead_before=sum(s.dead for s in before.shards.values()),
