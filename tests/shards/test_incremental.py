@@ -183,3 +183,31 @@ def test_an_interrupted_compact_leaves_the_cube_as_it_was(pushed, zoo, monkeypat
         cubepack.compact(cube)
     assert sorted((p.relative_to(cube).as_posix(), p.read_bytes())
                   for p in cube.rglob("*") if p.is_file()) == listing
+
+
+@pytest.mark.parametrize("count", [150, 1100])
+def test_an_incremental_push_uploads_new_bytes_plus_a_bound_at_any_size(count, bundle, zoo,
+                                                                       hub, bundle_factory):
+    """The bench line of issue #40: bytes uploaded by an incremental push within 1.1 times the
+    new memories' bytes plus 512 KiB, at cube sizes around one shard and above it."""
+    cube = bundle(count)
+    added = sorted((cube / "activations").iterdir())[count // 2:count // 2 + 3]
+    aside = cube.parent / "aside"
+    aside.mkdir()
+    for path in added:  # three memories from the middle of the ids, added back later
+        path.rename(aside / path.name)
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]))
+    _push(hub, cube)
+    hub.stats.reset()
+    (cube / "activations").mkdir(exist_ok=True)
+    for path in added:
+        shutil.copy(aside / path.name, cube / "activations" / path.name)
+    new_bytes = sum(path.stat().st_size for path in added)
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]))
+    result = _push(hub, cube)
+    uploaded = sum(hub.stats.uploaded_bytes.values())
+    assert uploaded <= 1.1 * new_bytes + 512 * 1024, (uploaded, new_bytes, result.uploaded)
+    assert not any(path.endswith(".kvshard") and path != "shards/activations-"
+                   f"{len(_lock(cube)['shards']) - 1:05d}.kvshard" for path in result.uploaded)
+    print(f"{count} memories: uploaded {uploaded} bytes for {new_bytes} new "
+          f"({sorted(result.uploaded)})")
