@@ -211,3 +211,19 @@ def test_an_incremental_push_uploads_new_bytes_plus_a_bound_at_any_size(count, b
                    f"{len(_lock(cube)['shards']) - 1:05d}.kvshard" for path in result.uploaded)
     print(f"{count} memories: uploaded {uploaded} bytes for {new_bytes} new "
           f"({sorted(result.uploaded)})")
+
+
+def test_a_relabelled_memory_keeps_its_shard_and_only_its_index_is_rewritten(bundle, zoo):
+    """A re-pack establishes its labels anew (a recomputed cube re-packed without --recompute
+    is labelled recorded): the label is the index's to change, never a reason to move bytes."""
+    cube = bundle(4)
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]), recompute=True, shards=True)
+    before = _lock(cube)
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]))
+    lock = _lock(cube)
+    assert sorted(lock["shards"]) == sorted(before["shards"])
+    for name, entry in lock["shards"].items():
+        assert lock["files"][name] == before["files"][name]  # the shard: the same bytes
+        index = json.loads((cube / entry["index"]).read_text())
+        assert {m["provenance"]["kind"] for m in index["memories"].values()} == {"recorded"}
+    assert lock["lock_version"] == 6
