@@ -2,7 +2,9 @@
 memories are unchanged byte for byte, so the next push uploads only what changed.
 
 - A memory still in the cube with the same bytes and lock facts (sha256, producer role, token
-  count, KV dtype, layers, provenance) stays where it is: its shard's file is the same file.
+  count, KV dtype, layers) stays where it is: its shard's file is the same file. Its
+  provenance label is this pack's (a re-pack establishes its labels anew): when it differs from
+  the index's, the index is rewritten, never the shard.
 - A memory removed (``pack --remove ID``) or replaced (``--remove ID`` with a new
   ``activations/ID.kv.safetensors``) leaves its shard's index: the index is rewritten (version
   2) and states the memory's old range as **dead** bytes; the shard's bytes stay, unread by
@@ -57,10 +59,10 @@ class Kept:
 
 
 def same_memory(new: Activation, old: Activation) -> bool:
-    """Is ``new`` (a whole file this pack staged) the memory ``old`` (a shard's record)?"""
-    return (new.sha256, new.model_role, new.token_count, new.kv_dtype, new.num_layers,
-            new.provenance) == (old.sha256, old.model_role, old.token_count, old.kv_dtype,
-                                old.num_layers, old.provenance)
+    """Is ``new`` (a whole file this pack staged) the memory ``old`` (a shard's record): the
+    same bytes and facts (its label may differ: it is this pack's)?"""
+    return (new.sha256, new.model_role, new.token_count, new.kv_dtype, new.num_layers) == (
+        old.sha256, old.model_role, old.token_count, old.kv_dtype, old.num_layers)
 
 
 def dead_share(size: int, dead: int) -> float:
@@ -92,16 +94,18 @@ def keep(job: PackJob, staging: Path, whole: dict[str, Activation],
         live = [item for item, old in index.memories.items()
                 if item in whole and same_memory(whole[item], old)]
         gone = [old.locator for item, old in index.memories.items() if item not in live]
+        relabelled = any(whole[item].provenance != index.memories[item].provenance
+                         for item in live)
         dead = _merged([*index.dead, *((loc.offset, loc.length) for loc in gone)])
         share = dead_share(index.shard_size, sum(length for _, length in dead))
         if not live or (compact_above is not None and share > compact_above):
             continue
         _link_checked(job.cube, staging, shard.locator)
         name = shardformat.index_name(path)
-        if not gone:  # the same index, byte for byte
+        if not gone and not relabelled:  # the same index, byte for byte
             atomic.link_or_copy(resolve_inside(job.cube, name), resolve_inside(staging, name))
         else:
-            records = {item: shardformat.memory_record(index.memories[item],
+            records = {item: shardformat.memory_record(whole[item],
                                                        index.memories[item].locator.offset,
                                                        index.memories[item].checksums or {})
                        for item in live}
