@@ -227,3 +227,27 @@ def test_a_relabelled_memory_keeps_its_shard_and_only_its_index_is_rewritten(bun
         index = json.loads((cube / entry["index"]).read_text())
         assert {m["provenance"]["kind"] for m in index["memories"].values()} == {"recorded"}
     assert lock["lock_version"] == 6
+
+
+def test_a_remote_load_reads_each_index_whose_range_holds_the_id(pushed, hub, zoo, models,
+                                                                bundle_factory):
+    """After an append inside an older shard's range, one memory on demand costs one index per
+    shard whose range holds its id, and its range: never the whole cube; compact brings it
+    back to one index."""
+    cube, size = pushed
+    _add(cube, bundle_factory(8), "item-005")  # shard 4 [item-005] inside shard 2's range
+    cubepack.pack(cube, cube_id="me/cube", model=str(zoo["a"]))
+    _push(hub, cube)
+    remote = cubepack.open("me/cube@main", endpoint=hub.url, token=HUB_TOKEN)
+    hub.stats.reset()
+    remote.load("item-005", models["a"])
+    assert sum(hub.stats.requests.values()) == 3  # shard 2's index, shard 4's, the range
+    hub.stats.reset()
+    remote.load("item-001", models["a"])  # a range no append reached: one index
+    assert sum(hub.stats.requests.values()) == 2
+    cubepack.compact(cube)
+    _push(hub, cube)
+    remote = cubepack.open("me/cube@main", endpoint=hub.url, token=HUB_TOKEN)
+    hub.stats.reset()
+    remote.load("item-005", models["a"])
+    assert sum(hub.stats.requests.values()) == 2

@@ -170,3 +170,41 @@ def test_a_changed_signed_cube_is_re_signed_or_refused_unsigned(pushed, zoo, hub
     assert cubepack.verify(mine, trusted_keys=[str(public)]).ok
     cubepack.pack(mine, cube_id="me/cube", model=str(zoo["a"]), remove=("item-006",))
     assert _push(hub, mine, allow_unsigned=True).changed
+
+
+def test_an_interrupted_push_in_commits_is_completed_by_pushing_again(pushed, zoo, hub,
+                                                                      bundle_factory,
+                                                                      monkeypatch):
+    mine, _ = pushed
+    monkeypatch.setattr(_incremental, "COMMIT_FILES", 2)
+    source = bundle_factory(8)
+    _add(mine, source, "item-006", "item-007")
+    size = (source / "activations" / "item-006.kv.safetensors").stat().st_size
+    cubepack.pack(mine, cube_id="me/cube", model=str(zoo["a"]), shard_size=size + 10)
+    old = _remote_lock(hub)
+    real = HubClient.create_commit
+    calls = []
+
+    def failing(self, *args, **kwargs):
+        calls.append([op.path_in_repo for op in args[1]])
+        if len(calls) == 2:
+            raise ConnectionError("the link went down")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HubClient, "create_commit", failing)
+    with pytest.raises(Exception):
+        _push(hub, mine)
+    assert _remote_lock(hub).digest == old.digest  # the old cube, never a mix
+    with pytest.raises(VerificationFailed, match="not listed in the lock"):
+        cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN,
+                      local_dir=mine.parent / "half")
+    monkeypatch.setattr(HubClient, "create_commit", real)
+    hub.stats.reset()
+    result = _push(hub, mine)  # the first commit's files are there: not uploaded again
+    assert constants.LOCK_FILENAME in result.uploaded
+    assert calls[0] and not set(calls[0]) & set(result.uploaded)
+    assert _remote_lock(hub).digest == json.loads(
+        (mine / constants.LOCK_FILENAME).read_text())["digest"]
+    pulled = cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN,
+                           local_dir=mine.parent / "whole")
+    assert pulled.commit_sha == result.commit_sha
