@@ -155,3 +155,11 @@ def test_a_removed_memory_is_never_loaded_from_its_dead_bytes(removed, zoo, mode
     with pytest.raises(UsageError):
         remote.load("item-002", models["a"])
     assert remote.load("item-003", models["a"]).get_seq_length() > 0
+
+
+def test_upgrade_leaves_an_appended_cube_as_it_is(removed, zoo):
+    """A lock of version 7 is current: upgrade has nothing to do (no re-pack)."""
+    folder = removed.stat().st_ino  # a re-pack swaps in a new folder
+    result = cubepack.upgrade(removed, str(zoo["a"]))
+    assert not result.upgraded
+    assert removed.stat().st_ino == folder
