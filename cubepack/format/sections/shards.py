@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from ..._util import canonical
+from ..._util import canonical, constants
 from ..._util.paths import check_relpath, resolve_inside
 from ...errors import FormatError, UsageError
 from .._provenance import KINDS
@@ -68,7 +68,7 @@ ENTRY_KEYS = frozenset({"index", "first", "last", "memories"})
 #: entries' id ranges may overlap (memories appended by an incremental pack).
 APPENDED_ENTRY_KEYS = ENTRY_KEYS | {"dead"}
 #: The lock version of a cube whose shards were appended to (ranges that overlap, dead bytes).
-APPENDED_LOCK_VERSION = 7
+APPENDED_LOCK_VERSION = constants.APPENDED_LOCK_VERSION
 #: The default bound of a shard (``pack --shard-size``): 2 GiB, a tenth of the Hub's
 #: recommended largest file (20 GB) and far under its hard limit (50 GB); a memory larger
 #: than the bound gets a shard of its own.
