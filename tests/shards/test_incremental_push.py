@@ -208,3 +208,37 @@ def test_an_interrupted_push_in_commits_is_completed_by_pushing_again(pushed, zo
     pulled = cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN,
                            local_dir=mine.parent / "whole")
     assert pulled.commit_sha == result.commit_sha
+
+
+def test_a_push_racing_between_its_commits_leaves_the_winners_cube(pushed, zoo, hub,
+                                                                  bundle_factory, monkeypatch):
+    """The other push lands after this push's first commit (new shards, no lock): it plans on
+    top of them and deletes them; this push's next commit is stale, the lock changed, so it
+    stops with PushConflict; the branch is exactly the winner's cube (pull takes it whole)."""
+    mine, theirs = pushed
+    monkeypatch.setattr(_incremental, "COMMIT_FILES", 2)
+    source = bundle_factory(8)
+    _add(mine, source, "item-006", "item-007")
+    size = (source / "activations" / "item-006.kv.safetensors").stat().st_size
+    cubepack.pack(mine, cube_id="me/cube", model=str(zoo["a"]), shard_size=size + 10)
+    cubepack.pack(theirs, cube_id="me/cube", model=str(zoo["a"]), remove=("item-000",))
+    real = HubClient.create_commit
+    calls, won = [], []
+
+    def racing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # this push's second commit: the other lands first
+            won.append(_push(hub, theirs))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HubClient, "create_commit", racing)
+    with pytest.raises(PushConflict):
+        _push(hub, mine)
+    winner = won[0]
+    remote = cubepack.open("me/cube@main", endpoint=hub.url, token=HUB_TOKEN)
+    assert remote.commit == winner.commit_sha
+    assert remote.lock.digest == json.loads(
+        (theirs / constants.LOCK_FILENAME).read_text())["digest"]
+    pulled = cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN,
+                           local_dir=mine.parent / "pulled")  # no stray file of the loser
+    assert pulled.commit_sha == winner.commit_sha
