@@ -12,8 +12,12 @@ KV header's checksum record (per-tensor XXH3-64), which the header's own must eq
 The lock's ``shards`` section maps each shard's path to its index's path, the first and last
 item id it holds and its memory count; the lock's ``files`` hold both files' sha256 and size,
 so the lock commits to every shard and every index by digest and grows with the shards, not the
-memories. Shards hold item ids in order, and their ``[first, last]`` ranges are disjoint, so a
-reader finds an item's shard from the lock alone (:func:`shard_of`).
+memories. Shards hold item ids in order, and in lock version 6 their ``[first, last]`` ranges
+are disjoint, so a reader finds an item's shard from the lock alone. From lock version 7 (an
+incremental pack: ``kinds/activations/_incremental.py``) ranges may overlap and each entry
+states its shard's dead bytes, which a version-2 index lists as ranges (bytes of memories
+removed since the shard was written); a reader of one memory reads the index of each shard
+whose range holds its id (:func:`shards_of`).
 
 An index is refused (:class:`FormatError`) when it is not its lock entry's bytes (sha256,
 size), names another shard or other digests, points outside its shard, overlaps two memories,
