@@ -36,6 +36,7 @@ from .errors import (
                      Mismatch,
                      ModelNotFoundError,
                      PartialCube,
+                     PushConflict,
                      RecomputationFailed,
                      RefusedError,
                      SignatureError,
@@ -53,9 +54,9 @@ _PARTS = {
             "open_cube", "pull", "push"),
     "identity": ("ModelIdentity", "fingerprint"),
     "kv": ("KVFileInfo", "prefill", "read_kv_header", "save_kv_cache"),
-    "ops": ("EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
-            "RekeyOptions", "diff", "encrypt", "load_adapter", "load_kv_cache", "migrate", "pack",
-            "rekey", "sign", "upgrade", "verify"),
+    "ops": ("CompactResult", "EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions",
+            "PackResult", "RekeyOptions", "compact", "diff", "encrypt", "load_adapter",
+            "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade", "verify"),
     "trust": ("TrustPolicy", "VerifyReport"),
 }
 _PART_OF = {name: part for part, names in _PARTS.items() for name in names}
@@ -91,12 +92,14 @@ if _TYPE_CHECKING:  # what type checkers and documentation tools read
     from .identity import ModelIdentity, fingerprint
     from .kv import KVFileInfo, prefill, read_kv_header, save_kv_cache
     from .ops import (
+        CompactResult,
         EncryptOptions,
         MigrateOptions,
         MigrateResult,
         PackOptions,
         PackResult,
         RekeyOptions,
+        compact,
         diff,
         encrypt,
         load_adapter,
@@ -113,13 +116,13 @@ if _TYPE_CHECKING:  # what type checkers and documentation tools read
 #: ``cubepack.open`` is no name of ``__all__``: ``from cubepack import *`` must not shadow the
 #: builtin; ``open_cube`` is the same function.
 __all__ = [
-    "CubepackError", "EncryptOptions", "FormatError", "HubError", "IdentityMismatch",
-    "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult", "Mismatch", "ModelIdentity",
-    "ModelNotFoundError", "PackOptions", "PackResult", "PartialCube", "PullOptions", "PullResult",
-    "PushOptions", "PushResult", "RecomputationFailed", "RefusedError", "RekeyOptions",
-    "RemoteCube", "SignatureError", "TrustPolicy", "UnsafeInputError", "UnsupportedError",
-    "UsageError", "VerificationFailed", "VerifyReport", "__version__", "diff", "encrypt",
-    "fingerprint", "lineage", "load_adapter", "load_kv_cache", "migrate", "open_cube", "pack",
-    "prefill", "pull", "push", "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade",
-    "verify",
+    "CompactResult", "CubepackError", "EncryptOptions", "FormatError", "HubError",
+    "IdentityMismatch", "IntegrityError", "KVFileInfo", "MigrateOptions", "MigrateResult",
+    "Mismatch", "ModelIdentity", "ModelNotFoundError", "PackOptions", "PackResult",
+    "PartialCube", "PullOptions", "PullResult", "PushConflict", "PushOptions", "PushResult",
+    "RecomputationFailed", "RefusedError", "RekeyOptions", "RemoteCube", "SignatureError",
+    "TrustPolicy", "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed",
+    "VerifyReport", "__version__", "compact", "diff", "encrypt", "fingerprint", "lineage",
+    "load_adapter", "load_kv_cache", "migrate", "open_cube", "pack", "prefill", "pull", "push",
+    "read_kv_header", "rekey", "save_kv_cache", "sign", "upgrade", "verify",
 ]

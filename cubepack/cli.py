@@ -270,13 +270,17 @@ def _byte_size(text: str) -> int:
               None if value is None else _byte_size(value),
               help="A shard's bound (bytes, or with KB/MB/GB/KiB/MiB/GiB; implies --shards; "
                    "default 2GiB). A memory larger than it gets a shard of its own.")
+@click.option("--remove", "remove", multiple=True, metavar="ITEM",
+              help="Drop the sharded memory ITEM (repeatable); with a new "
+                   "activations/ITEM.kv.safetensors, replace it. Its bytes stay in its shard, "
+                   "dead, until cubepack compact.")
 @_json_option()
 def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_pickle: bool,
                  license_: str | None, pretty_name: str | None, sign_key: str | None,
                  assert_producer: bool, recompute: bool, embedder: str | None,
                  cube_id: str | None, adapter_base: str | None, encrypt_to: tuple[str, ...],
                  hide_names: bool, shards: bool | None, shard_size: int | None,
-                 as_json: bool) -> None:
+                 remove: tuple[str, ...], as_json: bool) -> None:
     """Pin, lock and card the cube in CUBE_DIR, in place and atomically."""
     from .ops import pack
 
@@ -291,7 +295,8 @@ def pack_command(cube_dir: str, model: str | None, revision: str | None, legacy_
                   sign_key=None if encrypt_to else sign_key,
                   sign_password=_key_password(), assert_producer=assert_producer,
                   recompute=recompute, embedder=embedder, cube_id=cube_id,
-                  adapter_base=adapter_base, shards=shards, shard_size=shard_size)
+                  adapter_base=adapter_base, shards=shards, shard_size=shard_size,
+                  remove=tuple(remove))
     data = result.to_dict()
     if encrypt_to:
         from ._util import constants
@@ -635,6 +640,29 @@ def upgrade_command(path: str, model: str, revision: str | None, shards: bool | 
                                       f"{d['sign_again']}" if d["unsigned"] else ""))
 
 
+@cli.command("compact")
+@click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--above", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Rewrite each shard whose dead share (bytes of removed or replaced memories "
+                   "/ its size) is above this; shards whose id ranges overlap are rewritten "
+                   "too.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): sign the compacted cube.")
+@_json_option()
+def compact_command(cube_dir: str, above: float, sign_key: str | None, as_json: bool) -> None:
+    """Rewrite the shards of CUBE_DIR whose dead share passes --above, in place and
+    atomically (the other shards stay byte for byte)."""
+    from .ops import compact
+
+    result = compact(cube_dir, above=above, sign_key=sign_key, sign_password=_key_password())
+    _emit(result.to_dict(), as_json, lambda d: (
+        f"compacted {d['cube_dir']}: rewrote {len(d['removed'])} shard(s) into "
+        f"{len(d['written'])}; dead bytes {d['dead_before']} -> {d['dead_after']}; lock "
+        f"version {d['lock_version']}" if d["changed"] else
+        f"nothing to compact in {d['cube_dir']} (no shard's dead share above {d['bound']:g}, "
+        "no overlapping ranges)"))
+
+
 @cli.command("sign")
 @click.argument("cube_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--key", required=True, type=click.Path(dir_okay=False, exists=True),
@@ -837,18 +865,25 @@ def _render_lineage(data: dict[str, Any]) -> str:
 @click.option("--token", help="Hub token (default: HF_TOKEN or the stored login).")
 @click.option("--allow-local-paths", is_flag=True,
               help="Push even though config.json names a model by a local path.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
+              help="ECDSA P-256/P-384 private key (PEM): sign the cube (in place), then push.")
+@click.option("--allow-unsigned", is_flag=True,
+              help="Publish an unsigned cube over the branch's signed one (refused otherwise).")
 @_timeout_option("push")
 @_json_option()
 def push_command(cube_dir: str, repo_id: str, repo_type: str, private: bool, revision: str | None,
                  tag: str | None, create_pr: bool, commit_message: str | None,
-                 token: str | None, allow_local_paths: bool, timeout: float | None,
-                 as_json: bool) -> None:
-    """Verify CUBE_DIR and push it to REPO_ID as exactly one commit."""
+                 token: str | None, allow_local_paths: bool, sign_key: str | None,
+                 allow_unsigned: bool, timeout: float | None, as_json: bool) -> None:
+    """Verify CUBE_DIR and push what differs from REPO_ID's branch: one commit, or several
+    (the lock last) above 100 files."""
     from .hub._push import push
 
     result = push(cube_dir, repo_id, repo_type=repo_type, private=private, revision=revision,
                   tag=tag, commit_message=commit_message, token=token,
-                  allow_local_paths=allow_local_paths, timeout=timeout, create_pr=create_pr)
+                  allow_local_paths=allow_local_paths, timeout=timeout, create_pr=create_pr,
+                  sign_key=sign_key, sign_password=_key_password() if sign_key else None,
+                  allow_unsigned=allow_unsigned)
     _emit(result.to_dict(), as_json, _render_push)
 
 

@@ -15,6 +15,7 @@
     │   └── ModelNotFoundError (FileNotFoundError)   a model folder or Hub id that is not there
     ├── UnsupportedError               3  well-formed, but cubepack cannot honour it
     ├── HubError                       3  the Hub (or endpoint) refused or failed
+    │   └── PushConflict                  another push landed a different cube first
     └── PartialCube                    4  a partial pull (``--include``): verified as far as it
                                           goes, or refused by a verb that needs the cube whole
 
@@ -32,9 +33,9 @@ from dataclasses import field as _field
 from typing import Any as _Any
 
 __all__ = ["CubepackError", "FormatError", "HubError", "IdentityMismatch", "IntegrityError",
-           "Mismatch", "ModelNotFoundError", "PartialCube", "RecomputationFailed", "RefusedError",
-           "SignatureError", "Terminated", "UnsafeInputError", "UnsupportedError", "UsageError",
-           "VerificationFailed"]
+           "Mismatch", "ModelNotFoundError", "PartialCube", "PushConflict",
+           "RecomputationFailed", "RefusedError", "SignatureError", "Terminated",
+           "UnsafeInputError", "UnsupportedError", "UsageError", "VerificationFailed"]
 
 
 class CubepackError(Exception):
@@ -203,6 +204,12 @@ class PartialCube(CubepackError):
     def __init__(self, message: str, report: _Any = None):
         super().__init__(message)
         self.report = report
+
+
+class PushConflict(HubError):
+    """A push's branch moved to another cube while it pushed (its parent commit went stale and
+    the branch's lock changed): nothing of it is presented as the cube. Pull, re-pack the
+    changes onto the new cube, push again."""
 
 
 class Terminated(BaseException):

@@ -268,6 +268,31 @@ def build_lock6_shards(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "load": True})
 
 
+def build_lock7_appended(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """The plain bundle packed in one shard, then one memory removed by an incremental pack:
+    lock version 7 (each shard's dead bytes), index version 2 (its dead range)."""
+    import cubepack
+
+    cube = fresh("lock7-appended")
+    shutil.copytree(OUT / "bundle" / "cube", cube)
+    for name in ("cubepack.lock", "cubepack.yaml", "README.md"):
+        (cube / name).unlink()
+    cubepack.pack(cube, cube_id="compat/appended", model=str(m["a"]), recompute=True,
+                  shards=True)
+    cubepack.pack(cube, cube_id="compat/appended", model=str(m["a"]), recompute=True,
+                  remove=("faq",))
+    describe("lock7-appended", what="The plain bundle packed in one shard, then its memory "
+             "'faq' removed by an incremental pack: lock version 7 (the shard's dead bytes), "
+             "index version 2 (its dead range), one live memory.",
+             commit=head(), how="a copy of bundle/cube without its lock, cubepack.yaml and "
+             "card, cubepack.pack(cube, cube_id='compat/appended', model=A, recompute=True, "
+             "shards=True), then cubepack.pack(cube, cube_id='compat/appended', model=A, "
+             "recompute=True, remove=('faq',)).",
+             expect={"artefact": "cube", "model": "a",
+                     "verify": {"recompute": True, "require_provenance": "recomputed"},
+                     "load": True})
+
+
 def build_kv3(m: dict[str, Path], k: dict[str, Path]) -> None:
     import torch
 
@@ -478,6 +503,7 @@ CURRENT = {
     "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
     "vectors": build_vectors, "lineage": build_lineage, "private3-age": build_private3_age,
     "private3-ssh-hidden": build_private3_ssh, "lock6-shards": build_lock6_shards,
+    "lock7-appended": build_lock7_appended,
     "preferences": build_preferences,
 }
 

@@ -41,6 +41,9 @@ LOCK_FILENAME = "cubepack.lock"
 LOCK_VERSION = 4
 #: The lock version of a sharded cube (its ``shards`` section: format/sections/shards.py).
 SHARDED_LOCK_VERSION = 6
+#: The lock version of a sharded cube after an incremental pack (ranges that overlap, dead
+#: bytes: format/sections/shards.py); ``compact`` brings it back to 6.
+APPENDED_LOCK_VERSION = 7
 CONFIG_FILENAME = "cubepack.yaml"
 #: MemOS's cube config, a cube's ``config.json``: which memories it holds, their backends and
 #: models (read by MemOS's own load; cubepack checks it, never runs what it names).

@@ -111,7 +111,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: The lock's own fields (not sections): every lock holds each.
 FIELDS = ("lock_version", "cubepack_version", "cube_id", "content_digest", "digest")
 #: The versions this cubepack reads; keys are closed (nothing unknown, anywhere) from 4 on.
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 CLOSED_SINCE = 4
 
 
@@ -209,7 +209,7 @@ SECTIONS: tuple[Section, ...] = (
             None,  # the ciphertexts' digests are the lock's files: stated there
             lambda value, typed, version: _encryption.parse(value)),
     Section("shards", constants.SHARDED_LOCK_VERSION, False,
-            lambda value, lock, version: _shards.check_section(value, lock["files"]),
+            lambda value, lock, version: _shards.check_section(value, lock["files"], version),
             lambda value: value, _by_key, _shards.describe,
             None,  # the shards and indexes are files: their digests state them
             lambda value, typed, version: _shards.parse(value, typed["files"]),
@@ -262,6 +262,8 @@ def build_lock(*, cube_id: str | None, files: dict[str, dict[str, Any]],
         body["lock_version"] = max([body["lock_version"]] + [
             _lineage.CHANGES[key].since for key in lineage.get("changes", {})
             if key in _lineage.CHANGES])
+    if "shards" in body:  # an appended layout (overlapping ranges, dead bytes) is version 7
+        body["lock_version"] = max(body["lock_version"], _shards.lock_version(body["shards"]))
     body["content_digest"] = content_digest(body)
     body["digest"] = canonical.digest(body)
     return body

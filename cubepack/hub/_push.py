@@ -1,8 +1,10 @@
-"""``cubepack push``: a verified cube as exactly one commit (or none when nothing changed).
+"""``cubepack push``: a verified cube as one commit (or none when nothing changed; several,
+the lock last, when more than 100 files change: ``_incremental.py``).
 
 ``create_commit`` with explicit operations: changed files added, vanished files deleted. A tag
 that exists is refused before anything is committed; a stale parent (another push landed first)
-is planned again and retried, with jittered exponential backoff, until the push's deadline.
+is planned again and retried, with jittered exponential backoff, until the push's deadline,
+as long as the branch's lock is still the one planned against (else ``PushConflict``).
 With ``create_pr`` the commit is proposed as a pull request (``refs/pr/N``) instead.
 """
 
@@ -24,8 +26,9 @@ from ..errors import HubError, UsageError
 from ..format import _fileset as fileset
 from ..format import _partial as partialformat
 from ..memos_format import _layout as memos_layout
-from ..ops import verify
+from ..ops import sign, verify
 from ..trust._report import VerifyReport
+from . import _incremental as incremental
 from ._client import REPO_TYPES, HubClient, lfs_sha256, offline_requested, parse_repo_spec
 
 
@@ -43,6 +46,9 @@ class PushResult:
     pr_num: int | None = None
     pr_revision: str | None = None
     pr_url: str | None = None
+    #: every commit the push made, in order (more than one: a push of more than 100 files,
+    #: the lock in the last)
+    commits: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -73,12 +79,18 @@ class PushOptions(Options):
     allow_local_paths: bool = False
     timeout: float | None = None
     create_pr: bool = False
+    #: sign the cube (``cubepack sign``, in place) before it is verified and pushed
+    sign_key: str | Path | None = None
+    sign_password: str | None = None
+    #: publish an unsigned cube over a signed one (refused otherwise)
+    allow_unsigned: bool = False
 
 
 @terminal_bars
 def push(cube_dir: str | Path, repo_id: str, options: PushOptions | None = None,
          **fields: Any) -> PushResult:
-    """Push a packed cube as exactly one commit (or none when nothing changed).
+    """Push a packed cube as one commit (or none when nothing changed; several, the lock in the
+    last, when more than 100 files are added or deleted).
 
     ``options`` (a ``PushOptions``: ``revision``, ``tag``, ``create_pr``, ``token``...)
     may be given as ``fields`` too, set over it. The cube is verified first: an unpacked or
@@ -86,9 +98,12 @@ def push(cube_dir: str | Path, repo_id: str, options: PushOptions | None = None,
     call, and so is one whose ``config.json`` names a model by a local path (unless
     ``allow_local_paths``). Only files whose content differs from the branch head are
     uploaded; files the cube no longer has are deleted in the same commit. A ``tag`` that
-    exists is refused before anything is committed. When another push lands on the branch
-    first, the plan is made again against the new head and retried after a jittered,
-    exponentially growing wait, for as long as the deadline allows.
+    exists is refused before anything is committed. Every commit names its parent; when
+    another push lands on the branch first without changing its cube (its lock), the plan is
+    made again against the new head and retried after a jittered, exponentially growing wait,
+    for as long as the deadline allows; when it changed the cube, the push stops
+    (``PushConflict``). A branch holding a signed cube is not given an unsigned one unless
+    ``allow_unsigned``; ``sign_key`` signs the cube (in place) before it is verified.
 
     With ``create_pr``, the commit is proposed to the branch as a pull request: it lands on a
     new ``refs/pr/N`` (the result's ``pr_num``, ``pr_revision``, ``pr_url``), the branch does
@@ -104,6 +119,10 @@ def push(cube_dir: str | Path, repo_id: str, options: PushOptions | None = None,
             with ``create_pr``; HF_HUB_OFFLINE set.
         HubError: the endpoint refused or failed (one sentence: unknown repo, no token, a tag
             that exists, a branch that keeps moving, the deadline passed).
+        PushConflict: another push landed a different cube on the branch first (pull,
+            re-pack the changes onto it, push again); the remote stays as it left it.
+        SignatureError: the branch holds a signed cube and this one is not signed (pass
+            ``sign_key``, or ``allow_unsigned``).
 
     Returns:
         a ``PushResult``: the repo, the branch and commit written (and its URL), what
@@ -143,6 +162,8 @@ def _push(cube_dir: Path, repo_id: str, options: PushOptions) -> PushResult:
         raise UsageError("A push needs its endpoint, and HF_HUB_OFFLINE is set (huggingface_hub "
                          "then sends no request): unset HF_HUB_OFFLINE to push.")
     cube = Path(cube_dir)
+    if options.sign_key is not None:  # a changed signed cube is signed again, then pushed
+        sign(cube, options.sign_key, password=options.sign_password)
     report = verify(cube, progress=progress)
     if not allow_local_paths:
         _refuse_local_model_paths(cube)
@@ -157,12 +178,12 @@ def _push(cube_dir: Path, repo_id: str, options: PushOptions) -> PushResult:
     with client.translated(repo_id, repo_type, branch):
         return client.run(_push_commit, client, cube, local, repo_id, repo_type=repo_type,
                           private=private, branch=branch, tag=tag, message=message,
-                          create_pr=create_pr)
+                          create_pr=create_pr, allow_unsigned=options.allow_unsigned)
 
 
 def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: str, *,
                  repo_type: str, private: bool, branch: str, tag: str | None,
-                 message: str, create_pr: bool) -> PushResult:
+                 message: str, create_pr: bool, allow_unsigned: bool = False) -> PushResult:
     """Everything a push asks of the endpoint: at most one commit, then the tag."""
     api = client.api
     api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
@@ -175,24 +196,42 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
     elif branch != "main":
         api.create_branch(repo_id, repo_type=repo_type, branch=branch, exist_ok=True)
     collisions = 0
+    planned: list[str | None] = []  # the remote lock the first plan was made against
+    landed: list[str] = []
+    uploaded: set[str] = set()
     while True:
         info = api.repo_info(repo_id, repo_type=repo_type, revision=branch,
                              files_metadata=True)
         head = info.sha
         remote = {sibling.rfilename: sibling for sibling in info.siblings or []}
+        if planned and incremental.lock_id(remote) != planned[0]:
+            raise incremental.conflict(repo_id, branch, planned[0],
+                                       incremental.lock_id(remote), head)
+        planned = planned or [incremental.lock_id(remote)]
         additions, deletions = _plan(cube, local, remote)
+        if not allow_unsigned:
+            incremental.refuse_unsigning(repo_id, branch, remote, local,
+                                         bool(additions or deletions))
         if tag:
             _check_tag(client, repo_id, repo_type, tag, None if additions or deletions
                        else head)
         if not (additions or deletions):
             commit = None
             break
+        # A pull request is one commit (create_pr starts it from the head planned against:
+        # never stale); a branch takes several when the push is more than 100 files.
+        steps = ([(additions, deletions)] if create_pr
+                 else incremental.commits(additions, deletions, remote))
         try:
-            # With create_pr the request starts from the head planned against: never stale.
-            commit = client.create_commit(repo_id, _operations(additions, deletions),
-                                          repo_type=repo_type, branch=branch,
-                                          message=message, parent_commit=head,
-                                          create_pr=create_pr)
+            for adds, dels in steps:
+                commit = client.create_commit(repo_id, _operations(adds, dels),
+                                              repo_type=repo_type, branch=branch,
+                                              message=message if len(steps) == 1 else
+                                              f"{message} [{len(landed) + 1}/{len(steps)}]",
+                                              parent_commit=head, create_pr=create_pr)
+                head = commit.oid
+                landed.append(commit.oid)
+                uploaded.update(path for path, _ in adds)
             break
         except Exception as exc:
             if _status(exc) != 412:
@@ -208,8 +247,8 @@ def _push_commit(client: HubClient, cube: Path, local: dict[str, str], repo_id: 
     pr_url = getattr(commit, "pr_url", None)
     return PushResult(repo_id=repo_id, repo_type=repo_type, branch=branch, commit_sha=sha,
                       commit_url=commit.commit_url if commit is not None else None,
-                      changed=commit is not None, uploaded=sorted(p for p, _ in additions),
-                      deleted=sorted(deletions), tag=tag,
+                      changed=commit is not None, uploaded=sorted(uploaded),
+                      deleted=sorted(deletions), tag=tag, commits=landed,
                       pr_num=getattr(commit, "pr_num", None) if pr_url else _pr_number(branch),
                       pr_revision=getattr(commit, "pr_revision", None) if pr_url
                       else (branch if branch.startswith("refs/pr/") else None),

@@ -84,6 +84,11 @@ class PackOptions(Options):
     shards: bool | None = None
     #: a shard's bound in bytes (implies ``shards``; None: the format's default, 2 GiB)
     shard_size: int | None = None
+    #: ids of sharded memories to drop (``--remove``; with a new file of the same id: replace)
+    remove: tuple[str, ...] = ()
+    #: rewrite the shards whose dead share passes this bound (``cubepack compact``); None:
+    #: keep every shard that still holds a memory
+    compact: float | None = None
     #: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``
     derived: Mapping[str, Any] | None = None
 

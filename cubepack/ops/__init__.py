@@ -10,6 +10,7 @@ cache, as transformers does) when a model is fingerprinted.
 - :func:`sign` (``_sign``): verify, then sign what that verification proved;
 - :func:`migrate` (``_migrate``): a new cube for a new model or embedder, its lineage derived;
 - :func:`upgrade` (``_upgrade``): older formats brought to the current one;
+- :func:`compact` (``_compact``): rewrite the shards whose dead share passes a bound;
 - :func:`diff` (``_diff``): every change between two locks, with what backs each pin;
 - :func:`load_kv_cache`, :func:`load_adapter` (``_load``): one KV file into a live model, a
   cube's LoRA adapter applied to its pinned base, under a policy (the kind's own load last);
@@ -20,6 +21,7 @@ cache, as transformers does) when a model is fingerprinted.
 """
 
 from ..kinds import MigrateOptions, MigrateResult, PackOptions, PackResult
+from ._compact import CompactResult, compact
 from ._diff import diff
 from ._encrypt import EncryptOptions, RekeyOptions, encrypt, rekey
 from ._load import load_adapter, load_kv_cache
@@ -29,6 +31,7 @@ from ._sign import sign
 from ._upgrade import UpgradeResult, upgrade
 from ._verify import verify
 
-__all__ = ["EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions", "PackResult",
-           "RekeyOptions", "UpgradeResult", "diff", "encrypt", "load_adapter", "load_kv_cache",
-           "migrate", "pack", "rekey", "sign", "upgrade", "verify"]
+__all__ = ["CompactResult", "EncryptOptions", "MigrateOptions", "MigrateResult", "PackOptions",
+           "PackResult", "RekeyOptions", "UpgradeResult", "compact", "diff", "encrypt",
+           "load_adapter", "load_kv_cache", "migrate", "pack", "rekey", "sign", "upgrade",
+           "verify"]

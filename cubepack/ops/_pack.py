@@ -76,7 +76,13 @@ def pack(cube_dir: str | Path, options: PackOptions | None = None, **fields: Any
             lock version 6, docs/reference/shards.md), True; one a file, False; None (the
             default): shards above 100 memories, or when the cube is sharded already.
         shard_size: a shard's bound in bytes (implies ``shards``; default 2 GiB); a memory
-            larger than it gets a shard of its own.
+            larger than it gets a shard of its own. A re-pack of a sharded cube is
+            incremental: shards whose memories are unchanged stay byte for byte, new memories
+            go to new shards (docs/reference/shards.md, "Incremental packs").
+        remove: ids of sharded memories to drop (their bytes stay in their shard, dead); with
+            a new ``activations/ID.kv.safetensors`` of the same id, the memory is replaced.
+        compact: rewrite the shards whose dead share passes this bound and every shard whose
+            range overlaps another (``cubepack compact``, ``ops/_compact.py``).
         derived: for ``migrate`` only: ``{"lineage": section, "provenance": {file: label}}``,
             the lineage of the cube it builds and the activations it re-prefilled itself.
             Without it, a cube's recorded lineage is kept (a re-pack to sign it, say).

@@ -109,11 +109,12 @@ def _upgrade_cube(cube: Path, model: str | Path, revision: str | None, shards: b
                          "MODEL), then encrypt it again (cubepack encrypt SOURCE --to ...).")
     held = {name: (kind, outdated) for kind in KINDS
             for name, outdated in kind.upgradable(cube, lock).items()}
-    # Current: written by this cubepack (4, or 6 when sharded), nothing outdated, and laid
-    # out as asked (a layout change is a re-pack).
+    # Current: written by this cubepack (4, or 6 or 7 when sharded), nothing outdated, and
+    # laid out as asked (a layout change is a re-pack).
     sharded = bool(lock.shards)
     laid_out = (shards is None or shards == sharded) and (shard_size is None or sharded)
-    if lock.version in (constants.LOCK_VERSION, constants.SHARDED_LOCK_VERSION) and laid_out \
+    if lock.version in (constants.LOCK_VERSION, constants.SHARDED_LOCK_VERSION,
+                        constants.APPENDED_LOCK_VERSION) and laid_out \
             and not any(old for _, old in held.values()):
         result.current = sorted(held)
         return result

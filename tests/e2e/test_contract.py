@@ -98,6 +98,7 @@ FAILURES = {  # (args, expected error type): a refusal, a usage error or a Hub e
                         (["{text}", "--model", "x", "--token-ids", "[1,"], "UsageError")],
     ("export", "mlx"): [(["{text}", "--out", "x.safetensors"], "FormatError")],
     ("sign",): [(["{tampered}", "--key", "{key}"], "VerificationFailed")],
+    ("compact",): [(["{empty}"], "UsageError")],
     ("encrypt",): [(["{cube}", "--to", "nonsense"], "UsageError"),
                    (["{tampered}", "--to", "{recipient}"], "VerificationFailed")],
     ("rekey",): [(["{cube}", "--add", "{recipient}"], "UsageError")],
@@ -217,6 +218,7 @@ def test_every_command_succeeds_with_one_json_object(chain, cube, zoo, tmp_path,
     assert one_json(run("inspect", kv, "--json"))["version"] == constants.KV_FORMAT_VERSION
     assert one_json(run("pack", cube, "--json"))["activations"]
     assert one_json(run("verify", cube, "--json"))["checks"]
+    assert one_json(run("compact", cube, "--json"))["changed"] is False  # no shards
     assert one_json(run("diff", cube, cube, "--json"))["same"] is True
     old = tmp_path / "old.kv.safetensors"
     as_format_1(kv, old, zoo["a"] / "tokenizer.json")

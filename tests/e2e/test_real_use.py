@@ -237,9 +237,13 @@ def test_push_tag_is_checked_before_anything_is_committed(hub, cube, models):
         "datasets", "ns", "cube"), "main") == head
 
 
-def test_twelve_concurrent_pushes_of_different_cubes_to_one_branch_all_land(hub, cube, tmp_path):
-    """Each push that finds its parent stale re-plans after a jittered, growing wait until its
-    deadline: all twelve land, each as one commit holding exactly its own cube."""
+def test_twelve_concurrent_pushes_of_different_cubes_land_whole_or_conflict(hub, cube,
+                                                                            tmp_path):
+    """Twelve pushes of different cubes at once: each commit names its parent; a push whose
+    parent went stale because another cube landed stops with PushConflict (issue #40: the
+    loser is told to pull, re-pack and push again, never silently overwrites the winner).
+    At least one lands; every commit made holds exactly its pusher's cube; the branch holds the
+    last one."""
     from cubepack._util.hashing import sha256_file
     from cubepack.localhub._store import repo_ref
 
@@ -266,13 +270,18 @@ def test_twelve_concurrent_pushes_of_different_cubes_to_one_branch_all_land(hub,
     for thread in threads:
         thread.join(timeout=900)
     assert not any(thread.is_alive() for thread in threads), "a push hung"
+    assert len(outcomes) == 12
     failed = {i: o for i, o in outcomes.items() if isinstance(o, Exception)}
-    assert not failed and len(outcomes) == 12
+    assert all(isinstance(o, cubepack.PushConflict) for o in failed.values()), failed
+    landed = {i: o for i, o in outcomes.items() if i not in failed}
+    assert landed and all("pull" in str(o) for o in failed.values())
     repo = repo_ref("datasets", "ns", "race")
-    history = {record["id"] for record in hub.store.history(repo, "main")}
-    assert {o.commit_sha for o in outcomes.values()} <= history
-    assert len({o.commit_sha for o in outcomes.values()}) == 12 and hub.stats.commits == 13
-    for index, outcome in outcomes.items():  # each commit is exactly that pusher's cube
+    history = [record["id"] for record in hub.store.history(repo, "main")]
+    assert {o.commit_sha for o in landed.values()} <= set(history)
+    assert len({o.commit_sha for o in landed.values()}) == len(landed)
+    assert hub.stats.commits == len(landed) + 1
+    assert hub.store.resolve(repo, "main") in {o.commit_sha for o in landed.values()}
+    for index, outcome in landed.items():  # each commit is exactly that pusher's cube
         tree = hub.store.commit(repo, outcome.commit_sha)["tree"]
         assert tree["notes.txt"]["sha256"] == sha256_file(cubes[index] / "notes.txt")
         assert tree["cubepack.lock"]["sha256"] == sha256_file(cubes[index] / "cubepack.lock")

@@ -55,7 +55,7 @@ def test_content_digest_ignores_the_card_but_digest_covers_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l.update(lock_version=7), "version 7"),
+    (lambda l: l.update(lock_version=8), "version 8"),
     (lambda l: l.update(lock_version=1), "cubepack upgrade CUBE_DIR --model MODEL"),
     (lambda l: l.update(extra=1), "unexpected keys"),
     (lambda l: l["files"]["config.json"].update(size=-1), "must be {sha256"),
@@ -204,8 +204,8 @@ def test_upgrade_mode_reads_the_version_1_layout_and_checks_the_rest():
     bad_path = make_lock()["files"] | {"a/../../x": {"sha256": SHA, "size": 1}}
     with pytest.raises(UnsafeInputError, match="'..' segment"):
         lockfile.parse(version_1(files=bad_path), accept_version_1=True)
-    with pytest.raises(FormatError, match="version 7"):
-        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 7}).encode(),
+    with pytest.raises(FormatError, match="version 8"):
+        lockfile.parse(lockfile.dumps(make_lock() | {"lock_version": 8}).encode(),
                        accept_version_1=True)
 
 

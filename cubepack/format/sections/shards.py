@@ -12,8 +12,12 @@ KV header's checksum record (per-tensor XXH3-64), which the header's own must eq
 The lock's ``shards`` section maps each shard's path to its index's path, the first and last
 item id it holds and its memory count; the lock's ``files`` hold both files' sha256 and size,
 so the lock commits to every shard and every index by digest and grows with the shards, not the
-memories. Shards hold item ids in order, and their ``[first, last]`` ranges are disjoint, so a
-reader finds an item's shard from the lock alone (:func:`shard_of`).
+memories. Shards hold item ids in order, and in lock version 6 their ``[first, last]`` ranges
+are disjoint, so a reader finds an item's shard from the lock alone. From lock version 7 (an
+incremental pack: ``kinds/activations/_incremental.py``) ranges may overlap and each entry
+states its shard's dead bytes, which a version-2 index lists as ranges (bytes of memories
+removed since the shard was written); a reader of one memory reads the index of each shard
+whose range holds its id (:func:`shards_of`).
 
 An index is refused (:class:`FormatError`) when it is not its lock entry's bytes (sha256,
 size), names another shard or other digests, points outside its shard, overlaps two memories,
@@ -30,7 +34,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from ..._util import canonical
+from ..._util import canonical, constants
 from ..._util.paths import check_relpath, resolve_inside
 from ...errors import FormatError, UsageError
 from .._provenance import KINDS
@@ -50,13 +54,25 @@ ALIGN = 64
 #: The index's format name and version (``version`` 1: this module).
 INDEX_FORMAT = "cubepack.kvshard.index"
 INDEX_VERSION = 1
+#: Version 2 (an index rewritten by an incremental pack, :mod:`...kinds.activations._shards`)
+#: adds ``dead``: the byte ranges of memories removed or replaced since the shard was written
+#: (their bytes stay in the shard, so the shard's file is unchanged and is not uploaded again).
+INDEX_DEAD_VERSION = 2
+INDEX_VERSIONS = (INDEX_VERSION, INDEX_DEAD_VERSION)
 INDEX_KEYS = frozenset({"format", "version", "shard", "memories"})
+INDEX_DEAD_KEYS = INDEX_KEYS | {"dead"}
 #: The index's record of its shard: the shard as the lock's files section records a file.
 INDEX_SHARD_KEYS = frozenset(FileEntry.__dataclass_fields__)
 MEMORY_KEYS = frozenset({"offset", "length", "sha256", "model_role", "token_count", "kv_dtype",
                          "num_layers", "provenance", "checksums"})
 #: A lock ``shards`` entry's keys.
 ENTRY_KEYS = frozenset({"index", "first", "last", "memories"})
+#: From lock version 7 (:data:`APPENDED_LOCK_VERSION`) an entry also states its shard's dead
+#: bytes (``dead``: what ``cubepack compact`` reclaims, decided from the lock alone), and the
+#: entries' id ranges may overlap (memories appended by an incremental pack).
+APPENDED_ENTRY_KEYS = ENTRY_KEYS | {"dead"}
+#: The lock version of a cube whose shards were appended to (ranges that overlap, dead bytes).
+APPENDED_LOCK_VERSION = constants.APPENDED_LOCK_VERSION
 #: The default bound of a shard (``pack --shard-size``): 2 GiB, a tenth of the Hub's
 #: recommended largest file (20 GB) and far under its hard limit (50 GB); a memory larger
 #: than the bound gets a shard of its own.
@@ -106,6 +122,8 @@ class Shard:
     memories: int
     locator: Locator
     index_locator: Locator
+    #: the shard's dead bytes (lock version 7; 0 before)
+    dead: int = 0
 
     def holds(self, item_id: str) -> bool:
         return self.first <= item_id <= self.last
@@ -120,6 +138,12 @@ class ShardIndex:
     shard_sha256: str
     shard_size: int
     memories: Mapping[str, Activation]
+    #: (offset, length) of each dead range (index version 2), in order
+    dead: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def dead_bytes(self) -> int:
+        return sum(length for _, length in self.dead)
 
 
 def _refuse(where: str, what: str) -> None:
@@ -144,24 +168,44 @@ def memory_record(entry: Activation, offset: int, checksums: Mapping[str, Any]) 
             "checksums": dict(checksums)}
 
 
-def index_document(shard: FileEntry, memories: Mapping[str, Any]) -> str:
+def index_document(shard: FileEntry, memories: Mapping[str, Any],
+                   dead: list[tuple[int, int]] | tuple[tuple[int, int], ...] = ()) -> str:
     """The bytes (canonical compact JSON) of the index of ``shard`` holding ``memories``
-    (id -> :func:`memory_record`)."""
-    return canonical.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION,
-                            "shard": dict(path=shard.path, **shard.to_dict()),
-                            "memories": dict(memories)}, compact=True)
+    (id -> :func:`memory_record`); with ``dead`` ranges, an index of version 2."""
+    doc: dict[str, Any] = {"format": INDEX_FORMAT, "version": INDEX_VERSION,
+                           "shard": dict(path=shard.path, **shard.to_dict()),
+                           "memories": dict(memories)}
+    if dead:
+        doc.update(version=INDEX_DEAD_VERSION, dead=[[at, length] for at, length in dead])
+    return canonical.dumps(doc, compact=True)
 
 
-def lock_entry(shard: str, memories: list[str]) -> dict[str, Any]:
-    """The lock's entry of the shard ``shard`` holding ``memories`` (ids, in order)."""
-    return {"index": index_name(shard), "first": memories[0], "last": memories[-1],
-            "memories": len(memories)}
+def lock_entry(shard: str, memories: list[str], dead: int | None = None) -> dict[str, Any]:
+    """The lock's entry of the shard ``shard`` holding ``memories`` (ids, in order); ``dead``
+    (its dead bytes) in a lock of version 7 only."""
+    entry: dict[str, Any] = {"index": index_name(shard), "first": memories[0],
+                             "last": memories[-1], "memories": len(memories)}
+    if dead is not None:
+        entry["dead"] = dead
+    return entry
 
 
-def check_section(value: Any, files: dict[str, Any]) -> None:
-    """Validate a lock's ``shards`` value against its ``files`` (the JSON, before parsing)."""
+def lock_version(value: Any) -> int:
+    """The lock version a ``shards`` value needs: 7 once its entries state dead bytes (an
+    appended layout), else 6."""
+    appended = isinstance(value, dict) and any(
+        isinstance(entry, dict) and "dead" in entry for entry in value.values())
+    return APPENDED_LOCK_VERSION if appended else APPENDED_LOCK_VERSION - 1
+
+
+def check_section(value: Any, files: dict[str, Any], version: int = 6) -> None:
+    """Validate a lock's ``shards`` value against its ``files`` (the JSON, before parsing).
+    Before lock version 7 the entries' id ranges are disjoint; from 7 they may overlap (an
+    incremental pack appends shards) and each states its dead bytes."""
     if not isinstance(value, dict) or not value:
         raise FormatError("cubepack.lock 'shards' must be a non-empty object.")
+    appended = version >= APPENDED_LOCK_VERSION
+    keys = APPENDED_ENTRY_KEYS if appended else ENTRY_KEYS
     previous: tuple[str, str] | None = None
     for path in sorted(value, key=lambda p: (value[p] or {}).get("first", "")
                        if isinstance(value[p], dict) else ""):
@@ -170,8 +214,10 @@ def check_section(value: Any, files: dict[str, Any]) -> None:
         check_relpath(path)
         if not is_shard_path(path):
             _refuse(where, f"is not named {SHARD_DIR}/activations-NNNNN{SHARD_SUFFIX}")
-        if not isinstance(entry, dict) or set(entry) != ENTRY_KEYS:
-            _refuse(where, f"must hold exactly the keys {sorted(ENTRY_KEYS)}")
+        if not isinstance(entry, dict) or set(entry) != keys:
+            _refuse(where, f"must hold exactly the keys {sorted(keys)}")
+        if appended and (type(entry["dead"]) is not int or entry["dead"] < 0):
+            _refuse(where, "dead must be a number of bytes (an integer >= 0)")
         if entry["index"] != index_name(path):
             _refuse(where, f"must name its index {index_name(path)!r}, found {entry['index']!r}")
         for name in (path, entry["index"]):
@@ -185,7 +231,7 @@ def check_section(value: Any, files: dict[str, Any]) -> None:
             _refuse(where, f"memories must be an integer from 1 to {MAX_SHARD_MEMORIES}")
         if entry["first"] == entry["last"] and entry["memories"] != 1:
             _refuse(where, "holds one id (first == last) but counts more memories")
-        if previous is not None and entry["first"] <= previous[1]:
+        if not appended and previous is not None and entry["first"] <= previous[1]:
             _refuse(where, f"holds ids from {entry['first']!r}, inside shard {previous[0]!r}'s "
                     f"range (to {previous[1]!r}): shards hold disjoint ranges of ids")
         previous = (path, entry["last"])
@@ -211,7 +257,7 @@ def parse(value: dict[str, Any], files: Mapping[str, FileEntry]) -> Mapping[str,
     """The typed section of a validated ``shards`` value, in the order of their ids."""
     return MappingProxyType({
         path: Shard(path, entry["index"], entry["first"], entry["last"], entry["memories"],
-                    files[path].locator, files[entry["index"]].locator)
+                    files[path].locator, files[entry["index"]].locator, entry.get("dead", 0))
         for path, entry in sorted(value.items(), key=lambda item: item[1]["first"])})
 
 
@@ -238,11 +284,13 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
         raise FormatError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
         _refuse(where, f"is not a {INDEX_FORMAT} document")
-    if type(doc.get("version")) is not int or doc["version"] != INDEX_VERSION:
-        _refuse(where, f"is version {doc.get('version')!r}; this cubepack reads version "
-                f"{INDEX_VERSION}. Upgrade cubepack")
-    if set(doc) != INDEX_KEYS:
-        _refuse(where, f"must hold exactly the keys {sorted(INDEX_KEYS)}")
+    if type(doc.get("version")) is not int or doc["version"] not in INDEX_VERSIONS:
+        _refuse(where, f"is version {doc.get('version')!r}; this cubepack reads versions "
+                f"{INDEX_VERSION} and {INDEX_DEAD_VERSION}. Upgrade cubepack")
+    keys = INDEX_KEYS if doc["version"] == INDEX_VERSION else INDEX_DEAD_KEYS
+    if set(doc) != keys:
+        _refuse(where, f"must hold exactly the keys {sorted(keys)}")
+    dead = _dead_ranges(where, doc.get("dead", []), doc["version"])
     shard = doc["shard"]
     if not (isinstance(shard, dict) and set(shard) == INDEX_SHARD_KEYS
             and isinstance(shard["path"], str) and isinstance(shard["sha256"], str)
@@ -281,9 +329,23 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
             provenance=Provenance.of(entry["provenance"]),
             locator=Locator(shard["path"], entry["offset"], entry["length"], entry["sha256"]),
             checksums=MappingProxyType(entry["checksums"]))
-    _check_layout(where, entries, shard["size"])
+    _check_layout(where, entries, shard["size"], dead)
     return ShardIndex(shard["path"], shard["sha256"], shard["size"],
-                      MappingProxyType(dict(sorted(entries.items()))))
+                      MappingProxyType(dict(sorted(entries.items()))), dead)
+
+
+def _dead_ranges(where: str, value: Any, version: int) -> tuple[tuple[int, int], ...]:
+    """An index's ``dead`` ranges: ``[[offset, length], ...]``, each at least a byte, in
+    order (their place in the shard is checked with the memories', :func:`_check_layout`);
+    version 2 states at least one (an index without any is written as version 1)."""
+    if version == INDEX_VERSION:
+        return ()
+    if not (isinstance(value, list) and value and all(
+            isinstance(pair, list) and len(pair) == 2
+            and all(type(n) is int and n >= 0 for n in pair) and pair[1] > 0 for pair in value)):
+        _refuse(where, "dead must be a non-empty list of [offset, length] (integers, length "
+                "at least 1)")
+    return tuple((at, length) for at, length in value)
 
 
 def _check_checksums(what: str, record: Any) -> None:
@@ -297,12 +359,16 @@ def _check_checksums(what: str, record: Any) -> None:
                 "tensors}")
 
 
-def _check_layout(where: str, entries: dict[str, Activation], size: int) -> None:
-    """The memories tile the shard in order: each at the aligned end of the one before (the
-    first at 0), the last ending at the shard's end; no overlap, no hidden bytes."""
+def _check_layout(where: str, entries: dict[str, Activation], size: int,
+                  dead: tuple[tuple[int, int], ...] = ()) -> None:
+    """The memories and the dead ranges tile the shard in order: each at the aligned end of
+    the one before (the first at 0), the last ending at the shard's end; no overlap, no hidden
+    bytes. The live memories lie in their ids' order."""
     end, before = 0, None
-    for item_id, entry in sorted(entries.items(), key=lambda item: item[1].locator.offset):
-        at = entry.locator.offset
+    tiles = [(item_id, entry.locator.offset, entry.locator.end)
+             for item_id, entry in entries.items()]
+    tiles += [(f"dead bytes [{at}:{at + length}]", at, at + length) for at, length in dead]
+    for item_id, at, stop in sorted(tiles, key=lambda tile: (tile[1], tile[2])):
         if before is not None and at < end:
             _refuse(where, f"lets memory {item_id!r} (from byte {at}) overlap memory "
                     f"{before!r} (to byte {end})")
@@ -310,7 +376,7 @@ def _check_layout(where: str, entries: dict[str, Activation], size: int) -> None
             _refuse(where, f"places memory {item_id!r} at byte {at}; the layout puts it at "
                     f"{aligned(end)} (each memory at the {ALIGN}-byte boundary after the one "
                     "before, the first at 0)")
-        end, before = entry.locator.end, item_id
+        end, before = stop, item_id
     if end != size:
         _refuse(where, f"ends its last memory at byte {end}, but the shard is {size} bytes")
     order = sorted(entries)
@@ -332,6 +398,9 @@ def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any])
         _refuse(where, f"disagrees with the lock on its shard: it says sha256 "
                 f"{index.shard_sha256}, {index.shard_size} bytes; the lock "
                 f"{shard.locator.sha256}, {shard.locator.length} bytes")
+    if index.dead_bytes != shard.dead:
+        _refuse(where, f"states {index.dead_bytes} dead bytes in its shard; the lock "
+                f"{shard.dead}")
     if len(index.memories) != shard.memories:
         _refuse(where, f"lists {len(index.memories)} memories; the lock counts {shard.memories}")
     ids = list(index.memories)
@@ -351,12 +420,11 @@ def activation_count(lock: Any) -> int:
     return len(lock.activations) + sum(shard.memories for shard in lock.shards.values())
 
 
-def shard_of(shards: Mapping[str, Shard], item_id: str) -> Shard | None:
-    """The shard whose range holds ``item_id`` (None: no shard may hold it)."""
-    for shard in shards.values():
-        if shard.holds(item_id):
-            return shard
-    return None
+def shards_of(shards: Mapping[str, Shard], item_id: str) -> list[Shard]:
+    """The shards whose range holds ``item_id``: at most one before lock version 7 (disjoint
+    ranges); after incremental packs, each shard appended with ids across that range too
+    (``cubepack compact`` makes them disjoint again)."""
+    return [shard for shard in shards.values() if shard.holds(item_id)]
 
 
 def find_memory(lock: Any, item_id: Any,
@@ -376,12 +444,14 @@ def find_memory(lock: Any, item_id: Any,
         raise UsageError(f"an activation memory's id is a string, not {item_id!r} "
                          f"({type(item_id).__name__}).")
     entry = lock.activations.get(item_id)
-    shard = shard_of(lock.shards, item_id)
-    if shard is None:
-        return entry
-    index = index_of(shard)
-    add_memories({}, index, lock)
-    return entry or index.memories.get(item_id)
+    found: dict[str, Activation] = {}
+    for shard in shards_of(lock.shards, item_id):
+        index = index_of(shard)
+        add_memories({}, index, lock)  # the index against the lock's own, as before
+        if item_id in index.memories:  # and the memory against the other shards' ranges
+            add_memories(found, replace(index, memories={item_id: index.memories[item_id]}),
+                         lock)
+    return entry or found.get(item_id)
 
 
 def load_index(shard: Shard, fetch: Callable[[Locator], bytes],

@@ -33,6 +33,7 @@ from ...format.sections import Activation, FileEntry, Lock
 from ...format.sections import shards as shardformat
 from ...kv._format import KVFileInfo, read_kv_header
 from .._kind import PackJob
+from . import _incremental
 from ._pack import activation_filename
 
 #: Unasked, pack shards a cube holding more activation memories than this (the Hub's
@@ -227,15 +228,16 @@ def unshard(job: PackJob, staging: Path) -> None:
     if earlier is None or not listed & set(job.files):
         return  # nothing sharded here (a migrate writes its memories one a file)
     lock = resolved(earlier, job.cube)
+    removed = _removed(job, lock)
     for item_id, entry in lock.activations.items():
-        if entry.checksums is None:
+        if entry.checksums is None or item_id in removed:
             continue
         name = activation_filename(item_id)
         if name in job.files:
             raise UsageError(f"{job.cube / name} and {entry.file} both hold memory "
                              f"{item_id!r}: pack would have to drop one. Remove the file to "
-                             "keep the shard's, or store the cube one file a memory first "
-                             "(pack --no-shards, before adding it) to replace it.")
+                             "keep the shard's, or pack with --remove "
+                             f"{item_id} to replace the shard's memory by the file.")
         data = memory_bytes(staging, entry)
         atomic.write_bytes(resolve_inside(staging, name), bytes(data))
         del data
@@ -245,6 +247,19 @@ def unshard(job: PackJob, staging: Path) -> None:
     folder = staging / shardformat.SHARD_DIR
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+
+
+def _removed(job: PackJob, lock: Lock) -> set[str]:
+    """The ids ``pack --remove`` drops from the cube's shards (each a memory a shard holds)."""
+    removed = set(job.options.remove or ())
+    for item_id in sorted(removed):
+        entry = lock.activations.get(item_id)
+        if entry is None or entry.checksums is None:
+            raise UsageError(f"--remove {item_id}: no shard of {job.cube} holds a memory "
+                             f"{item_id!r}" + (f" (it is the file {entry.file}: delete the "
+                                               "file instead)" if entry is not None else "")
+                             + "; nothing was packed.")
+    return removed
 
 
 def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -263,21 +278,26 @@ def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> di
     if not whole or not wanted(job, len(whole)):
         return {}
     bound = shard_size(job)
+    kept = _incremental.keep(job, staging, whole, job.options.compact)
     groups: list[list[str]] = [[]]
     filled = 0
-    for item_id in sorted(whole):
+    for item_id in sorted(item for item in whole if item not in kept.ids):
         at = shardformat.aligned(filled)
         if groups[-1] and (at + whole[item_id].locator.length > bound
-                           or len(groups[-1]) == shardformat.MAX_SHARD_MEMORIES):
+                           or len(groups[-1]) == shardformat.MAX_SHARD_MEMORIES
+                           or kept.fenced(groups[-1][-1], item_id)):
             groups.append([])
             at = 0
         groups[-1].append(item_id)
         filled = at + whole[item_id].locator.length
-    shards = {}
-    for number, items in enumerate(groups):
-        name = shardformat.shard_name(number)
+    shards = dict(kept.entries)
+    for number, items in enumerate(group for group in groups if group):
+        name = shardformat.shard_name(kept.next_number + number)
         _write_shard(staging, name, [whole[item] for item in items])
         shards[name] = shardformat.lock_entry(name, items)
+    if _incremental.appended_layout(kept, shards):  # lock version 7: each entry's dead bytes
+        shards = {name: {**entry, "dead": kept.dead.get(name, 0)}
+                  for name, entry in shards.items()}
     for entry in whole.values():
         resolve_inside(staging, entry.file).unlink()
     folder = staging / constants.ACTIVATIONS_DIR
