@@ -64,7 +64,7 @@ MEMOS_ONLY = ("memos-pickle", "preferences")
 #: The fixtures older commits wrote: name -> (commit, environment). Each commit is the last
 #: that wrote a format version (or predicate, or encryption section) later bumped; each
 #: fixture's writer is its function in tools/compat_old/writers.py.
-P2 = "7a731c8bf61ce3cdeeeb736f5e9655e2e7f988ef"  # encryption 2, manifest 2
+P2 = "dea5e114b9921cf13a9fbaf25fad89f69693fc07"  # encryption 2, manifest 2
 L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
                       "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
                       "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1

@@ -32,7 +32,7 @@ from .._util import atomic, canonical, constants
 from .._util.paths import check_relpath
 from ..errors import FormatError, PartialCube
 from ._fileset import CUBEPACK_LOCAL_DIR
-from .sections.shards import activation_count, shard_of
+from .sections.shards import activation_count, shards_of
 
 #: The marker's path in a cube folder.
 MARKER = f"{CUBEPACK_LOCAL_DIR}/partial.json"
@@ -148,14 +148,14 @@ def total(lock: Any) -> int:
     return activation_count(lock)
 
 
-def owner(lock: Any, item_id: str) -> str | None:
-    """The file of the lock holding the memory ``item_id`` (its KV file, or the shard whose
-    range holds its id), or None."""
+def owners(lock: Any, item_id: str) -> list[str]:
+    """The files of the lock that may hold the memory ``item_id``: its KV file, or the shards
+    whose id range holds it (one before lock version 7; after incremental packs, ranges may
+    overlap and the shard's index says which holds it), or none."""
     entry = lock.activations.get(item_id)
     if entry is not None:
-        return entry.file
-    shard = shard_of(lock.shards, item_id)
-    return None if shard is None else shard.path
+        return [entry.file]
+    return [shard.path for shard in shards_of(lock.shards, item_id)]
 
 
 def sparse(lock: Any, partial: Partial) -> set[str]:

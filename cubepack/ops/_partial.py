@@ -62,10 +62,11 @@ def plan(report: VerifyReport, lock: Lock) -> Plan | None:
         return _fail(report, result, where, "counts another number of memories than the lock",
                      total, marker.total)
     for item_id, path in sorted(marker.memories.items()):
-        owner = partialformat.owner(lock, item_id)
-        if owner != path:
+        owners = partialformat.owners(lock, item_id)
+        if path not in owners:
             return _fail(report, result, f"{where} ({item_id})",
-                         "lists a memory the lock does not hold in that file", owner, path)
+                         "lists a memory the lock does not hold in that file",
+                         " or ".join(owners) or None, path)
     result.absent = partialformat.absent_files(lock, marker)
     result.sparse = partialformat.sparse(lock, marker)
     return result

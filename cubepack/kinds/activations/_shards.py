@@ -124,7 +124,8 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
     lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
     partial = partialformat.read(cube)
     if partial is not None and item_id not in partial.memories:
-        where = partialformat.owner(lock, item_id) if isinstance(item_id, str) else None
+        where = (" or ".join(partialformat.owners(lock, item_id))
+                 if isinstance(item_id, str) else None)
         raise PartialCube(f"{cube} is a partial pull of {partial.repo_id}@"
                           f"{partial.commit_sha[:12]} ({len(partial.memories)} of "
                           f"{partial.total} memories); memory {item_id!r} is not here"
