@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._util import canonical, constants
-from .._util.paths import regular_file, resolve_inside
+from .._util import constants
+from .._util.paths import regular_file
 from ..errors import CubepackError, FormatError, IdentityMismatch, Mismatch, UnsafeInputError
 from ..errors import UnsupportedError
 from ..format._lock import KV_HEADER, check_provenance
@@ -28,7 +28,15 @@ from ..format.sections import Lock
 from ..format.sections import shards as shardformat
 from ..identity._fingerprint import fingerprint
 from ..kinds import LoadJob
-from ..kinds._seam import UNKNOWN, Checking, LoadedCache, note_unchecked
+from ..kinds._seam import (
+    UNKNOWN,
+    Checking,
+    LoadedCache,
+    LoadedPrompt,
+    note_unchecked,
+    prompt_file_items,
+    served_model,
+)
 from ..kv._format import check_kv_file, read_kv_header, structure_problems
 from ..kv._torch import live_layers, mapped_layers
 from ..memos_format import _layout as memos_layout
@@ -112,7 +120,9 @@ def install_loaded(act_mem: Any, loaded: tuple[Any, ...], cube_dir: Path, lock: 
     if hasattr(act_mem.llm, "model"):
         install(act_mem, [item for item in loaded if isinstance(item, LoadedCache)])
     else:
-        load_prompts(act_mem, cube_dir, lock, report)
+        _install_prompts(act_mem, [_prompt_item(item.item_id, item.prompt, item.metadata,
+                                                item.records)
+                                   for item in loaded if isinstance(item, LoadedPrompt)], report)
 
 
 
@@ -154,7 +164,9 @@ def load_unpacked(act_mem: Any, cube_dir: Path, report: HookReport, policy: Trus
                    cube_dir, " --legacy-pickle" if path is not None else "")
     if path is None:
         if prompts is not None:
-            _load_prompt_file(act_mem, cube_dir, prompts, None, report)
+            items = prompt_file_items(act_mem, cube_dir, prompts, None)
+            _install_prompts(act_mem, [_prompt_item(item.item_id, item.prompt, item.metadata,
+                                                    item.records) for item in items], report)
         else:
             _load_kv_files(act_mem, cube_dir, kv_files, report, policy)
         return
@@ -252,14 +264,10 @@ def _load_kv_files(act_mem: Any, cube_dir: Path, paths: list[Path], report: Hook
     install(act_mem, staged.items)
 
 
-def _served_model(act_mem: Any) -> Any:
-    return getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
-
-
 def _add_prompts(act_mem: Any, cube_dir: Path, dump: Any, report: HookReport) -> None:
     """vLLM items hold prompt strings, which are safe to hand back as they are, once the
     model a pickle's producer records name is the one MemOS's vLLM server serves."""
-    served = _served_model(act_mem)
+    served = served_model(act_mem)
     for item in dump.items:
         if item.prompt is None:
             raise CubepackError(f"{item.id!r} mixes KV caches and vLLM prompts in one dump.")
@@ -290,45 +298,3 @@ def _install_prompts(act_mem: Any, items: list[Any], report: HookReport) -> None
     if items:
         act_mem.add(items)
     report.loaded.extend(item.id for item in items)
-
-
-def load_prompts(act_mem: Any, cube_dir: Path, lock: Lock, report: HookReport) -> None:
-    """Install a verified vLLM cube's prompts into a ``VLLMKVCacheMemory``, once the vLLM model
-    MemOS will send them to is the pinned one (by Hub id or name: the weights sit on the vLLM
-    server, where cubepack cannot fingerprint them)."""
-    if constants.PROMPTS_FILE not in lock.files:
-        return
-    pin = lock.models.get(memos_layout.ACT_ROLE)
-    pinned = set() if pin is None else {
-        name for name in (pin.repo_id, pin.name, pin.identity.model_id if pin.identity else None)
-        if name}
-    _load_prompt_file(act_mem, cube_dir, resolve_inside(cube_dir, constants.PROMPTS_FILE),
-                      pinned, report)
-
-
-def _load_prompt_file(act_mem: Any, cube_dir: Path, path: Path, pinned: set[str] | None,
-                      report: HookReport) -> None:
-    """A prompts file's items, once the served model is the pinned one (a packed cube) or the
-    one the file names (a folder without a lock: the file's word is all there is)."""
-    served = _served_model(act_mem)
-    document = canonical.loads_strict(path.read_bytes())
-    if not isinstance(document, dict) or document.get("format") != constants.PROMPTS_FORMAT \
-            or not isinstance(document.get("items"), list):
-        raise FormatError(f"{path} is not a cubepack prompts file.")
-    expected = pinned if pinned is not None else (
-        {document["model"]} if isinstance(document.get("model"), str) else None)
-    if expected is not None and served not in expected:
-        raise IdentityMismatch(
-            f"The vLLM prompts of {cube_dir}",
-            [Mismatch("model", sorted(expected), served, of_producer=True)],
-            "The vLLM server MemOS is configured for serves another model than the one these "
-            "prompts were made for; configure that model.")
-    items, seen = [], set()
-    for entry in document["items"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str) \
-                or not isinstance(entry.get("id"), str) or entry["id"] in seen:
-            raise FormatError(f"{path}: a prompt entry is malformed or repeats an id.")
-        seen.add(entry["id"])
-        items.append(_prompt_item(entry["id"], entry["prompt"], entry.get("metadata") or {},
-                                  entry.get("records")))
-    _install_prompts(act_mem, items, report)

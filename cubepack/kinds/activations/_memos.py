@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..._util import constants
+from ..._util import canonical, constants
 from ..._util.paths import resolve_inside
 from ...errors import (
     CubepackError,
@@ -75,6 +75,71 @@ class LoadedCache:
     provenance: dict[str, Any] | None
     token_ids: Any
     seals: frozenset[Any]
+
+
+@dataclass(frozen=True)
+class LoadedPrompt:
+    """One vLLM prompt checked for the model MemOS's vLLM server serves, ready to be placed:
+    its id, the prompt string, MemOS's metadata and records for it."""
+
+    item_id: str
+    prompt: str
+    metadata: dict[str, Any]
+    records: dict[str, Any] | None
+
+
+def served_model(act_mem: Any) -> Any:
+    """The model a vLLM-backed activation memory's server serves (by the name MemOS sends)."""
+    return getattr(getattr(act_mem.llm, "config", None), "model_name_or_path", None)
+
+
+def prompt_file_items(act_mem: Any, cube_dir: Path, path: Path,
+                      pinned: set[str] | None) -> list[LoadedPrompt]:
+    """A prompts file's items, once the served model is the pinned one (a packed cube: its
+    names in ``pinned``) or the one the file names (a folder without a lock, ``pinned``
+    None: the file's word is all there is).
+
+    Raises:
+        FormatError: not a cubepack prompts file, an entry malformed or repeating an id.
+        IdentityMismatch: the vLLM server serves another model.
+    """
+    served = served_model(act_mem)
+    document = canonical.loads_strict(path.read_bytes())
+    if not isinstance(document, dict) or document.get("format") != constants.PROMPTS_FORMAT \
+            or not isinstance(document.get("items"), list):
+        raise FormatError(f"{path} is not a cubepack prompts file.")
+    expected = pinned if pinned is not None else (
+        {document["model"]} if isinstance(document.get("model"), str) else None)
+    if expected is not None and served not in expected:
+        raise IdentityMismatch(
+            f"The vLLM prompts of {cube_dir}",
+            [Mismatch("model", sorted(expected), served, of_producer=True)],
+            "The vLLM server MemOS is configured for serves another model than the one these "
+            "prompts were made for; configure that model.")
+    items, seen = [], set()
+    for entry in document["items"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str) \
+                or not isinstance(entry.get("id"), str) or entry["id"] in seen:
+            raise FormatError(f"{path}: a prompt entry is malformed or repeats an id.")
+        seen.add(entry["id"])
+        records = entry.get("records")
+        items.append(LoadedPrompt(entry["id"], entry["prompt"], entry.get("metadata") or {},
+                                  records if isinstance(records, dict) else None))
+    return items
+
+
+def packed_prompts(act_mem: Any, cube_dir: Path, lock: Lock) -> tuple[LoadedPrompt, ...]:
+    """A verified vLLM cube's prompts for a ``VLLMKVCacheMemory``, once the vLLM model MemOS
+    will send them to is the pinned one (by Hub id or name: the weights sit on the vLLM
+    server, where cubepack cannot fingerprint them)."""
+    if constants.PROMPTS_FILE not in lock.files:
+        return ()
+    pin = lock.models.get(memos_layout.ACT_ROLE)
+    pinned = set() if pin is None else {
+        name for name in (pin.repo_id, pin.name, pin.identity.model_id if pin.identity else None)
+        if name}
+    return tuple(prompt_file_items(act_mem, cube_dir,
+                                   resolve_inside(cube_dir, constants.PROMPTS_FILE), pinned))
 
 
 def use_problems(layers: list[tuple], model: Any) -> list[Mismatch]:
@@ -329,8 +394,8 @@ def load_memos(act_mem: Any, cube_dir: Path, lock: Lock, report: Any, policy: Tr
                seals: frozenset[Any] = frozenset(), *,
                fetch: Callable[[Any], Any] | None = None) -> tuple[LoadedCache, ...]:
     """A verified cube's activation memory for ``act_mem``: KV caches for a memory whose LLM
-    runs here (:func:`load_packed`); a vLLM cube's prompts go to one whose LLM is a server
-    (the hook installs them, once their served model is the pinned one). Either into the
+    runs here (:func:`load_packed`); a vLLM cube's prompts to one whose LLM is a server,
+    once their served model is the pinned one (:func:`packed_prompts`). Either into the
     other kind of memory is refused: it would leave the memory silently empty."""
     local = hasattr(act_mem.llm, "model")
     prompts = constants.PROMPTS_FILE in lock.files
@@ -343,5 +408,6 @@ def load_memos(act_mem: Any, cube_dir: Path, lock: Lock, report: Any, policy: Tr
         raise UnsupportedError(f"{cube_dir} holds KV caches, but {type(act_mem).__name__} "
                                "holds prompt strings for a vLLM server; load it into a "
                                "KVCacheMemory.")
-    return load_packed(act_mem, cube_dir, lock, report, policy, seals, fetch=fetch) \
-        if local else ()
+    if not local:
+        return packed_prompts(act_mem, cube_dir, lock)
+    return load_packed(act_mem, cube_dir, lock, report, policy, seals, fetch=fetch)
