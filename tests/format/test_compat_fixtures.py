@@ -305,9 +305,14 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
     with open_private(target, identity) as opened:
         clear = {entry.file for entry in opened.lock.activations.values()}
         names = {clear_name: cipher for cipher, clear_name in opened.manifest["names"].items()}
-    assert clear
-    for name in sorted(clear):
+    for name in sorted(clear):  # a whole KV file's ciphertext, decrypted whole
         cache = cubepack.load_kv_cache(target / names[name], model, decrypt_with=identity)
+        assert cache.get_seq_length() > 0
+    # Every memory by its item (a shard's range: its chunks; an older manifest: its file)
+    items = report.private_lock.activations
+    assert items and (clear or opened.lock.shards)
+    for item in items:
+        cache = cubepack.load_kv_cache(target, model, item=item, decrypt_with=identity)
         assert cache.get_seq_length() > 0
 
 
