@@ -291,3 +291,21 @@ def _swapped(shard, first: int) -> bytes:
     a, b = start + first * stride, start + (first + 1) * stride
     data[a:a + stride], data[b:b + stride] = data[b:b + stride], data[a:a + stride]
     return bytes(data)
+
+
+def test_push_then_pull_with_and_without_the_key(hub, private, agekeys, models, tmp_path,
+                                                 clear_sharded):
+    cube = private(hide_names=True)
+    commit = _push(hub, cube)
+    pulled = cubepack.pull(f"me/private@{commit}", endpoint=hub.url, token=HUB_TOKEN,
+                           local_dir=tmp_path / "pulled", cache_dir=tmp_path / "hf",
+                           decrypt_with=agekeys["alice"][0])
+    shards = [c for c in pulled.report.checks if c.name == "shards"]
+    assert pulled.report.ok and len(shards) == 3 and all(c.scope == "decrypted" for c in shards)
+    keyless = cubepack.pull(f"me/private@{commit}", endpoint=hub.url, token=HUB_TOKEN,
+                            local_dir=tmp_path / "keyless", cache_dir=tmp_path / "hf")
+    assert keyless.report.ok and not any(c.name == "shards" for c in keyless.report.checks)
+    for item in ITEMS:
+        mine = cubepack.load_kv_cache(tmp_path / "pulled", models["a"], item=item,
+                                      decrypt_with=agekeys["alice"][0])
+        assert _equal(mine, cubepack.load_kv_cache(clear_sharded, models["a"], item=item))
