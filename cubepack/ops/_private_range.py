@@ -43,7 +43,7 @@ from ..format import _lock as lockfile
 from ..format.sections import Lock, Locator
 from ..trust import _age as age
 from ..trust import _age_range as ranges
-from ._private import is_private, read_manifest
+from ._private import MAX_HEADER_BYTES, is_private, read_manifest
 
 __all__ = ["PrivateRanges", "local_reader"]
 
@@ -115,11 +115,18 @@ class PrivateRanges:
         head = self._heads.get(cipher)
         prefix = None
         if head is None:
-            size = clear.size
+            # The manifest's word, bounded before it sizes a read: a header is at most
+            # MAX_HEADER_BYTES, and the file is the public lock's size.
+            if start > min(total, MAX_HEADER_BYTES + 16):
+                raise IntegrityError(f"{cipher} of {self.where}: its manifest says its payload "
+                                     f"starts past {min(total, MAX_HEADER_BYTES + 16)} bytes "
+                                     f"(at {start}; the file is {total}): the manifest lies "
+                                     "about the file; nothing was read.")
             first_chunk = locator.offset < ranges.CHUNK
-            # The header, and the span too when it starts in the first chunk: one read.
-            end = ranges.chunk_span(_sized(start, size), locator.offset, locator.length)[3] \
-                if first_chunk else start
+            # The header, and the span too when it starts in the first chunk: one read (no
+            # further than the file: the span is checked against the header's size once read).
+            end = min(total, ranges.chunk_span(_sized(start, clear.size), locator.offset,
+                                               locator.length)[3]) if first_chunk else start
             prefix = self._read(cipher, 0, end)
             head = self._open(cipher, prefix, start, digest, total, clear.size)
         begin, end = ranges.chunk_span(head, locator.offset, locator.length)[2:]
