@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util import constants
-from ..errors import FormatError, HubError, UsageError
+from ..errors import FormatError, HubError, RefusedError, UsageError
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, ShardIndex
 from ..format.sections import shards as shardformat
 from ..kinds import serving
 from ..kinds.activations._shards import checked_range
 from ..ops._seam import PrivateRanges
+from ..trust._generation import seen_check
 from ..trust._policy import TrustPolicy
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
@@ -211,6 +212,9 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     Raises:
         SignatureError: ``trusted_keys`` given and the cube unsigned, signed by another key, or
             signed over another lock.
+        RefusedError: a private cube signed by a trusted key at a generation older than one
+            this client has seen of it (a replay; its generation is recorded otherwise, as a
+            verify records it).
         HubError: the repo, the revision or its lock cannot be fetched.
         FormatError: the lock is malformed, too large, or its digests do not match.
 
@@ -261,6 +265,12 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         signed_by = verify_lock_signature(
             data, None if signature is None else signature.content,
             None if attestation is None else attestation.content, list(trusted_keys))
+        if lock.private:  # a replay: refused against the generations this client has seen
+            seen = seen_check(lock, signed_by, list(trusted_keys),
+                              where=f"in an open of {repo_id}@{commit}")
+            if seen.ok is False:
+                raise RefusedError(f"Refusing {repo_id}@{commit[:12]}: {seen.detail}. Nothing "
+                                   "was fetched beyond its lock and signature.")
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
 
 
