@@ -79,6 +79,10 @@ class RemoteCube:
             FormatError: its shard's index is not the lock's, or disagrees with it, or lists
                 a memory the lock lists too.
         """
+        if self.lock.private:
+            raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its "
+                             "entries are in its encrypted manifest and indexes; load a memory "
+                             "with load(item, model, decrypt_with=IDENTITY_FILE).")
         entry = shardformat.find_memory(self.lock, item_id, self._index)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "

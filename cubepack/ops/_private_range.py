@@ -74,7 +74,6 @@ class PrivateRanges:
         self._heads: dict[str, ranges.StreamHead] = {}
         #: what a reader of the clear files parsed of them, once (a shard's index)
         self.indexes: dict[str, Any] = {}
-        self._plain: dict[str, Any] = {}  # a pre-version-3 cube's files, decrypted whole
 
     def _whole(self, cipher: str) -> bytes:
         """The ciphertext ``cipher`` whole, its sha256 and size the public lock's."""
@@ -105,11 +104,19 @@ class PrivateRanges:
             raise FormatError(f"{locator.path} [{locator.offset}:{locator.end}] lies outside "
                               f"its {clear.size} bytes.")
         headers = self.manifest["headers"]
-        if headers is None:  # before manifest version 3: the file whole
-            if locator.path not in self._plain:
-                self._plain[locator.path] = age.decrypt(self._whole(cipher), self._identities,
-                                                        cipher)
-            return memoryview(self._plain[locator.path])[locator.offset:locator.end]
+        if headers is None:  # before manifest version 3: the file whole, each time (no
+            # plaintext is kept between reads: its one memory is read once)
+            found: list[Any] = []
+
+            def allocate(size: int) -> Any:
+                found.append(anonymous_memory(size))
+                return found[0]
+
+            age.decrypt_to(self._whole(cipher), self._identities, cipher, allocate)
+            if len(found[0]) != clear.size:
+                raise IntegrityError(f"{cipher} of {self.where} holds {len(found[0])} bytes of "
+                                     f"plaintext, its private lock records {clear.size}.")
+            return memoryview(found[0])[locator.offset:locator.end]
         start, digest = headers[cipher]
         total = self.public_lock.files[cipher].size
         head = self._heads.get(cipher)

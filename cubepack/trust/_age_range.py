@@ -25,6 +25,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
+from .._util.ramdir import anonymous_memory
 from ..errors import FormatError, IntegrityError, RefusedError
 from . import _age_stream as stream
 from ._age import _native, _not_a_recipient
@@ -122,7 +123,8 @@ def decrypt_span(head: StreamHead, offset: int, length: int, ciphertext: Any, ou
         raise IntegrityError(f"{what}: {len(ciphertext)} bytes of ciphertext for chunks "
                              f"{first}-{last}, expected {end - begin}; nothing was decrypted.")
     chunks = max(1, -(-head.size // stream.CHUNK))
-    scratch = bytearray(stream.CHUNK)
+    # Private anonymous memory, out of core dumps, as every plaintext cubepack decrypts.
+    scratch = anonymous_memory(stream.CHUNK)
     written = 0
     try:
         with memoryview(ciphertext) as data, memoryview(out) as target, \
@@ -145,3 +147,4 @@ def decrypt_span(head: StreamHead, offset: int, length: int, ciphertext: Any, ou
                 written += high - low
     finally:
         scratch[:] = bytes(len(scratch))  # the neighbours' plaintext goes with the scratch
+        scratch.close()
