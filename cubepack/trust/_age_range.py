@@ -108,13 +108,15 @@ def decrypt_span(head: StreamHead, offset: int, length: int, ciphertext: Any, ou
     """Decrypt plaintext bytes ``[offset, offset + length)`` of the file ``head`` opened into
     ``out`` (a writable buffer of ``length`` bytes), from ``ciphertext``: exactly the bytes
     :func:`chunk_span` names. Every chunk of the span is decrypted and its tag checked (its
-    index and last-chunk flag in its nonce); only the span is copied out (the neighbours'
-    bytes that share its first and last chunk are decrypted into a scratch chunk, then
-    cleared).
+    index and last-chunk flag in its nonce); a chunk wholly inside the span straight into
+    ``out``, the first and last (whose bytes the neighbours share) into a scratch chunk of
+    private anonymous memory, of which only the span's part is copied out before it is
+    cleared. One run of chunks a core, as a whole file (:func:`_age_stream._each_run`).
 
     Raises:
         IntegrityError: the ciphertext is not the span's length, or a chunk fails its tag
-            (named): a chunk swapped, moved, taken from another file, truncated or damaged.
+            (the first such named): a chunk swapped, moved, taken from another file,
+            truncated or damaged.
     """
     from cryptography.exceptions import InvalidTag
 
@@ -123,28 +125,42 @@ def decrypt_span(head: StreamHead, offset: int, length: int, ciphertext: Any, ou
         raise IntegrityError(f"{what}: {len(ciphertext)} bytes of ciphertext for chunks "
                              f"{first}-{last}, expected {end - begin}; nothing was decrypted.")
     chunks = max(1, -(-head.size // stream.CHUNK))
-    # Private anonymous memory, out of core dumps, as every plaintext cubepack decrypts.
-    scratch = anonymous_memory(stream.CHUNK)
-    written = 0
-    try:
-        with memoryview(ciphertext) as data, memoryview(out) as target, \
-                memoryview(scratch) as chunk:
-            for index in range(first, last + 1):
-                is_last = index == chunks - 1
-                size = head.size - index * stream.CHUNK if is_last else stream.CHUNK
-                at = (index - first) * STRIDE
-                try:
-                    head.aead.decrypt_into(stream._chunk_nonce(index, is_last),
-                                           data[at:at + size + stream.TAG], None,
-                                           chunk[:size])
-                except InvalidTag:
-                    raise IntegrityError(
-                        f"{what}'s age payload fails authentication at chunk {index}: it was "
-                        "swapped, moved, truncated or damaged; nothing was loaded.") from None
-                low = max(offset, index * stream.CHUNK) - index * stream.CHUNK
-                high = min(offset + length, index * stream.CHUNK + size) - index * stream.CHUNK
-                target[written:written + high - low] = chunk[low:high]
-                written += high - low
-    finally:
-        scratch[:] = bytes(len(scratch))  # the neighbours' plaintext goes with the scratch
-        scratch.close()
+    failed: list[int] = []
+    with memoryview(ciphertext) as data, memoryview(out) as target:
+
+        def run(indices: range) -> None:
+            scratch = view = None
+            try:
+                for k in indices:
+                    index = first + k
+                    is_last = index == chunks - 1
+                    size = head.size - index * stream.CHUNK if is_last else stream.CHUNK
+                    low = max(offset, index * stream.CHUNK) - index * stream.CHUNK
+                    high = min(offset + length, index * stream.CHUNK + size) \
+                        - index * stream.CHUNK
+                    at, to = k * STRIDE, index * stream.CHUNK + low - offset
+                    whole = low == 0 and high == size
+                    if not whole and view is None:
+                        scratch = anonymous_memory(stream.CHUNK)
+                        view = memoryview(scratch)
+                    try:
+                        head.aead.decrypt_into(
+                            stream._chunk_nonce(index, is_last),
+                            data[at:at + size + stream.TAG], None,
+                            target[to:to + size] if whole else view[:size])
+                    except InvalidTag:
+                        failed.append(index)
+                        return
+                    if not whole:
+                        target[to:to + high - low] = view[low:high]
+            finally:
+                if view is not None:  # the neighbours' plaintext goes with the scratch
+                    view[:] = bytes(len(view))
+                    view.release()
+                    scratch.close()
+
+        stream._each_run(run, last - first + 1)
+    if failed:
+        raise IntegrityError(f"{what}'s age payload fails authentication at chunk "
+                             f"{min(failed)}: it was swapped, moved, truncated or damaged; "
+                             "nothing was loaded.")
