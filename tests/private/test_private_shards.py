@@ -72,22 +72,6 @@ def _entries(clear_sharded):
     return {item: entry.locator for item, entry in resolved.activations.items()}
 
 
-def _reseal_public(cube, change) -> None:
-    """Edit a private cube's public lock and recompute its digests (anyone who can push)."""
-    path = cube / constants.LOCK_FILENAME
-    lock = json.loads(path.read_text())
-    change(lock)
-    path.write_text(lockfile.dumps(lockfile.build_lock(
-        cube_id=lock["cube_id"], files=lock["files"], models=lock["models"],
-        cubepack_version=lock["cubepack_version"], encryption=lock["encryption"])))
-
-
-def _entry_of(cube, name):
-    import hashlib
-    data = (cube / name).read_bytes()
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-
-
 # --- the verbs --------------------------------------------------------------------------------
 
 def test_encrypt_writes_every_shard_and_index_as_a_ciphertext_and_verify_checks_them(
