@@ -68,7 +68,7 @@ class RemoteCube:
         """How many activation memories the cube holds (its lock's count: no index fetched;
         a private cube's public lock counts them)."""
         if self.lock.encryption is not None:
-            return self.lock.encryption.counts.activations
+            return self.lock.encryption.counts.of("activations")
         return shardformat.activation_count(self.lock)
 
     def entry(self, item_id: str) -> Activation:

@@ -50,7 +50,7 @@ def test_encrypt_takes_a_sharded_cube(cube):
     recipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
     result = cubepack.encrypt(cube, [recipient])
     public = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
-    assert not public.shards and public.encryption.counts.activations == 3
+    assert not public.shards and public.encryption.counts.of("activations") == 3
     assert not list(cube.rglob("*.kvshard")) and result.ciphertexts == len(
         [name for name in public.files if name.endswith(".age")]) - 1  # the manifest
     assert cubepack.verify(cube).ok

@@ -85,7 +85,7 @@ def test_no_public_byte_holds_a_memorys_id_offset_size_or_digest(clear_cube, age
         assert any(name.startswith("shards/") for name in public_lock.files)
     leaked = sorted(what for what, text in secrets.items() if text.encode() in public)
     assert leaked == []
-    assert public_lock.encryption.counts.activations == len(ITEMS)
+    assert public_lock.encryption.counts.of("activations") == len(ITEMS)
     assert not public_lock.shards and not public_lock.activations
 
 
