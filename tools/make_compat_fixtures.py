@@ -65,6 +65,7 @@ MEMOS_ONLY = ("memos-pickle", "preferences")
 #: that wrote a format version (or predicate, or encryption section) later bumped; each
 #: fixture's writer is its function in tools/compat_old/writers.py.
 P2 = "dea5e114b9921cf13a9fbaf25fad89f69693fc07"  # encryption 2, manifest 2
+P3 = "af31c2f56af3c28a87d0fa786ef8407398beab40"  # encryption 3, manifest 2
 L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
                       "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
                       "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1
@@ -76,7 +77,8 @@ OLD = {"lock1": (L1, "latest"), "kv1": (L1, "latest"),
        "lock3-vectors": (L3, "latest"), "lock3-lineage": (L3, "latest"),
        "attestation2": (L4, "latest"), "kv2": (L4, "latest"), "mlx2": (L4, "latest"),
        "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest"),
-       "private2-age": (P2, "latest"), "private2-ssh-hidden": (P2, "latest")}
+       "private2-age": (P2, "latest"), "private2-ssh-hidden": (P2, "latest"),
+       "private3-age": (P3, "latest"), "private3-ssh-hidden": (P3, "latest")}
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -464,21 +466,17 @@ def build_lineage(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "basis": "signed", "load": True})
 
 
-def _encrypt(name: str, recipient: str, **options) -> Path:
+def build_private3_shards(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """lock6-shards encrypted and signed: a private cube of shards (manifest version 3)."""
     import cubepack
 
-    cube = fresh(name)
-    shutil.copytree(OUT / "lock4" / "cube", cube)
-    cubepack.encrypt(cube, [recipient], **options)
-    return cube
-
-
-def build_private3_age(m: dict[str, Path], k: dict[str, Path]) -> None:
-    _encrypt("private3-age", k["age_pub"].read_text().strip(), sign_key=str(k["sign"]))
-    describe("private3-age", what="lock4 encrypted to an age X25519 recipient and signed: "
-             "lock version 5, encryption section version 3 (counts by memory section), "
-             "manifest version 2.",
-             commit=head(), how="cubepack.encrypt(copy of lock4/cube, [keys/age.pub], "
+    cube = fresh("private3-shards-age")
+    shutil.copytree(OUT / "lock6-shards" / "cube", cube)
+    cubepack.encrypt(cube, [k["age_pub"].read_text().strip()], sign_key=str(k["sign"]))
+    describe("private3-shards-age", what="lock6-shards encrypted to an age X25519 recipient "
+             "and signed: lock version 5, encryption section version 3, manifest version 3 "
+             "(each ciphertext's header recorded), its shards and indexes ciphertexts.",
+             commit=head(), how="cubepack.encrypt(copy of lock6-shards/cube, [keys/age.pub], "
              "sign_key=keys/signing.pem).",
              expect={"artefact": "cube", "model": "a", "signed": True, "identity": "age",
                      "verify": {"recompute": True, "trusted_key": True,
@@ -486,24 +484,12 @@ def build_private3_age(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "load": True})
 
 
-def build_private3_ssh(m: dict[str, Path], k: dict[str, Path]) -> None:
-    _encrypt("private3-ssh-hidden", k["ssh_pub"].read_text().strip(), hide_names=True)
-    describe("private3-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
-             "hidden names, unsigned: lock version 5, encryption section version 3, manifest "
-             "version 2.", commit=head(),
-             how="cubepack.encrypt(copy of lock4/cube, [keys/ssh_ed25519.pub], "
-             "hide_names=True).",
-             expect={"artefact": "cube", "model": "a", "identity": "ssh",
-                     "verify": {"recompute": True}, "load": True})
-
-
 #: name -> builder, in the order they depend on each other.
 CURRENT = {
     "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
     "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
-    "vectors": build_vectors, "lineage": build_lineage, "private3-age": build_private3_age,
-    "private3-ssh-hidden": build_private3_ssh, "lock6-shards": build_lock6_shards,
-    "lock7-appended": build_lock7_appended,
+    "vectors": build_vectors, "lineage": build_lineage, "lock6-shards": build_lock6_shards,
+    "lock7-appended": build_lock7_appended, "private3-shards-age": build_private3_shards,
     "preferences": build_preferences,
 }
 

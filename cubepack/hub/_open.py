@@ -14,6 +14,10 @@ signature and its attestation at the commit and checks the signature over the lo
 manifest rebuilt from the lock's digests: :func:`~cubepack.trust._signing.verify_lock_signature`)
 before any memory is fetched; the attestation's statements are not read here (pull and verify
 for the labels a signer proved).
+
+A private cube opens the same way (its public lock, and its signature); a memory of it is
+loaded with ``decrypt_with`` (:meth:`RemoteCube.load`): the encrypted manifest is fetched whole
+once, then only the memory's index and its chunks (``ops/_private_range.py``).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util import constants
-from ..errors import FormatError, HubError, UnsupportedError, UsageError
+from ..errors import FormatError, HubError, RefusedError, UsageError
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, ShardIndex
 from ..format.sections import shards as shardformat
 from ..kinds import serving
 from ..kinds.activations._shards import checked_range
+from ..ops._seam import PrivateRanges
+from ..trust._generation import seen_check
 from ..trust._policy import TrustPolicy
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
@@ -54,10 +60,15 @@ class RemoteCube:
     indexes: dict[str, ShardIndex] = field(default_factory=dict, repr=False)
     #: the lock's bytes as fetched and checked (what a reader that verifies a folder writes)
     lock_bytes: bytes = field(default=b"", repr=False)
+    #: a private cube's manifest decrypted, by identity file (its clear lock, its ranges)
+    private: dict[str, PrivateRanges] = field(default_factory=dict, repr=False)
 
     @property
     def memories(self) -> int:
-        """How many activation memories the cube holds (its lock's count: no index fetched)."""
+        """How many activation memories the cube holds (its lock's count: no index fetched;
+        a private cube's public lock counts them)."""
+        if self.lock.encryption is not None:
+            return self.lock.encryption.counts.of("activations")
         return shardformat.activation_count(self.lock)
 
     def entry(self, item_id: str) -> Activation:
@@ -68,6 +79,10 @@ class RemoteCube:
             FormatError: its shard's index is not the lock's, or disagrees with it, or lists
                 a memory the lock lists too.
         """
+        if self.lock.private:
+            raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its "
+                             "entries are in its encrypted manifest and indexes; load a memory "
+                             "with load(item, model, decrypt_with=IDENTITY_FILE).")
         entry = shardformat.find_memory(self.lock, item_id, self._index)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
@@ -97,20 +112,34 @@ class RemoteCube:
 
     def load(self, item_id: str, model: Any, policy: TrustPolicy | None = None, *,
              device: Any = None, copy: bool = False, identity: Any = None,
-             **options: Any) -> Any:
+             decrypt_with: Any = None, **options: Any) -> Any:
         """The memory ``item_id`` as a ``DynamicCache`` for ``model``: its index and its byte
         range fetched at the opened commit, its sha256 and checksums checked against its
         index (the index against the lock) before any tensor is built, its producer against
         ``model`` (``IdentityMismatch`` otherwise); ``policy``/``options`` as for
         ``cubepack.load_kv_cache`` (``recompute=True`` proves it with ``model``).
 
+        A private cube's memory needs ``decrypt_with`` (an identity file; ``identity`` names
+        the live model's identity, as in ``load_kv_cache``): the encrypted manifest is fetched
+        and decrypted (once an identity), then the memory's shard index and the 64 KiB chunks
+        its range lies in, each by one ranged GET (a shard's age header once a shard, one more
+        unless the memory starts in its first chunk), each chunk's tag checked, then its sha256
+        and checksums against its index (:mod:`cubepack.ops._private_range` states the chain).
+
         Raises:
-            IntegrityError: the range's bytes are not the ones the index records.
+            IntegrityError: the range's bytes are not the ones the index records; a private
+                chunk fails its tag, or a header is not the one the manifest records.
             IdentityMismatch: another model produced it.
             HubError: the endpoint did not answer the range as asked.
+            UsageError: a private cube without ``decrypt_with`` (or a clear one with it).
         """
         policy = TrustPolicy.build(policy, **options)
         policy.require_honoured("load_kv_cache")
+        if self.lock.private or decrypt_with is not None:
+            source = self._private(decrypt_with)
+            return serving("load_kv_cache").load(
+                f"{self.repo_id}@{self.commit[:12]}", model, policy.recomputation(),
+                device=device, copy=copy, identity=identity, item=item_id, source=source)
         entry = self.entry(item_id)
         data = self.memory_bytes(entry)
         name = f"{self.repo_id}@{self.commit[:12]}/{entry.file}#{item_id}"
@@ -122,6 +151,20 @@ class RemoteCube:
         checked against its index's (or lock's) sha256 and checksums before anything reads
         them (IntegrityError otherwise, naming the memory)."""
         return checked_range(entry, bytearray(self.fetch(entry.locator)))
+
+    def _private(self, decrypt_with: Any) -> PrivateRanges:
+        """The private cube's ranges, its manifest decrypted with ``decrypt_with`` (once)."""
+        if decrypt_with is None:
+            raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its "
+                             "memories are encrypted. Pass decrypt_with=IDENTITY_FILE (an age "
+                             "or OpenSSH key it is encrypted to).")
+        key = str(decrypt_with)
+        if key not in self.private:
+            self.private[key] = PrivateRanges(
+                self.lock, lambda name, offset, length: self.fetch(
+                    Locator(name, offset, length, "")), decrypt_with,
+                f"{self.repo_id}@{self.commit[:12]}")
+        return self.private[key]
 
     def fetch(self, locator: Locator) -> bytes:
         """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused
@@ -173,9 +216,11 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     Raises:
         SignatureError: ``trusted_keys`` given and the cube unsigned, signed by another key, or
             signed over another lock.
+        RefusedError: a private cube signed by a trusted key at a generation older than one
+            this client has seen of it (a replay; its generation is recorded otherwise, as a
+            verify records it).
         HubError: the repo, the revision or its lock cannot be fetched.
         FormatError: the lock is malformed, too large, or its digests do not match.
-        UnsupportedError: a private cube (its memories are encrypted: pull it).
 
     Returns:
         a :class:`RemoteCube`.
@@ -214,10 +259,6 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {len(data)} bytes, above "
                           f"the {MAX_LOCK_BYTES}-byte limit.")
     lock = lockfile.parse(data)
-    if lock.private:
-        raise UnsupportedError(f"{repo_id}@{commit[:12]} is a private cube: its memories are "
-                               "encrypted, and open fetches clear memories only. Pull it: "
-                               f"cubepack pull {repo_id} --revision {commit}.")
     signed_by = None
     if trusted_keys is not None:
         signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
@@ -228,6 +269,12 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         signed_by = verify_lock_signature(
             data, None if signature is None else signature.content,
             None if attestation is None else attestation.content, list(trusted_keys))
+        if lock.private:  # a replay: refused against the generations this client has seen
+            seen = seen_check(lock, signed_by, list(trusted_keys),
+                              where=f"in an open of {repo_id}@{commit}")
+            if seen.ok is False:
+                raise RefusedError(f"Refusing {repo_id}@{commit[:12]}: {seen.detail}. Nothing "
+                                   "was fetched beyond its lock and signature.")
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
 
 

@@ -20,7 +20,7 @@ Why opt-in: a whole load refuses a bad memory before MemOS builds anything; on d
 refusal moves to the first use, where MemOS's scheduler logs and swallows exceptions. A user
 asks for that trade.
 
-What a load on first use does not do: open a private cube (``open`` refuses one: pull it), or
+What a load on first use does not do: open a private cube (refused: load it whole, or pull it), or
 read the attestation's statements (a producer label is then ``claimed``, so
 ``require_provenance`` needs ``recompute=True``), or compare the pins with the Hub's file
 metadata before first use (each memory's producer is compared with the live model instead):
@@ -47,7 +47,7 @@ from .._util import atomic, constants
 from .._util.checks import Catalogue
 from .._util.paths import resolve_inside
 from .._util.ramdir import ram_folder
-from ..errors import FormatError, HubError, UsageError, VerificationFailed
+from ..errors import FormatError, HubError, UnsupportedError, UsageError, VerificationFailed
 from ..format._fileset import is_activation_path
 from ..format.sections import Lock, Locator
 from ..format.sections import shards as shardformat
@@ -87,8 +87,8 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
     Raises:
         UsageError: a check asked for that cannot run before first use (``strict_models``,
             ``require_lineage``), or ``require_signature`` without ``trusted_keys``.
-        SignatureError, HubError, FormatError, UnsupportedError: as :func:`open_cube` (a
-            private cube is refused).
+        SignatureError, HubError, FormatError: as :func:`open_cube`.
+        UnsupportedError: a private cube.
         VerificationFailed: a file fetched is not the lock's, or the folder fails a check.
     """
     refused = [str(check) for check in _NOT_ON_DEMAND if policy.asks(check)]
@@ -102,6 +102,11 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
                          "pass trusted_keys=[PUB.pem], or load the cube whole.")
     remote = open_cube(repo_id, revision=revision or None, repo_type=repo_type,
                        endpoint=endpoint, token=token, trusted_keys=keys or None)
+    if remote.lock.private:  # its files are ciphertexts: the whole-cube load decrypts them
+        raise UnsupportedError(f"{repo_id}@{remote.commit[:12]} is a private cube: a load on "
+                               "first use does not open one. Load it whole (on_demand=False, "
+                               "with CUBEPACK_IDENTITY or decrypt_with), or pull it: cubepack "
+                               f"pull {repo_id} --revision {remote.commit} --identity KEY.")
     absent = activation_data(remote.lock)
     with ram_folder() as folder:
         atomic.write_bytes(folder / constants.LOCK_FILENAME, remote.lock_bytes)

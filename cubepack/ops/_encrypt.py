@@ -19,7 +19,6 @@ from ..errors import (
     IntegrityError,
     RefusedError,
     SignatureError,
-    UnsupportedError,
     UsageError,
     VerificationFailed,
 )
@@ -181,11 +180,6 @@ def _encrypt(cube: Path, recipients: list[str] | tuple[str, ...],
     if is_private(lock):
         raise UsageError(f"{cube} is already a private cube; change its recipients with "
                          "cubepack rekey.")
-    if lock.shards:  # issue #40: private sharded cubes are not written yet
-        raise UnsupportedError(f"{cube} is sharded (its memories many to a file), and a "
-                               "private cube of shards is not supported yet: store its "
-                               f"memories one a file first (cubepack pack {cube} --no-shards), "
-                               "then encrypt it.")
     if previous is None:
         series, generation = generations.new_series(), 1
     else:
@@ -198,6 +192,12 @@ def _encrypt(cube: Path, recipients: list[str] | tuple[str, ...],
                              f"({generation - 1}); encrypt without --continue to start a new "
                              "series (readers who saw this one refuse a lower generation).")
     lock_bytes = (cube / constants.LOCK_FILENAME).read_bytes()
+    # The lock as written, not as verify resolved it (a sharded cube's memories stay in its
+    # shards' indexes: encrypted, like every offset and size in them).
+    lock = lockfile.parse(lock_bytes)
+    if lock.digest != report.lock.digest:
+        raise IntegrityError(f"{cube / constants.LOCK_FILENAME} changed after the cube was "
+                             "verified; nothing was encrypted. Pack the cube again.")
     clear = {name: resolve_inside(cube, name) for name in sorted(lock.files)}
     clear[constants.LOCK_FILENAME] = cube / constants.LOCK_FILENAME
     names = {fileset.ciphertext_name(name, secrets.token_hex(16) if hide_names else None): name

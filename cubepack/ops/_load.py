@@ -26,6 +26,7 @@ from ..identity._identity import ModelIdentity
 from ..kinds import KINDS, LoadJob, serving
 from ..trust._policy import TrustPolicy
 from ._private import decrypted_memory, is_private, open_private
+from ._private_range import PrivateRanges, local_reader
 from ._verify import verify
 
 
@@ -57,7 +58,9 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     ``decrypt_with``: an identity file (age or OpenSSH private key) for a private cube's KV
     file (``*.kv.safetensors.age``): it is decrypted into anonymous memory (one thread a core)
     and its tensors view it there, never written to a disk. (``identity`` names the live
-    model's identity.)
+    model's identity.) With ``item``, ``path`` is a private cube folder: its encrypted
+    manifest is decrypted, then only the memory's own bytes (a shard's index and the 64 KiB
+    chunks its range lies in, each chunk's tag checked: ``ops/_private_range.py``).
 
     Returns:
         the cache, a transformers ``DynamicCache`` on ``device`` whose tensors view the checked
@@ -74,9 +77,10 @@ def load_kv_cache(path: str | os.PathLike[str], model: Any, policy: TrustPolicy 
     kind = serving("load_kv_cache")
     if item is not None:
         if decrypt_with is not None:
-            raise UsageError("item= reads a memory of a clear cube folder; for a private "
-                             "cube, pass its KV file (*.kv.safetensors.age) as path, with "
-                             "decrypt_with.")
+            public, read = local_reader(Path(path))
+            source = PrivateRanges(public, read, decrypt_with, Path(path).name)
+            return kind.load(path, model, policy.recomputation(), device=device, copy=copy,
+                             identity=identity, item=item, source=source)
         return kind.load(path, model, policy.recomputation(), device=device, copy=copy,
                          identity=identity, item=item)
     if decrypt_with is not None:

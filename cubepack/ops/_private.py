@@ -46,9 +46,11 @@ from ..format import _lock as lockfile
 from ..format.sections import Lock
 from ..kinds import KINDS, counted
 from ..trust import _age as age
+from ..trust._age_range import head_digest
 
 __all__ = ["EncryptResult", "PrivateCube", "decrypted_file", "decrypted_memory", "is_private",
-           "mapped_plaintext", "open_private", "recipient_stanzas", "write_private"]
+           "mapped_plaintext", "open_private", "read_manifest", "recipient_stanzas",
+           "write_private"]
 
 
 @dataclass
@@ -103,12 +105,18 @@ def write_private(cube: Path, lock: Lock, lock_text: str, names: dict[str, str],
     manifest; the series and generation into the public lock too."""
     staging = atomic.staging_dir(cube, "encrypt")
     try:
-        manifest = age.manifest_bytes(lock_text, names, recipients, series=series,
-                                      generation=generation,
-                                      history=history)  # checked before any file is written
+        placeholder = {cipher: [1, "0" * 64] for cipher in names}
+        age.manifest_bytes(lock_text, names, recipients, series=series, generation=generation,
+                           history=history,
+                           headers=placeholder)  # checked before any file is written
+        headers = {}
         for cipher, name in sorted(names.items()):
-            atomic.write_bytes(resolve_inside(staging, cipher), age.encrypt(read(name),
-                                                                            recipients))
+            data = age.encrypt(read(name), recipients)
+            headers[cipher] = list(head_digest(data))
+            atomic.write_bytes(resolve_inside(staging, cipher), data)
+            del data
+        manifest = age.manifest_bytes(lock_text, names, recipients, series=series,
+                                      generation=generation, history=history, headers=headers)
         atomic.write_bytes(staging / fileset.PRIVATE_MANIFEST, age.encrypt(manifest,
                                                                            recipients))
         public = _public_lock(staging, lock, names, recipients, hidden=hidden,
@@ -336,28 +344,8 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
                                  "sha256 differs); refusing to decrypt it. Pull the cube again.")
         return data
 
-    manifest_name = encryption.manifest
-    plain = age.decrypt(ciphertext(manifest_name), identities, manifest_name)
-    try:
-        manifest = age.parse_manifest(plain)
-    finally:  # its parsed fields stay (Python objects); the decrypted bytes do not
-        plain[:] = bytes(len(plain))
-    lock_text = manifest["lock"]
-    try:
-        lock = lockfile.parse(lock_text.encode("utf-8"))
-    except CubepackError as exc:
-        raise FormatError(f"The private manifest's lock is refused: {exc}") from None
-    names = manifest["names"]
-    expected = {fileset.ciphertext_name(name) for name in [*lock.files,
-                                                            constants.LOCK_FILENAME]}
-    ciphers = set(encryption.ciphertexts)
-    clear_names = set(names.values())
-    if set(names) != ciphers or clear_names != set(lock.files) | {constants.LOCK_FILENAME} \
-            or (not encryption.hidden_names and set(names) != expected):
-        raise FormatError("The private manifest and the public lock disagree on the "
-                          "ciphertexts (the manifest maps each ciphertext to one clear file of "
-                          "its lock, and the lock lists exactly those).")
-    _agree(public_lock, lock, manifest)
+    manifest, lock = read_manifest(public_lock, ciphertext(encryption.manifest), identities)
+    lock_text, names = manifest["lock"], manifest["names"]
     digests: dict[str, str] = {}
     with ram_folder() as folder:
         for cipher, name in sorted(names.items()):
@@ -372,6 +360,45 @@ def open_private(cube_dir: str | Path, identity: str | os.PathLike[str],
             digests[name] = digest
         yield PrivateCube(folder=folder, lock=lock, manifest=manifest, public_lock=public_lock,
                           digests=digests)
+
+
+def read_manifest(public_lock: Lock, data: Any, identities: list[Any]) -> tuple[dict[str, Any],
+                                                                              Lock]:
+    """(the manifest, the clear lock it holds) of the private cube whose public lock is
+    ``public_lock``, from ``data``: its manifest's ciphertext, which the caller checked against
+    the public lock's sha256. The manifest must map exactly the public lock's ciphertexts to
+    its clear lock's files (by their names, unless hidden), and agree with the public lock on
+    the cube id, the pins, the counts, the series and the generation.
+
+    Raises:
+        RefusedError: the identities open no stanza, or the ciphertext fails age's checks.
+        FormatError: the manifest, or the clear lock it holds, is malformed, or names other
+            ciphertexts than the public lock.
+        IntegrityError: the public lock says other things of the cube than the manifest.
+    """
+    encryption = public_lock.encryption
+    assert encryption is not None  # a private cube's
+    plain = age.decrypt(data, identities, encryption.manifest)
+    try:
+        manifest = age.parse_manifest(plain)
+    finally:  # its parsed fields stay (Python objects); the decrypted bytes do not
+        plain[:] = bytes(len(plain))
+    try:
+        lock = lockfile.parse(manifest["lock"].encode("utf-8"))
+    except CubepackError as exc:
+        raise FormatError(f"The private manifest's lock is refused: {exc}") from None
+    names = manifest["names"]
+    expected = {fileset.ciphertext_name(name) for name in [*lock.files,
+                                                            constants.LOCK_FILENAME]}
+    ciphers = set(encryption.ciphertexts)
+    clear_names = set(names.values())
+    if set(names) != ciphers or clear_names != set(lock.files) | {constants.LOCK_FILENAME} \
+            or (not encryption.hidden_names and set(names) != expected):
+        raise FormatError("The private manifest and the public lock disagree on the "
+                          "ciphertexts (the manifest maps each ciphertext to one clear file of "
+                          "its lock, and the lock lists exactly those).")
+    _agree(public_lock, lock, manifest)
+    return manifest, lock
 
 
 def recipient_stanzas(cube: Path,

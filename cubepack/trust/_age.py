@@ -29,6 +29,7 @@ import base64
 import binascii
 import logging
 import os
+import re
 import stat
 import threading
 from dataclasses import dataclass
@@ -52,10 +53,14 @@ PASSPHRASE_ENV = "CUBEPACK_IDENTITY_PASSPHRASE"
 #: states them) and the recipient ``history``: who each generation added and removed, so a
 #: rekey can say whom it would re-add. Version 1 is still read (no series, generation, history).
 MANIFEST_FORMAT = "cubepack.private-manifest"
-MANIFEST_VERSION = 2
-MANIFEST_VERSIONS = (1, 2)
+MANIFEST_VERSION = 3
+MANIFEST_VERSIONS = (1, 2, 3)
 MANIFEST_KEYS_V1 = frozenset({"format", "version", "lock", "names", "recipients"})
-MANIFEST_KEYS = MANIFEST_KEYS_V1 | {"series", "generation", "history"}
+MANIFEST_KEYS_V2 = MANIFEST_KEYS_V1 | {"series", "generation", "history"}
+#: Version 3 (issue #40) adds ``headers``: each ciphertext's header and nonce (where its payload
+#: starts, their sha256), so a reader of part of a ciphertext (one memory of a private shard)
+#: fetches only its chunks and binds the file key it unwraps to the one encrypt chose.
+MANIFEST_KEYS = MANIFEST_KEYS_V2 | {"headers"}
 #: One entry of the recipient history: the generation, and the recipients it added and removed.
 HISTORY_KEYS = frozenset({"generation", "added", "removed"})
 _MAX_IDENTITY_BYTES = 1024 * 1024
@@ -466,15 +471,19 @@ def _not_a_recipient(what: str, identities: list[Any]) -> RefusedError:
 
 
 def manifest_bytes(lock_text: str, names: dict[str, str], recipients: list[Recipient], *,
-                   series: str, generation: int, history: list[dict[str, Any]]) -> bytes:
+                   series: str, generation: int, history: list[dict[str, Any]],
+                   headers: dict[str, list[Any]]) -> bytes:
     """The private manifest's plaintext: the clear cube's lock (every plaintext digest), the
     ciphertext -> clear name map, the recipients (so a rekey knows whom to keep), the cube's
-    generation and its recipient history (each generation's added and removed recipients)."""
+    generation and its recipient history (each generation's added and removed recipients),
+    and each ciphertext's ``[payload start, sha256 of the header and nonce]``."""
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "lock": lock_text,
                 "names": dict(sorted(names.items())),
                 "recipients": sorted(r.text for r in recipients), "series": series,
-                "generation": generation, "history": history}
+                "generation": generation, "history": history,
+                "headers": dict(sorted(headers.items()))}
     _check_history(manifest)
+    _check_headers(manifest)
     return canonical.dumps(manifest).encode("utf-8")
 
 
@@ -495,7 +504,7 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
         raise FormatError(f"The private manifest is version {version!r}; this cubepack reads "
                           f"versions {MANIFEST_VERSIONS[0]} to {MANIFEST_VERSIONS[-1]}. Upgrade "
                           "cubepack.")
-    keys = MANIFEST_KEYS if version >= 2 else MANIFEST_KEYS_V1
+    keys = {1: MANIFEST_KEYS_V1, 2: MANIFEST_KEYS_V2}.get(version, MANIFEST_KEYS)
     if set(manifest) != keys:
         raise FormatError(f"The private manifest (version {version}) must hold exactly "
                           f"{sorted(keys)}.")
@@ -507,9 +516,24 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
         raise FormatError("The private manifest is malformed (lock text, a one-to-one names map, "
                           "a recipients list).")
     if version == 1:
-        return {**manifest, "series": None, "generation": None, "history": []}
+        return {**manifest, "series": None, "generation": None, "history": [], "headers": None}
     _check_history(manifest)
+    if version == 2:
+        return {**manifest, "headers": None}
+    _check_headers(manifest)
     return manifest
+
+
+def _check_headers(manifest: dict[str, Any]) -> None:
+    """Version 3's ``headers``: one ``[start, sha256]`` for each ciphertext the names map
+    holds, no other (``start`` past the smallest age header and its nonce)."""
+    headers = manifest["headers"]
+    if not (isinstance(headers, dict) and set(headers) == set(manifest["names"])
+            and all(isinstance(v, list) and len(v) == 2 and type(v[0]) is int
+                    and 0 < v[0] < 2 ** 53 and isinstance(v[1], str)
+                    and re.fullmatch(r"[0-9a-f]{64}", v[1]) for v in headers.values())):
+        raise FormatError("The private manifest's headers are malformed (one [payload start, "
+                          "sha256] for each ciphertext of its names map).")
 
 
 def _check_history(manifest: dict[str, Any]) -> None:

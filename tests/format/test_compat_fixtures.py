@@ -305,9 +305,14 @@ def check_loads(target: Path, fixture: dict, inputs: dict, model, report) -> Non
     with open_private(target, identity) as opened:
         clear = {entry.file for entry in opened.lock.activations.values()}
         names = {clear_name: cipher for cipher, clear_name in opened.manifest["names"].items()}
-    assert clear
-    for name in sorted(clear):
+    for name in sorted(clear):  # a whole KV file's ciphertext, decrypted whole
         cache = cubepack.load_kv_cache(target / names[name], model, decrypt_with=identity)
+        assert cache.get_seq_length() > 0
+    # Every memory by its item (a shard's range: its chunks; an older manifest: its file)
+    items = report.private_lock.activations
+    assert items and (clear or opened.lock.shards)
+    for item in items:
+        cache = cubepack.load_kv_cache(target, model, item=item, decrypt_with=identity)
         assert cache.get_seq_length() > 0
 
 
@@ -373,14 +378,15 @@ def test_a_private_fixture_rekeys_to_a_new_reader_in_todays_format(name, inputs,
 def memos_cube(name: str) -> bool:
     """Is fixture ``name`` a cube MemOS loads activations from (its config.json's act_mem a
     KV cache memory; a private cube's config.json is a ciphertext: its public lock counts its
-    activations)?"""
+    activations, and names it unless names are hidden)?"""
     fixture = spec(name)
     folder = COMPAT / name / ARTEFACTS[fixture["artefact"]]
     if fixture["artefact"] != "cube" or not (folder / constants.LOCK_FILENAME).is_file():
         return False
     lock = json.loads((folder / constants.LOCK_FILENAME).read_text())
-    if "encryption" in lock:
-        return lock["encryption"]["counts"]["activations"] > 0
+    if "encryption" in lock:  # a MemOS cube's config.json is encrypted (its name hidden, or not)
+        return lock["encryption"]["counts"]["activations"] > 0 and (
+            lock["encryption"]["hidden_names"] or "config.json.age" in lock["files"])
     config = folder / "config.json"
     return config.is_file() and json.loads(config.read_text()).get("act_mem", {}).get(
         "backend") == "kv_cache"

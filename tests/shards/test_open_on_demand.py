@@ -160,13 +160,16 @@ def test_a_cube_of_one_file_a_memory_opens_too(hub, bundle, zoo, models):
     assert (_requests(hub), hub.stats.sent_bytes) == (1, size)
 
 
-def test_a_private_cube_is_refused_by_open(hub, bundle, zoo):
+def test_a_private_cube_opens_and_its_memories_need_an_identity(hub, bundle, zoo):
+    """(tests/private/test_private_shards.py loads them with one.)"""
     cube = bundle(3)
     cubepack.pack(cube, cube_id="me/secret", model=str(zoo["a"]))
     cubepack.encrypt(cube, ["age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"])
     _push(hub, cube, "me/secret")
-    with pytest.raises(cubepack.UnsupportedError, match="private cube"):
-        cubepack.open("me/secret", endpoint=hub.url, token=HUB_TOKEN)
+    opened = cubepack.open("me/secret", endpoint=hub.url, token=HUB_TOKEN)
+    assert opened.memories == 3
+    with pytest.raises(UsageError, match="private cube.*decrypt_with"):
+        opened.load("item-001", None)
 
 
 def test_open_checks_the_signature_when_asked(hub, sharded, zoo, models, tmp_path):

@@ -44,9 +44,13 @@ def test_migrate_a_sharded_cube(cube, zoo, tmp_path):
     assert lock.shards and cubepack.verify(out, model=str(zoo["b"])).ok
 
 
-def test_encrypt_refuses_a_sharded_cube_naming_the_unshard(cube):
+def test_encrypt_takes_a_sharded_cube(cube):
+    """Each shard and index a ciphertext, the shards section in the encrypted manifest only
+    (tests/private/test_private_shards.py decrypts, rekeys, pulls and loads them)."""
     recipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
-    before = sorted(p.name for p in cube.rglob("*"))
-    with pytest.raises(cubepack.UnsupportedError, match="--no-shards"):
-        cubepack.encrypt(cube, [recipient])
-    assert sorted(p.name for p in cube.rglob("*")) == before
+    result = cubepack.encrypt(cube, [recipient])
+    public = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
+    assert not public.shards and public.encryption.counts.of("activations") == 3
+    assert not list(cube.rglob("*.kvshard")) and result.ciphertexts == len(
+        [name for name in public.files if name.endswith(".age")]) - 1  # the manifest
+    assert cubepack.verify(cube).ok

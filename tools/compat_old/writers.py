@@ -252,11 +252,38 @@ def private2_ssh_hidden() -> None:
                      "verify": {"recompute": True}, "load": True})
 
 
+# --- af31c2f: encryption section version 3, manifest version 2 -----------------------------------
+
+def private3_age() -> None:
+    private2("private3-age", KEYS / "age.pub", sign_key=SIGN)
+    describe("private3-age", what="lock4 encrypted to an age X25519 recipient and signed: "
+             "lock version 5, encryption section version 3 (counts by memory section), "
+             "manifest version 2.", commit=COMMIT,
+             how=f"cubepack.encrypt(copy of lock4/cube, [keys/age.pub], "
+             f"sign_key=keys/signing.pem) ({HERE}).",
+             expect={"artefact": "cube", "model": "a", "signed": True, "identity": "age",
+                     "verify": {"recompute": True, "trusted_key": True,
+                                "require_signature": True},
+                     "load": True})
+
+
+def private3_ssh_hidden() -> None:
+    private2("private3-ssh-hidden", KEYS / "ssh_ed25519.pub", hide_names=True)
+    describe("private3-ssh-hidden", what="lock4 encrypted to an ssh-ed25519 recipient with "
+             "hidden names, unsigned: lock version 5, encryption section version 3, manifest "
+             "version 2.", commit=COMMIT,
+             how=f"cubepack.encrypt(copy of lock4/cube, [keys/ssh_ed25519.pub], "
+             f"hide_names=True) ({HERE}).",
+             expect={"artefact": "cube", "model": "a", "identity": "ssh",
+                     "verify": {"recompute": True}, "load": True})
+
+
 WRITERS = {"lock1": lock1, "kv1": kv1, "lock2": lock2, "attestation1": attestation1,
            "lock3-adapters": lock3_adapters, "lock3-vectors": lock3_vectors,
            "lock3-lineage": lock3_lineage, "attestation2": attestation2, "kv2": kv2, "mlx2": mlx2,
            "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden,
-           "private2-age": private2_age, "private2-ssh-hidden": private2_ssh_hidden}
+           "private2-age": private2_age, "private2-ssh-hidden": private2_ssh_hidden,
+           "private3-age": private3_age, "private3-ssh-hidden": private3_ssh_hidden}
 
 if __name__ == "__main__":
     for fixture in sys.argv[2:]:

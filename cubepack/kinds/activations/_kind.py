@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ...format.sections.shards import activation_count
 from ...kv._load import load_kv_cache
 from .._kind import Kind, LoadJob, MigrateJob, PackJob
-from . import _memos, _migrate, _pack, _shards, _upgrade, _verify
+from . import _memos, _migrate, _on_demand, _pack, _shards, _upgrade, _verify
 
 if TYPE_CHECKING:
     from ...format.sections import Lock
@@ -39,10 +40,12 @@ class Activations(Kind):
                                  job.seals, fetch=job.fetch)
 
     def counts(self, lock: Lock) -> dict[str, int]:
-        return {"activations": len(lock.activations)}
+        # A lock as written (its shards' memories counted by its shards' entries, not read).
+        return {"activations": activation_count(lock)}
 
     def files(self, lock: Lock) -> set[str]:
-        return {entry.file for entry in lock.activations.values()}
+        return {entry.file for entry in lock.activations.values()} | {
+            shard.path for shard in lock.shards.values()}
 
     def refuse(self, cube: Path, files: list[str], options: Any) -> None:
         _shards.refuse(options)
@@ -94,13 +97,17 @@ class Activations(Kind):
 
     def load(self, path: Any, model: Any, plan: Recomputation, *, device: Any = None,
              copy: bool = False, identity: Any = None, data: Any = None,
-             item: str | None = None) -> Any:
+             item: str | None = None, source: Any = None) -> Any:
         """One KV file into a ``DynamicCache`` for ``model``, refusing any other producer, and
         proved with ``model`` when ``plan`` asks (:func:`cubepack.kv._load.load_kv_cache`);
         ``data``: the file's bytes, decrypted in memory; ``item``: ``path`` is a cube folder,
         and the memory is its item (a shard's range or a whole file, checked against its
-        index or lock first: :func:`~cubepack.kinds.activations._shards.open_memory`)."""
-        if item is not None:
+        index or lock first: :func:`~cubepack.kinds.activations._shards.open_memory`), read
+        through ``source`` when given (a private cube's ranges:
+        :func:`~cubepack.kinds.activations._on_demand.read_memory`)."""
+        if item is not None and source is not None:
+            path, data = _on_demand.read_memory(source, item)
+        elif item is not None:
             path, data = _shards.open_memory(Path(path), item)
         return load_kv_cache(path, model, device=device, copy=copy, identity=identity,
                              recompute=plan.asked, sample=plan.sample, seed=plan.seed, data=data)
