@@ -77,8 +77,8 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
     result = CompactResult(str(cube), False, float(above),
                            dead_before=sum(s.dead for s in before.shards.values()),
                            lock_version=before.version, digest=before.digest)
-    if not before.shards:
-        return result
+    if not before.shards and not before.private:  # a private cube's shards are in its
+        return result                                # manifest: pack refuses it, naming why
     pack(cube, cube_id=before.cube_id, compact=float(above), sign_key=sign_key,
          sign_password=sign_password, progress=progress)
     after = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())

@@ -245,7 +245,7 @@ def test_a_private_lock_holds_nothing_private_in_clear():
 #: writer of memories is given a private cube (or one of its KV files) and must refuse naming
 #: it, writing nothing; the others write no plaintext (``encrypted``: only ciphertexts).
 CLI_WRITERS = {
-    "pack": "refuses", "migrate": "refuses", "upgrade": "refuses", "export mlx": "refuses",
+    "pack": "refuses", "compact": "refuses", "migrate": "refuses", "upgrade": "refuses", "export mlx": "refuses",
     "export llamacpp": "refuses",
     "import mlx": "reads another runtime's clear file", "import llamacpp": "reads another "
     "runtime's clear file",
@@ -282,7 +282,7 @@ def test_cubepacks_own_writers_never_write_a_private_memory_in_clear(packed, tmp
     before = {p: p.read_bytes() for p in cube.rglob("*") if p.is_file()}
     env = {**os.environ, "CUBEPACK_IDENTITY": str(agekeys["alice"][0]),
            "PYTHONPATH": os.pathsep.join(sys.path)}
-    calls = {"pack": ["pack", str(cube)],
+    calls = {"pack": ["pack", str(cube)], "compact": ["compact", str(cube)],
              "migrate": ["migrate", str(cube), "--model", str(zoo["a"]), "--out",
                          str(tmp_path / "out-migrate")],
              "upgrade": ["upgrade", str(cube), "--model", str(zoo["a"])],
