@@ -153,7 +153,8 @@ def small_axis(args, root: Path, url: str, port: int) -> None:
         sent = sum((cube / name).stat().st_size for name in result.uploaded)
         increments[count] = (new_bytes, sent, result.uploaded)
         print(f"        push after {args.add} memories added ({new_bytes:,} bytes): "
-              f"{len(result.uploaded)} files uploaded, {sent:,} bytes", flush=True)
+              f"{len(result.uploaded)} files uploaded, {sent:,} bytes ("
+              + ", ".join(sorted(result.uploaded)) + ")", flush=True)
         shutil.rmtree(cube)
 
     sizes = args.sizes
