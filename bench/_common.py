@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -85,3 +87,14 @@ def llama_config(layers: int, hidden: int):
                        intermediate_size=hidden * 2, num_hidden_layers=layers,
                        num_attention_heads=8, num_key_value_heads=4,
                        max_position_embeddings=4096)
+
+
+def sha256_limit(cores: int) -> float:
+    """Bytes a second ``cores`` cores can sha256, from ``openssl speed`` at 16 KiB blocks for
+    one second (one core's figure times ``cores``; openssl's counts are 1000s of bytes)."""
+    out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", "16384", "-seconds",
+                          "1"], check=True, capture_output=True, text=True).stdout
+    found = re.search(r"^sha256\s+([0-9.]+)k\s*$", out, re.MULTILINE | re.IGNORECASE)
+    if found is None:
+        raise SystemExit(f"cannot read openssl speed's output:\n{out}")
+    return float(found.group(1)) * 1000 * cores

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import re
 import shutil
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import hashlib_file, timed
+from _common import hashlib_file, sha256_limit, timed
 
 import cubepack
 from cubepack.testing.blobs import write_safetensors_blob
@@ -51,17 +50,6 @@ def model_signing_hasher() -> Callable[[Path], object] | None:
     except ImportError:
         return None
     return lambda cube: hashing.Config().hash(cube)
-
-
-def sha256_limit(cores: int) -> float:
-    """Bytes a second ``cores`` cores can sha256, from ``openssl speed`` at 16 KiB blocks for
-    one second (one core's figure times ``cores``; openssl's counts are 1000s of bytes)."""
-    out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", "16384", "-seconds",
-                          "1"], check=True, capture_output=True, text=True).stdout
-    found = re.search(r"^sha256\s+([0-9.]+)k\s*$", out, re.MULTILINE | re.IGNORECASE)
-    if found is None:
-        raise SystemExit(f"cannot read openssl speed's output:\n{out}")
-    return float(found.group(1)) * 1000 * cores
 
 
 def main() -> None:

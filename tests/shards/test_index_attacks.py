@@ -205,3 +205,19 @@ def test_a_stray_shard_in_an_unsharded_folder_is_refused_by_pack(bundle, zoo, sh
                        "that no lock of this cube lists"):
         cubepack.pack(folder, cube_id="me/stray", model=str(zoo["a"]))
     assert tree_bytes(folder) == before
+
+
+@pytest.mark.parametrize("bad", [
+    "0" * 15, "0" * 17, "0" * 16 + "\n", "A" * 16, "g" * 16, 7, None, ["0" * 16],
+    ("0" * 8, "0" * 24),  # two values whose lengths add up to two checksums' (joined: 32)
+], ids=repr)
+def test_an_index_tensor_checksum_that_is_not_16_hex_digits_is_refused(cube, zoo, bad):
+    def change(index):
+        tensors = next(iter(index["memories"].values()))["checksums"]["tensors"]
+        names = sorted(tensors)
+        if isinstance(bad, tuple):
+            tensors[names[0]], tensors[names[1]] = bad
+        else:
+            tensors[names[-1]] = bad
+    edit_index(cube, INDEX0, change)
+    assert "checksums must be the KV header's record" in refusal(cube, zoo)

@@ -21,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..._util import atomic, canonical, constants
 from ..._util.paths import resolve_inside
@@ -58,9 +58,14 @@ def memory_bytes(cube: Path, entry: Activation) -> Any:
         IntegrityError: the range's bytes, or its header's checksums, differ from the
             index's (a swapped or damaged memory).
     """
-    locator = entry.locator
     if entry.checksums is None:
         return None
+    return checked_range(entry, _mapped_range(cube, entry))
+
+
+def _mapped_range(cube: Path, entry: Activation) -> Any:
+    """The memory ``entry``'s range of its shard, unchecked: a copy-on-write view."""
+    locator = entry.locator
     path = resolve_inside(cube, locator.path)
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -69,13 +74,19 @@ def memory_bytes(cube: Path, entry: Activation) -> Any:
                                  f"lies at [{locator.offset}:{locator.end}]: the shard is "
                                  "truncated. Pull or restore the cube.")
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    view = memoryview(mapped)[locator.offset:locator.end]
-    return checked_range(entry, view)
+    return memoryview(mapped)[locator.offset:locator.end]
 
 
 def checked_range(entry: Activation, data: Any) -> Any:
     """``data`` if it is the memory ``entry``'s bytes (length, sha256) and its KV header
     records the checksums the index states; else an IntegrityError naming the memory."""
+    _check_range(entry, data)
+    return data
+
+
+def _check_range(entry: Activation, data: Any) -> KVFileInfo | None:
+    """:func:`checked_range`'s checks; the KV header they parsed (None for a whole file),
+    so a reader of the header parses it once (verify reads every memory's: 10,000 and more)."""
     locator = entry.locator
     found = hashlib.sha256(data).hexdigest() if len(data) == locator.length else None
     if entry.checksums is None:  # a whole KV file: its lock's sha256, and its own checksums
@@ -83,7 +94,7 @@ def checked_range(entry: Activation, data: Any) -> Any:
             raise IntegrityError(f"memory {entry.item_id!r} ({locator.path}) hashes to "
                                  f"{found}, its lock says {locator.sha256}; nothing was "
                                  "loaded. Pull the cube again.")
-        return data
+        return None
     if found != locator.sha256:
         raise IntegrityError(
             f"memory {entry.item_id!r} ({locator.path} [{locator.offset}:{locator.end}]) is "
@@ -91,21 +102,21 @@ def checked_range(entry: Activation, data: Any) -> Any:
                f"sha256 {found}, its index says {locator.sha256}")
             + ": its bytes are not the ones the cube's lock commits to; nothing was loaded. "
             "Pull the cube again.")
-    header = read_kv_header(f"{locator.path}#{entry.item_id}", data=data).header
-    meta = canonical.loads_strict(header.metadata[constants.KV_METADATA_KEY])
+    info = read_kv_header(f"{locator.path}#{entry.item_id}", data=data)
+    meta = canonical.loads_strict(info.header.metadata[constants.KV_METADATA_KEY])
     if meta.get("checksums") != dict(entry.checksums or {}):
         raise IntegrityError(f"memory {entry.item_id!r} in {locator.path}: its KV header's "
                              "checksums differ from its index's; nothing was loaded.")
-    return data
+    return info
 
 
 def read_header(cube: Path, entry: Activation) -> KVFileInfo:
     """The KV header of the memory ``entry`` of the cube ``cube``: its file's, or its shard
     range's once that range is checked (:func:`memory_bytes`)."""
-    data = memory_bytes(cube, entry)
-    if data is None:
+    if entry.checksums is None:  # a whole file (memory_bytes reads none)
         return read_kv_header(resolve_inside(cube, entry.file))
-    return read_kv_header(f"{entry.file}#{entry.item_id}", data=data)
+    # A shard's memory: its header was parsed to be checked (never None), and is not again.
+    return cast(KVFileInfo, _check_range(entry, _mapped_range(cube, entry)))
 
 
 def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
