@@ -129,9 +129,13 @@ def lock_digest(cube: Path) -> str:
 
 def matches(patterns: Iterable[str], item_id: str, path: str) -> list[str]:
     """The patterns (fnmatch, as ``hf download --include``) that select the memory ``item_id``
-    held in ``path``: matched against its id and against its file's path in the cube."""
+    held in ``path``: matched against its id and against its file's path in the cube. A
+    pattern equal to the id (or the path) selects it whatever fnmatch makes of it: an id
+    holding ``[3]`` is named as it is (as a load of the absent memory prints it), not as a
+    character class."""
     return [pattern for pattern in patterns
-            if fnmatch.fnmatchcase(item_id, pattern) or fnmatch.fnmatchcase(path, pattern)]
+            if pattern in (item_id, path) or fnmatch.fnmatchcase(item_id, pattern)
+            or fnmatch.fnmatchcase(path, pattern)]
 
 
 def memory_files(lock: Any) -> set[str]:
