@@ -163,7 +163,8 @@ def test_plain_memos_dump_after_uninstall_writes_no_empty_or_partial_pickle(hub,
 
             written = next(target.iterdir())
             held = pickle.loads(written.read_bytes())  # our own file, from this process
-            assert sorted(dict(held)) == sorted(published["items"])
+            assert sorted(held["kv_cache_memories"]) == sorted(published["items"])
+            assert type(held["kv_cache_memories"]) is dict
     finally:
         hook.install(require_pin=False)
 
