@@ -251,6 +251,29 @@ class OnDemandMemories(MutableMapping):
         with self._lock:
             return item_id in self._held or self._pending(item_id) is not None
 
+    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
+        """Every memory fetched and checked: one the mismatch policy drops on the way leaves
+        the listing (as from a dict it was never in), never a KeyError out of ``get_all``;
+        any other refusal raises, naming the memory."""
+        with self._lock:
+            found = []
+            for item_id in list(self):
+                try:
+                    found.append((item_id, self[item_id]))
+                except KeyError:
+                    if item_id not in self._gone:
+                        raise
+            return found
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [value for _, value in self.items()]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # MemOS's own dump (after uninstall()) and deepcopy see a dict of every memory, each
+        # fetched and checked first (a refusal raises, naming it): never the remote cube's
+        # handle (unpicklable: a raw TypeError and a truncated pickle), never absent memories.
+        return dict, (self.items(),)
+
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
