@@ -196,3 +196,18 @@ def test_a_memory_replaced_by_an_incremental_push_loads_the_new_bytes(hub, publi
     older = _open(hub, published)
     assert all_equal(continue_greedy(model, older.act_mem.get("item-1").memory, 40, 2),
                      continue_greedy(model, published["items"]["item-1"].memory, 40, 2))
+
+
+def test_adding_a_new_memory_offline_needs_no_remote_index(hub, published, monkeypatch):
+    """MemOS's add of a memory of its own (an id the cube may not hold) is no use of the
+    cube's memories: offline it is added, or refused naming that id, never a lookup error
+    about a remote memory; and a later dump holds it."""
+    loaded = _open(hub, published)
+    own = loaded.act_mem.extract("The user now drinks coffee.")
+    # MemOS's ids are uuid4s, as a real cube's are: a new one falls inside some shard's range
+    # (here: between item-0 and item-1, shard 0's)
+    own.id = "item-05"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded.act_mem.add([own])
+    assert loaded.act_mem.get(own.id) is own
+    assert len(loaded.act_mem.kv_cache_memories) == 5
