@@ -211,3 +211,32 @@ def test_adding_a_new_memory_offline_needs_no_remote_index(hub, published, monke
     loaded.act_mem.add([own])
     assert loaded.act_mem.get(own.id) is own
     assert len(loaded.act_mem.kv_cache_memories) == 5
+
+
+def test_a_dump_meeting_a_swapped_range_writes_nothing(hub, published, tmp_path):
+    """A partial first use, then one remaining memory's bytes swapped on the endpoint: the
+    dump (KVCacheMemory's and the cube's) is refused naming that memory, nothing written."""
+    import hashlib
+    import json
+
+    folder = published["folder"]
+    index = json.loads((folder / "shards/activations-00001.index.json").read_text())
+    name = "shards/activations-00001.kvshard"
+    blob = hub.store.root / "blobs" / hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    loaded = _open(hub, published)
+    loaded.act_mem.get("item-0")
+    data = blob.read_bytes()
+    changed = bytearray(data)
+    changed[index["memories"]["item-3"]["offset"] + 50] ^= 0x01
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(changed))
+    try:
+        with pytest.raises(cubepack.IntegrityError, match="'item-3'"):
+            loaded.act_mem.dump(str(tmp_path / "act"))
+        assert not (tmp_path / "act" / "activations").exists()
+        with pytest.raises(cubepack.IntegrityError, match="'item-3'"):
+            loaded.dump(str(tmp_path / "cube"))
+        assert not (tmp_path / "cube").exists() or not any((tmp_path / "cube").iterdir())
+    finally:
+        blob.write_bytes(data)
+    assert sorted(loaded.cubepack.loaded) == ["item-0", "item-1", "item-2"]
