@@ -240,3 +240,36 @@ def test_a_dump_meeting_a_swapped_range_writes_nothing(hub, published, tmp_path)
     finally:
         blob.write_bytes(data)
     assert sorted(loaded.cubepack.loaded) == ["item-0", "item-1", "item-2"]
+
+
+def test_a_cube_file_swapped_on_the_endpoint_refuses_the_open(hub, published):
+    """config.json's bytes swapped on the endpoint (same length): the open refuses it by the
+    lock's sha256, through verify (the one face), before MemOS builds anything."""
+    import hashlib
+
+    folder = published["folder"]
+    blob = hub.store.root / "blobs" / hashlib.sha256(
+        (folder / "config.json").read_bytes()).hexdigest()
+    data = blob.read_bytes()
+    blob.chmod(0o644)
+    blob.write_bytes(data.replace(b"u1", b"u2", 1))
+    try:
+        with pytest.raises((cubepack.VerificationFailed, cubepack.FormatError),
+                           match="config.json"):
+            _open(hub, published)
+    finally:
+        blob.write_bytes(data)
+
+
+def test_the_hook_hashes_no_file_itself():
+    """The hook keeps no checker of its own: what it fetches is checked by verify (and by the
+    activations kind's load), never by a digest comparison in cubepack/memos/."""
+    import ast
+    from pathlib import Path
+
+    import cubepack.memos._ondemand as ondemand
+
+    tree = ast.parse(Path(ondemand.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    assert "hashlib" not in imported
