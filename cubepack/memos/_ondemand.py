@@ -34,7 +34,6 @@ before anything is written; an absent memory is never written as an empty one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, MutableMapping
@@ -125,12 +124,10 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
 
 
 def _fetch_file(remote: RemoteCube, folder: Path, name: str, listed: Any) -> None:
-    """``name`` at the opened commit into ``folder``, its bytes the lock's (sha256, size)."""
+    """``name`` at the opened commit into ``folder`` (its lock's size asked for by range);
+    its bytes are checked against the lock by :func:`verify` of the folder, the one checker,
+    before anything parses them."""
     data = remote.fetch(Locator(name, 0, listed.size, listed.sha256)) if listed.size else b""
-    found = hashlib.sha256(data).hexdigest()
-    if found != listed.sha256:
-        raise FormatError(f"{name} of {remote.repo_id}@{remote.commit[:12]} hashes to {found}, "
-                          f"its lock says {listed.sha256}; nothing was loaded.")
     target = resolve_inside(folder, name)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_bytes(target, data)
