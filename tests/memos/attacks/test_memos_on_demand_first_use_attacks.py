@@ -273,3 +273,17 @@ def test_the_hook_hashes_no_file_itself():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     assert "hashlib" not in imported
+
+
+def test_rebuild_on_first_use_gives_the_live_models_prefill(hub, published, zoo):
+    """on_mismatch="rebuild" with model B: the first use rebuilds the memory with B (its
+    producer B's at use, B's chat accepts it), recorded in the report, never A's tensors."""
+    loaded = _open(hub, published, default_config=memos_config(zoo["b"]),
+                   on_mismatch="rebuild")
+    item = loaded.act_mem.get("item-2")
+    assert "item-2" in loaded.cubepack.rebuilt
+
+    hook.uninstall()  # B's chat under the strictest policy: the cache must be registered B's
+    hook.install(require_pin=False)
+    answer = loaded.act_mem.llm.generate(QUESTION, past_key_values=copy.deepcopy(item.memory))
+    assert isinstance(answer, str)
