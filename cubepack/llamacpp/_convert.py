@@ -16,6 +16,7 @@ Neither runs a model.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from .._util.hashing import hash_files, sha256_file, shared_cache
 from ..errors import FormatError, IdentityMismatch, Mismatch, UnsupportedError
 from ..format._provenance import ASSERTED
 from ..identity._fingerprint import fingerprint, installed_versions
-from ..identity._identity import ModelIdentity
+from ..identity._identity import ModelIdentity, require_same
 from ..kinds.activations._shards import memory_file
 from ..kv._format import FULL, read_kv_header, require_checksums
 from ..kv._torch import mapped_layers, write_kv_layers
@@ -92,7 +93,8 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
             provenance it established (``recomputed`` only bit for bit); raises to refuse.
 
     Raises:
-        IdentityMismatch: the state's shapes contradict the model.
+        IdentityMismatch: the state's shapes contradict the model; or the pin an export wrote
+            beside it (``FILE.cubepack.json``) names another producer or GGUF, or other bytes.
         UnsupportedError: another architecture, a quantised cache, several sequences.
         FormatError: not a session file of the version cubepack reads.
     """
@@ -103,6 +105,12 @@ def import_state(path: str | os.PathLike[str], gguf: str | os.PathLike[str],
                                "know how the converter reordered the key rows).")
     pin = gguf_pin(gguf)
     live = fingerprint(model, revision=revision, dtype=info.kv_dtype)
+    exported = described_pin(info.path)
+    if exported is not None:  # cubepack exported it: its pin names the producer it came from
+        what = f"The llama.cpp state {info.path.name}"
+        require_gguf(exported.get("gguf"), gguf, what)
+        claimed = ModelIdentity.from_dict(exported.get("producer") or {})
+        require_same(claimed, fingerprint(model, revision=revision, dtype=claimed.dtype), what)
     layers = session_layers(info, live)
     item: dict[str, Any] = {
         "runtime": runtime_record(), "gguf": pin,
@@ -238,6 +246,27 @@ def export_state(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
            "kv_metadata": info.header.metadata[constants.KV_METADATA_KEY]}
     atomic.write_text(pin_path(out), canonical.dumps(pin))
     return out
+
+
+def described_pin(session: str | os.PathLike[str],
+                  data: bytes | None = None) -> dict[str, Any] | None:
+    """The pin an export wrote beside the session file ``session`` (its GGUF and producer),
+    or None when there is none. A pin is a claim about exactly the session's bytes (``data``
+    when the caller read them: what is checked is what it uses): one that describes other
+    bytes raises IdentityMismatch (never read as this state's, never ignored).
+    """
+    pin_file = pin_path(session)
+    if not pin_file.is_file():
+        return None
+    what = f"llama.cpp state {Path(session).name}"
+    pin = canonical.loads_strict(pin_file.read_text(encoding="utf-8"))
+    found = hashlib.sha256(data).hexdigest() if data is not None else sha256_file(session)
+    if not isinstance(pin, dict) or found != pin.get("session_sha256"):
+        raise IdentityMismatch(what, [Mismatch("session_sha256", pin.get("session_sha256")
+                                               if isinstance(pin, dict) else None, found)],
+                               "The state is not the one its pin describes; export it again.",
+                               finding="is not the state its pin describes")
+    return pin
 
 
 def pin_path(session: str | os.PathLike[str]) -> Path:

@@ -17,11 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._util.canonical import loads_strict
 from ..errors import (
     FormatError,
-    IdentityMismatch,
-    Mismatch,
     RecomputationFailed,
     UnsupportedError,
     UsageError,
@@ -43,6 +40,7 @@ from ..kv._recompute import (
 from ..kv._torch import mapped_layers
 from ._convert import (
     RUNTIME,
+    described_pin,
     layers_session,
     pin_path,
     require_gguf,
@@ -197,22 +195,14 @@ def load_state(llm: Any, path: str | os.PathLike[str], *,
 
 
 def _load_pinned_session(llm: Any, path: Path, model: Any) -> dict[str, Any]:
-    pin_file = pin_path(path)
     what = f"llama.cpp state {path.name}"
-    if not pin_file.is_file():
-        raise FormatError(f"{what} has no pin ({pin_file.name}): llama.cpp records no model in "
-                          "it, so cubepack cannot check it. Convert it with its GGUF and model "
-                          f"first: cubepack import llamacpp {path} --gguf GGUF --model MODEL")
-    pin = loads_strict(pin_file.read_text(encoding="utf-8"))
     data = path.read_bytes()
-    import hashlib
-
-    found = hashlib.sha256(data).hexdigest()
-    if not isinstance(pin, dict) or found != pin.get("session_sha256"):
-        raise IdentityMismatch(what, [Mismatch("session_sha256", pin.get("session_sha256")
-                                               if isinstance(pin, dict) else None, found)],
-                               "The state is not the one its pin describes; export it again.",
-                               finding="is not the state its pin describes")
+    pin = described_pin(path, data)
+    if pin is None:
+        raise FormatError(f"{what} has no pin ({pin_path(path).name}): llama.cpp records no "
+                          "model in it, so cubepack cannot check it. Convert it with its GGUF "
+                          f"and model first: cubepack import llamacpp {path} --gguf GGUF "
+                          "--model MODEL")
     require_gguf(pin.get("gguf"), llm.model_path, what)
     if model is not None:
         _require_producer(pin.get("producer") or {}, model, what)

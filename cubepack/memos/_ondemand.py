@@ -34,7 +34,6 @@ before anything is written; an absent memory is never written as an empty one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, MutableMapping
@@ -130,12 +129,10 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
 
 
 def _fetch_file(remote: RemoteCube, folder: Path, name: str, listed: Any) -> None:
-    """``name`` at the opened commit into ``folder``, its bytes the lock's (sha256, size)."""
+    """``name`` at the opened commit into ``folder`` (its lock's size asked for by range);
+    its bytes are checked against the lock by :func:`verify` of the folder, the one checker,
+    before anything parses them."""
     data = remote.fetch(Locator(name, 0, listed.size, listed.sha256)) if listed.size else b""
-    found = hashlib.sha256(data).hexdigest()
-    if found != listed.sha256:
-        raise FormatError(f"{name} of {remote.repo_id}@{remote.commit[:12]} hashes to {found}, "
-                          f"its lock says {listed.sha256}; nothing was loaded.")
     target = resolve_inside(folder, name)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_bytes(target, data)
@@ -255,6 +252,29 @@ class OnDemandMemories(MutableMapping):
     def __contains__(self, item_id: Any) -> bool:
         with self._lock:
             return item_id in self._held or self._pending(item_id) is not None
+
+    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
+        """Every memory fetched and checked: one the mismatch policy drops on the way leaves
+        the listing (as from a dict it was never in), never a KeyError out of ``get_all``;
+        any other refusal raises, naming the memory."""
+        with self._lock:
+            found = []
+            for item_id in list(self):
+                try:
+                    found.append((item_id, self[item_id]))
+                except KeyError:
+                    if item_id not in self._gone:
+                        raise
+            return found
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [value for _, value in self.items()]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # MemOS's own dump (after uninstall()) and deepcopy see a dict of every memory, each
+        # fetched and checked first (a refusal raises, naming it): never the remote cube's
+        # handle (unpicklable: a raw TypeError and a truncated pickle), never absent memories.
+        return dict, (self.items(),)
 
     def clear(self) -> None:
         with self._lock:
