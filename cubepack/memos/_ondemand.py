@@ -155,7 +155,9 @@ class OnDemandMemories(MutableMapping):
     """A ``KVCacheMemory``'s ``kv_cache_memories`` whose items are a remote cube's memories,
     each fetched and checked when first read (``[id]``, ``get``, ``values``, ``items``).
     Listing ids (``keys``, ``in``, iteration) fetches shard indexes only; ``len`` reads the
-    lock alone. Items MemOS adds or deletes change it as they change a dict."""
+    lock, and looks up whether an id MemOS added replaces one of the cube's (a shard's index;
+    offline: refused naming that id). Items MemOS adds or deletes change it as they change a
+    dict; adding fetches nothing."""
 
     def __init__(self, act_mem: Any, remote: RemoteCube, report: HookReport,
                  policy: TrustPolicy):
@@ -164,6 +166,7 @@ class OnDemandMemories(MutableMapping):
         self._held: dict[str, Any] = {}  # used (fetched and checked) or added by MemOS
         self._gone: set[str] = set()  # the remote's memories MemOS deleted (or dropped)
         self._extra: set[str] = set()  # ids MemOS added that the remote does not hold
+        self._unsettled: set[str] = set()  # ids MemOS added, not looked up in the remote yet
         self._cleared = False  # every remote memory deleted (delete_all)
         self._lock = threading.RLock()
 
@@ -220,17 +223,27 @@ class OnDemandMemories(MutableMapping):
             return item
 
     def __setitem__(self, item_id: Any, item: Any) -> None:
+        # MemOS adding a memory of its own is no use of the cube's: nothing is fetched here.
+        # Whether the id replaces a memory of the cube (for ``len``) is settled later, by
+        # :meth:`_settle`, when it can be looked up.
         with self._lock:
-            remote = not self._cleared and self._remote_entry(item_id) is not None
             self._held[item_id] = item
             self._gone.discard(item_id)
-            if not remote:
+            self._unsettled.add(item_id)
+
+    def _settle(self) -> None:
+        """Look up each id MemOS added whether the cube holds it too (an addition, or a
+        replacement); a lookup that fails (offline) raises naming that id, never a guess."""
+        for item_id in sorted(self._unsettled, key=str):
+            if self._cleared or self._remote_entry(item_id) is None:
                 self._extra.add(item_id)
+            self._unsettled.discard(item_id)
 
     def __delitem__(self, item_id: Any) -> None:
         with self._lock:
             found = self._held.pop(item_id, None) is not None
             self._extra.discard(item_id)
+            self._unsettled.discard(item_id)
             if self._pending(item_id) is not None or (found and not self._cleared
                                                       and self._remote_entry(item_id)):
                 self._gone.add(item_id)
@@ -246,6 +259,7 @@ class OnDemandMemories(MutableMapping):
 
     def __len__(self) -> int:
         with self._lock:
+            self._settle()
             remote = 0 if self._cleared else self.remote.memories - len(self._gone)
             return remote + len(self._extra)
 
@@ -280,6 +294,7 @@ class OnDemandMemories(MutableMapping):
         with self._lock:
             self._held.clear()
             self._extra.clear()
+            self._unsettled.clear()
             self._gone.clear()
             self._cleared = True
 

@@ -200,8 +200,9 @@ def test_a_memory_replaced_by_an_incremental_push_loads_the_new_bytes(hub, publi
 
 def test_adding_a_new_memory_offline_needs_no_remote_index(hub, published, monkeypatch):
     """MemOS's add of a memory of its own (an id the cube may not hold) is no use of the
-    cube's memories: offline it is added, or refused naming that id, never a lookup error
-    about a remote memory; and a later dump holds it."""
+    cube's memories: offline it is added, never a lookup error about a remote memory. Whether
+    it replaces one of the cube's (what ``len`` needs) is settled by a lookup when one can be
+    made: offline ``len`` is refused naming that id, never a guess; online again it counts."""
     loaded = _open(hub, published)
     own = loaded.act_mem.extract("The user now drinks coffee.")
     # MemOS's ids are uuid4s, as a real cube's are: a new one falls inside some shard's range
@@ -210,7 +211,11 @@ def test_adding_a_new_memory_offline_needs_no_remote_index(hub, published, monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     loaded.act_mem.add([own])
     assert loaded.act_mem.get(own.id) is own
+    with pytest.raises(cubepack.HubError, match="'item-05'"):
+        len(loaded.act_mem.kv_cache_memories)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     assert len(loaded.act_mem.kv_cache_memories) == 5
+    assert loaded.act_mem.get(own.id) is own
 
 
 def test_a_dump_meeting_a_swapped_range_writes_nothing(hub, published, tmp_path):
