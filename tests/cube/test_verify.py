@@ -213,7 +213,7 @@ def test_every_check_that_can_refuse_has_a_fix_in_the_refusal():
     from cubepack.trust._report import VerifyReport
 
     damage = {"cube", "lock", "path", "file set", "size", "sha256", "content", "shards",
-              "kv header", "kv checksums", "adapter", "cube config", "preferences"}
+              "kv header", "kv checksums", "adapter", "cube config", "preferences", "partial"}
     assert {entry for entry in Catalogue if entry.damage} == damage
     for entry in Catalogue:
         report = VerifyReport(Path("c"))
