@@ -646,15 +646,21 @@ def upgrade_command(path: str, model: str, revision: str | None, shards: bool | 
               help="Rewrite each shard whose dead share (bytes of removed or replaced memories "
                    "/ its size) is above this; shards whose id ranges overlap are rewritten "
                    "too.")
+@click.option("--shard-size", metavar="SIZE", callback=lambda ctx, param, value:
+              None if value is None else _byte_size(value),
+              help="A shard's bound, as for pack; shards past it are rewritten too. Default: "
+                   "the bound the cube was packed with (else 2GiB).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True),
               help="ECDSA P-256/P-384 private key (PEM): sign the compacted cube.")
 @_json_option()
-def compact_command(cube_dir: str, above: float, sign_key: str | None, as_json: bool) -> None:
+def compact_command(cube_dir: str, above: float, shard_size: int | None, sign_key: str | None,
+                    as_json: bool) -> None:
     """Rewrite the shards of CUBE_DIR whose dead share passes --above, in place and
     atomically (the other shards stay byte for byte)."""
     from .ops import compact
 
-    result = compact(cube_dir, above=above, sign_key=sign_key, sign_password=_key_password())
+    result = compact(cube_dir, above=above, shard_size=shard_size, sign_key=sign_key,
+                     sign_password=_key_password())
     _emit(result.to_dict(), as_json, lambda d: (
         f"compacted {d['cube_dir']}: rewrote {len(d['removed'])} shard(s) into "
         f"{len(d['written'])}; dead bytes {d['dead_before']} -> {d['dead_after']}; lock "

@@ -4,7 +4,9 @@ MemOS forbids unknown keys in ``config.json``, so cubepack's pins live here: sch
 cube id, per model role the pinned repo id, revision, dtype, KV dtype, quantization and weights
 digest, which files hold which memory type, and each LoRA adapter (folder, digest, type, rank,
 target modules, the role pinning its base). The lock records the same pins with full
-identities; ``verify`` checks the two agree.
+identities; ``verify`` checks the two agree. Its ``pack`` mapping holds the settings a pack was
+given that every later pack keeps unless told otherwise (a shard's bound): the lock does not
+record them, as they decide how a cube is laid out, not what it holds.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def section_view(key: str, entries: Mapping[str, Any]) -> dict[str, Any]:
 
 def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
           memories: dict[str, list[str]],
-          adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    config = {
+          adapters: dict[str, dict[str, Any]] | None = None,
+          settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "schema_version": constants.CONFIG_SCHEMA_VERSION,
         "cube_id": cube_id,
         "models": {role: pin_view(pin) for role, pin in sorted(models.items())},
@@ -69,7 +72,35 @@ def build(*, cube_id: str | None, models: dict[str, dict[str, Any]],
     }
     if adapters:  # parametric memory: each adapter's folder, digest, LoRA facts and base role
         config["adapters"] = section_view("adapters", adapters)
+    if settings:  # the pack settings a later pack keeps (each kind's own: ``Kind.settings``)
+        config[SETTINGS] = dict(sorted(settings.items()))
     return config
+
+
+#: The key of the pack settings a later pack keeps (``pack: {shard_size: 536870912}``).
+SETTINGS = "pack"
+
+
+def settings(text: str, where: str) -> dict[str, Any]:
+    """The pack settings the cube's last ``cubepack.yaml`` (``text``, read from ``where``)
+    recorded ({} when it records none). Each kind checks its own values.
+
+    Raises:
+        FormatError: the file is not a cubepack.yaml this cubepack reads, or its ``pack`` is
+            not a mapping (naming the fix: a later pack would otherwise guess its settings).
+    """
+    try:
+        config = parse(text)
+    except FormatError as exc:
+        raise FormatError(f"{where}: {exc} pack reads the settings its last pack recorded "
+                          f"there ('{SETTINGS}': a shard's bound); fix the file, or remove it "
+                          "and pack again with those settings (--shard-size SIZE).") from exc
+    recorded = config.get(SETTINGS, {})
+    if not isinstance(recorded, dict):
+        raise FormatError(f"{where}: '{SETTINGS}' must be a mapping of pack settings, found "
+                          f"{recorded!r}; fix it, or remove the key and pack again with those "
+                          "settings (--shard-size SIZE).")
+    return recorded
 
 
 class _Dumper(yaml.SafeDumper):

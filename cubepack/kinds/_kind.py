@@ -16,6 +16,7 @@ pack               ``prove``           ``pack --recompute`` only, after every ``
 pack               ``memories``        its files, listed in ``cubepack.yaml``
 pack               ``entries``         after hashing: the kind's lock section
 pack               ``store``           after every ``entries``: the files as stored (shards)
+pack               ``settings``        what a later pack keeps, in ``cubepack.yaml``
 pack               ``finish``          the lock written: the kind's fields of the result
 verify             ``check_bytes``     files hashed; BEFORE trust (only intact files parsed)
 verify             ``model_note``      a pinned model failed: say whose pin it is
@@ -147,6 +148,9 @@ class PackJob:
     config: dict[str, Any]
     #: the cube's last lock, when it has a readable one (what a re-pack keeps)
     earlier: Lock | None
+    #: the pack settings its last pack recorded (``cubepack.yaml``'s ``pack``: each kind
+    #: reads and checks its own, :meth:`Kind.settings`), kept unless an option overrides one
+    settings: Mapping[str, Any] = field(default_factory=dict)
     #: role -> the pin this pack makes (as the lock will hold it); kinds add theirs in ``pin``
     pins: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: file -> the provenance label this pack established for it (a conversion, a proof)
@@ -307,6 +311,12 @@ class Kind(Protocol):
         """After ``entries``: lay the kind's files out as the cube stores them (activations:
         many to a shard, :mod:`cubepack.kinds.activations._shards`), rewriting ``staging``;
         the lock sections that replace or join ``sections`` ({}: stored as staged)."""
+        return {}
+
+    def settings(self, job: PackJob, sections: dict[str, Any]) -> dict[str, Any]:
+        """After ``store``: the settings of this pack the kind's next pack keeps (recorded in
+        ``cubepack.yaml``'s ``pack``, handed back in ``job.settings``; ``sections``: the lock
+        sections as stored). {}: none."""
         return {}
 
     def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:

@@ -47,14 +47,18 @@ class CompactResult:
 
 
 def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
-            sign_key: str | Path | None = None, sign_password: str | None = None,
-            progress: bool | None = None) -> CompactResult:
+            shard_size: int | None = None, sign_key: str | Path | None = None,
+            sign_password: str | None = None, progress: bool | None = None) -> CompactResult:
     """Rewrite the shards of the sharded cube ``cube_dir`` whose dead share (dead bytes / the
-    shard's size) is above ``above``, and every shard whose id range overlaps another's, in
-    place and atomically (a ``pack`` of the same memories and pins).
+    shard's size) is above ``above``, every shard whose id range overlaps another's, and every
+    shard past the bound (more than a lone memory larger than it), in place and atomically (a
+    ``pack`` of the same memories and pins). The bound: ``shard_size`` (bytes; the cube keeps
+    it for later packs), else the one the cube was packed with (``cubepack.yaml``'s ``pack``),
+    else the default, 2 GiB.
 
     Raises:
-        UsageError: ``above`` is not a share from 0 to 1; the folder holds no lock.
+        UsageError: ``above`` is not a share from 0 to 1, ``shard_size`` not a positive
+            number of bytes; the folder holds no lock.
         FormatError: the cube's lock is unreadable.
 
     Returns:
@@ -79,8 +83,8 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
                            lock_version=before.version, digest=before.digest)
     if not before.shards and not before.private:  # a private cube's shards are in its
         return result                                # manifest: pack refuses it, naming why
-    pack(cube, cube_id=before.cube_id, compact=float(above), sign_key=sign_key,
-         sign_password=sign_password, progress=progress)
+    pack(cube, cube_id=before.cube_id, compact=float(above), shard_size=shard_size,
+         sign_key=sign_key, sign_password=sign_password, progress=progress)
     after = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
     old = {path: before.files[path].sha256 for path in before.shards}
     new = {path: after.files[path].sha256 for path in after.shards}

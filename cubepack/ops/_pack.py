@@ -125,7 +125,8 @@ def _pack(cube: Path, options: PackOptions) -> PackResult:
         lockfile.check_cube_id(cube_id)  # a new id; one a cube already has is kept as it is
     if cube_id is None and constants.MEMOS_CONFIG not in files and earlier is not None:
         cube_id = earlier.cube_id  # a re-pack keeps the id its last pack was given
-    job = PackJob(cube, files, options, _read_memos_config(cube, files, cube_id), earlier)
+    job = PackJob(cube, files, options, _read_memos_config(cube, files, cube_id), earlier,
+                  settings=_previous_settings(cube, files, earlier))
     for kind in KINDS:
         kind.pin(job)
     if options.sign_key is not None:  # fail before any work
@@ -309,6 +310,22 @@ def _previous_lock(cube: Path, files: list[str]) -> Lock | None:
         return None
 
 
+def _previous_settings(cube: Path, files: list[str], earlier: Lock | None) -> dict[str, Any]:
+    """The pack settings the cube's last pack recorded in its ``cubepack.yaml`` (a shard's
+    bound), which this pack keeps unless an option overrides one. Read only from a packed
+    cube (a readable lock): a yaml beside no lock is not a pack's."""
+    if earlier is None or constants.CONFIG_FILENAME not in files:
+        return {}
+    path = cube / constants.CONFIG_FILENAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path} is not UTF-8 text; pack reads the settings its last pack "
+                          "recorded there. Fix it, or remove it and pack again with those "
+                          "settings (--shard-size SIZE).") from exc
+    return cubeconfig.settings(text, str(path))
+
+
 def _previous_card(cube: Path, files: list[str]) -> card.PreviousCard:
     """The README the cube holds now: cubepack's last card, or someone else's to keep."""
     if constants.CARD_FILENAME not in files:
@@ -381,8 +398,10 @@ def _write_metadata(job: PackJob, staging: Path, *, license: str | None, pretty_
                         hash_files([resolve_inside(staging, name) for name in fresh],
                                    progress=job.options.progress,
                                    description="hashing shards").items()})
+    settings = {key: value for kind in KINDS
+                for key, value in kind.settings(job, sections).items()}
     config_text = cubeconfig.dumps(cubeconfig.build(
-        cube_id=cube_id, models=pins, memories=memories,
+        cube_id=cube_id, models=pins, memories=memories, settings=settings,
         **{kind.section: sections[kind.section] for kind in KINDS
            if kind.section is not None and kind.in_config}))
     atomic.write_text(staging / constants.CONFIG_FILENAME, config_text)

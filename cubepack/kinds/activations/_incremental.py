@@ -13,7 +13,8 @@ memories are unchanged byte for byte, so the next push uploads only what changed
   its own index. Their ids may fall inside older shards' ranges: the lock (version 7) then holds
   overlapping ranges, and a reader of one memory reads the index of each shard whose range holds
   its id (``format/sections/shards.py``, :func:`~cubepack.format.sections.shards.shards_of`).
-- ``compact`` (``ops/_compact.py``) rewrites the shards whose dead share passes its bound: their
+- ``compact`` (``ops/_compact.py``) rewrites the shards whose dead share passes its bound, and
+  those of several memories larger than the shard bound (a smaller ``--shard-size``): their
   live memories go to new shards, the old files leave the cube.
 
 A shard kept is hashed again first: a file that is not the one the last lock committed to is
@@ -71,11 +72,12 @@ def dead_share(size: int, dead: int) -> float:
 
 
 def keep(job: PackJob, staging: Path, whole: dict[str, Activation],
-         compact_above: float | None) -> Kept:
+         compact_above: float | None, bound: int) -> Kept:
     """Keep the last lock's shards for the memories of ``whole`` (this pack's memories, each
     staged as a whole file) they still hold unchanged; link each kept shard into ``staging``
     and rewrite its index when memories left it. ``compact_above``: a shard whose dead share
-    would pass it is not kept (its live memories are laid out anew)."""
+    would pass it is not kept (its live memories are laid out anew), nor one of several
+    memories passing ``bound`` (this pack's shard bound: ``compact --shard-size``)."""
     earlier = job.earlier
     kept = Kept()
     if earlier is None or not earlier.shards:
@@ -98,7 +100,10 @@ def keep(job: PackJob, staging: Path, whole: dict[str, Activation],
                          for item in live)
         dead = _merged([*index.dead, *((loc.offset, loc.length) for loc in gone)])
         share = dead_share(index.shard_size, sum(length for _, length in dead))
-        if not live or (compact_above is not None and share > compact_above):
+        # Past the bound: a shard holding more than a lone memory larger than the bound.
+        largest = max((index.memories[item].locator.length for item in live), default=0)
+        if not live or (compact_above is not None and (
+                share > compact_above or index.shard_size > max(bound, largest))):
             continue
         _link_checked(job.cube, staging, shard.locator)
         name = shardformat.index_name(path)

@@ -71,6 +71,9 @@ class Activations(Kind):
               sections: dict[str, Any]) -> dict[str, Any]:
         return _shards.store(job, staging, sections["activations"])
 
+    def settings(self, job: PackJob, sections: dict[str, Any]) -> dict[str, Any]:
+        return _shards.settings(job, sections)
+
     def finish(self, job: PackJob, staging: Path, written: Lock, result: Any) -> None:
         _pack.finish(job, staging, _shards.resolved(written, staging), result)
 

@@ -213,13 +213,42 @@ def wanted(job: PackJob, count: int) -> bool:
     return earlier or count > SHARD_ABOVE
 
 
+#: The key of a shard's bound among the pack settings ``cubepack.yaml`` records.
+SHARD_SIZE_SETTING = "shard_size"
+
+
 def shard_size(job: PackJob) -> int:
+    """The bound this pack lays shards out to: ``--shard-size``, else the one the cube's last
+    pack recorded (``cubepack.yaml``'s ``pack``), else the format's default, 2 GiB.
+
+    Raises:
+        UsageError: the option is not a positive number of bytes.
+        FormatError: the recorded bound is not (the file was edited): naming the fix.
+    """
     size = job.options.shard_size
+    if size is not None:
+        if type(size) is not int or size < 1:
+            raise UsageError(f"shard_size must be a positive number of bytes, not {size!r}.")
+        return size
+    size = job.settings.get(SHARD_SIZE_SETTING)
     if size is None:
         return shardformat.DEFAULT_SHARD_SIZE
     if type(size) is not int or size < 1:
-        raise UsageError(f"shard_size must be a positive number of bytes, not {size!r}.")
+        raise FormatError(f"{job.cube / constants.CONFIG_FILENAME} records the shard bound "
+                          f"{size!r} (pack: {SHARD_SIZE_SETTING}), not a positive number of "
+                          "bytes; fix it, or pack with --shard-size SIZE, which replaces it.")
     return size
+
+
+def settings(job: PackJob, sections: dict[str, Any]) -> dict[str, Any]:
+    """The shard bound a later pack keeps, when this pack shards the cube and was given one
+    (``--shard-size``, or its last pack's record): a cube packed at the default records none,
+    so it follows the default. A pack that stores the memories one a file drops it."""
+    if not sections.get("shards"):
+        return {}
+    if job.options.shard_size is None and SHARD_SIZE_SETTING not in job.settings:
+        return {}
+    return {SHARD_SIZE_SETTING: shard_size(job)}
 
 
 def unshard(job: PackJob, staging: Path) -> None:
@@ -290,7 +319,7 @@ def store(job: PackJob, staging: Path, section: dict[str, dict[str, Any]]) -> di
     if not whole or not wanted(job, len(whole)):
         return {}
     bound = shard_size(job)
-    kept = _incremental.keep(job, staging, whole, job.options.compact)
+    kept = _incremental.keep(job, staging, whole, job.options.compact, bound)
     groups: list[list[str]] = [[]]
     filled = 0
     for item_id in sorted(item for item in whole if item not in kept.ids):
