@@ -104,6 +104,12 @@ class VerifyReport:
         return bool(self.checks) and all(c.ok is not False for c in self.checks)
 
     @property
+    def complete(self) -> bool:
+        """Every check passed and the cube is whole: ``ok`` of a partial pull says only that
+        the memories present passed (``partial`` says how many of how many)."""
+        return self.ok and self.partial is None
+
+    @property
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.ok is False]
 
@@ -143,7 +149,7 @@ class VerifyReport:
         self.checks.sort(key=lambda check: check.scope == "decrypted")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cube_dir": str(self.cube_dir), "ok": self.ok,
+        return {"cube_dir": str(self.cube_dir), "ok": self.ok, "complete": self.complete,
                 "digest": None if self.lock is None else self.lock.digest,
                 "signed_by": self.signed_by,
                 "attested_by": self.attested_by,

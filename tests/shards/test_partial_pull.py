@@ -94,6 +94,8 @@ def test_verify_says_n_of_m_with_its_own_exit_code(hub, sharded, tmp_path, capsy
     _pull(hub, tmp_path / "p", "item-002", "item-004")
     report = cubepack.verify(tmp_path / "p")
     assert report.ok and report.partial["checked"] == 2 and report.partial["memories"] == 5
+    assert report.complete is False  # the API's word for "whole", beside ok (present passed)
+    assert report.to_dict()["complete"] is False
     summary = [check for check in report.checks if check.name == "partial"
                and check.subject == "*"]
     assert summary[0].ok is None and "2 of 5 memories checked" in summary[0].detail
@@ -211,7 +213,7 @@ def test_the_pull_an_absent_memory_names_works_in_the_same_folder(hub, sharded, 
     argv = shlex.split(whole.rstrip(".").replace("<this folder>", str(target)))[1:]
     assert main([*argv, "--token", HUB_TOKEN]) == 0
     assert partialformat.read(target) is None
-    assert cubepack.verify(target).partial is None
+    assert cubepack.verify(target).partial is None and cubepack.verify(target).complete
     assert main(["verify", str(target)]) == 0
 
 
