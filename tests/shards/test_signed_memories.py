@@ -1,0 +1,165 @@
+"""Signatures name memories by digest, not shard files, so they survive compaction (issue #40,
+item 3): a version-4 attestation's subject holds ``cube.memories``, the digest of the cube's
+id, pins, every memory's (id, sha256) and every other file's sha256. ``verify --trusted-key``
+of a compacted cube recomputes it from the lock and every index and says that the memories,
+not the layout, were signed; any change of a memory, the memory set, a non-memory file or the
+pins fails, naming what differs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import cubepack
+from cubepack._util import constants
+from cubepack.errors import SignatureError
+
+from data import HUB_TOKEN
+from helpers import make_key
+
+pytest.importorskip("model_signing")
+
+
+def _pack(cube, zoo, size, **kwargs):
+    return cubepack.pack(cube, cube_id="me/signed", model=str(zoo["a"]),
+                         shard_size=2 * size + 100, **kwargs)
+
+
+def _add(cube, source, item, as_item=None):
+    shutil.copy(source / "activations" / f"{item}.kv.safetensors",
+                cube / "activations" / f"{as_item or item}.kv.safetensors")
+
+
+@pytest.fixture
+def compacted(bundle, bundle_factory, zoo, tmp_path):
+    """8 memories but item-005 packed two a shard; item-005 appended (inside an older range);
+    signed; then compacted (the overlapping shards laid out anew)."""
+    cube = bundle(8)
+    (cube / "activations" / "item-005.kv.safetensors").unlink()
+    (cube / "notes").mkdir()
+    (cube / "notes" / "about.txt").write_text("what these memories are\n")
+    size = next((cube / "activations").iterdir()).stat().st_size
+    _pack(cube, zoo, size)
+    (cube / "activations").mkdir(exist_ok=True)
+    _add(cube, bundle_factory(8), "item-005")
+    _pack(cube, zoo, size)
+    private, public = make_key(tmp_path, "signer")
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    signed_lock = (cube / constants.LOCK_FILENAME).read_bytes()
+    result = cubepack.compact(cube)
+    assert result.changed and result.written
+    assert (cube / constants.LOCK_FILENAME).read_bytes() != signed_lock
+    return cube, size, public, private
+
+
+def _checks(report, name):
+    return [c for c in report.checks if c.name.value == name]
+
+
+def _tampered(cube, zoo, size, change):
+    """``change`` applied by a re-pack (as anyone who can write the cube would), the signer's
+    attestation put back."""
+    attestation = (cube / constants.ATTESTATION_FILENAME).read_bytes()
+    change()
+    _pack(cube, zoo, size)
+    (cube / constants.ATTESTATION_FILENAME).write_bytes(attestation)
+
+
+def _refused(cube, zoo, public):
+    report = cubepack.verify(cube, model=str(zoo["a"]), trusted_keys=[str(public)],
+                             require_signature=True, raise_on_failure=False)
+    assert not report.ok
+    return " | ".join(str(c) for c in report.failures)
+
+
+def test_a_compacted_cube_verifies_under_the_signature_of_its_memories(compacted, zoo):
+    cube, _, public, _ = compacted
+    assert (cube / constants.ATTESTATION_FILENAME).is_file()
+    assert not (cube / constants.SIGNATURE_FILENAME).exists()  # it named the old shard files
+    report = cubepack.verify(cube, model=str(zoo["a"]), trusted_keys=[str(public)],
+                             require_signature=True)
+    assert report.ok, [str(c) for c in report.failures]
+    assert report.signed_by == str(public)
+    [signature] = _checks(report, "signature")
+    assert signature.ok and "memories" in signature.detail and "layout" in signature.detail
+    [attestation] = _checks(report, "attestation")
+    assert attestation.ok and "8 memories" in attestation.detail
+    assert "not signed" in attestation.detail  # the layout: the report says which was checked
+
+
+def test_one_memory_changed_fails_naming_it(compacted, zoo, bundle_factory):
+    cube, size, public, _ = compacted
+
+    def change():
+        _pack(cube, zoo, size, remove=("item-003",))
+        (cube / "activations").mkdir(exist_ok=True)
+        _add(cube, bundle_factory(8), "item-006", as_item="item-003")
+
+    _tampered(cube, zoo, size, change)
+    failures = _refused(cube, zoo, public)
+    assert "item-003" in failures and "item-006" not in failures
+
+
+def test_a_removed_memory_fails_naming_it(compacted, zoo):
+    cube, size, public, _ = compacted
+    _tampered(cube, zoo, size, lambda: None)  # nothing: still verifies
+    assert cubepack.verify(cube, trusted_keys=[str(public)], require_signature=True).ok
+    attestation = (cube / constants.ATTESTATION_FILENAME).read_bytes()
+    _pack(cube, zoo, size, remove=("item-001",))
+    (cube / constants.ATTESTATION_FILENAME).write_bytes(attestation)
+    assert "item-001" in _refused(cube, zoo, public)
+
+
+def test_an_added_memory_fails_naming_it(compacted, zoo, bundle_factory):
+    cube, size, public, _ = compacted
+    _tampered(cube, zoo, size, lambda: (
+        (cube / "activations").mkdir(exist_ok=True),
+        _add(cube, bundle_factory(9), "item-008")))
+    assert "item-008" in _refused(cube, zoo, public)
+
+
+def test_a_non_memory_file_changed_fails_naming_it(compacted, zoo):
+    cube, size, public, _ = compacted
+    _tampered(cube, zoo, size,
+              lambda: (cube / "notes" / "about.txt").write_text("something else\n"))
+    assert "notes/about.txt" in _refused(cube, zoo, public)
+
+
+def test_a_signature_replayed_on_a_cube_with_other_pins_fails(compacted, zoo, tmp_path):
+    cube, size, public, _ = compacted
+    other = shutil.copytree(cube, tmp_path / "other")
+    (other / constants.ATTESTATION_FILENAME).unlink()
+    model = shutil.copytree(zoo["a"], tmp_path / "renamed-model")  # same weights, another pin
+    cubepack.pack(other, cube_id="me/signed", model=str(model), shard_size=2 * size + 100)
+    assert (cube / constants.LOCK_FILENAME).read_bytes() != \
+        (other / constants.LOCK_FILENAME).read_bytes()
+    shutil.copy(cube / constants.ATTESTATION_FILENAME, other / constants.ATTESTATION_FILENAME)
+    failures = _refused(other, zoo, public)
+    assert "pins" in failures
+
+
+def test_a_signature_replayed_on_another_cube_id_fails(compacted, zoo, tmp_path):
+    cube, size, public, _ = compacted
+    other = shutil.copytree(cube, tmp_path / "other")
+    (other / constants.ATTESTATION_FILENAME).unlink()
+    cubepack.pack(other, cube_id="me/other", model=str(zoo["a"]), shard_size=2 * size + 100)
+    shutil.copy(cube / constants.ATTESTATION_FILENAME, other / constants.ATTESTATION_FILENAME)
+    assert "cube_id" in _refused(other, zoo, public)
+
+
+def test_open_on_demand_refuses_a_memories_only_signature_naming_the_resign(compacted, hub):
+    cube, _, public, _ = compacted
+    cubepack.push(cube, "me/signed", endpoint=hub.url, token=HUB_TOKEN, allow_local_paths=True,
+                  allow_unsigned=True)
+    with pytest.raises(SignatureError, match="compact --sign-key"):
+        cubepack.open("me/signed", endpoint=hub.url, token=HUB_TOKEN, trusted_keys=[str(public)])
+
+
+def test_compact_sign_key_signs_the_lock_again(compacted, zoo):
+    cube, _, public, private = compacted
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    report = cubepack.verify(cube, trusted_keys=[str(public)], require_signature=True)
+    assert report.ok
+    [signature] = _checks(report, "signature")
+    assert "layout" not in signature.detail  # the whole cube, lock and shards, is signed
