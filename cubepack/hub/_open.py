@@ -13,7 +13,9 @@ indexes to the lock, not the lock to a person. With ``trusted_keys``, ``open`` a
 signature and its attestation at the commit and checks the signature over the lock (its
 manifest rebuilt from the lock's digests: :func:`~cubepack.trust._signing.verify_lock_signature`)
 before any memory is fetched; the attestation's statements are not read here (pull and verify
-for the labels a signer proved).
+for the labels a signer proved). A cube signed over its memories but not this lock (compacted
+since signing: a version-4 attestation of another lock) is refused, naming ``compact
+--sign-key``: its memories' digest needs every shard index, which would break open's budget.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util import constants
-from ..errors import FormatError, HubError, UnsupportedError, UsageError
+from ..errors import FormatError, HubError, SignatureError, UnsupportedError, UsageError
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, ShardIndex
 from ..format.sections import shards as shardformat
 from ..kinds import serving
 from ..kinds.activations._shards import checked_range
 from ..trust._policy import TrustPolicy
+from ..trust._attestation import signs_another_lock
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
@@ -225,9 +228,27 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         attestation = None if signature is None else _request(
             client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {},
             missing_ok=True)
-        signed_by = verify_lock_signature(
-            data, None if signature is None else signature.content,
-            None if attestation is None else attestation.content, list(trusted_keys))
+        try:
+            signed_by = verify_lock_signature(
+                data, None if signature is None else signature.content,
+                None if attestation is None else attestation.content, list(trusted_keys))
+        except SignatureError as exc:
+            if signature is None:  # one more request, on the way to a refusal only
+                attestation = _request(client, repo_id, repo_type, commit,
+                                       constants.ATTESTATION_FILENAME, {}, missing_ok=True)
+            if attestation is not None and signs_another_lock(data, attestation.content):
+                raise SignatureError(
+                    f"{repo_id}@{commit[:12]} is not signed over this lock "
+                    f"({constants.SIGNATURE_FILENAME}: "
+                    f"{'absent' if signature is None else 'names other files'}): its "
+                    "attestation signs its memories by digest, and the cube was re-laid out "
+                    "since signing (cubepack compact). Opening on demand checks "
+                    "a signature over the lock alone; one over the memories needs every shard "
+                    f"index ({len(lock.shards)} here), so it is not accepted here. Pull it whole "
+                    f"(cubepack pull {repo_id} --trusted-key PUB.pem: verify checks the "
+                    "memories' signature), or have its publisher sign the new layout: cubepack "
+                    "compact CUBE --sign-key KEY (or cubepack sign), then push.") from exc
+            raise
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
 
 

@@ -31,7 +31,9 @@ from ..identity._fingerprint import hub_origin
 from ..kinds import KINDS, PackJob, PackOptions, PackResult, made_pin
 from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import memos_config_problems
-from ..trust._attestation import Proved
+from ..format._envelope import read_envelope
+from ..format.sections import shards as shardformat
+from ..trust._attestation import Proved, names_these_memories
 from ..trust._signing import check_key, write_signature
 
 
@@ -181,12 +183,32 @@ def _stage(job: PackJob, staging: Path, previous_lock: bytes | None,
     result.moved_from = _moved_pins(job.earlier, job.pins)
     result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
         or bool(converted)
+    if result.changed and options.compact is not None \
+            and constants.ATTESTATION_FILENAME in files:
+        _keep_memories_attestation(cube, staging)
     unsigned = [name for name in files if name not in fileset.SIGNING]
     if result.changed or sorted(list_cube_files(staging)) != unsigned:
         atomic.replace_dir(staging, cube)
     else:
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _keep_memories_attestation(cube: Path, staging: Path) -> None:
+    """``compact`` re-lays out the same memories, pins and files: it keeps an attestation
+    that names them by digest (version 4); verify still checks it, and says it signs the
+    memories, not the layout. ``cubepack.sig`` named the old files: dropped. Any other re-pack
+    that changes the cube drops both, as before (it may change the card, which no memories
+    statement covers)."""
+    try:
+        envelope = read_envelope(cube / constants.ATTESTATION_FILENAME)
+        lock = shardformat.resolved(lockfile.parse((staging / constants.LOCK_FILENAME)
+                                                   .read_bytes()), shardformat.local_fetch(staging))
+    except (CubepackError, OSError):  # unreadable: dropped with the signature, as before
+        return
+    if names_these_memories(envelope, lock):
+        atomic.link_or_copy(cube / constants.ATTESTATION_FILENAME,
+                            staging / constants.ATTESTATION_FILENAME)
 
 
 def _sign(job: PackJob, cube: Path) -> None:
