@@ -163,3 +163,18 @@ def test_compact_sign_key_signs_the_lock_again(compacted, zoo):
     assert report.ok
     [signature] = _checks(report, "signature")
     assert "layout" not in signature.detail  # the whole cube, lock and shards, is signed
+
+
+def test_compact_keeps_each_memorys_label(bundle, zoo, tmp_path):
+    """compact moves memories and changes none: a memory proved ``recomputed`` stays so (its
+    label is the last lock's claim, carried as it was), and its signature still names it."""
+    cube = bundle(4)
+    _pack(cube, zoo, 10**6, recompute=True, shards=True)
+    _pack(cube, zoo, 10**6, recompute=True, remove=("item-001",))
+    private, public = make_key(tmp_path, "signer")
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]), recompute=True)
+    assert cubepack.compact(cube).changed
+    report = cubepack.verify(cube, trusted_keys=[str(public)], require_signature=True,
+                             require_provenance="recomputed")
+    assert {entry["kind"] for entry in report.provenance.values()} == {"recomputed"}
+    assert {entry["basis"] for entry in report.provenance.values()} == {"signed"}
