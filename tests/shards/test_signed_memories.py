@@ -165,12 +165,14 @@ def test_compact_sign_key_signs_the_lock_again(compacted, zoo):
     assert "layout" not in signature.detail  # the whole cube, lock and shards, is signed
 
 
-def test_compact_keeps_each_memorys_label(bundle, zoo, tmp_path):
+def test_compact_keeps_each_memorys_label(zoo, tmp_path):
     """compact moves memories and changes none: a memory proved ``recomputed`` stays so (its
-    label is the last lock's claim, carried as it was), and its signature still names it."""
-    cube = bundle(4)
-    _pack(cube, zoo, 10**6, recompute=True, shards=True)
-    _pack(cube, zoo, 10**6, recompute=True, remove=("item-001",))
+    label is the last lock's claim, carried as it was), and its signature still names it.
+    The cube: the compat fixture of a recomputed sharded cube with dead bytes (lock 7)."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "compat" / "lock7-appended"
+    cube = shutil.copytree(fixture / "cube", tmp_path / "cube")
     private, public = make_key(tmp_path, "signer")
     cubepack.sign(cube, key=str(private), model=str(zoo["a"]), recompute=True)
     assert cubepack.compact(cube).changed
