@@ -180,3 +180,19 @@ def test_compact_keeps_each_memorys_label(zoo, tmp_path):
                              require_provenance="recomputed")
     assert {entry["kind"] for entry in report.provenance.values()} == {"recomputed"}
     assert {entry["basis"] for entry in report.provenance.values()} == {"signed"}
+
+
+def test_an_attestation_above_the_readers_limit_is_refused_when_signing(bundle, zoo, tmp_path,
+                                                                        monkeypatch):
+    """Version 4 grows with the memories (their sha256): signing a cube whose attestation
+    every reader would refuse unread fails first, and writes nothing."""
+    from cubepack.format import _envelope
+
+    cube = bundle(3)
+    _pack(cube, zoo, 10**6, shards=True)
+    monkeypatch.setattr(_envelope, "MAX_ENVELOPE_BYTES", 500)
+    private, _ = make_key(tmp_path, "signer")
+    with pytest.raises(cubepack.FormatError, match="above the 500 bytes"):
+        cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    assert not (cube / constants.ATTESTATION_FILENAME).exists()
+    assert not (cube / constants.SIGNATURE_FILENAME).exists()
