@@ -221,35 +221,40 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
         raise UnsupportedError(f"{repo_id}@{commit[:12]} is a private cube: its memories are "
                                "encrypted, and open fetches clear memories only. Pull it: "
                                f"cubepack pull {repo_id} --revision {commit}.")
-    signed_by = None
-    if trusted_keys is not None:
-        signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
-                             {}, missing_ok=True)
-        attestation = None if signature is None else _request(
-            client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {},
-            missing_ok=True)
-        try:
-            signed_by = verify_lock_signature(
-                data, None if signature is None else signature.content,
-                None if attestation is None else attestation.content, list(trusted_keys))
-        except SignatureError as exc:
-            if signature is None:  # one more request, on the way to a refusal only
-                attestation = _request(client, repo_id, repo_type, commit,
-                                       constants.ATTESTATION_FILENAME, {}, missing_ok=True)
-            if attestation is not None and signs_another_lock(data, attestation.content):
-                raise SignatureError(
-                    f"{repo_id}@{commit[:12]} is not signed over this lock "
-                    f"({constants.SIGNATURE_FILENAME}: "
-                    f"{'absent' if signature is None else 'names other files'}): its "
-                    "attestation signs its memories by digest, and the cube was re-laid out "
-                    "since signing (cubepack compact). Opening on demand checks "
-                    "a signature over the lock alone; one over the memories needs every shard "
-                    f"index ({len(lock.shards)} here), so it is not accepted here. Pull it whole "
-                    f"(cubepack pull {repo_id} --trusted-key PUB.pem: verify checks the "
-                    "memories' signature), or have its publisher sign the new layout: cubepack "
-                    "compact CUBE --sign-key KEY (or cubepack sign), then push.") from exc
-            raise
+    signed_by = None if trusted_keys is None else _signed_by(
+        client, repo_id, repo_type, commit, data, lock, list(trusted_keys))
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
+
+
+def _signed_by(client: HubClient, repo_id: str, repo_type: str, commit: str, data: bytes,
+               lock: Lock, trusted_keys: list[str]) -> str:
+    """The trusted key whose signature (fetched at ``commit``) covers the lock ``data``; a
+    cube signed over its memories but not this lock is refused naming the re-signing."""
+    signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
+                         {}, missing_ok=True)
+    attestation = None if signature is None else _request(
+        client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {}, missing_ok=True)
+    try:
+        return verify_lock_signature(
+            data, None if signature is None else signature.content,
+            None if attestation is None else attestation.content, trusted_keys)
+    except SignatureError as exc:
+        if signature is None:  # one more request, on the way to a refusal only
+            attestation = _request(client, repo_id, repo_type, commit,
+                                   constants.ATTESTATION_FILENAME, {}, missing_ok=True)
+        if attestation is not None and signs_another_lock(data, attestation.content):
+            raise SignatureError(
+                f"{repo_id}@{commit[:12]} is not signed over this lock "
+                f"({constants.SIGNATURE_FILENAME}: "
+                f"{'absent' if signature is None else 'names other files'}): its "
+                "attestation signs its memories by digest, and the cube was re-laid out "
+                "since signing (cubepack compact). Opening on demand checks "
+                "a signature over the lock alone; one over the memories needs every shard "
+                f"index ({len(lock.shards)} here), so it is not accepted here. Pull it whole "
+                f"(cubepack pull {repo_id} --trusted-key PUB.pem: verify checks the "
+                "memories' signature), or have its publisher sign the new layout: cubepack "
+                "compact CUBE --sign-key KEY (or cubepack sign), then push.") from exc
+        raise
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,

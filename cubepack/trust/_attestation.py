@@ -46,6 +46,7 @@ from .._util import canonical, constants
 from .._util.checks import Catalogue
 from .._version import __version__
 from ..errors import CubepackError, FormatError
+from ..format import _envelope as envelope_format
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, Pin
 from ..format.sections import shards as shardformat
@@ -239,6 +240,13 @@ def attest(lock_bytes: bytes, key: str | os.PathLike[str], proved: Proved | None
         lock = shardformat.resolved(lock, fetch)
     statement = statement_for(lock, lock_bytes, proved or Proved("sign"))
     data = envelope_bytes(sign_statement(statement, key, password=password))
+    limit = envelope_format.MAX_ENVELOPE_BYTES
+    if len(data) > limit:  # every reader would refuse it unread: never written
+        raise FormatError(f"This cube's attestation would be {len(data)} bytes, above the "
+                          f"{limit} bytes every reader reads: it names each of its "
+                          f"{len(lock.activations)} memories' label and sha256 (about 140 "
+                          "bytes a memory, more when recomputed). Split the cube, or sign it "
+                          "as several cubes.")
     parse_envelope_bytes(data, constants.ATTESTATION_FILENAME)
     return data
 
