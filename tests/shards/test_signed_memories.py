@@ -196,3 +196,26 @@ def test_an_attestation_above_the_readers_limit_is_refused_when_signing(bundle, 
         cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
     assert not (cube / constants.ATTESTATION_FILENAME).exists()
     assert not (cube / constants.SIGNATURE_FILENAME).exists()
+
+
+@pytest.mark.parametrize("fixture", ["adapters", "lineage", "preferences", "vectors",
+                                     "lock7-appended"])
+def test_the_memories_statement_names_every_section_of_the_lock(fixture):
+    """In a compacted cube the lock is not signed: every section but the ones the statement
+    states by digest (files, activations, shards) and the pins (models, whole) is in the
+    statement whole, so no entry of the lock (an adapter's base role, a preference's embedder,
+    the lineage) can change under a signature over the memories."""
+    from pathlib import Path
+
+    from cubepack.format import _envelope
+    from cubepack.format import _lock as lockfile
+    from cubepack.format.sections import shards as shardformat
+
+    cube = Path(__file__).resolve().parents[1] / "fixtures" / "compat" / fixture / "cube"
+    lock = shardformat.resolved(lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes()),
+                                shardformat.local_fetch(cube))
+    statement = _envelope.memories_statement(lock)
+    held = {key for key in lockfile.SECTION_KEYS if lock.holds(key)}
+    assert set(statement["sections"]) == held - {"files", "activations", "shards", "models"}
+    for key in statement["sections"]:
+        assert statement["sections"][key] == lock.to_dict()[key]
