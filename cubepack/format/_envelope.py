@@ -24,7 +24,7 @@ from .._util import canonical, constants
 from .._util.revision import is_commit
 from . import _fileset as fileset
 from ..errors import FormatError
-from ._lock import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
+from ._lock import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, SECTION_KEYS
 from ._provenance import KINDS, RECOMPUTED
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -121,7 +121,9 @@ class Envelope:
 def memories_statement(lock: Any) -> dict[str, Any]:
     """What version 4's ``cube.memories`` subject is the sha256 of (canonical JSON), for a lock
     whose sharded memories are resolved (every index read): the cube's id and pins (the lock's
-    ``models``, whole), every memory's sha256 by id, and every other file's sha256 by path. The
+    ``models``, whole), its other sections whole but the ones named here by digest (``files``,
+    ``activations``, ``shards``), every memory's sha256 by id, and every other file's sha256 by
+    path. The
     files that store memories (a memory's own file, shards, their indexes) and the card (it shows
     the lock's digests) are left out: a compaction rewrites them, and the memories they hold are
     named by digest. So are the files pack generates from the lock (``cubepack.yaml``, which
@@ -129,8 +131,12 @@ def memories_statement(lock: Any) -> dict[str, Any]:
     same statement hold the same memories, pins and other files."""
     storage = {entry.file for entry in lock.activations.values()} | set(lock.shards) \
         | {shard.index for shard in lock.shards.values()} | set(fileset.GENERATED)
+    document = lock.to_dict()
     return {"format": "cubepack.memories", "version": 1, "cube_id": lock.cube_id,
-            "models": lock.to_dict()["models"],
+            "models": document["models"],
+            # every other section whole (adapters, preferences, lineage...): compact keeps them
+            "sections": {key: document[key] for key in SECTION_KEYS if key in document
+                         and key not in ("files", "activations", "shards", "models")},
             "memories": {item: entry.sha256 for item, entry in sorted(lock.activations.items())},
             "files": {path: entry.sha256 for path, entry in sorted(lock.files.items())
                       if path not in storage}}

@@ -448,8 +448,9 @@ def attestation_check(cube: Path, lock: Lock, lock_sha256: str,
     if envelope.version >= 4 and present is None and memories_root(lock) != envelope.memories_root:
         # Every memory and file agrees: what differs is the rest of the statement, the pins.
         return [Check(Catalogue.ATTESTATION, f"{name} {MEMORIES_SUBJECT}", False,
-                      f"signed by trusted key {key}, but the cube's pins (or its cube_id) are "
-                      "not the signed ones: the same memories under other pins are another cube",
+                      f"signed by trusted key {key}, but the cube's pins (or its cube_id, or "
+                      "an entry of another lock section) are not the signed ones: the same "
+                      "memories under other pins are another cube",
                       f"{MEMORIES_SUBJECT} sha256 {memories_root(lock)} (this cube)",
                       f"{MEMORIES_SUBJECT} sha256 {envelope.memories_root}",
                       basis=SIGNED)], None, None
