@@ -48,7 +48,7 @@ def compacted(bundle, bundle_factory, zoo, tmp_path):
     cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
     signed_lock = (cube / constants.LOCK_FILENAME).read_bytes()
     result = cubepack.compact(cube)
-    assert result.changed and result.written
+    assert result.changed and result.written and result.signed == "memories"
     assert (cube / constants.LOCK_FILENAME).read_bytes() != signed_lock
     return cube, size, public, private
 
@@ -158,7 +158,7 @@ def test_open_on_demand_refuses_a_memories_only_signature_naming_the_resign(comp
 
 def test_compact_sign_key_signs_the_lock_again(compacted, zoo):
     cube, _, public, private = compacted
-    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    assert cubepack.compact(cube, above=0, sign_key=str(private)).signed == "lock"
     report = cubepack.verify(cube, trusted_keys=[str(public)], require_signature=True)
     assert report.ok
     [signature] = _checks(report, "signature")
@@ -219,3 +219,20 @@ def test_the_memories_statement_names_every_section_of_the_lock(fixture):
     assert set(statement["sections"]) == held - {"files", "activations", "shards", "models"}
     for key in statement["sections"]:
         assert statement["sections"][key] == lock.to_dict()[key]
+
+
+def test_the_compact_command_says_what_its_signature_covers(bundle, zoo, tmp_path):
+    import os
+
+    from helpers import cli_in_process
+
+    cube = bundle(6)
+    size = next((cube / "activations").iterdir()).stat().st_size
+    _pack(cube, zoo, size)
+    _pack(cube, zoo, size, remove=("item-001",))
+    private, _ = make_key(tmp_path, "signer")
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    done = cli_in_process(["compact", str(cube)], env=dict(os.environ), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "covers its memories, not this layout" in done.stdout
+    assert f"cubepack compact {cube} --sign-key KEY" in done.stdout
