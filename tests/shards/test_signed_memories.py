@@ -236,3 +236,22 @@ def test_the_compact_command_says_what_its_signature_covers(bundle, zoo, tmp_pat
     assert done.returncode == 0, done.stderr
     assert "covers its memories, not this layout" in done.stdout
     assert f"cubepack compact {cube} --sign-key KEY" in done.stdout
+
+
+def test_a_push_of_a_compacted_cube_over_a_signed_one_names_what_is_signed(compacted, hub,
+                                                                          zoo):
+    """The branch's cube is signed over its lock; a changed cube, signed, then compacted, only
+    over its memories: pushing it unasked is refused, saying so (nothing pushed)."""
+    cube, size, _, private = compacted
+    push = {"endpoint": hub.url, "token": HUB_TOKEN, "allow_local_paths": True}
+    whole = shutil.copytree(cube, cube.parent / "whole")
+    cubepack.compact(whole, above=0, sign_key=str(private))
+    cubepack.push(whole, "me/signed", **push)
+    _pack(cube, zoo, size, remove=("item-006",))
+    cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
+    assert cubepack.compact(cube, above=0).signed == "memories"
+    before = hub.stats.uploaded_bytes.copy() if hasattr(hub, "stats") else None
+    with pytest.raises(SignatureError, match="memories, not its layout"):
+        cubepack.push(cube, "me/signed", **push)
+    if before is not None:
+        assert hub.stats.uploaded_bytes == before
