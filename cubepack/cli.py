@@ -661,7 +661,7 @@ def compact_command(cube_dir: str, above: float, sign_key: str | None, as_json: 
         f"version {d['lock_version']}" + (
             "; its signature covers its memories, not this layout: cubepack.open with "
             f"trusted keys needs cubepack compact {d['cube_dir']} --sign-key KEY"
-            if d["signed"] == "memories" else "") if d["changed"] else
+            if d["signature"] == "memories" else "") if d["changed"] else
         f"nothing to compact in {d['cube_dir']} (no shard's dead share above {d['bound']:g}, "
         "no overlapping ranges)"))
 

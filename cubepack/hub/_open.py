@@ -244,11 +244,11 @@ def _signed_by(client: HubClient, repo_id: str, repo_type: str, commit: str, dat
                                    constants.ATTESTATION_FILENAME, {}, missing_ok=True)
         if attestation is not None and signs_another_lock(data, attestation.content):
             raise SignatureError(
-                f"{repo_id}@{commit[:12]} is not signed over this lock "
-                f"({constants.SIGNATURE_FILENAME}: "
-                f"{'absent' if signature is None else 'names other files'}): its "
-                "attestation signs its memories by digest, and the cube was re-laid out "
-                "since signing (cubepack compact). Opening on demand checks "
+                f"{repo_id}@{commit[:12]}: {constants.SIGNATURE_FILENAME} "
+                f"{'is absent' if signature is None else 'does not cover this lock'}, and "
+                "its attestation signs memories by digest but names another lock: the cube "
+                "was re-laid out (cubepack compact) or changed since signing, which open "
+                "cannot tell apart. Opening on demand checks "
                 "a signature over the lock alone; one over the memories needs every shard "
                 f"index ({len(lock.shards)} here), so it is not accepted here. Pull it whole "
                 f"(cubepack pull {repo_id} --trusted-key PUB.pem: verify checks the "

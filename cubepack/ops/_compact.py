@@ -44,7 +44,7 @@ class CompactResult:
     #: what a signature covers after: "lock" (the whole cube: unchanged, or --sign-key),
     #: "memories" (the attestation kept, which names the memories by digest; the layout is not
     #: signed), or None (unsigned)
-    signed: str | None = None
+    signature: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +82,7 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
                            dead_before=sum(s.dead for s in before.shards.values()),
                            lock_version=before.version, digest=before.digest)
     if not before.shards:
-        result.signed = _signed(cube)
+        result.signature = _signature(cube)
         return result
     pack(cube, cube_id=before.cube_id, compact=float(above), sign_key=sign_key,
          sign_password=sign_password, progress=progress)
@@ -94,11 +94,11 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
     result.dead_after = sum(s.dead for s in after.shards.values())
     result.lock_version, result.digest = after.version, after.digest
     result.changed = after.digest != before.digest
-    result.signed = _signed(cube)
+    result.signature = _signature(cube)
     return result
 
 
-def _signed(cube: Path) -> str | None:
+def _signature(cube: Path) -> str | None:
     if (cube / constants.SIGNATURE_FILENAME).is_file():
         return "lock"
     return "memories" if (cube / constants.ATTESTATION_FILENAME).is_file() else None

@@ -48,7 +48,7 @@ def compacted(bundle, bundle_factory, zoo, tmp_path):
     cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
     signed_lock = (cube / constants.LOCK_FILENAME).read_bytes()
     result = cubepack.compact(cube)
-    assert result.changed and result.written and result.signed == "memories"
+    assert result.changed and result.written and result.signature == "memories"
     assert (cube / constants.LOCK_FILENAME).read_bytes() != signed_lock
     return cube, size, public, private
 
@@ -158,7 +158,7 @@ def test_open_on_demand_refuses_a_memories_only_signature_naming_the_resign(comp
 
 def test_compact_sign_key_signs_the_lock_again(compacted, zoo):
     cube, _, public, private = compacted
-    assert cubepack.compact(cube, above=0, sign_key=str(private)).signed == "lock"
+    assert cubepack.compact(cube, above=0, sign_key=str(private)).signature == "lock"
     report = cubepack.verify(cube, trusted_keys=[str(public)], require_signature=True)
     assert report.ok
     [signature] = _checks(report, "signature")
@@ -249,7 +249,7 @@ def test_a_push_of_a_compacted_cube_over_a_signed_one_names_what_is_signed(compa
     cubepack.push(whole, "me/signed", **push)
     _pack(cube, zoo, size, remove=("item-006",))
     cubepack.sign(cube, key=str(private), model=str(zoo["a"]))
-    assert cubepack.compact(cube, above=0).signed == "memories"
+    assert cubepack.compact(cube, above=0).signature == "memories"
     before = hub.stats.uploaded_bytes.copy() if hasattr(hub, "stats") else None
     with pytest.raises(SignatureError, match="memories, not its layout"):
         cubepack.push(cube, "me/signed", **push)
