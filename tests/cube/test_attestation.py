@@ -130,8 +130,9 @@ def test_sign_writes_an_attestation_of_the_lock_that_stock_model_signing_still_a
     assert statement["predicateType"] == envelope_format.PREDICATE_TYPE
     # The first subject is what anyone recomputes from the file: sha256 of the lock's bytes;
     # the second, the cube's memories, pins and other files by digest (version 4).
+    lock_sha256 = hashlib.sha256((cube / LOCK).read_bytes()).hexdigest()
     assert statement["subject"] == [
-        {"name": LOCK, "digest": {"sha256": hashlib.sha256((cube / LOCK).read_bytes()).hexdigest()}},
+        {"name": LOCK, "digest": {"sha256": lock_sha256}},
         {"name": envelope_format.MEMORIES_SUBJECT,
          "digest": {"sha256": envelope_format.memories_root(
              lockfile.parse((cube / LOCK).read_bytes()))}}]
