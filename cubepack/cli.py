@@ -664,7 +664,10 @@ def compact_command(cube_dir: str, above: float, shard_size: int | None, sign_ke
     _emit(result.to_dict(), as_json, lambda d: (
         f"compacted {d['cube_dir']}: rewrote {len(d['removed'])} shard(s) into "
         f"{len(d['written'])}; dead bytes {d['dead_before']} -> {d['dead_after']}; lock "
-        f"version {d['lock_version']}" if d["changed"] else
+        f"version {d['lock_version']}" + (
+            "; its signature covers its memories, not this layout: cubepack.open with "
+            f"trusted keys needs cubepack compact {d['cube_dir']} --sign-key KEY"
+            if d["signature"] == "memories" else "") if d["changed"] else
         f"nothing to compact in {d['cube_dir']} (no shard's dead share above {d['bound']:g}, "
         "no overlapping ranges)"))
 

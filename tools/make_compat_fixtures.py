@@ -66,6 +66,7 @@ MEMOS_ONLY = ("memos-pickle", "preferences")
 #: fixture's writer is its function in tools/compat_old/writers.py.
 P2 = "dea5e114b9921cf13a9fbaf25fad89f69693fc07"  # encryption 2, manifest 2
 P3 = "af31c2f56af3c28a87d0fa786ef8407398beab40"  # encryption 3, manifest 2
+A3 = "0fcae490eb3d9b9685b383b255fa961824a7bbd8"  # attestation 3
 L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
                       "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
                       "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1
@@ -78,7 +79,8 @@ OLD = {"lock1": (L1, "latest"), "kv1": (L1, "latest"),
        "attestation2": (L4, "latest"), "kv2": (L4, "latest"), "mlx2": (L4, "latest"),
        "private1-age": (P1, "latest"), "private1-ssh-hidden": (P1, "latest"),
        "private2-age": (P2, "latest"), "private2-ssh-hidden": (P2, "latest"),
-       "private3-age": (P3, "latest"), "private3-ssh-hidden": (P3, "latest")}
+       "private3-age": (P3, "latest"), "private3-ssh-hidden": (P3, "latest"),
+       "attestation3": (A3, "latest")}
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -208,12 +210,28 @@ def build_lock4(m: dict[str, Path], k: dict[str, Path]) -> None:
                      "load": True})
 
 
-def build_signed(m: dict[str, Path], k: dict[str, Path]) -> None:
-    _pack_dump("attestation3", m, recompute=True, sign_key=str(k["sign"]))
-    describe("attestation3", what="The MemOS dump packed and signed: lock version 4, KV "
-             "format 3, cubepack.sig and an attestation of predicate version 3.",
-             commit=head(), how="cubepack.pack(cube, legacy_pickle=True, model=A, "
-             "recompute=True, sign_key=keys/signing.pem) on a copy of memos-pickle/cube.",
+def build_signed_compacted(m: dict[str, Path], k: dict[str, Path]) -> None:
+    """The plain bundle packed in one shard, a memory removed, signed, then compacted: its
+    attestation (predicate version 4) signs the memories, not the compacted layout."""
+    import cubepack
+
+    cube = fresh("attestation4")
+    shutil.copytree(OUT / "bundle" / "cube", cube)
+    for name in ("cubepack.lock", "cubepack.yaml", "README.md"):
+        (cube / name).unlink()
+    options = {"cube_id": "compat/signed", "model": str(m["a"]), "recompute": True}
+    cubepack.pack(cube, shards=True, **options)
+    cubepack.pack(cube, remove=("faq",), **options)
+    cubepack.sign(cube, str(k["sign"]), model=str(m["a"]), recompute=True)
+    cubepack.compact(cube)
+    how = ("a copy of bundle/cube without its lock, cubepack.yaml and card, cubepack.pack(cube, "
+           "cube_id='compat/signed', model=A, recompute=True, shards=True), the same with "
+           "remove=('faq',), cubepack.sign(cube, keys/signing.pem, model=A, recompute=True), "
+           "then cubepack.compact(cube).")
+    describe("attestation4", what="A sharded cube signed (an attestation of predicate version "
+             "4), then compacted: lock version 6, no cubepack.sig (it named the old shard), the "
+             "attestation signing its memories, pins and other files by digest.",
+             commit=head(), how=how,
              expect={"artefact": "cube", "model": "a", "signed": True,
                      "verify": {"recompute": True, "require_provenance": "recomputed",
                                 "trusted_key": True, "require_signature": True,
@@ -486,10 +504,11 @@ def build_private3_shards(m: dict[str, Path], k: dict[str, Path]) -> None:
 
 #: name -> builder, in the order they depend on each other.
 CURRENT = {
-    "memos-pickle": build_memos_pickle, "lock4": build_lock4, "attestation3": build_signed,
-    "bundle": build_bundle, "kv3": build_kv3, "mlx3": build_mlx3, "adapters": build_adapters,
-    "vectors": build_vectors, "lineage": build_lineage, "lock6-shards": build_lock6_shards,
-    "lock7-appended": build_lock7_appended, "private3-shards-age": build_private3_shards,
+    "memos-pickle": build_memos_pickle, "lock4": build_lock4, "bundle": build_bundle,
+    "attestation4": build_signed_compacted, "kv3": build_kv3, "mlx3": build_mlx3,
+    "adapters": build_adapters, "vectors": build_vectors, "lineage": build_lineage,
+    "lock6-shards": build_lock6_shards, "lock7-appended": build_lock7_appended,
+    "private3-shards-age": build_private3_shards,
     "preferences": build_preferences,
 }
 

@@ -4,8 +4,10 @@ format; what a predicate means, and whether to trust a signature, is
 
 Limits apply before anything is trusted (an envelope's file, the ancestors' file, the
 signatures of one envelope, the envelopes of a chain); JSON is strict (no duplicate keys,
-bounded depth); keys and types are exact, in both predicate versions: version 2 (statements
-split into a ``proved`` and a ``claimed`` block, a ``signer``) and version 1 (read only).
+bounded depth); keys and types are exact, in every predicate version: version 4 (version 3's
+keys, plus every memory's and every other file's sha256, and a second subject, the cube's
+memories, :func:`memories_statement`), versions 3 and 2 (statements split into a ``proved``
+and a ``claimed`` block, a ``signer``) and version 1 (read only).
 No torch, no HTTP, no cryptography.
 """
 
@@ -20,8 +22,9 @@ from typing import Any
 
 from .._util import canonical, constants
 from .._util.revision import is_commit
+from . import _fileset as fileset
 from ..errors import FormatError
-from ._lock import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS
+from ._lock import PARENT_LINK_KEYS, PARENT_ORIGIN_KEYS, SECTION_KEYS
 from ._provenance import KINDS, RECOMPUTED
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -31,18 +34,27 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 #: prefill bit for bit). Version 2 has the same shape, but its signers put there any cache
 #: within the proof's bound, which does not bind an answer: its ``recomputed`` statements are
 #: read as claims (:func:`cubepack.trust._attestation.signed_statements`).
-PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v3"
+PREDICATE_TYPE_V3 = "https://cubepack.dev/attestation/cube/v3"
+#: Version 4 (written for a clear cube): version 3's predicate plus ``memories`` (id -> sha256)
+#: and ``files`` (every other file's sha256), and a second subject, ``cube.memories``: the
+#: digest of :func:`memories_statement`, which names memories by digest, not the files that
+#: store them, so it survives a compaction (issue #40).
+PREDICATE_TYPE = "https://cubepack.dev/attestation/cube/v4"
 PREDICATE_TYPE_V2 = "https://cubepack.dev/attestation/cube/v2"
 #: The two blocks of a version-2 predicate, named after the basis each statement has for its
 #: signer (what the verifier makes of them is :mod:`cubepack.trust._evidence`'s to decide).
 PROVED_BLOCK, CLAIMED_BLOCK = "proved", "claimed"
 #: The first version (one "proved" block restating the lock): read, as claims only.
 PREDICATE_TYPE_V1 = "https://cubepack.dev/attestation/cube/v1"
-PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V2, PREDICATE_TYPE_V1)
+PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V3, PREDICATE_TYPE_V2, PREDICATE_TYPE_V1)
 #: The steps that sign, and the only one that derives a lineage.
 STEPS = ("pack", "migrate", "sign")
 DERIVING_STEP = "migrate"
 SUBJECT_NAME = constants.LOCK_FILENAME
+#: Version 4's second subject: the cube's memories, pins and other files, by digest.
+MEMORIES_SUBJECT = "cube.memories"
+#: Version 4's keys beyond version 3's: the memories and the other files, each by sha256.
+MEMORIES_KEYS = ("memories", "files")
 #: Limits on what is read before it is trusted: an envelope's file, the ancestors' file, the
 #: signatures of one envelope, the envelopes of a chain.
 MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
@@ -78,6 +90,12 @@ class Envelope:
         return self.statement["subject"][0]["digest"]["sha256"]
 
     @property
+    def memories_root(self) -> str | None:
+        """Version 4's ``cube.memories`` digest (None before version 4)."""
+        subject = self.statement["subject"]
+        return subject[1]["digest"]["sha256"] if len(subject) > 1 else None
+
+    @property
     def keyids(self) -> list[str]:
         return [keyid for keyid, _ in self.signatures]
 
@@ -98,6 +116,35 @@ class Envelope:
         if predicate[CLAIMED_BLOCK]["lineage"] is not None:
             return predicate[CLAIMED_BLOCK]["lineage"]["parent"], False
         return None, True
+
+
+def memories_statement(lock: Any) -> dict[str, Any]:
+    """What version 4's ``cube.memories`` subject is the sha256 of (canonical JSON), for a lock
+    whose sharded memories are resolved (every index read): the cube's id and pins (the lock's
+    ``models``, whole), its other sections whole but the ones named here by digest (``files``,
+    ``activations``, ``shards``), every memory's sha256 by id, and every other file's sha256 by
+    path. The
+    files that store memories (a memory's own file, shards, their indexes) and the card (it shows
+    the lock's digests) are left out: a compaction rewrites them, and the memories they hold are
+    named by digest. So are the files pack generates from the lock (``cubepack.yaml``, which
+    lists the shards, and the card): verify checks them against the lock. Two cubes with the
+    same statement hold the same memories, pins and other files."""
+    storage = {entry.file for entry in lock.activations.values()} | set(lock.shards) \
+        | {shard.index for shard in lock.shards.values()} | set(fileset.GENERATED)
+    document = lock.to_dict()
+    return {"format": "cubepack.memories", "version": 1, "cube_id": lock.cube_id,
+            "models": document["models"],
+            # every other section whole (adapters, preferences, lineage...): compact keeps them
+            "sections": {key: document[key] for key in SECTION_KEYS if key in document
+                         and key not in ("files", "activations", "shards", "models")},
+            "memories": {item: entry.sha256 for item, entry in sorted(lock.activations.items())},
+            "files": {path: entry.sha256 for path, entry in sorted(lock.files.items())
+                      if path not in storage}}
+
+
+def memories_root(lock: Any) -> str:
+    """The sha256 of :func:`memories_statement` (canonical JSON)."""
+    return canonical.digest(memories_statement(lock))
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -224,17 +271,21 @@ def _check_statement(statement: Any, where: str) -> None:
              f"{PREDICATE_TYPE_V1}), found "
              f"{_short(statement['predicateType'])}")
     subject = statement["subject"]
-    _require(isinstance(subject, list) and len(subject) == 1, where,
-             "subject must name exactly one artifact (the lock)")
-    _exact(subject[0], {"name", "digest"}, f"{where} subject")
-    _require(subject[0]["name"] == SUBJECT_NAME, where, f"the subject must be {SUBJECT_NAME}")
-    _exact(subject[0]["digest"], {"sha256"}, f"{where} subject digest")
-    _require(_hex64(subject[0]["digest"]["sha256"]), where,
-             "the subject's sha256 must be 64 lower-case hex digits")
+    names = (SUBJECT_NAME, MEMORIES_SUBJECT) if statement["predicateType"] == PREDICATE_TYPE \
+        else (SUBJECT_NAME,)
+    _require(isinstance(subject, list) and len(subject) == len(names), where,
+             f"subject must name exactly {' and '.join(names)}")
+    for entry, name in zip(subject, names):
+        _exact(entry, {"name", "digest"}, f"{where} subject")
+        _require(entry["name"] == name, where, f"the subjects must be {', '.join(names)}")
+        _exact(entry["digest"], {"sha256"}, f"{where} subject digest")
+        _require(_hex64(entry["digest"]["sha256"]), where,
+                 "a subject's sha256 must be 64 lower-case hex digits")
     if statement["predicateType"] == PREDICATE_TYPE_V1:
         _check_predicate_v1(statement["predicate"], f"{where} predicate")
     else:
-        _check_predicate(statement["predicate"], f"{where} predicate")
+        _check_predicate(statement["predicate"], f"{where} predicate",
+                         memories=statement["predicateType"] == PREDICATE_TYPE)
 
 
 def _check_cube(cube: Any, where: str) -> None:
@@ -273,9 +324,15 @@ def _check_lineage_block(lineage: Any, where: str) -> None:
         _require(isinstance(lineage["changes"], dict), where, "changes must be an object")
 
 
-def _check_predicate(predicate: Any, where: str) -> None:
-    """Version 2: cube, proved, claimed, signer; each statement in one block."""
-    _exact(predicate, {"cube", PROVED_BLOCK, CLAIMED_BLOCK, "signer"}, where)
+def _check_predicate(predicate: Any, where: str, *, memories: bool = True) -> None:
+    """Versions 2 and 3: cube, proved, claimed, signer; each statement in one block. Version 4
+    (``memories``): also ``memories`` (id -> sha256) and ``files`` (path -> sha256)."""
+    _exact(predicate, {"cube", PROVED_BLOCK, CLAIMED_BLOCK, "signer",
+                       *(MEMORIES_KEYS if memories else ())}, where)
+    for key in MEMORIES_KEYS if memories else ():
+        _require(isinstance(predicate[key], dict) and all(
+            isinstance(name, str) and _hex64(digest) for name, digest in predicate[key].items()),
+            f"{where} {key}", "name -> sha256 (64 lower-case hex digits)")
     _check_cube(predicate["cube"], where)
     proved, claimed = predicate[PROVED_BLOCK], predicate[CLAIMED_BLOCK]
     _exact(proved, _BLOCK_KEYS, f"{where} proved")

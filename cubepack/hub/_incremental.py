@@ -79,8 +79,11 @@ def refuse_unsigning(repo_id: str, branch: str, remote: dict[str, Any], local: d
     """
     signature = constants.SIGNATURE_FILENAME
     if changes and signature in remote and signature not in local:
+        what = ("signed over its memories, not its layout (compacted since it was signed: "
+                "its attestation is kept, and cubepack.open with trusted keys refuses it)"
+                if constants.ATTESTATION_FILENAME in local else "not signed")
         raise SignatureError(
-            f"{repo_id}@{branch} holds a signed cube ({signature}) and this cube is not "
-            "signed: pushing it would publish the changed cube unsigned. Sign it as you push "
-            f"(cubepack push ... --sign-key KEY), or pass --allow-unsigned to publish it "
-            "unsigned on purpose. Nothing was pushed.")
+            f"{repo_id}@{branch} holds a signed cube ({signature}) and this cube is {what}: "
+            "pushing it would publish the changed cube without a signature over its lock. Sign "
+            "it as you push (cubepack push ... --sign-key KEY), or pass --allow-unsigned to "
+            "publish it so on purpose. Nothing was pushed.")

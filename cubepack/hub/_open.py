@@ -13,7 +13,9 @@ indexes to the lock, not the lock to a person. With ``trusted_keys``, ``open`` a
 signature and its attestation at the commit and checks the signature over the lock (its
 manifest rebuilt from the lock's digests: :func:`~cubepack.trust._signing.verify_lock_signature`)
 before any memory is fetched; the attestation's statements are not read here (pull and verify
-for the labels a signer proved).
+for the labels a signer proved). A cube signed over its memories but not this lock (compacted
+since signing: a version-4 attestation of another lock) is refused, naming ``compact
+--sign-key``: its memories' digest needs every shard index, which would break open's budget.
 
 A private cube opens the same way (its public lock, and its signature); a memory of it is
 loaded with ``decrypt_with`` (:meth:`RemoteCube.load`): the encrypted manifest is fetched whole
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util import constants
-from ..errors import FormatError, HubError, RefusedError, UsageError
+from ..errors import FormatError, HubError, RefusedError, SignatureError, UsageError
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, ShardIndex
 from ..format.sections import shards as shardformat
@@ -36,6 +38,7 @@ from ..kinds.activations._shards import checked_range
 from ..ops._seam import PrivateRanges
 from ..trust._generation import seen_check
 from ..trust._policy import TrustPolicy
+from ..trust._attestation import signs_another_lock
 from ..trust._signing import verify_lock_signature
 from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 
@@ -261,14 +264,8 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     lock = lockfile.parse(data)
     signed_by = None
     if trusted_keys is not None:
-        signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
-                             {}, missing_ok=True)
-        attestation = None if signature is None else _request(
-            client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {},
-            missing_ok=True)
-        signed_by = verify_lock_signature(
-            data, None if signature is None else signature.content,
-            None if attestation is None else attestation.content, list(trusted_keys))
+        signed_by = _signed_by(client, repo_id, repo_type, commit, data, lock,
+                               list(trusted_keys))
         if lock.private:  # a replay: refused against the generations this client has seen
             seen = seen_check(lock, signed_by, list(trusted_keys),
                               where=f"in an open of {repo_id}@{commit}")
@@ -276,6 +273,37 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
                 raise RefusedError(f"Refusing {repo_id}@{commit[:12]}: {seen.detail}. Nothing "
                                    "was fetched beyond its lock and signature.")
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
+
+
+def _signed_by(client: HubClient, repo_id: str, repo_type: str, commit: str, data: bytes,
+               lock: Lock, trusted_keys: list[str]) -> str:
+    """The trusted key whose signature (fetched at ``commit``) covers the lock ``data``; a
+    cube signed over its memories but not this lock is refused naming the re-signing."""
+    signature = _request(client, repo_id, repo_type, commit, constants.SIGNATURE_FILENAME,
+                         {}, missing_ok=True)
+    attestation = None if signature is None else _request(
+        client, repo_id, repo_type, commit, constants.ATTESTATION_FILENAME, {}, missing_ok=True)
+    try:
+        return verify_lock_signature(
+            data, None if signature is None else signature.content,
+            None if attestation is None else attestation.content, trusted_keys)
+    except SignatureError as exc:
+        if signature is None:  # one more request, on the way to a refusal only
+            attestation = _request(client, repo_id, repo_type, commit,
+                                   constants.ATTESTATION_FILENAME, {}, missing_ok=True)
+        if attestation is not None and signs_another_lock(data, attestation.content):
+            raise SignatureError(
+                f"{repo_id}@{commit[:12]}: {constants.SIGNATURE_FILENAME} "
+                f"{'is absent' if signature is None else 'does not cover this lock'}, and "
+                "its attestation signs memories by digest but names another lock: the cube "
+                "was re-laid out (cubepack compact) or changed since signing, which open "
+                "cannot tell apart. Opening on demand checks "
+                "a signature over the lock alone; one over the memories needs every shard "
+                f"index ({len(lock.shards)} here), so it is not accepted here. Pull it whole "
+                f"(cubepack pull {repo_id} --trusted-key PUB.pem: verify checks the "
+                "memories' signature), or have its publisher sign the new layout: cubepack "
+                "compact CUBE --sign-key KEY (or cubepack sign), then push.") from exc
+        raise
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,

@@ -155,6 +155,10 @@ class PackJob:
     pins: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: file -> the provenance label this pack established for it (a conversion, a proof)
     proven: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: sha256 -> the provenance record the cube's last lock gave a memory of those bytes,
+    #: kept by ``compact`` (it re-lays out memories and changes none): the lock's claim carried
+    #: as it was, never one this pack established (``--sign-key`` signs it as a claim)
+    carried: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: files of the cube a kind writes anew in ``stage`` instead of having them copied
     replaced: set[str] = field(default_factory=set)
     #: roles pinned from a Hub's file metadata: the Hub's claim, never signed as proved

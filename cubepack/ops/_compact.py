@@ -41,6 +41,10 @@ class CompactResult:
     dead_after: int = 0
     lock_version: int = 0
     digest: str = ""
+    #: what a signature covers after: "lock" (the whole cube: unchanged, or --sign-key),
+    #: "memories" (the attestation kept, which names the memories by digest; the layout is not
+    #: signed), or None (unsigned)
+    signature: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +86,8 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
                            dead_before=sum(s.dead for s in before.shards.values()),
                            lock_version=before.version, digest=before.digest)
     if not before.shards and not before.private:  # a private cube's shards are in its
-        return result                                # manifest: pack refuses it, naming why
+        result.signature = _signature(cube)          # manifest: pack refuses it, naming why
+        return result
     pack(cube, cube_id=before.cube_id, compact=float(above), shard_size=shard_size,
          sign_key=sign_key, sign_password=sign_password, progress=progress)
     after = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
@@ -93,4 +98,11 @@ def compact(cube_dir: str | Path, *, above: float = DEFAULT_DEAD_SHARE,
     result.dead_after = sum(s.dead for s in after.shards.values())
     result.lock_version, result.digest = after.version, after.digest
     result.changed = after.digest != before.digest
+    result.signature = _signature(cube)
     return result
+
+
+def _signature(cube: Path) -> str | None:
+    if (cube / constants.SIGNATURE_FILENAME).is_file():
+        return "lock"
+    return "memories" if (cube / constants.ATTESTATION_FILENAME).is_file() else None

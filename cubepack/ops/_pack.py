@@ -31,7 +31,9 @@ from ..identity._fingerprint import hub_origin
 from ..kinds import KINDS, PackJob, PackOptions, PackResult, made_pin
 from ..memos_format import _layout as memos_layout
 from ..memos_format._layout import memos_config_problems
-from ..trust._attestation import Proved
+from ..format._envelope import read_envelope
+from ..format.sections import shards as shardformat
+from ..trust._attestation import Proved, names_these_memories
 from ..trust._signing import check_key, write_signature
 
 
@@ -127,6 +129,12 @@ def _pack(cube: Path, options: PackOptions) -> PackResult:
         cube_id = earlier.cube_id  # a re-pack keeps the id its last pack was given
     job = PackJob(cube, files, options, _read_memos_config(cube, files, cube_id), earlier,
                   settings=_previous_settings(cube, files, earlier))
+    if options.compact is not None and earlier is not None:
+        # compact moves memories and changes none: each keeps the label its last lock gave it
+        resolved = shardformat.resolved(earlier, shardformat.local_fetch(cube))
+        job.carried.update({entry.sha256: entry.provenance.to_dict()
+                            for entry in resolved.activations.values()
+                            if entry.provenance is not None})
     for kind in KINDS:
         kind.pin(job)
     if options.sign_key is not None:  # fail before any work
@@ -182,12 +190,32 @@ def _stage(job: PackJob, staging: Path, previous_lock: bytes | None,
     result.moved_from = _moved_pins(job.earlier, job.pins)
     result.changed = previous_lock != (staging / constants.LOCK_FILENAME).read_bytes() \
         or bool(converted)
+    if result.changed and options.compact is not None \
+            and constants.ATTESTATION_FILENAME in files:
+        _keep_memories_attestation(cube, staging)
     unsigned = [name for name in files if name not in fileset.SIGNING]
     if result.changed or sorted(list_cube_files(staging)) != unsigned:
         atomic.replace_dir(staging, cube)
     else:
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _keep_memories_attestation(cube: Path, staging: Path) -> None:
+    """``compact`` re-lays out the same memories, pins and files: it keeps an attestation
+    that names them by digest (version 4); verify still checks it, and says it signs the
+    memories, not the layout. ``cubepack.sig`` named the old files: dropped. Any other re-pack
+    that changes the cube drops both, as before (it may change the card, which no memories
+    statement covers)."""
+    try:
+        envelope = read_envelope(cube / constants.ATTESTATION_FILENAME)
+        lock = shardformat.resolved(lockfile.parse((staging / constants.LOCK_FILENAME)
+                                                   .read_bytes()), shardformat.local_fetch(staging))
+    except (CubepackError, OSError):  # unreadable: dropped with the signature, as before
+        return
+    if names_these_memories(envelope, lock):
+        atomic.link_or_copy(cube / constants.ATTESTATION_FILENAME,
+                            staging / constants.ATTESTATION_FILENAME)
 
 
 def _sign(job: PackJob, cube: Path) -> None:
@@ -197,8 +225,11 @@ def _sign(job: PackJob, cube: Path) -> None:
     derived = job.options.derived is not None
     lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
     proved = Proved.everything_of(lock, "migrate" if derived else "pack", lineage=derived)
-    # A pin read from a Hub's metadata is the Hub's claim: signed as one.
-    proved = replace(proved, producers=proved.producers - job.claimed_roles)
+    # A pin read from a Hub's metadata is the Hub's claim: signed as one; so is a label
+    # compact carried from the last lock.
+    proved = replace(proved, producers=proved.producers - job.claimed_roles,
+                     provenance=frozenset(item for item in proved.provenance
+                                          if lock.activations[item].sha256 not in job.carried))
     write_signature(cube, job.options.sign_key, proved, password=job.options.sign_password)
 
 

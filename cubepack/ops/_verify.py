@@ -41,7 +41,8 @@ from ..kinds import KINDS, counted
 from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
-from ..trust._attestation import attestation_check, chain_checks, signed_statements
+from ..trust._attestation import (attestation_check, chain_checks, signed_statements,
+                                  signs_memories_only)
 from ..trust._evidence import CLAIMED, PROVED, SIGNED, backs_a_pin
 from ..trust._policy import TrustPolicy
 from ..trust._report import Check, VerifyReport, pin_subject
@@ -487,11 +488,33 @@ def _check_signature(report: VerifyReport, policy: TrustPolicy) -> None:
         key = verify_signature(report.cube_dir, trusted_keys) if report.partial is None \
             else _partial.verify_lock_signature(report.cube_dir, trusted_keys)
     except CubepackError as exc:  # unsigned or untrusted: nothing trusted stands behind it
-        report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, False, str(exc), basis=PROVED)
+        key = _memories_signer(report, policy) if report.partial is None else None
+        if key is None:
+            report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, False, str(exc),
+                       basis=PROVED)
+            return
+        # Compacted since signing: the memories are signed, the layout is not; said so.
+        report.signed_by = key
+        report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, True,
+                   f"the cube's memories are signed by trusted key {key} (its attestation names "
+                   "every memory, the pins and every other file by sha256, and each is this "
+                   "cube's), not its layout: the lock, shards and indexes were re-laid out "
+                   f"since signing, as compact does, and {constants.SIGNATURE_FILENAME}, which "
+                   f"named those files, does not cover them ({exc})", basis=SIGNED)
         return
     report.signed_by = str(key)
     report.add(Catalogue.SIGNATURE, constants.SIGNATURE_FILENAME, True,
                f"signed by trusted key {key}")
+
+
+def _memories_signer(report: VerifyReport, policy: TrustPolicy) -> str | None:
+    """The trusted key of a version-4 attestation that verifies over this whole cube's
+    memories, pins and files but names another lock (a compacted cube), or None."""
+    if report.lock is None:
+        return None
+    _, envelope, key = attestation_check(report.cube_dir, report.lock, report.lock_sha256 or "",
+                                         policy.trusted(), False)
+    return key if signs_memories_only(envelope, report.lock_sha256 or "") else None
 
 
 def _check_attestation(report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:

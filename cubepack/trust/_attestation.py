@@ -46,6 +46,7 @@ from .._util import canonical, constants
 from .._util.checks import Catalogue
 from .._version import __version__
 from ..errors import CubepackError, FormatError
+from ..format import _envelope as envelope_format
 from ..format import _lock as lockfile
 from ..format.sections import Activation, Lock, Locator, Pin
 from ..format.sections import shards as shardformat
@@ -54,7 +55,10 @@ from ..format._envelope import (
     CLAIMED_BLOCK,
     DERIVING_STEP,
     PAYLOAD_TYPE,
+    MEMORIES_KEYS,
+    MEMORIES_SUBJECT,
     PREDICATE_TYPE,
+    PREDICATE_TYPE_V3,
     PROVED_BLOCK,
     STATEMENT_TYPE,
     STEPS,
@@ -64,6 +68,8 @@ from ..format._envelope import (
     _hex64,
     _short,
     envelope_bytes,
+    memories_root,
+    memories_statement,
     pae,
     parse_envelope_bytes,
     read_ancestors,
@@ -74,7 +80,9 @@ from ._keys import check_key
 from ._report import Check
 
 __all__ = ["Proved", "attest", "attestation_check", "chain_checks", "key_id", "predicate_for",
-           "sign_statement", "signed_by", "signed_statements", "statement_for"]
+           "names_these_memories", "sign_statement", "signed_by", "signed_statements",
+           "signs_another_lock", "signs_memories_only",
+           "statement_for"]
 
 # --- building -----------------------------------------------------------------------------------
 
@@ -109,9 +117,10 @@ def _cube(lock: Lock) -> dict[str, Any]:
             "content_digest": lock.content_digest}
 
 
-def predicate_for(lock: Lock, proved: Proved) -> dict[str, Any]:
+def predicate_for(lock: Lock, proved: Proved, *, memories: bool = True) -> dict[str, Any]:
     """The predicate a signing step gives the (parsed) lock ``lock``: each statement of the
-    lock in ``proved`` when the step established it, else in ``claimed``.
+    lock in ``proved`` when the step established it, else in ``claimed``; with ``memories``
+    (version 4), every memory's and every other file's sha256 (:func:`memories_statement`).
 
     Raises:
         FormatError: a step not in the shared format's steps, or ``proved`` says a step other
@@ -146,7 +155,10 @@ def predicate_for(lock: Lock, proved: Proved) -> dict[str, Any]:
         **blocks,
         "signer": {"step": proved.step, "cubepack_version": __version__},
     }
-    _check_predicate(predicate, "the lock's attestation predicate")
+    if memories:
+        statement = memories_statement(lock)
+        predicate.update({key: statement[key] for key in MEMORIES_KEYS})
+    _check_predicate(predicate, "the lock's attestation predicate", memories=memories)
     return predicate
 
 
@@ -186,11 +198,18 @@ def _predicate_v1(lock: Lock) -> dict[str, Any]:
 
 
 def statement_for(lock: Lock, lock_bytes: bytes, proved: Proved) -> dict[str, Any]:
-    """The in-toto Statement for the lock ``lock`` parsed from ``lock_bytes``."""
-    return {"_type": STATEMENT_TYPE,
-            "subject": [{"name": SUBJECT_NAME,
-                         "digest": {"sha256": hashlib.sha256(lock_bytes).hexdigest()}}],
-            "predicateType": PREDICATE_TYPE, "predicate": predicate_for(lock, proved)}
+    """The in-toto Statement for the lock ``lock`` parsed from ``lock_bytes`` (its sharded
+    memories resolved). A clear cube's is version 4: its subjects are the lock's bytes and the
+    cube's memories by digest (:func:`memories_root`), which a compaction keeps. A private
+    cube's is version 3 (its memories are ciphertexts: named by the lock alone)."""
+    subject = [{"name": SUBJECT_NAME,
+                "digest": {"sha256": hashlib.sha256(lock_bytes).hexdigest()}}]
+    if lock.private:
+        return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE_V3,
+                "predicate": predicate_for(lock, proved, memories=False)}
+    subject.append({"name": MEMORIES_SUBJECT, "digest": {"sha256": memories_root(lock)}})
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE,
+            "predicate": predicate_for(lock, proved)}
 
 
 def sign_statement(statement: dict[str, Any], key: str | os.PathLike[str], *,
@@ -221,6 +240,13 @@ def attest(lock_bytes: bytes, key: str | os.PathLike[str], proved: Proved | None
         lock = shardformat.resolved(lock, fetch)
     statement = statement_for(lock, lock_bytes, proved or Proved("sign"))
     data = envelope_bytes(sign_statement(statement, key, password=password))
+    limit = envelope_format.MAX_ENVELOPE_BYTES
+    if len(data) > limit:  # every reader would refuse it unread: never written
+        raise FormatError(f"This cube's attestation would be {len(data)} bytes, above the "
+                          f"{limit} bytes every reader reads: it names each of its "
+                          f"{len(lock.activations)} memories' label and sha256 (about 140 "
+                          "bytes a memory, more when recomputed). Split the cube, or sign it "
+                          "as several cubes.")
     parse_envelope_bytes(data, constants.ATTESTATION_FILENAME)
     return data
 
@@ -297,8 +323,12 @@ def _untrusted(envelope: Envelope, trusted_keys: tuple[str, ...]) -> tuple[str, 
 
 
 def predicate_mismatches(envelope: Envelope, lock: Lock,
-                         present: Collection[str] | None = None) -> list[tuple[str, Any, Any]]:
+                         present: Collection[str] | None = None, *,
+                         layout: bool = True) -> list[tuple[str, Any, Any]]:
     """(field, what the lock gives, what the predicate says) for each field that differs.
+    ``layout`` False (a version-4 attestation of another lock of the same memories: a
+    compacted cube): the lock's own digests are not compared (they name the signed lock);
+    every memory and file, by digest, and every statement are.
 
     Version 2: the predicate must be exactly what :func:`predicate_for` gives this lock for the
     split its signer states (which statements it proved), so no statement can say other than
@@ -313,16 +343,30 @@ def predicate_mismatches(envelope: Envelope, lock: Lock,
         proved = predicate[PROVED_BLOCK]
         expected = predicate_for(lock, Proved(
             predicate["signer"]["step"], frozenset(proved["producers"]),
-            frozenset(proved["provenance"]), proved["lineage"] is not None))
+            frozenset(proved["provenance"]), proved["lineage"] is not None),
+            memories=envelope.version >= 4)
         expected["signer"].pop("cubepack_version")
         stated = {**predicate, "signer": {"step": predicate["signer"]["step"]}}
-    return [(f"predicate.{path}", want, found) for path, want, found in _differences(
-        expected, stated) if present is None or want is not None
+        if not layout:
+            for key in ("lock_digest", "content_digest"):
+                expected["cube"][key] = stated["cube"][key]
+    # A map of digests is compared name by name: a failure names the memory or the file.
+    maps = []
+    for key in MEMORIES_KEYS:
+        if key in expected:
+            want, found = expected.pop(key), stated.pop(key)
+            maps += [(f"{key}.{name}", want.get(name), found.get(name))
+                     for name in sorted(set(want) | set(found))
+                     if want.get(name) != found.get(name)]
+    return [(f"predicate.{path}", want, found) for path, want, found in [*_differences(
+        expected, stated), *maps] if present is None or want is not None
         or not _about_a_memory_not_here(path, present)]
 
 
 def _about_a_memory_not_here(path: str, present: Collection[str]) -> bool:
     parts = path.split(".", 2)
+    if parts[0] == "memories":
+        return path.split(".", 1)[1] not in present
     return len(parts) == 3 and parts[0] in (PROVED_BLOCK, CLAIMED_BLOCK) \
         and parts[1] in {"provenance", "recomputed"} and parts[2] not in present
 
@@ -375,24 +419,85 @@ def attestation_check(cube: Path, lock: Lock, lock_sha256: str,
         expected, found = _untrusted(envelope, trusted_keys)
         return [_refusal(Catalogue.ATTESTATION, name, "not signed by a trusted key (or its payload "
                          "was changed after signing)", expected, found)], None, None
-    if envelope.subject_sha256 != lock_sha256:
+    layout = envelope.subject_sha256 == lock_sha256
+    if not layout and (envelope.version < 4 or present is not None):
+        why = ("a partial cube cannot recompute the digest of every memory its signature names: "
+               "pull it whole" if envelope.version >= 4 else
+               "moved from another cube, or the lock changed after signing")
         return [Check(Catalogue.ATTESTATION, name, False, f"signed by trusted key {key}, but its "
-                      "subject is another lock (moved from another cube, or the lock changed "
-                      "after signing)", f"subject sha256 {lock_sha256} (this cubepack.lock)",
+                      f"subject is another lock ({why})",
+                      f"subject sha256 {lock_sha256} (this cubepack.lock)",
                       f"subject sha256 {envelope.subject_sha256}", basis=SIGNED)], None, None
     try:
-        differences = predicate_mismatches(envelope, lock, present)
+        differences = predicate_mismatches(envelope, lock, present, layout=layout)
     except CubepackError as exc:  # a lineage section the predicate cannot state
         return [_refusal(Catalogue.ATTESTATION, name, str(exc))], None, None
-    if differences:
-        return [Check(Catalogue.ATTESTATION, f"{name} {field}", False,
-                      f"signed by trusted key {key}, but its predicate disagrees with this lock",
-                      expected, found,
-                      basis=SIGNED) for field, expected, found in differences], None, None
+    what = "this lock" if layout else "this cube's memories, files and statements"
+    checks = [Check(Catalogue.ATTESTATION, f"{name} {field}", False,
+                    f"signed by trusted key {key}, but its predicate disagrees with {what}",
+                    expected, found, basis=SIGNED) for field, expected, found in differences]
+    if checks and not layout:  # first what differs of the whole, then each statement
+        checks.insert(0, Check(Catalogue.ATTESTATION, name, False, f"signed by trusted key "
+                               f"{key}, but its subject is another lock, and its memories "
+                               "and statements are not all this cube's (the lock changed after "
+                               "signing, or it was moved from another cube): each difference "
+                               "follows", f"subject sha256 {lock_sha256} (this cubepack.lock)",
+                               f"subject sha256 {envelope.subject_sha256}", basis=SIGNED))
+    if checks:
+        return checks, None, None
+    if envelope.version >= 4 and present is None and memories_root(lock) != envelope.memories_root:
+        # Every memory and file agrees: what differs is the rest of the statement, the pins.
+        return [Check(Catalogue.ATTESTATION, f"{name} {MEMORIES_SUBJECT}", False,
+                      f"signed by trusted key {key}, but the cube's pins (or its cube_id, or "
+                      "an entry of another lock section) are not the signed ones: the same "
+                      "memories under other pins are another cube",
+                      f"{MEMORIES_SUBJECT} sha256 {memories_root(lock)} (this cube)",
+                      f"{MEMORIES_SUBJECT} sha256 {envelope.memories_root}",
+                      basis=SIGNED)], None, None
+    if not layout:
+        statement = memories_statement(lock)
+        return [Check(Catalogue.ATTESTATION, name, True,
+                      f"signed by trusted key {key} over this cube's memories, not its layout: "
+                      f"its {MEMORIES_SUBJECT} subject (sha256 {envelope.memories_root}) is "
+                      f"recomputed from this lock and every shard index: "
+                      f"{len(statement['memories'])} memories, the pins and "
+                      f"{len(statement['files'])} other files by sha256. The lock, its shards "
+                      f"and indexes are not signed (signed lock sha256 {envelope.subject_sha256}, "
+                      f"this one {lock_sha256}: re-laid out since, as compact does); each byte is "
+                      f"checked against this lock ({_what_it_proves(envelope)})",
+                      basis=SIGNED)], envelope, key
     return [Check(Catalogue.ATTESTATION, name, True,
                   f"signed by trusted key {key}: its subject is this "
                   f"cubepack.lock (sha256 {lock_sha256}) and its predicate agrees with the lock "
                   f"({_what_it_proves(envelope)})", basis=SIGNED)], envelope, key
+
+
+def names_these_memories(envelope: Envelope, lock: Lock) -> bool:
+    """Does the version-4 ``envelope`` (not yet trusted) state exactly the memories, pins,
+    files and statements of ``lock`` (its memories resolved), whatever its layout? A re-pack
+    keeps such an attestation; verify then checks its signature."""
+    try:
+        return envelope.version >= 4 and memories_root(lock) == envelope.memories_root \
+            and not predicate_mismatches(envelope, lock, layout=False)
+    except CubepackError:
+        return False
+
+
+def signs_another_lock(lock_bytes: bytes, attestation: bytes) -> bool:
+    """Is ``attestation`` (not trusted: only to word a refusal) a version-4 attestation of
+    another lock than ``lock_bytes`` (a cube signed over its memories, compacted since)?"""
+    try:
+        envelope = parse_envelope_bytes(attestation, constants.ATTESTATION_FILENAME)
+    except CubepackError:
+        return False
+    return signs_memories_only(envelope, hashlib.sha256(lock_bytes).hexdigest())
+
+
+def signs_memories_only(envelope: Envelope | None, lock_sha256: str) -> bool:
+    """Does ``envelope`` (one :func:`attestation_check` passed) sign this cube's memories, but
+    another lock (a compacted cube)?"""
+    return envelope is not None and envelope.version >= 4 \
+        and envelope.subject_sha256 != lock_sha256
 
 
 def _what_it_proves(envelope: Envelope) -> str:

@@ -128,9 +128,14 @@ def test_sign_writes_an_attestation_of_the_lock_that_stock_model_signing_still_a
     statement = json.loads(base64.b64decode(envelope["payload"]))
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicateType"] == envelope_format.PREDICATE_TYPE
-    # The subject is what anyone recomputes from the file: sha256 of the lock's bytes.
-    assert statement["subject"] == [{"name": LOCK, "digest": {
-        "sha256": hashlib.sha256((cube / LOCK).read_bytes()).hexdigest()}}]
+    # The first subject is what anyone recomputes from the file: sha256 of the lock's bytes;
+    # the second, the cube's memories, pins and other files by digest (version 4).
+    lock_sha256 = hashlib.sha256((cube / LOCK).read_bytes()).hexdigest()
+    assert statement["subject"] == [
+        {"name": LOCK, "digest": {"sha256": lock_sha256}},
+        {"name": envelope_format.MEMORIES_SUBJECT,
+         "digest": {"sha256": envelope_format.memories_root(
+             lockfile.parse((cube / LOCK).read_bytes()))}}]
     lock = read_lock(cube)
     predicate = statement["predicate"]
     assert predicate["cube"] == {"cube_id": lock["cube_id"], "lock_digest": lock["digest"],
@@ -198,8 +203,9 @@ def test_an_attestation_moved_to_another_cube_is_refused(cube, keys, packed_cube
     cubepack.sign(cube, keys["alice"][0])
     shutil.copy(other / ATTESTATION, cube / ATTESTATION)
     failed = failures(cube, trusted_keys=[keys["alice"][1]])
-    [check] = [f for f in failed if f.name == "attestation"]
+    [check, *differences] = [f for f in failed if f.name == "attestation"]
     assert "its subject is another lock" in check.detail
+    assert any("predicate.memories.other" in f.subject for f in differences)
     assert hashlib.sha256((cube / LOCK).read_bytes()).hexdigest() in check.expected
     assert hashlib.sha256((other / LOCK).read_bytes()).hexdigest() in check.found
 

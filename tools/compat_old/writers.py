@@ -251,6 +251,20 @@ def private2_ssh_hidden() -> None:
              expect={"artefact": "cube", "model": "a", "identity": "ssh",
                      "verify": {"recompute": True}, "load": True})
 
+# --- 0fcae49: attestation predicate version 3 (the last commit that wrote it) -------------
+
+def attestation3() -> None:
+    packed_dump("attestation3", recompute=True, sign_key=SIGN)
+    describe("attestation3", what="The MemOS dump packed and signed: lock version 4, KV "
+             "format 3, cubepack.sig and an attestation of predicate version 3.", commit=COMMIT,
+             how="cubepack.pack(cube, legacy_pickle=True, model=A, recompute=True, "
+             f"sign_key=keys/signing.pem) on a copy of memos-pickle/cube ({HERE}).",
+             expect={"artefact": "cube", "model": "a", "signed": True,
+                     "verify": {"recompute": True, "require_provenance": "recomputed",
+                                "trusted_key": True, "require_signature": True,
+                                "require_lineage": True, "strict_models": True},
+                     "basis": "signed", "load": True})
+
 
 # --- af31c2f: encryption section version 3, manifest version 2 -----------------------------------
 
@@ -283,7 +297,8 @@ WRITERS = {"lock1": lock1, "kv1": kv1, "lock2": lock2, "attestation1": attestati
            "lock3-lineage": lock3_lineage, "attestation2": attestation2, "kv2": kv2, "mlx2": mlx2,
            "private1-age": private1_age, "private1-ssh-hidden": private1_ssh_hidden,
            "private2-age": private2_age, "private2-ssh-hidden": private2_ssh_hidden,
-           "private3-age": private3_age, "private3-ssh-hidden": private3_ssh_hidden}
+           "private3-age": private3_age, "private3-ssh-hidden": private3_ssh_hidden,
+           "attestation3": attestation3}
 
 if __name__ == "__main__":
     for fixture in sys.argv[2:]:

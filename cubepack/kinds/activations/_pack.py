@@ -114,7 +114,7 @@ def entries(job: PackJob, staging: Path, digests: dict[str, str],
             pins: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The lock's ``activations`` section."""
     return _activation_entries(staging, sorted(digests), pins, digests, job.proven,
-                               job.state[NAME]["vouched"], job.cube)
+                               job.state[NAME]["vouched"], job.cube, job.carried)
 
 
 def finish(job: PackJob, staging: Path, written: Lock, result: Any) -> None:
@@ -518,9 +518,12 @@ def _same_producer(named: str, identity: ModelIdentity) -> bool:
 
 def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[str, Any]],
                         digests: dict[str, str], proven: dict[str, dict[str, Any]],
-                        vouched: dict[str, str], cube: Path) -> dict[str, dict[str, Any]]:
+                        vouched: dict[str, str], cube: Path,
+                        carried: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The lock's activation entries. Provenance is what this pack established (a conversion
-    it checked, a recomputation it ran), else ``recorded`` (the KV header names a producer that
+    it checked, a recomputation it ran), else the label the last lock gave the same bytes when
+    compacting (``carried``: its claim, kept as it was), else ``recorded`` (the KV header names
+    a producer that
     agrees with the pin), or less when the header itself says less: a header's ``provenance``
     metadata is a claim, so it may lower the label (``asserted``) but never raise it."""
     entries: dict[str, dict[str, Any]] = {}
@@ -553,7 +556,8 @@ def _activation_entries(staging: Path, files: list[str], pins: dict[str, dict[st
         entries[item_id] = {"file": name, "model_role": memos_layout.ACT_ROLE,
                             "token_count": info.token_count, "kv_dtype": info.kv_dtype,
                             "num_layers": info.num_layers, "sha256": digests[name],
-                            "provenance": proven.get(name) or _header_label(info)}
+                            "provenance": proven.get(name) or carried.get(digests[name])
+                            or _header_label(info)}
     return entries
 
 

@@ -12,6 +12,8 @@ fully recomputed item, exact or not)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import sys
 
 import pytest
@@ -43,8 +45,15 @@ def test_a_v2_signatures_recomputed_is_read_as_a_claim(
     from cubepack.format._envelope import PREDICATE_TYPE_V2
     from cubepack.trust import _attestation
 
-    with monkeypatch.context() as old:  # the predicate type cubepack wrote then
-        old.setattr(_attestation, "PREDICATE_TYPE", PREDICATE_TYPE_V2)
+    def v2_statement(lock, lock_bytes, proved):  # the statement cubepack wrote then
+        return {"_type": "https://in-toto.io/Statement/v1",
+                "subject": [{"name": "cubepack.lock",
+                             "digest": {"sha256": hashlib.sha256(lock_bytes).hexdigest()}}],
+                "predicateType": PREDICATE_TYPE_V2,
+                "predicate": _attestation.predicate_for(lock, proved, memories=False)}
+
+    with monkeypatch.context() as old:
+        old.setattr(_attestation, "statement_for", v2_statement)
         write_signature(cube, private, before)
     # Fixed: cubepack now writes predicate version 3; a version-2 `recomputed` is read as a
     # claim, so the old signer's statement satisfies nothing here...
