@@ -66,7 +66,7 @@ MEMOS_ONLY = ("memos-pickle", "preferences")
 #: fixture's writer is its function in tools/compat_old/writers.py.
 P2 = "dea5e114b9921cf13a9fbaf25fad89f69693fc07"  # encryption 2, manifest 2
 P3 = "af31c2f56af3c28a87d0fa786ef8407398beab40"  # encryption 3, manifest 2
-A3 = "0fcae490eb3d9b9685b383b255fa961824a7bbd8"  # attestation 3
+A3 = "dea5e114b9921cf13a9fbaf25fad89f69693fc07"  # attestation 3
 L1, L2, L3, L4, P1 = ("4b7ba82872218ded5021b961b87dbd3e3ab15868",  # lock 1, KV 1
                       "e3b7d8cd7ac26d02ea2cdd1a4cfd9bac593ea012",  # lock 2 (KV 2)
                       "9b0a97cc2dd04aaff71f3440c45e3f6a14bea6bd",  # lock 3, attestation 1

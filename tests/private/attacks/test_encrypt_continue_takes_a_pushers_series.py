@@ -78,7 +78,8 @@ def tampered_push(scene, change) -> None:
     shutil.copytree(scene["second"], forged)
     drop_signature(forged)
     reseal_private(forged, change)
-    push(forged, REPO, allow_local_paths=True, **scene["options"])
+    push(forged, REPO, allow_local_paths=True, allow_unsigned=True,  # the pusher's own choice
+         **scene["options"])
 
 
 def test_continue_follows_the_series_of_the_cube_it_replaces(scene, monkeypatch):
