@@ -476,9 +476,10 @@ def require_file_digests(report: VerifyReport, progress: bool | None = None) -> 
 
 
 def _not_proved(report: VerifyReport, shard: Any, why: str) -> None:
-    """The sha256 row of a shard verify meant to prove through its index, and could not."""
-    report.add(Catalogue.SHA256, shard.path, False, f"not proved: {why}; its file was not "
-               "hashed either", shard.locator.sha256, None)
+    """The sha256 row of a shard verify meant to prove through its index, and could not: not
+    run (the failure is the one named, once; the cube is not intact)."""
+    report.add(Catalogue.SHA256, shard.path, None, f"not run: {why}; the file's own sha256 "
+               "was not computed either")
 
 
 def _check_content(report: VerifyReport, names: list[str]) -> bool:

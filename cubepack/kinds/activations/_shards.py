@@ -185,7 +185,7 @@ def prove_shards(cube: Path, indexes: list[Any],
     return results
 
 
-def _prove_memory(task: tuple[str, Any, Activation]) -> tuple[IntegrityError | None, Any]:
+def _prove_memory(task: tuple[str, Any, Activation]) -> tuple[FormatError | None, Any]:
     """One memory of a shard being proved: (the error of its range's digest, which refuses the
     shard, or None; then its KV header and its tensors' verdict, parsed from those bytes, or
     the header's error, which the memory's KV header check reports)."""
@@ -193,9 +193,10 @@ def _prove_memory(task: tuple[str, Any, Activation]) -> tuple[IntegrityError | N
     data = view[entry.locator.offset:entry.locator.end]
     try:
         try:
-            _check_digest(entry, data)
-        except IntegrityError as exc:
-            return exc, None
+            entry.locator.check(data)  # verify's words for a range, as every range check's
+        except FormatError as exc:
+            return FormatError(f"memory {entry.item_id!r}: {exc} Its index and its bytes "
+                               "disagree; pull or pack the cube again."), None
         try:
             info = _range_header(entry, data)
             verdict = checksum_verdict(info)
