@@ -89,11 +89,18 @@ def llama_config(layers: int, hidden: int):
                        max_position_embeddings=4096)
 
 
-def sha256_limit(cores: int) -> float:
+def sha256_limit(cores: int, elapsed: bool = False) -> float:
     """Bytes a second ``cores`` cores can sha256, from ``openssl speed`` at 16 KiB blocks for
-    one second (one core's figure times ``cores``; openssl's counts are 1000s of bytes)."""
-    out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", "16384", "-seconds",
-                          "1"], check=True, capture_output=True, text=True).stdout
+    one second (one core's figure times ``cores``; openssl's counts are 1000s of bytes).
+    ``openssl speed`` divides by the CPU time it was given, not the wall clock: on a shared
+    machine that is the cores' speed unloaded. ``elapsed``: ``cores`` processes at once
+    (``-multi``) over the wall clock (``-elapsed``), what the machine gives now, under the same
+    load as what it is compared with."""
+    command = ["openssl", "speed", "-evp", "sha256", "-bytes", "16384", "-seconds", "1"]
+    if elapsed:
+        command[2:2] = ["-elapsed"] + (["-multi", str(cores)] if cores > 1 else [])
+        cores = 1  # -multi reports the processes' sum
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     found = re.search(r"^sha256\s+([0-9.]+)k\s*$", out, re.MULTILINE | re.IGNORECASE)
     if found is None:
         raise SystemExit(f"cannot read openssl speed's output:\n{out}")

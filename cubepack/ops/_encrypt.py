@@ -31,7 +31,7 @@ from ..trust._policy import TrustPolicy
 from ..trust._signing import check_key, check_resigning
 from ._private import EncryptResult, is_private, mapped_plaintext, open_private, write_private
 from ._sign import sign
-from ._verify import verify
+from ._verify import require_file_digests, verify
 
 __all__ = ["encrypt", "rekey"]
 
@@ -64,9 +64,13 @@ def _signed_by(cube: Path, policy: TrustPolicy, sign_key: str | Path | None,
         # A replay is rekey's own refusal (it names the recipients it would re-add).
         if any(check.name != Catalogue.REPLAY for check in report.failures):
             raise VerificationFailed(report)
+        # The encrypted manifest carries the clear lock's digests, each a plaintext's check
+        # at decryption: every one computed here (verify proves some shards by their index).
+        require_file_digests(report, progress)
         return report, report.signed_by
     report = verify(cube, policy.without(Catalogue.SIGNATURE),
                     progress=progress)
+    require_file_digests(report, progress)
     if not resigning and not (cube / constants.SIGNATURE_FILENAME).exists() \
             and not policy.asks(Catalogue.SIGNATURE):
         return report, None

@@ -25,7 +25,7 @@ from ..trust._attestation import Proved
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ..trust._signing import check_key, write_signature
-from ._verify import verify
+from ._verify import require_file_digests, verify
 
 logger = logging.getLogger("cubepack")
 
@@ -55,6 +55,9 @@ def sign(cube_dir: str | Path, key: str | os.PathLike[str], policy: TrustPolicy 
                          "signer never checked")
     check_key(key, private=True, password=password)  # fail before any work
     report = verify(cube_dir, policy)
+    # The signature states every file's sha256 as the lock records it: each is computed
+    # here, those verify proved through their index only included.
+    require_file_digests(report)
     path = write_signature(cube_dir, key, proved_by(report), password=password)
     lock = report.lock
     if lock is not None and lockfile.series(lock) is not None \

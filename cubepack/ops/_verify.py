@@ -38,6 +38,7 @@ from ..format.sections import Lock, Pin, shards
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
 from ..kinds import KINDS, counted
+from ..kinds.activations._shards import prove_shards
 from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -50,7 +51,7 @@ from ..trust._signing import verify_signature
 from . import _partial
 from ._private import is_private, open_private, recipient_stanzas
 
-__all__ = ["Check", "VerifyReport", "verify", "verify_for_upgrade"]
+__all__ = ["Check", "VerifyReport", "require_file_digests", "verify", "verify_for_upgrade"]
 
 @terminal_bars
 def verify(cube_dir: str | Path, policy: TrustPolicy | None = None, *,
@@ -337,10 +338,18 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
             to_hash.append(name)
     sized = len(to_hash) == len(here)
     sparse_here = sparse & set(to_hash)  # of the lock's size: their ranges are checked below
+    # A shard without dead bytes is every byte its index lays out (the memories tile it): its
+    # ranges, hashed once against the index (_check_shards), prove it; its own sha256 is not
+    # computed as well (a second pass over every byte). Where this process hashed it already
+    # (a pull), that digest is compared as any file's.
+    by_index = {shard.path for shard in lock.shards.values()
+                if shard.dead == 0 and shard.path not in hashed} & set(to_hash)
+    report.index_proved = by_index - sparse
     to_hash = [name for name in to_hash if name not in sparse]  # their ranges: _check_shards
     if sized:
         report.add(Catalogue.SIZE, "*", True,
                    f"the {len(to_hash)} files listed in the lock have the sizes it records")
+    to_hash = [name for name in to_hash if name not in by_index]
     digests = hash_files([resolve_inside(report.cube_dir, n) for n in to_hash if n not in hashed],
                          progress=progress, description="verifying")
     by_name = {path.relative_to(report.cube_dir).as_posix(): d for path, d in digests.items()}
@@ -353,7 +362,10 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
                        by_name[name])
     if to_hash and not bad:
         report.add(Catalogue.SHA256, "*", True,
-                   f"the {len(to_hash)} files listed in the lock hashed, all match")
+                   f"the {len(to_hash)} files listed in the lock hashed, all match"
+                   + (f" (and {len(report.index_proved)} shard(s) proved byte by byte through "
+                      "their index instead: see the shards checks)"
+                      if report.index_proved else ""))
     good = {name for name in to_hash if by_name[name] == listed[name].sha256}
     pickles = _check_content(report, sorted(name for name in on_disk
                                             if name in good or (name not in listed
@@ -373,6 +385,7 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str],
     if not lock.shards:
         return own
     fetch = shards.local_fetch(report.cube_dir)
+    to_prove: list[tuple[Any, Any]] = []  # each shard and its index, proved in one pool
     held: dict[str, Any] = {}
     seen: dict[str, Any] = {}  # every memory of the indexes read: each listed once
     failed = False
@@ -394,25 +407,80 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str],
                 continue
             held.update(_partial.check_sparse(report, lock, partial, shard, index))
             continue
-        if shard.path not in good or shard.index not in good:
+        by_index = shard.path in report.index_proved
+        if (shard.path not in good and not by_index) or shard.index not in good:
             report.add(Catalogue.SHARDS, subject, None, "not run: the shard or its index is "
                        "missing or not the lock's bytes (reported above)")
+            if by_index:
+                _not_proved(report, shard, "its index is missing or not the lock's bytes")
             continue
         try:
             index = shards.load_index(shard, fetch, lock.models)
-            shards.check_memories(index, fetch)
             shards.add_memories(seen, index, lock)
-            held.update(index.memories)
         except CubepackError as exc:
             report.add(Catalogue.SHARDS, subject, False, str(exc))
             failed = True
+            if by_index:
+                _not_proved(report, shard, "its index was refused (see the shards check)")
             continue
+        to_prove.append((shard, index))
+    proofs = prove_shards(report.cube_dir, [index for _, index in to_prove])
+    for shard, index in to_prove:
+        subject = f"{shard.index} ({shard.path})"
+        proof = proofs[shard.path]
+        if proof.error is not None:
+            report.add(Catalogue.SHARDS, subject, False, str(proof.error))
+            failed = True
+            if shard.path in report.index_proved:
+                _not_proved(report, shard, "its bytes are not the ones its index lays out "
+                            "(see the shards check)")
+            continue
+        report.kv_headers.update({(shard.path, item): header
+                                  for item, header in proof.headers.items()})
+        held.update(index.memories)
+        if shard.path in report.index_proved:
+            good.add(shard.path)
+            report.add(Catalogue.SHA256, shard.path, True, "every byte proved through its "
+                       f"index: its {len(index.memories)} memories' ranges hash to the sha256 "
+                       "the index records (the index is the lock's bytes), the padding between "
+                       "them is zeros and its size is the lock's; the file's own sha256 was "
+                       f"not computed (the lock's {shard.locator.sha256} is its word here; "
+                       "sign and pull compute it)", basis=CLAIMED)
         report.add(Catalogue.SHARDS, subject, True,
                    f"{len(index.memories)} memories: the index agrees with the lock and its "
-                   "shard, every range inside it, in order, each hashing to its sha256")
+                   "shard, every range inside it, in order, each hashing to its sha256"
+                   + (", the padding zeros: every byte of the shard"
+                      if shard.path in report.index_proved else ""))
     if failed:
         report.intact = False
     return shards.with_memories(own, held)
+
+
+def require_file_digests(report: VerifyReport, progress: bool | None = None) -> None:
+    """Hash the shards ``report`` proved through their index only, against the lock's sha256
+    of each: a step that states the lock's file digests (a signature over them) rests on no
+    digest this process did not compute. IntegrityError naming the first that differs."""
+    if report.lock is None or not report.index_proved:
+        return
+    names = sorted(report.index_proved)
+    digests = hash_files([resolve_inside(report.cube_dir, name) for name in names],
+                         progress=progress, description="hashing")
+    for name in names:
+        found = digests[resolve_inside(report.cube_dir, name)]
+        expected = report.lock.files[name].sha256
+        if found != expected:
+            raise IntegrityError(f"{name} hashes to {found}; the lock says {expected}, while "
+                                 "every byte of it is the one its index lays out: the lock "
+                                 "misstates the shard's digest. Nothing was signed. Pack the "
+                                 "cube again (pack writes the digest of the bytes it wrote).")
+    report.index_proved = set()
+
+
+def _not_proved(report: VerifyReport, shard: Any, why: str) -> None:
+    """The sha256 row of a shard verify meant to prove through its index, and could not: not
+    run (the failure is the one named, once; the cube is not intact)."""
+    report.add(Catalogue.SHA256, shard.path, None, f"not run: {why}; the file's own sha256 "
+               "was not computed either")
 
 
 def _check_content(report: VerifyReport, names: list[str]) -> bool:

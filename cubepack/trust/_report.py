@@ -98,6 +98,14 @@ class VerifyReport:
     #: "commit_sha", "include"}``, the N memories present checked of the M the cube holds;
     #: None for a whole cube. A report with it is never the report of a complete cube.
     partial: dict[str, Any] | None = None
+    #: Shards whose every byte this run proved through their index (each memory's range
+    #: against its sha256, the padding zeros, the size the lock's) without computing the
+    #: file's own sha256: the lock's digest of each is its word here (``sign`` hashes them
+    #: before it signs it). Never serialised.
+    index_proved: set[str] = field(default_factory=set, repr=False)
+    #: Each shard memory's KV header as parsed from the range this run hashed (id -> the
+    #: header and its tensors' verdict, or the error): read once. Never serialised.
+    kv_headers: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:

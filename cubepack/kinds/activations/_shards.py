@@ -19,19 +19,22 @@ import hashlib
 import mmap
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from ..._util import atomic, canonical, constants
 from ..._util.paths import resolve_inside
-from ...errors import FormatError, IntegrityError, PartialCube, UsageError
+from ...errors import CubepackError, FormatError, IntegrityError, PartialCube, UsageError
 from ...format._fileset import is_activation_path
 from ...format import _lock as lockfile
 from ...format import _partial as partialformat
 from ...format.sections import Activation, FileEntry, Lock
 from ...format.sections import shards as shardformat
-from ...kv._format import KVFileInfo, read_kv_header
+from ...kv._format import KVFileInfo, checksum_verdict, read_kv_header
 from .._kind import PackJob
 from . import _incremental
 from ._pack import activation_filename
@@ -87,6 +90,14 @@ def checked_range(entry: Activation, data: Any) -> Any:
 def _check_range(entry: Activation, data: Any) -> KVFileInfo | None:
     """:func:`checked_range`'s checks; the KV header they parsed (None for a whole file),
     so a reader of the header parses it once (verify reads every memory's: 10,000 and more)."""
+    _check_digest(entry, data)
+    if entry.checksums is None:
+        return None
+    return _range_header(entry, data)
+
+
+def _check_digest(entry: Activation, data: Any) -> None:
+    """``data`` is the memory ``entry``'s bytes: its length and sha256 (IntegrityError)."""
     locator = entry.locator
     found = hashlib.sha256(data).hexdigest() if len(data) == locator.length else None
     if entry.checksums is None:  # a whole KV file: its lock's sha256, and its own checksums
@@ -94,7 +105,7 @@ def _check_range(entry: Activation, data: Any) -> KVFileInfo | None:
             raise IntegrityError(f"memory {entry.item_id!r} ({locator.path}) hashes to "
                                  f"{found}, its lock says {locator.sha256}; nothing was "
                                  "loaded. Pull the cube again.")
-        return None
+        return
     if found != locator.sha256:
         raise IntegrityError(
             f"memory {entry.item_id!r} ({locator.path} [{locator.offset}:{locator.end}]) is "
@@ -102,6 +113,12 @@ def _check_range(entry: Activation, data: Any) -> KVFileInfo | None:
                f"sha256 {found}, its index says {locator.sha256}")
             + ": its bytes are not the ones the cube's lock commits to; nothing was loaded. "
             "Pull the cube again.")
+
+
+def _range_header(entry: Activation, data: Any) -> KVFileInfo:
+    """The KV header of a shard memory's range whose digest was checked, its checksum record
+    the index's (IntegrityError otherwise)."""
+    locator = entry.locator
     info = read_kv_header(f"{locator.path}#{entry.item_id}", data=data)
     meta = canonical.loads_strict(info.header.metadata[constants.KV_METADATA_KEY])
     if meta.get("checksums") != dict(entry.checksums or {}):
@@ -117,6 +134,110 @@ def read_header(cube: Path, entry: Activation) -> KVFileInfo:
         return read_kv_header(resolve_inside(cube, entry.file))
     # A shard's memory: its header was parsed to be checked (never None), and is not again.
     return cast(KVFileInfo, _check_range(entry, _mapped_range(cube, entry)))
+
+
+@dataclass(frozen=True)
+class ProvedShard:
+    """What :func:`prove_shards` established of one shard: every byte, through its index (each
+    memory's range hashed against its sha256, the padding zeros, the size the index's), or the
+    error that refused it; and each memory's KV header as parsed from the range it proved
+    (``headers``: id -> the header and its tensors' checksum verdict, or the error)."""
+
+    error: CubepackError | None
+    headers: Mapping[str, tuple[KVFileInfo, tuple[bool | None, str]] | CubepackError]
+
+
+def prove_shards(cube: Path, indexes: list[Any],
+                 workers: int | None = None) -> dict[str, ProvedShard]:
+    """Prove every byte of the shards of ``indexes`` (each checked against the lock, without
+    dead ranges: its memories tile the shard, :func:`~...shardformat.parse_index`) by hashing
+    each memory's range once against its index's sha256, all shards' ranges in one pool of
+    ``workers`` threads (the cores), largest first (``hashlib`` releases the GIL), and checking
+    the alignment padding is zeros and the file's size the index's. Each range's KV header is
+    parsed from the bytes just hashed, and its tensors checked against their XXH3 checksums, so
+    ``verify`` reads no byte twice. Returns each shard's :class:`ProvedShard`."""
+    results: dict[str, ProvedShard] = {}
+    with contextlib.ExitStack() as stack:
+        tasks = []
+        for index in indexes:
+            try:
+                view = stack.enter_context(_mapped_shard(cube, index))
+            except CubepackError as exc:
+                results[index.shard] = ProvedShard(exc, {})
+                continue
+            tasks += [(index.shard, view, entry) for entry in index.memories.values()]
+        tasks.sort(key=lambda task: task[2].locator.length, reverse=True)
+        pool_size = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
+        with ThreadPoolExecutor(pool_size, thread_name_prefix="cubepack-prove") as pool:
+            outcomes = list(pool.map(_prove_memory, tasks))
+        failed: dict[str, CubepackError] = {}
+        headers: dict[str, dict[str, Any]] = {}
+        for (shard, _, entry), (digest_error, header) in zip(tasks, outcomes):
+            if digest_error is not None:
+                failed.setdefault(shard, digest_error)
+            else:
+                headers.setdefault(shard, {})[entry.item_id] = header
+        del tasks, outcomes
+        for index in indexes:
+            if index.shard not in results:
+                results[index.shard] = ProvedShard(
+                    failed.get(index.shard), MappingProxyType(headers.get(index.shard, {})))
+    return results
+
+
+def _prove_memory(task: tuple[str, Any, Activation]) -> tuple[FormatError | None, Any]:
+    """One memory of a shard being proved: (the error of its range's digest, which refuses the
+    shard, or None; then its KV header and its tensors' verdict, parsed from those bytes, or
+    the header's error, which the memory's KV header check reports)."""
+    _, view, entry = task
+    data = view[entry.locator.offset:entry.locator.end]
+    try:
+        try:
+            entry.locator.check(data)  # verify's words for a range, as every range check's
+        except FormatError as exc:
+            return FormatError(f"memory {entry.item_id!r}: {exc} Its index and its bytes "
+                               "disagree; pull or pack the cube again."), None
+        try:
+            info = _range_header(entry, data)
+            verdict = checksum_verdict(info)
+        except CubepackError as exc:
+            return None, exc
+        return None, (replace(info, data=None), verdict)  # the map is closed once all are done
+    finally:
+        data.release()
+
+
+@contextlib.contextmanager
+def _mapped_shard(cube: Path, index: Any) -> Iterator[memoryview]:
+    """The shard of ``index`` mapped read-only, once its size is the index's and its padding
+    (the bytes between its memories, which tile it) zeros: IntegrityError otherwise."""
+    path = resolve_inside(cube, index.shard)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size != index.shard_size:
+            raise IntegrityError(f"{index.shard} is {size} bytes; its index (the lock's bytes) "
+                                 f"lays its memories over {index.shard_size}: bytes were "
+                                 + ("added past its end" if size > index.shard_size else
+                                    "cut off") + ". Pull or restore the cube.")
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mapped)
+    try:
+        end = 0  # the tiles (memories, dead ranges) as the index's layout check saw them
+        tiles = [(e.locator.offset, e.locator.end, f"memory {e.item_id!r}")
+                 for e in index.memories.values()]
+        tiles += [(at, at + length, f"dead bytes [{at}:{at + length}]")
+                  for at, length in index.dead]
+        for at, stop, what in sorted(tiles):
+            if any(view[end:at]):
+                raise IntegrityError(f"{index.shard} holds data in the padding at bytes "
+                                     f"[{end}:{at}] (before {what}), where its layout puts "
+                                     "zeros: bytes that are no memory. Pull or restore the "
+                                     "cube.")
+            end = stop
+        yield view
+    finally:
+        view.release()
+        mapped.close()
 
 
 def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
