@@ -7,6 +7,8 @@ against the lock's entry after) and the memory's byte range, both by HTTP Range 
 URL at that commit (each answer must be ``206`` with the ``Content-Range`` asked for), checks
 the range's sha256 and its KV header's checksums against the index before any tensor is built,
 and hands it to the activations kind's load, which checks its producer against the model.
+:meth:`RemoteCube.place` writes every file but the memories into a folder (what the MemOS hook's
+load on first use verifies, the files' bytes against the lock, before it builds anything).
 
 What the lock says is the claim of whoever pushed last: its digests bind the shards and
 indexes to the lock, not the lock to a person. With ``trusted_keys``, ``open`` also fetches the
@@ -26,11 +28,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .._util import constants
+from .._util import atomic, constants
+from .._util.paths import resolve_inside
 from ..errors import FormatError, HubError, RefusedError, SignatureError, UsageError
 from ..format import _lock as lockfile
+from ..format import _partial as partialformat
 from ..format.sections import Activation, Lock, Locator, ShardIndex
 from ..format.sections import shards as shardformat
 from ..kinds import serving
@@ -168,6 +173,35 @@ class RemoteCube:
                     Locator(name, offset, length, "")), decrypt_with,
                 f"{self.repo_id}@{self.commit[:12]}")
         return self.private[key]
+
+    def place(self, folder: Path) -> list[str]:
+        """Write into ``folder`` the lock (the bytes :func:`open_cube` checked) and every file
+        of it but its activation memories (their KV files, shards and indexes: what a partial
+        cube may lack, :func:`~cubepack.format._partial.memory_files`), each fetched at the
+        opened commit as the lock's size (temp file, then rename); the lock last, so a folder
+        left by a failure is no cube. Their bytes are checked against the lock by verify of
+        the folder, the one checker, before anything parses them. Returns the paths written.
+
+        Raises:
+            UsageError: a private cube (its memories are inside its ciphertexts' manifest).
+            HubError: as :meth:`fetch`.
+        """
+        if self.lock.private:
+            raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its files "
+                             "are ciphertexts and its memories are not files of its lock, so "
+                             "they cannot be left out. Pull it whole (cubepack pull --identity).")
+        placed = []
+        memories = partialformat.memory_files(self.lock)
+        for name, listed in sorted(self.lock.files.items()):
+            if name in memories:
+                continue
+            data = self.fetch(listed.locator) if listed.size else b""
+            target = resolve_inside(folder, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(target, data)
+            placed.append(name)
+        atomic.write_bytes(folder / constants.LOCK_FILENAME, self.lock_bytes)
+        return [*placed, constants.LOCK_FILENAME]
 
     def fetch(self, locator: Locator) -> bytes:
         """``locator``'s bytes of the file at the opened commit, by one ranged GET: refused

@@ -1,9 +1,12 @@
 """The MemOS hook's load on first use (issue #40 item 2): ``init_from_remote_repo(...,
 on_demand=True)`` opens a remote cube with :func:`cubepack.hub.open_cube` (its lock fetched at
-one commit and checked; its signature too, under ``trusted_keys``), fetches every file but its
-activation memories (config.json, cubepack.yaml, text and preference memories, adapters: each
-checked against the lock's sha256), verifies that folder as a full load does, and installs an
-activation memory whose items are fetched when MemOS first uses them.
+one commit and checked; its signature too, under ``trusted_keys``), has it place every file but
+its activation memories (``RemoteCube.place``: config.json, cubepack.yaml, text and preference
+memories, adapters), verifies that folder as a full load does, each file's bytes against the
+lock before anything parses them (``ops._seam.verify_fetched_later``: the memories' absence is
+verify's to plan, by the partial cube's rule, and reported as fetched later), and installs an
+activation memory whose items are fetched when MemOS first uses them. The hook asks and
+places; it checks nothing itself.
 
 Each first use (``KVCacheMemory.get``, ``get_by_ids``, ``get_cache``, ``get_all``, the
 dictionary itself, as ``SimpleMemChat``, ``MOSCore`` and the scheduler's activation manager
@@ -42,19 +45,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .._util import atomic, constants
 from .._util.checks import Catalogue
-from .._util.paths import resolve_inside
 from .._util.ramdir import ram_folder
-from ..errors import FormatError, HubError, UnsupportedError, UsageError, VerificationFailed
-from ..format._fileset import is_activation_path
-from ..format.sections import Lock, Locator
+from ..errors import FormatError, HubError, UnsupportedError, UsageError
+from ..format.sections import Lock
 from ..format.sections import shards as shardformat
 from ..hub._open import RemoteCube, open_cube
 from ..kinds import LoadJob
 from ..kinds._seam import LoadedCache
-from ..ops import verify
-from ..ops._seam import load_verified
+from ..ops._seam import load_verified, verify_fetched_later
 from ..trust._policy import TrustPolicy
 from ..trust._report import VerifyReport
 from ._activations import HookReport, install_loaded, item
@@ -64,14 +63,6 @@ logger = logging.getLogger("cubepack.memos")
 #: Checks a load on first use cannot run before first use (they need every file): asked, they
 #: are refused, never reported as not run.
 _NOT_ON_DEMAND = (Catalogue.MODEL_IDENTITY, Catalogue.LINEAGE)
-
-
-def activation_data(lock: Lock) -> set[str]:
-    """The files of ``lock`` that hold activation memories (shards, their indexes, one KV file
-    a memory): what a load on first use does not fetch up front."""
-    indexes = {shard.index for shard in lock.shards.values()}
-    return {name for name in lock.files
-            if shardformat.is_shard_path(name) or name in indexes or is_activation_path(name)}
 
 
 @contextlib.contextmanager
@@ -106,17 +97,12 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
                                "first use does not open one. Load it whole (on_demand=False, "
                                "with CUBEPACK_IDENTITY or decrypt_with), or pull it: cubepack "
                                f"pull {repo_id} --revision {remote.commit} --identity KEY.")
-    absent = activation_data(remote.lock)
     with ram_folder() as folder:
-        atomic.write_bytes(folder / constants.LOCK_FILENAME, remote.lock_bytes)
-        for name, listed in sorted(remote.lock.files.items()):
-            if name not in absent:
-                _fetch_file(remote, folder, name, listed)
+        remote.place(folder)  # every file but the memories: verify checks their bytes
         checked = policy.for_folder().without(Catalogue.SIGNATURE)  # open checked it
-        report = _verified(verify(folder, checked, raise_on_failure=False), absent)
-        report.signed_by = remote.signed_by
-        lock = replace(report.lock, activations=MappingProxyType({}))
-        clear = replace(report, lock=lock)
+        report = verify_fetched_later(folder, checked,
+                                      (remote.repo_id, remote.repo_type, remote.commit))
+        report.signed_by = remote.signed_by  # its lock holds no memory: each is fetched later
 
         def place(act_mem: Any, loaded: tuple[Any, ...], cube_dir: Path, lock: Lock,
                   hook: HookReport) -> None:
@@ -125,30 +111,7 @@ def opened(repo_id: str, revision: str | None, policy: TrustPolicy, *, endpoint:
                 return
             act_mem.kv_cache_memories = OnDemandMemories(act_mem, remote, hook, policy)
 
-        yield folder, clear, place, remote.commit
-
-
-def _fetch_file(remote: RemoteCube, folder: Path, name: str, listed: Any) -> None:
-    """``name`` at the opened commit into ``folder`` (its lock's size asked for by range);
-    its bytes are checked against the lock by :func:`verify` of the folder, the one checker,
-    before anything parses them."""
-    data = remote.fetch(Locator(name, 0, listed.size, listed.sha256)) if listed.size else b""
-    target = resolve_inside(folder, name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_bytes(target, data)
-
-
-def _verified(report: VerifyReport, absent: set[str]) -> VerifyReport:
-    """``report`` with the absence of the activation files (fetched on first use) said so, not
-    failed; raises VerificationFailed if anything else failed."""
-    checks = [replace(check, ok=None, detail="not fetched: an activation memory's file, "
-                      "fetched and checked on first use")
-              if check.name is Catalogue.FILE_SET and check.ok is False
-              and check.subject in absent else check for check in report.checks]
-    kept = replace(report, checks=checks)
-    if not kept.ok:
-        raise VerificationFailed(kept)
-    return kept
+        yield folder, report, place, remote.commit
 
 
 class OnDemandMemories(MutableMapping):

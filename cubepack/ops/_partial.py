@@ -8,6 +8,12 @@ index, which is present whole and checked against the lock), in the file it says
 are checked as a whole cube's (a KV file's sha256; a shard's range against its index); a sparse
 shard must hold nothing but the ranges of the memories listed (else a memory is present but not
 listed: refused); a memory file the marker names no memory of must be absent.
+
+A folder whose memories are **fetched later** (the MemOS hook's load on first use: every file of
+the cube but its activation memories, each memory fetched and checked when first used) is
+planned by the same rule, as a partial cube that holds none of its memories (:func:`later`):
+its memory files absent by design, any of them present refused, and the ``partial`` check says
+"0 of M memories here, fetched and checked on first use", never a pass.
 """
 
 from __future__ import annotations
@@ -30,12 +36,25 @@ from ..trust._signing import verify_lock_signature as _verify_lock_signature
 @dataclass
 class Plan:
     """A partial cube's files, as its marker and lock say: ``absent``, the lock's files it may
-    lack; ``sparse``, the shards only some of whose memories are present."""
+    lack; ``sparse``, the shards only some of whose memories are present; ``later``, the
+    memories are fetched and checked on first use by whoever placed the folder (no marker:
+    ``marker`` is what that caller opened)."""
 
     marker: partialformat.Partial
     absent: set[str] = field(default_factory=set)
     sparse: set[str] = field(default_factory=set)
     failed: bool = False
+    later: bool = False
+
+
+def later(report: VerifyReport, lock: Lock, origin: tuple[str, str, str]) -> Plan:
+    """The plan of a folder holding every file of ``lock`` but its activation memories, which
+    the caller fetches from ``origin`` (repo id, repo type, commit) and checks on first use:
+    the partial cube's rule with no memory present (every memory file absent by design)."""
+    repo_id, repo_type, commit = origin
+    marker = partialformat.Partial(repo_id, repo_type, commit, report.lock_sha256 or "", (),
+                                   {}, partialformat.total(lock))
+    return Plan(marker, partialformat.absent_files(lock, marker), set(), later=True)
 
 
 def plan(report: VerifyReport, lock: Lock) -> Plan | None:
@@ -137,6 +156,14 @@ def summary(report: VerifyReport, lock: Lock, partial: Plan, asked: list[Any]) -
     report.partial = {"checked": checked, "memories": total, "repo_id": marker.repo_id,
                       "commit_sha": marker.commit_sha, "include": list(marker.include),
                       "present": sorted(marker.memories)}
+    if partial.later:
+        report.partial["later"] = True
+        report.add(Catalogue.PARTIAL, "*", None,
+                   f"0 of {total} memories here: every activation memory of "
+                   f"{marker.repo_id}@{marker.commit_sha[:12]} is fetched and checked when "
+                   "first used (its bytes against the lock, its producer against the model), "
+                   "not by this verification")
+        return
     report.add(Catalogue.PARTIAL, "*", None,
                f"{checked} of {total} memories checked: a partial pull of {marker.repo_id}@"
                f"{marker.commit_sha[:12]} (--include {' '.join(marker.include)}); the other "

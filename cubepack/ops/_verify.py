@@ -110,10 +110,25 @@ def verify_for_upgrade(cube_dir: str | Path, *, progress: bool | None = None) ->
     return _verify(Path(cube_dir), TrustPolicy(), progress, True, {}, accept_version_1=True)
 
 
+def verify_fetched_later(cube_dir: str | Path, policy: TrustPolicy,
+                         origin: tuple[str, str, str]) -> VerifyReport:
+    """What a load on first use (the MemOS hook's ``on_demand``) verifies before anything is
+    built: ``cube_dir`` holds every file of its cube but the activation memories, which the
+    caller fetches from ``origin`` (repo id, repo type, commit) and checks when each is first
+    used. Every check runs on the files here; that the memories are absent is the partial
+    cube's rule (``_partial.later``: a memory file here is refused), and the ``partial`` check
+    says they are fetched later, never that they passed.
+
+    Raises:
+        VerificationFailed: a check failed.
+    """
+    return _verify(Path(cube_dir), policy, None, True, {}, later=origin)
+
+
 def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on_failure: bool,
             hashed: dict[str, str], *, accept_version_1: bool = False,
             decrypt_with: str | os.PathLike[str] | None = None,
-            decrypted: bool = False) -> VerifyReport:
+            decrypted: bool = False, later: tuple[str, str, str] | None = None) -> VerifyReport:
     report = VerifyReport(cube_dir, decrypted=decrypted)
     lock = _check_lock(report, accept_version_1)
     reason = "not run: the lock could not be read"
@@ -123,7 +138,8 @@ def _verify(cube_dir: Path, policy: TrustPolicy, progress: bool | None, raise_on
         report.lock = lock
         # A partial pull (its marker): the memories it lacks are absent by design, and every
         # byte it holds is checked as a whole cube's (ops/_partial.py).
-        partial = None if decrypted else _partial.plan(report, lock)
+        partial = None if decrypted else (_partial.plan(report, lock) if later is None
+                                          else _partial.later(report, lock, later))
         report.intact, good = _check_files(report, lock, progress, hashed, partial)
         parsed, lock = lock, _check_shards(report, lock, good, partial)
         report.lock = lock
@@ -326,8 +342,9 @@ def _check_files(report: VerifyReport, lock: Lock, progress: bool | None,
         report.add(Catalogue.FILE_SET, "*", True,
                    f"the {len(listed)} files listed in the lock, no other" if not absent else
                    f"the {len(set(listed) - absent)} of the lock's {len(listed)} files a "
-                   f"partial cube holds ({len(absent)} memory files absent, as its marker "
-                   "says), no other")
+                   f"partial cube holds ({len(absent)} memory files absent, "
+                   + ("fetched on first use" if partial is not None and partial.later
+                      else "as its marker says") + "), no other")
     to_hash = []
     here = (set(listed) & set(on_disk)) - absent
     for name in sorted(here):
