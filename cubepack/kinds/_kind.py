@@ -333,6 +333,13 @@ class Kind(Protocol):
         no model. Only files in ``intact`` (their size and sha256 the lock's) are parsed: a
         file whose bytes are not the lock's is never read further."""
 
+    def prove_indexed(self, cube: Path, indexes: list[Any]) -> dict[str, Any]:
+        """Prove every byte of the files of ``indexes`` (indexes kept outside the lock, each
+        checked against it) the kind owns, by hashing each memory's range once against its
+        index; returns a proof per file (``error``; ``headers``: what was parsed of the bytes
+        hashed, handed back to ``check_bytes`` through the report). Default: none owned."""
+        return {}
+
     def model_note(self, role: str) -> str:
         """Words added to a model-identity failure of the pin ``role`` when the kind owns it
         (``" (the base this adapter was packed for)"``); "" otherwise."""

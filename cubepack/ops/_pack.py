@@ -129,12 +129,6 @@ def _pack(cube: Path, options: PackOptions) -> PackResult:
         cube_id = earlier.cube_id  # a re-pack keeps the id its last pack was given
     job = PackJob(cube, files, options, _read_memos_config(cube, files, cube_id), earlier,
                   settings=_previous_settings(cube, files, earlier))
-    if options.compact is not None and earlier is not None:
-        # compact moves memories and changes none: each keeps the label its last lock gave it
-        resolved = shardformat.resolved(earlier, shardformat.local_fetch(cube))
-        job.carried.update({entry.sha256: entry.provenance.to_dict()
-                            for entry in resolved.activations.values()
-                            if entry.provenance is not None})
     for kind in KINDS:
         kind.pin(job)
     if options.sign_key is not None:  # fail before any work
@@ -224,12 +218,11 @@ def _sign(job: PackJob, cube: Path) -> None:
     lineage kept from the last lock is a claim)."""
     derived = job.options.derived is not None
     lock = lockfile.parse((cube / constants.LOCK_FILENAME).read_bytes())
-    proved = Proved.everything_of(lock, "migrate" if derived else "pack", lineage=derived)
-    # A pin read from a Hub's metadata is the Hub's claim: signed as one; so is a label
-    # compact carried from the last lock.
-    proved = replace(proved, producers=proved.producers - job.claimed_roles,
-                     provenance=frozenset(item for item in proved.provenance
-                                          if lock.activations[item].sha256 not in job.carried))
+    # A label compact carried from the last lock is that lock's claim: signed as one; so is
+    # a pin read from a Hub's metadata (the Hub's claim).
+    proved = Proved.everything_of(lock, "migrate" if derived else "pack", lineage=derived,
+                                  carried=frozenset(job.carried))
+    proved = replace(proved, producers=proved.producers - job.claimed_roles)
     write_signature(cube, job.options.sign_key, proved, password=job.options.sign_password)
 
 

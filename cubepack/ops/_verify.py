@@ -38,7 +38,6 @@ from ..format.sections import Lock, Pin, shards
 from ..identity._fingerprint import fingerprint, resolve_model_folder
 from ..identity._identity import compare
 from ..kinds import KINDS, counted
-from ..kinds.activations._shards import prove_shards
 from ..memos_format._layout import memos_config_problems, read_config
 from ..trust import _age as age
 from ..trust import _generation as generations
@@ -441,7 +440,9 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str],
                 _not_proved(report, shard, "its index was refused (see the shards check)")
             continue
         to_prove.append((shard, index))
-    proofs = prove_shards(report.cube_dir, [index for _, index in to_prove])
+    proofs: dict[str, Any] = {}
+    for kind in KINDS:  # the kind owning the indexed files proves their bytes
+        proofs.update(kind.prove_indexed(report.cube_dir, [index for _, index in to_prove]))
     for shard, index in to_prove:
         subject = f"{shard.index} ({shard.path})"
         proof = proofs[shard.path]
@@ -452,7 +453,7 @@ def _check_shards(report: VerifyReport, lock: Lock, good: set[str],
                 _not_proved(report, shard, "its bytes are not the ones its index lays out "
                             "(see the shards check)")
             continue
-        report.kv_headers.update({(shard.path, item): header
+        report.parsed_headers.update({(shard.path, item): header
                                   for item, header in proof.headers.items()})
         held.update(index.memories)
         if shard.path in report.index_proved:

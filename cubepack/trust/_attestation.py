@@ -99,10 +99,14 @@ class Proved:
     lineage: bool = False
 
     @classmethod
-    def everything_of(cls, lock: Lock, step: str, *, lineage: bool) -> Proved:
-        """A step that made every pin and label of ``lock`` itself (pack, migrate)."""
+    def everything_of(cls, lock: Lock, step: str, *, lineage: bool,
+                      carried: frozenset[str] = frozenset()) -> Proved:
+        """A step that made every pin and label of ``lock`` itself (pack, migrate), but the
+        labels of the memories whose sha256 is in ``carried`` (compact kept them from the last
+        lock: its claim, never proved by this step)."""
         return cls(step, frozenset(role for role, pin in lock.models.items() if pin.pinned),
-                   frozenset(lock.activations), lineage)
+                   frozenset(item for item, entry in lock.activations.items()
+                             if entry.sha256 not in carried), lineage)
 
 
 def _producer(pin: Pin) -> dict[str, Any]:

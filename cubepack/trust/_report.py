@@ -105,7 +105,7 @@ class VerifyReport:
     index_proved: set[str] = field(default_factory=set, repr=False)
     #: Each shard memory's KV header as parsed from the range this run hashed (id -> the
     #: header and its tensors' verdict, or the error): read once. Never serialised.
-    kv_headers: dict[str, Any] = field(default_factory=dict, repr=False)
+    parsed_headers: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:

@@ -52,6 +52,7 @@ class Activations(Kind):
 
     def pin(self, job: PackJob) -> None:
         _pack.pin(job)
+        _shards.carry_labels(job)
 
     def stage(self, job: PackJob, staging: Path) -> list[str]:
         _shards.unshard(job, staging)
@@ -79,6 +80,9 @@ class Activations(Kind):
 
     def check_bytes(self, report: VerifyReport, lock: Lock, intact: set[str]) -> None:
         _verify.check_headers(report, lock, intact)
+
+    def prove_indexed(self, cube: Path, indexes: list[Any]) -> dict[str, Any]:
+        return _shards.prove_shards(cube, indexes)
 
     def check_proofs(self, report: VerifyReport, lock: Lock, policy: TrustPolicy) -> None:
         _verify.check_proofs(report, lock, policy)

@@ -511,3 +511,15 @@ def _write_shard(staging: Path, name: str, entries: list[Activation]) -> None:
 def shard_files(content: list[str]) -> list[str]:
     """The shards among ``content`` (a cube's files)."""
     return [name for name in content if shardformat.is_shard_path(name)]
+
+
+def carry_labels(job: PackJob) -> None:
+    """``compact`` moves memories and changes none: each keeps the label its last lock gave
+    the same bytes (carried as that lock's claim, never as proved), so a signature over the
+    memories survives it."""
+    if job.options.compact is None or job.earlier is None:
+        return
+    resolved = shardformat.resolved(job.earlier, shardformat.local_fetch(job.cube))
+    job.carried.update({entry.sha256: entry.provenance.to_dict()
+                        for entry in resolved.activations.values()
+                        if entry.provenance is not None})

@@ -57,7 +57,7 @@ def check_headers(report: VerifyReport, lock: Lock, good: set[str]) -> None:
         checkpoint(f"the KV header of {entry.file}")
         # A shard's memory whose range verify hashed: its header as parsed from those bytes
         # (and its tensors' verdict), not read and hashed again.
-        proved = report.kv_headers.get((entry.file, item_id))
+        proved = report.parsed_headers.get((entry.file, item_id))
         try:
             if isinstance(proved, CubepackError):
                 raise proved
