@@ -42,6 +42,7 @@ from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 #: The largest lock ``open`` fetches: the lock's own parse limit.
 MAX_LOCK_BYTES = lockfile.MAX_LOCK_BYTES
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass
@@ -235,25 +236,22 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     if repo_type not in REPO_TYPES:
         raise UsageError(f"repo_type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
     client = HubClient(endpoint, token)
-    head = _request(client, repo_id, repo_type, wanted or "main", constants.LOCK_FILENAME, {},
-                    head=True)
-    commit = head.headers.get("X-Repo-Commit", "")
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
-                       f"{wanted or 'main'}: it cannot be pinned to one; nothing was fetched.")
-    if wanted is not None and re.fullmatch(r"[0-9a-f]{40}", wanted) and commit != wanted:
-        raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with commit {commit}: "
-                       "not the commit asked for; nothing was fetched. Check the endpoint.")
-    # The size the HEAD states (an LFS file's X-Linked-Size: its redirect is not followed),
-    # so a lock above the limit is refused before a byte of it is fetched; the GET then asks
-    # for no more than the limit and one byte (an endpoint that sent more is refused below).
-    stated = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length") or ""
-    if stated.isdigit() and int(stated) > MAX_LOCK_BYTES:
-        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {int(stated)} bytes by its "
-                          f"endpoint, above the {MAX_LOCK_BYTES}-byte limit; nothing was "
-                          "fetched.")
+    if wanted is not None and _COMMIT.fullmatch(wanted):
+        # A commit needs no resolution: the resolve URL at a commit is content-addressed, so
+        # the lock fetched at it proves the commit holds it (a commit the repo does not hold
+        # is the endpoint's RevisionNotFound, a HubError naming it). A branch or tag names no
+        # content and is resolved once, below.
+        commit = wanted
+    else:
+        commit = _resolve(client, repo_id, repo_type, wanted or "main")
+    # The GET asks for no more than the limit and one byte (an endpoint that sent more is
+    # refused below).
     response = _request(client, repo_id, repo_type, commit, constants.LOCK_FILENAME,
                         {"Range": f"bytes=0-{MAX_LOCK_BYTES}"})
+    named = response.headers.get("X-Repo-Commit")
+    if named is not None and named != commit:
+        raise HubError(f"{client.endpoint} answered {repo_id}@{commit} with commit {named}: "
+                       "not the commit asked for; nothing was loaded. Check the endpoint.")
     data = response.content
     if len(data) > MAX_LOCK_BYTES:
         raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {len(data)} bytes, above "
@@ -276,6 +274,24 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
                 raise RefusedError(f"Refusing {repo_id}@{commit[:12]}: {seen.detail}. Nothing "
                                    "was fetched beyond its lock and signature.")
     return RemoteCube(repo_id, repo_type, commit, lock, client, signed_by, lock_bytes=data)
+
+
+def _resolve(client: HubClient, repo_id: str, repo_type: str, revision: str) -> str:
+    """The commit ``revision`` (a branch or a tag) names now, by one HEAD of the lock; a lock
+    above the limit by the size the HEAD states (an LFS file's X-Linked-Size: its redirect is
+    not followed) is refused before a byte of it is fetched."""
+    head = _request(client, repo_id, repo_type, revision, constants.LOCK_FILENAME, {},
+                    head=True)
+    commit = head.headers.get("X-Repo-Commit", "")
+    if not _COMMIT.fullmatch(commit):
+        raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
+                       f"{revision}: it cannot be pinned to one; nothing was fetched.")
+    stated = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length") or ""
+    if stated.isdigit() and int(stated) > MAX_LOCK_BYTES:
+        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {int(stated)} bytes by its "
+                          f"endpoint, above the {MAX_LOCK_BYTES}-byte limit; nothing was "
+                          "fetched.")
+    return commit
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,
