@@ -63,6 +63,8 @@ class RemoteCube:
     lock_bytes: bytes = field(default=b"", repr=False)
     #: a private cube's manifest decrypted, by identity file (its clear lock, its ranges)
     private: dict[str, PrivateRanges] = field(default_factory=dict, repr=False)
+    #: shard path -> its index read for one memory at a time (fetched and checked once)
+    readers: dict[str, shardformat.MemoryReader] = field(default_factory=dict, repr=False)
 
     @property
     def memories(self) -> int:
@@ -84,7 +86,7 @@ class RemoteCube:
             raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its "
                              "entries are in its encrypted manifest and indexes; load a memory "
                              "with load(item, model, decrypt_with=IDENTITY_FILE).")
-        entry = shardformat.find_memory(self.lock, item_id, self._index)
+        entry = self.find(item_id)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
@@ -104,6 +106,26 @@ class RemoteCube:
                                 f"{exc}") from exc
             shardformat.add_memories(held, index, self.lock)
         return sorted({*self.lock.activations, *held})
+
+    def find(self, item_id: Any) -> Activation | None:
+        """The memory ``item_id``'s entry, or None: its shard's index read for this memory
+        (:class:`~cubepack.format.sections.shards.MemoryReader` states which of the index's
+        checks decide one memory's load; ``verify`` and ``pull`` make them all), unless the
+        whole index was read already (:meth:`ids`).
+
+        Raises:
+            UsageError: ``item_id`` is no string.
+            FormatError: its shard's index is not the lock's, disagrees with it, or lists
+                the memory twice (or the lock too).
+        """
+        def index_of(shard: shardformat.Shard) -> ShardIndex:
+            if shard.path in self.indexes:
+                return self.indexes[shard.path]
+            if shard.path not in self.readers:
+                self.readers[shard.path] = shardformat.load_reader(shard, self.fetch,
+                                                                   self.lock.models)
+            return self.readers[shard.path].memory(item_id)
+        return shardformat.find_memory(self.lock, item_id, index_of)
 
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
         if shard.path not in self.indexes:

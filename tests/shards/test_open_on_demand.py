@@ -40,7 +40,7 @@ def test_open_fetches_the_lock_at_one_commit_then_one_memory(hub, sharded, bundl
     seen = len(hub._seen)
     cache = cube.load("item-002", models["a"])
     index = cube.lock.shards["shards/activations-00001.kvshard"]
-    memory = cube.indexes[index.path].memories["item-002"].locator
+    memory = cube.entry("item-002").locator  # no request: its index read once
     assert _requests(hub) == 2  # the index, the range
     assert hub.stats.sent_bytes == index.index_locator.length + memory.length
     assert all(f"/resolve/{commit}/" in line for line in hub._seen[seen:])
