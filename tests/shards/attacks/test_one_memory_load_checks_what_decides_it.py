@@ -133,8 +133,9 @@ def test_what_decides_this_load_is_refused_by_it(cube, zoo, models, remote, atta
                          [(LOADED[0], None), (REFUSED[0][0], REFUSED[0][1])],
                          ids=["another-pair-overlaps", "its-range-overlaps"])
 def test_on_demand_as_locally(hub, cube, models, remote, attack, words):
+    remote.push(hub, cube)  # a cube push verifies; the attack is uploaded without cubepack
     attack(cube, remote)
-    remote.push(hub, cube)
+    remote.upload(hub, cube, [INDEX, "cubepack.lock"])
     opened = remote.open(hub)
     if words is None:
         assert opened.load("item-000", models["a"]).get_seq_length() == 4
