@@ -128,6 +128,8 @@ class RemoteCube:
         return shardformat.find_memory(self.lock, item_id, index_of)
 
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
+        if shard.path in self.readers:  # its bytes fetched for a load: checked whole, here
+            self.indexes[shard.path] = self.readers.pop(shard.path).whole()
         if shard.path not in self.indexes:
             self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
                                                               self.lock.models)

@@ -525,7 +525,7 @@ class MemoryReader:
 
     def __init__(self, data: bytes, shard: Shard, lock_models: Mapping[str, Any]) -> None:
         where = self.where = f"shard index {shard.index}"
-        self.models = lock_models
+        self.data, self.models, self.of = data, lock_models, shard
         # The raw count of ``,``, ``[`` and ``{`` is at least the values (those in strings
         # too): the exact count (strings skipped) only when it passes the bound.
         raw = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
@@ -555,6 +555,13 @@ class MemoryReader:
                                MappingProxyType({}), self.dead), shard, lock_models,
                     ids=sorted(self.records))
         self._keys: dict[str, int] | None = None
+
+    def whole(self) -> ShardIndex:
+        """The index with every check :func:`load_index` makes, from the bytes read (no
+        fetch): for a reader that then needs every memory of the shard."""
+        index = parse_index(self.data, self.of.index_locator)
+        check_index(index, self.of, self.models)
+        return index
 
     def memory(self, item_id: str) -> ShardIndex:
         """The index holding only the memory ``item_id`` (none, if it does not list it)."""
