@@ -571,10 +571,12 @@ class MemoryReader:
                               MappingProxyType({}))
         if self._keys is None:  # each normalised id's count, once a reader
             self._keys = {}
-            for name in self.records:
-                key = activation_id_key(name)
-                self._keys[key] = self._keys.get(key, 0) + 1
-        if self._keys[activation_id_key(item_id)] > 1:
+            # NFKC leaves ASCII as it is: ids all ASCII and each listed once are distinct keys
+            if not "".join(self.records).isascii():
+                for name in self.records:
+                    key = activation_id_key(name)
+                    self._keys[key] = self._keys.get(key, 0) + 1
+        if self._keys.get(activation_id_key(item_id), 1) > 1:
             other = next(name for name in self.records if name != item_id
                          and activation_id_key(name) == activation_id_key(item_id))
             _refuse(self.where, f"memories {duplicate_id(item_id, other)}; each memory has an "
@@ -590,13 +592,13 @@ class MemoryReader:
         """No other memory's range and no dead range shares a byte with this memory's (its
         bytes are one memory's, as verify's layout check proves of every memory; the others'
         records are read for their ranges only)."""
+        first, end = mine.offset, mine.end
         for name, record in self.records.items():
-            if name == item_id or not isinstance(record, tuple):
+            if type(record) is not tuple or name == item_id:
                 continue  # a malformed record: verify's to refuse, it overlaps nothing here
             fields = dict(record)
             at, length = fields.get("offset"), fields.get("length")
-            if type(at) is int and type(length) is int and at < mine.end \
-                    and mine.offset < at + length:
+            if type(at) is int and type(length) is int and at < end and first < at + length:
                 _refuse(self.where, f"lets memory {item_id!r} (bytes [{mine.offset}:"
                         f"{mine.end}]) overlap memory {name!r} (bytes [{at}:{at + length}])")
         for at, length in self.dead:
