@@ -1,9 +1,11 @@
 """Memories on demand (issue #40): :func:`open_cube` (``cubepack.open("owner/cube@REV")``)
-resolves the revision to its commit once, with one HEAD of the lock, then fetches the lock at
-that commit and checks it (its size, strict JSON, version, sections, both digests): two
-requests, the lock's bytes and no more. :meth:`RemoteCube.load` then fetches the memory's
+resolves a branch or tag to its commit once, with one HEAD of the lock (a 40-hex commit is not
+resolved: the lock fetched at it proves it), then fetches the lock at that commit and checks it
+(its size, strict JSON, version, sections, both digests): two requests at a branch, one at a
+commit, the lock's bytes and no more. :meth:`RemoteCube.load` then fetches the memory's
 shard index (once a shard; checked against the lock's sha256 and size before it is parsed, and
-against the lock's entry after) and the memory's byte range, both by HTTP Range on the resolve
+against the lock's entry after, read for that memory: ``shards.MemoryReader`` states which
+checks decide one memory's load) and the memory's byte range, both by HTTP Range on the resolve
 URL at that commit (each answer must be ``206`` with the ``Content-Range`` asked for), checks
 the range's sha256 and its KV header's checksums against the index before any tensor is built,
 and hands it to the activations kind's load, which checks its producer against the model.

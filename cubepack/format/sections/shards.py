@@ -23,7 +23,9 @@ An index is refused (:class:`FormatError`) when it is not its lock entry's bytes
 size), names another shard or other digests, points outside its shard, overlaps two memories,
 leaves anything but the alignment padding between them, lists a memory twice (or in two
 shards, or beside the lock's own activations), holds an id outside its lock range, or a count
-its lock entry does not state.
+its lock entry does not state. A load of one memory reads its shard's index for that memory
+(:class:`MemoryReader`: which of these checks decide its load, and why the others are left to
+verify and pull).
 """
 
 from __future__ import annotations
