@@ -142,3 +142,13 @@ def test_on_demand_as_locally(hub, cube, models, remote, attack, words):
     else:
         with pytest.raises(FormatError, match=words):
             opened.load("item-000", models["a"])
+
+
+def test_its_record_nested_past_the_strict_bound_is_refused(cube, models, remote):
+    """The strict parse's depth bound holds for the memory's own record (a value nested 500
+    deep, inside the C parser's bound): refused as FormatError, not a RecursionError."""
+    text = (cube / INDEX).read_text()
+    at = text.index('"item-000":{') + len('"item-000":{')
+    remote.plant(cube, INDEX, text[:at] + '"extra":' + "[" * 500 + "]" * 500 + "," + text[at:])
+    with pytest.raises(FormatError, match="nest"):
+        cubepack.load_kv_cache(cube, models["a"], item="item-000")
