@@ -609,17 +609,20 @@ class MemoryReader:
                         f"{mine.end}]) overlap its dead bytes [{at}:{at + length}]")
 
 
-def _plain(where: str, value: Any) -> Any:
+def _plain(where: str, value: Any, depth: int = 1) -> Any:
     """A value of :func:`canonical.loads_pairs` as ``json.loads`` would build it (each object
-    a dict), refused where the strict parse refuses it: a repeated key, an integer outside
-    +-MAX_INT, a float that is not finite (``1e999``)."""
+    a dict), refused where the strict parse refuses it: nesting deeper than
+    ``canonical.MAX_DEPTH``, a repeated key, an integer outside +-MAX_INT, a float that is not
+    finite (``1e999``)."""
+    if isinstance(value, (tuple, list)) and depth > canonical.MAX_DEPTH:
+        _refuse(where, f"nests values deeper than {canonical.MAX_DEPTH} levels")
     if isinstance(value, tuple):
-        result = {key: _plain(where, item) for key, item in value}
+        result = {key: _plain(where, item, depth + 1) for key, item in value}
         if len(result) != len(value):
             _refuse(where, "repeats a key")
         return result
     if isinstance(value, list):
-        return [_plain(where, item) for item in value]
+        return [_plain(where, item, depth + 1) for item in value]
     if type(value) is int and not -canonical.MAX_INT < value < canonical.MAX_INT:
         _refuse(where, f"holds the integer {value}, outside +-{canonical.MAX_INT}")
     if type(value) is float and not math.isfinite(value):
