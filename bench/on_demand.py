@@ -6,8 +6,9 @@ Cubes of ``--sizes`` small activations (default 1,000 and 100,000; a 2-layer tin
 (as ``cubepack hub serve`` runs). Then, in each of ``--rounds`` rounds and for each size, one
 memory (another each round) is loaded both ways, taking turns at going first:
 
-- ``cubepack.open("REPO@COMMIT").load(item, model)``: the revision resolved (a HEAD), the lock
-  fetched and checked, the memory's shard index fetched and checked, its range fetched, its
+- ``cubepack.open("REPO@COMMIT").load(item, model)``: the lock fetched at the commit (no HEAD:
+  a commit needs no resolving) and checked, the memory's shard index fetched, checked against
+  the lock and read for that memory, its range fetched, its
   digest and checksums checked, its producer against the model, the ``DynamicCache`` built;
 - the baseline: the lock, the index and a plain ranged GET of that memory, on the same HTTP
   session (huggingface_hub's), nothing checked or built.

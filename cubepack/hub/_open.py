@@ -1,9 +1,11 @@
 """Memories on demand (issue #40): :func:`open_cube` (``cubepack.open("owner/cube@REV")``)
-resolves the revision to its commit once, with one HEAD of the lock, then fetches the lock at
-that commit and checks it (its size, strict JSON, version, sections, both digests): two
-requests, the lock's bytes and no more. :meth:`RemoteCube.load` then fetches the memory's
+resolves a branch or tag to its commit once, with one HEAD of the lock (a 40-hex commit is not
+resolved: the lock fetched at it proves it), then fetches the lock at that commit and checks it
+(its size, strict JSON, version, sections, both digests): two requests at a branch, one at a
+commit, the lock's bytes and no more. :meth:`RemoteCube.load` then fetches the memory's
 shard index (once a shard; checked against the lock's sha256 and size before it is parsed, and
-against the lock's entry after) and the memory's byte range, both by HTTP Range on the resolve
+against the lock's entry after, read for that memory: ``shards.MemoryReader`` states which
+checks decide one memory's load) and the memory's byte range, both by HTTP Range on the resolve
 URL at that commit (each answer must be ``206`` with the ``Content-Range`` asked for), checks
 the range's sha256 and its KV header's checksums against the index before any tensor is built,
 and hands it to the activations kind's load, which checks its producer against the model.
@@ -50,6 +52,7 @@ from ._client import REPO_TYPES, HubClient, offline_requested, parse_repo_spec
 #: The largest lock ``open`` fetches: the lock's own parse limit.
 MAX_LOCK_BYTES = lockfile.MAX_LOCK_BYTES
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass
@@ -70,6 +73,8 @@ class RemoteCube:
     lock_bytes: bytes = field(default=b"", repr=False)
     #: a private cube's manifest decrypted, by identity file (its clear lock, its ranges)
     private: dict[str, PrivateRanges] = field(default_factory=dict, repr=False)
+    #: shard path -> its index read for one memory at a time (fetched and checked once)
+    readers: dict[str, shardformat.MemoryReader] = field(default_factory=dict, repr=False)
 
     @property
     def memories(self) -> int:
@@ -91,7 +96,7 @@ class RemoteCube:
             raise UsageError(f"{self.repo_id}@{self.commit[:12]} is a private cube: its "
                              "entries are in its encrypted manifest and indexes; load a memory "
                              "with load(item, model, decrypt_with=IDENTITY_FILE).")
-        entry = shardformat.find_memory(self.lock, item_id, self._index)
+        entry = self.find(item_id)
         if entry is None:
             raise UsageError(f"{self.repo_id}@{self.commit} holds no activation memory "
                              f"{item_id!r} ({self.memories} memories).")
@@ -112,7 +117,29 @@ class RemoteCube:
             shardformat.add_memories(held, index, self.lock)
         return sorted({*self.lock.activations, *held})
 
+    def find(self, item_id: Any) -> Activation | None:
+        """The memory ``item_id``'s entry, or None: its shard's index read for this memory
+        (:class:`~cubepack.format.sections.shards.MemoryReader` states which of the index's
+        checks decide one memory's load; ``verify`` and ``pull`` make them all), unless the
+        whole index was read already (:meth:`ids`).
+
+        Raises:
+            UsageError: ``item_id`` is no string.
+            FormatError: its shard's index is not the lock's, disagrees with it, or lists
+                the memory twice (or the lock too).
+        """
+        def index_of(shard: shardformat.Shard) -> ShardIndex:
+            if shard.path in self.indexes:
+                return self.indexes[shard.path]
+            if shard.path not in self.readers:
+                self.readers[shard.path] = shardformat.load_reader(shard, self.fetch,
+                                                                   self.lock.models)
+            return self.readers[shard.path].memory(item_id)
+        return shardformat.find_memory(self.lock, item_id, index_of)
+
     def _index(self, shard: shardformat.Shard) -> ShardIndex:
+        if shard.path in self.readers:  # its bytes fetched for a load: checked whole, here
+            self.indexes[shard.path] = self.readers.pop(shard.path).whole()
         if shard.path not in self.indexes:
             self.indexes[shard.path] = shardformat.load_index(shard, self.fetch,
                                                               self.lock.models)
@@ -272,25 +299,22 @@ def open_cube(repo: str, *, revision: str | None = None, repo_type: str = "datas
     if repo_type not in REPO_TYPES:
         raise UsageError(f"repo_type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}.")
     client = HubClient(endpoint, token)
-    head = _request(client, repo_id, repo_type, wanted or "main", constants.LOCK_FILENAME, {},
-                    head=True)
-    commit = head.headers.get("X-Repo-Commit", "")
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
-                       f"{wanted or 'main'}: it cannot be pinned to one; nothing was fetched.")
-    if wanted is not None and re.fullmatch(r"[0-9a-f]{40}", wanted) and commit != wanted:
-        raise HubError(f"{client.endpoint} answered {repo_id}@{wanted} with commit {commit}: "
-                       "not the commit asked for; nothing was fetched. Check the endpoint.")
-    # The size the HEAD states (an LFS file's X-Linked-Size: its redirect is not followed),
-    # so a lock above the limit is refused before a byte of it is fetched; the GET then asks
-    # for no more than the limit and one byte (an endpoint that sent more is refused below).
-    stated = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length") or ""
-    if stated.isdigit() and int(stated) > MAX_LOCK_BYTES:
-        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {int(stated)} bytes by its "
-                          f"endpoint, above the {MAX_LOCK_BYTES}-byte limit; nothing was "
-                          "fetched.")
+    if wanted is not None and _COMMIT.fullmatch(wanted):
+        # A commit needs no resolution: the resolve URL at a commit is content-addressed, so
+        # the lock fetched at it proves the commit holds it (a commit the repo does not hold
+        # is the endpoint's RevisionNotFound, a HubError naming it). A branch or tag names no
+        # content and is resolved once, below.
+        commit = wanted
+    else:
+        commit = _resolve(client, repo_id, repo_type, wanted or "main")
+    # The GET asks for no more than the limit and one byte (an endpoint that sent more is
+    # refused below).
     response = _request(client, repo_id, repo_type, commit, constants.LOCK_FILENAME,
                         {"Range": f"bytes=0-{MAX_LOCK_BYTES}"})
+    named = response.headers.get("X-Repo-Commit")
+    if named is not None and named != commit:
+        raise HubError(f"{client.endpoint} answered {repo_id}@{commit} with commit {named}: "
+                       "not the commit asked for; nothing was loaded. Check the endpoint.")
     data = response.content
     if len(data) > MAX_LOCK_BYTES:
         raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {len(data)} bytes, above "
@@ -338,6 +362,24 @@ def _signed_by(client: HubClient, repo_id: str, repo_type: str, commit: str, dat
                 "memories' signature), or have its publisher sign the new layout: cubepack "
                 "compact CUBE --sign-key KEY (or cubepack sign), then push.") from exc
         raise
+
+
+def _resolve(client: HubClient, repo_id: str, repo_type: str, revision: str) -> str:
+    """The commit ``revision`` (a branch or a tag) names now, by one HEAD of the lock; a lock
+    above the limit by the size the HEAD states (an LFS file's X-Linked-Size: its redirect is
+    not followed) is refused before a byte of it is fetched."""
+    head = _request(client, repo_id, repo_type, revision, constants.LOCK_FILENAME, {},
+                    head=True)
+    commit = head.headers.get("X-Repo-Commit", "")
+    if not _COMMIT.fullmatch(commit):
+        raise HubError(f"{client.endpoint} named no commit (X-Repo-Commit) for {repo_id}@"
+                       f"{revision}: it cannot be pinned to one; nothing was fetched.")
+    stated = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length") or ""
+    if stated.isdigit() and int(stated) > MAX_LOCK_BYTES:
+        raise FormatError(f"cubepack.lock of {repo_id}@{commit} is {int(stated)} bytes by its "
+                          f"endpoint, above the {MAX_LOCK_BYTES}-byte limit; nothing was "
+                          "fetched.")
+    return commit
 
 
 def _request(client: HubClient, repo_id: str, repo_type: str, revision: str, path: str,

@@ -140,7 +140,7 @@ class OnDemandMemories(MutableMapping):
         if not isinstance(item_id, str):
             return None
         try:
-            return shardformat.find_memory(self.remote.lock, item_id, self.remote._index)
+            return self.remote.find(item_id)
         except (HubError, FormatError) as exc:
             raise type(exc)(f"{self._where(item_id)}, looked up on first use: {exc}") from exc
 

@@ -94,16 +94,17 @@ def test_opening_fetches_no_memory_and_a_get_fetches_its_index_and_range(hub, pu
     loaded = _open(hub, published)
     lock = lockfile.parse((folder / constants.LOCK_FILENAME).read_bytes())
     others = [name for name in lock.files if not name.startswith("shards/")]
-    # the lock (HEAD, GET) and each other file (config.json, cubepack.yaml...): no shard
-    # byte; and, as a whole load, the pinned model's snapshot (its revision asked of the API)
-    assert _requests(hub, "/ns/cube/") == 2 + len(others)
-    assert _requests(hub) == 3 + len(others) and not _requests(hub, "shards/")
+    # the lock (one GET at the commit the hook resolved: no HEAD) and each other file
+    # (config.json, cubepack.yaml...): no shard byte; and, as a whole load, the pinned
+    # model's snapshot (its revision asked of the API)
+    assert _requests(hub, "/ns/cube/") == 1 + len(others)
+    assert _requests(hub) == 2 + len(others) and not _requests(hub, "shards/")
     expected = _size(folder, constants.LOCK_FILENAME) + sum(_size(folder, name)
                                                             for name in others)
     assert expected <= hub.stats.sent_bytes < expected + 4096  # + the model API's answer
     assert loaded.cubepack.loaded == [] and loaded.cubepack.commit_sha == published["sha"]
     assert len(loaded.act_mem.kv_cache_memories) == 5  # the lock's count: nothing fetched
-    assert _requests(hub) == 3 + len(others)
+    assert _requests(hub) == 2 + len(others)
 
     hub.stats.reset()
     item = loaded.act_mem.get("item-2")

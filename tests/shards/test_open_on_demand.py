@@ -40,7 +40,7 @@ def test_open_fetches_the_lock_at_one_commit_then_one_memory(hub, sharded, bundl
     seen = len(hub._seen)
     cache = cube.load("item-002", models["a"])
     index = cube.lock.shards["shards/activations-00001.kvshard"]
-    memory = cube.indexes[index.path].memories["item-002"].locator
+    memory = cube.entry("item-002").locator  # no request: its index read once
     assert _requests(hub) == 2  # the index, the range
     assert hub.stats.sent_bytes == index.index_locator.length + memory.length
     assert all(f"/resolve/{commit}/" in line for line in hub._seen[seen:])
@@ -217,3 +217,21 @@ def test_a_remote_memory_can_be_proved_by_recomputation(hub, sharded, models):
     cube = cubepack.open("me/cube", endpoint=hub.url, token=HUB_TOKEN)
     cache = cube.load("item-001", models["a"], recompute=True)
     assert cache.get_seq_length() == 4
+
+
+def test_opening_at_a_commit_takes_one_request(hub, sharded, models):
+    """A 40-hex commit needs no resolution: the lock fetched at it (the resolve URL is
+    content-addressed by the commit) proves the commit exists; a branch is still resolved."""
+    commit = _push(hub, sharded)
+    hub.stats.reset()
+    cube = cubepack.open(f"me/cube@{commit}", endpoint=hub.url, token=HUB_TOKEN)
+    lock_size = (sharded / constants.LOCK_FILENAME).stat().st_size
+    assert cube.commit == commit and (_requests(hub), hub.stats.sent_bytes) == (1, lock_size)
+    assert cube.load("item-002", models["a"]).get_seq_length() == 4
+
+
+@pytest.mark.parametrize("missing", ["0" * 40, "f" * 40])
+def test_opening_at_a_commit_the_repo_does_not_hold_is_refused(hub, sharded, missing):
+    _push(hub, sharded)
+    with pytest.raises(HubError, match=missing[:12]):
+        cubepack.open(f"me/cube@{missing}", endpoint=hub.url, token=HUB_TOKEN)

@@ -23,11 +23,14 @@ An index is refused (:class:`FormatError`) when it is not its lock entry's bytes
 size), names another shard or other digests, points outside its shard, overlaps two memories,
 leaves anything but the alignment padding between them, lists a memory twice (or in two
 shards, or beside the lock's own activations), holds an id outside its lock range, or a count
-its lock entry does not state.
+its lock entry does not state. A load of one memory reads its shard's index for that memory
+(:class:`MemoryReader`: which of these checks decide its load, and why the others are left to
+verify and pull).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -283,6 +286,22 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
         raise FormatError(f"{where} {exc}: an index lists each memory once.") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise FormatError(f"{where} is not valid JSON: {exc}") from exc
+    shard, dead = _head(where, doc, locator)
+    memories = doc["memories"]
+    if not isinstance(memories, dict) or not memories:
+        _refuse(where, "memories must be a non-empty object")
+    entries = {item_id: _memory(f"{where} memory {item_id!r}", item_id, entry, shard)
+               for item_id, entry in memories.items()}
+    _check_layout(where, entries, shard["size"], dead)
+    return ShardIndex(shard["path"], shard["sha256"], shard["size"],
+                      MappingProxyType(dict(sorted(entries.items()))), dead)
+
+
+def _head(where: str, doc: Any,
+          locator: Locator) -> tuple[dict[str, Any], tuple[tuple[int, int], ...]]:
+    """An index document's own record (all but its memories' records): its format, version
+    and keys, its record of its shard (the one ``locator``'s index belongs to), its dead
+    ranges."""
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
         _refuse(where, f"is not a {INDEX_FORMAT} document")
     if type(doc.get("version")) is not int or doc["version"] not in INDEX_VERSIONS:
@@ -301,38 +320,36 @@ def parse_index(data: bytes, locator: Locator) -> ShardIndex:
     if shard["path"] != locator.path[:-len(INDEX_SUFFIX)] + SHARD_SUFFIX:
         _refuse(where, f"names the shard {shard['path']!r}; it is the index of "
                 f"{locator.path[:-len(INDEX_SUFFIX)] + SHARD_SUFFIX!r}")
-    memories = doc["memories"]
-    if not isinstance(memories, dict) or not memories:
-        _refuse(where, "memories must be a non-empty object")
-    entries: dict[str, Activation] = {}
-    for item_id, entry in memories.items():
-        what = f"{where} memory {item_id!r}"
-        if not isinstance(entry, dict) or set(entry) != MEMORY_KEYS:
-            _refuse(what, f"must hold exactly the keys {sorted(MEMORY_KEYS)}")
-        if not (all(type(entry[key]) is int and entry[key] >= 0
-                    for key in ("offset", "length", "token_count", "num_layers"))
-                and isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
-                and isinstance(entry["model_role"], str) and isinstance(entry["kv_dtype"], str)
-                and isinstance(entry["provenance"], dict)
-                and entry["provenance"].get("kind") in KINDS
-                and isinstance(entry["provenance"].get("detail", ""), str)
-                and set(entry["provenance"]) <= PROVENANCE_KEYS):
-            _refuse(what, "is malformed (offset, length: int; sha256: 64 hex; model_role, "
-                    "kv_dtype: str; token_count, num_layers: int; provenance: a label's record)")
-        _check_checksums(what, entry["checksums"])
-        if entry["length"] == 0 or entry["offset"] + entry["length"] > shard["size"]:
-            _refuse(what, f"points outside its shard: bytes [{entry['offset']}:"
-                    f"{entry['offset'] + entry['length']}] of a {shard['size']}-byte shard")
-        entries[item_id] = Activation(
-            item_id=item_id, file=shard["path"], model_role=entry["model_role"],
-            token_count=entry["token_count"], kv_dtype=entry["kv_dtype"],
-            num_layers=entry["num_layers"], sha256=entry["sha256"],
-            provenance=Provenance.of(entry["provenance"]),
-            locator=Locator(shard["path"], entry["offset"], entry["length"], entry["sha256"]),
-            checksums=MappingProxyType(entry["checksums"]))
-    _check_layout(where, entries, shard["size"], dead)
-    return ShardIndex(shard["path"], shard["sha256"], shard["size"],
-                      MappingProxyType(dict(sorted(entries.items()))), dead)
+    return shard, dead
+
+
+def _memory(what: str, item_id: str, entry: Any, shard: Mapping[str, Any]) -> Activation:
+    """One memory's record of an index (``shard``: the index's record of its shard) checked on
+    its own, as its entry: its keys and their types, its checksum record, its range inside the
+    shard (a range past the shard's end, or empty, is refused)."""
+    if not isinstance(entry, dict) or set(entry) != MEMORY_KEYS:
+        _refuse(what, f"must hold exactly the keys {sorted(MEMORY_KEYS)}")
+    if not (all(type(entry[key]) is int and entry[key] >= 0
+                for key in ("offset", "length", "token_count", "num_layers"))
+            and isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
+            and isinstance(entry["model_role"], str) and isinstance(entry["kv_dtype"], str)
+            and isinstance(entry["provenance"], dict)
+            and entry["provenance"].get("kind") in KINDS
+            and isinstance(entry["provenance"].get("detail", ""), str)
+            and set(entry["provenance"]) <= PROVENANCE_KEYS):
+        _refuse(what, "is malformed (offset, length: int; sha256: 64 hex; model_role, "
+                "kv_dtype: str; token_count, num_layers: int; provenance: a label's record)")
+    _check_checksums(what, entry["checksums"])
+    if entry["length"] == 0 or entry["offset"] + entry["length"] > shard["size"]:
+        _refuse(what, f"points outside its shard: bytes [{entry['offset']}:"
+                f"{entry['offset'] + entry['length']}] of a {shard['size']}-byte shard")
+    return Activation(
+        item_id=item_id, file=shard["path"], model_role=entry["model_role"],
+        token_count=entry["token_count"], kv_dtype=entry["kv_dtype"],
+        num_layers=entry["num_layers"], sha256=entry["sha256"],
+        provenance=Provenance.of(entry["provenance"]),
+        locator=Locator(shard["path"], entry["offset"], entry["length"], entry["sha256"]),
+        checksums=MappingProxyType(entry["checksums"]))
 
 
 def _dead_ranges(where: str, value: Any, version: int) -> tuple[tuple[int, int], ...]:
@@ -397,9 +414,12 @@ def _check_layout(where: str, entries: dict[str, Activation], size: int,
 INDEX = register_index(Index("shards", parse_index))
 
 
-def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any]) -> None:
+def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any], *,
+                ids: list[str] | None = None) -> None:
     """An index (parsed) against its lock entry: the same shard, the shard's sha256 and size
-    the lock's, its ids inside the entry's range and as many, each role a strict pin."""
+    the lock's, its ids inside the entry's range and as many, each role a strict pin (``ids``:
+    every id it lists, in order, where ``index`` holds only the memories checked: a
+    :class:`MemoryReader`'s)."""
     where = f"shard index {shard.index}"
     if index.shard != shard.path:
         _refuse(where, f"names the shard {index.shard!r}, the lock {shard.path!r}")
@@ -410,17 +430,22 @@ def check_index(index: ShardIndex, shard: Shard, lock_models: Mapping[str, Any])
     if index.dead_bytes != shard.dead:
         _refuse(where, f"states {index.dead_bytes} dead bytes in its shard; the lock "
                 f"{shard.dead}")
-    if len(index.memories) != shard.memories:
-        _refuse(where, f"lists {len(index.memories)} memories; the lock counts {shard.memories}")
-    ids = list(index.memories)
+    ids = list(index.memories) if ids is None else ids
+    if len(ids) != shard.memories:
+        _refuse(where, f"lists {len(ids)} memories; the lock counts {shard.memories}")
     if ids[0] != shard.first or ids[-1] != shard.last:
         _refuse(where, f"holds ids {ids[0]!r} to {ids[-1]!r}; the lock says {shard.first!r} "
                 f"to {shard.last!r}")
     for item_id, entry in index.memories.items():
-        pin = lock_models.get(entry.model_role)
-        if pin is None or not pin.strict or pin.identity is None:
-            _refuse(where, f"memory {item_id!r} names model role {entry.model_role!r}, which "
-                    "is not a strict pin with an identity")
+        _check_role(where, item_id, entry, lock_models)
+
+
+def _check_role(where: str, item_id: str, entry: Activation,
+                lock_models: Mapping[str, Any]) -> None:
+    pin = lock_models.get(entry.model_role)
+    if pin is None or not pin.strict or pin.identity is None:
+        _refuse(where, f"memory {item_id!r} names model role {entry.model_role!r}, which "
+                "is not a strict pin with an identity")
 
 
 def activation_count(lock: Any) -> int:
@@ -468,13 +493,158 @@ def load_index(shard: Shard, fetch: Callable[[Locator], bytes],
     """Fetch ``shard``'s index, check its bytes against the lock's locator, parse it, check it
     against the lock entry. An index larger than :data:`MAX_INDEX_BYTES` (by the lock's own
     record of its size) is refused before any byte of it is fetched."""
+    _check_index_size(shard)
+    index = INDEX.load(shard.index_locator, fetch)
+    check_index(index, shard, lock_models)
+    return index
+
+
+class MemoryReader:
+    """A shard's index read for one memory at a time (issue #40: a load on demand), where
+    :func:`load_index` checks every memory of it (what verify, pull and every reader of a whole
+    cube do). Its bytes are the lock's (sha256 and size, checked before they are parsed), so it
+    is exactly the index the lock commits to; what decides THIS memory's load is checked here:
+
+    - the document's own record (format, version, keys, its shard's path, sha256 and size,
+      its dead bytes) and its agreement with the lock's entry (the shard, its digest and size,
+      its count, its first and last ids, its dead bytes), for the index as a whole;
+    - the memory listed once: the index's ``memories`` object repeats no key (any id), no other
+      id of the index is the same once normalised (:func:`activation_id_key`), and, by
+      :func:`find_memory`, no other shard whose range holds it and none of the lock's own
+      activations lists it: whichever entry a load would pick, it refuses;
+    - its own record, as :func:`parse_index` checks each (keys, types, checksum record, its
+      range non-empty and inside the shard), no key of it repeated, no integer outside the
+      strict parse's bounds, and its role a strict pin with an identity.
+
+    Left to a whole read (``verify``, ``pull``), as they cannot change what this load builds:
+    the other memories' records, and the layout (overlaps between memories, the padding
+    between them, their order). The memory's bytes are its range alone, checked against its
+    own sha256 and checksums before any tensor is built, so another memory's bytes overlapping
+    them, or bytes hidden in the padding, change nothing this load reads. A document the
+    strict parse would refuse elsewhere (a number out of bounds, a repeated key in another
+    memory's record, nesting deeper than its bound in another record) is refused by verify.
+    """
+
+    def __init__(self, data: bytes, shard: Shard, lock_models: Mapping[str, Any]) -> None:
+        where = self.where = f"shard index {shard.index}"
+        self.data, self.models, self.of = data, lock_models, shard
+        # The raw count of ``,``, ``[`` and ``{`` is at least the values (those in strings
+        # too): the exact count (strings skipped) only when it passes the bound.
+        raw = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+        if raw > MAX_INDEX_VALUES and canonical.count_values(data) > MAX_INDEX_VALUES:
+            _refuse(where, f"holds more than the {MAX_INDEX_VALUES} JSON values an index of "
+                    f"{MAX_SHARD_MEMORIES} memories may hold; it was not parsed")
+        try:
+            doc = canonical.loads_pairs(data)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise FormatError(f"{where} is not valid JSON: {exc}") from exc
+        if not isinstance(doc, tuple):
+            _refuse(where, f"is not a {INDEX_FORMAT} document")
+        top = dict(doc)
+        memories = top.pop("memories", None)
+        top = {key: _plain(where, value) for key, value in top.items()}
+        if memories is not None:
+            top["memories"] = {}
+        if len(top) != len(doc):
+            _refuse(where, "repeats a key: an index lists each memory once")
+        self.shard, self.dead = _head(where, top, shard.index_locator)
+        if not isinstance(memories, tuple) or not memories:
+            _refuse(where, "memories must be a non-empty object")
+        self.records = dict(memories)
+        if len(self.records) != len(memories):
+            _refuse(where, "lists a memory twice: an index lists each memory once")
+        check_index(ShardIndex(self.shard["path"], self.shard["sha256"], self.shard["size"],
+                               MappingProxyType({}), self.dead), shard, lock_models,
+                    ids=sorted(self.records))
+        self._keys: dict[str, int] | None = None
+
+    def whole(self) -> ShardIndex:
+        """The index with every check :func:`load_index` makes, from the bytes read (no
+        fetch): for a reader that then needs every memory of the shard."""
+        index = parse_index(self.data, self.of.index_locator)
+        check_index(index, self.of, self.models)
+        return index
+
+    def memory(self, item_id: str) -> ShardIndex:
+        """The index holding only the memory ``item_id`` (none, if it does not list it)."""
+        record = self.records.get(item_id)
+        if record is None:
+            return ShardIndex(self.shard["path"], self.shard["sha256"], self.shard["size"],
+                              MappingProxyType({}))
+        if self._keys is None:  # each normalised id's count, once a reader
+            self._keys = {}
+            # NFKC leaves ASCII as it is: ids all ASCII and each listed once are distinct keys
+            if not "".join(self.records).isascii():
+                for name in self.records:
+                    key = activation_id_key(name)
+                    self._keys[key] = self._keys.get(key, 0) + 1
+        if self._keys.get(activation_id_key(item_id), 1) > 1:
+            other = next(name for name in self.records if name != item_id
+                         and activation_id_key(name) == activation_id_key(item_id))
+            _refuse(self.where, f"memories {duplicate_id(item_id, other)}; each memory has an "
+                    "id of its own: pack the cube again with one of them renamed")
+        what = f"{self.where} memory {item_id!r}"
+        entry = _memory(what, item_id, _plain(what, record), self.shard)
+        _check_role(self.where, item_id, entry, self.models)
+        self._check_alone(item_id, entry.locator)
+        return ShardIndex(self.shard["path"], self.shard["sha256"], self.shard["size"],
+                          MappingProxyType({item_id: entry}))
+
+    def _check_alone(self, item_id: str, mine: Locator) -> None:
+        """No other memory's range and no dead range shares a byte with this memory's (its
+        bytes are one memory's, as verify's layout check proves of every memory; the others'
+        records are read for their ranges only)."""
+        first, end = mine.offset, mine.end
+        for name, record in self.records.items():
+            if type(record) is not tuple or name == item_id:
+                continue  # a malformed record: verify's to refuse, it overlaps nothing here
+            fields = dict(record)
+            at, length = fields.get("offset"), fields.get("length")
+            if type(at) is int and type(length) is int and at < end and first < at + length:
+                _refuse(self.where, f"lets memory {item_id!r} (bytes [{mine.offset}:"
+                        f"{mine.end}]) overlap memory {name!r} (bytes [{at}:{at + length}])")
+        for at, length in self.dead:
+            if at < mine.end and mine.offset < at + length:
+                _refuse(self.where, f"lets memory {item_id!r} (bytes [{mine.offset}:"
+                        f"{mine.end}]) overlap its dead bytes [{at}:{at + length}]")
+
+
+def _plain(where: str, value: Any, depth: int = 1) -> Any:
+    """A value of :func:`canonical.loads_pairs` as ``json.loads`` would build it (each object
+    a dict), refused where the strict parse refuses it: nesting deeper than
+    ``canonical.MAX_DEPTH``, a repeated key, an integer outside +-MAX_INT, a float that is not
+    finite (``1e999``)."""
+    if isinstance(value, (tuple, list)) and depth > canonical.MAX_DEPTH:
+        _refuse(where, f"nests values deeper than {canonical.MAX_DEPTH} levels")
+    if isinstance(value, tuple):
+        result = {key: _plain(where, item, depth + 1) for key, item in value}
+        if len(result) != len(value):
+            _refuse(where, "repeats a key")
+        return result
+    if isinstance(value, list):
+        return [_plain(where, item, depth + 1) for item in value]
+    if type(value) is int and not -canonical.MAX_INT < value < canonical.MAX_INT:
+        _refuse(where, f"holds the integer {value}, outside +-{canonical.MAX_INT}")
+    if type(value) is float and not math.isfinite(value):
+        _refuse(where, f"holds the number {value}, which is not finite")
+    return value
+
+
+def load_reader(shard: Shard, fetch: Callable[[Locator], bytes],
+                lock_models: Mapping[str, Any]) -> MemoryReader:
+    """Fetch ``shard``'s index for loads of one memory at a time (:class:`MemoryReader`): its
+    bytes checked against the lock's locator before they are parsed, the index against the
+    lock's entry after; an index above :data:`MAX_INDEX_BYTES` is refused unfetched."""
+    _check_index_size(shard)
+    return MemoryReader(shard.index_locator.check(fetch(shard.index_locator)), shard,
+                        lock_models)
+
+
+def _check_index_size(shard: Shard) -> None:
     if shard.index_locator.length > MAX_INDEX_BYTES:
         raise FormatError(f"shard index {shard.index} is {shard.index_locator.length} bytes by "
                           f"the lock, above the {MAX_INDEX_BYTES}-byte limit of an index "
                           f"({MAX_SHARD_MEMORIES} memories a shard); nothing was fetched.")
-    index = INDEX.load(shard.index_locator, fetch)
-    check_index(index, shard, lock_models)
-    return index
 
 
 def local_fetch(cube: Any) -> Callable[[Locator], bytes]:

@@ -265,8 +265,10 @@ def open_memory(cube: Path, item_id: str) -> tuple[str, Any]:
                              " (nor does the cube hold it)")
                           + f". Pull it too: {partial.with_more([item_id])}, or the whole "
                           f"cube: {partial.whole_pull}.")
-    entry = shardformat.find_memory(lock, item_id, lambda shard: shardformat.load_index(
-        shard, shardformat.local_fetch(cube), lock.models))
+    # The shard's index read for this memory (what decides its load: MemoryReader); verify
+    # reads every entry of it.
+    entry = shardformat.find_memory(lock, item_id, lambda shard: shardformat.load_reader(
+        shard, shardformat.local_fetch(cube), lock.models).memory(item_id))
     if entry is None:
         raise UsageError(f"{cube} holds no activation memory {item_id!r} ("
                          + (f"{len(lock.activations)} in its lock" if lock.activations else "")

@@ -1,5 +1,5 @@
-"""``open("owner/cube@<40-hex commit>")`` asks for one commit: an endpoint whose HEAD names
-another commit (X-Repo-Commit) must not have the cube opened at that other commit (pin to
+"""``open("owner/cube@<40-hex commit>")`` asks for one commit: an endpoint whose answer names
+another commit (X-Repo-Commit, on the lock's GET: a commit is not resolved by a HEAD) must not have the cube opened at that other commit (pin to
 content: the commit the user named is the one read, or nothing is)."""
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ def test_an_endpoint_naming_another_commit_is_refused(hub, cube, remote, zoo, bu
 
     def lying(client, repo_id, repo_type, revision, path, headers, **kwargs):
         response = original(client, repo_id, repo_type, revision, path, headers, **kwargs)
-        if kwargs.get("head"):
-            response.headers["X-Repo-Commit"] = second  # main's, not the one asked for
+        response.headers["X-Repo-Commit"] = second  # main's, not the one asked for
         return response
     monkeypatch.setattr(opening, "_request", lying)
     with pytest.raises(HubError, match=first):
