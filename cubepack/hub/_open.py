@@ -119,7 +119,7 @@ class RemoteCube:
 
     def find(self, item_id: Any) -> Activation | None:
         """The memory ``item_id``'s entry, or None: its shard's index read for this memory
-        (:class:`~cubepack.format.sections.shards.MemoryReader` states which of the index's
+        (``format.sections.shards.MemoryReader`` states which of the index's
         checks decide one memory's load; ``verify`` and ``pull`` make them all), unless the
         whole index was read already (:meth:`ids`).
 
