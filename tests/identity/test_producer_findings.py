@@ -131,9 +131,10 @@ BLAMES = {
     "memos/_use.py: merged": "compare() of two parts' producers",
     "memos/_use.py: for_use": "only when a mismatch is a producer field (of_producer)",
     "memos/_activations.py: load_unpacked": "a MemOS producer record contradicts the model",
-    "memos/_activations.py: apply_policy": "only when the mismatch is the producer's",
+    "kinds/activations/_memos.py: mismatch": "only when the mismatch is the producer's",
     "memos/_activations.py: _add_prompts": "the record names another served model",
-    "memos/_activations.py: _load_prompt_file": "the file or pin names another served model",
+    "kinds/activations/_memos.py: prompt_file_items": "the file or pin names another served "
+                                                      "model",
     "memos/_load.py: _pin_models": "config.json names another model than the lock's pin",
     "kinds/activations/_pack.py: _producer_provenance": "a MemOS producer record contradicts "
                                                         "the pin",

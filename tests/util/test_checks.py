@@ -38,7 +38,7 @@ def test_the_columns_a_private_cube_is_decided_by():
     assert {e.value for e in Catalogue if e.plaintext} == {"recompute", "provenance", "embedder"}
     assert {e.value for e in Catalogue if e.optional} == {
         "adapter", "adapter base", "lineage", "recipients", "replay", "private", "remote model",
-        "recompute", "provenance", "embedder", "preferences", "shards"}
+        "recompute", "provenance", "embedder", "preferences", "shards", "partial"}
 
 
 def test_a_check_is_made_only_from_its_catalogue_entry(tmp_path):
