@@ -384,3 +384,15 @@ def without_kv_id(data: bytes) -> bytes:
         source.write_bytes(data)
         rewrite_kv_metadata(source, target, lambda meta: meta["metadata"].pop("id"))
         return target.read_bytes()
+
+
+def memos_kv_config(model_path, *, cube_id="u1/tiny_cube"):
+    """A real MemoryOS ``GeneralMemCubeConfig`` with a KV cache memory extracted by the
+    Hugging Face model at ``model_path`` (the memos environment's hook tests share it)."""
+    from memos.configs.mem_cube import GeneralMemCubeConfig
+
+    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(model_path),
+                                                 "max_tokens": 6}}
+    return GeneralMemCubeConfig.model_validate({
+        "user_id": "u1", "cube_id": cube_id, "text_mem": {"backend": "uninitialized"},
+        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})

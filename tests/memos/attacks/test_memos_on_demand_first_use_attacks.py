@@ -20,21 +20,14 @@ from cubepack import HubError, IdentityMismatch
 from cubepack.hub import push
 from cubepack.testing.hub import InstrumentedHub, upload_folder
 
-from helpers import all_equal, continue_greedy
+from helpers import all_equal, continue_greedy, memos_kv_config
 
 TEXTS = ["The user likes green tea.", "He walks every morning.", "Paris is lovely in May.",
          "Her cat is called Miso."]
 QUESTION = [{"role": "user", "content": "What does the user drink?"}]
 
 
-def memos_config(model_path, *, cube_id="u1/tiny_cube"):
-    from memos.configs.mem_cube import GeneralMemCubeConfig
-
-    llm = {"backend": "huggingface", "config": {"model_name_or_path": str(model_path),
-                                                 "max_tokens": 6}}
-    return GeneralMemCubeConfig.model_validate({
-        "user_id": "u1", "cube_id": cube_id, "text_mem": {"backend": "uninitialized"},
-        "act_mem": {"backend": "kv_cache", "config": {"extractor_llm": llm}}})
+memos_config = memos_kv_config  # one owner: tests/support/helpers.py
 
 
 @pytest.fixture(scope="module")
