@@ -67,3 +67,18 @@ def sharded(bundle_factory, zoo, tmp_path_factory):
     size = next((cube / "activations").iterdir()).stat().st_size
     cubepack.pack(cube, cube_id="me/sharded", model=str(zoo["a"]), shard_size=2 * size + 100)
     return cube
+
+
+@pytest.fixture
+def partial(hub, sharded, tmp_path):
+    """``sharded`` pushed to ``me/cube`` and pulled in part (``--include item-002``, a sparse
+    shard 1) into ``tmp_path / "p"``."""
+    import cubepack
+    from data import HUB_TOKEN
+
+    cubepack.push(sharded, "me/cube", endpoint=hub.url, token=HUB_TOKEN,
+                  allow_local_paths=True)
+    target = tmp_path / "p"
+    cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN, local_dir=target,
+                  include=["item-002"])
+    return target

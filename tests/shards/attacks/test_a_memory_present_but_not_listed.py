@@ -10,19 +10,7 @@ import pytest
 import cubepack
 from cubepack.errors import VerificationFailed
 
-from data import HUB_TOKEN
-
 SHARD1 = "shards/activations-00001.kvshard"
-
-
-@pytest.fixture
-def partial(hub, sharded, tmp_path):
-    cubepack.push(sharded, "me/cube", endpoint=hub.url, token=HUB_TOKEN,
-                  allow_local_paths=True)
-    target = tmp_path / "p"
-    cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN, local_dir=target,
-                  include=["item-002"])
-    return target
 
 
 def test_a_memory_written_into_its_range_of_a_sparse_shard(partial, sharded):

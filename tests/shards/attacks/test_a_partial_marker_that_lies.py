@@ -12,19 +12,7 @@ from cubepack._util import canonical
 from cubepack.errors import CubepackError, VerificationFailed
 from cubepack.format import _partial as partialformat
 
-from data import HUB_TOKEN
-
 SHARD1 = "shards/activations-00001.kvshard"
-
-
-@pytest.fixture
-def partial(hub, sharded, tmp_path):
-    cubepack.push(sharded, "me/cube", endpoint=hub.url, token=HUB_TOKEN,
-                  allow_local_paths=True)
-    target = tmp_path / "p"
-    cubepack.pull("me/cube", endpoint=hub.url, token=HUB_TOKEN, local_dir=target,
-                  include=["item-002"])
-    return target
 
 
 def _edit(cube, change):
