@@ -269,7 +269,8 @@ def _byte_size(text: str) -> int:
 @click.option("--shard-size", metavar="SIZE", callback=lambda ctx, param, value:
               None if value is None else _byte_size(value),
               help="A shard's bound (bytes, or with KB/MB/GB/KiB/MiB/GiB; implies --shards; "
-                   "default 2GiB). A memory larger than it gets a shard of its own.")
+                   "default: the bound the cube was packed with, else 2GiB; kept in "
+                   "cubepack.yaml). A memory larger than it gets a shard of its own.")
 @click.option("--remove", "remove", multiple=True, metavar="ITEM",
               help="Drop the sharded memory ITEM (repeatable); with a new "
                    "activations/ITEM.kv.safetensors, replace it. Its bytes stay in its shard, "
